@@ -1,0 +1,3 @@
+//! Bench and demo: the streaming backend (and, later, the reconnect benchmark).
+
+pub mod server;

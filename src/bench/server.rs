@@ -1,0 +1,118 @@
+//! `drainshim bench server`: a tonic streaming backend that stamps every
+//! message with a sequence number, so a client can count what it lost.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::Stream as FuturesStream;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::{Request, Response, Status};
+
+use crate::proto::bench::stream_server::{Stream, StreamServer};
+use crate::proto::bench::{EchoReply, EchoRequest, SubscribeRequest, Tick};
+
+/// Largest padding a client may ask for per message; bounds memory per stream.
+pub const MAX_PAYLOAD_BYTES: u32 = 1 << 20;
+
+/// Per stream id, the highest sequence number handed to the transport.
+#[derive(Clone, Debug, Default)]
+pub struct Ledger(Arc<Mutex<HashMap<String, u64>>>);
+
+impl Ledger {
+    fn record(&self, stream_id: &str, seq: u64) {
+        if let Ok(mut m) = self.0.lock() {
+            m.insert(stream_id.to_string(), seq);
+        }
+    }
+
+    /// The last sequence number written on `stream_id`, if any.
+    pub fn last_written(&self, stream_id: &str) -> Option<u64> {
+        self.0.lock().ok()?.get(stream_id).copied()
+    }
+}
+
+/// The service. `Subscribe` sends `count` ticks (0 = until cancelled).
+#[derive(Clone, Debug, Default)]
+pub struct BenchService {
+    pub ledger: Ledger,
+}
+
+type TickStream = Pin<Box<dyn FuturesStream<Item = Result<Tick, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Stream for BenchService {
+    type SubscribeStream = TickStream;
+
+    async fn subscribe(
+        &self,
+        req: Request<SubscribeRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let r = req.into_inner();
+        if r.payload_bytes > MAX_PAYLOAD_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "payload_bytes {} exceeds {MAX_PAYLOAD_BYTES}",
+                r.payload_bytes
+            )));
+        }
+        // A small buffer: backpressure reaches the sender quickly.
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let ledger = self.ledger.clone();
+        let interval = Duration::from_millis(u64::from(r.interval_ms));
+        tokio::spawn(async move {
+            let payload = vec![0u8; r.payload_bytes as usize];
+            let mut seq = 0u64;
+            while r.count == 0 || seq < r.count {
+                seq += 1;
+                let tick = Tick {
+                    stream_id: r.stream_id.clone(),
+                    seq,
+                    payload: payload.clone(),
+                };
+                if tx.send(Ok(tick)).await.is_err() {
+                    // The client went away.
+                    return;
+                }
+                ledger.record(&r.stream_id, seq);
+                if !interval.is_zero() {
+                    tokio::time::sleep(interval).await;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn echo(&self, req: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
+        Ok(Response::new(EchoReply {
+            body: req.into_inner().body,
+        }))
+    }
+}
+
+/// Serves the bench service on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    service: BenchService,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    tonic::transport::Server::builder()
+        .add_service(StreamServer::new(service))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await
+}
+
+/// Binds `addr` and serves until `shutdown`; returns the bound address via the log.
+pub async fn run(
+    addr: SocketAddr,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("bench server: bind {addr}: {e}"))?;
+    tracing::info!(addr = %listener.local_addr()?, "bench server listening");
+    serve(listener, BenchService::default(), shutdown).await?;
+    Ok(())
+}

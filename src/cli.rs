@@ -1,0 +1,233 @@
+//! The command line: subcommands and flags. Every flag also reads
+//! `DRAINSHIM_<FLAG_IN_CAPS>`; durations use humantime (`250ms`, `5s`, `1m30s`).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use ipnet::IpNet;
+
+use crate::config::{self, Timers};
+
+/// Exit codes, shared by every subcommand (sysexits.h).
+pub const EXIT_CODES: &str = "\
+Exit codes:
+  0   success (for drains: the drain finished, deadline included)
+  64  usage error: a bad flag or an inconsistent drain budget
+  69  a service it needs is unavailable (the shim, a port to bind)
+  70  internal error";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "drainshim",
+    version,
+    about = "Makes Envoy proxy restarts safe for long-lived gRPC streams",
+    long_about = "Makes Envoy proxy restarts safe for long-lived gRPC streams.\n\n\
+        drainshim runs beside Envoy. On a pod's preStop (or SIGTERM) it fails Envoy's health \
+        check, drains its inbound listeners through the admin API, waits for streams to finish, \
+        and exits early once none are left. It reports what was drained and what was cut, as \
+        JSON and as Prometheus metrics.",
+    after_help = EXIT_CODES
+)]
+pub struct Cli {
+    /// Log filter (tracing-subscriber syntax), e.g. `info` or `drainshim=debug`.
+    #[arg(long, env = "DRAINSHIM_LOG", default_value = "info", global = true)]
+    pub log: String,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run beside Envoy in the pod: control endpoints, metrics, and the drain
+    /// on preStop or SIGTERM.
+    #[command(
+        long_about = "Run beside Envoy in the pod.\n\n\
+            Serves /metrics, /healthz, /readyz, /status and /drain on --listen. A drain starts on \
+            POST /drain, on GET|POST /drain?wait=true (what a preStop httpGet calls; it answers \
+            with the drain report), or on SIGTERM. A second SIGTERM skips to the deadline. After a \
+            drain started by SIGTERM the process prints the report as one JSON line on stdout and \
+            exits 0.",
+        after_help = EXIT_CODES
+    )]
+    Sidecar(SidecarArgs),
+
+    /// The preStop exec hook: start the drain on the local shim, wait for it,
+    /// and print the report.
+    #[command(
+        long_about = "The preStop exec hook.\n\n\
+            Starts the drain on the local shim (GET /drain?wait=true), prints progress lines to \
+            stderr while it waits, then prints the drain report JSON on stdout. It exits 0 when \
+            the drain finished, deadline included, so the kubelet is never held beyond the budget.",
+        after_help = "Exit codes:\n  0   the drain finished (any outcome)\n  64  usage error\n  69  the shim could not be reached, or did not answer within --timeout"
+    )]
+    Prestop(PrestopArgs),
+
+    /// Drain an Envoy once, with no daemon and no guard, and print the report.
+    #[command(
+        long_about = "Drain an Envoy once, with no daemon and no guard.\n\n\
+            Fails the health check, drains the inbound listeners, polls the live counters, and \
+            prints progress to stderr and the drain report JSON on stdout. SIGTERM or Ctrl-C skips \
+            to the deadline.",
+        after_help = EXIT_CODES
+    )]
+    Drain(DrainArgs),
+
+    /// Benchmark helpers.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// A tonic streaming backend that stamps every message with a sequence number.
+    #[command(after_help = EXIT_CODES)]
+    Server(BenchServerArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchServerArgs {
+    /// Address to serve gRPC (h2c) on.
+    #[arg(long, env = "DRAINSHIM_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+}
+
+/// The drain timers; see DESIGN.md §2 for the timeline.
+#[derive(Debug, Clone, Args)]
+pub struct TimerArgs {
+    /// How long streams get to finish; the guard ends the rest before this.
+    #[arg(long, env = "DRAINSHIM_DRAIN_TIME", value_parser = humantime::parse_duration,
+          default_value = "60s")]
+    pub drain_time: Duration,
+
+    /// Hard deadline: whatever is still open then is counted as cut.
+    #[arg(long, env = "DRAINSHIM_PARENT_SHUTDOWN_TIME", value_parser = humantime::parse_duration,
+          default_value = "90s")]
+    pub parent_shutdown_time: Duration,
+
+    /// Never end the drain earlier than this, even with nothing active.
+    #[arg(long, env = "DRAINSHIM_MIN_DRAIN_TIME", value_parser = humantime::parse_duration,
+          default_value = "5s")]
+    pub min_drain_time: Duration,
+
+    /// Time for endpoint removal to reach callers; short requests keep being served.
+    #[arg(long, env = "DRAINSHIM_DEREGISTRATION_DELAY", value_parser = humantime::parse_duration,
+          default_value = "5s")]
+    pub deregistration_delay: Duration,
+
+    /// How often Envoy's live counters are read during a drain.
+    #[arg(long, env = "DRAINSHIM_POLL_INTERVAL", value_parser = humantime::parse_duration,
+          default_value = "1s")]
+    pub poll_interval: Duration,
+
+    /// The pod's terminationGracePeriodSeconds; must exceed --parent-shutdown-time.
+    #[arg(long, env = "DRAINSHIM_TERMINATION_GRACE_PERIOD", value_parser = humantime::parse_duration)]
+    pub termination_grace_period: Option<Duration>,
+
+    /// Deadline for each Envoy admin call; a slower admin counts as unreachable.
+    #[arg(long, env = "DRAINSHIM_ADMIN_TIMEOUT", value_parser = humantime::parse_duration,
+          default_value = "2s")]
+    pub admin_timeout: Duration,
+}
+
+impl TimerArgs {
+    pub fn timers(&self) -> Timers {
+        Timers {
+            deregistration_delay: self.deregistration_delay,
+            min_drain_time: self.min_drain_time,
+            drain_time: self.drain_time,
+            parent_shutdown_time: self.parent_shutdown_time,
+            poll_interval: self.poll_interval,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct SidecarArgs {
+    /// Envoy's admin API.
+    #[arg(long, env = "DRAINSHIM_ENVOY_ADMIN", default_value = config::DEFAULT_ENVOY_ADMIN)]
+    pub envoy_admin: String,
+
+    /// Address for the control endpoints and /metrics.
+    #[arg(long, env = "DRAINSHIM_LISTEN", default_value = config::DEFAULT_LISTEN)]
+    pub listen: SocketAddr,
+
+    #[command(flatten)]
+    pub timers: TimerArgs,
+
+    /// Networks (CIDR) besides loopback allowed to start a drain; repeatable.
+    #[arg(long, env = "DRAINSHIM_ALLOW_DRAIN_FROM", value_delimiter = ',')]
+    pub allow_drain_from: Vec<IpNet>,
+
+    /// Pod name for the inventory (else env POD_NAME, then Envoy's node metadata).
+    #[arg(long, env = "DRAINSHIM_POD_NAME")]
+    pub pod_name: Option<String>,
+
+    /// Pod namespace for the inventory (else env POD_NAMESPACE, then Envoy's node metadata).
+    #[arg(long, env = "DRAINSHIM_POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct PrestopArgs {
+    /// The local shim's control address.
+    #[arg(long, env = "DRAINSHIM_SHIM", default_value = "http://127.0.0.1:15099")]
+    pub shim: String,
+
+    /// Give up waiting after this long (keep it above the shim's --parent-shutdown-time).
+    #[arg(long, env = "DRAINSHIM_TIMEOUT", value_parser = humantime::parse_duration,
+          default_value = "120s")]
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct DrainArgs {
+    /// Envoy's admin API.
+    #[arg(long, env = "DRAINSHIM_ENVOY_ADMIN", default_value = config::DEFAULT_ENVOY_ADMIN)]
+    pub envoy_admin: String,
+
+    #[command(flatten)]
+    pub timers: TimerArgs,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults_match_the_contract() {
+        let cli = Cli::try_parse_from(["drainshim", "sidecar"]).unwrap();
+        let Command::Sidecar(a) = cli.command else {
+            panic!("not sidecar")
+        };
+        assert_eq!(a.timers.timers(), Timers::default());
+        assert_eq!(a.listen.to_string(), "127.0.0.1:15099");
+        assert_eq!(a.envoy_admin, "http://127.0.0.1:15000");
+    }
+
+    #[test]
+    fn durations_use_humantime() {
+        let cli = Cli::try_parse_from([
+            "drainshim",
+            "drain",
+            "--drain-time",
+            "1m30s",
+            "--poll-interval",
+            "250ms",
+        ])
+        .unwrap();
+        let Command::Drain(a) = cli.command else {
+            panic!("not drain")
+        };
+        assert_eq!(a.timers.drain_time, Duration::from_secs(90));
+        assert_eq!(a.timers.poll_interval, Duration::from_millis(250));
+        assert!(Cli::try_parse_from(["drainshim", "drain", "--drain-time", "soon"]).is_err());
+    }
+}

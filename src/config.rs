@@ -1,0 +1,148 @@
+//! Validated settings: the drain budget and its defaults.
+//!
+//! Everything is checked before anything runs, and every bad value is
+//! reported at once, naming the flags involved.
+
+use std::time::Duration;
+
+/// Envoy's admin API inside the pod (Istio's default).
+pub const DEFAULT_ENVOY_ADMIN: &str = "http://127.0.0.1:15000";
+/// Control and metrics endpoint; loopback so nothing is exposed on the pod network.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:15099";
+/// How long streams may take to finish before they are ended or cut.
+pub const DEFAULT_DRAIN_TIME: Duration = Duration::from_secs(60);
+/// The hard deadline; must stay below the pod's terminationGracePeriodSeconds.
+pub const DEFAULT_PARENT_SHUTDOWN_TIME: Duration = Duration::from_secs(90);
+/// Never quiesce before this, so a momentary lull does not end the drain.
+pub const DEFAULT_MIN_DRAIN_TIME: Duration = Duration::from_secs(5);
+/// Time for endpoint removal to reach callers; short requests keep landing meanwhile.
+pub const DEFAULT_DEREGISTRATION_DELAY: Duration = Duration::from_secs(5);
+/// Envoy stats are read live (not at the 5 s stats flush), so 1 s is cheap and timely.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// One admin call on loopback answers in milliseconds; longer means it is hung.
+pub const DEFAULT_ADMIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// gRPC A9's default grace after max connection age.
+pub const DEFAULT_MAX_CONNECTION_AGE_GRACE: Duration = Duration::from_secs(30);
+
+/// The timers of one drain (DESIGN.md §2, "Drain timeline").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timers {
+    /// Endpoints are being removed from callers; only short requests are expected.
+    pub deregistration_delay: Duration,
+    /// The earliest a drain may end, even with nothing active.
+    pub min_drain_time: Duration,
+    /// Streams still open are ended (by the guard) before this.
+    pub drain_time: Duration,
+    /// Hard deadline: whatever is still open is counted as cut.
+    pub parent_shutdown_time: Duration,
+    /// How often Envoy's live counters are read.
+    pub poll_interval: Duration,
+}
+
+impl Default for Timers {
+    fn default() -> Self {
+        Self {
+            deregistration_delay: DEFAULT_DEREGISTRATION_DELAY,
+            min_drain_time: DEFAULT_MIN_DRAIN_TIME,
+            drain_time: DEFAULT_DRAIN_TIME,
+            parent_shutdown_time: DEFAULT_PARENT_SHUTDOWN_TIME,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+        }
+    }
+}
+
+/// Every inconsistency in the budget, gathered so the user fixes them in one go.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid drain budget:\n  - {}", .0.join("\n  - "))]
+pub struct BudgetError(pub Vec<String>);
+
+impl Timers {
+    /// Checks `min-drain-time <= drain-time < parent-shutdown-time < termination grace`.
+    pub fn validate(&self, termination_grace: Option<Duration>) -> Result<(), BudgetError> {
+        let h = |d: Duration| humantime::format_duration(d).to_string();
+        let mut errs = Vec::new();
+        if self.min_drain_time > self.drain_time {
+            errs.push(format!(
+                "--min-drain-time ({}) must not exceed --drain-time ({})",
+                h(self.min_drain_time),
+                h(self.drain_time)
+            ));
+        }
+        if self.drain_time >= self.parent_shutdown_time {
+            errs.push(format!(
+                "--drain-time ({}) must be less than --parent-shutdown-time ({}): the deadline must leave room for the drain",
+                h(self.drain_time),
+                h(self.parent_shutdown_time)
+            ));
+        }
+        if self.deregistration_delay > self.drain_time {
+            errs.push(format!(
+                "--deregistration-delay ({}) must not exceed --drain-time ({})",
+                h(self.deregistration_delay),
+                h(self.drain_time)
+            ));
+        }
+        if self.poll_interval.is_zero() {
+            errs.push("--poll-interval must be greater than zero".to_string());
+        }
+        if let Some(grace) = termination_grace {
+            if grace <= self.parent_shutdown_time {
+                errs.push(format!(
+                    "--termination-grace-period ({}) must exceed --parent-shutdown-time ({}): otherwise the kubelet sends SIGKILL before the drain deadline",
+                    h(grace),
+                    h(self.parent_shutdown_time)
+                ));
+            }
+        }
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(BudgetError(errs))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    #[test]
+    fn defaults_are_consistent_with_a_two_minute_grace() {
+        assert_eq!(Timers::default().validate(Some(s(120))), Ok(()));
+    }
+
+    #[test]
+    fn every_violation_is_reported_at_once() {
+        let t = Timers {
+            min_drain_time: s(70),
+            drain_time: s(60),
+            parent_shutdown_time: s(50),
+            deregistration_delay: s(61),
+            poll_interval: Duration::ZERO,
+        };
+        let err = t.validate(Some(s(30))).unwrap_err();
+        assert_eq!(err.0.len(), 5, "{err}");
+        let text = err.to_string();
+        for flag in [
+            "--min-drain-time",
+            "--parent-shutdown-time",
+            "--deregistration-delay",
+            "--poll-interval",
+            "--termination-grace-period",
+        ] {
+            assert!(text.contains(flag), "{flag} missing from: {text}");
+        }
+    }
+
+    #[test]
+    fn grace_equal_to_deadline_is_refused() {
+        let err = Timers::default().validate(Some(s(90))).unwrap_err();
+        assert!(err
+            .to_string()
+            .contains("--termination-grace-period (1m 30s)"));
+    }
+}

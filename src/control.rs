@@ -1,0 +1,284 @@
+//! The plain-HTTP control endpoints on `--listen`, for Kubernetes:
+//!
+//! | endpoint | what |
+//! |---|---|
+//! | `GET /metrics` | Prometheus text |
+//! | `GET /healthz` | the process is alive |
+//! | `GET /readyz` | 503 while draining or while Envoy is not ready |
+//! | `GET /status` | the status JSON |
+//! | `POST /drain` | start the drain (idempotent); 202 with the status |
+//! | `GET\|POST /drain?wait=true` | start if needed, block until done; 200 with the report (preStop `httpGet`) |
+//!
+//! Mutating calls are accepted only from loopback or `--allow-drain-from`.
+
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use ipnet::IpNet;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::drain::{DrainHandle, Phase, Trigger};
+use crate::envoy::AdminClient;
+
+/// Slowloris bound: a client must send its headers within this.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Requests here are tiny; 16 KiB of headers is plenty.
+const MAX_BUF_SIZE: usize = 16 * 1024;
+
+/// What the endpoints serve.
+pub struct Control {
+    pub drain: DrainHandle,
+    pub registry: Arc<Registry>,
+    /// Asked on `/readyz`; None when there is no Envoy to ask.
+    pub admin: Option<AdminClient>,
+    /// Besides loopback, who may start a drain.
+    pub allow_drain_from: Vec<IpNet>,
+}
+
+impl Control {
+    /// Loopback, or inside one of the allowed networks.
+    pub fn may_mutate(&self, peer: IpAddr) -> bool {
+        let peer = match peer {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(peer, IpAddr::V4),
+            v4 => v4,
+        };
+        peer.is_loopback() || self.allow_drain_from.iter().any(|n| n.contains(&peer))
+    }
+
+    /// Routes one request. Never panics on input.
+    pub async fn handle(&self, peer: SocketAddr, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        let method = req.method().clone();
+        let path = req.uri().path().to_string();
+        let query = req.uri().query().unwrap_or("").to_string();
+        match path.as_str() {
+            "/metrics" => self.get_only(&method, || {
+                let body = crate::metrics::render(&self.registry);
+                let mut r = text(StatusCode::OK, body);
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    header::HeaderValue::from_static(
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    ),
+                );
+                r
+            }),
+            "/healthz" => self.get_only(&method, || text(StatusCode::OK, "ok\n")),
+            "/status" => self.get_only(&method, || json(StatusCode::OK, &self.drain.status())),
+            "/readyz" => match method {
+                Method::GET | Method::HEAD => self.readyz().await,
+                _ => not_allowed("GET"),
+            },
+            "/drain" => self.drain(&method, &query, peer).await,
+            _ => text(StatusCode::NOT_FOUND, format!("no such endpoint: {path}\n")),
+        }
+    }
+
+    fn get_only(
+        &self,
+        method: &Method,
+        f: impl FnOnce() -> Response<Full<Bytes>>,
+    ) -> Response<Full<Bytes>> {
+        match *method {
+            Method::GET | Method::HEAD => f(),
+            _ => not_allowed("GET"),
+        }
+    }
+
+    async fn readyz(&self) -> Response<Full<Bytes>> {
+        let phase = self.drain.status().phase;
+        if phase != Phase::Serving {
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: draining ({phase:?})\n"),
+            );
+        }
+        match &self.admin {
+            None => text(StatusCode::OK, "ready\n"),
+            Some(admin) => match admin.ready().await {
+                Ok(true) => text(StatusCode::OK, "ready\n"),
+                Ok(false) => text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "not ready: envoy is not ready\n",
+                ),
+                Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")),
+            },
+        }
+    }
+
+    async fn drain(&self, method: &Method, query: &str, peer: SocketAddr) -> Response<Full<Bytes>> {
+        let wait = match parse_wait(query) {
+            Ok(w) => w,
+            Err(msg) => return text(StatusCode::BAD_REQUEST, msg),
+        };
+        match (method, wait) {
+            (&Method::POST, _) | (&Method::GET, true) => {}
+            (&Method::GET, false) => {
+                return text(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "GET /drain needs ?wait=true (the preStop form); use POST /drain to start without waiting\n",
+                )
+            }
+            _ => return not_allowed("GET, POST"),
+        }
+        if !self.may_mutate(peer.ip()) {
+            tracing::warn!(%peer, "refused a drain request from a caller that is not allowed");
+            return text(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "drain refused: {} is not loopback and not in --allow-drain-from\n",
+                    peer.ip()
+                ),
+            );
+        }
+        if wait {
+            tracing::info!(%peer, "drain requested (waiting for the report)");
+            self.drain.trigger(Trigger::Prestop).await;
+            match self.drain.report().await {
+                Some(report) => json(StatusCode::OK, &report),
+                None => text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the drain driver has stopped\n",
+                ),
+            }
+        } else {
+            tracing::info!(%peer, "drain requested");
+            let status = self.drain.trigger(Trigger::Api).await;
+            json(StatusCode::ACCEPTED, &status)
+        }
+    }
+}
+
+/// Accepts `wait=true|false` (or a bare `wait`) and nothing else.
+fn parse_wait(query: &str) -> Result<bool, String> {
+    let mut wait = false;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, "true"));
+        match (k, v) {
+            ("wait", "true" | "1") => wait = true,
+            ("wait", "false" | "0") => wait = false,
+            ("wait", other) => {
+                return Err(format!(
+                    "bad value for wait: {other:?} (use true or false)\n"
+                ))
+            }
+            (other, _) => {
+                return Err(format!(
+                    "unknown query parameter {other:?}; /drain takes only wait\n"
+                ))
+            }
+        }
+    }
+    Ok(wait)
+}
+
+fn text(status: StatusCode, body: impl Into<String>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body.into())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+fn json<T: serde::Serialize>(status: StatusCode, v: &T) -> Response<Full<Bytes>> {
+    match serde_json::to_vec(v) {
+        Ok(mut body) => {
+            body.push(b'\n');
+            let mut r = Response::new(Full::new(Bytes::from(body)));
+            *r.status_mut() = status;
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static("application/json"),
+            );
+            r
+        }
+        Err(e) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding JSON: {e}\n"),
+        ),
+    }
+}
+
+fn not_allowed(allow: &'static str) -> Response<Full<Bytes>> {
+    let mut r = text(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("method not allowed; use {allow}\n"),
+    );
+    r.headers_mut()
+        .insert(header::ALLOW, header::HeaderValue::from_static(allow));
+    r
+}
+
+/// Serves HTTP/1.1 on `listener` until `shutdown` is cancelled, then lets
+/// in-flight requests finish (bounded by the caller's own exit).
+pub async fn serve(listener: TcpListener, control: Arc<Control>, shutdown: CancellationToken) {
+    let tracker = TaskTracker::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // EMFILE and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "control: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let control = control.clone();
+        let shutdown = shutdown.clone();
+        tracker.spawn(async move {
+            let svc = service_fn(move |req| {
+                let control = control.clone();
+                async move { Ok::<_, Infallible>(control.handle(peer, req).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .max_buf_size(MAX_BUF_SIZE)
+                .serve_connection(TokioIo::new(stream), svc);
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                res = conn.as_mut() => {
+                    if let Err(e) = res {
+                        tracing::debug!(%peer, error = %e, "control connection ended with an error");
+                    }
+                }
+                _ = shutdown.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(Duration::from_secs(1), conn).await;
+                }
+            }
+        });
+    }
+    tracker.close();
+    let _ = tokio::time::timeout(Duration::from_secs(1), tracker.wait()).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_query() {
+        assert_eq!(parse_wait(""), Ok(false));
+        assert_eq!(parse_wait("wait=true"), Ok(true));
+        assert_eq!(parse_wait("wait"), Ok(true));
+        assert_eq!(parse_wait("wait=1&wait=false"), Ok(false));
+        assert!(parse_wait("wait=soon").is_err());
+        assert!(parse_wait("force=true").is_err());
+    }
+}

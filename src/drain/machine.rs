@@ -1,0 +1,373 @@
+//! The drain state machine: a pure function (state, event) -> (state, actions).
+//!
+//! Phases, per DESIGN.md §2:
+//! - `Serving`: nothing is happening.
+//! - `Deregistering`: triggered; health check failed, listeners draining,
+//!   GOAWAY sent; short requests still land while endpoints are removed.
+//! - `Draining`: the guard ends open streams, spread over a window; Envoy's
+//!   counters are polled and the drain exits early once streams reach zero.
+//! - `Terminating`: past the drain time, waiting for the last streams until
+//!   the hard deadline (`parent-shutdown-time`).
+//! - `Done`: the report is final.
+//!
+//! It does no I/O and reads no clock: every event carries the time since the
+//! trigger. A second trigger joins the first drain.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelValue;
+use serde::{Deserialize, Serialize};
+
+use crate::config::Timers;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    Serving,
+    Deregistering,
+    Draining,
+    Terminating,
+    Done,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Serving => "serving",
+            Phase::Deregistering => "deregistering",
+            Phase::Draining => "draining",
+            Phase::Terminating => "terminating",
+            Phase::Done => "done",
+        }
+    }
+}
+
+/// What started the drain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Trigger {
+    /// The preStop hook (`/drain?wait=true` or `drainshim prestop`).
+    Prestop,
+    /// The container got SIGTERM.
+    Sigterm,
+    /// `POST /drain` or the one-shot `drainshim drain`.
+    Api,
+}
+
+/// How a drain ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, EncodeLabelValue)]
+// Lower-case variants: the label values and JSON strings are the contract.
+#[allow(non_camel_case_types)]
+pub enum Outcome {
+    /// Active streams reached zero after the minimum drain time.
+    quiesced,
+    /// The hard deadline (or a second SIGTERM) came first.
+    deadline,
+    /// Envoy's admin API did not answer at the end; its counts are unknown.
+    envoy_unreachable,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    Trigger(Trigger),
+    /// A second SIGTERM: go to the deadline now.
+    Hurry,
+    /// Time passed; `elapsed` is measured from the trigger.
+    Tick {
+        elapsed: Duration,
+    },
+    /// A poll finished. `envoy_streams` is None when the admin API did not answer.
+    Observed {
+        elapsed: Duration,
+        envoy_streams: Option<u64>,
+        guard_streams: u64,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// `POST /healthcheck/fail` and stop answering the shim's `/readyz`.
+    FailHealthcheck,
+    /// `POST /drain_listeners?graceful&inboundonly`.
+    DrainListeners,
+    /// GOAWAY on every guard connection; new connections are still accepted.
+    GoawayAll,
+    /// End every open guard stream gracefully, spread evenly over `window`.
+    TerminateStreams { window: Duration },
+    /// Publish the report.
+    Finish(Outcome),
+}
+
+/// The machine's whole state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct State {
+    pub phase: Phase,
+    pub trigger: Option<Trigger>,
+    pub outcome: Option<Outcome>,
+    /// Whether the last poll reached Envoy; decides `deadline` vs `envoy_unreachable`.
+    pub envoy_reachable: bool,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        Self {
+            phase: Phase::Serving,
+            trigger: None,
+            outcome: None,
+            // Optimistic until a poll says otherwise.
+            envoy_reachable: true,
+        }
+    }
+}
+
+/// The transition function, bound to one set of timers.
+#[derive(Clone, Copy, Debug)]
+pub struct Machine {
+    pub timers: Timers,
+}
+
+impl Machine {
+    pub fn new(timers: Timers) -> Self {
+        Self { timers }
+    }
+
+    /// The earliest a drain may quiesce: never before deregistration is over.
+    pub fn quiesce_after(&self) -> Duration {
+        self.timers
+            .min_drain_time
+            .max(self.timers.deregistration_delay)
+    }
+
+    /// The window over which the guard spreads stream terminations: from the
+    /// end of deregistration to 90% of the drain time, leaving the last
+    /// tenth for the final streams to flush and for a poll to see zero.
+    pub fn termination_window(&self) -> Duration {
+        let t = &self.timers;
+        t.drain_time.saturating_sub(t.deregistration_delay) * 9 / 10
+    }
+
+    /// The next instant (since the trigger) at which a `Tick` changes something.
+    pub fn next_deadline(&self, s: &State) -> Option<Duration> {
+        let t = &self.timers;
+        match s.phase {
+            Phase::Serving | Phase::Done => None,
+            Phase::Deregistering => Some(t.deregistration_delay),
+            Phase::Draining => Some(t.drain_time),
+            Phase::Terminating => Some(t.parent_shutdown_time),
+        }
+    }
+
+    pub fn step(&self, s: State, event: Event) -> (State, Vec<Action>) {
+        let mut s = s;
+        let mut actions = Vec::new();
+        if s.phase == Phase::Done {
+            return (s, actions);
+        }
+        match event {
+            Event::Trigger(trigger) => {
+                if s.phase == Phase::Serving {
+                    s.phase = Phase::Deregistering;
+                    s.trigger = Some(trigger);
+                    actions.extend([
+                        Action::FailHealthcheck,
+                        Action::DrainListeners,
+                        Action::GoawayAll,
+                    ]);
+                    // Zero timers move on at once.
+                    self.advance(&mut s, Duration::ZERO, &mut actions);
+                }
+            }
+            _ if s.phase == Phase::Serving => {}
+            Event::Hurry => self.finish_at_deadline(&mut s, &mut actions),
+            Event::Tick { elapsed } => self.advance(&mut s, elapsed, &mut actions),
+            Event::Observed {
+                elapsed,
+                envoy_streams,
+                guard_streams,
+            } => {
+                s.envoy_reachable = envoy_streams.is_some();
+                self.advance(&mut s, elapsed, &mut actions);
+                let idle = envoy_streams == Some(0) && guard_streams == 0;
+                if s.phase != Phase::Done && idle && elapsed >= self.quiesce_after() {
+                    self.finish(&mut s, Outcome::quiesced, &mut actions);
+                }
+            }
+        }
+        (s, actions)
+    }
+
+    /// Moves through every phase whose start time has passed.
+    fn advance(&self, s: &mut State, elapsed: Duration, actions: &mut Vec<Action>) {
+        let t = &self.timers;
+        if elapsed >= t.parent_shutdown_time {
+            return self.finish_at_deadline(s, actions);
+        }
+        if s.phase == Phase::Deregistering && elapsed >= t.deregistration_delay {
+            s.phase = Phase::Draining;
+            actions.push(Action::TerminateStreams {
+                window: self.termination_window(),
+            });
+        }
+        if s.phase == Phase::Draining && elapsed >= t.drain_time {
+            s.phase = Phase::Terminating;
+        }
+    }
+
+    fn finish_at_deadline(&self, s: &mut State, actions: &mut Vec<Action>) {
+        let outcome = if s.envoy_reachable {
+            Outcome::deadline
+        } else {
+            Outcome::envoy_unreachable
+        };
+        self.finish(s, outcome, actions);
+    }
+
+    fn finish(&self, s: &mut State, outcome: Outcome, actions: &mut Vec<Action>) {
+        s.phase = Phase::Done;
+        s.outcome = Some(outcome);
+        actions.push(Action::Finish(outcome));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Action::*;
+    use Event::{Hurry, Observed, Tick};
+    use Phase::*;
+    use Trigger as T;
+
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    /// dereg 5 s, min 5 s, drain 60 s, deadline 90 s.
+    fn machine() -> Machine {
+        Machine::new(Timers::default())
+    }
+
+    fn obs(t: u64, envoy: Option<u64>, guard: u64) -> Event {
+        Observed {
+            elapsed: secs(t),
+            envoy_streams: envoy,
+            guard_streams: guard,
+        }
+    }
+
+    fn tick(t: u64) -> Event {
+        Tick { elapsed: secs(t) }
+    }
+
+    /// Runs events from Serving; returns the phase after each and all actions.
+    fn run(m: Machine, events: &[Event]) -> (Vec<Phase>, Vec<Action>, State) {
+        let mut s = State::default();
+        let mut phases = Vec::new();
+        let mut all = Vec::new();
+        for e in events {
+            let (next, actions) = m.step(s, *e);
+            s = next;
+            phases.push(s.phase);
+            all.extend(actions);
+        }
+        (phases, all, s)
+    }
+
+    #[test]
+    fn table() {
+        let window = machine().termination_window();
+        assert_eq!(window, secs(55) * 9 / 10);
+        #[rustfmt::skip]
+        let cases: Vec<(&str, Vec<Event>, Vec<Phase>, Vec<Action>)> = vec![
+            ("events before a trigger do nothing",
+             vec![tick(100), obs(100, Some(0), 0), Hurry],
+             vec![Serving, Serving, Serving], vec![]),
+            ("a trigger fails the health check, drains listeners and sends GOAWAY",
+             vec![Event::Trigger(T::Prestop)],
+             vec![Deregistering], vec![FailHealthcheck, DrainListeners, GoawayAll]),
+            ("a second trigger joins the first",
+             vec![Event::Trigger(T::Prestop), Event::Trigger(T::Sigterm), Event::Trigger(T::Api)],
+             vec![Deregistering, Deregistering, Deregistering],
+             vec![FailHealthcheck, DrainListeners, GoawayAll]),
+            ("zero streams during deregistration do not end the drain",
+             vec![Event::Trigger(T::Api), obs(1, Some(0), 0), obs(4, Some(0), 0)],
+             vec![Deregistering, Deregistering, Deregistering],
+             vec![FailHealthcheck, DrainListeners, GoawayAll]),
+            ("after deregistration the guard ends streams; zero streams quiesce",
+             vec![Event::Trigger(T::Api), tick(5), obs(6, Some(3), 1), obs(7, Some(0), 1), obs(8, Some(0), 0)],
+             vec![Deregistering, Draining, Draining, Draining, Done],
+             vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window },
+                  Finish(Outcome::quiesced)]),
+            ("a late poll moves through every passed phase at once",
+             vec![Event::Trigger(T::Api), obs(61, Some(2), 0)],
+             vec![Deregistering, Terminating],
+             vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window }]),
+            ("streams still open at the deadline: outcome deadline",
+             vec![Event::Trigger(T::Sigterm), tick(5), tick(60), obs(89, Some(4), 0), tick(90)],
+             vec![Deregistering, Draining, Terminating, Terminating, Done],
+             vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window },
+                  Finish(Outcome::deadline)]),
+            ("admin unreachable at the deadline: outcome envoy_unreachable",
+             vec![Event::Trigger(T::Prestop), obs(1, None, 0), obs(60, None, 0), tick(90)],
+             vec![Deregistering, Deregistering, Terminating, Done],
+             vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window },
+                  Finish(Outcome::envoy_unreachable)]),
+            ("unreachable never quiesces, even with the guard idle",
+             vec![Event::Trigger(T::Api), obs(30, None, 0)],
+             vec![Deregistering, Draining],
+             vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window }]),
+            ("a second SIGTERM goes to the deadline now",
+             vec![Event::Trigger(T::Sigterm), obs(1, Some(9), 0), Hurry],
+             vec![Deregistering, Deregistering, Done],
+             vec![FailHealthcheck, DrainListeners, GoawayAll, Finish(Outcome::deadline)]),
+            ("Done absorbs everything",
+             vec![Event::Trigger(T::Api), Hurry, Hurry, tick(200), Event::Trigger(T::Api)],
+             vec![Deregistering, Done, Done, Done, Done],
+             vec![FailHealthcheck, DrainListeners, GoawayAll, Finish(Outcome::deadline)]),
+        ];
+        for (name, events, phases, actions) in cases {
+            let (got_phases, got_actions, _) = run(machine(), &events);
+            assert_eq!(got_phases, phases, "{name}: phases");
+            assert_eq!(got_actions, actions, "{name}: actions");
+        }
+    }
+
+    #[test]
+    fn zero_timers_drain_at_once() {
+        let m = Machine::new(Timers {
+            deregistration_delay: Duration::ZERO,
+            min_drain_time: Duration::ZERO,
+            drain_time: secs(1),
+            parent_shutdown_time: secs(2),
+            poll_interval: secs(1),
+        });
+        let (phases, actions, s) = run(m, &[Event::Trigger(T::Api), obs(0, Some(0), 0)]);
+        assert_eq!(phases, vec![Draining, Done]);
+        assert_eq!(actions.last(), Some(&Finish(Outcome::quiesced)));
+        assert_eq!(s.trigger, Some(Trigger::Api));
+    }
+
+    #[test]
+    fn next_deadline_follows_the_phase() {
+        let m = machine();
+        let mut s = State::default();
+        assert_eq!(m.next_deadline(&s), None);
+        s = m.step(s, Event::Trigger(T::Api)).0;
+        assert_eq!(m.next_deadline(&s), Some(secs(5)));
+        s = m.step(s, tick(5)).0;
+        assert_eq!(m.next_deadline(&s), Some(secs(60)));
+        s = m.step(s, tick(60)).0;
+        assert_eq!(m.next_deadline(&s), Some(secs(90)));
+    }
+
+    #[test]
+    fn outcomes_serialize_as_the_contract_says() {
+        let j = serde_json::to_string(&[
+            Outcome::quiesced,
+            Outcome::deadline,
+            Outcome::envoy_unreachable,
+        ])
+        .unwrap();
+        assert_eq!(j, r#"["quiesced","deadline","envoy_unreachable"]"#);
+        assert_eq!(serde_json::to_string(&T::Prestop).unwrap(), r#""prestop""#);
+    }
+}

@@ -1,0 +1,9 @@
+//! Draining: the pure state machine, its driver task, and the report.
+
+pub mod driver;
+pub mod machine;
+pub mod report;
+
+pub use driver::{spawn, DrainHandle, DrainSettings, StreamGuard};
+pub use machine::{Outcome, Phase, Trigger};
+pub use report::{Report, Status};

@@ -1,0 +1,423 @@
+//! A typed client for Envoy's admin API over hyper.
+//!
+//! Every call opens its own connection and has a deadline, so a hung admin
+//! can never stall the drain, and the client holds no keep-alive open on
+//! Envoy. Errors name the endpoint that failed and why.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
+use http::{Method, StatusCode};
+use tokio::net::TcpStream;
+
+use super::model::{self, ListenerInfo, ServerInfo, Stat};
+
+/// Opens the TCP connection to the admin address. Node mode supplies one that
+/// connects from inside the pod's network namespace.
+pub trait Dial: Send + Sync + 'static {
+    fn dial(
+        &self,
+        authority: &str,
+    ) -> Pin<Box<dyn Future<Output = std::io::Result<TcpStream>> + Send + 'static>>;
+}
+
+/// Plain TCP from the current network namespace.
+#[derive(Debug, Default)]
+pub struct TcpDial;
+
+impl Dial for TcpDial {
+    fn dial(
+        &self,
+        authority: &str,
+    ) -> Pin<Box<dyn Future<Output = std::io::Result<TcpStream>> + Send + 'static>> {
+        let authority = authority.to_string();
+        Box::pin(async move { TcpStream::connect(authority).await })
+    }
+}
+
+/// What went wrong talking to the admin API.
+#[derive(Debug, thiserror::Error)]
+pub enum ErrorKind {
+    #[error("connect: {0}")]
+    Connect(std::io::Error),
+    #[error("no answer within {}", humantime::format_duration(*.0))]
+    Timeout(Duration),
+    #[error("{0}")]
+    Http(#[from] crate::http::RequestError),
+    #[error("status {0}: {1}")]
+    Status(StatusCode, String),
+    #[error("bad JSON: {0}")]
+    Decode(#[from] serde_json::Error),
+}
+
+/// An admin call failed; says which one.
+#[derive(Debug, thiserror::Error)]
+#[error("envoy admin {authority}: {method} {path}: {kind}")]
+pub struct AdminError {
+    pub authority: String,
+    pub method: Method,
+    pub path: String,
+    #[source]
+    pub kind: ErrorKind,
+}
+
+/// A bad `--envoy-admin` value.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid envoy admin URL {url:?}: {why} (expected e.g. http://127.0.0.1:15000)")]
+pub struct UrlError {
+    url: String,
+    why: &'static str,
+}
+
+/// The live counters of Envoy's inbound side, summed over its listeners.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// `listener.<in>.downstream_cx_active`
+    pub cx_active: u64,
+    /// `listener.<in>.downstream_cx_total`: lets a drain count connections opened meanwhile.
+    pub cx_total: u64,
+    /// `http.<in>.downstream_rq_active`: live streams, the thing that matters.
+    pub rq_active: u64,
+    /// `http.<in>.downstream_rq_total`
+    pub rq_total: u64,
+}
+
+/// Which stats scopes are inbound, resolved from the listener config.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InboundScope {
+    pub listeners: Vec<String>,
+    pub http: Vec<String>,
+    /// No listener is marked INBOUND, so every listener is counted and drained.
+    pub all_listeners: bool,
+}
+
+impl InboundScope {
+    /// Chooses the INBOUND listeners; without any, falls back to all of them
+    /// (Envoy's `inboundonly` would then drain nothing).
+    pub fn from_listeners(ls: &[ListenerInfo]) -> Self {
+        let inbound: Vec<&ListenerInfo> = ls
+            .iter()
+            .filter(|l| l.direction == TrafficDirection::Inbound)
+            .collect();
+        let all_listeners = inbound.is_empty();
+        let chosen: Vec<&ListenerInfo> = if all_listeners {
+            ls.iter().collect()
+        } else {
+            inbound
+        };
+        let mut listeners: Vec<String> = chosen.iter().map(|l| l.stat_prefix.clone()).collect();
+        let mut http: Vec<String> = chosen
+            .iter()
+            .flat_map(|l| l.http_stat_prefixes.iter().cloned())
+            .collect();
+        listeners.sort();
+        listeners.dedup();
+        http.sort();
+        http.dedup();
+        Self {
+            listeners,
+            http,
+            all_listeners,
+        }
+    }
+
+    /// An exact RE2 filter for `/stats`, so Envoy sends only the four counters
+    /// we need per scope (never per-worker or admin ones).
+    pub fn stats_filter(&self) -> String {
+        let alt = |v: &[String]| {
+            v.iter()
+                .map(|s| regex::escape(s))
+                .collect::<Vec<_>>()
+                .join("|")
+        };
+        let mut parts = Vec::new();
+        if !self.listeners.is_empty() {
+            parts.push(format!(
+                r"listener\.({})\.downstream_cx_(active|total)",
+                alt(&self.listeners)
+            ));
+        }
+        if !self.http.is_empty() {
+            parts.push(format!(
+                r"http\.({})\.downstream_rq_(active|total)",
+                alt(&self.http)
+            ));
+        }
+        if parts.is_empty() {
+            // Matches nothing: there is no inbound listener to count.
+            return "^$".to_string();
+        }
+        format!("^({})$", parts.join("|"))
+    }
+
+    /// Sums the stats returned for `stats_filter()`.
+    pub fn sum(&self, stats: &[Stat]) -> Counts {
+        let mut c = Counts::default();
+        for s in stats {
+            let Some((scope, rest)) = s.name.split_once('.') else {
+                continue;
+            };
+            let owned = |list: &[String], suffix: &str| {
+                rest.strip_suffix(suffix)
+                    .is_some_and(|p| list.iter().any(|l| l == p))
+            };
+            match scope {
+                "listener" if owned(&self.listeners, ".downstream_cx_active") => {
+                    c.cx_active += s.value
+                }
+                "listener" if owned(&self.listeners, ".downstream_cx_total") => {
+                    c.cx_total += s.value
+                }
+                "http" if owned(&self.http, ".downstream_rq_active") => c.rq_active += s.value,
+                "http" if owned(&self.http, ".downstream_rq_total") => c.rq_total += s.value,
+                _ => {}
+            }
+        }
+        c
+    }
+}
+
+/// The admin client. Cheap to clone.
+#[derive(Clone)]
+pub struct AdminClient {
+    authority: String,
+    timeout: Duration,
+    dial: Arc<dyn Dial>,
+}
+
+impl fmt::Debug for AdminClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdminClient")
+            .field("authority", &self.authority)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl AdminClient {
+    /// Parses `http://host:port`; every call then has `timeout` to finish.
+    pub fn new(url: &str, timeout: Duration) -> Result<Self, UrlError> {
+        Self::with_dial(url, timeout, Arc::new(TcpDial))
+    }
+
+    pub fn with_dial(url: &str, timeout: Duration, dial: Arc<dyn Dial>) -> Result<Self, UrlError> {
+        let err = |why| UrlError {
+            url: url.to_string(),
+            why,
+        };
+        let uri: http::Uri = url.parse().map_err(|_| err("not a URL"))?;
+        if uri.scheme_str() != Some("http") {
+            return Err(err("the scheme must be http"));
+        }
+        let authority = uri.authority().ok_or_else(|| err("no host"))?;
+        if authority.port_u16().is_none() {
+            return Err(err("no port"));
+        }
+        if !matches!(uri.path(), "" | "/") {
+            return Err(err("a path is not allowed"));
+        }
+        Ok(Self {
+            authority: authority.to_string(),
+            timeout,
+            dial,
+        })
+    }
+
+    pub fn authority(&self) -> &str {
+        &self.authority
+    }
+
+    /// `GET /server_info`.
+    pub async fn server_info(&self) -> Result<ServerInfo, AdminError> {
+        self.get_json("/server_info").await
+    }
+
+    /// `GET /stats?format=json&filter=<re2>`.
+    pub async fn stats(&self, filter: &str) -> Result<Vec<Stat>, AdminError> {
+        let path = format!("/stats?format=json&filter={}", urlencode(filter));
+        let body = self.call(Method::GET, &path).await?;
+        model::parse_stats(&body).map_err(|e| self.err(Method::GET, &path, e.into()))
+    }
+
+    /// Static and dynamic listeners, from `/config_dump`.
+    pub async fn listeners(&self) -> Result<Vec<ListenerInfo>, AdminError> {
+        let mut all = Vec::new();
+        for resource in ["static_listeners", "dynamic_listeners"] {
+            let path = format!("/config_dump?resource={resource}");
+            let body = self.call(Method::GET, &path).await?;
+            let mut ls = model::parse_listeners(&body)
+                .map_err(|e| self.err(Method::GET, &path, e.into()))?;
+            all.append(&mut ls);
+        }
+        Ok(all)
+    }
+
+    /// Resolves the inbound scope, then reads its live counters.
+    pub async fn inbound_scope(&self) -> Result<InboundScope, AdminError> {
+        Ok(InboundScope::from_listeners(&self.listeners().await?))
+    }
+
+    pub async fn counts(&self, scope: &InboundScope) -> Result<Counts, AdminError> {
+        Ok(scope.sum(&self.stats(&scope.stats_filter()).await?))
+    }
+
+    /// `POST /healthcheck/fail`: `/ready` answers 503 from now on.
+    pub async fn healthcheck_fail(&self) -> Result<(), AdminError> {
+        self.call(Method::POST, "/healthcheck/fail").await.map(drop)
+    }
+
+    /// `POST /healthcheck/ok`: undoes `healthcheck_fail`.
+    pub async fn healthcheck_ok(&self) -> Result<(), AdminError> {
+        self.call(Method::POST, "/healthcheck/ok").await.map(drop)
+    }
+
+    /// `POST /drain_listeners[?graceful][&inboundonly]`.
+    pub async fn drain_listeners(
+        &self,
+        graceful: bool,
+        inbound_only: bool,
+    ) -> Result<(), AdminError> {
+        let mut q = Vec::new();
+        if graceful {
+            q.push("graceful");
+        }
+        if inbound_only {
+            q.push("inboundonly");
+        }
+        let path = if q.is_empty() {
+            "/drain_listeners".to_string()
+        } else {
+            format!("/drain_listeners?{}", q.join("&"))
+        };
+        self.call(Method::POST, &path).await.map(drop)
+    }
+
+    /// `GET /ready`: true when Envoy is LIVE and its health check passes.
+    pub async fn ready(&self) -> Result<bool, AdminError> {
+        match self.call(Method::GET, "/ready").await {
+            Ok(_) => Ok(true),
+            Err(AdminError {
+                kind: ErrorKind::Status(StatusCode::SERVICE_UNAVAILABLE, _),
+                ..
+            }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, AdminError> {
+        let body = self.call(Method::GET, path).await?;
+        serde_json::from_slice(&body).map_err(|e| self.err(Method::GET, path, e.into()))
+    }
+
+    /// One request on a fresh connection, bounded by the client's timeout.
+    async fn call(&self, method: Method, path: &str) -> Result<Bytes, AdminError> {
+        match tokio::time::timeout(self.timeout, self.call_inner(method.clone(), path)).await {
+            Ok(Ok(body)) => Ok(body),
+            Ok(Err(kind)) => Err(self.err(method, path, kind)),
+            Err(_) => Err(self.err(method, path, ErrorKind::Timeout(self.timeout))),
+        }
+    }
+
+    async fn call_inner(&self, method: Method, path: &str) -> Result<Bytes, ErrorKind> {
+        let stream = self
+            .dial
+            .dial(&self.authority)
+            .await
+            .map_err(ErrorKind::Connect)?;
+        let (status, body) = crate::http::request(stream, &self.authority, method, path).await?;
+        if status.is_success() {
+            Ok(body)
+        } else {
+            let text = String::from_utf8_lossy(&body).trim().to_string();
+            Err(ErrorKind::Status(status, text))
+        }
+    }
+
+    fn err(&self, method: Method, path: &str, kind: ErrorKind) -> AdminError {
+        AdminError {
+            authority: self.authority.clone(),
+            method,
+            path: path.to_string(),
+            kind,
+        }
+    }
+}
+
+/// Percent-encodes a query value (RFC 3986 unreserved characters pass through).
+fn urlencode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 2);
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_checked() {
+        let t = Duration::from_secs(1);
+        assert!(AdminClient::new("http://127.0.0.1:15000", t).is_ok());
+        assert!(AdminClient::new("http://127.0.0.1:15000/", t).is_ok());
+        for bad in [
+            "127.0.0.1:15000",
+            "https://x:1",
+            "http://x",
+            "http://x:1/stats",
+            "::",
+        ] {
+            let e = AdminClient::new(bad, t).unwrap_err().to_string();
+            assert!(e.contains("invalid envoy admin URL"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn scope_sums_only_its_own_counters() {
+        let scope = InboundScope {
+            listeners: vec!["127.0.0.1_8080".into()],
+            http: vec!["in".into()],
+            all_listeners: false,
+        };
+        let stat = |n: &str, v| Stat {
+            name: n.into(),
+            value: v,
+        };
+        let c = scope.sum(&[
+            stat("listener.127.0.0.1_8080.downstream_cx_active", 2),
+            stat("listener.127.0.0.1_8080.worker_0.downstream_cx_active", 2),
+            stat("listener.admin.downstream_cx_active", 7),
+            stat("http.in.downstream_rq_active", 5),
+            stat("http.in.downstream_rq_total", 9),
+            stat("http.admin.downstream_rq_active", 1),
+        ]);
+        assert_eq!(
+            c,
+            Counts {
+                cx_active: 2,
+                cx_total: 0,
+                rq_active: 5,
+                rq_total: 9
+            }
+        );
+        let f = regex::Regex::new(&scope.stats_filter()).unwrap();
+        assert!(f.is_match("listener.127.0.0.1_8080.downstream_cx_active"));
+        assert!(!f.is_match("listener.127.0.0.1_8080.worker_0.downstream_cx_active"));
+        assert!(!f.is_match("listener.127x0x0x1_8080.downstream_cx_active"));
+    }
+
+    #[test]
+    fn filter_is_encoded() {
+        assert_eq!(urlencode(r"^a\.b|c$"), "%5Ea%5C.b%7Cc%24");
+    }
+}

@@ -1,0 +1,7 @@
+//! Envoy's admin API: the hyper client and serde models of its JSON.
+
+pub mod admin;
+pub mod model;
+
+pub use admin::{AdminClient, AdminError, Counts, Dial, InboundScope, TcpDial};
+pub use model::{ListenerInfo, ServerInfo, Stat};

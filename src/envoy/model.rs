@@ -1,0 +1,216 @@
+//! Serde models of the admin JSON we read, kept small on purpose.
+//!
+//! envoy-types has the prost types but no serde, so these mirror only the
+//! fields drainshim uses; enums and type URLs come from envoy-types.
+
+use envoy_types::pb::envoy::admin::v3::server_info::State;
+use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
+use prost::Name;
+use serde::Deserialize;
+use serde_json::Value;
+
+/// `GET /server_info`.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct ServerInfo {
+    /// `<sha>/1.40.0/Clean/RELEASE/BoringSSL`.
+    pub version: String,
+    /// LIVE | DRAINING | PRE_INITIALIZING | INITIALIZING.
+    pub state: String,
+    #[serde(default)]
+    pub node: Node,
+    #[serde(default)]
+    pub command_line_options: CommandLineOptions,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Node {
+    #[serde(default)]
+    pub id: String,
+    #[serde(default)]
+    pub cluster: String,
+    /// A protobuf Struct: arbitrary JSON. Istio puts NAME, NAMESPACE, ISTIO_VERSION here.
+    #[serde(default)]
+    pub metadata: serde_json::Map<String, Value>,
+}
+
+/// Durations are proto3 JSON strings such as "5s".
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct CommandLineOptions {
+    pub drain_time: Option<String>,
+    pub parent_shutdown_time: Option<String>,
+    pub drain_strategy: Option<String>,
+}
+
+impl ServerInfo {
+    /// The release, `1.40.0`, from the build string.
+    pub fn release(&self) -> &str {
+        crate::inventory::parse_envoy_version(&self.version).unwrap_or("")
+    }
+
+    pub fn state(&self) -> Option<State> {
+        State::from_str_name(&self.state)
+    }
+
+    /// A string field of the node metadata, if present.
+    pub fn metadata_str(&self, key: &str) -> Option<&str> {
+        self.node.metadata.get(key).and_then(Value::as_str)
+    }
+}
+
+/// One stat from `GET /stats?format=json`: counters and gauges only.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stat {
+    pub name: String,
+    pub value: u64,
+}
+
+/// Decodes `{"stats":[{"name":..,"value":..}, {"histograms":..}]}`, skipping histograms.
+pub fn parse_stats(body: &[u8]) -> Result<Vec<Stat>, serde_json::Error> {
+    #[derive(Deserialize)]
+    struct Doc {
+        #[serde(default)]
+        stats: Vec<Value>,
+    }
+    let doc: Doc = serde_json::from_slice(body)?;
+    Ok(doc
+        .stats
+        .into_iter()
+        .filter_map(|v| {
+            let name = v.get("name")?.as_str()?.to_string();
+            let value = v.get("value")?.as_u64()?;
+            Some(Stat { name, value })
+        })
+        .collect())
+}
+
+/// What drainshim needs to know of one listener.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListenerInfo {
+    pub name: String,
+    pub direction: TrafficDirection,
+    /// The `listener.<prefix>.` stats scope: the stat_prefix, or the address as Envoy writes it.
+    pub stat_prefix: String,
+    /// The `http.<prefix>.` scopes of its HTTP connection managers.
+    pub http_stat_prefixes: Vec<String>,
+}
+
+/// Decodes `GET /config_dump?resource=static_listeners|dynamic_listeners`.
+pub fn parse_listeners(body: &[u8]) -> Result<Vec<ListenerInfo>, serde_json::Error> {
+    #[derive(Deserialize)]
+    struct Doc {
+        #[serde(default)]
+        configs: Vec<Value>,
+    }
+    let doc: Doc = serde_json::from_slice(body)?;
+    Ok(doc
+        .configs
+        .iter()
+        .filter_map(|c| {
+            // Static entries carry `listener`; dynamic ones `active_state.listener`.
+            let l = c
+                .get("listener")
+                .or_else(|| c.get("active_state")?.get("listener"))?;
+            Some(listener_info(l))
+        })
+        .collect())
+}
+
+fn listener_info(l: &Value) -> ListenerInfo {
+    let name = l.get("name").and_then(Value::as_str).unwrap_or_default();
+    let direction = l
+        .get("traffic_direction")
+        .and_then(Value::as_str)
+        .and_then(TrafficDirection::from_str_name)
+        .unwrap_or(TrafficDirection::Unspecified);
+    let stat_prefix = match l.get("stat_prefix").and_then(Value::as_str) {
+        Some(p) if !p.is_empty() => p.to_string(),
+        _ => address_stat_name(l.get("address")),
+    };
+    let hcm_type = HttpConnectionManager::type_url();
+    let chains = l
+        .get("filter_chains")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .chain(l.get("default_filter_chain"));
+    let mut http_stat_prefixes: Vec<String> = chains
+        .filter_map(|fc| fc.get("filters")?.as_array())
+        .flatten()
+        .filter_map(|f| {
+            let tc = f.get("typed_config")?;
+            (tc.get("@type")?.as_str()? == hcm_type)
+                .then(|| tc.get("stat_prefix")?.as_str().map(str::to_string))?
+        })
+        .collect();
+    http_stat_prefixes.sort();
+    http_stat_prefixes.dedup();
+    ListenerInfo {
+        name: name.to_string(),
+        direction,
+        stat_prefix,
+        http_stat_prefixes,
+    }
+}
+
+/// Envoy names a listener's stats scope after its address, with `:` made `_`.
+fn address_stat_name(addr: Option<&Value>) -> String {
+    let Some(sa) = addr.and_then(|a| a.get("socket_address")) else {
+        return String::new();
+    };
+    let ip = sa.get("address").and_then(Value::as_str).unwrap_or("");
+    let port = sa.get("port_value").and_then(Value::as_u64).unwrap_or(0);
+    let joined = if ip.contains(':') {
+        format!("[{ip}]:{port}")
+    } else {
+        format!("{ip}:{port}")
+    };
+    joined.replace(':', "_")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_skip_histograms_and_non_numbers() {
+        let body = br#"{"stats":[{"name":"a","value":3},{"histograms":{"x":1}},{"name":"b","value":"text"}]}"#;
+        assert_eq!(
+            parse_stats(body).unwrap(),
+            vec![Stat {
+                name: "a".into(),
+                value: 3
+            }]
+        );
+    }
+
+    #[test]
+    fn listener_names_follow_envoy() {
+        let body = br#"{"configs":[
+          {"@type":"type.googleapis.com/envoy.admin.v3.ListenersConfigDump.StaticListener",
+           "listener":{"name":"in","traffic_direction":"INBOUND",
+             "address":{"socket_address":{"address":"::1","port_value":15006}},
+             "filter_chains":[{"filters":[{"name":"hcm","typed_config":{
+               "@type":"type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+               "stat_prefix":"inbound_0.0.0.0_15006"}}]}]}},
+          {"name":"out","active_state":{"listener":{"name":"out","stat_prefix":"egress",
+             "address":{"socket_address":{"address":"0.0.0.0","port_value":15001}}}}}
+        ]}"#;
+        let ls = parse_listeners(body).unwrap();
+        assert_eq!(ls[0].direction, TrafficDirection::Inbound);
+        assert_eq!(ls[0].stat_prefix, "[__1]_15006");
+        assert_eq!(ls[0].http_stat_prefixes, vec!["inbound_0.0.0.0_15006"]);
+        assert_eq!(ls[1].direction, TrafficDirection::Unspecified);
+        assert_eq!(ls[1].stat_prefix, "egress");
+    }
+
+    #[test]
+    fn server_info_tolerates_missing_sections() {
+        let si: ServerInfo = serde_json::from_str(
+            r#"{"version":"abc/1.38.3/Clean/RELEASE/BoringSSL","state":"DRAINING"}"#,
+        )
+        .unwrap();
+        assert_eq!(si.release(), "1.38.3");
+        assert_eq!(si.state(), Some(State::Draining));
+    }
+}

@@ -1,0 +1,47 @@
+//! A one-request HTTP/1.1 client over an already connected stream, shared by
+//! the admin client and `drainshim prestop`. No keep-alive: every call closes
+//! its connection, so nothing lingers on the peer.
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+/// Sends `method path` with `Connection: close` and reads the whole body.
+/// The caller bounds it in time.
+pub async fn request(
+    stream: TcpStream,
+    authority: &str,
+    method: Method,
+    path: &str,
+) -> Result<(StatusCode, Bytes), RequestError> {
+    let _ = stream.set_nodelay(true);
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    // Drives the connection; aborted below so a dropped call leaves no task.
+    let conn = tokio::spawn(conn);
+    let result = async {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(http::header::HOST, authority)
+            .header(http::header::CONNECTION, "close")
+            .body(Empty::<Bytes>::new())
+            .map_err(|_| RequestError::BadPath(path.to_string()))?;
+        let resp = sender.send_request(req).await?;
+        let status = resp.status();
+        let body = resp.into_body().collect().await?.to_bytes();
+        Ok((status, body))
+    }
+    .await;
+    conn.abort();
+    result
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("http: {0}")]
+    Http(#[from] hyper::Error),
+    #[error("invalid request path {0:?}")]
+    BadPath(String),
+}

@@ -1,0 +1,24 @@
+//! drainshim: makes Envoy proxy restarts safe for long-lived gRPC streams.
+//!
+//! Data flows one way: trigger -> drain driver -> (Envoy admin, guard) ->
+//! report -> metrics and control endpoints. See shared/DESIGN.md.
+#![forbid(unsafe_code)]
+
+pub mod bench;
+pub mod cli;
+pub mod config;
+pub mod control;
+pub mod drain;
+pub mod envoy;
+pub mod http;
+pub mod inventory;
+pub mod metrics;
+pub mod prestop;
+pub mod sidecar;
+
+/// Generated protobuf and gRPC types.
+pub mod proto {
+    pub mod bench {
+        tonic::include_proto!("drainshim.bench.v1");
+    }
+}

@@ -1,0 +1,184 @@
+//! The `drainshim` binary: parse the CLI, set up tracing and the runtime, run
+//! the subcommand, and map errors to sysexits codes.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use tokio::sync::mpsc;
+use tracing_subscriber::EnvFilter;
+
+use drainshim::cli::{BenchCommand, Cli, Command};
+use drainshim::drain::{self, DrainSettings, Trigger};
+use drainshim::metrics::Metrics;
+use drainshim::{bench, prestop, sidecar};
+
+const EX_USAGE: u8 = 64;
+const EX_UNAVAILABLE: u8 = 69;
+const EX_SOFTWARE: u8 = 70;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(EX_USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    let filter = match EnvFilter::try_new(&cli.log) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("drainshim: invalid --log {:?}: {e}", cli.log);
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("drainshim: cannot start the runtime: {e}");
+            return ExitCode::from(EX_SOFTWARE);
+        }
+    };
+    runtime.block_on(run(cli.command))
+}
+
+async fn run(command: Command) -> ExitCode {
+    match command {
+        Command::Sidecar(args) => {
+            let settings = match sidecar::validate(&args.envoy_admin, &args.timers) {
+                Ok(s) => s,
+                Err(msg) => return usage(&msg),
+            };
+            match sidecar::run(args, settings, sigterms()).await {
+                Ok(report) => {
+                    print_json(&report);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("drainshim sidecar: {e}");
+                    ExitCode::from(EX_UNAVAILABLE)
+                }
+            }
+        }
+        Command::Prestop(args) => match prestop::run(&args.shim, args.timeout).await {
+            Ok(report) => {
+                print_json(&report);
+                ExitCode::SUCCESS
+            }
+            Err(e @ prestop::PrestopError::Url(_)) => usage(&e.to_string()),
+            Err(e) => {
+                eprintln!("drainshim prestop: {e}");
+                ExitCode::from(EX_UNAVAILABLE)
+            }
+        },
+        Command::Drain(args) => {
+            let settings = match sidecar::validate(&args.envoy_admin, &args.timers) {
+                Ok(s) => s,
+                Err(msg) => return usage(&msg),
+            };
+            drain_once(settings).await
+        }
+        Command::Bench(BenchCommand::Server(args)) => {
+            let mut signals = sigterms();
+            let shutdown = async move {
+                let _ = signals.recv().await;
+            };
+            match bench::server::run(args.listen, shutdown).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("drainshim bench server: {e}");
+                    ExitCode::from(EX_UNAVAILABLE)
+                }
+            }
+        }
+    }
+}
+
+/// `drainshim drain`: one drain with progress on stderr and the report on stdout.
+async fn drain_once(settings: sidecar::Validated) -> ExitCode {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let (handle, _task) = drain::spawn(
+        DrainSettings {
+            timers: settings.timers,
+            admin: settings.admin,
+            guard: None,
+        },
+        metrics,
+    );
+    handle.trigger(Trigger::Api).await;
+    let mut status = handle.subscribe();
+    let mut signals = sigterms();
+    let mut last = String::new();
+    loop {
+        tokio::select! {
+            changed = status.changed() => {
+                if changed.is_err() {
+                    eprintln!("drainshim drain: the drain driver stopped unexpectedly");
+                    return ExitCode::from(EX_SOFTWARE);
+                }
+                let s = status.borrow_and_update().clone();
+                let line = s.progress_line();
+                if line != last {
+                    eprintln!("drainshim drain: {line}");
+                    last = line;
+                }
+                if let Some(report) = s.report {
+                    print_json(&report);
+                    return ExitCode::SUCCESS;
+                }
+            }
+            Some(()) = signals.recv() => {
+                eprintln!("drainshim drain: interrupted: skipping to the deadline");
+                handle.hurry();
+            }
+        }
+    }
+}
+
+/// One message per SIGTERM or SIGINT.
+fn sigterms() -> mpsc::UnboundedReceiver<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            tracing::error!("cannot install signal handlers");
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            if tx.send(()).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+fn usage(msg: &str) -> ExitCode {
+    eprintln!("drainshim: {msg}");
+    ExitCode::from(EX_USAGE)
+}
+
+fn print_json<T: serde::Serialize>(v: &T) {
+    match serde_json::to_string(v) {
+        Ok(s) => println!("{s}"),
+        Err(e) => eprintln!("drainshim: encoding the report: {e}"),
+    }
+}

@@ -1,0 +1,212 @@
+//! `drainshim sidecar`: wires the admin client, the drain driver, the control
+//! endpoints and the signals together.
+//!
+//! The first SIGTERM starts (or joins) the drain; the process exits once the
+//! report is out. A second SIGTERM skips to the deadline.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::{SidecarArgs, TimerArgs};
+use crate::config::Timers;
+use crate::control::{self, Control};
+use crate::drain::{self, DrainSettings, Phase, Report, Trigger};
+use crate::envoy::{AdminClient, InboundScope};
+use crate::metrics::Metrics;
+
+/// How often the version inventory is re-read while serving: an Envoy
+/// restarted under the shim shows its new version within this.
+const INVENTORY_REFRESH: Duration = Duration::from_secs(10);
+
+/// Settings that passed validation.
+#[derive(Debug)]
+pub struct Validated {
+    pub admin: AdminClient,
+    pub timers: Timers,
+}
+
+/// Checks the admin URL and the drain budget together, so every bad value is
+/// reported at once.
+pub fn validate(envoy_admin: &str, t: &TimerArgs) -> Result<Validated, String> {
+    let mut errs = Vec::new();
+    let admin = AdminClient::new(envoy_admin, t.admin_timeout)
+        .map_err(|e| errs.push(format!("--envoy-admin: {e}")))
+        .ok();
+    let timers = t.timers();
+    if let Err(e) = timers.validate(t.termination_grace_period) {
+        errs.extend(e.0);
+    }
+    if t.admin_timeout.is_zero() {
+        errs.push("--admin-timeout must be greater than zero".into());
+    }
+    match admin {
+        Some(admin) if errs.is_empty() => Ok(Validated { admin, timers }),
+        _ => Err(format!("invalid settings:\n  - {}", errs.join("\n  - "))),
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SidecarError {
+    #[error("control endpoint: bind {addr}: {source}")]
+    Bind {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// Runs until a SIGTERM-triggered (or joined) drain is done; returns its report.
+/// `signals` yields once per SIGTERM; tests inject it.
+pub async fn run(
+    args: SidecarArgs,
+    settings: Validated,
+    mut signals: mpsc::UnboundedReceiver<()>,
+) -> Result<Report, SidecarError> {
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .map_err(|source| SidecarError::Bind {
+            addr: args.listen,
+            source,
+        })?;
+    let local = listener.local_addr().unwrap_or(args.listen);
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let (drain, _driver) = drain::spawn(
+        DrainSettings {
+            timers: settings.timers,
+            admin: settings.admin.clone(),
+            guard: None,
+        },
+        metrics.clone(),
+    );
+    let shutdown = CancellationToken::new();
+    let control = Arc::new(Control {
+        drain: drain.clone(),
+        registry: Arc::new(registry),
+        admin: Some(settings.admin.clone()),
+        allow_drain_from: args.allow_drain_from.clone(),
+    });
+    let server = tokio::spawn(control::serve(listener, control, shutdown.clone()));
+    let identity = (
+        args.pod_namespace
+            .or_else(|| std::env::var("POD_NAMESPACE").ok()),
+        args.pod_name.or_else(|| std::env::var("POD_NAME").ok()),
+    );
+    tokio::spawn(refresh(
+        settings.admin.clone(),
+        drain.clone(),
+        metrics,
+        identity,
+        settings.timers.poll_interval,
+        shutdown.clone(),
+    ));
+    tracing::info!(listen = %local, envoy_admin = settings.admin.authority(), "sidecar ready");
+
+    // Wait for the first SIGTERM, then for the report, watching for a second.
+    let mut sigterms = 0u32;
+    let report = loop {
+        let waiting = async {
+            if sigterms == 0 {
+                std::future::pending::<Option<Report>>().await
+            } else {
+                drain.report().await
+            }
+        };
+        tokio::select! {
+            sig = signals.recv() => match sig {
+                Some(()) => {
+                    sigterms += 1;
+                    if sigterms == 1 {
+                        tracing::info!("SIGTERM: starting the drain (or joining the one running)");
+                        drain.trigger(Trigger::Sigterm).await;
+                    } else {
+                        tracing::warn!("second SIGTERM: skipping to the deadline");
+                        drain.hurry();
+                    }
+                }
+                // No signal source any more: behave as if the kubelet sent SIGTERM.
+                None if sigterms == 0 => {
+                    sigterms = 1;
+                    drain.trigger(Trigger::Sigterm).await;
+                }
+                None => {}
+            },
+            report = waiting => match report {
+                Some(r) => break r,
+                None => std::future::pending().await,
+            },
+        }
+    };
+    shutdown.cancel();
+    let _ = server.await;
+    Ok(report)
+}
+
+/// While serving, keeps the live-count gauges and the version inventory fresh.
+/// During a drain the driver owns the gauges.
+async fn refresh(
+    admin: AdminClient,
+    drain: drain::DrainHandle,
+    metrics: Metrics,
+    identity: (Option<String>, Option<String>),
+    every: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut scope: Option<InboundScope> = None;
+    let mut last_inventory: Option<tokio::time::Instant> = None;
+    let mut reachable = true;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if drain.status().phase != Phase::Serving {
+            continue;
+        }
+        let due = last_inventory.is_none_or(|t| t.elapsed() >= INVENTORY_REFRESH);
+        let result = async {
+            if due {
+                let info = admin.server_info().await?;
+                let labels = crate::inventory::proxy_labels(
+                    identity.0.as_deref(),
+                    identity.1.as_deref(),
+                    &info,
+                );
+                metrics.set_proxy(labels);
+                last_inventory = Some(tokio::time::Instant::now());
+                // Listeners may change with a restart; resolve them again too.
+                scope = None;
+            }
+            let s = match &scope {
+                Some(s) => s.clone(),
+                None => scope.insert(admin.inbound_scope().await?).clone(),
+            };
+            admin.counts(&s).await
+        }
+        .await;
+        match result {
+            Ok(c) => {
+                metrics.envoy_active_connections.set(c.cx_active as i64);
+                metrics.envoy_active_streams.set(c.rq_active as i64);
+                if !reachable {
+                    tracing::info!("envoy admin reachable again");
+                }
+                reachable = true;
+            }
+            Err(e) => {
+                if reachable {
+                    tracing::warn!(error = %e, "envoy admin unreachable");
+                }
+                reachable = false;
+                scope = None;
+                last_inventory = None;
+            }
+        }
+    }
+}
