@@ -272,12 +272,15 @@ mod tests {
         (phases, all, s)
     }
 
+    /// (name, events, phase after each event, all actions).
+    type Case = (&'static str, Vec<Event>, Vec<Phase>, Vec<Action>);
+
     #[test]
     fn table() {
         let window = machine().termination_window();
         assert_eq!(window, secs(55) * 9 / 10);
         #[rustfmt::skip]
-        let cases: Vec<(&str, Vec<Event>, Vec<Phase>, Vec<Action>)> = vec![
+        let cases: Vec<Case> = vec![
             ("events before a trigger do nothing",
              vec![tick(100), obs(100, Some(0), 0), Hurry],
              vec![Serving, Serving, Serving], vec![]),
