@@ -59,9 +59,9 @@ async fn run(command: Command) -> ExitCode {
                 Ok(s) => s,
                 Err(msg) => return usage(&msg),
             };
-            match sidecar::run(args, settings, sigterms()).await {
-                Ok(report) => {
-                    print_json(&report);
+            match sidecar::start(args, settings).await {
+                Ok(sidecar) => {
+                    print_json(&sidecar.run(sigterms()).await);
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

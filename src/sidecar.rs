@@ -59,13 +59,16 @@ pub enum SidecarError {
     },
 }
 
-/// Runs until a SIGTERM-triggered (or joined) drain is done; returns its report.
-/// `signals` yields once per SIGTERM; tests inject it.
-pub async fn run(
-    args: SidecarArgs,
-    settings: Validated,
-    mut signals: mpsc::UnboundedReceiver<()>,
-) -> Result<Report, SidecarError> {
+/// A bound, running sidecar: control endpoints, drain driver, inventory refresh.
+pub struct Sidecar {
+    local: std::net::SocketAddr,
+    drain: drain::DrainHandle,
+    shutdown: CancellationToken,
+    server: tokio::task::JoinHandle<()>,
+}
+
+/// Binds `--listen` and starts serving. Nothing drains until a trigger.
+pub async fn start(args: SidecarArgs, settings: Validated) -> Result<Sidecar, SidecarError> {
     let listener = TcpListener::bind(args.listen)
         .await
         .map_err(|source| SidecarError::Bind {
@@ -105,45 +108,72 @@ pub async fn run(
         shutdown.clone(),
     ));
     tracing::info!(listen = %local, envoy_admin = settings.admin.authority(), "sidecar ready");
+    Ok(Sidecar {
+        local,
+        drain,
+        shutdown,
+        server,
+    })
+}
 
-    // Wait for the first SIGTERM, then for the report, watching for a second.
-    let mut sigterms = 0u32;
-    let report = loop {
-        let waiting = async {
-            if sigterms == 0 {
-                std::future::pending::<Option<Report>>().await
-            } else {
-                drain.report().await
+impl Sidecar {
+    /// The bound control address (useful with port 0).
+    pub fn local_addr(&self) -> std::net::SocketAddr {
+        self.local
+    }
+
+    pub fn drain(&self) -> &drain::DrainHandle {
+        &self.drain
+    }
+
+    /// Runs until a SIGTERM-triggered (or joined) drain is done; returns its
+    /// report. `signals` yields once per SIGTERM; tests inject it.
+    pub async fn run(self, mut signals: mpsc::UnboundedReceiver<()>) -> Report {
+        let Sidecar {
+            drain,
+            shutdown,
+            server,
+            ..
+        } = self;
+        // Wait for the first SIGTERM, then for the report, watching for a second.
+        let mut sigterms = 0u32;
+        let report = loop {
+            let waiting = async {
+                if sigterms == 0 {
+                    std::future::pending::<Option<Report>>().await
+                } else {
+                    drain.report().await
+                }
+            };
+            tokio::select! {
+                sig = signals.recv() => match sig {
+                    Some(()) => {
+                        sigterms += 1;
+                        if sigterms == 1 {
+                            tracing::info!("SIGTERM: starting the drain (or joining the one running)");
+                            drain.trigger(Trigger::Sigterm).await;
+                        } else {
+                            tracing::warn!("second SIGTERM: skipping to the deadline");
+                            drain.hurry();
+                        }
+                    }
+                    // No signal source any more: behave as if the kubelet sent SIGTERM.
+                    None if sigterms == 0 => {
+                        sigterms = 1;
+                        drain.trigger(Trigger::Sigterm).await;
+                    }
+                    None => {}
+                },
+                report = waiting => match report {
+                    Some(r) => break r,
+                    None => std::future::pending().await,
+                },
             }
         };
-        tokio::select! {
-            sig = signals.recv() => match sig {
-                Some(()) => {
-                    sigterms += 1;
-                    if sigterms == 1 {
-                        tracing::info!("SIGTERM: starting the drain (or joining the one running)");
-                        drain.trigger(Trigger::Sigterm).await;
-                    } else {
-                        tracing::warn!("second SIGTERM: skipping to the deadline");
-                        drain.hurry();
-                    }
-                }
-                // No signal source any more: behave as if the kubelet sent SIGTERM.
-                None if sigterms == 0 => {
-                    sigterms = 1;
-                    drain.trigger(Trigger::Sigterm).await;
-                }
-                None => {}
-            },
-            report = waiting => match report {
-                Some(r) => break r,
-                None => std::future::pending().await,
-            },
-        }
-    };
-    shutdown.cancel();
-    let _ = server.await;
-    Ok(report)
+        shutdown.cancel();
+        let _ = server.await;
+        report
+    }
 }
 
 /// While serving, keeps the live-count gauges and the version inventory fresh.

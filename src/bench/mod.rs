@@ -1,3 +1,4 @@
-//! Bench and demo: the streaming backend (and, later, the reconnect benchmark).
+//! Bench and demo: the streaming backend, a real-Envoy launcher, and the demo.
 
+pub mod envoy;
 pub mod server;

@@ -257,7 +257,14 @@ impl AdminClient {
         Ok(all)
     }
 
-    /// Resolves the inbound scope, then reads its live counters.
+    /// `GET /listeners?format=json`: each listener's name and bound address.
+    pub async fn bound_listeners(&self) -> Result<Vec<(String, std::net::SocketAddr)>, AdminError> {
+        let path = "/listeners?format=json";
+        let body = self.call(Method::GET, path).await?;
+        model::parse_bound_listeners(&body).map_err(|e| self.err(Method::GET, path, e.into()))
+    }
+
+    /// Resolves which listeners are inbound, from their config.
     pub async fn inbound_scope(&self) -> Result<InboundScope, AdminError> {
         Ok(InboundScope::from_listeners(&self.listeners().await?))
     }

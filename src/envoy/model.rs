@@ -116,6 +116,30 @@ pub fn parse_listeners(body: &[u8]) -> Result<Vec<ListenerInfo>, serde_json::Err
         .collect())
 }
 
+/// Decodes `GET /listeners?format=json` into (name, bound address); listeners
+/// without an IP socket address (pipes) are skipped.
+pub fn parse_bound_listeners(
+    body: &[u8],
+) -> Result<Vec<(String, std::net::SocketAddr)>, serde_json::Error> {
+    #[derive(Deserialize)]
+    struct Doc {
+        #[serde(default)]
+        listener_statuses: Vec<Value>,
+    }
+    let doc: Doc = serde_json::from_slice(body)?;
+    Ok(doc
+        .listener_statuses
+        .iter()
+        .filter_map(|l| {
+            let name = l.get("name")?.as_str()?.to_string();
+            let sa = l.get("local_address")?.get("socket_address")?;
+            let ip: std::net::IpAddr = sa.get("address")?.as_str()?.parse().ok()?;
+            let port = u16::try_from(sa.get("port_value")?.as_u64()?).ok()?;
+            Some((name, std::net::SocketAddr::new(ip, port)))
+        })
+        .collect())
+}
+
 fn listener_info(l: &Value) -> ListenerInfo {
     let name = l.get("name").and_then(Value::as_str).unwrap_or_default();
     let direction = l

@@ -1,0 +1,315 @@
+//! Starts a real Envoy for the demo, the benchmarks and the tests: a
+//! generated bootstrap, ephemeral ports everywhere, a dynamic `--base-id` so
+//! several run side by side, and a wait on `/ready`.
+//!
+//! The bootstrap has an INBOUND listener (HTTP connection manager, stat
+//! prefixes `inbound` / `inbound_http`) routing to one upstream over h2c, and
+//! an OUTBOUND TCP listener, so the inbound-only counting is exercised.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+use crate::envoy::AdminClient;
+
+/// The Envoy releases the project tests against; the first is the default.
+pub const ENVOY_VERSIONS: [&str; 3] = ["1.40.0", "1.39.3", "1.38.3"];
+/// Envoy starts in well under a second here; allow for a loaded CI machine.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum EnvoyError {
+    #[error("no Envoy {version} binary: run `make envoy` (scripts/fetch-envoy.sh), or pass --envoy / DRAINSHIM_ENVOY")]
+    NotFound { version: String },
+    #[error("envoy: {what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error(
+        "envoy did not become ready within {:?}: {why}\n--- envoy log (tail) ---\n{log}",
+        START_TIMEOUT
+    )]
+    NotReady { why: String, log: String },
+}
+
+/// The project's cache folder: `$DRAINSHIM_CACHE`, else `.cache` in the source tree.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("DRAINSHIM_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache"))
+}
+
+/// The cached binary of one release, if it was fetched.
+pub fn cached(version: &str) -> Option<PathBuf> {
+    let p = cache_dir()
+        .join("envoy")
+        .join(version)
+        .join("envoy/_bin/envoy");
+    p.is_file().then_some(p)
+}
+
+/// The Envoy to use when none is given: the cached default release, then `envoy` on PATH.
+pub fn default_binary() -> Result<PathBuf, EnvoyError> {
+    if let Some(p) = cached(ENVOY_VERSIONS[0]) {
+        return Ok(p);
+    }
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+        .map(|dir| dir.join("envoy"))
+        .find(|p| p.is_file())
+        .ok_or(EnvoyError::NotFound {
+            version: ENVOY_VERSIONS[0].to_string(),
+        })
+}
+
+/// How to run one Envoy.
+#[derive(Clone, Debug)]
+pub struct EnvoyOptions {
+    pub binary: PathBuf,
+    /// Where the inbound cluster sends traffic (the app, or the stream guard).
+    pub upstream: SocketAddr,
+    /// `--drain-time-s`; Envoy stops its listeners this long after a graceful drain.
+    pub drain_time: Duration,
+    /// `--parent-shutdown-time-s`.
+    pub parent_shutdown_time: Duration,
+    /// `node.id`; Istio-style ids carry the pod identity.
+    pub node_id: String,
+    /// `node.metadata` string fields (NAMESPACE, NAME, ISTIO_VERSION, ...).
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl EnvoyOptions {
+    pub fn new(binary: PathBuf, upstream: SocketAddr) -> Self {
+        Self {
+            binary,
+            upstream,
+            drain_time: Duration::from_secs(60),
+            parent_shutdown_time: Duration::from_secs(90),
+            node_id: "drainshim-test".to_string(),
+            metadata: BTreeMap::new(),
+        }
+    }
+
+    /// The bootstrap YAML (JSON is YAML, and serde_json quotes for us).
+    pub fn bootstrap(&self) -> String {
+        let metadata = serde_json::to_string(&self.metadata).unwrap_or_else(|_| "{}".into());
+        let node_id = serde_json::to_string(&self.node_id).unwrap_or_else(|_| "\"x\"".into());
+        format!(
+            r#"node: {{ id: {node_id}, cluster: drainshim, metadata: {metadata} }}
+admin:
+  address: {{ socket_address: {{ address: 127.0.0.1, port_value: 0 }} }}
+static_resources:
+  listeners:
+  - name: inbound
+    stat_prefix: inbound
+    traffic_direction: INBOUND
+    address: {{ socket_address: {{ address: 127.0.0.1, port_value: 0 }} }}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: inbound_http
+          codec_type: AUTO
+          stream_idle_timeout: 0s
+          route_config:
+            virtual_hosts:
+            - name: app
+              domains: ["*"]
+              routes:
+              - match: {{ prefix: "/" }}
+                route: {{ cluster: app, timeout: 0s }}
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config: {{ "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }}
+  - name: outbound
+    stat_prefix: outbound
+    traffic_direction: OUTBOUND
+    address: {{ socket_address: {{ address: 127.0.0.1, port_value: 0 }} }}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.tcp_proxy
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy
+          stat_prefix: outbound_tcp
+          cluster: app
+  clusters:
+  - name: app
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{ http2_protocol_options: {{}} }}
+    load_assignment:
+      cluster_name: app
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{ address: {{ socket_address: {{ address: "{ip}", port_value: {port} }} }} }}
+"#,
+            ip = self.upstream.ip(),
+            port = self.upstream.port(),
+        )
+    }
+}
+
+/// A running Envoy; killed when dropped.
+#[derive(Debug)]
+pub struct EnvoyProcess {
+    child: Child,
+    /// Holds the bootstrap and the log; removed on drop.
+    dir: tempfile::TempDir,
+    /// The admin API, e.g. `127.0.0.1:41234`.
+    pub admin: SocketAddr,
+    /// The INBOUND listener that clients connect to.
+    pub inbound: SocketAddr,
+    /// The OUTBOUND listener (a TCP proxy), present so inbound-only logic is tested.
+    pub outbound: SocketAddr,
+}
+
+impl EnvoyProcess {
+    /// Starts Envoy and waits until `/ready` answers 200.
+    pub async fn start(opts: &EnvoyOptions) -> Result<Self, EnvoyError> {
+        let io = |what: &str| {
+            let what = what.to_string();
+            move |source| EnvoyError::Io { what, source }
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("drainshim-envoy-")
+            .tempdir()
+            .map_err(io("tempdir"))?;
+        let bootstrap = dir.path().join("bootstrap.yaml");
+        std::fs::write(&bootstrap, opts.bootstrap()).map_err(io("write bootstrap"))?;
+        let admin_path = dir.path().join("admin-address");
+        let log = std::fs::File::create(dir.path().join("envoy.log")).map_err(io("create log"))?;
+        let log2 = log.try_clone().map_err(io("log"))?;
+        let child = Command::new(&opts.binary)
+            .arg("-c")
+            .arg(&bootstrap)
+            .arg("--admin-address-path")
+            .arg(&admin_path)
+            .arg("--use-dynamic-base-id")
+            .arg("--base-id-path")
+            .arg(dir.path().join("base-id"))
+            .args(["--drain-strategy", "immediate"])
+            .arg("--drain-time-s")
+            .arg(opts.drain_time.as_secs().max(1).to_string())
+            .arg("--parent-shutdown-time-s")
+            .arg(opts.parent_shutdown_time.as_secs().max(2).to_string())
+            .args(["--concurrency", "1", "-l", "warning"])
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(io(&format!("spawn {}", opts.binary.display())))?;
+        let mut p = Self {
+            child,
+            dir,
+            admin: SocketAddr::from(([127, 0, 0, 1], 0)),
+            inbound: SocketAddr::from(([127, 0, 0, 1], 0)),
+            outbound: SocketAddr::from(([127, 0, 0, 1], 0)),
+        };
+        match p.wait_ready(&admin_path).await {
+            Ok(()) => Ok(p),
+            Err(why) => Err(EnvoyError::NotReady {
+                why,
+                log: p.log_tail(),
+            }),
+        }
+    }
+
+    async fn wait_ready(&mut self, admin_path: &Path) -> Result<(), String> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        let mut delay = Duration::from_millis(20);
+        let mut last = String::from("no admin address yet");
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!("envoy exited: {status}"));
+            }
+            if let Err(e) = self.probe(admin_path).await {
+                last = e;
+            } else {
+                return Ok(());
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_millis(200));
+        }
+        Err(last)
+    }
+
+    /// One readiness probe: the admin address file, `/ready`, the bound listeners.
+    async fn probe(&mut self, admin_path: &Path) -> Result<(), String> {
+        let text = std::fs::read_to_string(admin_path).map_err(|e| e.to_string())?;
+        self.admin = text
+            .trim()
+            .parse()
+            .map_err(|e| format!("admin address {text:?}: {e}"))?;
+        let admin = self.admin_client();
+        if !admin.ready().await.map_err(|e| e.to_string())? {
+            return Err("not ready yet".into());
+        }
+        for (name, addr) in admin.bound_listeners().await.map_err(|e| e.to_string())? {
+            match name.as_str() {
+                "inbound" => self.inbound = addr,
+                "outbound" => self.outbound = addr,
+                _ => {}
+            }
+        }
+        if self.inbound.port() == 0 {
+            return Err("inbound listener not bound yet".into());
+        }
+        Ok(())
+    }
+
+    /// `http://127.0.0.1:<admin port>`.
+    pub fn admin_url(&self) -> String {
+        format!("http://{}", self.admin)
+    }
+
+    pub fn admin_client(&self) -> AdminClient {
+        // The URL is built from a SocketAddr, so it always parses.
+        AdminClient::new(&self.admin_url(), Duration::from_secs(2))
+            .expect("admin URL built from a socket address")
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Sends SIGTERM (what the kubelet does after preStop).
+    pub fn sigterm(&self) {
+        if let Some(pid) = self.child.id() {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+        }
+    }
+
+    /// SIGKILL and reap.
+    pub async fn kill(&mut self) {
+        let _ = self.child.kill().await;
+    }
+
+    /// Waits for the process to exit, up to `limit`.
+    pub async fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        tokio::time::timeout(limit, self.child.wait())
+            .await
+            .ok()?
+            .ok()
+    }
+
+    /// The last lines of Envoy's log, for error messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.dir.path().join("envoy.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+}

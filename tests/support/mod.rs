@@ -1,0 +1,315 @@
+//! Shared harness for the integration tests: real Envoy, the real tonic bench
+//! backend, tonic clients, the sidecar in-process or as the real binary.
+//!
+//! A missing Envoy is a failure, never a skip: run `make envoy` first
+//! (`make test` does).
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use drainshim::bench::envoy::{self, EnvoyOptions, EnvoyProcess};
+use drainshim::bench::server::{BenchService, Ledger};
+use drainshim::cli::{Cli, Command};
+use drainshim::drain::Report;
+use drainshim::proto::bench::stream_client::StreamClient;
+use drainshim::proto::bench::{EchoRequest, SubscribeRequest};
+use drainshim::sidecar::{self, Sidecar};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Upper bound for any single wait in a test; a loaded 2-core CI stays well inside.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// The cached Envoy binary of `version`, or a failing test with the fix.
+pub fn envoy_binary(version: &str) -> PathBuf {
+    envoy::cached(version).unwrap_or_else(|| {
+        panic!(
+            "Envoy {version} is missing from {}: run `make envoy` (scripts/fetch-envoy.sh). \
+             Tests never skip for a missing Envoy.",
+            envoy::cache_dir().display()
+        )
+    })
+}
+
+/// Polls `cond` until it holds, failing the test after `limit`.
+pub async fn wait_for<F, Fut>(what: &str, limit: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond().await {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// The bench backend on an ephemeral port; stops when the token is dropped or cancelled.
+pub struct Backend {
+    pub addr: SocketAddr,
+    pub ledger: Ledger,
+    stop: CancellationToken,
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+pub async fn backend() -> Backend {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind backend");
+    let addr = listener.local_addr().expect("backend addr");
+    let service = BenchService::default();
+    let ledger = service.ledger.clone();
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    tokio::spawn(async move {
+        let _ = drainshim::bench::server::serve(listener, service, s.cancelled_owned()).await;
+    });
+    Backend { addr, ledger, stop }
+}
+
+/// A real Envoy of `version` routing its inbound listener to `upstream`.
+pub async fn envoy_with(
+    version: &str,
+    upstream: SocketAddr,
+    tweak: impl FnOnce(&mut EnvoyOptions),
+) -> EnvoyProcess {
+    let mut opts = EnvoyOptions::new(envoy_binary(version), upstream);
+    tweak(&mut opts);
+    EnvoyProcess::start(&opts)
+        .await
+        .unwrap_or_else(|e| panic!("start envoy {version}: {e}"))
+}
+
+pub async fn envoy(version: &str, upstream: SocketAddr) -> EnvoyProcess {
+    envoy_with(version, upstream, |_| {}).await
+}
+
+/// How one client stream ended.
+#[derive(Debug)]
+pub struct StreamEnd {
+    pub id: String,
+    /// Every sequence number received, in order.
+    pub seqs: Vec<u64>,
+    /// None: the server ended the stream OK. Some: the gRPC status.
+    pub status: Option<tonic::Status>,
+}
+
+impl StreamEnd {
+    /// Received 1..=n without a gap.
+    pub fn gapless(&self) -> bool {
+        self.seqs
+            .iter()
+            .enumerate()
+            .all(|(i, s)| *s == i as u64 + 1)
+    }
+}
+
+/// Opens `n` long-lived Subscribe streams to `addr`, each on its own
+/// connection, and returns once all have received their first message.
+pub async fn open_streams(addr: SocketAddr, n: usize, prefix: &str) -> Vec<JoinHandle<StreamEnd>> {
+    let (ready_tx, mut ready_rx) = mpsc::channel(n.max(1));
+    let mut handles = Vec::new();
+    for i in 0..n {
+        let id = format!("{prefix}-{i}");
+        let ready = ready_tx.clone();
+        handles.push(tokio::spawn(async move {
+            let mut client = StreamClient::connect(format!("http://{addr}"))
+                .await
+                .expect("connect stream client");
+            let mut stream = client
+                .subscribe(SubscribeRequest {
+                    stream_id: id.clone(),
+                    count: 0,
+                    interval_ms: 20,
+                    payload_bytes: 64,
+                })
+                .await
+                .expect("subscribe")
+                .into_inner();
+            let mut seqs = Vec::new();
+            let mut ready = Some(ready);
+            let status = loop {
+                match stream.message().await {
+                    Ok(Some(tick)) => {
+                        seqs.push(tick.seq);
+                        if let Some(r) = ready.take() {
+                            let _ = r.send(()).await;
+                        }
+                    }
+                    Ok(None) => break None,
+                    Err(status) => break Some(status),
+                }
+            };
+            StreamEnd { id, seqs, status }
+        }));
+    }
+    drop(ready_tx);
+    for _ in 0..n {
+        tokio::time::timeout(WAIT, ready_rx.recv())
+            .await
+            .expect("streams did not all start in time");
+    }
+    handles
+}
+
+/// Sends unary Echo calls on one channel until `stop`, at most `max` calls.
+/// Returns (calls that succeeded, the instant the last one finished).
+pub async fn unary_until(
+    addr: SocketAddr,
+    stop: CancellationToken,
+    max: usize,
+) -> (usize, Instant) {
+    let mut client = StreamClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect unary client");
+    let mut ok = 0;
+    let mut last = Instant::now();
+    for i in 0..max {
+        if stop.is_cancelled() {
+            break;
+        }
+        if client
+            .echo(EchoRequest {
+                body: format!("req-{i}"),
+            })
+            .await
+            .is_ok()
+        {
+            ok += 1;
+        }
+        last = Instant::now();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    (ok, last)
+}
+
+/// Parses a `drainshim sidecar` command line, as a user would write it.
+pub fn sidecar_args(extra: &[&str]) -> drainshim::cli::SidecarArgs {
+    let mut argv = vec!["drainshim", "sidecar", "--listen", "127.0.0.1:0"];
+    argv.extend_from_slice(extra);
+    match Cli::try_parse_from(argv).expect("sidecar args").command {
+        Command::Sidecar(a) => a,
+        other => panic!("not a sidecar command: {other:?}"),
+    }
+}
+
+/// An in-process sidecar; SIGTERMs are sent through the returned channel.
+pub async fn start_sidecar(
+    envoy_admin: &str,
+    extra: &[&str],
+) -> (
+    SocketAddr,
+    drainshim::drain::DrainHandle,
+    mpsc::UnboundedSender<()>,
+    JoinHandle<Report>,
+) {
+    let mut all = vec!["--envoy-admin", envoy_admin];
+    all.extend_from_slice(extra);
+    let args = sidecar_args(&all);
+    let settings = sidecar::validate(&args.envoy_admin, &args.timers).expect("valid settings");
+    let s: Sidecar = sidecar::start(args, settings).await.expect("start sidecar");
+    let addr = s.local_addr();
+    let drain = s.drain().clone();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let task = tokio::spawn(s.run(rx));
+    (addr, drain, tx, task)
+}
+
+/// Short timers for tests: streams that stay open are cut at 2 s.
+pub const SHORT_TIMERS: &[&str] = &[
+    "--deregistration-delay",
+    "200ms",
+    "--min-drain-time",
+    "200ms",
+    "--drain-time",
+    "1s",
+    "--parent-shutdown-time",
+    "2s",
+    "--poll-interval",
+    "100ms",
+    "--admin-timeout",
+    "500ms",
+];
+
+/// The drainshim binary built for this test run.
+pub fn drainshim_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_drainshim"))
+}
+
+/// Output of a finished `drainshim prestop`.
+pub struct PrestopRun {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl PrestopRun {
+    pub fn report(&self) -> Report {
+        serde_json::from_str(self.stdout.trim()).unwrap_or_else(|e| {
+            panic!(
+                "prestop stdout is not a report ({e}): {:?}\nstderr: {}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+}
+
+/// Runs the real `drainshim prestop --shim http://<shim>`.
+pub async fn prestop(shim: SocketAddr) -> PrestopRun {
+    let out = tokio::time::timeout(
+        WAIT,
+        tokio::process::Command::new(drainshim_bin())
+            .args([
+                "prestop",
+                "--shim",
+                &format!("http://{shim}"),
+                "--timeout",
+                "20s",
+            ])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("prestop did not finish")
+    .expect("run prestop");
+    PrestopRun {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// A plain HTTP/1.1 request; returns (status, body).
+pub async fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let method: http::Method = method.parse().expect("method");
+    let (status, body) = drainshim::http::request(stream, &addr.to_string(), method, path)
+        .await
+        .expect("request");
+    (status.as_u16(), String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Envoy's live inbound stream count, through the admin API.
+pub async fn envoy_streams(envoy: &EnvoyProcess) -> u64 {
+    let admin = envoy.admin_client();
+    let scope = admin.inbound_scope().await.expect("inbound scope");
+    admin.counts(&scope).await.expect("counts").rq_active
+}
