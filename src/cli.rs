@@ -31,8 +31,9 @@ Exit codes:
 )]
 pub struct Cli {
     /// Log filter (tracing-subscriber syntax), e.g. `info` or `drainshim=debug`.
-    #[arg(long, env = "DRAINSHIM_LOG", default_value = "info", global = true)]
-    pub log: String,
+    /// Default: `info` (`warn` for the demo).
+    #[arg(long, env = "DRAINSHIM_LOG", global = true)]
+    pub log: Option<String>,
 
     #[command(subcommand)]
     pub command: Command,
@@ -77,6 +78,23 @@ pub enum Command {
     /// Benchmark helpers.
     #[command(subcommand)]
     Bench(BenchCommand),
+
+    /// Run the main job end to end on this machine: real Envoy, gRPC streams,
+    /// a drain, then the restart.
+    #[command(after_help = EXIT_CODES)]
+    Demo(DemoArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// The Envoy binary (default: the project's cached 1.40.0, then `envoy` on PATH).
+    #[arg(long, env = "DRAINSHIM_ENVOY")]
+    pub envoy: Option<std::path::PathBuf>,
+
+    /// How many long-lived streams to hold open.
+    #[arg(long, env = "DRAINSHIM_STREAMS", default_value_t = 20,
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub streams: u64,
 }
 
 #[derive(Debug, Subcommand)]

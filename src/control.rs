@@ -46,16 +46,17 @@ pub struct Control {
     pub allow_drain_from: Vec<IpNet>,
 }
 
-impl Control {
-    /// Loopback, or inside one of the allowed networks.
-    pub fn may_mutate(&self, peer: IpAddr) -> bool {
-        let peer = match peer {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(peer, IpAddr::V4),
-            v4 => v4,
-        };
-        peer.is_loopback() || self.allow_drain_from.iter().any(|n| n.contains(&peer))
-    }
+/// Loopback, or inside one of the allowed networks. IPv4-mapped IPv6
+/// addresses are judged as the IPv4 address they carry.
+pub fn may_mutate(peer: IpAddr, allow: &[IpNet]) -> bool {
+    let peer = match peer {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(peer, IpAddr::V4),
+        v4 => v4,
+    };
+    peer.is_loopback() || allow.iter().any(|n| n.contains(&peer))
+}
 
+impl Control {
     /// Routes one request. Never panics on input.
     pub async fn handle(&self, peer: SocketAddr, req: Request<Incoming>) -> Response<Full<Bytes>> {
         let method = req.method().clone();
@@ -131,7 +132,7 @@ impl Control {
             }
             _ => return not_allowed("GET, POST"),
         }
-        if !self.may_mutate(peer.ip()) {
+        if !may_mutate(peer.ip(), &self.allow_drain_from) {
             tracing::warn!(%peer, "refused a drain request from a caller that is not allowed");
             return text(
                 StatusCode::FORBIDDEN,
@@ -271,6 +272,21 @@ pub async fn serve(listener: TcpListener, control: Arc<Control>, shutdown: Cance
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_loopback_and_allowed_networks_may_drain() {
+        let allow: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert!(may_mutate(ip("127.0.0.1"), &[]));
+        assert!(may_mutate(ip("127.3.4.5"), &[]));
+        assert!(may_mutate(ip("::1"), &[]));
+        assert!(may_mutate(ip("::ffff:127.0.0.1"), &[]));
+        assert!(!may_mutate(ip("10.1.2.3"), &[]));
+        assert!(may_mutate(ip("10.1.2.3"), &allow));
+        assert!(may_mutate(ip("::ffff:10.1.2.3"), &allow));
+        assert!(!may_mutate(ip("192.168.1.1"), &allow));
+        assert!(!may_mutate(ip("fe80::1"), &allow));
+    }
 
     #[test]
     fn wait_query() {

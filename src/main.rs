@@ -1,6 +1,7 @@
 //! The `drainshim` binary: parse the CLI, set up tracing and the runtime, run
 //! the subcommand, and map errors to sysexits codes.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -28,15 +29,22 @@ fn main() -> ExitCode {
             };
         }
     };
-    let filter = match EnvFilter::try_new(&cli.log) {
+    // The demo talks to a person: only warnings from the library unless asked.
+    let log = cli.log.clone().unwrap_or_else(|| match cli.command {
+        Command::Demo(_) => "warn".to_string(),
+        _ => "info".to_string(),
+    });
+    let filter = match EnvFilter::try_new(&log) {
         Ok(f) => f,
         Err(e) => {
-            eprintln!("drainshim: invalid --log {:?}: {e}", cli.log);
+            eprintln!("drainshim: invalid --log {log:?}: {e}");
             return ExitCode::from(EX_USAGE);
         }
     };
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Plain text in `kubectl logs`; colours only on a terminal.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -88,6 +96,26 @@ async fn run(command: Command) -> ExitCode {
             };
             drain_once(settings).await
         }
+        Command::Demo(args) => {
+            let envoy = match args.envoy.map_or_else(bench::envoy::default_binary, Ok) {
+                Ok(p) => p,
+                Err(e) => {
+                    eprintln!("drainshim demo: {e}");
+                    return ExitCode::from(EX_UNAVAILABLE);
+                }
+            };
+            let opts = bench::demo::DemoOptions {
+                envoy,
+                streams: args.streams as usize,
+            };
+            match bench::demo::run(opts).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("drainshim demo: {e}");
+                    ExitCode::from(EX_UNAVAILABLE)
+                }
+            }
+        }
         Command::Bench(BenchCommand::Server(args)) => {
             let mut signals = sigterms();
             let shutdown = async move {
@@ -119,7 +147,7 @@ async fn drain_once(settings: sidecar::Validated) -> ExitCode {
     handle.trigger(Trigger::Api).await;
     let mut status = handle.subscribe();
     let mut signals = sigterms();
-    let mut last = String::new();
+    let mut progress = drain::Progress::new(std::time::Duration::from_secs(1));
     loop {
         tokio::select! {
             changed = status.changed() => {
@@ -128,10 +156,8 @@ async fn drain_once(settings: sidecar::Validated) -> ExitCode {
                     return ExitCode::from(EX_SOFTWARE);
                 }
                 let s = status.borrow_and_update().clone();
-                let line = s.progress_line();
-                if line != last {
+                if let Some(line) = progress.line(&s) {
                     eprintln!("drainshim drain: {line}");
-                    last = line;
                 }
                 if let Some(report) = s.report {
                     print_json(&report);

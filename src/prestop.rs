@@ -79,18 +79,17 @@ pub async fn run(shim: &str, timeout: Duration) -> Result<Report, PrestopError> 
             .map_err(|e| unreachable(format!("GET /drain?wait=true: bad report JSON: {e}")))
     };
     let progress = async {
-        let mut last = String::new();
+        let mut progress = crate::drain::Progress::new(Duration::from_secs(5));
         loop {
             tokio::time::sleep(PROGRESS_EVERY).await;
             let Ok((StatusCode::OK, body)) = call(&authority, Method::GET, "/status").await else {
                 continue;
             };
-            if let Ok(s) = serde_json::from_slice::<Status>(&body) {
-                let line = s.progress_line();
-                if line != last {
-                    eprintln!("drainshim prestop: {line}");
-                    last = line;
-                }
+            if let Some(line) = serde_json::from_slice::<Status>(&body)
+                .ok()
+                .and_then(|s| progress.line(&s))
+            {
+                eprintln!("drainshim prestop: {line}");
             }
         }
     };

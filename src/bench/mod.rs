@@ -1,4 +1,6 @@
 //! Bench and demo: the streaming backend, a real-Envoy launcher, and the demo.
 
+pub mod client;
+pub mod demo;
 pub mod envoy;
 pub mod server;

@@ -6,4 +6,4 @@ pub mod report;
 
 pub use driver::{spawn, DrainHandle, DrainSettings, StreamGuard};
 pub use machine::{Outcome, Phase, Trigger};
-pub use report::{Report, Status};
+pub use report::{Progress, Report, Status};

@@ -158,13 +158,10 @@ impl Status {
     /// One human line for progress output on stderr.
     pub fn progress_line(&self) -> String {
         let a = &self.active;
-        let envoy = if self.envoy.reachable {
-            format!("envoy streams={} connections={}", a.streams, a.connections)
-        } else {
-            format!(
-                "envoy unreachable ({})",
-                self.envoy.error.as_deref().unwrap_or("no answer yet")
-            )
+        let envoy = match (&self.envoy.error, self.envoy.reachable) {
+            (_, true) => format!("envoy streams={} connections={}", a.streams, a.connections),
+            (Some(e), false) => format!("envoy unreachable ({e})"),
+            (None, false) => "envoy first poll pending".to_string(),
         };
         format!(
             "drain {} t={:.1}s {envoy} guard_streams={}",
@@ -172,6 +169,44 @@ impl Status {
             self.elapsed_seconds,
             a.guard_streams
         )
+    }
+}
+
+/// Prints progress lines without flooding: a line goes out when something
+/// other than the clock changed, or every `every` otherwise.
+#[derive(Debug)]
+pub struct Progress {
+    every: std::time::Duration,
+    last_key: String,
+    last_at: Option<std::time::Instant>,
+}
+
+impl Progress {
+    pub fn new(every: std::time::Duration) -> Self {
+        Self {
+            every,
+            last_key: String::new(),
+            last_at: None,
+        }
+    }
+
+    /// The line to print for `status`, if one is due.
+    pub fn line(&mut self, status: &Status) -> Option<String> {
+        let line = status.progress_line();
+        // Everything but the elapsed time decides whether the news is new.
+        let key = line
+            .split_whitespace()
+            .filter(|w| !w.starts_with("t="))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let due = self.last_at.is_none_or(|t| t.elapsed() >= self.every);
+        if key != self.last_key || due || status.report.is_some() {
+            self.last_key = key;
+            self.last_at = Some(std::time::Instant::now());
+            Some(line)
+        } else {
+            None
+        }
     }
 }
 

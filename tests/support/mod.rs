@@ -3,7 +3,7 @@
 //!
 //! A missing Envoy is a failure, never a skip: run `make envoy` first
 //! (`make test` does).
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -102,72 +102,14 @@ pub async fn envoy(version: &str, upstream: SocketAddr) -> EnvoyProcess {
     envoy_with(version, upstream, |_| {}).await
 }
 
-/// How one client stream ended.
-#[derive(Debug)]
-pub struct StreamEnd {
-    pub id: String,
-    /// Every sequence number received, in order.
-    pub seqs: Vec<u64>,
-    /// None: the server ended the stream OK. Some: the gRPC status.
-    pub status: Option<tonic::Status>,
-}
-
-impl StreamEnd {
-    /// Received 1..=n without a gap.
-    pub fn gapless(&self) -> bool {
-        self.seqs
-            .iter()
-            .enumerate()
-            .all(|(i, s)| *s == i as u64 + 1)
-    }
-}
+pub use drainshim::bench::client::{Ending, StreamEnd};
 
 /// Opens `n` long-lived Subscribe streams to `addr`, each on its own
 /// connection, and returns once all have received their first message.
 pub async fn open_streams(addr: SocketAddr, n: usize, prefix: &str) -> Vec<JoinHandle<StreamEnd>> {
-    let (ready_tx, mut ready_rx) = mpsc::channel(n.max(1));
-    let mut handles = Vec::new();
-    for i in 0..n {
-        let id = format!("{prefix}-{i}");
-        let ready = ready_tx.clone();
-        handles.push(tokio::spawn(async move {
-            let mut client = StreamClient::connect(format!("http://{addr}"))
-                .await
-                .expect("connect stream client");
-            let mut stream = client
-                .subscribe(SubscribeRequest {
-                    stream_id: id.clone(),
-                    count: 0,
-                    interval_ms: 20,
-                    payload_bytes: 64,
-                })
-                .await
-                .expect("subscribe")
-                .into_inner();
-            let mut seqs = Vec::new();
-            let mut ready = Some(ready);
-            let status = loop {
-                match stream.message().await {
-                    Ok(Some(tick)) => {
-                        seqs.push(tick.seq);
-                        if let Some(r) = ready.take() {
-                            let _ = r.send(()).await;
-                        }
-                    }
-                    Ok(None) => break None,
-                    Err(status) => break Some(status),
-                }
-            };
-            StreamEnd { id, seqs, status }
-        }));
-    }
-    drop(ready_tx);
-    for _ in 0..n {
-        tokio::time::timeout(WAIT, ready_rx.recv())
-            .await
-            .expect("streams did not all start in time");
-    }
-    handles
+    drainshim::bench::client::open_streams(addr, n, prefix, Duration::from_secs(120))
+        .await
+        .unwrap_or_else(|e| panic!("open streams: {e}"))
 }
 
 /// Sends unary Echo calls on one channel until `stop`, at most `max` calls.
@@ -199,6 +141,29 @@ pub async fn unary_until(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     (ok, last)
+}
+
+/// One finite Subscribe call: `count` messages `interval_ms` apart. Returns
+/// the messages received and when the call completed.
+pub async fn finite_request(addr: SocketAddr, count: u64, interval_ms: u32) -> (u64, Instant) {
+    let mut client = StreamClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect");
+    let mut stream = client
+        .subscribe(SubscribeRequest {
+            stream_id: "finite".into(),
+            count,
+            interval_ms,
+            payload_bytes: 8,
+        })
+        .await
+        .expect("subscribe")
+        .into_inner();
+    let mut n = 0;
+    while let Ok(Some(_)) = stream.message().await {
+        n += 1;
+    }
+    (n, Instant::now())
 }
 
 /// Parses a `drainshim sidecar` command line, as a user would write it.
