@@ -79,10 +79,28 @@ pub enum Command {
     #[command(subcommand)]
     Bench(BenchCommand),
 
+    /// Copy this binary into a shared volume, so another container (Envoy's)
+    /// can exec `drainshim prestop` without a shell or a second image.
+    #[command(
+        long_about = "Copy this binary into a shared volume.\n\n\
+            Run it as an init container writing to an emptyDir that the Envoy container mounts; \
+            Envoy's preStop can then exec `<dir>/drainshim prestop`. Images need no shell and no \
+            `cp`: the binary copies itself.",
+        after_help = EXIT_CODES
+    )]
+    Install(InstallArgs),
+
     /// Run the main job end to end on this machine: real Envoy, gRPC streams,
     /// a drain, then the restart.
     #[command(after_help = EXIT_CODES)]
     Demo(DemoArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct InstallArgs {
+    /// Directory to copy the binary into (as `drainshim`, mode 0755).
+    #[arg(long, env = "DRAINSHIM_INSTALL_TO")]
+    pub to: std::path::PathBuf,
 }
 
 #[derive(Debug, Args)]

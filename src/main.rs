@@ -96,6 +96,16 @@ async fn run(command: Command) -> ExitCode {
             };
             drain_once(settings).await
         }
+        Command::Install(args) => match install(&args.to) {
+            Ok(dest) => {
+                eprintln!("drainshim install: copied to {}", dest.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("drainshim install: {e}");
+                ExitCode::from(EX_UNAVAILABLE)
+            }
+        },
         Command::Demo(args) => {
             let envoy = match args.envoy.map_or_else(bench::envoy::default_binary, Ok) {
                 Ok(p) => p,
@@ -170,6 +180,21 @@ async fn drain_once(settings: sidecar::Validated) -> ExitCode {
             }
         }
     }
+}
+
+/// Copies the running executable to `<dir>/drainshim` (via a temporary file
+/// and a rename, so a reader never sees half a binary).
+fn install(dir: &std::path::Path) -> Result<std::path::PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let me = std::env::current_exe().map_err(|e| format!("finding this executable: {e}"))?;
+    let dest = dir.join("drainshim");
+    let tmp = dir.join(".drainshim.tmp");
+    std::fs::copy(&me, &tmp)
+        .map_err(|e| format!("copy {} to {}: {e}", me.display(), tmp.display()))?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| format!("chmod {}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, &dest).map_err(|e| format!("rename to {}: {e}", dest.display()))?;
+    Ok(dest)
 }
 
 /// One message per SIGTERM or SIGINT.

@@ -184,6 +184,25 @@ async fn prestop_without_a_shim_fails_clearly() {
     assert!(err.contains("connect"), "{err}");
 }
 
+/// `install` copies the binary so a shell-less Envoy image can exec `prestop`.
+#[tokio::test]
+async fn install_copies_a_working_binary() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (code, _, err) = run(&["install", "--to", dir.path().to_str().expect("utf-8 path")]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let copied = dir.path().join("drainshim");
+    let out = Command::new(&copied)
+        .arg("--version")
+        .output()
+        .await
+        .expect("run the copy");
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("drainshim "));
+    let (code, _, err) = run(&["install", "--to", "/nonexistent/dir"]).await;
+    assert_eq!(code, Some(69));
+    assert!(err.contains("/nonexistent/dir"), "{err}");
+}
+
 /// Every subcommand's help explains itself and its exit codes.
 #[tokio::test]
 async fn help_explains_exit_codes() {
