@@ -75,6 +75,35 @@ pub enum Command {
     )]
     Drain(DrainArgs),
 
+    /// List every proxy with its namespace, pod, version and state, and the
+    /// version spread per namespace.
+    #[command(after_help = FLEET_EXIT_CODES)]
+    Inventory(InventoryArgs),
+
+    /// Check every proxy against a control-plane version's supported skew.
+    #[command(
+        long_about = "Check every proxy against a control-plane version's supported skew.\n\n\
+            Answers \"can the control plane move to X.Y now?\": exits 0 when every proxy is within \
+            --max-skew minor versions of X.Y (and not newer), 1 otherwise, naming the offenders. \
+            Moving the control plane is the point of no return: afterwards proxies outside the skew \
+            are unsupported and rollback by restart is gone.",
+        after_help = "Exit codes:\n  0   every proxy is within the skew: moving the control plane is safe\n  1   some proxies are outside the skew (listed)\n  64  usage error\n  69  a source (admin API, shim, Prometheus) could not be read"
+    )]
+    Skew(SkewArgs),
+
+    /// The gate for one upgrade wave: versions, cut streams, config
+    /// rejections, retry volume and reset rate.
+    #[command(
+        long_about = "The gate for one upgrade wave.\n\n\
+            Checks that every pod in the namespaces runs --expect-version, that no stream was cut by a \
+            drain and no xDS update was rejected on that version within --window, and that the retry \
+            volume and the kernel reset rate did not grow past their thresholds against the window \
+            before. With --targets (shims scraped directly) the two rate checks are not applicable: \
+            they need Prometheus' history.",
+        after_help = "Exit codes:\n  0   every applicable check passed: the wave may proceed\n  1   a check failed: stop the rollout\n  64  usage error\n  69  Prometheus or a shim could not be read"
+    )]
+    Verify(VerifyArgs),
+
     /// Benchmark helpers.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -94,6 +123,124 @@ pub enum Command {
     /// a drain, then the restart.
     #[command(after_help = EXIT_CODES)]
     Demo(DemoArgs),
+}
+
+/// Exit codes of the read-only fleet commands.
+pub const FLEET_EXIT_CODES: &str = "\
+Exit codes:
+  0   success
+  64  usage error
+  69  a source (admin API, shim, Prometheus) could not be read";
+
+/// Where fleet commands read proxies from: exactly one kind.
+#[derive(Debug, Clone, Args)]
+#[group(required = true, multiple = false)]
+pub struct SourceArgs {
+    /// An Envoy admin API to ask directly; repeatable.
+    #[arg(
+        long = "envoy-admin",
+        env = "DRAINSHIM_ENVOY_ADMIN",
+        value_delimiter = ','
+    )]
+    pub envoy_admin: Vec<String>,
+
+    /// A drainshim control address whose /metrics is read; repeatable.
+    #[arg(long, env = "DRAINSHIM_TARGETS", value_delimiter = ',')]
+    pub targets: Vec<String>,
+
+    /// A Prometheus server scraping the shims (fleet scale).
+    #[arg(long, env = "DRAINSHIM_PROMETHEUS")]
+    pub prometheus: Option<String>,
+}
+
+impl SourceArgs {
+    pub fn source(&self) -> crate::fleet::Source {
+        use crate::fleet::Source;
+        match &self.prometheus {
+            Some(p) => Source::Prometheus(p.clone()),
+            None if !self.targets.is_empty() => Source::Targets(self.targets.clone()),
+            None => Source::Admins(self.envoy_admin.clone()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct InventoryArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+
+    #[arg(long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+#[derive(Debug, Args)]
+pub struct SkewArgs {
+    /// The control-plane version to judge against (X.Y or X.Y.Z).
+    #[arg(long, env = "DRAINSHIM_CONTROL_PLANE")]
+    pub control_plane: crate::inventory::Release,
+
+    /// How many minor versions a proxy may lag behind the control plane.
+    #[arg(long, env = "DRAINSHIM_MAX_SKEW", default_value_t = 1)]
+    pub max_skew: u32,
+
+    /// Judge Envoy's own version, or the mesh's (ISTIO_VERSION).
+    #[arg(long, env = "DRAINSHIM_VERSION_LABEL", value_enum, default_value_t = crate::fleet::VersionLabel::Version)]
+    pub version_label: crate::fleet::VersionLabel,
+
+    #[command(flatten)]
+    pub source: SourceArgs,
+
+    #[arg(long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// A Prometheus server scraping the shims.
+    #[arg(
+        long,
+        env = "DRAINSHIM_PROMETHEUS",
+        required_unless_present = "targets",
+        conflicts_with = "targets"
+    )]
+    pub prometheus: Option<String>,
+
+    /// drainshim control addresses to scrape directly instead; repeatable.
+    #[arg(long, env = "DRAINSHIM_TARGETS", value_delimiter = ',')]
+    pub targets: Vec<String>,
+
+    /// The wave's namespaces; repeatable (required with --prometheus).
+    #[arg(long, env = "DRAINSHIM_NAMESPACE", value_delimiter = ',')]
+    pub namespace: Vec<String>,
+
+    /// The Envoy version every pod must run now, e.g. 1.40.0.
+    #[arg(long, env = "DRAINSHIM_EXPECT_VERSION")]
+    pub expect_version: String,
+
+    /// How far back to look.
+    #[arg(long, env = "DRAINSHIM_WINDOW", value_parser = humantime::parse_duration, default_value = "15m")]
+    pub window: Duration,
+
+    /// Allowed relative growth of the retry rate against the window before (0.2 = +20%).
+    #[arg(long, env = "DRAINSHIM_MAX_RETRY_INCREASE", default_value_t = 0.2)]
+    pub max_retry_increase: f64,
+
+    /// Allowed relative growth of the kernel TCP reset rate against the window before.
+    #[arg(long, env = "DRAINSHIM_MAX_RESET_INCREASE", default_value_t = 0.2)]
+    pub max_reset_increase: f64,
+
+    /// Absolute slack per second added to both limits, so near-zero rates do not fail on noise.
+    #[arg(long, env = "DRAINSHIM_RATE_FLOOR", default_value_t = 0.05)]
+    pub rate_floor: f64,
+
+    #[arg(long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
+    pub format: Format,
 }
 
 #[derive(Debug, Args)]

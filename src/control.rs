@@ -33,6 +33,8 @@ use crate::envoy::AdminClient;
 
 /// Slowloris bound: a client must send its headers within this.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Prometheus' default scrape timeout is 10 s; stay well inside it.
+const TELEMETRY_BUDGET: Duration = Duration::from_secs(5);
 /// Requests here are tiny; 16 KiB of headers is plenty.
 const MAX_BUF_SIZE: usize = 16 * 1024;
 
@@ -44,6 +46,8 @@ pub struct Control {
     pub admin: Option<AdminClient>,
     /// Besides loopback, who may start a drain.
     pub allow_drain_from: Vec<IpNet>,
+    /// Read fresh at each scrape; None when there is no Envoy to read.
+    pub telemetry: Option<Arc<crate::telemetry::Telemetry>>,
 }
 
 /// Loopback, or inside one of the allowed networks. IPv4-mapped IPv6
@@ -63,17 +67,22 @@ impl Control {
         let path = req.uri().path().to_string();
         let query = req.uri().query().unwrap_or("").to_string();
         match path.as_str() {
-            "/metrics" => self.get_only(&method, || {
-                let body = crate::metrics::render(&self.registry);
-                let mut r = text(StatusCode::OK, body);
-                r.headers_mut().insert(
-                    header::CONTENT_TYPE,
-                    header::HeaderValue::from_static(
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    ),
-                );
-                r
-            }),
+            "/metrics" => {
+                if matches!(method, Method::GET | Method::HEAD) {
+                    self.refresh_telemetry().await;
+                }
+                self.get_only(&method, || {
+                    let body = crate::metrics::render(&self.registry);
+                    let mut r = text(StatusCode::OK, body);
+                    r.headers_mut().insert(
+                        header::CONTENT_TYPE,
+                        header::HeaderValue::from_static(
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        ),
+                    );
+                    r
+                })
+            }
             "/healthz" => self.get_only(&method, || text(StatusCode::OK, "ok\n")),
             "/status" => self.get_only(&method, || json(StatusCode::OK, &self.drain.status())),
             "/readyz" => match method {
@@ -82,6 +91,20 @@ impl Control {
             },
             "/drain" => self.drain(&method, &query, peer).await,
             _ => text(StatusCode::NOT_FOUND, format!("no such endpoint: {path}\n")),
+        }
+    }
+
+    /// Bounded, so a hung Envoy admin never holds a scrape past its timeout;
+    /// the scrape then serves the last values.
+    async fn refresh_telemetry(&self) {
+        if let Some(t) = &self.telemetry {
+            let draining = self.drain.status().phase != Phase::Serving;
+            if tokio::time::timeout(TELEMETRY_BUDGET, t.refresh(draining))
+                .await
+                .is_err()
+            {
+                tracing::debug!("telemetry refresh timed out; serving the last values");
+            }
         }
     }
 

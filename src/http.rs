@@ -45,3 +45,25 @@ pub enum RequestError {
     #[error("invalid request path {0:?}")]
     BadPath(String),
 }
+
+/// Percent-encodes a query parameter value (RFC 3986 unreserved characters
+/// pass through).
+pub fn encode_query(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 3);
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn query_values_are_encoded() {
+        assert_eq!(super::encode_query(r"^a\.b|c$ x"), "%5Ea%5C.b%7Cc%24%20x");
+    }
+}

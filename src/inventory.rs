@@ -54,9 +54,108 @@ pub fn proxy_labels(namespace: Option<&str>, pod: Option<&str>, info: &ServerInf
     }
 }
 
+/// A release `X.Y[.Z]`, compared on major and minor for skew.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Release {
+    pub major: u32,
+    pub minor: u32,
+    pub patch: Option<u32>,
+}
+
+impl std::str::FromStr for Release {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("invalid version {s:?} (expected X.Y or X.Y.Z, e.g. 1.40)");
+        let core = s.trim().trim_start_matches('v');
+        // Tolerate suffixes such as 1.24.0-distroless or 1.40.0-dev.
+        let core = core.split(['-', '+']).next().unwrap_or(core);
+        let mut parts = core.split('.');
+        let num = |p: Option<&str>| p.and_then(|p| p.parse::<u32>().ok());
+        let major = num(parts.next()).ok_or_else(bad)?;
+        let minor = num(parts.next()).ok_or_else(bad)?;
+        let patch = match parts.next() {
+            None => None,
+            Some(p) => Some(p.parse::<u32>().map_err(|_| bad())?),
+        };
+        if parts.next().is_some() {
+            return Err(bad());
+        }
+        Ok(Self {
+            major,
+            minor,
+            patch,
+        })
+    }
+}
+
+impl std::fmt::Display for Release {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.patch {
+            Some(p) => write!(f, "{}.{}.{p}", self.major, self.minor),
+            None => write!(f, "{}.{}", self.major, self.minor),
+        }
+    }
+}
+
+/// Why a proxy is outside the supported skew of a control plane, or None.
+pub fn skew_violation(proxy: &str, control_plane: Release, max_skew: u32) -> Option<String> {
+    let Ok(p) = proxy.parse::<Release>() else {
+        return Some(format!("version unknown ({proxy:?})"));
+    };
+    let cp = control_plane;
+    if p.major != cp.major {
+        return Some(format!(
+            "major version {} differs from the control plane's {}",
+            p.major, cp.major
+        ));
+    }
+    if p.minor > cp.minor {
+        return Some(format!(
+            "newer than the control plane ({}.{} > {}.{})",
+            p.major, p.minor, cp.major, cp.minor
+        ));
+    }
+    let behind = cp.minor - p.minor;
+    (behind > max_skew).then(|| {
+        format!(
+            "{behind} minor versions behind {}.{} (at most {max_skew} supported)",
+            cp.major, cp.minor
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn releases_parse_and_order() {
+        let r: Release = "1.40".parse().unwrap();
+        assert_eq!((r.major, r.minor, r.patch), (1, 40, None));
+        assert_eq!(
+            "1.24.0-distroless".parse::<Release>().unwrap().to_string(),
+            "1.24.0"
+        );
+        assert_eq!("v1.39.3".parse::<Release>().unwrap().patch, Some(3));
+        for bad in ["", "1", "1.x", "1.2.3.4", "one.two"] {
+            assert!(bad.parse::<Release>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn skew_rules() {
+        let cp: Release = "1.40".parse().unwrap();
+        assert_eq!(skew_violation("1.40.0", cp, 1), None);
+        assert_eq!(skew_violation("1.39.3", cp, 1), None);
+        assert!(skew_violation("1.38.3", cp, 1)
+            .unwrap()
+            .contains("2 minor versions behind 1.40"));
+        assert_eq!(skew_violation("1.38.3", cp, 2), None);
+        assert!(skew_violation("1.41.0", cp, 1).unwrap().contains("newer"));
+        assert!(skew_violation("2.40.0", cp, 1).unwrap().contains("major"));
+        assert!(skew_violation("", cp, 1).unwrap().contains("unknown"));
+    }
 
     #[test]
     fn versions() {

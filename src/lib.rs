@@ -10,11 +10,13 @@ pub mod config;
 pub mod control;
 pub mod drain;
 pub mod envoy;
+pub mod fleet;
 pub mod http;
 pub mod inventory;
 pub mod metrics;
 pub mod prestop;
 pub mod sidecar;
+pub mod telemetry;
 
 /// Generated protobuf and gRPC types.
 pub mod proto {

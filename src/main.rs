@@ -8,8 +8,9 @@ use clap::Parser;
 use tokio::sync::mpsc;
 use tracing_subscriber::EnvFilter;
 
-use drainshim::cli::{BenchCommand, Cli, Command};
+use drainshim::cli::{BenchCommand, Cli, Command, Format};
 use drainshim::drain::{self, DrainSettings, Trigger};
+use drainshim::fleet::{self, verify::VerifyOptions, verify::VerifySource};
 use drainshim::metrics::Metrics;
 use drainshim::{bench, prestop, sidecar};
 
@@ -95,6 +96,64 @@ async fn run(command: Command) -> ExitCode {
                 Err(msg) => return usage(&msg),
             };
             drain_once(settings).await
+        }
+        Command::Inventory(args) => match fleet::proxies(&args.source.source()).await {
+            Ok(proxies) => {
+                match args.format {
+                    Format::Json => print_json(&proxies),
+                    Format::Table => print!("{}", fleet::inventory_table(&proxies)),
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => fleet_error("inventory", e),
+        },
+        Command::Skew(args) => match fleet::proxies(&args.source.source()).await {
+            Ok(proxies) => {
+                let report = fleet::skew(
+                    &proxies,
+                    args.control_plane,
+                    args.max_skew,
+                    args.version_label,
+                );
+                match args.format {
+                    Format::Json => print_json(&report),
+                    Format::Table => print!("{}", report.render()),
+                }
+                if report.ok() {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                }
+            }
+            Err(e) => fleet_error("skew", e),
+        },
+        Command::Verify(args) => {
+            let source = match args.prometheus {
+                Some(p) => VerifySource::Prometheus(p),
+                None => VerifySource::Targets(args.targets),
+            };
+            let opts = VerifyOptions {
+                namespaces: args.namespace,
+                expect_version: args.expect_version,
+                window: args.window,
+                max_retry_increase: args.max_retry_increase,
+                max_reset_increase: args.max_reset_increase,
+                rate_floor: args.rate_floor,
+            };
+            match fleet::verify::verify(&source, &opts).await {
+                Ok(checks) => {
+                    match args.format {
+                        Format::Json => print_json(&checks),
+                        Format::Table => print!("{}", fleet::verify::render(&checks)),
+                    }
+                    if fleet::verify::passed(&checks) {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::from(1)
+                    }
+                }
+                Err(e) => fleet_error("verify", e),
+            }
         }
         Command::Install(args) => match install(&args.to) {
             Ok(dest) => {
@@ -220,6 +279,17 @@ fn sigterms() -> mpsc::UnboundedReceiver<()> {
         }
     });
     rx
+}
+
+fn fleet_error(cmd: &str, e: fleet::FleetError) -> ExitCode {
+    eprintln!("drainshim {cmd}: {e}");
+    match e {
+        fleet::FleetError::Input(_) => ExitCode::from(EX_USAGE),
+        fleet::FleetError::Prometheus(fleet::prometheus::PromError::Url(_)) => {
+            ExitCode::from(EX_USAGE)
+        }
+        _ => ExitCode::from(EX_UNAVAILABLE),
+    }
 }
 
 fn usage(msg: &str) -> ExitCode {

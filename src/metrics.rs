@@ -54,6 +54,27 @@ pub struct ProxyLabels {
     pub mesh_version: String,
 }
 
+/// Config acceptance per proxy version (`drainshim_envoy_config_updates_total`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConfigLabels {
+    /// lds | cds | rds | eds
+    pub resource: String,
+    /// success | rejected | failure
+    pub result: String,
+    pub version: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VersionLabels {
+    pub version: String,
+}
+
+/// A kernel TCP counter name, e.g. `EstabResets` or `TCPAbortOnData`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: String,
+}
+
 /// Every metric the shim exports. Cheap to clone: each field is an `Arc` inside.
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -67,6 +88,9 @@ pub struct Metrics {
     pub proxy_info: Family<ProxyLabels, Gauge>,
     pub goaways: Family<ReasonLabels, Counter>,
     pub streams_terminated: Family<ReasonLabels, Counter>,
+    pub envoy_config_updates: Family<ConfigLabels, Counter>,
+    pub envoy_upstream_retries: Family<VersionLabels, Counter>,
+    pub tcp_resets: Family<KindLabels, Counter>,
 }
 
 impl Metrics {
@@ -84,8 +108,12 @@ impl Metrics {
             proxy_info: Family::default(),
             goaways: Family::default(),
             streams_terminated: Family::default(),
+            envoy_config_updates: Family::default(),
+            envoy_upstream_retries: Family::default(),
+            tcp_resets: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("drainshim");
+        m.zero_known_series();
         r.register("drains", "Drains finished, by outcome", m.drains.clone());
         r.register(
             "drained_connections",
@@ -128,7 +156,51 @@ impl Metrics {
             "Streams the stream guard ended gracefully, by reason",
             m.streams_terminated.clone(),
         );
+        r.register(
+            "envoy_config_updates",
+            "xDS updates by resource and result, per Envoy version (mirrored from Envoy)",
+            m.envoy_config_updates.clone(),
+        );
+        r.register(
+            "envoy_upstream_retries",
+            "Upstream request retries, per Envoy version (mirrored from Envoy)",
+            m.envoy_upstream_retries.clone(),
+        );
+        r.register(
+            "tcp_resets",
+            "TCP resets and aborts counted by the kernel in the pod's network namespace",
+            m.tcp_resets.clone(),
+        );
         m
+    }
+
+    /// Creates every known label set at 0, so the series exist before the
+    /// first drain: `increase()` and alerts then see the first cut too.
+    fn zero_known_series(&self) {
+        use crate::drain::Outcome;
+        for outcome in [
+            Outcome::quiesced,
+            Outcome::deadline,
+            Outcome::envoy_unreachable,
+        ] {
+            let _ = self.drains.get_or_create(&OutcomeLabels { outcome });
+        }
+        for outcome in [Ending::closed, Ending::idle_at_exit, Ending::cut] {
+            let _ = self
+                .drained_connections
+                .get_or_create(&EndingLabels { outcome });
+        }
+        for outcome in [Ending::completed, Ending::terminated, Ending::cut] {
+            let _ = self
+                .drained_streams
+                .get_or_create(&EndingLabels { outcome });
+        }
+        for reason in [Reason::max_age, Reason::drain] {
+            let _ = self.goaways.get_or_create(&ReasonLabels { reason });
+            let _ = self
+                .streams_terminated
+                .get_or_create(&ReasonLabels { reason });
+        }
     }
 
     /// Counts one finished drain.

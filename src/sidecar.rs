@@ -5,7 +5,6 @@
 //! report is out. A second SIGTERM skips to the deadline.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
@@ -15,13 +14,10 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::{SidecarArgs, TimerArgs};
 use crate::config::Timers;
 use crate::control::{self, Control};
-use crate::drain::{self, DrainSettings, Phase, Report, Trigger};
-use crate::envoy::{AdminClient, InboundScope};
+use crate::drain::{self, DrainSettings, Report, Trigger};
+use crate::envoy::AdminClient;
 use crate::metrics::Metrics;
-
-/// How often the version inventory is re-read while serving: an Envoy
-/// restarted under the shim shows its new version within this.
-const INVENTORY_REFRESH: Duration = Duration::from_secs(10);
+use crate::telemetry::Telemetry;
 
 /// Settings that passed validation.
 #[derive(Debug)]
@@ -87,26 +83,27 @@ pub async fn start(args: SidecarArgs, settings: Validated) -> Result<Sidecar, Si
         metrics.clone(),
     );
     let shutdown = CancellationToken::new();
-    let control = Arc::new(Control {
-        drain: drain.clone(),
-        registry: Arc::new(registry),
-        admin: Some(settings.admin.clone()),
-        allow_drain_from: args.allow_drain_from.clone(),
-    });
-    let server = tokio::spawn(control::serve(listener, control, shutdown.clone()));
     let identity = (
         args.pod_namespace
             .or_else(|| std::env::var("POD_NAMESPACE").ok()),
         args.pod_name.or_else(|| std::env::var("POD_NAME").ok()),
     );
-    tokio::spawn(refresh(
+    // The sidecar shares the pod's network namespace: its own /proc/net
+    // counters are the pod's, with no privileges needed.
+    let telemetry = Telemetry::new(
         settings.admin.clone(),
-        drain.clone(),
-        metrics,
         identity,
-        settings.timers.poll_interval,
-        shutdown.clone(),
-    ));
+        "/proc/self/net".into(),
+        metrics,
+    );
+    let control = Arc::new(Control {
+        drain: drain.clone(),
+        registry: Arc::new(registry),
+        admin: Some(settings.admin.clone()),
+        allow_drain_from: args.allow_drain_from.clone(),
+        telemetry: Some(Arc::new(telemetry)),
+    });
+    let server = tokio::spawn(control::serve(listener, control, shutdown.clone()));
     tracing::info!(listen = %local, envoy_admin = settings.admin.authority(), "sidecar ready");
     Ok(Sidecar {
         local,
@@ -173,70 +170,5 @@ impl Sidecar {
         shutdown.cancel();
         let _ = server.await;
         report
-    }
-}
-
-/// While serving, keeps the live-count gauges and the version inventory fresh.
-/// During a drain the driver owns the gauges.
-async fn refresh(
-    admin: AdminClient,
-    drain: drain::DrainHandle,
-    metrics: Metrics,
-    identity: (Option<String>, Option<String>),
-    every: Duration,
-    shutdown: CancellationToken,
-) {
-    let mut scope: Option<InboundScope> = None;
-    let mut last_inventory: Option<tokio::time::Instant> = None;
-    let mut reachable = true;
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        if drain.status().phase != Phase::Serving {
-            continue;
-        }
-        let due = last_inventory.is_none_or(|t| t.elapsed() >= INVENTORY_REFRESH);
-        let result = async {
-            if due {
-                let info = admin.server_info().await?;
-                let labels = crate::inventory::proxy_labels(
-                    identity.0.as_deref(),
-                    identity.1.as_deref(),
-                    &info,
-                );
-                metrics.set_proxy(labels);
-                last_inventory = Some(tokio::time::Instant::now());
-                // Listeners may change with a restart; resolve them again too.
-                scope = None;
-            }
-            let s = match &scope {
-                Some(s) => s.clone(),
-                None => scope.insert(admin.inbound_scope().await?).clone(),
-            };
-            admin.counts(&s).await
-        }
-        .await;
-        match result {
-            Ok(c) => {
-                metrics.envoy_active_connections.set(c.cx_active as i64);
-                metrics.envoy_active_streams.set(c.rq_active as i64);
-                if !reachable {
-                    tracing::info!("envoy admin reachable again");
-                }
-                reachable = true;
-            }
-            Err(e) => {
-                if reachable {
-                    tracing::warn!(error = %e, "envoy admin unreachable");
-                }
-                reachable = false;
-                scope = None;
-                last_inventory = None;
-            }
-        }
     }
 }

@@ -85,6 +85,11 @@ pub struct EnvoyOptions {
     pub node_id: String,
     /// `node.metadata` string fields (NAMESPACE, NAME, ISTIO_VERSION, ...).
     pub metadata: BTreeMap<String, String>,
+    /// 0 for an ephemeral port; a fixed one lets a restarted Envoy keep its admin address.
+    pub admin_port: u16,
+    /// Adds file-based LDS and CDS (`lds.yaml`, `cds.yaml` in this folder),
+    /// the only way to get Envoy's xDS update counters without a control plane.
+    pub xds_dir: Option<PathBuf>,
 }
 
 impl EnvoyOptions {
@@ -96,6 +101,8 @@ impl EnvoyOptions {
             parent_shutdown_time: Duration::from_secs(90),
             node_id: "drainshim-test".to_string(),
             metadata: BTreeMap::new(),
+            admin_port: 0,
+            xds_dir: None,
         }
     }
 
@@ -103,11 +110,22 @@ impl EnvoyOptions {
     pub fn bootstrap(&self) -> String {
         let metadata = serde_json::to_string(&self.metadata).unwrap_or_else(|_| "{}".into());
         let node_id = serde_json::to_string(&self.node_id).unwrap_or_else(|_| "\"x\"".into());
+        let dynamic = match &self.xds_dir {
+            None => String::new(),
+            Some(dir) => {
+                let path = |f: &str| serde_json::to_string(&dir.join(f)).unwrap_or_default();
+                format!(
+                    "dynamic_resources:\n  lds_config: {{ path_config_source: {{ path: {} }}, resource_api_version: V3 }}\n  cds_config: {{ path_config_source: {{ path: {} }}, resource_api_version: V3 }}\n",
+                    path("lds.yaml"),
+                    path("cds.yaml")
+                )
+            }
+        };
         format!(
             r#"node: {{ id: {node_id}, cluster: drainshim, metadata: {metadata} }}
 admin:
-  address: {{ socket_address: {{ address: 127.0.0.1, port_value: 0 }} }}
-static_resources:
+  address: {{ socket_address: {{ address: 127.0.0.1, port_value: {admin_port} }} }}
+{dynamic}static_resources:
   listeners:
   - name: inbound
     stat_prefix: inbound
@@ -158,6 +176,7 @@ static_resources:
 "#,
             ip = self.upstream.ip(),
             port = self.upstream.port(),
+            admin_port = self.admin_port,
         )
     }
 }

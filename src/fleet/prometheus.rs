@@ -1,0 +1,198 @@
+//! A small client for Prometheus' HTTP API (`/api/v1/query`). Prometheus is
+//! the fleet's aggregation engine; drainshim only asks it questions.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use serde::Deserialize;
+use tokio::net::TcpStream;
+
+/// Prometheus error, with the query that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PromError {
+    #[error("invalid Prometheus URL {0:?} (expected e.g. http://prometheus:9090)")]
+    Url(String),
+    #[error("prometheus {authority}: {what}")]
+    Unreachable { authority: String, what: String },
+    #[error("prometheus {authority}: query {query:?} failed: {what}")]
+    Query {
+        authority: String,
+        query: String,
+        what: String,
+    },
+}
+
+/// One sample of an instant vector: labels and value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+impl Sample {
+    pub fn label(&self, name: &str) -> &str {
+        self.labels.get(name).map_or("", String::as_str)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct PromClient {
+    authority: String,
+    /// A path prefix, for a Prometheus behind `/prometheus` or the like.
+    prefix: String,
+    timeout: Duration,
+}
+
+#[derive(Deserialize)]
+struct Response {
+    status: String,
+    #[serde(default)]
+    data: Option<Data>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Data {
+    #[serde(rename = "resultType")]
+    result_type: String,
+    #[serde(default)]
+    result: Vec<VectorSample>,
+}
+
+#[derive(Deserialize)]
+struct VectorSample {
+    metric: BTreeMap<String, String>,
+    /// `[timestamp, "value"]`
+    value: (f64, String),
+}
+
+impl PromClient {
+    pub fn new(url: &str, timeout: Duration) -> Result<Self, PromError> {
+        let uri: http::Uri = url.parse().map_err(|_| PromError::Url(url.into()))?;
+        let (Some("http"), Some(auth)) = (uri.scheme_str(), uri.authority()) else {
+            return Err(PromError::Url(url.into()));
+        };
+        if auth.port_u16().is_none() {
+            return Err(PromError::Url(url.into()));
+        }
+        Ok(Self {
+            authority: auth.to_string(),
+            prefix: uri.path().trim_end_matches('/').to_string(),
+            timeout,
+        })
+    }
+
+    pub fn authority(&self) -> &str {
+        &self.authority
+    }
+
+    /// Runs an instant query; only vector results are accepted.
+    pub async fn query(&self, query: &str) -> Result<Vec<Sample>, PromError> {
+        let path = format!(
+            "{}/api/v1/query?query={}",
+            self.prefix,
+            crate::http::encode_query(query)
+        );
+        let qerr = |what: String| PromError::Query {
+            authority: self.authority.clone(),
+            query: query.to_string(),
+            what,
+        };
+        let call = async {
+            let stream =
+                TcpStream::connect(&self.authority)
+                    .await
+                    .map_err(|e| PromError::Unreachable {
+                        authority: self.authority.clone(),
+                        what: format!("connect: {e}"),
+                    })?;
+            crate::http::request(stream, &self.authority, Method::GET, &path)
+                .await
+                .map_err(|e| PromError::Unreachable {
+                    authority: self.authority.clone(),
+                    what: e.to_string(),
+                })
+        };
+        let (status, body) = tokio::time::timeout(self.timeout, call)
+            .await
+            .map_err(|_| PromError::Unreachable {
+                authority: self.authority.clone(),
+                what: format!(
+                    "no answer within {}",
+                    humantime::format_duration(self.timeout)
+                ),
+            })??;
+        let resp: Response = serde_json::from_slice(&body).map_err(|e| {
+            qerr(format!(
+                "status {status}, not a Prometheus API answer ({e}): {}",
+                String::from_utf8_lossy(&body)
+                    .chars()
+                    .take(200)
+                    .collect::<String>()
+            ))
+        })?;
+        if status != StatusCode::OK || resp.status != "success" {
+            return Err(qerr(
+                resp.error.unwrap_or_else(|| format!("status {status}")),
+            ));
+        }
+        let data = resp
+            .data
+            .ok_or_else(|| qerr("no data in the answer".into()))?;
+        if data.result_type != "vector" {
+            return Err(qerr(format!("expected a vector, got {}", data.result_type)));
+        }
+        data.result
+            .into_iter()
+            .map(|s| {
+                let value = s
+                    .value
+                    .1
+                    .parse::<f64>()
+                    .map_err(|_| qerr(format!("bad sample value {:?}", s.value.1)))?;
+                Ok(Sample {
+                    labels: s.metric,
+                    value,
+                })
+            })
+            .collect()
+    }
+
+    /// The sum of a query's samples; an empty answer is 0.
+    pub async fn scalar(&self, query: &str) -> Result<f64, PromError> {
+        Ok(self.query(query).await?.iter().map(|s| s.value).sum())
+    }
+}
+
+/// Quotes a value for a PromQL regex matcher built from literal names.
+pub fn regex_alternation(values: &[String]) -> String {
+    values
+        .iter()
+        .map(|v| regex::escape(v).replace('\\', "\\\\").replace('"', "\\\""))
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let t = Duration::from_secs(1);
+        let c = PromClient::new("http://127.0.0.1:9090/prom/", t).unwrap();
+        assert_eq!(
+            (c.authority(), c.prefix.as_str()),
+            ("127.0.0.1:9090", "/prom")
+        );
+        assert!(PromClient::new("127.0.0.1:9090", t).is_err());
+        assert!(PromClient::new("http://prom", t).is_err());
+    }
+
+    #[test]
+    fn alternation_escapes() {
+        assert_eq!(regex_alternation(&["a.b".into(), "c".into()]), r"a\\.b|c");
+    }
+}

@@ -1,0 +1,316 @@
+//! `drainshim verify`: the gate for one upgrade wave.
+//!
+//! With `--prometheus` every number is a PromQL query over the window; with
+//! `--targets` the shims are scraped once, and the rate checks, which need
+//! history, are reported as not applicable rather than guessed.
+//!
+//! Namespace membership comes from `drainshim_proxy_info` over the whole
+//! window (`max_over_time`), joined on `instance`: the pods that drained in
+//! this wave are gone at query time, but their cut streams still count.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::prometheus::{regex_alternation, PromClient};
+use super::{scrape_target, table, FleetError, Proxy, CALL_TIMEOUT};
+
+/// Where verify reads from.
+#[derive(Clone, Debug)]
+pub enum VerifySource {
+    Prometheus(String),
+    Targets(Vec<String>),
+}
+
+#[derive(Clone, Debug)]
+pub struct VerifyOptions {
+    /// The wave's namespaces; with targets, empty means every target.
+    pub namespaces: Vec<String>,
+    pub expect_version: String,
+    pub window: Duration,
+    /// Allowed relative increase of the retry rate, window against the one before.
+    pub max_retry_increase: f64,
+    /// Allowed relative increase of the kernel reset rate.
+    pub max_reset_increase: f64,
+    /// Absolute slack (per second) so tiny rates do not fail on noise.
+    pub rate_floor: f64,
+}
+
+/// One check's verdict. `ok: None` means not applicable, with the reason.
+#[derive(Clone, Debug, Serialize)]
+pub struct Check {
+    pub check: String,
+    pub ok: Option<bool>,
+    pub detail: String,
+}
+
+impl Check {
+    fn new(check: &str, ok: Option<bool>, detail: String) -> Self {
+        Self {
+            check: check.to_string(),
+            ok,
+            detail,
+        }
+    }
+}
+
+/// Passes when no check failed.
+pub fn passed(checks: &[Check]) -> bool {
+    checks.iter().all(|c| c.ok != Some(false))
+}
+
+pub fn render(checks: &[Check]) -> String {
+    let rows: Vec<Vec<String>> = checks
+        .iter()
+        .map(|c| {
+            let r = match c.ok {
+                Some(true) => "PASS",
+                Some(false) => "FAIL",
+                None => "n/a",
+            };
+            vec![c.check.clone(), r.to_string(), c.detail.clone()]
+        })
+        .collect();
+    let mut out = table(&["CHECK", "RESULT", "DETAIL"], &rows);
+    out.push_str(if passed(checks) {
+        "\nverify: PASS, the wave may proceed\n"
+    } else {
+        "\nverify: FAIL, stop the rollout here\n"
+    });
+    out
+}
+
+pub async fn verify(source: &VerifySource, opts: &VerifyOptions) -> Result<Vec<Check>, FleetError> {
+    match source {
+        VerifySource::Prometheus(url) => {
+            if opts.namespaces.is_empty() {
+                return Err(FleetError::Input(
+                    "--namespace is required with --prometheus (the wave's namespaces)".into(),
+                ));
+            }
+            from_prometheus(&PromClient::new(url, CALL_TIMEOUT)?, opts).await
+        }
+        VerifySource::Targets(urls) => from_targets(urls, opts).await,
+    }
+}
+
+fn versions_check(proxies: &[Proxy], opts: &VerifyOptions) -> Check {
+    let v = &opts.expect_version;
+    if proxies.is_empty() {
+        return Check::new(
+            "every pod runs the expected version",
+            Some(false),
+            format!("no proxies found in namespaces {:?}", opts.namespaces),
+        );
+    }
+    let wrong: Vec<String> = proxies
+        .iter()
+        .filter(|p| &p.version != v)
+        .map(|p| {
+            format!(
+                "{}/{} on {}",
+                p.namespace,
+                p.pod,
+                if p.version.is_empty() {
+                    "?"
+                } else {
+                    &p.version
+                }
+            )
+        })
+        .collect();
+    if wrong.is_empty() {
+        Check::new(
+            "every pod runs the expected version",
+            Some(true),
+            format!("{} of {} proxies on {v}", proxies.len(), proxies.len()),
+        )
+    } else {
+        Check::new(
+            "every pod runs the expected version",
+            Some(false),
+            format!(
+                "{} of {} not on {v}: {}",
+                wrong.len(),
+                proxies.len(),
+                wrong.join(", ")
+            ),
+        )
+    }
+}
+
+fn count_check(name: &str, value: f64, what: &str) -> Check {
+    Check::new(name, Some(value == 0.0), format!("{value} {what}"))
+}
+
+/// `now <= before * (1 + max_increase) + floor`.
+fn rate_check(
+    name: &str,
+    now: Option<f64>,
+    before: Option<f64>,
+    max_increase: f64,
+    floor: f64,
+) -> Check {
+    match (now, before) {
+        (Some(now), Some(before)) => {
+            let limit = before * (1.0 + max_increase) + floor;
+            Check::new(
+                name,
+                Some(now <= limit),
+                format!("{now:.3}/s now vs {before:.3}/s the window before (limit {limit:.3}/s)"),
+            )
+        }
+        (None, _) => Check::new(name, None, "no data in the window".into()),
+        (_, None) => Check::new(
+            name,
+            None,
+            "no data for the window before to compare with".into(),
+        ),
+    }
+}
+
+async fn from_prometheus(
+    prom: &PromClient,
+    opts: &VerifyOptions,
+) -> Result<Vec<Check>, FleetError> {
+    let ns = regex_alternation(&opts.namespaces);
+    let w = format!("{}s", opts.window.as_secs().max(1));
+    let v = opts
+        .expect_version
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"");
+    let members = |offset: &str| {
+        format!("max by (instance, namespace) (max_over_time(drainshim_proxy_info{{namespace=~\"{ns}\"}}[{w}]{offset}))")
+    };
+    let now_members = members("");
+
+    let proxies: Vec<Proxy> = prom
+        .query(&format!("drainshim_proxy_info{{namespace=~\"{ns}\"}} == 1"))
+        .await?
+        .iter()
+        .map(|s| Proxy {
+            namespace: s.label("namespace").into(),
+            pod: s.label("pod").into(),
+            version: s.label("version").into(),
+            mesh_version: s.label("mesh_version").into(),
+            state: String::new(),
+            source: s.label("instance").into(),
+        })
+        .collect();
+    let mut checks = vec![versions_check(&proxies, opts)];
+
+    let cut = prom
+        .scalar(&format!(
+            "sum(max_over_time(drainshim_drained_streams_total{{outcome=\"cut\"}}[{w}]) * on(instance) group_left() {now_members})"
+        ))
+        .await?;
+    checks.push(count_check(
+        "no stream cut by a drain",
+        cut,
+        &format!(
+            "streams cut in the last {}",
+            humantime::format_duration(opts.window)
+        ),
+    ));
+
+    let rejected = prom
+        .scalar(&format!(
+            "sum(max_over_time(drainshim_envoy_config_updates_total{{result=\"rejected\",version=\"{v}\"}}[{w}]) * on(instance) group_left() {now_members})"
+        ))
+        .await?;
+    checks.push(count_check(
+        "no config rejections on the new version",
+        rejected,
+        &format!("xDS updates rejected by Envoy {}", opts.expect_version),
+    ));
+
+    for (name, metric, max_increase) in [
+        (
+            "retry volume within threshold",
+            "drainshim_envoy_upstream_retries_total",
+            opts.max_retry_increase,
+        ),
+        (
+            "reset rate within threshold",
+            "drainshim_tcp_resets_total",
+            opts.max_reset_increase,
+        ),
+    ] {
+        let rate = |offset: &str| {
+            format!(
+                "sum(rate({metric}[{w}]{offset}) * on(instance) group_left() {})",
+                members(offset)
+            )
+        };
+        let now = prom.query(&rate("")).await?.first().map(|s| s.value);
+        let before = prom
+            .query(&rate(&format!(" offset {w}")))
+            .await?
+            .first()
+            .map(|s| s.value);
+        checks.push(rate_check(name, now, before, max_increase, opts.rate_floor));
+    }
+    Ok(checks)
+}
+
+async fn from_targets(urls: &[String], opts: &VerifyOptions) -> Result<Vec<Check>, FleetError> {
+    let mut proxies = Vec::new();
+    let (mut cut, mut rejected) = (0.0, 0.0);
+    for url in urls {
+        let scrape = scrape_target(url).await?;
+        let in_wave = scrape
+            .proxies
+            .iter()
+            .any(|p| opts.namespaces.is_empty() || opts.namespaces.contains(&p.namespace));
+        if !in_wave {
+            continue;
+        }
+        cut += scrape.sum("drainshim_drained_streams_total", &[("outcome", "cut")]);
+        rejected += scrape.sum(
+            "drainshim_envoy_config_updates_total",
+            &[("result", "rejected"), ("version", &opts.expect_version)],
+        );
+        proxies.extend(scrape.proxies);
+    }
+    let history = "needs --prometheus: a rate needs history, one scrape has none";
+    Ok(vec![
+        versions_check(&proxies, opts),
+        count_check(
+            "no stream cut by a drain",
+            cut,
+            "streams cut since each shim started",
+        ),
+        count_check(
+            "no config rejections on the new version",
+            rejected,
+            &format!("xDS updates rejected by Envoy {}", opts.expect_version),
+        ),
+        Check::new("retry volume within threshold", None, history.into()),
+        Check::new("reset rate within threshold", None, history.into()),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_checks_have_a_floor_and_say_when_they_cannot_judge() {
+        assert_eq!(
+            rate_check("r", Some(1.1), Some(1.0), 0.2, 0.0).ok,
+            Some(true)
+        );
+        assert_eq!(
+            rate_check("r", Some(1.3), Some(1.0), 0.2, 0.0).ok,
+            Some(false)
+        );
+        assert_eq!(
+            rate_check("r", Some(0.04), Some(0.0), 0.2, 0.05).ok,
+            Some(true)
+        );
+        assert_eq!(rate_check("r", None, Some(1.0), 0.2, 0.0).ok, None);
+        assert_eq!(rate_check("r", Some(1.0), None, 0.2, 0.0).ok, None);
+        assert!(passed(&[rate_check("r", None, None, 0.2, 0.0)]));
+        assert!(!passed(&[count_check("c", 1.0, "x")]));
+    }
+}
