@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: demo test envoy lint tools
+.PHONY: demo test envoy prometheus lint tools
 
 demo: envoy
 	$(CARGO) run --release --locked --quiet -- demo
@@ -13,10 +13,13 @@ test: tools lint
 	$(CARGO) test --locked
 
 # Everything the tests run against, installed into .cache/ (no system changes).
-tools: envoy
+tools: envoy prometheus
 
 envoy:
 	scripts/fetch-envoy.sh
+
+prometheus:
+	scripts/fetch-prometheus.sh
 
 lint:
 	$(CARGO) fmt --check

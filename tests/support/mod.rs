@@ -278,3 +278,74 @@ pub async fn envoy_streams(envoy: &EnvoyProcess) -> u64 {
     let scope = admin.inbound_scope().await.expect("inbound scope");
     admin.counts(&scope).await.expect("counts").rq_active
 }
+
+/// A real Prometheus (Debian's package, fetched into the cache by
+/// `make tools`) scraping `targets` every second; killed on drop.
+pub struct Prometheus {
+    pub addr: SocketAddr,
+    _child: tokio::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+pub async fn prometheus(targets: &[SocketAddr]) -> Prometheus {
+    let bin = drainshim::bench::envoy::cache_dir().join("prometheus/usr/bin/prometheus");
+    assert!(
+        bin.is_file(),
+        "Prometheus is missing at {}: run `make tools` (scripts/fetch-prometheus.sh). Tests never skip for it.",
+        bin.display()
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let list = targets
+        .iter()
+        .map(|t| format!("\"{t}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let config = format!(
+        "global: {{ scrape_interval: 1s, evaluation_interval: 1s, scrape_timeout: 900ms }}\n\
+         scrape_configs:\n- job_name: drainshim\n  static_configs:\n  - targets: [{list}]\n"
+    );
+    std::fs::write(dir.path().join("prometheus.yml"), config).expect("config");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let log = std::fs::File::create(dir.path().join("prometheus.log")).expect("log");
+    let child = tokio::process::Command::new(&bin)
+        .arg(format!(
+            "--config.file={}",
+            dir.path().join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address={addr}"))
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start prometheus");
+    let p = Prometheus {
+        addr,
+        _child: child,
+        _dir: dir,
+    };
+    wait_for("prometheus is ready", WAIT, || async {
+        match tokio::net::TcpStream::connect(addr).await {
+            Ok(s) => drainshim::http::request(s, &addr.to_string(), http::Method::GET, "/-/ready")
+                .await
+                .is_ok_and(|(status, _)| status == 200),
+            Err(_) => false,
+        }
+    })
+    .await;
+    p
+}
