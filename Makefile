@@ -4,13 +4,19 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: demo test envoy prometheus lint tools
+.PHONY: demo test bench envoy prometheus lint tools
 
 demo: envoy
 	$(CARGO) run --release --locked --quiet -- demo
 
 test: tools lint
 	$(CARGO) test --locked
+	$(MAKE) bench
+
+# Benchmarks report ratios against a baseline measured in the same run; they
+# assert nothing about speed. Release build.
+bench: tools
+	$(CARGO) bench --locked --bench footprint
 
 # Everything the tests run against, installed into .cache/ (no system changes).
 tools: envoy prometheus
