@@ -3,4 +3,5 @@
 pub mod client;
 pub mod demo;
 pub mod envoy;
+pub mod population;
 pub mod server;

@@ -1,0 +1,266 @@
+//! Turns a population's sessions into the reconnect figures of DESIGN.md §3
+//! (`bench reconnect --format json`): cut and graceful counts, lost
+//! messages, reconnect latency, and the reconnect storm's peak-to-mean.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use super::client::Ending;
+use super::population::Session;
+use super::server::Ledger;
+
+/// The storm is measured in buckets of this width (DESIGN.md §3).
+pub const BUCKET: Duration = Duration::from_millis(100);
+
+/// One mode's result.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModeResult {
+    pub mode: String,
+    /// Streams held open in the whole population.
+    pub streams: usize,
+    /// Streams on the restarted pod when the restart began.
+    pub streams_on_restarted_pod: usize,
+    /// Of those: ended with retryable trailers (or completed).
+    pub graceful: usize,
+    /// Of those: ended by a transport error or reset.
+    pub cut: usize,
+    /// Messages the backend handed to its transport that the client never got.
+    pub lost_messages: u64,
+    pub reconnect_p50_ms: f64,
+    pub reconnect_p99_ms: f64,
+    /// Peak reconnects per 100 ms over the mean, from the first reconnect to the last.
+    pub storm_peak_to_mean: f64,
+    /// Subscribe attempts after the restart began that delivered a first message.
+    pub success_rate: f64,
+    /// From the start of the restart to the old pod's exit.
+    pub restart_seconds: f64,
+    /// Reconnects per 100 ms bucket from one second before the restart, for the plot.
+    #[serde(skip)]
+    pub timeline: Vec<u32>,
+}
+
+/// Inputs of one measurement.
+pub struct Observed<'a> {
+    pub mode: &'a str,
+    pub streams: usize,
+    pub sessions: &'a [Session],
+    /// Which endpoint index was restarted.
+    pub restarted: usize,
+    pub trigger: Instant,
+    pub done: Instant,
+    pub ledger: &'a Ledger,
+    /// (attempts, successes) at the trigger and at the end.
+    pub attempts_at_trigger: (u64, u64),
+    pub attempts_at_end: (u64, u64),
+}
+
+pub fn summarize(o: &Observed) -> ModeResult {
+    // Streams alive on the restarted pod at the trigger.
+    let victims: Vec<&Session> = o
+        .sessions
+        .iter()
+        .filter(|s| s.endpoint == o.restarted && s.started <= o.trigger && s.ended >= o.trigger)
+        .collect();
+    let graceful = victims
+        .iter()
+        .filter(|s| matches!(s.ending, Ending::Graceful | Ending::Completed))
+        .count();
+    let cut = victims.iter().filter(|s| s.ending == Ending::Cut).count();
+    let lost_messages = victims
+        .iter()
+        .map(|s| {
+            let written = o.ledger.last_written(&s.stream_id).unwrap_or(s.last_seq);
+            written.saturating_sub(s.last_seq) + u64::from(s.gap)
+        })
+        .sum();
+
+    // Reconnects caused by the restart: new sessions of the victims' clients.
+    let victim_clients: std::collections::HashSet<usize> = victims.iter().map(|s| s.client).collect();
+    let mut reconnects: Vec<&Session> = o
+        .sessions
+        .iter()
+        .filter(|s| s.started > o.trigger && victim_clients.contains(&s.client) && s.reconnect.is_some())
+        .collect();
+    reconnects.sort_by_key(|s| s.started);
+    let mut latencies: Vec<f64> = reconnects
+        .iter()
+        .filter_map(|s| s.reconnect)
+        .map(|d| d.as_secs_f64() * 1000.0)
+        .collect();
+    latencies.sort_by(f64::total_cmp);
+
+    let starts: Vec<Instant> = reconnects.iter().map(|s| s.started).collect();
+    let storm_peak_to_mean = peak_to_mean(&starts);
+    let origin = o.trigger.checked_sub(Duration::from_secs(1)).unwrap_or(o.trigger);
+    let end = starts.last().copied().unwrap_or(o.done).max(o.done);
+    let n_buckets = (end.saturating_duration_since(origin).as_millis() / BUCKET.as_millis()) as usize + 1;
+    let mut timeline = vec![0u32; n_buckets.min(100_000)];
+    for t in &starts {
+        let b = (t.saturating_duration_since(origin).as_millis() / BUCKET.as_millis()) as usize;
+        if let Some(slot) = timeline.get_mut(b) {
+            *slot += 1;
+        }
+    }
+    let (a0, s0) = o.attempts_at_trigger;
+    let (a1, s1) = o.attempts_at_end;
+    let success_rate = if a1 > a0 {
+        (s1 - s0) as f64 / (a1 - a0) as f64
+    } else {
+        1.0
+    };
+    ModeResult {
+        mode: o.mode.to_string(),
+        streams: o.streams,
+        streams_on_restarted_pod: victims.len(),
+        graceful,
+        cut,
+        lost_messages,
+        reconnect_p50_ms: percentile(&latencies, 0.50),
+        reconnect_p99_ms: percentile(&latencies, 0.99),
+        storm_peak_to_mean,
+        success_rate,
+        restart_seconds: o.done.saturating_duration_since(o.trigger).as_secs_f64(),
+        timeline,
+    }
+}
+
+/// Nearest-rank percentile of sorted values; 0 when empty.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+/// Peak events per 100 ms bucket over the mean, from the first event's bucket
+/// to the last's. One bucket (or none) is a storm by definition: its peak is
+/// all there is, so the ratio is the count itself over one bucket's mean, 1.
+pub fn peak_to_mean(times: &[Instant]) -> f64 {
+    let (Some(first), Some(last)) = (times.iter().min(), times.iter().max()) else {
+        return 0.0;
+    };
+    let n = (last.saturating_duration_since(*first).as_millis() / BUCKET.as_millis()) as usize + 1;
+    let mut buckets = vec![0u32; n];
+    for t in times {
+        let b = (t.saturating_duration_since(*first).as_millis() / BUCKET.as_millis()) as usize;
+        buckets[b.min(n - 1)] += 1;
+    }
+    let peak = f64::from(buckets.iter().copied().max().unwrap_or(0));
+    let mean = times.len() as f64 / n as f64;
+    peak / mean
+}
+
+/// The side-by-side table.
+pub fn render_table(results: &[ModeResult]) -> String {
+    let rows: Vec<Vec<String>> = results
+        .iter()
+        .map(|r| {
+            vec![
+                r.mode.clone(),
+                r.streams_on_restarted_pod.to_string(),
+                r.graceful.to_string(),
+                r.cut.to_string(),
+                r.lost_messages.to_string(),
+                format!("{:.0}", r.reconnect_p50_ms),
+                format!("{:.0}", r.reconnect_p99_ms),
+                format!("{:.2}", r.storm_peak_to_mean),
+                format!("{:.3}", r.success_rate),
+                format!("{:.1}", r.restart_seconds),
+            ]
+        })
+        .collect();
+    crate::fleet::table(
+        &[
+            "MODE",
+            "STREAMS_ON_POD",
+            "GRACEFUL",
+            "CUT",
+            "LOST_MSGS",
+            "RECONNECT_P50_MS",
+            "RECONNECT_P99_MS",
+            "STORM_PEAK/MEAN",
+            "SUCCESS",
+            "RESTART_S",
+        ],
+        &rows,
+    )
+}
+
+/// Reconnects per 100 ms over time, one line per mode, as SVG.
+pub fn plot(results: &[ModeResult], path: &Path) -> Result<(), String> {
+    use plotters::prelude::*;
+    let max_x = results.iter().map(|r| r.timeline.len()).max().unwrap_or(1).max(2);
+    let max_y = results
+        .iter()
+        .flat_map(|r| r.timeline.iter().copied())
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let root = SVGBackend::new(path, (960, 480)).into_drawing_area();
+    let err = |e: &dyn std::fmt::Display| format!("plot {}: {e}", path.display());
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let x_secs = |b: usize| b as f64 * BUCKET.as_secs_f64() - 1.0;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("Reconnects per 100 ms during a pod restart (t = 0: restart begins)", ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(48)
+        .build_cartesian_2d(x_secs(0)..x_secs(max_x), 0.0..(f64::from(max_y) * 1.1))
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds since the restart began")
+        .y_desc("reconnects / 100 ms")
+        .draw()
+        .map_err(|e| err(&e))?;
+    let colors = [RED, BLUE, GREEN, MAGENTA, CYAN];
+    for (i, r) in results.iter().enumerate() {
+        let color = colors[i % colors.len()];
+        chart
+            .draw_series(LineSeries::new(
+                r.timeline.iter().enumerate().map(|(b, v)| (x_secs(b), f64::from(*v))),
+                color.stroke_width(2),
+            ))
+            .map_err(|e| err(&e))?
+            .label(format!("{} (cut {}, peak/mean {:.2})", r.mode, r.cut, r.storm_peak_to_mean))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.9))
+        .draw()
+        .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 0.5), 50.0);
+        assert_eq!(percentile(&v, 0.99), 99.0);
+        assert_eq!(percentile(&[], 0.5), 0.0);
+    }
+
+    #[test]
+    fn evenly_spread_events_have_a_low_peak_to_mean() {
+        let t0 = Instant::now();
+        // 200 events 40 ms apart: 2 or 3 per 100 ms bucket.
+        let spread: Vec<Instant> = (0..200).map(|i| t0 + Duration::from_millis(40 * i)).collect();
+        let r = peak_to_mean(&spread);
+        assert!(r <= 1.25, "{r}");
+        // All in one burst after a long quiet period.
+        let mut storm: Vec<Instant> = vec![t0; 100];
+        storm.push(t0 + Duration::from_secs(5));
+        assert!(peak_to_mean(&storm) > 40.0);
+    }
+}
