@@ -4,16 +4,18 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: demo test envoy lint tools
+.PHONY: demo test envoy lint tools deploy-check deploy-tools deploy-rules
 
 demo: envoy
 	$(CARGO) run --release --locked --quiet -- demo
 
-test: tools lint
+test: tools lint deploy-check
 	$(CARGO) test --locked
 
 # Everything the tests run against, installed into .cache/ (no system changes).
-tools: envoy
+# deploy-check installs its own tools (kubectl if absent, kubernetes-validate,
+# hadolint, promtool) into .cache/ the same way.
+tools: envoy deploy-tools
 
 envoy:
 	scripts/fetch-envoy.sh
@@ -21,3 +23,16 @@ envoy:
 lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets --locked -- -D warnings
+
+# deploy/ and the Dockerfile: kustomize builds, Kubernetes schemas, drain
+# budgets, Envoy bootstraps, promtool, hadolint (scripts/check-deploy.sh).
+deploy-check:
+	scripts/check-deploy.sh
+
+# Only the tool installs of deploy-check (it re-checks them and skips what is there).
+deploy-tools:
+	DEPLOY_TOOLS_ONLY=1 scripts/check-deploy.sh
+
+# Regenerate deploy/monitoring/prometheusrule.yaml after editing rules.yaml.
+deploy-rules: deploy-tools
+	.cache/deploy-venv/bin/python scripts/check_deploy.py sync-rules
