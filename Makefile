@@ -4,12 +4,12 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: demo test bench envoy prometheus lint tools
+.PHONY: demo test bench envoy prometheus lint tools deploy-check deploy-tools deploy-rules
 
 demo: envoy
 	$(CARGO) run --release --locked --quiet -- demo
 
-test: tools lint
+test: tools lint deploy-check
 	$(CARGO) test --locked
 	$(MAKE) bench
 
@@ -19,7 +19,9 @@ bench: tools
 	$(CARGO) bench --locked --bench footprint
 
 # Everything the tests run against, installed into .cache/ (no system changes).
-tools: envoy prometheus
+# deploy-check installs its own tools (kubectl if absent, kubernetes-validate,
+# hadolint, promtool) into .cache/ the same way.
+tools: envoy prometheus deploy-tools
 
 envoy:
 	scripts/fetch-envoy.sh
@@ -30,3 +32,16 @@ prometheus:
 lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets --locked -- -D warnings
+
+# deploy/ and the Dockerfile: kustomize builds, Kubernetes schemas, drain
+# budgets, Envoy bootstraps, promtool, hadolint (scripts/check-deploy.sh).
+deploy-check:
+	scripts/check-deploy.sh
+
+# Only the tool installs of deploy-check (it re-checks them and skips what is there).
+deploy-tools:
+	DEPLOY_TOOLS_ONLY=1 scripts/check-deploy.sh
+
+# Regenerate deploy/monitoring/prometheusrule.yaml after editing rules.yaml.
+deploy-rules: deploy-tools
+	.cache/deploy-venv/bin/python scripts/check_deploy.py sync-rules

@@ -13,6 +13,8 @@ fi
 command -v apt-get >/dev/null || { echo "fetch-prometheus: apt-get is needed (Debian/Ubuntu)" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# apt-get download drops privileges to _apt, which must be able to write here.
+chmod 0777 "$tmp"
 cd "$tmp"
 if ! apt-get download prometheus >/dev/null 2>&1; then
   echo "fetch-prometheus: refreshing the package lists" >&2

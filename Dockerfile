@@ -1,0 +1,50 @@
+# syntax=docker/dockerfile:1
+#
+# The drainshim image: one static binary in an empty (scratch) image.
+#
+#   docker build -t drainshim:0.1.0 .
+#
+# Not built in CI: no Docker engine runs on the project's machines. `make test`
+# lints this file with hadolint (scripts/check-deploy.sh) instead.
+
+# --- build ------------------------------------------------------------------
+# Debian, not Alpine, for the builder: build.rs runs protoc from the
+# protoc-bin-vendored crate, a glibc binary, so the *host* side of the build
+# must be glibc. Only the *target* is musl.
+FROM rust:1-bookworm AS build
+
+# The musl target gives a fully static binary. That is what lets it run in
+# `scratch`, and what lets `drainshim install` copy it into another container
+# (Envoy's distroless image, the app's image) whatever libc that image has, or
+# none. The crate has no C dependencies, so Rust's self-contained musl
+# start-up objects are all the linker needs: no musl-tools package.
+RUN rustup target add x86_64-unknown-linux-musl
+
+WORKDIR /src
+COPY Cargo.toml Cargo.lock build.rs ./
+COPY proto ./proto
+COPY src ./src
+
+# Cache mounts keep the registry and the target directory between builds; the
+# binary is copied out in the same step because the cache is not in the layer.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --target x86_64-unknown-linux-musl --bin drainshim \
+ && install -D -m 0755 target/x86_64-unknown-linux-musl/release/drainshim /out/drainshim
+
+# --- runtime ----------------------------------------------------------------
+# scratch: no shell, no package manager, no libc, nothing to patch. drainshim
+# writes nothing to the filesystem (logs go to stderr, the report to stdout),
+# so the pod can mount the root read-only.
+FROM scratch
+
+# /usr/local/bin, not /: pods mount the shared emptyDir for the copied binary
+# at /drainshim, and a mount there must not hide the image's own binary.
+COPY --from=build /out/drainshim /usr/local/bin/drainshim
+
+# 65532 is the conventional "nonroot" UID of distroless images (Envoy's
+# distroless image uses it too), so a pod-wide runAsUser fits every container.
+USER 65532:65532
+
+ENTRYPOINT ["/usr/local/bin/drainshim"]
+CMD ["sidecar"]

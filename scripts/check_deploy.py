@@ -1,0 +1,696 @@
+#!/usr/bin/env python3
+"""Checks the deployment files in deploy/ (run by scripts/check-deploy.sh).
+
+    check_deploy.py check --rendered DIR --envoy-cache DIR
+        Every check below on the kustomize output in DIR (one NAME.yaml per
+        base or overlay). Prints what it checked; exits 1 on any failure.
+    check_deploy.py sync-rules
+        Rewrites deploy/monitoring/prometheusrule.yaml from rules.yaml.
+
+Checks:
+  schema     every rendered object against the Kubernetes 1.30 and latest
+             schemas (kubernetes-validate, strict: unknown fields fail)
+  budget     drain < parent-shutdown < terminationGracePeriodSeconds, from the
+             drainshim container's flags and env (defaults when absent), plus
+             the timers around it: Envoy's --drain-time-s, Istio's
+             drainDuration/terminationDrainDuration, prestop --timeout
+  wiring     the preStop hooks exec the binary that the install init container
+             copies, from a volume the hook's container mounts; the proxy's
+             hook starts the drain; probes and scrapes can reach the shim;
+             Services' named target ports exist
+  envoy      the Envoy bootstrap validates with the real Envoy of the image's
+             version (`envoy --mode validate`) and agrees with drainshim's
+             flags (admin address, INBOUND listener, cluster -> guard)
+  rules      prometheusrule.yaml carries exactly the groups of rules.yaml
+  metrics    every metric queried by the rules and the dashboard is in the
+             contract (DESIGN.md §3), or recorded by rules.yaml
+  dashboard  the dashboard JSON parses and every panel has a query
+Only PyYAML is needed besides the standard library (and kubernetes-validate
+for the schema check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import ipaddress
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+MONITORING = DEPLOY / "monitoring"
+
+# Overlays that must contain at least one pod with a drainshim sidecar, so
+# that the per-pod checks can never pass by finding nothing to check.
+OVERLAYS_WITH_SHIM = {"sidecar", "native-sidecar", "istio"}
+
+# prometheus-operator CRDs: kubernetes-validate ships only the schemas of
+# Kubernetes' own API groups, so these kinds cannot be schema-checked. What
+# they carry is checked otherwise: the PrometheusRule's groups must equal
+# rules.yaml (which promtool checks and unit-tests), and the PodMonitor's
+# scrape port must be a port the shim containers declare.
+CRD_KINDS = {"PodMonitor", "PrometheusRule"}
+SCHEMA_VERSIONS = ["1.30.0"]  # the oldest supported; the latest is added at run time
+
+# drainshim defaults (DESIGN.md §3, src/config.rs), in seconds.
+DEFAULTS = {
+    "drain-time": 60.0,
+    "parent-shutdown-time": 90.0,
+    "min-drain-time": 5.0,
+    "deregistration-delay": 5.0,
+    "listen": "127.0.0.1:15099",
+    "envoy-admin": "http://127.0.0.1:15000",
+}
+PRESTOP_TIMEOUT_DEFAULT = 120.0  # drainshim prestop --timeout
+KUBE_GRACE_DEFAULT = 30.0  # terminationGracePeriodSeconds when unset
+ISTIO_TERMINATION_DRAIN_DEFAULT = 5.0  # ProxyConfig.terminationDrainDuration
+
+POD_TEMPLATE_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"}
+
+
+class Checker:
+    def __init__(self) -> None:
+        self.failures: list[str] = []
+        self.counts: dict[str, int] = {}
+
+    def ok(self, area: str) -> None:
+        self.counts[area] = self.counts.get(area, 0) + 1
+
+    def check(self, area: str, cond: bool, msg: str) -> bool:
+        if cond:
+            self.ok(area)
+        else:
+            self.failures.append(f"[{area}] {msg}")
+        return cond
+
+    def fail(self, area: str, msg: str) -> None:
+        self.failures.append(f"[{area}] {msg}")
+
+
+# ---------------------------------------------------------------- durations
+
+_UNITS = {
+    "ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3,
+    "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1,
+    "m": 60, "min": 60, "mins": 60, "minute": 60, "minutes": 60,
+    "h": 3600, "hr": 3600, "hrs": 3600, "hour": 3600, "hours": 3600,
+    "d": 86400, "day": 86400, "days": 86400,
+}
+
+
+def duration(text: str) -> float:
+    """Seconds in a humantime duration (`90s`, `1m30s`, `2 min`), the syntax
+    drainshim's flags use; also Go/proto durations like Istio's `60s`."""
+    s = str(text).strip()
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([a-zµ]+)", s)
+    rebuilt = "".join(n + u for n, u in parts)
+    if not parts or rebuilt != re.sub(r"\s+", "", s):
+        raise ValueError(f"not a duration: {text!r}")
+    total = 0.0
+    for n, unit in parts:
+        if unit not in _UNITS:
+            raise ValueError(f"unknown unit {unit!r} in {text!r}")
+        total += float(n) * _UNITS[unit]
+    return total
+
+
+# ---------------------------------------------------------------- pod model
+
+def pod_specs(doc: dict):
+    """(name, pod metadata, pod spec) for every pod template in a document."""
+    kind = doc.get("kind")
+    name = f"{kind}/{doc.get('metadata', {}).get('name')}"
+    if kind in POD_TEMPLATE_KINDS:
+        t = doc["spec"]["template"]
+        yield name, t.get("metadata", {}), t["spec"]
+    elif kind == "CronJob":
+        t = doc["spec"]["jobTemplate"]["spec"]["template"]
+        yield name, t.get("metadata", {}), t["spec"]
+    elif kind == "Pod":
+        yield name, doc.get("metadata", {}), doc["spec"]
+
+
+def image_name(c: dict) -> str:
+    """`registry/drainshim:1.2` -> `drainshim`."""
+    img = c.get("image", "")
+    return img.rsplit("/", 1)[-1].split("@")[0].split(":")[0]
+
+
+def is_drainshim(c: dict, sub: str) -> bool:
+    args = c.get("args") or []
+    return image_name(c) == "drainshim" and not c.get("command") and args[:1] == [sub]
+
+
+def flags(args: list[str]) -> dict[str, str]:
+    """`--k=v` and `--k v` into a dict (bare `--k` -> "true")."""
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        a = str(args[i])
+        if a.startswith("--"):
+            if "=" in a:
+                k, v = a[2:].split("=", 1)
+            elif i + 1 < len(args) and not str(args[i + 1]).startswith("--"):
+                k, v = a[2:], str(args[i + 1])
+                i += 1
+            else:
+                k, v = a[2:], "true"
+            out[k] = v
+        i += 1
+    return out
+
+
+def shim_settings(c: dict) -> dict[str, str]:
+    """A drainshim container's effective flags: defaults, then DRAINSHIM_*
+    env (literal values), then command-line flags, as clap resolves them."""
+    eff: dict[str, str] = {}
+    for e in c.get("env") or []:
+        if e.get("name", "").startswith("DRAINSHIM_") and "value" in e:
+            eff[e["name"][len("DRAINSHIM_"):].lower().replace("_", "-")] = str(e["value"])
+    eff.update(flags((c.get("args") or [])[1:]))
+    return eff
+
+
+def host_port(addr: str) -> tuple[str, int]:
+    addr = re.sub(r"^[a-z]+://", "", addr).rstrip("/")
+    host, _, port = addr.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def all_containers(spec: dict):
+    """(container, is_init, is_native_sidecar)."""
+    for c in spec.get("initContainers") or []:
+        yield c, True, c.get("restartPolicy") == "Always"
+    for c in spec.get("containers") or []:
+        yield c, False, False
+
+
+def mounts_at(c: dict, path: str) -> str | None:
+    for m in c.get("volumeMounts") or []:
+        if m.get("mountPath", "").rstrip("/") == path.rstrip("/"):
+            return m.get("name")
+    return None
+
+
+def prestop_exec(c: dict) -> list[str] | None:
+    cmd = (((c.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}).get("command")
+    return [str(x) for x in cmd] if cmd else None
+
+
+def prestop_http(c: dict) -> dict | None:
+    return ((c.get("lifecycle") or {}).get("preStop") or {}).get("httpGet")
+
+
+# ------------------------------------------------------------- pod checks
+
+def check_pod(ck: Checker, overlay: str, name: str, meta: dict, spec: dict,
+              configmaps: dict[str, dict], envoy_cache: Path) -> bool:
+    """All per-pod checks; returns whether the pod has a drainshim sidecar."""
+    where = f"{overlay}: {name}"
+    shims = [(c, init, side) for c, init, side in all_containers(spec) if is_drainshim(c, "sidecar")]
+    if not shims:
+        return False
+    ck.check("wiring", len(shims) == 1, f"{where}: {len(shims)} drainshim sidecar containers, want 1")
+    shim, shim_init, shim_native = shims[0]
+    ck.check("wiring", not shim_init or shim_native,
+             f"{where}: drainshim is a plain init container; it must be a container or a native sidecar (restartPolicy: Always)")
+    s = shim_settings(shim)
+
+    # --- budget -----------------------------------------------------------
+    t: dict[str, float] = {}
+    for k in ("drain-time", "parent-shutdown-time", "min-drain-time", "deregistration-delay"):
+        try:
+            t[k] = duration(s[k]) if k in s else DEFAULTS[k]
+        except ValueError as e:
+            ck.fail("budget", f"{where}: --{k}: {e}")
+            return True
+    grace = float(spec.get("terminationGracePeriodSeconds", KUBE_GRACE_DEFAULT))
+    d, p = t["drain-time"], t["parent-shutdown-time"]
+    ck.check("budget", t["min-drain-time"] <= d, f"{where}: --min-drain-time {t['min-drain-time']}s > --drain-time {d}s")
+    ck.check("budget", t["deregistration-delay"] <= d,
+             f"{where}: --deregistration-delay {t['deregistration-delay']}s > --drain-time {d}s")
+    ck.check("budget", d < p, f"{where}: --drain-time {d}s must be < --parent-shutdown-time {p}s")
+    ck.check("budget", p < grace,
+             f"{where}: --parent-shutdown-time {p}s must be < terminationGracePeriodSeconds {grace}s (the kubelet would SIGKILL mid-drain)")
+    if "termination-grace-period" in s:
+        ck.check("budget", duration(s["termination-grace-period"]) == grace,
+                 f"{where}: --termination-grace-period {s['termination-grace-period']} differs from terminationGracePeriodSeconds {grace:g}: the shim would check its budget against the wrong number")
+    print(f"  {where}: drain {d:g}s < parent-shutdown {p:g}s < grace {grace:g}s")
+
+    # --- install + hooks --------------------------------------------------
+    installs = [(c, init, side) for c, init, side in all_containers(spec) if is_drainshim(c, "install")]
+    bin_dir, bin_volume = None, None
+    if installs:
+        inst, init, side = installs[0]
+        bin_dir = flags(inst.get("args")[1:]).get("to")
+        ck.check("wiring", init and not side, f"{where}: `drainshim install` must run as a plain init container (to completion, before the others)")
+        bin_volume = mounts_at(inst, bin_dir or "")
+        ck.check("wiring", bin_volume is not None, f"{where}: install --to {bin_dir}: no volume mounted there")
+        vol = next((v for v in spec.get("volumes") or [] if v.get("name") == bin_volume), {})
+        ck.check("wiring", "emptyDir" in vol, f"{where}: the volume {bin_volume!r} for the copied binary must be an emptyDir")
+
+    listen_host, listen_port = host_port(s.get("listen", DEFAULTS["listen"]))
+    allow = s.get("allow-drain-from")
+    hooked_proxy = False
+    for c, init, side in all_containers(spec):
+        cname = c.get("name")
+        cmd = prestop_exec(c)
+        http = prestop_http(c)
+        if cmd and cmd[0].endswith("/drainshim"):
+            ck.check("wiring", cmd[1:2] == ["prestop"], f"{where}: {cname}: preStop runs {cmd}, want `drainshim prestop`")
+            ck.check("wiring", bin_dir is not None and cmd[0] == f"{bin_dir.rstrip('/')}/drainshim",
+                     f"{where}: {cname}: preStop execs {cmd[0]}, but the install init container copies to {bin_dir}/drainshim")
+            ck.check("wiring", bin_dir is not None and mounts_at(c, bin_dir) == bin_volume,
+                     f"{where}: {cname}: preStop execs {cmd[0]} but the container does not mount volume {bin_volume!r} at {bin_dir}")
+            pf = flags(cmd[2:])
+            timeout = duration(pf["timeout"]) if "timeout" in pf else PRESTOP_TIMEOUT_DEFAULT
+            ck.check("budget", timeout > p,
+                     f"{where}: {cname}: prestop --timeout {timeout:g}s must exceed --parent-shutdown-time {p:g}s, or the hook gives up before the deadline")
+        elif http and str(http.get("path", "")).startswith("/drain"):
+            # The kubelet sends a preStop httpGet from the node to the pod IP.
+            ck.check("wiring", "wait=true" in str(http.get("path")),
+                     f"{where}: {cname}: preStop httpGet {http.get('path')} does not wait (add ?wait=true)")
+            ck.check("wiring", not is_loopback(listen_host) and allow is not None,
+                     f"{where}: {cname}: preStop httpGet reaches the pod IP from the node, but the shim listens on {listen_host} and has no --allow-drain-from: the drain would be refused or unreachable")
+            ck.check("wiring", not http.get("host"),
+                     f"{where}: {cname}: preStop httpGet with host: set would be sent to that host from the node, not to this pod")
+        if cname in ("envoy", "istio-proxy"):
+            hooked_proxy = bool((cmd and cmd[0].endswith("/drainshim")) or (http and str(http.get("path", "")).startswith("/drain")))
+            ck.check("wiring", hooked_proxy,
+                     f"{where}: {cname}: no preStop hook starting the drain: the proxy would get SIGTERM at t=0 and exit in 0.1 s")
+        elif not init and c is not shim:
+            # An app container behind the guard must outlive the drain.
+            ck.check("wiring", bool(cmd and cmd[0].endswith("/drainshim")) or bool(http),
+                     f"{where}: {cname}: no preStop hook holding it up; it gets SIGTERM at t=0 while the guard still forwards streams to it")
+    ck.check("wiring", hooked_proxy, f"{where}: no envoy or istio-proxy container with a drain hook")
+
+    # Probes and scrapes come from outside the pod.
+    rp = (shim.get("readinessProbe") or {}).get("httpGet") or {}
+    ck.check("wiring", rp.get("path") == "/readyz", f"{where}: drainshim readinessProbe must be httpGet /readyz")
+    ports = {pt.get("name"): pt.get("containerPort") for pt in shim.get("ports") or []}
+    probe_port = ports.get(rp.get("port"), rp.get("port"))
+    ck.check("wiring", probe_port == listen_port, f"{where}: readiness probe port {rp.get('port')} is not --listen port {listen_port}")
+    ck.check("wiring", not is_loopback(listen_host),
+             f"{where}: --listen {listen_host}:{listen_port} is loopback: the kubelet's probe and Prometheus cannot reach it")
+    ck.check("wiring", ports.get("drainshim-http") == listen_port,
+             f"{where}: drainshim must declare containerPort {listen_port} named drainshim-http (the PodMonitor scrapes that name)")
+    env_names = {e.get("name"): e for e in shim.get("env") or []}
+    for var, field in (("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace")):
+        got = ((env_names.get(var) or {}).get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath")
+        ck.check("wiring", got == field, f"{where}: drainshim env {var} must come from the downward API ({field})")
+    sc = shim.get("securityContext") or {}
+    ck.check("wiring", sc.get("readOnlyRootFilesystem") is True and sc.get("runAsNonRoot") is True
+             and sc.get("allowPrivilegeEscalation") is False
+             and (sc.get("capabilities") or {}).get("drop") == ["ALL"]
+             and ((sc.get("seccompProfile") or (spec.get("securityContext") or {}).get("seccompProfile") or {}).get("type") == "RuntimeDefault"),
+             f"{where}: drainshim securityContext must be read-only root, non-root, no privilege escalation, drop ALL, seccomp RuntimeDefault")
+    ck.check("wiring", bool((shim.get("resources") or {}).get("requests")), f"{where}: drainshim has no resource requests")
+
+    guard = s.get("guard-listen")
+    if guard is not None:
+        ck.check("wiring", "guard-upstream" in s, f"{where}: --guard-listen without --guard-upstream")
+
+    # --- Envoy (plain) ------------------------------------------------------
+    for c, init, side in all_containers(spec):
+        if "envoyproxy/envoy" in c.get("image", ""):
+            check_envoy(ck, where, c, spec, s, d, guard, configmaps, envoy_cache)
+
+    # --- Istio --------------------------------------------------------------
+    ann = meta.get("annotations") or {}
+    istio_proxy = any(c.get("name") == "istio-proxy" for c, _, _ in all_containers(spec))
+    if istio_proxy or "proxy.istio.io/config" in ann:
+        pc = yaml.safe_load(ann.get("proxy.istio.io/config", "")) or {}
+        ck.check("budget", "drainDuration" in pc and duration(pc["drainDuration"]) == d,
+                 f"{where}: proxy.istio.io/config drainDuration ({pc.get('drainDuration')}) must equal drainshim --drain-time ({d:g}s): it is Envoy's --drain-time-s")
+        tdd = duration(pc["terminationDrainDuration"]) if "terminationDrainDuration" in pc else ISTIO_TERMINATION_DRAIN_DEFAULT
+        ck.check("budget", p + tdd < grace,
+                 f"{where}: --parent-shutdown-time {p:g}s + terminationDrainDuration {tdd:g}s must be < grace {grace:g}s: pilot-agent waits that long after the hook returns")
+        if guard is not None:
+            ck.check("wiring", not is_loopback(host_port(guard)[0]),
+                     f"{where}: under Istio the inbound cluster dials <pod IP>:port, so --guard-listen {guard} must not be loopback")
+        excluded = [x.strip() for x in str(ann.get("traffic.sidecar.istio.io/excludeInboundPorts", "")).split(",")]
+        ck.check("wiring", str(listen_port) in excluded,
+                 f"{where}: port {listen_port} is not in traffic.sidecar.istio.io/excludeInboundPorts: scrapes and probes would go through the proxy being drained")
+        print(f"  {where}: istio drainDuration {pc.get('drainDuration')}, terminationDrainDuration {tdd:g}s")
+    return True
+
+
+def check_envoy(ck: Checker, where: str, c: dict, spec: dict, s: dict, drain: float,
+                guard: str | None, configmaps: dict[str, dict], envoy_cache: Path) -> None:
+    args = [str(a) for a in c.get("args") or []]
+    ef = {}
+    for i, a in enumerate(args):
+        if a.startswith("-") and i + 1 < len(args) and not args[i + 1].startswith("-"):
+            ef[a] = args[i + 1]
+    ck.check("budget", "--drain-time-s" in ef and float(ef["--drain-time-s"]) == drain,
+             f"{where}: envoy --drain-time-s ({ef.get('--drain-time-s')}) must equal drainshim --drain-time ({drain:g}s)")
+    ck.check("budget", ef.get("--drain-strategy") == "immediate",
+             f"{where}: envoy --drain-strategy must be immediate (the guard spreads stream endings itself)")
+
+    # The bootstrap: which mounted ConfigMap holds the -c path?
+    cpath = ef.get("-c") or ef.get("--config-path")
+    if not ck.check("envoy", cpath is not None, f"{where}: envoy has no -c bootstrap"):
+        return
+    text = None
+    for m in c.get("volumeMounts") or []:
+        mp = m["mountPath"].rstrip("/")
+        if cpath.startswith(mp + "/"):
+            vol = next((v for v in spec.get("volumes") or [] if v.get("name") == m["name"]), {})
+            cm = configmaps.get((vol.get("configMap") or {}).get("name", ""))
+            if cm is not None:
+                text = (cm.get("data") or {}).get(cpath[len(mp) + 1:])
+    if not ck.check("envoy", text is not None, f"{where}: bootstrap {cpath} is not in a rendered ConfigMap"):
+        return
+    boot = yaml.safe_load(text)
+    admin = boot.get("admin", {}).get("address", {}).get("socket_address", {})
+    want_host, want_port = host_port(s.get("envoy-admin", DEFAULTS["envoy-admin"]))
+    ck.check("envoy", (admin.get("address"), admin.get("port_value")) == (want_host, want_port),
+             f"{where}: Envoy admin {admin.get('address')}:{admin.get('port_value')} is not drainshim's --envoy-admin {want_host}:{want_port}")
+    listeners = boot.get("static_resources", {}).get("listeners", [])
+    ck.check("envoy", any(li.get("traffic_direction") == "INBOUND" for li in listeners),
+             f"{where}: no listener has traffic_direction: INBOUND; drainshim counts only inbound streams")
+    if guard is not None:
+        gport = host_port(guard)[1]
+        eps = {
+            ep["endpoint"]["address"]["socket_address"]["port_value"]
+            for cl in boot.get("static_resources", {}).get("clusters", [])
+            for grp in (cl.get("load_assignment") or {}).get("endpoints", [])
+            for ep in grp.get("lb_endpoints", [])
+        }
+        ck.check("envoy", gport in eps, f"{where}: no Envoy cluster sends to the guard's port {gport} (clusters go to {sorted(eps)})")
+        lports = {li.get("address", {}).get("socket_address", {}).get("port_value") for li in listeners}
+        ck.check("envoy", gport not in lports, f"{where}: the guard's port {gport} is also an Envoy listener port")
+
+    # Validate with the real Envoy of the image's version.
+    m = re.search(r"v?(\d+\.\d+\.\d+)$", c.get("image", ""))
+    if not ck.check("envoy", m is not None, f"{where}: cannot read the Envoy version from image {c.get('image')}"):
+        return
+    version = m.group(1)
+    binary = envoy_cache / version / "envoy" / "_bin" / "envoy"
+    if not ck.check("envoy", binary.is_file(), f"{where}: no Envoy {version} at {binary} (scripts/fetch-envoy.sh)"):
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp) / "bootstrap.yaml"
+        cfg.write_text(text)
+        vargs = [a if a != cpath else str(cfg) for a in args]
+        r = subprocess.run([str(binary), "--mode", "validate", *vargs, "-l", "error"],
+                           capture_output=True, text=True, timeout=120)
+    ck.check("envoy", r.returncode == 0,
+             f"{where}: envoy {version} --mode validate failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    print(f"  {where}: envoy {version} --mode validate {' '.join(vargs[2:])}: {'OK' if r.returncode == 0 else 'FAILED'}")
+
+
+def check_services(ck: Checker, overlay: str, docs: list[dict]) -> None:
+    pods = [(meta, spec) for d in docs for _, meta, spec in pod_specs(d)]
+    for svc in (d for d in docs if d.get("kind") == "Service"):
+        sel = (svc.get("spec") or {}).get("selector") or {}
+        matching = [(m, sp) for m, sp in pods if sel and all((m.get("labels") or {}).get(k) == v for k, v in sel.items())]
+        if not matching:
+            continue
+        for port in svc["spec"].get("ports", []):
+            tp = port.get("targetPort")
+            if isinstance(tp, str):
+                names = [pt.get("name") for _, sp in matching
+                         for c, init, side in all_containers(sp) if not init or side
+                         for pt in c.get("ports") or []]
+                ck.check("wiring", names.count(tp) == 1,
+                         f"{overlay}: Service/{svc['metadata']['name']} targetPort {tp!r} matches {names.count(tp)} container ports, want exactly 1")
+
+
+# ----------------------------------------------------------------- schema
+
+def check_schema(ck: Checker, overlay: str, docs: list[dict], versions: list[str]) -> list[str]:
+    import kubernetes_validate
+
+    skipped = []
+    for d in docs:
+        kind = d.get("kind")
+        name = f"{overlay}: {kind}/{d.get('metadata', {}).get('name')}"
+        if kind in CRD_KINDS:
+            skipped.append(name)
+            continue
+        for v in versions:
+            try:
+                kubernetes_validate.validate(d, v, strict=True)
+                ck.ok("schema")
+            except kubernetes_validate.ValidationError as e:
+                ck.fail("schema", f"{name} (Kubernetes {v}): {e.message} at {'.'.join(map(str, e.path))}")
+            except kubernetes_validate.SchemaNotFoundError as e:
+                ck.fail("schema", f"{name} (Kubernetes {v}): no schema ({e}); add it to CRD_KINDS only if it is a CRD checked otherwise")
+    return skipped
+
+
+# ----------------------------------------------------------------- metrics
+
+def contract_metrics(design: Path) -> set[str]:
+    """Metric names from DESIGN.md §3's metrics table; histograms also give
+    their _bucket/_sum/_count series."""
+    text = design.read_text()
+    m = re.search(r"^### Metrics.*?(?=^## |\Z)", text, re.S | re.M)
+    if not m:
+        raise SystemExit(f"check_deploy: no '### Metrics' section in {design}")
+    names: set[str] = set()
+    for line in m.group(0).splitlines():
+        if not line.startswith("|"):
+            continue
+        found = re.findall(r"`(drainshim_[a-z0-9_]+)", line.split("|")[1])
+        for n in found:
+            names.add(n)
+            if "histogram" in line:
+                names.update({n + "_bucket", n + "_sum", n + "_count"})
+    return names
+
+
+def exported_metrics(metrics_rs: Path) -> set[str]:
+    """Names src/metrics.rs registers (prometheus-client adds _total to
+    counters), for the note on contract metrics not exported yet."""
+    src = metrics_rs.read_text()
+    types = dict(re.findall(r"^\s*pub (\w+): (.+),$", src, re.M))
+    out = set()
+    for name, field in re.findall(r'r\.register\(\s*"(\w+)",\s*"[^"]*",\s*m\.(\w+)\.clone\(\)', src, re.S):
+        full = f"drainshim_{name}"
+        ty = types.get(field, "")
+        if "Counter" in ty:
+            full += "_total"
+        out.add(full)
+        if "Histogram" in ty:
+            out.update({full + "_bucket", full + "_sum", full + "_count"})
+    return out
+
+
+_PROMQL_WORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring",
+                 "group_left", "group_right", "inf", "nan", "atan2"}
+
+
+def promql_metrics(expr: str) -> set[str]:
+    """The metric (or recorded rule) names a PromQL expression reads."""
+    s = re.sub(r'"(?:\\.|[^"\\])*"', '""', expr)
+    s = re.sub(r"\{[^}]*\}", " ", s)
+    s = re.sub(r"\[[^\]]*\]", " ", s)
+    s = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", s)
+    names = set()
+    for m in re.finditer(r"(?<![\w$.])[A-Za-z_:][A-Za-z0-9_:]*", s):
+        tok = m.group(0)
+        rest = s[m.end():].lstrip()
+        if rest.startswith("(") or tok.lower() in _PROMQL_WORDS:
+            continue
+        names.add(tok)
+    return names
+
+
+def check_metrics(ck: Checker, rules: dict, dashboard: dict, contract: set[str]) -> None:
+    recorded = {r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r}
+    for g in rules["groups"]:
+        for r in g["rules"]:
+            what = r.get("alert") or r.get("record")
+            used = promql_metrics(r["expr"])
+            ck.check("metrics", bool(used), f"rules.yaml {what}: reads no metric?")
+            for n in used:
+                ck.check("metrics", n in contract or n in recorded,
+                         f"rules.yaml {what}: {n} is neither a DESIGN.md §3 metric nor recorded in rules.yaml")
+    for p in dashboard_panels(dashboard):
+        for t in p.get("targets", []):
+            for n in promql_metrics(t.get("expr", "")):
+                ck.check("metrics", n in contract,
+                         f"dashboard panel {p.get('title')!r}: {n} is not a DESIGN.md §3 metric")
+
+
+def dashboard_panels(d: dict):
+    for p in d.get("panels", []):
+        if p.get("type") == "row":
+            yield from p.get("panels", [])
+        else:
+            yield p
+
+
+def check_dashboard(ck: Checker, path: Path) -> dict | None:
+    try:
+        d = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        ck.fail("dashboard", f"{path}: {e}")
+        return None
+    ck.ok("dashboard")
+    panels = list(dashboard_panels(d))
+    ck.check("dashboard", bool(panels), "the dashboard has no panels")
+    ids = [p.get("id") for p in d.get("panels", [])]
+    ck.check("dashboard", len(ids) == len(set(ids)), "panel ids are not unique")
+    for p in panels:
+        exprs = [t.get("expr") for t in p.get("targets", [])]
+        ck.check("dashboard", bool(exprs) and all(exprs), f"panel {p.get('title')!r} has a target without a query")
+    return d
+
+
+# ------------------------------------------------------------------ rules
+
+def prometheusrule_from(rules: dict) -> dict:
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": "drainshim", "labels": {"app.kubernetes.io/name": "drainshim"}},
+        "spec": {"groups": copy.deepcopy(rules["groups"])},
+    }
+
+
+class _RulesDumper(yaml.SafeDumper):
+    """Writes multi-line strings (the PromQL) as `|` blocks, as in rules.yaml."""
+
+
+_RulesDumper.add_representer(
+    str, lambda d, s: d.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s else None))
+
+
+def sync_rules() -> None:
+    rules = yaml.safe_load((MONITORING / "rules.yaml").read_text())
+    body = yaml.dump(prometheusrule_from(rules), Dumper=_RulesDumper, sort_keys=False, width=100)
+    header = ("# GENERATED from rules.yaml by `make deploy-rules`.\n"
+              "# Edit rules.yaml (promtool checks and tests it), then regenerate; `make test`\n"
+              "# fails while the two differ.\n")
+    (MONITORING / "prometheusrule.yaml").write_text(header + body)
+    print("wrote deploy/monitoring/prometheusrule.yaml")
+
+
+def check_rules_sync(ck: Checker, rendered_docs: list[dict]) -> dict:
+    rules = yaml.safe_load((MONITORING / "rules.yaml").read_text())
+    prs = [d for d in rendered_docs if d.get("kind") == "PrometheusRule"]
+    if ck.check("rules", len(prs) == 1, f"monitoring renders {len(prs)} PrometheusRule objects, want 1"):
+        ck.check("rules", prs[0]["spec"]["groups"] == rules["groups"],
+                 "deploy/monitoring/prometheusrule.yaml differs from rules.yaml: run `make deploy-rules`")
+    n = sum(len(g["rules"]) for g in rules["groups"])
+    print(f"  rules.yaml: {len(rules['groups'])} groups, {n} rules; PrometheusRule in sync: {not any('[rules]' in f for f in ck.failures)}")
+    return rules
+
+
+def check_podmonitor(ck: Checker, docs: list[dict], shim_ports: set[str]) -> None:
+    for pm in (d for d in docs if d.get("kind") == "PodMonitor"):
+        for ep in pm["spec"].get("podMetricsEndpoints", []):
+            ck.check("wiring", ep.get("port") in shim_ports,
+                     f"PodMonitor/{pm['metadata']['name']} scrapes port {ep.get('port')!r}, which no drainshim container declares ({sorted(shim_ports)})")
+
+
+# ------------------------------------------------------------------- main
+
+def run_check(rendered: Path, envoy_cache: Path, design: Path | None) -> int:
+    import kubernetes_validate
+
+    ck = Checker()
+    versions = SCHEMA_VERSIONS + [v for v in [kubernetes_validate.latest_version()] if v not in SCHEMA_VERSIONS]
+    files = sorted(rendered.glob("*.yaml"))
+    if not files:
+        print(f"check_deploy: nothing rendered in {rendered}", file=sys.stderr)
+        return 1
+    skipped: list[str] = []
+    shim_ports: set[str] = set()
+    monitoring_docs: list[dict] = []
+    print("== per-pod checks (budget, wiring, envoy)")
+    for f in files:
+        overlay = f.stem
+        docs = [d for d in yaml.safe_load_all(f.read_text()) if d]
+        ck.check("schema", bool(docs), f"{overlay}: renders nothing")
+        skipped += check_schema(ck, overlay, docs, versions)
+        configmaps = {d["metadata"]["name"]: d for d in docs if d.get("kind") == "ConfigMap"}
+        with_shim = 0
+        for d in docs:
+            for name, meta, spec in pod_specs(d):
+                if check_pod(ck, overlay, name, meta, spec, configmaps, envoy_cache):
+                    with_shim += 1
+                    for c, _, _ in all_containers(spec):
+                        if is_drainshim(c, "sidecar"):
+                            shim_ports.update(p.get("name") for p in c.get("ports") or [])
+        if overlay in OVERLAYS_WITH_SHIM:
+            ck.check("wiring", with_shim > 0, f"{overlay}: no pod with a drainshim sidecar")
+        check_services(ck, overlay, docs)
+        if overlay == "monitoring":
+            monitoring_docs = docs
+
+    print("== monitoring")
+    ck.check("rules", bool(monitoring_docs), "deploy/monitoring rendered nothing")
+    rules = check_rules_sync(ck, monitoring_docs)
+    check_podmonitor(ck, monitoring_docs, shim_ports)
+    dashboard = check_dashboard(ck, MONITORING / "dashboard.json")
+    rendered_dash = [d for d in monitoring_docs if d.get("kind") == "ConfigMap" and "dashboard.json" in (d.get("data") or {})]
+    ck.check("dashboard", len(rendered_dash) == 1, "the dashboard ConfigMap is not rendered by deploy/monitoring")
+    exported = exported_metrics(ROOT / "src" / "metrics.rs")
+    if design is not None:
+        contract = contract_metrics(design)
+        print(f"  contract: {len(contract)} metric series names from {design}")
+    else:
+        # A clone without the design folder beside it: the code is the contract.
+        contract = exported
+        print(f"  contract: {len(contract)} metric series names registered in src/metrics.rs "
+              "(DESIGN.md not found beside the checkout)")
+    if dashboard is not None:
+        check_metrics(ck, rules, dashboard, contract)
+        n = sum(len(p.get("targets", [])) for p in dashboard_panels(dashboard))
+        print(f"  dashboard.json: {len(list(dashboard_panels(dashboard)))} panels, {n} queries")
+    missing = sorted(n for n in contract - exported if not n.endswith(("_bucket", "_sum", "_count")))
+    ck.check("metrics", not missing,
+             f"contract metrics that src/metrics.rs does not export: {', '.join(missing)}")
+
+    print("== summary")
+    print(f"  schema versions: {', '.join(versions)} (strict)")
+    for area in ("schema", "budget", "wiring", "envoy", "rules", "metrics", "dashboard"):
+        print(f"  {area:9} {ck.counts.get(area, 0)} passed")
+    print(f"  skipped (CRDs, no schema in kubernetes-validate; checked via rules.yaml/PodMonitor port): {len(skipped)}")
+    for s in skipped:
+        print(f"    - {s}")
+    if ck.failures:
+        print(f"\n{len(ck.failures)} FAILED:", file=sys.stderr)
+        for f in ck.failures:
+            print(f"  {f}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("check")
+    c.add_argument("--rendered", type=Path, required=True)
+    c.add_argument("--envoy-cache", type=Path, required=True)
+    c.add_argument("--design", type=Path,
+                   default=Path(os.environ.get("DRAINSHIM_DESIGN", ROOT.parent / "shared" / "DESIGN.md")))
+    sub.add_parser("sync-rules")
+    a = ap.parse_args()
+    if a.cmd == "sync-rules":
+        sync_rules()
+        return 0
+    return run_check(a.rendered, a.envoy_cache, a.design if a.design.is_file() else None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
