@@ -343,6 +343,12 @@ pub struct SidecarArgs {
     #[arg(long, env = "DRAINSHIM_ALLOW_DRAIN_FROM", value_delimiter = ',')]
     pub allow_drain_from: Vec<IpNet>,
 
+    /// After a SIGTERM drain, keep serving /metrics this long so Prometheus
+    /// scrapes the final counts (a second SIGTERM skips it). Counts against
+    /// --termination-grace-period.
+    #[arg(long, env = "DRAINSHIM_LINGER", value_parser = humantime::parse_duration, default_value = "10s")]
+    pub linger: Duration,
+
     /// Pod name for the inventory (else env POD_NAME, then Envoy's node metadata).
     #[arg(long, env = "DRAINSHIM_POD_NAME")]
     pub pod_name: Option<String>,

@@ -3,6 +3,7 @@
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 use tokio::sync::mpsc;
@@ -64,7 +65,7 @@ fn main() -> ExitCode {
 async fn run(command: Command) -> ExitCode {
     match command {
         Command::Sidecar(args) => {
-            let settings = match sidecar::validate(&args.envoy_admin, &args.timers) {
+            let settings = match sidecar::validate(&args.envoy_admin, &args.timers, args.linger) {
                 Ok(s) => s,
                 Err(msg) => return usage(&msg),
             };
@@ -91,7 +92,8 @@ async fn run(command: Command) -> ExitCode {
             }
         },
         Command::Drain(args) => {
-            let settings = match sidecar::validate(&args.envoy_admin, &args.timers) {
+            let settings = match sidecar::validate(&args.envoy_admin, &args.timers, Duration::ZERO)
+            {
                 Ok(s) => s,
                 Err(msg) => return usage(&msg),
             };

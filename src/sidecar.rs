@@ -5,6 +5,7 @@
 //! report is out. A second SIGTERM skips to the deadline.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
@@ -27,9 +28,19 @@ pub struct Validated {
 }
 
 /// Checks the admin URL and the drain budget together, so every bad value is
-/// reported at once.
-pub fn validate(envoy_admin: &str, t: &TimerArgs) -> Result<Validated, String> {
+/// reported at once. `linger` is the sidecar's time after the report.
+pub fn validate(envoy_admin: &str, t: &TimerArgs, linger: Duration) -> Result<Validated, String> {
     let mut errs = Vec::new();
+    if let Some(grace) = t.termination_grace_period {
+        if t.parent_shutdown_time < grace && t.parent_shutdown_time + linger >= grace {
+            errs.push(format!(
+                "--parent-shutdown-time ({}) plus --linger ({}) must stay below --termination-grace-period ({})",
+                humantime::format_duration(t.parent_shutdown_time),
+                humantime::format_duration(linger),
+                humantime::format_duration(grace)
+            ));
+        }
+    }
     let admin = AdminClient::new(envoy_admin, t.admin_timeout)
         .map_err(|e| errs.push(format!("--envoy-admin: {e}")))
         .ok();
@@ -58,6 +69,8 @@ pub enum SidecarError {
 /// A bound, running sidecar: control endpoints, drain driver, inventory refresh.
 pub struct Sidecar {
     local: std::net::SocketAddr,
+    /// Time to keep serving after a SIGTERM drain's report.
+    linger: Duration,
     drain: drain::DrainHandle,
     shutdown: CancellationToken,
     server: tokio::task::JoinHandle<()>,
@@ -107,6 +120,7 @@ pub async fn start(args: SidecarArgs, settings: Validated) -> Result<Sidecar, Si
     tracing::info!(listen = %local, envoy_admin = settings.admin.authority(), "sidecar ready");
     Ok(Sidecar {
         local,
+        linger: args.linger,
         drain,
         shutdown,
         server,
@@ -130,6 +144,7 @@ impl Sidecar {
             drain,
             shutdown,
             server,
+            linger,
             ..
         } = self;
         // Wait for the first SIGTERM, then for the report, watching for a second.
@@ -167,6 +182,16 @@ impl Sidecar {
                 },
             }
         };
+        if !linger.is_zero() {
+            tracing::info!(
+                ?linger,
+                "drain done; serving the final metrics a little longer"
+            );
+            tokio::select! {
+                _ = tokio::time::sleep(linger) => {}
+                _ = signals.recv() => tracing::info!("SIGTERM: exiting now"),
+            }
+        }
         shutdown.cancel();
         let _ = server.await;
         report

@@ -34,6 +34,8 @@ async fn sigterm_drains_and_a_second_sigterm_skips_to_the_deadline() {
             "60s",
             "--poll-interval",
             "200ms",
+            "--linger",
+            "50s",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -86,9 +88,26 @@ async fn sigterm_drains_and_a_second_sigterm_skips_to_the_deadline() {
     .await;
 
     kill(pid, Signal::SIGTERM).expect("second SIGTERM");
+    // The drain ends now, well before its 60 s deadline; the sidecar lingers
+    // so Prometheus can scrape the final counts.
+    wait_for("the report after the second SIGTERM", WAIT, || async {
+        let (_, body) = http(shim, "GET", "/status").await;
+        serde_json::from_str::<Status>(&body).is_ok_and(|s| s.report.is_some())
+    })
+    .await;
+    let (code, metrics) = http(shim, "GET", "/metrics").await;
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains(&format!(
+            "drainshim_drained_streams_total{{outcome=\"cut\"}} {N}"
+        )),
+        "{metrics}"
+    );
+    // A third SIGTERM ends the linger.
+    kill(pid, Signal::SIGTERM).expect("third SIGTERM");
     let status = tokio::time::timeout(WAIT, child.wait())
         .await
-        .expect("exits well before the 60 s deadline")
+        .expect("exits at once")
         .expect("wait");
     assert!(status.success(), "exit status {status}");
     let mut out = String::new();
@@ -107,6 +126,7 @@ async fn sigterm_drains_and_a_second_sigterm_skips_to_the_deadline() {
     assert!(report.duration_seconds < 40.0, "{report:?}");
     let log = log.await.expect("log");
     assert!(log.contains("second SIGTERM"), "{log}");
+    assert!(log.contains("SIGTERM: exiting now"), "{log}");
     drop(envoy);
     for s in streams {
         let _ = tokio::time::timeout(WAIT, s).await;
@@ -153,6 +173,19 @@ async fn an_inconsistent_budget_is_refused_at_start() {
     ] {
         assert!(err.contains(needle), "missing {needle:?} in: {err}");
     }
+    let (code, _, err) = run(&[
+        "sidecar",
+        "--termination-grace-period",
+        "95s",
+        "--linger",
+        "10s",
+    ])
+    .await;
+    assert_eq!(code, Some(64), "{err}");
+    assert!(
+        err.contains("plus --linger (10s) must stay below --termination-grace-period (1m 35s)"),
+        "{err}"
+    );
     // The environment works the same way.
     let out = Command::new(drainshim_bin())
         .args(["drain"])

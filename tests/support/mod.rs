@@ -168,7 +168,15 @@ pub async fn finite_request(addr: SocketAddr, count: u64, interval_ms: u32) -> (
 
 /// Parses a `drainshim sidecar` command line, as a user would write it.
 pub fn sidecar_args(extra: &[&str]) -> drainshim::cli::SidecarArgs {
-    let mut argv = vec!["drainshim", "sidecar", "--listen", "127.0.0.1:0"];
+    // No linger: tests read the report from the returned task at once.
+    let mut argv = vec![
+        "drainshim",
+        "sidecar",
+        "--listen",
+        "127.0.0.1:0",
+        "--linger",
+        "0s",
+    ];
     argv.extend_from_slice(extra);
     match Cli::try_parse_from(argv).expect("sidecar args").command {
         Command::Sidecar(a) => a,
@@ -189,7 +197,8 @@ pub async fn start_sidecar(
     let mut all = vec!["--envoy-admin", envoy_admin];
     all.extend_from_slice(extra);
     let args = sidecar_args(&all);
-    let settings = sidecar::validate(&args.envoy_admin, &args.timers).expect("valid settings");
+    let settings =
+        sidecar::validate(&args.envoy_admin, &args.timers, args.linger).expect("valid settings");
     let s: Sidecar = sidecar::start(args, settings).await.expect("start sidecar");
     let addr = s.local_addr();
     let drain = s.drain().clone();
