@@ -3,5 +3,6 @@
 pub mod client;
 pub mod demo;
 pub mod envoy;
+pub mod measure;
 pub mod population;
 pub mod server;

@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::Stream as FuturesStream;
+use futures_util::{Stream as FuturesStream, StreamExt};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::{Request, Response, Status};
@@ -18,7 +18,8 @@ use crate::proto::bench::{EchoReply, EchoRequest, SubscribeRequest, Tick};
 /// Largest padding a client may ask for per message; bounds memory per stream.
 pub const MAX_PAYLOAD_BYTES: u32 = 1 << 20;
 
-/// Per stream id, the highest sequence number handed to the transport.
+/// Per stream id, the highest sequence number handed to the transport
+/// (taken by tonic for encoding).
 #[derive(Clone, Debug, Default)]
 pub struct Ledger(Arc<Mutex<HashMap<String, u64>>>);
 
@@ -60,7 +61,6 @@ impl Stream for BenchService {
         }
         // A small buffer: backpressure reaches the sender quickly.
         let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let ledger = self.ledger.clone();
         let interval = Duration::from_millis(u64::from(r.interval_ms));
         tokio::spawn(async move {
             let payload = vec![0u8; r.payload_bytes as usize];
@@ -76,13 +76,20 @@ impl Stream for BenchService {
                     // The client went away.
                     return;
                 }
-                ledger.record(&r.stream_id, seq);
                 if !interval.is_zero() {
                     tokio::time::sleep(interval).await;
                 }
             }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        // A message counts as written once tonic takes it for encoding: from
+        // then on only the transport can lose it.
+        let ledger = self.ledger.clone();
+        let stream = ReceiverStream::new(rx).inspect(move |item| {
+            if let Ok(tick) = item {
+                ledger.record(&tick.stream_id, tick.seq);
+            }
+        });
+        Ok(Response::new(Box::pin(stream)))
     }
 
     async fn echo(&self, req: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
