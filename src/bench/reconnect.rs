@@ -1,0 +1,269 @@
+//! `drainshim bench reconnect`: restarts one of two "pods" under a
+//! population of long-lived gRPC streams and measures, from the client side,
+//! what each way of restarting costs.
+//!
+//! Each pod is a real Envoy inbound in front of the tonic bench backend; in
+//! `drainshim` mode a drainshim sidecar with the stream guard sits between
+//! them, as in a mesh where Envoy's inbound cluster points at the guard.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::envoy::{EnvoyOptions, EnvoyProcess};
+use super::measure::{self, ModeResult, Observed};
+use super::population::{Endpoints, Population};
+use super::server::{self, BenchService, Ledger};
+use crate::cli::Cli;
+use crate::drain::{DrainHandle, Report, Trigger};
+use crate::sidecar;
+
+/// How pod A is restarted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// The preStop drain through drainshim (guard ends streams gracefully), then SIGTERM.
+    Drainshim,
+    /// Plain SIGTERM to Envoy, as a pod without a drain hook gets.
+    EnvoySigterm,
+    /// Istio's default: drain_listeners?inboundonly&graceful, wait 5 s, then kill.
+    IstioDefault,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Drainshim => "drainshim",
+            Mode::EnvoySigterm => "envoy-sigterm",
+            Mode::IstioDefault => "istio-default",
+        }
+    }
+}
+
+/// Istio's default terminationDrainDuration.
+const ISTIO_DRAIN: Duration = Duration::from_secs(5);
+/// After pod A is gone, how long the clients get to settle before the count.
+const SETTLE: Duration = Duration::from_secs(2);
+
+/// Bench settings.
+#[derive(Clone, Debug)]
+pub struct ReconnectOptions {
+    pub envoy: PathBuf,
+    pub streams: usize,
+    pub modes: Vec<Mode>,
+    /// drainshim's timers in `drainshim` mode (short defaults for a bench).
+    pub deregistration_delay: Duration,
+    pub drain_time: Duration,
+    pub parent_shutdown_time: Duration,
+    /// The guard's max connection age, if any (all modes with a guard).
+    pub max_connection_age: Option<Duration>,
+    pub max_connection_age_grace: Duration,
+    /// Print progress lines to stderr.
+    pub progress: bool,
+}
+
+impl ReconnectOptions {
+    pub fn new(envoy: PathBuf) -> Self {
+        Self {
+            envoy,
+            streams: 200,
+            modes: vec![Mode::EnvoySigterm, Mode::IstioDefault, Mode::Drainshim],
+            deregistration_delay: Duration::from_secs(2),
+            drain_time: Duration::from_secs(12),
+            parent_shutdown_time: Duration::from_secs(20),
+            max_connection_age: None,
+            max_connection_age_grace: Duration::from_secs(30),
+            progress: true,
+        }
+    }
+
+    fn say(&self, msg: &str) {
+        if self.progress {
+            eprintln!("bench reconnect: {msg}");
+        }
+    }
+}
+
+/// One pod: backend, optional drainshim sidecar with guard, and Envoy.
+struct Pod {
+    envoy: EnvoyProcess,
+    shim: Option<DrainHandle>,
+    _shim_task: Option<JoinHandle<Report>>,
+    /// The sidecar's SIGTERM source; the bench drives the drain itself, and
+    /// dropping this ends the sidecar with the pod.
+    _sigterm: Option<tokio::sync::mpsc::UnboundedSender<()>>,
+    stop: CancellationToken,
+}
+
+impl Drop for Pod {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+fn free_port() -> Result<u16, String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+async fn start_pod(opts: &ReconnectOptions, ledger: &Ledger, guard: bool) -> Result<Pod, String> {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| format!("bind backend: {e}"))?;
+    let app = listener.local_addr().map_err(|e| e.to_string())?;
+    let stop = CancellationToken::new();
+    let service = BenchService {
+        ledger: ledger.clone(),
+    };
+    tokio::spawn(server::serve(listener, service, stop.clone().cancelled_owned()));
+
+    let admin_port = free_port()?;
+    let (upstream, shim, shim_task, sigterm) = if guard {
+        let mut argv: Vec<String> = [
+            "drainshim",
+            "sidecar",
+            "--listen",
+            "127.0.0.1:0",
+            "--linger",
+            "0s",
+            "--guard-listen",
+            "127.0.0.1:0",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let h = |d: Duration| humantime::format_duration(d).to_string();
+        argv.extend([
+            "--envoy-admin".into(),
+            format!("http://127.0.0.1:{admin_port}"),
+            "--guard-upstream".into(),
+            app.to_string(),
+            "--deregistration-delay".into(),
+            h(opts.deregistration_delay),
+            "--min-drain-time".into(),
+            h(opts.deregistration_delay),
+            "--drain-time".into(),
+            h(opts.drain_time),
+            "--parent-shutdown-time".into(),
+            h(opts.parent_shutdown_time),
+            "--poll-interval".into(),
+            "250ms".into(),
+            "--max-connection-age-grace".into(),
+            h(opts.max_connection_age_grace),
+        ]);
+        if let Some(age) = opts.max_connection_age {
+            argv.extend(["--max-connection-age".into(), h(age)]);
+        }
+        let args = match <Cli as clap::Parser>::try_parse_from(&argv).map_err(|e| e.to_string())?.command {
+            crate::cli::Command::Sidecar(a) => a,
+            _ => return Err("internal: not a sidecar command line".into()),
+        };
+        let settings = sidecar::validate(&args.envoy_admin, &args.timers, args.linger)?;
+        let sc = sidecar::start(args, settings).await.map_err(|e| e.to_string())?;
+        let guard_addr = sc
+            .guard_addr()
+            .ok_or("internal: the sidecar started without its guard")?;
+        let drain = sc.drain().clone();
+        let (sigterm, rx) = tokio::sync::mpsc::unbounded_channel();
+        let task = tokio::spawn(sc.run(rx));
+        (guard_addr, Some(drain), Some(task), Some(sigterm))
+    } else {
+        (app, None, None, None)
+    };
+    let mut eo = EnvoyOptions::new(opts.envoy.clone(), upstream);
+    eo.admin_port = admin_port;
+    eo.drain_time = opts.drain_time;
+    eo.parent_shutdown_time = opts.parent_shutdown_time;
+    let envoy = EnvoyProcess::start(&eo).await.map_err(|e| e.to_string())?;
+    Ok(Pod {
+        envoy,
+        shim,
+        _shim_task: shim_task,
+        _sigterm: sigterm,
+        stop,
+    })
+}
+
+/// Runs one mode end to end and measures it.
+pub async fn run_mode(opts: &ReconnectOptions, mode: Mode) -> Result<ModeResult, String> {
+    let guard = mode == Mode::Drainshim;
+    let ledger = Ledger::default();
+    opts.say(&format!("[{}] starting two pods (Envoy{})", mode.name(), if guard { " + drainshim guard" } else { "" }));
+    let mut a = start_pod(opts, &ledger, guard).await?;
+    let b = start_pod(opts, &ledger, guard).await?;
+    let endpoints = Endpoints::new(vec![a.envoy.inbound, b.envoy.inbound]);
+    opts.say(&format!("[{}] opening {} long-lived streams over both pods", mode.name(), opts.streams));
+    let population = Population::start(opts.streams, endpoints.clone(), mode.name()).await?;
+    // Let the streams run a moment so every one has history.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    opts.say(&format!("[{}] restarting pod A", mode.name()));
+    let attempts_at_trigger = population.attempts.lock().map(|a| *a).unwrap_or_default();
+    let trigger = Instant::now();
+    // Deregistration: callers stop picking pod A.
+    endpoints.remove(0);
+    match mode {
+        Mode::Drainshim => {
+            let drain = a.shim.as_ref().ok_or("internal: drainshim mode without a shim")?;
+            drain.trigger(Trigger::Prestop).await;
+            let report = drain.report().await.ok_or("the drain driver stopped")?;
+            opts.say(&format!(
+                "[{}] drain report: outcome {:?}, terminated {}, cut {}",
+                mode.name(),
+                report.outcome,
+                report.streams.terminated,
+                report.streams.cut
+            ));
+            a.envoy.sigterm();
+        }
+        Mode::EnvoySigterm => a.envoy.sigterm(),
+        Mode::IstioDefault => {
+            let admin = a.envoy.admin_client();
+            admin
+                .drain_listeners(true, true)
+                .await
+                .map_err(|e| e.to_string())?;
+            tokio::time::sleep(ISTIO_DRAIN).await;
+            a.envoy.kill().await;
+        }
+    }
+    let _ = a.envoy.wait_exit(Duration::from_secs(10)).await;
+    let done = Instant::now();
+    tokio::time::sleep(SETTLE).await;
+    let attempts_at_end = population.attempts.lock().map(|a| *a).unwrap_or_default();
+    let sessions = population.stop().await;
+    drop(b);
+    let result = measure::summarize(&Observed {
+        mode: mode.name(),
+        streams: opts.streams,
+        sessions: &sessions,
+        restarted: 0,
+        trigger,
+        done,
+        ledger: &ledger,
+        attempts_at_trigger,
+        attempts_at_end,
+    });
+    opts.say(&format!(
+        "[{}] {} streams on pod A: {} graceful, {} cut",
+        mode.name(),
+        result.streams_on_restarted_pod,
+        result.graceful,
+        result.cut
+    ));
+    Ok(result)
+}
+
+/// Runs every requested mode, one after the other.
+pub async fn run(opts: &ReconnectOptions) -> Result<Vec<ModeResult>, String> {
+    let mut out = Vec::new();
+    for mode in &opts.modes {
+        out.push(run_mode(opts, *mode).await?);
+    }
+    Ok(out)
+}
