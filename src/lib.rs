@@ -10,6 +10,7 @@ pub mod config;
 pub mod control;
 pub mod drain;
 pub mod envoy;
+pub mod guard;
 pub mod http;
 pub mod inventory;
 pub mod metrics;
