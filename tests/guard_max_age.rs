@@ -55,7 +55,11 @@ async fn max_age_goaway_ping_goaway_grace_trailers_close() {
         .find(|(_, f)| f.ty == GOAWAY)
         .cloned()
         .expect("a GOAWAY");
-    assert_eq!(first.goaway, Some((MAX_STREAM_ID, 0)), "first GOAWAY: 2^31-1, NO_ERROR");
+    assert_eq!(
+        first.goaway,
+        Some((MAX_STREAM_ID, 0)),
+        "first GOAWAY: 2^31-1, NO_ERROR"
+    );
     assert!(
         first_at - t0 >= min_age(age),
         "GOAWAY after {:?}, before the jittered age could pass",
@@ -71,7 +75,11 @@ async fn max_age_goaway_ping_goaway_grace_trailers_close() {
         .find(|(at, f)| *at >= ping_at && f.ty == GOAWAY && f.goaway != Some((MAX_STREAM_ID, 0)))
         .cloned()
         .expect("a final GOAWAY after the PING");
-    assert_eq!(last.goaway, Some((1, 0)), "final GOAWAY names the last stream (1), NO_ERROR");
+    assert_eq!(
+        last.goaway,
+        Some((1, 0)),
+        "final GOAWAY names the last stream (1), NO_ERROR"
+    );
     // The client acked the PING before the final GOAWAY went out.
     let up = frames(&events, 0, Dir::Up);
     assert!(up
@@ -96,12 +104,17 @@ async fn max_age_goaway_ping_goaway_grace_trailers_close() {
         .collect();
     assert!(resets.is_empty(), "resets toward the client: {resets:?}");
     assert!(
-        !down.iter().any(|(_, f)| f.ty == GOAWAY && f.goaway.is_some_and(|(_, code)| code != 0)),
+        !down
+            .iter()
+            .any(|(_, f)| f.ty == GOAWAY && f.goaway.is_some_and(|(_, code)| code != 0)),
         "every GOAWAY is NO_ERROR"
     );
 
     assert_eq!(g.goaways(Reason::max_age), 1);
-    assert_eq!(g.streams_terminated(Reason::max_age), 1);
+    wait_until("the termination to be counted", || {
+        g.streams_terminated(Reason::max_age) == 1
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -135,7 +148,10 @@ async fn connections_of_the_same_age_go_away_at_different_times() {
         })
         .await;
     for o in &offsets {
-        assert!(*o >= min_age(age), "GOAWAY after {o:?}: earlier than the jitter allows");
+        assert!(
+            *o >= min_age(age),
+            "GOAWAY after {o:?}: earlier than the jitter allows"
+        );
     }
     let min = offsets.iter().min().copied().unwrap_or_default();
     let max = offsets.iter().max().copied().unwrap_or_default();
@@ -147,5 +163,8 @@ async fn connections_of_the_same_age_go_away_at_different_times() {
     );
     assert_eq!(g.goaways(Reason::max_age), CONNECTIONS as u64);
     // Idle connections close after the final GOAWAY: nothing holds them open.
-    wait_until("every connection to close", || g.guard.active_connections() == 0).await;
+    wait_until("every connection to close", || {
+        g.guard.active_connections() == 0
+    })
+    .await;
 }

@@ -10,7 +10,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::sniff::{sniff, Protocol};
+use super::sniff::{sniff, Protocol, MAX_LINGER};
 use super::{h1, h2conn, Guard, Inner};
 use crate::drain::StreamGuard;
 
@@ -80,8 +80,13 @@ pub async fn serve(guard: Guard, listener: TcpListener, shutdown: CancellationTo
     guard.terminate_all(Duration::ZERO);
     inner.tasks.close();
     let l = &inner.config.limits;
-    let bound = l.goaway_ack_timeout + l.end_timeout + l.shutdown_timeout + ACCEPT_BACKOFF;
-    if tokio::time::timeout(bound, inner.tasks.wait()).await.is_err() {
+    // Ack wait, ending, flush, then the lingering close.
+    let bound =
+        l.goaway_ack_timeout + l.end_timeout + l.shutdown_timeout + MAX_LINGER + ACCEPT_BACKOFF;
+    if tokio::time::timeout(bound, inner.tasks.wait())
+        .await
+        .is_err()
+    {
         tracing::warn!(
             connections = guard.active_connections(),
             ?bound,
@@ -99,6 +104,8 @@ async fn connection(inner: Arc<Inner>, tcp: TcpStream, info: ConnInfo) {
     match sniff(tcp, deadline).await {
         Ok((Protocol::Http2, io)) => h2conn::serve(inner, io, info).await,
         Ok((Protocol::Http1, io)) => h1::serve(inner, io, info).await,
-        Err(e) => tracing::debug!(peer = %info.peer, error = %e, "guard: connection closed before a request"),
+        Err(e) => {
+            tracing::debug!(peer = %info.peer, error = %e, "guard: connection closed before a request")
+        }
     }
 }

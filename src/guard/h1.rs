@@ -29,7 +29,7 @@ use super::accept::ConnInfo;
 use super::headers::strip_hop_by_hop;
 use super::registry::Registered;
 use super::schedule::jittered_age;
-use super::sniff::Prefixed;
+use super::sniff::{linger, Prefixed};
 use super::upstream::{H1Upstream, MIN_H1_BUF_SIZE};
 use super::Inner;
 
@@ -85,6 +85,15 @@ async fn sleep_until_opt(at: Option<Instant>) {
 }
 
 pub async fn serve(inner: Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
+    let reclaim = io.reclaim();
+    drive(&inner, io, info).await;
+    // hyper dropped the connection: close the socket without an RST.
+    if let Some(tcp) = reclaim.take() {
+        linger(tcp, inner.config.limits.shutdown_timeout).await;
+    }
+}
+
+async fn drive(inner: &Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
     let l = inner.config.limits;
     let upstream = Arc::new(H1Upstream::new(
         inner.config.upstream,
@@ -110,9 +119,14 @@ pub async fn serve(inner: Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
         .config
         .max_connection_age
         .map(|age| info.accepted_at + jittered_age(age, fastrand::f64()));
+    // A connection accepted while draining is served (one request, answered
+    // with `Connection: close`); only connections that were open when the
+    // drain began are wound down from here.
+    let watch_goaway = !inner.goaway.is_cancelled();
+    let mut terminate_seen = inner.terminate.is_cancelled();
     let mut winding_down = false;
-    let mut terminate_seen = false;
-    let mut close_by: Option<Instant> = None;
+    let mut close_by: Option<Instant> = terminate_seen
+        .then(|| info.accepted_at + l.header_read_timeout + l.end_timeout + l.shutdown_timeout);
     loop {
         tokio::select! {
             biased;
@@ -129,7 +143,7 @@ pub async fn serve(inner: Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
                 let l = &inner.config.limits;
                 close_by = Some(Instant::now() + l.end_timeout + l.shutdown_timeout);
             }
-            _ = inner.goaway.cancelled(), if !winding_down => {
+            _ = inner.goaway.cancelled(), if watch_goaway && !winding_down => {
                 conn.as_mut().graceful_shutdown();
                 winding_down = true;
             }

@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use super::accept::ConnInfo;
 use super::grpc;
 use super::schedule::jittered_age;
-use super::sniff::Prefixed;
+use super::sniff::{linger, Prefixed};
 use super::stream::{self, StreamJob};
 use super::upstream::H2Upstream;
 use super::Inner;
@@ -160,6 +160,16 @@ fn poll_connection(
 }
 
 pub async fn serve(inner: Arc<Inner>, io: Io, info: ConnInfo) {
+    let reclaim = io.reclaim();
+    drive(&inner, io, info).await;
+    // The h2 connection is dropped: close the socket without an RST.
+    if let Some(tcp) = reclaim.take() {
+        linger(tcp, inner.config.limits.shutdown_timeout).await;
+    }
+    tracing::debug!(peer = %info.peer, conn = info.id, "guard: HTTP/2 connection closed");
+}
+
+async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
     let l = inner.config.limits;
     let mut builder = h2::server::Builder::new();
     builder
@@ -197,6 +207,11 @@ pub async fn serve(inner: Arc<Inner>, io: Io, info: ConnInfo) {
     // Connections accepted after `goaway_all` serve the short requests that
     // still arrive; they go away with `terminate_all`.
     let watch_goaway = !inner.goaway.is_cancelled();
+    // A connection accepted while terminating goes away after answering its
+    // first stream, not at once: a GOAWAY racing the client's first request
+    // makes some clients (hyper, so tonic) fail that request with a
+    // non-retryable error instead of receiving the retryable refusal.
+    let defer_goaway = inner.terminate.is_cancelled();
     let mut st = State {
         phase: Phase::Serving,
         cause: None,
@@ -246,7 +261,10 @@ pub async fn serve(inner: Arc<Inner>, io: Io, info: ConnInfo) {
             Event::Stream(s) => {
                 let (req, respond) = *s;
                 st.first_stream_by = None;
-                admit(&inner, &upstream, &count_tx, &st, info, req, respond);
+                admit(inner, &upstream, &count_tx, &st, info, req, respond);
+                if st.terminate_seen && st.cause.is_none() {
+                    start_goaway(inner, &mut conn, &mut pings, &mut st, Cause::Drain, now);
+                }
             }
             Event::Failed(e) => {
                 tracing::debug!(peer = %info.peer, conn = info.id, error = %e, "guard: HTTP/2 connection failed");
@@ -261,25 +279,25 @@ pub async fn serve(inner: Arc<Inner>, io: Io, info: ConnInfo) {
             }
             Event::Goaway(cause) => {
                 if st.cause.is_none() {
-                    start_goaway(&inner, &mut conn, &mut pings, &mut st, cause, now);
+                    start_goaway(inner, &mut conn, &mut pings, &mut st, cause, now);
                 }
             }
             Event::Terminate => {
                 st.terminate_seen = true;
-                if st.cause.is_none() {
-                    start_goaway(&inner, &mut conn, &mut pings, &mut st, Cause::Drain, now);
+                if st.cause.is_none() && !defer_goaway {
+                    start_goaway(inner, &mut conn, &mut pings, &mut st, Cause::Drain, now);
                 }
                 // The drain's schedule ends the streams; nothing more here.
             }
             Event::MaxAge => {
                 st.max_age_reached = true;
                 if st.cause.is_none() {
-                    start_goaway(&inner, &mut conn, &mut pings, &mut st, Cause::MaxAge, now);
+                    start_goaway(inner, &mut conn, &mut pings, &mut st, Cause::MaxAge, now);
                 } else if matches!(st.phase, Phase::Closing { .. }) && st.grace_until.is_none() {
                     st.grace_until = Some(now + inner.config.max_connection_age_grace);
                 }
             }
-            Event::Acked => enter_closing(&inner, &mut st, true, now),
+            Event::Acked => enter_closing(inner, &mut st, true, now),
             Event::AckTimeout => {
                 tracing::info!(
                     peer = %info.peer,
@@ -287,7 +305,7 @@ pub async fn serve(inner: Arc<Inner>, io: Io, info: ConnInfo) {
                     timeout = ?l.goaway_ack_timeout,
                     "guard: no PING ack after GOAWAY; refusing new streams and sending the final GOAWAY once idle"
                 );
-                enter_closing(&inner, &mut st, false, now);
+                enter_closing(inner, &mut st, false, now);
             }
             Event::GraceOver => {
                 st.grace_done = true;
@@ -320,7 +338,6 @@ pub async fn serve(inner: Arc<Inner>, io: Io, info: ConnInfo) {
         }
     }
     upstream.close();
-    tracing::debug!(peer = %info.peer, conn = info.id, "guard: HTTP/2 connection closed");
 }
 
 /// GOAWAY(2^31-1) + PING now; the final GOAWAY follows the ack.

@@ -1,10 +1,17 @@
 //! Hop-by-hop headers: they describe one connection and must not be
 //! forwarded to the next (RFC 9110 §7.6.1); HTTP/2 forbids them outright.
 
-use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, TE, TRANSFER_ENCODING, UPGRADE};
+use http::header::{
+    HeaderMap, HeaderName, HeaderValue, CONNECTION, TE, TRANSFER_ENCODING, UPGRADE,
+};
 
 /// Headers that are always connection-specific.
-const HOP_BY_HOP: [&str; 4] = ["keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization"];
+const HOP_BY_HOP: [&str; 4] = [
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+];
 
 /// Removes hop-by-hop headers, including those named by `Connection`. `te:
 /// trailers` is kept: gRPC requires it and HTTP/2 allows exactly that value.

@@ -96,8 +96,8 @@ struct Inner {
     /// Cancelled by `terminate_all`: every connection goes away and closes
     /// once its streams have ended.
     terminate: CancellationToken,
-    /// Cancelled when a `serve` loop shuts down: pending spread schedules stop
-    /// waiting (the shutdown ends their streams at once).
+    /// Cancelled when a `serve` loop shuts down: pending spread schedules end
+    /// their remaining streams at once.
     closing: CancellationToken,
     /// Every connection, stream and schedule task, so shutdown can wait for them.
     tasks: TaskTracker,
@@ -188,9 +188,9 @@ impl StreamGuard for Guard {
             "guard: ending every stream gracefully, spread over the window; refusing new streams"
         );
         let handle = match tokio::runtime::Handle::try_current() {
-            Ok(h) => h,
-            Err(_) => {
-                // No runtime to pace the endings: end them all now rather than never.
+            Ok(h) if !window.is_zero() => h,
+            // Nothing to pace (or no runtime to pace with): end them all now.
+            _ => {
                 for s in streams {
                     s.end(Reason::drain);
                 }
@@ -201,11 +201,17 @@ impl StreamGuard for Guard {
         let start = Instant::now();
         self.inner.tasks.spawn_on(
             async move {
-                for (s, offset) in streams.into_iter().zip(spread_offsets(n, window)) {
+                let mut schedule = streams.into_iter().zip(spread_offsets(n, window));
+                while let Some((s, offset)) = schedule.next() {
                     tokio::select! {
+                        biased;
+                        // Shutdown: no more pacing, end the rest now.
+                        _ = closing.cancelled() => {
+                            s.end(Reason::drain);
+                            schedule.for_each(|(s, _)| s.end(Reason::drain));
+                            return;
+                        }
                         _ = tokio::time::sleep_until(start + offset) => s.end(Reason::drain),
-                        // Shutdown ends whatever is left itself.
-                        _ = closing.cancelled() => return,
                     }
                 }
             },

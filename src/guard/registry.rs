@@ -159,7 +159,11 @@ mod tests {
         let b = r.register(2, false).expect("admitted");
         b.ctl.end(Reason::max_age);
         let snapshot = r.begin_terminating();
-        assert_eq!(snapshot.len(), 1, "streams already ending are not rescheduled");
+        assert_eq!(
+            snapshot.len(),
+            1,
+            "streams already ending are not rescheduled"
+        );
         assert!(Arc::ptr_eq(&snapshot[0], &a.ctl));
         assert!(r.register(1, true).is_none());
         assert_eq!(r.len(), 2);

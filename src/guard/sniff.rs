@@ -3,10 +3,12 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::{Buf, Bytes};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::Instant;
 
 /// The HTTP/2 connection preface (RFC 9113 §3.4).
@@ -54,16 +56,97 @@ where
         have += n;
     };
     let prefix = Bytes::copy_from_slice(&buf[..have]);
-    Ok((protocol, Prefixed { prefix, inner: io }))
+    Ok((
+        protocol,
+        Prefixed {
+            prefix,
+            inner: Some(io),
+            reclaim: Reclaim::default(),
+        },
+    ))
 }
 
-/// A stream that first yields `prefix`, then reads from `inner`.
+/// Where a [`Prefixed`] leaves its connection when the protocol driver
+/// drops it, so the connection can still be closed politely.
+#[derive(Debug)]
+pub struct Reclaim<T>(Arc<Mutex<Option<T>>>);
+
+impl<T> Default for Reclaim<T> {
+    fn default() -> Self {
+        Self(Arc::new(Mutex::new(None)))
+    }
+}
+
+impl<T> Clone for Reclaim<T> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<T> Reclaim<T> {
+    /// The connection, once the driver dropped it.
+    pub fn take(&self) -> Option<T> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+}
+
+/// Longest lingering close: a peer that read our GOAWAY and FIN closes
+/// within a round trip; one that does not is not waited for longer.
+pub const MAX_LINGER: Duration = Duration::from_secs(2);
+
+/// Closes `io` without losing what was sent last: shuts the write side
+/// (FIN) and reads until the peer closes too, bounded by `bound` and
+/// [`MAX_LINGER`]. Dropping a socket with unread input makes the kernel send
+/// RST, and an RST can make the peer discard trailers or a GOAWAY it has
+/// received but not yet read.
+pub async fn linger<T: AsyncRead + AsyncWrite + Unpin>(mut io: T, bound: Duration) {
+    let _ = tokio::time::timeout(bound.min(MAX_LINGER), async {
+        let _ = io.shutdown().await;
+        let mut sink = [0u8; 4096];
+        while let Ok(n) = io.read(&mut sink).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
+/// A stream that first yields `prefix`, then reads from `inner`; dropped, it
+/// hands `inner` to its [`Reclaim`].
 #[derive(Debug)]
 pub struct Prefixed<T> {
     /// Bytes already read while sniffing, not yet handed to the reader.
     prefix: Bytes,
-    /// The connection itself.
-    inner: T,
+    /// The connection itself; None only after drop.
+    inner: Option<T>,
+    /// Receives `inner` on drop.
+    reclaim: Reclaim<T>,
+}
+
+impl<T> Prefixed<T> {
+    /// Where the connection goes when this is dropped.
+    pub fn reclaim(&self) -> Reclaim<T> {
+        self.reclaim.clone()
+    }
+
+    fn io(&mut self) -> io::Result<&mut T> {
+        self.inner
+            .as_mut()
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotConnected))
+    }
+}
+
+impl<T> Drop for Prefixed<T> {
+    fn drop(&mut self) {
+        if let Some(io) = self.inner.take() {
+            *self
+                .reclaim
+                .0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(io);
+        }
+    }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
@@ -78,7 +161,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
             self.prefix.advance(n);
             return Poll::Ready(Ok(()));
         }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        Pin::new(self.io()?).poll_read(cx, buf)
     }
 }
 
@@ -88,7 +171,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        Pin::new(self.io()?).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -96,27 +179,25 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        Pin::new(self.io()?).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+        self.inner.as_ref().is_some_and(|io| io.is_write_vectored())
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        Pin::new(self.io()?).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        Pin::new(self.io()?).poll_shutdown(cx)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
-    use tokio::io::AsyncWriteExt;
 
     async fn sniffed(input: &'static [u8]) -> (Protocol, Vec<u8>) {
         let (mut client, server) = tokio::io::duplex(64);
@@ -126,6 +207,12 @@ mod tests {
         let (p, mut io) = sniff(server, deadline).await.expect("sniff");
         let mut all = Vec::new();
         io.read_to_end(&mut all).await.expect("read back");
+        let reclaim = io.reclaim();
+        drop(io);
+        assert!(
+            reclaim.take().is_some(),
+            "the connection is handed back on drop"
+        );
         (p, all)
     }
 

@@ -443,8 +443,7 @@ async fn pump_response(
                     }
                     framer.consume(&chunk);
                 }
-                match send_flow_controlled(&mut down, chunk, end_deadline(ctl, end_timeout)).await
-                {
+                match send_flow_controlled(&mut down, chunk, end_deadline(ctl, end_timeout)).await {
                     Ok(()) => {}
                     Err(SendError::Gone) => return Outcome::ClientGone,
                     Err(SendError::Interrupted) => {

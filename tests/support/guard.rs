@@ -59,7 +59,9 @@ impl Drop for Backend {
 }
 
 pub async fn start_backend() -> Backend {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind backend");
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind backend");
     let addr = listener.local_addr().expect("backend addr");
     let service = BenchService::default();
     let stop = CancellationToken::new();
@@ -169,7 +171,12 @@ impl Sub {
     }
 }
 
-pub fn subscribe(client: &StreamClient<Channel>, id: &str, interval_ms: u32, payload_bytes: u32) -> Sub {
+pub fn subscribe(
+    client: &StreamClient<Channel>,
+    id: &str,
+    interval_ms: u32,
+    payload_bytes: u32,
+) -> Sub {
     let mut client = client.clone();
     let seqs = Arc::new(Mutex::new(Vec::new()));
     let rec = seqs.clone();
@@ -487,7 +494,10 @@ impl Tap {
             if let Some(t) = pick(&self.events()) {
                 return t;
             }
-            if tokio::time::timeout_at(deadline, rx.changed()).await.is_err() {
+            if tokio::time::timeout_at(deadline, rx.changed())
+                .await
+                .is_err()
+            {
                 panic!("timed out waiting for {what}; events: {:#?}", self.events());
             }
         }
