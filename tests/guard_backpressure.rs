@@ -175,10 +175,19 @@ async fn a_client_that_never_reads_is_reset_after_the_end_timeout() {
     let g = start_guard(config).await;
     let mut stream = stalled_stream(&g, "stuck").await;
     let ledger = backend.service.ledger.clone();
-    wait_until("the application to fill the windows", || {
-        ledger.last_written("stuck").is_some_and(|n| n > 20)
-    })
-    .await;
+    // Every window and buffer is full once the application stops producing.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let before = ledger.last_written("stuck");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if before.is_some() && ledger.last_written("stuck") == before {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the application never stalled"
+        );
+    }
     drainshim::drain::StreamGuard::terminate_all(&g.guard, Duration::ZERO);
     // Bounded: the stream cannot reach a safe end point (its window stays
     // shut), so it is reset after `end_timeout` instead of waiting forever.
