@@ -47,8 +47,11 @@ pub async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
 
 /// The bench backend on 127.0.0.1:0.
 pub struct Backend {
+    /// Where the guard forwards to.
     pub addr: SocketAddr,
+    /// Holds the ledger of what the application wrote.
     pub service: BenchService,
+    /// Stops the backend when the test ends.
     stop: CancellationToken,
 }
 
@@ -78,10 +81,15 @@ pub async fn start_backend() -> Backend {
 
 /// A guard serving on 127.0.0.1:0.
 pub struct RunningGuard {
+    /// The guard under test.
     pub guard: Guard,
+    /// Where clients connect.
     pub addr: SocketAddr,
+    /// The guard's metrics, read directly.
     pub metrics: Metrics,
+    /// `serve`'s shutdown token; cancelled on drop.
     pub shutdown: CancellationToken,
+    /// The `serve` task; it ends after shutdown.
     pub task: JoinHandle<()>,
 }
 
@@ -221,9 +229,13 @@ pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// GOAWAY and RST_STREAM payloads.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Frame {
+    /// Payload length.
     pub len: u32,
+    /// Frame type (DATA, HEADERS, ...).
     pub ty: u8,
+    /// Flags (END_STREAM, ACK, END_HEADERS, ...).
     pub flags: u8,
+    /// Stream id (0 for connection frames).
     pub stream: u32,
     /// GOAWAY: (last stream id, error code).
     pub goaway: Option<(u32, u32)>,
@@ -315,7 +327,9 @@ pub fn grpc_request_block(path: &str, extra: &[(&str, &str)]) -> Vec<u8> {
 /// A raw HTTP/2 client connection: it writes what it is told, however rude,
 /// and reads frames back.
 pub struct RawH2 {
+    /// The connection to the guard.
     pub tcp: TcpStream,
+    /// Bytes read but not yet parsed into a frame.
     buf: Vec<u8>,
 }
 
@@ -388,10 +402,13 @@ pub enum What {
 
 #[derive(Clone, Debug)]
 pub struct Event {
+    /// When the tap saw it.
     pub at: Instant,
     /// Index of the tapped connection, in accept order.
     pub conn: usize,
+    /// Which way the bytes flowed.
     pub dir: Dir,
+    /// What was seen.
     pub what: What,
 }
 
@@ -399,8 +416,11 @@ pub struct Event {
 /// in both directions, with the time it was seen.
 #[derive(Clone)]
 pub struct Tap {
+    /// Where clients connect instead of the guard.
     pub addr: SocketAddr,
+    /// Everything seen, in order.
     events: Arc<Mutex<Vec<Event>>>,
+    /// Bumped on every event, so waiters wake instead of polling.
     changed: watch::Sender<usize>,
 }
 
