@@ -27,6 +27,7 @@ use tokio::time::Instant;
 
 use super::accept::ConnInfo;
 use super::grpc;
+use super::lifecycle::{Action, Cause, Input, Lifecycle, Settings};
 use super::schedule::jittered_age;
 use super::sniff::{linger, Prefixed};
 use super::stream::{self, StreamJob};
@@ -39,78 +40,23 @@ const MAX_WINDOW: u32 = (1 << 31) - 1;
 
 type Io = Prefixed<TcpStream>;
 
-/// Why a connection is going away.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Cause {
-    MaxAge,
-    Drain,
-    Idle,
-}
-
-impl Cause {
-    /// The metrics label, for the causes the contract counts.
-    fn reason(self) -> Option<Reason> {
-        match self {
-            Cause::MaxAge => Some(Reason::max_age),
-            Cause::Drain => Some(Reason::drain),
-            Cause::Idle => None,
-        }
-    }
-}
-
-/// Where the connection is in its shutdown sequence.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
-    /// Accepting streams.
-    Serving,
-    /// GOAWAY(2^31-1) and PING sent; waiting for the ack until `until`.
-    AwaitingAck { until: Instant },
-    /// No new stream should arrive; open ones run on, and the connection
-    /// closes once they are done. `acked`: h2 sent the final GOAWAY itself.
-    Closing { acked: bool },
-}
-
 /// What woke the connection loop.
 enum Event {
     Stream(Box<(Request<RecvStream>, SendResponse<Bytes>)>),
     Failed(h2::Error),
     Closed,
-    /// Closing, no stream left on either side: time for the final GOAWAY.
-    Quiet,
-    Goaway(Cause),
-    Terminate,
-    MaxAge,
-    Acked,
-    AckTimeout,
-    GraceOver,
-    HeaderTimeout,
+    Input(Input),
     CountChanged,
     HardDeadline,
 }
 
-/// The connection's timers and flags, kept together so the loop reads plainly.
-struct State {
-    /// See [`Phase`].
-    phase: Phase,
-    /// Why the GOAWAY was sent, once it was.
-    cause: Option<Cause>,
-    /// Set when the jittered age passed, even if a drain GOAWAY came first:
-    /// the grace still applies.
-    max_age_reached: bool,
-    /// When the max-age grace ends and the remaining streams are ended.
-    grace_until: Option<Instant>,
-    /// The grace ended and the streams were asked to end.
-    grace_done: bool,
-    /// Until the first request head arrives: slowloris bound.
-    first_stream_by: Option<Instant>,
-    /// Since when no stream has been open (None while some are).
-    idle_since: Option<Instant>,
-    /// `terminate_all` was seen.
-    terminate_seen: bool,
-    /// The final GOAWAY was queued by us (`abrupt_shutdown`).
-    close_sent: bool,
-    /// Stop polling and drop the connection at this point.
-    close_by: Option<Instant>,
+/// The metrics label, for the causes the contract counts.
+fn metric_reason(cause: Cause) -> Option<Reason> {
+    match cause {
+        Cause::MaxAge => Some(Reason::max_age),
+        Cause::Drain => Some(Reason::drain),
+        Cause::Idle => None,
+    }
 }
 
 /// Decrements the connection's stream count when a stream task ends.
@@ -154,7 +100,9 @@ fn poll_connection(
         Poll::Ready(None) => Poll::Ready(Event::Closed),
         // `has_streams` is false only once every stream frame left h2's
         // queues, so closing now loses nothing.
-        Poll::Pending if want_quiet && !conn.has_streams() => Poll::Ready(Event::Quiet),
+        Poll::Pending if want_quiet && !conn.has_streams() => {
+            Poll::Ready(Event::Input(Input::Quiet))
+        }
         Poll::Pending => Poll::Pending,
     }
 }
@@ -204,177 +152,97 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
         .config
         .max_connection_age
         .map(|age| info.accepted_at + jittered_age(age, fastrand::f64()));
-    // Connections accepted after `goaway_all` serve the short requests that
-    // still arrive; they go away with `terminate_all`.
-    let watch_goaway = !inner.goaway.is_cancelled();
-    // A connection accepted while terminating goes away after answering its
-    // first stream, not at once: a GOAWAY racing the client's first request
-    // makes some clients (hyper, so tonic) fail that request with a
-    // non-retryable error instead of receiving the retryable refusal.
-    let defer_goaway = inner.terminate.is_cancelled();
-    let mut st = State {
-        phase: Phase::Serving,
-        cause: None,
-        max_age_reached: false,
-        grace_until: None,
-        grace_done: false,
-        first_stream_by: Some(first_stream_by),
-        idle_since: Some(Instant::now()),
-        terminate_seen: false,
-        close_sent: false,
-        close_by: None,
-    };
+    let mut life = Lifecycle::new(
+        Settings {
+            age_at,
+            grace: inner.config.max_connection_age_grace,
+            ack_timeout: l.goaway_ack_timeout,
+            idle_timeout: l.idle_timeout,
+            end_timeout: l.end_timeout,
+            shutdown_timeout: l.shutdown_timeout,
+            first_stream_by,
+            watch_goaway: !inner.goaway.is_cancelled(),
+            defer_goaway: inner.terminate.is_cancelled(),
+        },
+        Instant::now(),
+    );
     tracing::debug!(peer = %info.peer, conn = info.id, ?age_at, "guard: HTTP/2 connection");
 
     loop {
-        let count = *count_tx.borrow();
-        let closing = matches!(st.phase, Phase::Closing { .. });
-        let want_quiet = closing && !st.close_sent && count == 0;
-        let ack_until = match st.phase {
-            Phase::AwaitingAck { until } => Some(until),
-            _ => None,
-        };
-        let idle_at = match st.phase {
-            Phase::Serving => st.idle_since.map(|t| t + l.idle_timeout),
-            _ => None,
-        };
-        let age = age_at.filter(|_| !st.max_age_reached);
-        let grace = st.grace_until.filter(|_| !st.grace_done);
+        let d = life.deadlines();
+        let want_quiet = life.wants_quiet();
         // Signals and timers first, so a busy connection cannot starve them;
         // the connection itself is polled on every turn.
         let event = tokio::select! {
             biased;
-            _ = sleep_until_opt(st.close_by) => Event::HardDeadline,
-            _ = inner.terminate.cancelled(), if !st.terminate_seen => Event::Terminate,
-            _ = inner.goaway.cancelled(), if watch_goaway && st.cause.is_none() => Event::Goaway(Cause::Drain),
-            _ = sleep_until_opt(age) => Event::MaxAge,
-            _ = pong(&mut pings), if ack_until.is_some() => Event::Acked,
-            _ = sleep_until_opt(ack_until) => Event::AckTimeout,
-            _ = sleep_until_opt(grace) => Event::GraceOver,
-            _ = sleep_until_opt(st.first_stream_by) => Event::HeaderTimeout,
-            _ = sleep_until_opt(idle_at) => Event::Goaway(Cause::Idle),
+            _ = sleep_until_opt(d.close_by) => Event::HardDeadline,
+            _ = inner.terminate.cancelled(), if life.watches_terminate() => Event::Input(Input::Terminate),
+            _ = inner.goaway.cancelled(), if life.watches_goaway() => Event::Input(Input::GoawayAll),
+            _ = sleep_until_opt(d.age) => Event::Input(Input::AgeReached),
+            _ = pong(&mut pings), if life.awaits_ack() => Event::Input(Input::Acked),
+            _ = sleep_until_opt(d.ack) => Event::Input(Input::AckTimedOut),
+            _ = sleep_until_opt(d.grace) => Event::Input(Input::GraceOver),
+            _ = sleep_until_opt(d.first_stream) => Event::Input(Input::HeaderTimedOut),
+            _ = sleep_until_opt(d.idle) => Event::Input(Input::IdleTimedOut),
             _ = count_rx.changed() => Event::CountChanged,
             e = poll_fn(|cx| poll_connection(&mut conn, cx, want_quiet)) => e,
         };
         let now = Instant::now();
-        match event {
+        let input = match event {
             Event::Stream(s) => {
                 let (req, respond) = *s;
-                st.first_stream_by = None;
-                admit(inner, &upstream, &count_tx, &st, info, req, respond);
-                if st.terminate_seen && st.cause.is_none() {
-                    start_goaway(inner, &mut conn, &mut pings, &mut st, Cause::Drain, now);
-                }
+                admit(inner, &upstream, &count_tx, &life, info, req, respond);
+                Input::StreamAccepted
             }
             Event::Failed(e) => {
                 tracing::debug!(peer = %info.peer, conn = info.id, error = %e, "guard: HTTP/2 connection failed");
                 break;
             }
             Event::Closed => break,
-            Event::Quiet => {
-                // Sends GOAWAY(last processed stream, NO_ERROR) unless h2
-                // already sent that exact frame, then closes after flushing.
-                conn.abrupt_shutdown(h2::Reason::NO_ERROR);
-                st.close_sent = true;
+            Event::HardDeadline => {
+                tracing::debug!(peer = %info.peer, conn = info.id, "guard: closing deadline reached; dropping the connection");
+                break;
             }
-            Event::Goaway(cause) => {
-                if st.cause.is_none() {
-                    start_goaway(inner, &mut conn, &mut pings, &mut st, cause, now);
-                }
-            }
-            Event::Terminate => {
-                st.terminate_seen = true;
-                if st.cause.is_none() && !defer_goaway {
-                    start_goaway(inner, &mut conn, &mut pings, &mut st, Cause::Drain, now);
-                }
-                // The drain's schedule ends the streams; nothing more here.
-            }
-            Event::MaxAge => {
-                st.max_age_reached = true;
-                if st.cause.is_none() {
-                    start_goaway(inner, &mut conn, &mut pings, &mut st, Cause::MaxAge, now);
-                } else if matches!(st.phase, Phase::Closing { .. }) && st.grace_until.is_none() {
-                    st.grace_until = Some(now + inner.config.max_connection_age_grace);
-                }
-            }
-            Event::Acked => enter_closing(inner, &mut st, true, now),
-            Event::AckTimeout => {
+            Event::CountChanged => Input::Streams(*count_rx.borrow_and_update()),
+            Event::Input(Input::AckTimedOut) => {
                 tracing::info!(
                     peer = %info.peer,
                     conn = info.id,
                     timeout = ?l.goaway_ack_timeout,
                     "guard: no PING ack after GOAWAY; refusing new streams and sending the final GOAWAY once idle"
                 );
-                enter_closing(inner, &mut st, false, now);
+                Input::AckTimedOut
             }
-            Event::GraceOver => {
-                st.grace_done = true;
-                tracing::debug!(peer = %info.peer, conn = info.id, streams = count, "guard: max connection age grace over; ending streams");
+            Event::Input(i) => i,
+        };
+        match life.step(input, now) {
+            None => {}
+            Some(Action::Goaway(cause)) => {
+                tracing::debug!(peer = %info.peer, conn = info.id, ?cause, "guard: GOAWAY");
+                conn.graceful_shutdown();
+                if let Some(reason) = metric_reason(cause) {
+                    inner.record_goaway(reason);
+                }
+                // Queued behind h2's shutdown PING; its ack proves the final
+                // GOAWAY went out.
+                if let Some(p) = pings.as_mut() {
+                    if let Err(e) = p.send_ping(Ping::opaque()) {
+                        tracing::debug!(error = %e, "guard: could not queue the GOAWAY ack probe; relying on the timeout");
+                        pings = None;
+                    }
+                }
+            }
+            Some(Action::EndStreams) => {
+                tracing::debug!(peer = %info.peer, conn = info.id, "guard: max connection age grace over; ending streams");
                 inner.registry.end_connection(info.id, Reason::max_age);
-                // Every stream bounds its own ending; this is the backstop.
-                let bound = now + l.end_timeout + l.shutdown_timeout;
-                st.close_by = Some(st.close_by.map_or(bound, |c| c.min(bound)));
             }
-            Event::HeaderTimeout => {
-                tracing::debug!(peer = %info.peer, conn = info.id, "guard: no request within the header read timeout; closing");
-                st.first_stream_by = None;
-                conn.abrupt_shutdown(h2::Reason::NO_ERROR);
-                st.close_sent = true;
-                st.phase = Phase::Closing { acked: false };
-            }
-            Event::CountChanged => {
-                let n = *count_rx.borrow_and_update();
-                st.idle_since = if n == 0 { Some(now) } else { None };
-            }
-            Event::HardDeadline => {
-                tracing::debug!(peer = %info.peer, conn = info.id, "guard: closing deadline reached; dropping the connection");
-                break;
-            }
-        }
-        // Nothing left to serve: flush and close within the bound.
-        if matches!(st.phase, Phase::Closing { .. }) && *count_tx.borrow() == 0 {
-            let bound = now + l.shutdown_timeout;
-            st.close_by = Some(st.close_by.map_or(bound, |c| c.min(bound)));
+            // Sends GOAWAY(last processed stream, NO_ERROR) unless h2 already
+            // sent that exact frame, then closes after flushing. Only asked
+            // for when no stream is open: it would fail open streams.
+            Some(Action::Close) => conn.abrupt_shutdown(h2::Reason::NO_ERROR),
         }
     }
     upstream.close();
-}
-
-/// GOAWAY(2^31-1) + PING now; the final GOAWAY follows the ack.
-fn start_goaway(
-    inner: &Inner,
-    conn: &mut Connection<Io, Bytes>,
-    pings: &mut Option<PingPong>,
-    st: &mut State,
-    cause: Cause,
-    now: Instant,
-) {
-    st.cause = Some(cause);
-    if cause == Cause::MaxAge {
-        st.max_age_reached = true;
-    }
-    conn.graceful_shutdown();
-    if let Some(reason) = cause.reason() {
-        inner.record_goaway(reason);
-    }
-    // Queued behind h2's shutdown PING; its ack proves the final GOAWAY went out.
-    if let Some(p) = pings.as_mut() {
-        if let Err(e) = p.send_ping(Ping::opaque()) {
-            tracing::debug!(error = %e, "guard: could not queue the GOAWAY ack probe; relying on the timeout");
-            *pings = None;
-        }
-    }
-    st.phase = Phase::AwaitingAck {
-        until: now + inner.config.limits.goaway_ack_timeout,
-    };
-}
-
-/// No new stream will arrive: start the max-age grace if it applies.
-fn enter_closing(inner: &Inner, st: &mut State, acked: bool, now: Instant) {
-    st.phase = Phase::Closing { acked };
-    if st.max_age_reached && st.grace_until.is_none() {
-        st.grace_until = Some(now + inner.config.max_connection_age_grace);
-    }
 }
 
 /// Starts a stream task, or refuses the stream retryably.
@@ -382,13 +250,13 @@ fn admit(
     inner: &Arc<Inner>,
     upstream: &Arc<H2Upstream>,
     count: &Arc<watch::Sender<usize>>,
-    st: &State,
+    life: &Lifecycle,
     info: ConnInfo,
     req: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
 ) {
     let grpc = grpc::is_grpc(req.headers());
-    if st.phase == (Phase::Closing { acked: false }) {
+    if life.refuses_streams() {
         // The client ignored GOAWAY(2^31-1). REFUSED_STREAM tells it the
         // request was not processed and is safe to retry.
         respond.send_reset(h2::Reason::REFUSED_STREAM);
