@@ -168,3 +168,103 @@ async fn connections_of_the_same_age_go_away_at_different_times() {
     })
     .await;
 }
+
+/// A client that never acks the PING after GOAWAY(2^31-1): the guard stops
+/// waiting after `goaway_ack_timeout`, refuses new streams with
+/// REFUSED_STREAM (safe to retry), still runs the grace, ends the open
+/// stream with trailers, and sends the final GOAWAY before closing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_acks_the_ping_is_bounded() {
+    use drainshim::guard::Limits;
+    use prost::Message;
+
+    let backend = start_backend().await;
+    let mut config = GuardConfig::new(backend.addr);
+    config.max_connection_age = Some(Duration::from_millis(500));
+    config.max_connection_age_grace = Duration::from_millis(500);
+    config.limits = Limits {
+        goaway_ack_timeout: Duration::from_millis(300),
+        ..Limits::default()
+    };
+    let g = start_guard(config).await;
+    let mut raw = RawH2::connect(g.addr).await;
+    let path = "/drainshim.bench.v1.Stream/Subscribe";
+    let request = drainshim::proto::bench::SubscribeRequest {
+        stream_id: "no-ack".to_string(),
+        count: 0,
+        interval_ms: 50,
+        payload_bytes: 0,
+    }
+    .encode_to_vec();
+    let mut message = vec![0u8];
+    message.extend_from_slice(&(request.len() as u32).to_be_bytes());
+    message.extend_from_slice(&request);
+    let block = grpc_request_block(path, &[]);
+    raw.send(&encode_frame(HEADERS, END_HEADERS, 1, &block))
+        .await
+        .expect("headers");
+    raw.send(&encode_frame(DATA, END_STREAM, 1, &message))
+        .await
+        .expect("data");
+
+    let first = within("GOAWAY(2^31-1)", raw.until(|f| f.ty == GOAWAY))
+        .await
+        .expect("a GOAWAY");
+    assert_eq!(first.goaway, Some((MAX_STREAM_ID, 0)));
+    within(
+        "the PING",
+        raw.until(|f| f.ty == PING && f.flags & ACK == 0),
+    )
+    .await
+    .expect("a PING");
+    // Not acked. Streams opened meanwhile are still served (they may have
+    // been in flight); once the guard stops waiting, new ones are refused.
+    let refused = within("REFUSED_STREAM for a late stream", async {
+        let mut id = 3;
+        loop {
+            raw.send(&encode_frame(HEADERS, END_HEADERS | END_STREAM, id, &block))
+                .await
+                .expect("late headers");
+            let f = raw
+                .until(|f| f.stream == id && (f.ty == RST_STREAM || f.flags & END_STREAM != 0))
+                .await
+                .expect("an answer");
+            if f.ty == RST_STREAM {
+                return f;
+            }
+            id += 2;
+        }
+    })
+    .await;
+    assert_eq!(refused.rst, Some(REFUSED_STREAM));
+    // The grace ends with trailers on stream 1, then the final GOAWAY, then EOF.
+    let mut frames = Vec::new();
+    while let Some(f) = within("the end of the connection", raw.next_frame()).await {
+        frames.push(f);
+    }
+    let trailers = frames
+        .iter()
+        .position(|f| f.ty == HEADERS && f.stream == 1 && f.flags & END_STREAM != 0)
+        .expect("trailers on stream 1");
+    let last = frames
+        .iter()
+        .position(|f| f.ty == GOAWAY)
+        .expect("a final GOAWAY");
+    assert!(
+        trailers < last,
+        "trailers before the final GOAWAY: {frames:?}"
+    );
+    assert_eq!(
+        frames[last].goaway,
+        Some((refused.stream, 0)),
+        "last processed stream, NO_ERROR"
+    );
+    assert!(
+        !frames.iter().any(|f| f.ty == RST_STREAM && f.stream == 1),
+        "the open stream is ended, not reset"
+    );
+    wait_until("the termination to be counted", || {
+        g.streams_terminated(Reason::max_age) == 1
+    })
+    .await;
+}

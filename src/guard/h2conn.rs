@@ -1,6 +1,7 @@
 //! One downstream HTTP/2 connection: the h2 server side, its shutdown
 //! sequence (max connection age, drain, idle, slow first request) and the
-//! hand-off of each stream to [`super::stream`].
+//! hand-off of each stream to [`super::stream`]. What to do when is decided
+//! by the pure [`super::lifecycle`] machine; this module performs it.
 //!
 //! The GOAWAY sequence: h2's `graceful_shutdown` sends GOAWAY(2^31-1,
 //! NO_ERROR) and a PING; on the PING ack h2 itself sends GOAWAY(last
@@ -89,6 +90,8 @@ async fn pong(pings: &mut Option<PingPong>) {
 }
 
 /// Drives the connection and reports a new stream, its end, or quiet.
+/// (`poll_accept` is what h2's `accept()` polls; it is used directly so the
+/// stream count can be checked right after each turn of the connection.)
 fn poll_connection(
     conn: &mut Connection<Io, Bytes>,
     cx: &mut Context<'_>,
