@@ -11,6 +11,7 @@ pub mod control;
 pub mod drain;
 pub mod envoy;
 pub mod fleet;
+pub mod guard;
 pub mod http;
 pub mod inventory;
 pub mod metrics;

@@ -1,0 +1,111 @@
+//! The accept loop, raced against shutdown, and the hand-off of each
+//! connection to the HTTP/2 or HTTP/1.1 driver.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::sniff::{sniff, Protocol, MAX_LINGER};
+use super::{h1, h2conn, Guard, Inner};
+use crate::drain::StreamGuard;
+
+/// Pause after a failed accept (typically EMFILE), so the loop does not spin
+/// while descriptors are exhausted.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Who a connection is, for the drivers and the logs.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnInfo {
+    /// Unique per guard; ties streams to their connection.
+    pub id: u64,
+    /// The client (Envoy, usually), for logs.
+    pub peer: SocketAddr,
+    /// When the connection was accepted: the age and header timeouts count from here.
+    pub accepted_at: Instant,
+}
+
+/// Keeps `active_connections` right however a connection task ends.
+struct Live(Arc<Inner>);
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+pub async fn serve(guard: Guard, listener: TcpListener, shutdown: CancellationToken) {
+    let inner = guard.inner.clone();
+    let local = listener.local_addr().ok();
+    tracing::info!(listen = ?local, upstream = %inner.config.upstream, "guard: serving");
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break,
+            r = listener.accept() => r,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(listen = ?local, error = %e, "guard: accept failed; backing off");
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(ACCEPT_BACKOFF) => continue,
+                }
+            }
+        };
+        let info = ConnInfo {
+            id: inner.next_connection.fetch_add(1, Ordering::Relaxed),
+            peer,
+            accepted_at: Instant::now(),
+        };
+        inner.connections.fetch_add(1, Ordering::Relaxed);
+        let live = Live(inner.clone());
+        inner.tasks.spawn(async move {
+            let inner = live.0.clone();
+            connection(inner, tcp, info).await;
+            drop(live);
+        });
+    }
+    drop(listener);
+
+    // Shutdown: end what is left gracefully, at once, and wait for the
+    // connections to flush and close. Every connection bounds its own close,
+    // so this wait is bounded too; the timeout is a second line of defence.
+    inner.closing.cancel();
+    guard.terminate_all(Duration::ZERO);
+    inner.tasks.close();
+    let l = &inner.config.limits;
+    // Ack wait, ending, flush, then the lingering close.
+    let bound =
+        l.goaway_ack_timeout + l.end_timeout + l.shutdown_timeout + MAX_LINGER + ACCEPT_BACKOFF;
+    if tokio::time::timeout(bound, inner.tasks.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            connections = guard.active_connections(),
+            ?bound,
+            "guard: connections still open after shutdown; leaving them"
+        );
+    }
+    tracing::info!(listen = ?local, "guard: stopped");
+}
+
+/// Serves one connection with the protocol its first bytes announce.
+async fn connection(inner: Arc<Inner>, tcp: TcpStream, info: ConnInfo) {
+    // gRPC messages are small and latency matters more than packet count.
+    let _ = tcp.set_nodelay(true);
+    let deadline = info.accepted_at + inner.config.limits.header_read_timeout;
+    match sniff(tcp, deadline).await {
+        Ok((Protocol::Http2, io)) => h2conn::serve(inner, io, info).await,
+        Ok((Protocol::Http1, io)) => h1::serve(inner, io, info).await,
+        Err(e) => {
+            tracing::debug!(peer = %info.peer, error = %e, "guard: connection closed before a request")
+        }
+    }
+}

@@ -1,0 +1,296 @@
+//! One downstream HTTP/2 connection: the h2 server side, its shutdown
+//! sequence (max connection age, drain, idle, slow first request) and the
+//! hand-off of each stream to [`super::stream`]. What to do when is decided
+//! by the pure [`super::lifecycle`] machine; this module performs it.
+//!
+//! The GOAWAY sequence: h2's `graceful_shutdown` sends GOAWAY(2^31-1,
+//! NO_ERROR) and a PING; on the PING ack h2 itself sends GOAWAY(last
+//! processed stream). h2 has no timeout for that ack and does not report it,
+//! so the guard queues a PING of its own right after: h2 sends user PINGs
+//! only once the shutdown PING is acked, so the ack of ours proves the final
+//! GOAWAY is on the wire. If no ack comes within `goaway_ack_timeout`, the
+//! guard refuses any new stream itself (REFUSED_STREAM, which is safe to
+//! retry) and sends the final GOAWAY with `abrupt_shutdown(NO_ERROR)` once no
+//! stream is left: `abrupt_shutdown` fails every open stream, so it is only
+//! used when there are none.
+
+use std::future::poll_fn;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use h2::server::{Connection, SendResponse};
+use h2::{Ping, PingPong, RecvStream};
+use http::Request;
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::accept::ConnInfo;
+use super::grpc;
+use super::lifecycle::{Action, Cause, Input, Lifecycle, Settings};
+use super::schedule::jittered_age;
+use super::sniff::{linger, Prefixed};
+use super::stream::{self, StreamJob};
+use super::upstream::H2Upstream;
+use super::Inner;
+use crate::metrics::Reason;
+
+/// Largest window h2 accepts (2^31-1); larger configured values are clamped.
+const MAX_WINDOW: u32 = (1 << 31) - 1;
+
+type Io = Prefixed<TcpStream>;
+
+/// What woke the connection loop.
+enum Event {
+    Stream(Box<(Request<RecvStream>, SendResponse<Bytes>)>),
+    Failed(h2::Error),
+    Closed,
+    Input(Input),
+    CountChanged,
+    HardDeadline,
+}
+
+/// The metrics label, for the causes the contract counts.
+fn metric_reason(cause: Cause) -> Option<Reason> {
+    match cause {
+        Cause::MaxAge => Some(Reason::max_age),
+        Cause::Drain => Some(Reason::drain),
+        Cause::Idle => None,
+    }
+}
+
+/// Decrements the connection's stream count when a stream task ends.
+pub struct CountGuard(Arc<watch::Sender<usize>>);
+
+impl Drop for CountGuard {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn pong(pings: &mut Option<PingPong>) {
+    match pings {
+        Some(p) => {
+            // An error means the connection is gone; the connection poll
+            // reports that, so this branch just stays quiet.
+            if poll_fn(|cx| p.poll_pong(cx)).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Drives the connection and reports a new stream, its end, or quiet.
+/// (`poll_accept` is what h2's `accept()` polls; it is used directly so the
+/// stream count can be checked right after each turn of the connection.)
+fn poll_connection(
+    conn: &mut Connection<Io, Bytes>,
+    cx: &mut Context<'_>,
+    want_quiet: bool,
+) -> Poll<Event> {
+    match conn.poll_accept(cx) {
+        Poll::Ready(Some(Ok(s))) => Poll::Ready(Event::Stream(Box::new(s))),
+        Poll::Ready(Some(Err(e))) => Poll::Ready(Event::Failed(e)),
+        Poll::Ready(None) => Poll::Ready(Event::Closed),
+        // `has_streams` is false only once every stream frame left h2's
+        // queues, so closing now loses nothing.
+        Poll::Pending if want_quiet && !conn.has_streams() => {
+            Poll::Ready(Event::Input(Input::Quiet))
+        }
+        Poll::Pending => Poll::Pending,
+    }
+}
+
+pub async fn serve(inner: Arc<Inner>, io: Io, info: ConnInfo) {
+    let reclaim = io.reclaim();
+    drive(&inner, io, info).await;
+    // The h2 connection is dropped: close the socket without an RST.
+    if let Some(tcp) = reclaim.take() {
+        linger(tcp, inner.config.limits.shutdown_timeout).await;
+    }
+    tracing::debug!(peer = %info.peer, conn = info.id, "guard: HTTP/2 connection closed");
+}
+
+async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
+    let l = inner.config.limits;
+    let mut builder = h2::server::Builder::new();
+    builder
+        .max_concurrent_streams(l.max_concurrent_streams)
+        .max_header_list_size(l.max_header_list_size)
+        .initial_window_size(l.stream_window.min(MAX_WINDOW))
+        .initial_connection_window_size(l.connection_window.min(MAX_WINDOW))
+        .max_send_buffer_size(l.max_send_buffer_size)
+        .max_pending_accept_reset_streams(l.max_pending_accept_reset_streams)
+        .max_local_error_reset_streams(Some(l.max_local_error_reset_streams));
+    let first_stream_by = info.accepted_at + l.header_read_timeout;
+    let mut conn = match tokio::time::timeout_at(first_stream_by, builder.handshake(io)).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            tracing::debug!(peer = %info.peer, error = %e, "guard: HTTP/2 handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(peer = %info.peer, "guard: no HTTP/2 SETTINGS within the header read timeout");
+            return;
+        }
+    };
+    let mut pings = conn.ping_pong();
+    let upstream = Arc::new(H2Upstream::new(
+        inner.config.upstream,
+        l,
+        inner.tasks.clone(),
+    ));
+    let (count_tx, mut count_rx) = watch::channel(0usize);
+    let count_tx = Arc::new(count_tx);
+    let age_at = inner
+        .config
+        .max_connection_age
+        .map(|age| info.accepted_at + jittered_age(age, fastrand::f64()));
+    let mut life = Lifecycle::new(
+        Settings {
+            age_at,
+            grace: inner.config.max_connection_age_grace,
+            ack_timeout: l.goaway_ack_timeout,
+            idle_timeout: l.idle_timeout,
+            end_timeout: l.end_timeout,
+            shutdown_timeout: l.shutdown_timeout,
+            first_stream_by,
+            watch_goaway: !inner.goaway.is_cancelled(),
+            defer_goaway: inner.terminate.is_cancelled(),
+        },
+        Instant::now(),
+    );
+    tracing::debug!(peer = %info.peer, conn = info.id, ?age_at, "guard: HTTP/2 connection");
+
+    loop {
+        let d = life.deadlines();
+        let want_quiet = life.wants_quiet();
+        // Signals and timers first, so a busy connection cannot starve them;
+        // the connection itself is polled on every turn.
+        let event = tokio::select! {
+            biased;
+            _ = sleep_until_opt(d.close_by) => Event::HardDeadline,
+            _ = inner.terminate.cancelled(), if life.watches_terminate() => Event::Input(Input::Terminate),
+            _ = inner.goaway.cancelled(), if life.watches_goaway() => Event::Input(Input::GoawayAll),
+            _ = sleep_until_opt(d.age) => Event::Input(Input::AgeReached),
+            _ = pong(&mut pings), if life.awaits_ack() => Event::Input(Input::Acked),
+            _ = sleep_until_opt(d.ack) => Event::Input(Input::AckTimedOut),
+            _ = sleep_until_opt(d.grace) => Event::Input(Input::GraceOver),
+            _ = sleep_until_opt(d.first_stream) => Event::Input(Input::HeaderTimedOut),
+            _ = sleep_until_opt(d.idle) => Event::Input(Input::IdleTimedOut),
+            _ = count_rx.changed() => Event::CountChanged,
+            e = poll_fn(|cx| poll_connection(&mut conn, cx, want_quiet)) => e,
+        };
+        let now = Instant::now();
+        let input = match event {
+            Event::Stream(s) => {
+                let (req, respond) = *s;
+                admit(inner, &upstream, &count_tx, &life, info, req, respond);
+                Input::StreamAccepted
+            }
+            Event::Failed(e) => {
+                tracing::debug!(peer = %info.peer, conn = info.id, error = %e, "guard: HTTP/2 connection failed");
+                break;
+            }
+            Event::Closed => break,
+            Event::HardDeadline => {
+                tracing::debug!(peer = %info.peer, conn = info.id, "guard: closing deadline reached; dropping the connection");
+                break;
+            }
+            Event::CountChanged => Input::Streams(*count_rx.borrow_and_update()),
+            Event::Input(Input::AckTimedOut) => {
+                tracing::info!(
+                    peer = %info.peer,
+                    conn = info.id,
+                    timeout = ?l.goaway_ack_timeout,
+                    "guard: no PING ack after GOAWAY; refusing new streams and sending the final GOAWAY once idle"
+                );
+                Input::AckTimedOut
+            }
+            Event::Input(i) => i,
+        };
+        match life.step(input, now) {
+            None => {}
+            Some(Action::Goaway(cause)) => {
+                tracing::debug!(peer = %info.peer, conn = info.id, ?cause, "guard: GOAWAY");
+                conn.graceful_shutdown();
+                if let Some(reason) = metric_reason(cause) {
+                    inner.record_goaway(reason);
+                }
+                // Queued behind h2's shutdown PING; its ack proves the final
+                // GOAWAY went out.
+                if let Some(p) = pings.as_mut() {
+                    if let Err(e) = p.send_ping(Ping::opaque()) {
+                        tracing::debug!(error = %e, "guard: could not queue the GOAWAY ack probe; relying on the timeout");
+                        pings = None;
+                    }
+                }
+            }
+            Some(Action::EndStreams) => {
+                tracing::debug!(peer = %info.peer, conn = info.id, "guard: max connection age grace over; ending streams");
+                inner.registry.end_connection(info.id, Reason::max_age);
+            }
+            // Sends GOAWAY(last processed stream, NO_ERROR) unless h2 already
+            // sent that exact frame, then closes after flushing. Only asked
+            // for when no stream is open: it would fail open streams.
+            Some(Action::Close) => conn.abrupt_shutdown(h2::Reason::NO_ERROR),
+        }
+    }
+    upstream.close();
+}
+
+/// Starts a stream task, or refuses the stream retryably.
+fn admit(
+    inner: &Arc<Inner>,
+    upstream: &Arc<H2Upstream>,
+    count: &Arc<watch::Sender<usize>>,
+    life: &Lifecycle,
+    info: ConnInfo,
+    req: Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+) {
+    let grpc = grpc::is_grpc(req.headers());
+    if life.refuses_streams() {
+        // The client ignored GOAWAY(2^31-1). REFUSED_STREAM tells it the
+        // request was not processed and is safe to retry.
+        respond.send_reset(h2::Reason::REFUSED_STREAM);
+        return;
+    }
+    let Some(registered) = inner.registry.register(info.id, grpc) else {
+        refuse_draining(&mut respond, grpc);
+        return;
+    };
+    count.send_modify(|n| *n += 1);
+    let job = StreamJob {
+        inner: inner.clone(),
+        upstream: upstream.clone(),
+        registered,
+        count: CountGuard(count.clone()),
+        req,
+        respond,
+        peer: info.peer,
+    };
+    inner.tasks.spawn(stream::proxy(job));
+}
+
+/// The answer to a new stream while terminating: trailers-only UNAVAILABLE
+/// for gRPC, REFUSED_STREAM (not processed, safe to retry) for others.
+fn refuse_draining(respond: &mut SendResponse<Bytes>, grpc: bool) {
+    if grpc {
+        let resp = grpc::unavailable_response(grpc::REFUSED_MESSAGE);
+        if respond.send_response(resp, true).is_err() {
+            respond.send_reset(h2::Reason::REFUSED_STREAM);
+        }
+    } else {
+        respond.send_reset(h2::Reason::REFUSED_STREAM);
+    }
+}

@@ -1,0 +1,470 @@
+//! The life of one HTTP/2 connection through the guard, as a pure state
+//! machine: which deadline is next, and what the connection loop must do
+//! when something happens. No I/O; the time is passed in.
+//!
+//! Serving ──(max age | goaway_all | terminate_all | idle)──▶ AwaitingAck
+//!   ──(PING ack | ack timeout)──▶ Closing ──(no stream left)──▶ closed.
+//!
+//! In Closing, the max-age grace runs (if the age was reached); when it is
+//! over the connection's streams are ended. Once no stream is left the final
+//! GOAWAY is sent and the connection closes, within `shutdown_timeout`.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Why a connection is going away.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    MaxAge,
+    Drain,
+    Idle,
+}
+
+/// Where the connection is in its shutdown sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Accepting streams.
+    Serving,
+    /// GOAWAY(2^31-1) and PING sent; waiting for the ack until `until`.
+    AwaitingAck { until: Instant },
+    /// No new stream should arrive; open ones run on, and the connection
+    /// closes once they are done. `acked`: h2 sent the final GOAWAY itself.
+    Closing { acked: bool },
+}
+
+/// What happened to the connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Input {
+    /// A stream was accepted (admitted or refused).
+    StreamAccepted,
+    /// The number of streams the guard proxies on this connection changed.
+    Streams(usize),
+    /// `goaway_all` was called.
+    GoawayAll,
+    /// `terminate_all` was called (or the guard shuts down).
+    Terminate,
+    /// The connection's jittered max age passed.
+    AgeReached,
+    /// The PING after GOAWAY(2^31-1) was acked.
+    Acked,
+    /// The ack did not come in time.
+    AckTimedOut,
+    /// The max-age grace is over.
+    GraceOver,
+    /// No request head arrived in time.
+    HeaderTimedOut,
+    /// No stream for `idle_timeout`.
+    IdleTimedOut,
+    /// Closing, and h2 holds no stream either: nothing is left to flush.
+    Quiet,
+}
+
+/// What the connection loop must do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// GOAWAY(2^31-1) + PING (and count the GOAWAY when the cause is counted).
+    Goaway(Cause),
+    /// End this connection's streams gracefully: the max-age grace is over.
+    EndStreams,
+    /// Send GOAWAY(last processed stream) and close after flushing.
+    Close,
+}
+
+/// The fixed inputs of one connection's life.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// When the jittered max age passes, if there is one.
+    pub age_at: Option<Instant>,
+    /// Streams still open this long after the max-age GOAWAY are ended.
+    pub grace: Duration,
+    /// Bound on the wait for the PING ack.
+    pub ack_timeout: Duration,
+    /// A connection without streams this long goes away.
+    pub idle_timeout: Duration,
+    /// How long ending streams may take; part of the close backstop.
+    pub end_timeout: Duration,
+    /// How long a connection with nothing left is still polled.
+    pub shutdown_timeout: Duration,
+    /// The first request head must arrive by then.
+    pub first_stream_by: Instant,
+    /// False for connections accepted after `goaway_all`: they serve the
+    /// short requests that still arrive and go away with `terminate_all`.
+    pub watch_goaway: bool,
+    /// True for connections accepted while terminating: they go away after
+    /// answering their first stream, not at once, so the GOAWAY does not race
+    /// the client's first request.
+    pub defer_goaway: bool,
+}
+
+/// Every deadline the connection loop waits on; None means not armed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Deadlines {
+    /// Stop polling and drop the connection.
+    pub close_by: Option<Instant>,
+    pub age: Option<Instant>,
+    pub ack: Option<Instant>,
+    pub grace: Option<Instant>,
+    pub first_stream: Option<Instant>,
+    pub idle: Option<Instant>,
+}
+
+/// One connection's state.
+#[derive(Clone, Debug)]
+pub struct Lifecycle {
+    /// Fixed at accept.
+    settings: Settings,
+    /// See [`Phase`].
+    phase: Phase,
+    /// Why the GOAWAY was sent, once it was.
+    cause: Option<Cause>,
+    /// The age passed, even if a drain GOAWAY came first: the grace applies.
+    max_age_reached: bool,
+    /// When the max-age grace ends.
+    grace_until: Option<Instant>,
+    /// The grace ended and the streams were asked to end.
+    grace_done: bool,
+    /// Until a request head arrives: the slowloris bound.
+    first_stream_by: Option<Instant>,
+    /// Since when no stream has been open (None while some are).
+    idle_since: Option<Instant>,
+    /// Streams the guard proxies on this connection.
+    streams: usize,
+    /// `terminate_all` was seen.
+    terminate_seen: bool,
+    /// The final GOAWAY was requested by us.
+    close_sent: bool,
+    /// Stop polling and drop the connection at this point.
+    close_by: Option<Instant>,
+}
+
+impl Lifecycle {
+    pub fn new(settings: Settings, now: Instant) -> Self {
+        Self {
+            settings,
+            phase: Phase::Serving,
+            cause: None,
+            max_age_reached: false,
+            grace_until: None,
+            grace_done: false,
+            first_stream_by: Some(settings.first_stream_by),
+            idle_since: Some(now),
+            streams: 0,
+            terminate_seen: false,
+            close_sent: false,
+            close_by: None,
+        }
+    }
+
+    #[cfg(test)]
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// The deadlines armed right now.
+    pub fn deadlines(&self) -> Deadlines {
+        Deadlines {
+            close_by: self.close_by,
+            age: self.settings.age_at.filter(|_| !self.max_age_reached),
+            ack: match self.phase {
+                Phase::AwaitingAck { until } => Some(until),
+                _ => None,
+            },
+            grace: self.grace_until.filter(|_| !self.grace_done),
+            first_stream: self.first_stream_by,
+            idle: match self.phase {
+                Phase::Serving => self.idle_since.map(|t| t + self.settings.idle_timeout),
+                _ => None,
+            },
+        }
+    }
+
+    /// Whether `goaway_all` still matters to this connection.
+    pub fn watches_goaway(&self) -> bool {
+        self.settings.watch_goaway && self.cause.is_none()
+    }
+
+    /// Whether `terminate_all` still matters to this connection.
+    pub fn watches_terminate(&self) -> bool {
+        !self.terminate_seen
+    }
+
+    /// Whether the PING ack is awaited.
+    pub fn awaits_ack(&self) -> bool {
+        matches!(self.phase, Phase::AwaitingAck { .. })
+    }
+
+    /// New streams are refused with REFUSED_STREAM: the client ignored
+    /// GOAWAY(2^31-1) and no final GOAWAY told it where the cut is.
+    pub fn refuses_streams(&self) -> bool {
+        self.phase == (Phase::Closing { acked: false })
+    }
+
+    /// Whether the loop should report [`Input::Quiet`] when h2 holds no stream.
+    pub fn wants_quiet(&self) -> bool {
+        matches!(self.phase, Phase::Closing { .. }) && !self.close_sent && self.streams == 0
+    }
+
+    /// Advances the machine.
+    pub fn step(&mut self, input: Input, now: Instant) -> Option<Action> {
+        let action = self.transition(input, now);
+        if matches!(self.phase, Phase::Closing { .. }) && self.streams == 0 {
+            // Nothing left to serve: flush and close within the bound.
+            self.close_by_at_most(now + self.settings.shutdown_timeout);
+        }
+        action
+    }
+
+    fn transition(&mut self, input: Input, now: Instant) -> Option<Action> {
+        match input {
+            Input::StreamAccepted => {
+                self.first_stream_by = None;
+                (self.terminate_seen && self.cause.is_none())
+                    .then(|| self.start_goaway(Cause::Drain, now))
+            }
+            Input::Streams(n) => {
+                self.streams = n;
+                self.idle_since = (n == 0).then_some(now);
+                None
+            }
+            Input::GoawayAll => {
+                (self.watches_goaway()).then(|| self.start_goaway(Cause::Drain, now))
+            }
+            Input::Terminate => {
+                self.terminate_seen = true;
+                (self.cause.is_none() && !self.settings.defer_goaway)
+                    .then(|| self.start_goaway(Cause::Drain, now))
+            }
+            Input::IdleTimedOut => {
+                (self.cause.is_none()).then(|| self.start_goaway(Cause::Idle, now))
+            }
+            Input::AgeReached => {
+                self.max_age_reached = true;
+                if self.cause.is_none() {
+                    return Some(self.start_goaway(Cause::MaxAge, now));
+                }
+                if matches!(self.phase, Phase::Closing { .. }) {
+                    self.start_grace(now);
+                }
+                None
+            }
+            Input::Acked => {
+                self.enter_closing(true, now);
+                None
+            }
+            Input::AckTimedOut => {
+                self.enter_closing(false, now);
+                None
+            }
+            Input::GraceOver => {
+                self.grace_done = true;
+                // Every stream bounds its own ending; this is the backstop.
+                let s = self.settings;
+                self.close_by_at_most(now + s.end_timeout + s.shutdown_timeout);
+                Some(Action::EndStreams)
+            }
+            Input::HeaderTimedOut => {
+                self.first_stream_by = None;
+                self.phase = Phase::Closing { acked: false };
+                self.close_sent = true;
+                Some(Action::Close)
+            }
+            Input::Quiet => {
+                self.close_sent = true;
+                Some(Action::Close)
+            }
+        }
+    }
+
+    fn start_goaway(&mut self, cause: Cause, now: Instant) -> Action {
+        self.cause = Some(cause);
+        if cause == Cause::MaxAge {
+            self.max_age_reached = true;
+        }
+        self.phase = Phase::AwaitingAck {
+            until: now + self.settings.ack_timeout,
+        };
+        Action::Goaway(cause)
+    }
+
+    fn enter_closing(&mut self, acked: bool, now: Instant) {
+        if !self.awaits_ack() {
+            return;
+        }
+        self.phase = Phase::Closing { acked };
+        if self.max_age_reached {
+            self.start_grace(now);
+        }
+    }
+
+    fn start_grace(&mut self, now: Instant) {
+        if self.grace_until.is_none() {
+            self.grace_until = Some(now + self.settings.grace);
+        }
+    }
+
+    fn close_by_at_most(&mut self, bound: Instant) {
+        self.close_by = Some(self.close_by.map_or(bound, |c| c.min(bound)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    fn settings(t0: Instant) -> Settings {
+        Settings {
+            age_at: Some(t0 + s(100)),
+            grace: s(30),
+            ack_timeout: s(5),
+            idle_timeout: s(300),
+            end_timeout: s(5),
+            shutdown_timeout: s(10),
+            first_stream_by: t0 + s(10),
+            watch_goaway: true,
+            defer_goaway: false,
+        }
+    }
+
+    /// Runs `(at, input, expected action)` steps and returns the machine.
+    fn run(settings: Settings, t0: Instant, steps: &[(u64, Input, Option<Action>)]) -> Lifecycle {
+        let mut m = Lifecycle::new(settings, t0);
+        for (i, (at, input, expected)) in steps.iter().enumerate() {
+            let got = m.step(*input, t0 + s(*at));
+            assert_eq!(got, *expected, "step {i}: {input:?} at {at}s");
+        }
+        m
+    }
+
+    #[test]
+    fn max_age_goaway_ack_grace_end_close() {
+        let t0 = Instant::now();
+        let m = run(
+            settings(t0),
+            t0,
+            &[
+                (1, Input::StreamAccepted, None),
+                (1, Input::Streams(1), None),
+                (100, Input::AgeReached, Some(Action::Goaway(Cause::MaxAge))),
+                (101, Input::Acked, None),
+            ],
+        );
+        assert_eq!(m.phase(), Phase::Closing { acked: true });
+        assert_eq!(m.deadlines().grace, Some(t0 + s(131)));
+        assert!(!m.refuses_streams());
+        assert!(!m.wants_quiet(), "a stream is still open");
+        let mut m = m;
+        assert_eq!(
+            m.step(Input::GraceOver, t0 + s(131)),
+            Some(Action::EndStreams)
+        );
+        assert_eq!(m.deadlines().close_by, Some(t0 + s(146)), "backstop");
+        assert_eq!(m.step(Input::Streams(0), t0 + s(132)), None);
+        assert_eq!(m.deadlines().close_by, Some(t0 + s(142)));
+        assert!(m.wants_quiet());
+        assert_eq!(m.step(Input::Quiet, t0 + s(132)), Some(Action::Close));
+        assert!(!m.wants_quiet());
+    }
+
+    #[test]
+    fn no_ack_means_refusing_and_the_grace_still_runs() {
+        let t0 = Instant::now();
+        let m = run(
+            settings(t0),
+            t0,
+            &[
+                (1, Input::StreamAccepted, None),
+                (1, Input::Streams(1), None),
+                (100, Input::AgeReached, Some(Action::Goaway(Cause::MaxAge))),
+                (105, Input::AckTimedOut, None),
+                // A late ack changes nothing.
+                (106, Input::Acked, None),
+            ],
+        );
+        assert_eq!(m.phase(), Phase::Closing { acked: false });
+        assert!(m.refuses_streams());
+        assert_eq!(m.deadlines().grace, Some(t0 + s(135)));
+    }
+
+    #[test]
+    fn a_drain_goaway_first_still_gets_the_max_age_grace() {
+        let t0 = Instant::now();
+        let m = run(
+            settings(t0),
+            t0,
+            &[
+                (1, Input::Streams(1), None),
+                (50, Input::GoawayAll, Some(Action::Goaway(Cause::Drain))),
+                (51, Input::Acked, None),
+                (60, Input::GoawayAll, None),
+                (100, Input::AgeReached, None),
+            ],
+        );
+        assert_eq!(m.deadlines().grace, Some(t0 + s(130)));
+        assert_eq!(m.deadlines().age, None);
+    }
+
+    #[test]
+    fn terminate_goes_away_at_once_unless_accepted_while_terminating() {
+        let t0 = Instant::now();
+        run(
+            settings(t0),
+            t0,
+            &[(1, Input::Terminate, Some(Action::Goaway(Cause::Drain)))],
+        );
+        let late = Settings {
+            defer_goaway: true,
+            watch_goaway: false,
+            ..settings(t0)
+        };
+        let m = run(
+            late,
+            t0,
+            &[
+                (0, Input::Terminate, None),
+                (0, Input::GoawayAll, None),
+                (1, Input::StreamAccepted, Some(Action::Goaway(Cause::Drain))),
+                (1, Input::StreamAccepted, None),
+            ],
+        );
+        assert!(m.awaits_ack());
+    }
+
+    #[test]
+    fn slow_first_request_closes_and_idle_goes_away() {
+        let t0 = Instant::now();
+        let m = run(
+            settings(t0),
+            t0,
+            &[(10, Input::HeaderTimedOut, Some(Action::Close))],
+        );
+        assert_eq!(m.deadlines().close_by, Some(t0 + s(20)));
+        assert!(!m.wants_quiet(), "the close was already asked");
+
+        let m = run(
+            settings(t0),
+            t0,
+            &[
+                (1, Input::StreamAccepted, None),
+                (1, Input::Streams(1), None),
+                (2, Input::Streams(0), None),
+            ],
+        );
+        assert_eq!(m.deadlines().first_stream, None);
+        assert_eq!(m.deadlines().idle, Some(t0 + s(302)));
+        let mut m = m;
+        assert_eq!(
+            m.step(Input::IdleTimedOut, t0 + s(302)),
+            Some(Action::Goaway(Cause::Idle))
+        );
+        assert_eq!(m.deadlines().idle, None);
+        m.step(Input::Acked, t0 + s(303));
+        assert!(m.wants_quiet());
+        assert_eq!(m.deadlines().close_by, Some(t0 + s(313)));
+        assert_eq!(m.deadlines().grace, None, "no max age, no grace");
+    }
+}

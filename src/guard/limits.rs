@@ -1,0 +1,108 @@
+//! Resource limits of the stream guard, with defaults an SRE can leave alone.
+//!
+//! Every limit bounds either memory (windows, buffers, header sizes), time
+//! (slow or idle peers, endings that cannot reach a safe point), or how much
+//! one client can take from everyone else (concurrent streams, resets).
+
+use std::time::Duration;
+
+/// Default for [`Limits::max_concurrent_streams`].
+pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 1_000;
+/// Default for [`Limits::max_header_list_size`]: Envoy's own default is 60 KiB,
+/// so anything Envoy forwards fits.
+pub const DEFAULT_MAX_HEADER_LIST_SIZE: u32 = 64 * 1024;
+/// Default for [`Limits::header_read_timeout`].
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default for [`Limits::idle_timeout`].
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// Default for [`Limits::stream_window`]: large enough that one stream is not
+/// latency-bound on a pod-local hop, small enough that 1,000 streams fit in memory.
+pub const DEFAULT_STREAM_WINDOW: u32 = 256 * 1024;
+/// Default for [`Limits::connection_window`].
+pub const DEFAULT_CONNECTION_WINDOW: u32 = 4 * 1024 * 1024;
+/// Default for [`Limits::max_send_buffer_size`].
+pub const DEFAULT_MAX_SEND_BUFFER_SIZE: usize = 256 * 1024;
+/// Default for [`Limits::max_h1_buf_size`]: hyper's minimum is 8 KiB.
+pub const DEFAULT_MAX_H1_BUF_SIZE: usize = 64 * 1024;
+/// Default for [`Limits::goaway_ack_timeout`].
+pub const DEFAULT_GOAWAY_ACK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default for [`Limits::end_timeout`].
+pub const DEFAULT_END_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default for [`Limits::shutdown_timeout`].
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default for [`Limits::upstream_connect_timeout`].
+pub const DEFAULT_UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default for [`Limits::max_pending_accept_reset_streams`] (h2's own default).
+pub const DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
+/// Default for [`Limits::max_local_error_reset_streams`] (h2's own default).
+pub const DEFAULT_MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
+
+/// Limits applied to every connection the guard accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Streams one client may have open on one connection (HTTP/2
+    /// SETTINGS_MAX_CONCURRENT_STREAMS); more are refused, so one caller
+    /// cannot pin every upstream slot.
+    pub max_concurrent_streams: u32,
+    /// Largest request (and upstream response) header block, decoded; a larger
+    /// one gets 431 or is refused, so headers cannot exhaust memory.
+    pub max_header_list_size: u32,
+    /// From accept until the first request head is complete (HTTP/1.1: every
+    /// request head; HTTP/2: preface, SETTINGS and the first HEADERS); defeats
+    /// slowloris clients that trickle bytes.
+    pub header_read_timeout: Duration,
+    /// An HTTP/2 connection with no open stream for this long is closed with
+    /// GOAWAY, so abandoned connections do not accumulate.
+    pub idle_timeout: Duration,
+    /// Per-stream flow-control window, both directions; bounds what one
+    /// stream can make the guard buffer.
+    pub stream_window: u32,
+    /// Per-connection flow-control window, both directions; bounds what one
+    /// connection can make the guard buffer in total.
+    pub connection_window: u32,
+    /// Most bytes h2 buffers per stream while waiting for the peer's window.
+    pub max_send_buffer_size: usize,
+    /// Largest HTTP/1.1 read buffer (request head included); a bigger head is
+    /// rejected with 431.
+    pub max_h1_buf_size: usize,
+    /// How long to wait for the PING ack after GOAWAY(2^31-1) before moving
+    /// on; h2 itself would wait forever for a peer that never answers.
+    pub goaway_ack_timeout: Duration,
+    /// How long a stream being ended may take to reach a safe end point (a
+    /// gRPC message boundary, or the natural end of a non-gRPC body) before it
+    /// is reset instead; bounds endings against stalled upstreams and clients.
+    pub end_timeout: Duration,
+    /// How long a connection that has nothing left to serve is still polled
+    /// (to flush trailers and GOAWAY) before it is dropped.
+    pub shutdown_timeout: Duration,
+    /// Connecting to the upstream (the application); it is on the same pod,
+    /// so a slow connect means it is not listening.
+    pub upstream_connect_timeout: Duration,
+    /// Streams a client may open and reset before the guard accepts them
+    /// (h2's rapid-reset protection, CVE-2023-44487); kept on.
+    pub max_pending_accept_reset_streams: usize,
+    /// Streams the guard may reset for protocol errors before it closes the
+    /// connection (h2's protection against provoked-reset floods); kept on.
+    pub max_local_error_reset_streams: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
+            max_header_list_size: DEFAULT_MAX_HEADER_LIST_SIZE,
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            stream_window: DEFAULT_STREAM_WINDOW,
+            connection_window: DEFAULT_CONNECTION_WINDOW,
+            max_send_buffer_size: DEFAULT_MAX_SEND_BUFFER_SIZE,
+            max_h1_buf_size: DEFAULT_MAX_H1_BUF_SIZE,
+            goaway_ack_timeout: DEFAULT_GOAWAY_ACK_TIMEOUT,
+            end_timeout: DEFAULT_END_TIMEOUT,
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            upstream_connect_timeout: DEFAULT_UPSTREAM_CONNECT_TIMEOUT,
+            max_pending_accept_reset_streams: DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS,
+            max_local_error_reset_streams: DEFAULT_MAX_LOCAL_ERROR_RESET_STREAMS,
+        }
+    }
+}

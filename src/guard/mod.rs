@@ -1,0 +1,230 @@
+//! The stream guard: an HTTP/2 (h2c, prior knowledge) and HTTP/1.1 reverse
+//! proxy in front of the application port, and the only component that can
+//! end a long-lived gRPC stream cleanly (DESIGN.md §2, "Stream guard").
+//!
+//! It owns these behaviours:
+//! - **Proxying**, full duplex with flow control end to end: HTTP/2
+//!   downstream connections get one HTTP/2 upstream connection each,
+//!   HTTP/1.1 ones one HTTP/1.1 upstream connection (see [`upstream`]).
+//! - **Graceful stream end**: a gRPC stream is ended with trailers
+//!   `grpc-status: 14` and a `grpc-message` saying why, after the data the
+//!   application already produced is flushed, on a message boundary; the
+//!   upstream stream is cancelled afterwards. Non-gRPC streams are let
+//!   finish and reset (never truncated with END_STREAM) if they cannot.
+//! - **Max connection age** (gRPC A9 with ±10% jitter): GOAWAY(2^31-1),
+//!   PING, GOAWAY(last stream) on the ack or after a bounded wait, the
+//!   grace, then the graceful end of what is left, then close.
+//! - **Drain**: [`StreamGuard::goaway_all`] and [`StreamGuard::terminate_all`]
+//!   (endings spread evenly over a window; new streams refused retryably).
+//! - **Limits** ([`Limits`]) against greedy or slow clients.
+
+mod accept;
+mod grpc;
+mod h1;
+mod h2conn;
+mod headers;
+mod lifecycle;
+mod limits;
+mod registry;
+mod schedule;
+mod sniff;
+mod stream;
+pub mod upstream;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::drain::StreamGuard;
+use crate::metrics::{Metrics, Reason};
+
+pub use grpc::{end_message, Framer, REFUSED_MESSAGE};
+pub use limits::Limits;
+pub use schedule::{jittered_age, spread_offsets, AGE_JITTER};
+pub use sniff::H2_PREFACE;
+
+/// What the guard proxies to and when it ends connections.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GuardConfig {
+    /// The application's port; every request is forwarded there.
+    pub upstream: SocketAddr,
+    /// Connections are told to go away after about this long (±10% jitter);
+    /// None (the default) lets connections live as long as their clients want.
+    pub max_connection_age: Option<Duration>,
+    /// After max age, how long streams may still run before they are ended.
+    pub max_connection_age_grace: Duration,
+    /// Resource limits per connection.
+    pub limits: Limits,
+}
+
+impl GuardConfig {
+    /// Defaults for everything but the upstream: no max age, the gRPC A9
+    /// default grace, default limits.
+    pub fn new(upstream: SocketAddr) -> Self {
+        Self {
+            upstream,
+            max_connection_age: None,
+            max_connection_age_grace: crate::config::DEFAULT_MAX_CONNECTION_AGE_GRACE,
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// The stream guard. Cheap to clone; every clone is the same guard.
+#[derive(Clone, Debug)]
+pub struct Guard {
+    /// Shared with every connection and stream task.
+    inner: Arc<Inner>,
+}
+
+/// State shared by the accept loop, connections, streams and the drain.
+#[derive(Debug)]
+struct Inner {
+    /// What to proxy to and the limits.
+    config: GuardConfig,
+    /// `goaways_total` and `streams_terminated_total` live here.
+    metrics: Metrics,
+    /// Every open stream, and whether new ones are admitted.
+    registry: Arc<registry::Registry>,
+    /// Cancelled by `goaway_all`: connections open at that moment go away.
+    goaway: CancellationToken,
+    /// Cancelled by `terminate_all`: every connection goes away and closes
+    /// once its streams have ended.
+    terminate: CancellationToken,
+    /// Cancelled when a `serve` loop shuts down: pending spread schedules end
+    /// their remaining streams at once.
+    closing: CancellationToken,
+    /// Every connection, stream and schedule task, so shutdown can wait for them.
+    tasks: TaskTracker,
+    /// Downstream connections open right now.
+    connections: AtomicU64,
+    /// Next connection id (for logs and the registry).
+    next_connection: AtomicU64,
+    /// Streams ended gracefully because of the drain.
+    terminated_by_drain: AtomicU64,
+}
+
+impl Inner {
+    /// Counts one graceful stream end.
+    fn record_termination(&self, reason: Reason) {
+        self.metrics
+            .streams_terminated
+            .get_or_create(&crate::metrics::ReasonLabels { reason })
+            .inc();
+        if reason == Reason::drain {
+            self.terminated_by_drain.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts one GOAWAY sequence started.
+    fn record_goaway(&self, reason: Reason) {
+        self.metrics
+            .goaways
+            .get_or_create(&crate::metrics::ReasonLabels { reason })
+            .inc();
+    }
+}
+
+impl Guard {
+    /// A guard proxying to `config.upstream`; nothing runs until [`Guard::serve`].
+    pub fn new(config: GuardConfig, metrics: Metrics) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                config,
+                metrics,
+                registry: Arc::default(),
+                goaway: CancellationToken::new(),
+                terminate: CancellationToken::new(),
+                closing: CancellationToken::new(),
+                tasks: TaskTracker::new(),
+                connections: AtomicU64::new(0),
+                next_connection: AtomicU64::new(0),
+                terminated_by_drain: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Accepts connections on `listener` until `shutdown` is cancelled. Then
+    /// it stops accepting, ends every open stream gracefully at once, and
+    /// waits (bounded by the limits) for the connections to close.
+    pub async fn serve(&self, listener: TcpListener, shutdown: CancellationToken) {
+        accept::serve(self.clone(), listener, shutdown).await;
+    }
+
+    /// Downstream connections open right now.
+    pub fn active_connections(&self) -> u64 {
+        self.inner.connections.load(Ordering::Relaxed)
+    }
+
+    /// The configuration the guard runs with.
+    pub fn config(&self) -> &GuardConfig {
+        &self.inner.config
+    }
+}
+
+impl StreamGuard for Guard {
+    fn goaway_all(&self) {
+        if !self.inner.goaway.is_cancelled() {
+            tracing::info!(
+                connections = self.active_connections(),
+                "guard: GOAWAY on every connection; still accepting new ones"
+            );
+        }
+        self.inner.goaway.cancel();
+    }
+
+    fn terminate_all(&self, window: Duration) {
+        let streams = self.inner.registry.begin_terminating();
+        self.inner.terminate.cancel();
+        let n = streams.len();
+        tracing::info!(
+            streams = n,
+            ?window,
+            "guard: ending every stream gracefully, spread over the window; refusing new streams"
+        );
+        let handle = match tokio::runtime::Handle::try_current() {
+            Ok(h) if !window.is_zero() => h,
+            // Nothing to pace (or no runtime to pace with): end them all now.
+            _ => {
+                for s in streams {
+                    s.end(Reason::drain);
+                }
+                return;
+            }
+        };
+        let closing = self.inner.closing.clone();
+        let start = Instant::now();
+        self.inner.tasks.spawn_on(
+            async move {
+                let mut schedule = streams.into_iter().zip(spread_offsets(n, window));
+                while let Some((s, offset)) = schedule.next() {
+                    tokio::select! {
+                        biased;
+                        // Shutdown: no more pacing, end the rest now.
+                        _ = closing.cancelled() => {
+                            s.end(Reason::drain);
+                            schedule.for_each(|(s, _)| s.end(Reason::drain));
+                            return;
+                        }
+                        _ = tokio::time::sleep_until(start + offset) => s.end(Reason::drain),
+                    }
+                }
+            },
+            &handle,
+        );
+    }
+
+    fn active_streams(&self) -> u64 {
+        self.inner.registry.len() as u64
+    }
+
+    fn terminated_by_drain(&self) -> u64 {
+        self.inner.terminated_by_drain.load(Ordering::Relaxed)
+    }
+}

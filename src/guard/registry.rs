@@ -1,0 +1,184 @@
+//! Every stream open through the guard, so a drain can end them all and a
+//! connection can end its own at the end of its max-age grace.
+//!
+//! Registration and the switch to "terminating" happen under one lock, so a
+//! stream is either in the snapshot `terminate_all` spreads, or refused.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Reason;
+
+/// All open streams, and whether new ones are still admitted.
+#[derive(Debug, Default)]
+pub struct Registry {
+    /// Behind a lock: registration must see the terminating flag atomically.
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Set by `terminate_all`: from then on every new stream is refused.
+    terminating: bool,
+    /// Next stream key; keys are never reused.
+    next: u64,
+    /// Open streams by key.
+    streams: HashMap<u64, Arc<StreamCtl>>,
+}
+
+/// The guard's handle on one open stream: how to ask it to end.
+#[derive(Debug)]
+pub struct StreamCtl {
+    /// Connection the stream belongs to (max age ends a connection's streams).
+    conn: u64,
+    /// Only gRPC streams can be ended with trailers; others are let finish.
+    pub grpc: bool,
+    /// Cancelled when the stream should end; the stream task waits on it.
+    end: CancellationToken,
+    /// Why and when the end was asked; the first request wins.
+    why: OnceLock<(Reason, Instant)>,
+}
+
+impl StreamCtl {
+    /// Asks the stream to end gracefully. Later calls change nothing.
+    pub fn end(&self, reason: Reason) {
+        if self.why.set((reason, Instant::now())).is_ok() {
+            self.end.cancel();
+        }
+    }
+
+    /// Resolves once the end was asked, with the reason and the moment.
+    pub async fn ended(&self) -> (Reason, Instant) {
+        self.end.cancelled().await;
+        // `why` is always set before `end` is cancelled.
+        self.why
+            .get()
+            .copied()
+            .unwrap_or((Reason::drain, Instant::now()))
+    }
+
+    /// Whether the end was asked.
+    pub fn is_ended(&self) -> bool {
+        self.end.is_cancelled()
+    }
+}
+
+/// A registered stream; dropping it removes the stream from the registry.
+#[derive(Debug)]
+pub struct Registered {
+    /// Where to remove the stream from on drop.
+    registry: Arc<Registry>,
+    /// The stream's key in the registry.
+    key: u64,
+    /// The control shared with the registry.
+    pub ctl: Arc<StreamCtl>,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.registry.lock().streams.remove(&self.key);
+    }
+}
+
+impl Registry {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state stays consistent even if a holder panicked: every update
+        // is a single insert, remove or flag store.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Admits a new stream, or returns None while the guard is terminating.
+    pub fn register(self: &Arc<Self>, conn: u64, grpc: bool) -> Option<Registered> {
+        let mut s = self.lock();
+        if s.terminating {
+            return None;
+        }
+        let key = s.next;
+        s.next += 1;
+        let ctl = Arc::new(StreamCtl {
+            conn,
+            grpc,
+            end: CancellationToken::new(),
+            why: OnceLock::new(),
+        });
+        s.streams.insert(key, ctl.clone());
+        Some(Registered {
+            registry: self.clone(),
+            key,
+            ctl,
+        })
+    }
+
+    /// Refuses new streams from now on and returns every open stream that
+    /// has not been asked to end yet, oldest first.
+    pub fn begin_terminating(&self) -> Vec<Arc<StreamCtl>> {
+        let mut s = self.lock();
+        s.terminating = true;
+        let mut open: Vec<_> = s
+            .streams
+            .iter()
+            .filter(|(_, c)| !c.is_ended())
+            .map(|(k, c)| (*k, c.clone()))
+            .collect();
+        open.sort_by_key(|(k, _)| *k);
+        open.into_iter().map(|(_, c)| c).collect()
+    }
+
+    /// Asks every stream of connection `conn` to end.
+    pub fn end_connection(&self, conn: u64, reason: Reason) {
+        let streams: Vec<_> = self
+            .lock()
+            .streams
+            .values()
+            .filter(|c| c.conn == conn)
+            .cloned()
+            .collect();
+        // Ended outside the lock: the stream tasks take it when they finish.
+        for s in streams {
+            s.end(reason);
+        }
+    }
+
+    /// Streams open right now.
+    pub fn len(&self) -> usize {
+        self.lock().streams.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn terminating_refuses_new_streams_and_snapshots_the_open_ones() {
+        let r = Arc::new(Registry::default());
+        let a = r.register(1, true).expect("admitted");
+        let b = r.register(2, false).expect("admitted");
+        b.ctl.end(Reason::max_age);
+        let snapshot = r.begin_terminating();
+        assert_eq!(
+            snapshot.len(),
+            1,
+            "streams already ending are not rescheduled"
+        );
+        assert!(Arc::ptr_eq(&snapshot[0], &a.ctl));
+        assert!(r.register(1, true).is_none());
+        assert_eq!(r.len(), 2);
+        drop(a);
+        drop(b);
+        assert_eq!(r.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_first_reason_wins() {
+        let r = Arc::new(Registry::default());
+        let s = r.register(7, true).expect("admitted");
+        r.register(8, true).expect("admitted");
+        r.end_connection(7, Reason::max_age);
+        s.ctl.end(Reason::drain);
+        assert_eq!(s.ctl.ended().await.0, Reason::max_age);
+    }
+}

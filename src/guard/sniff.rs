@@ -1,0 +1,244 @@
+//! Tells HTTP/2 with prior knowledge (h2c) from HTTP/1.1 by the first bytes
+//! of a connection, and hands the bytes read back to the protocol driver.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::time::Instant;
+
+/// The HTTP/2 connection preface (RFC 9113 §3.4).
+pub const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// What a connection speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    Http1,
+    Http2,
+}
+
+/// Why sniffing failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SniffError {
+    #[error("no request within the header read timeout")]
+    Timeout,
+    #[error("closed before sending a request")]
+    Closed,
+    #[error("read: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// Reads until the bytes match the HTTP/2 preface or diverge from it, by
+/// `deadline`. Returns the protocol and the stream with those bytes put back.
+pub async fn sniff<T>(mut io: T, deadline: Instant) -> Result<(Protocol, Prefixed<T>), SniffError>
+where
+    T: AsyncRead + Unpin,
+{
+    let mut buf = [0u8; H2_PREFACE.len()];
+    let mut have = 0;
+    let protocol = loop {
+        if buf[..have] != H2_PREFACE[..have] {
+            break Protocol::Http1;
+        }
+        if have == H2_PREFACE.len() {
+            break Protocol::Http2;
+        }
+        let n = tokio::time::timeout_at(deadline, io.read(&mut buf[have..]))
+            .await
+            .map_err(|_| SniffError::Timeout)??;
+        if n == 0 {
+            return Err(SniffError::Closed);
+        }
+        have += n;
+    };
+    let prefix = Bytes::copy_from_slice(&buf[..have]);
+    Ok((
+        protocol,
+        Prefixed {
+            prefix,
+            inner: Some(io),
+            reclaim: Reclaim::default(),
+        },
+    ))
+}
+
+/// Where a [`Prefixed`] leaves its connection when the protocol driver
+/// drops it, so the connection can still be closed politely.
+#[derive(Debug)]
+pub struct Reclaim<T>(Arc<Mutex<Option<T>>>);
+
+impl<T> Default for Reclaim<T> {
+    fn default() -> Self {
+        Self(Arc::new(Mutex::new(None)))
+    }
+}
+
+impl<T> Clone for Reclaim<T> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<T> Reclaim<T> {
+    /// The connection, once the driver dropped it.
+    pub fn take(&self) -> Option<T> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+}
+
+/// Longest lingering close: a peer that read our GOAWAY and FIN closes
+/// within a round trip; one that does not is not waited for longer.
+pub const MAX_LINGER: Duration = Duration::from_secs(2);
+
+/// Closes `io` without losing what was sent last: shuts the write side
+/// (FIN) and reads until the peer closes too, bounded by `bound` and
+/// [`MAX_LINGER`]. Dropping a socket with unread input makes the kernel send
+/// RST, and an RST can make the peer discard trailers or a GOAWAY it has
+/// received but not yet read.
+pub async fn linger<T: AsyncRead + AsyncWrite + Unpin>(mut io: T, bound: Duration) {
+    let _ = tokio::time::timeout(bound.min(MAX_LINGER), async {
+        let _ = io.shutdown().await;
+        let mut sink = [0u8; 4096];
+        while let Ok(n) = io.read(&mut sink).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
+/// A stream that first yields `prefix`, then reads from `inner`; dropped, it
+/// hands `inner` to its [`Reclaim`].
+#[derive(Debug)]
+pub struct Prefixed<T> {
+    /// Bytes already read while sniffing, not yet handed to the reader.
+    prefix: Bytes,
+    /// The connection itself; None only after drop.
+    inner: Option<T>,
+    /// Receives `inner` on drop.
+    reclaim: Reclaim<T>,
+}
+
+impl<T> Prefixed<T> {
+    /// Where the connection goes when this is dropped.
+    pub fn reclaim(&self) -> Reclaim<T> {
+        self.reclaim.clone()
+    }
+
+    fn io(&mut self) -> io::Result<&mut T> {
+        self.inner
+            .as_mut()
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotConnected))
+    }
+}
+
+impl<T> Drop for Prefixed<T> {
+    fn drop(&mut self) {
+        if let Some(io) = self.inner.take() {
+            *self
+                .reclaim
+                .0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(io);
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix[..n]);
+            self.prefix.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(self.io()?).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(self.io()?).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(self.io()?).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.as_ref().is_some_and(|io| io.is_write_vectored())
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(self.io()?).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(self.io()?).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn sniffed(input: &'static [u8]) -> (Protocol, Vec<u8>) {
+        let (mut client, server) = tokio::io::duplex(64);
+        client.write_all(input).await.expect("write");
+        drop(client);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let (p, mut io) = sniff(server, deadline).await.expect("sniff");
+        let mut all = Vec::new();
+        io.read_to_end(&mut all).await.expect("read back");
+        let reclaim = io.reclaim();
+        drop(io);
+        assert!(
+            reclaim.take().is_some(),
+            "the connection is handed back on drop"
+        );
+        (p, all)
+    }
+
+    #[tokio::test]
+    async fn preface_means_http2_and_nothing_is_lost() {
+        let mut input = H2_PREFACE.to_vec();
+        input.extend_from_slice(b"\0\0\0\x04\0\0\0\0\0");
+        let input: &'static [u8] = Box::leak(input.into_boxed_slice());
+        assert_eq!(sniffed(input).await, (Protocol::Http2, input.to_vec()));
+    }
+
+    #[tokio::test]
+    async fn a_request_line_means_http1() {
+        let input = b"POST / HTTP/1.1\r\nhost: x\r\n\r\n";
+        assert_eq!(sniffed(input).await, (Protocol::Http1, input.to_vec()));
+        let input = b"PRI * HTTP/1.1\r\n\r\n";
+        assert_eq!(sniffed(input).await.0, Protocol::Http1);
+    }
+
+    #[tokio::test]
+    async fn a_silent_client_times_out() {
+        let (_client, server) = tokio::io::duplex(64);
+        let deadline = Instant::now() + Duration::from_millis(50);
+        assert!(matches!(
+            sniff(server, deadline).await,
+            Err(SniffError::Timeout)
+        ));
+    }
+}

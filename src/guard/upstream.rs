@@ -1,0 +1,290 @@
+//! Connections to the application, one per downstream connection.
+//!
+//! HTTP/2 downstream connections get one HTTP/2 (prior knowledge) upstream
+//! connection; HTTP/1.1 downstream connections get one HTTP/1.1 upstream
+//! connection, so an application that only speaks HTTP/1.1 keeps working and
+//! HTTP/1.1 semantics (framing, trailers, `Expect`) pass through untouched.
+//! Both connect lazily and reconnect when the application closed the
+//! previous connection. One upstream per downstream connection keeps flow
+//! control end to end: nothing is shared, so one slow client never stalls
+//! another's streams.
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::limits::Limits;
+
+/// Why the application could not be reached.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("upstream {addr}: connect: {source}")]
+    Connect {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    #[error("upstream {addr}: no connection after {after:?}")]
+    ConnectTimeout { addr: SocketAddr, after: Duration },
+    #[error("upstream {addr}: HTTP/2 handshake: {source}")]
+    H2Handshake {
+        addr: SocketAddr,
+        #[source]
+        source: h2::Error,
+    },
+    #[error("upstream {addr}: HTTP/2: {source}")]
+    H2 {
+        addr: SocketAddr,
+        #[source]
+        source: h2::Error,
+    },
+    #[error("upstream {addr}: HTTP/1.1 handshake: {source}")]
+    H1Handshake {
+        addr: SocketAddr,
+        #[source]
+        source: hyper::Error,
+    },
+}
+
+/// Largest window h2 accepts (2^31-1); larger configured values are clamped.
+const MAX_WINDOW: u32 = (1 << 31) - 1;
+
+async fn connect_tcp(addr: SocketAddr, after: Duration) -> Result<TcpStream, UpstreamError> {
+    let tcp = tokio::time::timeout(after, TcpStream::connect(addr))
+        .await
+        .map_err(|_| UpstreamError::ConnectTimeout { addr, after })?
+        .map_err(|source| UpstreamError::Connect { addr, source })?;
+    // gRPC messages are small and latency matters more than packet count.
+    let _ = tcp.set_nodelay(true);
+    Ok(tcp)
+}
+
+/// A live HTTP/2 upstream connection.
+#[derive(Clone, Debug)]
+struct H2Conn {
+    /// Opens streams on it.
+    sender: h2::client::SendRequest<Bytes>,
+    /// Cancelled by the driver task once the connection ended.
+    dead: CancellationToken,
+}
+
+/// The HTTP/2 upstream of one downstream connection.
+#[derive(Debug)]
+pub struct H2Upstream {
+    /// The application.
+    addr: SocketAddr,
+    /// Windows, buffers and timeouts, shared with the downstream side.
+    limits: Limits,
+    /// The current connection; a lock so concurrent streams connect once.
+    current: Mutex<Option<H2Conn>>,
+    /// Cancelled when the downstream connection ends; stops the driver task.
+    closed: CancellationToken,
+    /// Where the driver task runs, so the guard's shutdown waits for it.
+    tasks: TaskTracker,
+}
+
+impl H2Upstream {
+    pub fn new(addr: SocketAddr, limits: Limits, tasks: TaskTracker) -> Self {
+        Self {
+            addr,
+            limits,
+            current: Mutex::new(None),
+            closed: CancellationToken::new(),
+            tasks,
+        }
+    }
+
+    /// A sender ready for one more stream. Waits while the application's
+    /// concurrency limit is reached; the caller bounds the wait.
+    pub async fn ready(&self) -> Result<h2::client::SendRequest<Bytes>, UpstreamError> {
+        // One retry: a connection found dead is replaced once.
+        let mut retried = false;
+        loop {
+            let conn = self.connection().await?;
+            match conn.sender.clone().ready().await {
+                Ok(sender) => return Ok(sender),
+                Err(source) if retried => {
+                    return Err(UpstreamError::H2 {
+                        addr: self.addr,
+                        source,
+                    })
+                }
+                Err(e) => {
+                    tracing::debug!(upstream = %self.addr, error = %e, "upstream connection unusable; reconnecting");
+                    conn.dead.cancel();
+                    retried = true;
+                }
+            }
+        }
+    }
+
+    /// Stops the connection driver; streams still open on it fail.
+    pub fn close(&self) {
+        self.closed.cancel();
+    }
+
+    async fn connection(&self) -> Result<H2Conn, UpstreamError> {
+        let mut current = self.current.lock().await;
+        if let Some(c) = current.as_ref().filter(|c| !c.dead.is_cancelled()) {
+            return Ok(c.clone());
+        }
+        let c = self.connect().await?;
+        *current = Some(c.clone());
+        Ok(c)
+    }
+
+    async fn connect(&self) -> Result<H2Conn, UpstreamError> {
+        let addr = self.addr;
+        let after = self.limits.upstream_connect_timeout;
+        let tcp = connect_tcp(addr, after).await?;
+        let l = &self.limits;
+        let handshake = h2::client::Builder::new()
+            .initial_window_size(l.stream_window.min(MAX_WINDOW))
+            .initial_connection_window_size(l.connection_window.min(MAX_WINDOW))
+            .max_send_buffer_size(l.max_send_buffer_size)
+            .max_header_list_size(l.max_header_list_size)
+            .max_pending_accept_reset_streams(l.max_pending_accept_reset_streams)
+            .max_local_error_reset_streams(Some(l.max_local_error_reset_streams))
+            .enable_push(false)
+            .handshake::<_, Bytes>(tcp);
+        let (sender, conn) = tokio::time::timeout(after, handshake)
+            .await
+            .map_err(|_| UpstreamError::ConnectTimeout { addr, after })?
+            .map_err(|source| UpstreamError::H2Handshake { addr, source })?;
+        let dead = CancellationToken::new();
+        let closed = self.closed.clone();
+        let done = dead.clone();
+        self.tasks.spawn(async move {
+            tokio::select! {
+                r = conn => if let Err(e) = r {
+                    tracing::debug!(upstream = %addr, error = %e, "upstream connection ended");
+                },
+                _ = closed.cancelled() => {}
+            }
+            done.cancel();
+        });
+        Ok(H2Conn { sender, dead })
+    }
+}
+
+impl Drop for H2Upstream {
+    fn drop(&mut self) {
+        self.closed.cancel();
+    }
+}
+
+/// The HTTP/1.1 upstream of one downstream connection. HTTP/1.1 carries one
+/// request at a time, so one connection serves the whole downstream one.
+#[derive(Debug)]
+pub struct H1Upstream {
+    /// The application.
+    addr: SocketAddr,
+    /// Timeouts and buffer sizes.
+    limits: Limits,
+    /// The current connection, replaced when the application closed it.
+    sender: Mutex<Option<hyper::client::conn::http1::SendRequest<Incoming>>>,
+    /// Cancelled when the downstream connection ends; stops the driver task.
+    closed: CancellationToken,
+    /// Where the driver task runs.
+    tasks: TaskTracker,
+}
+
+impl H1Upstream {
+    pub fn new(addr: SocketAddr, limits: Limits, tasks: TaskTracker) -> Self {
+        Self {
+            addr,
+            limits,
+            sender: Mutex::new(None),
+            closed: CancellationToken::new(),
+            tasks,
+        }
+    }
+
+    /// Sends one request and returns the response head and body.
+    pub async fn send(
+        &self,
+        req: http::Request<Incoming>,
+    ) -> Result<http::Response<Incoming>, H1SendError> {
+        let mut slot = self.sender.lock().await;
+        let mut sender = match slot.take() {
+            Some(s) if !s.is_closed() => s,
+            _ => self.connect().await.map_err(H1SendError::Upstream)?,
+        };
+        // A fresh connection is ready at once; a kept-alive one is ready
+        // because the previous response finished (HTTP/1.1 is sequential).
+        if sender.ready().await.is_err() {
+            sender = self.connect().await.map_err(H1SendError::Upstream)?;
+            sender
+                .ready()
+                .await
+                .map_err(|source| H1SendError::Request {
+                    addr: self.addr,
+                    source,
+                })?;
+        }
+        let fut = sender.send_request(req);
+        *slot = Some(sender);
+        drop(slot);
+        fut.await.map_err(|source| H1SendError::Request {
+            addr: self.addr,
+            source,
+        })
+    }
+
+    /// Stops the connection driver.
+    pub fn close(&self) {
+        self.closed.cancel();
+    }
+
+    async fn connect(
+        &self,
+    ) -> Result<hyper::client::conn::http1::SendRequest<Incoming>, UpstreamError> {
+        let addr = self.addr;
+        let tcp = connect_tcp(addr, self.limits.upstream_connect_timeout).await?;
+        let (sender, conn) = hyper::client::conn::http1::Builder::new()
+            .max_buf_size(self.limits.max_h1_buf_size.max(MIN_H1_BUF_SIZE))
+            .handshake(TokioIo::new(tcp))
+            .await
+            .map_err(|source| UpstreamError::H1Handshake { addr, source })?;
+        let closed = self.closed.clone();
+        self.tasks.spawn(async move {
+            tokio::select! {
+                r = conn => if let Err(e) = r {
+                    tracing::debug!(upstream = %addr, error = %e, "upstream HTTP/1.1 connection ended");
+                },
+                _ = closed.cancelled() => {}
+            }
+        });
+        Ok(sender)
+    }
+}
+
+impl Drop for H1Upstream {
+    fn drop(&mut self) {
+        self.closed.cancel();
+    }
+}
+
+/// hyper refuses HTTP/1.1 buffers smaller than this.
+pub const MIN_H1_BUF_SIZE: usize = 8192;
+
+/// Why an HTTP/1.1 request could not be forwarded.
+#[derive(Debug, thiserror::Error)]
+pub enum H1SendError {
+    #[error(transparent)]
+    Upstream(UpstreamError),
+    #[error("upstream {addr}: HTTP/1.1: {source}")]
+    Request {
+        addr: SocketAddr,
+        #[source]
+        source: hyper::Error,
+    },
+}
