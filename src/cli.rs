@@ -339,6 +339,25 @@ pub struct SidecarArgs {
     #[command(flatten)]
     pub timers: TimerArgs,
 
+    /// Start the stream guard here: an HTTP/2 and HTTP/1.1 proxy in front of
+    /// the app that ends long streams gracefully. Point Envoy's inbound cluster at it.
+    #[arg(long, env = "DRAINSHIM_GUARD_LISTEN")]
+    pub guard_listen: Option<SocketAddr>,
+
+    /// The application port the guard forwards to.
+    #[arg(long, env = "DRAINSHIM_GUARD_UPSTREAM")]
+    pub guard_upstream: Option<SocketAddr>,
+
+    /// Close each guard connection after this age (±10% jitter): GOAWAY, a
+    /// grace, then open streams end with grpc-status 14. Off by default.
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE", value_parser = humantime::parse_duration)]
+    pub max_connection_age: Option<Duration>,
+
+    /// How long streams may run after a max-age GOAWAY before the guard ends them.
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_GRACE", value_parser = humantime::parse_duration,
+          default_value = "30s")]
+    pub max_connection_age_grace: Duration,
+
     /// Networks (CIDR) besides loopback allowed to start a drain; repeatable.
     #[arg(long, env = "DRAINSHIM_ALLOW_DRAIN_FROM", value_delimiter = ',')]
     pub allow_drain_from: Vec<IpNet>,

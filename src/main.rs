@@ -65,7 +65,7 @@ fn main() -> ExitCode {
 async fn run(command: Command) -> ExitCode {
     match command {
         Command::Sidecar(args) => {
-            let settings = match sidecar::validate(&args.envoy_admin, &args.timers, args.linger) {
+            let settings = match sidecar::validate_sidecar(&args) {
                 Ok(s) => s,
                 Err(msg) => return usage(&msg),
             };

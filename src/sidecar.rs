@@ -15,8 +15,9 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::{SidecarArgs, TimerArgs};
 use crate::config::Timers;
 use crate::control::{self, Control};
-use crate::drain::{self, DrainSettings, Report, Trigger};
+use crate::drain::{self, DrainSettings, Report, StreamGuard, Trigger};
 use crate::envoy::AdminClient;
+use crate::guard::{Guard, GuardConfig};
 use crate::metrics::Metrics;
 use crate::telemetry::Telemetry;
 
@@ -25,6 +26,60 @@ use crate::telemetry::Telemetry;
 pub struct Validated {
     pub admin: AdminClient,
     pub timers: Timers,
+    /// The stream guard, when `--guard-listen` and `--guard-upstream` are set.
+    pub guard: Option<(std::net::SocketAddr, GuardConfig)>,
+}
+
+/// Everything the sidecar takes, checked at once: the admin URL, the drain
+/// budget, and the guard flags.
+pub fn validate_sidecar(args: &SidecarArgs) -> Result<Validated, String> {
+    let mut errs = Vec::new();
+    let guard = match (args.guard_listen, args.guard_upstream) {
+        (Some(listen), Some(upstream)) => {
+            let mut config = GuardConfig::new(upstream);
+            config.max_connection_age = args.max_connection_age;
+            config.max_connection_age_grace = args.max_connection_age_grace;
+            if args.max_connection_age.is_some_and(|a| a.is_zero()) {
+                errs.push(
+                    "--max-connection-age must be greater than zero (leave it out to turn it off)"
+                        .into(),
+                );
+            }
+            if listen == upstream {
+                errs.push(format!(
+                    "--guard-listen and --guard-upstream are the same address ({listen})"
+                ));
+            }
+            Some((listen, config))
+        }
+        (None, None) => {
+            if args.max_connection_age.is_some() {
+                errs.push("--max-connection-age needs the stream guard: set --guard-listen and --guard-upstream".into());
+            }
+            None
+        }
+        (Some(_), None) => {
+            errs.push("--guard-listen needs --guard-upstream (the application port the guard forwards to)".into());
+            None
+        }
+        (None, Some(_)) => {
+            errs.push(
+                "--guard-upstream needs --guard-listen (where Envoy's inbound cluster connects)"
+                    .into(),
+            );
+            None
+        }
+    };
+    match validate(&args.envoy_admin, &args.timers, args.linger) {
+        Ok(v) if errs.is_empty() => Ok(Validated { guard, ..v }),
+        Ok(_) => Err(format!("invalid settings:\n  - {}", errs.join("\n  - "))),
+        Err(mut e) => {
+            for extra in errs {
+                e.push_str(&format!("\n  - {extra}"));
+            }
+            Err(e)
+        }
+    }
 }
 
 /// Checks the admin URL and the drain budget together, so every bad value is
@@ -52,7 +107,11 @@ pub fn validate(envoy_admin: &str, t: &TimerArgs, linger: Duration) -> Result<Va
         errs.push("--admin-timeout must be greater than zero".into());
     }
     match admin {
-        Some(admin) if errs.is_empty() => Ok(Validated { admin, timers }),
+        Some(admin) if errs.is_empty() => Ok(Validated {
+            admin,
+            timers,
+            guard: None,
+        }),
         _ => Err(format!("invalid settings:\n  - {}", errs.join("\n  - "))),
     }
 }
@@ -69,6 +128,8 @@ pub enum SidecarError {
 /// A bound, running sidecar: control endpoints, drain driver, inventory refresh.
 pub struct Sidecar {
     local: std::net::SocketAddr,
+    /// Where the stream guard listens, when it runs.
+    guard_addr: Option<std::net::SocketAddr>,
     /// Time to keep serving after a SIGTERM drain's report.
     linger: Duration,
     drain: drain::DrainHandle,
@@ -87,15 +148,32 @@ pub async fn start(args: SidecarArgs, settings: Validated) -> Result<Sidecar, Si
     let local = listener.local_addr().unwrap_or(args.listen);
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
+    let shutdown = CancellationToken::new();
+    let mut guard_addr = None;
+    let guard: Option<Arc<dyn StreamGuard>> = match settings.guard {
+        None => None,
+        Some((addr, config)) => {
+            let gl = TcpListener::bind(addr)
+                .await
+                .map_err(|source| SidecarError::Bind { addr, source })?;
+            guard_addr = Some(gl.local_addr().unwrap_or(addr));
+            tracing::info!(guard_listen = ?guard_addr, upstream = %config.upstream,
+                max_connection_age = ?config.max_connection_age, "stream guard ready");
+            let g = Guard::new(config, metrics.clone());
+            let serving = g.clone();
+            let stop = shutdown.clone();
+            tokio::spawn(async move { serving.serve(gl, stop).await });
+            Some(Arc::new(g))
+        }
+    };
     let (drain, _driver) = drain::spawn(
         DrainSettings {
             timers: settings.timers,
             admin: settings.admin.clone(),
-            guard: None,
+            guard,
         },
         metrics.clone(),
     );
-    let shutdown = CancellationToken::new();
     let identity = (
         args.pod_namespace
             .or_else(|| std::env::var("POD_NAMESPACE").ok()),
@@ -120,6 +198,7 @@ pub async fn start(args: SidecarArgs, settings: Validated) -> Result<Sidecar, Si
     tracing::info!(listen = %local, envoy_admin = settings.admin.authority(), "sidecar ready");
     Ok(Sidecar {
         local,
+        guard_addr,
         linger: args.linger,
         drain,
         shutdown,
@@ -131,6 +210,11 @@ impl Sidecar {
     /// The bound control address (useful with port 0).
     pub fn local_addr(&self) -> std::net::SocketAddr {
         self.local
+    }
+
+    /// The stream guard's bound address (useful with port 0).
+    pub fn guard_addr(&self) -> Option<std::net::SocketAddr> {
+        self.guard_addr
     }
 
     pub fn drain(&self) -> &drain::DrainHandle {

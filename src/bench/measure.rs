@@ -78,11 +78,14 @@ pub fn summarize(o: &Observed) -> ModeResult {
         .sum();
 
     // Reconnects caused by the restart: new sessions of the victims' clients.
-    let victim_clients: std::collections::HashSet<usize> = victims.iter().map(|s| s.client).collect();
+    let victim_clients: std::collections::HashSet<usize> =
+        victims.iter().map(|s| s.client).collect();
     let mut reconnects: Vec<&Session> = o
         .sessions
         .iter()
-        .filter(|s| s.started > o.trigger && victim_clients.contains(&s.client) && s.reconnect.is_some())
+        .filter(|s| {
+            s.started > o.trigger && victim_clients.contains(&s.client) && s.reconnect.is_some()
+        })
         .collect();
     reconnects.sort_by_key(|s| s.started);
     let mut latencies: Vec<f64> = reconnects
@@ -94,9 +97,13 @@ pub fn summarize(o: &Observed) -> ModeResult {
 
     let starts: Vec<Instant> = reconnects.iter().map(|s| s.started).collect();
     let storm_peak_to_mean = peak_to_mean(&starts);
-    let origin = o.trigger.checked_sub(Duration::from_secs(1)).unwrap_or(o.trigger);
+    let origin = o
+        .trigger
+        .checked_sub(Duration::from_secs(1))
+        .unwrap_or(o.trigger);
     let end = starts.last().copied().unwrap_or(o.done).max(o.done);
-    let n_buckets = (end.saturating_duration_since(origin).as_millis() / BUCKET.as_millis()) as usize + 1;
+    let n_buckets =
+        (end.saturating_duration_since(origin).as_millis() / BUCKET.as_millis()) as usize + 1;
     let mut timeline = vec![0u32; n_buckets.min(100_000)];
     for t in &starts {
         let b = (t.saturating_duration_since(origin).as_millis() / BUCKET.as_millis()) as usize;
@@ -193,7 +200,12 @@ pub fn render_table(results: &[ModeResult]) -> String {
 /// Reconnects per 100 ms over time, one line per mode, as SVG.
 pub fn plot(results: &[ModeResult], path: &Path) -> Result<(), String> {
     use plotters::prelude::*;
-    let max_x = results.iter().map(|r| r.timeline.len()).max().unwrap_or(1).max(2);
+    let max_x = results
+        .iter()
+        .map(|r| r.timeline.len())
+        .max()
+        .unwrap_or(1)
+        .max(2);
     let max_y = results
         .iter()
         .flat_map(|r| r.timeline.iter().copied())
@@ -205,7 +217,10 @@ pub fn plot(results: &[ModeResult], path: &Path) -> Result<(), String> {
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let x_secs = |b: usize| b as f64 * BUCKET.as_secs_f64() - 1.0;
     let mut chart = ChartBuilder::on(&root)
-        .caption("Reconnects per 100 ms during a pod restart (t = 0: restart begins)", ("sans-serif", 20))
+        .caption(
+            "Reconnects per 100 ms during a pod restart (t = 0: restart begins)",
+            ("sans-serif", 20),
+        )
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(48)
@@ -222,12 +237,20 @@ pub fn plot(results: &[ModeResult], path: &Path) -> Result<(), String> {
         let color = colors[i % colors.len()];
         chart
             .draw_series(LineSeries::new(
-                r.timeline.iter().enumerate().map(|(b, v)| (x_secs(b), f64::from(*v))),
+                r.timeline
+                    .iter()
+                    .enumerate()
+                    .map(|(b, v)| (x_secs(b), f64::from(*v))),
                 color.stroke_width(2),
             ))
             .map_err(|e| err(&e))?
-            .label(format!("{} (cut {}, peak/mean {:.2})", r.mode, r.cut, r.storm_peak_to_mean))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+            .label(format!(
+                "{} (cut {}, peak/mean {:.2})",
+                r.mode, r.cut, r.storm_peak_to_mean
+            ))
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+            });
     }
     chart
         .configure_series_labels()
@@ -255,7 +278,9 @@ mod tests {
     fn evenly_spread_events_have_a_low_peak_to_mean() {
         let t0 = Instant::now();
         // 200 events 40 ms apart: 2 or 3 per 100 ms bucket.
-        let spread: Vec<Instant> = (0..200).map(|i| t0 + Duration::from_millis(40 * i)).collect();
+        let spread: Vec<Instant> = (0..200)
+            .map(|i| t0 + Duration::from_millis(40 * i))
+            .collect();
         let r = peak_to_mean(&spread);
         assert!(r <= 1.25, "{r}");
         // All in one burst after a long quiet period.

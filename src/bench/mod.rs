@@ -5,4 +5,5 @@ pub mod demo;
 pub mod envoy;
 pub mod measure;
 pub mod population;
+pub mod reconnect;
 pub mod server;

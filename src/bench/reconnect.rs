@@ -120,7 +120,11 @@ async fn start_pod(opts: &ReconnectOptions, ledger: &Ledger, guard: bool) -> Res
     let service = BenchService {
         ledger: ledger.clone(),
     };
-    tokio::spawn(server::serve(listener, service, stop.clone().cancelled_owned()));
+    tokio::spawn(server::serve(
+        listener,
+        service,
+        stop.clone().cancelled_owned(),
+    ));
 
     let admin_port = free_port()?;
     let (upstream, shim, shim_task, sigterm) = if guard {
@@ -159,12 +163,17 @@ async fn start_pod(opts: &ReconnectOptions, ledger: &Ledger, guard: bool) -> Res
         if let Some(age) = opts.max_connection_age {
             argv.extend(["--max-connection-age".into(), h(age)]);
         }
-        let args = match <Cli as clap::Parser>::try_parse_from(&argv).map_err(|e| e.to_string())?.command {
+        let args = match <Cli as clap::Parser>::try_parse_from(&argv)
+            .map_err(|e| e.to_string())?
+            .command
+        {
             crate::cli::Command::Sidecar(a) => a,
             _ => return Err("internal: not a sidecar command line".into()),
         };
-        let settings = sidecar::validate(&args.envoy_admin, &args.timers, args.linger)?;
-        let sc = sidecar::start(args, settings).await.map_err(|e| e.to_string())?;
+        let settings = sidecar::validate_sidecar(&args)?;
+        let sc = sidecar::start(args, settings)
+            .await
+            .map_err(|e| e.to_string())?;
         let guard_addr = sc
             .guard_addr()
             .ok_or("internal: the sidecar started without its guard")?;
@@ -193,11 +202,19 @@ async fn start_pod(opts: &ReconnectOptions, ledger: &Ledger, guard: bool) -> Res
 pub async fn run_mode(opts: &ReconnectOptions, mode: Mode) -> Result<ModeResult, String> {
     let guard = mode == Mode::Drainshim;
     let ledger = Ledger::default();
-    opts.say(&format!("[{}] starting two pods (Envoy{})", mode.name(), if guard { " + drainshim guard" } else { "" }));
+    opts.say(&format!(
+        "[{}] starting two pods (Envoy{})",
+        mode.name(),
+        if guard { " + drainshim guard" } else { "" }
+    ));
     let mut a = start_pod(opts, &ledger, guard).await?;
     let b = start_pod(opts, &ledger, guard).await?;
     let endpoints = Endpoints::new(vec![a.envoy.inbound, b.envoy.inbound]);
-    opts.say(&format!("[{}] opening {} long-lived streams over both pods", mode.name(), opts.streams));
+    opts.say(&format!(
+        "[{}] opening {} long-lived streams over both pods",
+        mode.name(),
+        opts.streams
+    ));
     let population = Population::start(opts.streams, endpoints.clone(), mode.name()).await?;
     // Let the streams run a moment so every one has history.
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -209,7 +226,10 @@ pub async fn run_mode(opts: &ReconnectOptions, mode: Mode) -> Result<ModeResult,
     endpoints.remove(0);
     match mode {
         Mode::Drainshim => {
-            let drain = a.shim.as_ref().ok_or("internal: drainshim mode without a shim")?;
+            let drain = a
+                .shim
+                .as_ref()
+                .ok_or("internal: drainshim mode without a shim")?;
             drain.trigger(Trigger::Prestop).await;
             let report = drain.report().await.ok_or("the drain driver stopped")?;
             opts.say(&format!(

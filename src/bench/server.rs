@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures_util::{Stream as FuturesStream, StreamExt};
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::proto::bench::stream_server::{Stream, StreamServer};
@@ -107,7 +107,12 @@ pub async fn serve(
 ) -> Result<(), tonic::transport::Error> {
     tonic::transport::Server::builder()
         .add_service(StreamServer::new(service))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        // gRPC servers run with TCP_NODELAY (grpc-go and tonic's own bind do):
+        // without it Nagle holds each small message until the next write.
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown,
+        )
         .await
 }
 

@@ -28,6 +28,8 @@ pub const DEFAULT_MAX_H1_BUF_SIZE: usize = 64 * 1024;
 pub const DEFAULT_GOAWAY_ACK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default for [`Limits::end_timeout`].
 pub const DEFAULT_END_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default for [`Limits::end_settle`].
+pub const DEFAULT_END_SETTLE: Duration = Duration::from_millis(50);
 /// Default for [`Limits::shutdown_timeout`].
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default for [`Limits::upstream_connect_timeout`].
@@ -72,6 +74,12 @@ pub struct Limits {
     /// gRPC message boundary, or the natural end of a non-gRPC body) before it
     /// is reset instead; bounds endings against stalled upstreams and clients.
     pub end_timeout: Duration,
+    /// An ending at a message boundary waits up to this long for the next
+    /// message, forwards it, and ends right after it: a producer that writes
+    /// at least this often has then just written and is not mid-write when
+    /// the cancel reaches it, so nothing it produced is lost. Short, so that
+    /// streams ticking in step are not bunched onto the same instant.
+    pub end_settle: Duration,
     /// How long a connection that has nothing left to serve is still polled
     /// (to flush trailers and GOAWAY) before it is dropped.
     pub shutdown_timeout: Duration,
@@ -99,6 +107,7 @@ impl Default for Limits {
             max_h1_buf_size: DEFAULT_MAX_H1_BUF_SIZE,
             goaway_ack_timeout: DEFAULT_GOAWAY_ACK_TIMEOUT,
             end_timeout: DEFAULT_END_TIMEOUT,
+            end_settle: DEFAULT_END_SETTLE,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             upstream_connect_timeout: DEFAULT_UPSTREAM_CONNECT_TIMEOUT,
             max_pending_accept_reset_streams: DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS,

@@ -21,6 +21,8 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
@@ -153,7 +155,14 @@ async fn run(
     let stop = CancellationToken::new();
     let request_side = pump_request(body, up_send, stop.clone(), done);
     let response_side = async {
-        let outcome = respond_side(ctl, respond, response, end_timeout).await;
+        let outcome = respond_side(
+            ctl,
+            respond,
+            response,
+            end_timeout,
+            inner.config.limits.end_settle,
+        )
+        .await;
         // The response is over: the request side has nothing left to do.
         stop.cancel();
         outcome
@@ -291,6 +300,7 @@ async fn respond_side(
     respond: &mut SendResponse<Bytes>,
     mut response: h2::client::ResponseFuture,
     end_timeout: Duration,
+    end_settle: Duration,
 ) -> Outcome {
     // The head. A gRPC stream asked to end now gets a trailers-only answer;
     // others wait for the application, bounded.
@@ -327,7 +337,7 @@ async fn respond_side(
     if done {
         return Outcome::Completed;
     }
-    pump_response(ctl, body, down, framed, end_timeout).await
+    pump_response(ctl, body, down, framed, end_timeout, end_settle).await
 }
 
 /// The application failed the stream before answering.
@@ -360,8 +370,12 @@ fn upstream_failed_before_response(
     }
 }
 
-/// How much of `chunk` to forward while ending with `budget` already-produced
-/// bytes left: all of the budget, then up to the next message boundary.
+/// How much of `chunk` to forward while ending, `budget` being the bytes the
+/// application had already produced when the ending began: all of the
+/// budget, then every message that is complete in the chunk. Nothing the
+/// guard has received whole is dropped; only a trailing partial message (the
+/// application was mid-write) is held back. With no boundary in the chunk at
+/// all, the message in progress is forwarded and the pump keeps reading.
 fn cut_point(framer: &Framer, chunk: &[u8], budget: u64) -> usize {
     let len = chunk.len();
     let within = usize::try_from(budget).map_or(len, |b| b.min(len));
@@ -370,12 +384,27 @@ fn cut_point(framer: &Framer, chunk: &[u8], budget: u64) -> usize {
     }
     let mut f = *framer;
     f.consume(&chunk[..within]);
-    if f.at_boundary() {
-        return within;
+    let mut last_boundary = f.at_boundary().then_some(within);
+    let mut pos = within;
+    while let Some(n) = f.bytes_to_boundary(&chunk[pos..]) {
+        f.consume(&chunk[pos..pos + n]);
+        pos += n;
+        last_boundary = Some(pos);
+        if pos == len {
+            break;
+        }
     }
-    within
-        + f.bytes_to_boundary(&chunk[within..])
-            .unwrap_or(len - within)
+    last_boundary.unwrap_or(len)
+}
+
+/// Data from the application within this long counts as "just written".
+const JUST_WROTE: Duration = Duration::from_millis(2);
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// What woke the response pump.
@@ -392,19 +421,30 @@ async fn pump_response(
     mut down: SendStream<Bytes>,
     framed: bool,
     end_timeout: Duration,
+    end_settle: Duration,
 ) -> Outcome {
     let mut framer = Framer::default();
     // Set once the stream is asked to end: the reason, and the bytes already
     // produced by the application that must still be forwarded.
     let mut ending: Option<(Reason, u64)> = None;
+    // When the application last sent data: just now means it is not mid-write.
+    let mut last_data = Instant::now();
+    // While ending at a boundary: until when to wait for one more message.
+    let mut settle: Option<Instant> = None;
+    // One more message was taken (or waited for): end at the next boundary.
+    let mut settled = false;
     loop {
         if let Some((reason, 0)) = ending {
             if framed && framer.at_boundary() {
-                let trailers = grpc::unavailable_trailers(grpc::end_message(reason));
-                return match down.send_trailers(trailers) {
-                    Ok(()) => Outcome::Ended(reason),
-                    Err(_) => Outcome::ClientGone,
-                };
+                let fresh = last_data.elapsed() < JUST_WROTE;
+                if settled || fresh || end_settle.is_zero() {
+                    let trailers = grpc::unavailable_trailers(grpc::end_message(reason));
+                    return match down.send_trailers(trailers) {
+                        Ok(()) => Outcome::Ended(reason),
+                        Err(_) => Outcome::ClientGone,
+                    };
+                }
+                settle.get_or_insert_with(|| Instant::now() + end_settle);
             }
         }
         let next = tokio::select! {
@@ -412,6 +452,10 @@ async fn pump_response(
             _ = poll_fn(|cx| down.poll_reset(cx)) => Next::ClientGone,
             (reason, _) = ctl.ended(), if ending.is_none() => Next::End(reason),
             _ = end_deadline(ctl, end_timeout), if ending.is_some() => Next::Timeout,
+            _ = sleep_until_opt(settle), if settle.is_some() && !settled => {
+                settled = true;
+                continue;
+            }
             d = body.data() => Next::Data(d),
         };
         match next {
@@ -431,9 +475,12 @@ async fn pump_response(
             }
             Next::Data(Some(Ok(mut chunk))) => {
                 let len = chunk.len();
+                last_data = Instant::now();
                 if framed {
                     if let Some((_, budget)) = ending.as_mut() {
                         let take = cut_point(&framer, &chunk, *budget);
+                        // The message waited for has come: end after it.
+                        settled |= settle.is_some();
                         *budget = if take < len {
                             0
                         } else {
@@ -527,9 +574,30 @@ mod tests {
         let data = messages(&[10, 10, 10]);
         let f = Framer::default();
         assert_eq!(cut_point(&f, &data, 100), 45, "all within the budget");
-        assert_eq!(cut_point(&f, &data, 15), 15, "budget ends on a boundary");
-        assert_eq!(cut_point(&f, &data, 16), 30, "budget ends mid-message");
-        assert_eq!(cut_point(&f, &data, 0), 0, "at a boundary, nothing more");
+        assert_eq!(cut_point(&f, &data, 15), 45, "budget ends on a boundary");
+        assert_eq!(cut_point(&f, &data, 16), 45, "then every complete message");
+        assert_eq!(
+            cut_point(&f, &data, 0),
+            45,
+            "received whole, forwarded whole"
+        );
+        assert_eq!(
+            cut_point(&f, &data[..40], 0),
+            30,
+            "a trailing partial message is held back"
+        );
+        assert_eq!(
+            cut_point(&f, &data[..10], 0),
+            0,
+            "a partial new message is held back"
+        );
+        let mut mid = Framer::default();
+        mid.consume(&data[..3]);
+        assert_eq!(
+            cut_point(&mid, &data[3..12], 0),
+            9,
+            "mid-message, no boundary: keep going"
+        );
     }
 
     #[test]
@@ -537,8 +605,9 @@ mod tests {
         let data = messages(&[10, 10]);
         let mut f = Framer::default();
         f.consume(&data[..7]);
-        // Budget exhausted mid-message: forward the rest of message one only.
-        assert_eq!(cut_point(&f, &data[7..], 0), 8);
+        // Budget exhausted mid-message: the rest of message one, and message two.
+        assert_eq!(cut_point(&f, &data[7..], 0), 23);
+        assert_eq!(cut_point(&f, &data[7..20], 0), 8);
         // No boundary in the chunk: forward it all and keep going.
         assert_eq!(cut_point(&f, &data[7..12], 0), 5);
     }

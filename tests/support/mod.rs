@@ -358,3 +358,54 @@ pub async fn prometheus(targets: &[SocketAddr]) -> Prometheus {
     .await;
     p
 }
+
+/// A "pod" with the stream guard: backend <- drainshim guard <- Envoy, with
+/// the sidecar in-process. Envoy's admin port is chosen first so the shim
+/// can be told where it is before Envoy starts.
+pub struct GuardedPod {
+    pub backend: Backend,
+    pub envoy: EnvoyProcess,
+    pub shim: SocketAddr,
+    pub guard: SocketAddr,
+    pub drain: drainshim::drain::DrainHandle,
+    pub sigterm: mpsc::UnboundedSender<()>,
+    pub task: JoinHandle<Report>,
+}
+
+pub async fn guarded_pod(version: &str, extra: &[&str]) -> GuardedPod {
+    let backend = backend().await;
+    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let admin = format!("http://127.0.0.1:{admin_port}");
+    let upstream = backend.addr.to_string();
+    let mut all = vec![
+        "--envoy-admin",
+        &admin,
+        "--guard-listen",
+        "127.0.0.1:0",
+        "--guard-upstream",
+        &upstream,
+    ];
+    all.extend_from_slice(extra);
+    let args = sidecar_args(&all);
+    let settings = sidecar::validate_sidecar(&args).expect("valid settings");
+    let s: Sidecar = sidecar::start(args, settings).await.expect("start sidecar");
+    let shim = s.local_addr();
+    let guard = s.guard_addr().expect("guard address");
+    let drain = s.drain().clone();
+    let (sigterm, rx) = mpsc::unbounded_channel();
+    let task = tokio::spawn(s.run(rx));
+    let envoy = envoy_with(version, guard, |o| o.admin_port = admin_port).await;
+    GuardedPod {
+        backend,
+        envoy,
+        shim,
+        guard,
+        drain,
+        sigterm,
+        task,
+    }
+}
