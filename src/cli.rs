@@ -39,6 +39,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once at start: the size of the biggest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run beside Envoy in the pod: control endpoints, metrics, and the drain
