@@ -258,10 +258,14 @@ pub struct DemoArgs {
     #[arg(long, env = "DRAINSHIM_ENVOY")]
     pub envoy: Option<std::path::PathBuf>,
 
-    /// How many long-lived streams to hold open.
-    #[arg(long, env = "DRAINSHIM_STREAMS", default_value_t = 20,
-          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    /// How many long-lived streams to hold open, over two pods.
+    #[arg(long, env = "DRAINSHIM_STREAMS", default_value_t = 200,
+          value_parser = clap::value_parser!(u64).range(2..=10_000))]
     pub streams: u64,
+
+    /// Where to write the reconnect plot.
+    #[arg(long, env = "DRAINSHIM_PLOT", default_value = "drainshim-demo.svg")]
+    pub plot: std::path::PathBuf,
 }
 
 #[derive(Debug, Subcommand)]
@@ -269,6 +273,68 @@ pub enum BenchCommand {
     /// A tonic streaming backend that stamps every message with a sequence number.
     #[command(after_help = EXIT_CODES)]
     Server(BenchServerArgs),
+
+    /// Restart one of two pods under N long-lived streams and measure, from
+    /// the client side, what each way of restarting costs.
+    #[command(
+        long_about = "Restart one of two pods under N long-lived streams and measure what it costs.\n\n\
+            Each pod is a real Envoy inbound in front of the tonic bench backend (in drainshim mode \
+            with a drainshim sidecar and its stream guard between them). Clients reconnect with \
+            backoff when a stream ends, like real gRPC clients. Per mode it reports streams ended \
+            gracefully and cut, messages lost, reconnect latency p50/p99, and the reconnect storm \
+            (peak over mean reconnects per 100 ms). With --soak it instead holds the population for \
+            that long under --max-connection-age and reports the steady-state reconnect rate.",
+        after_help = EXIT_CODES
+    )]
+    Reconnect(ReconnectArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ReconnectArgs {
+    /// The Envoy binary (default: the project's cached 1.40.0, then `envoy` on PATH).
+    #[arg(long, env = "DRAINSHIM_ENVOY")]
+    pub envoy: Option<std::path::PathBuf>,
+
+    /// Long-lived streams, spread over both pods.
+    #[arg(long, env = "DRAINSHIM_STREAMS", default_value_t = 200,
+          value_parser = clap::value_parser!(u64).range(2..=20_000))]
+    pub streams: u64,
+
+    /// Which restarts to measure; repeatable (default: all three).
+    #[arg(long, env = "DRAINSHIM_MODE", value_enum, value_delimiter = ',')]
+    pub mode: Vec<crate::bench::reconnect::Mode>,
+
+    /// drainshim mode: time for callers to drop the endpoint.
+    #[arg(long, env = "DRAINSHIM_DEREGISTRATION_DELAY", value_parser = humantime::parse_duration, default_value = "2s")]
+    pub deregistration_delay: Duration,
+
+    /// drainshim mode: streams are ended gracefully before this.
+    #[arg(long, env = "DRAINSHIM_DRAIN_TIME", value_parser = humantime::parse_duration, default_value = "12s")]
+    pub drain_time: Duration,
+
+    /// drainshim mode: hard deadline.
+    #[arg(long, env = "DRAINSHIM_PARENT_SHUTDOWN_TIME", value_parser = humantime::parse_duration, default_value = "20s")]
+    pub parent_shutdown_time: Duration,
+
+    /// The guard's max connection age (drainshim mode and --soak).
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE", value_parser = humantime::parse_duration)]
+    pub max_connection_age: Option<Duration>,
+
+    /// Grace after a max-age GOAWAY before open streams are ended.
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_GRACE", value_parser = humantime::parse_duration, default_value = "30s")]
+    pub max_connection_age_grace: Duration,
+
+    /// Instead of a restart, hold the population this long under
+    /// --max-connection-age and report the steady-state reconnect rate.
+    #[arg(long, env = "DRAINSHIM_SOAK", value_parser = humantime::parse_duration, requires = "max_connection_age")]
+    pub soak: Option<Duration>,
+
+    #[arg(long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+
+    /// Write reconnects over time per mode as an SVG plot.
+    #[arg(long, env = "DRAINSHIM_PLOT")]
+    pub plot: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Args)]

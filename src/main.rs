@@ -178,6 +178,7 @@ async fn run(command: Command) -> ExitCode {
             let opts = bench::demo::DemoOptions {
                 envoy,
                 streams: args.streams as usize,
+                plot: args.plot,
             };
             match bench::demo::run(opts).await {
                 Ok(()) => ExitCode::SUCCESS,
@@ -187,6 +188,7 @@ async fn run(command: Command) -> ExitCode {
                 }
             }
         }
+        Command::Bench(BenchCommand::Reconnect(args)) => bench_reconnect(args).await,
         Command::Bench(BenchCommand::Server(args)) => {
             let mut signals = sigterms();
             let shutdown = async move {
@@ -199,6 +201,82 @@ async fn run(command: Command) -> ExitCode {
                     ExitCode::from(EX_UNAVAILABLE)
                 }
             }
+        }
+    }
+}
+
+/// `drainshim bench reconnect`.
+async fn bench_reconnect(args: drainshim::cli::ReconnectArgs) -> ExitCode {
+    use bench::reconnect::{self, Mode, ReconnectOptions};
+    let envoy = match args.envoy.map_or_else(bench::envoy::default_binary, Ok) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("drainshim bench reconnect: {e}");
+            return ExitCode::from(EX_UNAVAILABLE);
+        }
+    };
+    let mut opts = ReconnectOptions::new(envoy);
+    opts.streams = args.streams as usize;
+    if !args.mode.is_empty() {
+        opts.modes = args.mode;
+    }
+    opts.deregistration_delay = args.deregistration_delay;
+    opts.drain_time = args.drain_time;
+    opts.parent_shutdown_time = args.parent_shutdown_time;
+    opts.max_connection_age = args.max_connection_age;
+    opts.max_connection_age_grace = args.max_connection_age_grace;
+    if opts.modes.contains(&Mode::Drainshim) {
+        let t = drainshim::config::Timers {
+            deregistration_delay: opts.deregistration_delay,
+            min_drain_time: opts.deregistration_delay,
+            drain_time: opts.drain_time,
+            parent_shutdown_time: opts.parent_shutdown_time,
+            poll_interval: Duration::from_millis(250),
+        };
+        if let Err(e) = t.validate(None) {
+            return usage(&e.to_string());
+        }
+    }
+    if let Some(d) = args.soak {
+        return match reconnect::soak(&opts, d).await {
+            Ok(r) => {
+                match args.format {
+                    Format::Json => print_json(&r),
+                    Format::Table => println!(
+                        "soak {:.0}s, {} streams, max age {:.0}s (+/-10%), grace {:.0}s: {} reconnects ({:.1}/min), {} graceful, {} cut, {} lost, reconnect p99 {:.0} ms, storm peak/mean {:.2}",
+                        r.soak_seconds, r.streams, r.max_connection_age_seconds, r.grace_seconds, r.reconnects,
+                        r.reconnects_per_minute, r.graceful, r.cut, r.lost_messages, r.reconnect_p99_ms, r.storm_peak_to_mean
+                    ),
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("drainshim bench reconnect: {e}");
+                ExitCode::from(EX_UNAVAILABLE)
+            }
+        };
+    }
+    match reconnect::run(&opts).await {
+        Ok(results) => {
+            match args.format {
+                Format::Json => print_json(&results),
+                Format::Table => print!("{}", bench::measure::render_table(&results)),
+            }
+            if let Some(path) = args.plot {
+                if let Err(e) = bench::measure::plot(&results, &path) {
+                    eprintln!("drainshim bench reconnect: {e}");
+                    return ExitCode::from(EX_UNAVAILABLE);
+                }
+                eprintln!(
+                    "drainshim bench reconnect: plot written to {}",
+                    path.display()
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("drainshim bench reconnect: {e}");
+            ExitCode::from(EX_UNAVAILABLE)
         }
     }
 }

@@ -287,3 +287,98 @@ pub async fn run(opts: &ReconnectOptions) -> Result<Vec<ModeResult>, String> {
     }
     Ok(out)
 }
+
+/// Steady state under a max connection age: what an operator watches for a
+/// week after rolling the connection-lifetime change out.
+#[derive(Clone, Debug, Serialize)]
+pub struct SoakResult {
+    pub streams: usize,
+    pub max_connection_age_seconds: f64,
+    pub grace_seconds: f64,
+    pub soak_seconds: f64,
+    /// Streams that ended (and reconnected) during the soak.
+    pub reconnects: usize,
+    pub reconnects_per_minute: f64,
+    pub graceful: usize,
+    pub cut: usize,
+    pub lost_messages: u64,
+    pub reconnect_p99_ms: f64,
+    /// Peak reconnects per 100 ms over the mean, over the soak.
+    pub storm_peak_to_mean: f64,
+}
+
+pub async fn soak(opts: &ReconnectOptions, duration: Duration) -> Result<SoakResult, String> {
+    let age = opts
+        .max_connection_age
+        .ok_or("--soak needs --max-connection-age")?;
+    let ledger = Ledger::default();
+    opts.say("[soak] starting two pods with the guard's max connection age");
+    let a = start_pod(opts, &ledger, true).await?;
+    let b = start_pod(opts, &ledger, true).await?;
+    let endpoints = Endpoints::new(vec![a.envoy.inbound, b.envoy.inbound]);
+    let population = Population::start(opts.streams, endpoints, "soak").await?;
+    let start = Instant::now();
+    let mut next_report = start;
+    while start.elapsed() < duration {
+        if Instant::now() >= next_report {
+            let ended = population.snapshot().len();
+            opts.say(&format!(
+                "[soak] {:>4.0}s of {}: {ended} streams ended and reconnected so far",
+                start.elapsed().as_secs_f64(),
+                humantime::format_duration(duration)
+            ));
+            next_report += Duration::from_secs(10);
+        }
+        tokio::time::sleep(
+            Duration::from_millis(500).min(duration.saturating_sub(start.elapsed())),
+        )
+        .await;
+    }
+    let end = Instant::now();
+    let sessions = population.stop().await;
+    drop((a, b));
+    let during: Vec<_> = sessions.iter().filter(|s| s.ended < end).collect();
+    let graceful = during
+        .iter()
+        .filter(|s| matches!(s.ending, super::client::Ending::Graceful))
+        .count();
+    let cut = during
+        .iter()
+        .filter(|s| s.ending == super::client::Ending::Cut)
+        .count();
+    let lost_messages = during
+        .iter()
+        .map(|s| {
+            ledger
+                .last_written(&s.stream_id)
+                .unwrap_or(s.last_seq)
+                .saturating_sub(s.last_seq)
+                + u64::from(s.gap)
+        })
+        .sum();
+    let starts: Vec<Instant> = sessions
+        .iter()
+        .filter(|s| s.reconnect.is_some() && s.started < end)
+        .map(|s| s.started)
+        .collect();
+    let mut lat: Vec<f64> = sessions
+        .iter()
+        .filter_map(|s| s.reconnect)
+        .map(|d| d.as_secs_f64() * 1000.0)
+        .collect();
+    lat.sort_by(f64::total_cmp);
+    let secs = end.saturating_duration_since(start).as_secs_f64();
+    Ok(SoakResult {
+        streams: opts.streams,
+        max_connection_age_seconds: age.as_secs_f64(),
+        grace_seconds: opts.max_connection_age_grace.as_secs_f64(),
+        soak_seconds: secs,
+        reconnects: during.len(),
+        reconnects_per_minute: during.len() as f64 / secs * 60.0,
+        graceful,
+        cut,
+        lost_messages,
+        reconnect_p99_ms: measure::percentile(&lat, 0.99),
+        storm_peak_to_mean: measure::peak_to_mean(&starts),
+    })
+}
