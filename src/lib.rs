@@ -14,6 +14,7 @@ pub mod fleet;
 pub mod http;
 pub mod inventory;
 pub mod metrics;
+pub mod node;
 pub mod prestop;
 pub mod sidecar;
 pub mod telemetry;
