@@ -12,11 +12,12 @@ use drainshim::cli::{BenchCommand, Cli, Command, Format};
 use drainshim::drain::{self, DrainSettings, Trigger};
 use drainshim::fleet::{self, verify::VerifyOptions, verify::VerifySource};
 use drainshim::metrics::Metrics;
-use drainshim::{bench, prestop, sidecar};
+use drainshim::{bench, node, prestop, sidecar};
 
 const EX_USAGE: u8 = 64;
 const EX_UNAVAILABLE: u8 = 69;
 const EX_SOFTWARE: u8 = 70;
+const EX_NOPERM: u8 = 77;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -75,6 +76,26 @@ async fn run(command: Command) -> ExitCode {
                 }
                 Err(e) => {
                     eprintln!("drainshim sidecar: {e}");
+                    ExitCode::from(EX_UNAVAILABLE)
+                }
+            }
+        }
+        Command::Node(args) => {
+            let settings = match node::validate(&args) {
+                Ok(s) => s,
+                Err(msg) => return usage(&msg),
+            };
+            match node::NodeAgent::start(settings, args.listen).await {
+                Ok(agent) => {
+                    agent.run(sigterms()).await;
+                    ExitCode::SUCCESS
+                }
+                Err(e @ node::NodeError::NoPrivilege(_)) => {
+                    eprintln!("drainshim node: {e}");
+                    ExitCode::from(EX_NOPERM)
+                }
+                Err(e) => {
+                    eprintln!("drainshim node: {e}");
                     ExitCode::from(EX_UNAVAILABLE)
                 }
             }

@@ -96,6 +96,46 @@ pub enum NodeError {
     Proc(#[from] proc::ProcError),
 }
 
+/// Checks every flag together and reports every bad value at once.
+pub fn validate(args: &crate::cli::NodeArgs) -> Result<NodeSettings, String> {
+    let mut errs = Vec::new();
+    let timers = args.timers.timers();
+    if let Err(e) = timers.validate(args.timers.termination_grace_period) {
+        errs.extend(e.0);
+    }
+    if args.timers.admin_timeout.is_zero() {
+        errs.push("--admin-timeout must be greater than zero".into());
+    }
+    if args.scan_interval.is_zero() {
+        errs.push("--scan-interval must be greater than zero".into());
+    }
+    if args.pod_admin_port == 0 {
+        errs.push("--pod-admin-port must not be 0".into());
+    }
+    let names: Vec<String> = args
+        .envoy_process_name
+        .iter()
+        .map(|n| n.trim().to_string())
+        .filter(|n| !n.is_empty())
+        .collect();
+    if names.is_empty() {
+        errs.push("--envoy-process-name needs at least one name".into());
+    }
+    if !errs.is_empty() {
+        return Err(format!("invalid settings:\n  - {}", errs.join("\n  - ")));
+    }
+    Ok(NodeSettings {
+        proc_root: args.proc_root.clone(),
+        process_names: names,
+        scan_interval: args.scan_interval,
+        pod_admin_port: args.pod_admin_port,
+        pod_listen_port: args.pod_listen_port,
+        timers,
+        admin_timeout: args.timers.admin_timeout,
+        retention: args.pod_retention,
+    })
+}
+
 /// A departed pod whose counters are still shown.
 struct Departed {
     series: PodSeries,
