@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: demo test envoy prometheus lint tools
+.PHONY: demo test envoy prometheus lint tools bench-node
 
 demo: envoy
 	$(CARGO) run --release --locked --quiet -- demo
@@ -24,3 +24,7 @@ prometheus:
 lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets --locked -- -D warnings
+
+# Node mode at scale (root): 100 pod namespaces, discovery time, RSS, idle CPU.
+bench-node:
+	$(CARGO) run --release --locked --quiet -- bench node-scale --pods 100

@@ -355,6 +355,23 @@ pub enum BenchCommand {
     /// A tonic streaming backend that stamps every message with a sequence number.
     #[command(after_help = EXIT_CODES)]
     Server(BenchServerArgs),
+
+    /// The node agent with N pod namespaces: discovery time, RSS, idle CPU.
+    #[command(
+        long_about = "The node agent with N pod namespaces.\n\n\
+            Creates N network namespaces, each with a light admin stand-in for Envoy \
+            (`bench admin-stub`, run under the process name `envoy`), starts the real \
+            `drainshim node` on a private view of /proc holding just those processes, and \
+            reports the time until every pod is inventoried (version read from inside its \
+            namespace, preStop listener bound), the agent's RSS, the time of one /metrics \
+            scrape, and the agent's idle CPU. Needs root; removes everything it created.",
+        after_help = "Exit codes:\n  0   measured\n  64  usage error\n  69  the benchmark could not run (not root, no `ip`, a pod not found)"
+    )]
+    NodeScale(NodeScaleArgs),
+
+    /// A light stand-in for Envoy's admin API (used by node-scale).
+    #[command(hide = true, after_help = EXIT_CODES)]
+    AdminStub(AdminStubArgs),
 }
 
 #[derive(Debug, Args)]
@@ -362,6 +379,41 @@ pub struct BenchServerArgs {
     /// Address to serve gRPC (h2c) on.
     #[arg(long, env = "DRAINSHIM_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
+}
+
+#[derive(Debug, Args)]
+pub struct NodeScaleArgs {
+    /// Pod namespaces to create.
+    #[arg(long, env = "DRAINSHIM_PODS", default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub pods: u64,
+
+    /// How long to watch the idle agent's CPU (two scans at the default 5 s).
+    #[arg(long, env = "DRAINSHIM_IDLE_WINDOW", value_parser = humantime::parse_duration,
+          default_value = "10s")]
+    pub idle_window: Duration,
+
+    #[arg(long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+#[derive(Debug, Args)]
+pub struct AdminStubArgs {
+    /// Address to serve on (inside the pod's namespace).
+    #[arg(long, env = "DRAINSHIM_LISTEN", default_value = "127.0.0.1:15000")]
+    pub listen: SocketAddr,
+
+    /// Node metadata NAMESPACE to report.
+    #[arg(long, env = "DRAINSHIM_NAMESPACE", default_value = "bench")]
+    pub namespace: String,
+
+    /// Node metadata NAME to report.
+    #[arg(long, env = "DRAINSHIM_POD", default_value = "pod")]
+    pub pod: String,
+
+    /// Envoy release to report.
+    #[arg(long, env = "DRAINSHIM_VERSION", default_value = "1.40.0")]
+    pub version: String,
 }
 
 /// The drain timers; see DESIGN.md §2 for the timeline.

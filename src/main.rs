@@ -206,6 +206,56 @@ async fn run(command: Command) -> ExitCode {
                 }
             }
         }
+        Command::Bench(BenchCommand::NodeScale(args)) => {
+            let binary = match std::env::current_exe() {
+                Ok(b) => b,
+                Err(e) => {
+                    eprintln!("drainshim bench node-scale: finding this executable: {e}");
+                    return ExitCode::from(EX_SOFTWARE);
+                }
+            };
+            let opts = bench::node_scale::NodeScaleOptions {
+                pods: args.pods as usize,
+                idle_window: args.idle_window,
+                binary,
+            };
+            match bench::node_scale::run(opts).await {
+                Ok(report) => {
+                    match args.format {
+                        Format::Json => print_json(&report),
+                        Format::Table => print!("{}", report.render()),
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("drainshim bench node-scale: {e}");
+                    ExitCode::from(EX_UNAVAILABLE)
+                }
+            }
+        }
+        Command::Bench(BenchCommand::AdminStub(args)) => {
+            let listener = match tokio::net::TcpListener::bind(args.listen).await {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!("drainshim bench admin-stub: bind {}: {e}", args.listen);
+                    return ExitCode::from(EX_UNAVAILABLE);
+                }
+            };
+            let id = bench::admin_stub::StubIdentity {
+                version: args.version,
+                namespace: args.namespace,
+                pod: args.pod,
+            };
+            let stop = tokio_util::sync::CancellationToken::new();
+            let mut signals = sigterms();
+            let s = stop.clone();
+            tokio::spawn(async move {
+                let _ = signals.recv().await;
+                s.cancel();
+            });
+            bench::admin_stub::serve(listener, id, stop).await;
+            ExitCode::SUCCESS
+        }
         Command::Bench(BenchCommand::Server(args)) => {
             let mut signals = sigterms();
             let shutdown = async move {

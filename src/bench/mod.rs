@@ -1,6 +1,8 @@
 //! Bench and demo: the streaming backend, a real-Envoy launcher, and the demo.
 
+pub mod admin_stub;
 pub mod client;
 pub mod demo;
 pub mod envoy;
+pub mod node_scale;
 pub mod server;
