@@ -64,17 +64,21 @@ pub struct NodeScaleOptions {
 /// The figures.
 #[derive(Clone, Debug, Serialize)]
 pub struct NodeScaleReport {
+    /// Pod namespaces created.
     pub pods: usize,
     /// Pods the agent had inventoried when measured (must equal `pods`).
     pub discovered: usize,
     /// Agent start until every pod is inventoried with a listener.
     pub discovery_seconds: f64,
+    /// The agent's resident memory once every pod is inventoried.
     pub rss_mib_after_discovery: f64,
     /// One GET /metrics, which reads every pod's admin API and counters.
     pub scrape_seconds: f64,
+    /// The same after one full scrape.
     pub rss_mib_after_scrape: f64,
     /// CPU of the idle agent, in percent of one core.
     pub idle_cpu_percent: f64,
+    /// How long the idle CPU was measured.
     pub idle_window_seconds: f64,
     /// What stood in for Envoy in each namespace.
     pub admin_endpoint: String,
@@ -108,8 +112,8 @@ struct Fixture {
     namespaces: Vec<String>,
     /// Stubs and the agent; killed on drop.
     children: Vec<Child>,
-    /// The `envoy` link and the /proc view.
-    dir: tempfile::TempDir,
+    /// The `envoy` link and the /proc view, removed with the fixture.
+    _dir: tempfile::TempDir,
 }
 
 impl Drop for Fixture {
@@ -123,7 +127,6 @@ impl Drop for Fixture {
                 .stderr(Stdio::null())
                 .status();
         }
-        let _ = self.dir.path();
     }
 }
 
@@ -159,7 +162,7 @@ pub async fn run(opts: NodeScaleOptions) -> Result<NodeScaleReport, NodeScaleErr
     let mut fx = Fixture {
         namespaces: Vec::new(),
         children: Vec::new(),
-        dir,
+        _dir: dir,
     };
 
     eprintln!("node-scale: creating {} pod namespaces", opts.pods);

@@ -34,7 +34,9 @@ use crate::telemetry::TCP_RESET_KINDS;
     Clone, Debug, Default, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet, serde::Serialize,
 )]
 pub struct PodLabels {
+    /// The pod's Kubernetes namespace ("" when only its UID is known).
     pub namespace: String,
+    /// The pod's name (or UID, or `netns-<inode>`, in that order of preference).
     pub pod: String,
 }
 

@@ -138,12 +138,15 @@ pub fn validate(args: &crate::cli::NodeArgs) -> Result<NodeSettings, String> {
 
 /// A departed pod whose counters are still shown.
 struct Departed {
+    /// Its last series, with `live` false.
     series: PodSeries,
+    /// When they stop being exported.
     until: Instant,
 }
 
 /// State shared by the scanner, the API and the pod listeners.
 struct Shared {
+    /// Validated flags.
     settings: NodeSettings,
     /// The node's own namespace: Envoys in it are hostNetwork, not pods.
     own_netns: u64,
@@ -165,6 +168,7 @@ struct Shared {
 
 /// The running agent.
 pub struct NodeAgent {
+    /// What the scanner, the API and the pod listeners share.
     shared: Arc<Shared>,
     /// The bound `--listen` address.
     local: SocketAddr,
@@ -177,11 +181,13 @@ pub struct NodeAgent {
 /// `GET /status` on the agent.
 #[derive(Clone, Debug, Serialize)]
 pub struct NodeStatus {
+    /// Live pods, each with its listener, Envoy and drain status.
     pub pods: Vec<PodStatus>,
     /// Departed pods whose counters are still exported.
     pub departed: Vec<PodLabels>,
     /// Allowed to drain, besides loopback.
     pub host_addresses: Vec<String>,
+    /// Scans done since start: a stuck scanner shows here.
     pub scans: u64,
 }
 

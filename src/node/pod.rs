@@ -166,21 +166,29 @@ impl Pod {
 /// One pod in `GET /status`.
 #[derive(Clone, Debug, Serialize)]
 pub struct PodStatus {
+    /// The pod's namespace label.
     pub namespace: String,
+    /// The pod's name label.
     pub pod: String,
     /// From the kubepods cgroup, when the process is in one.
     pub uid: Option<String>,
+    /// Envoy processes in the pod.
     pub pids: Vec<i32>,
     /// The network namespace inode: the pod's key on this node.
     pub netns: u64,
+    /// Whether its preStop can be served.
     pub listener: ListenerState,
+    /// What Envoy said at the last scan.
     pub envoy: EnvoySummary,
+    /// The pod's drain, as the sidecar's `/status` shows it.
     pub drain: Status,
 }
 
 #[derive(Clone, Debug, Serialize)]
 pub struct EnvoySummary {
+    /// Envoy's release; None until `/server_info` answered once.
     pub version: Option<String>,
+    /// ISTIO_VERSION from node metadata, if any.
     pub mesh_version: Option<String>,
     /// LIVE, DRAINING, ... at the last scan.
     pub state: Option<String>,

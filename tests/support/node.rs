@@ -73,6 +73,7 @@ fn run_quiet(args: &[&str]) {
 /// A network namespace made by a Lab (`/run/netns/<name>`).
 #[derive(Clone, Debug)]
 pub struct Ns {
+    /// Its name for `ip netns`.
     pub name: String,
     /// Its inode: the agent's key for the pod.
     pub inode: u64,
@@ -296,7 +297,9 @@ fn free_slash30() -> (Ipv4Addr, Ipv4Addr) {
 
 /// A real Envoy running inside a namespace; killed on drop.
 pub struct PodEnvoy {
+    /// `ip netns exec` exec'd into Envoy: this is Envoy itself.
     child: Child,
+    /// Envoy's pid (what the agent finds in /proc).
     pub pid: u32,
     /// Admin client that dials from inside the pod.
     pub admin: AdminClient,
