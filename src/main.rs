@@ -85,9 +85,11 @@ async fn run(command: Command) -> ExitCode {
                 Ok(s) => s,
                 Err(msg) => return usage(&msg),
             };
+            // Before the "ready" log line: a SIGTERM right after it is handled.
+            let signals = sigterms();
             match node::NodeAgent::start(settings, args.listen).await {
                 Ok(agent) => {
-                    agent.run(sigterms()).await;
+                    agent.run(signals).await;
                     ExitCode::SUCCESS
                 }
                 Err(e @ node::NodeError::NoPrivilege(_)) => {
@@ -327,18 +329,19 @@ fn install(dir: &std::path::Path) -> Result<std::path::PathBuf, String> {
     Ok(dest)
 }
 
-/// One message per SIGTERM or SIGINT.
+/// One message per SIGTERM or SIGINT. The handlers are installed before this
+/// returns, so a signal sent right after is never the default (fatal) one.
 fn sigterms() -> mpsc::UnboundedReceiver<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let (tx, rx) = mpsc::unbounded_channel();
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        return rx;
+    };
     tokio::spawn(async move {
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            tracing::error!("cannot install signal handlers");
-            return;
-        };
         loop {
             tokio::select! {
                 _ = term.recv() => {}
