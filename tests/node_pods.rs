@@ -330,5 +330,28 @@ async fn pods_come_and_go_without_leaks() {
         m.contains(r#"drainshim_proxy_info{namespace="batch",pod="job-1",version="1.39.3""#)
     })
     .await;
+
+    // A second namespace claiming the same pod never exports one label set
+    // twice: it is told apart by its namespace inode.
+    let twin = lab.netns("t");
+    let _e3 = lab
+        .envoy(&twin, "1.40.0", |o| {
+            o.metadata.insert("NAMESPACE".into(), "batch".into());
+            o.metadata.insert("NAME".into(), "job-1".into());
+        })
+        .await;
+    let twin_pod = format!("job-1@netns-{}", twin.inode);
+    let m = wait_metrics(api, "both claimants are listed apart", |m| {
+        m.contains(&format!(
+            r#"drainshim_proxy_info{{namespace="batch",pod="{twin_pod}",version="1.40.0""#
+        ))
+    })
+    .await;
+    assert_eq!(
+        m.matches(r#"drainshim_draining{namespace="batch",pod="job-1"}"#)
+            .count(),
+        1,
+        "{m}"
+    );
     agent.stop().await;
 }

@@ -164,6 +164,8 @@ struct Shared {
     pods_gauge: prometheus_client::metrics::gauge::Gauge,
     /// Scans done, for /readyz and /status.
     scans: std::sync::atomic::AtomicU64,
+    /// Numbers pods in discovery order.
+    next_seq: std::sync::atomic::AtomicU64,
 }
 
 /// The running agent.
@@ -227,8 +229,15 @@ impl NodeAgent {
                     .lock()
                     .map(|p| p.values().map(Pod::series).collect())
                     .unwrap_or_default();
+                // A pod that came back (same labels) replaces its departed
+                // self: one label set must never be exported twice.
                 if let Ok(d) = departed.lock() {
-                    all.extend(d.iter().map(|d| d.series.clone()));
+                    let fresh: Vec<_> = d
+                        .iter()
+                        .filter(|d| !all.iter().any(|p| p.labels == d.series.labels))
+                        .map(|d| d.series.clone())
+                        .collect();
+                    all.extend(fresh);
                 }
                 all
             })
@@ -254,6 +263,7 @@ impl NodeAgent {
             registry,
             pods_gauge,
             scans: Default::default(),
+            next_seq: Default::default(),
         });
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();
@@ -329,6 +339,30 @@ impl NodeAgent {
         self.shared.tasks.close();
         let _ = tokio::time::timeout(Duration::from_secs(2), self.shared.tasks.wait()).await;
         tracing::info!("node agent stopped");
+    }
+}
+
+/// Two namespaces claiming the same pod (a misconfigured metadata, or a
+/// stale process) would export one label set twice: the pod found first
+/// keeps the name, the other gets `@netns-<inode>`.
+fn disambiguate(pods: &mut BTreeMap<u64, Pod>) {
+    let mut order: Vec<&mut Pod> = pods.values_mut().collect();
+    order.sort_by_key(|p| p.seq);
+    let mut seen = std::collections::BTreeSet::new();
+    for p in order {
+        if !seen.insert(p.labels.clone()) {
+            let inode = p.netns.inode();
+            tracing::warn!(namespace = %p.labels.namespace, pod = %p.labels.pod, netns = inode,
+                "two network namespaces claim this pod; labelling the later one by its netns");
+            p.labels.pod = format!("{}@netns-{inode}", p.labels.pod);
+            if let Some(proxy) = &mut p.proxy {
+                proxy.pod = p.labels.pod.clone();
+            }
+            if let Ok(mut name) = p.name.write() {
+                *name = p.labels.clone();
+            }
+            seen.insert(p.labels.clone());
+        }
     }
 }
 
@@ -484,6 +518,7 @@ impl Shared {
                 p.listener = self.serve_pod(p, l);
             }
         }
+        disambiguate(&mut pods);
         drop(pods);
         self.scans
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -550,6 +585,9 @@ impl Shared {
         let name = Arc::new(RwLock::new(PodLabels::default()));
         pod::watch_report(&self.tasks, drain.clone(), name.clone(), cancel.clone());
         let mut pod = Pod {
+            seq: self
+                .next_seq
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             netns,
             pids: g.pids.clone(),
             proc_identity,

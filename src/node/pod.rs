@@ -51,6 +51,8 @@ pub enum ListenerState {
 /// A pod the agent manages. Dropping it (after `retire`) releases its
 /// namespace fd and socket.
 pub struct Pod {
+    /// Discovery order: of two namespaces claiming one pod, the first keeps the name.
+    pub seq: u64,
     /// The pinned network namespace.
     pub netns: Netns,
     /// Envoy pids seen in it at the last scan, lowest first.
