@@ -98,6 +98,21 @@ async fn kubelet_drains_one_pod_and_leaves_the_other_alone() {
         "kernel counters of the pod's netns: {m}"
     );
     wait_listening(api, &["web-a", "web-b"]).await;
+    // The fleet tools read a node agent like a sidecar: one row per pod.
+    let mut rows = drainshim::fleet::proxies(&drainshim::fleet::Source::Targets(vec![format!(
+        "http://{api}"
+    )]))
+    .await
+    .expect("inventory from the agent");
+    rows.sort_by(|x, y| x.pod.cmp(&y.pod));
+    let got: Vec<(&str, &str, &str)> = rows
+        .iter()
+        .map(|p| (p.pod.as_str(), p.version.as_str(), p.state.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![("web-a", "1.39.3", "LIVE"), ("web-b", "1.40.0", "LIVE")]
+    );
 
     // The kubelet: preStop httpGet from the host to the pod IP.
     let (code, body) = http_in(None, pod_addr(a_ip), "GET", "/drain?wait=true")
