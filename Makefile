@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: demo test bench envoy prometheus lint tools deploy-check deploy-tools deploy-rules
+.PHONY: demo test bench bench-node envoy prometheus lint tools deploy-check deploy-tools deploy-rules
 
 demo: envoy
 	$(CARGO) run --release --locked --quiet -- demo
@@ -17,6 +17,7 @@ test: tools lint deploy-check
 # assert nothing about speed. Release build.
 bench: tools
 	$(CARGO) bench --locked --bench footprint
+	$(MAKE) bench-node
 
 # Everything the tests run against, installed into .cache/ (no system changes).
 # deploy-check installs its own tools (kubectl if absent, kubernetes-validate,
@@ -45,3 +46,7 @@ deploy-tools:
 # Regenerate deploy/monitoring/prometheusrule.yaml after editing rules.yaml.
 deploy-rules: deploy-tools
 	.cache/deploy-venv/bin/python scripts/check_deploy.py sync-rules
+
+# Node mode at scale (root): 100 pod namespaces, discovery time, RSS, idle CPU.
+bench-node:
+	$(CARGO) run --release --locked --quiet -- bench node-scale --pods 100

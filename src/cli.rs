@@ -106,6 +106,32 @@ pub enum Command {
     )]
     Verify(VerifyArgs),
 
+    /// The DaemonSet agent: finds every pod's Envoy through /proc, enters its
+    /// network namespace, and gives each pod a preStop listener and metrics.
+    #[command(
+        long_about = "The DaemonSet agent (node mode).\n\n\
+            One agent per node replaces the per-pod sidecar. Every --scan-interval it lists Envoy \
+            processes in --proc-root, groups them by network namespace (one namespace = one pod; \
+            the node's own is skipped), and for each pod:\n\
+            - reaches Envoy's admin API on 127.0.0.1:--pod-admin-port from inside the pod \
+            (setns on a short-lived thread, socket handed to tokio);\n\
+            - identifies the pod: POD_NAMESPACE/POD_NAME in the Envoy process's environment, then \
+            Envoy node metadata NAMESPACE/NAME, then the Istio node id, then the pod UID from its \
+            kubepods cgroup;\n\
+            - plants a listener inside the pod on 0.0.0.0:--pod-listen-port that serves only \
+            GET /drain?wait=true (the pod's preStop httpGet; drains only that pod, and only when \
+            asked from one of the node's own addresses or the pod's loopback) and GET /healthz;\n\
+            - runs the same drain driver, report and telemetry as the sidecar.\n\
+            Pods whose namespace has no Envoy left are retired at the next scan: listener closed, \
+            tasks cancelled.\n\n\
+            On --listen (the node's namespace): GET /metrics (every series with namespace and pod \
+            labels; scrape with honor_labels: true), /healthz, /readyz, /status, and \
+            GET /pods/<namespace>/<pod>, POST /pods/<namespace>/<pod>/drain[?wait=true] \
+            (loopback only).",
+        after_help = NODE_AFTER_HELP
+    )]
+    Node(NodeArgs),
+
     /// Benchmark helpers.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -126,6 +152,25 @@ pub enum Command {
     #[command(after_help = EXIT_CODES)]
     Demo(DemoArgs),
 }
+
+/// Privileges and exit codes of `drainshim node`.
+pub const NODE_AFTER_HELP: &str = "\
+Privileges (pod spec of the DaemonSet):
+  hostPID: true        see the pods' processes in /proc
+  hostNetwork: true    the agent's namespace is the node's: its addresses are the
+                       kubelet's (allowed to drain) and --listen is on the node
+  CAP_SYS_ADMIN        setns(CLONE_NEWNET) into each pod's network namespace
+  CAP_SYS_PTRACE       open /proc/<pid>/ns/net, read /proc/<pid>/environ and exe of
+                       processes run by other users (Istio's proxy runs as 1337)
+  not needed: CAP_NET_BIND_SERVICE (15098 and 15099 are above 1024),
+              CAP_NET_ADMIN, privileged: true
+
+Exit codes:
+  0   stopped by SIGTERM (after drains in progress finished)
+  64  usage error: a bad flag or an inconsistent drain budget
+  69  --listen could not be bound, or --proc-root cannot be read
+  77  no permission to enter network namespaces (CAP_SYS_ADMIN missing)
+  70  internal error";
 
 /// Exit codes of the read-only fleet commands.
 pub const FLEET_EXIT_CODES: &str = "\
@@ -268,6 +313,49 @@ pub struct DemoArgs {
     pub plot: std::path::PathBuf,
 }
 
+#[derive(Debug, Args)]
+pub struct NodeArgs {
+    /// Address for the agent's /metrics, /status and pod API, on the node.
+    #[arg(long, env = "DRAINSHIM_LISTEN", default_value = crate::node::DEFAULT_NODE_LISTEN)]
+    pub listen: SocketAddr,
+
+    /// Where to list processes: the host's /proc (needs hostPID).
+    #[arg(long, env = "DRAINSHIM_PROC_ROOT", default_value = "/proc")]
+    pub proc_root: std::path::PathBuf,
+
+    /// A process whose comm or executable is named this is an Envoy; repeatable.
+    #[arg(
+        long,
+        env = "DRAINSHIM_ENVOY_PROCESS_NAME",
+        value_delimiter = ',',
+        default_value = "envoy"
+    )]
+    pub envoy_process_name: Vec<String>,
+
+    /// How often to look for pods that came or went.
+    #[arg(long, env = "DRAINSHIM_SCAN_INTERVAL", value_parser = humantime::parse_duration,
+          default_value = "5s")]
+    pub scan_interval: Duration,
+
+    /// Envoy's admin port on 127.0.0.1 inside each pod.
+    #[arg(long, env = "DRAINSHIM_POD_ADMIN_PORT", default_value_t = crate::node::DEFAULT_POD_ADMIN_PORT)]
+    pub pod_admin_port: u16,
+
+    /// Port of the preStop listener planted inside each pod (all addresses).
+    #[arg(long, env = "DRAINSHIM_POD_LISTEN_PORT", default_value_t = crate::node::DEFAULT_POD_LISTEN_PORT,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub pod_listen_port: u16,
+
+    /// How long a departed pod's drain counters stay on /metrics.
+    #[arg(long, env = "DRAINSHIM_POD_RETENTION", value_parser = humantime::parse_duration,
+          default_value = "60s")]
+    pub pod_retention: Duration,
+
+    /// Each pod's drain timers.
+    #[command(flatten)]
+    pub timers: TimerArgs,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
     /// A tonic streaming backend that stamps every message with a sequence number.
@@ -287,6 +375,23 @@ pub enum BenchCommand {
         after_help = EXIT_CODES
     )]
     Reconnect(ReconnectArgs),
+
+    /// The node agent with N pod namespaces: discovery time, RSS, idle CPU.
+    #[command(
+        long_about = "The node agent with N pod namespaces.\n\n\
+            Creates N network namespaces, each with a light admin stand-in for Envoy \
+            (`bench admin-stub`, run under the process name `envoy`), starts the real \
+            `drainshim node` on a private view of /proc holding just those processes, and \
+            reports the time until every pod is inventoried (version read from inside its \
+            namespace, preStop listener bound), the agent's RSS, the time of one /metrics \
+            scrape, and the agent's idle CPU. Needs root; removes everything it created.",
+        after_help = "Exit codes:\n  0   measured\n  64  usage error\n  69  the benchmark could not run (not root, no `ip`, a pod not found)"
+    )]
+    NodeScale(NodeScaleArgs),
+
+    /// A light stand-in for Envoy's admin API (used by node-scale).
+    #[command(hide = true, after_help = EXIT_CODES)]
+    AdminStub(AdminStubArgs),
 }
 
 #[derive(Debug, Args)]
@@ -342,6 +447,41 @@ pub struct BenchServerArgs {
     /// Address to serve gRPC (h2c) on.
     #[arg(long, env = "DRAINSHIM_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
+}
+
+#[derive(Debug, Args)]
+pub struct NodeScaleArgs {
+    /// Pod namespaces to create.
+    #[arg(long, env = "DRAINSHIM_PODS", default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub pods: u64,
+
+    /// How long to watch the idle agent's CPU (two scans at the default 5 s).
+    #[arg(long, env = "DRAINSHIM_IDLE_WINDOW", value_parser = humantime::parse_duration,
+          default_value = "10s")]
+    pub idle_window: Duration,
+
+    #[arg(long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+#[derive(Debug, Args)]
+pub struct AdminStubArgs {
+    /// Address to serve on (inside the pod's namespace).
+    #[arg(long, env = "DRAINSHIM_LISTEN", default_value = "127.0.0.1:15000")]
+    pub listen: SocketAddr,
+
+    /// Node metadata NAMESPACE to report.
+    #[arg(long, env = "DRAINSHIM_NAMESPACE", default_value = "bench")]
+    pub namespace: String,
+
+    /// Node metadata NAME to report.
+    #[arg(long, env = "DRAINSHIM_POD", default_value = "pod")]
+    pub pod: String,
+
+    /// Envoy release to report.
+    #[arg(long, env = "DRAINSHIM_VERSION", default_value = "1.40.0")]
+    pub version: String,
 }
 
 /// The drain timers; see DESIGN.md §2 for the timeline.

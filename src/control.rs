@@ -184,7 +184,7 @@ impl Control {
 }
 
 /// Accepts `wait=true|false` (or a bare `wait`) and nothing else.
-fn parse_wait(query: &str) -> Result<bool, String> {
+pub(crate) fn parse_wait(query: &str) -> Result<bool, String> {
     let mut wait = false;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, "true"));
@@ -206,7 +206,7 @@ fn parse_wait(query: &str) -> Result<bool, String> {
     Ok(wait)
 }
 
-fn text(status: StatusCode, body: impl Into<String>) -> Response<Full<Bytes>> {
+pub(crate) fn text(status: StatusCode, body: impl Into<String>) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::from(body.into())));
     *r.status_mut() = status;
     r.headers_mut().insert(
@@ -216,7 +216,7 @@ fn text(status: StatusCode, body: impl Into<String>) -> Response<Full<Bytes>> {
     r
 }
 
-fn json<T: serde::Serialize>(status: StatusCode, v: &T) -> Response<Full<Bytes>> {
+pub(crate) fn json<T: serde::Serialize>(status: StatusCode, v: &T) -> Response<Full<Bytes>> {
     match serde_json::to_vec(v) {
         Ok(mut body) => {
             body.push(b'\n');
@@ -235,7 +235,7 @@ fn json<T: serde::Serialize>(status: StatusCode, v: &T) -> Response<Full<Bytes>>
     }
 }
 
-fn not_allowed(allow: &'static str) -> Response<Full<Bytes>> {
+pub(crate) fn not_allowed(allow: &'static str) -> Response<Full<Bytes>> {
     let mut r = text(
         StatusCode::METHOD_NOT_ALLOWED,
         format!("method not allowed; use {allow}\n"),
@@ -248,6 +248,21 @@ fn not_allowed(allow: &'static str) -> Response<Full<Bytes>> {
 /// Serves HTTP/1.1 on `listener` until `shutdown` is cancelled, then lets
 /// in-flight requests finish (bounded by the caller's own exit).
 pub async fn serve(listener: TcpListener, control: Arc<Control>, shutdown: CancellationToken) {
+    serve_fn(listener, shutdown, move |peer, req| {
+        let control = control.clone();
+        async move { control.handle(peer, req).await }
+    })
+    .await
+}
+
+/// The accept loop behind `serve`, for any handler: node mode serves its own
+/// endpoints (the agent's, and each pod's preStop listener) the same way,
+/// with the same header timeout, buffer limit and shutdown.
+pub async fn serve_fn<F, Fut>(listener: TcpListener, shutdown: CancellationToken, handler: F)
+where
+    F: Fn(SocketAddr, Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
     let tracker = TaskTracker::new();
     loop {
         let (stream, peer) = tokio::select! {
@@ -262,12 +277,12 @@ pub async fn serve(listener: TcpListener, control: Arc<Control>, shutdown: Cance
                 }
             },
         };
-        let control = control.clone();
+        let handler = handler.clone();
         let shutdown = shutdown.clone();
         tracker.spawn(async move {
             let svc = service_fn(move |req| {
-                let control = control.clone();
-                async move { Ok::<_, Infallible>(control.handle(peer, req).await) }
+                let handler = handler.clone();
+                async move { Ok::<_, Infallible>(handler(peer, req).await) }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -288,6 +303,8 @@ pub async fn serve(listener: TcpListener, control: Arc<Control>, shutdown: Cance
             }
         });
     }
+    // Closing the listener first: a stopped server refuses at once.
+    drop(listener);
     tracker.close();
     let _ = tokio::time::timeout(Duration::from_secs(1), tracker.wait()).await;
 }

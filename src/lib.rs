@@ -15,6 +15,7 @@ pub mod guard;
 pub mod http;
 pub mod inventory;
 pub mod metrics;
+pub mod node;
 pub mod prestop;
 pub mod sidecar;
 pub mod telemetry;

@@ -13,11 +13,12 @@ use drainshim::cli::{BenchCommand, Cli, Command, Format};
 use drainshim::drain::{self, DrainSettings, Trigger};
 use drainshim::fleet::{self, verify::VerifyOptions, verify::VerifySource};
 use drainshim::metrics::Metrics;
-use drainshim::{bench, prestop, sidecar};
+use drainshim::{bench, node, prestop, sidecar};
 
 const EX_USAGE: u8 = 64;
 const EX_UNAVAILABLE: u8 = 69;
 const EX_SOFTWARE: u8 = 70;
+const EX_NOPERM: u8 = 77;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -76,6 +77,28 @@ async fn run(command: Command) -> ExitCode {
                 }
                 Err(e) => {
                     eprintln!("drainshim sidecar: {e}");
+                    ExitCode::from(EX_UNAVAILABLE)
+                }
+            }
+        }
+        Command::Node(args) => {
+            let settings = match node::validate(&args) {
+                Ok(s) => s,
+                Err(msg) => return usage(&msg),
+            };
+            // Before the "ready" log line: a SIGTERM right after it is handled.
+            let signals = sigterms();
+            match node::NodeAgent::start(settings, args.listen).await {
+                Ok(agent) => {
+                    agent.run(signals).await;
+                    ExitCode::SUCCESS
+                }
+                Err(e @ node::NodeError::NoPrivilege(_)) => {
+                    eprintln!("drainshim node: {e}");
+                    ExitCode::from(EX_NOPERM)
+                }
+                Err(e) => {
+                    eprintln!("drainshim node: {e}");
                     ExitCode::from(EX_UNAVAILABLE)
                 }
             }
@@ -189,6 +212,56 @@ async fn run(command: Command) -> ExitCode {
             }
         }
         Command::Bench(BenchCommand::Reconnect(args)) => bench_reconnect(args).await,
+        Command::Bench(BenchCommand::NodeScale(args)) => {
+            let binary = match std::env::current_exe() {
+                Ok(b) => b,
+                Err(e) => {
+                    eprintln!("drainshim bench node-scale: finding this executable: {e}");
+                    return ExitCode::from(EX_SOFTWARE);
+                }
+            };
+            let opts = bench::node_scale::NodeScaleOptions {
+                pods: args.pods as usize,
+                idle_window: args.idle_window,
+                binary,
+            };
+            match bench::node_scale::run(opts).await {
+                Ok(report) => {
+                    match args.format {
+                        Format::Json => print_json(&report),
+                        Format::Table => print!("{}", report.render()),
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("drainshim bench node-scale: {e}");
+                    ExitCode::from(EX_UNAVAILABLE)
+                }
+            }
+        }
+        Command::Bench(BenchCommand::AdminStub(args)) => {
+            let listener = match tokio::net::TcpListener::bind(args.listen).await {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!("drainshim bench admin-stub: bind {}: {e}", args.listen);
+                    return ExitCode::from(EX_UNAVAILABLE);
+                }
+            };
+            let id = bench::admin_stub::StubIdentity {
+                version: args.version,
+                namespace: args.namespace,
+                pod: args.pod,
+            };
+            let stop = tokio_util::sync::CancellationToken::new();
+            let mut signals = sigterms();
+            let s = stop.clone();
+            tokio::spawn(async move {
+                let _ = signals.recv().await;
+                s.cancel();
+            });
+            bench::admin_stub::serve(listener, id, stop).await;
+            ExitCode::SUCCESS
+        }
         Command::Bench(BenchCommand::Server(args)) => {
             let mut signals = sigterms();
             let shutdown = async move {
@@ -336,18 +409,19 @@ fn install(dir: &std::path::Path) -> Result<std::path::PathBuf, String> {
     Ok(dest)
 }
 
-/// One message per SIGTERM or SIGINT.
+/// One message per SIGTERM or SIGINT. The handlers are installed before this
+/// returns, so a signal sent right after is never the default (fatal) one.
 fn sigterms() -> mpsc::UnboundedReceiver<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let (tx, rx) = mpsc::unbounded_channel();
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        return rx;
+    };
     tokio::spawn(async move {
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            tracing::error!("cannot install signal handlers");
-            return;
-        };
         loop {
             tokio::select! {
                 _ = term.recv() => {}

@@ -1,6 +1,9 @@
 //! The one `Metrics` struct, registered once; the names are the contract in
 //! DESIGN.md §3 and must not change.
 
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -75,6 +78,55 @@ pub struct KindLabels {
     pub kind: String,
 }
 
+/// Names (after the `drainshim_` prefix) and help texts, shared by
+/// `Metrics::register` and node mode's per-pod encoder so both stay identical.
+pub mod help {
+    pub const DRAINS: (&str, &str) = ("drains", "Drains finished, by outcome");
+    pub const DRAINED_CONNECTIONS: (&str, &str) = (
+        "drained_connections",
+        "Inbound connections seen by drains, by how they ended",
+    );
+    pub const DRAINED_STREAMS: (&str, &str) = (
+        "drained_streams",
+        "Inbound streams seen by drains, by how they ended",
+    );
+    pub const DRAIN_DURATION: (&str, &str) = (
+        "drain_duration_seconds",
+        "How long drains took, trigger to report",
+    );
+    pub const DRAINING: (&str, &str) = ("draining", "1 while a drain is running");
+    pub const ENVOY_ACTIVE_CONNECTIONS: (&str, &str) = (
+        "envoy_active_connections",
+        "Active downstream connections on Envoy's inbound listeners",
+    );
+    pub const ENVOY_ACTIVE_STREAMS: (&str, &str) = (
+        "envoy_active_streams",
+        "Active downstream requests (streams) on Envoy's inbound HTTP connection managers",
+    );
+    pub const PROXY_INFO: (&str, &str) =
+        ("proxy_info", "The proxy's identity and version; always 1");
+    pub const GOAWAYS: (&str, &str) = (
+        "goaways",
+        "GOAWAY sequences the stream guard started, by reason",
+    );
+    pub const STREAMS_TERMINATED: (&str, &str) = (
+        "streams_terminated",
+        "Streams the stream guard ended gracefully, by reason",
+    );
+    pub const ENVOY_CONFIG_UPDATES: (&str, &str) = (
+        "envoy_config_updates",
+        "xDS updates by resource and result, per Envoy version (mirrored from Envoy)",
+    );
+    pub const ENVOY_UPSTREAM_RETRIES: (&str, &str) = (
+        "envoy_upstream_retries",
+        "Upstream request retries, per Envoy version (mirrored from Envoy)",
+    );
+    pub const TCP_RESETS: (&str, &str) = (
+        "tcp_resets",
+        "TCP resets and aborts counted by the kernel in the pod's network namespace",
+    );
+}
+
 /// Every metric the shim exports. Cheap to clone: each field is an `Arc` inside.
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -91,9 +143,25 @@ pub struct Metrics {
     pub envoy_config_updates: Family<ConfigLabels, Counter>,
     pub envoy_upstream_retries: Family<VersionLabels, Counter>,
     pub tcp_resets: Family<KindLabels, Counter>,
+    /// Every Envoy version passed to `set_proxy`. prometheus-client cannot
+    /// list a Family's label sets, and node mode must find the version-keyed
+    /// series to re-label them per pod.
+    pub versions_seen: Arc<Mutex<BTreeSet<String>>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Metrics {
+    /// Metrics registered nowhere: node mode keeps one set per pod and
+    /// encodes them itself, with pod labels.
+    pub fn new() -> Self {
+        Self::register(&mut Registry::default())
+    }
+
     /// Creates the metrics and registers them under the `drainshim_` prefix.
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self {
@@ -111,66 +179,55 @@ impl Metrics {
             envoy_config_updates: Family::default(),
             envoy_upstream_retries: Family::default(),
             tcp_resets: Family::default(),
+            versions_seen: Arc::default(),
         };
         let r = registry.sub_registry_with_prefix("drainshim");
         m.zero_known_series();
-        r.register("drains", "Drains finished, by outcome", m.drains.clone());
+        r.register(help::DRAINS.0, help::DRAINS.1, m.drains.clone());
         r.register(
-            "drained_connections",
-            "Inbound connections seen by drains, by how they ended",
+            help::DRAINED_CONNECTIONS.0,
+            help::DRAINED_CONNECTIONS.1,
             m.drained_connections.clone(),
         );
         r.register(
-            "drained_streams",
-            "Inbound streams seen by drains, by how they ended",
+            help::DRAINED_STREAMS.0,
+            help::DRAINED_STREAMS.1,
             m.drained_streams.clone(),
         );
         r.register(
-            "drain_duration_seconds",
-            "How long drains took, trigger to report",
+            help::DRAIN_DURATION.0,
+            help::DRAIN_DURATION.1,
             m.drain_duration.clone(),
         );
-        r.register("draining", "1 while a drain is running", m.draining.clone());
+        r.register(help::DRAINING.0, help::DRAINING.1, m.draining.clone());
         r.register(
-            "envoy_active_connections",
-            "Active downstream connections on Envoy's inbound listeners",
+            help::ENVOY_ACTIVE_CONNECTIONS.0,
+            help::ENVOY_ACTIVE_CONNECTIONS.1,
             m.envoy_active_connections.clone(),
         );
         r.register(
-            "envoy_active_streams",
-            "Active downstream requests (streams) on Envoy's inbound HTTP connection managers",
+            help::ENVOY_ACTIVE_STREAMS.0,
+            help::ENVOY_ACTIVE_STREAMS.1,
             m.envoy_active_streams.clone(),
         );
+        r.register(help::PROXY_INFO.0, help::PROXY_INFO.1, m.proxy_info.clone());
+        r.register(help::GOAWAYS.0, help::GOAWAYS.1, m.goaways.clone());
         r.register(
-            "proxy_info",
-            "The proxy's identity and version; always 1",
-            m.proxy_info.clone(),
-        );
-        r.register(
-            "goaways",
-            "GOAWAY sequences the stream guard started, by reason",
-            m.goaways.clone(),
-        );
-        r.register(
-            "streams_terminated",
-            "Streams the stream guard ended gracefully, by reason",
+            help::STREAMS_TERMINATED.0,
+            help::STREAMS_TERMINATED.1,
             m.streams_terminated.clone(),
         );
         r.register(
-            "envoy_config_updates",
-            "xDS updates by resource and result, per Envoy version (mirrored from Envoy)",
+            help::ENVOY_CONFIG_UPDATES.0,
+            help::ENVOY_CONFIG_UPDATES.1,
             m.envoy_config_updates.clone(),
         );
         r.register(
-            "envoy_upstream_retries",
-            "Upstream request retries, per Envoy version (mirrored from Envoy)",
+            help::ENVOY_UPSTREAM_RETRIES.0,
+            help::ENVOY_UPSTREAM_RETRIES.1,
             m.envoy_upstream_retries.clone(),
         );
-        r.register(
-            "tcp_resets",
-            "TCP resets and aborts counted by the kernel in the pod's network namespace",
-            m.tcp_resets.clone(),
-        );
+        r.register(help::TCP_RESETS.0, help::TCP_RESETS.1, m.tcp_resets.clone());
         m
     }
 
@@ -235,6 +292,11 @@ impl Metrics {
 
     /// Replaces the inventory entry: a restarted Envoy may report a new version.
     pub fn set_proxy(&self, labels: ProxyLabels) {
+        if let Ok(mut seen) = self.versions_seen.lock() {
+            if !seen.contains(&labels.version) {
+                seen.insert(labels.version.clone());
+            }
+        }
         if self.proxy_info.get_or_create(&labels).get() == 1 {
             return;
         }

@@ -118,17 +118,34 @@ async fn from_prometheus(prom: &PromClient) -> Result<Vec<Proxy>, FleetError> {
             prom.authority()
         )));
     }
-    let draining: BTreeMap<String, f64> = prom
+    // Keyed by (instance, namespace, pod): a node agent exports one series
+    // per pod; a sidecar's has no pod labels and stands for the instance.
+    let draining: BTreeMap<(String, String, String), f64> = prom
         .query("drainshim_draining")
         .await?
         .into_iter()
-        .map(|s| (s.label("instance").to_string(), s.value))
+        .map(|s| {
+            let key = (
+                s.label("instance").to_string(),
+                s.label("namespace").to_string(),
+                s.label("pod").to_string(),
+            );
+            (key, s.value)
+        })
         .collect();
     Ok(info
         .iter()
         .map(|s| {
             let instance = s.label("instance").to_string();
-            let state = match draining.get(&instance) {
+            let own = (
+                instance.clone(),
+                s.label("namespace").to_string(),
+                s.label("pod").to_string(),
+            );
+            let state = match draining
+                .get(&own)
+                .or_else(|| draining.get(&(instance.clone(), String::new(), String::new())))
+            {
                 Some(v) if *v >= 1.0 => "DRAINING",
                 Some(_) => "LIVE",
                 None => "UNKNOWN",
@@ -216,9 +233,15 @@ pub async fn scrape_target(url: &str) -> Result<TargetScrape, FleetError> {
             Some((s.metric, labels, v))
         })
         .collect();
-    let draining = samples
-        .iter()
-        .any(|(n, _, v)| n == "drainshim_draining" && *v >= 1.0);
+    // A node agent labels drainshim_draining per pod; a sidecar has one.
+    let draining_pod = |ns: &str, pod: &str| {
+        samples.iter().any(|(n, l, v)| {
+            n == "drainshim_draining"
+                && *v >= 1.0
+                && l.get("pod").is_none_or(|p| p == pod)
+                && l.get("namespace").is_none_or(|x| x == ns)
+        })
+    };
     let proxies = samples
         .iter()
         .filter(|(n, _, v)| n == "drainshim_proxy_info" && *v >= 1.0)
@@ -229,7 +252,12 @@ pub async fn scrape_target(url: &str) -> Result<TargetScrape, FleetError> {
                 pod: get("pod"),
                 version: get("version"),
                 mesh_version: get("mesh_version"),
-                state: if draining { "DRAINING" } else { "LIVE" }.to_string(),
+                state: if draining_pod(&get("namespace"), &get("pod")) {
+                    "DRAINING"
+                } else {
+                    "LIVE"
+                }
+                .to_string(),
                 source: url.to_string(),
             }
         })

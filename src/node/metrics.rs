@@ -1,0 +1,455 @@
+//! Per-pod series on the agent's `/metrics`.
+//!
+//! Each pod has its own `Metrics` (the same struct, drain driver and
+//! telemetry as the sidecar). This collector encodes them all under the
+//! contract names with two extra labels first, `namespace` and `pod`:
+//!
+//! ```text
+//! drainshim_drains_total{namespace="shop",pod="web-a",outcome="quiesced"} 1
+//! ```
+//!
+//! `drainshim_proxy_info` already carries `namespace` and `pod`, so it is
+//! emitted as is. Each metric family is written once, with every pod's
+//! series under it: one const-label sub-registry per pod would repeat each
+//! family's HELP/TYPE per pod, which OpenMetrics forbids. prometheus-client
+//! cannot list a Family's label sets, so the known ones are enumerated: the
+//! contract's closed label values, the kernel counter kinds, and the Envoy
+//! versions recorded by `Metrics::set_proxy`.
+
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::MetricType;
+
+use crate::drain::Outcome;
+use crate::metrics::{
+    help, ConfigLabels, Ending, EndingLabels, KindLabels, Metrics, OutcomeLabels, ProxyLabels,
+    Reason, ReasonLabels, VersionLabels,
+};
+use crate::telemetry::TCP_RESET_KINDS;
+
+/// The two labels node mode adds to every per-pod series.
+#[derive(
+    Clone, Debug, Default, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet, serde::Serialize,
+)]
+pub struct PodLabels {
+    /// The pod's Kubernetes namespace ("" when only its UID is known).
+    pub namespace: String,
+    /// The pod's name (or UID, or `netns-<inode>`, in that order of preference).
+    pub pod: String,
+}
+
+/// One pod's metrics, as rendered.
+#[derive(Clone, Debug)]
+pub struct PodSeries {
+    /// The labels its series get.
+    pub labels: PodLabels,
+    /// Its metrics, written by its drain driver and telemetry.
+    pub metrics: Metrics,
+    /// Its inventory entry; None once departed or before Envoy ever answered.
+    pub proxy: Option<ProxyLabels>,
+    /// False once the pod has departed: its live gauges are then meaningless
+    /// and left out, while its drain counters stay for the retention period.
+    pub live: bool,
+}
+
+/// Where the collector reads the current pods from at each scrape.
+pub type PodSource = Arc<dyn Fn() -> Vec<PodSeries> + Send + Sync>;
+
+/// The collector; register it under the `drainshim` prefix.
+#[derive(Clone)]
+pub struct PodCollector {
+    /// Called at each scrape.
+    pub source: PodSource,
+}
+
+impl std::fmt::Debug for PodCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodCollector").finish_non_exhaustive()
+    }
+}
+
+const OUTCOMES: [Outcome; 3] = [
+    Outcome::quiesced,
+    Outcome::deadline,
+    Outcome::envoy_unreachable,
+];
+const ENDINGS: [Ending; 5] = [
+    Ending::closed,
+    Ending::idle_at_exit,
+    Ending::completed,
+    Ending::terminated,
+    Ending::cut,
+];
+const REASONS: [Reason; 2] = [Reason::max_age, Reason::drain];
+const RESOURCES: [&str; 4] = ["lds", "cds", "rds", "eds"];
+const RESULTS: [&str; 3] = ["success", "rejected", "failure"];
+
+/// Writes one family: the descriptor once, then `each` pod's series.
+fn family(
+    enc: &mut DescriptorEncoder,
+    (name, help): (&str, &str),
+    ty: MetricType,
+    pods: &[PodSeries],
+    mut each: impl FnMut(&PodSeries, &mut MetricEncoder) -> std::fmt::Result,
+) -> std::fmt::Result {
+    // The registry ends every help text with a period; so do we.
+    let help = format!("{help}.");
+    let mut me = enc.encode_descriptor(name, &help, None, ty)?;
+    for p in pods {
+        each(p, &mut me)?;
+    }
+    Ok(())
+}
+
+/// One series of a pod: the pod labels, then the metric's own.
+fn series<S: EncodeLabelSet, M: EncodeMetric>(
+    me: &mut MetricEncoder,
+    pod: &PodLabels,
+    labels: S,
+    metric: &M,
+) -> std::fmt::Result {
+    let all = (pod.clone(), labels);
+    metric.encode(me.encode_family(&all)?)
+}
+
+fn plain<M: EncodeMetric>(me: &mut MetricEncoder, pod: &PodLabels, metric: &M) -> std::fmt::Result {
+    metric.encode(me.encode_family(pod)?)
+}
+
+impl Collector for PodCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        let mut pods = (self.source)();
+        pods.sort_by(|a, b| a.labels.cmp(&b.labels));
+        let enc = &mut enc;
+        family(enc, help::DRAINS, MetricType::Counter, &pods, |p, me| {
+            for outcome in OUTCOMES {
+                if let Some(c) = p.metrics.drains.get(&OutcomeLabels { outcome }) {
+                    series(me, &p.labels, OutcomeLabels { outcome }, &*c)?;
+                }
+            }
+            Ok(())
+        })?;
+        for (desc, fam) in [
+            (
+                help::DRAINED_CONNECTIONS,
+                (|m: &Metrics| m.drained_connections.clone()) as fn(&Metrics) -> _,
+            ),
+            (help::DRAINED_STREAMS, |m: &Metrics| {
+                m.drained_streams.clone()
+            }),
+        ] {
+            family(enc, desc, MetricType::Counter, &pods, |p, me| {
+                let f = fam(&p.metrics);
+                for outcome in ENDINGS {
+                    let l = EndingLabels { outcome };
+                    if let Some(c) = f.get(&l) {
+                        series(me, &p.labels, l.clone(), &*c)?;
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        family(
+            enc,
+            help::DRAIN_DURATION,
+            MetricType::Histogram,
+            &pods,
+            |p, me| plain(me, &p.labels, &p.metrics.drain_duration),
+        )?;
+        let live: Vec<PodSeries> = pods.iter().filter(|p| p.live).cloned().collect();
+        family(enc, help::DRAINING, MetricType::Gauge, &live, |p, me| {
+            plain(me, &p.labels, &p.metrics.draining)
+        })?;
+        family(
+            enc,
+            help::ENVOY_ACTIVE_CONNECTIONS,
+            MetricType::Gauge,
+            &live,
+            |p, me| plain(me, &p.labels, &p.metrics.envoy_active_connections),
+        )?;
+        family(
+            enc,
+            help::ENVOY_ACTIVE_STREAMS,
+            MetricType::Gauge,
+            &live,
+            |p, me| plain(me, &p.labels, &p.metrics.envoy_active_streams),
+        )?;
+        family(
+            enc,
+            help::PROXY_INFO,
+            MetricType::Gauge,
+            &live,
+            |p, me| match &p.proxy {
+                Some(proxy) => {
+                    let one = prometheus_client::metrics::gauge::Gauge::<i64>::default();
+                    one.set(1);
+                    one.encode(me.encode_family(proxy)?)
+                }
+                None => Ok(()),
+            },
+        )?;
+        for (desc, fam) in [
+            (
+                help::GOAWAYS,
+                (|m: &Metrics| m.goaways.clone()) as fn(&Metrics) -> _,
+            ),
+            (help::STREAMS_TERMINATED, |m: &Metrics| {
+                m.streams_terminated.clone()
+            }),
+        ] {
+            family(enc, desc, MetricType::Counter, &pods, |p, me| {
+                let f = fam(&p.metrics);
+                for reason in REASONS {
+                    if let Some(c) = f.get(&ReasonLabels { reason }) {
+                        series(me, &p.labels, ReasonLabels { reason }, &*c)?;
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        family(
+            enc,
+            help::ENVOY_CONFIG_UPDATES,
+            MetricType::Counter,
+            &pods,
+            |p, me| {
+                for version in versions(&p.metrics) {
+                    for resource in RESOURCES {
+                        for result in RESULTS {
+                            let l = ConfigLabels {
+                                resource: resource.to_string(),
+                                result: result.to_string(),
+                                version: version.clone(),
+                            };
+                            if let Some(c) = p.metrics.envoy_config_updates.get(&l) {
+                                series(me, &p.labels, l.clone(), &*c)?;
+                            }
+                        }
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        family(
+            enc,
+            help::ENVOY_UPSTREAM_RETRIES,
+            MetricType::Counter,
+            &pods,
+            |p, me| {
+                for version in versions(&p.metrics) {
+                    let l = VersionLabels { version };
+                    if let Some(c) = p.metrics.envoy_upstream_retries.get(&l) {
+                        series(me, &p.labels, l.clone(), &*c)?;
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        family(
+            enc,
+            help::TCP_RESETS,
+            MetricType::Counter,
+            &pods,
+            |p, me| {
+                for (_, _, kind) in TCP_RESET_KINDS {
+                    let l = KindLabels {
+                        kind: kind.to_string(),
+                    };
+                    if let Some(c) = p.metrics.tcp_resets.get(&l) {
+                        series(me, &p.labels, l.clone(), &*c)?;
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        Ok(())
+    }
+}
+
+fn versions(m: &Metrics) -> Vec<String> {
+    m.versions_seen
+        .lock()
+        .map(|s| s.iter().cloned().collect())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::drain::report::{Connections, EnvoyReport, Streams};
+    use crate::drain::{Phase, Report, Trigger};
+    use prometheus_client::registry::Registry;
+    use std::collections::BTreeSet;
+
+    /// A Metrics with every family holding at least one series.
+    fn busy_metrics(registry: &mut Registry) -> Metrics {
+        let m = Metrics::register(registry);
+        m.record_report(&Report {
+            phase: Phase::Done,
+            outcome: Outcome::deadline,
+            trigger: Trigger::Prestop,
+            duration_seconds: 3.0,
+            connections: Connections {
+                at_start: 2,
+                closed: 1,
+                idle_at_exit: 0,
+                cut: 1,
+            },
+            streams: Streams {
+                at_start: 3,
+                completed: 1,
+                terminated: 1,
+                cut: 1,
+            },
+            envoy: EnvoyReport {
+                version: "1.40.0".into(),
+                reachable: true,
+            },
+        });
+        m.set_proxy(ProxyLabels {
+            namespace: "shop".into(),
+            pod: "web-a".into(),
+            version: "1.40.0".into(),
+            mesh_version: "1.24.1".into(),
+        });
+        m.envoy_active_streams.set(4);
+        m.draining.set(1);
+        for (_, _, kind) in TCP_RESET_KINDS {
+            m.tcp_resets
+                .get_or_create(&KindLabels {
+                    kind: kind.to_string(),
+                })
+                .inc_by(2);
+        }
+        m.envoy_config_updates
+            .get_or_create(&ConfigLabels {
+                resource: "lds".into(),
+                result: "rejected".into(),
+                version: "1.40.0".into(),
+            })
+            .inc();
+        m.envoy_upstream_retries
+            .get_or_create(&VersionLabels {
+                version: "1.40.0".into(),
+            })
+            .inc_by(7);
+        m
+    }
+
+    type Sample = (String, Vec<(String, String)>, String);
+
+    /// (name, sorted labels, value) of every sample, plus the HELP/TYPE lines.
+    fn parse(text: &str) -> (BTreeSet<Sample>, BTreeSet<String>) {
+        let mut samples = BTreeSet::new();
+        let mut meta = BTreeSet::new();
+        let doc = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+            .expect("valid exposition");
+        for s in doc.samples {
+            let mut labels: Vec<(String, String)> = s
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            labels.sort();
+            samples.insert((s.metric, labels, format!("{:?}", s.value)));
+        }
+        for l in text.lines().filter(|l| l.starts_with("# ")) {
+            meta.insert(l.to_string());
+        }
+        (samples, meta)
+    }
+
+    /// Node mode renders exactly the sidecar's series, each with the pod's
+    /// labels added (proxy_info as is), and every family once. This catches
+    /// a metric added to `Metrics` but not to the node encoder.
+    #[test]
+    fn node_series_are_the_sidecar_series_with_pod_labels() {
+        let mut sidecar = Registry::default();
+        let m = busy_metrics(&mut sidecar);
+        let (side, side_meta) = parse(&crate::metrics::render(&sidecar));
+
+        let pod = PodLabels {
+            namespace: "shop".into(),
+            pod: "web-a".into(),
+        };
+        let series = PodSeries {
+            labels: pod.clone(),
+            metrics: m.clone(),
+            proxy: Some(ProxyLabels {
+                namespace: "shop".into(),
+                pod: "web-a".into(),
+                version: "1.40.0".into(),
+                mesh_version: "1.24.1".into(),
+            }),
+            live: true,
+        };
+        let other = PodSeries {
+            labels: PodLabels {
+                namespace: "shop".into(),
+                pod: "web-b".into(),
+            },
+            metrics: Metrics::new(),
+            proxy: None,
+            live: true,
+        };
+        let mut node = Registry::default();
+        let source: PodSource = Arc::new(move || vec![other.clone(), series.clone()]);
+        node.sub_registry_with_prefix("drainshim")
+            .register_collector(Box::new(PodCollector { source }));
+        let text = crate::metrics::render(&node);
+        let (node_samples, node_meta) = parse(&text);
+        assert_eq!(side_meta, node_meta, "{text}");
+        for meta in text.lines().filter(|l| l.starts_with("# TYPE")) {
+            assert_eq!(text.matches(&format!("{meta}\n")).count(), 1, "{meta}");
+        }
+
+        let web_a: BTreeSet<Sample> = node_samples
+            .iter()
+            .filter(|(_, l, _)| l.contains(&("pod".to_string(), "web-a".to_string())))
+            .map(|(n, l, v)| {
+                let l = if n == "drainshim_proxy_info" {
+                    l.clone()
+                } else {
+                    l.iter()
+                        .filter(|(k, _)| k != "namespace" && k != "pod")
+                        .cloned()
+                        .collect()
+                };
+                (n.clone(), l, v.clone())
+            })
+            .collect();
+        assert_eq!(side, web_a, "{text}");
+        // The idle pod has its zeroed drain series but no inventory entry.
+        assert!(text.contains(
+            "drainshim_drains_total{namespace=\"shop\",pod=\"web-b\",outcome=\"quiesced\"} 0"
+        ));
+        assert!(!text.contains("drainshim_proxy_info{namespace=\"shop\",pod=\"web-b\""));
+    }
+
+    #[test]
+    fn departed_pods_keep_counters_but_lose_gauges_and_inventory() {
+        let mut r = Registry::default();
+        let m = busy_metrics(&mut r);
+        let gone = PodSeries {
+            labels: PodLabels {
+                namespace: "shop".into(),
+                pod: "web-a".into(),
+            },
+            metrics: m,
+            proxy: None,
+            live: false,
+        };
+        let mut node = Registry::default();
+        let source: PodSource = Arc::new(move || vec![gone.clone()]);
+        node.sub_registry_with_prefix("drainshim")
+            .register_collector(Box::new(PodCollector { source }));
+        let text = crate::metrics::render(&node);
+        assert!(text.contains(
+            "drainshim_drained_streams_total{namespace=\"shop\",pod=\"web-a\",outcome=\"cut\"} 1"
+        ));
+        assert!(!text.contains("drainshim_draining{"), "{text}");
+        assert!(!text.contains("drainshim_proxy_info{"), "{text}");
+    }
+}

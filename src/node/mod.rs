@@ -1,0 +1,700 @@
+//! `drainshim node`: the DaemonSet agent. One process per node reaches every
+//! pod's Envoy by entering the pod's network namespace. It is a different way
+//! of reaching Envoy, not a second implementation: each pod gets the same
+//! drain driver, report, telemetry and metrics as a sidecar.
+//!
+//! Every `--scan-interval` the agent:
+//! - lists Envoy processes in `--proc-root` and groups them by network
+//!   namespace (one namespace = one pod; the node's own is skipped);
+//! - for a new pod: pins its namespace fd, plants the preStop listener
+//!   inside it (`--pod-listen-port`), starts its drain driver;
+//! - asks each pod's Envoy `/server_info` (from inside the pod, on
+//!   `127.0.0.1:--pod-admin-port`) for version and identity;
+//! - retires pods whose namespace has no Envoy any more: listener closed,
+//!   tasks cancelled, namespace fd released; their drain counters stay on
+//!   `/metrics` for `--pod-retention` so the last drain is scraped.
+//!
+//! The agent's own endpoints are in `api`; a pod's listener in `pod`.
+
+pub mod api;
+pub mod metrics;
+pub mod netns;
+pub mod pod;
+pub mod proc;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use self::metrics::{PodCollector, PodLabels, PodSeries, PodSource};
+use self::netns::{Netns, NetnsDial};
+use self::pod::{HostAddrs, ListenerState, Pod, PodEndpoint, PodStatus};
+use crate::config::Timers;
+use crate::drain::{self, DrainSettings, Phase};
+use crate::envoy::AdminClient;
+use crate::metrics::Metrics;
+use crate::telemetry::Telemetry;
+
+/// Envoy's admin port inside a pod (Istio's default).
+pub const DEFAULT_POD_ADMIN_PORT: u16 = 15000;
+/// The preStop listener inside each pod; the pod spec's `httpGet` targets it.
+pub const DEFAULT_POD_LISTEN_PORT: u16 = 15099;
+/// The agent's own endpoint, on the node: one below the pod port, so a
+/// hostNetwork agent never collides with a pod's listener number.
+pub const DEFAULT_NODE_LISTEN: &str = "0.0.0.0:15098";
+/// Pods come and go on the order of seconds; 5 s keeps /proc reads negligible.
+pub const DEFAULT_SCAN_INTERVAL: Duration = Duration::from_secs(5);
+/// Long enough for two 30 s scrapes to see a departed pod's last drain.
+pub const DEFAULT_POD_RETENTION: Duration = Duration::from_secs(60);
+/// New pods set up and identified at once per scan; bounds threads in flight.
+const SCAN_CONCURRENCY: usize = 32;
+
+/// Validated settings of the agent.
+#[derive(Clone, Debug)]
+pub struct NodeSettings {
+    /// Where processes are listed (`/proc`, or a test's view of it).
+    pub proc_root: PathBuf,
+    /// `comm` or executable names that count as Envoy.
+    pub process_names: Vec<String>,
+    /// Time between scans.
+    pub scan_interval: Duration,
+    /// Envoy's admin port on 127.0.0.1 inside each pod.
+    pub pod_admin_port: u16,
+    /// The preStop listener's port inside each pod.
+    pub pod_listen_port: u16,
+    /// Each pod's drain timers (the sidecar's, per pod).
+    pub timers: Timers,
+    /// Deadline of each admin call and of each connect inside a pod.
+    pub admin_timeout: Duration,
+    /// How long a departed pod's counters stay on /metrics.
+    pub retention: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("bind {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot read this process's network namespace ({0}): is /proc mounted?")]
+    OwnNetns(proc::ProcError),
+    #[error("cannot enter network namespaces: {0}. drainshim node needs CAP_SYS_ADMIN (setns); see --help")]
+    NoPrivilege(String),
+    #[error("{0}")]
+    Proc(#[from] proc::ProcError),
+}
+
+/// Checks every flag together and reports every bad value at once.
+pub fn validate(args: &crate::cli::NodeArgs) -> Result<NodeSettings, String> {
+    let mut errs = Vec::new();
+    let timers = args.timers.timers();
+    if let Err(e) = timers.validate(args.timers.termination_grace_period) {
+        errs.extend(e.0);
+    }
+    if args.timers.admin_timeout.is_zero() {
+        errs.push("--admin-timeout must be greater than zero".into());
+    }
+    if args.scan_interval.is_zero() {
+        errs.push("--scan-interval must be greater than zero".into());
+    }
+    if args.pod_admin_port == 0 {
+        errs.push("--pod-admin-port must not be 0".into());
+    }
+    let names: Vec<String> = args
+        .envoy_process_name
+        .iter()
+        .map(|n| n.trim().to_string())
+        .filter(|n| !n.is_empty())
+        .collect();
+    if names.is_empty() {
+        errs.push("--envoy-process-name needs at least one name".into());
+    }
+    if !errs.is_empty() {
+        return Err(format!("invalid settings:\n  - {}", errs.join("\n  - ")));
+    }
+    Ok(NodeSettings {
+        proc_root: args.proc_root.clone(),
+        process_names: names,
+        scan_interval: args.scan_interval,
+        pod_admin_port: args.pod_admin_port,
+        pod_listen_port: args.pod_listen_port,
+        timers,
+        admin_timeout: args.timers.admin_timeout,
+        retention: args.pod_retention,
+    })
+}
+
+/// A departed pod whose counters are still shown.
+struct Departed {
+    /// Its last series, with `live` false.
+    series: PodSeries,
+    /// When they stop being exported.
+    until: Instant,
+}
+
+/// State shared by the scanner, the API and the pod listeners.
+struct Shared {
+    /// Validated flags.
+    settings: NodeSettings,
+    /// The node's own namespace: Envoys in it are hostNetwork, not pods.
+    own_netns: u64,
+    /// Live pods by namespace inode. A std mutex, never held across an await.
+    pods: Arc<Mutex<BTreeMap<u64, Pod>>>,
+    /// Pods gone, kept for the retention period.
+    departed: Arc<Mutex<Vec<Departed>>>,
+    /// The node's addresses, for the pod listeners' access check.
+    host: HostAddrs,
+    /// Every pod task (listeners, report watchers): none outlives its pod.
+    tasks: TaskTracker,
+    /// The agent's metrics: per-pod series plus a few of its own.
+    registry: Registry,
+    /// Pods managed (`drainshim_node_pods`).
+    pods_gauge: prometheus_client::metrics::gauge::Gauge,
+    /// Scans done, for /readyz and /status.
+    scans: std::sync::atomic::AtomicU64,
+    /// Numbers pods in discovery order.
+    next_seq: std::sync::atomic::AtomicU64,
+}
+
+/// The running agent.
+pub struct NodeAgent {
+    /// What the scanner, the API and the pod listeners share.
+    shared: Arc<Shared>,
+    /// The bound `--listen` address.
+    local: SocketAddr,
+    /// Stops the scanner, the API and every pod.
+    shutdown: CancellationToken,
+    /// The scanner and the API server.
+    tasks: TaskTracker,
+}
+
+/// `GET /status` on the agent.
+#[derive(Clone, Debug, Serialize)]
+pub struct NodeStatus {
+    /// Live pods, each with its listener, Envoy and drain status.
+    pub pods: Vec<PodStatus>,
+    /// Departed pods whose counters are still exported.
+    pub departed: Vec<PodLabels>,
+    /// Allowed to drain, besides loopback.
+    pub host_addresses: Vec<String>,
+    /// Scans done since start: a stuck scanner shows here.
+    pub scans: u64,
+}
+
+/// Checks that this process may enter network namespaces, by entering its own.
+async fn check_privileges(own: &Netns) -> Result<(), NodeError> {
+    own.run(|| Ok(()))
+        .await
+        .map_err(|e| NodeError::NoPrivilege(e.to_string()))
+}
+
+impl NodeAgent {
+    /// Checks privileges, binds `listen`, runs the first scan, and starts
+    /// scanning every interval.
+    pub async fn start(settings: NodeSettings, listen: SocketAddr) -> Result<Self, NodeError> {
+        let self_ns = PathBuf::from("/proc/self/ns/net");
+        let own_netns = proc::netns_inode(&self_ns).map_err(NodeError::OwnNetns)?;
+        let own =
+            Netns::open(&self_ns, own_netns).map_err(|e| NodeError::NoPrivilege(e.to_string()))?;
+        check_privileges(&own).await?;
+        // Fail now, not at the first scan, on a --proc-root that cannot be read.
+        proc::scan(&settings.proc_root, &settings.process_names)?;
+        let listener = TcpListener::bind(listen)
+            .await
+            .map_err(|source| NodeError::Bind {
+                addr: listen,
+                source,
+            })?;
+        let local = listener.local_addr().unwrap_or(listen);
+
+        let pods: Arc<Mutex<BTreeMap<u64, Pod>>> = Arc::default();
+        let departed: Arc<Mutex<Vec<Departed>>> = Arc::default();
+        let source: PodSource = {
+            let pods = pods.clone();
+            let departed = departed.clone();
+            Arc::new(move || {
+                let mut all: Vec<PodSeries> = pods
+                    .lock()
+                    .map(|p| p.values().map(Pod::series).collect())
+                    .unwrap_or_default();
+                // A pod that came back (same labels) replaces its departed
+                // self: one label set must never be exported twice.
+                if let Ok(d) = departed.lock() {
+                    let fresh: Vec<_> = d
+                        .iter()
+                        .filter(|d| !all.iter().any(|p| p.labels == d.series.labels))
+                        .map(|d| d.series.clone())
+                        .collect();
+                    all.extend(fresh);
+                }
+                all
+            })
+        };
+        let mut registry = Registry::default();
+        let pods_gauge = prometheus_client::metrics::gauge::Gauge::default();
+        {
+            let r = registry.sub_registry_with_prefix("drainshim");
+            r.register_collector(Box::new(PodCollector { source }));
+            r.register(
+                "node_pods",
+                "Pods (network namespaces with an Envoy) the node agent manages",
+                pods_gauge.clone(),
+            );
+        }
+        let shared = Arc::new(Shared {
+            settings,
+            own_netns,
+            pods,
+            departed,
+            host: HostAddrs::default(),
+            tasks: TaskTracker::new(),
+            registry,
+            pods_gauge,
+            scans: Default::default(),
+            next_seq: Default::default(),
+        });
+        let shutdown = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        shared.scan().await;
+        tasks.spawn(api::serve(listener, shared.clone(), shutdown.clone()));
+        tasks.spawn(scan_loop(shared.clone(), shutdown.clone()));
+        tracing::info!(listen = %local, proc_root = %shared.settings.proc_root.display(),
+            pods = shared.pods.lock().map(|p| p.len()).unwrap_or(0), "node agent ready");
+        Ok(Self {
+            shared,
+            local,
+            shutdown,
+            tasks,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    pub fn status(&self) -> NodeStatus {
+        self.shared.status()
+    }
+
+    /// Pod tasks still running (listeners, report watchers): 0 with no pods.
+    pub fn pod_tasks(&self) -> usize {
+        self.shared.tasks.len()
+    }
+
+    /// Runs until SIGTERM (one message on `signals`). Drains in progress are
+    /// waited for, up to their own deadline, so a pod's preStop is answered;
+    /// a second SIGTERM stops at once.
+    pub async fn run(self, mut signals: mpsc::UnboundedReceiver<()>) {
+        if signals.recv().await.is_some() {
+            let running: Vec<_> = self
+                .shared
+                .pods
+                .lock()
+                .map(|p| {
+                    p.values()
+                        .map(|p| p.drain.clone())
+                        .filter(|d| {
+                            let s = d.status();
+                            s.phase != Phase::Serving && s.report.is_none()
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            if !running.is_empty() {
+                tracing::info!(
+                    drains = running.len(),
+                    "SIGTERM: waiting for drains in progress (again to stop now)"
+                );
+                let all = futures_util::future::join_all(running.iter().map(|d| d.report()));
+                tokio::select! {
+                    _ = all => {}
+                    _ = signals.recv() => tracing::warn!("second SIGTERM: stopping now"),
+                }
+            }
+        }
+        self.stop().await;
+    }
+
+    /// Stops scanning and serving, and retires every pod.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+        let pods = std::mem::take(&mut *self.shared.pods.lock().unwrap_or_else(|e| e.into_inner()));
+        for (_, pod) in pods {
+            pod.retire();
+        }
+        self.shared.tasks.close();
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.shared.tasks.wait()).await;
+        tracing::info!("node agent stopped");
+    }
+}
+
+/// Two namespaces claiming the same pod (a misconfigured metadata, or a
+/// stale process) would export one label set twice: the pod found first
+/// keeps the name, the other gets `@netns-<inode>`.
+fn disambiguate(pods: &mut BTreeMap<u64, Pod>) {
+    let mut order: Vec<&mut Pod> = pods.values_mut().collect();
+    order.sort_by_key(|p| p.seq);
+    let mut seen = std::collections::BTreeSet::new();
+    for p in order {
+        if !seen.insert(p.labels.clone()) {
+            let inode = p.netns.inode();
+            tracing::warn!(namespace = %p.labels.namespace, pod = %p.labels.pod, netns = inode,
+                "two network namespaces claim this pod; labelling the later one by its netns");
+            p.labels.pod = format!("{}@netns-{inode}", p.labels.pod);
+            if let Some(proxy) = &mut p.proxy {
+                proxy.pod = p.labels.pod.clone();
+            }
+            if let Ok(mut name) = p.name.write() {
+                *name = p.labels.clone();
+            }
+            seen.insert(p.labels.clone());
+        }
+    }
+}
+
+async fn scan_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(shared.settings.scan_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await; // the first scan ran in start()
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => shared.scan().await,
+        }
+    }
+}
+
+impl Shared {
+    /// One scan: host addresses, processes, pods in and out, identities,
+    /// listeners still missing, retention.
+    async fn scan(self: &Arc<Self>) {
+        match netns::host_addresses() {
+            Ok(addrs) => {
+                if let Ok(mut h) = self.host.write() {
+                    *h = addrs.into_iter().map(pod::host_net).collect();
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot list the node's addresses"),
+        }
+        let root = self.settings.proc_root.clone();
+        let names = self.settings.process_names.clone();
+        let scanned = tokio::task::spawn_blocking(move || proc::scan(&root, &names)).await;
+        let procs = match scanned {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "scan failed");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "scan task failed");
+                return;
+            }
+        };
+        let mut groups = proc::group(&procs);
+        groups.remove(&self.own_netns);
+
+        // Retire pods whose namespace has no Envoy left, and pods whose drain
+        // is over and whose Envoy was replaced (a container restart).
+        let gone: Vec<Pod> = {
+            let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
+            let keys: Vec<u64> = pods
+                .iter()
+                .filter(|(k, p)| match groups.get(k) {
+                    None => true,
+                    Some(g) => {
+                        p.drain.status().report.is_some()
+                            && !g.pids.iter().any(|pid| p.pids.contains(pid))
+                    }
+                })
+                .map(|(k, _)| *k)
+                .collect();
+            keys.into_iter().filter_map(|k| pods.remove(&k)).collect()
+        };
+        let now = Instant::now();
+        for pod in gone {
+            tracing::info!(namespace = %pod.labels.namespace, pod = %pod.labels.pod,
+                netns = pod.netns.inode(), "pod gone: listener closed, tasks cancelled");
+            let series = pod.retire();
+            if let Ok(mut d) = self.departed.lock() {
+                d.push(Departed {
+                    series,
+                    until: now + self.settings.retention,
+                });
+            }
+        }
+        if let Ok(mut d) = self.departed.lock() {
+            d.retain(|d| d.until > now);
+        }
+
+        // New pods, set up concurrently (each setns is a short-lived thread).
+        let known: Vec<u64> = self
+            .pods
+            .lock()
+            .map(|p| p.keys().copied().collect())
+            .unwrap_or_default();
+        let fresh: Vec<proc::NetnsGroup> = groups
+            .values()
+            .filter(|g| !known.contains(&g.netns))
+            .cloned()
+            .collect();
+        let created: Vec<Pod> = futures_util::stream::iter(fresh)
+            .map(|g| self.new_pod(g))
+            .buffer_unordered(SCAN_CONCURRENCY)
+            .filter_map(|p| async move { p })
+            .collect()
+            .await;
+        {
+            let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
+            for mut p in created {
+                if let Some(g) = groups.get(&p.netns.inode()) {
+                    p.pids = g.pids.clone();
+                }
+                tracing::info!(namespace = %p.labels.namespace, pod = %p.labels.pod,
+                    netns = p.netns.inode(), pids = ?p.pids, listener = ?p.listener, "pod found");
+                pods.insert(p.netns.inode(), p);
+            }
+            for (k, p) in pods.iter_mut() {
+                if let Some(g) = groups.get(k) {
+                    p.pids = g.pids.clone();
+                }
+            }
+            self.pods_gauge.set(pods.len() as i64);
+        }
+
+        // Identify every pod and retry missing listeners, concurrently.
+        let work: Vec<(u64, AdminClient, Option<Netns>)> = self
+            .pods
+            .lock()
+            .map(|p| {
+                p.iter()
+                    .map(|(k, p)| {
+                        let needs_listener = !matches!(p.listener, ListenerState::Listening(_));
+                        (*k, p.admin.clone(), needs_listener.then(|| p.netns.clone()))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let port = self.settings.pod_listen_port;
+        let results: Vec<_> = futures_util::stream::iter(work)
+            .map(|(k, admin, netns)| async move {
+                let info = admin.server_info().await;
+                let listener = match netns {
+                    Some(ns) => Some(ns.listen(port).await),
+                    None => None,
+                };
+                (k, info, listener)
+            })
+            .buffer_unordered(SCAN_CONCURRENCY)
+            .collect()
+            .await;
+        let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
+        for (k, info, listener) in results {
+            let Some(p) = pods.get_mut(&k) else { continue };
+            match info {
+                Ok(info) => {
+                    p.envoy_state = Ok(info.state.clone());
+                    p.resolve(Some(&info));
+                }
+                Err(e) => {
+                    p.envoy_state = Err(e.to_string());
+                    p.resolve(None);
+                }
+            }
+            if let Some(l) = listener {
+                p.listener = self.serve_pod(p, l);
+            }
+        }
+        disambiguate(&mut pods);
+        drop(pods);
+        self.scans
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Pins the namespace, builds the admin client, telemetry and drain
+    /// driver. The listener is planted by the caller's identify step.
+    async fn new_pod(self: &Arc<Self>, g: proc::NetnsGroup) -> Option<Pod> {
+        let s = &self.settings;
+        // Any pid of the group will do; try them in order, they may exit meanwhile.
+        let mut opened = None;
+        for pid in &g.pids {
+            let path = s.proc_root.join(pid.to_string()).join("ns/net");
+            match Netns::open(&path, g.netns) {
+                Ok(ns) => {
+                    opened = Some((*pid, ns));
+                    break;
+                }
+                Err(e) => tracing::debug!(error = %e, "cannot pin a pod's netns"),
+            }
+        }
+        let Some((pid, netns)) = opened else {
+            tracing::warn!(netns = g.netns, pids = ?g.pids,
+                "cannot open the network namespace of an Envoy: is CAP_SYS_PTRACE granted?");
+            return None;
+        };
+        let proc_identity = {
+            let root = s.proc_root.clone();
+            tokio::task::spawn_blocking(move || proc::identity(&root, pid))
+                .await
+                .unwrap_or_default()
+        };
+        let dial = Arc::new(NetnsDial {
+            netns: netns.clone(),
+            connect_timeout: s.admin_timeout,
+        });
+        let admin = match AdminClient::with_dial(
+            &format!("http://127.0.0.1:{}", s.pod_admin_port),
+            s.admin_timeout,
+            dial,
+        ) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::error!(error = %e, "building the pod admin client");
+                return None;
+            }
+        };
+        let metrics = Metrics::new();
+        let (drain, driver) = drain::spawn(
+            DrainSettings {
+                timers: s.timers,
+                admin: admin.clone(),
+                guard: None,
+            },
+            metrics.clone(),
+        );
+        let telemetry = Arc::new(Telemetry::new(
+            admin.clone(),
+            (proc_identity.namespace.clone(), proc_identity.name.clone()),
+            s.proc_root.join(pid.to_string()).join("net"),
+            metrics.clone(),
+        ));
+        let cancel = CancellationToken::new();
+        let name = Arc::new(RwLock::new(PodLabels::default()));
+        pod::watch_report(&self.tasks, drain.clone(), name.clone(), cancel.clone());
+        let mut pod = Pod {
+            seq: self
+                .next_seq
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            netns,
+            pids: g.pids.clone(),
+            proc_identity,
+            labels: PodLabels::default(),
+            proxy: None,
+            envoy_state: Err("not asked yet".into()),
+            admin,
+            drain,
+            driver: driver.abort_handle(),
+            metrics,
+            telemetry,
+            listener: ListenerState::Failed("not bound yet".into()),
+            cancel,
+            name,
+        };
+        pod.resolve(None);
+        Some(pod)
+    }
+
+    /// Serves a freshly bound listener for `pod`, or records why binding failed.
+    fn serve_pod(&self, pod: &Pod, bound: std::io::Result<TcpListener>) -> ListenerState {
+        let listener = match bound {
+            Ok(l) => l,
+            Err(e) => {
+                let msg = format!(
+                    "bind port {} inside the pod: {e}",
+                    self.settings.pod_listen_port
+                );
+                if pod.listener != ListenerState::Failed(msg.clone()) {
+                    tracing::warn!(namespace = %pod.labels.namespace, pod = %pod.labels.pod,
+                        error = %msg, "no preStop listener for this pod (retrying each scan)");
+                }
+                return ListenerState::Failed(msg);
+            }
+        };
+        let addr = match listener.local_addr() {
+            Ok(a) => a,
+            Err(e) => return ListenerState::Failed(format!("listener address: {e}")),
+        };
+        let endpoint = Arc::new(PodEndpoint {
+            drain: pod.drain.clone(),
+            host: self.host.clone(),
+            name: pod.name.clone(),
+        });
+        self.tasks.spawn(crate::control::serve_fn(
+            listener,
+            pod.cancel.clone(),
+            move |peer, req| {
+                let endpoint = endpoint.clone();
+                async move { endpoint.handle(peer, req).await }
+            },
+        ));
+        ListenerState::Listening(addr)
+    }
+
+    fn status(&self) -> NodeStatus {
+        let pods = self
+            .pods
+            .lock()
+            .map(|p| p.values().map(Pod::status).collect())
+            .unwrap_or_default();
+        let departed = self
+            .departed
+            .lock()
+            .map(|d| d.iter().map(|d| d.series.labels.clone()).collect())
+            .unwrap_or_default();
+        let host_addresses = self
+            .host
+            .read()
+            .map(|h| h.iter().map(|n| n.addr().to_string()).collect())
+            .unwrap_or_default();
+        NodeStatus {
+            pods,
+            departed,
+            host_addresses,
+            scans: self.scans.load(std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+
+    /// The pod with these labels, for the agent API.
+    fn find(&self, namespace: &str, name: &str) -> Option<(crate::drain::DrainHandle, PodStatus)> {
+        let pods = self.pods.lock().ok()?;
+        pods.values()
+            .find(|p| p.labels.namespace == namespace && p.labels.pod == name)
+            .map(|p| (p.drain.clone(), p.status()))
+    }
+
+    /// Telemetry of every live pod, refreshed concurrently.
+    async fn refresh_telemetry(&self) {
+        let all: Vec<(Arc<Telemetry>, bool)> = self
+            .pods
+            .lock()
+            .map(|p| {
+                p.values()
+                    .map(|p| {
+                        (
+                            p.telemetry.clone(),
+                            p.drain.status().phase != Phase::Serving,
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        futures_util::stream::iter(all)
+            .for_each_concurrent(SCAN_CONCURRENCY, |(t, draining)| async move {
+                t.refresh(draining).await
+            })
+            .await;
+    }
+}

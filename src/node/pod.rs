@@ -1,0 +1,277 @@
+//! One pod on the node: its namespace handle, identity, drain driver,
+//! telemetry, and the preStop listener planted inside its network namespace.
+//!
+//! The listener serves exactly two endpoints, for this pod alone:
+//!
+//! | endpoint | what |
+//! |---|---|
+//! | `GET /drain?wait=true` | drain this pod's Envoy, block until done, 200 with the report (preStop `httpGet`) |
+//! | `GET /healthz` | the listener is alive |
+//!
+//! Everything else is 404: nothing more is exposed on the pod network.
+//! Drains are accepted only from the node's own addresses (the kubelet) and
+//! from loopback inside the pod; the handler only ever holds this pod's
+//! drain handle, so a pod can drain nobody but itself.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, RwLock};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use ipnet::IpNet;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::metrics::{PodLabels, PodSeries};
+use super::netns::Netns;
+use super::proc::ProcIdentity;
+use crate::control::{json, may_mutate, parse_wait, text};
+use crate::drain::{DrainHandle, Status, Trigger};
+use crate::envoy::{AdminClient, ServerInfo};
+use crate::metrics::{Metrics, ProxyLabels};
+use crate::telemetry::Telemetry;
+
+/// The node's own addresses, shared by every pod listener and refreshed at
+/// each scan (an interface may come or go).
+pub type HostAddrs = Arc<RwLock<Vec<IpNet>>>;
+
+/// Where the pod's preStop listener stands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ListenerState {
+    /// Bound inside the pod at this address.
+    Listening(SocketAddr),
+    /// Binding failed (retried at each scan), e.g. a sidecar owns the port.
+    Failed(String),
+}
+
+/// A pod the agent manages. Dropping it (after `retire`) releases its
+/// namespace fd and socket.
+pub struct Pod {
+    /// Discovery order: of two namespaces claiming one pod, the first keeps the name.
+    pub seq: u64,
+    /// The pinned network namespace.
+    pub netns: Netns,
+    /// Envoy pids seen in it at the last scan, lowest first.
+    pub pids: Vec<i32>,
+    /// What the process says of the pod (downward API env, cgroup UID).
+    pub proc_identity: ProcIdentity,
+    /// The labels its series carry, resolved in DESIGN.md order.
+    pub labels: PodLabels,
+    /// The inventory entry, once Envoy has answered `/server_info`.
+    pub proxy: Option<ProxyLabels>,
+    /// Envoy's server state at the last scan (LIVE, DRAINING...), or the error.
+    pub envoy_state: Result<String, String>,
+    /// The admin client, dialling from inside the pod.
+    pub admin: AdminClient,
+    /// This pod's drain; the listener and the agent API drive it.
+    pub drain: DrainHandle,
+    /// The drain driver task, aborted when the pod goes.
+    pub driver: tokio::task::AbortHandle,
+    /// This pod's series, written by the driver and telemetry.
+    pub metrics: Metrics,
+    /// Read at scrape time.
+    pub telemetry: Arc<Telemetry>,
+    /// The preStop listener's state.
+    pub listener: ListenerState,
+    /// Cancels the listener and the report watcher.
+    pub cancel: CancellationToken,
+    /// Shared with the listener so its logs name the pod as identity improves.
+    pub name: Arc<RwLock<PodLabels>>,
+}
+
+impl Pod {
+    /// Resolves identity in DESIGN.md order: the process's downward-API env,
+    /// Envoy node metadata, the Istio node id, the cgroup pod UID; and, when
+    /// none says anything, the namespace inode, so series never collide.
+    pub fn resolve(&mut self, info: Option<&ServerInfo>) {
+        let id = &self.proc_identity;
+        let fallback_pod = || {
+            id.uid
+                .clone()
+                .unwrap_or_else(|| format!("netns-{}", self.netns.inode()))
+        };
+        let (labels, proxy) = match info {
+            Some(info) => {
+                let mut p = crate::inventory::proxy_labels(
+                    id.namespace.as_deref(),
+                    id.name.as_deref(),
+                    info,
+                );
+                if p.pod.is_empty() {
+                    p.pod = fallback_pod();
+                }
+                let labels = PodLabels {
+                    namespace: p.namespace.clone(),
+                    pod: p.pod.clone(),
+                };
+                (labels, Some(p))
+            }
+            None => (
+                PodLabels {
+                    namespace: id.namespace.clone().unwrap_or_default(),
+                    pod: id.name.clone().unwrap_or_else(fallback_pod),
+                },
+                self.proxy.clone(),
+            ),
+        };
+        if let Ok(mut name) = self.name.write() {
+            *name = labels.clone();
+        }
+        self.labels = labels;
+        self.proxy = proxy;
+    }
+
+    pub fn series(&self) -> PodSeries {
+        PodSeries {
+            labels: self.labels.clone(),
+            metrics: self.metrics.clone(),
+            proxy: self.proxy.clone(),
+            live: true,
+        }
+    }
+
+    pub fn status(&self) -> PodStatus {
+        PodStatus {
+            namespace: self.labels.namespace.clone(),
+            pod: self.labels.pod.clone(),
+            uid: self.proc_identity.uid.clone(),
+            pids: self.pids.clone(),
+            netns: self.netns.inode(),
+            listener: self.listener.clone(),
+            envoy: EnvoySummary {
+                version: self.proxy.as_ref().map(|p| p.version.clone()),
+                mesh_version: self.proxy.as_ref().map(|p| p.mesh_version.clone()),
+                state: self.envoy_state.clone().ok(),
+                error: self.envoy_state.clone().err(),
+            },
+            drain: self.drain.status(),
+        }
+    }
+
+    /// Stops everything the pod runs; its metrics live on for the retention.
+    pub fn retire(self) -> PodSeries {
+        self.cancel.cancel();
+        self.driver.abort();
+        PodSeries {
+            labels: self.labels,
+            metrics: self.metrics,
+            proxy: None,
+            live: false,
+        }
+    }
+}
+
+/// One pod in `GET /status`.
+#[derive(Clone, Debug, Serialize)]
+pub struct PodStatus {
+    /// The pod's namespace label.
+    pub namespace: String,
+    /// The pod's name label.
+    pub pod: String,
+    /// From the kubepods cgroup, when the process is in one.
+    pub uid: Option<String>,
+    /// Envoy processes in the pod.
+    pub pids: Vec<i32>,
+    /// The network namespace inode: the pod's key on this node.
+    pub netns: u64,
+    /// Whether its preStop can be served.
+    pub listener: ListenerState,
+    /// What Envoy said at the last scan.
+    pub envoy: EnvoySummary,
+    /// The pod's drain, as the sidecar's `/status` shows it.
+    pub drain: Status,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct EnvoySummary {
+    /// Envoy's release; None until `/server_info` answered once.
+    pub version: Option<String>,
+    /// ISTIO_VERSION from node metadata, if any.
+    pub mesh_version: Option<String>,
+    /// LIVE, DRAINING, ... at the last scan.
+    pub state: Option<String>,
+    /// Why the last `/server_info` failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// What the pod listener's handler needs: this pod's drain and nothing else.
+#[derive(Clone)]
+pub struct PodEndpoint {
+    /// The only drain this listener can drive.
+    pub drain: DrainHandle,
+    /// Who may drain besides loopback.
+    pub host: HostAddrs,
+    /// For log lines.
+    pub name: Arc<RwLock<PodLabels>>,
+}
+
+impl PodEndpoint {
+    pub async fn handle(&self, peer: SocketAddr, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        let path = req.uri().path();
+        let query = req.uri().query().unwrap_or("");
+        let method = req.method();
+        match (method, path) {
+            (&Method::GET | &Method::HEAD, "/healthz") => text(StatusCode::OK, "ok\n"),
+            (&Method::GET, "/drain") if parse_wait(query) == Ok(true) => self.drain(peer).await,
+            _ => text(StatusCode::NOT_FOUND, "not found\n"),
+        }
+    }
+
+    async fn drain(&self, peer: SocketAddr) -> Response<Full<Bytes>> {
+        let name = self.name.read().map(|n| n.clone()).unwrap_or_default();
+        let allowed = self.host.read().map(|h| h.clone()).unwrap_or_default();
+        if !may_mutate(peer.ip(), &allowed) {
+            tracing::warn!(%peer, namespace = %name.namespace, pod = %name.pod,
+                "refused a drain request from an address that is not the node's");
+            return text(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "drain refused: {} is not this node or loopback\n",
+                    peer.ip()
+                ),
+            );
+        }
+        tracing::info!(%peer, namespace = %name.namespace, pod = %name.pod,
+            "preStop: draining the pod (waiting for the report)");
+        self.drain.trigger(Trigger::Prestop).await;
+        match self.drain.report().await {
+            Some(report) => json(StatusCode::OK, &report),
+            None => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the drain driver has stopped\n",
+            ),
+        }
+    }
+}
+
+/// Logs the pod's report with its identity once a drain is done, so the
+/// outcome outlives the pod in the agent's log (preStop logs vanish).
+pub fn watch_report(
+    tasks: &TaskTracker,
+    drain: DrainHandle,
+    name: Arc<RwLock<PodLabels>>,
+    cancel: CancellationToken,
+) {
+    tasks.spawn(async move {
+        tokio::select! {
+            _ = cancel.cancelled() => {}
+            report = drain.report() => {
+                if let Some(r) = report {
+                    let n = name.read().map(|n| n.clone()).unwrap_or_default();
+                    tracing::info!(namespace = %n.namespace, pod = %n.pod,
+                        report = %serde_json::to_string(&r).unwrap_or_default(), "pod drain done");
+                }
+            }
+        }
+    });
+}
+
+/// A host address as an allow-list entry.
+pub fn host_net(ip: IpAddr) -> IpNet {
+    IpNet::from(ip)
+}
