@@ -31,7 +31,8 @@ pub struct ModeResult {
     pub lost_messages: u64,
     pub reconnect_p50_ms: f64,
     pub reconnect_p99_ms: f64,
-    /// Peak reconnects per 100 ms over the mean, from the first reconnect to the last.
+    /// Peak reconnects per 100 ms over the mean, from the first reconnect to
+    /// the last (at least 1 s): 1 is an even spread, a burst scores high.
     pub storm_peak_to_mean: f64,
     /// Subscribe attempts after the restart began that delivered a first message.
     pub success_rate: f64,
@@ -143,14 +144,19 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank - 1]
 }
 
-/// Peak events per 100 ms bucket over the mean, from the first event's bucket
-/// to the last's. One bucket (or none) is a storm by definition: its peak is
-/// all there is, so the ratio is the count itself over one bucket's mean, 1.
+/// The shortest window a storm is judged over: reconnects that all land in
+/// the same instant are a storm, not an even spread over one bucket.
+pub const MIN_STORM_WINDOW: Duration = Duration::from_secs(1);
+
+/// Peak events per 100 ms bucket over the mean per bucket, over the window
+/// from the first event to the last, but at least [`MIN_STORM_WINDOW`].
+/// 1.0 is a perfectly even spread; a burst scores high.
 pub fn peak_to_mean(times: &[Instant]) -> f64 {
     let (Some(first), Some(last)) = (times.iter().min(), times.iter().max()) else {
         return 0.0;
     };
-    let n = (last.saturating_duration_since(*first).as_millis() / BUCKET.as_millis()) as usize + 1;
+    let span = last.saturating_duration_since(*first).max(MIN_STORM_WINDOW);
+    let n = (span.as_millis() / BUCKET.as_millis()) as usize + 1;
     let mut buckets = vec![0u32; n];
     for t in times {
         let b = (t.saturating_duration_since(*first).as_millis() / BUCKET.as_millis()) as usize;
@@ -287,5 +293,7 @@ mod tests {
         let mut storm: Vec<Instant> = vec![t0; 100];
         storm.push(t0 + Duration::from_secs(5));
         assert!(peak_to_mean(&storm) > 40.0);
+        // All in the same instant: still a storm.
+        assert!(peak_to_mean(&vec![t0; 20]) >= 10.0);
     }
 }
