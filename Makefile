@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: demo test bench bench-node envoy prometheus lint tools deploy-check deploy-tools deploy-rules
+.PHONY: demo test bench bench-node envoy prometheus h2load lint tools deploy-check deploy-tools deploy-rules
 
 demo: envoy
 	$(CARGO) run --release --locked --quiet -- demo
@@ -17,18 +17,22 @@ test: tools lint deploy-check
 # assert nothing about speed. Release build.
 bench: tools
 	$(CARGO) bench --locked --bench footprint
+	$(CARGO) bench --locked --bench guard
 	$(MAKE) bench-node
 
-# Everything the tests run against, installed into .cache/ (no system changes).
-# deploy-check installs its own tools (kubectl if absent, kubernetes-validate,
-# hadolint, promtool) into .cache/ the same way.
-tools: envoy prometheus deploy-tools
+# Everything the tests run against. Envoy, Prometheus and the deploy tools
+# (kubectl if absent, kubernetes-validate, hadolint, promtool) go into .cache/;
+# h2load links system libraries, so it is the one apt install (as root).
+tools: envoy prometheus h2load deploy-tools
 
 envoy:
 	scripts/fetch-envoy.sh
 
 prometheus:
 	scripts/fetch-prometheus.sh
+
+h2load:
+	scripts/fetch-h2load.sh
 
 lint:
 	$(CARGO) fmt --check

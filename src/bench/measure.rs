@@ -238,7 +238,8 @@ pub fn plot(results: &[ModeResult], path: &Path) -> Result<(), String> {
         .y_desc("reconnects / 100 ms")
         .draw()
         .map_err(|e| err(&e))?;
-    let colors = [RED, BLUE, GREEN, MAGENTA, CYAN];
+    // Red and blue for the baselines, a dark green that shows on white for drainshim.
+    let colors = [RED, BLUE, RGBColor(0, 140, 0), MAGENTA, CYAN];
     for (i, r) in results.iter().enumerate() {
         let color = colors[i % colors.len()];
         chart
