@@ -24,9 +24,10 @@ Exit codes:
     about = "Makes Envoy proxy restarts safe for long-lived gRPC streams",
     long_about = "Makes Envoy proxy restarts safe for long-lived gRPC streams.\n\n\
         drainshim runs beside Envoy. On a pod's preStop (or SIGTERM) it fails Envoy's health \
-        check, drains its inbound listeners through the admin API, waits for streams to finish, \
-        and exits early once none are left. It reports what was drained and what was cut, as \
-        JSON and as Prometheus metrics.",
+        check, drains its inbound listeners through the admin API, ends long-lived streams \
+        gracefully through its stream guard (grpc-status 14, spread over the drain window), and \
+        exits early once none are left. It reports what was drained and what was cut, as JSON and \
+        as Prometheus metrics, and publishes each proxy's version for the fleet tools.",
     after_help = EXIT_CODES
 )]
 pub struct Cli {
