@@ -50,3 +50,25 @@ async fn istio_default_cuts_every_stream_older_than_its_drain() {
     assert_eq!(r.cut, r.streams_on_restarted_pod, "{r:?}");
     assert!(r.restart_seconds >= 5.0, "{r:?}");
 }
+
+/// A short soak under the guard's max connection age: connections are
+/// recycled (GOAWAY, grace, graceful end) and every stream comes back, with
+/// nothing cut and nothing lost: the steady state an operator soaks for a week.
+#[tokio::test]
+async fn soak_under_max_connection_age_recycles_streams_gracefully() {
+    let mut o = small();
+    o.streams = 20;
+    o.max_connection_age = Some(Duration::from_secs(2));
+    o.max_connection_age_grace = Duration::from_secs(1);
+    let r = drainshim::bench::reconnect::soak(&o, Duration::from_secs(8))
+        .await
+        .expect("soak");
+    eprintln!("{r:?}");
+    assert!(
+        r.reconnects >= 20,
+        "max age should have recycled every stream at least once: {r:?}"
+    );
+    assert_eq!(r.cut, 0, "{r:?}");
+    assert_eq!(r.lost_messages, 0, "{r:?}");
+    assert_eq!(r.graceful, r.reconnects, "{r:?}");
+}
