@@ -81,7 +81,7 @@ while IFS= read -r k; do
   echo "  $name: $n objects"
   built=$((built + 1))
 done < <(find "$root/deploy" -name kustomization.yaml | sort)
-[[ $built -ge 5 ]] || die "expected at least 5 kustomizations (base, sidecar, native-sidecar, istio, monitoring), built $built"
+[[ $built -ge 7 ]] || die "expected at least 7 kustomizations (base, sidecar, native-sidecar, istio, monitoring, daemonset, daemonset-workload), built $built"
 
 # --- 2. schemas, budgets, wiring, envoy, rules sync, metrics, dashboard -------
 say "manifests (scripts/check_deploy.py)"
