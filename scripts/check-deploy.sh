@@ -5,9 +5,11 @@
 #
 #   1. kubectl kustomize builds every base and overlay
 #   2. every rendered object validates against Kubernetes schemas (>= 1.30),
-#      budgets and wiring are consistent, Envoy bootstraps validate with the
-#      real Envoy, the PrometheusRule matches rules.yaml, every queried metric
-#      is in the contract, the dashboard parses  (scripts/check_deploy.py)
+#      budgets and wiring are consistent (sidecars, and node mode: the agent's
+#      privileges and timers against every workload using its preStop), Envoy
+#      bootstraps validate with the real Envoy, the PrometheusRule matches
+#      rules.yaml, every queried metric is in the contract, the dashboard
+#      parses  (scripts/check_deploy.py)
 #   3. promtool check rules + promtool test rules on deploy/monitoring
 #   4. hadolint on the Dockerfile
 #
@@ -81,7 +83,7 @@ while IFS= read -r k; do
   echo "  $name: $n objects"
   built=$((built + 1))
 done < <(find "$root/deploy" -name kustomization.yaml | sort)
-[[ $built -ge 5 ]] || die "expected at least 5 kustomizations (base, sidecar, native-sidecar, istio, monitoring), built $built"
+[[ $built -ge 7 ]] || die "expected at least 7 kustomizations (base, sidecar, native-sidecar, istio, monitoring, daemonset, daemonset-workload), built $built"
 
 # --- 2. schemas, budgets, wiring, envoy, rules sync, metrics, dashboard -------
 say "manifests (scripts/check_deploy.py)"

@@ -13,11 +13,21 @@ Checks:
   budget     drain < parent-shutdown < terminationGracePeriodSeconds, from the
              drainshim container's flags and env (defaults when absent), plus
              the timers around it: Envoy's --drain-time-s, Istio's
-             drainDuration/terminationDrainDuration, prestop --timeout
+             drainDuration/terminationDrainDuration, prestop --timeout.
+             Node mode: the agent's timers against every node-mode
+             workload's grace, and against the agent's own grace
   wiring     the preStop hooks exec the binary that the install init container
              copies, from a volume the hook's container mounts; the proxy's
              hook starts the drain; probes and scrapes can reach the shim;
-             Services' named target ports exist
+             Services' named target ports exist; no privileged: true anywhere.
+             Node mode: each workload's httpGet preStop targets the agent's
+             --pod-listen-port with ?wait=true on the Envoy container, other
+             containers wait too, no binary in the pod, Envoy names its pod
+             in node metadata; a PodMonitor scrapes the agent, honorLabels
+  node       the `drainshim node` DaemonSet: hostPID, hostNetwork, exactly
+             SYS_ADMIN + SYS_PTRACE, root (for the capabilities), read-only
+             root, seccomp RuntimeDefault, tolerations for every node, a
+             Pod Security "privileged" namespace, /readyz probe, metrics port
   envoy      the Envoy bootstrap validates with the real Envoy of the image's
              version (`envoy --mode validate`) and agrees with drainshim's
              flags (admin address, INBOUND listener, cluster -> guard)
@@ -40,6 +50,8 @@ import re
 import subprocess
 import sys
 import tempfile
+import urllib.parse
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -72,6 +84,15 @@ DEFAULTS = {
 PRESTOP_TIMEOUT_DEFAULT = 120.0  # drainshim prestop --timeout
 KUBE_GRACE_DEFAULT = 30.0  # terminationGracePeriodSeconds when unset
 ISTIO_TERMINATION_DRAIN_DEFAULT = 5.0  # ProxyConfig.terminationDrainDuration
+
+# node mode (`drainshim node`): the agent's defaults (src/node/mod.rs) and the
+# capabilities it needs, exactly (its --help, privileges).
+NODE_DEFAULTS = {"listen": "0.0.0.0:15098", "pod-listen-port": "15099", "pod-admin-port": "15000"}
+AGENT_CAPABILITIES = {"SYS_ADMIN", "SYS_PTRACE"}
+# Overlays that must contain the node agent / a workload using it, so the
+# node-mode checks can never pass by finding nothing to check.
+OVERLAYS_WITH_AGENT = {"daemonset"}
+OVERLAYS_WITH_NODE_WORKLOAD = {"daemonset-workload"}
 
 POD_TEMPLATE_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"}
 
@@ -350,22 +371,22 @@ def check_pod(ck: Checker, overlay: str, name: str, meta: dict, spec: dict,
     return True
 
 
-def check_envoy(ck: Checker, where: str, c: dict, spec: dict, s: dict, drain: float,
-                guard: str | None, configmaps: dict[str, dict], envoy_cache: Path) -> None:
+def envoy_args(c: dict) -> dict[str, str]:
+    """Envoy's `-x value` / `--xx value` arguments (Envoy takes no `=` form)."""
     args = [str(a) for a in c.get("args") or []]
     ef = {}
     for i, a in enumerate(args):
         if a.startswith("-") and i + 1 < len(args) and not args[i + 1].startswith("-"):
             ef[a] = args[i + 1]
-    ck.check("budget", "--drain-time-s" in ef and float(ef["--drain-time-s"]) == drain,
-             f"{where}: envoy --drain-time-s ({ef.get('--drain-time-s')}) must equal drainshim --drain-time ({drain:g}s)")
-    ck.check("budget", ef.get("--drain-strategy") == "immediate",
-             f"{where}: envoy --drain-strategy must be immediate (the guard spreads stream endings itself)")
+    return ef
 
-    # The bootstrap: which mounted ConfigMap holds the -c path?
+
+def envoy_bootstrap(c: dict, spec: dict, configmaps: dict[str, dict]) -> tuple[str | None, str | None]:
+    """(the -c path, the bootstrap text from the ConfigMap mounted there)."""
+    ef = envoy_args(c)
     cpath = ef.get("-c") or ef.get("--config-path")
-    if not ck.check("envoy", cpath is not None, f"{where}: envoy has no -c bootstrap"):
-        return
+    if cpath is None:
+        return None, None
     text = None
     for m in c.get("volumeMounts") or []:
         mp = m["mountPath"].rstrip("/")
@@ -374,6 +395,22 @@ def check_envoy(ck: Checker, where: str, c: dict, spec: dict, s: dict, drain: fl
             cm = configmaps.get((vol.get("configMap") or {}).get("name", ""))
             if cm is not None:
                 text = (cm.get("data") or {}).get(cpath[len(mp) + 1:])
+    return cpath, text
+
+
+def check_envoy(ck: Checker, where: str, c: dict, spec: dict, s: dict, drain: float,
+                guard: str | None, configmaps: dict[str, dict], envoy_cache: Path) -> None:
+    args = [str(a) for a in c.get("args") or []]
+    ef = envoy_args(c)
+    ck.check("budget", "--drain-time-s" in ef and float(ef["--drain-time-s"]) == drain,
+             f"{where}: envoy --drain-time-s ({ef.get('--drain-time-s')}) must equal drainshim --drain-time ({drain:g}s)")
+    ck.check("budget", ef.get("--drain-strategy") == "immediate",
+             f"{where}: envoy --drain-strategy must be immediate (the guard spreads stream endings itself)")
+
+    # The bootstrap: which mounted ConfigMap holds the -c path?
+    cpath, text = envoy_bootstrap(c, spec, configmaps)
+    if not ck.check("envoy", cpath is not None, f"{where}: envoy has no -c bootstrap"):
+        return
     if not ck.check("envoy", text is not None, f"{where}: bootstrap {cpath} is not in a rendered ConfigMap"):
         return
     boot = yaml.safe_load(text)
@@ -432,6 +469,272 @@ def check_services(ck: Checker, overlay: str, docs: list[dict]) -> None:
                          f"{overlay}: Service/{svc['metadata']['name']} targetPort {tp!r} matches {names.count(tp)} container ports, want exactly 1")
 
 
+# -------------------------------------------------------------- node mode
+
+@dataclass
+class Agent:
+    """A `drainshim node` DaemonSet, as the node-mode workloads depend on it."""
+    where: str
+    namespace: str
+    labels: dict
+    timers: dict[str, float]
+    settings: dict[str, str]
+    listen_port: int
+    pod_listen_port: int
+    pod_admin_port: int
+    # Names of the container ports serving --listen (what a PodMonitor scrapes).
+    metrics_ports: set[str]
+
+
+def cap_names(caps) -> list[str]:
+    """`CAP_SYS_ADMIN` and `sys_admin` are the same capability as `SYS_ADMIN`."""
+    return [re.sub(r"^CAP_", "", str(x).upper()) for x in caps or []]
+
+
+def timer_settings(ck: Checker, where: str, s: dict[str, str]) -> dict[str, float] | None:
+    t: dict[str, float] = {}
+    for k in ("drain-time", "parent-shutdown-time", "min-drain-time", "deregistration-delay"):
+        try:
+            t[k] = duration(s[k]) if k in s else DEFAULTS[k]
+        except ValueError as e:
+            ck.fail("budget", f"{where}: --{k}: {e}")
+            return None
+    if "termination-grace-period" in s:
+        try:
+            t["termination-grace-period"] = duration(s["termination-grace-period"])
+        except ValueError as e:
+            ck.fail("budget", f"{where}: --termination-grace-period: {e}")
+            return None
+    return t
+
+
+def check_agent(ck: Checker, overlay: str, doc: dict, docs: list[dict]) -> Agent | None:
+    """The node agent's DaemonSet: privileges (exactly what `drainshim node
+    --help` lists), budget, probe and metrics port, namespace admission."""
+    if doc.get("kind") != "DaemonSet":
+        return None
+    spec = doc["spec"]["template"]["spec"]
+    agents = [c for c, _, _ in all_containers(spec) if is_drainshim(c, "node")]
+    if not agents:
+        return None
+    meta = doc.get("metadata") or {}
+    where = f"{overlay}: DaemonSet/{meta.get('name')}"
+    ck.check("node", len(agents) == 1 and len(spec.get("containers") or []) == 1 and not spec.get("initContainers"),
+             f"{where}: want exactly one container, `drainshim node`, and nothing else in a pod this privileged")
+    c = agents[0]
+    s = shim_settings(c)
+
+    # --- privileges: exactly these, and nothing more --------------------------
+    ck.check("node", spec.get("hostPID") is True, f"{where}: hostPID must be true: the agent finds pods' Envoys in the host's /proc")
+    ck.check("node", spec.get("hostNetwork") is True,
+             f"{where}: hostNetwork must be true: pod listeners accept drains from the node's own addresses, which the agent learns from its namespace")
+    ck.check("node", spec.get("dnsPolicy") == "ClusterFirstWithHostNet",
+             f"{where}: dnsPolicy must be ClusterFirstWithHostNet with hostNetwork (else the node's resolv.conf)")
+    ck.check("node", spec.get("hostIPC") is not True, f"{where}: hostIPC is not needed")
+    ck.check("node", spec.get("hostUsers") is not False,
+             f"{where}: hostUsers: false puts the agent in its own user namespace, where CAP_SYS_ADMIN cannot setns into pods' namespaces")
+    hostpaths = [v.get("name") for v in spec.get("volumes") or [] if "hostPath" in v]
+    ck.check("node", not hostpaths, f"{where}: hostPath volumes {hostpaths}: the agent needs none (hostPID gives it /proc)")
+    sc = c.get("securityContext") or {}
+    psc = spec.get("securityContext") or {}
+    caps = sc.get("capabilities") or {}
+    ck.check("node", cap_names(caps.get("drop")) == ["ALL"], f"{where}: capabilities.drop must be [ALL], got {caps.get('drop')}")
+    added = cap_names(caps.get("add"))
+    ck.check("node", sorted(added) == sorted(AGENT_CAPABILITIES),
+             f"{where}: capabilities.add must be exactly {sorted(AGENT_CAPABILITIES)}, got {caps.get('add')}")
+    ck.check("node", sc.get("privileged") is not True, f"{where}: privileged: true is not needed (SYS_ADMIN and SYS_PTRACE are)")
+    ck.check("node", not (sc.get("allowPrivilegeEscalation") is False and "SYS_ADMIN" in added),
+             f"{where}: allowPrivilegeEscalation: false beside SYS_ADMIN protects nothing, and the API rejects it when spelled CAP_SYS_ADMIN")
+    ck.check("node", sc.get("readOnlyRootFilesystem") is True, f"{where}: readOnlyRootFilesystem must be true (the agent writes nothing)")
+    seccomp = (sc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type")
+    ck.check("node", seccomp == "RuntimeDefault", f"{where}: seccompProfile must be RuntimeDefault, got {seccomp}")
+    uid = sc.get("runAsUser", psc.get("runAsUser"))
+    ck.check("node", uid == 0,
+             f"{where}: runAsUser is {uid}, must be 0: added capabilities are effective only for root (the image's USER is 65532)")
+    nonroot = sc.get("runAsNonRoot", psc.get("runAsNonRoot"))
+    ck.check("node", nonroot is not True, f"{where}: runAsNonRoot: true with runAsUser 0: the kubelet would refuse to start it")
+
+    # --- placement and lifecycle --------------------------------------------
+    tol = spec.get("tolerations") or []
+    ck.check("node", any(t.get("operator") == "Exists" and not t.get("key") and not t.get("effect") for t in tol),
+             f"{where}: needs a toleration `operator: Exists` (no key, no effect): every node that can run a meshed pod needs the agent")
+    ck.check("node", spec.get("priorityClassName") == "system-node-critical",
+             f"{where}: priorityClassName should be system-node-critical: an evicted agent turns preStops into plain SIGTERMs")
+    ru = ((doc["spec"].get("updateStrategy") or {}).get("rollingUpdate") or {})
+    ck.check("node", str(ru.get("maxSurge", 0)) in ("0", "0%"),
+             f"{where}: updateStrategy maxSurge {ru.get('maxSurge')}: a second agent on a node cannot bind the node's port, and the rollout would hang")
+    res = c.get("resources") or {}
+    ck.check("node", bool(res.get("requests")) and "memory" in (res.get("limits") or {}),
+             f"{where}: needs resource requests and a memory limit")
+    sa = spec.get("serviceAccountName")
+    sas = {d["metadata"]["name"]: d for d in docs if d.get("kind") == "ServiceAccount"}
+    ck.check("node", sa in sas, f"{where}: serviceAccountName {sa!r} is not rendered with it")
+    ck.check("node", spec.get("automountServiceAccountToken") is False or (sas.get(sa) or {}).get("automountServiceAccountToken") is False,
+             f"{where}: the agent never calls the Kubernetes API: do not mount a token")
+
+    # The namespace must admit hostPID, hostNetwork and SYS_ADMIN.
+    ns = meta.get("namespace")
+    nsdoc = next((d for d in docs if d.get("kind") == "Namespace" and d["metadata"].get("name") == ns), None)
+    if ck.check("node", nsdoc is not None, f"{where}: its namespace {ns!r} is not rendered with it (it needs Pod Security labels)"):
+        level = ((nsdoc["metadata"].get("labels") or {}).get("pod-security.kubernetes.io/enforce"))
+        ck.check("node", level == "privileged",
+                 f"{where}: namespace {ns} enforces Pod Security {level!r}: baseline and restricted reject hostPID, hostNetwork and SYS_ADMIN, and the DaemonSet would create no pod")
+
+    # --- probe and metrics port ----------------------------------------------
+    listen_host, listen_port = host_port(s.get("listen", NODE_DEFAULTS["listen"]))
+    ports = {pt.get("name"): pt for pt in c.get("ports") or []}
+    rp = (c.get("readinessProbe") or {}).get("httpGet") or {}
+    probe_port = (ports.get(rp.get("port")) or {}).get("containerPort", rp.get("port"))
+    ck.check("node", rp.get("path") == "/readyz" and probe_port == listen_port,
+             f"{where}: readinessProbe must be httpGet /readyz on --listen port {listen_port}, got {rp.get('path')} on {rp.get('port')}")
+    ck.check("node", not is_loopback(listen_host), f"{where}: --listen {listen_host} is loopback: the probe and Prometheus cannot reach it")
+    metrics_ports = {n for n, pt in ports.items() if pt.get("containerPort") == listen_port}
+    ck.check("node", "drainshim-http" in metrics_ports,
+             f"{where}: --listen port {listen_port} must be declared as a container port named drainshim-http (the PodMonitor scrapes that name)")
+    for n, pt in ports.items():
+        ck.check("node", pt.get("hostPort") in (None, pt.get("containerPort")),
+                 f"{where}: port {n}: with hostNetwork, hostPort must equal containerPort")
+
+    # --- budget ------------------------------------------------------------
+    t = timer_settings(ck, where, s)
+    if t is None:
+        return None
+    d, p = t["drain-time"], t["parent-shutdown-time"]
+    ck.check("budget", t["min-drain-time"] <= d, f"{where}: --min-drain-time {t['min-drain-time']:g}s > --drain-time {d:g}s")
+    ck.check("budget", t["deregistration-delay"] <= d, f"{where}: --deregistration-delay {t['deregistration-delay']:g}s > --drain-time {d:g}s")
+    ck.check("budget", d < p, f"{where}: --drain-time {d:g}s must be < --parent-shutdown-time {p:g}s")
+    if "termination-grace-period" in t:
+        ck.check("budget", p < t["termination-grace-period"],
+                 f"{where}: --parent-shutdown-time {p:g}s must be < --termination-grace-period {t['termination-grace-period']:g}s (the agent exits 64)")
+    own_grace = float(spec.get("terminationGracePeriodSeconds", KUBE_GRACE_DEFAULT))
+    ck.check("budget", p < own_grace,
+             f"{where}: the agent's terminationGracePeriodSeconds {own_grace:g}s must exceed --parent-shutdown-time {p:g}s: on SIGTERM it waits for drains in progress")
+    try:
+        pod_listen = int(s.get("pod-listen-port", NODE_DEFAULTS["pod-listen-port"]))
+        pod_admin = int(s.get("pod-admin-port", NODE_DEFAULTS["pod-admin-port"]))
+    except ValueError as e:
+        ck.fail("node", f"{where}: {e}")
+        return None
+    print(f"  {where}: drain {d:g}s < parent-shutdown {p:g}s < grace {own_grace:g}s; "
+          f"caps {sorted(added)}; pod listener :{pod_listen}; metrics :{listen_port} ({', '.join(sorted(metrics_ports))})")
+    return Agent(where=where, namespace=ns or "", labels=(doc["spec"]["template"].get("metadata") or {}).get("labels") or {},
+                 timers=t, settings=s, listen_port=listen_port, pod_listen_port=pod_listen, pod_admin_port=pod_admin,
+                 metrics_ports=metrics_ports)
+
+
+def is_node_prestop(http: dict | None) -> bool:
+    return bool(http) and urllib.parse.urlsplit(str(http.get("path", ""))).path == "/drain"
+
+
+def check_node_workload(ck: Checker, overlay: str, name: str, meta: dict, spec: dict, agents: list[Agent],
+                        configmaps: dict[str, dict], envoy_cache: Path) -> bool:
+    """A pod whose preStop is an httpGet to the node agent's listener (and
+    which has no drainshim sidecar, whose own checks are in check_pod).
+    Returns whether the pod is one."""
+    where = f"{overlay}: {name}"
+    containers = list(all_containers(spec))
+    if any(is_drainshim(c, "sidecar") for c, _, _ in containers):
+        return False
+    hooked = [(c, init, side) for c, init, side in containers if is_node_prestop(prestop_http(c))]
+    if not hooked:
+        return False
+    if not ck.check("wiring", bool(agents), f"{where}: preStop httpGet /drain but no `drainshim node` DaemonSet is rendered anywhere in deploy/"):
+        return True
+
+    # No binary, no shell, no extra container: node mode's whole point.
+    ck.check("wiring", not any(is_drainshim(c, "install") for c, _, _ in containers)
+             and not any((prestop_exec(c) or [""])[0].endswith("/drainshim") for c, _, _ in containers),
+             f"{where}: node mode needs no drainshim binary in the pod (no install init container, no exec hook)")
+
+    proxies = [(c, init, side) for c, init, side in containers if c.get("name") in ("envoy", "istio-proxy")]
+    if not ck.check("wiring", len(proxies) == 1, f"{where}: want exactly one envoy or istio-proxy container, found {len(proxies)}"):
+        return True
+    proxy = proxies[0][0]
+    pname = proxy.get("name")
+    ck.check("wiring", is_node_prestop(prestop_http(proxy)),
+             f"{where}: {pname}: no preStop httpGet /drain: the proxy would get SIGTERM at t=0 and exit in 0.1 s")
+    ck.check("wiring", pname == "istio-proxy" or bool(proxy.get("image")),
+             f"{where}: {pname}: no image: the patch created a container instead of patching the workload's Envoy (is it named `envoy`?)")
+    declared = {pt.get("containerPort") for c, _, _ in containers for pt in c.get("ports") or []}
+    grace = float(spec.get("terminationGracePeriodSeconds", KUBE_GRACE_DEFAULT))
+
+    for agent in agents:
+        ck.check("wiring", agent.pod_listen_port not in declared,
+                 f"{where}: a container declares port {agent.pod_listen_port}, where {agent.where} plants its listener: the agent could not bind it")
+        for c, init, side in hooked:
+            http = prestop_http(c) or {}
+            url = urllib.parse.urlsplit(str(http.get("path", "")))
+            port = http.get("port")
+            ck.check("wiring", port == agent.pod_listen_port,
+                     f"{where}: {c.get('name')}: preStop httpGet port {port!r} is not {agent.where}'s --pod-listen-port {agent.pod_listen_port} (a number: no container owns that port)")
+            ck.check("wiring", urllib.parse.parse_qs(url.query).get("wait") == ["true"],
+                     f"{where}: {c.get('name')}: preStop httpGet {http.get('path')} does not wait (add ?wait=true): the hook would return at once and Envoy get SIGTERM mid-drain")
+            ck.check("wiring", not http.get("host"),
+                     f"{where}: {c.get('name')}: preStop httpGet with host: set goes to that host, not to this pod's listener")
+            ck.check("wiring", http.get("scheme", "HTTP") == "HTTP", f"{where}: {c.get('name')}: the pod listener speaks plain HTTP")
+        # The grace period must hold the agent's whole drain.
+        p = agent.timers["parent-shutdown-time"]
+        ck.check("budget", p < grace,
+                 f"{where}: terminationGracePeriodSeconds {grace:g}s must exceed {agent.where}'s --parent-shutdown-time {p:g}s (the kubelet would SIGKILL mid-drain)")
+        if "termination-grace-period" in agent.timers:
+            tg = agent.timers["termination-grace-period"]
+            ck.check("budget", grace >= tg,
+                     f"{where}: terminationGracePeriodSeconds {grace:g}s is below {agent.where}'s --termination-grace-period {tg:g}s, the budget the agent was checked against")
+        print(f"  {where}: node mode: drain {agent.timers['drain-time']:g}s < parent-shutdown {p:g}s < grace {grace:g}s "
+              f"({agent.where}); preStop httpGet :{agent.pod_listen_port} on {', '.join(c.get('name') for c, _, _ in hooked)}")
+
+    # Containers Envoy forwards to must outlive the drain.
+    for c, init, side in containers:
+        if init or c is proxy:
+            continue
+        ck.check("wiring", bool(prestop_http(c) or prestop_exec(c) or ((c.get("lifecycle") or {}).get("preStop") or {}).get("sleep")),
+                 f"{where}: {c.get('name')}: no preStop hook holding it up; it gets SIGTERM at t=0 while Envoy still drains streams to it")
+
+    ann = meta.get("annotations") or {}
+    if pname == "istio-proxy" or "proxy.istio.io/config" in ann:
+        excluded = [x.strip() for x in str(ann.get("traffic.sidecar.istio.io/excludeInboundPorts", "")).split(",")]
+        for agent in agents:
+            ck.check("wiring", str(agent.pod_listen_port) in excluded,
+                     f"{where}: port {agent.pod_listen_port} is not in traffic.sidecar.istio.io/excludeInboundPorts: Istio would redirect the kubelet's preStop to Envoy")
+        return True
+
+    # Plain Envoy: its identity and its bootstrap.
+    check_envoy_identity(ck, where, proxy, spec, configmaps)
+    for agent in agents:
+        if "envoyproxy/envoy" in proxy.get("image", ""):
+            check_envoy(ck, where, proxy, spec, {"envoy-admin": f"http://127.0.0.1:{agent.pod_admin_port}"},
+                        agent.timers["drain-time"], None, configmaps, envoy_cache)
+    return True
+
+
+def check_envoy_identity(ck: Checker, where: str, c: dict, spec: dict, configmaps: dict[str, dict]) -> None:
+    """The agent names a pod from Envoy's node metadata NAMESPACE/NAME: it may
+    not read other users' /proc/<pid>/environ (no CAP_DAC_READ_SEARCH). So
+    both keys must be set, from the downward API, in the bootstrap or in
+    --config-yaml (which Envoy merges over it)."""
+    meta: dict = {}
+    _, text = envoy_bootstrap(c, spec, configmaps)
+    for src in (text, envoy_args(c).get("--config-yaml")):
+        if src:
+            try:
+                meta.update((((yaml.safe_load(src) or {}).get("node") or {}).get("metadata") or {}))
+            except yaml.YAMLError as e:
+                ck.fail("wiring", f"{where}: {c.get('name')}: bootstrap YAML does not parse: {e}")
+    env = {e.get("name"): ((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath") for e in c.get("env") or []}
+    for key, field in (("NAMESPACE", "metadata.namespace"), ("NAME", "metadata.name")):
+        v = str(meta.get(key, ""))
+        m = re.fullmatch(r"\$\((\w+)\)", v)
+        ck.check("wiring", m is not None and env.get(m.group(1)) == field,
+                 f"{where}: {c.get('name')}: Envoy node metadata {key} is {v!r}, want $(VAR) with VAR from the downward API "
+                 f"({field}): the agent names the pod from it, and cannot read Envoy's environment")
+
+
+def check_no_privileged(ck: Checker, overlay: str, name: str, spec: dict) -> None:
+    bad = [c.get("name") for c in (spec.get("initContainers") or []) + (spec.get("containers") or [])
+           + (spec.get("ephemeralContainers") or []) if (c.get("securityContext") or {}).get("privileged") is True]
+    ck.check("wiring", not bad, f"{overlay}: {name}: privileged: true on {bad}; nothing in deploy/ needs it")
+
+
 # ----------------------------------------------------------------- schema
 
 def check_schema(ck: Checker, overlay: str, docs: list[dict], versions: list[str]) -> list[str]:
@@ -481,8 +784,16 @@ def exported_metrics(metrics_rs: Path) -> set[str]:
     counters), for the note on contract metrics not exported yet."""
     src = metrics_rs.read_text()
     types = dict(re.findall(r"^\s*pub (\w+): (.+),$", src, re.M))
+    # Names are written either inline or as `help::CONST.0`, from the
+    # `help` module's (name, help) constants that node mode's encoder shares.
+    consts = dict(re.findall(r'pub const (\w+): \(&str, &str\)\s*=\s*\(\s*"(\w+)"', src, re.S))
     out = set()
-    for name, field in re.findall(r'r\.register\(\s*"(\w+)",\s*"[^"]*",\s*m\.(\w+)\.clone\(\)', src, re.S):
+    registered = re.findall(r'r\.register\(\s*(?:"(\w+)"|help::(\w+)\.0)\s*,\s*(?:"[^"]*"|help::\w+\.1)\s*,'
+                            r'\s*m\.(\w+)\.clone\(\)', src, re.S)
+    for literal, const, field in registered:
+        name = literal or consts.get(const, "")
+        if not name:
+            continue
         full = f"drainshim_{name}"
         ty = types.get(field, "")
         if "Counter" in ty:
@@ -595,11 +906,40 @@ def check_rules_sync(ck: Checker, rendered_docs: list[dict]) -> dict:
     return rules
 
 
-def check_podmonitor(ck: Checker, docs: list[dict], shim_ports: set[str]) -> None:
-    for pm in (d for d in docs if d.get("kind") == "PodMonitor"):
+def selects(selector: dict, labels: dict) -> bool:
+    """A Kubernetes label selector (matchLabels, matchExpressions) against labels."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        k, op, vals = e.get("key"), e.get("operator"), e.get("values") or []
+        if not {"In": lambda: labels.get(k) in vals, "NotIn": lambda: labels.get(k) not in vals,
+                "Exists": lambda: k in labels, "DoesNotExist": lambda: k not in labels}.get(op, lambda: False)():
+            return False
+    return True
+
+
+def check_podmonitor(ck: Checker, docs: list[dict], shim_ports: set[str], agents: list[Agent]) -> None:
+    pms = [d for d in docs if d.get("kind") == "PodMonitor"]
+    agent_ports = {n for a in agents for n in a.metrics_ports}
+    for pm in pms:
         for ep in pm["spec"].get("podMetricsEndpoints", []):
-            ck.check("wiring", ep.get("port") in shim_ports,
-                     f"PodMonitor/{pm['metadata']['name']} scrapes port {ep.get('port')!r}, which no drainshim container declares ({sorted(shim_ports)})")
+            ck.check("wiring", ep.get("port") in shim_ports | agent_ports,
+                     f"PodMonitor/{pm['metadata']['name']} scrapes port {ep.get('port')!r}, which no drainshim container declares ({sorted(shim_ports | agent_ports)})")
+    # Each node agent is scraped, keeping the namespace/pod labels of the pods
+    # it reports for.
+    for a in agents:
+        scraping = []
+        for pm in pms:
+            nsel = pm["spec"].get("namespaceSelector") or {}
+            ns_ok = nsel.get("any") is True or a.namespace in (nsel.get("matchNames") or [])
+            if not ns_ok or not selects(pm["spec"].get("selector") or {}, a.labels):
+                continue
+            scraping += [(pm, ep) for ep in pm["spec"].get("podMetricsEndpoints", []) if ep.get("port") in a.metrics_ports]
+        if ck.check("wiring", bool(scraping), f"{a.where}: no PodMonitor scrapes its port {sorted(a.metrics_ports)} in namespace {a.namespace}"):
+            for pm, ep in scraping:
+                ck.check("wiring", ep.get("honorLabels") is True,
+                         f"PodMonitor/{pm['metadata']['name']}: scrapes {a.where} without honorLabels: true; every pod's namespace/pod labels would become exported_namespace/exported_pod")
+            print(f"  {a.where}: scraped by " + ", ".join(f"PodMonitor/{pm['metadata']['name']} port {ep.get('port')} (honorLabels {ep.get('honorLabels')})" for pm, ep in scraping))
 
 
 # ------------------------------------------------------------------- main
@@ -616,23 +956,37 @@ def run_check(rendered: Path, envoy_cache: Path, design: Path | None) -> int:
     skipped: list[str] = []
     shim_ports: set[str] = set()
     monitoring_docs: list[dict] = []
+    rendered_docs = {f.stem: [d for d in yaml.safe_load_all(f.read_text()) if d] for f in files}
+    # First the node agents, wherever they are rendered: a workload in one
+    # overlay is checked against the agent of another (the agent is applied
+    # once per cluster, workloads each on their own).
+    print("== node agents (privileges, budget, probe, namespace)")
+    agents: list[Agent] = []
+    for overlay, docs in rendered_docs.items():
+        found = [a for a in (check_agent(ck, overlay, d, docs) for d in docs) if a is not None]
+        if overlay in OVERLAYS_WITH_AGENT:
+            ck.check("node", len(found) == 1, f"{overlay}: {len(found)} `drainshim node` DaemonSets, want 1")
+        agents += found
     print("== per-pod checks (budget, wiring, envoy)")
-    for f in files:
-        overlay = f.stem
-        docs = [d for d in yaml.safe_load_all(f.read_text()) if d]
+    for overlay, docs in rendered_docs.items():
         ck.check("schema", bool(docs), f"{overlay}: renders nothing")
         skipped += check_schema(ck, overlay, docs, versions)
         configmaps = {d["metadata"]["name"]: d for d in docs if d.get("kind") == "ConfigMap"}
-        with_shim = 0
+        with_shim = with_node = 0
         for d in docs:
             for name, meta, spec in pod_specs(d):
+                check_no_privileged(ck, overlay, name, spec)
                 if check_pod(ck, overlay, name, meta, spec, configmaps, envoy_cache):
                     with_shim += 1
                     for c, _, _ in all_containers(spec):
                         if is_drainshim(c, "sidecar"):
                             shim_ports.update(p.get("name") for p in c.get("ports") or [])
+                elif check_node_workload(ck, overlay, name, meta, spec, agents, configmaps, envoy_cache):
+                    with_node += 1
         if overlay in OVERLAYS_WITH_SHIM:
             ck.check("wiring", with_shim > 0, f"{overlay}: no pod with a drainshim sidecar")
+        if overlay in OVERLAYS_WITH_NODE_WORKLOAD:
+            ck.check("wiring", with_node > 0, f"{overlay}: no pod with the node-mode preStop")
         check_services(ck, overlay, docs)
         if overlay == "monitoring":
             monitoring_docs = docs
@@ -640,7 +994,7 @@ def run_check(rendered: Path, envoy_cache: Path, design: Path | None) -> int:
     print("== monitoring")
     ck.check("rules", bool(monitoring_docs), "deploy/monitoring rendered nothing")
     rules = check_rules_sync(ck, monitoring_docs)
-    check_podmonitor(ck, monitoring_docs, shim_ports)
+    check_podmonitor(ck, monitoring_docs, shim_ports, agents)
     dashboard = check_dashboard(ck, MONITORING / "dashboard.json")
     rendered_dash = [d for d in monitoring_docs if d.get("kind") == "ConfigMap" and "dashboard.json" in (d.get("data") or {})]
     ck.check("dashboard", len(rendered_dash) == 1, "the dashboard ConfigMap is not rendered by deploy/monitoring")
@@ -663,7 +1017,7 @@ def run_check(rendered: Path, envoy_cache: Path, design: Path | None) -> int:
 
     print("== summary")
     print(f"  schema versions: {', '.join(versions)} (strict)")
-    for area in ("schema", "budget", "wiring", "envoy", "rules", "metrics", "dashboard"):
+    for area in ("schema", "budget", "wiring", "node", "envoy", "rules", "metrics", "dashboard"):
         print(f"  {area:9} {ck.counts.get(area, 0)} passed")
     print(f"  skipped (CRDs, no schema in kubernetes-validate; checked via rules.yaml/PodMonitor port): {len(skipped)}")
     for s in skipped:
