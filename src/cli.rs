@@ -430,6 +430,10 @@ pub struct ReconnectArgs {
     #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_GRACE", value_parser = humantime::parse_duration, default_value = "30s")]
     pub max_connection_age_grace: Duration,
 
+    /// After the grace, a connection's remaining streams are ended over this window.
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_SPREAD", value_parser = humantime::parse_duration, default_value = "10s")]
+    pub max_connection_age_spread: Duration,
+
     /// Instead of a restart, hold the population this long under
     /// --max-connection-age and report the steady-state reconnect rate.
     #[arg(long, env = "DRAINSHIM_SOAK", value_parser = humantime::parse_duration, requires = "max_connection_age")]
@@ -566,6 +570,12 @@ pub struct SidecarArgs {
     #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_GRACE", value_parser = humantime::parse_duration,
           default_value = "30s")]
     pub max_connection_age_grace: Duration,
+
+    /// After the grace, end a connection's remaining streams spread over this
+    /// window: behind Envoy one pooled connection carries many streams.
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_SPREAD", value_parser = humantime::parse_duration,
+          default_value = "10s")]
+    pub max_connection_age_spread: Duration,
 
     /// Networks (CIDR) besides loopback allowed to start a drain; repeatable.
     #[arg(long, env = "DRAINSHIM_ALLOW_DRAIN_FROM", value_delimiter = ',')]

@@ -23,6 +23,9 @@ pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_ADMIN_TIMEOUT: Duration = Duration::from_secs(2);
 /// gRPC A9's default grace after max connection age.
 pub const DEFAULT_MAX_CONNECTION_AGE_GRACE: Duration = Duration::from_secs(30);
+/// After the grace, one connection's remaining streams are ended over this
+/// long, so a pooled connection does not reconnect all its streams at once.
+pub const DEFAULT_MAX_CONNECTION_AGE_SPREAD: Duration = Duration::from_secs(10);
 
 /// The timers of one drain (DESIGN.md §2, "Drain timeline").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -298,6 +298,7 @@ async fn bench_reconnect(args: drainshim::cli::ReconnectArgs) -> ExitCode {
     opts.parent_shutdown_time = args.parent_shutdown_time;
     opts.max_connection_age = args.max_connection_age;
     opts.max_connection_age_grace = args.max_connection_age_grace;
+    opts.max_connection_age_spread = args.max_connection_age_spread;
     if opts.modes.contains(&Mode::Drainshim) {
         let t = drainshim::config::Timers {
             deregistration_delay: opts.deregistration_delay,
@@ -316,8 +317,8 @@ async fn bench_reconnect(args: drainshim::cli::ReconnectArgs) -> ExitCode {
                 match args.format {
                     Format::Json => print_json(&r),
                     Format::Table => println!(
-                        "soak {:.0}s, {} streams, max age {:.0}s (+/-10%), grace {:.0}s: {} reconnects ({:.1}/min), {} graceful, {} cut, {} lost, reconnect p99 {:.0} ms, storm peak/mean {:.2}",
-                        r.soak_seconds, r.streams, r.max_connection_age_seconds, r.grace_seconds, r.reconnects,
+                        "soak {:.0}s, {} streams, max age {:.0}s (+/-10%), grace {:.0}s, spread {:.0}s: {} reconnects ({:.1}/min), {} graceful, {} cut, {} lost, reconnect p99 {:.0} ms, storm peak/mean {:.2}",
+                        r.soak_seconds, r.streams, r.max_connection_age_seconds, r.grace_seconds, r.spread_seconds, r.reconnects,
                         r.reconnects_per_minute, r.graceful, r.cut, r.lost_messages, r.reconnect_p99_ms, r.storm_peak_to_mean
                     ),
                 }

@@ -63,6 +63,8 @@ pub struct ReconnectOptions {
     /// The guard's max connection age, if any (all modes with a guard).
     pub max_connection_age: Option<Duration>,
     pub max_connection_age_grace: Duration,
+    /// After the grace, a connection's streams are ended over this window.
+    pub max_connection_age_spread: Duration,
     /// Print progress lines to stderr.
     pub progress: bool,
 }
@@ -78,6 +80,7 @@ impl ReconnectOptions {
             parent_shutdown_time: Duration::from_secs(20),
             max_connection_age: None,
             max_connection_age_grace: Duration::from_secs(30),
+            max_connection_age_spread: crate::config::DEFAULT_MAX_CONNECTION_AGE_SPREAD,
             progress: true,
         }
     }
@@ -159,6 +162,8 @@ async fn start_pod(opts: &ReconnectOptions, ledger: &Ledger, guard: bool) -> Res
             "250ms".into(),
             "--max-connection-age-grace".into(),
             h(opts.max_connection_age_grace),
+            "--max-connection-age-spread".into(),
+            h(opts.max_connection_age_spread),
         ]);
         if let Some(age) = opts.max_connection_age {
             argv.extend(["--max-connection-age".into(), h(age)]);
@@ -295,6 +300,7 @@ pub struct SoakResult {
     pub streams: usize,
     pub max_connection_age_seconds: f64,
     pub grace_seconds: f64,
+    pub spread_seconds: f64,
     pub soak_seconds: f64,
     /// Streams that ended (and reconnected) during the soak.
     pub reconnects: usize,
@@ -372,6 +378,7 @@ pub async fn soak(opts: &ReconnectOptions, duration: Duration) -> Result<SoakRes
         streams: opts.streams,
         max_connection_age_seconds: age.as_secs_f64(),
         grace_seconds: opts.max_connection_age_grace.as_secs_f64(),
+        spread_seconds: opts.max_connection_age_spread.as_secs_f64(),
         soak_seconds: secs,
         reconnects: during.len(),
         reconnects_per_minute: during.len() as f64 / secs * 60.0,

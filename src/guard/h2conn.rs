@@ -237,7 +237,12 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
             }
             Some(Action::EndStreams) => {
                 tracing::debug!(peer = %info.peer, conn = info.id, "guard: max connection age grace over; ending streams");
-                inner.registry.end_connection(info.id, Reason::max_age);
+                let streams = inner.registry.connection_streams(info.id);
+                inner.end_spread(
+                    streams,
+                    inner.config.max_connection_age_spread,
+                    Reason::max_age,
+                );
             }
             // Sends GOAWAY(last processed stream, NO_ERROR) unless h2 already
             // sent that exact frame, then closes after flushing. Only asked

@@ -59,6 +59,10 @@ pub struct GuardConfig {
     pub max_connection_age: Option<Duration>,
     /// After max age, how long streams may still run before they are ended.
     pub max_connection_age_grace: Duration,
+    /// After the grace, the connection's remaining streams are ended spread
+    /// over this window: behind Envoy one pooled connection carries many
+    /// streams, and ending them at once would be a reconnect storm.
+    pub max_connection_age_spread: Duration,
     /// Resource limits per connection.
     pub limits: Limits,
 }
@@ -71,6 +75,7 @@ impl GuardConfig {
             upstream,
             max_connection_age: None,
             max_connection_age_grace: crate::config::DEFAULT_MAX_CONNECTION_AGE_GRACE,
+            max_connection_age_spread: crate::config::DEFAULT_MAX_CONNECTION_AGE_SPREAD,
             limits: Limits::default(),
         }
     }
@@ -111,6 +116,47 @@ struct Inner {
 }
 
 impl Inner {
+    /// Ends `streams` one by one, evenly over `window` (all at once when the
+    /// window is zero or the guard is shutting down).
+    pub(crate) fn end_spread(
+        &self,
+        streams: Vec<Arc<registry::StreamCtl>>,
+        window: Duration,
+        reason: Reason,
+    ) {
+        let n = streams.len();
+        let handle = match tokio::runtime::Handle::try_current() {
+            Ok(h) if !window.is_zero() && n > 1 => h,
+            // Nothing to pace (or no runtime to pace with): end them all now.
+            _ => {
+                for s in streams {
+                    s.end(reason);
+                }
+                return;
+            }
+        };
+        let closing = self.closing.clone();
+        let start = Instant::now();
+        self.tasks.spawn_on(
+            async move {
+                let mut schedule = streams.into_iter().zip(spread_offsets(n, window));
+                while let Some((s, offset)) = schedule.next() {
+                    tokio::select! {
+                        biased;
+                        // Shutdown: no more pacing, end the rest now.
+                        _ = closing.cancelled() => {
+                            s.end(reason);
+                            schedule.for_each(|(s, _)| s.end(reason));
+                            return;
+                        }
+                        _ = tokio::time::sleep_until(start + offset) => s.end(reason),
+                    }
+                }
+            },
+            &handle,
+        );
+    }
+
     /// Counts one graceful stream end.
     fn record_termination(&self, reason: Reason) {
         self.metrics
@@ -188,36 +234,7 @@ impl StreamGuard for Guard {
             ?window,
             "guard: ending every stream gracefully, spread over the window; refusing new streams"
         );
-        let handle = match tokio::runtime::Handle::try_current() {
-            Ok(h) if !window.is_zero() => h,
-            // Nothing to pace (or no runtime to pace with): end them all now.
-            _ => {
-                for s in streams {
-                    s.end(Reason::drain);
-                }
-                return;
-            }
-        };
-        let closing = self.inner.closing.clone();
-        let start = Instant::now();
-        self.inner.tasks.spawn_on(
-            async move {
-                let mut schedule = streams.into_iter().zip(spread_offsets(n, window));
-                while let Some((s, offset)) = schedule.next() {
-                    tokio::select! {
-                        biased;
-                        // Shutdown: no more pacing, end the rest now.
-                        _ = closing.cancelled() => {
-                            s.end(Reason::drain);
-                            schedule.for_each(|(s, _)| s.end(Reason::drain));
-                            return;
-                        }
-                        _ = tokio::time::sleep_until(start + offset) => s.end(Reason::drain),
-                    }
-                }
-            },
-            &handle,
-        );
+        self.inner.end_spread(streams, window, Reason::drain);
     }
 
     fn active_streams(&self) -> u64 {

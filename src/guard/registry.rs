@@ -127,19 +127,17 @@ impl Registry {
         open.into_iter().map(|(_, c)| c).collect()
     }
 
-    /// Asks every stream of connection `conn` to end.
-    pub fn end_connection(&self, conn: u64, reason: Reason) {
-        let streams: Vec<_> = self
+    /// The streams of connection `conn` not yet asked to end, oldest first.
+    pub fn connection_streams(&self, conn: u64) -> Vec<Arc<StreamCtl>> {
+        let mut open: Vec<_> = self
             .lock()
             .streams
-            .values()
-            .filter(|c| c.conn == conn)
-            .cloned()
+            .iter()
+            .filter(|(_, c)| c.conn == conn && !c.is_ended())
+            .map(|(k, c)| (*k, c.clone()))
             .collect();
-        // Ended outside the lock: the stream tasks take it when they finish.
-        for s in streams {
-            s.end(reason);
-        }
+        open.sort_by_key(|(k, _)| *k);
+        open.into_iter().map(|(_, c)| c).collect()
     }
 
     /// Streams open right now.
@@ -176,9 +174,15 @@ mod tests {
     async fn the_first_reason_wins() {
         let r = Arc::new(Registry::default());
         let s = r.register(7, true).expect("admitted");
-        r.register(8, true).expect("admitted");
-        r.end_connection(7, Reason::max_age);
+        let _other = r.register(8, true).expect("admitted");
+        let of_7 = r.connection_streams(7);
+        assert_eq!(of_7.len(), 1, "only connection 7's streams");
+        of_7[0].end(Reason::max_age);
         s.ctl.end(Reason::drain);
         assert_eq!(s.ctl.ended().await.0, Reason::max_age);
+        assert!(
+            r.connection_streams(7).is_empty(),
+            "ended streams are not listed again"
+        );
     }
 }
