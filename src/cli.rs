@@ -161,8 +161,10 @@ Privileges (pod spec of the DaemonSet):
   hostNetwork: true    the agent's namespace is the node's: its addresses are the
                        kubelet's (allowed to drain) and --listen is on the node
   CAP_SYS_ADMIN        setns(CLONE_NEWNET) into each pod's network namespace
-  CAP_SYS_PTRACE       open /proc/<pid>/ns/net, read /proc/<pid>/environ and exe of
-                       processes run by other users (Istio's proxy runs as 1337)
+  CAP_SYS_PTRACE       open /proc/<pid>/ns/net and read exe of processes run by other
+                       users (Istio's proxy runs as 1337). Their /proc/<pid>/environ
+                       stays unreadable even so (measured): give Envoy its identity
+                       as node metadata NAMESPACE/NAME (downward API), as Istio does
   not needed: CAP_NET_BIND_SERVICE (15098 and 15099 are above 1024),
               CAP_NET_ADMIN, privileged: true
 
