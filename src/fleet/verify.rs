@@ -140,7 +140,9 @@ fn versions_check(proxies: &[Proxy], opts: &VerifyOptions) -> Check {
 }
 
 fn count_check(name: &str, value: f64, what: &str) -> Check {
-    Check::new(name, Some(value == 0.0), format!("{value} {what}"))
+    // PromQL can answer -0; counts are shown as whole numbers.
+    let shown = if value == 0.0 { 0.0 } else { value };
+    Check::new(name, Some(value == 0.0), format!("{shown:.0} {what}"))
 }
 
 /// `now <= before * (1 + max_increase) + floor`.
@@ -312,5 +314,6 @@ mod tests {
         assert_eq!(rate_check("r", Some(1.0), None, 0.2, 0.0).ok, None);
         assert!(passed(&[rate_check("r", None, None, 0.2, 0.0)]));
         assert!(!passed(&[count_check("c", 1.0, "x")]));
+        assert_eq!(count_check("c", -0.0, "cut").detail, "0 cut");
     }
 }
