@@ -394,8 +394,8 @@ async fn many_streams(ctx: &Ctx, swing: Swing) -> Report {
 }
 
 /// A header block the guard must refuse, sent on fresh connections until
-/// the legitimate client was probed. `frames_for` builds the frames of one
-/// request on stream 1.
+/// the legitimate client was probed. `request` is the frames of one request
+/// on stream 1; `expect_goaway`: only a GOAWAY is the right answer.
 async fn bad_headers(
     ctx: &Ctx,
     swing: Swing,

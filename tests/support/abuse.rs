@@ -479,7 +479,7 @@ pub fn print_table(baseline: Mem, rows: &[Row]) {
         baseline.rss as f64 / MIB
     ));
     out.push_str(&format!(
-        "| {:<34} | {:>9} | {:<58} | {:<30} | {:>8} | {:>9} | {:>7} |\n",
+        "| {:<36} | {:>9} | {:<88} | {:<32} | {:>8} | {:>9} | {:>7} |\n",
         "attack",
         "frames",
         "outcome for the attacker",
@@ -490,17 +490,17 @@ pub fn print_table(baseline: Mem, rows: &[Row]) {
     ));
     out.push_str(&format!(
         "|{}|{}|{}|{}|{}|{}|{}|\n",
-        "-".repeat(36),
+        "-".repeat(38),
         "-".repeat(11),
-        "-".repeat(60),
-        "-".repeat(32),
+        "-".repeat(90),
+        "-".repeat(34),
         "-".repeat(10),
         "-".repeat(11),
         "-".repeat(9)
     ));
     for r in rows {
         out.push_str(&format!(
-            "| {:<34} | {:>9} | {:<58} | {:<30} | {:>8.1} | {:>9.1} | {:>7.2} |\n",
+            "| {:<36} | {:>9} | {:<88} | {:<32} | {:>8.1} | {:>9.1} | {:>7.2} |\n",
             r.attack,
             r.frames,
             r.outcome,
