@@ -14,7 +14,7 @@ use guard_support::*;
 const PAYLOAD: u32 = 64 * 1024;
 /// What may sit between a stalled client and the application, in messages:
 /// the client's stream window (hyper's default, 2 MiB), the guard's windows
-/// and send buffer (256 KiB each by default), the application's h2 send
+/// (256 KiB) and send buffer (16 KiB) by default, the application's h2 send
 /// buffer and its 4-message channel. Far below what an unbounded pipe would
 /// accumulate at full speed in the time observed.
 const BOUND: u64 = 100;

@@ -20,8 +20,12 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 pub const DEFAULT_STREAM_WINDOW: u32 = 256 * 1024;
 /// Default for [`Limits::connection_window`].
 pub const DEFAULT_CONNECTION_WINDOW: u32 = 4 * 1024 * 1024;
-/// Default for [`Limits::max_send_buffer_size`].
-pub const DEFAULT_MAX_SEND_BUFFER_SIZE: usize = 256 * 1024;
+/// Default for [`Limits::max_send_buffer_size`]: one default-size DATA frame
+/// (SETTINGS_MAX_FRAME_SIZE is 16 KiB). A peer that opens its windows wide
+/// and never reads holds this much per stream, so a connection holds at most
+/// 1,000 x 16 KiB = 16 MiB (256 KiB per stream made that 256 MiB); on a
+/// pod-local hop a frame in flight per stream is enough to keep a stream busy.
+pub const DEFAULT_MAX_SEND_BUFFER_SIZE: usize = 16 * 1024;
 /// Default for [`Limits::max_h1_buf_size`]: hyper's minimum is 8 KiB.
 pub const DEFAULT_MAX_H1_BUF_SIZE: usize = 64 * 1024;
 /// Default for [`Limits::goaway_ack_timeout`].
@@ -62,7 +66,9 @@ pub struct Limits {
     /// Per-connection flow-control window, both directions; bounds what one
     /// connection can make the guard buffer in total.
     pub connection_window: u32,
-    /// Most bytes h2 buffers per stream while waiting for the peer's window.
+    /// Most bytes h2 buffers per stream while waiting for the peer to take
+    /// them (its window, or its socket); times `max_concurrent_streams`, it
+    /// bounds what a peer that never reads can make one connection hold.
     pub max_send_buffer_size: usize,
     /// Largest HTTP/1.1 read buffer (request head included); a bigger head is
     /// rejected with 431.
