@@ -121,6 +121,16 @@ pub mod help {
         "envoy_upstream_retries",
         "Upstream request retries, per Envoy version (mirrored from Envoy)",
     );
+    /// Contract extension (sidecar): see `recovery`.
+    pub const ENVOY_STUCK_DRAINING: (&str, &str) = (
+        "envoy_stuck_draining",
+        "1 while Envoy has stopped listeners outside a drain of this shim: the pod can no longer serve and must be replaced",
+    );
+    /// Contract extension (sidecar): see `recovery`.
+    pub const ENVOY_RECOVERIES: (&str, &str) = (
+        "envoy_recoveries",
+        "Times the shim restored Envoy's health check left failed by an earlier drain (listeners still up)",
+    );
     pub const TCP_RESETS: (&str, &str) = (
         "tcp_resets",
         "TCP resets and aborts counted by the kernel in the pod's network namespace",
@@ -143,6 +153,11 @@ pub struct Metrics {
     pub envoy_config_updates: Family<ConfigLabels, Counter>,
     pub envoy_upstream_retries: Family<VersionLabels, Counter>,
     pub tcp_resets: Family<KindLabels, Counter>,
+    /// 1 while Envoy is stuck (listeners stopped, no drain of ours running):
+    /// the signal that the pod must be replaced.
+    pub envoy_stuck_draining: Gauge,
+    /// Failed health checks left by an earlier drain and restored at start.
+    pub envoy_recoveries: Counter,
     /// Every Envoy version passed to `set_proxy`. prometheus-client cannot
     /// list a Family's label sets, and node mode must find the version-keyed
     /// series to re-label them per pod.
@@ -179,6 +194,8 @@ impl Metrics {
             envoy_config_updates: Family::default(),
             envoy_upstream_retries: Family::default(),
             tcp_resets: Family::default(),
+            envoy_stuck_draining: Gauge::default(),
+            envoy_recoveries: Counter::default(),
             versions_seen: Arc::default(),
         };
         let r = registry.sub_registry_with_prefix("drainshim");
@@ -228,6 +245,16 @@ impl Metrics {
             m.envoy_upstream_retries.clone(),
         );
         r.register(help::TCP_RESETS.0, help::TCP_RESETS.1, m.tcp_resets.clone());
+        r.register(
+            help::ENVOY_STUCK_DRAINING.0,
+            help::ENVOY_STUCK_DRAINING.1,
+            m.envoy_stuck_draining.clone(),
+        );
+        r.register(
+            help::ENVOY_RECOVERIES.0,
+            help::ENVOY_RECOVERIES.1,
+            m.envoy_recoveries.clone(),
+        );
         m
     }
 

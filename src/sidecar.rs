@@ -19,6 +19,7 @@ use crate::drain::{self, DrainSettings, Report, StreamGuard, Trigger};
 use crate::envoy::AdminClient;
 use crate::guard::{Guard, GuardConfig};
 use crate::metrics::Metrics;
+use crate::recovery;
 use crate::telemetry::Telemetry;
 
 /// Settings that passed validation.
@@ -179,6 +180,18 @@ pub async fn start(args: SidecarArgs, settings: Validated) -> Result<Sidecar, Si
             .or_else(|| std::env::var("POD_NAMESPACE").ok()),
         args.pod_name.or_else(|| std::env::var("POD_NAME").ok()),
     );
+    // Inspect Envoy for what an earlier drain (an earlier shim) left behind.
+    let envoy_health = recovery::spawn(
+        settings.admin.clone(),
+        drain.clone(),
+        settings.timers.poll_interval,
+        metrics.clone(),
+        match &identity {
+            (Some(ns), Some(pod)) => format!("{ns}/{pod}"),
+            (_, Some(pod)) => pod.clone(),
+            _ => String::new(),
+        },
+    );
     // The sidecar shares the pod's network namespace: its own /proc/net
     // counters are the pod's, with no privileges needed.
     let telemetry = Telemetry::new(
@@ -193,6 +206,7 @@ pub async fn start(args: SidecarArgs, settings: Validated) -> Result<Sidecar, Si
         admin: Some(settings.admin.clone()),
         allow_drain_from: args.allow_drain_from.clone(),
         telemetry: Some(Arc::new(telemetry)),
+        envoy_health: Some(envoy_health),
     });
     let server = tokio::spawn(control::serve(listener, control, shutdown.clone()));
     tracing::info!(listen = %local, envoy_admin = settings.admin.authority(), "sidecar ready");
