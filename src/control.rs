@@ -130,7 +130,11 @@ impl Control {
                 format!("not ready: draining ({phase:?})\n"),
             );
         }
-        if let Some(reason) = self.envoy_health.as_ref().and_then(|h| h.not_ready_reason()) {
+        if let Some(reason) = self
+            .envoy_health
+            .as_ref()
+            .and_then(|h| h.not_ready_reason())
+        {
             return text(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("not ready: {reason}\n"),

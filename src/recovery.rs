@@ -108,10 +108,7 @@ async fn observe(admin: &AdminClient) -> Result<(Observation, Duration), String>
     let state = info
         .state()
         .ok_or_else(|| format!("envoy reports an unknown state {:?}", info.state))?;
-    let listeners_stopped = admin
-        .listeners_stopped()
-        .await
-        .map_err(|e| e.to_string())?;
+    let listeners_stopped = admin.listeners_stopped().await.map_err(|e| e.to_string())?;
     let drain_time = info.drain_time().unwrap_or(ENVOY_DEFAULT_DRAIN_TIME);
     Ok((
         Observation {
@@ -227,7 +224,9 @@ async fn watch_envoy(
                 "{reason}. This pod can no longer serve inbound traffic and nothing will bring the \
                  listeners back: replace the pod (kubectl delete pod). drainshim /readyz answers 503 \
                  and drainshim_envoy_stuck_draining is 1 until then"),
-            (Verdict::Stuck(_), _) => tracing::info!(%pod, "envoy is no longer stuck (a new process?)"),
+            (Verdict::Stuck(_), _) => {
+                tracing::info!(%pod, "envoy is no longer stuck (a new process?)")
+            }
             _ => {}
         }
         metrics

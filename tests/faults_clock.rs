@@ -40,7 +40,13 @@ fn refused() -> SocketAddr {
     addr
 }
 
-fn start(timers: Timers) -> (drain::DrainHandle, tokio::task::JoinHandle<()>, Arc<CountingDial>) {
+fn start(
+    timers: Timers,
+) -> (
+    drain::DrainHandle,
+    tokio::task::JoinHandle<()>,
+    Arc<CountingDial>,
+) {
     let dial = Arc::new(CountingDial::default());
     let admin = AdminClient::with_dial(
         &format!("http://{}", refused()),
@@ -92,7 +98,10 @@ async fn a_clock_jump_past_the_deadline_ends_the_drain_without_a_burst() {
     let before = dial.attempts.load(Ordering::SeqCst);
 
     tokio::time::advance(Duration::from_secs(3600)).await;
-    let report = handle.report().await.expect("the driver publishes a report");
+    let report = handle
+        .report()
+        .await
+        .expect("the driver publishes a report");
     let after = dial.attempts.load(Ordering::SeqCst);
     assert_eq!(report.outcome, Outcome::envoy_unreachable, "{report:?}");
     assert!(

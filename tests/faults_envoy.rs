@@ -157,7 +157,10 @@ async fn envoy_restarted_under_the_drain() {
     .await;
     old.kill().await;
     let new = envoy_with("1.40.0", backend.addr, tweak).await;
-    assert_eq!(new.admin, old.admin, "the new envoy took the same admin port");
+    assert_eq!(
+        new.admin, old.admin,
+        "the new envoy took the same admin port"
+    );
 
     let run = run.await.expect("prestop task");
     assert_eq!(run.code, Some(0), "{}", run.stderr);
@@ -175,7 +178,11 @@ async fn envoy_restarted_under_the_drain() {
     assert_eq!(r.connections.cut, N as u64, "{r:?}");
     // The new Envoy was drained as well: health check failed, inbound stopped.
     let admin = new.admin_client();
-    assert_eq!(admin.ready().await.ok(), Some(false), "health check failed again");
+    assert_eq!(
+        admin.ready().await.ok(),
+        Some(false),
+        "health check failed again"
+    );
     let info = admin.server_info().await.expect("server_info");
     assert_eq!(info.state, "DRAINING");
     wait_for(
@@ -287,10 +294,13 @@ async fn faulty_admin(fault: Fault) -> FaultyAdmin {
                 };
                 match fault {
                     Fault::Garbage => {
-                        let _ = conn.write_all(b"\x00\x01SSH-2.0-nope\r\n\xff\xfe\r\n\r\n").await;
+                        let _ = conn
+                            .write_all(b"\x00\x01SSH-2.0-nope\r\n\xff\xfe\r\n\r\n")
+                            .await;
                     }
                     Fault::TruncatedJson => {
-                        let body = r#"{"stats":[{"name":"listener.127.0.0.1_1.downstream_cx_active","val"#;
+                        let body =
+                            r#"{"stats":[{"name":"listener.127.0.0.1_1.downstream_cx_active","val"#;
                         let _ = conn.write_all(head("200 OK", body.len()).as_bytes()).await;
                         let _ = conn.write_all(body.as_bytes()).await;
                     }

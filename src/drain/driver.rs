@@ -15,8 +15,8 @@ use super::machine::{Action, Event, Machine, Outcome, Phase, State, Trigger};
 use super::report::{Accounting, Active, EnvoyReport, EnvoyStatus, Report, Status};
 use crate::config::Timers;
 use crate::envoy::{AdminClient, AdminError, Counts, InboundScope};
-use envoy_types::pb::envoy::admin::v3::server_info::State as ServerState;
 use crate::metrics::Metrics;
+use envoy_types::pb::envoy::admin::v3::server_info::State as ServerState;
 
 /// What the drain needs from the stream guard; the guard knows nothing of Envoy.
 pub trait StreamGuard: Send + Sync + 'static {
@@ -439,7 +439,9 @@ async fn envoy_round(
         None => {
             let s = admin.inbound_scope().await?;
             if s.all_listeners {
-                tracing::warn!("no listener is marked INBOUND: counting and draining all listeners");
+                tracing::warn!(
+                    "no listener is marked INBOUND: counting and draining all listeners"
+                );
             }
             scope.insert(s).clone()
         }

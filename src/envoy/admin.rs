@@ -284,10 +284,7 @@ impl AdminClient {
     pub async fn listeners_stopped(&self) -> Result<u64, AdminError> {
         const NAME: &str = "listener_manager.listener_stopped";
         let stats = self.stats(r"^listener_manager\.listener_stopped$").await?;
-        Ok(stats
-            .iter()
-            .find(|s| s.name == NAME)
-            .map_or(0, |s| s.value))
+        Ok(stats.iter().find(|s| s.name == NAME).map_or(0, |s| s.value))
     }
 
     /// `POST /healthcheck/fail`: `/ready` answers 503 from now on.

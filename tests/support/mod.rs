@@ -466,11 +466,19 @@ impl SidecarBin {
     }
 }
 
+/// `drainshim sidecar --listen 127.0.0.1:0 --linger 0s <args>`.
 pub async fn sidecar_bin(args: &[&str]) -> SidecarBin {
+    let mut cmd = tokio::process::Command::new(drainshim_bin());
+    cmd.args(["sidecar", "--listen", "127.0.0.1:0", "--linger", "0s"])
+        .args(args);
+    sidecar_bin_cmd(cmd).await
+}
+
+/// Runs `cmd`, a `drainshim sidecar` command line (perhaps behind
+/// `ip netns exec`), and waits for its ready line.
+pub async fn sidecar_bin_cmd(mut cmd: tokio::process::Command) -> SidecarBin {
     use tokio::io::AsyncBufReadExt;
-    let mut child = tokio::process::Command::new(drainshim_bin())
-        .args(["sidecar", "--listen", "127.0.0.1:0", "--linger", "0s"])
-        .args(args)
+    let mut child = cmd
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
@@ -487,11 +495,16 @@ pub async fn sidecar_bin(args: &[&str]) -> SidecarBin {
             if line.contains("sidecar ready") {
                 if let Some(rest) = line.split("listen=").nth(1) {
                     let addr = rest.split_whitespace().next().unwrap_or_default();
-                    return addr.parse::<SocketAddr>().expect("listen address in the log");
+                    return addr
+                        .parse::<SocketAddr>()
+                        .expect("listen address in the log");
                 }
             }
         }
-        panic!("the sidecar exited before it was ready: {:?}", log.lock().map(|l| l.clone()));
+        panic!(
+            "the sidecar exited before it was ready: {:?}",
+            log.lock().map(|l| l.clone())
+        );
     })
     .await
     .expect("sidecar ready in time");
