@@ -153,11 +153,6 @@ pub struct Metrics {
     pub envoy_config_updates: Family<ConfigLabels, Counter>,
     pub envoy_upstream_retries: Family<VersionLabels, Counter>,
     pub tcp_resets: Family<KindLabels, Counter>,
-    /// 1 while Envoy is stuck (listeners stopped, no drain of ours running):
-    /// the signal that the pod must be replaced.
-    pub envoy_stuck_draining: Gauge,
-    /// Failed health checks left by an earlier drain and restored at start.
-    pub envoy_recoveries: Counter,
     /// Every Envoy version passed to `set_proxy`. prometheus-client cannot
     /// list a Family's label sets, and node mode must find the version-keyed
     /// series to re-label them per pod.
@@ -194,8 +189,6 @@ impl Metrics {
             envoy_config_updates: Family::default(),
             envoy_upstream_retries: Family::default(),
             tcp_resets: Family::default(),
-            envoy_stuck_draining: Gauge::default(),
-            envoy_recoveries: Counter::default(),
             versions_seen: Arc::default(),
         };
         let r = registry.sub_registry_with_prefix("drainshim");
@@ -245,16 +238,6 @@ impl Metrics {
             m.envoy_upstream_retries.clone(),
         );
         r.register(help::TCP_RESETS.0, help::TCP_RESETS.1, m.tcp_resets.clone());
-        r.register(
-            help::ENVOY_STUCK_DRAINING.0,
-            help::ENVOY_STUCK_DRAINING.1,
-            m.envoy_stuck_draining.clone(),
-        );
-        r.register(
-            help::ENVOY_RECOVERIES.0,
-            help::ENVOY_RECOVERIES.1,
-            m.envoy_recoveries.clone(),
-        );
         m
     }
 
@@ -329,6 +312,37 @@ impl Metrics {
         }
         self.proxy_info.clear();
         self.proxy_info.get_or_create(&labels).set(1);
+    }
+}
+
+/// The sidecar's own metrics beyond the per-pod set (a contract extension):
+/// the Envoy watcher of `recovery` runs only in the sidecar, so node mode,
+/// whose per-pod series mirror `Metrics` exactly, does not export these.
+#[derive(Clone, Debug, Default)]
+pub struct SidecarMetrics {
+    /// `drainshim_envoy_stuck_draining`: 1 while Envoy has stopped listeners
+    /// and no drain of this shim runs; the signal to replace the pod.
+    pub envoy_stuck_draining: Gauge,
+    /// `drainshim_envoy_recoveries_total`: failed health checks left by an
+    /// earlier drain and restored.
+    pub envoy_recoveries: Counter,
+}
+
+impl SidecarMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        let r = registry.sub_registry_with_prefix("drainshim");
+        r.register(
+            help::ENVOY_STUCK_DRAINING.0,
+            help::ENVOY_STUCK_DRAINING.1,
+            m.envoy_stuck_draining.clone(),
+        );
+        r.register(
+            help::ENVOY_RECOVERIES.0,
+            help::ENVOY_RECOVERIES.1,
+            m.envoy_recoveries.clone(),
+        );
+        m
     }
 }
 

@@ -43,7 +43,7 @@ use tokio::time::Instant;
 
 use crate::drain::{DrainHandle, Phase};
 use crate::envoy::AdminClient;
-use crate::metrics::Metrics;
+use crate::metrics::SidecarMetrics;
 
 /// Envoy's own default `--drain-time-s`, used when `/server_info` does not say.
 pub const ENVOY_DEFAULT_DRAIN_TIME: Duration = Duration::from_secs(600);
@@ -156,7 +156,7 @@ pub fn spawn(
     admin: AdminClient,
     drain: DrainHandle,
     every: Duration,
-    metrics: Metrics,
+    metrics: SidecarMetrics,
     pod: String,
 ) -> EnvoyHealth {
     let (tx, verdict) = watch::channel(Verdict::Unknown("not looked yet".into()));
@@ -168,7 +168,7 @@ async fn watch_envoy(
     admin: AdminClient,
     drain: DrainHandle,
     every: Duration,
-    metrics: Metrics,
+    metrics: SidecarMetrics,
     pod: String,
     tx: watch::Sender<Verdict>,
 ) {

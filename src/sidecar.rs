@@ -18,7 +18,7 @@ use crate::control::{self, Control};
 use crate::drain::{self, DrainSettings, Report, StreamGuard, Trigger};
 use crate::envoy::AdminClient;
 use crate::guard::{Guard, GuardConfig};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, SidecarMetrics};
 use crate::recovery;
 use crate::telemetry::Telemetry;
 
@@ -149,6 +149,7 @@ pub async fn start(args: SidecarArgs, settings: Validated) -> Result<Sidecar, Si
     let local = listener.local_addr().unwrap_or(args.listen);
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
+    let sidecar_metrics = SidecarMetrics::register(&mut registry);
     let shutdown = CancellationToken::new();
     let mut guard_addr = None;
     let guard: Option<Arc<dyn StreamGuard>> = match settings.guard {
@@ -185,7 +186,7 @@ pub async fn start(args: SidecarArgs, settings: Validated) -> Result<Sidecar, Si
         settings.admin.clone(),
         drain.clone(),
         settings.timers.poll_interval,
-        metrics.clone(),
+        sidecar_metrics,
         match &identity {
             (Some(ns), Some(pod)) => format!("{ns}/{pod}"),
             (_, Some(pod)) => pod.clone(),
