@@ -49,7 +49,14 @@ async fn wait_listening(addr: SocketAddr) {
 async fn backend() -> (Child, SocketAddr) {
     let addr = free_addr();
     let child = Command::new(bin())
-        .args(["bench", "server", "--listen", &addr.to_string(), "--log", "warn"])
+        .args([
+            "bench",
+            "server",
+            "--listen",
+            &addr.to_string(),
+            "--log",
+            "warn",
+        ])
         .kill_on_drop(true)
         .spawn()
         .expect("backend");
@@ -60,15 +67,30 @@ async fn backend() -> (Child, SocketAddr) {
 /// The guard alone: a sidecar whose Envoy admin is absent (only the guard is measured).
 async fn guard(upstream: SocketAddr) -> (Child, SocketAddr) {
     let mut child = Command::new(bin())
-        .args(["sidecar", "--listen", "127.0.0.1:0", "--envoy-admin", "http://127.0.0.1:9"])
-        .args(["--guard-listen", "127.0.0.1:0", "--guard-upstream", &upstream.to_string()])
+        .args([
+            "sidecar",
+            "--listen",
+            "127.0.0.1:0",
+            "--envoy-admin",
+            "http://127.0.0.1:9",
+        ])
+        .args([
+            "--guard-listen",
+            "127.0.0.1:0",
+            "--guard-upstream",
+            &upstream.to_string(),
+        ])
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .expect("guard");
     let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
     let addr: SocketAddr = loop {
-        let line = lines.next_line().await.expect("read").expect("guard exited early");
+        let line = lines
+            .next_line()
+            .await
+            .expect("read")
+            .expect("guard exited early");
         if let Some(rest) = line.split("guard_listen=Some(").nth(1) {
             break rest.split(')').next().expect("addr").parse().expect("addr");
         }
@@ -110,14 +132,21 @@ async fn h2load(addr: SocketAddr, dir: &std::path::Path, name: &str) -> Load {
         .await
         .expect("h2load: install it with `make tools` (Debian nghttp2-client)");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "h2load failed: {text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "h2load failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let rps = text
         .lines()
         .find_map(|l| l.strip_prefix("finished in "))
         .and_then(|l| l.split(", ").nth(1))
         .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
         .unwrap_or_else(|| panic!("no req/s in h2load output: {text}"));
-    let ok = text.lines().find(|l| l.starts_with("status codes:")).unwrap_or("");
+    let ok = text
+        .lines()
+        .find(|l| l.starts_with("status codes:"))
+        .unwrap_or("");
     assert!(text.contains(" 0 failed"), "h2load saw failures: {text}");
     // Each log line: start time, status, duration in microseconds.
     let mut lat: Vec<f64> = std::fs::read_to_string(&log)
@@ -153,7 +182,9 @@ async fn hold_streams(addr: SocketAddr) -> Vec<tokio::task::JoinHandle<()>> {
                     interval_ms: 1000,
                     payload_bytes: 16,
                 };
-                let Ok(resp) = client.subscribe(req).await else { return };
+                let Ok(resp) = client.subscribe(req).await else {
+                    return;
+                };
                 let mut stream = resp.into_inner();
                 let mut first = Some(tx);
                 while let Ok(Some(_)) = stream.message().await {
@@ -205,8 +236,15 @@ async fn main() {
     }
 
     println!("guard: unary gRPC (h2load -c 10 -m 10, Envoy --concurrency 1), {LOAD_SECONDS} s each, same run");
-    println!("{:<10} {:>10} {:>9} {:>10} {:>10} {:>12}", "path", "req/s", "p99 ms", "vs direct", "vs envoy", "p99 added ms");
-    for (name, l) in [("direct", &direct), ("guard", &via_guard), ("envoy", &via_envoy)] {
+    println!(
+        "{:<10} {:>10} {:>9} {:>10} {:>10} {:>12}",
+        "path", "req/s", "p99 ms", "vs direct", "vs envoy", "p99 added ms"
+    );
+    for (name, l) in [
+        ("direct", &direct),
+        ("guard", &via_guard),
+        ("envoy", &via_envoy),
+    ] {
         println!(
             "{name:<10} {:>10.0} {:>9.2} {:>10.2} {:>10.2} {:>12.2}",
             l.rps,
@@ -217,12 +255,21 @@ async fn main() {
         );
     }
     println!("guard: RSS with {STREAMS} open streams ({CONNECTIONS} connections)");
-    println!("{:<10} {:>10} {:>12} {:>14}", "process", "idle MiB", "loaded MiB", "per stream KiB");
-    for (name, idle, loaded) in [("guard", guard_idle, guard_loaded), ("envoy", envoy_idle, envoy_loaded)] {
+    println!(
+        "{:<10} {:>10} {:>12} {:>14}",
+        "process", "idle MiB", "loaded MiB", "per stream KiB"
+    );
+    for (name, idle, loaded) in [
+        ("guard", guard_idle, guard_loaded),
+        ("envoy", envoy_idle, envoy_loaded),
+    ] {
         println!(
             "{name:<10} {idle:>10.1} {loaded:>12.1} {:>14.2}",
             (loaded - idle) * 1024.0 / STREAMS as f64
         );
     }
-    println!("guard/envoy loaded RSS ratio: {:.2}", guard_loaded / envoy_loaded);
+    println!(
+        "guard/envoy loaded RSS ratio: {:.2}",
+        guard_loaded / envoy_loaded
+    );
 }
