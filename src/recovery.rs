@@ -1,8 +1,9 @@
 //! No pod left stuck DRAINING silently (Contour #4851, Envoy Gateway #5832).
 //!
 //! A sidecar that starts (or restarts) inspects Envoy before anything
-//! drains, and keeps watching it every poll interval until a drain of its own
-//! begins. It reads `/server_info` `state` (DRAINING means the health check
+//! drains, and keeps watching it until a drain of its own
+//! begins (every poll interval while unsettled, every 5 s once healthy or
+//! stuck). It reads `/server_info` `state` (DRAINING means the health check
 //! is failed) and the counter `listener_manager.listener_stopped` (Envoy
 //! 1.40 still lists a stopped listener in `/listeners` and in
 //! `total_listeners_active`; this counter is the only trace it leaves).
@@ -47,6 +48,10 @@ use crate::metrics::SidecarMetrics;
 
 /// Envoy's own default `--drain-time-s`, used when `/server_info` does not say.
 pub const ENVOY_DEFAULT_DRAIN_TIME: Duration = Duration::from_secs(600);
+/// How often a settled Envoy (healthy, or stuck for good) is looked at: a
+/// kubelet probes readiness every 10 s by default, and every look opens two
+/// admin connections.
+pub const SETTLED_INTERVAL: Duration = Duration::from_secs(5);
 /// Envoy stops the listeners when its drain timer fires; this covers the
 /// timer, the counter update and one slow admin call on our side.
 pub const RECOVERY_MARGIN: Duration = Duration::from_secs(2);
@@ -232,12 +237,17 @@ async fn watch_envoy(
         metrics
             .envoy_stuck_draining
             .set(i64::from(matches!(verdict, Verdict::Stuck(_))));
+        // Pending and unknown states are looked at every poll; settled ones less often.
+        let step = match verdict {
+            Verdict::Healthy | Verdict::Stuck(_) => every.max(SETTLED_INTERVAL),
+            Verdict::Pending { .. } | Verdict::Unknown(_) => every,
+        };
         tx.send_replace(verdict);
 
-        next += every;
+        next += step;
         let now = Instant::now();
         if next < now {
-            next = now + every;
+            next = now + step;
         }
         tokio::select! {
             _ = tokio::time::sleep_until(next) => {}
