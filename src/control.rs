@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `GET /metrics` | Prometheus text |
 //! | `GET /healthz` | the process is alive |
-//! | `GET /readyz` | 503 while draining or while Envoy is not ready |
+//! | `GET /readyz` | 503 while draining, while Envoy is not ready, or while Envoy is stuck (see `recovery`) |
 //! | `GET /status` | the status JSON |
 //! | `POST /drain` | start the drain (idempotent); 202 with the status |
 //! | `GET\|POST /drain?wait=true` | start if needed, block until done; 200 with the report (preStop `httpGet`) |
@@ -48,6 +48,9 @@ pub struct Control {
     pub allow_drain_from: Vec<IpNet>,
     /// Read fresh at each scrape; None when there is no Envoy to read.
     pub telemetry: Option<Arc<crate::telemetry::Telemetry>>,
+    /// The watcher of a stuck or half-drained Envoy; `/readyz` is 503 while
+    /// it says so. None when nothing watches (node mode has its own view).
+    pub envoy_health: Option<crate::recovery::EnvoyHealth>,
 }
 
 /// Loopback, or inside one of the allowed networks. IPv4-mapped IPv6
@@ -125,6 +128,16 @@ impl Control {
             return text(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("not ready: draining ({phase:?})\n"),
+            );
+        }
+        if let Some(reason) = self
+            .envoy_health
+            .as_ref()
+            .and_then(|h| h.not_ready_reason())
+        {
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {reason}\n"),
             );
         }
         match &self.admin {

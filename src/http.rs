@@ -8,8 +8,13 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-/// Sends `method path` with `Connection: close` and reads the whole body.
-/// The caller bounds it in time.
+/// The largest response body read. An Istio sidecar's listener config dump
+/// runs to a few MiB; a peer that sends more (or never stops) is broken, and
+/// reading it all would only eat memory until the caller's deadline.
+pub const MAX_BODY: usize = 64 * 1024 * 1024;
+
+/// Sends `method path` with `Connection: close` and reads the whole body, up
+/// to `MAX_BODY`. The caller bounds it in time.
 pub async fn request(
     stream: TcpStream,
     authority: &str,
@@ -30,7 +35,14 @@ pub async fn request(
             .map_err(|_| RequestError::BadPath(path.to_string()))?;
         let resp = sender.send_request(req).await?;
         let status = resp.status();
-        let body = resp.into_body().collect().await?.to_bytes();
+        let body = http_body_util::Limited::new(resp.into_body(), MAX_BODY)
+            .collect()
+            .await
+            .map_err(|e| match e.downcast::<hyper::Error>() {
+                Ok(e) => RequestError::Http(*e),
+                Err(_) => RequestError::TooLarge(MAX_BODY),
+            })?
+            .to_bytes();
         Ok((status, body))
     }
     .await;
@@ -44,6 +56,8 @@ pub enum RequestError {
     Http(#[from] hyper::Error),
     #[error("invalid request path {0:?}")]
     BadPath(String),
+    #[error("response body larger than {0} bytes")]
+    TooLarge(usize),
 }
 
 /// Percent-encodes a query parameter value (RFC 3986 unreserved characters

@@ -121,6 +121,16 @@ pub mod help {
         "envoy_upstream_retries",
         "Upstream request retries, per Envoy version (mirrored from Envoy)",
     );
+    /// Contract extension (sidecar): see `recovery`.
+    pub const ENVOY_STUCK_DRAINING: (&str, &str) = (
+        "envoy_stuck_draining",
+        "1 while Envoy has stopped listeners outside a drain of this shim: the pod can no longer serve and must be replaced",
+    );
+    /// Contract extension (sidecar): see `recovery`.
+    pub const ENVOY_RECOVERIES: (&str, &str) = (
+        "envoy_recoveries",
+        "Times the shim restored Envoy's health check left failed by an earlier drain (listeners still up)",
+    );
     pub const TCP_RESETS: (&str, &str) = (
         "tcp_resets",
         "TCP resets and aborts counted by the kernel in the pod's network namespace",
@@ -302,6 +312,37 @@ impl Metrics {
         }
         self.proxy_info.clear();
         self.proxy_info.get_or_create(&labels).set(1);
+    }
+}
+
+/// The sidecar's own metrics beyond the per-pod set (a contract extension):
+/// the Envoy watcher of `recovery` runs only in the sidecar, so node mode,
+/// whose per-pod series mirror `Metrics` exactly, does not export these.
+#[derive(Clone, Debug, Default)]
+pub struct SidecarMetrics {
+    /// `drainshim_envoy_stuck_draining`: 1 while Envoy has stopped listeners
+    /// and no drain of this shim runs; the signal to replace the pod.
+    pub envoy_stuck_draining: Gauge,
+    /// `drainshim_envoy_recoveries_total`: failed health checks left by an
+    /// earlier drain and restored.
+    pub envoy_recoveries: Counter,
+}
+
+impl SidecarMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        let r = registry.sub_registry_with_prefix("drainshim");
+        r.register(
+            help::ENVOY_STUCK_DRAINING.0,
+            help::ENVOY_STUCK_DRAINING.1,
+            m.envoy_stuck_draining.clone(),
+        );
+        r.register(
+            help::ENVOY_RECOVERIES.0,
+            help::ENVOY_RECOVERIES.1,
+            m.envoy_recoveries.clone(),
+        );
+        m
     }
 }
 

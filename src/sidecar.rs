@@ -18,7 +18,8 @@ use crate::control::{self, Control};
 use crate::drain::{self, DrainSettings, Report, StreamGuard, Trigger};
 use crate::envoy::AdminClient;
 use crate::guard::{Guard, GuardConfig};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, SidecarMetrics};
+use crate::recovery;
 use crate::telemetry::Telemetry;
 
 /// Settings that passed validation.
@@ -149,6 +150,7 @@ pub async fn start(args: SidecarArgs, settings: Validated) -> Result<Sidecar, Si
     let local = listener.local_addr().unwrap_or(args.listen);
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
+    let sidecar_metrics = SidecarMetrics::register(&mut registry);
     let shutdown = CancellationToken::new();
     let mut guard_addr = None;
     let guard: Option<Arc<dyn StreamGuard>> = match settings.guard {
@@ -180,6 +182,18 @@ pub async fn start(args: SidecarArgs, settings: Validated) -> Result<Sidecar, Si
             .or_else(|| std::env::var("POD_NAMESPACE").ok()),
         args.pod_name.or_else(|| std::env::var("POD_NAME").ok()),
     );
+    // Inspect Envoy for what an earlier drain (an earlier shim) left behind.
+    let envoy_health = recovery::spawn(
+        settings.admin.clone(),
+        drain.clone(),
+        settings.timers.poll_interval,
+        sidecar_metrics,
+        match &identity {
+            (Some(ns), Some(pod)) => format!("{ns}/{pod}"),
+            (_, Some(pod)) => pod.clone(),
+            _ => String::new(),
+        },
+    );
     // The sidecar shares the pod's network namespace: its own /proc/net
     // counters are the pod's, with no privileges needed.
     let telemetry = Telemetry::new(
@@ -194,6 +208,7 @@ pub async fn start(args: SidecarArgs, settings: Validated) -> Result<Sidecar, Si
         admin: Some(settings.admin.clone()),
         allow_drain_from: args.allow_drain_from.clone(),
         telemetry: Some(Arc::new(telemetry)),
+        envoy_health: Some(envoy_health),
     });
     let server = tokio::spawn(control::serve(listener, control, shutdown.clone()));
     tracing::info!(listen = %local, envoy_admin = settings.admin.authority(), "sidecar ready");

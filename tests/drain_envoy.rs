@@ -188,35 +188,7 @@ async fn admin_refusing_connections_ends_by_the_deadline() {
     );
 }
 
-/// Envoy's admin accepts connections and never answers: same result, because
-/// every admin call has a deadline and the drain's deadline does not wait on it.
-#[tokio::test]
-async fn admin_that_hangs_ends_by_the_deadline() {
-    let hung = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = hung.local_addr().expect("addr");
-    let held = tokio::spawn(async move {
-        // Accept and hold every connection without a byte in reply (bounded).
-        let mut conns = Vec::new();
-        for _ in 0..1_000 {
-            match hung.accept().await {
-                Ok((c, _)) => conns.push(c),
-                Err(_) => break,
-            }
-        }
-    });
-    let (shim, _drain, _sig, _task) = start_sidecar(&format!("http://{addr}"), SHORT_TIMERS).await;
-    let run = prestop(shim).await;
-    assert_eq!(run.code, Some(0), "{}", run.stderr);
-    let r = run.report();
-    assert_eq!(r.outcome, Outcome::envoy_unreachable);
-    assert!(r.duration_seconds < 10.0, "{r:?}");
-    // The status names the hang.
-    let (_, status) = http(shim, "GET", "/status").await;
-    assert!(status.contains("no answer within"), "{status}");
-    held.abort();
-}
+// The hung admin is in the fault matrix, tests/faults_envoy.rs.
 
 /// Concurrent preStop hooks, POSTs and waits: one drain, one report for all.
 #[tokio::test]

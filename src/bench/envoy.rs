@@ -17,6 +17,8 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
+use envoy_types::pb::envoy::admin::v3::server_info::State;
+
 use crate::envoy::AdminClient;
 
 /// The Envoy releases the project tests against; the first is the default.
@@ -196,7 +198,8 @@ pub struct EnvoyProcess {
 }
 
 impl EnvoyProcess {
-    /// Starts Envoy and waits until `/ready` answers 200.
+    /// Starts Envoy and waits until it has initialized (`/server_info` state
+    /// LIVE, or DRAINING if a watching shim failed its health check already).
     pub async fn start(opts: &EnvoyOptions) -> Result<Self, EnvoyError> {
         let io = |what: &str| {
             let what = what.to_string();
@@ -274,8 +277,11 @@ impl EnvoyProcess {
             .parse()
             .map_err(|e| format!("admin address {text:?}: {e}"))?;
         let admin = self.admin_client();
-        if !admin.ready().await.map_err(|e| e.to_string())? {
-            return Err("not ready yet".into());
+        // Initialized: LIVE, or DRAINING when something (a drainshim that
+        // watches this admin address) failed its health check already.
+        let info = admin.server_info().await.map_err(|e| e.to_string())?;
+        if !matches!(info.state(), Some(State::Live | State::Draining)) {
+            return Err(format!("not initialized yet: {}", info.state));
         }
         for (name, addr) in admin.bound_listeners().await.map_err(|e| e.to_string())? {
             match name.as_str() {

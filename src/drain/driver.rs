@@ -16,6 +16,7 @@ use super::report::{Accounting, Active, EnvoyReport, EnvoyStatus, Report, Status
 use crate::config::Timers;
 use crate::envoy::{AdminClient, AdminError, Counts, InboundScope};
 use crate::metrics::Metrics;
+use envoy_types::pb::envoy::admin::v3::server_info::State as ServerState;
 
 /// What the drain needs from the stream guard; the guard knows nothing of Envoy.
 pub trait StreamGuard: Send + Sync + 'static {
@@ -94,7 +95,15 @@ pub fn spawn(settings: DrainSettings, metrics: Metrics) -> (DrainHandle, JoinHan
 
 /// What the Envoy side reports to the driver.
 enum EnvoyMsg {
-    Counts(Counts),
+    /// A poll's counts, sent after the drain's steps were tried on the Envoy
+    /// that was counted. `restarted`: this is a new Envoy process.
+    /// `steps_done`: the health check is failed and the listeners drain; until
+    /// then the counts are accounted but cannot end the drain.
+    Counts {
+        counts: Counts,
+        restarted: bool,
+        steps_done: bool,
+    },
     Version(String),
     Failed(AdminError),
 }
@@ -138,6 +147,7 @@ async fn run(
     d.apply(Event::Trigger(trigger));
 
     let mut commands_open = true;
+    let mut envoy_open = true;
     while d.state.phase != Phase::Done {
         let next = d.machine.next_deadline(&d.state).map(|at| t0 + at);
         let event = tokio::select! {
@@ -154,14 +164,22 @@ async fn run(
                 }
             },
             _ = sleep_until_opt(next) => Event::Tick { elapsed: t0.elapsed() },
-            msg = envoy_rx.recv() => match msg {
+            msg = envoy_rx.recv(), if envoy_open => match msg {
                 Some(msg) => d.envoy_event(msg),
-                // The Envoy task never ends on its own; treat it as unreachable.
-                None => Event::Observed {
-                    elapsed: t0.elapsed(),
-                    envoy_streams: None,
-                    guard_streams: d.guard_streams(),
-                },
+                // The Envoy task never ends on its own (a panic would end
+                // it): treat Envoy as unreachable from now on, once, and
+                // stop listening so a closed channel cannot spin this loop.
+                None => {
+                    envoy_open = false;
+                    tracing::error!("the envoy poller stopped; finishing the drain at its deadline");
+                    d.envoy.reachable = false;
+                    d.envoy.error = Some("the envoy poller stopped".into());
+                    Event::Observed {
+                        elapsed: t0.elapsed(),
+                        envoy_streams: None,
+                        guard_streams: d.guard_streams(),
+                    }
+                }
             },
         };
         d.apply(event);
@@ -201,17 +219,33 @@ impl Drive {
         let elapsed = self.t0.elapsed();
         let guard_streams = self.guard_streams();
         match msg {
-            EnvoyMsg::Counts(c) => {
-                self.acc.observe(c);
-                self.envoy.reachable = true;
-                self.envoy.error = None;
+            EnvoyMsg::Counts {
+                counts: c,
+                restarted,
+                steps_done,
+            } => {
+                self.acc.observe(c, restarted);
+                if self.acc.restarts() > self.envoy.restarts {
+                    tracing::warn!(
+                        restarts = self.acc.restarts(),
+                        "envoy restarted under the drain: the old process's streams are counted as cut"
+                    );
+                }
+                self.envoy.restarts = self.acc.restarts();
+                self.envoy.last_seen_seconds = Some(elapsed.as_secs_f64());
                 self.metrics
                     .envoy_active_connections
                     .set(c.cx_active as i64);
                 self.metrics.envoy_active_streams.set(c.rq_active as i64);
+                // A step that failed was reported just before, with its error:
+                // Envoy answers but does not do what the drain needs.
+                if steps_done {
+                    self.envoy.reachable = true;
+                    self.envoy.error = None;
+                }
                 Event::Observed {
                     elapsed,
-                    envoy_streams: Some(c.rq_active),
+                    envoy_streams: steps_done.then_some(c.rq_active),
                     guard_streams,
                 }
             }
@@ -296,77 +330,141 @@ impl Drive {
             envoy: EnvoyReport {
                 version: self.envoy.version.clone(),
                 reachable: self.envoy.reachable,
+                // Only an unreachable end needs its cause in the report.
+                error: if self.envoy.reachable {
+                    None
+                } else {
+                    self.envoy.error.clone()
+                },
+                last_seen_seconds: self.envoy.last_seen_seconds,
+                restarts: self.envoy.restarts,
             },
         }
     }
 }
 
-/// Talks to Envoy for the drain: takes a baseline, fails the health check,
-/// drains the inbound listeners, then polls live counters every interval.
-/// Steps that failed are retried on the next round, so an Envoy that comes
-/// back (or restarts) is still drained.
+/// Envoy's uptime comes in whole seconds, and the estimate of its start
+/// moves by up to that plus a call's latency; a start that moved later by
+/// more than this is a new process.
+const RESTART_SLACK: Duration = Duration::from_secs(2);
+
+/// The drain's steps on one Envoy process; a new process needs them again.
+#[derive(Debug, Default)]
+struct Steps {
+    /// `POST /healthcheck/fail` succeeded.
+    healthcheck_failed: bool,
+    /// `POST /drain_listeners?graceful[&inboundonly]` succeeded.
+    listeners_drained: bool,
+}
+
+/// Talks to Envoy for the drain. Each round reads `/server_info` (version,
+/// state, uptime), counts the inbound listeners' connections and streams
+/// (the first round is the baseline), carries out the steps not yet done
+/// on this Envoy (fail the health check, drain the inbound listeners), and
+/// only then reports the counts, so the drain never ends before its steps
+/// reached the Envoy it counted.
+///
+/// A failed step is retried next round. An Envoy that restarted under the
+/// drain (its uptime went back), or whose health check passes again, gets
+/// the steps again: the new process is drained too.
 async fn envoy_side(admin: AdminClient, poll: Duration, tx: mpsc::Sender<EnvoyMsg>) {
     let mut scope: Option<InboundScope> = None;
-    let mut healthcheck_failed = false;
-    let mut listeners_drained = false;
-    let mut version_known = false;
+    let mut steps = Steps::default();
+    // (version, estimated start) of the Envoy process last seen.
+    let mut seen: Option<(String, Instant)> = None;
     let mut next = Instant::now();
     loop {
-        // Count first, so the baseline is taken before anything changes.
-        let result = async {
-            let s = match &scope {
-                Some(s) => s.clone(),
-                None => {
-                    let s = admin.inbound_scope().await?;
-                    if s.all_listeners {
-                        tracing::warn!(
-                            "no listener is marked INBOUND: counting and draining all listeners"
-                        );
-                    }
-                    scope = Some(s.clone());
-                    s
-                }
-            };
-            admin.counts(&s).await
-        }
-        .await;
-        let ok = result.is_ok();
-        let msg = result.map_or_else(EnvoyMsg::Failed, EnvoyMsg::Counts);
-        if tx.send(msg).await.is_err() {
-            return;
-        }
-        if !ok {
-            // The listeners may differ after Envoy comes back.
-            scope = None;
-        }
-        if ok && !healthcheck_failed {
-            match admin.healthcheck_fail().await {
-                Ok(()) => healthcheck_failed = true,
-                Err(e) => {
-                    let _ = tx.send(EnvoyMsg::Failed(e)).await;
-                }
+        let round = envoy_round(&admin, &mut scope, &mut steps, &mut seen).await;
+        let msgs = match round {
+            Ok(msgs) => msgs,
+            Err(e) => {
+                // The listeners may differ when Envoy comes back.
+                scope = None;
+                vec![EnvoyMsg::Failed(e)]
             }
-        }
-        if let (true, false, Some(s)) = (healthcheck_failed, listeners_drained, &scope) {
-            match admin.drain_listeners(true, !s.all_listeners).await {
-                Ok(()) => listeners_drained = true,
-                Err(e) => {
-                    let _ = tx.send(EnvoyMsg::Failed(e)).await;
-                }
-            }
-        }
-        if ok && !version_known {
-            if let Ok(info) = admin.server_info().await {
-                version_known = true;
-                let _ = tx.send(EnvoyMsg::Version(info.release().to_string())).await;
+        };
+        for msg in msgs {
+            if tx.send(msg).await.is_err() {
+                return;
             }
         }
         next += poll;
         let now = Instant::now();
         if next < now {
-            // A slow admin call: skip the missed slots rather than burst.
+            // A slow admin call, or the clock jumped: skip the missed slots
+            // rather than burst.
             next = now + poll;
         }
         tokio::time::sleep_until(next).await;
     }
+}
+
+/// One poll round; the messages to send, in order.
+async fn envoy_round(
+    admin: &AdminClient,
+    scope: &mut Option<InboundScope>,
+    steps: &mut Steps,
+    seen: &mut Option<(String, Instant)>,
+) -> Result<Vec<EnvoyMsg>, AdminError> {
+    let mut msgs = Vec::new();
+    let info = admin.server_info().await?;
+    let version = info.release().to_string();
+    let started = Instant::now()
+        .checked_sub(info.uptime().unwrap_or_default())
+        .unwrap_or_else(Instant::now);
+    let restarted = match seen.as_ref() {
+        None => false,
+        Some((v, s)) => *v != version || started > *s + RESTART_SLACK,
+    };
+    if restarted {
+        tracing::warn!(%version, "envoy restarted under the drain: draining the new process");
+        *steps = Steps::default();
+        *scope = None;
+    } else if steps.healthcheck_failed && info.state() == Some(ServerState::Live) {
+        tracing::warn!("envoy's health check passes again during the drain: failing it again");
+        *steps = Steps::default();
+    }
+    if seen.as_ref().is_none_or(|(v, _)| *v != version) {
+        msgs.push(EnvoyMsg::Version(version.clone()));
+    }
+    // The earliest estimate of this process's start is the closest.
+    let started = match seen.as_ref() {
+        Some((_, s)) if !restarted => started.min(*s),
+        _ => started,
+    };
+    *seen = Some((version, started));
+
+    let s = match scope.as_ref() {
+        Some(s) => s.clone(),
+        None => {
+            let s = admin.inbound_scope().await?;
+            if s.all_listeners {
+                tracing::warn!(
+                    "no listener is marked INBOUND: counting and draining all listeners"
+                );
+            }
+            scope.insert(s).clone()
+        }
+    };
+    // Count first, so the baseline is taken before anything changes.
+    let counts = admin.counts(&s).await?;
+    if !steps.healthcheck_failed {
+        match admin.healthcheck_fail().await {
+            Ok(()) => steps.healthcheck_failed = true,
+            Err(e) => msgs.push(EnvoyMsg::Failed(e)),
+        }
+    }
+    if steps.healthcheck_failed && !steps.listeners_drained {
+        // A second graceful drain on the same Envoy is ignored by Envoy.
+        match admin.drain_listeners(true, !s.all_listeners).await {
+            Ok(()) => steps.listeners_drained = true,
+            Err(e) => msgs.push(EnvoyMsg::Failed(e)),
+        }
+    }
+    msgs.push(EnvoyMsg::Counts {
+        counts,
+        restarted,
+        steps_done: steps.healthcheck_failed && steps.listeners_drained,
+    });
+    Ok(msgs)
 }

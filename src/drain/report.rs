@@ -46,43 +46,86 @@ pub struct Streams {
     pub cut: u64,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct EnvoyReport {
     /// Envoy's release, e.g. `1.40.0`; empty if it never answered.
     pub version: String,
     /// Whether the last poll reached the admin API.
     pub reachable: bool,
+    /// The last admin error when the drain ended unreachable, so the report
+    /// itself says what went wrong (refused, no answer, bad JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Seconds from the trigger to the last poll that read Envoy's counters;
+    /// absent when none did. The counts above are as of that moment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seen_seconds: Option<f64>,
+    /// Envoy processes that replaced the one being drained during the drain
+    /// (each one's streams were lost with it, and are counted as cut).
+    #[serde(default)]
+    pub restarts: u32,
 }
 
-/// Running totals across polls. Counters that go backwards mean Envoy
-/// restarted; the new counters are then taken as opened since.
+/// Running totals across polls.
+///
+/// Envoy restarting under the drain (a new process on the same admin
+/// address) is seen as counters going backwards, or is told by the caller
+/// (`restarted`, from Envoy's uptime). The new counters are then taken as
+/// opened since, and whatever the old process last had active is counted as
+/// cut: a process that exits closes its connections without a goodbye.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Accounting {
+    /// The baseline: the first poll of the drain.
     first: Option<Counts>,
+    /// The latest poll.
     last: Option<Counts>,
+    /// Connections opened since the baseline, summed across restarts.
     opened_cx: u64,
+    /// Streams opened since the baseline, summed across restarts.
     opened_rq: u64,
+    /// Streams active at the last poll before a restart: lost with the old process.
+    lost_rq: u64,
+    /// Connections carrying those streams (the same upper bound as `cut`).
+    lost_cx: u64,
+    /// Restarts seen.
+    restarts: u32,
 }
 
 impl Accounting {
-    pub fn observe(&mut self, c: Counts) {
+    /// Takes one poll. `restarted` says the caller knows Envoy is a new
+    /// process since the last poll.
+    pub fn observe(&mut self, c: Counts, restarted: bool) {
         match self.last {
             None => self.first = Some(c),
             Some(prev) => {
-                let grown = |now: u64, before: u64| now.checked_sub(before).unwrap_or(now);
-                self.opened_cx += grown(c.cx_total, prev.cx_total);
-                self.opened_rq += grown(c.rq_total, prev.rq_total);
+                let reset = restarted || c.cx_total < prev.cx_total || c.rq_total < prev.rq_total;
+                if reset {
+                    self.restarts += 1;
+                    self.lost_rq += prev.rq_active;
+                    self.lost_cx += prev.cx_active.min(prev.rq_active);
+                    self.opened_cx += c.cx_total;
+                    self.opened_rq += c.rq_total;
+                } else {
+                    self.opened_cx += c.cx_total - prev.cx_total;
+                    self.opened_rq += c.rq_total - prev.rq_total;
+                }
             }
         }
         self.last = Some(c);
+    }
+
+    /// Restarts seen so far.
+    pub fn restarts(&self) -> u32 {
+        self.restarts
     }
 
     pub fn last(&self) -> Option<Counts> {
         self.last
     }
 
-    /// Outcomes at the end. On `quiesced` nothing is cut by definition; on a
-    /// deadline every stream Envoy last saw active is cut.
+    /// Outcomes at the end. On `quiesced` nothing still open is cut by
+    /// definition; on a deadline (or unreachable at the end) every stream
+    /// Envoy last saw active is cut. Streams lost in a restart are cut either way.
     pub fn outcomes(&self, outcome: Outcome, terminated: u64) -> (Connections, Streams) {
         let first = self.first.unwrap_or_default();
         let last = self.last.unwrap_or_default();
@@ -94,17 +137,20 @@ impl Accounting {
         let cx_cut = last.cx_active.min(rq_end);
         let connections = Connections {
             at_start: first.cx_active,
-            closed: (first.cx_active + self.opened_cx).saturating_sub(last.cx_active),
+            closed: (first.cx_active + self.opened_cx)
+                .saturating_sub(last.cx_active)
+                .saturating_sub(self.lost_cx),
             idle_at_exit: last.cx_active - cx_cut,
-            cut: cx_cut,
+            cut: cx_cut + self.lost_cx,
         };
         let streams = Streams {
             at_start: first.rq_active,
             completed: (first.rq_active + self.opened_rq)
                 .saturating_sub(rq_end)
-                .saturating_sub(terminated),
+                .saturating_sub(terminated)
+                .saturating_sub(self.lost_rq),
             terminated,
-            cut: rq_end,
+            cut: rq_end + self.lost_rq,
         };
         (connections, streams)
     }
@@ -134,13 +180,19 @@ pub struct Active {
     pub guard_streams: u64,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct EnvoyStatus {
     pub version: String,
     pub reachable: bool,
     /// The last admin error, so an operator sees why it is unreachable.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Seconds from the trigger to the last poll that read the counters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seen_seconds: Option<f64>,
+    /// Envoy restarts seen during this drain.
+    #[serde(default)]
+    pub restarts: u32,
 }
 
 impl Status {
@@ -226,8 +278,8 @@ mod tests {
     #[test]
     fn deadline_cuts_what_is_left() {
         let mut a = Accounting::default();
-        a.observe(counts(4, 10, 6, 50));
-        a.observe(counts(5, 12, 5, 53)); // 2 new connections, 3 new streams
+        a.observe(counts(4, 10, 6, 50), false);
+        a.observe(counts(5, 12, 5, 53), false); // 2 new connections, 3 new streams
         let (c, s) = a.outcomes(Outcome::deadline, 1);
         assert_eq!(
             c,
@@ -252,21 +304,45 @@ mod tests {
     #[test]
     fn quiesced_cuts_nothing_and_counts_idle_connections() {
         let mut a = Accounting::default();
-        a.observe(counts(3, 3, 2, 2));
-        a.observe(counts(1, 3, 0, 2));
+        a.observe(counts(3, 3, 2, 2), false);
+        a.observe(counts(1, 3, 0, 2), false);
         let (c, s) = a.outcomes(Outcome::quiesced, 0);
         assert_eq!((c.closed, c.idle_at_exit, c.cut), (2, 1, 0));
         assert_eq!((s.completed, s.cut), (2, 0));
     }
 
     #[test]
-    fn an_envoy_restart_does_not_underflow() {
+    fn an_envoy_restart_cuts_what_the_old_process_held() {
         let mut a = Accounting::default();
-        a.observe(counts(2, 100, 2, 100));
-        a.observe(counts(1, 1, 1, 1)); // counters reset
+        a.observe(counts(2, 100, 2, 100), false);
+        a.observe(counts(1, 1, 1, 1), false); // counters reset: a new process
+        assert_eq!(a.restarts(), 1);
         let (c, s) = a.outcomes(Outcome::deadline, 0);
-        assert_eq!((c.at_start, c.closed, c.cut), (2, 2, 1));
-        assert_eq!((s.completed, s.cut), (2, 1));
+        // The 2 old streams (on 2 connections) were lost; 1 new one is still open.
+        assert_eq!((c.at_start, c.closed, c.idle_at_exit, c.cut), (2, 0, 0, 3));
+        assert_eq!((s.at_start, s.completed, s.cut), (2, 0, 3));
+    }
+
+    #[test]
+    fn a_restart_told_by_uptime_counts_even_when_counters_grew() {
+        // The new process already took more traffic than the old one had seen.
+        let mut a = Accounting::default();
+        a.observe(counts(3, 3, 3, 3), false);
+        a.observe(counts(0, 5, 0, 5), true);
+        assert_eq!(a.restarts(), 1);
+        let (c, s) = a.outcomes(Outcome::quiesced, 0);
+        assert_eq!((c.closed, c.cut), (5, 3));
+        assert_eq!((s.completed, s.cut), (5, 3));
+    }
+
+    #[test]
+    fn a_restart_with_nothing_open_cuts_nothing() {
+        let mut a = Accounting::default();
+        a.observe(counts(1, 9, 0, 9), false);
+        a.observe(counts(0, 0, 0, 0), true);
+        let (c, s) = a.outcomes(Outcome::quiesced, 0);
+        assert_eq!((c.closed, c.idle_at_exit, c.cut), (1, 0, 0));
+        assert_eq!((s.completed, s.cut), (0, 0));
     }
 
     #[test]

@@ -276,6 +276,17 @@ impl AdminClient {
         Ok(scope.sum(&self.stats(&scope.stats_filter()).await?))
     }
 
+    /// `listener_manager.listener_stopped`: listeners Envoy has stopped
+    /// (`/drain_listeners`, at once or after a graceful drain). A stopped
+    /// listener is closed for good; `/listeners` and
+    /// `listener_manager.total_listeners_active` still count it (Envoy 1.40),
+    /// so this counter is the only trace.
+    pub async fn listeners_stopped(&self) -> Result<u64, AdminError> {
+        const NAME: &str = "listener_manager.listener_stopped";
+        let stats = self.stats(r"^listener_manager\.listener_stopped$").await?;
+        Ok(stats.iter().find(|s| s.name == NAME).map_or(0, |s| s.value))
+    }
+
     /// `POST /healthcheck/fail`: `/ready` answers 503 from now on.
     pub async fn healthcheck_fail(&self) -> Result<(), AdminError> {
         self.call(Method::POST, "/healthcheck/fail").await.map(drop)

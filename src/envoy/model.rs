@@ -21,6 +21,10 @@ pub struct ServerInfo {
     pub node: Node,
     #[serde(default)]
     pub command_line_options: CommandLineOptions,
+    /// Proto3 JSON duration, e.g. "12s": how long this process has run. A
+    /// drain watches it to notice Envoy restarting under it.
+    #[serde(default)]
+    pub uptime_current_epoch: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -52,10 +56,32 @@ impl ServerInfo {
         State::from_str_name(&self.state)
     }
 
+    /// How long this Envoy process has run, when it says.
+    pub fn uptime(&self) -> Option<std::time::Duration> {
+        self.uptime_current_epoch
+            .as_deref()
+            .and_then(parse_proto_duration)
+    }
+
+    /// `--drain-time-s`: how long a graceful listener drain takes before
+    /// Envoy stops the listeners.
+    pub fn drain_time(&self) -> Option<std::time::Duration> {
+        self.command_line_options
+            .drain_time
+            .as_deref()
+            .and_then(parse_proto_duration)
+    }
+
     /// A string field of the node metadata, if present.
     pub fn metadata_str(&self, key: &str) -> Option<&str> {
         self.node.metadata.get(key).and_then(Value::as_str)
     }
+}
+
+/// A proto3 JSON duration: decimal seconds with an `s` suffix ("5s", "1.5s").
+pub fn parse_proto_duration(s: &str) -> Option<std::time::Duration> {
+    let secs: f64 = s.strip_suffix('s')?.parse().ok()?;
+    std::time::Duration::try_from_secs_f64(secs).ok()
 }
 
 /// One stat from `GET /stats?format=json`: counters and gauges only.
@@ -236,5 +262,20 @@ mod tests {
         .unwrap();
         assert_eq!(si.release(), "1.38.3");
         assert_eq!(si.state(), Some(State::Draining));
+        assert_eq!(si.uptime(), None);
+        assert_eq!(si.drain_time(), None);
+    }
+
+    #[test]
+    fn proto_durations() {
+        use std::time::Duration;
+        assert_eq!(parse_proto_duration("5s"), Some(Duration::from_secs(5)));
+        assert_eq!(
+            parse_proto_duration("1.500s"),
+            Some(Duration::from_millis(1500))
+        );
+        for bad in ["5", "s", "-1s", "NaNs", "1e400s", ""] {
+            assert_eq!(parse_proto_duration(bad), None, "{bad:?}");
+        }
     }
 }

@@ -306,6 +306,7 @@ mod tests {
             envoy: EnvoyReport {
                 version: "1.40.0".into(),
                 reachable: true,
+                ..EnvoyReport::default()
             },
         });
         m.set_proxy(ProxyLabels {

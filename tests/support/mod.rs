@@ -374,13 +374,37 @@ pub struct GuardedPod {
 
 pub async fn guarded_pod(version: &str, extra: &[&str]) -> GuardedPod {
     let backend = backend().await;
+    let g = guard_in_front_of(version, backend.addr, extra).await;
+    GuardedPod {
+        backend,
+        envoy: g.envoy,
+        shim: g.shim,
+        guard: g.guard,
+        drain: g.drain,
+        sigterm: g.sigterm,
+        task: g.task,
+    }
+}
+
+/// A guarded pod whose application is somewhere else (a process the test
+/// controls): Envoy -> drainshim guard -> `upstream`.
+pub struct Guarded {
+    pub envoy: EnvoyProcess,
+    pub shim: SocketAddr,
+    pub guard: SocketAddr,
+    pub drain: drainshim::drain::DrainHandle,
+    pub sigterm: mpsc::UnboundedSender<()>,
+    pub task: JoinHandle<Report>,
+}
+
+pub async fn guard_in_front_of(version: &str, upstream: SocketAddr, extra: &[&str]) -> Guarded {
     let admin_port = std::net::TcpListener::bind("127.0.0.1:0")
         .expect("bind")
         .local_addr()
         .expect("addr")
         .port();
     let admin = format!("http://127.0.0.1:{admin_port}");
-    let upstream = backend.addr.to_string();
+    let upstream = upstream.to_string();
     let mut all = vec![
         "--envoy-admin",
         &admin,
@@ -399,8 +423,7 @@ pub async fn guarded_pod(version: &str, extra: &[&str]) -> GuardedPod {
     let (sigterm, rx) = mpsc::unbounded_channel();
     let task = tokio::spawn(s.run(rx));
     let envoy = envoy_with(version, guard, |o| o.admin_port = admin_port).await;
-    GuardedPod {
-        backend,
+    Guarded {
         envoy,
         shim,
         guard,
@@ -408,4 +431,91 @@ pub async fn guarded_pod(version: &str, extra: &[&str]) -> GuardedPod {
         sigterm,
         task,
     }
+}
+
+/// A free TCP port on loopback (bound and released: good enough for tests
+/// that hand it to a process which binds it at once).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// The real `drainshim sidecar` binary, its control address learned from
+/// its startup log line, and its log (stderr) collected as it comes.
+pub struct SidecarBin {
+    pub child: tokio::process::Child,
+    pub addr: SocketAddr,
+    /// Every stderr line so far.
+    pub log: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl SidecarBin {
+    pub fn log(&self) -> String {
+        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    /// Waits until the log has a line containing `needle`.
+    pub async fn wait_log(&self, needle: &str) {
+        wait_for(&format!("log line {needle:?}"), WAIT, || async {
+            self.log().contains(needle)
+        })
+        .await;
+    }
+}
+
+/// `drainshim sidecar --listen 127.0.0.1:0 --linger 0s <args>`.
+pub async fn sidecar_bin(args: &[&str]) -> SidecarBin {
+    let mut cmd = tokio::process::Command::new(drainshim_bin());
+    cmd.args(["sidecar", "--listen", "127.0.0.1:0", "--linger", "0s"])
+        .args(args);
+    sidecar_bin_cmd(cmd).await
+}
+
+/// Runs `cmd`, a `drainshim sidecar` command line (perhaps behind
+/// `ip netns exec`), and waits for its ready line.
+pub async fn sidecar_bin_cmd(mut cmd: tokio::process::Command) -> SidecarBin {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn drainshim sidecar");
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let addr = tokio::time::timeout(WAIT, async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Ok(mut l) = log.lock() {
+                l.push_str(&line);
+                l.push('\n');
+            }
+            if line.contains("sidecar ready") {
+                if let Some(rest) = line.split("listen=").nth(1) {
+                    let addr = rest.split_whitespace().next().unwrap_or_default();
+                    return addr
+                        .parse::<SocketAddr>()
+                        .expect("listen address in the log");
+                }
+            }
+        }
+        panic!(
+            "the sidecar exited before it was ready: {:?}",
+            log.lock().map(|l| l.clone())
+        );
+    })
+    .await
+    .expect("sidecar ready in time");
+    let sink = log.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Ok(mut l) = sink.lock() {
+                l.push_str(&line);
+                l.push('\n');
+            }
+        }
+    });
+    SidecarBin { child, addr, log }
 }
