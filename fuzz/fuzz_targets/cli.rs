@@ -23,8 +23,19 @@ enum Token {
     Known(u16),
     /// `--flag=value` for a known flag.
     KnownWithValue(u16, String),
+    /// `--flag=<n><unit>`: a humantime duration of any size.
+    KnownWithDuration(u16, u64, u8),
     /// Anything, including non-UTF-8.
     Raw(Vec<u8>),
+}
+
+#[derive(Debug, Arbitrary)]
+enum Value {
+    /// `<n><unit>`: a humantime duration of any size.
+    Duration(u64, u8),
+    /// One of the `EDGES`: where duration arithmetic breaks.
+    Edge(u8),
+    Text(String),
 }
 
 #[derive(Debug, Arbitrary)]
@@ -33,6 +44,65 @@ enum Input {
     Duration(String),
     /// argv after the program name.
     Argv(Vec<Token>),
+    /// One subcommand (by index) with some of its flags (by index) and
+    /// their values: reaches combinations of several flags at once.
+    Flags(u16, Vec<(u8, Value)>),
+}
+
+/// Every leaf subcommand's path and its `--long` flags that take a value.
+fn leaves() -> &'static [(Vec<String>, Vec<String>)] {
+    static LEAVES: OnceLock<Vec<(Vec<String>, Vec<String>)>> = OnceLock::new();
+    LEAVES.get_or_init(|| {
+        fn walk(cmd: &clap::Command, path: &mut Vec<String>, out: &mut Vec<(Vec<String>, Vec<String>)>) {
+            if !cmd.has_subcommands() {
+                let flags = cmd
+                    .get_arguments()
+                    .filter(|a| a.get_action().takes_values())
+                    .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+                    .collect();
+                out.push((path.clone(), flags));
+            }
+            for sub in cmd.get_subcommands() {
+                path.push(sub.get_name().to_string());
+                walk(sub, path, out);
+                path.pop();
+            }
+        }
+        let mut out = Vec::new();
+        walk(&Cli::command(), &mut Vec::new(), &mut out);
+        out
+    })
+}
+
+const UNITS: &[&str] = &["ns", "us", "ms", "s", "m", "h", "d", "w", "M", "y"];
+/// Zero, the smallest step, and the largest durations humantime accepts.
+const EDGES: &[&str] = &[
+    "0s",
+    "1ns",
+    "9223372036854775807s",
+    "18446744073709551615s",
+    "18446744073709551615s 999999999ns",
+];
+
+fn value(v: &Value) -> String {
+    match v {
+        Value::Duration(n, unit) => format!("{n}{}", UNITS[usize::from(*unit) % UNITS.len()]),
+        Value::Edge(i) => EDGES[usize::from(*i) % EDGES.len()].to_string(),
+        Value::Text(t) => t.clone(),
+    }
+}
+
+fn flags(which: u16, values: &[(u8, Value)]) {
+    let leaves = leaves();
+    let (path, flags) = &leaves[usize::from(which) % leaves.len()];
+    let mut argv: Vec<OsString> = path.iter().map(OsString::from).collect();
+    if !flags.is_empty() {
+        for (i, v) in values {
+            let flag = &flags[usize::from(*i) % flags.len()];
+            argv.push(OsString::from(format!("{flag}={}", value(v))));
+        }
+    }
+    run(argv);
 }
 
 /// Every subcommand name and every `--long` flag, at any depth.
@@ -65,20 +135,29 @@ fn token(t: &Token) -> OsString {
         Token::KnownWithValue(i, v) => {
             OsString::from(format!("{}={v}", known[usize::from(*i) % known.len()]))
         }
+        Token::KnownWithDuration(i, n, unit) => {
+            let v = value(&Value::Duration(*n, *unit));
+            OsString::from(format!("{}={v}", known[usize::from(*i) % known.len()]))
+        }
         Token::Raw(b) => OsString::from_vec(b.clone()),
     }
 }
 
 fn durations(s: &str) {
+    let flag = drainshim::config::parse_duration(s);
     if let Ok(d) = humantime::parse_duration(s) {
         // What we print in errors and reports reads back as the same duration.
         let shown = humantime::format_duration(d).to_string();
         assert_eq!(humantime::parse_duration(&shown).ok(), Some(d), "{shown}");
+        // The flags take exactly humantime's durations up to the cap.
+        assert_eq!(flag.is_ok(), d <= drainshim::config::MAX_DURATION);
+    } else {
+        assert!(flag.is_err());
     }
 }
 
-fn argv(tokens: &[Token]) {
-    let args = std::iter::once(OsString::from("drainshim")).chain(tokens.iter().map(token));
+fn run(argv: Vec<OsString>) {
+    let args = std::iter::once(OsString::from("drainshim")).chain(argv);
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {
@@ -132,6 +211,7 @@ fn source(s: &drainshim::cli::SourceArgs) {
 fuzz_target!(|input: Input| {
     match input {
         Input::Duration(s) => durations(&s),
-        Input::Argv(tokens) => argv(&tokens),
+        Input::Argv(tokens) => run(tokens.iter().map(token).collect()),
+        Input::Flags(which, values) => flags(which, &values),
     }
 });
