@@ -125,6 +125,7 @@ pub fn route(method: &Method, path: &str, query: &str, peer: IpAddr, allow: &[Ip
 }
 
 impl Refusal {
+    /// The error answer, with a body that says what to do instead.
     pub fn response(&self) -> Response<Full<Bytes>> {
         match self {
             Refusal::NotFound(path) => {

@@ -53,7 +53,11 @@ enum Input {
 fn leaves() -> &'static [(Vec<String>, Vec<String>)] {
     static LEAVES: OnceLock<Vec<(Vec<String>, Vec<String>)>> = OnceLock::new();
     LEAVES.get_or_init(|| {
-        fn walk(cmd: &clap::Command, path: &mut Vec<String>, out: &mut Vec<(Vec<String>, Vec<String>)>) {
+        fn walk(
+            cmd: &clap::Command,
+            path: &mut Vec<String>,
+            out: &mut Vec<(Vec<String>, Vec<String>)>,
+        ) {
             if !cmd.has_subcommands() {
                 let flags = cmd
                     .get_arguments()

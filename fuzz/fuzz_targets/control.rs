@@ -78,7 +78,10 @@ fn structured(data: &[u8]) {
         Route::Metrics | Route::Healthz | Route::Status | Route::Readyz => assert!(get),
         Route::Drain { wait } => {
             assert_eq!(path, "/drain");
-            assert!(may_mutate(peer, &allow), "a drain from a caller not allowed");
+            assert!(
+                may_mutate(peer, &allow),
+                "a drain from a caller not allowed"
+            );
             assert!(*req.method() == Method::POST || (*req.method() == Method::GET && *wait));
         }
         Route::Refused(r) => {

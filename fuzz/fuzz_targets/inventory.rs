@@ -49,9 +49,8 @@ fuzz_target!(|input: Input| {
     };
     let verdict = skew_violation(input.release, cp, input.max_skew);
     if let Ok(r) = input.release.parse::<Release>() {
-        let within = r.major == cp.major
-            && r.minor <= cp.minor
-            && cp.minor - r.minor <= input.max_skew;
+        let within =
+            r.major == cp.major && r.minor <= cp.minor && cp.minor - r.minor <= input.max_skew;
         assert_eq!(verdict.is_none(), within, "{verdict:?}");
     } else {
         assert!(verdict.is_some());
@@ -63,9 +62,10 @@ fuzz_target!(|input: Input| {
     };
     info.node.id = input.node_id.to_string();
     for (k, v) in &input.metadata {
-        info.node
-            .metadata
-            .insert((*k).to_string(), serde_json::Value::String((*v).to_string()));
+        info.node.metadata.insert(
+            (*k).to_string(),
+            serde_json::Value::String((*v).to_string()),
+        );
     }
     let labels = proxy_labels(input.namespace_flag, input.pod_flag, &info);
     if let Some(ns) = input.namespace_flag.filter(|s| !s.is_empty()) {
@@ -74,5 +74,8 @@ fuzz_target!(|input: Input| {
     if let Some(pod) = input.pod_flag.filter(|s| !s.is_empty()) {
         assert_eq!(labels.pod, pod, "a flag always wins");
     }
-    assert_eq!(labels.version, parse_envoy_version(input.build).unwrap_or(""));
+    assert_eq!(
+        labels.version,
+        parse_envoy_version(input.build).unwrap_or("")
+    );
 });
