@@ -79,10 +79,13 @@ fn leaves() -> &'static [(Vec<String>, Vec<String>)] {
 }
 
 const UNITS: &[&str] = &["ns", "us", "ms", "s", "m", "h", "d", "w", "M", "y"];
-/// Zero, the smallest step, and the largest durations humantime accepts.
+/// Zero, the smallest step, the flags' cap (config::MAX_DURATION) and the
+/// largest durations humantime accepts.
 const EDGES: &[&str] = &[
     "0s",
     "1ns",
+    "100y",
+    "100y 1ns",
     "9223372036854775807s",
     "18446744073709551615s",
     "18446744073709551615s 999999999ns",
