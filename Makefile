@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: demo test bench bench-node envoy prometheus h2load lint tools deploy-check deploy-tools deploy-rules
+.PHONY: demo test bench bench-node envoy prometheus h2load lint tools deploy-check deploy-tools deploy-rules fuzz-ci
 
 demo: envoy
 	$(CARGO) run --release --locked --quiet -- demo
@@ -12,6 +12,7 @@ demo: envoy
 test: tools lint deploy-check
 	$(CARGO) test --locked
 	$(MAKE) bench
+	$(MAKE) fuzz-ci
 
 # Benchmarks report ratios against a baseline measured in the same run; they
 # assert nothing about speed. Release build.
@@ -37,6 +38,12 @@ h2load:
 lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets --locked -- -D warnings
+	scripts/deny.sh
+
+# Every libFuzzer target in fuzz/ for 20 s each (cargo-fuzz, installed into
+# .cache/); fails on any crash. Longer: scripts/fuzz.sh SECONDS [TARGET...].
+fuzz-ci:
+	scripts/fuzz.sh 20
 
 # deploy/ and the Dockerfile: kustomize builds, Kubernetes schemas, drain
 # budgets, Envoy bootstraps, promtool, hadolint (scripts/check-deploy.sh).

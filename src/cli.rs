@@ -274,7 +274,7 @@ pub struct VerifyArgs {
     pub expect_version: String,
 
     /// How far back to look.
-    #[arg(long, env = "DRAINSHIM_WINDOW", value_parser = humantime::parse_duration, default_value = "15m")]
+    #[arg(long, env = "DRAINSHIM_WINDOW", value_parser = config::parse_duration, default_value = "15m")]
     pub window: Duration,
 
     /// Allowed relative growth of the retry rate against the window before (0.2 = +20%).
@@ -336,7 +336,7 @@ pub struct NodeArgs {
     pub envoy_process_name: Vec<String>,
 
     /// How often to look for pods that came or went.
-    #[arg(long, env = "DRAINSHIM_SCAN_INTERVAL", value_parser = humantime::parse_duration,
+    #[arg(long, env = "DRAINSHIM_SCAN_INTERVAL", value_parser = config::parse_duration,
           default_value = "5s")]
     pub scan_interval: Duration,
 
@@ -350,7 +350,7 @@ pub struct NodeArgs {
     pub pod_listen_port: u16,
 
     /// How long a departed pod's drain counters stay on /metrics.
-    #[arg(long, env = "DRAINSHIM_POD_RETENTION", value_parser = humantime::parse_duration,
+    #[arg(long, env = "DRAINSHIM_POD_RETENTION", value_parser = config::parse_duration,
           default_value = "60s")]
     pub pod_retention: Duration,
 
@@ -413,23 +413,23 @@ pub struct ReconnectArgs {
     pub mode: Vec<crate::bench::reconnect::Mode>,
 
     /// drainshim mode: time for callers to drop the endpoint.
-    #[arg(long, env = "DRAINSHIM_DEREGISTRATION_DELAY", value_parser = humantime::parse_duration, default_value = "2s")]
+    #[arg(long, env = "DRAINSHIM_DEREGISTRATION_DELAY", value_parser = config::parse_duration, default_value = "2s")]
     pub deregistration_delay: Duration,
 
     /// drainshim mode: streams are ended gracefully before this.
-    #[arg(long, env = "DRAINSHIM_DRAIN_TIME", value_parser = humantime::parse_duration, default_value = "12s")]
+    #[arg(long, env = "DRAINSHIM_DRAIN_TIME", value_parser = config::parse_duration, default_value = "12s")]
     pub drain_time: Duration,
 
     /// drainshim mode: hard deadline.
-    #[arg(long, env = "DRAINSHIM_PARENT_SHUTDOWN_TIME", value_parser = humantime::parse_duration, default_value = "20s")]
+    #[arg(long, env = "DRAINSHIM_PARENT_SHUTDOWN_TIME", value_parser = config::parse_duration, default_value = "20s")]
     pub parent_shutdown_time: Duration,
 
     /// The guard's max connection age (drainshim mode and --soak).
-    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE", value_parser = config::parse_duration)]
     pub max_connection_age: Option<Duration>,
 
     /// Grace after a max-age GOAWAY before open streams are ended.
-    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_GRACE", value_parser = humantime::parse_duration, default_value = "30s")]
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_GRACE", value_parser = config::parse_duration, default_value = "30s")]
     pub max_connection_age_grace: Duration,
 
     /// After the grace, a connection's remaining streams are ended over this window.
@@ -438,7 +438,7 @@ pub struct ReconnectArgs {
 
     /// Instead of a restart, hold the population this long under
     /// --max-connection-age and report the steady-state reconnect rate.
-    #[arg(long, env = "DRAINSHIM_SOAK", value_parser = humantime::parse_duration, requires = "max_connection_age")]
+    #[arg(long, env = "DRAINSHIM_SOAK", value_parser = config::parse_duration, requires = "max_connection_age")]
     pub soak: Option<Duration>,
 
     #[arg(long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
@@ -464,7 +464,7 @@ pub struct NodeScaleArgs {
     pub pods: u64,
 
     /// How long to watch the idle agent's CPU (two scans at the default 5 s).
-    #[arg(long, env = "DRAINSHIM_IDLE_WINDOW", value_parser = humantime::parse_duration,
+    #[arg(long, env = "DRAINSHIM_IDLE_WINDOW", value_parser = config::parse_duration,
           default_value = "10s")]
     pub idle_window: Duration,
 
@@ -495,36 +495,36 @@ pub struct AdminStubArgs {
 #[derive(Debug, Clone, Args)]
 pub struct TimerArgs {
     /// How long streams get to finish; the guard ends the rest before this.
-    #[arg(long, env = "DRAINSHIM_DRAIN_TIME", value_parser = humantime::parse_duration,
+    #[arg(long, env = "DRAINSHIM_DRAIN_TIME", value_parser = config::parse_duration,
           default_value = "60s")]
     pub drain_time: Duration,
 
     /// Hard deadline: whatever is still open then is counted as cut.
-    #[arg(long, env = "DRAINSHIM_PARENT_SHUTDOWN_TIME", value_parser = humantime::parse_duration,
+    #[arg(long, env = "DRAINSHIM_PARENT_SHUTDOWN_TIME", value_parser = config::parse_duration,
           default_value = "90s")]
     pub parent_shutdown_time: Duration,
 
     /// Never end the drain earlier than this, even with nothing active.
-    #[arg(long, env = "DRAINSHIM_MIN_DRAIN_TIME", value_parser = humantime::parse_duration,
+    #[arg(long, env = "DRAINSHIM_MIN_DRAIN_TIME", value_parser = config::parse_duration,
           default_value = "5s")]
     pub min_drain_time: Duration,
 
     /// Time for endpoint removal to reach callers; short requests keep being served.
-    #[arg(long, env = "DRAINSHIM_DEREGISTRATION_DELAY", value_parser = humantime::parse_duration,
+    #[arg(long, env = "DRAINSHIM_DEREGISTRATION_DELAY", value_parser = config::parse_duration,
           default_value = "5s")]
     pub deregistration_delay: Duration,
 
     /// How often Envoy's live counters are read during a drain.
-    #[arg(long, env = "DRAINSHIM_POLL_INTERVAL", value_parser = humantime::parse_duration,
+    #[arg(long, env = "DRAINSHIM_POLL_INTERVAL", value_parser = config::parse_duration,
           default_value = "1s")]
     pub poll_interval: Duration,
 
     /// The pod's terminationGracePeriodSeconds; must exceed --parent-shutdown-time.
-    #[arg(long, env = "DRAINSHIM_TERMINATION_GRACE_PERIOD", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "DRAINSHIM_TERMINATION_GRACE_PERIOD", value_parser = config::parse_duration)]
     pub termination_grace_period: Option<Duration>,
 
     /// Deadline for each Envoy admin call; a slower admin counts as unreachable.
-    #[arg(long, env = "DRAINSHIM_ADMIN_TIMEOUT", value_parser = humantime::parse_duration,
+    #[arg(long, env = "DRAINSHIM_ADMIN_TIMEOUT", value_parser = config::parse_duration,
           default_value = "2s")]
     pub admin_timeout: Duration,
 }
@@ -565,11 +565,11 @@ pub struct SidecarArgs {
 
     /// Close each guard connection after this age (±10% jitter): GOAWAY, a
     /// grace, then open streams end with grpc-status 14. Off by default.
-    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE", value_parser = config::parse_duration)]
     pub max_connection_age: Option<Duration>,
 
     /// How long streams may run after a max-age GOAWAY before the guard ends them.
-    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_GRACE", value_parser = humantime::parse_duration,
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_GRACE", value_parser = config::parse_duration,
           default_value = "30s")]
     pub max_connection_age_grace: Duration,
 
@@ -586,7 +586,7 @@ pub struct SidecarArgs {
     /// After a SIGTERM drain, keep serving /metrics this long so Prometheus
     /// scrapes the final counts (a second SIGTERM skips it). Counts against
     /// --termination-grace-period.
-    #[arg(long, env = "DRAINSHIM_LINGER", value_parser = humantime::parse_duration, default_value = "10s")]
+    #[arg(long, env = "DRAINSHIM_LINGER", value_parser = config::parse_duration, default_value = "10s")]
     pub linger: Duration,
 
     /// Pod name for the inventory (else env POD_NAME, then Envoy's node metadata).
@@ -605,7 +605,7 @@ pub struct PrestopArgs {
     pub shim: String,
 
     /// Give up waiting after this long (keep it above the shim's --parent-shutdown-time).
-    #[arg(long, env = "DRAINSHIM_TIMEOUT", value_parser = humantime::parse_duration,
+    #[arg(long, env = "DRAINSHIM_TIMEOUT", value_parser = config::parse_duration,
           default_value = "120s")]
     pub timeout: Duration,
 }
@@ -658,5 +658,39 @@ mod tests {
         assert_eq!(a.timers.drain_time, Duration::from_secs(90));
         assert_eq!(a.timers.poll_interval, Duration::from_millis(250));
         assert!(Cli::try_parse_from(["drainshim", "drain", "--drain-time", "soon"]).is_err());
+    }
+
+    /// Found while writing the fuzz/ target `cli`: durations up to u64::MAX
+    /// seconds passed validation and would then panic where they are added to
+    /// a clock reading (drain deadline, poll, retention) or scaled (max-age
+    /// jitter). Every duration flag is now capped.
+    #[test]
+    fn durations_past_the_cap_are_usage_errors() {
+        let huge = format!("{}s", u64::MAX);
+        for argv in [
+            vec!["drainshim", "drain", "--parent-shutdown-time", &huge],
+            vec!["drainshim", "drain", "--poll-interval", &huge],
+            vec!["drainshim", "sidecar", "--max-connection-age", &huge],
+            vec!["drainshim", "node", "--pod-retention", &huge],
+            vec![
+                "drainshim",
+                "verify",
+                "--targets",
+                "http://127.0.0.1:1",
+                "--expect-version",
+                "1.40.0",
+                "--window",
+                "101y",
+            ],
+        ] {
+            let err = Cli::try_parse_from(&argv).unwrap_err();
+            assert_eq!(
+                err.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{argv:?}"
+            );
+            assert!(err.to_string().contains("at most 100years"), "{err}");
+        }
+        assert!(Cli::try_parse_from(["drainshim", "node", "--pod-retention", "100y"]).is_ok());
     }
 }

@@ -27,6 +27,26 @@ pub const DEFAULT_MAX_CONNECTION_AGE_GRACE: Duration = Duration::from_secs(30);
 /// long, so a pooled connection does not reconnect all its streams at once.
 pub const DEFAULT_MAX_CONNECTION_AGE_SPREAD: Duration = Duration::from_secs(10);
 
+/// The longest duration any flag takes: far beyond any real drain, age or
+/// retention, and far below where adding it to a clock reading (or scaling
+/// it by the ±10% age jitter) overflows and panics.
+/// (100 years of 365.25 days, humantime's year, so it reads back as `100years`.)
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 31_557_600);
+
+/// Parses a duration flag: humantime (`250ms`, `5s`, `1m30s`), at most
+/// [`MAX_DURATION`].
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    if d > MAX_DURATION {
+        return Err(format!(
+            "{} is too long (at most {})",
+            humantime::format_duration(d),
+            humantime::format_duration(MAX_DURATION)
+        ));
+    }
+    Ok(d)
+}
+
 /// The timers of one drain (DESIGN.md §2, "Drain timeline").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timers {
@@ -139,6 +159,22 @@ mod tests {
         ] {
             assert!(text.contains(flag), "{flag} missing from: {text}");
         }
+    }
+
+    #[test]
+    fn durations_are_bounded() {
+        assert_eq!(parse_duration("1m30s"), Ok(s(90)));
+        assert_eq!(parse_duration("100y"), Ok(MAX_DURATION));
+        assert!(parse_duration("101y")
+            .unwrap_err()
+            .contains("at most 100years"));
+        assert_eq!(
+            parse_duration(&format!("{}s", MAX_DURATION.as_secs())),
+            Ok(MAX_DURATION)
+        );
+        let err = parse_duration(&format!("{}s", u64::MAX)).unwrap_err();
+        assert!(err.contains("too long"), "{err}");
+        assert!(parse_duration("soon").is_err());
     }
 
     #[test]

@@ -63,37 +63,125 @@ pub fn may_mutate(peer: IpAddr, allow: &[IpNet]) -> bool {
     peer.is_loopback() || allow.iter().any(|n| n.contains(&peer))
 }
 
+/// What a request asks for, decided from its method, path, query and caller
+/// alone: no state is read and nothing is started here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// `GET|HEAD /metrics`.
+    Metrics,
+    /// `GET|HEAD /healthz`.
+    Healthz,
+    /// `GET|HEAD /status`.
+    Status,
+    /// `GET|HEAD /readyz`.
+    Readyz,
+    /// `POST /drain[?wait=..]` or `GET /drain?wait=true`, from an allowed caller.
+    Drain { wait: bool },
+    /// Answered at once without touching the drain.
+    Refused(Refusal),
+}
+
+/// Why a request is answered with an error, and with which.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// 404 for an unknown path.
+    NotFound(String),
+    /// 405 with `Allow`.
+    NotAllowed(&'static str),
+    /// 405: `GET /drain` without `?wait=true`.
+    DrainGetWithoutWait,
+    /// 400: a bad `/drain` query; the message says why.
+    BadQuery(String),
+    /// 403: a drain from a caller that is neither loopback nor allowed.
+    Forbidden(IpAddr),
+}
+
+/// Decides what a request gets. Pure, so it can be tested on any input.
+pub fn route(method: &Method, path: &str, query: &str, peer: IpAddr, allow: &[IpNet]) -> Route {
+    let get = matches!(*method, Method::GET | Method::HEAD);
+    match path {
+        "/metrics" if get => Route::Metrics,
+        "/healthz" if get => Route::Healthz,
+        "/status" if get => Route::Status,
+        "/readyz" if get => Route::Readyz,
+        "/metrics" | "/healthz" | "/status" | "/readyz" => {
+            Route::Refused(Refusal::NotAllowed("GET"))
+        }
+        "/drain" => {
+            let wait = match parse_wait(query) {
+                Ok(w) => w,
+                Err(msg) => return Route::Refused(Refusal::BadQuery(msg)),
+            };
+            match (method, wait) {
+                (&Method::POST, _) | (&Method::GET, true) => {}
+                (&Method::GET, false) => return Route::Refused(Refusal::DrainGetWithoutWait),
+                _ => return Route::Refused(Refusal::NotAllowed("GET, POST")),
+            }
+            if may_mutate(peer, allow) {
+                Route::Drain { wait }
+            } else {
+                Route::Refused(Refusal::Forbidden(peer))
+            }
+        }
+        _ => Route::Refused(Refusal::NotFound(path.to_string())),
+    }
+}
+
+impl Refusal {
+    /// The error answer, with a body that says what to do instead.
+    pub fn response(&self) -> Response<Full<Bytes>> {
+        match self {
+            Refusal::NotFound(path) => {
+                text(StatusCode::NOT_FOUND, format!("no such endpoint: {path}\n"))
+            }
+            Refusal::NotAllowed(allow) => not_allowed(allow),
+            Refusal::DrainGetWithoutWait => text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "GET /drain needs ?wait=true (the preStop form); use POST /drain to start without waiting\n",
+            ),
+            Refusal::BadQuery(msg) => text(StatusCode::BAD_REQUEST, msg.clone()),
+            Refusal::Forbidden(ip) => text(
+                StatusCode::FORBIDDEN,
+                format!("drain refused: {ip} is not loopback and not in --allow-drain-from\n"),
+            ),
+        }
+    }
+}
+
 impl Control {
     /// Routes one request. Never panics on input.
     pub async fn handle(&self, peer: SocketAddr, req: Request<Incoming>) -> Response<Full<Bytes>> {
-        let method = req.method().clone();
-        let path = req.uri().path().to_string();
-        let query = req.uri().query().unwrap_or("").to_string();
-        match path.as_str() {
-            "/metrics" => {
-                if matches!(method, Method::GET | Method::HEAD) {
-                    self.refresh_telemetry().await;
-                }
-                self.get_only(&method, || {
-                    let body = crate::metrics::render(&self.registry);
-                    let mut r = text(StatusCode::OK, body);
-                    r.headers_mut().insert(
-                        header::CONTENT_TYPE,
-                        header::HeaderValue::from_static(
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        ),
-                    );
-                    r
-                })
+        let query = req.uri().query().unwrap_or("");
+        let route = route(
+            req.method(),
+            req.uri().path(),
+            query,
+            peer.ip(),
+            &self.allow_drain_from,
+        );
+        match route {
+            Route::Metrics => {
+                self.refresh_telemetry().await;
+                let body = crate::metrics::render(&self.registry);
+                let mut r = text(StatusCode::OK, body);
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    header::HeaderValue::from_static(
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    ),
+                );
+                r
             }
-            "/healthz" => self.get_only(&method, || text(StatusCode::OK, "ok\n")),
-            "/status" => self.get_only(&method, || json(StatusCode::OK, &self.drain.status())),
-            "/readyz" => match method {
-                Method::GET | Method::HEAD => self.readyz().await,
-                _ => not_allowed("GET"),
-            },
-            "/drain" => self.drain(&method, &query, peer).await,
-            _ => text(StatusCode::NOT_FOUND, format!("no such endpoint: {path}\n")),
+            Route::Healthz => text(StatusCode::OK, "ok\n"),
+            Route::Status => json(StatusCode::OK, &self.drain.status()),
+            Route::Readyz => self.readyz().await,
+            Route::Drain { wait } => self.drain(wait, peer).await,
+            Route::Refused(refusal) => {
+                if let Refusal::Forbidden(_) = refusal {
+                    tracing::warn!(%peer, "refused a drain request from a caller that is not allowed");
+                }
+                refusal.response()
+            }
         }
     }
 
@@ -108,17 +196,6 @@ impl Control {
             {
                 tracing::debug!("telemetry refresh timed out; serving the last values");
             }
-        }
-    }
-
-    fn get_only(
-        &self,
-        method: &Method,
-        f: impl FnOnce() -> Response<Full<Bytes>>,
-    ) -> Response<Full<Bytes>> {
-        match *method {
-            Method::GET | Method::HEAD => f(),
-            _ => not_allowed("GET"),
         }
     }
 
@@ -153,31 +230,8 @@ impl Control {
         }
     }
 
-    async fn drain(&self, method: &Method, query: &str, peer: SocketAddr) -> Response<Full<Bytes>> {
-        let wait = match parse_wait(query) {
-            Ok(w) => w,
-            Err(msg) => return text(StatusCode::BAD_REQUEST, msg),
-        };
-        match (method, wait) {
-            (&Method::POST, _) | (&Method::GET, true) => {}
-            (&Method::GET, false) => {
-                return text(
-                    StatusCode::METHOD_NOT_ALLOWED,
-                    "GET /drain needs ?wait=true (the preStop form); use POST /drain to start without waiting\n",
-                )
-            }
-            _ => return not_allowed("GET, POST"),
-        }
-        if !may_mutate(peer.ip(), &self.allow_drain_from) {
-            tracing::warn!(%peer, "refused a drain request from a caller that is not allowed");
-            return text(
-                StatusCode::FORBIDDEN,
-                format!(
-                    "drain refused: {} is not loopback and not in --allow-drain-from\n",
-                    peer.ip()
-                ),
-            );
-        }
+    /// Starts the drain (idempotent); with `wait`, answers with the report.
+    async fn drain(&self, wait: bool, peer: SocketAddr) -> Response<Full<Bytes>> {
         if wait {
             tracing::info!(%peer, "drain requested (waiting for the report)");
             self.drain.trigger(Trigger::Prestop).await;
@@ -197,7 +251,7 @@ impl Control {
 }
 
 /// Accepts `wait=true|false` (or a bare `wait`) and nothing else.
-pub(crate) fn parse_wait(query: &str) -> Result<bool, String> {
+pub fn parse_wait(query: &str) -> Result<bool, String> {
     let mut wait = false;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, "true"));
@@ -258,6 +312,16 @@ pub(crate) fn not_allowed(allow: &'static str) -> Response<Full<Bytes>> {
     r
 }
 
+/// How every control connection is served: HTTP/1.1 with the header timeout
+/// and buffer limit above.
+pub fn http1_builder() -> hyper::server::conn::http1::Builder {
+    let mut b = hyper::server::conn::http1::Builder::new();
+    b.timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(MAX_BUF_SIZE);
+    b
+}
+
 /// Serves HTTP/1.1 on `listener` until `shutdown` is cancelled, then lets
 /// in-flight requests finish (bounded by the caller's own exit).
 pub async fn serve(listener: TcpListener, control: Arc<Control>, shutdown: CancellationToken) {
@@ -297,11 +361,7 @@ where
                 let handler = handler.clone();
                 async move { Ok::<_, Infallible>(handler(peer, req).await) }
             });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
-                .max_buf_size(MAX_BUF_SIZE)
-                .serve_connection(TokioIo::new(stream), svc);
+            let conn = http1_builder().serve_connection(TokioIo::new(stream), svc);
             let mut conn = std::pin::pin!(conn);
             tokio::select! {
                 res = conn.as_mut() => {
@@ -339,6 +399,53 @@ mod tests {
         assert!(may_mutate(ip("::ffff:10.1.2.3"), &allow));
         assert!(!may_mutate(ip("192.168.1.1"), &allow));
         assert!(!may_mutate(ip("fe80::1"), &allow));
+    }
+
+    #[test]
+    fn routes_check_method_query_and_caller() {
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        let far: IpAddr = "192.0.2.7".parse().unwrap();
+        let r =
+            |m: Method, path: &str, query: &str, peer: IpAddr| route(&m, path, query, peer, &[]);
+        assert_eq!(r(Method::GET, "/metrics", "", far), Route::Metrics);
+        assert_eq!(r(Method::HEAD, "/readyz", "", far), Route::Readyz);
+        assert_eq!(
+            r(Method::POST, "/status", "", lo),
+            Route::Refused(Refusal::NotAllowed("GET"))
+        );
+        assert_eq!(
+            r(Method::POST, "/drain", "", lo),
+            Route::Drain { wait: false }
+        );
+        assert_eq!(
+            r(Method::GET, "/drain", "wait=true", lo),
+            Route::Drain { wait: true }
+        );
+        assert_eq!(
+            r(Method::GET, "/drain", "", lo),
+            Route::Refused(Refusal::DrainGetWithoutWait)
+        );
+        assert_eq!(
+            r(Method::PUT, "/drain", "", lo),
+            Route::Refused(Refusal::NotAllowed("GET, POST"))
+        );
+        // A bad query is refused before the caller is judged.
+        assert!(matches!(
+            r(Method::POST, "/drain", "force", far),
+            Route::Refused(Refusal::BadQuery(_))
+        ));
+        assert_eq!(
+            r(Method::POST, "/drain", "", far),
+            Route::Refused(Refusal::Forbidden(far))
+        );
+        assert_eq!(
+            r(Method::GET, "/nope", "", lo),
+            Route::Refused(Refusal::NotFound("/nope".into()))
+        );
+        let forbidden = Refusal::Forbidden(far).response();
+        assert_eq!(forbidden.status(), StatusCode::FORBIDDEN);
+        let not_allowed = Refusal::NotAllowed("GET, POST").response();
+        assert_eq!(not_allowed.headers()[header::ALLOW], "GET, POST");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The `drainshim` binary: parse the CLI, set up tracing and the runtime, run
 //! the subcommand, and map errors to sysexits codes.
+#![forbid(unsafe_code)]
 
 use std::io::IsTerminal;
 use std::process::ExitCode;

@@ -89,7 +89,10 @@ pub fn validate_sidecar(args: &SidecarArgs) -> Result<Validated, String> {
 pub fn validate(envoy_admin: &str, t: &TimerArgs, linger: Duration) -> Result<Validated, String> {
     let mut errs = Vec::new();
     if let Some(grace) = t.termination_grace_period {
-        if t.parent_shutdown_time < grace && t.parent_shutdown_time + linger >= grace {
+        // Checked: humantime takes durations up to u64::MAX seconds, and a sum
+        // past Duration::MAX is past any grace period too.
+        let end = t.parent_shutdown_time.checked_add(linger);
+        if t.parent_shutdown_time < grace && end.is_none_or(|end| end >= grace) {
             errs.push(format!(
                 "--parent-shutdown-time ({}) plus --linger ({}) must stay below --termination-grace-period ({})",
                 humantime::format_duration(t.parent_shutdown_time),
@@ -295,5 +298,46 @@ impl Sidecar {
         shutdown.cancel();
         let _ = server.await;
         report
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+
+    fn sidecar_args(argv: &[&str]) -> SidecarArgs {
+        let argv = ["drainshim", "sidecar"].iter().chain(argv);
+        match Cli::try_parse_from(argv).expect("parses").command {
+            Command::Sidecar(a) => a,
+            _ => unreachable!("sidecar"),
+        }
+    }
+
+    /// Found while writing the fuzz/ target `cli` (which then reproduced it):
+    /// --parent-shutdown-time plus --linger overflowed Duration and panicked
+    /// instead of giving a usage error. The CLI now caps durations at
+    /// MAX_DURATION; validation must not panic even without that cap.
+    #[test]
+    fn huge_linger_is_a_usage_error_not_a_panic() {
+        let max = format!("{}s", u64::MAX);
+        let argv = ["drainshim", "sidecar", "--linger", &max];
+        assert!(Cli::try_parse_from(argv).is_err(), "the CLI refuses it");
+        let mut a = sidecar_args(&["--parent-shutdown-time", "100s"]);
+        a.timers.termination_grace_period = Some(Duration::MAX);
+        a.linger = Duration::MAX;
+        let err = validate_sidecar(&a).unwrap_err();
+        assert!(err.contains("plus --linger"), "{err}");
+    }
+
+    #[test]
+    fn linger_must_fit_before_the_grace_period() {
+        let ok = sidecar_args(&["--termination-grace-period", "120s", "--linger", "10s"]);
+        assert!(validate_sidecar(&ok).is_ok());
+        let late = sidecar_args(&["--termination-grace-period", "120s", "--linger", "30s"]);
+        assert!(validate_sidecar(&late)
+            .unwrap_err()
+            .contains("plus --linger"));
     }
 }

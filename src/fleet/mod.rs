@@ -211,10 +211,16 @@ pub async fn scrape_target(url: &str) -> Result<TargetScrape, FleetError> {
     if status != StatusCode::OK {
         return Err(terr(format!("GET /metrics: status {status}")));
     }
-    let text = String::from_utf8_lossy(&body);
+    parse_scrape(&body, url).map_err(terr)
+}
+
+/// Decodes a shim's `/metrics` text into its proxies and samples; `source`
+/// names the shim in each proxy.
+pub fn parse_scrape(body: &[u8], source: &str) -> Result<TargetScrape, String> {
+    let text = String::from_utf8_lossy(body);
     let lines = text.lines().map(|l| Ok(l.to_string()));
-    let scrape = prometheus_parse::Scrape::parse(lines)
-        .map_err(|e| terr(format!("bad metrics text: {e}")))?;
+    let scrape =
+        prometheus_parse::Scrape::parse(lines).map_err(|e| format!("bad metrics text: {e}"))?;
     let samples: Vec<(String, BTreeMap<String, String>, f64)> = scrape
         .samples
         .into_iter()
@@ -258,7 +264,7 @@ pub async fn scrape_target(url: &str) -> Result<TargetScrape, FleetError> {
                     "LIVE"
                 }
                 .to_string(),
-                source: url.to_string(),
+                source: source.to_string(),
             }
         })
         .collect();

@@ -124,46 +124,50 @@ impl PromClient {
                     humantime::format_duration(self.timeout)
                 ),
             })??;
-        let resp: Response = serde_json::from_slice(&body).map_err(|e| {
-            qerr(format!(
-                "status {status}, not a Prometheus API answer ({e}): {}",
-                String::from_utf8_lossy(&body)
-                    .chars()
-                    .take(200)
-                    .collect::<String>()
-            ))
-        })?;
-        if status != StatusCode::OK || resp.status != "success" {
-            return Err(qerr(
-                resp.error.unwrap_or_else(|| format!("status {status}")),
-            ));
-        }
-        let data = resp
-            .data
-            .ok_or_else(|| qerr("no data in the answer".into()))?;
-        if data.result_type != "vector" {
-            return Err(qerr(format!("expected a vector, got {}", data.result_type)));
-        }
-        data.result
-            .into_iter()
-            .map(|s| {
-                let value = s
-                    .value
-                    .1
-                    .parse::<f64>()
-                    .map_err(|_| qerr(format!("bad sample value {:?}", s.value.1)))?;
-                Ok(Sample {
-                    labels: s.metric,
-                    value,
-                })
-            })
-            .collect()
+        decode_answer(status, &body).map_err(qerr)
     }
 
     /// The sum of a query's samples; an empty answer is 0.
     pub async fn scalar(&self, query: &str) -> Result<f64, PromError> {
         Ok(self.query(query).await?.iter().map(|s| s.value).sum())
     }
+}
+
+/// Decodes an `/api/v1/query` answer into its samples; only a successful
+/// vector answer is accepted. The error says what was wrong with the answer.
+pub fn decode_answer(status: StatusCode, body: &[u8]) -> Result<Vec<Sample>, String> {
+    let resp: Response = serde_json::from_slice(body).map_err(|e| {
+        format!(
+            "status {status}, not a Prometheus API answer ({e}): {}",
+            String::from_utf8_lossy(body)
+                .chars()
+                .take(200)
+                .collect::<String>()
+        )
+    })?;
+    if status != StatusCode::OK || resp.status != "success" {
+        return Err(resp.error.unwrap_or_else(|| format!("status {status}")));
+    }
+    let data = resp
+        .data
+        .ok_or_else(|| "no data in the answer".to_string())?;
+    if data.result_type != "vector" {
+        return Err(format!("expected a vector, got {}", data.result_type));
+    }
+    data.result
+        .into_iter()
+        .map(|s| {
+            let value = s
+                .value
+                .1
+                .parse::<f64>()
+                .map_err(|_| format!("bad sample value {:?}", s.value.1))?;
+            Ok(Sample {
+                labels: s.metric,
+                value,
+            })
+        })
+        .collect()
 }
 
 /// Quotes a value for a PromQL regex matcher built from literal names.
