@@ -133,28 +133,10 @@ async fn sigterm_drains_and_a_second_sigterm_skips_to_the_deadline() {
     }
 }
 
-async fn run(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = tokio::time::timeout(
-        WAIT,
-        Command::new(drainshim_bin())
-            .args(args)
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("finishes")
-    .expect("runs");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// An inconsistent budget is refused before anything runs, naming every flag.
 #[tokio::test]
 async fn an_inconsistent_budget_is_refused_at_start() {
-    let (code, _, err) = run(&[
+    let (code, _, err) = run_bin(&[
         "sidecar",
         "--listen",
         "127.0.0.1:0",
@@ -173,7 +155,7 @@ async fn an_inconsistent_budget_is_refused_at_start() {
     ] {
         assert!(err.contains(needle), "missing {needle:?} in: {err}");
     }
-    let (code, _, err) = run(&[
+    let (code, _, err) = run_bin(&[
         "sidecar",
         "--termination-grace-period",
         "95s",
@@ -197,10 +179,10 @@ async fn an_inconsistent_budget_is_refused_at_start() {
     assert!(String::from_utf8_lossy(&out.stderr)
         .contains("--min-drain-time (2m) must not exceed --drain-time (1m)"));
 
-    let (code, _, err) = run(&["sidecar", "--drain-time", "soon"]).await;
+    let (code, _, err) = run_bin(&["sidecar", "--drain-time", "soon"]).await;
     assert_eq!(code, Some(64), "{err}");
     assert!(err.contains("invalid value 'soon'"), "{err}");
-    let (code, _, err) = run(&["drain", "--envoy-admin", "localhost:15000"]).await;
+    let (code, _, err) = run_bin(&["drain", "--envoy-admin", "localhost:15000"]).await;
     assert_eq!(code, Some(64), "{err}");
     assert!(err.contains("invalid envoy admin URL"), "{err}");
 }
@@ -211,7 +193,7 @@ async fn prestop_without_a_shim_fails_clearly() {
     let gone = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = gone.local_addr().expect("addr");
     drop(gone);
-    let (code, out, err) = run(&["prestop", "--shim", &format!("http://{addr}")]).await;
+    let (code, out, err) = run_bin(&["prestop", "--shim", &format!("http://{addr}")]).await;
     assert_eq!(code, Some(69), "{err}");
     assert!(out.is_empty());
     assert!(err.contains("connect"), "{err}");
@@ -221,7 +203,8 @@ async fn prestop_without_a_shim_fails_clearly() {
 #[tokio::test]
 async fn install_copies_a_working_binary() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (code, _, err) = run(&["install", "--to", dir.path().to_str().expect("utf-8 path")]).await;
+    let (code, _, err) =
+        run_bin(&["install", "--to", dir.path().to_str().expect("utf-8 path")]).await;
     assert_eq!(code, Some(0), "{err}");
     let copied = dir.path().join("drainshim");
     let out = Command::new(&copied)
@@ -231,7 +214,7 @@ async fn install_copies_a_working_binary() {
         .expect("run the copy");
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("drainshim "));
-    let (code, _, err) = run(&["install", "--to", "/nonexistent/dir"]).await;
+    let (code, _, err) = run_bin(&["install", "--to", "/nonexistent/dir"]).await;
     assert_eq!(code, Some(69));
     assert!(err.contains("/nonexistent/dir"), "{err}");
 }
@@ -246,11 +229,11 @@ async fn help_explains_exit_codes() {
         &["drain", "--help"],
         &["bench", "server", "--help"],
     ] {
-        let (code, out, _) = run(args).await;
+        let (code, out, _) = run_bin(args).await;
         assert_eq!(code, Some(0), "{args:?}");
         assert!(out.contains("Exit codes:"), "{args:?}: {out}");
     }
-    let (_, out, _) = run(&["sidecar", "--help"]).await;
+    let (_, out, _) = run_bin(&["sidecar", "--help"]).await;
     for flag in [
         "--drain-time",
         "--parent-shutdown-time",

@@ -24,23 +24,6 @@ fn istio_node(
     }
 }
 
-async fn run(args: &[String]) -> (Option<i32>, String, String) {
-    let out = tokio::time::timeout(
-        WAIT,
-        tokio::process::Command::new(drainshim_bin())
-            .args(args)
-            .output(),
-    )
-    .await
-    .expect("finishes")
-    .expect("runs");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 fn admin_args(cmd: &[&str], envoys: &[&EnvoyProcess]) -> Vec<String> {
     let mut v: Vec<String> = cmd.iter().map(|s| s.to_string()).collect();
     for e in envoys {
@@ -68,7 +51,7 @@ async fn inventory_and_skew_across_three_envoy_versions() {
     })
     .await;
 
-    let (code, out, err) = run(&admin_args(
+    let (code, out, err) = run_bin(&admin_args(
         &["inventory", "--format", "json"],
         &[&old, &mid, &new],
     ))
@@ -114,12 +97,12 @@ async fn inventory_and_skew_across_three_envoy_versions() {
             ),
         ]
     );
-    let (code, table, _) = run(&admin_args(&["inventory"], &[&old, &mid, &new])).await;
+    let (code, table, _) = run_bin(&admin_args(&["inventory"], &[&old, &mid, &new])).await;
     assert_eq!(code, Some(0));
     assert!(table.contains("Version spread:"), "{table}");
     assert!(table.contains("shop       1.38.3   1"), "{table}");
 
-    let (code, out, err) = run(&admin_args(
+    let (code, out, err) = run_bin(&admin_args(
         &["skew", "--control-plane", "1.40"],
         &[&old, &mid, &new],
     ))
@@ -135,7 +118,7 @@ async fn inventory_and_skew_across_three_envoy_versions() {
         "{out}"
     );
 
-    let (code, out, err) = run(&admin_args(
+    let (code, out, err) = run_bin(&admin_args(
         &["skew", "--control-plane", "1.40"],
         &[&mid, &new],
     ))
@@ -149,7 +132,7 @@ async fn inventory_and_skew_across_three_envoy_versions() {
     drop(gone);
     let mut args = admin_args(&["skew", "--control-plane", "1.40"], &[&new]);
     args.extend(["--envoy-admin".to_string(), gone_url]);
-    let (code, out, _) = run(&args).await;
+    let (code, out, _) = run_bin(&args).await;
     assert_eq!(code, Some(1), "{out}");
     assert!(out.contains("admin unreachable"), "{out}");
 }

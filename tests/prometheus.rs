@@ -9,23 +9,6 @@ use std::time::Duration;
 use drainshim::fleet::prometheus::PromClient;
 use support::*;
 
-async fn run(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = tokio::time::timeout(
-        WAIT,
-        tokio::process::Command::new(drainshim_bin())
-            .args(args)
-            .output(),
-    )
-    .await
-    .expect("finishes")
-    .expect("runs");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[tokio::test]
 async fn verify_passes_and_fails_on_the_right_conditions() {
     let backend = backend().await;
@@ -65,7 +48,7 @@ async fn verify_passes_and_fails_on_the_right_conditions() {
     let url = prom.url();
 
     // The good wave passes.
-    let (code, out, err) = run(&[
+    let (code, out, err) = run_bin(&[
         "verify",
         "--prometheus",
         &url,
@@ -82,7 +65,7 @@ async fn verify_passes_and_fails_on_the_right_conditions() {
     assert!(out.contains("verify: PASS"), "{out}");
 
     // A pod on the wrong version fails, and is named.
-    let (code, out, _) = run(&[
+    let (code, out, _) = run_bin(&[
         "verify",
         "--prometheus",
         &url,
@@ -98,7 +81,7 @@ async fn verify_passes_and_fails_on_the_right_conditions() {
     assert!(out.contains("mixed/c on 1.39.3"), "{out}");
 
     // A cut stream fails the wave.
-    let (code, out, _) = run(&[
+    let (code, out, _) = run_bin(&[
         "verify",
         "--prometheus",
         &url,
@@ -117,7 +100,7 @@ async fn verify_passes_and_fails_on_the_right_conditions() {
     );
 
     // Several namespaces at once: both failures show.
-    let (code, out, _) = run(&[
+    let (code, out, _) = run_bin(&[
         "verify",
         "--prometheus",
         &url,
@@ -139,7 +122,7 @@ async fn verify_passes_and_fails_on_the_right_conditions() {
             .is_ok_and(|n| n >= 10.0)
     })
     .await;
-    let (code, out, err) = run(&[
+    let (code, out, err) = run_bin(&[
         "verify",
         "--prometheus",
         &url,
@@ -172,14 +155,14 @@ async fn verify_passes_and_fails_on_the_right_conditions() {
     assert!(code == Some(0) || reset["ok"] == false, "{out}");
 
     // Inventory and skew read the same Prometheus.
-    let (code, out, err) = run(&["inventory", "--prometheus", &url, "--format", "json"]).await;
+    let (code, out, err) = run_bin(&["inventory", "--prometheus", &url, "--format", "json"]).await;
     assert_eq!(code, Some(0), "{err}");
     let rows: Vec<serde_json::Value> = serde_json::from_str(&out).expect("json");
     assert_eq!(rows.len(), 4, "{out}");
     assert!(rows
         .iter()
         .any(|r| r["namespace"] == "mixed" && r["version"] == "1.39.3" && r["state"] == "LIVE"));
-    let (code, out, _) = run(&["skew", "--prometheus", &url, "--control-plane", "1.41"]).await;
+    let (code, out, _) = run_bin(&["skew", "--prometheus", &url, "--control-plane", "1.41"]).await;
     assert_eq!(code, Some(1), "{out}");
     assert!(
         out.contains("mixed") && out.contains("2 minor versions behind 1.41"),
@@ -188,7 +171,7 @@ async fn verify_passes_and_fails_on_the_right_conditions() {
 
     // Scraping the shims directly gives the same verdicts where it can judge.
     let t = |i: usize| format!("http://{}", shims[i].0);
-    let (code, out, _) = run(&[
+    let (code, out, _) = run_bin(&[
         "verify",
         "--targets",
         &t(0),
@@ -200,12 +183,13 @@ async fn verify_passes_and_fails_on_the_right_conditions() {
     .await;
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("n/a"), "{out}");
-    let (code, out, _) = run(&["verify", "--targets", &t(3), "--expect-version", "1.40.0"]).await;
+    let (code, out, _) =
+        run_bin(&["verify", "--targets", &t(3), "--expect-version", "1.40.0"]).await;
     assert_eq!(code, Some(1), "{out}");
 
     // An unreachable Prometheus is a clear error, not a pass.
     drop(prom);
-    let (code, _, err) = run(&[
+    let (code, _, err) = run_bin(&[
         "verify",
         "--prometheus",
         &url,

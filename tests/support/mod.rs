@@ -228,6 +228,26 @@ pub fn drainshim_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_drainshim"))
 }
 
+/// Runs the real binary with `args` (bounded by [`WAIT`]) and returns
+/// (exit code, stdout, stderr).
+pub async fn run_bin<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (Option<i32>, String, String) {
+    let out = tokio::time::timeout(
+        WAIT,
+        tokio::process::Command::new(drainshim_bin())
+            .args(args)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("finishes")
+    .expect("runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// Output of a finished `drainshim prestop`.
 pub struct PrestopRun {
     pub code: Option<i32>,
