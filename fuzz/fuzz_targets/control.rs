@@ -129,6 +129,8 @@ fn server() -> &'static Server {
                 admin: None,
                 allow_drain_from: Vec::new(),
                 telemetry: None,
+                // No stuck-DRAINING watcher: nothing here talks to an Envoy.
+                envoy_health: None,
             })
         });
         Server { rt, control }
