@@ -108,6 +108,29 @@ impl EnvoyOptions {
         }
     }
 
+    /// Envoy's command line for `bootstrap`, with a dynamic base id kept in
+    /// `dir` (so Envoys run side by side) and the drain timers.
+    pub fn args(&self, bootstrap: &Path, dir: &Path) -> Vec<std::ffi::OsString> {
+        let mut a: Vec<std::ffi::OsString> = vec!["-c".into(), bootstrap.into()];
+        a.extend(["--use-dynamic-base-id".into(), "--base-id-path".into()]);
+        a.push(dir.join("base-id").into());
+        for s in [
+            "--drain-strategy".to_string(),
+            "immediate".to_string(),
+            "--drain-time-s".to_string(),
+            self.drain_time.as_secs().max(1).to_string(),
+            "--parent-shutdown-time-s".to_string(),
+            self.parent_shutdown_time.as_secs().max(2).to_string(),
+            "--concurrency".to_string(),
+            "1".to_string(),
+            "-l".to_string(),
+            "warning".to_string(),
+        ] {
+            a.push(s.into());
+        }
+        a
+    }
+
     /// The bootstrap YAML (JSON is YAML, and serde_json quotes for us).
     pub fn bootstrap(&self) -> String {
         let metadata = serde_json::to_string(&self.metadata).unwrap_or_else(|_| "{}".into());
@@ -215,19 +238,9 @@ impl EnvoyProcess {
         let log = std::fs::File::create(dir.path().join("envoy.log")).map_err(io("create log"))?;
         let log2 = log.try_clone().map_err(io("log"))?;
         let child = Command::new(&opts.binary)
-            .arg("-c")
-            .arg(&bootstrap)
+            .args(opts.args(&bootstrap, dir.path()))
             .arg("--admin-address-path")
             .arg(&admin_path)
-            .arg("--use-dynamic-base-id")
-            .arg("--base-id-path")
-            .arg(dir.path().join("base-id"))
-            .args(["--drain-strategy", "immediate"])
-            .arg("--drain-time-s")
-            .arg(opts.drain_time.as_secs().max(1).to_string())
-            .arg("--parent-shutdown-time-s")
-            .arg(opts.parent_shutdown_time.as_secs().max(2).to_string())
-            .args(["--concurrency", "1", "-l", "warning"])
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2)
