@@ -5,6 +5,7 @@
 //! stream is either in the snapshot `terminate_all` spreads, or refused.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use tokio::time::Instant;
@@ -40,6 +41,10 @@ pub struct StreamCtl {
     end: CancellationToken,
     /// Why and when the end was asked; the first request wins.
     why: OnceLock<(Reason, Instant)>,
+    /// Set once the stream is known to be long-lived (a WebSocket, or a
+    /// response that streams): only such streams are ended early in a drain;
+    /// short work in flight is left to finish.
+    long_lived: AtomicBool,
 }
 
 impl StreamCtl {
@@ -63,6 +68,17 @@ impl StreamCtl {
     /// Whether the end was asked.
     pub fn is_ended(&self) -> bool {
         self.end.is_cancelled()
+    }
+
+    /// Marks the stream long-lived: a drain may end it early, spread over
+    /// its window.
+    pub fn set_long_lived(&self) {
+        self.long_lived.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the stream was marked long-lived.
+    pub fn is_long_lived(&self) -> bool {
+        self.long_lived.load(Ordering::Relaxed)
     }
 }
 
@@ -103,6 +119,7 @@ impl Registry {
             grpc,
             end: CancellationToken::new(),
             why: OnceLock::new(),
+            long_lived: AtomicBool::new(false),
         });
         s.streams.insert(key, ctl.clone());
         Some(Registered {
