@@ -433,7 +433,7 @@ pub struct ReconnectArgs {
     pub max_connection_age_grace: Duration,
 
     /// After the grace, a connection's remaining streams are ended over this window.
-    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_SPREAD", value_parser = humantime::parse_duration, default_value = "10s")]
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_SPREAD", value_parser = config::parse_duration, default_value = "10s")]
     pub max_connection_age_spread: Duration,
 
     /// Instead of a restart, hold the population this long under
@@ -573,11 +573,29 @@ pub struct SidecarArgs {
           default_value = "30s")]
     pub max_connection_age_grace: Duration,
 
-    /// After the grace, end a connection's remaining streams spread over this
-    /// window: behind Envoy one pooled connection carries many streams.
-    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_SPREAD", value_parser = humantime::parse_duration,
+    /// End a connection's remaining streams spread over this window, inside
+    /// the grace (capped at it): behind Envoy one pooled connection carries
+    /// many streams, and age x (1 +/- 10%) + grace stays a bound on its life.
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_SPREAD", value_parser = config::parse_duration,
           default_value = "10s")]
     pub max_connection_age_spread: Duration,
+
+    /// Which streams a drain ends early. Long-lived streams (a response that
+    /// carried two or more messages, or answered at least this long ago) are
+    /// ended gracefully, spread over the drain window. Everything else (unary
+    /// calls, calls the app has not answered) is left to finish until the
+    /// drain's deadline minus the time an ending needs; only what is still
+    /// open then is ended, retryably.
+    #[arg(long, env = "DRAINSHIM_LONG_STREAM_AGE", value_parser = config::parse_duration,
+          default_value = "10s")]
+    pub long_stream_age: Duration,
+
+    /// Reset a guarded stream whose client takes no response data for this
+    /// long (its flow-control window stays shut), so a peer that stopped
+    /// reading does not hold it until max age.
+    #[arg(long, env = "DRAINSHIM_WRITE_STALL_TIMEOUT", value_parser = config::parse_duration,
+          default_value = "60s")]
+    pub write_stall_timeout: Duration,
 
     /// Networks (CIDR) besides loopback allowed to start a drain; repeatable.
     #[arg(long, env = "DRAINSHIM_ALLOW_DRAIN_FROM", value_delimiter = ',')]

@@ -26,6 +26,10 @@ pub const DEFAULT_MAX_CONNECTION_AGE_GRACE: Duration = Duration::from_secs(30);
 /// After the grace, one connection's remaining streams are ended over this
 /// long, so a pooled connection does not reconnect all its streams at once.
 pub const DEFAULT_MAX_CONNECTION_AGE_SPREAD: Duration = Duration::from_secs(10);
+/// Default for `--long-stream-age`: an answered stream open this long is
+/// long-lived (a drain may end it early); far above any unary call's time
+/// between its response head and its trailers.
+pub const DEFAULT_LONG_STREAM_AGE: Duration = Duration::from_secs(10);
 
 /// The longest duration any flag takes: far beyond any real drain, age or
 /// retention, and far below where adding it to a clock reading (or scaling

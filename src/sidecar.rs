@@ -41,6 +41,11 @@ pub fn validate_sidecar(args: &SidecarArgs) -> Result<Validated, String> {
             config.max_connection_age = args.max_connection_age;
             config.max_connection_age_grace = args.max_connection_age_grace;
             config.max_connection_age_spread = args.max_connection_age_spread;
+            config.long_stream_age = args.long_stream_age;
+            config.limits.write_stall_timeout = args.write_stall_timeout;
+            if args.write_stall_timeout.is_zero() {
+                errs.push("--write-stall-timeout must be greater than zero".into());
+            }
             if args.max_connection_age.is_some_and(|a| a.is_zero()) {
                 errs.push(
                     "--max-connection-age must be greater than zero (leave it out to turn it off)"
@@ -140,6 +145,9 @@ pub struct Sidecar {
     drain: drain::DrainHandle,
     shutdown: CancellationToken,
     server: tokio::task::JoinHandle<()>,
+    /// The guard's serve loop: at exit it ends what is left gracefully and
+    /// flushes; `run` waits for it (it bounds its own wait).
+    guard_task: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Binds `--listen` and starts serving. Nothing drains until a trigger.
@@ -156,6 +164,7 @@ pub async fn start(args: SidecarArgs, settings: Validated) -> Result<Sidecar, Si
     let sidecar_metrics = SidecarMetrics::register(&mut registry);
     let shutdown = CancellationToken::new();
     let mut guard_addr = None;
+    let mut guard_task = None;
     let guard: Option<Arc<dyn StreamGuard>> = match settings.guard {
         None => None,
         Some((addr, config)) => {
@@ -168,7 +177,7 @@ pub async fn start(args: SidecarArgs, settings: Validated) -> Result<Sidecar, Si
             let g = Guard::new(config, metrics.clone());
             let serving = g.clone();
             let stop = shutdown.clone();
-            tokio::spawn(async move { serving.serve(gl, stop).await });
+            guard_task = Some(tokio::spawn(async move { serving.serve(gl, stop).await }));
             Some(Arc::new(g))
         }
     };
@@ -218,6 +227,7 @@ pub async fn start(args: SidecarArgs, settings: Validated) -> Result<Sidecar, Si
     Ok(Sidecar {
         local,
         guard_addr,
+        guard_task,
         linger: args.linger,
         drain,
         shutdown,
@@ -247,6 +257,7 @@ impl Sidecar {
             drain,
             shutdown,
             server,
+            guard_task,
             linger,
             ..
         } = self;
@@ -296,6 +307,14 @@ impl Sidecar {
             }
         }
         shutdown.cancel();
+        if let Some(guard) = guard_task {
+            // The guard ends what is still open gracefully and waits for its
+            // connections to flush, bounded by its own limits.
+            tracing::info!("stopping the stream guard: ending what is left gracefully");
+            if guard.await.is_err() {
+                tracing::warn!("the stream guard's task failed while stopping");
+            }
+        }
         let _ = server.await;
         report
     }

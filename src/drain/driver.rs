@@ -25,6 +25,13 @@ pub trait StreamGuard: Send + Sync + 'static {
     /// End every open stream gracefully, spread evenly over `window`, and
     /// refuse new streams (retryably) from now on.
     fn terminate_all(&self, window: Duration);
+    /// The drain's form: end long-lived streams gracefully, spread over
+    /// `window`; let short calls in flight finish until shortly before
+    /// `deadline` (both from now), then end what is left; refuse new streams.
+    fn terminate_within(&self, window: Duration, deadline: Duration) {
+        let _ = deadline;
+        self.terminate_all(window);
+    }
     /// Streams open through the guard right now.
     fn active_streams(&self) -> u64;
     /// Streams the guard ended because of the drain.
@@ -282,10 +289,10 @@ impl Drive {
                         g.goaway_all();
                     }
                 }
-                Action::TerminateStreams { window } => {
+                Action::TerminateStreams { window, deadline } => {
                     if let Some(g) = &self.settings.guard {
-                        tracing::info!(?window, "ending guard streams gracefully");
-                        g.terminate_all(window);
+                        tracing::info!(?window, ?deadline, "ending guard streams gracefully");
+                        g.terminate_within(window, deadline);
                     }
                 }
                 Action::Finish(outcome) => report = Some(self.report(outcome)),

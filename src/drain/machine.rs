@@ -93,7 +93,9 @@ pub enum Action {
     /// GOAWAY on every guard connection; new connections are still accepted.
     GoawayAll,
     /// End every open guard stream gracefully, spread evenly over `window`.
-    TerminateStreams { window: Duration },
+    /// `deadline` is the time left until the hard deadline: short calls in
+    /// flight may run until shortly before it.
+    TerminateStreams { window: Duration, deadline: Duration },
     /// Publish the report.
     Finish(Outcome),
 }
@@ -206,6 +208,7 @@ impl Machine {
             s.phase = Phase::Draining;
             actions.push(Action::TerminateStreams {
                 window: self.termination_window(),
+                deadline: t.parent_shutdown_time.saturating_sub(elapsed),
             });
         }
         if s.phase == Phase::Draining && elapsed >= t.drain_time {
@@ -298,26 +301,26 @@ mod tests {
             ("after deregistration the guard ends streams; zero streams quiesce",
              vec![Event::Trigger(T::Api), tick(5), obs(6, Some(3), 1), obs(7, Some(0), 1), obs(8, Some(0), 0)],
              vec![Deregistering, Draining, Draining, Draining, Done],
-             vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window },
+             vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window, deadline: secs(85) },
                   Finish(Outcome::quiesced)]),
             ("a late poll moves through every passed phase at once",
              vec![Event::Trigger(T::Api), obs(61, Some(2), 0)],
              vec![Deregistering, Terminating],
-             vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window }]),
+             vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window, deadline: secs(29) }]),
             ("streams still open at the deadline: outcome deadline",
              vec![Event::Trigger(T::Sigterm), tick(5), tick(60), obs(89, Some(4), 0), tick(90)],
              vec![Deregistering, Draining, Terminating, Terminating, Done],
-             vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window },
+             vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window, deadline: secs(85) },
                   Finish(Outcome::deadline)]),
             ("admin unreachable at the deadline: outcome envoy_unreachable",
              vec![Event::Trigger(T::Prestop), obs(1, None, 0), obs(60, None, 0), tick(90)],
              vec![Deregistering, Deregistering, Terminating, Done],
-             vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window },
+             vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window, deadline: secs(30) },
                   Finish(Outcome::envoy_unreachable)]),
             ("unreachable never quiesces, even with the guard idle",
              vec![Event::Trigger(T::Api), obs(30, None, 0)],
              vec![Deregistering, Draining],
-             vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window }]),
+             vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window, deadline: secs(60) }]),
             ("a second SIGTERM goes to the deadline now",
              vec![Event::Trigger(T::Sigterm), obs(1, Some(9), 0), Hurry],
              vec![Deregistering, Deregistering, Done],

@@ -98,6 +98,21 @@ impl Framer {
         }
     }
 
+    /// Accounts for `data` like [`Framer::consume`] and returns how many
+    /// messages it completed.
+    pub fn consume_messages(&mut self, data: &[u8]) -> u64 {
+        let mut done = 0;
+        let mut rest = data;
+        while !rest.is_empty() {
+            rest = &rest[self.step(rest)..];
+            // Each step that lands on a boundary completed one message.
+            if self.at_boundary() {
+                done += 1;
+            }
+        }
+        done
+    }
+
     /// How many bytes of `data` complete the message in progress (or, at a
     /// boundary, the next message), if that message ends within `data`.
     pub fn bytes_to_boundary(&self, data: &[u8]) -> Option<usize> {
@@ -147,6 +162,16 @@ pub fn frame(message: &[u8]) -> bytes::Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn messages_are_counted_across_chunks() {
+        let data = two_messages();
+        let mut f = Framer::default();
+        assert_eq!(f.consume_messages(&data[..3]), 0, "half a prefix");
+        assert_eq!(f.consume_messages(&data[3..12]), 1, "hello, then the empty one's prefix starts");
+        assert_eq!(f.consume_messages(&data[12..]), 2, "the empty message and world!");
+        assert!(f.at_boundary());
+    }
 
     fn two_messages() -> Vec<u8> {
         let mut v = frame(b"hello").to_vec();

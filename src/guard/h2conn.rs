@@ -39,6 +39,10 @@ use crate::metrics::Reason;
 /// Largest window h2 accepts (2^31-1); larger configured values are clamped.
 const MAX_WINDOW: u32 = (1 << 31) - 1;
 
+/// Most extra streams taken from h2's queue in one turn of the loop, so
+/// timers and signals are still looked at between batches.
+const ACCEPT_BATCH: usize = 256;
+
 type Io = Prefixed<TcpStream>;
 
 /// What woke the connection loop.
@@ -159,6 +163,7 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
         Settings {
             age_at,
             grace: inner.config.max_connection_age_grace,
+            spread: inner.config.max_connection_age_spread,
             ack_timeout: l.goaway_ack_timeout,
             idle_timeout: l.idle_timeout,
             end_timeout: l.end_timeout,
@@ -195,6 +200,21 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
             Event::Stream(s) => {
                 let (req, respond) = *s;
                 admit(inner, &upstream, &count_tx, &life, info, req, respond);
+                // Take every stream h2 already has queued, so that streams a
+                // caller opened and cancelled in one burst do not pile up as
+                // pending-accept resets on a connection all callers share.
+                let mut extra = 0;
+                while extra < ACCEPT_BATCH {
+                    match poll_fn(|cx| Poll::Ready(conn.poll_accept(cx))).await {
+                        Poll::Ready(Some(Ok((req, respond)))) => {
+                            life.step(Input::StreamAccepted, Instant::now());
+                            admit(inner, &upstream, &count_tx, &life, info, req, respond);
+                            extra += 1;
+                        }
+                        // Errors and the end are seen by the next poll.
+                        _ => break,
+                    }
+                }
                 Input::StreamAccepted
             }
             Event::Failed(e) => {
@@ -237,12 +257,12 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
             }
             Some(Action::EndStreams) => {
                 tracing::debug!(peer = %info.peer, conn = info.id, "guard: max connection age grace over; ending streams");
-                let streams = inner.registry.connection_streams(info.id);
-                inner.end_spread(
-                    streams,
-                    inner.config.max_connection_age_spread,
-                    Reason::max_age,
+                let streams = inner.registry.connection_streams(
+                    info.id,
+                    now,
+                    inner.config.long_stream_age,
                 );
+                inner.end_spread(streams, life.spread(), Reason::max_age);
             }
             // Sends GOAWAY(last processed stream, NO_ERROR) unless h2 already
             // sent that exact frame, then closes after flushing. Only asked

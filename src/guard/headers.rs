@@ -44,6 +44,20 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// The client's address, appended to `x-forwarded-for` (the de facto
+/// standard list, oldest hop first): behind the guard the application's TCP
+/// peer is the guard, so this is where it finds who called.
+pub fn append_forwarded_for(headers: &mut HeaderMap, peer: std::net::IpAddr) {
+    const XFF: &str = "x-forwarded-for";
+    let value = match headers.get(XFF).and_then(|v| v.to_str().ok()) {
+        Some(prev) if !prev.trim().is_empty() => format!("{prev}, {peer}"),
+        _ => peer.to_string(),
+    };
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert(XFF, v);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -62,6 +76,20 @@ mod tests {
         assert_eq!(names.len(), 2, "{names:?}");
         assert_eq!(h.get(TE).map(|v| v.as_bytes()), Some(&b"trailers"[..]));
         assert!(h.contains_key("x-end-to-end"));
+    }
+
+    #[test]
+    fn the_peer_is_appended_to_x_forwarded_for() {
+        let mut h = HeaderMap::new();
+        let peer: std::net::IpAddr = [127, 0, 0, 6].into();
+        append_forwarded_for(&mut h, peer);
+        assert_eq!(h.get("x-forwarded-for").map(|v| v.as_bytes()), Some(&b"127.0.0.6"[..]));
+        h.insert("x-forwarded-for", HeaderValue::from_static("10.1.2.3"));
+        append_forwarded_for(&mut h, peer);
+        assert_eq!(
+            h.get("x-forwarded-for").map(|v| v.as_bytes()),
+            Some(&b"10.1.2.3, 127.0.0.6"[..])
+        );
     }
 
     #[test]

@@ -5,9 +5,13 @@
 //! Serving ──(max age | goaway_all | terminate_all | idle)──▶ AwaitingAck
 //!   ──(PING ack | ack timeout)──▶ Closing ──(no stream left)──▶ closed.
 //!
-//! In Closing, the max-age grace runs (if the age was reached); when it is
-//! over the connection's streams are ended. Once no stream is left the final
-//! GOAWAY is sent and the connection closes, within `shutdown_timeout`.
+//! The max-age grace runs from the (jittered) age itself, whatever the ack
+//! does, and the endings of the connection's streams are spread over the
+//! last `spread` of it (`spread` is capped at the grace): every stream is
+//! asked to end by age + grace, which with the bounded ending and close
+//! makes gRPC A9's age × (1 ± 10%) + grace a bound on the connection's life.
+//! Once no stream is left the final GOAWAY is sent and the connection
+//! closes, within `shutdown_timeout`.
 
 use std::time::Duration;
 
@@ -76,8 +80,11 @@ pub enum Action {
 pub struct Settings {
     /// When the jittered max age passes, if there is one.
     pub age_at: Option<Instant>,
-    /// Streams still open this long after the max-age GOAWAY are ended.
+    /// Streams still open this long after the max age are ended.
     pub grace: Duration,
+    /// The endings at the grace's end are spread over this long, inside
+    /// the grace (a longer spread is capped at the grace).
+    pub spread: Duration,
     /// Bound on the wait for the PING ack.
     pub ack_timeout: Duration,
     /// A connection without streams this long goes away.
@@ -104,6 +111,7 @@ pub struct Deadlines {
     pub close_by: Option<Instant>,
     pub age: Option<Instant>,
     pub ack: Option<Instant>,
+    /// When the max-age endings begin: the grace's end minus the spread.
     pub grace: Option<Instant>,
     pub first_stream: Option<Instant>,
     pub idle: Option<Instant>,
@@ -170,13 +178,21 @@ impl Lifecycle {
                 Phase::AwaitingAck { until } => Some(until),
                 _ => None,
             },
-            grace: self.grace_until.filter(|_| !self.grace_done),
+            grace: self
+                .grace_until
+                .filter(|_| !self.grace_done)
+                .map(|until| until.checked_sub(self.spread()).unwrap_or(until)),
             first_stream: self.first_stream_by,
             idle: match self.phase {
                 Phase::Serving => self.idle_since.map(|t| t + self.settings.idle_timeout),
                 _ => None,
             },
         }
+    }
+
+    /// How long the max-age endings are spread over: inside the grace.
+    pub fn spread(&self) -> Duration {
+        self.settings.spread.min(self.settings.grace)
     }
 
     /// Whether `goaway_all` still matters to this connection.
@@ -240,13 +256,8 @@ impl Lifecycle {
             }
             Input::AgeReached => {
                 self.max_age_reached = true;
-                if self.cause.is_none() {
-                    return Some(self.start_goaway(Cause::MaxAge, now));
-                }
-                if matches!(self.phase, Phase::Closing { .. }) {
-                    self.start_grace(now);
-                }
-                None
+                self.start_grace(now);
+                (self.cause.is_none()).then(|| self.start_goaway(Cause::MaxAge, now))
             }
             Input::Acked => {
                 self.enter_closing(true, now);
@@ -258,9 +269,11 @@ impl Lifecycle {
             }
             Input::GraceOver => {
                 self.grace_done = true;
-                // Every stream bounds its own ending; this is the backstop.
+                // Every stream bounds its own ending; this is the backstop,
+                // counted from the grace's end, not from now.
                 let s = self.settings;
-                self.close_by_at_most(now + s.end_timeout + s.shutdown_timeout);
+                let until = self.grace_until.unwrap_or(now).max(now);
+                self.close_by_at_most(until + s.end_timeout + s.shutdown_timeout);
                 Some(Action::EndStreams)
             }
             Input::HeaderTimedOut => {
@@ -278,9 +291,6 @@ impl Lifecycle {
 
     fn start_goaway(&mut self, cause: Cause, now: Instant) -> Action {
         self.cause = Some(cause);
-        if cause == Cause::MaxAge {
-            self.max_age_reached = true;
-        }
         self.phase = Phase::AwaitingAck {
             until: now + self.settings.ack_timeout,
         };
@@ -291,15 +301,15 @@ impl Lifecycle {
         if !self.awaits_ack() {
             return;
         }
+        let _ = now;
         self.phase = Phase::Closing { acked };
-        if self.max_age_reached {
-            self.start_grace(now);
-        }
     }
 
+    /// The grace counts from the age itself (a late timer does not stretch it).
     fn start_grace(&mut self, now: Instant) {
         if self.grace_until.is_none() {
-            self.grace_until = Some(now + self.settings.grace);
+            let from = self.settings.age_at.map_or(now, |at| at.min(now));
+            self.grace_until = Some(from + self.settings.grace);
         }
     }
 
@@ -320,6 +330,7 @@ mod tests {
         Settings {
             age_at: Some(t0 + s(100)),
             grace: s(30),
+            spread: s(10),
             ack_timeout: s(5),
             idle_timeout: s(300),
             end_timeout: s(5),
@@ -354,20 +365,51 @@ mod tests {
             ],
         );
         assert_eq!(m.phase(), Phase::Closing { acked: true });
-        assert_eq!(m.deadlines().grace, Some(t0 + s(131)));
+        assert_eq!(
+            m.deadlines().grace,
+            Some(t0 + s(120)),
+            "the endings start one spread before age + grace"
+        );
         assert!(!m.refuses_streams());
         assert!(!m.wants_quiet(), "a stream is still open");
         let mut m = m;
         assert_eq!(
-            m.step(Input::GraceOver, t0 + s(131)),
+            m.step(Input::GraceOver, t0 + s(120)),
             Some(Action::EndStreams)
         );
-        assert_eq!(m.deadlines().close_by, Some(t0 + s(146)), "backstop");
+        assert_eq!(
+            m.deadlines().close_by,
+            Some(t0 + s(145)),
+            "backstop: age + grace + end + shutdown"
+        );
         assert_eq!(m.step(Input::Streams(0), t0 + s(132)), None);
         assert_eq!(m.deadlines().close_by, Some(t0 + s(142)));
         assert!(m.wants_quiet());
         assert_eq!(m.step(Input::Quiet, t0 + s(132)), Some(Action::Close));
         assert!(!m.wants_quiet());
+    }
+
+    #[test]
+    fn a_spread_longer_than_the_grace_is_capped_and_a_late_timer_does_not_stretch_it() {
+        let t0 = Instant::now();
+        let st = Settings {
+            grace: s(1),
+            spread: s(3600),
+            ..settings(t0)
+        };
+        let mut m = run(
+            st,
+            t0,
+            &[
+                (1, Input::Streams(2), None),
+                // The age timer fires late (a loaded machine): still age + grace.
+                (103, Input::AgeReached, Some(Action::Goaway(Cause::MaxAge))),
+            ],
+        );
+        assert_eq!(m.spread(), s(1));
+        assert_eq!(m.deadlines().grace, Some(t0 + s(100)), "(age + 1s) - 1s");
+        assert_eq!(m.step(Input::GraceOver, t0 + s(103)), Some(Action::EndStreams));
+        assert_eq!(m.deadlines().close_by, Some(t0 + s(118)), "now + end + shutdown");
     }
 
     #[test]
@@ -387,7 +429,11 @@ mod tests {
         );
         assert_eq!(m.phase(), Phase::Closing { acked: false });
         assert!(m.refuses_streams());
-        assert_eq!(m.deadlines().grace, Some(t0 + s(135)));
+        assert_eq!(
+            m.deadlines().grace,
+            Some(t0 + s(120)),
+            "the grace counts from the age, not the ack"
+        );
     }
 
     #[test]
@@ -404,7 +450,7 @@ mod tests {
                 (100, Input::AgeReached, None),
             ],
         );
-        assert_eq!(m.deadlines().grace, Some(t0 + s(130)));
+        assert_eq!(m.deadlines().grace, Some(t0 + s(120)));
         assert_eq!(m.deadlines().age, None);
     }
 

@@ -38,8 +38,14 @@ pub const DEFAULT_END_SETTLE: Duration = Duration::from_millis(50);
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default for [`Limits::upstream_connect_timeout`].
 pub const DEFAULT_UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Default for [`Limits::max_pending_accept_reset_streams`] (h2's own default).
-pub const DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
+/// Default for [`Limits::max_pending_accept_reset_streams`]. h2's own default
+/// (20) is made for a connection per client; behind Envoy one connection
+/// carries a whole worker's callers, and one caller's burst of cancelled
+/// requests would tear it down for everyone. The guard accepts every stream
+/// h2 has ready on each turn, so this only bounds what one read can queue.
+pub const DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 1_000;
+/// Default for [`Limits::write_stall_timeout`].
+pub const DEFAULT_WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default for [`Limits::max_local_error_reset_streams`] (h2's own default).
 pub const DEFAULT_MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
 
@@ -98,6 +104,10 @@ pub struct Limits {
     /// Streams the guard may reset for protocol errors before it closes the
     /// connection (h2's protection against provoked-reset floods); kept on.
     pub max_local_error_reset_streams: usize,
+    /// A stream whose client takes no response data for this long (its
+    /// window stays shut) is reset, so a peer that stopped reading does not
+    /// hold the stream and its buffers until max age.
+    pub write_stall_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -118,6 +128,7 @@ impl Default for Limits {
             upstream_connect_timeout: DEFAULT_UPSTREAM_CONNECT_TIMEOUT,
             max_pending_accept_reset_streams: DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS,
             max_local_error_reset_streams: DEFAULT_MAX_LOCAL_ERROR_RESET_STREAMS,
+            write_stall_timeout: DEFAULT_WRITE_STALL_TIMEOUT,
         }
     }
 }

@@ -63,6 +63,11 @@ pub struct GuardConfig {
     /// over this window: behind Envoy one pooled connection carries many
     /// streams, and ending them at once would be a reconnect storm.
     pub max_connection_age_spread: Duration,
+    /// An answered stream open this long counts as long-lived even if it
+    /// carried fewer than two response messages: a drain ends long-lived
+    /// streams early, spread over its window, and leaves the rest (unary
+    /// calls, calls the application has not answered) to finish.
+    pub long_stream_age: Duration,
     /// Resource limits per connection.
     pub limits: Limits,
 }
@@ -76,6 +81,7 @@ impl GuardConfig {
             max_connection_age: None,
             max_connection_age_grace: crate::config::DEFAULT_MAX_CONNECTION_AGE_GRACE,
             max_connection_age_spread: crate::config::DEFAULT_MAX_CONNECTION_AGE_SPREAD,
+            long_stream_age: crate::config::DEFAULT_LONG_STREAM_AGE,
             limits: Limits::default(),
         }
     }
@@ -177,6 +183,81 @@ impl Inner {
     }
 }
 
+/// How often a drain looks for streams that became long-lived since it
+/// began (a server stream whose second message arrived, say).
+const RECHECK: Duration = Duration::from_millis(250);
+
+/// Slack before the drain's deadline: the sweep of short calls ends them
+/// this long before `deadline - end_timeout`, for the trailers to flush.
+const SWEEP_MARGIN: Duration = Duration::from_secs(1);
+
+/// The drain's stream endings. Long-lived streams are ended one by one,
+/// evenly over `window` (streams that become long-lived later join the rest
+/// of the window); everything else is left to finish on its own until
+/// `deadline - end_timeout - SWEEP_MARGIN` (never before the window's end),
+/// when whatever is still open is ended. Returns once no stream is left, or
+/// at once when the guard shuts down.
+async fn terminator(inner: Arc<Inner>, window: Duration, deadline: Duration) {
+    let start = Instant::now();
+    let window_end = start + window;
+    let l = &inner.config.limits;
+    let sweep_at = start
+        + deadline
+            .saturating_sub(l.end_timeout + SWEEP_MARGIN)
+            .max(window);
+    let long_after = inner.config.long_stream_age;
+    // Due endings, in time order.
+    let mut due: std::collections::VecDeque<(Instant, Arc<registry::StreamCtl>)> =
+        std::collections::VecDeque::new();
+    loop {
+        let now = Instant::now();
+        if now >= sweep_at {
+            let rest = inner.registry.open_streams();
+            if !rest.is_empty() {
+                tracing::info!(streams = rest.len(), "guard: drain deadline near; ending the calls still open");
+            }
+            rest.into_iter().for_each(|s| s.end(Reason::drain));
+            return;
+        }
+        let fresh = inner.registry.take_long_lived(now, long_after);
+        if !fresh.is_empty() {
+            let remaining = window_end.saturating_duration_since(now);
+            let n = fresh.len();
+            let mut merged: Vec<_> = due.drain(..).collect();
+            merged.extend(
+                fresh
+                    .into_iter()
+                    .zip(spread_offsets(n, remaining))
+                    .map(|(s, off)| (now + off, s)),
+            );
+            merged.sort_by_key(|(at, _)| *at);
+            due.extend(merged);
+        }
+        while due.front().is_some_and(|(at, _)| *at <= now) {
+            if let Some((_, s)) = due.pop_front() {
+                s.end(Reason::drain);
+            }
+        }
+        if inner.registry.len() == 0 {
+            return;
+        }
+        let next = due
+            .front()
+            .map_or(sweep_at, |(at, _)| *at)
+            .min(now + RECHECK)
+            .min(sweep_at);
+        tokio::select! {
+            biased;
+            // Shutdown: no more pacing, end everything now.
+            _ = inner.closing.cancelled() => {
+                inner.registry.open_streams().into_iter().for_each(|s| s.end(Reason::drain));
+                return;
+            }
+            _ = tokio::time::sleep_until(next) => {}
+        }
+    }
+}
+
 impl Guard {
     /// A guard proxying to `config.upstream`; nothing runs until [`Guard::serve`].
     pub fn new(config: GuardConfig, metrics: Metrics) -> Self {
@@ -226,15 +307,32 @@ impl StreamGuard for Guard {
     }
 
     fn terminate_all(&self, window: Duration) {
-        let streams = self.inner.registry.begin_terminating();
+        self.terminate_within(window, window);
+    }
+
+    fn terminate_within(&self, window: Duration, deadline: Duration) {
+        self.inner.registry.begin_terminating();
         self.inner.terminate.cancel();
-        let n = streams.len();
         tracing::info!(
-            streams = n,
+            streams = self.inner.registry.len(),
             ?window,
-            "guard: ending every stream gracefully, spread over the window; refusing new streams"
+            ?deadline,
+            "guard: ending long-lived streams gracefully, spread over the window; short calls finish until the deadline; refusing new streams"
         );
-        self.inner.end_spread(streams, window, Reason::drain);
+        let inner = self.inner.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                self.inner
+                    .tasks
+                    .spawn_on(terminator(inner, window, deadline), &h);
+            }
+            // No runtime to pace with: end everything now.
+            Err(_) => inner
+                .registry
+                .open_streams()
+                .into_iter()
+                .for_each(|s| s.end(Reason::drain)),
+        }
     }
 
     fn active_streams(&self) -> u64 {

@@ -45,6 +45,11 @@ pub struct StreamCtl {
     /// response that streams): only such streams are ended early in a drain;
     /// short work in flight is left to finish.
     long_lived: AtomicBool,
+    /// When the application's response head was forwarded: an answered
+    /// stream open longer than the long-stream age counts as long-lived.
+    answered_at: OnceLock<Instant>,
+    /// Already in a drain's schedule, so it is not scheduled twice.
+    scheduled: AtomicBool,
 }
 
 impl StreamCtl {
@@ -79,6 +84,22 @@ impl StreamCtl {
     /// Whether the stream was marked long-lived.
     pub fn is_long_lived(&self) -> bool {
         self.long_lived.load(Ordering::Relaxed)
+    }
+
+    /// Notes that the application's response head went to the client.
+    pub fn set_answered(&self) {
+        let _ = self.answered_at.set(Instant::now());
+    }
+
+    /// Whether a drain may end this stream early: it was marked long-lived,
+    /// or the application answered it at least `long_after` ago. Calls the
+    /// application has not answered, and unary calls, are never early.
+    pub fn is_long_lived_at(&self, now: Instant, long_after: std::time::Duration) -> bool {
+        self.is_long_lived()
+            || self
+                .answered_at
+                .get()
+                .is_some_and(|at| now.saturating_duration_since(*at) >= long_after)
     }
 }
 
@@ -120,6 +141,8 @@ impl Registry {
             end: CancellationToken::new(),
             why: OnceLock::new(),
             long_lived: AtomicBool::new(false),
+            answered_at: OnceLock::new(),
+            scheduled: AtomicBool::new(false),
         });
         s.streams.insert(key, ctl.clone());
         Some(Registered {
@@ -129,32 +152,51 @@ impl Registry {
         })
     }
 
-    /// Refuses new streams from now on and returns every open stream that
-    /// has not been asked to end yet, oldest first.
-    pub fn begin_terminating(&self) -> Vec<Arc<StreamCtl>> {
-        let mut s = self.lock();
-        s.terminating = true;
-        let mut open: Vec<_> = s
+    /// Refuses new streams from now on (registration and this switch share
+    /// the lock, so no stream slips in between).
+    pub fn begin_terminating(&self) {
+        self.lock().terminating = true;
+    }
+
+    /// Open streams not yet asked to end that `pick` selects, oldest first.
+    fn open_where(&self, pick: impl Fn(&StreamCtl) -> bool) -> Vec<Arc<StreamCtl>> {
+        let mut open: Vec<_> = self
+            .lock()
             .streams
             .iter()
-            .filter(|(_, c)| !c.is_ended())
+            .filter(|(_, c)| !c.is_ended() && pick(c))
             .map(|(k, c)| (*k, c.clone()))
             .collect();
         open.sort_by_key(|(k, _)| *k);
         open.into_iter().map(|(_, c)| c).collect()
     }
 
-    /// The streams of connection `conn` not yet asked to end, oldest first.
-    pub fn connection_streams(&self, conn: u64) -> Vec<Arc<StreamCtl>> {
-        let mut open: Vec<_> = self
-            .lock()
-            .streams
-            .iter()
-            .filter(|(_, c)| c.conn == conn && !c.is_ended())
-            .map(|(k, c)| (*k, c.clone()))
-            .collect();
-        open.sort_by_key(|(k, _)| *k);
-        open.into_iter().map(|(_, c)| c).collect()
+    /// Long-lived streams not yet in a drain's schedule, oldest first; they
+    /// are marked scheduled.
+    pub fn take_long_lived(&self, now: Instant, long_after: std::time::Duration) -> Vec<Arc<StreamCtl>> {
+        let picked = self.open_where(|c| {
+            !c.scheduled.load(Ordering::Relaxed) && c.is_long_lived_at(now, long_after)
+        });
+        for c in &picked {
+            c.scheduled.store(true, Ordering::Relaxed);
+        }
+        picked
+    }
+
+    /// Every stream not yet asked to end, oldest first.
+    pub fn open_streams(&self) -> Vec<Arc<StreamCtl>> {
+        self.open_where(|_| true)
+    }
+
+    /// The streams of connection `conn` not yet asked to end: long-lived
+    /// ones first (oldest first), then the rest, which so get the most time.
+    pub fn connection_streams(&self, conn: u64, now: Instant, long_after: std::time::Duration) -> Vec<Arc<StreamCtl>> {
+        let (mut long, short): (Vec<_>, Vec<_>) = self
+            .open_where(|c| c.conn == conn)
+            .into_iter()
+            .partition(|c| c.is_long_lived_at(now, long_after));
+        long.extend(short);
+        long
     }
 
     /// Streams open right now.
@@ -166,6 +208,32 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    const LONG: Duration = Duration::from_secs(10);
+
+    #[tokio::test(start_paused = true)]
+    async fn only_long_lived_streams_are_taken_and_each_once() {
+        let r = Arc::new(Registry::default());
+        let unanswered = r.register(1, true).expect("admitted");
+        let streaming = r.register(1, true).expect("admitted");
+        let answered = r.register(1, true).expect("admitted");
+        streaming.ctl.set_answered();
+        streaming.ctl.set_long_lived();
+        answered.ctl.set_answered();
+        let now = Instant::now();
+        let first = r.take_long_lived(now, LONG);
+        assert_eq!(first.len(), 1, "only the streaming one");
+        assert!(Arc::ptr_eq(&first[0], &streaming.ctl));
+        assert!(r.take_long_lived(now, LONG).is_empty(), "never taken twice");
+        tokio::time::advance(LONG).await;
+        let later = r.take_long_lived(Instant::now(), LONG);
+        assert_eq!(later.len(), 1, "answered long ago counts as long-lived");
+        assert!(Arc::ptr_eq(&later[0], &answered.ctl));
+        assert!(!unanswered.ctl.is_long_lived_at(Instant::now(), LONG), "a call not answered never is");
+        let by_conn = r.connection_streams(1, Instant::now(), LONG);
+        assert!(Arc::ptr_eq(&by_conn[2], &unanswered.ctl), "short ones last");
+    }
 
     #[tokio::test]
     async fn terminating_refuses_new_streams_and_snapshots_the_open_ones() {
@@ -173,7 +241,8 @@ mod tests {
         let a = r.register(1, true).expect("admitted");
         let b = r.register(2, false).expect("admitted");
         b.ctl.end(Reason::max_age);
-        let snapshot = r.begin_terminating();
+        r.begin_terminating();
+        let snapshot = r.open_streams();
         assert_eq!(
             snapshot.len(),
             1,
@@ -192,13 +261,13 @@ mod tests {
         let r = Arc::new(Registry::default());
         let s = r.register(7, true).expect("admitted");
         let _other = r.register(8, true).expect("admitted");
-        let of_7 = r.connection_streams(7);
+        let of_7 = r.connection_streams(7, Instant::now(), LONG);
         assert_eq!(of_7.len(), 1, "only connection 7's streams");
         of_7[0].end(Reason::max_age);
         s.ctl.end(Reason::drain);
         assert_eq!(s.ctl.ended().await.0, Reason::max_age);
         assert!(
-            r.connection_streams(7).is_empty(),
+            r.connection_streams(7, Instant::now(), LONG).is_empty(),
             "ended streams are not listed again"
         );
     }

@@ -3,17 +3,32 @@
 //! end to end (a chunk is released to the sender only once the receiver's
 //! window took it), and the graceful end.
 //!
-//! The graceful end of a gRPC stream: when asked, the stream notes how many
-//! response bytes the application already produced (received by the guard,
-//! not yet forwarded: h2's used receive capacity). It forwards those, then
-//! continues only as far as the next gRPC message boundary, and ends with
-//! trailers `grpc-status: 14`. The upstream stream is cancelled afterwards.
-//! A stream that cannot reach a boundary within `end_timeout` (the
-//! application stalls mid-message, or the client's window stays shut) is
-//! reset with CANCEL: a reset is honest, a truncated message is not.
+//! Invariants, whatever ends the stream:
+//! - **Nothing received is dropped.** Every byte the application sent and
+//!   the guard received is forwarded; a message in progress is finished
+//!   (within `end_timeout`) before anything ends the stream.
+//! - **The application's own answer wins.** If its trailers (or END_STREAM,
+//!   or its own RST_STREAM) arrive, they are what the client gets; the
+//!   guard's `grpc-status: 14` is only ever sent where the application has
+//!   not finished.
+//! - **Degraded paths stay retryable.** Where the application did not answer
+//!   (no response head), a gRPC client gets a trailers-only UNAVAILABLE and
+//!   an HTTP client a 503 or REFUSED_STREAM; where a response cannot reach a
+//!   message boundary in time, RST_STREAM(REFUSED_STREAM), which gRPC maps to
+//!   UNAVAILABLE. CANCEL is only ever passed on from a peer.
 //!
-//! Non-gRPC streams are let finish, bounded by `end_timeout`, then reset;
-//! they never get an END_STREAM that would make a cut body look complete.
+//! The graceful end of a gRPC stream, once asked: everything received is
+//! forwarded and the message in progress is completed. The stream then ends
+//! in the application's first pause: at a message boundary, when nothing
+//! more has arrived for `BURST_GAP` after a message (a producer that just
+//! wrote is between writes, so the cancel that follows cannot catch a
+//! message mid-flight). An application that was already quiet gets up to
+//! `end_settle` to write one more message, so the end lands right after a
+//! write. Past `end_timeout` a stream at a boundary is ended there (a
+//! producer that never pauses), one mid-message is reset.
+//!
+//! A stream is marked long-lived once its response carried two messages
+//! (see [`super::registry`]): a drain ends only such streams early.
 
 use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
@@ -26,12 +41,13 @@ use tokio::time::Instant;
 use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
-use http::{Request, Response, StatusCode};
+use http::header::{HeaderValue, RETRY_AFTER};
+use http::{HeaderMap, Request, Response, StatusCode};
 use tokio_util::sync::CancellationToken;
 
 use super::grpc::{self, Framer};
 use super::h2conn::CountGuard;
-use super::headers::strip_hop_by_hop;
+use super::headers::{append_forwarded_for, strip_hop_by_hop};
 use super::registry::{Registered, StreamCtl};
 use super::upstream::H2Upstream;
 use super::Inner;
@@ -41,7 +57,7 @@ use crate::metrics::Reason;
 pub struct StreamJob {
     /// Limits, metrics and counters.
     pub inner: Arc<Inner>,
-    /// The application connection of this downstream connection.
+    /// The application connections of this downstream connection.
     pub upstream: Arc<H2Upstream>,
     /// The stream's entry in the registry; dropping it unregisters.
     pub registered: Registered,
@@ -51,14 +67,14 @@ pub struct StreamJob {
     pub req: Request<RecvStream>,
     /// Where the response goes.
     pub respond: SendResponse<Bytes>,
-    /// The client, for logs.
+    /// The client: for logs, and appended to `x-forwarded-for`.
     pub peer: SocketAddr,
 }
 
 /// How a stream ended, for metrics and logs.
 #[derive(Debug, PartialEq, Eq)]
 enum Outcome {
-    /// The application finished the response.
+    /// The application finished the response (its own status, whatever it is).
     Completed,
     /// The guard ended it gracefully (trailers or trailers-only).
     Ended(Reason),
@@ -68,7 +84,7 @@ enum Outcome {
     ClientGone,
     /// The application could not be reached or failed the stream.
     UpstreamFailed,
-    /// No safe end point in time: reset with CANCEL.
+    /// No safe end point in time: reset (retryably for gRPC).
     Reset,
 }
 
@@ -76,9 +92,15 @@ enum Outcome {
 enum SendError {
     /// The receiver reset the stream or the connection failed.
     Gone,
-    /// The interrupt (an ending's deadline, or a stop) fired first.
+    /// The ending's deadline fired first.
     Interrupted,
+    /// The receiver took nothing for `write_stall_timeout`.
+    Stalled,
 }
+
+/// After a message, this long without more data means the application
+/// paused between writes: the stream may end there.
+const BURST_GAP: Duration = Duration::from_millis(2);
 
 pub async fn proxy(job: StreamJob) {
     let StreamJob {
@@ -93,12 +115,12 @@ pub async fn proxy(job: StreamJob) {
     let ctl = registered.ctl.clone();
     let id = respond.stream_id().as_u32();
     let path = req.uri().path().to_string();
-    let outcome = run(&inner, &upstream, &ctl, req, &mut respond).await;
+    let outcome = run(&inner, &upstream, &ctl, req, &mut respond, peer).await;
     match &outcome {
         Outcome::Ended(reason) => inner.record_termination(*reason),
         Outcome::Reset => tracing::warn!(
             %peer, stream = id, %path,
-            "guard: stream could not reach a safe end point in time; reset with CANCEL"
+            "guard: stream could not reach a safe end point in time; reset (REFUSED_STREAM: retryable)"
         ),
         _ => {}
     }
@@ -113,12 +135,13 @@ async fn run(
     ctl: &StreamCtl,
     req: Request<RecvStream>,
     respond: &mut SendResponse<Bytes>,
+    peer: SocketAddr,
 ) -> Outcome {
-    let end_timeout = inner.config.limits.end_timeout;
+    let l = &inner.config.limits;
     let (mut head, body) = req.into_parts();
 
-    // 1. A slot on the application connection.
-    let sender = tokio::select! {
+    // 1. A slot on an application connection.
+    let lease = tokio::select! {
         biased;
         _ = poll_fn(|cx| respond.poll_reset(cx)) => return Outcome::ClientGone,
         (reason, _) = ctl.ended() => {
@@ -132,37 +155,33 @@ async fn run(
         }
         r = upstream.ready() => r,
     };
-    let mut sender = match sender {
+    let mut lease = match lease {
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(error = %e, "guard: cannot reach the application");
-            return fail_before_response(respond, ctl.grpc);
+            return fail_before_response(respond, ctl.grpc, grpc::UPSTREAM_UNAVAILABLE_MESSAGE);
         }
     };
 
     // 2. The request head; the body follows in `pump_request`.
     strip_hop_by_hop(&mut head.headers);
+    append_forwarded_for(&mut head.headers, peer.ip());
     let done = body.is_end_stream();
-    let (response, up_send) = match sender.send_request(Request::from_parts(head, ()), done) {
+    let (response, up_send) = match lease
+        .sender
+        .send_request(Request::from_parts(head, ()), done)
+    {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(error = %e, "guard: application connection refused the request");
-            return fail_before_response(respond, ctl.grpc);
+            return fail_before_response(respond, ctl.grpc, grpc::UPSTREAM_UNAVAILABLE_MESSAGE);
         }
     };
-    drop(sender);
 
     let stop = CancellationToken::new();
     let request_side = pump_request(body, up_send, stop.clone(), done);
     let response_side = async {
-        let outcome = respond_side(
-            ctl,
-            respond,
-            response,
-            end_timeout,
-            inner.config.limits.end_settle,
-        )
-        .await;
+        let outcome = respond_side(ctl, respond, response, l).await;
         // The response is over: the request side has nothing left to do.
         stop.cancel();
         outcome
@@ -170,11 +189,13 @@ async fn run(
     let ((), outcome) = tokio::join!(request_side, response_side);
     // Dropping the upstream handles of an unfinished stream resets it with
     // CANCEL: the application stops producing for a client that is gone.
+    // The lease is dropped with it, freeing the slot.
+    drop(lease);
     outcome
 }
 
-/// Answers a gRPC stream that never reached the application with a
-/// trailers-only UNAVAILABLE.
+/// Answers a gRPC stream that never reached the application (or that the
+/// application never answered) with a trailers-only UNAVAILABLE.
 fn end_trailers_only(respond: &mut SendResponse<Bytes>, reason: Reason) -> Outcome {
     let resp = grpc::unavailable_response(grpc::end_message(reason));
     match respond.send_response(resp, true) {
@@ -183,14 +204,27 @@ fn end_trailers_only(respond: &mut SendResponse<Bytes>, reason: Reason) -> Outco
     }
 }
 
-/// The application is unreachable: UNAVAILABLE for gRPC, 502 for others.
-fn fail_before_response(respond: &mut SendResponse<Bytes>, grpc: bool) -> Outcome {
+/// A plain HTTP answer of the guard's own, with an empty body.
+fn status_only(status: StatusCode) -> Response<()> {
+    let mut r = Response::new(());
+    *r.status_mut() = status;
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        r.headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from_static("0"));
+    }
+    r
+}
+
+/// The application did not answer: UNAVAILABLE for gRPC, 502 for others.
+fn fail_before_response(
+    respond: &mut SendResponse<Bytes>,
+    grpc: bool,
+    message: &'static str,
+) -> Outcome {
     let resp = if grpc {
-        grpc::unavailable_response(grpc::UPSTREAM_UNAVAILABLE_MESSAGE)
+        grpc::unavailable_response(message)
     } else {
-        let mut r = Response::new(());
-        *r.status_mut() = StatusCode::BAD_GATEWAY;
-        r
+        status_only(StatusCode::BAD_GATEWAY)
     };
     if respond.send_response(resp, true).is_err() {
         return Outcome::ClientGone;
@@ -206,11 +240,13 @@ async fn end_deadline(ctl: &StreamCtl, end_timeout: Duration) {
 
 /// Sends `data` within the receiver's flow-control window: capacity is
 /// reserved for the chunk and only what the window grants is handed to h2,
-/// so h2 never buffers beyond the window.
+/// so h2 never buffers beyond the window. A receiver that grants nothing
+/// for `stall` is given up on.
 async fn send_flow_controlled(
     stream: &mut SendStream<Bytes>,
     mut data: Bytes,
     interrupt: impl Future<Output = ()>,
+    stall: Duration,
 ) -> Result<(), SendError> {
     tokio::pin!(interrupt);
     while !data.is_empty() {
@@ -218,6 +254,7 @@ async fn send_flow_controlled(
         let granted = tokio::select! {
             biased;
             _ = &mut interrupt => return Err(SendError::Interrupted),
+            _ = tokio::time::sleep(stall) => return Err(SendError::Stalled),
             g = poll_fn(|cx| {
                 if stream.poll_reset(cx).is_ready() {
                     return Poll::Ready(Err(SendError::Gone));
@@ -259,10 +296,12 @@ async fn pump_request(
         match next {
             Some(Ok(chunk)) => {
                 let len = chunk.len();
-                if send_flow_controlled(&mut up, chunk, stop.cancelled())
-                    .await
-                    .is_err()
-                {
+                let sent = tokio::select! {
+                    biased;
+                    _ = stop.cancelled() => return,
+                    r = send_flow_controlled(&mut up, chunk, std::future::pending(), Duration::MAX) => r,
+                };
+                if sent.is_err() {
                     return;
                 }
                 // Only now may the client send more: end-to-end backpressure.
@@ -299,25 +338,31 @@ async fn respond_side(
     ctl: &StreamCtl,
     respond: &mut SendResponse<Bytes>,
     mut response: h2::client::ResponseFuture,
-    end_timeout: Duration,
-    end_settle: Duration,
+    l: &super::Limits,
 ) -> Outcome {
-    // The head. A gRPC stream asked to end now gets a trailers-only answer;
-    // others wait for the application, bounded.
-    let mut noticed = false;
+    // The head. Asked to end before the application answered: at max age a
+    // gRPC stream gets its trailers-only answer at once (the age bound);
+    // in a drain (only ever at its deadline for unanswered calls) the
+    // application gets `end_timeout` to answer first.
+    let mut asked: Option<Reason> = None;
     let head = loop {
         tokio::select! {
             biased;
             _ = poll_fn(|cx| respond.poll_reset(cx)) => return Outcome::ClientGone,
-            (reason, _) = ctl.ended(), if !noticed => {
-                if ctl.grpc {
+            (reason, _) = ctl.ended(), if asked.is_none() => {
+                if ctl.grpc && reason == Reason::max_age {
                     return end_trailers_only(respond, reason);
                 }
-                noticed = true;
+                asked = Some(reason);
             }
-            _ = end_deadline(ctl, end_timeout), if noticed => {
-                respond.send_reset(h2::Reason::CANCEL);
-                return Outcome::Reset;
+            _ = end_deadline(ctl, l.end_timeout), if asked.is_some() => {
+                return match asked {
+                    Some(reason) if ctl.grpc => end_trailers_only(respond, reason),
+                    _ => match respond.send_response(status_only(StatusCode::SERVICE_UNAVAILABLE), true) {
+                        Ok(_) => Outcome::Refused,
+                        Err(_) => Outcome::ClientGone,
+                    },
+                };
             }
             r = &mut response => break r,
         }
@@ -334,10 +379,19 @@ async fn respond_side(
         Ok(s) => s,
         Err(_) => return Outcome::ClientGone,
     };
+    ctl.set_answered();
     if done {
         return Outcome::Completed;
     }
-    pump_response(ctl, body, down, framed, end_timeout, end_settle).await
+    Pump {
+        ctl,
+        body,
+        down,
+        framed,
+        l,
+    }
+    .run()
+    .await
 }
 
 /// The application failed the stream before answering.
@@ -347,63 +401,19 @@ fn upstream_failed_before_response(
     e: h2::Error,
 ) -> Outcome {
     match e.reason() {
-        // The application reset the stream: pass its reason on, so
-        // REFUSED_STREAM stays retryable and CANCEL stays CANCEL.
-        Some(reason) if e.is_reset() => {
+        // The application itself reset the stream: pass its reason on, so
+        // REFUSED_STREAM stays retryable and its own CANCEL stays CANCEL.
+        Some(reason) if e.is_reset() && e.is_remote() => {
             respond.send_reset(reason);
             Outcome::UpstreamFailed
         }
+        // Refused on our side of the application connection (its GOAWAY
+        // came first, or the connection broke): the application never
+        // answered, so the client gets a retryable answer of the guard's own.
         _ => {
             tracing::debug!(error = %e, "guard: application connection failed before the response");
-            let resp = if grpc {
-                grpc::unavailable_response(grpc::UPSTREAM_LOST_MESSAGE)
-            } else {
-                let mut r = Response::new(());
-                *r.status_mut() = StatusCode::BAD_GATEWAY;
-                r
-            };
-            if respond.send_response(resp, true).is_err() {
-                return Outcome::ClientGone;
-            }
-            Outcome::UpstreamFailed
+            fail_before_response(respond, grpc, grpc::UPSTREAM_LOST_MESSAGE)
         }
-    }
-}
-
-/// How much of `chunk` to forward while ending, `budget` being the bytes the
-/// application had already produced when the ending began: all of the
-/// budget, then every message that is complete in the chunk. Nothing the
-/// guard has received whole is dropped; only a trailing partial message (the
-/// application was mid-write) is held back. With no boundary in the chunk at
-/// all, the message in progress is forwarded and the pump keeps reading.
-fn cut_point(framer: &Framer, chunk: &[u8], budget: u64) -> usize {
-    let len = chunk.len();
-    let within = usize::try_from(budget).map_or(len, |b| b.min(len));
-    if within == len {
-        return len;
-    }
-    let mut f = *framer;
-    f.consume(&chunk[..within]);
-    let mut last_boundary = f.at_boundary().then_some(within);
-    let mut pos = within;
-    while let Some(n) = f.bytes_to_boundary(&chunk[pos..]) {
-        f.consume(&chunk[pos..pos + n]);
-        pos += n;
-        last_boundary = Some(pos);
-        if pos == len {
-            break;
-        }
-    }
-    last_boundary.unwrap_or(len)
-}
-
-/// Data from the application within this long counts as "just written".
-const JUST_WROTE: Duration = Duration::from_millis(2);
-
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 
@@ -412,203 +422,192 @@ enum Next {
     ClientGone,
     End(Reason),
     Timeout,
+    Quiet,
     Data(Option<Result<Bytes, h2::Error>>),
 }
 
-async fn pump_response(
-    ctl: &StreamCtl,
-    mut body: RecvStream,
-    mut down: SendStream<Bytes>,
-    framed: bool,
-    end_timeout: Duration,
-    end_settle: Duration,
-) -> Outcome {
-    let mut framer = Framer::default();
-    // Set once the stream is asked to end: the reason, and the bytes already
-    // produced by the application that must still be forwarded.
-    let mut ending: Option<(Reason, u64)> = None;
-    // When the application last sent data: just now means it is not mid-write.
-    let mut last_data = Instant::now();
-    // While ending at a boundary: until when to wait for one more message.
-    let mut settle: Option<Instant> = None;
-    // One more message was taken (or waited for): end at the next boundary.
-    let mut settled = false;
-    loop {
-        if let Some((reason, 0)) = ending {
-            if framed && framer.at_boundary() {
-                let fresh = last_data.elapsed() < JUST_WROTE;
-                if settled || fresh || end_settle.is_zero() {
-                    let trailers = grpc::unavailable_trailers(grpc::end_message(reason));
-                    return match down.send_trailers(trailers) {
-                        Ok(()) => Outcome::Ended(reason),
-                        Err(_) => Outcome::ClientGone,
-                    };
-                }
-                settle.get_or_insert_with(|| Instant::now() + end_settle);
-            }
-        }
-        let next = tokio::select! {
-            biased;
-            _ = poll_fn(|cx| down.poll_reset(cx)) => Next::ClientGone,
-            (reason, _) = ctl.ended(), if ending.is_none() => Next::End(reason),
-            _ = end_deadline(ctl, end_timeout), if ending.is_some() => Next::Timeout,
-            _ = sleep_until_opt(settle), if settle.is_some() && !settled => {
-                settled = true;
-                continue;
-            }
-            d = body.data() => Next::Data(d),
-        };
-        match next {
-            Next::ClientGone => return Outcome::ClientGone,
-            Next::End(reason) => {
-                // Non-gRPC bodies are let run to their end (bounded).
-                let budget = if framed {
-                    body.flow_control().used_capacity() as u64
-                } else {
-                    u64::MAX
-                };
-                ending = Some((reason, budget));
-            }
-            Next::Timeout => {
-                down.send_reset(h2::Reason::CANCEL);
-                return Outcome::Reset;
-            }
-            Next::Data(Some(Ok(mut chunk))) => {
-                let len = chunk.len();
-                last_data = Instant::now();
-                if framed {
-                    if let Some((_, budget)) = ending.as_mut() {
-                        let take = cut_point(&framer, &chunk, *budget);
-                        // The message waited for has come: end after it.
-                        settled |= settle.is_some();
-                        *budget = if take < len {
-                            0
-                        } else {
-                            budget.saturating_sub(len as u64)
-                        };
-                        chunk.truncate(take);
-                    }
-                    framer.consume(&chunk);
-                }
-                match send_flow_controlled(&mut down, chunk, end_deadline(ctl, end_timeout)).await {
-                    Ok(()) => {}
-                    Err(SendError::Gone) => return Outcome::ClientGone,
-                    Err(SendError::Interrupted) => {
-                        down.send_reset(h2::Reason::CANCEL);
-                        return Outcome::Reset;
-                    }
-                }
-                // Only now may the application send more: end-to-end backpressure.
-                let _ = body.flow_control().release_capacity(len);
-            }
-            Next::Data(None) => {
-                let trailers = tokio::select! {
-                    biased;
-                    _ = poll_fn(|cx| down.poll_reset(cx)) => return Outcome::ClientGone,
-                    _ = end_deadline(ctl, end_timeout) => {
-                        down.send_reset(h2::Reason::CANCEL);
-                        return Outcome::Reset;
-                    }
-                    t = body.trailers() => t,
-                };
-                return match trailers {
-                    Ok(Some(mut t)) => {
-                        strip_hop_by_hop(&mut t);
-                        match down.send_trailers(t) {
-                            Ok(()) => Outcome::Completed,
-                            Err(_) => Outcome::ClientGone,
-                        }
-                    }
-                    Ok(None) => match down.send_data(Bytes::new(), true) {
-                        Ok(()) => Outcome::Completed,
-                        Err(_) => Outcome::ClientGone,
-                    },
-                    Err(e) => upstream_failed_mid_body(&mut down, framed, &framer, e),
-                };
-            }
-            Next::Data(Some(Err(e))) => {
-                return upstream_failed_mid_body(&mut down, framed, &framer, e)
-            }
-        }
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
-/// The application failed the stream after the response started.
-fn upstream_failed_mid_body(
-    down: &mut SendStream<Bytes>,
+/// The response body of one stream, application → client.
+struct Pump<'a> {
+    ctl: &'a StreamCtl,
+    body: RecvStream,
+    down: SendStream<Bytes>,
+    /// A gRPC response: followed message by message, ended at a boundary.
     framed: bool,
-    framer: &Framer,
-    e: h2::Error,
-) -> Outcome {
-    tracing::debug!(error = %e, "guard: application failed the stream mid-response");
-    if framed && framer.at_boundary() {
-        // Between messages the client can still get a clean, retryable end.
-        let t = grpc::unavailable_trailers(grpc::UPSTREAM_LOST_MESSAGE);
-        if down.send_trailers(t).is_ok() {
+    l: &'a super::Limits,
+}
+
+impl Pump<'_> {
+    async fn run(mut self) -> Outcome {
+        let (ctl, l) = (self.ctl, self.l);
+        let mut framer = Framer::default();
+        let mut messages = 0u64;
+        // Set once the stream is asked to end.
+        let mut ending: Option<Reason> = None;
+        // When the application last sent data.
+        let mut last_data: Option<Instant> = None;
+        // While ending, at a boundary: end here unless data arrives first.
+        let mut quiet_at: Option<Instant> = None;
+        loop {
+            let next = tokio::select! {
+                biased;
+                _ = poll_fn(|cx| self.down.poll_reset(cx)) => Next::ClientGone,
+                (reason, _) = ctl.ended(), if ending.is_none() => Next::End(reason),
+                _ = end_deadline(ctl, l.end_timeout), if ending.is_some() => Next::Timeout,
+                // Data first: nothing received is left behind by the quiet timer.
+                d = self.body.data() => Next::Data(d),
+                _ = sleep_until_opt(quiet_at), if quiet_at.is_some() => Next::Quiet,
+            };
+            match next {
+                Next::ClientGone => return Outcome::ClientGone,
+                Next::End(reason) => {
+                    ending = Some(reason);
+                    if self.framed && framer.at_boundary() {
+                        let now = Instant::now();
+                        quiet_at = Some(match last_data {
+                            // It just wrote: end in its pause.
+                            Some(t) if now.saturating_duration_since(t) < BURST_GAP => t + BURST_GAP,
+                            // Quiet already: give it a moment to write once more.
+                            _ => now + l.end_settle,
+                        });
+                    }
+                }
+                Next::Quiet => {
+                    if let Some(reason) = ending {
+                        return self.end_with_trailers(reason);
+                    }
+                    quiet_at = None;
+                }
+                Next::Timeout => {
+                    return match ending {
+                        // A producer that never pauses: end at this boundary.
+                        Some(reason) if self.framed && framer.at_boundary() => {
+                            self.end_with_trailers(reason)
+                        }
+                        _ => self.reset(),
+                    };
+                }
+                Next::Data(Some(Ok(chunk))) => {
+                    let len = chunk.len();
+                    last_data = Some(Instant::now());
+                    if self.framed {
+                        messages += framer.consume_messages(&chunk);
+                        if messages >= 2 {
+                            ctl.set_long_lived();
+                        }
+                        if ending.is_some() {
+                            quiet_at = framer.at_boundary().then(|| Instant::now() + BURST_GAP);
+                        }
+                    }
+                    // Asked to end while blocked here, the ending's own
+                    // deadline still bounds the wait.
+                    let interrupt = end_deadline(ctl, l.end_timeout);
+                    match send_flow_controlled(&mut self.down, chunk, interrupt, l.write_stall_timeout).await {
+                        Ok(()) => {}
+                        Err(SendError::Gone) => return Outcome::ClientGone,
+                        Err(SendError::Interrupted) => return self.reset(),
+                        Err(SendError::Stalled) => {
+                            tracing::info!(timeout = ?l.write_stall_timeout, "guard: the client took no data; resetting its stream");
+                            self.down.send_reset(h2::Reason::CANCEL);
+                            return Outcome::ClientGone;
+                        }
+                    }
+                    // Only now may the application send more: end-to-end backpressure.
+                    let _ = self.body.flow_control().release_capacity(len);
+                }
+                Next::Data(None) => return self.finish(ending.is_some()).await,
+                Next::Data(Some(Err(e))) => return self.upstream_failed(&framer, e),
+            }
+        }
+    }
+
+    /// The guard's own end: `grpc-status: 14` trailers (gRPC at a boundary),
+    /// or a reset for anything else.
+    fn end_with_trailers(&mut self, reason: Reason) -> Outcome {
+        if !self.framed {
+            return self.reset();
+        }
+        let trailers = grpc::unavailable_trailers(grpc::end_message(reason));
+        match self.down.send_trailers(trailers) {
+            Ok(()) => Outcome::Ended(reason),
+            Err(_) => Outcome::ClientGone,
+        }
+    }
+
+    /// No safe end point: REFUSED_STREAM for gRPC (clients read it as
+    /// UNAVAILABLE and reconnect), CANCEL for other bodies (an aborted
+    /// response, never one that looks complete).
+    fn reset(&mut self) -> Outcome {
+        let reason = if self.framed || self.ctl.grpc {
+            h2::Reason::REFUSED_STREAM
+        } else {
+            h2::Reason::CANCEL
+        };
+        self.down.send_reset(reason);
+        Outcome::Reset
+    }
+
+    /// The application's body ended: its trailers (or END_STREAM) go to the
+    /// client as they are, ending or not.
+    async fn finish(&mut self, ending: bool) -> Outcome {
+        let l = self.l;
+        let trailers = tokio::select! {
+            biased;
+            _ = poll_fn(|cx| self.down.poll_reset(cx)) => return Outcome::ClientGone,
+            _ = end_deadline(self.ctl, l.end_timeout), if ending => return self.reset(),
+            t = self.body.trailers() => t,
+        };
+        match trailers {
+            Ok(Some(t)) => self.forward_trailers(t),
+            Ok(None) => match self.down.send_data(Bytes::new(), true) {
+                Ok(()) => Outcome::Completed,
+                Err(_) => Outcome::ClientGone,
+            },
+            Err(e) => self.upstream_failed(&Framer::default(), e),
+        }
+    }
+
+    fn forward_trailers(&mut self, mut t: HeaderMap) -> Outcome {
+        strip_hop_by_hop(&mut t);
+        match self.down.send_trailers(t) {
+            Ok(()) => Outcome::Completed,
+            Err(_) => Outcome::ClientGone,
+        }
+    }
+
+    /// The application's side failed after the response started.
+    fn upstream_failed(&mut self, framer: &Framer, e: h2::Error) -> Outcome {
+        tracing::debug!(error = %e, "guard: application failed the stream mid-response");
+        if let Some(reason) = e.reason().filter(|_| e.is_reset() && e.is_remote()) {
+            // The application's own reset, passed on as it is.
+            self.down.send_reset(reason);
             return Outcome::UpstreamFailed;
         }
-        return Outcome::ClientGone;
+        if self.framed && framer.at_boundary() {
+            // Between messages the client can still get a clean, retryable end.
+            let t = grpc::unavailable_trailers(grpc::UPSTREAM_LOST_MESSAGE);
+            if self.down.send_trailers(t).is_ok() {
+                return Outcome::UpstreamFailed;
+            }
+            return Outcome::ClientGone;
+        }
+        self.reset();
+        Outcome::UpstreamFailed
     }
-    let reason = e
-        .reason()
-        .filter(|r| *r != h2::Reason::NO_ERROR)
-        .unwrap_or(h2::Reason::CANCEL);
-    down.send_reset(reason);
-    Outcome::UpstreamFailed
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn messages(sizes: &[usize]) -> Vec<u8> {
-        sizes
-            .iter()
-            .flat_map(|&n| grpc::frame(&vec![7u8; n]).to_vec())
-            .collect()
-    }
-
     #[test]
-    fn the_budget_is_forwarded_then_up_to_the_next_boundary() {
-        // Three 10-byte messages (15 bytes framed each).
-        let data = messages(&[10, 10, 10]);
-        let f = Framer::default();
-        assert_eq!(cut_point(&f, &data, 100), 45, "all within the budget");
-        assert_eq!(cut_point(&f, &data, 15), 45, "budget ends on a boundary");
-        assert_eq!(cut_point(&f, &data, 16), 45, "then every complete message");
-        assert_eq!(
-            cut_point(&f, &data, 0),
-            45,
-            "received whole, forwarded whole"
-        );
-        assert_eq!(
-            cut_point(&f, &data[..40], 0),
-            30,
-            "a trailing partial message is held back"
-        );
-        assert_eq!(
-            cut_point(&f, &data[..10], 0),
-            0,
-            "a partial new message is held back"
-        );
-        let mut mid = Framer::default();
-        mid.consume(&data[..3]);
-        assert_eq!(
-            cut_point(&mid, &data[3..12], 0),
-            9,
-            "mid-message, no boundary: keep going"
-        );
-    }
-
-    #[test]
-    fn a_message_split_over_chunks_is_completed() {
-        let data = messages(&[10, 10]);
-        let mut f = Framer::default();
-        f.consume(&data[..7]);
-        // Budget exhausted mid-message: the rest of message one, and message two.
-        assert_eq!(cut_point(&f, &data[7..], 0), 23);
-        assert_eq!(cut_point(&f, &data[7..20], 0), 8);
-        // No boundary in the chunk: forward it all and keep going.
-        assert_eq!(cut_point(&f, &data[7..12], 0), 5);
+    fn burst_gap_is_far_below_the_settle_default() {
+        assert!(BURST_GAP * 10 <= super::super::limits::DEFAULT_END_SETTLE);
     }
 }

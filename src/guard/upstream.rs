@@ -5,12 +5,16 @@
 //! connection, so an application that only speaks HTTP/1.1 keeps working and
 //! HTTP/1.1 semantics (framing, trailers, `Expect`) pass through untouched.
 //! Both connect lazily and reconnect when the application closed the
-//! previous connection. One upstream per downstream connection keeps flow
-//! control end to end: nothing is shared, so one slow client never stalls
-//! another's streams.
+//! previous connection. Upstream connections belong to one downstream
+//! connection, which keeps flow control end to end: nothing is shared across
+//! downstream connections, so one slow client never stalls another's
+//! streams. HTTP/2 upstreams are a small pool that honours the
+//! application's own stream limit (see [`H2Upstream`]).
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -67,6 +71,16 @@ async fn connect_tcp(addr: SocketAddr, after: Duration) -> Result<TcpStream, Ups
     Ok(tcp)
 }
 
+/// Streams assumed allowed on a new application connection until its
+/// SETTINGS arrive (RFC 9113 recommends at least 100): h2 would otherwise
+/// assume no limit and queue streams the application then refuses to open.
+const INITIAL_MAX_SEND_STREAMS: usize = 100;
+
+/// Most application connections one downstream connection may open. Envoy
+/// carries a whole worker's streams on one connection; an application that
+/// allows 100 streams per connection then needs several.
+pub const MAX_UPSTREAM_CONNECTIONS: usize = 64;
+
 /// A live HTTP/2 upstream connection.
 #[derive(Clone, Debug)]
 struct H2Conn {
@@ -74,20 +88,50 @@ struct H2Conn {
     sender: h2::client::SendRequest<Bytes>,
     /// Cancelled by the driver task once the connection ended.
     dead: CancellationToken,
+    /// Streams the guard has open on it (leases not yet dropped): compared
+    /// with the application's SETTINGS_MAX_CONCURRENT_STREAMS.
+    active: Arc<AtomicUsize>,
 }
 
-/// The HTTP/2 upstream of one downstream connection.
+impl H2Conn {
+    fn has_room(&self) -> bool {
+        self.active.load(Ordering::Relaxed) < self.sender.current_max_send_streams()
+    }
+}
+
+/// One stream's slot on an application connection; dropping it frees the
+/// slot. Held by the stream task until the stream is over.
+#[derive(Debug)]
+pub struct Lease {
+    /// The sender, ready for one request.
+    pub sender: h2::client::SendRequest<Bytes>,
+    /// The connection's count of open streams.
+    active: Arc<AtomicUsize>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The HTTP/2 upstream of one downstream connection: a small pool of
+/// application connections. A stream goes on the first connection with room
+/// under the application's own SETTINGS_MAX_CONCURRENT_STREAMS; when all are
+/// full a new connection is opened (up to [`MAX_UPSTREAM_CONNECTIONS`]), so
+/// streams beyond the application's limit never wait for a slot that a
+/// long-lived stream holds for hours. Envoy alone would do the same.
 #[derive(Debug)]
 pub struct H2Upstream {
     /// The application.
     addr: SocketAddr,
     /// Windows, buffers and timeouts, shared with the downstream side.
     limits: Limits,
-    /// The current connection; a lock so concurrent streams connect once.
-    current: Mutex<Option<H2Conn>>,
-    /// Cancelled when the downstream connection ends; stops the driver task.
+    /// The live connections; a lock so concurrent streams connect once.
+    pool: Mutex<Vec<H2Conn>>,
+    /// Cancelled when the downstream connection ends; stops the driver tasks.
     closed: CancellationToken,
-    /// Where the driver task runs, so the guard's shutdown waits for it.
+    /// Where the driver tasks run, so the guard's shutdown waits for them.
     tasks: TaskTracker,
 }
 
@@ -96,49 +140,76 @@ impl H2Upstream {
         Self {
             addr,
             limits,
-            current: Mutex::new(None),
+            pool: Mutex::new(Vec::new()),
             closed: CancellationToken::new(),
             tasks,
         }
     }
 
-    /// A sender ready for one more stream. Waits while the application's
-    /// concurrency limit is reached; the caller bounds the wait.
-    pub async fn ready(&self) -> Result<h2::client::SendRequest<Bytes>, UpstreamError> {
+    /// A slot for one more stream, on a connection the application allows
+    /// it on. Waits only when every allowed connection is full; the caller
+    /// bounds the wait.
+    pub async fn ready(&self) -> Result<Lease, UpstreamError> {
         // One retry: a connection found dead is replaced once.
         let mut retried = false;
         loop {
-            let conn = self.connection().await?;
+            let conn = self.slot().await?;
             match conn.sender.clone().ready().await {
-                Ok(sender) => return Ok(sender),
-                Err(source) if retried => {
-                    return Err(UpstreamError::H2 {
-                        addr: self.addr,
-                        source,
+                Ok(sender) => {
+                    return Ok(Lease {
+                        sender,
+                        active: conn.active,
                     })
                 }
-                Err(e) => {
-                    tracing::debug!(upstream = %self.addr, error = %e, "upstream connection unusable; reconnecting");
+                Err(source) => {
+                    conn.active.fetch_sub(1, Ordering::Relaxed);
                     conn.dead.cancel();
+                    if retried {
+                        return Err(UpstreamError::H2 {
+                            addr: self.addr,
+                            source,
+                        });
+                    }
+                    tracing::debug!(upstream = %self.addr, error = %source, "upstream connection unusable; reconnecting");
                     retried = true;
                 }
             }
         }
     }
 
-    /// Stops the connection driver; streams still open on it fail.
+    /// Application connections open right now.
+    pub async fn connections(&self) -> usize {
+        let mut pool = self.pool.lock().await;
+        pool.retain(|c| !c.dead.is_cancelled());
+        pool.len()
+    }
+
+    /// Stops the connection drivers; streams still open on them fail.
     pub fn close(&self) {
         self.closed.cancel();
     }
 
-    async fn connection(&self) -> Result<H2Conn, UpstreamError> {
-        let mut current = self.current.lock().await;
-        if let Some(c) = current.as_ref().filter(|c| !c.dead.is_cancelled()) {
-            return Ok(c.clone());
-        }
-        let c = self.connect().await?;
-        *current = Some(c.clone());
-        Ok(c)
+    /// Picks a connection with room (or opens one) and counts the stream on
+    /// it, under the lock so concurrent streams do not overfill one.
+    async fn slot(&self) -> Result<H2Conn, UpstreamError> {
+        let mut pool = self.pool.lock().await;
+        pool.retain(|c| !c.dead.is_cancelled());
+        let conn = match pool.iter().find(|c| c.has_room()) {
+            Some(c) => c.clone(),
+            None if pool.len() < MAX_UPSTREAM_CONNECTIONS => {
+                let c = self.connect().await?;
+                pool.push(c.clone());
+                c
+            }
+            // At the cap: queue on the least busy connection (h2 waits for a
+            // slot there).
+            None => match pool.iter().min_by_key(|c| c.active.load(Ordering::Relaxed)) {
+                Some(c) => c.clone(),
+                None => self.connect().await?,
+            },
+        };
+        conn.active.fetch_add(1, Ordering::Relaxed);
+        Ok(conn)
     }
 
     async fn connect(&self) -> Result<H2Conn, UpstreamError> {
@@ -149,6 +220,7 @@ impl H2Upstream {
         let handshake = h2::client::Builder::new()
             .initial_window_size(l.stream_window.min(MAX_WINDOW))
             .initial_connection_window_size(l.connection_window.min(MAX_WINDOW))
+            .initial_max_send_streams(INITIAL_MAX_SEND_STREAMS)
             .max_send_buffer_size(l.max_send_buffer_size)
             .max_header_list_size(l.max_header_list_size)
             .max_pending_accept_reset_streams(l.max_pending_accept_reset_streams)
@@ -171,7 +243,11 @@ impl H2Upstream {
             }
             done.cancel();
         });
-        Ok(H2Conn { sender, dead })
+        Ok(H2Conn {
+            sender,
+            dead,
+            active: Arc::new(AtomicUsize::new(0)),
+        })
     }
 }
 
