@@ -16,6 +16,9 @@ const MAX_STREAM_ID: u32 = (1 << 31) - 1;
 /// Timer slack on the early side: tokio may fire a timer up to a millisecond
 /// early relative to our clock reading, and the tap stamps after reading.
 const EARLY: Duration = Duration::from_millis(20);
+/// Allowance for the close itself (the ending at a message boundary, the
+/// flush) and for timers firing late on a loaded 2-core machine.
+const CLOSE_SLACK: Duration = Duration::from_secs(2);
 
 fn min_age(age: Duration) -> Duration {
     age.mul_f64(1.0 - AGE_JITTER).saturating_sub(EARLY)
@@ -92,12 +95,20 @@ async fn max_age_goaway_ping_goaway_grace_trailers_close() {
         .cloned()
         .expect("trailers (HEADERS + END_STREAM) on stream 1");
     assert!(
-        trailers_at >= final_at + grace - EARLY,
-        "trailers {:?} after the final GOAWAY, before the grace ({grace:?}) was over",
-        trailers_at - final_at
+        trailers_at >= first_at,
+        "trailers only after the max-age GOAWAY"
     );
     let closed_at = eof_at(&events, 0, Dir::Down).expect("closed");
     assert!(closed_at >= trailers_at);
+    // gRPC A9: age x (1 + 10%) + grace bounds the connection's life; the
+    // spread of the endings lies inside the grace. CLOSE_SLACK covers the
+    // close itself and timers firing late on a loaded machine.
+    let bound = age.mul_f64(1.0 + AGE_JITTER) + grace + CLOSE_SLACK;
+    assert!(
+        closed_at - t0 <= bound,
+        "connection lived {:?}, over age x 1.1 + grace + slack = {bound:?}",
+        closed_at - t0
+    );
     let resets: Vec<_> = down
         .iter()
         .filter(|(_, f)| f.ty == RST_STREAM && f.rst != Some(0))
@@ -181,7 +192,9 @@ async fn a_client_that_never_acks_the_ping_is_bounded() {
     let backend = start_backend().await;
     let mut config = GuardConfig::new(backend.addr);
     config.max_connection_age = Some(Duration::from_millis(500));
-    config.max_connection_age_grace = Duration::from_millis(500);
+    // Long enough that the stream (ended mid-spread, at age + 1 s) outlives
+    // the ack timeout and the refusal can be seen.
+    config.max_connection_age_grace = Duration::from_secs(2);
     config.limits = Limits {
         goaway_ack_timeout: Duration::from_millis(300),
         ..Limits::default()

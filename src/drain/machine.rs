@@ -95,7 +95,10 @@ pub enum Action {
     /// End every open guard stream gracefully, spread evenly over `window`.
     /// `deadline` is the time left until the hard deadline: short calls in
     /// flight may run until shortly before it.
-    TerminateStreams { window: Duration, deadline: Duration },
+    TerminateStreams {
+        window: Duration,
+        deadline: Duration,
+    },
     /// Publish the report.
     Finish(Outcome),
 }

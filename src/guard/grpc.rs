@@ -168,8 +168,16 @@ mod tests {
         let data = two_messages();
         let mut f = Framer::default();
         assert_eq!(f.consume_messages(&data[..3]), 0, "half a prefix");
-        assert_eq!(f.consume_messages(&data[3..12]), 1, "hello, then the empty one's prefix starts");
-        assert_eq!(f.consume_messages(&data[12..]), 2, "the empty message and world!");
+        assert_eq!(
+            f.consume_messages(&data[3..12]),
+            1,
+            "hello, then the empty one's prefix starts"
+        );
+        assert_eq!(
+            f.consume_messages(&data[12..]),
+            2,
+            "the empty message and world!"
+        );
         assert!(f.at_boundary());
     }
 

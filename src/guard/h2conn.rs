@@ -257,11 +257,10 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
             }
             Some(Action::EndStreams) => {
                 tracing::debug!(peer = %info.peer, conn = info.id, "guard: max connection age grace over; ending streams");
-                let streams = inner.registry.connection_streams(
-                    info.id,
-                    now,
-                    inner.config.long_stream_age,
-                );
+                let streams =
+                    inner
+                        .registry
+                        .connection_streams(info.id, now, inner.config.long_stream_age);
                 inner.end_spread(streams, life.spread(), Reason::max_age);
             }
             // Sends GOAWAY(last processed stream, NO_ERROR) unless h2 already

@@ -83,7 +83,10 @@ mod tests {
         let mut h = HeaderMap::new();
         let peer: std::net::IpAddr = [127, 0, 0, 6].into();
         append_forwarded_for(&mut h, peer);
-        assert_eq!(h.get("x-forwarded-for").map(|v| v.as_bytes()), Some(&b"127.0.0.6"[..]));
+        assert_eq!(
+            h.get("x-forwarded-for").map(|v| v.as_bytes()),
+            Some(&b"127.0.0.6"[..])
+        );
         h.insert("x-forwarded-for", HeaderValue::from_static("10.1.2.3"));
         append_forwarded_for(&mut h, peer);
         assert_eq!(

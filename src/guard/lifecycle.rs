@@ -408,8 +408,15 @@ mod tests {
         );
         assert_eq!(m.spread(), s(1));
         assert_eq!(m.deadlines().grace, Some(t0 + s(100)), "(age + 1s) - 1s");
-        assert_eq!(m.step(Input::GraceOver, t0 + s(103)), Some(Action::EndStreams));
-        assert_eq!(m.deadlines().close_by, Some(t0 + s(118)), "now + end + shutdown");
+        assert_eq!(
+            m.step(Input::GraceOver, t0 + s(103)),
+            Some(Action::EndStreams)
+        );
+        assert_eq!(
+            m.deadlines().close_by,
+            Some(t0 + s(118)),
+            "now + end + shutdown"
+        );
     }
 
     #[test]

@@ -132,7 +132,7 @@ impl Inner {
     ) {
         let n = streams.len();
         let handle = match tokio::runtime::Handle::try_current() {
-            Ok(h) if !window.is_zero() && n > 1 => h,
+            Ok(h) if !window.is_zero() && n > 0 => h,
             // Nothing to pace (or no runtime to pace with): end them all now.
             _ => {
                 for s in streams {
@@ -214,7 +214,10 @@ async fn terminator(inner: Arc<Inner>, window: Duration, deadline: Duration) {
         if now >= sweep_at {
             let rest = inner.registry.open_streams();
             if !rest.is_empty() {
-                tracing::info!(streams = rest.len(), "guard: drain deadline near; ending the calls still open");
+                tracing::info!(
+                    streams = rest.len(),
+                    "guard: drain deadline near; ending the calls still open"
+                );
             }
             rest.into_iter().for_each(|s| s.end(Reason::drain));
             return;

@@ -173,7 +173,11 @@ impl Registry {
 
     /// Long-lived streams not yet in a drain's schedule, oldest first; they
     /// are marked scheduled.
-    pub fn take_long_lived(&self, now: Instant, long_after: std::time::Duration) -> Vec<Arc<StreamCtl>> {
+    pub fn take_long_lived(
+        &self,
+        now: Instant,
+        long_after: std::time::Duration,
+    ) -> Vec<Arc<StreamCtl>> {
         let picked = self.open_where(|c| {
             !c.scheduled.load(Ordering::Relaxed) && c.is_long_lived_at(now, long_after)
         });
@@ -190,7 +194,12 @@ impl Registry {
 
     /// The streams of connection `conn` not yet asked to end: long-lived
     /// ones first (oldest first), then the rest, which so get the most time.
-    pub fn connection_streams(&self, conn: u64, now: Instant, long_after: std::time::Duration) -> Vec<Arc<StreamCtl>> {
+    pub fn connection_streams(
+        &self,
+        conn: u64,
+        now: Instant,
+        long_after: std::time::Duration,
+    ) -> Vec<Arc<StreamCtl>> {
         let (mut long, short): (Vec<_>, Vec<_>) = self
             .open_where(|c| c.conn == conn)
             .into_iter()
@@ -230,7 +239,10 @@ mod tests {
         let later = r.take_long_lived(Instant::now(), LONG);
         assert_eq!(later.len(), 1, "answered long ago counts as long-lived");
         assert!(Arc::ptr_eq(&later[0], &answered.ctl));
-        assert!(!unanswered.ctl.is_long_lived_at(Instant::now(), LONG), "a call not answered never is");
+        assert!(
+            !unanswered.ctl.is_long_lived_at(Instant::now(), LONG),
+            "a call not answered never is"
+        );
         let by_conn = r.connection_streams(1, Instant::now(), LONG);
         assert!(Arc::ptr_eq(&by_conn[2], &unanswered.ctl), "short ones last");
     }

@@ -472,7 +472,9 @@ impl Pump<'_> {
                         let now = Instant::now();
                         quiet_at = Some(match last_data {
                             // It just wrote: end in its pause.
-                            Some(t) if now.saturating_duration_since(t) < BURST_GAP => t + BURST_GAP,
+                            Some(t) if now.saturating_duration_since(t) < BURST_GAP => {
+                                t + BURST_GAP
+                            }
                             // Quiet already: give it a moment to write once more.
                             _ => now + l.end_settle,
                         });
@@ -508,7 +510,14 @@ impl Pump<'_> {
                     // Asked to end while blocked here, the ending's own
                     // deadline still bounds the wait.
                     let interrupt = end_deadline(ctl, l.end_timeout);
-                    match send_flow_controlled(&mut self.down, chunk, interrupt, l.write_stall_timeout).await {
+                    match send_flow_controlled(
+                        &mut self.down,
+                        chunk,
+                        interrupt,
+                        l.write_stall_timeout,
+                    )
+                    .await
+                    {
                         Ok(()) => {}
                         Err(SendError::Gone) => return Outcome::ClientGone,
                         Err(SendError::Interrupted) => return self.reset(),
