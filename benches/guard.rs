@@ -115,7 +115,7 @@ struct Load {
 
 /// h2load against `addr` with gRPC unary Echo calls.
 async fn h2load(addr: SocketAddr, dir: &std::path::Path, name: &str) -> Load {
-    // A gRPC frame: uncompressed, length 3, EchoRequest { body: "x" }.
+    // A gRPC frame: uncompressed, length 3, EchoRequest { body: "x", ..Default::default() }.
     let body = dir.join("echo.bin");
     std::fs::write(&body, [0u8, 0, 0, 0, 3, 0x0a, 0x01, b'x']).expect("body");
     let log = dir.join(format!("{name}.log"));
@@ -181,6 +181,7 @@ async fn hold_streams(addr: SocketAddr) -> Vec<tokio::task::JoinHandle<()>> {
                     count: 0,
                     interval_ms: 1000,
                     payload_bytes: 16,
+                    ..Default::default()
                 };
                 let Ok(resp) = client.subscribe(req).await else {
                     return;

@@ -502,6 +502,7 @@ async fn application_dies_behind_the_guard() {
         WAIT,
         client.echo(EchoRequest {
             body: "anyone?".into(),
+            ..Default::default()
         }),
     )
     .await

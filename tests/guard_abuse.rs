@@ -228,6 +228,7 @@ fn subscribe_request(id: &str, interval_ms: u32, payload_bytes: u32) -> Vec<u8> 
         count: 0,
         interval_ms,
         payload_bytes,
+        ..Default::default()
     })
 }
 
@@ -257,6 +258,7 @@ fn unary_echo(stream: u32) -> Vec<u8> {
         stream,
         &grpc_message(&EchoRequest {
             body: "abuse".into(),
+            ..Default::default()
         }),
     ));
     out

@@ -29,6 +29,7 @@ async fn a_stalled_client_stalls_the_application_without_loss() {
         count: 0,
         interval_ms: 0,
         payload_bytes: PAYLOAD,
+        ..Default::default()
     };
     let mut stream = within("subscribe", client.subscribe(req))
         .await
@@ -108,6 +109,7 @@ async fn stalled_stream(
         count: 0,
         interval_ms: 0,
         payload_bytes: PAYLOAD,
+        ..Default::default()
     };
     let mut stream = within("subscribe", client.subscribe(req))
         .await

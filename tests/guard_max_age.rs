@@ -207,6 +207,7 @@ async fn a_client_that_never_acks_the_ping_is_bounded() {
         count: 0,
         interval_ms: 50,
         payload_bytes: 0,
+        ..Default::default()
     }
     .encode_to_vec();
     let mut message = vec![0u8];

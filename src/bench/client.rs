@@ -101,6 +101,7 @@ pub async fn open_streams(
                     count: 0,
                     interval_ms: TICK_INTERVAL_MS,
                     payload_bytes: 64,
+                    ..Default::default()
                 };
                 let mut stream = match client.subscribe(req).await {
                     Ok(r) => r.into_inner(),

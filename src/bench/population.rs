@@ -216,6 +216,7 @@ impl ClientCtx {
                 count: 0,
                 interval_ms: TICK_INTERVAL_MS,
                 payload_bytes: 64,
+                ..Default::default()
             };
             let mut stream = client.subscribe(req).await.ok()?.into_inner();
             let first = stream.message().await.ok()??;

@@ -17,6 +17,10 @@ use crate::proto::bench::{EchoReply, EchoRequest, SubscribeRequest, Tick};
 
 /// Largest padding a client may ask for per message; bounds memory per stream.
 pub const MAX_PAYLOAD_BYTES: u32 = 1 << 20;
+/// Largest burst per tick; bounds the per-stream queue.
+pub const MAX_BURST: u32 = 64;
+/// Longest work time an Echo may ask for.
+pub const MAX_DELAY_MS: u32 = 60_000;
 
 /// Per stream id, the highest sequence number handed to the transport
 /// (taken by tonic for encoding).
@@ -59,22 +63,29 @@ impl Stream for BenchService {
                 r.payload_bytes
             )));
         }
-        // A small buffer: backpressure reaches the sender quickly.
-        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        // A small buffer (a burst fits whole, so it is taken in one go):
+        // backpressure reaches the sender quickly.
+        let burst = u64::from(r.burst.clamp(1, MAX_BURST));
+        let (tx, rx) = tokio::sync::mpsc::channel(4.max(burst as usize));
         let interval = Duration::from_millis(u64::from(r.interval_ms));
         tokio::spawn(async move {
             let payload = vec![0u8; r.payload_bytes as usize];
             let mut seq = 0u64;
             while r.count == 0 || seq < r.count {
-                seq += 1;
-                let tick = Tick {
-                    stream_id: r.stream_id.clone(),
-                    seq,
-                    payload: payload.clone(),
-                };
-                if tx.send(Ok(tick)).await.is_err() {
-                    // The client went away.
-                    return;
+                for _ in 0..burst {
+                    if r.count != 0 && seq >= r.count {
+                        break;
+                    }
+                    seq += 1;
+                    let tick = Tick {
+                        stream_id: r.stream_id.clone(),
+                        seq,
+                        payload: payload.clone(),
+                    };
+                    if tx.send(Ok(tick)).await.is_err() {
+                        // The client went away.
+                        return;
+                    }
                 }
                 if !interval.is_zero() {
                     tokio::time::sleep(interval).await;
@@ -93,9 +104,12 @@ impl Stream for BenchService {
     }
 
     async fn echo(&self, req: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
-        Ok(Response::new(EchoReply {
-            body: req.into_inner().body,
-        }))
+        let r = req.into_inner();
+        if r.delay_ms > 0 {
+            let delay = Duration::from_millis(u64::from(r.delay_ms.min(MAX_DELAY_MS)));
+            tokio::time::sleep(delay).await;
+        }
+        Ok(Response::new(EchoReply { body: r.body }))
     }
 }
 

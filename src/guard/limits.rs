@@ -33,7 +33,7 @@ pub const DEFAULT_GOAWAY_ACK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default for [`Limits::end_timeout`].
 pub const DEFAULT_END_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default for [`Limits::end_settle`].
-pub const DEFAULT_END_SETTLE: Duration = Duration::from_millis(50);
+pub const DEFAULT_END_SETTLE: Duration = Duration::from_millis(500);
 /// Default for [`Limits::shutdown_timeout`].
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default for [`Limits::upstream_connect_timeout`].
@@ -86,11 +86,13 @@ pub struct Limits {
     /// gRPC message boundary, or the natural end of a non-gRPC body) before it
     /// is reset instead; bounds endings against stalled upstreams and clients.
     pub end_timeout: Duration,
-    /// An ending at a message boundary waits up to this long for the next
-    /// message, forwards it, and ends right after it: a producer that writes
-    /// at least this often has then just written and is not mid-write when
-    /// the cancel reaches it, so nothing it produced is lost. Short, so that
-    /// streams ticking in step are not bunched onto the same instant.
+    /// An ending that finds the application quiet waits up to this long for
+    /// its next write, forwards it, and ends in the pause right after it: a
+    /// producer that writes at least this often is then between writes when
+    /// the cancel reaches it, so nothing it handed to its transport is lost.
+    /// Ending at a random moment of a quiet period instead risks meeting a
+    /// write that is on its way. Short enough that streams ticking in step
+    /// are not bunched onto one instant.
     pub end_settle: Duration,
     /// How long a connection that has nothing left to serve is still polled
     /// (to flush trailers and GOAWAY) before it is dropped.

@@ -20,12 +20,15 @@
 //! The graceful end of a gRPC stream, once asked: everything received is
 //! forwarded and the message in progress is completed. The stream then ends
 //! in the application's first pause: at a message boundary, when nothing
-//! more has arrived for `BURST_GAP` after a message (a producer that just
-//! wrote is between writes, so the cancel that follows cannot catch a
-//! message mid-flight). An application that was already quiet gets up to
-//! `end_settle` to write one more message, so the end lands right after a
-//! write. Past `end_timeout` a stream at a boundary is ended there (a
-//! producer that never pauses), one mid-message is reset.
+//! more has arrived for `BURST_GAP` (10 ms) after a message (a producer that
+//! just wrote is between writes, so the cancel that follows cannot catch a
+//! message on its way). An application that was already quiet gets up to
+//! `end_settle` to write once more, so the end lands right after a write
+//! rather than at a random moment that may meet one. Past `end_timeout` a
+//! stream at a boundary is ended there (a producer that never pauses for
+//! 10 ms: what it handed its transport after the cancel left is lost, which
+//! no proxy can avoid without the application's help), and one
+//! mid-message is reset.
 //!
 //! A stream is marked long-lived once its response carried two messages
 //! (see [`super::registry`]): a drain ends only such streams early.
@@ -49,7 +52,7 @@ use super::grpc::{self, Framer};
 use super::h2conn::CountGuard;
 use super::headers::{append_forwarded_for, strip_hop_by_hop};
 use super::registry::{Registered, StreamCtl};
-use super::upstream::H2Upstream;
+use super::upstream::{Barrier, H2Upstream};
 use super::Inner;
 use crate::metrics::Reason;
 
@@ -99,8 +102,10 @@ enum SendError {
 }
 
 /// After a message, this long without more data means the application
-/// paused between writes: the stream may end there.
-const BURST_GAP: Duration = Duration::from_millis(2);
+/// paused between writes: the stream may end there. Long enough to span the
+/// gaps inside a burst on a loaded machine (the next message being encoded),
+/// short enough that a producer writing every 20 ms still has pauses.
+const BURST_GAP: Duration = Duration::from_millis(10);
 
 pub async fn proxy(job: StreamJob) {
     let StreamJob {
@@ -181,7 +186,7 @@ async fn run(
     let stop = CancellationToken::new();
     let request_side = pump_request(body, up_send, stop.clone(), done);
     let response_side = async {
-        let outcome = respond_side(ctl, respond, response, l).await;
+        let outcome = respond_side(ctl, respond, response, l, lease.barrier.clone()).await;
         // The response is over: the request side has nothing left to do.
         stop.cancel();
         outcome
@@ -339,6 +344,7 @@ async fn respond_side(
     respond: &mut SendResponse<Bytes>,
     mut response: h2::client::ResponseFuture,
     l: &super::Limits,
+    barrier: Arc<Barrier>,
 ) -> Outcome {
     // The head. Asked to end before the application answered: at max age a
     // gRPC stream gets its trailers-only answer at once (the age bound);
@@ -389,6 +395,7 @@ async fn respond_side(
         down,
         framed,
         l,
+        barrier,
     }
     .run()
     .await
@@ -423,6 +430,7 @@ enum Next {
     End(Reason),
     Timeout,
     Quiet,
+    Flushed,
     Data(Option<Result<Bytes, h2::Error>>),
 }
 
@@ -441,6 +449,9 @@ struct Pump<'a> {
     /// A gRPC response: followed message by message, ended at a boundary.
     framed: bool,
     l: &'a super::Limits,
+    /// PING round trips on the application connection: before the end,
+    /// everything already on its way is let arrive.
+    barrier: Arc<Barrier>,
 }
 
 impl Pump<'_> {
@@ -454,15 +465,20 @@ impl Pump<'_> {
         let mut last_data: Option<Instant> = None;
         // While ending, at a boundary: end here unless data arrives first.
         let mut quiet_at: Option<Instant> = None;
+        // While ending, quiet: the PING round trip that lets anything the
+        // application already wrote arrive before the end.
+        let barrier = self.barrier.clone();
+        let mut flush: Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>>> = None;
         loop {
             let next = tokio::select! {
                 biased;
                 _ = poll_fn(|cx| self.down.poll_reset(cx)) => Next::ClientGone,
                 (reason, _) = ctl.ended(), if ending.is_none() => Next::End(reason),
                 _ = end_deadline(ctl, l.end_timeout), if ending.is_some() => Next::Timeout,
-                // Data first: nothing received is left behind by the quiet timer.
+                // Data first: nothing received is left behind by the timers.
                 d = self.body.data() => Next::Data(d),
                 _ = sleep_until_opt(quiet_at), if quiet_at.is_some() => Next::Quiet,
+                _ = async { if let Some(f) = flush.as_mut() { f.await } }, if flush.is_some() => Next::Flushed,
             };
             match next {
                 Next::ClientGone => return Outcome::ClientGone,
@@ -481,10 +497,17 @@ impl Pump<'_> {
                     }
                 }
                 Next::Quiet => {
+                    quiet_at = None;
+                    if ending.is_some() {
+                        let b = barrier.clone();
+                        flush = Some(Box::pin(async move { b.round_trip().await }));
+                    }
+                }
+                Next::Flushed => {
+                    flush = None;
                     if let Some(reason) = ending {
                         return self.end_with_trailers(reason);
                     }
-                    quiet_at = None;
                 }
                 Next::Timeout => {
                     return match ending {
@@ -504,6 +527,8 @@ impl Pump<'_> {
                             ctl.set_long_lived();
                         }
                         if ending.is_some() {
+                            // More came: wait for the next pause.
+                            flush = None;
                             quiet_at = framer.at_boundary().then(|| Instant::now() + BURST_GAP);
                         }
                     }

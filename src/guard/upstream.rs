@@ -13,7 +13,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +21,7 @@ use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
-use tokio::sync::Mutex;
+use tokio::sync::{watch, Mutex, Notify};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -81,6 +81,103 @@ const INITIAL_MAX_SEND_STREAMS: usize = 100;
 /// allows 100 streams per connection then needs several.
 pub const MAX_UPSTREAM_CONNECTIONS: usize = 64;
 
+/// A PING round trip on one application connection, shared by the streams
+/// on it: "everything the application wrote before it saw this PING has
+/// arrived". The application's HTTP/2 stack writes the PING's ack together
+/// with (ahead of, in the same flush) whatever data it had queued, so once
+/// the ack is in, data the application's transport accepted before then is
+/// in the guard's receive buffers. A stream about to be ended waits for one
+/// such round trip, so a message already on its way is not lost.
+#[derive(Debug)]
+pub struct Barrier {
+    /// Round trips asked for so far (a count, so concurrent askers share one).
+    requested: AtomicU64,
+    /// Round trips completed: every request up to this number is satisfied.
+    done: watch::Sender<u64>,
+    /// Wakes the connection's driver to send a PING.
+    wake: Notify,
+}
+
+impl Barrier {
+    fn new() -> Self {
+        Self {
+            requested: AtomicU64::new(0),
+            done: watch::channel(0).0,
+            wake: Notify::new(),
+        }
+    }
+
+    /// Resolves once a PING sent after this call was acknowledged (or the
+    /// connection is gone: then nothing more can arrive anyway).
+    pub async fn round_trip(&self) {
+        let want = self.requested.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut rx = self.done.subscribe();
+        self.wake.notify_one();
+        let _ = rx.wait_for(|done| *done >= want).await;
+    }
+
+    /// Marks every request so far as satisfied (the connection is gone).
+    fn release_all(&self) {
+        let n = self.requested.load(Ordering::Relaxed);
+        self.done.send_replace(n.max(u64::MAX / 2));
+    }
+}
+
+/// Serves [`Barrier`] round trips and drives the connection until it ends
+/// or `closed` is cancelled.
+async fn drive<F>(
+    conn: F,
+    mut pings: Option<h2::PingPong>,
+    barrier: Arc<Barrier>,
+    closed: CancellationToken,
+    addr: SocketAddr,
+) where
+    F: std::future::Future<Output = Result<(), h2::Error>>,
+{
+    tokio::pin!(conn);
+    // The request count the PING in flight answers.
+    let mut in_flight: Option<u64> = None;
+    loop {
+        tokio::select! {
+            r = &mut conn => {
+                if let Err(e) = r {
+                    tracing::debug!(upstream = %addr, error = %e, "upstream connection ended");
+                }
+                break;
+            }
+            _ = closed.cancelled() => break,
+            _ = barrier.wake.notified(), if in_flight.is_none() => {
+                let target = barrier.requested.load(Ordering::Relaxed);
+                if target <= *barrier.done.borrow() {
+                    continue;
+                }
+                match pings.as_mut().map(|p| p.send_ping(h2::Ping::opaque())) {
+                    Some(Ok(())) => in_flight = Some(target),
+                    // No PING possible: answer at once rather than hang.
+                    _ => {
+                        barrier.done.send_replace(target);
+                    }
+                }
+            }
+            pong = std::future::poll_fn(|cx| match pings.as_mut() {
+                Some(p) => p.poll_pong(cx),
+                None => std::task::Poll::Pending,
+            }), if in_flight.is_some() => {
+                if pong.is_err() {
+                    pings = None;
+                }
+                if let Some(target) = in_flight.take() {
+                    barrier.done.send_replace(target);
+                }
+                if barrier.requested.load(Ordering::Relaxed) > *barrier.done.borrow() {
+                    barrier.wake.notify_one();
+                }
+            }
+        }
+    }
+    barrier.release_all();
+}
+
 /// A live HTTP/2 upstream connection.
 #[derive(Clone, Debug)]
 struct H2Conn {
@@ -88,6 +185,8 @@ struct H2Conn {
     sender: h2::client::SendRequest<Bytes>,
     /// Cancelled by the driver task once the connection ended.
     dead: CancellationToken,
+    /// PING round trips on this connection.
+    barrier: Arc<Barrier>,
     /// Streams the guard has open on it (leases not yet dropped): compared
     /// with the application's SETTINGS_MAX_CONCURRENT_STREAMS.
     active: Arc<AtomicUsize>,
@@ -105,6 +204,8 @@ impl H2Conn {
 pub struct Lease {
     /// The sender, ready for one request.
     pub sender: h2::client::SendRequest<Bytes>,
+    /// PING round trips on the stream's connection.
+    pub barrier: Arc<Barrier>,
     /// The connection's count of open streams.
     active: Arc<AtomicUsize>,
 }
@@ -158,6 +259,7 @@ impl H2Upstream {
                 Ok(sender) => {
                     return Ok(Lease {
                         sender,
+                        barrier: conn.barrier,
                         active: conn.active,
                     })
                 }
@@ -227,25 +329,24 @@ impl H2Upstream {
             .max_local_error_reset_streams(Some(l.max_local_error_reset_streams))
             .enable_push(false)
             .handshake::<_, Bytes>(tcp);
-        let (sender, conn) = tokio::time::timeout(after, handshake)
+        let (sender, mut conn) = tokio::time::timeout(after, handshake)
             .await
             .map_err(|_| UpstreamError::ConnectTimeout { addr, after })?
             .map_err(|source| UpstreamError::H2Handshake { addr, source })?;
         let dead = CancellationToken::new();
         let closed = self.closed.clone();
         let done = dead.clone();
+        let barrier = Arc::new(Barrier::new());
+        let pings = conn.ping_pong();
+        let b = barrier.clone();
         self.tasks.spawn(async move {
-            tokio::select! {
-                r = conn => if let Err(e) = r {
-                    tracing::debug!(upstream = %addr, error = %e, "upstream connection ended");
-                },
-                _ = closed.cancelled() => {}
-            }
+            drive(conn, pings, b, closed, addr).await;
             done.cancel();
         });
         Ok(H2Conn {
             sender,
             dead,
+            barrier,
             active: Arc::new(AtomicUsize::new(0)),
         })
     }

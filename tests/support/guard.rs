@@ -146,6 +146,7 @@ pub async fn echo(client: &mut StreamClient<Channel>, body: &str) -> Result<Stri
     client
         .echo(EchoRequest {
             body: body.to_string(),
+            ..Default::default()
         })
         .await
         .map(|r| r.into_inner().body)
@@ -193,6 +194,7 @@ pub fn subscribe(
         count: 0,
         interval_ms,
         payload_bytes,
+        ..Default::default()
     };
     let done = tokio::spawn(async move {
         let result = async {

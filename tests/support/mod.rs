@@ -131,6 +131,7 @@ pub async fn unary_until(
         if client
             .echo(EchoRequest {
                 body: format!("req-{i}"),
+                ..Default::default()
             })
             .await
             .is_ok()
@@ -155,6 +156,7 @@ pub async fn finite_request(addr: SocketAddr, count: u64, interval_ms: u32) -> (
             count,
             interval_ms,
             payload_bytes: 8,
+            ..Default::default()
         })
         .await
         .expect("subscribe")
