@@ -539,3 +539,68 @@ async fn sigterm_ends_open_streams_gracefully_before_the_binary_exits() {
         assert_graceful_and_lossless(&r, &pod.backend, "draining");
     }
 }
+
+/// The application process dies (SIGKILL) with streams open: each client
+/// gets a retryable UNAVAILABLE naming the lost connection, at a message
+/// boundary, never a cut message or a CANCELLED; unary calls then get a
+/// retryable UNAVAILABLE too until the application is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_application_dying_gives_clients_a_retryable_status() {
+    let app: SocketAddr = format!("127.0.0.1:{}", free_port())
+        .parse()
+        .expect("address");
+    let mut server = tokio::process::Command::new(drainshim_bin())
+        .args(["bench", "server", "--listen", &app.to_string()])
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the bench server");
+    wait_for("the application listens", WAIT, || async {
+        tokio::net::TcpStream::connect(app).await.is_ok()
+    })
+    .await;
+    let (envoy, _shim) = bin_pod_to(app, &[]).await;
+    let mut streams = Vec::new();
+    for i in 0..4 {
+        streams.push(
+            subscribe(
+                envoy.inbound,
+                SubscribeRequest {
+                    stream_id: format!("d{i}"),
+                    interval_ms: 20,
+                    payload_bytes: 100,
+                    ..Default::default()
+                },
+            )
+            .await,
+        );
+    }
+    server.start_kill().expect("SIGKILL the application");
+    tokio::time::timeout(WAIT, server.wait())
+        .await
+        .expect("the application exits")
+        .expect("wait");
+    for s in streams {
+        let r = tokio::time::timeout(WAIT, s)
+            .await
+            .expect("ends")
+            .expect("join");
+        let status = r.status.as_ref().expect("a status");
+        assert_eq!(
+            status.code(),
+            tonic::Code::Unavailable,
+            "{}: {status:?}",
+            r.id
+        );
+        let gapless = r.seqs.iter().enumerate().all(|(i, s)| *s == i as u64 + 1);
+        assert!(gapless, "{}: gaps in {:?}", r.id, r.seqs);
+    }
+    let mut c = client(envoy.inbound).await;
+    let answer = c
+        .echo(EchoRequest {
+            body: "after".into(),
+            delay_ms: 0,
+        })
+        .await;
+    let status = answer.expect_err("nobody is there to answer");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+}

@@ -187,8 +187,9 @@ async fn verify_passes_and_fails_on_the_right_conditions() {
         run_bin(&["verify", "--targets", &t(3), "--expect-version", "1.40.0"]).await;
     assert_eq!(code, Some(1), "{out}");
 
-    // An unreachable Prometheus is a clear error, not a pass.
-    drop(prom);
+    // An unreachable Prometheus is a clear error, not a pass. Wait for the
+    // process to be gone first: while it exits it may still accept.
+    prom.stop().await;
     let (code, _, err) = run_bin(&[
         "verify",
         "--prometheus",

@@ -322,6 +322,13 @@ impl Prometheus {
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
+
+    /// Kills Prometheus and waits until the process is gone, so a test can
+    /// assert on its absence (a killed process still answers for a moment).
+    pub async fn stop(mut self) {
+        let _ = self._child.start_kill();
+        let _ = tokio::time::timeout(WAIT, self._child.wait()).await;
+    }
 }
 
 pub async fn prometheus(targets: &[SocketAddr]) -> Prometheus {
