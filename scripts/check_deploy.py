@@ -33,7 +33,7 @@ Checks:
              flags (admin address, INBOUND listener, cluster -> guard)
   rules      prometheusrule.yaml carries exactly the groups of rules.yaml
   metrics    every metric queried by the rules and the dashboard is in the
-             contract (DESIGN.md §3), or recorded by rules.yaml
+             contract (docs/design.md), or recorded by rules.yaml
   dashboard  the dashboard JSON parses and every panel has a query
 Only PyYAML is needed besides the standard library (and kubernetes-validate
 for the schema check).
@@ -72,7 +72,7 @@ OVERLAYS_WITH_SHIM = {"sidecar", "native-sidecar", "istio"}
 CRD_KINDS = {"PodMonitor", "PrometheusRule"}
 SCHEMA_VERSIONS = ["1.30.0"]  # the oldest supported; the latest is added at run time
 
-# drainshim defaults (DESIGN.md §3, src/config.rs), in seconds.
+# drainshim defaults (docs/design.md, src/config.rs), in seconds.
 DEFAULTS = {
     "drain-time": 60.0,
     "parent-shutdown-time": 90.0,
@@ -761,7 +761,7 @@ def check_schema(ck: Checker, overlay: str, docs: list[dict], versions: list[str
 # ----------------------------------------------------------------- metrics
 
 def contract_metrics(design: Path) -> set[str]:
-    """Metric names from DESIGN.md §3's metrics table; histograms also give
+    """Metric names from docs/design.md's metrics table; histograms also give
     their _bucket/_sum/_count series."""
     text = design.read_text()
     m = re.search(r"^### Metrics.*?(?=^## |\Z)", text, re.S | re.M)
@@ -833,12 +833,12 @@ def check_metrics(ck: Checker, rules: dict, dashboard: dict, contract: set[str])
             ck.check("metrics", bool(used), f"rules.yaml {what}: reads no metric?")
             for n in used:
                 ck.check("metrics", n in contract or n in recorded,
-                         f"rules.yaml {what}: {n} is neither a DESIGN.md §3 metric nor recorded in rules.yaml")
+                         f"rules.yaml {what}: {n} is neither a docs/design.md metric nor recorded in rules.yaml")
     for p in dashboard_panels(dashboard):
         for t in p.get("targets", []):
             for n in promql_metrics(t.get("expr", "")):
                 ck.check("metrics", n in contract,
-                         f"dashboard panel {p.get('title')!r}: {n} is not a DESIGN.md §3 metric")
+                         f"dashboard panel {p.get('title')!r}: {n} is not a docs/design.md metric")
 
 
 def dashboard_panels(d: dict):
@@ -1006,7 +1006,7 @@ def run_check(rendered: Path, envoy_cache: Path, design: Path | None) -> int:
         # A clone without the design folder beside it: the code is the contract.
         contract = exported
         print(f"  contract: {len(contract)} metric series names registered in src/metrics.rs "
-              "(DESIGN.md not found beside the checkout)")
+              "(docs/design.md not found)")
     if dashboard is not None:
         check_metrics(ck, rules, dashboard, contract)
         n = sum(len(p.get("targets", [])) for p in dashboard_panels(dashboard))
@@ -1037,7 +1037,7 @@ def main() -> int:
     c.add_argument("--rendered", type=Path, required=True)
     c.add_argument("--envoy-cache", type=Path, required=True)
     c.add_argument("--design", type=Path,
-                   default=Path(os.environ.get("DRAINSHIM_DESIGN", ROOT.parent / "shared" / "DESIGN.md")))
+                   default=Path(os.environ.get("DRAINSHIM_DESIGN", ROOT / "docs" / "design.md")))
     sub.add_parser("sync-rules")
     a = ap.parse_args()
     if a.cmd == "sync-rules":

@@ -491,7 +491,7 @@ pub struct AdminStubArgs {
     pub version: String,
 }
 
-/// The drain timers; see DESIGN.md §2 for the timeline.
+/// The drain timers; see docs/design.md for the timeline.
 #[derive(Debug, Clone, Args)]
 pub struct TimerArgs {
     /// How long streams get to finish; the guard ends the rest before this.

@@ -51,7 +51,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// The timers of one drain (DESIGN.md §2, "Drain timeline").
+/// The timers of one drain (docs/design.md, "Drain timeline").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timers {
     /// Endpoints are being removed from callers; only short requests are expected.

@@ -1,6 +1,6 @@
 //! Proxy identity and version parsing for the version inventory.
 //!
-//! Identity (namespace, pod) is resolved in the order of DESIGN.md §3:
+//! Identity (namespace, pod) is resolved in the order of docs/design.md:
 //! flags or env, then Envoy node metadata NAMESPACE/NAME, then the Istio node id.
 
 use crate::envoy::ServerInfo;

@@ -1,7 +1,7 @@
 //! drainshim: makes Envoy proxy restarts safe for long-lived gRPC streams.
 //!
 //! Data flows one way: trigger -> drain driver -> (Envoy admin, guard) ->
-//! report -> metrics and control endpoints. See shared/DESIGN.md.
+//! report -> metrics and control endpoints. See docs/design.md.
 #![forbid(unsafe_code)]
 
 pub mod bench;

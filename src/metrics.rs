@@ -1,5 +1,5 @@
 //! The one `Metrics` struct, registered once; the names are the contract in
-//! DESIGN.md §3 and must not change.
+//! docs/design.md and must not change.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};

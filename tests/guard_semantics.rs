@@ -367,25 +367,7 @@ async fn max_connection_age_plus_grace_bounds_a_connection() {
 async fn the_applications_stream_limit_is_honoured() {
     const LIMIT: u32 = 10;
     const N: usize = 35;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let service = drainshim::bench::server::BenchService::default();
-    let stop = tokio_util::sync::CancellationToken::new();
-    let s = stop.clone();
-    tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .max_concurrent_streams(LIMIT)
-            .add_service(drainshim::proto::bench::stream_server::StreamServer::new(
-                service,
-            ))
-            .serve_with_incoming_shutdown(
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-                s.cancelled_owned(),
-            )
-            .await
-    });
+    let (addr, _ledger, stop) = app_with(|b| b.max_concurrent_streams(LIMIT)).await;
     let pod = bin_pod_to(addr, &[]).await;
     // All streams share Envoy's one connection to the guard.
     let mut c = client(pod.0.inbound).await;
@@ -421,6 +403,39 @@ async fn the_applications_stream_limit_is_honoured() {
     stop.cancel();
 }
 
+/// The bench application on an ephemeral port, served by a tonic server
+/// `tweak` configures; stops when the returned token is cancelled.
+async fn app_with(
+    tweak: impl FnOnce(tonic::transport::Server) -> tonic::transport::Server,
+) -> (
+    SocketAddr,
+    drainshim::bench::server::Ledger,
+    tokio_util::sync::CancellationToken,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let service = drainshim::bench::server::BenchService::default();
+    let ledger = service.ledger.clone();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let s = stop.clone();
+    let server = tweak(tonic::transport::Server::builder());
+    tokio::spawn(async move {
+        let mut server = server;
+        server
+            .add_service(drainshim::proto::bench::stream_server::StreamServer::new(
+                service,
+            ))
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                s.cancelled_owned(),
+            )
+            .await
+    });
+    (addr, ledger, stop)
+}
+
 async fn bin_pod_to(upstream: SocketAddr, extra: &[&str]) -> (EnvoyProcess, SidecarBin) {
     let admin_port = free_port();
     let guard = format!("127.0.0.1:{}", free_port());
@@ -448,8 +463,13 @@ async fn bin_pod_to(upstream: SocketAddr, extra: &[&str]) -> (EnvoyProcess, Side
 /// callers: the long stream beside it keeps flowing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_cancelled_calls_leaves_the_shared_connection_alone() {
-    let pod = bin_pod(backend().await, SHORT_TIMERS).await;
-    let addr = pod.envoy.inbound;
+    // The application itself tolerates the burst (hyper's default of 20
+    // pending-accept resets would make it close the connection on Envoy
+    // alone just the same): this test is about the guard's side.
+    let (app, ledger, _stop) =
+        app_with(|b| b.http2_max_pending_accept_reset_streams(Some(10_000))).await;
+    let (envoy, shim) = bin_pod_to(app, SHORT_TIMERS).await;
+    let addr = envoy.inbound;
     let long = subscribe(
         addr,
         SubscribeRequest {
@@ -475,7 +495,7 @@ async fn a_burst_of_cancelled_calls_leaves_the_shared_connection_alone() {
             .collect();
         // Cancel them all as soon as they are out.
         wait_for("the burst to reach Envoy", WAIT, || async {
-            envoy_streams(&pod.envoy).await >= 250
+            envoy_streams(&envoy).await >= 250
         })
         .await;
         for call in calls {
@@ -483,21 +503,34 @@ async fn a_burst_of_cancelled_calls_leaves_the_shared_connection_alone() {
         }
         drop(c);
         wait_for("the cancels to reach the guard", WAIT, || async {
-            envoy_streams(&pod.envoy).await == 1
+            envoy_streams(&envoy).await <= 1
         })
         .await;
     }
     // The bystander was never cut: a drain now ends it gracefully, with
     // every message the backend wrote.
-    let run = prestop(pod.shim.addr).await;
+    let run = prestop(shim.addr).await;
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let r = tokio::time::timeout(WAIT, long)
         .await
         .expect("ends")
         .expect("join");
-    assert_graceful_and_lossless(&r, &pod.backend, "draining");
+    let status = r.status.as_ref().expect("ended by the drain");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(
+        status.message().contains("draining"),
+        "the bystander did not last until the drain: {status:?}\nshim log:\n{}",
+        shim.log()
+    );
+    let gapless = r.seqs.iter().enumerate().all(|(i, s)| *s == i as u64 + 1);
+    assert!(gapless, "gaps in {:?}", r.seqs);
+    assert_eq!(
+        ledger.last_written(&r.id),
+        r.seqs.last().copied(),
+        "lost messages"
+    );
     assert_eq!(run.report().streams.cut, 0);
-    let log = pod.shim.log();
+    let log = shim.log();
     assert!(
         !log.contains("ENHANCE_YOUR_CALM"),
         "the guard called the shared connection abusive: {log}"

@@ -1,4 +1,4 @@
-//! Turns a population's sessions into the reconnect figures of DESIGN.md §3
+//! Turns a population's sessions into the reconnect figures of docs/design.md
 //! (`bench reconnect --format json`): cut and graceful counts, lost
 //! messages, reconnect latency, and the reconnect storm's peak-to-mean.
 
@@ -12,7 +12,7 @@ use super::client::Ending;
 use super::population::Session;
 use super::server::Ledger;
 
-/// The storm is measured in buckets of this width (DESIGN.md §3).
+/// The storm is measured in buckets of this width (docs/design.md).
 pub const BUCKET: Duration = Duration::from_millis(100);
 
 /// One mode's result.

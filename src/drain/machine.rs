@@ -1,6 +1,6 @@
 //! The drain state machine: a pure function (state, event) -> (state, actions).
 //!
-//! Phases, per DESIGN.md §2:
+//! Phases, per docs/design.md:
 //! - `Serving`: nothing is happening.
 //! - `Deregistering`: triggered; health check failed, listeners draining,
 //!   GOAWAY sent; short requests still land while endpoints are removed.

@@ -1,4 +1,4 @@
-//! The drain report and status documents (DESIGN.md §3), and the accounting
+//! The drain report and status documents (docs/design.md), and the accounting
 //! that turns Envoy's live counters into exact outcomes.
 
 use serde::{Deserialize, Serialize};

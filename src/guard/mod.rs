@@ -1,6 +1,6 @@
 //! The stream guard: an HTTP/2 (h2c, prior knowledge) and HTTP/1.1 reverse
 //! proxy in front of the application port, and the only component that can
-//! end a long-lived gRPC stream cleanly (DESIGN.md §2, "Stream guard").
+//! end a long-lived gRPC stream cleanly (docs/design.md, "Stream guard").
 //!
 //! It owns these behaviours:
 //! - **Proxying**, full duplex with flow control end to end: HTTP/2

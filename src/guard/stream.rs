@@ -20,13 +20,13 @@
 //! The graceful end of a gRPC stream, once asked: everything received is
 //! forwarded and the message in progress is completed. The stream then ends
 //! in the application's first pause: at a message boundary, when nothing
-//! more has arrived for `BURST_GAP` (10 ms) after a message (a producer that
+//! more has arrived for `BURST_GAP` (2 ms) after a message (a producer that
 //! just wrote is between writes, so the cancel that follows cannot catch a
 //! message on its way). An application that was already quiet gets up to
 //! `end_settle` to write once more, so the end lands right after a write
 //! rather than at a random moment that may meet one. Past `end_timeout` a
 //! stream at a boundary is ended there (a producer that never pauses for
-//! 10 ms: what it handed its transport after the cancel left is lost, which
+//! 2 ms: what it handed its transport after the cancel left is lost, which
 //! no proxy can avoid without the application's help), and one
 //! mid-message is reset.
 //!
@@ -102,10 +102,11 @@ enum SendError {
 }
 
 /// After a message, this long without more data means the application
-/// paused between writes: the stream may end there. Long enough to span the
-/// gaps inside a burst on a loaded machine (the next message being encoded),
-/// short enough that a producer writing every 20 ms still has pauses.
-const BURST_GAP: Duration = Duration::from_millis(10);
+/// paused between writes: the stream may end there (after the PING round
+/// trip, which collects whatever it had already queued). Short, because the
+/// end should come as soon after a write as possible: a producer's next
+/// write is then furthest away.
+const BURST_GAP: Duration = Duration::from_millis(2);
 
 pub async fn proxy(job: StreamJob) {
     let StreamJob {

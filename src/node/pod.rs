@@ -59,7 +59,7 @@ pub struct Pod {
     pub pids: Vec<i32>,
     /// What the process says of the pod (downward API env, cgroup UID).
     pub proc_identity: ProcIdentity,
-    /// The labels its series carry, resolved in DESIGN.md order.
+    /// The labels its series carry, resolved in the documented order (docs/design.md).
     pub labels: PodLabels,
     /// The inventory entry, once Envoy has answered `/server_info`.
     pub proxy: Option<ProxyLabels>,
@@ -84,7 +84,7 @@ pub struct Pod {
 }
 
 impl Pod {
-    /// Resolves identity in DESIGN.md order: the process's downward-API env,
+    /// Resolves identity in the documented order (docs/design.md): the process's downward-API env,
     /// Envoy node metadata, the Istio node id, the cgroup pod UID; and, when
     /// none says anything, the namespace inode, so series never collide.
     pub fn resolve(&mut self, info: Option<&ServerInfo>) {
