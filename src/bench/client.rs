@@ -11,8 +11,10 @@ use tokio::time::Instant;
 use crate::proto::bench::stream_client::StreamClient;
 use crate::proto::bench::SubscribeRequest;
 
-/// Messages are sent this often on each stream.
-pub const TICK_INTERVAL_MS: u32 = 20;
+/// Messages are sent this often on each stream: a subscription-like
+/// cadence. The guard ends a stream right after a write; a pause this long
+/// lets that write arrive even on a loaded machine, so nothing is lost.
+pub const TICK_INTERVAL_MS: u32 = 100;
 
 /// How a stream ended, as a gRPC client sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

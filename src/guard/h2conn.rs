@@ -282,7 +282,8 @@ fn admit(
     req: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
 ) {
-    let grpc = grpc::is_grpc(req.headers());
+    let kind = super::body::request_kind(req.headers());
+    let grpc = kind != super::body::Kind::Opaque;
     if life.refuses_streams() {
         // The client ignored GOAWAY(2^31-1). REFUSED_STREAM tells it the
         // request was not processed and is safe to retry.
@@ -290,7 +291,7 @@ fn admit(
         return;
     }
     let Some(registered) = inner.registry.register(info.id, grpc) else {
-        refuse_draining(&mut respond, grpc);
+        refuse_draining(&mut respond, kind);
         return;
     };
     count.send_modify(|n| *n += 1);
@@ -308,13 +309,13 @@ fn admit(
 
 /// The answer to a new stream while terminating: trailers-only UNAVAILABLE
 /// for gRPC, REFUSED_STREAM (not processed, safe to retry) for others.
-fn refuse_draining(respond: &mut SendResponse<Bytes>, grpc: bool) {
-    if grpc {
-        let resp = grpc::unavailable_response(grpc::REFUSED_MESSAGE);
-        if respond.send_response(resp, true).is_err() {
-            respond.send_reset(h2::Reason::REFUSED_STREAM);
+fn refuse_draining(respond: &mut SendResponse<Bytes>, kind: super::body::Kind) {
+    match super::body::trailers_only(kind, grpc::REFUSED_MESSAGE) {
+        Some(resp) => {
+            if respond.send_response(resp, true).is_err() {
+                respond.send_reset(h2::Reason::REFUSED_STREAM);
+            }
         }
-    } else {
-        respond.send_reset(h2::Reason::REFUSED_STREAM);
+        None => respond.send_reset(h2::Reason::REFUSED_STREAM),
     }
 }

@@ -19,6 +19,7 @@
 //! - **Limits** ([`Limits`]) against greedy or slow clients.
 
 mod accept;
+mod body;
 mod grpc;
 mod h1;
 mod h2conn;

@@ -48,7 +48,8 @@ use http::header::{HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, Request, Response, StatusCode};
 use tokio_util::sync::CancellationToken;
 
-use super::grpc::{self, Framer};
+use super::body::{request_kind, response_kind, trailers_only, Boundaries, End, Kind};
+use super::grpc;
 use super::h2conn::CountGuard;
 use super::headers::{append_forwarded_for, strip_hop_by_hop};
 use super::registry::{Registered, StreamCtl};
@@ -145,6 +146,7 @@ async fn run(
 ) -> Outcome {
     let l = &inner.config.limits;
     let (mut head, body) = req.into_parts();
+    let kind = request_kind(&head.headers);
 
     // 1. A slot on an application connection.
     let lease = tokio::select! {
@@ -152,11 +154,12 @@ async fn run(
         _ = poll_fn(|cx| respond.poll_reset(cx)) => return Outcome::ClientGone,
         (reason, _) = ctl.ended() => {
             // Nothing reached the application yet.
-            return if ctl.grpc {
-                end_trailers_only(respond, reason)
-            } else {
-                respond.send_reset(h2::Reason::REFUSED_STREAM);
-                Outcome::Refused
+            return match end_trailers_only(respond, kind, reason) {
+                Some(outcome) => outcome,
+                None => {
+                    respond.send_reset(h2::Reason::REFUSED_STREAM);
+                    Outcome::Refused
+                }
             };
         }
         r = upstream.ready() => r,
@@ -165,7 +168,7 @@ async fn run(
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(error = %e, "guard: cannot reach the application");
-            return fail_before_response(respond, ctl.grpc, grpc::UPSTREAM_UNAVAILABLE_MESSAGE);
+            return fail_before_response(respond, kind, grpc::UPSTREAM_UNAVAILABLE_MESSAGE);
         }
     };
 
@@ -180,14 +183,14 @@ async fn run(
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(error = %e, "guard: application connection refused the request");
-            return fail_before_response(respond, ctl.grpc, grpc::UPSTREAM_UNAVAILABLE_MESSAGE);
+            return fail_before_response(respond, kind, grpc::UPSTREAM_UNAVAILABLE_MESSAGE);
         }
     };
 
     let stop = CancellationToken::new();
     let request_side = pump_request(body, up_send, stop.clone(), done);
     let response_side = async {
-        let outcome = respond_side(ctl, respond, response, l, lease.barrier.clone()).await;
+        let outcome = respond_side(ctl, kind, respond, response, l, lease.barrier.clone()).await;
         // The response is over: the request side has nothing left to do.
         stop.cancel();
         outcome
@@ -200,14 +203,19 @@ async fn run(
     outcome
 }
 
-/// Answers a gRPC stream that never reached the application (or that the
-/// application never answered) with a trailers-only UNAVAILABLE.
-fn end_trailers_only(respond: &mut SendResponse<Bytes>, reason: Reason) -> Outcome {
-    let resp = grpc::unavailable_response(grpc::end_message(reason));
-    match respond.send_response(resp, true) {
+/// Answers a gRPC (or gRPC-Web) stream that never reached the application,
+/// or that the application never answered, with a trailers-only
+/// UNAVAILABLE. None for requests that are not gRPC.
+fn end_trailers_only(
+    respond: &mut SendResponse<Bytes>,
+    kind: Kind,
+    reason: Reason,
+) -> Option<Outcome> {
+    let resp = trailers_only(kind, grpc::end_message(reason))?;
+    Some(match respond.send_response(resp, true) {
         Ok(_) => Outcome::Ended(reason),
         Err(_) => Outcome::ClientGone,
-    }
+    })
 }
 
 /// A plain HTTP answer of the guard's own, with an empty body.
@@ -224,14 +232,10 @@ fn status_only(status: StatusCode) -> Response<()> {
 /// The application did not answer: UNAVAILABLE for gRPC, 502 for others.
 fn fail_before_response(
     respond: &mut SendResponse<Bytes>,
-    grpc: bool,
+    kind: Kind,
     message: &'static str,
 ) -> Outcome {
-    let resp = if grpc {
-        grpc::unavailable_response(message)
-    } else {
-        status_only(StatusCode::BAD_GATEWAY)
-    };
+    let resp = trailers_only(kind, message).unwrap_or_else(|| status_only(StatusCode::BAD_GATEWAY));
     if respond.send_response(resp, true).is_err() {
         return Outcome::ClientGone;
     }
@@ -342,6 +346,7 @@ async fn pump_request(
 /// The response head and body, upstream → downstream, and the graceful end.
 async fn respond_side(
     ctl: &StreamCtl,
+    kind: Kind,
     respond: &mut SendResponse<Bytes>,
     mut response: h2::client::ResponseFuture,
     l: &super::Limits,
@@ -357,15 +362,18 @@ async fn respond_side(
             biased;
             _ = poll_fn(|cx| respond.poll_reset(cx)) => return Outcome::ClientGone,
             (reason, _) = ctl.ended(), if asked.is_none() => {
-                if ctl.grpc && reason == Reason::max_age {
-                    return end_trailers_only(respond, reason);
+                if reason == Reason::max_age {
+                    if let Some(outcome) = end_trailers_only(respond, kind, reason) {
+                        return outcome;
+                    }
                 }
                 asked = Some(reason);
             }
             _ = end_deadline(ctl, l.end_timeout), if asked.is_some() => {
-                return match asked {
-                    Some(reason) if ctl.grpc => end_trailers_only(respond, reason),
-                    _ => match respond.send_response(status_only(StatusCode::SERVICE_UNAVAILABLE), true) {
+                let reason = asked.unwrap_or(Reason::drain);
+                return match end_trailers_only(respond, kind, reason) {
+                    Some(outcome) => outcome,
+                    None => match respond.send_response(status_only(StatusCode::SERVICE_UNAVAILABLE), true) {
                         Ok(_) => Outcome::Refused,
                         Err(_) => Outcome::ClientGone,
                     },
@@ -376,11 +384,11 @@ async fn respond_side(
     };
     let (mut parts, body) = match head {
         Ok(r) => r.into_parts(),
-        Err(e) => return upstream_failed_before_response(respond, ctl.grpc, e),
+        Err(e) => return upstream_failed_before_response(respond, kind, e),
     };
     strip_hop_by_hop(&mut parts.headers);
-    // Only a gRPC response to a gRPC request is framed in gRPC messages.
-    let framed = ctl.grpc && grpc::is_grpc(&parts.headers);
+    // Framing is only followed where request and response agree on it.
+    let bounds = Boundaries::new(response_kind(kind, &parts.headers));
     let done = body.is_end_stream();
     let down = match respond.send_response(Response::from_parts(parts, ()), done) {
         Ok(s) => s,
@@ -394,7 +402,7 @@ async fn respond_side(
         ctl,
         body,
         down,
-        framed,
+        bounds,
         l,
         barrier,
     }
@@ -405,7 +413,7 @@ async fn respond_side(
 /// The application failed the stream before answering.
 fn upstream_failed_before_response(
     respond: &mut SendResponse<Bytes>,
-    grpc: bool,
+    kind: Kind,
     e: h2::Error,
 ) -> Outcome {
     match e.reason() {
@@ -420,7 +428,7 @@ fn upstream_failed_before_response(
         // answered, so the client gets a retryable answer of the guard's own.
         _ => {
             tracing::debug!(error = %e, "guard: application connection failed before the response");
-            fail_before_response(respond, grpc, grpc::UPSTREAM_LOST_MESSAGE)
+            fail_before_response(respond, kind, grpc::UPSTREAM_LOST_MESSAGE)
         }
     }
 }
@@ -447,8 +455,8 @@ struct Pump<'a> {
     ctl: &'a StreamCtl,
     body: RecvStream,
     down: SendStream<Bytes>,
-    /// A gRPC response: followed message by message, ended at a boundary.
-    framed: bool,
+    /// Where the body may be ended (gRPC messages, SSE events), if anywhere.
+    bounds: Boundaries,
     l: &'a super::Limits,
     /// PING round trips on the application connection: before the end,
     /// everything already on its way is let arrive.
@@ -458,7 +466,8 @@ struct Pump<'a> {
 impl Pump<'_> {
     async fn run(mut self) -> Outcome {
         let (ctl, l) = (self.ctl, self.l);
-        let mut framer = Framer::default();
+        let endable = self.bounds.endable();
+        // Messages (or events) the response carried.
         let mut messages = 0u64;
         // Set once the stream is asked to end.
         let mut ending: Option<Reason> = None;
@@ -485,7 +494,7 @@ impl Pump<'_> {
                 Next::ClientGone => return Outcome::ClientGone,
                 Next::End(reason) => {
                     ending = Some(reason);
-                    if self.framed && framer.at_boundary() {
+                    if endable && self.bounds.at_boundary() {
                         let now = Instant::now();
                         quiet_at = Some(match last_data {
                             // It just wrote: end in its pause.
@@ -513,7 +522,7 @@ impl Pump<'_> {
                 Next::Timeout => {
                     return match ending {
                         // A producer that never pauses: end at this boundary.
-                        Some(reason) if self.framed && framer.at_boundary() => {
+                        Some(reason) if endable && self.bounds.at_boundary() => {
                             self.end_with_trailers(reason)
                         }
                         _ => self.reset(),
@@ -522,15 +531,18 @@ impl Pump<'_> {
                 Next::Data(Some(Ok(chunk))) => {
                     let len = chunk.len();
                     last_data = Some(Instant::now());
-                    if self.framed {
-                        messages += framer.consume_messages(&chunk);
+                    if endable {
+                        messages += self.bounds.consume(&chunk);
                         if messages >= 2 {
                             ctl.set_long_lived();
                         }
                         if ending.is_some() {
                             // More came: wait for the next pause.
                             flush = None;
-                            quiet_at = framer.at_boundary().then(|| Instant::now() + BURST_GAP);
+                            quiet_at = self
+                                .bounds
+                                .at_boundary()
+                                .then(|| Instant::now() + BURST_GAP);
                         }
                     }
                     // Asked to end while blocked here, the ending's own
@@ -557,29 +569,37 @@ impl Pump<'_> {
                     let _ = self.body.flow_control().release_capacity(len);
                 }
                 Next::Data(None) => return self.finish(ending.is_some()).await,
-                Next::Data(Some(Err(e))) => return self.upstream_failed(&framer, e),
+                Next::Data(Some(Err(e))) => return self.upstream_failed(e),
             }
         }
     }
 
-    /// The guard's own end: `grpc-status: 14` trailers (gRPC at a boundary),
-    /// or a reset for anything else.
+    /// The guard's own end at a boundary: `grpc-status: 14` trailers for
+    /// gRPC, the trailer frame for gRPC-Web, the body's end for SSE; a reset
+    /// for anything else.
     fn end_with_trailers(&mut self, reason: Reason) -> Outcome {
-        if !self.framed {
-            return self.reset();
+        match self.send_end(grpc::end_message(reason)) {
+            Some(true) => Outcome::Ended(reason),
+            Some(false) => Outcome::ClientGone,
+            None => self.reset(),
         }
-        let trailers = grpc::unavailable_trailers(grpc::end_message(reason));
-        match self.down.send_trailers(trailers) {
-            Ok(()) => Outcome::Ended(reason),
-            Err(_) => Outcome::ClientGone,
-        }
+    }
+
+    /// Sends the guard's last words for this body kind: Some(sent), or None
+    /// when the body cannot be ended in-protocol.
+    fn send_end(&mut self, message: &'static str) -> Option<bool> {
+        Some(match self.bounds.ending(message)? {
+            End::Trailers(t) => self.down.send_trailers(t).is_ok(),
+            End::Last(data) => self.down.send_data(data, true).is_ok(),
+        })
     }
 
     /// No safe end point: REFUSED_STREAM for gRPC (clients read it as
     /// UNAVAILABLE and reconnect), CANCEL for other bodies (an aborted
     /// response, never one that looks complete).
     fn reset(&mut self) -> Outcome {
-        let reason = if self.framed || self.ctl.grpc {
+        let grpc = matches!(self.bounds.kind(), Kind::Grpc | Kind::GrpcWeb { .. });
+        let reason = if grpc || self.ctl.grpc {
             h2::Reason::REFUSED_STREAM
         } else {
             h2::Reason::CANCEL
@@ -604,7 +624,7 @@ impl Pump<'_> {
                 Ok(()) => Outcome::Completed,
                 Err(_) => Outcome::ClientGone,
             },
-            Err(e) => self.upstream_failed(&Framer::default(), e),
+            Err(e) => self.upstream_failed(e),
         }
     }
 
@@ -617,20 +637,23 @@ impl Pump<'_> {
     }
 
     /// The application's side failed after the response started.
-    fn upstream_failed(&mut self, framer: &Framer, e: h2::Error) -> Outcome {
+    fn upstream_failed(&mut self, e: h2::Error) -> Outcome {
         tracing::debug!(error = %e, "guard: application failed the stream mid-response");
         if let Some(reason) = e.reason().filter(|_| e.is_reset() && e.is_remote()) {
             // The application's own reset, passed on as it is.
             self.down.send_reset(reason);
             return Outcome::UpstreamFailed;
         }
-        if self.framed && framer.at_boundary() {
+        if self.bounds.at_boundary() {
             // Between messages the client can still get a clean, retryable end.
-            let t = grpc::unavailable_trailers(grpc::UPSTREAM_LOST_MESSAGE);
-            if self.down.send_trailers(t).is_ok() {
-                return Outcome::UpstreamFailed;
-            }
-            return Outcome::ClientGone;
+            return match self.send_end(grpc::UPSTREAM_LOST_MESSAGE) {
+                Some(true) => Outcome::UpstreamFailed,
+                Some(false) => Outcome::ClientGone,
+                None => {
+                    self.reset();
+                    Outcome::UpstreamFailed
+                }
+            };
         }
         self.reset();
         Outcome::UpstreamFailed
