@@ -9,7 +9,6 @@
 //! - what is still open when the binary exits ends gracefully.
 
 #[path = "support/guard.rs"]
-#[allow(dead_code)]
 mod guard_support;
 mod support;
 
