@@ -75,7 +75,7 @@ pub fn default_binary() -> Result<PathBuf, EnvoyError> {
 
 /// The fail-open route retry of the shipped bootstrap
 /// (`deploy/components/envoy/envoy.yaml`, which explains each value).
-const FAILOPEN_RETRY: &str = ", retry_policy: { retry_on: \"connect-failure,refused-stream,reset\", num_retries: 2, \
+pub const FAILOPEN_RETRY: &str = ", retry_policy: { retry_on: \"connect-failure,refused-stream,reset\", num_retries: 2, \
     retry_priority: { name: envoy.retry_priorities.previous_priorities, typed_config: { \"@type\": type.googleapis.com/envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig, update_frequency: 1 } }, \
     retry_host_predicate: [ { name: envoy.retry_host_predicates.previous_hosts, typed_config: { \"@type\": type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate } } ], \
     host_selection_retry_max_attempts: 3, retry_back_off: { base_interval: 0.001s, max_interval: 0.01s } }";
