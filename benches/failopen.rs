@@ -160,14 +160,14 @@ async fn main() {
     }
     let _second = shim(admin_port, guard, app).await;
     let restarted = Instant::now();
-    let mut back = Vec::new();
-    for (v, b) in variants.iter().zip(&before) {
-        back.push(
+    // Watched side by side, so one Envoy's wait does not delay another's.
+    let back: Vec<Option<Duration>> =
+        futures_util::future::join_all(variants.iter().zip(&before).map(|(v, b)| async move {
             wait_host_traffic(v.envoy.admin, guard, *b, AFTER + Duration::from_secs(10))
                 .await
-                .map(|t| t - restarted),
-        );
-    }
+                .map(|t| t - restarted)
+        }))
+        .await;
     tokio::time::sleep_until(restarted + AFTER).await;
 
     let mut rows = Vec::new();

@@ -568,6 +568,20 @@ pub struct SidecarArgs {
     #[arg(long, env = "DRAINSHIM_GUARD_UPSTREAM")]
     pub guard_upstream: Option<SocketAddr>,
 
+    /// Most connections the guard holds open at once; more are closed as
+    /// soon as they are accepted (Envoy retries them, on the app when it
+    /// fails open).
+    #[arg(long, env = "DRAINSHIM_GUARD_MAX_CONNECTIONS", default_value_t = crate::guard::DEFAULT_MAX_CONNECTIONS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    pub guard_max_connections: usize,
+
+    /// Most streams (HTTP/1.1: requests) open through the guard at once, over
+    /// all connections; more are refused retryably (HTTP/2 REFUSED_STREAM,
+    /// HTTP/1.1 503 with Retry-After) before they reach the app.
+    #[arg(long, env = "DRAINSHIM_GUARD_MAX_STREAMS", default_value_t = crate::guard::DEFAULT_MAX_STREAMS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
+    pub guard_max_streams: usize,
+
     /// With the guard, /readyz also checks the data path this often: a TCP
     /// connect to the guard's listener, then to --guard-upstream.
     #[arg(long, env = "DRAINSHIM_READY_INTERVAL", value_parser = config::parse_duration,

@@ -42,6 +42,8 @@ pub fn validate_sidecar(args: &SidecarArgs) -> Result<Validated, String> {
             config.max_connection_age = args.max_connection_age;
             config.max_connection_age_grace = args.max_connection_age_grace;
             config.max_connection_age_spread = args.max_connection_age_spread;
+            config.limits.max_connections = args.guard_max_connections;
+            config.limits.max_streams = args.guard_max_streams;
             if args.max_connection_age.is_some_and(|a| a.is_zero()) {
                 errs.push(
                     "--max-connection-age must be greater than zero (leave it out to turn it off)"

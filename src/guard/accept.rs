@@ -42,6 +42,8 @@ pub async fn serve(guard: Guard, listener: TcpListener, shutdown: CancellationTo
     let inner = guard.inner.clone();
     let local = listener.local_addr().ok();
     tracing::info!(listen = ?local, upstream = %inner.config.upstream, "guard: serving");
+    // Connections closed at the cap so far (for the log).
+    let mut refused = 0u64;
     loop {
         let accepted = tokio::select! {
             biased;
@@ -58,6 +60,19 @@ pub async fn serve(guard: Guard, listener: TcpListener, shutdown: CancellationTo
                 }
             }
         };
+        // The process-wide cap: close at once, before any byte is read. The
+        // peer sees a closed connection (Envoy: a connect failure, which it
+        // retries, on the app when it fails open).
+        let open = inner.connections.load(Ordering::Relaxed);
+        if open >= inner.config.limits.max_connections as u64 {
+            refused += 1;
+            if refused == 1 || refused % 1_000 == 0 {
+                tracing::warn!(%peer, open, refused, max = inner.config.limits.max_connections,
+                    "guard: connection limit reached; closing new connections");
+            }
+            drop(tcp);
+            continue;
+        }
         let info = ConnInfo {
             id: inner.next_connection.fetch_add(1, Ordering::Relaxed),
             peer,

@@ -24,10 +24,21 @@ pub struct Registry {
 struct State {
     /// Set by `terminate_all`: from then on every new stream is refused.
     terminating: bool,
+    /// Open streams allowed at once (`Limits::max_streams`); 0 is no limit.
+    limit: usize,
     /// Next stream key; keys are never reused.
     next: u64,
     /// Open streams by key.
     streams: HashMap<u64, Arc<StreamCtl>>,
+}
+
+/// Why a new stream was not admitted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// The drain is ending every stream.
+    Terminating,
+    /// `Limits::max_streams` streams are open.
+    Full,
 }
 
 /// The guard's handle on one open stream: how to ask it to end.
@@ -108,9 +119,27 @@ impl Registry {
 
     /// Admits a new stream, or returns None while the guard is terminating.
     pub fn register(self: &Arc<Self>, conn: u64, grpc: bool) -> Option<Registered> {
+        self.try_register(conn, grpc).ok()
+    }
+
+    /// A registry that admits at most `limit` open streams (0: no limit).
+    pub fn with_limit(limit: usize) -> Self {
+        Self {
+            state: Mutex::new(State {
+                limit,
+                ..State::default()
+            }),
+        }
+    }
+
+    /// Like [`Registry::register`], saying why a stream is refused.
+    pub fn try_register(self: &Arc<Self>, conn: u64, grpc: bool) -> Result<Registered, Refused> {
         let mut s = self.lock();
         if s.terminating {
-            return None;
+            return Err(Refused::Terminating);
+        }
+        if s.limit > 0 && s.streams.len() >= s.limit {
+            return Err(Refused::Full);
         }
         let key = s.next;
         s.next += 1;
@@ -122,7 +151,7 @@ impl Registry {
             long_lived: AtomicBool::new(false),
         });
         s.streams.insert(key, ctl.clone());
-        Some(Registered {
+        Ok(Registered {
             registry: self.clone(),
             key,
             ctl,
