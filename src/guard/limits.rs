@@ -14,9 +14,12 @@ use super::flood::{FloodLimits, DEFAULT_FLOOD_LIMITS};
 /// the shim's peak stays under its 128 MiB container limit under every attack
 /// in tests/guard_abuse.rs.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
-/// Default for [`Limits::max_streams`]: an idle stream costs the guard about
-/// 6 KiB (README, guard cost), so 10,000 take about 60 MiB.
-pub const DEFAULT_MAX_STREAMS: usize = 10_000;
+/// Default for [`Limits::max_streams`]. An idle stream costs the guard about
+/// 6 KiB (README, guard cost); a stream whose client opened its windows and
+/// never reads holds up to one send buffer (16 KiB) more. Measured
+/// (tests/guard_abuse.rs): 10,000 such streams took the shim to 111-128 MiB,
+/// its whole 128 MiB container limit; 5,000 keep it well below.
+pub const DEFAULT_MAX_STREAMS: usize = 5_000;
 /// Default for [`Limits::max_concurrent_streams`].
 pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 1_000;
 /// Default for [`Limits::max_header_list_size`]: Envoy's own default is 60 KiB,
