@@ -66,7 +66,7 @@ pub async fn serve(guard: Guard, listener: TcpListener, shutdown: CancellationTo
         let open = inner.connections.load(Ordering::Relaxed);
         if open >= inner.config.limits.max_connections as u64 {
             refused += 1;
-            if refused == 1 || refused % 1_000 == 0 {
+            if refused == 1 || refused.is_multiple_of(1_000) {
                 tracing::warn!(%peer, open, refused, max = inner.config.limits.max_connections,
                     "guard: connection limit reached; closing new connections");
             }
