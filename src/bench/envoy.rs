@@ -269,7 +269,7 @@ admin:
     typed_extension_protocol_options:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{ http2_protocol_options: {{}} }}
+        explicit_http_config: {{ http2_protocol_options: {{{windows}}} }}
 {failopen}    load_assignment:
       cluster_name: app
       endpoints:
@@ -281,6 +281,12 @@ admin:
             admin_port = self.admin_port,
             retry = if self.fallback.is_some() { FAILOPEN_RETRY } else { "" },
             failopen = if self.fallback.is_some() { FAILOPEN_CLUSTER } else { "" },
+            // The shipped bootstrap's bounded upstream windows, with its fallback.
+            windows = if self.fallback.is_some() {
+                " initial_stream_window_size: 262144, initial_connection_window_size: 1048576 "
+            } else {
+                ""
+            },
             fallback = match self.fallback {
                 None => String::new(),
                 Some(app) => format!(
