@@ -7,6 +7,7 @@ mod guard_support;
 use std::time::Duration;
 
 use drainshim::guard::{GuardConfig, Limits};
+use drainshim::metrics::Limit;
 use guard_support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -316,6 +317,11 @@ async fn streams_past_the_process_cap_are_refused_retryably() {
     let head = String::from_utf8_lossy(&answer).to_ascii_lowercase();
     assert!(head.starts_with("http/1.1 503"), "{head}");
     assert!(head.contains("retry-after: 0"), "{head}");
+    assert_eq!(
+        g.metrics.guard_limited(Limit::streams).get(),
+        2,
+        "both refusals counted"
+    );
 
     // One stream ends: a new one is admitted again.
     held[0].done.abort();
@@ -369,6 +375,7 @@ async fn connections_past_the_cap_are_closed() {
             .expect("echo"),
         "c"
     );
+    assert!(g.metrics.guard_limited(Limit::connections).get() >= 1);
 
     drop(second);
     wait_until("a slot frees up", || {

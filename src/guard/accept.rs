@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::sniff::{sniff, Protocol, MAX_LINGER};
 use super::{h1, h2conn, Guard, Inner};
 use crate::drain::StreamGuard;
+use crate::metrics::Limit;
 
 /// Pause after a failed accept (typically EMFILE), so the loop does not spin
 /// while descriptors are exhausted.
@@ -66,6 +67,7 @@ pub async fn serve(guard: Guard, listener: TcpListener, shutdown: CancellationTo
         let open = inner.connections.load(Ordering::Relaxed);
         if open >= inner.config.limits.max_connections as u64 {
             refused += 1;
+            inner.metrics.guard_limited(Limit::connections).inc();
             if refused == 1 || refused.is_multiple_of(1_000) {
                 tracing::warn!(%peer, open, refused, max = inner.config.limits.max_connections,
                     "guard: connection limit reached; closing new connections");

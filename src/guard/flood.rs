@@ -34,10 +34,12 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
+use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
 use super::sniff::H2_PREFACE;
+use crate::metrics::{Limit, Metrics};
 
 const FRAME_HEADER: usize = 9;
 const RST_STREAM: u8 = 0x3;
@@ -82,14 +84,17 @@ struct Bucket {
     rate: Rate,
     tokens: f64,
     at: Instant,
+    /// Counts the pauses this bucket caused.
+    paused: Counter,
 }
 
 impl Bucket {
-    fn new(rate: Rate, now: Instant) -> Self {
+    fn new(rate: Rate, now: Instant, paused: Counter) -> Self {
         Self {
             rate,
             tokens: f64::from(rate.burst),
             at: now,
+            paused,
         }
     }
 
@@ -103,6 +108,7 @@ impl Bucket {
             self.tokens -= 1.0;
             return Ok(());
         }
+        self.paused.inc();
         if self.rate.per_second == 0 {
             // A zero rate never refills: wait a long time, not forever.
             return Err(now + Duration::from_secs(3600));
@@ -142,17 +148,22 @@ pub struct Flood<T> {
 
 impl<T> Flood<T> {
     /// Wraps the byte stream of a connection that starts with the HTTP/2
-    /// preface (as every sniffed HTTP/2 connection does).
-    pub fn new(inner: T, limits: FloodLimits) -> Self {
+    /// preface (as every sniffed HTTP/2 connection does); each pause is
+    /// counted in `metrics` (`drainshim_guard_limited_total`).
+    pub fn new(inner: T, limits: FloodLimits, metrics: &Metrics) -> Self {
         let now = Instant::now();
         Self {
             inner,
             buf: BytesMut::with_capacity(READ_CHUNK),
             released: 0,
             skip: H2_PREFACE.len(),
-            ping: Bucket::new(limits.ping, now),
-            settings: Bucket::new(limits.settings, now),
-            rst_stream: Bucket::new(limits.rst_stream, now),
+            ping: Bucket::new(limits.ping, now, metrics.guard_limited(Limit::ping)),
+            settings: Bucket::new(limits.settings, now, metrics.guard_limited(Limit::settings)),
+            rst_stream: Bucket::new(
+                limits.rst_stream,
+                now,
+                metrics.guard_limited(Limit::rst_stream),
+            ),
             sleep: None,
             eof: false,
         }
@@ -325,7 +336,7 @@ mod tests {
             bytes.extend(frame(ty, len));
         }
         client.write_all(&bytes).await.expect("write");
-        let mut f = Flood::new(server, DEFAULT_FLOOD_LIMITS);
+        let mut f = Flood::new(server, DEFAULT_FLOOD_LIMITS, &Metrics::new());
         assert_eq!(read_for(&mut f, bytes.len()).await, bytes);
     }
 
@@ -337,7 +348,7 @@ mod tests {
             bytes.extend(frame(PING, 8));
         }
         client.write_all(&bytes).await.expect("write");
-        let mut f = Flood::new(server, slow_pings());
+        let mut f = Flood::new(server, slow_pings(), &Metrics::new());
         let start = Instant::now();
         assert_eq!(read_for(&mut f, bytes.len()).await, bytes);
         // 5 at once, then 20 at 10/s.
@@ -357,7 +368,7 @@ mod tests {
         }
         bytes.extend(frame(0x0, 1_000));
         client.write_all(&bytes).await.expect("write");
-        let mut f = Flood::new(server, slow_pings());
+        let mut f = Flood::new(server, slow_pings(), &Metrics::new());
         let start = Instant::now();
         assert_eq!(read_for(&mut f, bytes.len()).await, bytes);
         assert_eq!(start.elapsed(), Duration::ZERO);
@@ -366,7 +377,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_frame_header_split_across_reads_is_parsed() {
         let (mut client, server) = tokio::io::duplex(1 << 20);
-        let mut f = Flood::new(server, slow_pings());
+        let mut f = Flood::new(server, slow_pings(), &Metrics::new());
         let mut bytes = H2_PREFACE.to_vec();
         for _ in 0..6 {
             bytes.extend(frame(PING, 8));

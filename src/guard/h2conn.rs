@@ -114,7 +114,7 @@ fn poll_connection(
 
 pub async fn serve(inner: Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
     let reclaim = io.reclaim();
-    let io = Flood::new(io, inner.config.limits.flood);
+    let io = Flood::new(io, inner.config.limits.flood, &inner.metrics);
     drive(&inner, io, info).await;
     // The h2 connection is dropped: close the socket without an RST.
     if let Some(tcp) = reclaim.take() {

@@ -182,7 +182,10 @@ impl Inner {
 impl Guard {
     /// A guard proxying to `config.upstream`; nothing runs until [`Guard::serve`].
     pub fn new(config: GuardConfig, metrics: Metrics) -> Self {
-        let registry = Arc::new(registry::Registry::with_limit(config.limits.max_streams));
+        let registry = Arc::new(registry::Registry::with_limit(
+            config.limits.max_streams,
+            metrics.guard_limited(crate::metrics::Limit::streams),
+        ));
         Self {
             inner: Arc::new(Inner {
                 config,

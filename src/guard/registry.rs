@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
+use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -26,6 +27,8 @@ struct State {
     terminating: bool,
     /// Open streams allowed at once (`Limits::max_streams`); 0 is no limit.
     limit: usize,
+    /// Counts the streams refused at `limit`.
+    refused: Counter,
     /// Next stream key; keys are never reused.
     next: u64,
     /// Open streams by key.
@@ -122,11 +125,13 @@ impl Registry {
         self.try_register(conn, grpc).ok()
     }
 
-    /// A registry that admits at most `limit` open streams (0: no limit).
-    pub fn with_limit(limit: usize) -> Self {
+    /// A registry that admits at most `limit` open streams (0: no limit),
+    /// counting each one refused in `refused`.
+    pub fn with_limit(limit: usize, refused: Counter) -> Self {
         Self {
             state: Mutex::new(State {
                 limit,
+                refused,
                 ..State::default()
             }),
         }
@@ -139,6 +144,7 @@ impl Registry {
             return Err(Refused::Terminating);
         }
         if s.limit > 0 && s.streams.len() >= s.limit {
+            s.refused.inc();
             return Err(Refused::Full);
         }
         let key = s.next;
