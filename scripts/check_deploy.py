@@ -30,7 +30,14 @@ Checks:
              Pod Security "privileged" namespace, /readyz probe, metrics port
   envoy      the Envoy bootstrap validates with the real Envoy of the image's
              version (`envoy --mode validate`) and agrees with drainshim's
-             flags (admin address, INBOUND listener, cluster -> guard)
+             flags (admin address, INBOUND listener, cluster -> guard); it
+             fails open: priority 0 the guard (health-checked), priority 1
+             the app's own port, a retry to the other priority, bounded
+             HTTP/2 windows. Every app container is as in deploy/base
+             (image, command, args): the guard listens on 15097 and forwards
+             to the app's own port. Under Istio, a Sidecar points the
+             inbound cluster at the guard and an EnvoyFilter adds the app as
+             its fallback
   rules      prometheusrule.yaml carries exactly the groups of rules.yaml
   metrics    every metric queried by the rules and the dashboard is in the
              contract (docs/design.md), or recorded by rules.yaml
@@ -69,7 +76,8 @@ OVERLAYS_WITH_SHIM = {"sidecar", "native-sidecar", "istio"}
 # they carry is checked otherwise: the PrometheusRule's groups must equal
 # rules.yaml (which promtool checks and unit-tests), and the PodMonitor's
 # scrape port must be a port the shim containers declare.
-CRD_KINDS = {"PodMonitor", "PrometheusRule"}
+# Istio's Sidecar and EnvoyFilter (istio/) are checked by check_istio_failopen.
+CRD_KINDS = {"PodMonitor", "PrometheusRule", "Sidecar", "EnvoyFilter"}
 SCHEMA_VERSIONS = ["1.30.0"]  # the oldest supported; the latest is added at run time
 
 # drainshim defaults (docs/design.md, src/config.rs), in seconds.
@@ -93,6 +101,18 @@ AGENT_CAPABILITIES = {"SYS_ADMIN", "SYS_PTRACE"}
 # node-mode checks can never pass by finding nothing to check.
 OVERLAYS_WITH_AGENT = {"daemonset"}
 OVERLAYS_WITH_NODE_WORKLOAD = {"daemonset-workload"}
+
+# Adopting the guard changes no app: the guard listens on its own port and
+# forwards to the app's own, unchanged one (the port the app declares in
+# deploy/base). Envoy's inbound cluster sends to the guard with the app as
+# its priority 1 fallback.
+GUARD_PORT = 15097
+# Overlays that must wire Istio's inbound cluster to the guard, failing open.
+OVERLAYS_WITH_ISTIO_FAILOPEN = {"istio"}
+# Envoy's upstream HTTP/2 windows must stay bounded (backpressure end to end):
+# at most these, in bytes (Envoy's defaults are 256 MiB).
+MAX_STREAM_WINDOW = 1024 * 1024
+MAX_CONNECTION_WINDOW = 4 * 1024 * 1024
 
 POD_TEMPLATE_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"}
 
@@ -239,8 +259,128 @@ def prestop_http(c: dict) -> dict | None:
 
 # ------------------------------------------------------------- pod checks
 
+def base_app_containers(base_docs: list[dict]) -> dict[str, dict]:
+    """The containers of deploy/base's workloads, by name: the apps before
+    drainshim."""
+    return {c.get("name"): c for d in base_docs for _, _, spec in pod_specs(d)
+            for c, _, _ in all_containers(spec)}
+
+
+def app_port(base_apps: dict[str, dict]) -> int | None:
+    """The app's own port, as deploy/base declares it."""
+    ports = [pt.get("containerPort") for c in base_apps.values() for pt in c.get("ports") or []]
+    return ports[0] if len(ports) == 1 else None
+
+
+def check_app_unchanged(ck: Checker, where: str, spec: dict, s: dict[str, str], base_apps: dict[str, dict]) -> None:
+    """Adopting the guard changes no app: every container of deploy/base keeps
+    its image, command and args; the guard listens on GUARD_PORT and forwards
+    to the app's own port."""
+    if not ck.check("wiring", bool(base_apps), f"{where}: deploy/base rendered no app container to compare with"):
+        return
+    for c, _, _ in all_containers(spec):
+        before = base_apps.get(c.get("name"))
+        if before is None:
+            continue
+        for key in ("image", "command", "args"):
+            ck.check("wiring", c.get(key) == before.get(key),
+                     f"{where}: {c.get('name')}: {key} {c.get(key)!r} differs from deploy/base ({before.get(key)!r}): adopting the guard must change no app")
+    port = app_port(base_apps)
+    gh, gp = host_port(s["guard-listen"])
+    ck.check("wiring", gp == GUARD_PORT, f"{where}: --guard-listen port {gp}, want {GUARD_PORT} (the guard's own port; the app keeps its own)")
+    if "guard-upstream" in s:
+        uh, up = host_port(s["guard-upstream"])
+        ck.check("wiring", up == port and is_loopback(uh),
+                 f"{where}: --guard-upstream {s['guard-upstream']}, want 127.0.0.1:{port}, the app's own port in deploy/base")
+    print(f"  {where}: app unchanged (port {port}); guard {s['guard-listen']} -> {s.get('guard-upstream')}")
+
+
+def check_failopen_cluster(ck: Checker, where: str, boot: dict, guard_port: int, app_port_: int | None) -> None:
+    """The INBOUND listener's route goes to a cluster whose priority 0 is the
+    guard (health-checked) and whose priority 1 is the app, with a retry to
+    the other priority, room for the retries, and bounded HTTP/2 windows."""
+    sr = boot.get("static_resources") or {}
+    routes = [
+        r
+        for li in sr.get("listeners") or [] if li.get("traffic_direction") == "INBOUND"
+        for fc in li.get("filter_chains") or [] for f in fc.get("filters") or []
+        for vh in (((f.get("typed_config") or {}).get("route_config") or {}).get("virtual_hosts") or [])
+        for r in vh.get("routes") or []
+    ]
+    if not ck.check("envoy", bool(routes), f"{where}: no route on the INBOUND listener"):
+        return
+    clusters = {cl.get("name"): cl for cl in sr.get("clusters") or []}
+    for r in routes:
+        ra = r.get("route") or {}
+        cl = clusters.get(ra.get("cluster"))
+        if not ck.check("envoy", cl is not None, f"{where}: inbound route to unknown cluster {ra.get('cluster')!r}"):
+            continue
+        by_prio: dict[int, set[int]] = {}
+        for grp in (cl.get("load_assignment") or {}).get("endpoints") or []:
+            by_prio.setdefault(int(grp.get("priority", 0)), set()).update(
+                ep["endpoint"]["address"]["socket_address"]["port_value"] for ep in grp.get("lb_endpoints") or [])
+        ck.check("envoy", by_prio.get(0) == {guard_port},
+                 f"{where}: cluster {cl.get('name')}: priority 0 goes to {sorted(by_prio.get(0, []))}, want the guard's port {guard_port}")
+        ck.check("envoy", app_port_ is not None and by_prio.get(1) == {app_port_},
+                 f"{where}: cluster {cl.get('name')}: priority 1 goes to {sorted(by_prio.get(1, []))}, want the app's own port {app_port_} (the fallback while the guard is down)")
+        hc = cl.get("health_checks") or []
+        ck.check("envoy", bool(hc) and all(h.get("no_traffic_interval") for h in hc),
+                 f"{where}: cluster {cl.get('name')}: no active health check (with no_traffic_interval) of the guard: Envoy would not see it die or come back")
+        rp = ra.get("retry_policy") or {}
+        on = set(str(rp.get("retry_on", "")).split(","))
+        ck.check("envoy", {"connect-failure", "refused-stream"} <= on
+                 and (rp.get("retry_priority") or {}).get("name") == "envoy.retry_priorities.previous_priorities",
+                 f"{where}: inbound route: want retry_on connect-failure,refused-stream and retry_priority previous_priorities (a call the dead guard failed is retried on the app); got {rp}")
+        mr = [t.get("max_retries") for t in (cl.get("circuit_breakers") or {}).get("thresholds") or []]
+        ck.check("envoy", bool(mr) and all((m or 3) >= 100 for m in mr),
+                 f"{where}: cluster {cl.get('name')}: circuit_breakers max_retries {mr}: Envoy's default of 3 fails all but 3 of the calls in flight when the guard dies")
+        h2 = ((((cl.get("typed_extension_protocol_options") or {})
+                .get("envoy.extensions.upstreams.http.v3.HttpProtocolOptions") or {})
+               .get("explicit_http_config") or {}).get("http2_protocol_options"))
+        if h2 is not None:
+            sw, cw = h2.get("initial_stream_window_size"), h2.get("initial_connection_window_size")
+            ck.check("envoy", sw is not None and int(sw) <= MAX_STREAM_WINDOW and cw is not None and int(cw) <= MAX_CONNECTION_WINDOW,
+                     f"{where}: cluster {cl.get('name')}: http2 windows stream {sw} / connection {cw}: bound them (<= {MAX_STREAM_WINDOW} / {MAX_CONNECTION_WINDOW}) so backpressure holds end to end")
+        print(f"  {where}: cluster {cl.get('name')}: guard :{guard_port} (priority 0, health-checked) -> app :{app_port_} (priority 1), retry {rp.get('retry_on')}")
+
+
+def check_istio_failopen(ck: Checker, overlay: str, docs: list[dict], base_apps: dict[str, dict]) -> None:
+    """Under Istio: a Sidecar points the inbound cluster of the app's port at
+    the guard, and an EnvoyFilter adds the app as priority 1 and the retry."""
+    port = app_port(base_apps)
+    shims = [shim_settings(c) for d in docs for _, _, spec in pod_specs(d)
+             for c, _, _ in all_containers(spec) if is_drainshim(c, "sidecar")]
+    guards = {s["guard-listen"] for s in shims if "guard-listen" in s}
+    sidecars = [d for d in docs if d.get("kind") == "Sidecar"]
+    filters = [d for d in docs if d.get("kind") == "EnvoyFilter"]
+    if not ck.check("wiring", bool(sidecars) and bool(filters),
+                    f"{overlay}: want a Sidecar (ingress defaultEndpoint -> the guard) and an EnvoyFilter (the app as fallback)"):
+        return
+    eps = {(i.get("port") or {}).get("number"): i.get("defaultEndpoint") for sc in sidecars for i in (sc.get("spec") or {}).get("ingress") or []}
+    ck.check("wiring", eps.get(port) in guards,
+             f"{overlay}: Sidecar ingress for port {port} has defaultEndpoint {eps.get(port)!r}, want the guard's --guard-listen {sorted(guards)}")
+    prio1, retry = set(), {}
+    for f in filters:
+        for cp in (f.get("spec") or {}).get("configPatches") or []:
+            m, v = cp.get("match") or {}, ((cp.get("patch") or {}).get("value") or {})
+            if m.get("context") != "SIDECAR_INBOUND":
+                continue
+            if cp.get("applyTo") == "CLUSTER" and (m.get("cluster") or {}).get("portNumber") == port:
+                ck.check("wiring", bool(v.get("health_checks")), f"{overlay}: the EnvoyFilter's cluster patch has no health check of the guard")
+                for grp in (v.get("load_assignment") or {}).get("endpoints") or []:
+                    if int(grp.get("priority", 0)) == 1:
+                        prio1.update(ep["endpoint"]["address"]["socket_address"]["port_value"] for ep in grp.get("lb_endpoints") or [])
+            if cp.get("applyTo") == "HTTP_ROUTE" and (m.get("routeConfiguration") or {}).get("portNumber") == port:
+                retry = (v.get("route") or {}).get("retry_policy") or {}
+    ck.check("wiring", prio1 == {port}, f"{overlay}: the EnvoyFilter adds priority 1 endpoints {sorted(prio1)}, want the app's port {port}")
+    ck.check("wiring", (retry.get("retry_priority") or {}).get("name") == "envoy.retry_priorities.previous_priorities"
+             and "connect-failure" in str(retry.get("retry_on")),
+             f"{overlay}: the EnvoyFilter's inbound route has no retry to the other priority on connect-failure")
+    print(f"  {overlay}: Istio inbound :{port} -> guard {eps.get(port)} (Sidecar), app :{port} as priority 1 + retry (EnvoyFilter)")
+
+
 def check_pod(ck: Checker, overlay: str, name: str, meta: dict, spec: dict,
-              configmaps: dict[str, dict], envoy_cache: Path) -> bool:
+              configmaps: dict[str, dict], envoy_cache: Path, base_apps: dict[str, dict]) -> bool:
     """All per-pod checks; returns whether the pod has a drainshim sidecar."""
     where = f"{overlay}: {name}"
     shims = [(c, init, side) for c, init, side in all_containers(spec) if is_drainshim(c, "sidecar")]
@@ -345,11 +485,12 @@ def check_pod(ck: Checker, overlay: str, name: str, meta: dict, spec: dict,
     guard = s.get("guard-listen")
     if guard is not None:
         ck.check("wiring", "guard-upstream" in s, f"{where}: --guard-listen without --guard-upstream")
+        check_app_unchanged(ck, where, spec, s, base_apps)
 
     # --- Envoy (plain) ------------------------------------------------------
     for c, init, side in all_containers(spec):
         if "envoyproxy/envoy" in c.get("image", ""):
-            check_envoy(ck, where, c, spec, s, d, guard, configmaps, envoy_cache)
+            check_envoy(ck, where, c, spec, s, d, guard, configmaps, envoy_cache, app_port(base_apps))
 
     # --- Istio --------------------------------------------------------------
     ann = meta.get("annotations") or {}
@@ -361,9 +502,7 @@ def check_pod(ck: Checker, overlay: str, name: str, meta: dict, spec: dict,
         tdd = duration(pc["terminationDrainDuration"]) if "terminationDrainDuration" in pc else ISTIO_TERMINATION_DRAIN_DEFAULT
         ck.check("budget", p + tdd < grace,
                  f"{where}: --parent-shutdown-time {p:g}s + terminationDrainDuration {tdd:g}s must be < grace {grace:g}s: pilot-agent waits that long after the hook returns")
-        if guard is not None:
-            ck.check("wiring", not is_loopback(host_port(guard)[0]),
-                     f"{where}: under Istio the inbound cluster dials <pod IP>:port, so --guard-listen {guard} must not be loopback")
+        # The guard's address is the Sidecar's defaultEndpoint (check_istio_failopen).
         excluded = [x.strip() for x in str(ann.get("traffic.sidecar.istio.io/excludeInboundPorts", "")).split(",")]
         ck.check("wiring", str(listen_port) in excluded,
                  f"{where}: port {listen_port} is not in traffic.sidecar.istio.io/excludeInboundPorts: scrapes and probes would go through the proxy being drained")
@@ -399,7 +538,7 @@ def envoy_bootstrap(c: dict, spec: dict, configmaps: dict[str, dict]) -> tuple[s
 
 
 def check_envoy(ck: Checker, where: str, c: dict, spec: dict, s: dict, drain: float,
-                guard: str | None, configmaps: dict[str, dict], envoy_cache: Path) -> None:
+                guard: str | None, configmaps: dict[str, dict], envoy_cache: Path, app: int | None) -> None:
     args = [str(a) for a in c.get("args") or []]
     ef = envoy_args(c)
     ck.check("budget", "--drain-time-s" in ef and float(ef["--drain-time-s"]) == drain,
@@ -421,6 +560,9 @@ def check_envoy(ck: Checker, where: str, c: dict, spec: dict, s: dict, drain: fl
     listeners = boot.get("static_resources", {}).get("listeners", [])
     ck.check("envoy", any(li.get("traffic_direction") == "INBOUND" for li in listeners),
              f"{where}: no listener has traffic_direction: INBOUND; drainshim counts only inbound streams")
+    # Fail open, with or without a guard in this pod (node mode: none yet,
+    # so priority 0 stays unhealthy and the app serves).
+    check_failopen_cluster(ck, where, boot, host_port(guard)[1] if guard is not None else GUARD_PORT, app)
     if guard is not None:
         gport = host_port(guard)[1]
         eps = {
@@ -627,7 +769,7 @@ def is_node_prestop(http: dict | None) -> bool:
 
 
 def check_node_workload(ck: Checker, overlay: str, name: str, meta: dict, spec: dict, agents: list[Agent],
-                        configmaps: dict[str, dict], envoy_cache: Path) -> bool:
+                        configmaps: dict[str, dict], envoy_cache: Path, base_apps: dict[str, dict]) -> bool:
     """A pod whose preStop is an httpGet to the node agent's listener (and
     which has no drainshim sidecar, whose own checks are in check_pod).
     Returns whether the pod is one."""
@@ -703,7 +845,7 @@ def check_node_workload(ck: Checker, overlay: str, name: str, meta: dict, spec: 
     for agent in agents:
         if "envoyproxy/envoy" in proxy.get("image", ""):
             check_envoy(ck, where, proxy, spec, {"envoy-admin": f"http://127.0.0.1:{agent.pod_admin_port}"},
-                        agent.timers["drain-time"], None, configmaps, envoy_cache)
+                        agent.timers["drain-time"], None, configmaps, envoy_cache, app_port(base_apps))
     return True
 
 
@@ -824,7 +966,10 @@ def promql_metrics(expr: str) -> set[str]:
     return names
 
 
-def check_metrics(ck: Checker, rules: dict, dashboard: dict, contract: set[str]) -> None:
+def check_metrics(ck: Checker, rules: dict, dashboard: dict, contract: set[str], exported: set[str]) -> None:
+    """Alerts may also read what the shim exports beyond the contract (e.g.
+    drainshim_envoy_stuck_draining, the recovery watcher's gauge): it is real
+    and registered in src/metrics.rs. The dashboard sticks to the contract."""
     recorded = {r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r}
     for g in rules["groups"]:
         for r in g["rules"]:
@@ -832,8 +977,8 @@ def check_metrics(ck: Checker, rules: dict, dashboard: dict, contract: set[str])
             used = promql_metrics(r["expr"])
             ck.check("metrics", bool(used), f"rules.yaml {what}: reads no metric?")
             for n in used:
-                ck.check("metrics", n in contract or n in recorded,
-                         f"rules.yaml {what}: {n} is neither a docs/design.md metric nor recorded in rules.yaml")
+                ck.check("metrics", n in contract or n in recorded or n in exported,
+                         f"rules.yaml {what}: {n} is neither a docs/design.md metric, nor exported by src/metrics.rs, nor recorded in rules.yaml")
     for p in dashboard_panels(dashboard):
         for t in p.get("targets", []):
             for n in promql_metrics(t.get("expr", "")):
@@ -967,6 +1112,7 @@ def run_check(rendered: Path, envoy_cache: Path, design: Path | None) -> int:
         if overlay in OVERLAYS_WITH_AGENT:
             ck.check("node", len(found) == 1, f"{overlay}: {len(found)} `drainshim node` DaemonSets, want 1")
         agents += found
+    base_apps = base_app_containers(rendered_docs.get("base", []))
     print("== per-pod checks (budget, wiring, envoy)")
     for overlay, docs in rendered_docs.items():
         ck.check("schema", bool(docs), f"{overlay}: renders nothing")
@@ -976,18 +1122,20 @@ def run_check(rendered: Path, envoy_cache: Path, design: Path | None) -> int:
         for d in docs:
             for name, meta, spec in pod_specs(d):
                 check_no_privileged(ck, overlay, name, spec)
-                if check_pod(ck, overlay, name, meta, spec, configmaps, envoy_cache):
+                if check_pod(ck, overlay, name, meta, spec, configmaps, envoy_cache, base_apps):
                     with_shim += 1
                     for c, _, _ in all_containers(spec):
                         if is_drainshim(c, "sidecar"):
                             shim_ports.update(p.get("name") for p in c.get("ports") or [])
-                elif check_node_workload(ck, overlay, name, meta, spec, agents, configmaps, envoy_cache):
+                elif check_node_workload(ck, overlay, name, meta, spec, agents, configmaps, envoy_cache, base_apps):
                     with_node += 1
         if overlay in OVERLAYS_WITH_SHIM:
             ck.check("wiring", with_shim > 0, f"{overlay}: no pod with a drainshim sidecar")
         if overlay in OVERLAYS_WITH_NODE_WORKLOAD:
             ck.check("wiring", with_node > 0, f"{overlay}: no pod with the node-mode preStop")
         check_services(ck, overlay, docs)
+        if overlay in OVERLAYS_WITH_ISTIO_FAILOPEN or any(d.get("kind") == "Sidecar" for d in docs):
+            check_istio_failopen(ck, overlay, docs, base_apps)
         if overlay == "monitoring":
             monitoring_docs = docs
 
@@ -1008,7 +1156,7 @@ def run_check(rendered: Path, envoy_cache: Path, design: Path | None) -> int:
         print(f"  contract: {len(contract)} metric series names registered in src/metrics.rs "
               "(docs/design.md not found)")
     if dashboard is not None:
-        check_metrics(ck, rules, dashboard, contract)
+        check_metrics(ck, rules, dashboard, contract, exported)
         n = sum(len(p.get("targets", [])) for p in dashboard_panels(dashboard))
         print(f"  dashboard.json: {len(list(dashboard_panels(dashboard)))} panels, {n} queries")
     missing = sorted(n for n in contract - exported if not n.endswith(("_bucket", "_sum", "_count")))

@@ -52,7 +52,12 @@ pub enum Command {
             POST /drain, on GET|POST /drain?wait=true (what a preStop httpGet calls; it answers \
             with the drain report), or on SIGTERM. A second SIGTERM skips to the deadline. After a \
             drain started by SIGTERM the process prints the report as one JSON line on stdout and \
-            exits 0.",
+            exits 0.\n\n\
+            /readyz is 503 while draining, while Envoy is not ready, and, with the stream guard, \
+            while the data path is down: every --ready-interval (1s) the shim connects to the \
+            guard's listener and then to --guard-upstream; after --ready-failures (3) consecutive \
+            failed checks /readyz is 503, and one passing check makes it 200 again. At start it \
+            is 503 until a check passes.",
         after_help = EXIT_CODES
     )]
     Sidecar(SidecarArgs),
@@ -562,6 +567,32 @@ pub struct SidecarArgs {
     /// The application port the guard forwards to.
     #[arg(long, env = "DRAINSHIM_GUARD_UPSTREAM")]
     pub guard_upstream: Option<SocketAddr>,
+
+    /// Most connections the guard holds open at once; more are closed as
+    /// soon as they are accepted (Envoy retries them, on the app when it
+    /// fails open).
+    #[arg(long, env = "DRAINSHIM_GUARD_MAX_CONNECTIONS", default_value_t = crate::guard::DEFAULT_MAX_CONNECTIONS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    pub guard_max_connections: usize,
+
+    /// Most streams (HTTP/1.1: requests) open through the guard at once, over
+    /// all connections; more are refused retryably (HTTP/2 REFUSED_STREAM,
+    /// HTTP/1.1 503 with Retry-After) before they reach the app.
+    #[arg(long, env = "DRAINSHIM_GUARD_MAX_STREAMS", default_value_t = crate::guard::DEFAULT_MAX_STREAMS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
+    pub guard_max_streams: usize,
+
+    /// With the guard, /readyz also checks the data path this often: a TCP
+    /// connect to the guard's listener, then to --guard-upstream.
+    #[arg(long, env = "DRAINSHIM_READY_INTERVAL", value_parser = config::parse_duration,
+          default_value = "1s")]
+    pub ready_interval: Duration,
+
+    /// /readyz turns 503 after this many consecutive failed data-path checks
+    /// (one slow probe never flips it) and 200 again after one passing check.
+    #[arg(long, env = "DRAINSHIM_READY_FAILURES", default_value_t = crate::readiness::DEFAULT_FAILURES,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub ready_failures: u32,
 
     /// Close each guard connection after this age (±10% jitter): GOAWAY, a
     /// grace, then open streams end with grpc-status 14. Off by default.

@@ -51,6 +51,9 @@ pub struct Control {
     /// The watcher of a stuck or half-drained Envoy; `/readyz` is 503 while
     /// it says so. None when nothing watches (node mode has its own view).
     pub envoy_health: Option<crate::recovery::EnvoyHealth>,
+    /// Whether the guard accepts and the app answers (`--ready-failures`
+    /// rule); `/readyz` is 503 while it says no. None without a guard.
+    pub data_path: Option<crate::readiness::DataPath>,
 }
 
 /// Loopback, or inside one of the allowed networks. IPv4-mapped IPv6
@@ -212,6 +215,12 @@ impl Control {
             .as_ref()
             .and_then(|h| h.not_ready_reason())
         {
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {reason}\n"),
+            );
+        }
+        if let Some(reason) = self.data_path.as_ref().and_then(|d| d.not_ready_reason()) {
             return text(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("not ready: {reason}\n"),

@@ -17,6 +17,7 @@ pub mod inventory;
 pub mod metrics;
 pub mod node;
 pub mod prestop;
+pub mod readiness;
 pub mod recovery;
 pub mod sidecar;
 pub mod telemetry;

@@ -48,6 +48,27 @@ pub struct ReasonLabels {
     pub reason: Reason,
 }
 
+/// Which of the stream guard's limits acted (`drainshim_guard_limited_total{limit}`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Limit {
+    /// A connection closed at accept: `--guard-max-connections` were open.
+    connections,
+    /// A stream (HTTP/1.1: request) refused: `--guard-max-streams` were open.
+    streams,
+    /// A connection's reads paused by the PING rate limit.
+    ping,
+    /// A connection's reads paused by the SETTINGS rate limit.
+    settings,
+    /// A connection's reads paused by the RST_STREAM rate limit.
+    rst_stream,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabels {
+    pub limit: Limit,
+}
+
 /// One proxy in the version inventory (`drainshim_proxy_info`).
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProxyLabels {
@@ -131,6 +152,11 @@ pub mod help {
         "envoy_recoveries",
         "Times the shim restored Envoy's health check left failed by an earlier drain (listeners still up)",
     );
+    /// Contract extension (guard): see `guard::limits`.
+    pub const GUARD_LIMITED: (&str, &str) = (
+        "guard_limited",
+        "Stream guard limits at work: connections closed at accept, streams refused (retryably), and connection reads paused by a PING, SETTINGS or RST_STREAM rate limit",
+    );
     pub const TCP_RESETS: (&str, &str) = (
         "tcp_resets",
         "TCP resets and aborts counted by the kernel in the pod's network namespace",
@@ -153,6 +179,8 @@ pub struct Metrics {
     pub envoy_config_updates: Family<ConfigLabels, Counter>,
     pub envoy_upstream_retries: Family<VersionLabels, Counter>,
     pub tcp_resets: Family<KindLabels, Counter>,
+    /// The stream guard's process caps and frame rate limits at work.
+    pub guard_limited: Family<LimitLabels, Counter>,
     /// Every Envoy version passed to `set_proxy`. prometheus-client cannot
     /// list a Family's label sets, and node mode must find the version-keyed
     /// series to re-label them per pod.
@@ -166,6 +194,13 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// The counter of one guard limit.
+    pub fn guard_limited(&self, limit: Limit) -> Counter {
+        self.guard_limited
+            .get_or_create(&LimitLabels { limit })
+            .clone()
+    }
+
     /// Metrics registered nowhere: node mode keeps one set per pod and
     /// encodes them itself, with pod labels.
     pub fn new() -> Self {
@@ -189,6 +224,7 @@ impl Metrics {
             envoy_config_updates: Family::default(),
             envoy_upstream_retries: Family::default(),
             tcp_resets: Family::default(),
+            guard_limited: Family::default(),
             versions_seen: Arc::default(),
         };
         let r = registry.sub_registry_with_prefix("drainshim");
@@ -238,6 +274,11 @@ impl Metrics {
             m.envoy_upstream_retries.clone(),
         );
         r.register(help::TCP_RESETS.0, help::TCP_RESETS.1, m.tcp_resets.clone());
+        r.register(
+            help::GUARD_LIMITED.0,
+            help::GUARD_LIMITED.1,
+            m.guard_limited.clone(),
+        );
         m
     }
 

@@ -19,6 +19,7 @@ use crate::drain::{self, DrainSettings, Report, StreamGuard, Trigger};
 use crate::envoy::AdminClient;
 use crate::guard::{Guard, GuardConfig};
 use crate::metrics::{Metrics, SidecarMetrics};
+use crate::readiness::{self, DataPath};
 use crate::recovery;
 use crate::telemetry::Telemetry;
 
@@ -46,6 +47,8 @@ pub fn validate_sidecar(args: &SidecarArgs) -> Result<Validated, String> {
             if args.write_stall_timeout.is_zero() {
                 errs.push("--write-stall-timeout must be greater than zero".into());
             }
+            config.limits.max_connections = args.guard_max_connections;
+            config.limits.max_streams = args.guard_max_streams;
             if args.max_connection_age.is_some_and(|a| a.is_zero()) {
                 errs.push(
                     "--max-connection-age must be greater than zero (leave it out to turn it off)"
@@ -165,6 +168,7 @@ pub async fn start(args: SidecarArgs, settings: Validated) -> Result<Sidecar, Si
     let shutdown = CancellationToken::new();
     let mut guard_addr = None;
     let mut guard_task = None;
+    let mut data_path = None;
     let guard: Option<Arc<dyn StreamGuard>> = match settings.guard {
         None => None,
         Some((addr, config)) => {
@@ -174,10 +178,23 @@ pub async fn start(args: SidecarArgs, settings: Validated) -> Result<Sidecar, Si
             guard_addr = Some(gl.local_addr().unwrap_or(addr));
             tracing::info!(guard_listen = ?guard_addr, upstream = %config.upstream,
                 max_connection_age = ?config.max_connection_age, "stream guard ready");
+            let upstream = config.upstream;
             let g = Guard::new(config, metrics.clone());
             let serving = g.clone();
             let stop = shutdown.clone();
             guard_task = Some(tokio::spawn(async move { serving.serve(gl, stop).await }));
+            data_path = Some(
+                DataPath::spawn(
+                    readiness::Settings {
+                        guard: guard_addr.unwrap_or(addr),
+                        app: upstream,
+                        interval: args.ready_interval,
+                        failures: args.ready_failures,
+                    },
+                    shutdown.clone(),
+                )
+                .await,
+            );
             Some(Arc::new(g))
         }
     };
@@ -221,6 +238,7 @@ pub async fn start(args: SidecarArgs, settings: Validated) -> Result<Sidecar, Si
         allow_drain_from: args.allow_drain_from.clone(),
         telemetry: Some(Arc::new(telemetry)),
         envoy_health: Some(envoy_health),
+        data_path,
     });
     let server = tokio::spawn(control::serve(listener, control, shutdown.clone()));
     tracing::info!(listen = %local, envoy_admin = settings.admin.authority(), "sidecar ready");

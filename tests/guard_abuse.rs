@@ -1,8 +1,11 @@
 //! Abuse of the stream guard, against the real binary so its memory can be
 //! read: every attack is bounded, a legitimate tonic client keeps being
 //! served during and after it (a long stream keeps ticking, a fresh unary
-//! Echo succeeds), and the guard's memory stays bounded. A summary table
-//! (attack, frames sent, outcome, legit client, peak RSS) is printed.
+//! Echo succeeds), and the shim's peak RSS stays below the memory limit its
+//! container gets in deploy/ (read from the manifests): an attack must never
+//! get it OOM-killed. A summary table (attack, frames sent, outcome, legit
+//! client, peak RSS) is printed. Exhausting the process-wide caps is tested
+//! apart: while they are full, new streams are refused by design.
 
 #[path = "support/guard.rs"]
 mod guard_support;
@@ -19,13 +22,12 @@ use abuse_support::*;
 use drainshim::guard::{GuardConfig, Limits};
 use drainshim::proto::bench::{EchoRequest, SubscribeRequest};
 use guard_support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 const SUBSCRIBE: &str = "/drainshim.bench.v1.Stream/Subscribe";
 const ECHO: &str = "/drainshim.bench.v1.Stream/Echo";
-/// Generous: the guard idles at about 10 MiB; this is what "bounded" means here.
-const CEILING: u64 = 256 * 1024 * 1024;
 /// No attack runs longer than this, whatever happens.
 const ATTACK_LIMIT: Duration = Duration::from_secs(20);
 /// A write the guard does not take within this long counts as blocked.
@@ -185,18 +187,19 @@ where
             "FAILED after".into()
         }
     };
-    if mem.rss > CEILING {
+    let ceiling = manifest_memory_limit();
+    if mem.rss > ceiling {
         failures.push(format!(
-            "{name}: guard RSS after the attack {:.1} MiB is over {:.0} MiB",
+            "{name}: guard RSS after the attack {:.1} MiB is over the manifests' limit {:.0} MiB",
             mem.rss as f64 / MIB,
-            CEILING as f64 / MIB
+            ceiling as f64 / MIB
         ));
     }
-    if mem.hwm > CEILING {
+    if mem.hwm > ceiling {
         failures.push(format!(
-            "{name}: guard peak RSS {:.1} MiB is over {:.0} MiB",
+            "{name}: guard peak RSS {:.1} MiB is over the manifests' limit {:.0} MiB",
             mem.hwm as f64 / MIB,
-            CEILING as f64 / MIB
+            ceiling as f64 / MIB
         ));
     }
     let row = Row {
@@ -590,6 +593,58 @@ async fn ping_flood(ctx: &Ctx, swing: Swing, read: bool) -> Report {
     }
 }
 
+/// RST_STREAM frames as fast as the guard takes them, all for a stream the
+/// attacker already reset (legal, and ignored by h2): only the rate limit on
+/// RST_STREAM (guard/flood.rs) stands between it and the guard's CPU.
+async fn rst_flood(ctx: &Ctx, swing: Swing) -> Report {
+    const BATCH: u64 = 1_000;
+    const MAX_RESETS: u64 = 2_000_000;
+    let mut a = Attacker::connect(ctx.guard.addr, &[], true).await;
+    let mut opening = open_subscribe(1, "rst-flood", 1000, 0);
+    opening.extend(rst_stream(1, CANCEL));
+    let mut failures = Vec::new();
+    if a.send(&opening, WRITE_LIMIT).await.is_err() {
+        failures.push("rst flood: the stream was not taken".into());
+    }
+    let start = Instant::now();
+    let mut sent = 0u64;
+    let mut blocked = false;
+    while sent < MAX_RESETS && start.elapsed() < ATTACK_LIMIT {
+        let batch: Vec<u8> = (0..BATCH).flat_map(|_| rst_stream(1, CANCEL)).collect();
+        match a.send(&batch, WRITE_LIMIT).await {
+            Ok(()) => sent += BATCH,
+            Err(WriteStop::Closed) => break,
+            Err(WriteStop::Blocked) => {
+                blocked = true;
+                break;
+            }
+        }
+        if sent == 10 * BATCH {
+            swing.in_full_swing();
+        }
+    }
+    swing.in_full_swing();
+    if blocked {
+        swing.hold().await;
+    }
+    let closed = a.seen.goaway_code().is_some() || a.seen.closed.load(Ordering::Relaxed);
+    if !blocked && !closed {
+        failures.push(format!(
+            "rst flood: the guard took all {sent} RST_STREAMs in {:?} without slowing down",
+            start.elapsed()
+        ));
+    }
+    Report {
+        frames: sent + 3,
+        outcome: format!(
+            "guard slowed the reader after {:.0}k RST_STREAMs (write blocked: {blocked}), GOAWAY {:?}",
+            sent as f64 / 1000.0,
+            a.seen.goaway_code().map(code_name)
+        ),
+        failures,
+    }
+}
+
 /// SETTINGS frames as fast as the guard takes them, each changing
 /// SETTINGS_INITIAL_WINDOW_SIZE, on a connection with open streams (so each
 /// one makes h2 walk every stream).
@@ -843,6 +898,12 @@ async fn every_attack_is_bounded_and_the_guard_keeps_serving() {
         .await,
     );
     record(
+        run(&ctx, "RST_STREAM flood (a closed stream)", |s| {
+            rst_flood(&ctx, s)
+        })
+        .await,
+    );
+    record(
         run(&ctx, "SETTINGS flood (100 open streams)", |s| {
             settings_flood(&ctx, s)
         })
@@ -934,4 +995,169 @@ async fn a_client_that_never_reads_its_streams_is_closed_at_max_age() {
         ..Limits::default()
     };
     never_reading_client_is_closed(&backend, 50, 10, config).await;
+}
+
+/// The process-wide caps, exhausted at their defaults by the worst clients
+/// they allow: every stream slot taken by connections whose clients opened
+/// their windows wide and never read (the most memory the guard can be made
+/// to hold), then every connection slot. Streams past the cap are refused
+/// with REFUSED_STREAM (retryable: Envoy retries them, on the app when it
+/// fails open), connections past it are closed, the long stream already open
+/// keeps ticking, the shim's peak RSS stays below the manifests' memory
+/// limit, and once the attacker leaves a fresh call is served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exhausting_the_caps_is_refused_retryably_within_the_memory_limit() {
+    const PAYLOAD: u32 = 16 * 1024;
+    let limits = Limits::default();
+    let per_conn = limits.max_concurrent_streams as usize;
+    let hog_conns = limits.max_streams.div_ceil(per_conn);
+    let ceiling = manifest_memory_limit();
+    let backend = start_backend().await;
+    let guard = GuardProcess::spawn(backend.addr).await;
+    let legit = Legit::start(guard.addr).await;
+    guard.reset_peak();
+    let mut failures = Vec::new();
+
+    // 1. Every stream slot, held by clients that never read.
+    let mut hogs = Vec::new();
+    for c in 0..hog_conns {
+        let mut a =
+            Attacker::connect(guard.addr, &[(INITIAL_WINDOW_SIZE, MAX_WINDOW)], false).await;
+        let mut bytes = window_update(0, MAX_WINDOW - 65_535);
+        for i in 0..per_conn {
+            let id = format!("hog-{}", c * per_conn + i);
+            bytes.extend(open_subscribe(2 * i as u32 + 1, &id, 0, PAYLOAD));
+        }
+        if a.send(&bytes, ATTACK_LIMIT).await.is_err() {
+            failures.push(format!(
+                "caps: hog connection {c} did not take its requests"
+            ));
+        }
+        hogs.push(a);
+    }
+    // How many of them reached the app (a guard whose writes block may
+    // still be reading the last requests): settled when the count holds.
+    let hog_total = hog_conns * per_conn;
+    let admitted = || {
+        (0..hog_total)
+            .filter(|i| {
+                backend
+                    .service
+                    .ledger
+                    .last_written(&format!("hog-{i}"))
+                    .is_some()
+            })
+            .count()
+    };
+    let deadline = Instant::now() + ATTACK_LIMIT;
+    let (mut last, mut since) = (admitted(), Instant::now());
+    while Instant::now() < deadline && since.elapsed() < Duration::from_secs(1) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = admitted();
+        if now != last {
+            (last, since) = (now, Instant::now());
+        }
+    }
+    // A reading client now: its streams past the free slots find the cap full.
+    let free = limits.max_streams.saturating_sub(last + 1);
+    let late_n = (free + 100).min(per_conn) as u32;
+    let mut late = Attacker::connect(guard.addr, &[], true).await;
+    let mut bytes = Vec::new();
+    for i in 0..late_n {
+        bytes.extend(open_subscribe(2 * i + 1, &format!("late-{i}"), 60_000, 0));
+    }
+    late.send(&bytes, WRITE_LIMIT)
+        .await
+        .expect("late streams sent");
+    let deadline = Instant::now() + ATTACK_LIMIT;
+    while late.seen.get(&late.seen.refused) + late.seen.get(&late.seen.headers) < u64::from(late_n)
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let refused = late.seen.get(&late.seen.refused);
+    let want = u64::from(late_n).saturating_sub(free as u64) * 9 / 10;
+    if refused < want {
+        failures.push(format!(
+            "caps: {refused} of {late_n} late streams refused with REFUSED_STREAM ({last} hog streams admitted, {free} slots free), want at least {want}"
+        ));
+    }
+    let before = legit.sub.received();
+    let ticking = Instant::now() + PROBE_PATIENCE;
+    while legit.sub.received() <= before && Instant::now() < ticking {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    if legit.sub.received() <= before {
+        failures.push("caps: the long stream stalled while the stream cap was full".into());
+    }
+    let streams_peak = guard.mem().hwm;
+    drop(late);
+    drop(hogs);
+    guard.reset_peak();
+
+    // 2. Every connection slot (each with one stream, or the header read
+    // timeout would close it): the ones past the cap are closed at once.
+    let extra = 100;
+    let mut conns = Vec::new();
+    let mut closed = 0;
+    for i in 0..limits.max_connections + extra {
+        let Ok(mut tcp) = tokio::net::TcpStream::connect(guard.addr).await else {
+            closed += 1;
+            continue;
+        };
+        let mut hello = PREFACE.to_vec();
+        hello.extend(encode_frame(SETTINGS, 0, 0, &[]));
+        hello.extend(open_subscribe(1, &format!("conn-{i}"), 60_000, 0));
+        if tcp.write_all(&hello).await.is_err() {
+            closed += 1;
+            continue;
+        }
+        conns.push(tcp);
+    }
+    // Open ones answer (SETTINGS); closed ones read EOF or a reset.
+    for tcp in &mut conns {
+        let mut b = [0u8; 64];
+        match tokio::time::timeout(WRITE_LIMIT, tcp.read(&mut b)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => closed += 1,
+            _ => {}
+        }
+    }
+    if closed < extra {
+        failures.push(format!(
+            "caps: {closed} of {} connections closed, want at least {extra} past the cap of {}",
+            limits.max_connections + extra,
+            limits.max_connections
+        ));
+    }
+    let mem = guard.mem();
+    drop(conns);
+
+    // 3. The attacker is gone: a fresh call is served again.
+    let deadline = Instant::now() + ATTACK_LIMIT;
+    let mut after = legit.probe().await;
+    while after.is_err() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        after = legit.probe().await;
+    }
+    if let Err(e) = after {
+        failures.push(format!("caps: the legitimate client after the attack: {e}"));
+    }
+    eprintln!(
+        "caps: {hog_conns}x{per_conn} never-reading streams ({last} admitted), {refused} of {late_n} late refused: peak {:.1} MiB; \
+         {} connections ({closed} closed): peak {:.1} MiB; manifests' limit {:.0} MiB",
+        streams_peak as f64 / MIB,
+        limits.max_connections + extra,
+        mem.hwm as f64 / MIB,
+        ceiling as f64 / MIB
+    );
+    for (phase, peak) in [("streams", streams_peak), ("connections", mem.hwm)] {
+        if peak > ceiling {
+            failures.push(format!(
+                "caps: the shim's peak RSS at the {phase} cap, {:.1} MiB, is over the manifests' limit {:.0} MiB",
+                peak as f64 / MIB,
+                ceiling as f64 / MIB
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
 }

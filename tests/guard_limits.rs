@@ -7,6 +7,7 @@ mod guard_support;
 use std::time::Duration;
 
 use drainshim::guard::{GuardConfig, Limits};
+use drainshim::metrics::Limit;
 use guard_support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -254,4 +255,138 @@ async fn a_trickled_http1_head_is_cut() {
     .await;
     assert!(closed_at - start >= HEADER_READ_TIMEOUT - TRICKLE);
     s.assert_still_serving().await;
+}
+
+/// A guard whose process-wide caps are small enough to reach.
+async fn capped(max_connections: usize, max_streams: usize) -> (Backend, RunningGuard) {
+    let backend = start_backend().await;
+    let mut config = GuardConfig::new(backend.addr);
+    config.limits = Limits {
+        max_connections,
+        max_streams,
+        ..Limits::default()
+    };
+    let g = start_guard(config).await;
+    (backend, g)
+}
+
+/// Streams over all connections are capped: the one past the cap is refused
+/// with REFUSED_STREAM (never processed, safe to retry), on whichever
+/// connection it comes; once a stream ends, a new one is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_past_the_process_cap_are_refused_retryably() {
+    const CAP: usize = 3;
+    let (_backend, g) = capped(100, CAP).await;
+    let client = connect_client(g.addr).await;
+    let held: Vec<Sub> = (0..CAP)
+        .map(|i| subscribe(&client, &format!("held-{i}"), 20, 0))
+        .collect();
+    wait_until("the streams under the cap to flow", || {
+        held.iter().all(|s| s.received() > 0)
+    })
+    .await;
+
+    // Another connection, another stream: refused by the process-wide cap
+    // (its own connection allows 1,000).
+    let mut raw = RawH2::connect(g.addr).await;
+    let block = grpc_request_block(SUBSCRIBE, &[]);
+    raw.send(&encode_frame(HEADERS, END_HEADERS, 1, &block))
+        .await
+        .expect("send HEADERS");
+    let f = within("REFUSED_STREAM", raw.until(|f| f.stream == 1))
+        .await
+        .expect("connection open");
+    assert_eq!((f.ty, f.rst), (RST_STREAM, Some(REFUSED_STREAM)), "{f:?}");
+
+    // HTTP/1.1 past the cap: 503 with Retry-After, nothing reaches the app.
+    let mut h1 = TcpStream::connect(g.addr).await.expect("connect");
+    h1.write_all(b"GET /x HTTP/1.1\r\nhost: guard.test\r\n\r\n")
+        .await
+        .expect("write");
+    let mut answer = Vec::new();
+    within("the 503", async {
+        let mut chunk = [0u8; 1024];
+        while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+            match h1.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => answer.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await;
+    let head = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 503"), "{head}");
+    assert!(head.contains("retry-after: 0"), "{head}");
+    assert_eq!(
+        g.metrics.guard_limited(Limit::streams).get(),
+        2,
+        "both refusals counted"
+    );
+
+    // One stream ends: a new one is admitted again.
+    held[0].done.abort();
+    let mut c = connect_client(g.addr).await;
+    let mut admitted = false;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !admitted && Instant::now() < deadline {
+        admitted = echo(&mut c, "again").await.is_ok();
+        if !admitted {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert!(admitted, "no stream admitted after one of the capped ended");
+}
+
+/// Connections past the process-wide cap are closed at once; the ones
+/// under it are served, and a freed slot is taken again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_cap_are_closed() {
+    const CAP: usize = 2;
+    let (_backend, g) = capped(CAP, 100).await;
+    let mut first = connect_client(g.addr).await;
+    let mut second = connect_client(g.addr).await;
+    assert_eq!(
+        within("echo 1", echo(&mut first, "a")).await.expect("echo"),
+        "a"
+    );
+    assert_eq!(
+        within("echo 2", echo(&mut second, "b"))
+            .await
+            .expect("echo"),
+        "b"
+    );
+    wait_until("both connections counted", || {
+        g.guard.active_connections() == CAP as u64
+    })
+    .await;
+
+    let mut third = TcpStream::connect(g.addr)
+        .await
+        .expect("the kernel accepts");
+    let mut byte = [0u8; 1];
+    let read = within("the third connection closed", third.read(&mut byte)).await;
+    assert!(
+        matches!(read, Ok(0) | Err(_)),
+        "the connection past the cap was not closed: {read:?}"
+    );
+    assert_eq!(
+        within("echo 1 again", echo(&mut first, "c"))
+            .await
+            .expect("echo"),
+        "c"
+    );
+    assert!(g.metrics.guard_limited(Limit::connections).get() >= 1);
+
+    drop(second);
+    wait_until("a slot frees up", || {
+        g.guard.active_connections() < CAP as u64
+    })
+    .await;
+    let mut fourth = connect_client(g.addr).await;
+    assert_eq!(
+        within("echo 4", echo(&mut fourth, "d"))
+            .await
+            .expect("echo"),
+        "d"
+    );
 }

@@ -131,6 +131,8 @@ fn server() -> &'static Server {
                 telemetry: None,
                 // No stuck-DRAINING watcher: nothing here talks to an Envoy.
                 envoy_health: None,
+                // No guard, so no data path to check.
+                data_path: None,
             })
         });
         Server { rt, control }

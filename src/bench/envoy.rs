@@ -73,6 +73,70 @@ pub fn default_binary() -> Result<PathBuf, EnvoyError> {
         })
 }
 
+/// The fail-open route retry of the shipped bootstrap
+/// (`deploy/components/envoy/envoy.yaml`, which explains each value).
+pub const FAILOPEN_RETRY: &str = ", retry_policy: { retry_on: \"connect-failure,refused-stream,reset\", num_retries: 2, \
+    retry_priority: { name: envoy.retry_priorities.previous_priorities, typed_config: { \"@type\": type.googleapis.com/envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig, update_frequency: 1 } }, \
+    retry_host_predicate: [ { name: envoy.retry_host_predicates.previous_hosts, typed_config: { \"@type\": type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate } } ], \
+    host_selection_retry_max_attempts: 3, retry_back_off: { base_interval: 0.001s, max_interval: 0.01s } }";
+
+/// The fail-open cluster settings of the shipped bootstrap.
+const FAILOPEN_CLUSTER: &str = "    circuit_breakers: { thresholds: [ { max_retries: 1024 } ] }
+    health_checks:
+    - { timeout: 1s, interval: 1s, no_traffic_interval: 1s, unhealthy_threshold: 1, healthy_threshold: 1, tcp_health_check: {} }
+    outlier_detection:
+      split_external_local_origin_errors: true
+      consecutive_local_origin_failure: 1
+      enforcing_consecutive_local_origin_failure: 100
+      enforcing_consecutive_5xx: 0
+      enforcing_consecutive_gateway_failure: 0
+      enforcing_success_rate: 0
+      enforcing_local_origin_success_rate: 0
+      base_ejection_time: 10s
+      max_ejection_percent: 100
+      successful_active_health_check_uneject_host: true
+";
+
+/// The shipped bootstrap, as `make deploy-check` validates it.
+pub const SHIPPED_BOOTSTRAP: &str = include_str!("../../deploy/components/envoy/envoy.yaml");
+
+/// [`SHIPPED_BOOTSTRAP`] with its fixed ports moved, so it runs beside
+/// anything: the inbound listener to 127.0.0.1:0 (from 0.0.0.0:10000), the
+/// admin to `admin_port` (0 for any), the guard endpoint (15097) to `guard`
+/// and the app endpoint (8080) to `app`. Fails if any of those addresses is
+/// not in the file exactly once, so an edit of the shipped file cannot make
+/// the benchmark measure something else unnoticed.
+pub fn shipped_bootstrap(
+    guard: SocketAddr,
+    app: SocketAddr,
+    admin_port: u16,
+) -> Result<String, String> {
+    let mut text = SHIPPED_BOOTSTRAP.to_string();
+    let sock =
+        |ip: &str, port: u16| format!("socket_address: {{ address: {ip}, port_value: {port} }}");
+    for (from, to) in [
+        (sock("0.0.0.0", 10000), sock("127.0.0.1", 0)),
+        (sock("127.0.0.1", 15000), sock("127.0.0.1", admin_port)),
+        (
+            sock("127.0.0.1", 15097),
+            sock(&guard.ip().to_string(), guard.port()),
+        ),
+        (
+            sock("127.0.0.1", 8080),
+            sock(&app.ip().to_string(), app.port()),
+        ),
+    ] {
+        let n = text.matches(&from).count();
+        if n != 1 {
+            return Err(format!(
+                "the shipped bootstrap has `{from}` {n} times, want once"
+            ));
+        }
+        text = text.replacen(&from, &to, 1);
+    }
+    Ok(text)
+}
+
 /// How to run one Envoy.
 #[derive(Clone, Debug)]
 pub struct EnvoyOptions {
@@ -92,6 +156,14 @@ pub struct EnvoyOptions {
     /// Adds file-based LDS and CDS (`lds.yaml`, `cds.yaml` in this folder),
     /// the only way to get Envoy's xDS update counters without a control plane.
     pub xds_dir: Option<PathBuf>,
+    /// The app itself, as priority 1 behind `upstream` (the guard): fail open
+    /// the way the shipped bootstrap does (health check, outlier detection,
+    /// retry to the other priority). `None` is a single endpoint.
+    pub fallback: Option<SocketAddr>,
+    /// A whole bootstrap to run instead of the generated one, e.g.
+    /// [`shipped_bootstrap`]; `upstream`, `fallback` and `admin_port` are then
+    /// whatever it says.
+    pub custom_bootstrap: Option<String>,
 }
 
 impl EnvoyOptions {
@@ -105,6 +177,8 @@ impl EnvoyOptions {
             metadata: BTreeMap::new(),
             admin_port: 0,
             xds_dir: None,
+            fallback: None,
+            custom_bootstrap: None,
         }
     }
 
@@ -133,6 +207,9 @@ impl EnvoyOptions {
 
     /// The bootstrap YAML (JSON is YAML, and serde_json quotes for us).
     pub fn bootstrap(&self) -> String {
+        if let Some(custom) = &self.custom_bootstrap {
+            return custom.clone();
+        }
         let metadata = serde_json::to_string(&self.metadata).unwrap_or_else(|_| "{}".into());
         let node_id = serde_json::to_string(&self.node_id).unwrap_or_else(|_| "\"x\"".into());
         let dynamic = match &self.xds_dir {
@@ -170,7 +247,7 @@ admin:
               domains: ["*"]
               routes:
               - match: {{ prefix: "/" }}
-                route: {{ cluster: app, timeout: 0s }}
+                route: {{ cluster: app, timeout: 0s{retry} }}
           http_filters:
           - name: envoy.filters.http.router
             typed_config: {{ "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }}
@@ -192,16 +269,32 @@ admin:
     typed_extension_protocol_options:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{ http2_protocol_options: {{}} }}
-    load_assignment:
+        explicit_http_config: {{ http2_protocol_options: {{{windows}}} }}
+{failopen}    load_assignment:
       cluster_name: app
       endpoints:
       - lb_endpoints:
         - endpoint: {{ address: {{ socket_address: {{ address: "{ip}", port_value: {port} }} }} }}
-"#,
+{fallback}"#,
             ip = self.upstream.ip(),
             port = self.upstream.port(),
             admin_port = self.admin_port,
+            retry = if self.fallback.is_some() { FAILOPEN_RETRY } else { "" },
+            failopen = if self.fallback.is_some() { FAILOPEN_CLUSTER } else { "" },
+            // The shipped bootstrap's bounded upstream windows, with its fallback.
+            windows = if self.fallback.is_some() {
+                " initial_stream_window_size: 262144, initial_connection_window_size: 1048576 "
+            } else {
+                ""
+            },
+            fallback = match self.fallback {
+                None => String::new(),
+                Some(app) => format!(
+                    "        priority: 0\n      - priority: 1\n        lb_endpoints:\n        - endpoint: {{ address: {{ socket_address: {{ address: \"{}\", port_value: {} }} }} }}\n",
+                    app.ip(),
+                    app.port()
+                ),
+            },
         )
     }
 }

@@ -4,6 +4,7 @@ pub mod admin_stub;
 pub mod client;
 pub mod demo;
 pub mod envoy;
+pub mod failopen;
 pub mod measure;
 pub mod node_scale;
 pub mod population;

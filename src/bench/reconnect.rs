@@ -191,6 +191,8 @@ async fn start_pod(opts: &ReconnectOptions, ledger: &Ledger, guard: bool) -> Res
     };
     let mut eo = EnvoyOptions::new(opts.envoy.clone(), upstream);
     eo.admin_port = admin_port;
+    // Fail open as the shipped bootstrap does: the app behind the guard.
+    eo.fallback = guard.then_some(app);
     eo.drain_time = opts.drain_time;
     eo.parent_shutdown_time = opts.parent_shutdown_time;
     let envoy = EnvoyProcess::start(&eo).await.map_err(|e| e.to_string())?;

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::sniff::{sniff, Protocol, MAX_LINGER};
 use super::{h1, h2conn, Guard, Inner};
 use crate::drain::StreamGuard;
+use crate::metrics::Limit;
 
 /// Pause after a failed accept (typically EMFILE), so the loop does not spin
 /// while descriptors are exhausted.
@@ -42,6 +43,8 @@ pub async fn serve(guard: Guard, listener: TcpListener, shutdown: CancellationTo
     let inner = guard.inner.clone();
     let local = listener.local_addr().ok();
     tracing::info!(listen = ?local, upstream = %inner.config.upstream, "guard: serving");
+    // Connections closed at the cap so far (for the log).
+    let mut refused = 0u64;
     loop {
         let accepted = tokio::select! {
             biased;
@@ -58,6 +61,20 @@ pub async fn serve(guard: Guard, listener: TcpListener, shutdown: CancellationTo
                 }
             }
         };
+        // The process-wide cap: close at once, before any byte is read. The
+        // peer sees a closed connection (Envoy: a connect failure, which it
+        // retries, on the app when it fails open).
+        let open = inner.connections.load(Ordering::Relaxed);
+        if open >= inner.config.limits.max_connections as u64 {
+            refused += 1;
+            inner.metrics.guard_limited(Limit::connections).inc();
+            if refused == 1 || refused.is_multiple_of(1_000) {
+                tracing::warn!(%peer, open, refused, max = inner.config.limits.max_connections,
+                    "guard: connection limit reached; closing new connections");
+            }
+            drop(tcp);
+            continue;
+        }
         let info = ConnInfo {
             id: inner.next_connection.fetch_add(1, Ordering::Relaxed),
             peer,

@@ -27,8 +27,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::accept::ConnInfo;
+use super::flood::Flood;
 use super::grpc;
 use super::lifecycle::{Action, Cause, Input, Lifecycle, Settings};
+use super::registry::Refused;
 use super::schedule::jittered_age;
 use super::sniff::{linger, Prefixed};
 use super::stream::{self, StreamJob};
@@ -43,7 +45,7 @@ const MAX_WINDOW: u32 = (1 << 31) - 1;
 /// timers and signals are still looked at between batches.
 const ACCEPT_BATCH: usize = 256;
 
-type Io = Prefixed<TcpStream>;
+type Io = Flood<Prefixed<TcpStream>>;
 
 /// What woke the connection loop.
 enum Event {
@@ -114,8 +116,9 @@ fn poll_connection(
     }
 }
 
-pub async fn serve(inner: Arc<Inner>, io: Io, info: ConnInfo) {
+pub async fn serve(inner: Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
     let reclaim = io.reclaim();
+    let io = Flood::new(io, inner.config.limits.flood, &inner.metrics);
     drive(&inner, io, info).await;
     // The h2 connection is dropped: close the socket without an RST.
     if let Some(tcp) = reclaim.take() {
@@ -290,9 +293,12 @@ fn admit(
         respond.send_reset(h2::Reason::REFUSED_STREAM);
         return;
     }
-    let Some(registered) = inner.registry.register(info.id, grpc) else {
-        refuse_draining(&mut respond, kind);
-        return;
+    let registered = match inner.registry.try_register(info.id, grpc) {
+        Ok(r) => r,
+        Err(Refused::Terminating) => return refuse_draining(&mut respond, kind),
+        // The process-wide cap: not processed, safe to retry (Envoy retries
+        // refused-stream on the app when it fails open).
+        Err(Refused::Full) => return respond.send_reset(h2::Reason::REFUSED_STREAM),
     };
     count.send_modify(|n| *n += 1);
     let job = StreamJob {

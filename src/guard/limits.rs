@@ -6,6 +6,20 @@
 
 use std::time::Duration;
 
+use super::flood::{FloodLimits, DEFAULT_FLOOD_LIMITS};
+
+/// Default for [`Limits::max_connections`]. Behind Envoy the guard sees one
+/// connection per Envoy worker plus a health check now and then; HTTP/1.1
+/// clients (WebSocket) take one each. Sized with [`DEFAULT_MAX_STREAMS`] so
+/// the shim's peak stays under its 128 MiB container limit under every attack
+/// in tests/guard_abuse.rs.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// Default for [`Limits::max_streams`]. An idle stream costs the guard about
+/// 6 KiB (README, guard cost); a stream whose client opened its windows and
+/// never reads holds up to one send buffer (16 KiB) more. Measured
+/// (tests/guard_abuse.rs): 10,000 such streams took the shim to 111-128 MiB,
+/// its whole 128 MiB container limit; 5,000 keep it well below.
+pub const DEFAULT_MAX_STREAMS: usize = 5_000;
 /// Default for [`Limits::max_concurrent_streams`].
 pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 1_000;
 /// Default for [`Limits::max_header_list_size`]: Envoy's own default is 60 KiB,
@@ -52,6 +66,17 @@ pub const DEFAULT_MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
 /// Limits applied to every connection the guard accepts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
+    /// Connections open at once, whoever opened them; one more is closed as
+    /// soon as it is accepted (Envoy retries it elsewhere: on the app, when
+    /// it fails open). Bounds the process, not just each connection.
+    pub max_connections: usize,
+    /// Streams (and HTTP/1.1 requests) open at once over all connections;
+    /// one more is refused before it reaches the app: REFUSED_STREAM on
+    /// HTTP/2, 503 with Retry-After on HTTP/1.1, both safe to retry.
+    pub max_streams: usize,
+    /// Per-connection rates of PING, SETTINGS and RST_STREAM frames
+    /// ([`super::flood`]); a faster peer is slowed down, not closed.
+    pub flood: FloodLimits,
     /// Streams one client may have open on one connection (HTTP/2
     /// SETTINGS_MAX_CONCURRENT_STREAMS); more are refused, so one caller
     /// cannot pin every upstream slot.
@@ -115,6 +140,9 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Self {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_streams: DEFAULT_MAX_STREAMS,
+            flood: DEFAULT_FLOOD_LIMITS,
             max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
             max_header_list_size: DEFAULT_MAX_HEADER_LIST_SIZE,
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,

@@ -20,6 +20,7 @@
 
 mod accept;
 mod body;
+mod flood;
 mod grpc;
 mod h1;
 mod h2conn;
@@ -45,8 +46,9 @@ use tokio_util::task::TaskTracker;
 use crate::drain::StreamGuard;
 use crate::metrics::{Metrics, Reason};
 
+pub use flood::{FloodLimits, Rate};
 pub use grpc::{end_message, Framer, REFUSED_MESSAGE};
-pub use limits::Limits;
+pub use limits::{Limits, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS};
 pub use schedule::{jittered_age, spread_offsets, AGE_JITTER};
 pub use sniff::H2_PREFACE;
 
@@ -265,11 +267,15 @@ async fn terminator(inner: Arc<Inner>, window: Duration, deadline: Duration) {
 impl Guard {
     /// A guard proxying to `config.upstream`; nothing runs until [`Guard::serve`].
     pub fn new(config: GuardConfig, metrics: Metrics) -> Self {
+        let registry = Arc::new(registry::Registry::with_limit(
+            config.limits.max_streams,
+            metrics.guard_limited(crate::metrics::Limit::streams),
+        ));
         Self {
             inner: Arc::new(Inner {
                 config,
                 metrics,
-                registry: Arc::default(),
+                registry,
                 goaway: CancellationToken::new(),
                 terminate: CancellationToken::new(),
                 closing: CancellationToken::new(),

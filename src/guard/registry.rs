@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
+use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -24,10 +25,23 @@ pub struct Registry {
 struct State {
     /// Set by `terminate_all`: from then on every new stream is refused.
     terminating: bool,
+    /// Open streams allowed at once (`Limits::max_streams`); 0 is no limit.
+    limit: usize,
+    /// Counts the streams refused at `limit`.
+    refused: Counter,
     /// Next stream key; keys are never reused.
     next: u64,
     /// Open streams by key.
     streams: HashMap<u64, Arc<StreamCtl>>,
+}
+
+/// Why a new stream was not admitted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// The drain is ending every stream.
+    Terminating,
+    /// `Limits::max_streams` streams are open.
+    Full,
 }
 
 /// The guard's handle on one open stream: how to ask it to end.
@@ -129,9 +143,30 @@ impl Registry {
 
     /// Admits a new stream, or returns None while the guard is terminating.
     pub fn register(self: &Arc<Self>, conn: u64, grpc: bool) -> Option<Registered> {
+        self.try_register(conn, grpc).ok()
+    }
+
+    /// A registry that admits at most `limit` open streams (0: no limit),
+    /// counting each one refused in `refused`.
+    pub fn with_limit(limit: usize, refused: Counter) -> Self {
+        Self {
+            state: Mutex::new(State {
+                limit,
+                refused,
+                ..State::default()
+            }),
+        }
+    }
+
+    /// Like [`Registry::register`], saying why a stream is refused.
+    pub fn try_register(self: &Arc<Self>, conn: u64, grpc: bool) -> Result<Registered, Refused> {
         let mut s = self.lock();
         if s.terminating {
-            return None;
+            return Err(Refused::Terminating);
+        }
+        if s.limit > 0 && s.streams.len() >= s.limit {
+            s.refused.inc();
+            return Err(Refused::Full);
         }
         let key = s.next;
         s.next += 1;
@@ -145,7 +180,7 @@ impl Registry {
             scheduled: AtomicBool::new(false),
         });
         s.streams.insert(key, ctl.clone());
-        Some(Registered {
+        Ok(Registered {
             registry: self.clone(),
             key,
             ctl,

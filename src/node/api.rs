@@ -38,17 +38,149 @@ pub(super) async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: 
     .await
 }
 
+/// What a request to the agent's API asks for, decided from its method,
+/// path, query and caller alone: no state is read and nothing is started.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApiRoute {
+    /// `GET|HEAD /metrics`.
+    Metrics,
+    /// `GET|HEAD /healthz`.
+    Healthz,
+    /// `GET|HEAD /readyz`.
+    Readyz,
+    /// `GET|HEAD /status`.
+    Status,
+    /// `/pods/<namespace>/<pod>[/drain]`: the pod is looked up first (404 if
+    /// it is not on this node), then `then` applies.
+    Pod {
+        namespace: String,
+        pod: String,
+        then: PodThen,
+    },
+    /// Answered at once: (status, `Allow` header for 405, body).
+    Answer(StatusCode, Option<&'static str>, String),
+}
+
+/// What to do with a pod that was found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PodThen {
+    /// Its status (`GET|HEAD /pods/<ns>/<pod>`).
+    Show,
+    /// Drain it, from loopback (`POST .../drain`, `GET .../drain?wait=true`).
+    Drain { wait: bool },
+    /// Refused: (status, `Allow` header for 405, body).
+    Refuse(StatusCode, Option<&'static str>, String),
+}
+
+/// Decides what a request asks for. Never panics on input.
+pub fn route(method: &Method, path: &str, query: &str, peer: SocketAddr) -> ApiRoute {
+    let get = matches!(*method, Method::GET | Method::HEAD);
+    match path {
+        "/metrics" if get => ApiRoute::Metrics,
+        "/healthz" if get => ApiRoute::Healthz,
+        "/readyz" if get => ApiRoute::Readyz,
+        "/status" if get => ApiRoute::Status,
+        "/metrics" | "/healthz" | "/readyz" | "/status" => ApiRoute::Answer(
+            StatusCode::METHOD_NOT_ALLOWED,
+            Some("GET"),
+            "method not allowed; use GET\n".into(),
+        ),
+        p => match p.strip_prefix("/pods/") {
+            Some(rest) => pod_route(method, rest, query, peer),
+            None => ApiRoute::Answer(
+                StatusCode::NOT_FOUND,
+                None,
+                format!("no such endpoint: {path}\n"),
+            ),
+        },
+    }
+}
+
+/// `/pods/<namespace>/<pod>[/drain]` (`rest` is what follows `/pods/`). An
+/// empty namespace (a pod known only by its UID) is written `/pods//<uid>`.
+fn pod_route(method: &Method, rest: &str, query: &str, peer: SocketAddr) -> ApiRoute {
+    let parts: Vec<&str> = rest.split('/').collect();
+    let (namespace, pod, drain) = match parts.as_slice() {
+        [ns, pod] => (*ns, *pod, false),
+        [ns, pod, "drain"] => (*ns, *pod, true),
+        _ => {
+            return ApiRoute::Answer(
+                StatusCode::NOT_FOUND,
+                None,
+                "expected /pods/<namespace>/<pod>[/drain]\n".into(),
+            )
+        }
+    };
+    let then = if !drain {
+        match *method {
+            Method::GET | Method::HEAD => PodThen::Show,
+            _ => PodThen::Refuse(
+                StatusCode::METHOD_NOT_ALLOWED,
+                Some("GET"),
+                "method not allowed; use GET\n".into(),
+            ),
+        }
+    } else {
+        drain_then(method, query, peer)
+    };
+    ApiRoute::Pod {
+        namespace: namespace.to_string(),
+        pod: pod.to_string(),
+        then,
+    }
+}
+
+fn drain_then(method: &Method, query: &str, peer: SocketAddr) -> PodThen {
+    let wait = match parse_wait(query) {
+        Ok(w) => w,
+        Err(msg) => return PodThen::Refuse(StatusCode::BAD_REQUEST, None, msg),
+    };
+    match (method, wait) {
+        (&Method::POST, _) | (&Method::GET, true) => {}
+        (&Method::GET, false) => {
+            return PodThen::Refuse(
+                StatusCode::METHOD_NOT_ALLOWED,
+                None,
+                "GET .../drain needs ?wait=true; use POST to start without waiting\n".into(),
+            )
+        }
+        _ => {
+            return PodThen::Refuse(
+                StatusCode::METHOD_NOT_ALLOWED,
+                Some("GET, POST"),
+                "method not allowed; use GET, POST\n".into(),
+            )
+        }
+    }
+    if !may_mutate(peer.ip(), &[]) {
+        return PodThen::Refuse(
+            StatusCode::FORBIDDEN,
+            None,
+            format!(
+                "drain refused: the node API accepts drains from loopback only, not {}\n",
+                peer.ip()
+            ),
+        );
+    }
+    PodThen::Drain { wait }
+}
+
+/// A refusal as a response; 405s carry their `Allow` header.
+fn refusal(status: StatusCode, allow: Option<&'static str>, body: String) -> Response<Full<Bytes>> {
+    match allow {
+        Some(allow) if status == StatusCode::METHOD_NOT_ALLOWED => not_allowed(allow),
+        _ => text(status, body),
+    }
+}
+
 async fn handle(
     shared: &Shared,
     peer: SocketAddr,
     req: Request<Incoming>,
 ) -> Response<Full<Bytes>> {
-    let method = req.method().clone();
-    let path = req.uri().path().to_string();
-    let query = req.uri().query().unwrap_or("").to_string();
-    let get = matches!(method, Method::GET | Method::HEAD);
-    match path.as_str() {
-        "/metrics" if get => {
+    let query = req.uri().query().unwrap_or("");
+    match route(req.method(), req.uri().path(), query, peer) {
+        ApiRoute::Metrics => {
             if tokio::time::timeout(TELEMETRY_BUDGET, shared.refresh_telemetry())
                 .await
                 .is_err()
@@ -64,89 +196,171 @@ async fn handle(
             );
             r
         }
-        "/healthz" if get => text(StatusCode::OK, "ok\n"),
-        "/readyz" if get => {
+        ApiRoute::Healthz => text(StatusCode::OK, "ok\n"),
+        ApiRoute::Readyz => {
             if shared.scans.load(std::sync::atomic::Ordering::Relaxed) > 0 {
                 text(StatusCode::OK, "ready\n")
             } else {
                 text(StatusCode::SERVICE_UNAVAILABLE, "first scan pending\n")
             }
         }
-        "/status" if get => json(StatusCode::OK, &shared.status()),
-        "/metrics" | "/healthz" | "/readyz" | "/status" => not_allowed("GET"),
-        p if p.starts_with("/pods/") => pod_route(shared, &method, p, &query, peer).await,
-        _ => text(StatusCode::NOT_FOUND, format!("no such endpoint: {path}\n")),
+        ApiRoute::Status => json(StatusCode::OK, &shared.status()),
+        ApiRoute::Answer(status, allow, body) => refusal(status, allow, body),
+        ApiRoute::Pod {
+            namespace,
+            pod,
+            then,
+        } => {
+            let Some((handle, status)) = shared.find(&namespace, &pod) else {
+                return text(
+                    StatusCode::NOT_FOUND,
+                    format!("no pod {namespace}/{pod} on this node\n"),
+                );
+            };
+            match then {
+                PodThen::Show => json(StatusCode::OK, &status),
+                PodThen::Refuse(status, allow, body) => {
+                    if status == StatusCode::FORBIDDEN {
+                        tracing::warn!(%peer, namespace, pod, "refused an API drain from a non-loopback caller");
+                    }
+                    refusal(status, allow, body)
+                }
+                PodThen::Drain { wait } => {
+                    tracing::info!(%peer, namespace, pod, wait, "API drain requested");
+                    if wait {
+                        handle.trigger(Trigger::Api).await;
+                        match handle.report().await {
+                            Some(r) => json(StatusCode::OK, &r),
+                            None => text(
+                                StatusCode::SERVICE_UNAVAILABLE,
+                                "the drain driver has stopped\n",
+                            ),
+                        }
+                    } else {
+                        let s = handle.trigger(Trigger::Api).await;
+                        json(StatusCode::ACCEPTED, &s)
+                    }
+                }
+            }
+        }
     }
 }
 
-/// `/pods/<namespace>/<pod>[/drain]`. An empty namespace (a pod known only by
-/// its UID) is written `/pods//<uid>`.
-async fn pod_route(
-    shared: &Shared,
-    method: &Method,
-    path: &str,
-    query: &str,
-    peer: SocketAddr,
-) -> Response<Full<Bytes>> {
-    let parts: Vec<&str> = path["/pods/".len()..].split('/').collect();
-    let (namespace, name, drain) = match parts.as_slice() {
-        [ns, pod] => (*ns, *pod, false),
-        [ns, pod, "drain"] => (*ns, *pod, true),
-        _ => {
-            return text(
-                StatusCode::NOT_FOUND,
-                "expected /pods/<namespace>/<pod>[/drain]\n",
-            )
-        }
-    };
-    let Some((handle, status)) = shared.find(namespace, name) else {
-        return text(
-            StatusCode::NOT_FOUND,
-            format!("no pod {namespace}/{name} on this node\n"),
-        );
-    };
-    if !drain {
-        return match *method {
-            Method::GET | Method::HEAD => json(StatusCode::OK, &status),
-            _ => not_allowed("GET"),
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ip: [u8; 4]) -> SocketAddr {
+        SocketAddr::from((ip, 40_000))
+    }
+
+    #[test]
+    fn routes_by_method_path_query_and_caller() {
+        let lo = at([127, 0, 0, 1]);
+        let far = at([10, 0, 0, 7]);
+        let pod = |then| ApiRoute::Pod {
+            namespace: "pay".into(),
+            pod: "a".into(),
+            then,
         };
-    }
-    let wait = match parse_wait(query) {
-        Ok(w) => w,
-        Err(msg) => return text(StatusCode::BAD_REQUEST, msg),
-    };
-    match (method, wait) {
-        (&Method::POST, _) | (&Method::GET, true) => {}
-        (&Method::GET, false) => {
-            return text(
+        for (method, path, query, peer, want) in [
+            (Method::GET, "/metrics", "", far, ApiRoute::Metrics),
+            (Method::HEAD, "/status", "", far, ApiRoute::Status),
+            (Method::GET, "/pods/pay/a", "", far, pod(PodThen::Show)),
+            (
+                Method::POST,
+                "/pods/pay/a/drain",
+                "",
+                lo,
+                pod(PodThen::Drain { wait: false }),
+            ),
+            (
+                Method::GET,
+                "/pods/pay/a/drain",
+                "wait=true",
+                lo,
+                pod(PodThen::Drain { wait: true }),
+            ),
+            (
+                Method::GET,
+                "/pods//uid-1",
+                "",
+                far,
+                ApiRoute::Pod {
+                    namespace: String::new(),
+                    pod: "uid-1".into(),
+                    then: PodThen::Show,
+                },
+            ),
+        ] {
+            assert_eq!(
+                route(&method, path, query, peer),
+                want,
+                "{method} {path}?{query}"
+            );
+        }
+        for (method, path, query, peer, status) in [
+            (
+                Method::POST,
+                "/metrics",
+                "",
+                lo,
                 StatusCode::METHOD_NOT_ALLOWED,
-                "GET .../drain needs ?wait=true; use POST to start without waiting\n",
-            )
-        }
-        _ => return not_allowed("GET, POST"),
-    }
-    if !may_mutate(peer.ip(), &[]) {
-        tracing::warn!(%peer, namespace, pod = name, "refused an API drain from a non-loopback caller");
-        return text(
-            StatusCode::FORBIDDEN,
-            format!(
-                "drain refused: the node API accepts drains from loopback only, not {}\n",
-                peer.ip()
             ),
-        );
-    }
-    tracing::info!(%peer, namespace, pod = name, wait, "API drain requested");
-    if wait {
-        handle.trigger(Trigger::Api).await;
-        match handle.report().await {
-            Some(r) => json(StatusCode::OK, &r),
-            None => text(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the drain driver has stopped\n",
+            (Method::GET, "/nope", "", lo, StatusCode::NOT_FOUND),
+            (Method::GET, "/pods/pay", "", lo, StatusCode::NOT_FOUND),
+            (
+                Method::GET,
+                "/pods/pay/a/b/c",
+                "",
+                lo,
+                StatusCode::NOT_FOUND,
             ),
+            (
+                Method::POST,
+                "/pods/pay/a/drain",
+                "",
+                far,
+                StatusCode::FORBIDDEN,
+            ),
+            (
+                Method::GET,
+                "/pods/pay/a/drain",
+                "",
+                lo,
+                StatusCode::METHOD_NOT_ALLOWED,
+            ),
+            (
+                Method::GET,
+                "/pods/pay/a/drain",
+                "wait=maybe",
+                lo,
+                StatusCode::BAD_REQUEST,
+            ),
+            (
+                Method::DELETE,
+                "/pods/pay/a/drain",
+                "",
+                lo,
+                StatusCode::METHOD_NOT_ALLOWED,
+            ),
+            (
+                Method::POST,
+                "/pods/pay/a",
+                "",
+                lo,
+                StatusCode::METHOD_NOT_ALLOWED,
+            ),
+        ] {
+            let got = match route(&method, path, query, peer) {
+                ApiRoute::Answer(s, _, _) => s,
+                ApiRoute::Pod {
+                    then: PodThen::Refuse(s, _, _),
+                    ..
+                } => s,
+                other => panic!("{method} {path}?{query} from {peer}: {other:?}"),
+            };
+            assert_eq!(got, status, "{method} {path}?{query} from {peer}");
         }
-    } else {
-        let s = handle.trigger(Trigger::Api).await;
-        json(StatusCode::ACCEPTED, &s)
     }
 }

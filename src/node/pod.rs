@@ -210,15 +210,32 @@ pub struct PodEndpoint {
     pub name: Arc<RwLock<PodLabels>>,
 }
 
+/// What a request to a pod's own listener asks for: it serves the
+/// kubelet's preStop (`GET /drain?wait=true`) and `/healthz`, nothing else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodListenerRoute {
+    Healthz,
+    /// Drain this pod and wait for the report (the caller is checked next).
+    Drain,
+    NotFound,
+}
+
+/// Decides what a request to a pod listener asks for. Never panics on input.
+pub fn pod_listener_route(method: &Method, path: &str, query: &str) -> PodListenerRoute {
+    match (method, path) {
+        (&Method::GET | &Method::HEAD, "/healthz") => PodListenerRoute::Healthz,
+        (&Method::GET, "/drain") if parse_wait(query) == Ok(true) => PodListenerRoute::Drain,
+        _ => PodListenerRoute::NotFound,
+    }
+}
+
 impl PodEndpoint {
     pub async fn handle(&self, peer: SocketAddr, req: Request<Incoming>) -> Response<Full<Bytes>> {
-        let path = req.uri().path();
         let query = req.uri().query().unwrap_or("");
-        let method = req.method();
-        match (method, path) {
-            (&Method::GET | &Method::HEAD, "/healthz") => text(StatusCode::OK, "ok\n"),
-            (&Method::GET, "/drain") if parse_wait(query) == Ok(true) => self.drain(peer).await,
-            _ => text(StatusCode::NOT_FOUND, "not found\n"),
+        match pod_listener_route(req.method(), req.uri().path(), query) {
+            PodListenerRoute::Healthz => text(StatusCode::OK, "ok\n"),
+            PodListenerRoute::Drain => self.drain(peer).await,
+            PodListenerRoute::NotFound => text(StatusCode::NOT_FOUND, "not found\n"),
         }
     }
 

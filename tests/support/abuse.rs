@@ -512,3 +512,32 @@ pub fn print_table(baseline: Mem, rows: &[Row]) {
     }
     eprintln!("{out}");
 }
+
+// ===== The memory limit the manifests give the shim =====
+
+/// The smallest memory limit of the drainshim sidecar container in the
+/// shipped overlays (`deploy/*/pod.yaml`), in bytes: what the shim's peak
+/// RSS under attack must stay below, or the kubelet OOM-kills it.
+pub fn manifest_memory_limit() -> u64 {
+    let overlays = ["sidecar", "native-sidecar", "istio"];
+    let re = regex::Regex::new(r"limits:\s*\{\s*memory:\s*(\d+)Mi\s*\}").expect("regex");
+    overlays
+        .iter()
+        .map(|o| {
+            let path = format!("{}/deploy/{o}/pod.yaml", env!("CARGO_MANIFEST_DIR"));
+            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+            let mut lines = text.lines().skip_while(|l| l.trim() != "- name: drainshim");
+            assert!(
+                lines.next().is_some(),
+                "{path}: no container named drainshim"
+            );
+            let mib: u64 = lines
+                .find_map(|l| re.captures(l).map(|c| c[1].to_string()))
+                .unwrap_or_else(|| panic!("{path}: no memory limit on the drainshim container"))
+                .parse()
+                .expect("MiB");
+            mib * 1024 * 1024
+        })
+        .min()
+        .expect("overlays")
+}

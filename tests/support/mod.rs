@@ -451,7 +451,12 @@ pub async fn guard_in_front_of(version: &str, upstream: SocketAddr, extra: &[&st
     let drain = s.drain().clone();
     let (sigterm, rx) = mpsc::unbounded_channel();
     let task = tokio::spawn(s.run(rx));
-    let envoy = envoy_with(version, guard, |o| o.admin_port = admin_port).await;
+    // Fail open as the shipped bootstrap does: the app is priority 1.
+    let envoy = envoy_with(version, guard, |o| {
+        o.admin_port = admin_port;
+        o.fallback = upstream.parse().ok();
+    })
+    .await;
     Guarded {
         envoy,
         shim,
