@@ -92,6 +92,10 @@ pub struct EnvoyOptions {
     /// Adds file-based LDS and CDS (`lds.yaml`, `cds.yaml` in this folder),
     /// the only way to get Envoy's xDS update counters without a control plane.
     pub xds_dir: Option<PathBuf>,
+    /// The inbound cluster speaks what the client spoke (HTTP/1.1 or
+    /// HTTP/2) instead of h2c always; WebSocket upgrades then reach the
+    /// upstream as HTTP/1.1 `Upgrade`.
+    pub upstream_follows_downstream: bool,
 }
 
 impl EnvoyOptions {
@@ -105,6 +109,7 @@ impl EnvoyOptions {
             metadata: BTreeMap::new(),
             admin_port: 0,
             xds_dir: None,
+            upstream_follows_downstream: false,
         }
     }
 
@@ -164,6 +169,7 @@ admin:
           stat_prefix: inbound_http
           codec_type: AUTO
           stream_idle_timeout: 0s
+          upgrade_configs: [{{ upgrade_type: websocket }}]
           route_config:
             virtual_hosts:
             - name: app
@@ -192,7 +198,7 @@ admin:
     typed_extension_protocol_options:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{ http2_protocol_options: {{}} }}
+        {upstream_protocol}
     load_assignment:
       cluster_name: app
       endpoints:
@@ -202,6 +208,11 @@ admin:
             ip = self.upstream.ip(),
             port = self.upstream.port(),
             admin_port = self.admin_port,
+            upstream_protocol = if self.upstream_follows_downstream {
+                "use_downstream_protocol_config: { http_protocol_options: {}, http2_protocol_options: {} }"
+            } else {
+                "explicit_http_config: { http2_protocol_options: {} }"
+            },
         )
     }
 }

@@ -9,3 +9,4 @@ pub mod node_scale;
 pub mod population;
 pub mod reconnect;
 pub mod server;
+pub mod ws;

@@ -95,7 +95,9 @@ pub async fn proxy(job: StreamJob) {
     let path = req.uri().path().to_string();
     let outcome = run(&inner, &upstream, &ctl, req, &mut respond).await;
     match &outcome {
-        Outcome::Ended(reason) => inner.record_termination(*reason),
+        Outcome::Ended(reason) => {
+            inner.record_termination(*reason, crate::metrics::StreamProtocol::grpc)
+        }
         Outcome::Reset => tracing::warn!(
             %peer, stream = id, %path,
             "guard: stream could not reach a safe end point in time; reset with CANCEL"
