@@ -3,12 +3,30 @@
 //!
 //! HTTP/1.1 has no GOAWAY: while the guard drains, every response carries
 //! `Connection: close` and idle keep-alive connections are closed, so the
-//! client's next request opens a connection elsewhere. Requests in flight are
-//! let finish; at `terminate_all` they get `end_timeout` (then the connection
-//! is closed, which a client sees as an incomplete body, never as a complete
-//! one). Max connection age applies too: at the age, keep-alive is switched
-//! off and the connection closes after the response in flight. Upgrades
-//! (WebSocket) are not proxied: the `Upgrade` header is hop-by-hop and dropped.
+//! client's next request opens a connection elsewhere.
+//!
+//! Responses in flight follow the drain like every other stream: a response
+//! of unknown length (chunked or until close: streams, event streams, long
+//! polls) is long-lived and is ended when the drain's spread reaches it;
+//! one with a `Content-Length` is short work, left to finish (if it is asked
+//! to end, near the drain's deadline, it gets `end_timeout` first). A
+//! response still running when its end comes is aborted and its connection
+//! closed, which a client sees as an incomplete body, never as a complete one
+//! (counted in `streams_ungraceful_total{protocol="http"}`).
+//!
+//! Max connection age (A9-like): at the age (±10%), keep-alive is switched
+//! off, so the connection closes after the response in flight; at age +
+//! grace that response is aborted. A connection's life is therefore bounded
+//! by age × 1.1 + grace (+ the close).
+//!
+//! Upgrades are proxied: WebSocket frame by frame with a graceful end
+//! (see [`super::websocket`]), anything else as raw bytes.
+//!
+//! Idle keep-alive connections are kept longer than Envoy keeps its pooled
+//! ones (see [`super::keepalive`]); a request that meets a stale upstream
+//! keep-alive connection is retried when that is safe (see
+//! [`super::upstream::H1Upstream`]). The application gets the peer's
+//! address appended to `X-Forwarded-For`.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -22,15 +40,16 @@ use http::{Method, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 
 use super::accept::ConnInfo;
 use super::headers::{
     append_forwarded_for, is_websocket, strip_hop_by_hop, strip_hop_by_hop_keep_upgrade,
     upgrade_requested,
 };
+use super::keepalive::{Activity, Counted, HeadTimer, H1_IDLE_TIMEOUT};
 use super::registry::Registered;
 use super::schedule::jittered_age;
 use super::sniff::{linger, Prefixed};
@@ -46,10 +65,11 @@ type EndFuture = Pin<Box<dyn Future<Output = Reason> + Send>>;
 
 /// A response body: the application's, or empty for the guard's own answers.
 /// It holds the stream's registration, so the stream counts as open until
-/// the body is done. Once the guard asks the stream to end (drain or max
-/// age), the body has `end_timeout` to finish on its own; then it is
-/// aborted, which closes the connection (HTTP/1.1 has no other way to stop a
-/// response, and a truncated body must never look complete).
+/// the body is done. Once the guard asks the stream to end (its slot in the
+/// drain's spread, or max age after its grace), a long-lived body is aborted
+/// at once and a short one after `end_timeout` if it has not finished by
+/// then. Aborting closes the connection: HTTP/1.1 has no other way to stop a
+/// response, and a truncated body must never look complete.
 pub struct H1Body {
     /// The application's body; None for an empty body.
     inner: Option<Incoming>,
@@ -57,8 +77,8 @@ pub struct H1Body {
     registered: Option<Registered>,
     /// Resolves when the end is asked; None once it was (or never watched).
     end: Option<EndFuture>,
-    /// After the end was asked: when the body is aborted, and why.
-    abort: Option<(Pin<Box<Sleep>>, Reason)>,
+    /// A short response asked to end: when it is aborted if still running.
+    abort_at: Option<(Pin<Box<tokio::time::Sleep>>, Reason)>,
     /// Where to count an abort; None for the guard's own answers.
     guard: Option<Arc<Inner>>,
 }
@@ -69,7 +89,7 @@ impl H1Body {
             inner: None,
             registered: None,
             end: None,
-            abort: None,
+            abort_at: None,
             guard: None,
         }
     }
@@ -80,7 +100,7 @@ impl H1Body {
             inner: Some(body),
             registered: Some(registered),
             end: Some(Box::pin(async move { ctl.ended().await.0 })),
-            abort: None,
+            abort_at: None,
             guard: Some(inner),
         }
     }
@@ -88,8 +108,8 @@ impl H1Body {
 
 /// Why a response was aborted.
 #[derive(Debug, thiserror::Error)]
-#[error("response not finished {0:?} after the guard asked it to end ({1:?})")]
-struct Aborted(std::time::Duration, Reason);
+#[error("response not finished when the guard asked it to end ({0:?})")]
+struct Aborted(Reason);
 
 impl Body for H1Body {
     type Data = Bytes;
@@ -103,25 +123,35 @@ impl Body for H1Body {
         if let Some(end) = this.end.as_mut() {
             if let Poll::Ready(reason) = end.as_mut().poll(cx) {
                 this.end = None;
-                let after = this
-                    .guard
+                // A long-lived response is ended at once (its slot in the
+                // spread, or age + grace, was its time); short work gets
+                // `end_timeout` to finish on its own first.
+                let long = this
+                    .registered
                     .as_ref()
-                    .map_or(std::time::Duration::ZERO, |g| g.config.limits.end_timeout);
-                this.abort = Some((Box::pin(tokio::time::sleep(after)), reason));
+                    .is_some_and(|r| r.ctl.is_long_lived());
+                let after = match (&this.guard, long) {
+                    (Some(g), false) => g.config.limits.end_timeout,
+                    _ => std::time::Duration::ZERO,
+                };
+                this.abort_at = Some((Box::pin(tokio::time::sleep(after)), reason));
             }
         }
-        if let Some((sleep, reason)) = this.abort.as_mut() {
+        if let Some((sleep, reason)) = this.abort_at.as_mut() {
             if sleep.as_mut().poll(cx).is_ready() {
                 let reason = *reason;
-                this.abort = None;
-                this.inner = None;
-                if let Some(g) = &this.guard {
-                    g.record_ungraceful(reason, StreamProtocol::http);
-                    let after = g.config.limits.end_timeout;
-                    tracing::debug!(?reason, ?after, "guard: HTTP/1.1 response aborted: not finished in time after the end was asked");
-                    return Poll::Ready(Some(Err(Box::new(Aborted(after, reason)))));
+                this.abort_at = None;
+                if this.inner.as_ref().is_some_and(|b| !b.is_end_stream()) {
+                    this.inner = None;
+                    if let Some(g) = &this.guard {
+                        g.record_ungraceful(reason, StreamProtocol::http);
+                    }
+                    tracing::debug!(
+                        ?reason,
+                        "guard: HTTP/1.1 response aborted: the guard asked it to end"
+                    );
+                    return Poll::Ready(Some(Err(Box::new(Aborted(reason)))));
                 }
-                return Poll::Ready(None);
             }
         }
         match this.inner.as_mut() {
@@ -138,13 +168,6 @@ impl Body for H1Body {
         self.inner
             .as_ref()
             .map_or_else(|| SizeHint::with_exact(0), |b| b.size_hint())
-    }
-}
-
-impl Drop for H1Body {
-    fn drop(&mut self) {
-        // Unregister first: the stream is over.
-        self.registered.take();
     }
 }
 
@@ -173,37 +196,46 @@ async fn drive(inner: &Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
     ));
     let age = inner.config.max_connection_age;
     let age_at = age.map(|age| info.accepted_at + jittered_age(age, fastrand::f64()));
-    // At age + grace the response in flight is asked to end (then it has
-    // `end_timeout`), so age x (1 +- 10%) + grace + end_timeout + the close
-    // bounds the connection's life.
+    // At age + grace the response in flight is asked to end (and aborted),
+    // so age x (1 +- 10%) + grace + the close bounds the connection's life.
     let grace_end = age_at.map(|at| at + inner.config.max_connection_age_grace);
     let service = {
         let inner = inner.clone();
         let upstream = upstream.clone();
         service_fn(move |req| handle(inner.clone(), upstream.clone(), info, grace_end, req))
     };
+    let activity = Arc::new(Activity::default());
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
-        .timer(TokioTimer::new())
-        // Also closes keep-alive connections idle for this long: hyper starts
-        // the timer when it waits for the next request head.
+        // A request head must complete within the header read timeout from
+        // its first byte; with no byte, the connection is idle, and stays
+        // open longer than Envoy keeps its pooled connections (keepalive.rs).
+        .timer(HeadTimer {
+            activity: activity.clone(),
+            head_timeout: l.header_read_timeout,
+            idle_timeout: H1_IDLE_TIMEOUT,
+        })
         .header_read_timeout(l.header_read_timeout)
         .max_buf_size(l.max_h1_buf_size.max(MIN_H1_BUF_SIZE))
         .keep_alive(true);
     let conn = builder
-        .serve_connection(TokioIo::new(io), service)
+        .serve_connection(TokioIo::new(Counted::new(io, activity)), service)
         .with_upgrades();
     tokio::pin!(conn);
     // A connection accepted while draining is served (one request, answered
     // with `Connection: close`); only connections that were open when the
     // drain began are wound down from here.
     let watch_goaway = !inner.goaway.is_cancelled();
+    let watch_terminate = !inner.terminate.is_cancelled();
     let mut winding_down = false;
     let mut grace_over = false;
     // Only the guard's own shutdown closes connections by a fixed deadline;
     // a drain ends each response through the registry, spread over its
-    // window like every other stream.
-    let mut close_by: Option<Instant> = None;
+    // window like every other stream. A connection accepted while the guard
+    // terminates gets its requests refused (503, `Connection: close`) and is
+    // closed by this bound if the client lingers.
+    let mut close_by: Option<Instant> =
+        (!watch_terminate).then(|| info.accepted_at + l.header_read_timeout + l.shutdown_timeout);
     loop {
         tokio::select! {
             biased;
@@ -219,7 +251,7 @@ async fn drive(inner: &Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
                 let l = &inner.config.limits;
                 close_by = Some(Instant::now() + l.end_timeout + l.shutdown_timeout);
             }
-            _ = inner.terminate.cancelled(), if !winding_down => {
+            _ = inner.terminate.cancelled(), if watch_terminate && !winding_down => {
                 conn.as_mut().graceful_shutdown();
                 winding_down = true;
             }

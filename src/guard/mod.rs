@@ -23,6 +23,7 @@ mod grpc;
 mod h1;
 mod h2conn;
 mod headers;
+mod keepalive;
 mod lifecycle;
 mod limits;
 mod registry;

@@ -66,6 +66,7 @@ use tungstenite::protocol::frame::{CloseFrame, Frame, FrameHeader};
 use tungstenite::Utf8Bytes;
 
 use super::accept::ConnInfo;
+use super::keepalive::Counted;
 use super::registry::Registered;
 use super::sniff::{Prefixed, MAX_LINGER};
 use super::Inner;
@@ -199,9 +200,9 @@ struct Sockets {
 /// Takes the TCP sockets back from hyper's upgraded connections.
 fn sockets(client: Upgraded, app: Upgraded) -> Result<Sockets, &'static str> {
     let client = client
-        .downcast::<TokioIo<Prefixed<TcpStream>>>()
+        .downcast::<TokioIo<Counted<Prefixed<TcpStream>>>>()
         .map_err(|_| "the client connection is not a TCP socket")?;
-    let (prefix, tcp) = client.io.into_inner().into_parts();
+    let (prefix, tcp) = client.io.into_inner().into_inner().into_parts();
     let tcp = tcp.ok_or("the client connection was already closed")?;
     // The sniffed prefix was handed to hyper long before the upgrade; any
     // left would precede the bytes hyper buffered.
