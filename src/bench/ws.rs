@@ -106,6 +106,8 @@ async fn connection(
 ) -> Result<(), tokio_tungstenite::tungstenite::Error> {
     let _ = tcp.set_nodelay(true);
     let mut params = TickParams::default();
+    // The callback's signature is tungstenite's (its error is a response).
+    #[allow(clippy::result_large_err)]
     let ws = tokio_tungstenite::accept_hdr_async(tcp, |req: &Request, resp: Response| {
         params = TickParams::parse(&req.uri().to_string());
         Ok(resp)
