@@ -314,6 +314,10 @@ pub struct DemoArgs {
     /// Where to write the reconnect plot.
     #[arg(long, env = "DRAINSHIM_PLOT", default_value = "drainshim-demo.svg")]
     pub plot: std::path::PathBuf,
+
+    /// The long-lived streams: gRPC, WebSockets, or half of each.
+    #[arg(long, env = "DRAINSHIM_PROTOCOL", value_enum, default_value = "mixed")]
+    pub protocol: crate::bench::population::Protocol,
 }
 
 #[derive(Debug, Args)]
@@ -411,6 +415,12 @@ pub struct ReconnectArgs {
     /// Which restarts to measure; repeatable (default: all three).
     #[arg(long, env = "DRAINSHIM_MODE", value_enum, value_delimiter = ',')]
     pub mode: Vec<crate::bench::reconnect::Mode>,
+
+    /// The long-lived streams: gRPC server streams, WebSockets (HTTP/1.1
+    /// Upgrade; the guard ends them with Close 1012), or half of each. Each
+    /// kind gets its own result row.
+    #[arg(long, env = "DRAINSHIM_PROTOCOL", value_enum, default_value = "grpc")]
+    pub protocol: crate::bench::population::Protocol,
 
     /// drainshim mode: time for callers to drop the endpoint.
     #[arg(long, env = "DRAINSHIM_DEREGISTRATION_DELAY", value_parser = config::parse_duration, default_value = "2s")]

@@ -203,6 +203,7 @@ async fn run(command: Command) -> ExitCode {
                 envoy,
                 streams: args.streams as usize,
                 plot: args.plot,
+                protocol: args.protocol,
             };
             match bench::demo::run(opts).await {
                 Ok(()) => ExitCode::SUCCESS,
@@ -291,6 +292,7 @@ async fn bench_reconnect(args: drainshim::cli::ReconnectArgs) -> ExitCode {
     };
     let mut opts = ReconnectOptions::new(envoy);
     opts.streams = args.streams as usize;
+    opts.protocol = args.protocol;
     if !args.mode.is_empty() {
         opts.modes = args.mode;
     }

@@ -6,8 +6,6 @@
 //! lost. On a Close (from the client, or the guard's 1001) it stops ticking
 //! and answers it, as a well-behaved server does.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
@@ -20,22 +18,9 @@ pub const MAX_TICK_BYTES: usize = 1 << 20;
 /// How long the server waits for the end of a close handshake.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
-/// Per connection id, the last tick sequence number the transport accepted.
-#[derive(Clone, Debug, Default)]
-pub struct WsLedger(Arc<Mutex<HashMap<String, u64>>>);
-
-impl WsLedger {
-    fn record(&self, id: &str, seq: u64) {
-        if let Ok(mut m) = self.0.lock() {
-            m.insert(id.to_string(), seq);
-        }
-    }
-
-    /// The last tick written on connection `id`, if any.
-    pub fn last_written(&self, id: &str) -> Option<u64> {
-        self.0.lock().ok()?.get(id).copied()
-    }
-}
+/// Per connection id, the last tick the transport accepted: the same
+/// ledger as the gRPC backend's, so one pod's app serves both kinds.
+pub type WsLedger = super::server::Ledger;
 
 /// What a client asked for in its request line.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -69,6 +54,59 @@ impl TickParams {
             }
         }
         p
+    }
+}
+
+/// One pod's application for both populations: gRPC (h2c, the tonic bench
+/// service) and WebSocket (HTTP/1.1) on the same port, told apart by the
+/// first bytes (`PRI` is the HTTP/2 preface), sharing one send ledger.
+pub async fn serve_mixed(
+    listener: TcpListener,
+    ledger: WsLedger,
+    stop_fut: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<TcpStream>>(64);
+    let service = super::server::BenchService {
+        ledger: ledger.clone(),
+    };
+    let grpc_stop = stop.clone();
+    tokio::spawn(async move {
+        let incoming = tokio_stream::wrappers::ReceiverStream::new(rx);
+        let _ = tonic::transport::Server::builder()
+            .add_service(crate::proto::bench::stream_server::StreamServer::new(
+                service,
+            ))
+            .serve_with_incoming_shutdown(incoming, grpc_stop.cancelled_owned())
+            .await;
+    });
+    tokio::pin!(stop_fut);
+    loop {
+        let (tcp, _) = tokio::select! {
+            _ = &mut stop_fut => { stop.cancel(); return }
+            r = listener.accept() => match r {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "bench app: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = tcp.set_nodelay(true);
+        let (tx, ledger) = (tx.clone(), ledger.clone());
+        tokio::spawn(async move {
+            let mut first = [0u8; 3];
+            let peeked = tokio::time::timeout(CLOSE_WAIT, tcp.peek(&mut first)).await;
+            if !matches!(peeked, Ok(Ok(3))) {
+                return;
+            }
+            if &first == b"PRI" {
+                let _ = tx.send(Ok(tcp)).await;
+            } else if let Err(e) = connection(tcp, ledger).await {
+                tracing::debug!(error = %e, "ws server: connection ended");
+            }
+        });
     }
 }
 
