@@ -19,6 +19,7 @@ test: tools lint deploy-check
 bench: tools
 	$(CARGO) bench --locked --bench footprint
 	$(CARGO) bench --locked --bench guard
+	$(CARGO) bench --locked --bench websocket
 	$(MAKE) bench-node
 
 # Everything the tests run against. Envoy, Prometheus and the deploy tools

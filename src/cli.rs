@@ -399,6 +399,11 @@ pub enum BenchCommand {
     /// A light stand-in for Envoy's admin API (used by node-scale).
     #[command(hide = true, after_help = EXIT_CODES)]
     AdminStub(AdminStubArgs),
+
+    /// The bench app for both populations on one port: the gRPC streaming
+    /// backend (h2c) and a WebSocket ticker/echo (`GET /tick?id=&interval_ms=&size=`).
+    #[command(after_help = EXIT_CODES)]
+    App(BenchAppArgs),
 }
 
 #[derive(Debug, Args)]
@@ -480,6 +485,13 @@ pub struct NodeScaleArgs {
 
     #[arg(long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
     pub format: Format,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchAppArgs {
+    /// Address to serve gRPC and WebSocket on.
+    #[arg(long, env = "DRAINSHIM_LISTEN", default_value = "127.0.0.1:50052")]
+    pub listen: SocketAddr,
 }
 
 #[derive(Debug, Args)]

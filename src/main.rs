@@ -241,6 +241,21 @@ async fn run(command: Command) -> ExitCode {
                 }
             }
         }
+        Command::Bench(BenchCommand::App(args)) => {
+            let listener = match tokio::net::TcpListener::bind(args.listen).await {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!("drainshim bench app: bind {}: {e}", args.listen);
+                    return ExitCode::from(EX_UNAVAILABLE);
+                }
+            };
+            let mut signals = sigterms();
+            bench::ws::serve_mixed(listener, bench::ws::WsLedger::default(), async move {
+                let _ = signals.recv().await;
+            })
+            .await;
+            ExitCode::SUCCESS
+        }
         Command::Bench(BenchCommand::AdminStub(args)) => {
             let listener = match tokio::net::TcpListener::bind(args.listen).await {
                 Ok(l) => l,
