@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: demo test bench bench-node envoy prometheus h2load lint tools deploy-check deploy-tools deploy-rules fuzz-ci
+.PHONY: demo test bench bench-node envoy prometheus h2load pytools lint tools deploy-check deploy-tools deploy-rules fuzz-ci
 
 demo: envoy
 	$(CARGO) run --release --locked --quiet -- demo
@@ -20,12 +20,13 @@ bench: tools
 	$(CARGO) bench --locked --bench footprint
 	$(CARGO) bench --locked --bench guard
 	$(CARGO) bench --locked --bench failopen
+	$(CARGO) bench --locked --bench websocket
 	$(MAKE) bench-node
 
 # Everything the tests run against. Envoy, Prometheus and the deploy tools
 # (kubectl if absent, kubernetes-validate, hadolint, promtool) go into .cache/;
 # h2load links system libraries, so it is the one apt install (as root).
-tools: envoy prometheus h2load deploy-tools
+tools: envoy prometheus h2load pytools deploy-tools
 
 envoy:
 	scripts/fetch-envoy.sh
@@ -35,6 +36,10 @@ prometheus:
 
 h2load:
 	scripts/fetch-h2load.sh
+
+# Independent Python clients for the tests (websockets) in .cache/py-venv.
+pytools:
+	scripts/fetch-pytools.sh
 
 lint:
 	$(CARGO) fmt --check

@@ -319,6 +319,10 @@ pub struct DemoArgs {
     /// Where to write the reconnect plot.
     #[arg(long, env = "DRAINSHIM_PLOT", default_value = "drainshim-demo.svg")]
     pub plot: std::path::PathBuf,
+
+    /// The long-lived streams: gRPC, WebSockets, or half of each.
+    #[arg(long, env = "DRAINSHIM_PROTOCOL", value_enum, default_value = "mixed")]
+    pub protocol: crate::bench::population::Protocol,
 }
 
 #[derive(Debug, Args)]
@@ -400,6 +404,11 @@ pub enum BenchCommand {
     /// A light stand-in for Envoy's admin API (used by node-scale).
     #[command(hide = true, after_help = EXIT_CODES)]
     AdminStub(AdminStubArgs),
+
+    /// The bench app for both populations on one port: the gRPC streaming
+    /// backend (h2c) and a WebSocket ticker/echo (`GET /tick?id=&interval_ms=&size=`).
+    #[command(after_help = EXIT_CODES)]
+    App(BenchAppArgs),
 }
 
 #[derive(Debug, Args)]
@@ -416,6 +425,12 @@ pub struct ReconnectArgs {
     /// Which restarts to measure; repeatable (default: all three).
     #[arg(long, env = "DRAINSHIM_MODE", value_enum, value_delimiter = ',')]
     pub mode: Vec<crate::bench::reconnect::Mode>,
+
+    /// The long-lived streams: gRPC server streams, WebSockets (HTTP/1.1
+    /// Upgrade; the guard ends them with Close 1012), or half of each. Each
+    /// kind gets its own result row.
+    #[arg(long, env = "DRAINSHIM_PROTOCOL", value_enum, default_value = "grpc")]
+    pub protocol: crate::bench::population::Protocol,
 
     /// drainshim mode: time for callers to drop the endpoint.
     #[arg(long, env = "DRAINSHIM_DEREGISTRATION_DELAY", value_parser = config::parse_duration, default_value = "2s")]
@@ -475,6 +490,13 @@ pub struct NodeScaleArgs {
 
     #[arg(long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
     pub format: Format,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchAppArgs {
+    /// Address to serve gRPC and WebSocket on.
+    #[arg(long, env = "DRAINSHIM_LISTEN", default_value = "127.0.0.1:50052")]
+    pub listen: SocketAddr,
 }
 
 #[derive(Debug, Args)]

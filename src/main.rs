@@ -203,6 +203,7 @@ async fn run(command: Command) -> ExitCode {
                 envoy,
                 streams: args.streams as usize,
                 plot: args.plot,
+                protocol: args.protocol,
             };
             match bench::demo::run(opts).await {
                 Ok(()) => ExitCode::SUCCESS,
@@ -239,6 +240,21 @@ async fn run(command: Command) -> ExitCode {
                     ExitCode::from(EX_UNAVAILABLE)
                 }
             }
+        }
+        Command::Bench(BenchCommand::App(args)) => {
+            let listener = match tokio::net::TcpListener::bind(args.listen).await {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!("drainshim bench app: bind {}: {e}", args.listen);
+                    return ExitCode::from(EX_UNAVAILABLE);
+                }
+            };
+            let mut signals = sigterms();
+            bench::ws::serve_mixed(listener, bench::ws::WsLedger::default(), async move {
+                let _ = signals.recv().await;
+            })
+            .await;
+            ExitCode::SUCCESS
         }
         Command::Bench(BenchCommand::AdminStub(args)) => {
             let listener = match tokio::net::TcpListener::bind(args.listen).await {
@@ -291,6 +307,7 @@ async fn bench_reconnect(args: drainshim::cli::ReconnectArgs) -> ExitCode {
     };
     let mut opts = ReconnectOptions::new(envoy);
     opts.streams = args.streams as usize;
+    opts.protocol = args.protocol;
     if !args.mode.is_empty() {
         opts.modes = args.mode;
     }

@@ -69,6 +69,34 @@ pub struct LimitLabels {
     pub limit: Limit,
 }
 
+/// What kind of stream the guard ended: each has its own goodbye (gRPC
+/// trailers, a WebSocket Close frame, an HTTP/1.1 `Connection: close`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum StreamProtocol {
+    grpc,
+    http,
+    websocket,
+    /// An HTTP/1.1 upgrade to anything but WebSocket: proxied as raw bytes.
+    other,
+}
+
+/// Every [`StreamProtocol`], for zeroed series and node mode.
+pub const STREAM_PROTOCOLS: [StreamProtocol; 4] = [
+    StreamProtocol::grpc,
+    StreamProtocol::http,
+    StreamProtocol::websocket,
+    StreamProtocol::other,
+];
+
+/// Why and what the guard ended (`streams_terminated_total`,
+/// `streams_ungraceful_total`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TerminatedLabels {
+    pub reason: Reason,
+    pub protocol: StreamProtocol,
+}
+
 /// One proxy in the version inventory (`drainshim_proxy_info`).
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProxyLabels {
@@ -132,7 +160,11 @@ pub mod help {
     );
     pub const STREAMS_TERMINATED: (&str, &str) = (
         "streams_terminated",
-        "Streams the stream guard ended gracefully, by reason",
+        "Streams the stream guard ended gracefully, by reason and protocol",
+    );
+    pub const STREAMS_UNGRACEFUL: (&str, &str) = (
+        "streams_ungraceful",
+        "Streams the stream guard had to close without an in-protocol goodbye (an upgrade it cannot end gracefully, or an ending that found no safe point in time), by reason and protocol",
     );
     pub const ENVOY_CONFIG_UPDATES: (&str, &str) = (
         "envoy_config_updates",
@@ -175,7 +207,8 @@ pub struct Metrics {
     pub envoy_active_streams: Gauge,
     pub proxy_info: Family<ProxyLabels, Gauge>,
     pub goaways: Family<ReasonLabels, Counter>,
-    pub streams_terminated: Family<ReasonLabels, Counter>,
+    pub streams_terminated: Family<TerminatedLabels, Counter>,
+    pub streams_ungraceful: Family<TerminatedLabels, Counter>,
     pub envoy_config_updates: Family<ConfigLabels, Counter>,
     pub envoy_upstream_retries: Family<VersionLabels, Counter>,
     pub tcp_resets: Family<KindLabels, Counter>,
@@ -221,6 +254,7 @@ impl Metrics {
             proxy_info: Family::default(),
             goaways: Family::default(),
             streams_terminated: Family::default(),
+            streams_ungraceful: Family::default(),
             envoy_config_updates: Family::default(),
             envoy_upstream_retries: Family::default(),
             tcp_resets: Family::default(),
@@ -264,6 +298,11 @@ impl Metrics {
             m.streams_terminated.clone(),
         );
         r.register(
+            help::STREAMS_UNGRACEFUL.0,
+            help::STREAMS_UNGRACEFUL.1,
+            m.streams_ungraceful.clone(),
+        );
+        r.register(
             help::ENVOY_CONFIG_UPDATES.0,
             help::ENVOY_CONFIG_UPDATES.1,
             m.envoy_config_updates.clone(),
@@ -305,9 +344,11 @@ impl Metrics {
         }
         for reason in [Reason::max_age, Reason::drain] {
             let _ = self.goaways.get_or_create(&ReasonLabels { reason });
-            let _ = self
-                .streams_terminated
-                .get_or_create(&ReasonLabels { reason });
+            for protocol in STREAM_PROTOCOLS {
+                let l = TerminatedLabels { reason, protocol };
+                let _ = self.streams_terminated.get_or_create(&l);
+                let _ = self.streams_ungraceful.get_or_create(&l);
+            }
         }
     }
 

@@ -74,7 +74,7 @@ async fn prestop_ends_every_stream_gracefully_through_envoy() {
     let (_, metrics) = http(pod.shim, "GET", "/metrics").await;
     assert!(
         metrics.contains(&format!(
-            "drainshim_streams_terminated_total{{reason=\"drain\"}} {N}"
+            "drainshim_streams_terminated_total{{reason=\"drain\",protocol=\"grpc\"}} {N}"
         )),
         "{metrics}"
     );

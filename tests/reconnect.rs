@@ -7,6 +7,8 @@ mod support;
 
 use std::time::Duration;
 
+use drainshim::bench::measure::ModeResult;
+use drainshim::bench::population::Protocol;
 use drainshim::bench::reconnect::{run_mode, Mode, ReconnectOptions};
 use support::envoy_binary;
 
@@ -20,9 +22,15 @@ fn small() -> ReconnectOptions {
     o
 }
 
+/// The one result row of a single-protocol run.
+fn one(mut rows: Vec<ModeResult>) -> ModeResult {
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    rows.remove(0)
+}
+
 #[tokio::test]
 async fn drainshim_mode_cuts_nothing_and_loses_nothing() {
-    let r = run_mode(&small(), Mode::Drainshim).await.expect("bench");
+    let r = one(run_mode(&small(), Mode::Drainshim).await.expect("bench"));
     eprintln!("{r:?}");
     assert!(r.streams_on_restarted_pod >= 10, "{r:?}");
     assert_eq!(r.cut, 0, "{r:?}");
@@ -32,17 +40,46 @@ async fn drainshim_mode_cuts_nothing_and_loses_nothing() {
     assert!(r.reconnect_p99_ms > 0.0, "{r:?}");
 }
 
+/// Half gRPC streams, half WebSockets: both kinds end gracefully (trailers
+/// 14, Close 1012), nothing cut, nothing lost, one row each.
+#[tokio::test]
+async fn drainshim_mode_ends_grpc_streams_and_websockets_alike() {
+    let mut o = small();
+    o.protocol = Protocol::Mixed;
+    let rows = run_mode(&o, Mode::Drainshim).await.expect("bench");
+    eprintln!("{rows:?}");
+    let protocols: Vec<&str> = rows.iter().map(|r| r.protocol.as_str()).collect();
+    assert_eq!(protocols, ["grpc", "websocket"]);
+    for r in &rows {
+        assert!(r.streams_on_restarted_pod >= 5, "{r:?}");
+        assert_eq!(r.cut, 0, "{r:?}");
+        assert_eq!(r.lost_messages, 0, "{r:?}");
+        assert_eq!(r.graceful, r.streams_on_restarted_pod, "{r:?}");
+    }
+}
+
 #[tokio::test]
 async fn envoy_sigterm_cuts_every_stream_on_the_pod() {
-    let r = run_mode(&small(), Mode::EnvoySigterm).await.expect("bench");
+    let r = one(run_mode(&small(), Mode::EnvoySigterm).await.expect("bench"));
     eprintln!("{r:?}");
     assert!(r.streams_on_restarted_pod >= 10, "{r:?}");
     assert_eq!(r.cut, r.streams_on_restarted_pod, "{r:?}");
 }
 
 #[tokio::test]
+async fn envoy_sigterm_cuts_every_websocket_on_the_pod() {
+    let mut o = small();
+    o.protocol = Protocol::Websocket;
+    let r = one(run_mode(&o, Mode::EnvoySigterm).await.expect("bench"));
+    eprintln!("{r:?}");
+    assert_eq!(r.protocol, "websocket");
+    assert!(r.streams_on_restarted_pod >= 10, "{r:?}");
+    assert_eq!(r.cut, r.streams_on_restarted_pod, "{r:?}");
+}
+
+#[tokio::test]
 async fn istio_default_cuts_every_stream_older_than_its_drain() {
-    let r = run_mode(&small(), Mode::IstioDefault).await.expect("bench");
+    let r = one(run_mode(&small(), Mode::IstioDefault).await.expect("bench"));
     eprintln!("{r:?}");
     // Every stream on pod A was opened before the restart began, so each is
     // older than 5 s when Envoy is killed.

@@ -164,6 +164,10 @@ pub struct EnvoyOptions {
     /// [`shipped_bootstrap`]; `upstream`, `fallback` and `admin_port` are then
     /// whatever it says.
     pub custom_bootstrap: Option<String>,
+    /// The inbound cluster speaks what the client spoke (HTTP/1.1 or
+    /// HTTP/2) instead of h2c always; WebSocket upgrades then reach the
+    /// upstream as HTTP/1.1 `Upgrade`.
+    pub upstream_follows_downstream: bool,
 }
 
 impl EnvoyOptions {
@@ -179,6 +183,7 @@ impl EnvoyOptions {
             xds_dir: None,
             fallback: None,
             custom_bootstrap: None,
+            upstream_follows_downstream: false,
         }
     }
 
@@ -241,6 +246,7 @@ admin:
           stat_prefix: inbound_http
           codec_type: AUTO
           stream_idle_timeout: 0s
+          upgrade_configs: [{{ upgrade_type: websocket }}]
           route_config:
             virtual_hosts:
             - name: app
@@ -269,7 +275,7 @@ admin:
     typed_extension_protocol_options:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{ http2_protocol_options: {{{windows}}} }}
+        {upstream_protocol}
 {failopen}    load_assignment:
       cluster_name: app
       endpoints:
@@ -281,11 +287,20 @@ admin:
             admin_port = self.admin_port,
             retry = if self.fallback.is_some() { FAILOPEN_RETRY } else { "" },
             failopen = if self.fallback.is_some() { FAILOPEN_CLUSTER } else { "" },
-            // The shipped bootstrap's bounded upstream windows, with its fallback.
-            windows = if self.fallback.is_some() {
-                " initial_stream_window_size: 262144, initial_connection_window_size: 1048576 "
-            } else {
-                ""
+            // The shipped bootstrap's bounded upstream windows, with its
+            // fallback; WebSocket upgrades need the upstream to follow the
+            // downstream protocol (HTTP/1.1 Upgrade stays HTTP/1.1).
+            upstream_protocol = {
+                let windows = if self.fallback.is_some() {
+                    " initial_stream_window_size: 262144, initial_connection_window_size: 1048576 "
+                } else {
+                    ""
+                };
+                if self.upstream_follows_downstream {
+                    format!("use_downstream_protocol_config: {{ http_protocol_options: {{}}, http2_protocol_options: {{{windows}}} }}")
+                } else {
+                    format!("explicit_http_config: {{ http2_protocol_options: {{{windows}}} }}")
+                }
             },
             fallback = match self.fallback {
                 None => String::new(),

@@ -9,7 +9,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::client::Ending;
-use super::population::Session;
+use super::population::{Kind, Session};
 use super::server::Ledger;
 
 /// The storm is measured in buckets of this width (docs/design.md).
@@ -19,6 +19,8 @@ pub const BUCKET: Duration = Duration::from_millis(100);
 #[derive(Clone, Debug, Serialize)]
 pub struct ModeResult {
     pub mode: String,
+    /// `grpc` or `websocket`: the kind of stream this row counts.
+    pub protocol: String,
     /// Streams held open in the whole population.
     pub streams: usize,
     /// Streams on the restarted pod when the restart began.
@@ -46,6 +48,8 @@ pub struct ModeResult {
 /// Inputs of one measurement.
 pub struct Observed<'a> {
     pub mode: &'a str,
+    /// Only sessions of this kind are counted.
+    pub kind: Kind,
     pub streams: usize,
     pub sessions: &'a [Session],
     /// Which endpoint index was restarted.
@@ -63,7 +67,12 @@ pub fn summarize(o: &Observed) -> ModeResult {
     let victims: Vec<&Session> = o
         .sessions
         .iter()
-        .filter(|s| s.endpoint == o.restarted && s.started <= o.trigger && s.ended >= o.trigger)
+        .filter(|s| {
+            s.kind == o.kind
+                && s.endpoint == o.restarted
+                && s.started <= o.trigger
+                && s.ended >= o.trigger
+        })
         .collect();
     let graceful = victims
         .iter()
@@ -121,6 +130,7 @@ pub fn summarize(o: &Observed) -> ModeResult {
     };
     ModeResult {
         mode: o.mode.to_string(),
+        protocol: o.kind.name().to_string(),
         streams: o.streams,
         streams_on_restarted_pod: victims.len(),
         graceful,
@@ -174,6 +184,7 @@ pub fn render_table(results: &[ModeResult]) -> String {
         .map(|r| {
             vec![
                 r.mode.clone(),
+                r.protocol.clone(),
                 r.streams_on_restarted_pod.to_string(),
                 r.graceful.to_string(),
                 r.cut.to_string(),
@@ -189,6 +200,7 @@ pub fn render_table(results: &[ModeResult]) -> String {
     crate::fleet::table(
         &[
             "MODE",
+            "PROTOCOL",
             "STREAMS_ON_POD",
             "GRACEFUL",
             "CUT",
@@ -252,8 +264,8 @@ pub fn plot(results: &[ModeResult], path: &Path) -> Result<(), String> {
             ))
             .map_err(|e| err(&e))?
             .label(format!(
-                "{} (cut {}, peak/mean {:.2})",
-                r.mode, r.cut, r.storm_peak_to_mean
+                "{} {} (cut {}, peak/mean {:.2})",
+                r.mode, r.protocol, r.cut, r.storm_peak_to_mean
             ))
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))

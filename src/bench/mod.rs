@@ -10,3 +10,4 @@ pub mod node_scale;
 pub mod population;
 pub mod reconnect;
 pub mod server;
+pub mod ws;

@@ -1,5 +1,6 @@
-//! A population of long-lived gRPC streams that behaves like real clients:
-//! each holds one Subscribe stream and, when it ends, reconnects to a live
+//! A population of long-lived streams that behaves like real clients: each
+//! holds one gRPC Subscribe stream or one WebSocket (tick stream of the
+//! bench app, see [`super::ws`]) and, when it ends, reconnects to a live
 //! endpoint with jittered exponential backoff. Everything is recorded from
 //! the client side, outside the mesh.
 
@@ -22,10 +23,62 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// Any single connect or first message must come within this, or it failed.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Which kind of long-lived stream a population holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Protocol {
+    /// gRPC server streams (Subscribe).
+    Grpc,
+    /// WebSockets (HTTP/1.1 Upgrade) with server ticks.
+    Websocket,
+    /// Half of each (clients alternate in pairs, so that each kind is on
+    /// both pods: endpoints are picked by client parity).
+    Mixed,
+}
+
+/// One stream's kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Grpc,
+    Websocket,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Grpc => "grpc",
+            Kind::Websocket => "websocket",
+        }
+    }
+}
+
+impl Protocol {
+    /// The kind of stream client `c` holds.
+    pub fn kind_of(self, c: usize) -> Kind {
+        match self {
+            Protocol::Grpc => Kind::Grpc,
+            Protocol::Websocket => Kind::Websocket,
+            Protocol::Mixed if (c / 2) % 2 == 0 => Kind::Grpc,
+            Protocol::Mixed => Kind::Websocket,
+        }
+    }
+
+    /// The kinds present.
+    pub fn kinds(self) -> Vec<Kind> {
+        match self {
+            Protocol::Grpc => vec![Kind::Grpc],
+            Protocol::Websocket => vec![Kind::Websocket],
+            Protocol::Mixed => vec![Kind::Grpc, Kind::Websocket],
+        }
+    }
+}
+
 /// One stream's life on one endpoint.
 #[derive(Clone, Debug)]
 pub struct Session {
     pub client: usize,
+    /// gRPC stream or WebSocket.
+    pub kind: Kind,
     /// Index into the endpoint list.
     pub endpoint: usize,
     pub stream_id: String,
@@ -86,7 +139,12 @@ pub struct Population {
 
 impl Population {
     /// Starts `n` clients; returns once every one holds a live stream.
-    pub async fn start(n: usize, endpoints: Endpoints, prefix: &str) -> Result<Self, String> {
+    pub async fn start(
+        n: usize,
+        endpoints: Endpoints,
+        prefix: &str,
+        protocol: Protocol,
+    ) -> Result<Self, String> {
         let sessions = Arc::new(Mutex::new(Vec::new()));
         let attempts = Arc::new(Mutex::new((0u64, 0u64)));
         let stop = CancellationToken::new();
@@ -95,6 +153,7 @@ impl Population {
             .map(|c| {
                 let ctx = ClientCtx {
                     client: c,
+                    kind: protocol.kind_of(c),
                     prefix: prefix.to_string(),
                     endpoints: endpoints.clone(),
                     sessions: sessions.clone(),
@@ -139,6 +198,7 @@ impl Population {
 
 struct ClientCtx {
     client: usize,
+    kind: Kind,
     prefix: String,
     endpoints: Endpoints,
     sessions: Arc<Mutex<Vec<Session>>>,
@@ -200,9 +260,97 @@ impl ClientCtx {
         }
     }
 
-    /// One stream: connect, subscribe, read to the end. None if it never
-    /// delivered a first message.
+    /// One stream of this client's kind.
     async fn session(
+        &mut self,
+        endpoint: usize,
+        addr: SocketAddr,
+        stream_id: &str,
+        last_end: Option<Instant>,
+    ) -> Option<Session> {
+        match self.kind {
+            Kind::Grpc => self.grpc_session(endpoint, addr, stream_id, last_end).await,
+            Kind::Websocket => self.ws_session(endpoint, addr, stream_id, last_end).await,
+        }
+    }
+
+    /// One WebSocket: connect, read ticks to the end. A Close 1012 or 1001
+    /// (the guard's, or a server going away) is graceful; a connection that
+    /// ends without a Close frame (1006) is cut.
+    async fn ws_session(
+        &mut self,
+        endpoint: usize,
+        addr: SocketAddr,
+        stream_id: &str,
+        last_end: Option<Instant>,
+    ) -> Option<Session> {
+        use futures_util::StreamExt;
+        use tokio_tungstenite::tungstenite::Message;
+        let url = format!("ws://{addr}/tick?id={stream_id}&interval_ms={TICK_INTERVAL_MS}&size=64");
+        let seq_of = |m: &Message| -> Option<u64> {
+            let Message::Text(t) = m else { return None };
+            t.split(' ').nth(1)?.parse().ok()
+        };
+        let open = async {
+            let (mut ws, _) = tokio_tungstenite::connect_async(&url).await.ok()?;
+            loop {
+                let m = ws.next().await?.ok()?;
+                if let Some(seq) = seq_of(&m) {
+                    return Some((ws, seq));
+                }
+            }
+        };
+        let (mut ws, first_seq) = tokio::time::timeout(ATTEMPT_TIMEOUT, open).await.ok()??;
+        let started = Instant::now();
+        if let Some(r) = self.ready.take() {
+            let _ = r.send(()).await;
+        }
+        let mut last_seq = first_seq;
+        let mut gap = first_seq != 1;
+        let mut close_code = None;
+        let ending = loop {
+            tokio::select! {
+                m = ws.next() => match m {
+                    Some(Ok(Message::Close(f))) => {
+                        close_code = Some(f.map_or(1005, |f| u16::from(f.code)));
+                    }
+                    Some(Ok(m)) => {
+                        if let Some(seq) = seq_of(&m) {
+                            gap |= seq != last_seq + 1;
+                            last_seq = seq;
+                        }
+                    }
+                    // tungstenite ends the stream after a completed close handshake.
+                    None => break match close_code {
+                        Some(1012 | 1001) => Ending::Graceful,
+                        Some(_) => Ending::Completed,
+                        None => Ending::Cut,
+                    },
+                    Some(Err(_)) => break if close_code.is_some() { Ending::Graceful } else { Ending::Cut },
+                },
+                _ = self.stop.cancelled() => {
+                    let _ = tokio::time::timeout(ATTEMPT_TIMEOUT, ws.close(None)).await;
+                    break Ending::Completed;
+                }
+            }
+        };
+        Some(Session {
+            client: self.client,
+            kind: Kind::Websocket,
+            endpoint,
+            stream_id: stream_id.to_string(),
+            started,
+            ended: Instant::now(),
+            ending,
+            last_seq,
+            gap,
+            reconnect: last_end.map(|e| started.saturating_duration_since(e)),
+        })
+    }
+
+    /// One gRPC stream: connect, subscribe, read to the end. None if it never
+    /// delivered a first message.
+    async fn grpc_session(
         &mut self,
         endpoint: usize,
         addr: SocketAddr,
@@ -245,6 +393,7 @@ impl ClientCtx {
         };
         Some(Session {
             client: self.client,
+            kind: Kind::Grpc,
             endpoint,
             stream_id: stream_id.to_string(),
             started,

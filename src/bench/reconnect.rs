@@ -2,9 +2,12 @@
 //! population of long-lived gRPC streams and measures, from the client side,
 //! what each way of restarting costs.
 //!
-//! Each pod is a real Envoy inbound in front of the tonic bench backend; in
-//! `drainshim` mode a drainshim sidecar with the stream guard sits between
-//! them, as in a mesh where Envoy's inbound cluster points at the guard.
+//! Each pod is a real Envoy inbound in front of the bench app (the tonic
+//! streaming backend and the WebSocket ticker on one port); in `drainshim`
+//! mode a drainshim sidecar with the stream guard sits between them, as in
+//! a mesh where Envoy's inbound cluster points at the guard. The population
+//! holds gRPC streams, WebSockets, or both (`--protocol`); each kind gets its
+//! own result row.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -17,8 +20,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::envoy::{EnvoyOptions, EnvoyProcess};
 use super::measure::{self, ModeResult, Observed};
-use super::population::{Endpoints, Population};
-use super::server::{self, BenchService, Ledger};
+use super::population::{Endpoints, Population, Protocol};
+use super::server::Ledger;
 use crate::cli::Cli;
 use crate::drain::{DrainHandle, Report, Trigger};
 use crate::sidecar;
@@ -65,6 +68,8 @@ pub struct ReconnectOptions {
     pub max_connection_age_grace: Duration,
     /// After the grace, a connection's streams are ended over this window.
     pub max_connection_age_spread: Duration,
+    /// gRPC streams, WebSockets, or half of each.
+    pub protocol: Protocol,
     /// Print progress lines to stderr.
     pub progress: bool,
 }
@@ -81,6 +86,7 @@ impl ReconnectOptions {
             max_connection_age: None,
             max_connection_age_grace: Duration::from_secs(30),
             max_connection_age_spread: crate::config::DEFAULT_MAX_CONNECTION_AGE_SPREAD,
+            protocol: Protocol::Grpc,
             progress: true,
         }
     }
@@ -120,12 +126,10 @@ async fn start_pod(opts: &ReconnectOptions, ledger: &Ledger, guard: bool) -> Res
         .map_err(|e| format!("bind backend: {e}"))?;
     let app = listener.local_addr().map_err(|e| e.to_string())?;
     let stop = CancellationToken::new();
-    let service = BenchService {
-        ledger: ledger.clone(),
-    };
-    tokio::spawn(server::serve(
+    // The app serves both populations on one port: gRPC and WebSocket.
+    tokio::spawn(super::ws::serve_mixed(
         listener,
-        service,
+        ledger.clone(),
         stop.clone().cancelled_owned(),
     ));
 
@@ -195,6 +199,8 @@ async fn start_pod(opts: &ReconnectOptions, ledger: &Ledger, guard: bool) -> Res
     eo.fallback = guard.then_some(app);
     eo.drain_time = opts.drain_time;
     eo.parent_shutdown_time = opts.parent_shutdown_time;
+    // gRPC stays HTTP/2 and WebSockets HTTP/1.1 Upgrade up to the app.
+    eo.upstream_follows_downstream = true;
     let envoy = EnvoyProcess::start(&eo).await.map_err(|e| e.to_string())?;
     Ok(Pod {
         envoy,
@@ -206,7 +212,7 @@ async fn start_pod(opts: &ReconnectOptions, ledger: &Ledger, guard: bool) -> Res
 }
 
 /// Runs one mode end to end and measures it.
-pub async fn run_mode(opts: &ReconnectOptions, mode: Mode) -> Result<ModeResult, String> {
+pub async fn run_mode(opts: &ReconnectOptions, mode: Mode) -> Result<Vec<ModeResult>, String> {
     let guard = mode == Mode::Drainshim;
     let ledger = Ledger::default();
     opts.say(&format!(
@@ -222,7 +228,8 @@ pub async fn run_mode(opts: &ReconnectOptions, mode: Mode) -> Result<ModeResult,
         mode.name(),
         opts.streams
     ));
-    let population = Population::start(opts.streams, endpoints.clone(), mode.name()).await?;
+    let population =
+        Population::start(opts.streams, endpoints.clone(), mode.name(), opts.protocol).await?;
     // Let the streams run a moment so every one has history.
     tokio::time::sleep(Duration::from_secs(1)).await;
 
@@ -265,32 +272,52 @@ pub async fn run_mode(opts: &ReconnectOptions, mode: Mode) -> Result<ModeResult,
     let attempts_at_end = population.attempts.lock().map(|a| *a).unwrap_or_default();
     let sessions = population.stop().await;
     drop(b);
-    let result = measure::summarize(&Observed {
-        mode: mode.name(),
-        streams: opts.streams,
-        sessions: &sessions,
-        restarted: 0,
-        trigger,
-        done,
-        ledger: &ledger,
-        attempts_at_trigger,
-        attempts_at_end,
-    });
-    opts.say(&format!(
-        "[{}] {} streams on pod A: {} graceful, {} cut",
-        mode.name(),
-        result.streams_on_restarted_pod,
-        result.graceful,
-        result.cut
-    ));
-    Ok(result)
+    let mut results = Vec::new();
+    for kind in opts.protocol.kinds() {
+        let result = measure::summarize(&Observed {
+            mode: mode.name(),
+            kind,
+            streams: sessions_of(&sessions, kind, opts.streams),
+            sessions: &sessions,
+            restarted: 0,
+            trigger,
+            done,
+            ledger: &ledger,
+            attempts_at_trigger,
+            attempts_at_end,
+        });
+        opts.say(&format!(
+            "[{}] {} {} streams on pod A: {} graceful, {} cut",
+            mode.name(),
+            result.streams_on_restarted_pod,
+            kind.name(),
+            result.graceful,
+            result.cut
+        ));
+        results.push(result);
+    }
+    Ok(results)
+}
+
+/// How many of the population's `total` streams are of `kind`.
+fn sessions_of(
+    sessions: &[super::population::Session],
+    kind: super::population::Kind,
+    total: usize,
+) -> usize {
+    let kinds: std::collections::HashMap<usize, super::population::Kind> =
+        sessions.iter().map(|s| (s.client, s.kind)).collect();
+    if kinds.is_empty() {
+        return total;
+    }
+    kinds.values().filter(|k| **k == kind).count()
 }
 
 /// Runs every requested mode, one after the other.
 pub async fn run(opts: &ReconnectOptions) -> Result<Vec<ModeResult>, String> {
     let mut out = Vec::new();
     for mode in &opts.modes {
-        out.push(run_mode(opts, *mode).await?);
+        out.extend(run_mode(opts, *mode).await?);
     }
     Ok(out)
 }
@@ -324,7 +351,7 @@ pub async fn soak(opts: &ReconnectOptions, duration: Duration) -> Result<SoakRes
     let a = start_pod(opts, &ledger, true).await?;
     let b = start_pod(opts, &ledger, true).await?;
     let endpoints = Endpoints::new(vec![a.envoy.inbound, b.envoy.inbound]);
-    let population = Population::start(opts.streams, endpoints, "soak").await?;
+    let population = Population::start(opts.streams, endpoints, "soak", opts.protocol).await?;
     let start = Instant::now();
     let mut next_report = start;
     while start.elapsed() < duration {

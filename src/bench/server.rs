@@ -28,7 +28,7 @@ pub const MAX_DELAY_MS: u32 = 60_000;
 pub struct Ledger(Arc<Mutex<HashMap<String, u64>>>);
 
 impl Ledger {
-    fn record(&self, stream_id: &str, seq: u64) {
+    pub(crate) fn record(&self, stream_id: &str, seq: u64) {
         if let Ok(mut m) = self.0.lock() {
             m.insert(stream_id.to_string(), seq);
         }

@@ -1,9 +1,62 @@
 //! Hop-by-hop headers: they describe one connection and must not be
 //! forwarded to the next (RFC 9110 §7.6.1); HTTP/2 forbids them outright.
+//! An HTTP/1.1 upgrade keeps its `Upgrade` and `Connection: upgrade`, which
+//! the next hop needs to switch protocols. `X-Forwarded-For` gets the
+//! guard's peer appended.
+
+use std::net::IpAddr;
 
 use http::header::{
     HeaderMap, HeaderName, HeaderValue, CONNECTION, TE, TRANSFER_ENCODING, UPGRADE,
 };
+
+/// `X-Forwarded-For`: the client address chain (de facto standard; the
+/// guard appends the address of whoever connected to it, Envoy usually).
+pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// The protocol an HTTP/1.1 request asks to switch to: its `Upgrade` value,
+/// when `Connection` lists `upgrade` (RFC 9110 §7.8).
+pub fn upgrade_requested(headers: &HeaderMap) -> Option<HeaderValue> {
+    let listed = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    listed.then(|| headers.get(UPGRADE).cloned()).flatten()
+}
+
+/// Whether an `Upgrade` value names WebSocket (the only protocol the guard
+/// can end gracefully).
+pub fn is_websocket(upgrade: &HeaderValue) -> bool {
+    upgrade.to_str().is_ok_and(|v| {
+        v.split(',')
+            .any(|p| p.trim().eq_ignore_ascii_case("websocket"))
+    })
+}
+
+/// [`strip_hop_by_hop`], then puts back `Upgrade: <upgrade>` and
+/// `Connection: upgrade`, for an upgrade request or its 101 answer.
+pub fn strip_hop_by_hop_keep_upgrade(headers: &mut HeaderMap, upgrade: HeaderValue) {
+    strip_hop_by_hop(headers);
+    headers.insert(UPGRADE, upgrade);
+    headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+}
+
+/// Appends `peer` to `X-Forwarded-For`, joining earlier lines into one.
+pub fn append_forwarded_for(headers: &mut HeaderMap, peer: IpAddr) {
+    let mut chain: Vec<String> = headers
+        .get_all(&X_FORWARDED_FOR)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .collect();
+    chain.push(peer.to_string());
+    if let Ok(v) = HeaderValue::from_str(&chain.join(", ")) {
+        headers.insert(X_FORWARDED_FOR, v);
+    }
+}
 
 /// Headers that are always connection-specific.
 const HOP_BY_HOP: [&str; 4] = [
@@ -44,20 +97,6 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// The client's address, appended to `x-forwarded-for` (the de facto
-/// standard list, oldest hop first): behind the guard the application's TCP
-/// peer is the guard, so this is where it finds who called.
-pub fn append_forwarded_for(headers: &mut HeaderMap, peer: std::net::IpAddr) {
-    const XFF: &str = "x-forwarded-for";
-    let value = match headers.get(XFF).and_then(|v| v.to_str().ok()) {
-        Some(prev) if !prev.trim().is_empty() => format!("{prev}, {peer}"),
-        _ => peer.to_string(),
-    };
-    if let Ok(v) = HeaderValue::from_str(&value) {
-        headers.insert(XFF, v);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,19 +118,45 @@ mod tests {
     }
 
     #[test]
-    fn the_peer_is_appended_to_x_forwarded_for() {
+    fn upgrades_keep_their_headers_and_forwarded_for_appends() {
         let mut h = HeaderMap::new();
-        let peer: std::net::IpAddr = [127, 0, 0, 6].into();
-        append_forwarded_for(&mut h, peer);
+        h.insert(CONNECTION, HeaderValue::from_static("keep-alive, Upgrade"));
+        h.insert(UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert("sec-websocket-key", HeaderValue::from_static("abc"));
+        let up = upgrade_requested(&h).expect("an upgrade");
+        assert!(is_websocket(&up));
+        strip_hop_by_hop_keep_upgrade(&mut h, up);
         assert_eq!(
-            h.get("x-forwarded-for").map(|v| v.as_bytes()),
-            Some(&b"127.0.0.6"[..])
+            h.get(CONNECTION).map(|v| v.as_bytes()),
+            Some(&b"upgrade"[..])
         );
-        h.insert("x-forwarded-for", HeaderValue::from_static("10.1.2.3"));
-        append_forwarded_for(&mut h, peer);
         assert_eq!(
-            h.get("x-forwarded-for").map(|v| v.as_bytes()),
-            Some(&b"10.1.2.3, 127.0.0.6"[..])
+            h.get(UPGRADE).map(|v| v.as_bytes()),
+            Some(&b"websocket"[..])
+        );
+        assert!(h.contains_key("sec-websocket-key"));
+
+        let mut plain = HeaderMap::new();
+        plain.insert(UPGRADE, HeaderValue::from_static("websocket"));
+        assert!(
+            upgrade_requested(&plain).is_none(),
+            "no Connection: upgrade"
+        );
+        assert!(!is_websocket(&HeaderValue::from_static("h2c")));
+
+        let mut x = HeaderMap::new();
+        x.append(X_FORWARDED_FOR, HeaderValue::from_static("203.0.113.7"));
+        x.append(X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.1"));
+        append_forwarded_for(&mut x, "127.0.0.1".parse().expect("ip"));
+        assert_eq!(
+            x.get(X_FORWARDED_FOR).map(|v| v.as_bytes()),
+            Some(&b"203.0.113.7, 10.0.0.1, 127.0.0.1"[..])
+        );
+        let mut fresh = HeaderMap::new();
+        append_forwarded_for(&mut fresh, "::1".parse().expect("ip"));
+        assert_eq!(
+            fresh.get(X_FORWARDED_FOR).map(|v| v.as_bytes()),
+            Some(&b"::1"[..])
         );
     }
 

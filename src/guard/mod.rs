@@ -25,6 +25,7 @@ mod grpc;
 mod h1;
 mod h2conn;
 mod headers;
+mod keepalive;
 mod lifecycle;
 mod limits;
 mod registry;
@@ -32,6 +33,7 @@ mod schedule;
 mod sniff;
 mod stream;
 pub mod upstream;
+mod websocket;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,7 +46,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::drain::StreamGuard;
-use crate::metrics::{Metrics, Reason};
+use crate::metrics::{Metrics, Reason, StreamProtocol, TerminatedLabels};
 
 pub use flood::{FloodLimits, Rate};
 pub use grpc::{end_message, Framer, REFUSED_MESSAGE};
@@ -166,15 +168,24 @@ impl Inner {
         );
     }
 
-    /// Counts one graceful stream end.
-    fn record_termination(&self, reason: Reason) {
+    /// Counts one graceful stream end, once its goodbye was written.
+    fn record_termination(&self, reason: Reason, protocol: StreamProtocol) {
         self.metrics
             .streams_terminated
-            .get_or_create(&crate::metrics::ReasonLabels { reason })
+            .get_or_create(&TerminatedLabels { reason, protocol })
             .inc();
         if reason == Reason::drain {
             self.terminated_by_drain.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Counts one stream the guard closed without an in-protocol goodbye
+    /// (the caller logs why).
+    fn record_ungraceful(&self, reason: Reason, protocol: StreamProtocol) {
+        self.metrics
+            .streams_ungraceful
+            .get_or_create(&TerminatedLabels { reason, protocol })
+            .inc();
     }
 
     /// Counts one GOAWAY sequence started.

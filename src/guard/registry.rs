@@ -84,6 +84,11 @@ impl StreamCtl {
             .unwrap_or((Reason::drain, Instant::now()))
     }
 
+    /// Why the end was asked, if it was.
+    pub fn reason(&self) -> Option<Reason> {
+        self.why.get().map(|(r, _)| *r)
+    }
+
     /// Whether the end was asked.
     pub fn is_ended(&self) -> bool {
         self.end.is_cancelled()

@@ -130,6 +130,12 @@ impl<T> Prefixed<T> {
         self.reclaim.clone()
     }
 
+    /// The unread prefix and the connection, taken out for good (nothing is
+    /// handed to the reclaim): an upgraded connection is relayed as it is.
+    pub fn into_parts(mut self) -> (Bytes, Option<T>) {
+        (std::mem::take(&mut self.prefix), self.inner.take())
+    }
+
     fn io(&mut self) -> io::Result<&mut T> {
         self.inner
             .as_mut()

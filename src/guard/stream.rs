@@ -123,12 +123,22 @@ pub async fn proxy(job: StreamJob) {
     let id = respond.stream_id().as_u32();
     let path = req.uri().path().to_string();
     let outcome = run(&inner, &upstream, &ctl, req, &mut respond, peer).await;
+    let protocol = if ctl.grpc {
+        crate::metrics::StreamProtocol::grpc
+    } else {
+        crate::metrics::StreamProtocol::http
+    };
     match &outcome {
-        Outcome::Ended(reason) => inner.record_termination(*reason),
-        Outcome::Reset => tracing::warn!(
-            %peer, stream = id, %path,
-            "guard: stream could not reach a safe end point in time; reset (REFUSED_STREAM: retryable)"
-        ),
+        Outcome::Ended(reason) => inner.record_termination(*reason, protocol),
+        Outcome::Reset => {
+            tracing::warn!(
+                %peer, stream = id, %path,
+                "guard: stream could not reach a safe end point in time; reset (REFUSED_STREAM for gRPC: retryable)"
+            );
+            if let Some(reason) = ctl.reason() {
+                inner.record_ungraceful(reason, protocol);
+            }
+        }
         _ => {}
     }
     tracing::trace!(%peer, stream = id, %path, ?outcome, "guard: stream done");

@@ -25,7 +25,7 @@ use prometheus_client::metrics::MetricType;
 use crate::drain::Outcome;
 use crate::metrics::{
     help, ConfigLabels, Ending, EndingLabels, KindLabels, Metrics, OutcomeLabels, ProxyLabels,
-    Reason, ReasonLabels, VersionLabels,
+    Reason, ReasonLabels, TerminatedLabels, VersionLabels, STREAM_PROTOCOLS,
 };
 use crate::telemetry::TCP_RESET_KINDS;
 
@@ -190,20 +190,31 @@ impl Collector for PodCollector {
                 None => Ok(()),
             },
         )?;
+        family(enc, help::GOAWAYS, MetricType::Counter, &pods, |p, me| {
+            for reason in REASONS {
+                if let Some(c) = p.metrics.goaways.get(&ReasonLabels { reason }) {
+                    series(me, &p.labels, ReasonLabels { reason }, &*c)?;
+                }
+            }
+            Ok(())
+        })?;
         for (desc, fam) in [
             (
-                help::GOAWAYS,
-                (|m: &Metrics| m.goaways.clone()) as fn(&Metrics) -> _,
+                help::STREAMS_TERMINATED,
+                (|m: &Metrics| m.streams_terminated.clone()) as fn(&Metrics) -> _,
             ),
-            (help::STREAMS_TERMINATED, |m: &Metrics| {
-                m.streams_terminated.clone()
+            (help::STREAMS_UNGRACEFUL, |m: &Metrics| {
+                m.streams_ungraceful.clone()
             }),
         ] {
             family(enc, desc, MetricType::Counter, &pods, |p, me| {
                 let f = fam(&p.metrics);
                 for reason in REASONS {
-                    if let Some(c) = f.get(&ReasonLabels { reason }) {
-                        series(me, &p.labels, ReasonLabels { reason }, &*c)?;
+                    for protocol in STREAM_PROTOCOLS {
+                        let l = TerminatedLabels { reason, protocol };
+                        if let Some(c) = f.get(&l) {
+                            series(me, &p.labels, l.clone(), &*c)?;
+                        }
                     }
                 }
                 Ok(())

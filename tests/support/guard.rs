@@ -94,11 +94,17 @@ pub struct RunningGuard {
 }
 
 impl RunningGuard {
+    /// Streams ended gracefully for `reason`, every protocol together.
     pub fn streams_terminated(&self, reason: drainshim::metrics::Reason) -> u64 {
-        self.metrics
-            .streams_terminated
-            .get_or_create(&drainshim::metrics::ReasonLabels { reason })
-            .get()
+        drainshim::metrics::STREAM_PROTOCOLS
+            .into_iter()
+            .map(|protocol| {
+                self.metrics
+                    .streams_terminated
+                    .get_or_create(&drainshim::metrics::TerminatedLabels { reason, protocol })
+                    .get()
+            })
+            .sum()
     }
 
     pub fn goaways(&self, reason: drainshim::metrics::Reason) -> u64 {

@@ -5,6 +5,8 @@
 //! (`make test` does).
 #![allow(dead_code, unused_imports)]
 
+pub mod ws;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -1,0 +1,707 @@
+//! WebSocket (RFC 6455, HTTP/1.1 `Upgrade: websocket`) through the guard,
+//! and its graceful end on a drain or at max connection age.
+//!
+//! **Relay.** After the application answered 101, both upgraded connections
+//! are taken back from hyper as plain TCP sockets and relayed byte for byte
+//! in both directions. The bytes are never re-encoded: the client's frames
+//! reach the application still masked as the client masked them, any message
+//! size, fragmentation, extensions (`permessage-deflate`), ping, pong and
+//! close pass through as they are. The guard only *reads* the frame headers
+//! (tungstenite's [`FrameHeader::parse`]) to know where frames begin, so it
+//! can stop at a frame boundary. Nothing is buffered beyond one read, and an
+//! idle WebSocket holds no buffer at all (reads wait for readiness first), so
+//! thousands of open WebSockets cost little memory.
+//!
+//! **Graceful end** (the registry asked the stream to end: a drain, spread
+//! over its window, or max connection age after its grace):
+//!
+//! 1. *App side first.* At the next frame boundary of the client → app
+//!    direction the guard sends the application a Close **1001 (Going Away)**,
+//!    masked with a fresh random key as a client's frames must be. Frames the
+//!    client sends after that are discarded: RFC 6455 §5.5.1 forbids data
+//!    after a Close, and the application would not read them.
+//! 2. *Everything the app sent, in order.* The app → client direction keeps
+//!    forwarding every frame until the application's own Close arrives (its
+//!    answer to 1001). Every byte the application's transport accepted
+//!    before that Close is in front of it on the same TCP stream, so all of
+//!    it has been forwarded by then: nothing is lost and the order is kept.
+//!    The application's Close itself is not forwarded.
+//! 3. *Then the client.* At that boundary the client gets a Close **1012
+//!    (Service Restart)**, which browsers and client libraries take as
+//!    "reconnect". The guard waits for the client's Close (its answer), then
+//!    closes the TCP connection (FIN first, then reads until the client closes
+//!    too, so no RST can destroy the Close in flight).
+//!
+//! Every wait is bounded by [`Limits::end_timeout`](super::Limits): an
+//! application that never answers 1001 still gets its client a 1012 after
+//! everything it sent, if the app → client direction is at a frame boundary
+//! then; a client that never answers 1012 is closed anyway. Only a frame left
+//! half-sent at the bound (a peer stalled mid-frame) makes the end abrupt:
+//! that is logged and counted in `drainshim_streams_ungraceful_total`, never
+//! silent. The whole ending is also capped at three times the limit.
+//!
+//! If the client or the application started a close handshake before the
+//! end was asked, the guard lets it finish as it is.
+//!
+//! Upgrades to any other protocol are relayed as raw bytes ([`tunnel`]); the
+//! guard cannot end them with an in-protocol goodbye, so it says so in the
+//! log when they open and when it closes them, and counts each close in
+//! `drainshim_streams_ungraceful_total{protocol="other"}`.
+
+use std::io::{self, Cursor};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use hyper::upgrade::{OnUpgrade, Upgraded};
+use hyper_util::rt::TokioIo;
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tungstenite::protocol::frame::coding::{CloseCode, Control, OpCode};
+use tungstenite::protocol::frame::{CloseFrame, Frame, FrameHeader};
+use tungstenite::Utf8Bytes;
+
+use super::accept::ConnInfo;
+use super::keepalive::Counted;
+use super::registry::Registered;
+use super::sniff::{Prefixed, MAX_LINGER};
+use super::Inner;
+use crate::metrics::StreamProtocol;
+
+/// Bytes read from a socket at a time while data flows; a WebSocket with
+/// nothing to read holds no buffer.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// What the client is told: reconnect, the service restarts.
+const CLIENT_CLOSE_REASON: &str = "service restart: reconnect";
+/// What the application is told: this client goes away.
+const APP_CLOSE_REASON: &str = "going away: proxy draining";
+
+/// Where the frame scanner stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// Everything given was scanned; more bytes are needed to go on.
+    NeedMore,
+    /// At a frame boundary, as asked.
+    Boundary,
+    /// A Close frame starts here, `len` bytes long (header and payload); not
+    /// passed.
+    Close { len: usize },
+}
+
+/// Follows one direction of a WebSocket byte stream frame by frame.
+#[derive(Debug, Default)]
+pub(crate) struct Scanner {
+    /// Payload bytes of the current frame not seen yet; 0 at a boundary
+    /// (then the next byte starts a frame header).
+    remaining: u64,
+    /// A Close frame was passed (a close handshake is under way).
+    saw_close: bool,
+}
+
+impl Scanner {
+    /// Whether the next byte starts a new frame.
+    pub(crate) fn at_boundary(&self) -> bool {
+        self.remaining == 0
+    }
+
+    /// Scans `buf` from its start and returns how many bytes may be passed
+    /// on, and why it stopped: at the end of `buf`, at the first frame
+    /// boundary if `stop_at_boundary`, or before a Close frame if
+    /// `stop_at_close`. A frame header split across reads is left in `buf`.
+    pub(crate) fn scan(
+        &mut self,
+        buf: &[u8],
+        stop_at_boundary: bool,
+        stop_at_close: bool,
+    ) -> Result<(usize, Stop), tungstenite::Error> {
+        let mut pos = 0usize;
+        loop {
+            if self.remaining > 0 {
+                let left = (buf.len() - pos) as u64;
+                let n = self.remaining.min(left);
+                // n <= left, which came from a usize.
+                pos += n as usize;
+                self.remaining -= n;
+                if self.remaining > 0 {
+                    return Ok((pos, Stop::NeedMore));
+                }
+            }
+            if stop_at_boundary {
+                return Ok((pos, Stop::Boundary));
+            }
+            let mut cursor = Cursor::new(&buf[pos..]);
+            let Some((header, len)) = FrameHeader::parse(&mut cursor)? else {
+                return Ok((pos, Stop::NeedMore));
+            };
+            let header_len = cursor.position() as usize;
+            let close = header.opcode == OpCode::Control(Control::Close);
+            if close && stop_at_close {
+                let len = usize::try_from(len)
+                    .ok()
+                    .and_then(|l| l.checked_add(header_len))
+                    .ok_or(tungstenite::Error::Protocol(
+                        tungstenite::error::ProtocolError::ControlFrameTooBig,
+                    ))?;
+                return Ok((pos, Stop::Close { len }));
+            }
+            self.saw_close |= close;
+            pos += header_len;
+            self.remaining = len;
+        }
+    }
+}
+
+/// A Close frame with `code`, masked with a random key if `masked` (frames
+/// from a client must be; RFC 6455 §5.3).
+pub(crate) fn close_frame(code: CloseCode, reason: &'static str, masked: bool) -> Vec<u8> {
+    let mut frame = Frame::close(Some(CloseFrame {
+        code,
+        reason: Utf8Bytes::from_static(reason),
+    }));
+    if masked {
+        frame.header_mut().mask = Some(fastrand::u32(..).to_ne_bytes());
+    }
+    let mut out = Vec::with_capacity(frame.len());
+    // Writing into a Vec cannot fail.
+    let _ = frame.format(&mut out);
+    out
+}
+
+/// The close code in a Close frame's bytes (header and payload), if any.
+fn close_code(frame: &[u8]) -> Option<u16> {
+    let mut cursor = Cursor::new(frame);
+    let (header, len) = FrameHeader::parse(&mut cursor).ok()??;
+    let start = cursor.position() as usize;
+    if len < 2 || frame.len() < start + 2 {
+        return None;
+    }
+    let mut code = [frame[start], frame[start + 1]];
+    if let Some(mask) = header.mask {
+        code[0] ^= mask[0];
+        code[1] ^= mask[1];
+    }
+    Some(u16::from_be_bytes(code))
+}
+
+/// The plain sockets under both upgraded connections, with any bytes hyper
+/// read past the HTTP heads.
+struct Sockets {
+    client: TcpStream,
+    client_early: bytes::Bytes,
+    app: TcpStream,
+    app_early: bytes::Bytes,
+}
+
+/// Takes the TCP sockets back from hyper's upgraded connections.
+fn sockets(client: Upgraded, app: Upgraded) -> Result<Sockets, &'static str> {
+    let client = client
+        .downcast::<TokioIo<Counted<Prefixed<TcpStream>>>>()
+        .map_err(|_| "the client connection is not a TCP socket")?;
+    let (prefix, tcp) = client.io.into_inner().into_inner().into_parts();
+    let tcp = tcp.ok_or("the client connection was already closed")?;
+    // The sniffed prefix was handed to hyper long before the upgrade; any
+    // left would precede the bytes hyper buffered.
+    let mut early = BytesMut::from(&prefix[..]);
+    early.extend_from_slice(&client.read_buf);
+    let app = app
+        .downcast::<TokioIo<TcpStream>>()
+        .map_err(|_| "the application connection is not a TCP socket")?;
+    Ok(Sockets {
+        client: tcp,
+        client_early: early.freeze(),
+        app: app.io.into_inner(),
+        app_early: app.read_buf,
+    })
+}
+
+/// Counts a relayed connection in `active_connections` while it lives.
+struct LiveConn(Arc<Inner>);
+
+impl LiveConn {
+    fn new(inner: &Arc<Inner>) -> Self {
+        inner.connections.fetch_add(1, Ordering::Relaxed);
+        Self(inner.clone())
+    }
+}
+
+impl Drop for LiveConn {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What both directions share.
+struct Shared {
+    /// The stream's registration: `ended()` says when the guard wants it to end.
+    registered: Registered,
+    /// The guard sent the application its Close 1001.
+    app_close_sent: CancellationToken,
+    /// The client's Close arrived after the guard's (its answer to 1012).
+    client_answered: CancellationToken,
+    /// The client started a close handshake on its own (passed through).
+    client_closing: CancellationToken,
+    /// The application started a close handshake on its own (passed through).
+    app_closing: CancellationToken,
+    /// Each close handshake waits this long for its answer.
+    close_timeout: Duration,
+}
+
+impl Shared {
+    /// Whether the guard must run its own close handshake: nobody else
+    /// started one.
+    fn guard_closes(&self) -> bool {
+        !self.client_closing.is_cancelled() && !self.app_closing.is_cancelled()
+    }
+}
+
+/// Relays one WebSocket after its 101 until either side closes, or the
+/// guard ends it gracefully.
+pub async fn relay(
+    inner: Arc<Inner>,
+    client: OnUpgrade,
+    app: OnUpgrade,
+    registered: Registered,
+    info: ConnInfo,
+) {
+    let _live = LiveConn::new(&inner);
+    let limit = inner.config.limits.end_timeout;
+    // Both upgrades complete as soon as the 101 is written and read.
+    let pair = tokio::time::timeout(limit, async { tokio::try_join!(client, app) }).await;
+    let (client, app) = match pair {
+        Ok(Ok(pair)) => pair,
+        Ok(Err(e)) => {
+            tracing::debug!(peer = %info.peer, error = %e, "guard: WebSocket upgrade did not complete");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(peer = %info.peer, "guard: WebSocket upgrade did not complete in time");
+            return;
+        }
+    };
+    let s = match sockets(client, app) {
+        Ok(s) => s,
+        Err(why) => {
+            tracing::warn!(peer = %info.peer, why, "guard: WebSocket cannot be relayed; closing it");
+            return;
+        }
+    };
+    registered.ctl.set_long_lived();
+    let _ = s.client.set_nodelay(true);
+    let _ = s.app.set_nodelay(true);
+    let (client_rd, client_wr) = s.client.into_split();
+    let (app_rd, app_wr) = s.app.into_split();
+    let sh = Shared {
+        registered,
+        app_close_sent: CancellationToken::new(),
+        client_answered: CancellationToken::new(),
+        client_closing: CancellationToken::new(),
+        app_closing: CancellationToken::new(),
+        close_timeout: limit,
+    };
+    let up = client_to_app(client_rd, app_wr, BytesMut::from(&s.client_early[..]), &sh);
+    let down = app_to_client(app_rd, client_wr, BytesMut::from(&s.app_early[..]), &sh);
+    // The backstop: an ending never takes longer than both handshakes and
+    // the lingering close.
+    let backstop = async {
+        sh.registered.ctl.ended().await;
+        tokio::time::sleep(limit * 3 + MAX_LINGER).await;
+    };
+    tokio::pin!(up, down, backstop);
+    let mut up_done = false;
+    let mut down_res: Option<io::Result<Down>> = None;
+    // Once one direction is done, the other gets this long to finish.
+    let mut done_by: Option<Instant> = None;
+    while !(up_done && down_res.is_some()) {
+        tokio::select! {
+            r = &mut up, if !up_done => {
+                if let Err(e) = r {
+                    tracing::debug!(peer = %info.peer, error = %e, "guard: WebSocket client side ended");
+                }
+                up_done = true;
+                done_by.get_or_insert(Instant::now() + limit);
+            }
+            r = &mut down, if down_res.is_none() => {
+                down_res = Some(r);
+                done_by.get_or_insert(Instant::now() + limit);
+            }
+            _ = sleep_until_opt(done_by) => break,
+            _ = &mut backstop => break,
+        }
+    }
+    if !sh.registered.ctl.is_ended() {
+        return;
+    }
+    let reason = sh.registered.ctl.ended().await.0;
+    let outcome = down_res.unwrap_or(Ok(Down::Abrupt(
+        "the application side did not finish within its bound",
+    )));
+    match outcome {
+        Ok(Down::Graceful) => inner.record_termination(reason, StreamProtocol::websocket),
+        Ok(Down::Passed) => {}
+        Ok(Down::Abrupt(why)) => {
+            tracing::warn!(peer = %info.peer, ?reason, why, "guard: WebSocket closed without a Close frame to the client");
+            inner.record_ungraceful(reason, StreamProtocol::websocket);
+        }
+        Err(e) => {
+            tracing::warn!(peer = %info.peer, ?reason, error = %e, "guard: WebSocket failed while ending");
+            inner.record_ungraceful(reason, StreamProtocol::websocket);
+        }
+    }
+}
+
+/// How the app → client direction ended.
+#[derive(Debug)]
+enum Down {
+    /// The guard sent the client its Close 1012 after everything the app sent.
+    Graceful,
+    /// The peers closed on their own (or a socket failed before any end).
+    Passed,
+    /// The guard had to close without a Close frame to the client.
+    Abrupt(&'static str),
+}
+
+/// Reads one chunk into `buf` once `rd` is readable. Ok(false) on EOF.
+async fn read_some(rd: &mut OwnedReadHalf, buf: &mut BytesMut) -> io::Result<bool> {
+    loop {
+        rd.readable().await?;
+        buf.reserve(READ_CHUNK);
+        match rd.try_read_buf(buf) {
+            Ok(0) => return Ok(false),
+            Ok(_) => return Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Frees an emptied buffer, so an idle WebSocket holds none.
+fn release(buf: &mut BytesMut) {
+    if buf.is_empty() && buf.capacity() > 0 {
+        *buf = BytesMut::new();
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Client → application. Passes frames through; once the end is asked,
+/// sends the application Close 1001 at a frame boundary, then discards what
+/// the client sends until its Close (its answer to 1012), then reads until
+/// the client closes the connection.
+async fn client_to_app(
+    mut rd: OwnedReadHalf,
+    mut wr: OwnedWriteHalf,
+    mut buf: BytesMut,
+    sh: &Shared,
+) -> io::Result<()> {
+    let mut scan = Scanner::default();
+    // The guard sent its Close: client frames are dropped from here on.
+    let mut closing = false;
+    // When the end was asked: the 1001 must go out within the limit.
+    let mut end_by: Option<Instant> = None;
+    let mut client_eof = false;
+    loop {
+        // Act on what is buffered.
+        loop {
+            if sh.client_answered.is_cancelled() {
+                // Whatever follows a Close is not a frame anyone reads.
+                buf.clear();
+                break;
+            }
+            if closing {
+                let (n, stop) = scan.scan(&buf, false, true).map_err(proto)?;
+                buf.advance(n);
+                match stop {
+                    Stop::Close { len } if buf.len() >= len => {
+                        buf.clear();
+                        sh.client_answered.cancel();
+                    }
+                    Stop::Close { .. } | Stop::NeedMore | Stop::Boundary => {}
+                }
+                break;
+            }
+            let guard_closes = end_by.is_some() && sh.guard_closes();
+            let (n, stop) = scan.scan(&buf, guard_closes, false).map_err(proto)?;
+            if n > 0 {
+                wr.write_all(&buf[..n]).await?;
+                buf.advance(n);
+            }
+            if scan.saw_close {
+                sh.client_closing.cancel();
+            }
+            match stop {
+                Stop::Boundary => {
+                    wr.write_all(&close_frame(CloseCode::Away, APP_CLOSE_REASON, true))
+                        .await?;
+                    closing = true;
+                    sh.app_close_sent.cancel();
+                }
+                Stop::NeedMore | Stop::Close { .. } => break,
+            }
+        }
+        if client_eof {
+            let _ = wr.shutdown().await;
+            return Ok(());
+        }
+        release(&mut buf);
+        // A client stalled mid-frame cannot be sent its 1001 boundary: the
+        // app side is then closed without one.
+        let give_up = end_by.filter(|_| !closing && sh.guard_closes());
+        tokio::select! {
+            r = read_some(&mut rd, &mut buf) => {
+                if !r? {
+                    client_eof = true;
+                }
+            }
+            _ = sh.registered.ctl.ended(), if end_by.is_none() => {
+                end_by = Some(Instant::now() + sh.close_timeout);
+            }
+            _ = sleep_until_opt(give_up) => {
+                let _ = wr.shutdown().await;
+                // Keep reading the client until the other direction is done.
+                closing = true;
+                sh.app_close_sent.cancel();
+            }
+        }
+    }
+}
+
+/// Application → client. Passes frames through; once the end is asked (and
+/// nobody is closing yet), forwards everything up to the application's
+/// Close, withholds that Close, and sends the client Close 1012 instead;
+/// then waits (bounded) for the client's answer and closes the connection.
+async fn app_to_client(
+    mut rd: OwnedReadHalf,
+    mut wr: OwnedWriteHalf,
+    mut buf: BytesMut,
+    sh: &Shared,
+) -> io::Result<Down> {
+    let mut scan = Scanner::default();
+    let mut end_seen = false;
+    // Set once intercepting: the app must answer 1001 by then.
+    let mut answer_by: Option<Instant> = None;
+    loop {
+        // The guard runs the close handshake (it sent, or is about to send,
+        // the app its 1001): stop before the app's Close, its answer. Decided
+        // at every scan, since the 1001 may have gone out before this
+        // direction saw the end.
+        let intercept = !sh.app_closing.is_cancelled()
+            && (sh.app_close_sent.is_cancelled() || (end_seen && sh.guard_closes()));
+        if intercept && answer_by.is_none() {
+            answer_by = Some(Instant::now() + sh.close_timeout);
+        }
+        let (n, stop) = scan.scan(&buf, false, intercept).map_err(proto)?;
+        if n > 0 {
+            wr.write_all(&buf[..n]).await?;
+            buf.advance(n);
+        }
+        if scan.saw_close {
+            sh.app_closing.cancel();
+        }
+        if let Stop::Close { len } = stop {
+            if buf.len() >= len {
+                let code = close_code(&buf[..len]);
+                tracing::debug!(
+                    ?code,
+                    "guard: the application answered Close; closing the client"
+                );
+                return finish_client(rd, wr, sh).await;
+            }
+        }
+        release(&mut buf);
+        tokio::select! {
+            r = read_some(&mut rd, &mut buf) => {
+                if !r? {
+                    // The application closed its connection.
+                    if intercept && scan.at_boundary() && buf.is_empty() {
+                        return finish_client(rd, wr, sh).await;
+                    }
+                    let _ = wr.shutdown().await;
+                    return Ok(if intercept { Down::Abrupt("the application closed mid-frame") } else { Down::Passed });
+                }
+            }
+            _ = sh.registered.ctl.ended(), if !end_seen => {
+                end_seen = true;
+            }
+            _ = sh.app_close_sent.cancelled(), if !intercept => {}
+            _ = sleep_until_opt(answer_by), if intercept => {
+                if scan.at_boundary() && buf.is_empty() {
+                    tracing::debug!("guard: the application did not answer Close in time; closing the client after everything it sent");
+                    return finish_client(rd, wr, sh).await;
+                }
+                let _ = wr.shutdown().await;
+                return Ok(Down::Abrupt("the application stalled mid-frame"));
+            }
+        }
+    }
+}
+
+/// Sends the client its Close 1012, waits (bounded) for its answer, closes
+/// the client connection (FIN) and lets the application's side finish.
+async fn finish_client(
+    mut app_rd: OwnedReadHalf,
+    mut wr: OwnedWriteHalf,
+    sh: &Shared,
+) -> io::Result<Down> {
+    wr.write_all(&close_frame(CloseCode::Restart, CLIENT_CLOSE_REASON, false))
+        .await?;
+    // A client that started its own close handshake already sent its Close.
+    let _ = tokio::time::timeout(sh.close_timeout, async {
+        tokio::select! {
+            _ = sh.client_answered.cancelled() => {}
+            _ = sh.client_closing.cancelled() => {}
+        }
+    })
+    .await;
+    // The server closes the TCP connection first (RFC 6455 §7.1.1).
+    let _ = wr.shutdown().await;
+    // The application closes its side after its Close; read until it does,
+    // so its socket is not reset with unread bytes.
+    let mut sink = BytesMut::new();
+    let _ = tokio::time::timeout(MAX_LINGER, async {
+        while let Ok(true) = read_some(&mut app_rd, &mut sink).await {
+            sink.clear();
+        }
+    })
+    .await;
+    Ok(Down::Graceful)
+}
+
+fn proto(e: tungstenite::Error) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e.to_string())
+}
+
+/// Relays an upgrade the guard cannot end gracefully (any protocol but
+/// WebSocket) as raw bytes. At the end it closes both connections, logs it
+/// and counts it as ungraceful.
+pub async fn tunnel(
+    inner: Arc<Inner>,
+    client: OnUpgrade,
+    app: OnUpgrade,
+    registered: Registered,
+    info: ConnInfo,
+    protocol: String,
+) {
+    let _live = LiveConn::new(&inner);
+    let limit = inner.config.limits.end_timeout;
+    let Ok(Ok((client, app))) =
+        tokio::time::timeout(limit, async { tokio::try_join!(client, app) }).await
+    else {
+        return;
+    };
+    registered.ctl.set_long_lived();
+    tracing::warn!(peer = %info.peer, protocol, "guard: upgrade relayed as raw bytes; a drain or max age will close it without a goodbye");
+    let mut client = TokioIo::new(client);
+    let mut app = TokioIo::new(app);
+    tokio::select! {
+        r = tokio::io::copy_bidirectional(&mut client, &mut app) => {
+            if let Err(e) = r {
+                tracing::debug!(peer = %info.peer, protocol, error = %e, "guard: upgraded connection ended");
+            }
+        }
+        (reason, _) = registered.ctl.ended() => {
+            tracing::warn!(peer = %info.peer, protocol, ?reason, "guard: closing an upgraded connection it cannot end gracefully");
+            inner.record_ungraceful(reason, StreamProtocol::other);
+            let _ = tokio::time::timeout(MAX_LINGER, async {
+                let _ = client.shutdown().await;
+                let _ = app.shutdown().await;
+            })
+            .await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tungstenite::protocol::frame::coding::Data;
+
+    fn frame(op: OpCode, payload: &[u8], fin: bool, masked: bool) -> Vec<u8> {
+        let mut f = Frame::message(payload.to_vec(), op, fin);
+        if masked {
+            f.header_mut().mask = Some([1, 2, 3, 4]);
+        }
+        let mut out = Vec::new();
+        f.format(&mut out).expect("format");
+        out
+    }
+
+    #[test]
+    fn passes_whole_frames_and_stops_at_boundaries_and_closes() {
+        let text = OpCode::Data(Data::Text);
+        let mut bytes = frame(text, b"hello", false, true);
+        bytes.extend(frame(
+            OpCode::Data(Data::Continue),
+            &[7u8; 70_000],
+            true,
+            true,
+        ));
+        let first = frame(text, b"hello", false, true).len();
+        let close = close_frame(CloseCode::Away, "bye", true);
+        bytes.extend(&close);
+
+        // Everything up to the Close, which is not passed.
+        let mut s = Scanner::default();
+        let (n, stop) = s.scan(&bytes, false, true).expect("scan");
+        assert_eq!(n, bytes.len() - close.len());
+        assert_eq!(stop, Stop::Close { len: close.len() });
+        assert_eq!(close_code(&bytes[n..]), Some(1001));
+
+        // Byte by byte: the same boundaries, and headers split across reads.
+        let mut s = Scanner::default();
+        let mut passed = 0;
+        let mut buf = Vec::new();
+        for b in &bytes {
+            buf.push(*b);
+            let (n, stop) = s.scan(&buf, false, true).expect("scan");
+            passed += n;
+            buf.drain(..n);
+            if let Stop::Close { len } = stop {
+                assert_eq!(len, close.len());
+                break;
+            }
+        }
+        assert_eq!(passed, bytes.len() - close.len());
+
+        // Asked to stop at a boundary mid-frame: the rest of the frame first.
+        let mut s = Scanner::default();
+        let (n, _) = s.scan(&bytes[..first + 100], false, false).expect("scan");
+        assert_eq!(n, first + 100);
+        assert!(!s.at_boundary());
+        let (n, stop) = s.scan(&bytes[first + 100..], true, false).expect("scan");
+        assert_eq!(stop, Stop::Boundary);
+        assert_eq!(first + 100 + n, bytes.len() - close.len());
+        assert!(s.at_boundary());
+
+        // Passing a Close through is noticed.
+        let (n, _) = s.scan(&close, false, false).expect("scan");
+        assert_eq!(n, close.len());
+        assert!(s.saw_close);
+    }
+
+    #[test]
+    fn close_frames_carry_their_code_and_the_client_mask() {
+        let masked = close_frame(CloseCode::Away, APP_CLOSE_REASON, true);
+        assert_eq!(masked[1] & 0x80, 0x80, "masked");
+        assert_eq!(close_code(&masked), Some(1001));
+        let plain = close_frame(CloseCode::Restart, CLIENT_CLOSE_REASON, false);
+        assert_eq!(plain[1] & 0x80, 0, "a server's frames are not masked");
+        assert_eq!(plain[0], 0x88, "FIN + Close");
+        assert_eq!(close_code(&plain), Some(1012));
+    }
+
+    #[test]
+    fn reserved_opcodes_are_a_protocol_error() {
+        let mut s = Scanner::default();
+        assert!(s.scan(&[0x83, 0x00], false, false).is_err());
+    }
+}
