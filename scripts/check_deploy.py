@@ -272,10 +272,11 @@ def app_port(base_apps: dict[str, dict]) -> int | None:
     return ports[0] if len(ports) == 1 else None
 
 
-def check_app_unchanged(ck: Checker, where: str, spec: dict, s: dict[str, str], base_apps: dict[str, dict]) -> None:
-    """Adopting the guard changes no app: every container of deploy/base keeps
-    its image, command and args; the guard listens on GUARD_PORT and forwards
-    to the app's own port."""
+def check_app_unchanged(ck: Checker, where: str, spec: dict, s: dict[str, str] | None, base_apps: dict[str, dict]) -> None:
+    """Adopting the guard (or node mode) changes no app: every container of
+    deploy/base keeps its image, command and args; the guard, if any (`s`:
+    the shim's flags), listens on GUARD_PORT and forwards to the app's own
+    port."""
     if not ck.check("wiring", bool(base_apps), f"{where}: deploy/base rendered no app container to compare with"):
         return
     for c, _, _ in all_containers(spec):
@@ -286,6 +287,9 @@ def check_app_unchanged(ck: Checker, where: str, spec: dict, s: dict[str, str], 
             ck.check("wiring", c.get(key) == before.get(key),
                      f"{where}: {c.get('name')}: {key} {c.get(key)!r} differs from deploy/base ({before.get(key)!r}): adopting the guard must change no app")
     port = app_port(base_apps)
+    if s is None:
+        print(f"  {where}: app unchanged (port {port})")
+        return
     gh, gp = host_port(s["guard-listen"])
     ck.check("wiring", gp == GUARD_PORT, f"{where}: --guard-listen port {gp}, want {GUARD_PORT} (the guard's own port; the app keeps its own)")
     if "guard-upstream" in s:
@@ -839,6 +843,8 @@ def check_node_workload(ck: Checker, overlay: str, name: str, meta: dict, spec: 
             ck.check("wiring", str(agent.pod_listen_port) in excluded,
                      f"{where}: port {agent.pod_listen_port} is not in traffic.sidecar.istio.io/excludeInboundPorts: Istio would redirect the kubelet's preStop to Envoy")
         return True
+
+    check_app_unchanged(ck, where, spec, None, base_apps)
 
     # Plain Envoy: its identity and its bootstrap.
     check_envoy_identity(ck, where, proxy, spec, configmaps)

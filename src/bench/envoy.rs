@@ -4,7 +4,9 @@
 //!
 //! The bootstrap has an INBOUND listener (HTTP connection manager, stat
 //! prefixes `inbound` / `inbound_http`) routing to one upstream over h2c, and
-//! an OUTBOUND TCP listener, so the inbound-only counting is exercised.
+//! an OUTBOUND TCP listener, so the inbound-only counting is exercised. With
+//! a `fallback` the upstream (the guard) fails open to it as the shipped
+//! bootstrap does; [`shipped_bootstrap`] runs the shipped file itself.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
