@@ -357,7 +357,8 @@ async fn max_connection_age_plus_grace_bounds_a_connection() {
     eprintln!("max-age connection lived {lived:?} (age x 1.1 + grace = {bound:?})");
     let (_, metrics) = http(shim.addr, "GET", "/metrics").await;
     assert!(
-        metrics.contains("drainshim_streams_terminated_total{reason=\"max_age\"} 6"),
+        metrics
+            .contains("drainshim_streams_terminated_total{reason=\"max_age\",protocol=\"grpc\"} 6"),
         "{metrics}"
     );
 }

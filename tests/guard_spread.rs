@@ -27,7 +27,10 @@ async fn endings_are_spread_evenly_over_the_window() {
         clients.push(connect_client(g.addr).await);
     }
     let mut subs: Vec<Sub> = (0..STREAMS)
-        .map(|i| subscribe(&clients[i % CONNECTIONS], &format!("s{i}"), 200, 0))
+        // Ticks well inside one 100 ms bucket: the guard ends a stream right
+        // after its next write, so slower tickers started in step would end
+        // in step too, whatever the schedule.
+        .map(|i| subscribe(&clients[i % CONNECTIONS], &format!("s{i}"), 20, 0))
         .collect();
     wait_until("every stream to flow", || {
         subs.iter().all(|s| s.received() >= 1)

@@ -448,6 +448,7 @@ enum Next {
     ClientGone,
     End(Reason),
     Timeout,
+    Forced,
     Quiet,
     Flushed,
     Data(Option<Result<Bytes, h2::Error>>),
@@ -489,12 +490,15 @@ impl Pump<'_> {
         // application already wrote arrive before the end.
         let barrier = self.barrier.clone();
         let mut flush: Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>>> = None;
+        // Past the ending's bound: end at the very next boundary, before this.
+        let mut forced_by: Option<Instant> = None;
         loop {
             let next = tokio::select! {
                 biased;
                 _ = poll_fn(|cx| self.down.poll_reset(cx)) => Next::ClientGone,
                 (reason, _) = ctl.ended(), if ending.is_none() => Next::End(reason),
-                _ = end_deadline(ctl, l.end_timeout), if ending.is_some() => Next::Timeout,
+                _ = end_deadline(ctl, l.end_timeout), if ending.is_some() && forced_by.is_none() => Next::Timeout,
+                _ = sleep_until_opt(forced_by), if forced_by.is_some() => Next::Forced,
                 // Data first: nothing received is left behind by the timers.
                 d = self.body.data() => Next::Data(d),
                 _ = sleep_until_opt(quiet_at), if quiet_at.is_some() => Next::Quiet,
@@ -529,15 +533,18 @@ impl Pump<'_> {
                         return self.end_with_trailers(reason);
                     }
                 }
-                Next::Timeout => {
-                    return match ending {
-                        // A producer that never pauses: end at this boundary.
-                        Some(reason) if endable && self.bounds.at_boundary() => {
-                            self.end_with_trailers(reason)
-                        }
-                        _ => self.reset(),
-                    };
-                }
+                Next::Timeout => match ending {
+                    // A producer that never paused: end at this boundary...
+                    Some(reason) if endable && self.bounds.at_boundary() => {
+                        return self.end_with_trailers(reason)
+                    }
+                    // ...or at the next one, within one more bound.
+                    Some(_) if endable && forced_by.is_none() => {
+                        forced_by = Some(Instant::now() + l.end_timeout);
+                    }
+                    _ => return self.reset(),
+                },
+                Next::Forced => return self.reset(),
                 Next::Data(Some(Ok(chunk))) => {
                     let len = chunk.len();
                     last_data = Some(Instant::now());
@@ -554,34 +561,49 @@ impl Pump<'_> {
                                 .at_boundary()
                                 .then(|| Instant::now() + BURST_GAP);
                         }
-                    }
-                    // Asked to end while blocked here, the ending's own
-                    // deadline still bounds the wait.
-                    let interrupt = end_deadline(ctl, l.end_timeout);
-                    match send_flow_controlled(
-                        &mut self.down,
-                        chunk,
-                        interrupt,
-                        l.write_stall_timeout,
-                    )
-                    .await
-                    {
-                        Ok(()) => {}
-                        Err(SendError::Gone) => return Outcome::ClientGone,
-                        Err(SendError::Interrupted) => return self.reset(),
-                        Err(SendError::Stalled) => {
-                            tracing::info!(timeout = ?l.write_stall_timeout, "guard: the client took no data; resetting its stream");
-                            self.down.send_reset(h2::Reason::CANCEL);
-                            return Outcome::ClientGone;
+                        if let (Some(reason), Some(_)) = (ending, forced_by) {
+                            if self.bounds.at_boundary() {
+                                // Forced: this chunk completes a message; end
+                                // right after it.
+                                return match self.forward(chunk, len).await {
+                                    Ok(()) => self.end_with_trailers(reason),
+                                    Err(outcome) => outcome,
+                                };
+                            }
                         }
                     }
-                    // Only now may the application send more: end-to-end backpressure.
-                    let _ = self.body.flow_control().release_capacity(len);
+                    if let Err(outcome) = self.forward(chunk, len).await {
+                        return outcome;
+                    }
                 }
                 Next::Data(None) => return self.finish(ending.is_some()).await,
                 Next::Data(Some(Err(e))) => return self.upstream_failed(e),
             }
         }
+    }
+
+    /// Forwards one chunk within the client's window, then lets the
+    /// application send as much more (end-to-end backpressure). Asked to end
+    /// while blocked here, the ending's bound still limits the wait.
+    async fn forward(&mut self, chunk: Bytes, len: usize) -> Result<(), Outcome> {
+        let l = self.l;
+        let interrupt = async {
+            end_deadline(self.ctl, l.end_timeout).await;
+            // A forced end has one more bound.
+            tokio::time::sleep(l.end_timeout).await;
+        };
+        match send_flow_controlled(&mut self.down, chunk, interrupt, l.write_stall_timeout).await {
+            Ok(()) => {}
+            Err(SendError::Gone) => return Err(Outcome::ClientGone),
+            Err(SendError::Interrupted) => return Err(self.reset()),
+            Err(SendError::Stalled) => {
+                tracing::info!(timeout = ?l.write_stall_timeout, "guard: the client took no data; resetting its stream");
+                self.down.send_reset(h2::Reason::CANCEL);
+                return Err(Outcome::ClientGone);
+            }
+        }
+        let _ = self.body.flow_control().release_capacity(len);
+        Ok(())
     }
 
     /// The guard's own end at a boundary: `grpc-status: 14` trailers for
