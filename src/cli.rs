@@ -461,6 +461,13 @@ pub struct ReconnectArgs {
     #[arg(long, env = "DRAINSHIM_SOAK", value_parser = config::parse_duration, requires = "max_connection_age")]
     pub soak: Option<Duration>,
 
+    /// Message sizes in bytes, comma-separated: stream i gets the i-th size
+    /// in turn (e.g. `1,1000,16385,100000,1048576` mixes small and 1 MiB
+    /// messages, which span many HTTP/2 frames). At most 1 MiB each.
+    #[arg(long, env = "DRAINSHIM_PAYLOAD_BYTES", value_delimiter = ',', default_value = "64",
+          value_parser = clap::value_parser!(u32).range(0..=1_048_576))]
+    pub payload_bytes: Vec<u32>,
+
     #[arg(long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
     pub format: Format,
 

@@ -317,6 +317,7 @@ async fn bench_reconnect(args: drainshim::cli::ReconnectArgs) -> ExitCode {
     opts.max_connection_age = args.max_connection_age;
     opts.max_connection_age_grace = args.max_connection_age_grace;
     opts.max_connection_age_spread = args.max_connection_age_spread;
+    opts.payload_bytes = args.payload_bytes;
     if opts.modes.contains(&Mode::Drainshim) {
         let t = drainshim::config::Timers {
             deregistration_delay: opts.deregistration_delay,

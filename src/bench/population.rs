@@ -144,6 +144,7 @@ impl Population {
         endpoints: Endpoints,
         prefix: &str,
         protocol: Protocol,
+        payload_bytes: &[u32],
     ) -> Result<Self, String> {
         let sessions = Arc::new(Mutex::new(Vec::new()));
         let attempts = Arc::new(Mutex::new((0u64, 0u64)));
@@ -154,6 +155,11 @@ impl Population {
                 let ctx = ClientCtx {
                     client: c,
                     kind: protocol.kind_of(c),
+                    payload: if payload_bytes.is_empty() {
+                        64
+                    } else {
+                        payload_bytes[c % payload_bytes.len()]
+                    },
                     prefix: prefix.to_string(),
                     endpoints: endpoints.clone(),
                     sessions: sessions.clone(),
@@ -199,6 +205,8 @@ impl Population {
 struct ClientCtx {
     client: usize,
     kind: Kind,
+    /// Bytes of padding per message on this client's streams.
+    payload: u32,
     prefix: String,
     endpoints: Endpoints,
     sessions: Arc<Mutex<Vec<Session>>>,
@@ -286,7 +294,10 @@ impl ClientCtx {
     ) -> Option<Session> {
         use futures_util::StreamExt;
         use tokio_tungstenite::tungstenite::Message;
-        let url = format!("ws://{addr}/tick?id={stream_id}&interval_ms={TICK_INTERVAL_MS}&size=64");
+        let url = format!(
+            "ws://{addr}/tick?id={stream_id}&interval_ms={TICK_INTERVAL_MS}&size={}",
+            self.payload
+        );
         let seq_of = |m: &Message| -> Option<u64> {
             let Message::Text(t) = m else { return None };
             t.split(' ').nth(1)?.parse().ok()
@@ -363,7 +374,7 @@ impl ClientCtx {
                 stream_id: stream_id.to_string(),
                 count: 0,
                 interval_ms: TICK_INTERVAL_MS,
-                payload_bytes: 64,
+                payload_bytes: self.payload,
                 ..Default::default()
             };
             let mut stream = client.subscribe(req).await.ok()?.into_inner();

@@ -70,6 +70,8 @@ pub struct ReconnectOptions {
     pub max_connection_age_spread: Duration,
     /// gRPC streams, WebSockets, or half of each.
     pub protocol: Protocol,
+    /// Message sizes; stream i gets the i-th in turn.
+    pub payload_bytes: Vec<u32>,
     /// Print progress lines to stderr.
     pub progress: bool,
 }
@@ -87,6 +89,7 @@ impl ReconnectOptions {
             max_connection_age_grace: Duration::from_secs(30),
             max_connection_age_spread: crate::config::DEFAULT_MAX_CONNECTION_AGE_SPREAD,
             protocol: Protocol::Grpc,
+            payload_bytes: vec![64],
             progress: true,
         }
     }
@@ -228,8 +231,14 @@ pub async fn run_mode(opts: &ReconnectOptions, mode: Mode) -> Result<Vec<ModeRes
         mode.name(),
         opts.streams
     ));
-    let population =
-        Population::start(opts.streams, endpoints.clone(), mode.name(), opts.protocol).await?;
+    let population = Population::start(
+        opts.streams,
+        endpoints.clone(),
+        mode.name(),
+        opts.protocol,
+        &opts.payload_bytes,
+    )
+    .await?;
     // Let the streams run a moment so every one has history.
     tokio::time::sleep(Duration::from_secs(1)).await;
 
@@ -351,7 +360,14 @@ pub async fn soak(opts: &ReconnectOptions, duration: Duration) -> Result<SoakRes
     let a = start_pod(opts, &ledger, true).await?;
     let b = start_pod(opts, &ledger, true).await?;
     let endpoints = Endpoints::new(vec![a.envoy.inbound, b.envoy.inbound]);
-    let population = Population::start(opts.streams, endpoints, "soak", opts.protocol).await?;
+    let population = Population::start(
+        opts.streams,
+        endpoints,
+        "soak",
+        opts.protocol,
+        &opts.payload_bytes,
+    )
+    .await?;
     let start = Instant::now();
     let mut next_report = start;
     while start.elapsed() < duration {
