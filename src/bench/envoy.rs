@@ -170,6 +170,10 @@ pub struct EnvoyOptions {
     /// HTTP/2) instead of h2c always; WebSocket upgrades then reach the
     /// upstream as HTTP/1.1 `Upgrade`.
     pub upstream_follows_downstream: bool,
+    /// WebSockets over HTTP/2 (RFC 8441 extended CONNECT) on both sides:
+    /// Envoy accepts them from clients and sends every WebSocket to its
+    /// HTTP/2 upstream as an extended CONNECT.
+    pub extended_connect: bool,
 }
 
 impl EnvoyOptions {
@@ -186,6 +190,7 @@ impl EnvoyOptions {
             fallback: None,
             custom_bootstrap: None,
             upstream_follows_downstream: false,
+            extended_connect: false,
         }
     }
 
@@ -249,7 +254,7 @@ admin:
           codec_type: AUTO
           stream_idle_timeout: 0s
           upgrade_configs: [{{ upgrade_type: websocket }}]
-          route_config:
+{downstream_h2}          route_config:
             virtual_hosts:
             - name: app
               domains: ["*"]
@@ -292,12 +297,21 @@ admin:
             // The shipped bootstrap's bounded upstream windows, with its
             // fallback; WebSocket upgrades need the upstream to follow the
             // downstream protocol (HTTP/1.1 Upgrade stays HTTP/1.1).
+            downstream_h2 = if self.extended_connect {
+                "          http2_protocol_options: { allow_connect: true }\n"
+            } else {
+                ""
+            },
             upstream_protocol = {
-                let windows = if self.fallback.is_some() {
+                let mut windows = if self.fallback.is_some() {
                     " initial_stream_window_size: 262144, initial_connection_window_size: 1048576 "
+                        .to_string()
                 } else {
-                    ""
+                    String::new()
                 };
+                if self.extended_connect {
+                    windows.push_str(if windows.is_empty() { " allow_connect: true " } else { ", allow_connect: true " });
+                }
                 if self.upstream_follows_downstream {
                     format!("use_downstream_protocol_config: {{ http_protocol_options: {{}}, http2_protocol_options: {{{windows}}} }}")
                 } else {

@@ -131,6 +131,8 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
     let l = inner.config.limits;
     let mut builder = h2::server::Builder::new();
     builder
+        // RFC 8441: WebSockets over HTTP/2 (see `super::connect`).
+        .enable_connect_protocol()
         .max_concurrent_streams(l.max_concurrent_streams)
         .max_header_list_size(l.max_header_list_size)
         .initial_window_size(l.stream_window.min(MAX_WINDOW))
@@ -301,6 +303,15 @@ fn admit(
         Err(Refused::Full) => return respond.send_reset(h2::Reason::REFUSED_STREAM),
     };
     count.send_modify(|n| *n += 1);
+    if super::connect::is_websocket(&req) {
+        let count = CountGuard(count.clone());
+        let task_inner = inner.clone();
+        inner.tasks.spawn(async move {
+            super::connect::proxy(task_inner, registered, req, respond, info).await;
+            drop(count);
+        });
+        return;
+    }
     let job = StreamJob {
         inner: inner.clone(),
         upstream: upstream.clone(),

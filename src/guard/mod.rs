@@ -20,10 +20,12 @@
 
 mod accept;
 mod body;
+mod connect;
 mod flood;
 mod grpc;
 mod h1;
 mod h2conn;
+mod h2io;
 mod headers;
 mod keepalive;
 mod lifecycle;

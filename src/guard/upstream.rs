@@ -63,7 +63,10 @@ pub enum UpstreamError {
 /// Largest window h2 accepts (2^31-1); larger configured values are clamped.
 const MAX_WINDOW: u32 = (1 << 31) - 1;
 
-async fn connect_tcp(addr: SocketAddr, after: Duration) -> Result<TcpStream, UpstreamError> {
+pub(crate) async fn connect_tcp(
+    addr: SocketAddr,
+    after: Duration,
+) -> Result<TcpStream, UpstreamError> {
     let tcp = tokio::time::timeout(after, TcpStream::connect(addr))
         .await
         .map_err(|_| UpstreamError::ConnectTimeout { addr, after })?

@@ -56,8 +56,8 @@ use std::time::Duration;
 use bytes::{Buf, BytesMut};
 use hyper::upgrade::{OnUpgrade, Upgraded};
 use hyper_util::rt::TokioIo;
-use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -290,11 +290,84 @@ pub async fn relay(
             return;
         }
     };
-    registered.ctl.set_long_lived();
     let _ = s.client.set_nodelay(true);
     let _ = s.app.set_nodelay(true);
     let (client_rd, client_wr) = s.client.into_split();
     let (app_rd, app_wr) = s.app.into_split();
+    let client = Side {
+        rd: client_rd,
+        wr: client_wr,
+        early: BytesMut::from(&s.client_early[..]),
+    };
+    let app = Side {
+        rd: app_rd,
+        wr: app_wr,
+        early: BytesMut::from(&s.app_early[..]),
+    };
+    relay_sides(&inner, client, app, registered, info).await;
+}
+
+/// One end of a relayed WebSocket: its two directions and what was already
+/// read from it before the relay began.
+struct Side<R, W> {
+    rd: R,
+    wr: W,
+    early: BytesMut,
+}
+
+/// Relays a WebSocket the client opened over HTTP/2 (RFC 8441 extended
+/// CONNECT; `client` is that stream) to the application's HTTP/1.1
+/// upgraded connection, with the same graceful end.
+pub async fn relay_streams(
+    inner: Arc<Inner>,
+    client: super::h2io::H2Io,
+    app: Upgraded,
+    registered: Registered,
+    info: ConnInfo,
+) {
+    let _live = LiveConn::new(&inner);
+    let app = match app.downcast::<TokioIo<TcpStream>>() {
+        Ok(parts) => parts,
+        Err(_) => {
+            tracing::warn!(peer = %info.peer, "guard: WebSocket (HTTP/2): the application connection is not a TCP socket; closing it");
+            return;
+        }
+    };
+    let app_early = BytesMut::from(&app.read_buf[..]);
+    let tcp = app.io.into_inner();
+    let _ = tcp.set_nodelay(true);
+    let (app_rd, app_wr) = tcp.into_split();
+    let (client_rd, client_wr) = tokio::io::split(client);
+    let client = Side {
+        rd: client_rd,
+        wr: client_wr,
+        early: BytesMut::new(),
+    };
+    let app = Side {
+        rd: app_rd,
+        wr: app_wr,
+        early: app_early,
+    };
+    relay_sides(&inner, client, app, registered, info).await;
+}
+
+/// The relay itself, whatever carries each side.
+async fn relay_sides<CR, CW, AR, AW>(
+    inner: &Arc<Inner>,
+    client: Side<CR, CW>,
+    app: Side<AR, AW>,
+    registered: Registered,
+    info: ConnInfo,
+) where
+    CR: ReadSome,
+    CW: AsyncWrite + Unpin,
+    AR: ReadSome,
+    AW: AsyncWrite + Unpin,
+{
+    let limit = inner.config.limits.end_timeout;
+    registered.ctl.set_long_lived();
+    let (client_rd, client_wr) = (client.rd, client.wr);
+    let (app_rd, app_wr) = (app.rd, app.wr);
     let sh = Shared {
         registered,
         app_close_sent: CancellationToken::new(),
@@ -303,8 +376,8 @@ pub async fn relay(
         app_closing: CancellationToken::new(),
         close_timeout: limit,
     };
-    let up = client_to_app(client_rd, app_wr, BytesMut::from(&s.client_early[..]), &sh);
-    let down = app_to_client(app_rd, client_wr, BytesMut::from(&s.app_early[..]), &sh);
+    let up = client_to_app(client_rd, app_wr, client.early, &sh);
+    let down = app_to_client(app_rd, client_wr, app.early, &sh);
     // The backstop: an ending never takes longer than both handshakes and
     // the lingering close.
     let backstop = async {
@@ -365,17 +438,35 @@ enum Down {
     Abrupt(&'static str),
 }
 
-/// Reads one chunk into `buf` once `rd` is readable. Ok(false) on EOF.
-async fn read_some(rd: &mut OwnedReadHalf, buf: &mut BytesMut) -> io::Result<bool> {
-    loop {
-        rd.readable().await?;
-        buf.reserve(READ_CHUNK);
-        match rd.try_read_buf(buf) {
-            Ok(0) => return Ok(false),
-            Ok(_) => return Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
+/// Reads one chunk into a buffer. Ok(false) on EOF.
+trait ReadSome {
+    fn read_some(
+        &mut self,
+        buf: &mut BytesMut,
+    ) -> impl std::future::Future<Output = io::Result<bool>>;
+}
+
+impl ReadSome for OwnedReadHalf {
+    /// Waits for readiness before taking a buffer, so an idle WebSocket holds none.
+    async fn read_some(&mut self, buf: &mut BytesMut) -> io::Result<bool> {
+        loop {
+            self.readable().await?;
+            buf.reserve(READ_CHUNK);
+            match self.try_read_buf(buf) {
+                Ok(0) => return Ok(false),
+                Ok(_) => return Ok(true),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+            }
         }
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> ReadSome for tokio::io::ReadHalf<T> {
+    async fn read_some(&mut self, buf: &mut BytesMut) -> io::Result<bool> {
+        use tokio::io::AsyncReadExt;
+        buf.reserve(READ_CHUNK);
+        Ok(self.read_buf(buf).await? > 0)
     }
 }
 
@@ -398,8 +489,8 @@ async fn sleep_until_opt(at: Option<Instant>) {
 /// the client sends until its Close (its answer to 1012), then reads until
 /// the client closes the connection.
 async fn client_to_app(
-    mut rd: OwnedReadHalf,
-    mut wr: OwnedWriteHalf,
+    mut rd: impl ReadSome,
+    mut wr: impl AsyncWrite + Unpin,
     mut buf: BytesMut,
     sh: &Shared,
 ) -> io::Result<()> {
@@ -457,7 +548,7 @@ async fn client_to_app(
         // app side is then closed without one.
         let give_up = end_by.filter(|_| !closing && sh.guard_closes());
         tokio::select! {
-            r = read_some(&mut rd, &mut buf) => {
+            r = rd.read_some(&mut buf) => {
                 if !r? {
                     client_eof = true;
                 }
@@ -480,8 +571,8 @@ async fn client_to_app(
 /// Close, withholds that Close, and sends the client Close 1012 instead;
 /// then waits (bounded) for the client's answer and closes the connection.
 async fn app_to_client(
-    mut rd: OwnedReadHalf,
-    mut wr: OwnedWriteHalf,
+    mut rd: impl ReadSome,
+    mut wr: impl AsyncWrite + Unpin,
     mut buf: BytesMut,
     sh: &Shared,
 ) -> io::Result<Down> {
@@ -519,7 +610,7 @@ async fn app_to_client(
         }
         release(&mut buf);
         tokio::select! {
-            r = read_some(&mut rd, &mut buf) => {
+            r = rd.read_some(&mut buf) => {
                 if !r? {
                     // The application closed its connection.
                     if intercept && scan.at_boundary() && buf.is_empty() {
@@ -548,8 +639,8 @@ async fn app_to_client(
 /// Sends the client its Close 1012, waits (bounded) for its answer, closes
 /// the client connection (FIN) and lets the application's side finish.
 async fn finish_client(
-    mut app_rd: OwnedReadHalf,
-    mut wr: OwnedWriteHalf,
+    mut app_rd: impl ReadSome,
+    mut wr: impl AsyncWrite + Unpin,
     sh: &Shared,
 ) -> io::Result<Down> {
     wr.write_all(&close_frame(CloseCode::Restart, CLIENT_CLOSE_REASON, false))
@@ -568,7 +659,7 @@ async fn finish_client(
     // so its socket is not reset with unread bytes.
     let mut sink = BytesMut::new();
     let _ = tokio::time::timeout(MAX_LINGER, async {
-        while let Ok(true) = read_some(&mut app_rd, &mut sink).await {
+        while let Ok(true) = app_rd.read_some(&mut sink).await {
             sink.clear();
         }
     })

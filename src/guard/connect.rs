@@ -1,0 +1,166 @@
+//! WebSocket over HTTP/2 (RFC 8441 extended CONNECT), as Envoy sends it
+//! when its upstream speaks HTTP/2: `:method CONNECT`, `:protocol
+//! websocket`, and the stream's DATA frames carrying the WebSocket frames.
+//!
+//! Applications serve WebSockets over HTTP/1.1, so the guard does what
+//! Envoy would do in its place: it opens an HTTP/1.1 connection to the
+//! application and asks for `Upgrade: websocket` (with the client's
+//! `Sec-WebSocket-Key` when a proxy kept it, a fresh one otherwise). On the
+//! application's 101 the client gets a 200, and the two byte streams are
+//! relayed by [`super::websocket`], with the same frame-boundary graceful
+//! end (1001 to the application first, everything it sent, then 1012 to the
+//! client). Any other answer is passed to the client as it is.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use base64::Engine;
+use bytes::Bytes;
+use h2::server::SendResponse;
+use h2::RecvStream;
+use http::header::{
+    HeaderName, HeaderValue, CONNECTION, HOST, SEC_WEBSOCKET_KEY, SEC_WEBSOCKET_VERSION, UPGRADE,
+};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Empty;
+use hyper_util::rt::TokioIo;
+
+use super::accept::ConnInfo;
+use super::h2io::H2Io;
+use super::headers::{append_forwarded_for, strip_hop_by_hop};
+use super::registry::Registered;
+use super::upstream::connect_tcp;
+use super::Inner;
+
+/// Whether a request is a WebSocket over extended CONNECT.
+pub fn is_websocket(req: &Request<RecvStream>) -> bool {
+    req.method() == Method::CONNECT
+        && req
+            .extensions()
+            .get::<h2::ext::Protocol>()
+            .is_some_and(|p| p.as_str().eq_ignore_ascii_case("websocket"))
+}
+
+/// Proxies one extended-CONNECT WebSocket to the application over HTTP/1.1.
+pub async fn proxy(
+    inner: Arc<Inner>,
+    registered: Registered,
+    req: Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    info: ConnInfo,
+) {
+    let l = inner.config.limits;
+    let app = inner.config.upstream;
+    let (head, client_recv) = req.into_parts();
+    let upgrade = async {
+        let tcp = connect_tcp(app, l.upstream_connect_timeout)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
+            .handshake::<_, Empty<Bytes>>(TokioIo::new(tcp))
+            .await
+            .map_err(|e| format!("upstream {app}: HTTP/1.1 handshake: {e}"))?;
+        inner.tasks.spawn(async move {
+            let _ = conn.with_upgrades().await;
+        });
+        let up = upgrade_request(&head, app, info.peer)?;
+        sender
+            .send_request(up)
+            .await
+            .map_err(|e| format!("upstream {app}: WebSocket upgrade: {e}"))
+    };
+    let answer = match tokio::time::timeout(l.upstream_connect_timeout, upgrade).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            tracing::warn!(peer = %info.peer, error = %e, "guard: WebSocket (HTTP/2) upgrade to the application failed");
+            return answer_status(&mut respond, StatusCode::BAD_GATEWAY);
+        }
+        Err(_) => {
+            tracing::warn!(peer = %info.peer, "guard: WebSocket (HTTP/2) upgrade: the application did not answer in time");
+            return answer_status(&mut respond, StatusCode::GATEWAY_TIMEOUT);
+        }
+    };
+    if answer.status() != StatusCode::SWITCHING_PROTOCOLS {
+        // Refused (401, 426, ...): the client gets the application's status.
+        return answer_status(&mut respond, answer.status());
+    }
+    // The application's headers, Sec-WebSocket-Accept included: a proxy in
+    // front that turned an HTTP/1.1 upgrade into this CONNECT (Envoy) kept
+    // the client's key, and hands the accept back to it.
+    let mut ok = Response::new(());
+    for (name, value) in answer.headers() {
+        if name != CONNECTION && name != UPGRADE {
+            ok.headers_mut().append(name.clone(), value.clone());
+        }
+    }
+    strip_hop_by_hop(ok.headers_mut());
+    let app_upgrade = hyper::upgrade::on(answer);
+    let client_send = match respond.send_response(ok, false) {
+        Ok(s) => s,
+        Err(_) => return,
+    };
+    let app_io = match app_upgrade.await {
+        Ok(io) => io,
+        Err(e) => {
+            tracing::debug!(peer = %info.peer, error = %e, "guard: WebSocket (HTTP/2) upgrade did not complete");
+            return;
+        }
+    };
+    let client_io = H2Io::new(client_recv, client_send);
+    super::websocket::relay_streams(inner, client_io, app_io, registered, info).await;
+}
+
+/// The HTTP/1.1 upgrade request for an extended CONNECT.
+fn upgrade_request(
+    head: &http::request::Parts,
+    app: SocketAddr,
+    peer: SocketAddr,
+) -> Result<Request<Empty<Bytes>>, String> {
+    let path = head
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_string();
+    let mut req = Request::builder()
+        .method(Method::GET)
+        .uri(path)
+        .body(Empty::new())
+        .map_err(|e| format!("WebSocket upgrade request: {e}"))?;
+    let h = req.headers_mut();
+    for (name, value) in &head.headers {
+        h.append(name.clone(), value.clone());
+    }
+    strip_hop_by_hop(h);
+    append_forwarded_for(h, peer.ip());
+    let host = head
+        .uri
+        .authority()
+        .map_or_else(|| app.to_string(), |a| a.to_string());
+    if let Ok(v) = HeaderValue::from_str(&host) {
+        h.insert(HOST, v);
+    }
+    h.insert(UPGRADE, HeaderValue::from_static("websocket"));
+    h.insert(CONNECTION, HeaderValue::from_static("Upgrade"));
+    h.entry(SEC_WEBSOCKET_VERSION)
+        .or_insert(HeaderValue::from_static("13"));
+    // A CONNECT carries no key of its own; one that a proxy translated from
+    // an HTTP/1.1 upgrade still has the client's, which is kept so the
+    // application's accept matches what that client expects.
+    if !h.contains_key(SEC_WEBSOCKET_KEY) {
+        let key: [u8; 16] = std::array::from_fn(|_| fastrand::u8(..));
+        let key = base64::engine::general_purpose::STANDARD.encode(key);
+        h.insert(
+            SEC_WEBSOCKET_KEY,
+            HeaderValue::from_str(&key).map_err(|e| e.to_string())?,
+        );
+    }
+    // HTTP/2 pseudo-header leftovers never travel as HTTP/1.1 headers.
+    h.remove(HeaderName::from_static("protocol"));
+    Ok(req)
+}
+
+fn answer_status(respond: &mut SendResponse<Bytes>, status: StatusCode) {
+    let mut r = Response::new(());
+    *r.status_mut() = status;
+    let _ = respond.send_response(r, true);
+}
