@@ -37,24 +37,7 @@ const TIMERS: &[&str] = &[
 ];
 
 async fn pod_in_front_of(app: SocketAddr) -> (EnvoyProcess, SidecarBin) {
-    let admin_port = free_port();
-    let guard = format!("127.0.0.1:{}", free_port());
-    let admin = format!("http://127.0.0.1:{admin_port}");
-    let up = app.to_string();
-    let mut args = vec![
-        "--envoy-admin",
-        admin.as_str(),
-        "--guard-listen",
-        guard.as_str(),
-        "--guard-upstream",
-        up.as_str(),
-    ];
-    args.extend_from_slice(TIMERS);
-    let shim = sidecar_bin(&args).await;
-    let envoy = envoy_with("1.40.0", guard.parse().expect("address"), |o| {
-        o.admin_port = admin_port
-    })
-    .await;
+    let (envoy, shim, _) = guard_bin_pod(app, TIMERS, |_| {}).await;
     (envoy, shim)
 }
 

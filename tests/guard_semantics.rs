@@ -34,23 +34,7 @@ struct BinPod {
 }
 
 async fn bin_pod(backend: Backend, extra: &[&str]) -> BinPod {
-    let admin_port = free_port();
-    let guard: SocketAddr = format!("127.0.0.1:{}", free_port())
-        .parse()
-        .expect("address");
-    let admin = format!("http://127.0.0.1:{admin_port}");
-    let (g, up) = (guard.to_string(), backend.addr.to_string());
-    let mut args = vec![
-        "--envoy-admin",
-        &admin,
-        "--guard-listen",
-        &g,
-        "--guard-upstream",
-        &up,
-    ];
-    args.extend_from_slice(extra);
-    let shim = sidecar_bin(&args).await;
-    let envoy = envoy_with("1.40.0", guard, |o| o.admin_port = admin_port).await;
+    let (envoy, shim, _) = guard_bin_pod(backend.addr, extra, |_| {}).await;
     BinPod {
         backend,
         envoy,
@@ -441,24 +425,7 @@ async fn app_with(
 }
 
 async fn bin_pod_to(upstream: SocketAddr, extra: &[&str]) -> (EnvoyProcess, SidecarBin) {
-    let admin_port = free_port();
-    let guard = format!("127.0.0.1:{}", free_port());
-    let admin = format!("http://127.0.0.1:{admin_port}");
-    let up = upstream.to_string();
-    let mut args = vec![
-        "--envoy-admin",
-        &admin,
-        "--guard-listen",
-        &guard,
-        "--guard-upstream",
-        &up,
-    ];
-    args.extend_from_slice(extra);
-    let shim = sidecar_bin(&args).await;
-    let envoy = envoy_with("1.40.0", guard.parse().expect("address"), |o| {
-        o.admin_port = admin_port
-    })
-    .await;
+    let (envoy, shim, _) = guard_bin_pod(upstream, extra, |_| {}).await;
     (envoy, shim)
 }
 

@@ -6,8 +6,6 @@
 
 mod support;
 
-use std::net::SocketAddr;
-
 use support::ws::*;
 use support::*;
 
@@ -15,27 +13,9 @@ use support::*;
 async fn websockets_over_http2_extended_connect_end_with_1012() {
     const N: usize = 4;
     let app = ws_app().await;
-    let admin_port = free_port();
-    let guard: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let admin = format!("http://127.0.0.1:{admin_port}");
-    let (guard_s, app_s) = (guard.to_string(), app.addr.to_string());
-    let mut args = vec![
-        "--envoy-admin",
-        admin.as_str(),
-        "--guard-listen",
-        guard_s.as_str(),
-        "--guard-upstream",
-        app_s.as_str(),
-    ];
-    args.extend_from_slice(WS_TIMERS);
-    let shim = sidecar_bin(&args).await;
     // Envoy's upstream to the guard is HTTP/2 only: every WebSocket reaches
     // the guard as an extended CONNECT.
-    let envoy = envoy_with("1.40.0", guard, |o| {
-        o.admin_port = admin_port;
-        o.extended_connect = true;
-    })
-    .await;
+    let (envoy, shim, _) = guard_bin_pod(app.addr, WS_TIMERS, |o| o.extended_connect = true).await;
     let mut clients = Vec::new();
     for i in 0..N {
         clients.push(ws_ticker(envoy.inbound, &format!("h2ws{i}"), 100, 2_000).await);

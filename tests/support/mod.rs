@@ -502,6 +502,38 @@ impl SidecarBin {
     }
 }
 
+/// A pod whose shim is the real binary: Envoy 1.40 -> `drainshim sidecar`
+/// with its guard on a free port -> `app`. `extra` goes to the sidecar,
+/// `tweak` to Envoy's options. Returns Envoy, the shim and the guard address.
+pub async fn guard_bin_pod(
+    app: SocketAddr,
+    extra: &[&str],
+    tweak: impl FnOnce(&mut EnvoyOptions),
+) -> (EnvoyProcess, SidecarBin, SocketAddr) {
+    let admin_port = free_port();
+    let guard: SocketAddr = format!("127.0.0.1:{}", free_port())
+        .parse()
+        .expect("address");
+    let admin = format!("http://127.0.0.1:{admin_port}");
+    let (guard_s, app_s) = (guard.to_string(), app.to_string());
+    let mut args = vec![
+        "--envoy-admin",
+        admin.as_str(),
+        "--guard-listen",
+        guard_s.as_str(),
+        "--guard-upstream",
+        app_s.as_str(),
+    ];
+    args.extend_from_slice(extra);
+    let shim = sidecar_bin(&args).await;
+    let envoy = envoy_with("1.40.0", guard, |o| {
+        o.admin_port = admin_port;
+        tweak(o);
+    })
+    .await;
+    (envoy, shim, guard)
+}
+
 /// `drainshim sidecar --listen 127.0.0.1:0 --linger 0s <args>`.
 pub async fn sidecar_bin(args: &[&str]) -> SidecarBin {
     let mut cmd = tokio::process::Command::new(drainshim_bin());
