@@ -112,6 +112,8 @@ pub struct WsEnd {
     pub error: Option<String>,
     /// When the Close frame (or the error) arrived.
     pub closed_at: Option<tokio::time::Instant>,
+    /// When the connection was over (the server closed it).
+    pub ended_at: Option<tokio::time::Instant>,
 }
 
 impl WsEnd {
@@ -169,6 +171,7 @@ pub async fn ws_ticker(
             }
         })
         .await;
+        end.ended_at = Some(tokio::time::Instant::now());
         let _ = ws.close(None).await;
         end
     });
