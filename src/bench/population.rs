@@ -58,7 +58,7 @@ impl Protocol {
         match self {
             Protocol::Grpc => Kind::Grpc,
             Protocol::Websocket => Kind::Websocket,
-            Protocol::Mixed if (c / 2) % 2 == 0 => Kind::Grpc,
+            Protocol::Mixed if (c / 2).is_multiple_of(2) => Kind::Grpc,
             Protocol::Mixed => Kind::Websocket,
         }
     }
