@@ -191,6 +191,9 @@ async fn hold(addr: SocketAddr) -> Vec<Ws> {
         }))
         .await;
         held.extend(opened);
+        if held.len() % 1000 < 64 {
+            eprintln!("  {} open", held.len());
+        }
     }
     held
 }

@@ -46,6 +46,16 @@ async fn a_drain_ends_every_websocket_with_1012_after_everything_the_app_sent() 
             end.id
         );
     }
+    // Spread over the drain window (3 s, after 300 ms of deregistration),
+    // not all at once.
+    let mut at: Vec<Instant> = ends.iter().filter_map(|e| e.closed_at).collect();
+    at.sort();
+    let spread = at[at.len() - 1] - at[0];
+    eprintln!("closes spread over {spread:?}");
+    assert!(
+        spread >= Duration::from_millis(1500),
+        "closes within {spread:?}"
+    );
     assert_eq!(report.streams.cut, 0, "{report:?}");
     assert_eq!(report.streams.terminated, N as u64, "{report:?}");
     let m = wait_metric(

@@ -279,6 +279,10 @@ admin:
   - name: app
     type: STATIC
     connect_timeout: 1s
+    # Envoy's default circuit breakers allow 1,024 upstream connections and
+    # requests; a WebSocket holds one of each, and the benchmarks hold more.
+    circuit_breakers:
+      thresholds: [{{ max_connections: 100000, max_pending_requests: 100000, max_requests: 100000 }}]
     typed_extension_protocol_options:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions

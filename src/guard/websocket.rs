@@ -504,9 +504,12 @@ async fn client_to_app(
         // Act on what is buffered.
         loop {
             if sh.client_answered.is_cancelled() {
-                // Whatever follows a Close is not a frame anyone reads.
-                buf.clear();
-                break;
+                // The client's Close was the last frame it may send: nothing
+                // unread is left to turn the close into a reset, and a proxy
+                // in front (Envoy) closes its side only once this one is
+                // fully closed, so stop reading now.
+                let _ = wr.shutdown().await;
+                return Ok(());
             }
             if closing {
                 let (n, stop) = scan.scan(&buf, false, true).map_err(proto)?;
@@ -515,6 +518,7 @@ async fn client_to_app(
                     Stop::Close { len } if buf.len() >= len => {
                         buf.clear();
                         sh.client_answered.cancel();
+                        continue;
                     }
                     Stop::Close { .. } | Stop::NeedMore | Stop::Boundary => {}
                 }

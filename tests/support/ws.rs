@@ -110,6 +110,10 @@ pub struct WsEnd {
     pub close_code: Option<u16>,
     /// Set if the connection ended without a Close frame (1006).
     pub error: Option<String>,
+    /// When the Close frame (or the error) arrived.
+    pub closed_at: Option<tokio::time::Instant>,
+    /// When the connection was over (the server closed it).
+    pub ended_at: Option<tokio::time::Instant>,
 }
 
 impl WsEnd {
@@ -155,16 +159,19 @@ pub async fn ws_ticker(
                     }
                     Ok(Message::Close(frame)) => {
                         end.close_code = Some(frame.map_or(1005, |f| u16::from(f.code)));
+                        end.closed_at = Some(tokio::time::Instant::now());
                     }
                     Ok(_) => {}
                     Err(e) => {
                         end.error = Some(e.to_string());
+                        end.closed_at.get_or_insert_with(tokio::time::Instant::now);
                         break;
                     }
                 }
             }
         })
         .await;
+        end.ended_at = Some(tokio::time::Instant::now());
         let _ = ws.close(None).await;
         end
     });
