@@ -1,7 +1,6 @@
 //! The accept loop, raced against shutdown, and the hand-off of each
 //! connection to the HTTP/2 or HTTP/1.1 driver.
 
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +9,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::conn::ConnInfo;
 use super::sniff::{sniff, Protocol, MAX_LINGER};
 use super::{h1, h2conn, Guard, Inner};
 use crate::drain::StreamGuard;
@@ -18,17 +18,6 @@ use crate::metrics::Limit;
 /// Pause after a failed accept (typically EMFILE), so the loop does not spin
 /// while descriptors are exhausted.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
-
-/// Who a connection is, for the drivers and the logs.
-#[derive(Clone, Copy, Debug)]
-pub struct ConnInfo {
-    /// Unique per guard; ties streams to their connection.
-    pub id: u64,
-    /// The client (Envoy, usually), for logs.
-    pub peer: SocketAddr,
-    /// When the connection was accepted: the age and header timeouts count from here.
-    pub accepted_at: Instant,
-}
 
 /// Keeps `active_connections` right however a connection task ends.
 struct Live(Arc<Inner>);

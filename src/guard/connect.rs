@@ -25,7 +25,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::Empty;
 use hyper_util::rt::TokioIo;
 
-use super::accept::ConnInfo;
+use super::conn::ConnInfo;
 use super::h2io::H2Io;
 use super::headers::{append_forwarded_for, strip_hop_by_hop};
 use super::registry::Registered;

@@ -44,7 +44,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::accept::ConnInfo;
+use super::conn::ConnInfo;
 use super::headers::{
     append_forwarded_for, is_websocket, strip_hop_by_hop, strip_hop_by_hop_keep_upgrade,
     upgrade_requested,

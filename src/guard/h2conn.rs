@@ -26,7 +26,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::accept::ConnInfo;
+use super::conn::{ConnInfo, CountGuard};
 use super::flood::Flood;
 use super::grpc;
 use super::lifecycle::{Action, Cause, Input, Lifecycle, Settings};
@@ -63,15 +63,6 @@ fn metric_reason(cause: Cause) -> Option<Reason> {
         Cause::MaxAge => Some(Reason::max_age),
         Cause::Drain => Some(Reason::drain),
         Cause::Idle => None,
-    }
-}
-
-/// Decrements the connection's stream count when a stream task ends.
-pub struct CountGuard(Arc<watch::Sender<usize>>);
-
-impl Drop for CountGuard {
-    fn drop(&mut self) {
-        self.0.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 

@@ -20,6 +20,7 @@
 
 mod accept;
 mod body;
+mod conn;
 mod connect;
 mod flood;
 mod grpc;

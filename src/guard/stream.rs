@@ -49,8 +49,8 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use tokio_util::sync::CancellationToken;
 
 use super::body::{request_kind, response_kind, trailers_only, Boundaries, End, Kind};
+use super::conn::CountGuard;
 use super::grpc;
-use super::h2conn::CountGuard;
 use super::headers::{append_forwarded_for, strip_hop_by_hop};
 use super::registry::{Registered, StreamCtl};
 use super::upstream::{Barrier, H2Upstream};

@@ -65,7 +65,7 @@ use tungstenite::protocol::frame::coding::{CloseCode, Control, OpCode};
 use tungstenite::protocol::frame::{CloseFrame, Frame, FrameHeader};
 use tungstenite::Utf8Bytes;
 
-use super::accept::ConnInfo;
+use super::conn::ConnInfo;
 use super::keepalive::Counted;
 use super::registry::Registered;
 use super::sniff::{Prefixed, MAX_LINGER};

@@ -196,7 +196,7 @@ pub async fn wait_metric(shim: &SidecarBin, needle: &str) -> String {
     super::http(addr, "GET", "/metrics").await.1
 }
 
-/// Sends `msg` and returns the echo (skipping ticks).
+/// Sends `msg` and returns the echo (ticks in between are passed over).
 pub async fn echo<S>(ws: &mut S, msg: Message) -> Message
 where
     S: futures_util::Sink<Message>
