@@ -20,8 +20,10 @@
 //! property is asserted in tests/failopen.rs). `cargo bench --bench failopen`;
 //! `make bench` runs it.
 
+mod common;
+use common::*;
+
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -42,38 +44,6 @@ const AFTER: Duration = Duration::from_secs(4);
 const WORKERS: usize = 4;
 /// Pause between one caller's calls.
 const PAUSE: Duration = Duration::from_millis(2);
-
-fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_drainshim"))
-}
-
-fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
-}
-
-async fn backend() -> (Child, SocketAddr) {
-    let addr = free_addr();
-    let child = Command::new(bin())
-        .args([
-            "bench",
-            "server",
-            "--listen",
-            &addr.to_string(),
-            "--log",
-            "warn",
-        ])
-        .kill_on_drop(true)
-        .spawn()
-        .expect("backend");
-    for _ in 0..400 {
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
-            return (child, addr);
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("the backend does not listen on {addr}");
-}
 
 /// The real shim with its guard on `guard`; returns once it logged that it is ready.
 async fn shim(admin_port: u16, guard: SocketAddr, app: SocketAddr) -> Child {
@@ -110,7 +80,7 @@ struct Variant {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let binary = envoy::default_binary().expect("envoy: run `make envoy`");
-    let (_backend, app) = backend().await;
+    let (_backend, app) = bench_process("server").await;
     let guard = free_addr();
     let admin_port = free_addr().port();
     let mut first = shim(admin_port, guard, app).await;

@@ -9,104 +9,22 @@
 //! the guard (`drainshim sidecar --guard-listen`), Envoy 1.40, and h2load.
 //! Run with `cargo bench --bench guard`; `make bench` does.
 
+mod common;
+use common::*;
+
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
 use drainshim::bench::envoy::{self, EnvoyOptions, EnvoyProcess};
 use drainshim::proto::bench::stream_client::StreamClient;
 use drainshim::proto::bench::SubscribeRequest;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 /// Seconds of load per path (after a 1 s warm-up).
 const LOAD_SECONDS: u32 = 5;
 /// Streams held open for the memory comparison, and over how many connections.
 const STREAMS: usize = 10_000;
 const CONNECTIONS: usize = 100;
-
-fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_drainshim"))
-}
-
-fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
-}
-
-/// Waits until something accepts connections on `addr`.
-async fn wait_listening(addr: SocketAddr) {
-    for _ in 0..200 {
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("nothing listens on {addr}");
-}
-
-async fn backend() -> (Child, SocketAddr) {
-    let addr = free_addr();
-    let child = Command::new(bin())
-        .args([
-            "bench",
-            "server",
-            "--listen",
-            &addr.to_string(),
-            "--log",
-            "warn",
-        ])
-        .kill_on_drop(true)
-        .spawn()
-        .expect("backend");
-    wait_listening(addr).await;
-    (child, addr)
-}
-
-/// The guard alone: a sidecar whose Envoy admin is absent (only the guard is measured).
-async fn guard(upstream: SocketAddr) -> (Child, SocketAddr) {
-    let mut child = Command::new(bin())
-        .args([
-            "sidecar",
-            "--listen",
-            "127.0.0.1:0",
-            "--envoy-admin",
-            "http://127.0.0.1:9",
-        ])
-        .args([
-            "--guard-listen",
-            "127.0.0.1:0",
-            "--guard-upstream",
-            &upstream.to_string(),
-        ])
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("guard");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let addr: SocketAddr = loop {
-        let line = lines
-            .next_line()
-            .await
-            .expect("read")
-            .expect("guard exited early");
-        if let Some(rest) = line.split("guard_listen=Some(").nth(1) {
-            break rest.split(')').next().expect("addr").parse().expect("addr");
-        }
-    };
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, addr)
-}
-
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        .map_or(0.0, |kib| kib / 1024.0)
-}
 
 struct Load {
     rps: f64,
@@ -209,7 +127,7 @@ async fn hold_streams(addr: SocketAddr) -> Vec<tokio::task::JoinHandle<()>> {
 async fn main() {
     let binary = envoy::default_binary().expect("Envoy: run `make envoy`");
     let dir = tempfile::tempdir().expect("tempdir");
-    let (_backend, backend_addr) = backend().await;
+    let (_backend, backend_addr) = bench_process("server").await;
     let (guard_proc, guard_addr) = guard(backend_addr).await;
     let envoy = EnvoyProcess::start(&EnvoyOptions::new(binary, backend_addr))
         .await

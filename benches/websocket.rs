@@ -14,15 +14,14 @@
 //! limit is 20,000 per process. Run with `cargo bench --bench websocket`;
 //! `make bench` does.
 
+mod common;
+use common::*;
+
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
 use drainshim::bench::envoy::{self, EnvoyOptions, EnvoyProcess};
 use futures_util::{SinkExt, StreamExt};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -32,88 +31,6 @@ const LOAD_SECONDS: u64 = 5;
 const CLIENTS: usize = 10;
 /// WebSockets held open for the memory comparison.
 const OPEN: usize = 9_000;
-
-fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_drainshim"))
-}
-
-fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
-}
-
-async fn wait_listening(addr: SocketAddr) {
-    for _ in 0..400 {
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("nothing listens on {addr}");
-}
-
-async fn app() -> (Child, SocketAddr) {
-    let addr = free_addr();
-    let child = Command::new(bin())
-        .args([
-            "bench",
-            "app",
-            "--listen",
-            &addr.to_string(),
-            "--log",
-            "warn",
-        ])
-        .kill_on_drop(true)
-        .spawn()
-        .expect("bench app");
-    wait_listening(addr).await;
-    (child, addr)
-}
-
-/// The guard alone: a sidecar whose Envoy admin is absent.
-async fn guard(upstream: SocketAddr) -> (Child, SocketAddr) {
-    let mut child = Command::new(bin())
-        .args([
-            "sidecar",
-            "--listen",
-            "127.0.0.1:0",
-            "--envoy-admin",
-            "http://127.0.0.1:9",
-        ])
-        .args([
-            "--guard-listen",
-            "127.0.0.1:0",
-            "--guard-upstream",
-            &upstream.to_string(),
-        ])
-        .args(["--log", "warn,drainshim::sidecar=info"])
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("guard");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let addr: SocketAddr = loop {
-        let line = lines
-            .next_line()
-            .await
-            .expect("read")
-            .expect("guard exited early");
-        if let Some(rest) = line.split("guard_listen=Some(").nth(1) {
-            break rest.split(')').next().expect("addr").parse().expect("addr");
-        }
-    };
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, addr)
-}
-
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        .map_or(0.0, |kib| kib / 1024.0)
-}
 
 struct Load {
     msgs_per_s: f64,
@@ -208,7 +125,7 @@ async fn release(held: Vec<Ws>) {
 #[tokio::main]
 async fn main() {
     let binary = envoy::default_binary().expect("Envoy: run `make envoy`");
-    let (_app, app_addr) = app().await;
+    let (_app, app_addr) = bench_process("app").await;
     let (guard_proc, guard_addr) = guard(app_addr).await;
     let mut eo = EnvoyOptions::new(binary, app_addr);
     eo.upstream_follows_downstream = true;

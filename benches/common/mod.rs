@@ -1,0 +1,92 @@
+//! What the benchmarks share: the real `drainshim` binary started as the
+//! bench backend or app and as a guard-only sidecar, free ports, and RSS.
+//! Each bench includes it with `mod common;` and uses what it needs.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// The release binary built for this bench run.
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_drainshim"))
+}
+
+/// A free loopback address (bound and released).
+pub fn free_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}
+
+/// Waits (10 s at most) until something accepts connections on `addr`.
+pub async fn wait_listening(addr: SocketAddr) {
+    for _ in 0..400 {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("nothing listens on {addr}");
+}
+
+/// `drainshim bench <what> --listen ADDR`: `server` (the tonic backend) or
+/// `app` (gRPC and WebSocket on one port), once it listens.
+pub async fn bench_process(what: &str) -> (Child, SocketAddr) {
+    let addr = free_addr();
+    let child = Command::new(bin())
+        .args([
+            "bench",
+            what,
+            "--listen",
+            &addr.to_string(),
+            "--log",
+            "warn",
+        ])
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("drainshim bench {what}: {e}"));
+    wait_listening(addr).await;
+    (child, addr)
+}
+
+/// The guard alone: a sidecar whose Envoy admin is absent (only the guard
+/// is measured), on an ephemeral port learned from its ready line.
+pub async fn guard(upstream: SocketAddr) -> (Child, SocketAddr) {
+    let mut child = Command::new(bin())
+        .args(["sidecar", "--listen", "127.0.0.1:0"])
+        .args(["--envoy-admin", "http://127.0.0.1:9"])
+        .args(["--guard-listen", "127.0.0.1:0"])
+        .args(["--guard-upstream", &upstream.to_string()])
+        .args(["--log", "warn,drainshim::sidecar=info"])
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("guard");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let addr: SocketAddr = loop {
+        let line = lines
+            .next_line()
+            .await
+            .expect("read")
+            .expect("guard exited early");
+        if let Some(rest) = line.split("guard_listen=Some(").nth(1) {
+            break rest.split(')').next().expect("addr").parse().expect("addr");
+        }
+    };
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, addr)
+}
+
+/// A process's resident memory, MiB (0 if it is gone).
+pub fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0.0, |kib| kib / 1024.0)
+}
