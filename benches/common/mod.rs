@@ -54,13 +54,22 @@ pub async fn bench_process(what: &str) -> (Child, SocketAddr) {
 }
 
 /// The guard alone: a sidecar whose Envoy admin is absent (only the guard
-/// is measured), on an ephemeral port learned from its ready line.
+/// is measured), on an ephemeral port learned from its ready line. Its
+/// process caps are raised above what the benchmarks hold (10,000 streams,
+/// 9,000 WebSockets): they measure cost, and the default caps (512
+/// connections, 5,000 streams) would refuse part of the load.
 pub async fn guard(upstream: SocketAddr) -> (Child, SocketAddr) {
     let mut child = Command::new(bin())
         .args(["sidecar", "--listen", "127.0.0.1:0"])
         .args(["--envoy-admin", "http://127.0.0.1:9"])
         .args(["--guard-listen", "127.0.0.1:0"])
         .args(["--guard-upstream", &upstream.to_string()])
+        .args([
+            "--guard-max-connections",
+            "20000",
+            "--guard-max-streams",
+            "20000",
+        ])
         .args(["--log", "warn,drainshim::sidecar=info"])
         .stderr(Stdio::piped())
         .kill_on_drop(true)
