@@ -203,7 +203,8 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
                 while extra < ACCEPT_BATCH {
                     match poll_fn(|cx| Poll::Ready(conn.poll_accept(cx))).await {
                         Poll::Ready(Some(Ok((req, respond)))) => {
-                            life.step(Input::StreamAccepted, Instant::now());
+                            // The one StreamAccepted below stands for the
+                            // whole batch (its action must not be lost).
                             admit(inner, &upstream, &count_tx, &life, info, req, respond);
                             extra += 1;
                         }
