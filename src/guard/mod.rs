@@ -204,6 +204,10 @@ impl Inner {
 /// began (a server stream whose second message arrived, say).
 const RECHECK: Duration = Duration::from_millis(250);
 
+/// How late a scheduled ending may fire before the rest of the schedule is
+/// shifted by the delay instead of catching up in one burst.
+const CATCH_UP_SLACK: Duration = Duration::from_millis(20);
+
 /// Slack before the drain's deadline: the sweep of short calls ends them
 /// this long before `deadline - end_timeout`, for the trailers to flush.
 const SWEEP_MARGIN: Duration = Duration::from_secs(1);
@@ -253,9 +257,19 @@ async fn terminator(inner: Arc<Inner>, window: Duration, deadline: Duration) {
             merged.sort_by_key(|(at, _)| *at);
             due.extend(merged);
         }
-        while due.front().is_some_and(|(at, _)| *at <= now) {
+        while let Some((at, _)) = due.front().filter(|(at, _)| *at <= now) {
+            let late = now.saturating_duration_since(*at);
             if let Some((_, s)) = due.pop_front() {
                 s.end(Reason::drain);
+            }
+            // Woken late (a stalled process or timer): keep the pace rather
+            // than end the whole backlog at once, which would be the very
+            // reconnect storm the spread avoids. The sweep still bounds it.
+            if late > CATCH_UP_SLACK {
+                for (at, _) in due.iter_mut() {
+                    *at += late;
+                }
+                break;
             }
         }
         if inner.registry.len() == 0 {
