@@ -85,10 +85,12 @@ async fn sse_app() -> (SocketAddr, Arc<Mutex<u64>>) {
                         Ok::<_, Infallible>(resp)
                     }
                 });
-                let _ =
-                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-                        .serve_connection(hyper_util::rt::TokioIo::new(tcp), service)
-                        .await;
+                // HTTP/1.1 and h2c, as the guard's upstream speaks either.
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .serve_connection(hyper_util::rt::TokioIo::new(tcp), service)
+                .await;
             });
         }
     });
@@ -128,8 +130,22 @@ fn taken(out: &Arc<Mutex<Vec<u8>>>) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_sent_events_end_between_events_with_nothing_lost() {
+    sse_drain(false).await;
+}
+
+/// The same over HTTP/1.1 end to end (Envoy's upstream follows the client's
+/// protocol): the guard ends the chunked body between two events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_sent_events_over_http1_end_between_events() {
+    sse_drain(true).await;
+}
+
+async fn sse_drain(http1_upstream: bool) {
     let (app, written) = sse_app().await;
-    let (envoy, shim) = pod_in_front_of(app).await;
+    let (envoy, shim, _) = guard_bin_pod(app, TIMERS, |o| {
+        o.upstream_follows_downstream = http1_upstream;
+    })
+    .await;
     let url = format!("http://{}/events", envoy.inbound);
     let (mut child, out) = curl(&["--no-buffer", "--http1.1", &url]);
     wait_for("three events through Envoy and the guard", WAIT, || async {

@@ -32,7 +32,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CONNECTION, CONTENT_LENGTH, RETRY_AFTER};
@@ -44,6 +44,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use super::body::{Boundaries, Kind};
 use super::conn::ConnInfo;
 use super::headers::{
     append_forwarded_for, is_websocket, strip_hop_by_hop, strip_hop_by_hop_keep_upgrade,
@@ -81,6 +82,11 @@ pub struct H1Body {
     abort_at: Option<(Pin<Box<tokio::time::Sleep>>, Reason)>,
     /// Where to count an abort; None for the guard's own answers.
     guard: Option<Arc<Inner>>,
+    /// Server-Sent Events: event boundaries, so an ending lands between two
+    /// events and the body ends cleanly (EventSource reconnects on its own).
+    sse: Option<Boundaries>,
+    /// Asked to end while an event was half-sent: end at the next boundary.
+    sse_ending: Option<Reason>,
 }
 
 impl H1Body {
@@ -91,10 +97,12 @@ impl H1Body {
             end: None,
             abort_at: None,
             guard: None,
+            sse: None,
+            sse_ending: None,
         }
     }
 
-    fn proxied(inner: Arc<Inner>, body: Incoming, registered: Registered) -> Self {
+    fn proxied(inner: Arc<Inner>, body: Incoming, registered: Registered, sse: bool) -> Self {
         let ctl = registered.ctl.clone();
         Self {
             inner: Some(body),
@@ -102,7 +110,19 @@ impl H1Body {
             end: Some(Box::pin(async move { ctl.ended().await.0 })),
             abort_at: None,
             guard: Some(inner),
+            sse: sse.then(|| Boundaries::new(Kind::Sse)),
+            sse_ending: None,
         }
+    }
+
+    /// Ends an event stream cleanly between two events, and counts it.
+    fn end_events(&mut self, reason: Reason) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.inner = None;
+        self.abort_at = None;
+        if let Some(g) = &self.guard {
+            g.record_termination(reason, StreamProtocol::http);
+        }
+        Poll::Ready(None)
     }
 }
 
@@ -123,6 +143,13 @@ impl Body for H1Body {
         if let Some(end) = this.end.as_mut() {
             if let Poll::Ready(reason) = end.as_mut().poll(cx) {
                 this.end = None;
+                if let Some(sse) = &this.sse {
+                    if sse.at_boundary() {
+                        return this.end_events(reason);
+                    }
+                    // Mid-event: finish it (bounded), then end.
+                    this.sse_ending = Some(reason);
+                }
                 // A long-lived response is ended at once (its slot in the
                 // spread, or age + grace, was its time); short work gets
                 // `end_timeout` to finish on its own first.
@@ -130,8 +157,10 @@ impl Body for H1Body {
                     .registered
                     .as_ref()
                     .is_some_and(|r| r.ctl.is_long_lived());
-                let after = match (&this.guard, long) {
+                let after = match (&this.guard, long || this.sse_ending.is_some()) {
                     (Some(g), false) => g.config.limits.end_timeout,
+                    // An event stream gets the bound to finish its event.
+                    (Some(g), true) if this.sse_ending.is_some() => g.config.limits.end_timeout,
                     _ => std::time::Duration::ZERO,
                 };
                 this.abort_at = Some((Box::pin(tokio::time::sleep(after)), reason));
@@ -154,10 +183,22 @@ impl Body for H1Body {
                 }
             }
         }
-        match this.inner.as_mut() {
-            Some(b) => Pin::new(b).poll_frame(cx).map_err(|e| e.into()),
-            None => Poll::Ready(None),
+        let frame = match this.inner.as_mut() {
+            Some(b) => ready!(Pin::new(b).poll_frame(cx)),
+            None => return Poll::Ready(None),
+        };
+        if let (Some(sse), Some(Ok(f))) = (this.sse.as_mut(), frame.as_ref()) {
+            if let Some(data) = f.data_ref() {
+                sse.consume(data);
+            }
+            if let Some(reason) = this.sse_ending.filter(|_| sse.at_boundary()) {
+                // This frame completes the event: send it, then end.
+                this.sse_ending = None;
+                this.end = Some(Box::pin(async move { reason }));
+                this.sse = Some(Boundaries::new(Kind::Sse));
+            }
         }
+        Poll::Ready(frame.map(|r| r.map_err(|e| e.into())))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -335,7 +376,13 @@ fn respond(
             .headers
             .insert(CONNECTION, HeaderValue::from_static("close"));
     }
-    Response::from_parts(parts, H1Body::proxied(inner, body, registered))
+    let sse = parts
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|ct| ct.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"));
+    Response::from_parts(parts, H1Body::proxied(inner, body, registered, sse))
 }
 
 /// Proxies an upgrade request. On the application's 101 the upgraded
