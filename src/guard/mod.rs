@@ -18,48 +18,6 @@
 //!   (endings spread evenly over a window; new streams refused retryably).
 //! - **Limits** ([`Limits`]) against greedy or slow clients.
 
-/// `AsyncWrite` for a wrapper that only watches what is read: every write
-/// call goes to its `inner` unchanged (`Flood`, `Counted`).
-macro_rules! write_through {
-    ($ty:ident) => {
-        impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for $ty<T> {
-            fn poll_write(
-                mut self: std::pin::Pin<&mut Self>,
-                cx: &mut std::task::Context<'_>,
-                buf: &[u8],
-            ) -> std::task::Poll<std::io::Result<usize>> {
-                std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
-            }
-
-            fn poll_write_vectored(
-                mut self: std::pin::Pin<&mut Self>,
-                cx: &mut std::task::Context<'_>,
-                bufs: &[std::io::IoSlice<'_>],
-            ) -> std::task::Poll<std::io::Result<usize>> {
-                std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-            }
-
-            fn is_write_vectored(&self) -> bool {
-                self.inner.is_write_vectored()
-            }
-
-            fn poll_flush(
-                mut self: std::pin::Pin<&mut Self>,
-                cx: &mut std::task::Context<'_>,
-            ) -> std::task::Poll<std::io::Result<()>> {
-                std::pin::Pin::new(&mut self.inner).poll_flush(cx)
-            }
-
-            fn poll_shutdown(
-                mut self: std::pin::Pin<&mut Self>,
-                cx: &mut std::task::Context<'_>,
-            ) -> std::task::Poll<std::io::Result<()>> {
-                std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
-            }
-        }
-    };
-}
-
 mod accept;
 mod body;
 mod conn;
@@ -246,10 +204,6 @@ impl Inner {
 /// began (a server stream whose second message arrived, say).
 const RECHECK: Duration = Duration::from_millis(250);
 
-/// How late a scheduled ending may fire before the rest of the schedule is
-/// shifted by the delay instead of catching up in one burst.
-const CATCH_UP_SLACK: Duration = Duration::from_millis(20);
-
 /// Slack before the drain's deadline: the sweep of short calls ends them
 /// this long before `deadline - end_timeout`, for the trailers to flush.
 const SWEEP_MARGIN: Duration = Duration::from_secs(1);
@@ -299,19 +253,9 @@ async fn terminator(inner: Arc<Inner>, window: Duration, deadline: Duration) {
             merged.sort_by_key(|(at, _)| *at);
             due.extend(merged);
         }
-        while let Some((at, _)) = due.front().filter(|(at, _)| *at <= now) {
-            let late = now.saturating_duration_since(*at);
+        while due.front().is_some_and(|(at, _)| *at <= now) {
             if let Some((_, s)) = due.pop_front() {
                 s.end(Reason::drain);
-            }
-            // Woken late (a stalled process or timer): keep the pace rather
-            // than end the whole backlog at once, which would be the very
-            // reconnect storm the spread avoids. The sweep still bounds it.
-            if late > CATCH_UP_SLACK {
-                for (at, _) in due.iter_mut() {
-                    *at += late;
-                }
-                break;
             }
         }
         if inner.registry.len() == 0 {

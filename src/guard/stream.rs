@@ -109,6 +109,9 @@ enum SendError {
 /// write is then furthest away.
 const BURST_GAP: Duration = Duration::from_millis(2);
 
+/// Longest wait for the PING round trip before an ending goes ahead anyway.
+const BARRIER_WAIT: Duration = Duration::from_millis(50);
+
 pub async fn proxy(job: StreamJob) {
     let StreamJob {
         inner,
@@ -524,7 +527,11 @@ impl Pump<'_> {
                     quiet_at = None;
                     if ending.is_some() {
                         let b = barrier.clone();
-                        flush = Some(Box::pin(async move { b.round_trip().await }));
+                        // Bounded: a slow PING answer must not hold the
+                        // ending (and every other on that connection) back.
+                        flush = Some(Box::pin(async move {
+                            let _ = tokio::time::timeout(BARRIER_WAIT, b.round_trip()).await;
+                        }));
                     }
                 }
                 Next::Flushed => {
