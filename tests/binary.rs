@@ -121,7 +121,7 @@ async fn sigterm_drains_and_a_second_sigterm_skips_to_the_deadline() {
     let report: Report = serde_json::from_str(out.trim())
         .unwrap_or_else(|e| panic!("report on stdout ({e}): {out:?}"));
     assert_eq!(report.trigger, Trigger::Sigterm);
-    assert_eq!(report.outcome, Outcome::deadline);
+    assert_eq!(report.outcome, Outcome::Deadline);
     assert_eq!(report.streams.cut, N as u64);
     assert!(report.duration_seconds < 40.0, "{report:?}");
     let log = log.await.expect("log");

@@ -26,7 +26,7 @@ async fn long_streams_are_cut_at_the_deadline(version: &str) {
     let run = prestop(shim).await;
     assert_eq!(run.code, Some(0), "prestop stderr: {}", run.stderr);
     let r = run.report();
-    assert_eq!(r.outcome, Outcome::deadline);
+    assert_eq!(r.outcome, Outcome::Deadline);
     assert_eq!(r.trigger, Trigger::Prestop);
     assert_eq!(r.envoy.version, version);
     assert!(r.envoy.reachable);
@@ -147,7 +147,7 @@ async fn short_requests_only_quiesce_early() {
         .expect("report in time")
         .expect("report");
     let done = Instant::now();
-    assert_eq!(report.outcome, Outcome::quiesced);
+    assert_eq!(report.outcome, Outcome::Quiesced);
     assert_eq!((report.streams.cut, report.connections.cut), (0, 0));
     assert!(report.streams.completed >= 2, "{report:?}");
     assert!(
@@ -178,7 +178,7 @@ async fn admin_refusing_connections_ends_by_the_deadline() {
     let run = prestop(shim).await;
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let r = run.report();
-    assert_eq!(r.outcome, Outcome::envoy_unreachable);
+    assert_eq!(r.outcome, Outcome::EnvoyUnreachable);
     assert!(!r.envoy.reachable);
     assert!(r.duration_seconds < 10.0, "{r:?}");
     assert!(
@@ -255,7 +255,7 @@ async fn sigterm_joins_a_prestop_drain() {
         .expect("sidecar exits")
         .expect("join");
     assert_eq!(report.trigger, Trigger::Prestop);
-    assert_eq!(report.outcome, Outcome::quiesced);
+    assert_eq!(report.outcome, Outcome::Quiesced);
     // The control endpoint is closed once the sidecar returns.
     assert!(tokio::net::TcpStream::connect(shim).await.is_err());
 }

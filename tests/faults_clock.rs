@@ -103,7 +103,7 @@ async fn a_clock_jump_past_the_deadline_ends_the_drain_without_a_burst() {
         .await
         .expect("the driver publishes a report");
     let after = dial.attempts.load(Ordering::SeqCst);
-    assert_eq!(report.outcome, Outcome::envoy_unreachable, "{report:?}");
+    assert_eq!(report.outcome, Outcome::EnvoyUnreachable, "{report:?}");
     assert!(
         report.duration_seconds >= timers.parent_shutdown_time.as_secs_f64(),
         "{report:?}"
@@ -128,7 +128,7 @@ async fn an_unreachable_admin_is_polled_once_per_interval_until_the_deadline() {
     handle.trigger(Trigger::Prestop).await;
     let report = handle.report().await.expect("report");
     let elapsed = t0.elapsed();
-    assert_eq!(report.outcome, Outcome::envoy_unreachable, "{report:?}");
+    assert_eq!(report.outcome, Outcome::EnvoyUnreachable, "{report:?}");
     // Virtual time: the deadline is honoured to the poll, neither early nor late.
     assert!(elapsed >= timers.parent_shutdown_time, "{elapsed:?}");
     assert!(

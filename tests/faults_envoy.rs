@@ -102,7 +102,7 @@ async fn envoy_killed_mid_drain() {
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let r = run.report();
     table_line("envoy killed mid-drain", &r);
-    assert_eq!(r.outcome, Outcome::envoy_unreachable, "{r:?}");
+    assert_eq!(r.outcome, Outcome::EnvoyUnreachable, "{r:?}");
     assert!(r.duration_seconds >= DEADLINE, "{r:?}");
     assert!(r.duration_seconds < DEADLINE + SLACK, "{r:?}");
     assert_eq!(
@@ -183,7 +183,7 @@ async fn envoy_restarted_under_the_drain() {
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let r = run.report();
     table_line("envoy restarted under the drain", &r);
-    assert_eq!(r.outcome, Outcome::quiesced, "{r:?}");
+    assert_eq!(r.outcome, Outcome::Quiesced, "{r:?}");
     assert!(r.duration_seconds < 20.0 + SLACK, "{r:?}");
     assert_eq!(r.envoy.restarts, 1, "{r:?}");
     assert!(r.envoy.reachable, "{r:?}");
@@ -238,7 +238,7 @@ async fn admin_hung() {
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let r = run.report();
     table_line("admin hung", &r);
-    assert_eq!(r.outcome, Outcome::envoy_unreachable);
+    assert_eq!(r.outcome, Outcome::EnvoyUnreachable);
     assert!(r.duration_seconds < SHORT_DEADLINE + SLACK, "{r:?}");
     let err = r.envoy.error.as_deref().unwrap_or_default();
     assert!(err.contains("no answer within"), "{r:?}");
@@ -366,7 +366,7 @@ async fn admin_fault(fault: Fault) {
     assert_eq!(run.code, Some(0), "{fault:?}: {}", run.stderr);
     let r = run.report();
     table_line(&format!("admin {fault:?}"), &r);
-    assert_eq!(r.outcome, Outcome::envoy_unreachable, "{fault:?}: {r:?}");
+    assert_eq!(r.outcome, Outcome::EnvoyUnreachable, "{fault:?}: {r:?}");
     assert_eq!(r.trigger, Trigger::Prestop);
     assert!(r.duration_seconds >= SHORT_DEADLINE, "{fault:?}: {r:?}");
     assert!(
@@ -514,7 +514,7 @@ async fn application_dies_behind_the_guard() {
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let r = run.report();
     table_line("application killed behind the guard", &r);
-    assert_eq!(r.outcome, Outcome::quiesced, "{r:?}");
+    assert_eq!(r.outcome, Outcome::Quiesced, "{r:?}");
     assert_eq!(r.streams.cut, 0, "{r:?}");
     assert_eq!(r.streams.at_start, N as u64, "{r:?}");
     assert!(r.duration_seconds < 8.0 + SLACK, "{r:?}");

@@ -93,7 +93,7 @@ async fn a_failed_health_check_with_listeners_up_is_recovered() {
     let (code, body) = http(shim.addr, "POST", "/drain?wait=true").await;
     assert_eq!(code, 200, "{body}");
     let report: drainshim::drain::Report = serde_json::from_str(&body).expect("report");
-    assert_eq!(report.outcome, Outcome::quiesced, "{report:?}");
+    assert_eq!(report.outcome, Outcome::Quiesced, "{report:?}");
     assert_eq!(admin.ready().await.ok(), Some(false), "drained again");
 }
 

@@ -119,7 +119,7 @@ async fn drains_from_another_namespace_are_refused_unless_allowed() {
         .expect("GET /drain?wait=true");
     assert_eq!(code, 200, "{body}");
     let report: Report = serde_json::from_str(&body).expect("report");
-    assert_eq!(report.outcome, Outcome::quiesced, "{report:?}");
+    assert_eq!(report.outcome, Outcome::Quiesced, "{report:?}");
     // The first shim, still refusing, never drained.
     assert_eq!(drain.status().phase, Phase::Serving);
 }

@@ -33,7 +33,7 @@ async fn prestop_ends_every_stream_gracefully_through_envoy() {
     let run = prestop(pod.shim).await;
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let r = run.report();
-    assert_eq!(r.outcome, Outcome::quiesced, "{r:?}");
+    assert_eq!(r.outcome, Outcome::Quiesced, "{r:?}");
     assert_eq!(
         (r.streams.cut, r.streams.terminated),
         (0, N as u64),

@@ -190,7 +190,7 @@ async fn a_drain_ends_streams_and_lets_unary_calls_in_flight_finish() {
             .expect("join");
         assert_graceful_and_lossless(&r, &pod.backend, "draining");
     }
-    assert_eq!(report.outcome, Outcome::quiesced, "{report:?}");
+    assert_eq!(report.outcome, Outcome::Quiesced, "{report:?}");
     assert_eq!(report.streams.cut, 0, "{report:?}");
     assert_eq!(report.streams.terminated, STREAMS as u64, "{report:?}");
 }

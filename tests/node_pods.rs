@@ -121,7 +121,7 @@ async fn kubelet_drains_one_pod_and_leaves_the_other_alone() {
     assert_eq!(code, 200, "{body}");
     let report: Report = serde_json::from_str(&body).expect("a drain report");
     assert_eq!(report.trigger, Trigger::Prestop);
-    assert_eq!(report.outcome, Outcome::quiesced, "{body}");
+    assert_eq!(report.outcome, Outcome::Quiesced, "{body}");
     assert_eq!(report.envoy.version, "1.39.3");
     assert!(report.envoy.reachable);
     assert_eq!(report.streams.cut, 0);

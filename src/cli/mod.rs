@@ -2,12 +2,19 @@
 //! `DRAINSHIM_<FLAG_IN_CAPS>`; durations use humantime (`250ms`, `5s`, `1m30s`).
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use ipnet::IpNet;
 
-use crate::config::{self, Timers};
+#[cfg(feature = "bench")]
+mod bench;
+#[cfg(feature = "bench")]
+pub use bench::*;
+
+use crate::config::{self, Invalid, Span, Timers};
+use crate::fleet::verify::{VerifyOptions, VerifySource};
+use crate::http::Endpoint;
+use crate::settings::{Budget, DrainOnceSettings, GuardSettings, NodeSettings, SidecarSettings};
 
 /// Exit codes, shared by every subcommand (sysexits.h).
 pub const EXIT_CODES: &str = "\
@@ -139,6 +146,7 @@ pub enum Command {
     Node(NodeArgs),
 
     /// Benchmark helpers.
+    #[cfg(feature = "bench")]
     #[command(subcommand)]
     Bench(BenchCommand),
 
@@ -155,8 +163,57 @@ pub enum Command {
 
     /// Run the main job end to end on this machine: real Envoy, gRPC streams,
     /// a drain, then the restart.
+    #[cfg(feature = "bench")]
     #[command(after_help = EXIT_CODES)]
     Demo(DemoArgs),
+}
+
+// === impl Command ===
+
+impl Command {
+    /// The subcommand's name, for error messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Sidecar(_) => "sidecar",
+            Command::Prestop(_) => "prestop",
+            Command::Drain(_) => "drain",
+            Command::Inventory(_) => "inventory",
+            Command::Skew(_) => "skew",
+            Command::Verify(_) => "verify",
+            Command::Node(_) => "node",
+            Command::Install(_) => "install",
+            #[cfg(feature = "bench")]
+            Command::Bench(_) => "bench",
+            #[cfg(feature = "bench")]
+            Command::Demo(_) => "demo",
+        }
+    }
+
+    /// The log filter without `--log`: the demo talks to a person, so only
+    /// warnings from the library.
+    pub fn default_log(&self) -> &'static str {
+        match self {
+            #[cfg(feature = "bench")]
+            Command::Demo(_) => "warn",
+            _ => "info",
+        }
+    }
+}
+
+/// Prints one JSON line on stdout: reports, settings, tables as data.
+pub fn print_json<T: serde::Serialize>(v: &T) {
+    match serde_json::to_string(v) {
+        Ok(s) => println!("{s}"),
+        Err(e) => eprintln!("drainshim: encoding the report: {e}"),
+    }
+}
+
+/// Prints `v` as JSON or its table.
+pub fn emit<T: serde::Serialize>(format: Format, v: &T, table: impl FnOnce() -> String) {
+    match format {
+        Format::Json => print_json(v),
+        Format::Table => print!("{}", table()),
+    }
 }
 
 /// Privileges and exit codes of `drainshim node`.
@@ -279,8 +336,8 @@ pub struct VerifyArgs {
     pub expect_version: String,
 
     /// How far back to look.
-    #[arg(long, env = "DRAINSHIM_WINDOW", value_parser = config::parse_duration, default_value = "15m")]
-    pub window: Duration,
+    #[arg(long, env = "DRAINSHIM_WINDOW", default_value_t = config::DEFAULT_VERIFY_WINDOW)]
+    pub window: Span,
 
     /// Allowed relative growth of the retry rate against the window before (0.2 = +20%).
     #[arg(long, env = "DRAINSHIM_MAX_RETRY_INCREASE", default_value_t = 0.2)]
@@ -298,6 +355,28 @@ pub struct VerifyArgs {
     pub format: Format,
 }
 
+impl VerifyArgs {
+    /// Where the wave's series come from.
+    pub fn source(&self) -> VerifySource {
+        match &self.prometheus {
+            Some(p) => VerifySource::Prometheus(p.clone()),
+            None => VerifySource::Targets(self.targets.clone()),
+        }
+    }
+
+    /// The gates and their thresholds.
+    pub fn options(&self) -> VerifyOptions {
+        VerifyOptions {
+            namespaces: self.namespace.clone(),
+            expect_version: self.expect_version.clone(),
+            window: self.window.get(),
+            max_retry_increase: self.max_retry_increase,
+            max_reset_increase: self.max_reset_increase,
+            rate_floor: self.rate_floor,
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct InstallArgs {
     /// Directory to copy the binary into (as `drainshim`, mode 0755).
@@ -306,29 +385,15 @@ pub struct InstallArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct DemoArgs {
-    /// The Envoy binary (default: the project's cached 1.40.0, then `envoy` on PATH).
-    #[arg(long, env = "DRAINSHIM_ENVOY")]
-    pub envoy: Option<std::path::PathBuf>,
-
-    /// How many long-lived streams to hold open, over two pods.
-    #[arg(long, env = "DRAINSHIM_STREAMS", default_value_t = 200,
-          value_parser = clap::value_parser!(u64).range(2..=10_000))]
-    pub streams: u64,
-
-    /// Where to write the reconnect plot.
-    #[arg(long, env = "DRAINSHIM_PLOT", default_value = "drainshim-demo.svg")]
-    pub plot: std::path::PathBuf,
-
-    /// The long-lived streams: gRPC, WebSockets, or half of each.
-    #[arg(long, env = "DRAINSHIM_PROTOCOL", value_enum, default_value = "mixed")]
-    pub protocol: crate::bench::population::Protocol,
-}
-
-#[derive(Debug, Args)]
 pub struct NodeArgs {
+    /// Validate the flags and environment, print the effective settings as
+    /// JSON, and exit: 0 when they are valid, 64 with every violation when not.
+    /// Nothing is bound and no namespace is entered.
+    #[arg(long)]
+    pub check: bool,
+
     /// Address for the agent's /metrics, /status and pod API, on the node.
-    #[arg(long, env = "DRAINSHIM_LISTEN", default_value = crate::node::DEFAULT_NODE_LISTEN)]
+    #[arg(long, env = "DRAINSHIM_LISTEN", default_value_t = config::DEFAULT_NODE_LISTEN)]
     pub listen: SocketAddr,
 
     /// Where to list processes: the host's /proc (needs hostPID).
@@ -345,244 +410,90 @@ pub struct NodeArgs {
     pub envoy_process_name: Vec<String>,
 
     /// How often to look for pods that came or went.
-    #[arg(long, env = "DRAINSHIM_SCAN_INTERVAL", value_parser = config::parse_duration,
-          default_value = "5s")]
-    pub scan_interval: Duration,
+    #[arg(long, env = "DRAINSHIM_SCAN_INTERVAL", default_value_t = config::DEFAULT_SCAN_INTERVAL)]
+    pub scan_interval: Span,
 
     /// Envoy's admin port on 127.0.0.1 inside each pod.
-    #[arg(long, env = "DRAINSHIM_POD_ADMIN_PORT", default_value_t = crate::node::DEFAULT_POD_ADMIN_PORT)]
+    #[arg(long, env = "DRAINSHIM_POD_ADMIN_PORT", default_value_t = config::DEFAULT_POD_ADMIN_PORT)]
     pub pod_admin_port: u16,
 
     /// Port of the preStop listener planted inside each pod (all addresses).
-    #[arg(long, env = "DRAINSHIM_POD_LISTEN_PORT", default_value_t = crate::node::DEFAULT_POD_LISTEN_PORT,
+    #[arg(long, env = "DRAINSHIM_POD_LISTEN_PORT", default_value_t = config::DEFAULT_POD_LISTEN_PORT,
           value_parser = clap::value_parser!(u16).range(1..))]
     pub pod_listen_port: u16,
 
     /// How long a departed pod's drain counters stay on /metrics.
-    #[arg(long, env = "DRAINSHIM_POD_RETENTION", value_parser = config::parse_duration,
-          default_value = "60s")]
-    pub pod_retention: Duration,
+    #[arg(long, env = "DRAINSHIM_POD_RETENTION", default_value_t = config::DEFAULT_POD_RETENTION)]
+    pub pod_retention: Span,
 
     /// Each pod's drain timers.
     #[command(flatten)]
     pub timers: TimerArgs,
 }
 
-#[derive(Debug, Subcommand)]
-pub enum BenchCommand {
-    /// A tonic streaming backend that stamps every message with a sequence number.
-    #[command(after_help = EXIT_CODES)]
-    Server(BenchServerArgs),
-
-    /// Restart one of two pods under N long-lived streams and measure, from
-    /// the client side, what each way of restarting costs.
-    #[command(
-        long_about = "Restart one of two pods under N long-lived streams and measure what it costs.\n\n\
-            Each pod is a real Envoy inbound in front of the tonic bench backend (in drainshim mode \
-            with a drainshim sidecar and its stream guard between them). Clients reconnect with \
-            backoff when a stream ends, like real gRPC clients. Per mode it reports streams ended \
-            gracefully and cut, messages lost, reconnect latency p50/p99, and the reconnect storm \
-            (peak over mean reconnects per 100 ms). With --soak it instead holds the population for \
-            that long under --max-connection-age and reports the steady-state reconnect rate.",
-        after_help = EXIT_CODES
-    )]
-    Reconnect(ReconnectArgs),
-
-    /// The node agent with N pod namespaces: discovery time, RSS, idle CPU.
-    #[command(
-        long_about = "The node agent with N pod namespaces.\n\n\
-            Creates N network namespaces, each with a light admin stand-in for Envoy \
-            (`bench admin-stub`, run under the process name `envoy`), starts the real \
-            `drainshim node` on a private view of /proc holding just those processes, and \
-            reports the time until every pod is inventoried (version read from inside its \
-            namespace, preStop listener bound), the agent's RSS, the time of one /metrics \
-            scrape, and the agent's idle CPU. Needs root; removes everything it created.",
-        after_help = "Exit codes:\n  0   measured\n  64  usage error\n  69  the benchmark could not run (not root, no `ip`, a pod not found)"
-    )]
-    NodeScale(NodeScaleArgs),
-
-    /// A light stand-in for Envoy's admin API (used by node-scale).
-    #[command(hide = true, after_help = EXIT_CODES)]
-    AdminStub(AdminStubArgs),
-
-    /// The bench app for both populations on one port: the gRPC streaming
-    /// backend (h2c) and a WebSocket ticker/echo (`GET /tick?id=&interval_ms=&size=`).
-    #[command(after_help = EXIT_CODES)]
-    App(BenchAppArgs),
-}
-
-#[derive(Debug, Args)]
-pub struct ReconnectArgs {
-    /// The Envoy binary (default: the project's cached 1.40.0, then `envoy` on PATH).
-    #[arg(long, env = "DRAINSHIM_ENVOY")]
-    pub envoy: Option<std::path::PathBuf>,
-
-    /// Long-lived streams, spread over both pods.
-    #[arg(long, env = "DRAINSHIM_STREAMS", default_value_t = 200,
-          value_parser = clap::value_parser!(u64).range(2..=20_000))]
-    pub streams: u64,
-
-    /// Which restarts to measure; repeatable (default: all three).
-    #[arg(long, env = "DRAINSHIM_MODE", value_enum, value_delimiter = ',')]
-    pub mode: Vec<crate::bench::reconnect::Mode>,
-
-    /// The long-lived streams: gRPC server streams, WebSockets (HTTP/1.1
-    /// Upgrade; the guard ends them with Close 1012), or half of each. Each
-    /// kind gets its own result row.
-    #[arg(long, env = "DRAINSHIM_PROTOCOL", value_enum, default_value = "grpc")]
-    pub protocol: crate::bench::population::Protocol,
-
-    /// drainshim mode: time for callers to drop the endpoint.
-    #[arg(long, env = "DRAINSHIM_DEREGISTRATION_DELAY", value_parser = config::parse_duration, default_value = "2s")]
-    pub deregistration_delay: Duration,
-
-    /// drainshim mode: streams are ended gracefully before this.
-    #[arg(long, env = "DRAINSHIM_DRAIN_TIME", value_parser = config::parse_duration, default_value = "12s")]
-    pub drain_time: Duration,
-
-    /// drainshim mode: hard deadline.
-    #[arg(long, env = "DRAINSHIM_PARENT_SHUTDOWN_TIME", value_parser = config::parse_duration, default_value = "20s")]
-    pub parent_shutdown_time: Duration,
-
-    /// The guard's max connection age (drainshim mode and --soak).
-    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE", value_parser = config::parse_duration)]
-    pub max_connection_age: Option<Duration>,
-
-    /// Grace after a max-age GOAWAY before open streams are ended.
-    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_GRACE", value_parser = config::parse_duration, default_value = "30s")]
-    pub max_connection_age_grace: Duration,
-
-    /// After the grace, a connection's remaining streams are ended over this window.
-    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_SPREAD", value_parser = config::parse_duration, default_value = "10s")]
-    pub max_connection_age_spread: Duration,
-
-    /// Instead of a restart, hold the population this long under
-    /// --max-connection-age and report the steady-state reconnect rate.
-    #[arg(long, env = "DRAINSHIM_SOAK", value_parser = config::parse_duration, requires = "max_connection_age")]
-    pub soak: Option<Duration>,
-
-    /// Message sizes in bytes, comma-separated: stream i gets the i-th size
-    /// in turn (e.g. `1,1000,16385,100000,1048576` mixes small and 1 MiB
-    /// messages, which span many HTTP/2 frames). At most 1 MiB each.
-    #[arg(long, env = "DRAINSHIM_PAYLOAD_BYTES", value_delimiter = ',', default_value = "64",
-          value_parser = clap::value_parser!(u32).range(0..=1_048_576))]
-    pub payload_bytes: Vec<u32>,
-
-    #[arg(long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
-    pub format: Format,
-
-    /// Write reconnects over time per mode as an SVG plot.
-    #[arg(long, env = "DRAINSHIM_PLOT")]
-    pub plot: Option<std::path::PathBuf>,
-}
-
-#[derive(Debug, Args)]
-pub struct BenchServerArgs {
-    /// Address to serve gRPC (h2c) on.
-    #[arg(long, env = "DRAINSHIM_LISTEN", default_value = "127.0.0.1:50051")]
-    pub listen: SocketAddr,
-}
-
-#[derive(Debug, Args)]
-pub struct NodeScaleArgs {
-    /// Pod namespaces to create.
-    #[arg(long, env = "DRAINSHIM_PODS", default_value_t = 100,
-          value_parser = clap::value_parser!(u64).range(1..=1000))]
-    pub pods: u64,
-
-    /// How long to watch the idle agent's CPU (two scans at the default 5 s).
-    #[arg(long, env = "DRAINSHIM_IDLE_WINDOW", value_parser = config::parse_duration,
-          default_value = "10s")]
-    pub idle_window: Duration,
-
-    #[arg(long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
-    pub format: Format,
-}
-
-#[derive(Debug, Args)]
-pub struct BenchAppArgs {
-    /// Address to serve gRPC and WebSocket on.
-    #[arg(long, env = "DRAINSHIM_LISTEN", default_value = "127.0.0.1:50052")]
-    pub listen: SocketAddr,
-}
-
-#[derive(Debug, Args)]
-pub struct AdminStubArgs {
-    /// Address to serve on (inside the pod's namespace).
-    #[arg(long, env = "DRAINSHIM_LISTEN", default_value = "127.0.0.1:15000")]
-    pub listen: SocketAddr,
-
-    /// Node metadata NAMESPACE to report.
-    #[arg(long, env = "DRAINSHIM_NAMESPACE", default_value = "bench")]
-    pub namespace: String,
-
-    /// Node metadata NAME to report.
-    #[arg(long, env = "DRAINSHIM_POD", default_value = "pod")]
-    pub pod: String,
-
-    /// Envoy release to report.
-    #[arg(long, env = "DRAINSHIM_VERSION", default_value = "1.40.0")]
-    pub version: String,
-}
-
-/// The drain timers; see docs/design.md for the timeline.
 #[derive(Debug, Clone, Args)]
 pub struct TimerArgs {
     /// How long streams get to finish; the guard ends the rest before this.
-    #[arg(long, env = "DRAINSHIM_DRAIN_TIME", value_parser = config::parse_duration,
-          default_value = "60s")]
-    pub drain_time: Duration,
+    #[arg(long, env = "DRAINSHIM_DRAIN_TIME", default_value_t = config::DEFAULT_DRAIN_TIME)]
+    pub drain_time: Span,
 
     /// Hard deadline: whatever is still open then is counted as cut.
-    #[arg(long, env = "DRAINSHIM_PARENT_SHUTDOWN_TIME", value_parser = config::parse_duration,
-          default_value = "90s")]
-    pub parent_shutdown_time: Duration,
+    #[arg(long, env = "DRAINSHIM_PARENT_SHUTDOWN_TIME", default_value_t = config::DEFAULT_PARENT_SHUTDOWN_TIME)]
+    pub parent_shutdown_time: Span,
 
     /// Never end the drain earlier than this, even with nothing active.
-    #[arg(long, env = "DRAINSHIM_MIN_DRAIN_TIME", value_parser = config::parse_duration,
-          default_value = "5s")]
-    pub min_drain_time: Duration,
+    #[arg(long, env = "DRAINSHIM_MIN_DRAIN_TIME", default_value_t = config::DEFAULT_MIN_DRAIN_TIME)]
+    pub min_drain_time: Span,
 
     /// Time for endpoint removal to reach callers; short requests keep being served.
-    #[arg(long, env = "DRAINSHIM_DEREGISTRATION_DELAY", value_parser = config::parse_duration,
-          default_value = "5s")]
-    pub deregistration_delay: Duration,
+    #[arg(long, env = "DRAINSHIM_DEREGISTRATION_DELAY", default_value_t = config::DEFAULT_DEREGISTRATION_DELAY)]
+    pub deregistration_delay: Span,
 
     /// How often Envoy's live counters are read during a drain.
-    #[arg(long, env = "DRAINSHIM_POLL_INTERVAL", value_parser = config::parse_duration,
-          default_value = "1s")]
-    pub poll_interval: Duration,
+    #[arg(long, env = "DRAINSHIM_POLL_INTERVAL", default_value_t = config::DEFAULT_POLL_INTERVAL)]
+    pub poll_interval: Span,
 
     /// The pod's terminationGracePeriodSeconds; must exceed --parent-shutdown-time.
-    #[arg(long, env = "DRAINSHIM_TERMINATION_GRACE_PERIOD", value_parser = config::parse_duration)]
-    pub termination_grace_period: Option<Duration>,
+    #[arg(long, env = "DRAINSHIM_TERMINATION_GRACE_PERIOD")]
+    pub termination_grace_period: Option<Span>,
 
     /// Deadline for each Envoy admin call; a slower admin counts as unreachable.
-    #[arg(long, env = "DRAINSHIM_ADMIN_TIMEOUT", value_parser = config::parse_duration,
-          default_value = "2s")]
-    pub admin_timeout: Duration,
+    #[arg(long, env = "DRAINSHIM_ADMIN_TIMEOUT", default_value_t = config::DEFAULT_ADMIN_TIMEOUT)]
+    pub admin_timeout: Span,
 }
 
 impl TimerArgs {
-    pub fn timers(&self) -> Timers {
-        Timers {
-            deregistration_delay: self.deregistration_delay,
-            min_drain_time: self.min_drain_time,
-            drain_time: self.drain_time,
-            parent_shutdown_time: self.parent_shutdown_time,
-            poll_interval: self.poll_interval,
+    /// The drain budget these flags describe (checked by its command's
+    /// `validate`).
+    pub fn budget(&self) -> Budget {
+        Budget {
+            timers: Timers {
+                deregistration_delay: self.deregistration_delay.get(),
+                min_drain_time: self.min_drain_time.get(),
+                drain_time: self.drain_time.get(),
+                parent_shutdown_time: self.parent_shutdown_time.get(),
+                poll_interval: self.poll_interval.get(),
+            },
+            termination_grace_period: self.termination_grace_period.map(Span::get),
+            admin_timeout: self.admin_timeout.get(),
         }
     }
 }
 
 #[derive(Debug, Args)]
 pub struct SidecarArgs {
+    /// Validate the flags and environment, print the effective settings as
+    /// JSON, and exit: 0 when they are valid, 64 with every violation when not.
+    /// Nothing is bound and Envoy is not contacted.
+    #[arg(long)]
+    pub check: bool,
+
     /// Envoy's admin API.
     #[arg(long, env = "DRAINSHIM_ENVOY_ADMIN", default_value = config::DEFAULT_ENVOY_ADMIN)]
-    pub envoy_admin: String,
+    pub envoy_admin: Endpoint,
 
     /// Address for the control endpoints and /metrics.
-    #[arg(long, env = "DRAINSHIM_LISTEN", default_value = config::DEFAULT_LISTEN)]
+    #[arg(long, env = "DRAINSHIM_LISTEN", default_value_t = config::DEFAULT_LISTEN)]
     pub listen: SocketAddr,
 
     #[command(flatten)]
@@ -613,32 +524,29 @@ pub struct SidecarArgs {
 
     /// With the guard, /readyz also checks the data path this often: a TCP
     /// connect to the guard's listener, then to --guard-upstream.
-    #[arg(long, env = "DRAINSHIM_READY_INTERVAL", value_parser = config::parse_duration,
-          default_value = "1s")]
-    pub ready_interval: Duration,
+    #[arg(long, env = "DRAINSHIM_READY_INTERVAL", default_value_t = config::DEFAULT_READY_INTERVAL)]
+    pub ready_interval: Span,
 
     /// /readyz turns 503 after this many consecutive failed data-path checks
     /// (one slow probe never flips it) and 200 again after one passing check.
-    #[arg(long, env = "DRAINSHIM_READY_FAILURES", default_value_t = crate::readiness::DEFAULT_FAILURES,
+    #[arg(long, env = "DRAINSHIM_READY_FAILURES", default_value_t = config::DEFAULT_READY_FAILURES,
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub ready_failures: u32,
 
     /// Close each guard connection after this age (±10% jitter): GOAWAY, a
     /// grace, then open streams end with grpc-status 14. Off by default.
-    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE", value_parser = config::parse_duration)]
-    pub max_connection_age: Option<Duration>,
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE")]
+    pub max_connection_age: Option<Span>,
 
     /// How long streams may run after a max-age GOAWAY before the guard ends them.
-    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_GRACE", value_parser = config::parse_duration,
-          default_value = "30s")]
-    pub max_connection_age_grace: Duration,
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_GRACE", default_value_t = config::DEFAULT_MAX_CONNECTION_AGE_GRACE)]
+    pub max_connection_age_grace: Span,
 
     /// End a connection's remaining streams spread over this window, inside
     /// the grace (capped at it): behind Envoy one pooled connection carries
     /// many streams, and age x (1 +/- 10%) + grace stays a bound on its life.
-    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_SPREAD", value_parser = config::parse_duration,
-          default_value = "10s")]
-    pub max_connection_age_spread: Duration,
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_SPREAD", default_value_t = config::DEFAULT_MAX_CONNECTION_AGE_SPREAD)]
+    pub max_connection_age_spread: Span,
 
     /// Which streams a drain ends early. Long-lived streams (a response that
     /// carried two or more messages, or answered at least this long ago) are
@@ -646,16 +554,14 @@ pub struct SidecarArgs {
     /// calls, calls the app has not answered) is left to finish until the
     /// drain's deadline minus the time an ending needs; only what is still
     /// open then is ended, retryably.
-    #[arg(long, env = "DRAINSHIM_LONG_STREAM_AGE", value_parser = config::parse_duration,
-          default_value = "10s")]
-    pub long_stream_age: Duration,
+    #[arg(long, env = "DRAINSHIM_LONG_STREAM_AGE", default_value_t = config::DEFAULT_LONG_STREAM_AGE)]
+    pub long_stream_age: Span,
 
     /// Reset a guarded stream whose client takes no response data for this
     /// long (its flow-control window stays shut), so a peer that stopped
     /// reading does not hold it until max age.
-    #[arg(long, env = "DRAINSHIM_WRITE_STALL_TIMEOUT", value_parser = config::parse_duration,
-          default_value = "60s")]
-    pub write_stall_timeout: Duration,
+    #[arg(long, env = "DRAINSHIM_WRITE_STALL_TIMEOUT", default_value_t = config::DEFAULT_WRITE_STALL_TIMEOUT)]
+    pub write_stall_timeout: Span,
 
     /// Networks (CIDR) besides loopback allowed to start a drain; repeatable.
     #[arg(long, env = "DRAINSHIM_ALLOW_DRAIN_FROM", value_delimiter = ',')]
@@ -664,8 +570,8 @@ pub struct SidecarArgs {
     /// After a SIGTERM drain, keep serving /metrics this long so Prometheus
     /// scrapes the final counts (a second SIGTERM skips it). Counts against
     /// --termination-grace-period.
-    #[arg(long, env = "DRAINSHIM_LINGER", value_parser = config::parse_duration, default_value = "10s")]
-    pub linger: Duration,
+    #[arg(long, env = "DRAINSHIM_LINGER", default_value_t = config::DEFAULT_LINGER)]
+    pub linger: Span,
 
     /// Pod name for the inventory (else env POD_NAME, then Envoy's node metadata).
     #[arg(long, env = "DRAINSHIM_POD_NAME")]
@@ -680,27 +586,121 @@ pub struct SidecarArgs {
 pub struct PrestopArgs {
     /// The local shim's control address.
     #[arg(long, env = "DRAINSHIM_SHIM", default_value = "http://127.0.0.1:15099")]
-    pub shim: String,
+    pub shim: Endpoint,
 
     /// Give up waiting after this long (keep it above the shim's --parent-shutdown-time).
-    #[arg(long, env = "DRAINSHIM_TIMEOUT", value_parser = config::parse_duration,
-          default_value = "120s")]
-    pub timeout: Duration,
+    #[arg(long, env = "DRAINSHIM_TIMEOUT", default_value_t = config::DEFAULT_PRESTOP_TIMEOUT)]
+    pub timeout: Span,
 }
 
 #[derive(Debug, Args)]
 pub struct DrainArgs {
     /// Envoy's admin API.
     #[arg(long, env = "DRAINSHIM_ENVOY_ADMIN", default_value = config::DEFAULT_ENVOY_ADMIN)]
-    pub envoy_admin: String,
+    pub envoy_admin: Endpoint,
 
     #[command(flatten)]
     pub timers: TimerArgs,
 }
 
+// === args to settings ===
+//
+// Flags that only make sense together are checked here (their shape); the
+// values themselves are checked by the settings' own `validate`, so the
+// library and its tests apply the same rules.
+
+impl TryFrom<&SidecarArgs> for SidecarSettings {
+    type Error = Invalid;
+
+    fn try_from(a: &SidecarArgs) -> Result<Self, Invalid> {
+        let mut shape = Invalid::default();
+        let guard = match (a.guard_listen, a.guard_upstream) {
+            (Some(listen), Some(upstream)) => {
+                let mut g = GuardSettings::new(listen, upstream);
+                let c = &mut g.config;
+                c.max_connection_age = a.max_connection_age.map(Span::get);
+                c.max_connection_age_grace = a.max_connection_age_grace.get();
+                c.max_connection_age_spread = a.max_connection_age_spread.get();
+                c.long_stream_age = a.long_stream_age.get();
+                c.limits.write_stall_timeout = a.write_stall_timeout.get();
+                c.limits.max_connections = a.guard_max_connections;
+                c.limits.max_streams = a.guard_max_streams;
+                g.ready_interval = a.ready_interval.get();
+                g.ready_failures = a.ready_failures;
+                Some(g)
+            }
+            (None, None) => {
+                shape.check(a.max_connection_age.is_none(), || {
+                    "--max-connection-age needs the stream guard: set --guard-listen and --guard-upstream".into()
+                });
+                None
+            }
+            (Some(_), None) => {
+                shape.0.push("--guard-listen needs --guard-upstream (the application port the guard forwards to)".into());
+                None
+            }
+            (None, Some(_)) => {
+                shape.0.push(
+                    "--guard-upstream needs --guard-listen (where Envoy's inbound cluster connects)"
+                        .into(),
+                );
+                None
+            }
+        };
+        let settings = SidecarSettings {
+            envoy_admin: a.envoy_admin.clone(),
+            listen: a.listen,
+            budget: a.timers.budget(),
+            guard,
+            allow_drain_from: a.allow_drain_from.clone(),
+            linger: a.linger.get(),
+            pod_namespace: a.pod_namespace.clone(),
+            pod_name: a.pod_name.clone(),
+        };
+        shape.merge(settings.validate());
+        shape.into_result().map(|()| settings)
+    }
+}
+
+impl TryFrom<&NodeArgs> for NodeSettings {
+    type Error = Invalid;
+
+    fn try_from(a: &NodeArgs) -> Result<Self, Invalid> {
+        let settings = NodeSettings {
+            listen: a.listen,
+            proc_root: a.proc_root.clone(),
+            process_names: a
+                .envoy_process_name
+                .iter()
+                .map(|n| n.trim().to_string())
+                .filter(|n| !n.is_empty())
+                .collect(),
+            scan_interval: a.scan_interval.get(),
+            pod_admin_port: a.pod_admin_port,
+            pod_listen_port: a.pod_listen_port,
+            budget: a.timers.budget(),
+            retention: a.pod_retention.get(),
+        };
+        settings.validate().map(|()| settings)
+    }
+}
+
+impl TryFrom<&DrainArgs> for DrainOnceSettings {
+    type Error = Invalid;
+
+    fn try_from(a: &DrainArgs) -> Result<Self, Invalid> {
+        let settings = DrainOnceSettings {
+            envoy_admin: a.envoy_admin.clone(),
+            budget: a.timers.budget(),
+        };
+        settings.validate().map(|()| settings)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
     use clap::CommandFactory;
 
     #[test]
@@ -714,9 +714,10 @@ mod tests {
         let Command::Sidecar(a) = cli.command else {
             panic!("not sidecar")
         };
-        assert_eq!(a.timers.timers(), Timers::default());
-        assert_eq!(a.listen.to_string(), "127.0.0.1:15099");
-        assert_eq!(a.envoy_admin, "http://127.0.0.1:15000");
+        let settings = SidecarSettings::try_from(&a).unwrap();
+        let defaults = SidecarSettings::new(config::DEFAULT_ENVOY_ADMIN.parse().unwrap());
+        assert_eq!(settings, defaults);
+        assert_eq!(settings.budget.timers, Timers::default());
     }
 
     #[test]
@@ -733,8 +734,8 @@ mod tests {
         let Command::Drain(a) = cli.command else {
             panic!("not drain")
         };
-        assert_eq!(a.timers.drain_time, Duration::from_secs(90));
-        assert_eq!(a.timers.poll_interval, Duration::from_millis(250));
+        assert_eq!(a.timers.drain_time.get(), Duration::from_secs(90));
+        assert_eq!(a.timers.poll_interval, Span::millis(250));
         assert!(Cli::try_parse_from(["drainshim", "drain", "--drain-time", "soon"]).is_err());
     }
 
