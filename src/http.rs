@@ -231,7 +231,13 @@ mod tests {
         assert_eq!((e.authority(), e.prefix()), ("prom:9090", "/prometheus"));
         assert_eq!(e.to_string(), "http://prom:9090/prometheus");
         assert!(e.without_prefix().is_err());
-        for bad in ["127.0.0.1:15000", "http://localhost", "https://a:1", "http://a:1/?x=1", ""] {
+        for bad in [
+            "127.0.0.1:15000",
+            "http://localhost",
+            "https://a:1",
+            "http://a:1/?x=1",
+            "",
+        ] {
             assert!(bad.parse::<Endpoint>().is_err(), "{bad}");
         }
     }

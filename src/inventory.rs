@@ -3,9 +3,9 @@
 //! Identity (namespace, pod) is resolved in the order of docs/design.md:
 //! flags or env, then Envoy node metadata NAMESPACE/NAME, then the Istio node id.
 
-use crate::envoy::ServerInfo;
 #[cfg(test)]
 use crate::envoy::parse_envoy_version;
+use crate::envoy::ServerInfo;
 use crate::metrics::ProxyLabels;
 
 /// Istio's node id: `sidecar~10.0.0.1~POD.NAMESPACE~NAMESPACE.svc.cluster.local`.

@@ -24,8 +24,8 @@ pub mod prestop;
 pub mod readiness;
 pub mod recovery;
 pub mod settings;
-pub mod signals;
 pub mod sidecar;
+pub mod signals;
 pub mod telemetry;
 
 /// Generated protobuf and gRPC types.

@@ -24,7 +24,10 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    let log = cli.log.clone().unwrap_or_else(|| cli.command.default_log().into());
+    let log = cli
+        .log
+        .clone()
+        .unwrap_or_else(|| cli.command.default_log().into());
     let filter = match EnvFilter::try_new(&log) {
         Ok(f) => f,
         Err(e) => {

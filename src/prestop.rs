@@ -75,7 +75,9 @@ pub async fn run(shim: &Endpoint, timeout: Duration) -> Result<Report, PrestopEr
         let mut progress = crate::drain::Progress::new(Duration::from_secs(5));
         loop {
             tokio::time::sleep(PROGRESS_EVERY).await;
-            let Ok((StatusCode::OK, body)) = call(shim, Method::GET, "/status", PROGRESS_CALL).await else {
+            let Ok((StatusCode::OK, body)) =
+                call(shim, Method::GET, "/status", PROGRESS_CALL).await
+            else {
                 continue;
             };
             if let Some(line) = serde_json::from_slice::<Status>(&body)

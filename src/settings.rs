@@ -365,7 +365,11 @@ mod tests {
     fn linger_counts_against_the_grace() {
         let mut st = sidecar();
         st.budget.termination_grace_period = Some(s(100));
-        assert!(st.validate().unwrap_err().to_string().contains("--linger (10s)"));
+        assert!(st
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("--linger (10s)"));
         st.linger = s(9);
         assert_eq!(st.validate(), Ok(()));
         // The one-shot drain has no linger.

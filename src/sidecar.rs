@@ -48,12 +48,13 @@ pub struct Sidecar {
 
 /// Binds `--listen` and starts serving. Nothing drains until a trigger.
 pub async fn start(settings: SidecarSettings) -> Result<Sidecar, SidecarError> {
-    let listener = TcpListener::bind(settings.listen)
-        .await
-        .map_err(|source| SidecarError::Bind {
-            addr: settings.listen,
-            source,
-        })?;
+    let listener =
+        TcpListener::bind(settings.listen)
+            .await
+            .map_err(|source| SidecarError::Bind {
+                addr: settings.listen,
+                source,
+            })?;
     let local = listener.local_addr().unwrap_or(settings.listen);
     let admin = AdminClient::at(
         settings.envoy_admin.clone(),
@@ -110,9 +111,7 @@ pub async fn start(settings: SidecarSettings) -> Result<Sidecar, SidecarError> {
         settings
             .pod_namespace
             .or_else(|| std::env::var("POD_NAMESPACE").ok()),
-        settings
-            .pod_name
-            .or_else(|| std::env::var("POD_NAME").ok()),
+        settings.pod_name.or_else(|| std::env::var("POD_NAME").ok()),
     );
     // Inspect Envoy for what an earlier drain (an earlier shim) left behind.
     let envoy_health = recovery::spawn(
@@ -128,12 +127,7 @@ pub async fn start(settings: SidecarSettings) -> Result<Sidecar, SidecarError> {
     );
     // The sidecar shares the pod's network namespace: its own /proc/net
     // counters are the pod's, with no privileges needed.
-    let telemetry = Telemetry::new(
-        admin.clone(),
-        identity,
-        "/proc/self/net".into(),
-        metrics,
-    );
+    let telemetry = Telemetry::new(admin.clone(), identity, "/proc/self/net".into(), metrics);
     let control = Arc::new(Control {
         drain: drain.clone(),
         registry: Arc::new(registry),

@@ -23,9 +23,9 @@ use super::measure::{self, ModeResult, Observed};
 use super::population::{Endpoints, Population, Protocol};
 use super::server::Ledger;
 use crate::config::{self, Invalid, Span, Timers};
+use crate::drain::{DrainHandle, Report, Trigger};
 use crate::http::{Endpoint, UrlError};
 use crate::settings::{GuardSettings, SidecarSettings};
-use crate::drain::{DrainHandle, Report, Trigger};
 use crate::sidecar;
 
 /// How pod A is restarted.
@@ -120,7 +120,9 @@ impl ReconnectOptions {
             errs.merge(self.timers().validate(None));
         }
         errs.check(self.streams >= 2, || "--streams must be at least 2".into());
-        errs.check(!self.modes.is_empty(), || "--mode needs at least one mode".into());
+        errs.check(!self.modes.is_empty(), || {
+            "--mode needs at least one mode".into()
+        });
         errs.into_result()
     }
 
@@ -181,9 +183,7 @@ async fn start_pod(opts: &ReconnectOptions, ledger: &Ledger, guard: bool) -> Res
         g.config.max_connection_age_spread = opts.max_connection_age_spread;
         settings.guard = Some(g);
         settings.validate().map_err(|e| e.to_string())?;
-        let sc = sidecar::start(settings)
-            .await
-            .map_err(|e| e.to_string())?;
+        let sc = sidecar::start(settings).await.map_err(|e| e.to_string())?;
         let guard_addr = sc
             .guard_addr()
             .ok_or("internal: the sidecar started without its guard")?;

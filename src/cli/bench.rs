@@ -205,7 +205,9 @@ fn first_signal() -> Result<impl std::future::Future<Output = ()>, Error> {
 }
 
 fn envoy_binary(given: Option<PathBuf>) -> Result<PathBuf, Error> {
-    given.map_or_else(bench::envoy::default_binary, Ok).map_err(unavailable)
+    given
+        .map_or_else(bench::envoy::default_binary, Ok)
+        .map_err(unavailable)
 }
 
 impl DemoArgs {

@@ -700,8 +700,8 @@ impl TryFrom<&DrainArgs> for DrainOnceSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
     use clap::CommandFactory;
+    use std::time::Duration;
 
     #[test]
     fn cli_is_well_formed() {

@@ -4,8 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::machine::{Outcome, Phase, Trigger};
-use crate::metrics::{DrainCounts, DrainOutcome};
 use crate::envoy::Counts;
+use crate::metrics::{DrainCounts, DrainOutcome};
 
 /// The drain report: what a preStop caller receives.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

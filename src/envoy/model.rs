@@ -231,7 +231,6 @@ pub fn parse_envoy_version(build: &str) -> Option<&str> {
     build.split('/').find(|p| looks_like_release(p))
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -82,10 +82,7 @@ impl PromClient {
 
     /// Runs an instant query; only vector results are accepted.
     pub async fn query(&self, query: &str) -> Result<Vec<Sample>, PromError> {
-        let path = format!(
-            "/api/v1/query?query={}",
-            crate::http::encode_query(query)
-        );
+        let path = format!("/api/v1/query?query={}", crate::http::encode_query(query));
         let qerr = |what: String| PromError::Query {
             authority: self.authority().to_string(),
             query: query.to_string(),

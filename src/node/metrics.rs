@@ -23,8 +23,8 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetri
 use prometheus_client::metrics::MetricType;
 
 use crate::metrics::{
-    help, ConfigLabels, DRAIN_OUTCOMES, Ending, EndingLabels, KindLabels, Metrics, OutcomeLabels, ProxyLabels,
-    Reason, ReasonLabels, TerminatedLabels, VersionLabels, STREAM_PROTOCOLS,
+    help, ConfigLabels, Ending, EndingLabels, KindLabels, Metrics, OutcomeLabels, ProxyLabels,
+    Reason, ReasonLabels, TerminatedLabels, VersionLabels, DRAIN_OUTCOMES, STREAM_PROTOCOLS,
 };
 use crate::telemetry::TCP_RESET_KINDS;
 
@@ -291,30 +291,32 @@ mod tests {
     /// A Metrics with every family holding at least one series.
     fn busy_metrics(registry: &mut Registry) -> Metrics {
         let m = Metrics::register(registry);
-        m.record_drain(&Report {
-            phase: Phase::Done,
-            outcome: Outcome::Deadline,
-            trigger: Trigger::Prestop,
-            duration_seconds: 3.0,
-            connections: Connections {
-                at_start: 2,
-                closed: 1,
-                idle_at_exit: 0,
-                cut: 1,
-            },
-            streams: Streams {
-                at_start: 3,
-                completed: 1,
-                terminated: 1,
-                cut: 1,
-            },
-            envoy: EnvoyReport {
-                version: "1.40.0".into(),
-                reachable: true,
-                ..EnvoyReport::default()
-            },
-        }
-        .counts());
+        m.record_drain(
+            &Report {
+                phase: Phase::Done,
+                outcome: Outcome::Deadline,
+                trigger: Trigger::Prestop,
+                duration_seconds: 3.0,
+                connections: Connections {
+                    at_start: 2,
+                    closed: 1,
+                    idle_at_exit: 0,
+                    cut: 1,
+                },
+                streams: Streams {
+                    at_start: 3,
+                    completed: 1,
+                    terminated: 1,
+                    cut: 1,
+                },
+                envoy: EnvoyReport {
+                    version: "1.40.0".into(),
+                    reachable: true,
+                    ..EnvoyReport::default()
+                },
+            }
+            .counts(),
+        );
         m.set_proxy(ProxyLabels {
             namespace: "shop".into(),
             pod: "web-a".into(),
