@@ -22,9 +22,9 @@ use crate::config::{self, Invalid, Timers};
 use crate::guard::GuardConfig;
 use crate::http::Endpoint;
 
-/// Durations as `--check` prints them: the text a flag takes.
+/// Durations as `--check` and the messages print them: the text a flag takes.
 fn human(d: Duration) -> String {
-    humantime::format_duration(d).to_string()
+    config::Span::from(d).to_string()
 }
 
 /// The drain budget: its timers and what they must fit in.
@@ -399,7 +399,7 @@ mod tests {
     #[test]
     fn effective_settings_are_human() {
         let v = sidecar().effective();
-        assert_eq!(v["budget"]["drain_time"], "1m");
+        assert_eq!(v["budget"]["drain_time"], "60s");
         assert_eq!(v["envoy_admin"], "http://127.0.0.1:15000");
         assert_eq!(v["linger"], "10s");
         assert!(v["guard"].is_null());

@@ -8,6 +8,7 @@
 mod support;
 
 mod binary;
+mod contract;
 mod control_endpoints;
 mod drain_envoy;
 mod failopen;
@@ -31,6 +32,7 @@ mod guard_spread;
 mod guard_websocket;
 mod guard_websocket_h2;
 mod guard_websocket_python;
+mod layering;
 mod node_cli;
 mod node_pods;
 mod node_scale;
