@@ -244,3 +244,50 @@ async fn help_explains_exit_codes() {
         assert!(out.contains(flag), "sidecar --help lacks {flag}");
     }
 }
+
+/// `--check` validates exactly as a start would, prints the effective
+/// settings (what `make deploy-check` reads for each manifest), binds nothing.
+#[tokio::test]
+async fn check_prints_the_effective_settings_or_every_violation() {
+    let (code, out, err) = run_bin(&[
+        "sidecar",
+        "--check",
+        "--guard-listen",
+        "127.0.0.1:15097",
+        "--guard-upstream",
+        "127.0.0.1:8080",
+        "--termination-grace-period",
+        "120s",
+    ])
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
+    assert_eq!(v["budget"]["drain_time"], "60s");
+    assert_eq!(v["budget"]["termination_grace_period"], "120s");
+    assert_eq!(v["linger"], "10s");
+    assert_eq!(v["guard"]["upstream"], "127.0.0.1:8080");
+    assert_eq!(v["guard"]["max_connection_age"], serde_json::Value::Null);
+
+    // The linger counts against the grace period too; all at once.
+    let (code, out, err) = run_bin(&[
+        "sidecar",
+        "--check",
+        "--termination-grace-period",
+        "95s",
+        "--guard-upstream",
+        "127.0.0.1:8080",
+    ])
+    .await;
+    assert_eq!(code, Some(64), "{err}");
+    assert!(out.is_empty(), "{out}");
+    for needle in ["plus --linger (10s)", "--guard-upstream needs --guard-listen"] {
+        assert!(err.contains(needle), "missing {needle:?} in: {err}");
+    }
+
+    let (code, out, err) = run_bin(&["node", "--check", "--scan-interval", "0s"]).await;
+    assert_eq!(code, Some(64), "{err}");
+    assert!(out.is_empty() && err.contains("--scan-interval must be greater than zero"));
+    let (code, out, err) = run_bin(&["node", "--check"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains(r#""pod_listen_port":15099"#), "{out}");
+}
