@@ -118,14 +118,14 @@ impl std::str::FromStr for Span {
 impl std::fmt::Display for Span {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let d = self.0;
-        if d.subsec_nanos() % 1_000_000 != 0 {
+        if !d.subsec_nanos().is_multiple_of(1_000_000) {
             return humantime::format_duration(d).fmt(f);
         }
         let (secs, ms) = (d.as_secs(), d.subsec_millis());
         match secs {
             _ if ms != 0 => write!(f, "{}ms", d.as_millis()),
-            s if s >= 3_600 && s % 3_600 == 0 => write!(f, "{}h", s / 3_600),
-            s if s >= 600 && s % 60 == 0 => write!(f, "{}m", s / 60),
+            s if s >= 3_600 && s.is_multiple_of(3_600) => write!(f, "{}h", s / 3_600),
+            s if s >= 600 && s.is_multiple_of(60) => write!(f, "{}m", s / 60),
             s => write!(f, "{s}s"),
         }
     }

@@ -18,8 +18,8 @@ pub fn bin() -> PathBuf {
 
 /// A free loopback address (bound and released).
 pub fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
+    let port = drainshim::bench::free_port().expect("a free loopback port");
+    SocketAddr::from(([127, 0, 0, 1], port))
 }
 
 /// Waits (10 s at most) until something accepts connections on `addr`.

@@ -200,10 +200,7 @@ pub async fn run(opts: NodeScaleOptions) -> Result<NodeScaleReport, NodeScaleErr
     }
     drop(handles);
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(io("pick a port"))?
-        .port();
+    let port = super::free_port().map_err(io("pick a port"))?;
     let api = SocketAddr::from(([127, 0, 0, 1], port));
     eprintln!("node-scale: starting the agent");
     let t0 = Instant::now();

@@ -151,8 +151,7 @@ impl Drop for Pod {
 }
 
 fn free_port() -> Result<u16, String> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
-    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+    super::free_port().map_err(|e| format!("pick a free port: {e}"))
 }
 
 async fn start_pod(opts: &ReconnectOptions, ledger: &Ledger, guard: bool) -> Result<Pod, String> {

@@ -431,6 +431,7 @@ pub struct NodeArgs {
     pub timers: TimerArgs,
 }
 
+/// The drain timers; see docs/design.md for the timeline.
 #[derive(Debug, Clone, Args)]
 pub struct TimerArgs {
     /// How long streams get to finish; the guard ends the rest before this.

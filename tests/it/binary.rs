@@ -280,7 +280,10 @@ async fn check_prints_the_effective_settings_or_every_violation() {
     .await;
     assert_eq!(code, Some(64), "{err}");
     assert!(out.is_empty(), "{out}");
-    for needle in ["plus --linger (10s)", "--guard-upstream needs --guard-listen"] {
+    for needle in [
+        "plus --linger (10s)",
+        "--guard-upstream needs --guard-listen",
+    ] {
         assert!(err.contains(needle), "missing {needle:?} in: {err}");
     }
 

@@ -45,17 +45,20 @@ fn registered() -> BTreeSet<String> {
     let _s = SidecarMetrics::register(&mut registry);
     // Families show in a scrape once they hold a series: one each.
     m.set_proxy(metrics::ProxyLabels::default());
-    m.envoy_config_updates.get_or_create(&metrics::ConfigLabels {
-        resource: "lds".into(),
-        result: "success".into(),
-        version: "1.40.0".into(),
-    });
-    m.envoy_upstream_retries
+    let _ = m
+        .envoy_config_updates
+        .get_or_create(&metrics::ConfigLabels {
+            resource: "lds".into(),
+            result: "success".into(),
+            version: "1.40.0".into(),
+        });
+    let _ = m
+        .envoy_upstream_retries
         .get_or_create(&metrics::VersionLabels {
             version: "1.40.0".into(),
         });
     m.guard_limited(metrics::Limit::streams);
-    m.tcp_resets.get_or_create(&metrics::KindLabels {
+    let _ = m.tcp_resets.get_or_create(&metrics::KindLabels {
         kind: "EstabResets".into(),
     });
     let text = metrics::render(&registry);

@@ -23,22 +23,19 @@ fn pod_addr(ip: std::net::Ipv4Addr) -> SocketAddr {
 }
 
 async fn wait_metrics(agent: SocketAddr, what: &str, pred: impl Fn(&str) -> bool) -> String {
-    let deadline = tokio::time::Instant::now() + NODE_WAIT;
-    loop {
+    crate::support::wait_for_ok(what, NODE_WAIT, || async {
         let last = match http_in(None, agent, "GET", "/metrics").await {
             Ok((200, body)) => body,
             Ok((code, body)) => format!("status {code}: {body}"),
             Err(e) => e,
         };
         if pred(&last) {
-            return last;
+            Ok(last)
+        } else {
+            Err(format!("/metrics:\n{last}"))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {NODE_WAIT:?} waiting for: {what}\nlast /metrics:\n{last}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 async fn wait_listening(agent: SocketAddr, pods: &[&str]) {

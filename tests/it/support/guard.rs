@@ -30,11 +30,7 @@ pub const PATIENCE: Duration = Duration::from_secs(30);
 
 /// Polls `cond` until it holds, failing the test after `PATIENCE`.
 pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    crate::support::wait_for(what, PATIENCE, || std::future::ready(cond())).await
 }
 
 /// Awaits `fut`, failing the test after `PATIENCE`.
