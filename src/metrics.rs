@@ -30,6 +30,7 @@ pub const DRAIN_OUTCOMES: [DrainOutcome; 3] = [
 /// How a drain ended (`drainshim_drains_total{outcome}`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
+    /// How the drain ended.
     pub outcome: DrainOutcome,
 }
 
@@ -63,6 +64,7 @@ pub enum Ending {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EndingLabels {
+    /// How the connection or stream ended.
     pub outcome: Ending,
 }
 
@@ -76,6 +78,7 @@ pub enum Reason {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
+    /// Why.
     pub reason: Reason,
 }
 
@@ -97,6 +100,7 @@ pub enum Limit {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LimitLabels {
+    /// Which limit.
     pub limit: Limit,
 }
 
@@ -124,16 +128,22 @@ pub const STREAM_PROTOCOLS: [StreamProtocol; 4] = [
 /// `streams_ungraceful_total`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TerminatedLabels {
+    /// Why: max age or drain.
     pub reason: Reason,
+    /// What kind of stream: the label ends graceful endings apart by protocol.
     pub protocol: StreamProtocol,
 }
 
 /// One proxy in the version inventory (`drainshim_proxy_info`).
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProxyLabels {
+    /// The pod's namespace (flags, env, Envoy's node metadata or node id).
     pub namespace: String,
+    /// The pod's name.
     pub pod: String,
+    /// Envoy's release, e.g. `1.40.0`.
     pub version: String,
+    /// The mesh's release (`ISTIO_VERSION`), empty without one.
     pub mesh_version: String,
 }
 
@@ -149,12 +159,14 @@ pub struct ConfigLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VersionLabels {
+    /// The proxy release, e.g. `1.40.0`.
     pub version: String,
 }
 
 /// A kernel TCP counter name, e.g. `EstabResets` or `TCPAbortOnData`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {
+    /// The counter, as `/proc/net/netstat` names it.
     pub kind: String,
 }
 
@@ -229,19 +241,33 @@ pub mod help {
 /// Every metric the shim exports. Cheap to clone: each field is an `Arc` inside.
 #[derive(Clone, Debug)]
 pub struct Metrics {
+    /// `drainshim_drains_total{outcome}`: drains finished, by how.
     pub drains: Family<OutcomeLabels, Counter>,
+    /// `drainshim_drained_connections_total{outcome}`: connections by how they ended.
     pub drained_connections: Family<EndingLabels, Counter>,
+    /// `drainshim_drained_streams_total{outcome}`: streams by how they ended; `cut` is what the mission keeps at 0.
     pub drained_streams: Family<EndingLabels, Counter>,
+    /// `drainshim_drain_duration_seconds`: how long drains take, against the budget.
     pub drain_duration: Histogram,
+    /// `drainshim_draining`: 1 while a drain runs.
     pub draining: Gauge,
+    /// `drainshim_envoy_active_connections`: Envoy's live inbound connections, as last polled.
     pub envoy_active_connections: Gauge,
+    /// `drainshim_envoy_active_streams`: Envoy's live inbound streams, as last polled.
     pub envoy_active_streams: Gauge,
+    /// `drainshim_proxy_info`: 1 for this proxy; the version inventory reads its labels.
     pub proxy_info: Family<ProxyLabels, Gauge>,
+    /// `drainshim_goaways_total{reason}`: GOAWAY sequences the guard sent.
     pub goaways: Family<ReasonLabels, Counter>,
+    /// `drainshim_streams_terminated_total{reason,protocol}`: streams the guard ended gracefully.
     pub streams_terminated: Family<TerminatedLabels, Counter>,
+    /// `drainshim_streams_ungraceful_total{reason,protocol}`: streams it could only reset or close.
     pub streams_ungraceful: Family<TerminatedLabels, Counter>,
+    /// `drainshim_envoy_config_updates_total`: xDS acceptance per proxy version, mirrored from Envoy.
     pub envoy_config_updates: Family<ConfigLabels, Counter>,
+    /// `drainshim_envoy_upstream_retries_total{version}`: Envoy's retry volume per version.
     pub envoy_upstream_retries: Family<VersionLabels, Counter>,
+    /// `drainshim_tcp_resets_total{kind}`: the pod's kernel reset counters, seen from outside the mesh.
     pub tcp_resets: Family<KindLabels, Counter>,
     /// The stream guard's process caps and frame rate limits at work.
     pub guard_limited: Family<LimitLabels, Counter>,
@@ -251,11 +277,15 @@ pub struct Metrics {
     pub versions_seen: Arc<Mutex<BTreeSet<String>>>,
 }
 
+// === impl Metrics ===
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
     }
 }
+
+// === impl Metrics ===
 
 impl Metrics {
     /// The counter of one guard limit.
@@ -431,6 +461,8 @@ pub struct SidecarMetrics {
     /// earlier drain and restored.
     pub envoy_recoveries: Counter,
 }
+
+// === impl SidecarMetrics ===
 
 impl SidecarMetrics {
     pub fn register(registry: &mut Registry) -> Self {

@@ -51,6 +51,8 @@ impl Default for Budget {
     }
 }
 
+// === impl Budget ===
+
 impl Budget {
     /// The timers' order, the grace period, and `after`, time the process
     /// still needs past the deadline (the sidecar's linger).
@@ -101,6 +103,8 @@ pub struct DrainOnceSettings {
     pub budget: Budget,
 }
 
+// === impl DrainOnceSettings ===
+
 impl DrainOnceSettings {
     pub fn validate(&self) -> Result<(), Invalid> {
         let mut errs = Invalid::default();
@@ -122,6 +126,8 @@ pub struct GuardSettings {
     /// Consecutive failed checks before /readyz turns 503.
     pub ready_failures: u32,
 }
+
+// === impl GuardSettings ===
 
 impl GuardSettings {
     /// A guard on `listen` in front of `upstream`, everything else default.
@@ -203,6 +209,8 @@ pub struct SidecarSettings {
     pub pod_name: Option<String>,
 }
 
+// === impl SidecarSettings ===
+
 impl SidecarSettings {
     /// A sidecar of `envoy_admin` with every default: no guard.
     pub fn new(envoy_admin: Endpoint) -> Self {
@@ -263,6 +271,8 @@ pub struct NodeSettings {
     /// How long a departed pod's counters stay on /metrics.
     pub retention: Duration,
 }
+
+// === impl NodeSettings ===
 
 impl NodeSettings {
     /// An agent with every default, listing processes under `proc_root`.

@@ -57,6 +57,8 @@ struct Seen {
     scope: Option<InboundScope>,
 }
 
+// === impl Seen ===
+
 impl Seen {
     /// Adds the increase of a mirrored counter since its last value.
     fn mirror(&mut self, key: String, value: u64, counter: &Counter) {
@@ -69,6 +71,8 @@ impl Seen {
         counter.inc_by(delta);
     }
 }
+
+// === impl Telemetry ===
 
 impl Telemetry {
     pub fn new(

@@ -176,6 +176,8 @@ pub struct EnvoyOptions {
     pub extended_connect: bool,
 }
 
+// === impl EnvoyOptions ===
+
 impl EnvoyOptions {
     pub fn new(binary: PathBuf, upstream: SocketAddr) -> Self {
         Self {
@@ -347,6 +349,8 @@ pub struct EnvoyProcess {
     /// The OUTBOUND listener (a TCP proxy), present so inbound-only logic is tested.
     pub outbound: SocketAddr,
 }
+
+// === impl EnvoyProcess ===
 
 impl EnvoyProcess {
     /// Starts Envoy and waits until it has initialized (`/server_info` state

@@ -84,6 +84,8 @@ pub struct NodeScaleReport {
     pub admin_endpoint: String,
 }
 
+// === impl NodeScaleReport ===
+
 impl NodeScaleReport {
     pub fn render(&self) -> String {
         format!(
@@ -115,6 +117,8 @@ struct Fixture {
     /// The `envoy` link and the /proc view, removed with the fixture.
     _dir: tempfile::TempDir,
 }
+
+// === impl Fixture ===
 
 impl Drop for Fixture {
     fn drop(&mut self) {

@@ -40,6 +40,8 @@ pub enum Mode {
     IstioDefault,
 }
 
+// === impl Mode ===
+
 impl Mode {
     pub fn name(self) -> &'static str {
         match self {
@@ -83,6 +85,8 @@ pub struct ReconnectOptions {
     /// Print progress lines to stderr.
     pub progress: bool,
 }
+
+// === impl ReconnectOptions ===
 
 impl ReconnectOptions {
     pub fn new(envoy: PathBuf) -> Self {
@@ -143,6 +147,8 @@ struct Pod {
     _sigterm: Option<tokio::sync::mpsc::UnboundedSender<()>>,
     stop: CancellationToken,
 }
+
+// === impl Pod ===
 
 impl Drop for Pod {
     fn drop(&mut self) {
@@ -347,6 +353,8 @@ pub struct SoakResult {
     /// Peak reconnects per 100 ms over the mean, over the soak.
     pub storm_peak_to_mean: f64,
 }
+
+// === impl SoakResult ===
 
 impl SoakResult {
     /// One line for the terminal.

@@ -171,6 +171,8 @@ pub struct TargetScrape {
     pub samples: Vec<(String, BTreeMap<String, String>, f64)>,
 }
 
+// === impl TargetScrape ===
+
 impl TargetScrape {
     /// Sum of the samples of `metric` whose labels include all of `matching`.
     pub fn sum(&self, metric: &str, matching: &[(&str, &str)]) -> f64 {
@@ -387,6 +389,8 @@ pub fn skew(proxies: &[Proxy], cp: Release, max_skew: u32, label: VersionLabel) 
     }
 }
 
+// === impl SkewReport ===
+
 impl SkewReport {
     pub fn ok(&self) -> bool {
         self.offenders.is_empty()
@@ -444,6 +448,8 @@ impl SkewReport {
         out
     }
 }
+
+// === errors as the command's Error ===
 
 impl From<crate::fleet::FleetError> for crate::error::Error {
     fn from(e: crate::fleet::FleetError) -> Self {
