@@ -611,6 +611,29 @@ pub struct SidecarArgs {
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
     pub guard_max_streams: usize,
 
+    /// Record the guard's golden signals per request: drainshim_guard_requests_total
+    /// {service,code,protocol}, drainshim_guard_request_duration_seconds{service},
+    /// drainshim_guard_streams_opened_total and drainshim_guard_stream_lifetime_seconds.
+    /// `false` turns them off (the series stay absent) and `verify` cannot
+    /// judge this pod's success rate, p99 and retry volume.
+    #[arg(long, env = "DRAINSHIM_GUARD_REQUEST_METRICS", default_value_t = true,
+          action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub guard_request_metrics: bool,
+
+    /// Add a `method` label (the gRPC method) to the guard's request series.
+    /// Off by default: it multiplies the series; methods count against
+    /// --guard-metrics-max-services.
+    #[arg(long, env = "DRAINSHIM_GUARD_METRICS_METHODS")]
+    pub guard_metrics_methods: bool,
+
+    /// Most gRPC services (`package.Service` from the path; with
+    /// --guard-metrics-methods, service/method pairs) with series of their
+    /// own; later ones, and paths that name no service, are counted as
+    /// service="other". Requests that are not gRPC are service="http".
+    #[arg(long, env = "DRAINSHIM_GUARD_METRICS_MAX_SERVICES", default_value_t = crate::guard::DEFAULT_MAX_SERVICES,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000))]
+    pub guard_metrics_max_services: usize,
+
     /// With the guard, /readyz also checks the data path this often: a TCP
     /// connect to the guard's listener, then to --guard-upstream.
     #[arg(long, env = "DRAINSHIM_READY_INTERVAL", value_parser = config::parse_duration,

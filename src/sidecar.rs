@@ -49,6 +49,11 @@ pub fn validate_sidecar(args: &SidecarArgs) -> Result<Validated, String> {
             }
             config.limits.max_connections = args.guard_max_connections;
             config.limits.max_streams = args.guard_max_streams;
+            config.signals = crate::guard::SignalSettings {
+                enabled: args.guard_request_metrics,
+                methods: args.guard_metrics_methods,
+                max_services: args.guard_metrics_max_services,
+            };
             if args.max_connection_age.is_some_and(|a| a.is_zero()) {
                 errs.push(
                     "--max-connection-age must be greater than zero (leave it out to turn it off)"
