@@ -165,6 +165,13 @@ async fn run(command: Command) -> ExitCode {
                 max_retry_increase: args.max_retry_increase,
                 max_reset_increase: args.max_reset_increase,
                 rate_floor: args.rate_floor,
+                golden: fleet::golden::GoldenThresholds {
+                    max_success_drop: args.max_success_drop,
+                    max_p99_increase: args.max_p99_increase,
+                    max_amplification_increase: args.max_requests_per_call_increase,
+                    max_reopen_increase: args.max_reopen_increase,
+                    min_rate: args.min_request_rate,
+                },
             };
             match fleet::verify::verify(&source, &opts).await {
                 Ok(checks) => {
