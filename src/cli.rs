@@ -305,7 +305,12 @@ pub struct VerifyArgs {
     /// points it may drop against the window before. Failures are gRPC
     /// UNKNOWN, DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE,
     /// DATA_LOSS and HTTP 5xx.
-    #[arg(long, env = "DRAINSHIM_MAX_SUCCESS_DROP", default_value_t = 1.0, value_name = "POINTS")]
+    #[arg(
+        long,
+        env = "DRAINSHIM_MAX_SUCCESS_DROP",
+        default_value_t = 1.0,
+        value_name = "POINTS"
+    )]
     pub max_success_drop: f64,
 
     /// Guard p99 latency per namespace and service (unary calls to the end,
@@ -317,7 +322,11 @@ pub struct VerifyArgs {
     /// sent (Envoy's inbound downstream_rq_total) per namespace and service:
     /// allowed relative growth (0.1 = +10%). Extra retries, e.g. a retry
     /// default that changed in the new Envoy, raise it; more load does not.
-    #[arg(long, env = "DRAINSHIM_MAX_REQUESTS_PER_CALL_INCREASE", default_value_t = 0.1)]
+    #[arg(
+        long,
+        env = "DRAINSHIM_MAX_REQUESTS_PER_CALL_INCREASE",
+        default_value_t = 0.1
+    )]
     pub max_requests_per_call_increase: f64,
 
     /// Streams opened through the guard per second, per namespace and
@@ -328,7 +337,12 @@ pub struct VerifyArgs {
 
     /// Services with fewer guard requests per second than this in either
     /// window are not judged on success rate, p99 or requests per call.
-    #[arg(long, env = "DRAINSHIM_MIN_REQUEST_RATE", default_value_t = 0.1, value_name = "PER_SECOND")]
+    #[arg(
+        long,
+        env = "DRAINSHIM_MIN_REQUEST_RATE",
+        default_value_t = 0.1,
+        value_name = "PER_SECOND"
+    )]
     pub min_request_rate: f64,
 
     #[arg(long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]

@@ -128,12 +128,12 @@ impl Telemetry {
                 .envoy_active_connections
                 .set(c.cx_active as i64);
             self.metrics.envoy_active_streams.set(c.rq_active as i64);
-            let callers = self
-                .metrics
-                .envoy_downstream_requests
-                .get_or_create_owned(&VersionLabels {
-                    version: version.clone(),
-                });
+            let callers =
+                self.metrics
+                    .envoy_downstream_requests
+                    .get_or_create_owned(&VersionLabels {
+                        version: version.clone(),
+                    });
             seen.mirror(format!("downstream/{version}"), c.rq_total, &callers);
         }
         Ok(())

@@ -261,7 +261,11 @@ impl Queries<'_> {
     pub fn p99(&self, offset: &str) -> String {
         format!(
             "histogram_quantile(0.99, sum by (namespace, service, le) ({}))",
-            self.rate("drainshim_guard_request_duration_seconds_bucket", "", offset)
+            self.rate(
+                "drainshim_guard_request_duration_seconds_bucket",
+                "",
+                offset
+            )
         )
     }
 
@@ -288,7 +292,10 @@ async fn per_service(prom: &PromClient, q: &str) -> Result<PerService, PromError
         .into_iter()
         .map(|s| {
             (
-                (s.label("namespace").to_string(), s.label("service").to_string()),
+                (
+                    s.label("namespace").to_string(),
+                    s.label("service").to_string(),
+                ),
                 s.value,
             )
         })
@@ -482,8 +489,17 @@ mod tests {
         let retried = window(52.5, 3.2, 0.004, 40.0);
         let v = judge(&before, &retried, &t);
         assert_eq!(v[2].ok, Some(false), "{:?}", v[2]);
-        assert!(v[2].detail.contains("shop/cart.Cart: 1.000 -> 1.312"), "{}", v[2].detail);
-        assert_eq!(v[0].ok, Some(true), "retries made it look better: {:?}", v[0]);
+        assert!(
+            v[2].detail.contains("shop/cart.Cart: 1.000 -> 1.312"),
+            "{}",
+            v[2].detail
+        );
+        assert_eq!(
+            v[0].ok,
+            Some(true),
+            "retries made it look better: {:?}",
+            v[0]
+        );
         // More load with no retries: the ratio stays, the gate passes.
         let busier = window(80.0, 20.0, 0.004, 80.0);
         let v = judge(&before, &busier, &t);
@@ -496,10 +512,18 @@ mod tests {
         let before = window(40.0, 0.0, 0.004, 40.0);
         let v = judge(&before, &window(40.0, 0.0, 0.020, 40.0), &t);
         assert_eq!(v[1].ok, Some(false));
-        assert!(v[1].detail.contains("4.0 ms -> 20.0 ms (+400.0%"), "{}", v[1].detail);
+        assert!(
+            v[1].detail.contains("4.0 ms -> 20.0 ms (+400.0%"),
+            "{}",
+            v[1].detail
+        );
         let v = judge(&before, &window(40.0, 2.0, 0.004, 40.0), &t);
         assert_eq!(v[0].ok, Some(false));
-        assert!(v[0].detail.contains("100.00% -> 95.00% (-5.00 points"), "{}", v[0].detail);
+        assert!(
+            v[0].detail.contains("100.00% -> 95.00% (-5.00 points"),
+            "{}",
+            v[0].detail
+        );
     }
 
     #[test]
@@ -520,8 +544,14 @@ mod tests {
             w: "1m",
         };
         let text = q.requests("", " offset 1m");
-        assert!(text.contains(r#"drainshim_guard_requests_total{namespace=~"shop"}[1m] offset 1m"#), "{text}");
-        assert!(text.contains(r#"drainshim_guard_requests_total{namespace=""}[1m] offset 1m"#), "{text}");
+        assert!(
+            text.contains(r#"drainshim_guard_requests_total{namespace=~"shop"}[1m] offset 1m"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"drainshim_guard_requests_total{namespace=""}[1m] offset 1m"#),
+            "{text}"
+        );
         assert!(text.contains("group_left(namespace)"), "{text}");
     }
 }

@@ -229,7 +229,9 @@ async fn from_prometheus(
         .scalar(&format!(
             "sum({})",
             q.in_wave(
-                |sel| format!("max_over_time(drainshim_drained_streams_total{{{sel},outcome=\"cut\"}}[{w}])"),
+                |sel| format!(
+                    "max_over_time(drainshim_drained_streams_total{{{sel},outcome=\"cut\"}}[{w}])"
+                ),
                 ""
             )
         ))

@@ -52,8 +52,8 @@ use super::headers::{
 };
 use super::keepalive::{Activity, Counted, HeadTimer, H1_IDLE_TIMEOUT};
 use super::registry::Registered;
-use super::signals;
 use super::schedule::jittered_age;
+use super::signals;
 use super::sniff::{linger, Prefixed};
 use super::upstream::{H1Upstream, MIN_H1_BUF_SIZE};
 use super::{websocket, Inner};
@@ -361,7 +361,10 @@ async fn handle(
     };
     let mut sig = inner.signals.start(grpc, req.uri().path(), protocol);
     if let Some(protocol) = upgrading {
-        return Ok(upgrade(inner, upstream, info, grace_end, req, registered, protocol, sig).await);
+        return Ok(upgrade(
+            inner, upstream, info, grace_end, req, registered, protocol, sig,
+        )
+        .await);
     }
     strip_hop_by_hop(req.headers_mut());
     let head_only = req.method() == Method::HEAD;

@@ -468,7 +468,10 @@ mod tests {
             grpc_service("/drainshim.bench.v1.Stream/Echo"),
             Some(("drainshim.bench.v1.Stream", "Echo"))
         );
-        assert_eq!(grpc_service("/Greeter/SayHello"), Some(("Greeter", "SayHello")));
+        assert_eq!(
+            grpc_service("/Greeter/SayHello"),
+            Some(("Greeter", "SayHello"))
+        );
         for bad in [
             "",
             "/",
@@ -500,13 +503,19 @@ mod tests {
             grpc_code_for_http(StatusCode::SERVICE_UNAVAILABLE),
             Code::UNAVAILABLE
         );
-        assert_eq!(grpc_code_for_http(StatusCode::NOT_FOUND), Code::UNIMPLEMENTED);
+        assert_eq!(
+            grpc_code_for_http(StatusCode::NOT_FOUND),
+            Code::UNIMPLEMENTED
+        );
         assert_eq!(grpc_code_for_reset(h2::Reason::CANCEL), Code::CANCELLED);
         assert_eq!(
             grpc_code_for_reset(h2::Reason::REFUSED_STREAM),
             Code::UNAVAILABLE
         );
-        assert_eq!(grpc_code_for_reset(h2::Reason::PROTOCOL_ERROR), Code::INTERNAL);
+        assert_eq!(
+            grpc_code_for_reset(h2::Reason::PROTOCOL_ERROR),
+            Code::INTERNAL
+        );
         for (i, c) in CODES.iter().enumerate().take(17) {
             assert_eq!(grpc_code(i.to_string().as_bytes()), *c);
         }
@@ -555,7 +564,9 @@ mod tests {
     #[tokio::test]
     async fn streams_are_counted_at_their_second_message() {
         let (m, s) = signals(10, false);
-        let mut r = s.start(true, "/pkg.Feed/Watch", StreamProtocol::grpc).expect("on");
+        let mut r = s
+            .start(true, "/pkg.Feed/Watch", StreamProtocol::grpc)
+            .expect("on");
         r.head(StatusCode::OK, &HeaderMap::new());
         r.messages(1);
         let opened = |m: &Metrics| {
@@ -620,7 +631,9 @@ mod tests {
         reg.register("r", "r", m.guard_requests.clone());
         let text = crate::metrics::render(&reg);
         assert!(
-            text.contains("r_total{service=\"a.A\",method=\"One\",code=\"CANCELLED\",protocol=\"grpc\"} 2"),
+            text.contains(
+                "r_total{service=\"a.A\",method=\"One\",code=\"CANCELLED\",protocol=\"grpc\"} 2"
+            ),
             "{text}"
         );
         let (m, s) = signals(2, false);
