@@ -91,9 +91,9 @@ impl GuardConfig {
         Self {
             upstream,
             max_connection_age: None,
-            max_connection_age_grace: crate::config::DEFAULT_MAX_CONNECTION_AGE_GRACE,
-            max_connection_age_spread: crate::config::DEFAULT_MAX_CONNECTION_AGE_SPREAD,
-            long_stream_age: crate::config::DEFAULT_LONG_STREAM_AGE,
+            max_connection_age_grace: crate::config::DEFAULT_MAX_CONNECTION_AGE_GRACE.get(),
+            max_connection_age_spread: crate::config::DEFAULT_MAX_CONNECTION_AGE_SPREAD.get(),
+            long_stream_age: crate::config::DEFAULT_LONG_STREAM_AGE.get(),
             limits: Limits::default(),
             signals: SignalSettings::default(),
         }

@@ -40,46 +40,14 @@ use tokio_util::task::TaskTracker;
 use self::metrics::{PodCollector, PodLabels, PodSeries, PodSource};
 use self::netns::{Netns, NetnsDial};
 use self::pod::{HostAddrs, ListenerState, Pod, PodEndpoint, PodStatus};
-use crate::config::Timers;
 use crate::drain::{self, DrainSettings, Phase};
 use crate::envoy::AdminClient;
 use crate::metrics::Metrics;
+pub use crate::settings::NodeSettings;
 use crate::telemetry::Telemetry;
 
-/// Envoy's admin port inside a pod (Istio's default).
-pub const DEFAULT_POD_ADMIN_PORT: u16 = 15000;
-/// The preStop listener inside each pod; the pod spec's `httpGet` targets it.
-pub const DEFAULT_POD_LISTEN_PORT: u16 = 15099;
-/// The agent's own endpoint, on the node: one below the pod port, so a
-/// hostNetwork agent never collides with a pod's listener number.
-pub const DEFAULT_NODE_LISTEN: &str = "0.0.0.0:15098";
-/// Pods come and go on the order of seconds; 5 s keeps /proc reads negligible.
-pub const DEFAULT_SCAN_INTERVAL: Duration = Duration::from_secs(5);
-/// Long enough for two 30 s scrapes to see a departed pod's last drain.
-pub const DEFAULT_POD_RETENTION: Duration = Duration::from_secs(60);
 /// New pods set up and identified at once per scan; bounds threads in flight.
 const SCAN_CONCURRENCY: usize = 32;
-
-/// Validated settings of the agent.
-#[derive(Clone, Debug)]
-pub struct NodeSettings {
-    /// Where processes are listed (`/proc`, or a test's view of it).
-    pub proc_root: PathBuf,
-    /// `comm` or executable names that count as Envoy.
-    pub process_names: Vec<String>,
-    /// Time between scans.
-    pub scan_interval: Duration,
-    /// Envoy's admin port on 127.0.0.1 inside each pod.
-    pub pod_admin_port: u16,
-    /// The preStop listener's port inside each pod.
-    pub pod_listen_port: u16,
-    /// Each pod's drain timers (the sidecar's, per pod).
-    pub timers: Timers,
-    /// Deadline of each admin call and of each connect inside a pod.
-    pub admin_timeout: Duration,
-    /// How long a departed pod's counters stay on /metrics.
-    pub retention: Duration,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -94,46 +62,6 @@ pub enum NodeError {
     NoPrivilege(String),
     #[error("{0}")]
     Proc(#[from] proc::ProcError),
-}
-
-/// Checks every flag together and reports every bad value at once.
-pub fn validate(args: &crate::cli::NodeArgs) -> Result<NodeSettings, String> {
-    let mut errs = Vec::new();
-    let timers = args.timers.timers();
-    if let Err(e) = timers.validate(args.timers.termination_grace_period) {
-        errs.extend(e.0);
-    }
-    if args.timers.admin_timeout.is_zero() {
-        errs.push("--admin-timeout must be greater than zero".into());
-    }
-    if args.scan_interval.is_zero() {
-        errs.push("--scan-interval must be greater than zero".into());
-    }
-    if args.pod_admin_port == 0 {
-        errs.push("--pod-admin-port must not be 0".into());
-    }
-    let names: Vec<String> = args
-        .envoy_process_name
-        .iter()
-        .map(|n| n.trim().to_string())
-        .filter(|n| !n.is_empty())
-        .collect();
-    if names.is_empty() {
-        errs.push("--envoy-process-name needs at least one name".into());
-    }
-    if !errs.is_empty() {
-        return Err(format!("invalid settings:\n  - {}", errs.join("\n  - ")));
-    }
-    Ok(NodeSettings {
-        proc_root: args.proc_root.clone(),
-        process_names: names,
-        scan_interval: args.scan_interval,
-        pod_admin_port: args.pod_admin_port,
-        pod_listen_port: args.pod_listen_port,
-        timers,
-        admin_timeout: args.timers.admin_timeout,
-        retention: args.pod_retention,
-    })
 }
 
 /// A departed pod whose counters are still shown.
@@ -203,7 +131,8 @@ async fn check_privileges(own: &Netns) -> Result<(), NodeError> {
 impl NodeAgent {
     /// Checks privileges, binds `listen`, runs the first scan, and starts
     /// scanning every interval.
-    pub async fn start(settings: NodeSettings, listen: SocketAddr) -> Result<Self, NodeError> {
+    pub async fn start(settings: NodeSettings) -> Result<Self, NodeError> {
+        let listen = settings.listen;
         let self_ns = PathBuf::from("/proc/self/ns/net");
         let own_netns = proc::netns_inode(&self_ns).map_err(NodeError::OwnNetns)?;
         let own =
@@ -553,11 +482,11 @@ impl Shared {
         };
         let dial = Arc::new(NetnsDial {
             netns: netns.clone(),
-            connect_timeout: s.admin_timeout,
+            connect_timeout: s.budget.admin_timeout,
         });
         let admin = match AdminClient::with_dial(
             &format!("http://127.0.0.1:{}", s.pod_admin_port),
-            s.admin_timeout,
+            s.budget.admin_timeout,
             dial,
         ) {
             Ok(a) => a,
@@ -569,7 +498,7 @@ impl Shared {
         let metrics = Metrics::new();
         let (drain, driver) = drain::spawn(
             DrainSettings {
-                timers: s.timers,
+                timers: s.budget.timers,
                 admin: admin.clone(),
                 guard: None,
             },
@@ -696,5 +625,15 @@ impl Shared {
                 t.refresh(draining).await
             })
             .await;
+    }
+}
+
+impl From<crate::node::NodeError> for crate::error::Error {
+    fn from(e: crate::node::NodeError) -> Self {
+        use crate::error::Error;
+        match e {
+            crate::node::NodeError::NoPrivilege(_) => Error::NoPermission(e.to_string()),
+            e => Error::Unavailable(e.to_string()),
+        }
     }
 }
