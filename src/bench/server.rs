@@ -126,7 +126,7 @@ impl Stream for BenchService {
         }
         let every = self.faults.unavailable_every.load(Ordering::Relaxed);
         let n = self.faults.calls.fetch_add(1, Ordering::Relaxed) + 1;
-        if every > 0 && n % every == 0 {
+        if every > 0 && n.is_multiple_of(every) {
             return Err(Status::unavailable("bench: injected failure"));
         }
         if r.delay_ms > 0 {

@@ -188,7 +188,7 @@ pub struct AdminStubArgs {
     pub version: String,
 }
 
-/// The drain timers; see docs/design.md for the timeline.
+// The drain timers: see docs/design.md for the timeline.
 
 // === running the bench commands ===
 
