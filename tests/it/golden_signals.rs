@@ -207,18 +207,21 @@ async fn verify_flags_retries_and_latency_by_the_guards_count() {
 
     // A whole window since the wave: the new versions have been in the
     // inventory (and answering the load) for 11 s.
-    wait_for("a window after the wave", Duration::from_secs(60), || async {
-        client
-            .scalar(
-                "min(count_over_time(drainshim_proxy_info{namespace=~\"retrying|steady\",version=~\"1.40.0|1.39.3\"}[11s]))",
-            )
-            .await
-            .is_ok_and(|n| n >= 11.0)
-            && client
-                .scalar("count(drainshim_proxy_info{namespace=~\"retrying|steady\",version=~\"1.40.0|1.39.3\"})")
-                .await
-                .is_ok_and(|n| n == 2.0)
-    })
+    // (Per namespace: retrying's old version is steady's new one.)
+    let new_versions = "drainshim_proxy_info{namespace=\"retrying\",version=\"1.40.0\"} \
+                        or drainshim_proxy_info{namespace=\"steady\",version=\"1.39.3\"}";
+    wait_for(
+        "a window after the wave",
+        Duration::from_secs(60),
+        || async {
+            let q = format!("min(count_over_time(({new_versions})[11s:1s]))");
+            client.scalar(&q).await.is_ok_and(|n| n >= 11.0)
+                && client
+                    .scalar(&format!("count({new_versions})"))
+                    .await
+                    .is_ok_and(|n| n == 2.0)
+        },
+    )
     .await;
 
     let (code, checks) = verify(&url, "retrying", "1.40.0", &[]).await;
