@@ -180,6 +180,9 @@ impl GuardSettings {
             "write_stall_timeout": human(c.limits.write_stall_timeout),
             "max_connections": c.limits.max_connections,
             "max_streams": c.limits.max_streams,
+            "request_metrics": c.signals.enabled,
+            "request_metrics_methods": c.signals.methods,
+            "request_metrics_max_services": c.signals.max_services,
             "ready_interval": human(self.ready_interval),
             "ready_failures": self.ready_failures,
         })

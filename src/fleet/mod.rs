@@ -4,6 +4,7 @@
 //! `/metrics`, or, at fleet scale, from Prometheus, which does all the
 //! aggregation.
 
+pub mod golden;
 pub mod prometheus;
 pub mod verify;
 

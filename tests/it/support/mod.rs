@@ -85,6 +85,8 @@ where
 pub struct Backend {
     pub addr: SocketAddr,
     pub ledger: Ledger,
+    /// Faults injected into `Echo` (failures, latency), changeable while serving.
+    pub faults: drainshim::bench::server::Faults,
     stop: CancellationToken,
 }
 
@@ -101,12 +103,18 @@ pub async fn backend() -> Backend {
     let addr = listener.local_addr().expect("backend addr");
     let service = BenchService::default();
     let ledger = service.ledger.clone();
+    let faults = service.faults.clone();
     let stop = CancellationToken::new();
     let s = stop.clone();
     tokio::spawn(async move {
         let _ = drainshim::bench::server::serve(listener, service, s.cancelled_owned()).await;
     });
-    Backend { addr, ledger, stop }
+    Backend {
+        addr,
+        ledger,
+        faults,
+        stop,
+    }
 }
 
 /// A real Envoy of `version` routing its inbound listener to `upstream`.
