@@ -71,7 +71,8 @@ fn cpu_seconds(pid: u32) -> f64 {
     // state is field 3, utime field 14, stime field 15.
     let rest = &stat[stat.rfind(')').expect("stat format") + 2..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
     let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .ok()
         .flatten()
@@ -105,7 +106,10 @@ async fn h2load(
     if let Some(r) = rps {
         cmd.args(["--rps", &r.to_string()]);
     }
-    cmd.arg(format!("http://{}/drainshim.bench.v1.Stream/Echo", path.addr));
+    cmd.arg(format!(
+        "http://{}/drainshim.bench.v1.Stream/Echo",
+        path.addr
+    ));
     let cpu_before = path.pid.map(cpu_seconds);
     let out = cmd
         .output()
@@ -396,7 +400,8 @@ async fn main() {
         // shared machine hits one repetition of every path, not one path.
         for (i, p) in paths.iter().enumerate() {
             let tag = format!("fixed{rep}");
-            fixed.loads[i].push(h2load(p, dir.path(), &tag, Some(RPS_PER_CLIENT), LOAD_SECONDS).await);
+            fixed.loads[i]
+                .push(h2load(p, dir.path(), &tag, Some(RPS_PER_CLIENT), LOAD_SECONDS).await);
             let tag = format!("sat{rep}");
             saturated.loads[i].push(h2load(p, dir.path(), &tag, None, LOAD_SECONDS).await);
         }
