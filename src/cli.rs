@@ -366,6 +366,70 @@ pub struct NodeArgs {
     /// Each pod's drain timers.
     #[command(flatten)]
     pub timers: TimerArgs,
+
+    /// The per-pod stream guards and the agent's hand-over.
+    #[command(flatten)]
+    pub guard: NodeGuardArgs,
+}
+
+/// `drainshim node`: the stream guard the agent serves for each opted-in pod
+/// (node metadata `DRAINSHIM_GUARD`), and the hand-over of every listener to
+/// the next agent. Same meaning as the sidecar's flags, applied per pod.
+#[derive(Debug, Clone, Args)]
+pub struct NodeGuardArgs {
+    /// The guard for pods whose Envoy has no `DRAINSHIM_GUARD` node metadata,
+    /// as LISTEN=UPSTREAM inside the pod (e.g. 127.0.0.1:15097=127.0.0.1:8080).
+    /// Unset: only pods with the key get a guard.
+    #[arg(long = "guard", env = "DRAINSHIM_GUARD", value_name = "LISTEN=UPSTREAM")]
+    pub default_guard: Option<String>,
+
+    /// Per pod: most connections its guard holds open at once.
+    #[arg(long, env = "DRAINSHIM_GUARD_MAX_CONNECTIONS", default_value_t = crate::guard::DEFAULT_MAX_CONNECTIONS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    pub guard_max_connections: usize,
+
+    /// Per pod: most streams open through its guard at once; more are
+    /// refused retryably before they reach the app.
+    #[arg(long, env = "DRAINSHIM_GUARD_MAX_STREAMS", default_value_t = crate::guard::DEFAULT_MAX_STREAMS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
+    pub guard_max_streams: usize,
+
+    /// Close each guard connection after this age (±10% jitter), as the sidecar does. Off by default.
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE", value_parser = config::parse_duration)]
+    pub max_connection_age: Option<Duration>,
+
+    /// How long streams may run after a max-age GOAWAY before the guard ends them.
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_GRACE", value_parser = config::parse_duration,
+          default_value = "30s")]
+    pub max_connection_age_grace: Duration,
+
+    /// End a connection's remaining streams spread over this window, inside the grace.
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_SPREAD", value_parser = config::parse_duration,
+          default_value = "10s")]
+    pub max_connection_age_spread: Duration,
+
+    /// Which streams a drain ends early (see `drainshim sidecar --help`).
+    #[arg(long, env = "DRAINSHIM_LONG_STREAM_AGE", value_parser = config::parse_duration,
+          default_value = "10s")]
+    pub long_stream_age: Duration,
+
+    /// Reset a guarded stream whose client takes no response data for this long.
+    #[arg(long, env = "DRAINSHIM_WRITE_STALL_TIMEOUT", value_parser = config::parse_duration,
+          default_value = "60s")]
+    pub write_stall_timeout: Duration,
+
+    /// A unix socket on a host path shared by successive agents. At start the
+    /// agent asks the one serving it for every listener (the node API, each
+    /// pod's preStop and guard listener), so nothing is closed or refused
+    /// during the agent's own rolling update; then it serves it itself.
+    #[arg(long, env = "DRAINSHIM_HANDOVER_SOCKET")]
+    pub handover_socket: Option<std::path::PathBuf>,
+
+    /// After handing its listeners over, the old agent ends the guarded
+    /// streams it still carries spread over this window, then exits at SIGTERM.
+    #[arg(long, env = "DRAINSHIM_HANDOVER_WINDOW", value_parser = config::parse_duration,
+          default_value = "10s")]
+    pub handover_window: Duration,
 }
 
 #[derive(Debug, Subcommand)]
