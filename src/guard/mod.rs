@@ -340,6 +340,24 @@ impl Guard {
     pub fn config(&self) -> &GuardConfig {
         &self.inner.config
     }
+
+    /// Ends every stream the way a drain does (long-lived ones spread over
+    /// `window`, the rest swept at its end) and closes the connections,
+    /// while the listener is served by another process: new streams on
+    /// these connections are refused with REFUSED_STREAM after the GOAWAY,
+    /// which a client retries on a new connection, never with the drain's
+    /// UNAVAILABLE, which fails the call.
+    pub fn hand_off(&self, window: Duration) {
+        self.inner.terminate.cancel();
+        tracing::info!(streams = self.inner.registry.len(), ?window,
+            "guard: handed off; ending the streams still here gracefully over the window");
+        let inner = self.inner.clone();
+        if let Ok(h) = tokio::runtime::Handle::try_current() {
+            self.inner
+                .tasks
+                .spawn_on(terminator(inner, window, window), &h);
+        }
+    }
 }
 
 impl StreamGuard for Guard {

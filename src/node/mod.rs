@@ -543,7 +543,12 @@ async fn scan_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tick.tick() => shared.scan().await,
+            // A scan waits for good once a hand-over holds the scan lock:
+            // raced, so shutdown still ends the loop.
+            _ = tick.tick() => tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = shared.scan() => {}
+            },
         }
     }
 }
@@ -955,7 +960,7 @@ impl Shared {
         for g in &guards {
             g.accepting.cancel();
             g.guard.goaway_all();
-            g.guard.terminate_within(window, window);
+            g.guard.hand_off(window);
         }
     }
 
@@ -976,7 +981,7 @@ impl Shared {
             if stop_accepting && !g.accepting.is_cancelled() {
                 g.accepting.cancel();
                 g.guard.goaway_all();
-                g.guard.terminate_within(window, window);
+                g.guard.hand_off(window);
             }
         }
         // The window, plus what one ending and the close may take.
