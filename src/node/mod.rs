@@ -406,6 +406,7 @@ impl NodeAgent {
             listener,
             shared.clone(),
             shared.api_stop.clone(),
+            shutdown.clone(),
         ));
         shared.scan().await;
         // Every listener received is served now (or waits for its pod's
@@ -849,9 +850,10 @@ impl Shared {
             host: self.host.clone(),
             name: pod.name.clone(),
         });
-        self.tasks.spawn(crate::control::serve_fn(
+        self.tasks.spawn(crate::control::serve_fn_until(
             listener,
             pod.listener_stop.clone(),
+            pod.cancel.clone(),
             move |peer, req| {
                 let endpoint = endpoint.clone();
                 async move { endpoint.handle(peer, req).await }
