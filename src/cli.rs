@@ -173,6 +173,19 @@ Privileges (pod spec of the DaemonSet):
   not needed: CAP_NET_BIND_SERVICE (15098 and 15099 are above 1024),
               CAP_NET_ADMIN, privileged: true
 
+Stream guard per pod (opt in):
+  Envoy node metadata DRAINSHIM_GUARD: \"LISTEN=UPSTREAM\", both inside the pod,
+  e.g. 127.0.0.1:15097=127.0.0.1:8080: the agent binds LISTEN in the pod's network
+  namespace and forwards to UPSTREAM on the pod's loopback. Point Envoy's inbound
+  cluster at LISTEN (priority 0) with the app as priority 1 (fail open), as
+  deploy/components/envoy/envoy.yaml does. --guard gives pods without the key the same.
+  The pod's preStop drain ends its guarded streams gracefully; caps are per pod.
+
+Rolling update (--handover-socket on a hostPath, DaemonSet maxSurge 1):
+  the new agent takes every listener (node API, preStop, guards) from the old one:
+  nothing is refused; the old one ends its guarded streams over --handover-window
+  and exits at SIGTERM. No agent on the socket: bind everything.
+
 Exit codes:
   0   stopped by SIGTERM (after drains in progress finished)
   64  usage error: a bad flag or an inconsistent drain budget
