@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Python packages the tests use as independent clients, into a venv in the
 # cache ($DRAINSHIM_CACHE, default .cache/py-venv):
-#   - websockets (PyPI): the WebSocket client of tests/guard_websocket_python.rs
+#   - websockets (PyPI): the WebSocket client of tests/it/guard_websocket_python.rs
 # Fails when they cannot be had: tests never skip for a missing component.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -3,33 +3,69 @@
 //! Everything is checked before anything runs, and every bad value is
 //! reported at once, naming the flags involved.
 
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
 
 /// Envoy's admin API inside the pod (Istio's default).
 pub const DEFAULT_ENVOY_ADMIN: &str = "http://127.0.0.1:15000";
 /// Control and metrics endpoint; loopback so nothing is exposed on the pod network.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:15099";
+pub const DEFAULT_LISTEN: SocketAddr =
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 15099));
+/// The node agent's own endpoint, on the node: one below the pod port, so a
+/// hostNetwork agent never collides with a pod's listener number.
+pub const DEFAULT_NODE_LISTEN: SocketAddr =
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 15098));
+/// Envoy's admin port inside a pod (Istio's default), for the node agent.
+pub const DEFAULT_POD_ADMIN_PORT: u16 = 15000;
+/// The preStop listener the node agent plants inside each pod; the pod
+/// spec's `httpGet` targets it.
+pub const DEFAULT_POD_LISTEN_PORT: u16 = 15099;
+
 /// How long streams may take to finish before they are ended or cut.
-pub const DEFAULT_DRAIN_TIME: Duration = Duration::from_secs(60);
+pub const DEFAULT_DRAIN_TIME: Span = Span::secs(60);
 /// The hard deadline; must stay below the pod's terminationGracePeriodSeconds.
-pub const DEFAULT_PARENT_SHUTDOWN_TIME: Duration = Duration::from_secs(90);
+pub const DEFAULT_PARENT_SHUTDOWN_TIME: Span = Span::secs(90);
 /// Never quiesce before this, so a momentary lull does not end the drain.
-pub const DEFAULT_MIN_DRAIN_TIME: Duration = Duration::from_secs(5);
+pub const DEFAULT_MIN_DRAIN_TIME: Span = Span::secs(5);
 /// Time for endpoint removal to reach callers; short requests keep landing meanwhile.
-pub const DEFAULT_DEREGISTRATION_DELAY: Duration = Duration::from_secs(5);
+pub const DEFAULT_DEREGISTRATION_DELAY: Span = Span::secs(5);
 /// Envoy stats are read live (not at the 5 s stats flush), so 1 s is cheap and timely.
-pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+pub const DEFAULT_POLL_INTERVAL: Span = Span::secs(1);
 /// One admin call on loopback answers in milliseconds; longer means it is hung.
-pub const DEFAULT_ADMIN_TIMEOUT: Duration = Duration::from_secs(2);
+pub const DEFAULT_ADMIN_TIMEOUT: Span = Span::secs(2);
+/// After a SIGTERM drain, /metrics stays up this long so two 5 s scrapes see
+/// the final counts.
+pub const DEFAULT_LINGER: Span = Span::secs(10);
 /// gRPC A9's default grace after max connection age.
-pub const DEFAULT_MAX_CONNECTION_AGE_GRACE: Duration = Duration::from_secs(30);
+pub const DEFAULT_MAX_CONNECTION_AGE_GRACE: Span = Span::secs(30);
 /// After the grace, one connection's remaining streams are ended over this
 /// long, so a pooled connection does not reconnect all its streams at once.
-pub const DEFAULT_MAX_CONNECTION_AGE_SPREAD: Duration = Duration::from_secs(10);
-/// Default for `--long-stream-age`: an answered stream open this long is
-/// long-lived (a drain may end it early); far above any unary call's time
-/// between its response head and its trailers.
-pub const DEFAULT_LONG_STREAM_AGE: Duration = Duration::from_secs(10);
+pub const DEFAULT_MAX_CONNECTION_AGE_SPREAD: Span = Span::secs(10);
+/// An answered stream open this long is long-lived (a drain may end it
+/// early); far above any unary call's time between its response head and
+/// its trailers.
+pub const DEFAULT_LONG_STREAM_AGE: Span = Span::secs(10);
+/// A client that takes no response data this long has stopped reading.
+pub const DEFAULT_WRITE_STALL_TIMEOUT: Span = Span::secs(60);
+/// The data-path check behind /readyz: often enough for the kubelet's 5 s
+/// probes to see a dead guard within one period.
+pub const DEFAULT_READY_INTERVAL: Span = Span::secs(1);
+/// /readyz turns 503 after this many failed data-path checks in a row: one
+/// slow probe never flips it, a dead guard shows within three intervals.
+pub const DEFAULT_READY_FAILURES: u32 = 3;
+/// Pods come and go on the order of seconds; 5 s keeps /proc reads negligible.
+pub const DEFAULT_SCAN_INTERVAL: Span = Span::secs(5);
+/// Long enough for two 30 s scrapes to see a departed pod's last drain.
+pub const DEFAULT_POD_RETENTION: Span = Span::secs(60);
+/// After a hand-over the old agent ends its guarded streams over this
+/// window: Envoy's GOAWAY handling and a spread of endings, well inside the
+/// DaemonSet's grace period.
+pub const DEFAULT_HANDOVER_WINDOW: Span = Span::secs(10);
+/// `drainshim prestop` waits this long: above the default deadline (90 s)
+/// with room for the report, below a 2-minute grace period.
+pub const DEFAULT_PRESTOP_TIMEOUT: Span = Span::secs(120);
+/// `drainshim verify` looks back this far: one wave's usual length.
+pub const DEFAULT_VERIFY_WINDOW: Span = Span::mins(15);
 
 /// The longest duration any flag takes: far beyond any real drain, age or
 /// retention, and far below where adding it to a clock reading (or scaling
@@ -37,18 +73,94 @@ pub const DEFAULT_LONG_STREAM_AGE: Duration = Duration::from_secs(10);
 /// (100 years of 365.25 days, humantime's year, so it reads back as `100years`.)
 pub const MAX_DURATION: Duration = Duration::from_secs(100 * 31_557_600);
 
-/// Parses a duration flag: humantime (`250ms`, `5s`, `1m30s`), at most
-/// [`MAX_DURATION`].
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
-    if d > MAX_DURATION {
-        return Err(format!(
-            "{} is too long (at most {})",
-            humantime::format_duration(d),
-            humantime::format_duration(MAX_DURATION)
-        ));
+/// A duration flag: humantime text (`250ms`, `5s`, `1m30s`) that is at most
+/// [`MAX_DURATION`], so every duration is capped wherever it is parsed. It is
+/// its own clap default (`default_value_t`), so each default is written once,
+/// above, and shown in `--help` in the same text a user would type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Span(Duration);
+
+// === impl Span ===
+
+impl Span {
+    pub const fn secs(s: u64) -> Self {
+        Self(Duration::from_secs(s))
     }
-    Ok(d)
+
+    pub const fn mins(m: u64) -> Self {
+        Self(Duration::from_secs(m * 60))
+    }
+
+    pub const fn millis(ms: u64) -> Self {
+        Self(Duration::from_millis(ms))
+    }
+
+    /// The duration itself.
+    pub const fn get(self) -> Duration {
+        self.0
+    }
+}
+
+impl std::str::FromStr for Span {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+        if d > MAX_DURATION {
+            return Err(format!(
+                "{} is too long (at most {})",
+                humantime::format_duration(d),
+                humantime::format_duration(MAX_DURATION)
+            ));
+        }
+        Ok(Self(d))
+    }
+}
+
+impl std::fmt::Display for Span {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        humantime::format_duration(self.0).fmt(f)
+    }
+}
+
+impl From<Span> for Duration {
+    fn from(s: Span) -> Duration {
+        s.0
+    }
+}
+
+/// Every violation found in a command's settings, gathered so the user fixes
+/// them in one go. The one error type of validation: each message names the
+/// flags involved.
+#[derive(Debug, thiserror::Error, PartialEq, Eq, Default)]
+#[error("invalid settings:\n  - {}", .0.join("\n  - "))]
+pub struct Invalid(pub Vec<String>);
+
+// === impl Invalid ===
+
+impl Invalid {
+    /// Records `why` unless `ok` holds.
+    pub fn check(&mut self, ok: bool, why: impl FnOnce() -> String) {
+        if !ok {
+            self.0.push(why());
+        }
+    }
+
+    /// Adds another check's violations.
+    pub fn merge(&mut self, other: Result<(), Invalid>) {
+        if let Err(e) = other {
+            self.0.extend(e.0);
+        }
+    }
+
+    /// `Ok` when nothing was found.
+    pub fn into_result(self) -> Result<(), Invalid> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(self)
+        }
+    }
 }
 
 /// The timers of one drain (docs/design.md, "Drain timeline").
@@ -69,23 +181,20 @@ pub struct Timers {
 impl Default for Timers {
     fn default() -> Self {
         Self {
-            deregistration_delay: DEFAULT_DEREGISTRATION_DELAY,
-            min_drain_time: DEFAULT_MIN_DRAIN_TIME,
-            drain_time: DEFAULT_DRAIN_TIME,
-            parent_shutdown_time: DEFAULT_PARENT_SHUTDOWN_TIME,
-            poll_interval: DEFAULT_POLL_INTERVAL,
+            deregistration_delay: DEFAULT_DEREGISTRATION_DELAY.get(),
+            min_drain_time: DEFAULT_MIN_DRAIN_TIME.get(),
+            drain_time: DEFAULT_DRAIN_TIME.get(),
+            parent_shutdown_time: DEFAULT_PARENT_SHUTDOWN_TIME.get(),
+            poll_interval: DEFAULT_POLL_INTERVAL.get(),
         }
     }
 }
 
-/// Every inconsistency in the budget, gathered so the user fixes them in one go.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("invalid drain budget:\n  - {}", .0.join("\n  - "))]
-pub struct BudgetError(pub Vec<String>);
+// === impl Timers ===
 
 impl Timers {
     /// Checks `min-drain-time <= drain-time < parent-shutdown-time < termination grace`.
-    pub fn validate(&self, termination_grace: Option<Duration>) -> Result<(), BudgetError> {
+    pub fn validate(&self, termination_grace: Option<Duration>) -> Result<(), Invalid> {
         let h = |d: Duration| humantime::format_duration(d).to_string();
         let mut errs = Vec::new();
         if self.min_drain_time > self.drain_time {
@@ -121,11 +230,7 @@ impl Timers {
                 ));
             }
         }
-        if errs.is_empty() {
-            Ok(())
-        } else {
-            Err(BudgetError(errs))
-        }
+        Invalid(errs).into_result()
     }
 }
 
@@ -165,20 +270,29 @@ mod tests {
         }
     }
 
+    fn span(text: &str) -> Result<Duration, String> {
+        text.parse::<Span>().map(Span::get)
+    }
+
     #[test]
     fn durations_are_bounded() {
-        assert_eq!(parse_duration("1m30s"), Ok(s(90)));
-        assert_eq!(parse_duration("100y"), Ok(MAX_DURATION));
-        assert!(parse_duration("101y")
-            .unwrap_err()
-            .contains("at most 100years"));
+        assert_eq!(span("1m30s"), Ok(s(90)));
+        assert_eq!(span("100y"), Ok(MAX_DURATION));
+        assert!(span("101y").unwrap_err().contains("at most 100years"));
         assert_eq!(
-            parse_duration(&format!("{}s", MAX_DURATION.as_secs())),
+            span(&format!("{}s", MAX_DURATION.as_secs())),
             Ok(MAX_DURATION)
         );
-        let err = parse_duration(&format!("{}s", u64::MAX)).unwrap_err();
+        let err = span(&format!("{}s", u64::MAX)).unwrap_err();
         assert!(err.contains("too long"), "{err}");
-        assert!(parse_duration("soon").is_err());
+        assert!(span("soon").is_err());
+    }
+
+    #[test]
+    fn defaults_read_back_as_typed() {
+        for d in [DEFAULT_DRAIN_TIME, DEFAULT_VERIFY_WINDOW, Span::millis(250)] {
+            assert_eq!(d.to_string().parse::<Span>(), Ok(d));
+        }
     }
 
     #[test]

@@ -3,21 +3,10 @@
 //! Identity (namespace, pod) is resolved in the order of docs/design.md:
 //! flags or env, then Envoy node metadata NAMESPACE/NAME, then the Istio node id.
 
+#[cfg(test)]
+use crate::envoy::parse_envoy_version;
 use crate::envoy::ServerInfo;
 use crate::metrics::ProxyLabels;
-
-/// `<sha>/1.40.0/Clean/RELEASE/BoringSSL` -> `1.40.0`. A bare `1.40.0` is accepted too.
-pub fn parse_envoy_version(build: &str) -> Option<&str> {
-    let looks_like_release = |s: &str| {
-        let mut parts = s.split('.');
-        let ok = parts
-            .by_ref()
-            .take(3)
-            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
-        ok && s.split('.').count() == 3
-    };
-    build.split('/').find(|p| looks_like_release(p))
-}
 
 /// Istio's node id: `sidecar~10.0.0.1~POD.NAMESPACE~NAMESPACE.svc.cluster.local`.
 /// Returns (namespace, pod).

@@ -4,22 +4,28 @@
 //! report -> metrics and control endpoints. See docs/design.md.
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod control;
 pub mod drain;
 pub mod envoy;
+pub mod error;
 pub mod fleet;
 pub mod guard;
 pub mod http;
+pub mod install;
 pub mod inventory;
 pub mod metrics;
 pub mod node;
+pub mod oneshot;
 pub mod prestop;
 pub mod readiness;
 pub mod recovery;
+pub mod settings;
 pub mod sidecar;
+pub mod signals;
 pub mod telemetry;
 
 /// Generated protobuf and gRPC types.

@@ -11,12 +11,43 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::drain::{Outcome, Report};
+/// How a drain ended, as a label value (the drain report's outcome).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum DrainOutcome {
+    quiesced,
+    deadline,
+    envoy_unreachable,
+}
+
+/// Every drain outcome, for series created at 0.
+pub const DRAIN_OUTCOMES: [DrainOutcome; 3] = [
+    DrainOutcome::quiesced,
+    DrainOutcome::deadline,
+    DrainOutcome::envoy_unreachable,
+];
 
 /// How a drain ended (`drainshim_drains_total{outcome}`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
-    pub outcome: Outcome,
+    pub outcome: DrainOutcome,
+}
+
+/// One finished drain as the metrics count it (the drain's report, reduced).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DrainCounts {
+    /// How it ended; None counts no drain (never happens for a report).
+    pub outcome: Option<DrainOutcome>,
+    /// Connections by how they ended.
+    pub connections_closed: u64,
+    pub connections_idle_at_exit: u64,
+    pub connections_cut: u64,
+    /// Streams by how they ended.
+    pub streams_completed: u64,
+    pub streams_terminated: u64,
+    pub streams_cut: u64,
+    /// From the trigger to the report.
+    pub duration_seconds: f64,
 }
 
 /// How a connection or stream ended during a drain.
@@ -324,12 +355,7 @@ impl Metrics {
     /// Creates every known label set at 0, so the series exist before the
     /// first drain: `increase()` and alerts then see the first cut too.
     fn zero_known_series(&self) {
-        use crate::drain::Outcome;
-        for outcome in [
-            Outcome::quiesced,
-            Outcome::deadline,
-            Outcome::envoy_unreachable,
-        ] {
+        for outcome in DRAIN_OUTCOMES {
             let _ = self.drains.get_or_create(&OutcomeLabels { outcome });
         }
         for outcome in [Ending::closed, Ending::idle_at_exit, Ending::cut] {
@@ -353,33 +379,29 @@ impl Metrics {
     }
 
     /// Counts one finished drain.
-    pub fn record_report(&self, report: &Report) {
-        self.drains
-            .get_or_create(&OutcomeLabels {
-                outcome: report.outcome,
-            })
-            .inc();
-        let c = &report.connections;
+    pub fn record_drain(&self, d: &DrainCounts) {
+        if let Some(outcome) = d.outcome {
+            self.drains.get_or_create(&OutcomeLabels { outcome }).inc();
+        }
         for (outcome, n) in [
-            (Ending::closed, c.closed),
-            (Ending::idle_at_exit, c.idle_at_exit),
-            (Ending::cut, c.cut),
+            (Ending::closed, d.connections_closed),
+            (Ending::idle_at_exit, d.connections_idle_at_exit),
+            (Ending::cut, d.connections_cut),
         ] {
             self.drained_connections
                 .get_or_create(&EndingLabels { outcome })
                 .inc_by(n);
         }
-        let s = &report.streams;
         for (outcome, n) in [
-            (Ending::completed, s.completed),
-            (Ending::terminated, s.terminated),
-            (Ending::cut, s.cut),
+            (Ending::completed, d.streams_completed),
+            (Ending::terminated, d.streams_terminated),
+            (Ending::cut, d.streams_cut),
         ] {
             self.drained_streams
                 .get_or_create(&EndingLabels { outcome })
                 .inc_by(n);
         }
-        self.drain_duration.observe(report.duration_seconds);
+        self.drain_duration.observe(d.duration_seconds);
     }
 
     /// Replaces the inventory entry: a restarted Envoy may report a new version.

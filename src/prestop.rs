@@ -3,21 +3,25 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::{Method, StatusCode};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::drain::{Report, Status};
+use crate::http::{CallError, Endpoint};
 
 /// How long to keep retrying a shim that refuses connections (it may be starting).
 const CONNECT_RETRY_FOR: Duration = Duration::from_secs(5);
 /// How often progress is read from `/status`.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// One call's own bound; `--timeout` bounds the whole wait and is the one
+/// that fires (a drain never takes a day).
+const MAX_CALL: Duration = Duration::from_secs(86_400);
+/// A progress read that takes longer is skipped; the next one comes anyway.
+const PROGRESS_CALL: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum PrestopError {
-    #[error("invalid --shim URL {0:?} (expected e.g. http://127.0.0.1:15099)")]
-    Url(String),
     #[error("shim {authority}: {what}")]
     Unreachable { authority: String, what: String },
     #[error("shim {authority}: no report within --timeout {}", humantime::format_duration(*timeout))]
@@ -27,46 +31,35 @@ pub enum PrestopError {
     },
 }
 
-/// Parses `http://host:port` into its authority.
-fn authority(url: &str) -> Result<String, PrestopError> {
-    let uri: http::Uri = url.parse().map_err(|_| PrestopError::Url(url.into()))?;
-    match (uri.scheme_str(), uri.authority()) {
-        (Some("http"), Some(a)) if a.port_u16().is_some() => Ok(a.to_string()),
-        _ => Err(PrestopError::Url(url.into())),
-    }
-}
-
-/// One request on a fresh connection; connection refusals are retried for a while.
+/// One request on a fresh connection; connection refusals are retried for a
+/// while. The caller bounds the whole wait.
 async fn call(
-    authority: &str,
+    shim: &Endpoint,
     method: Method,
     path: &str,
-) -> Result<(StatusCode, bytes::Bytes), String> {
+    limit: Duration,
+) -> Result<(StatusCode, Bytes), String> {
     let start = Instant::now();
-    let stream = loop {
-        match TcpStream::connect(authority).await {
-            Ok(s) => break s,
-            Err(e) if start.elapsed() < CONNECT_RETRY_FOR => {
+    loop {
+        match shim.call(method.clone(), path, limit).await {
+            Err(CallError::Connect(e)) if start.elapsed() < CONNECT_RETRY_FOR => {
                 tracing::debug!(error = %e, "shim not reachable yet; retrying");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            Err(e) => return Err(format!("connect: {e}")),
+            r => return r.map_err(|e| e.to_string()),
         }
-    };
-    crate::http::request(stream, authority, method, path)
-        .await
-        .map_err(|e| e.to_string())
+    }
 }
 
 /// Starts the drain and waits for its report, printing progress to stderr.
-pub async fn run(shim: &str, timeout: Duration) -> Result<Report, PrestopError> {
-    let authority = authority(shim)?;
+pub async fn run(shim: &Endpoint, timeout: Duration) -> Result<Report, PrestopError> {
+    let authority = shim.authority().to_string();
     let unreachable = |what: String| PrestopError::Unreachable {
         authority: authority.clone(),
         what,
     };
     let wait = async {
-        let (status, body) = call(&authority, Method::GET, "/drain?wait=true")
+        let (status, body) = call(shim, Method::GET, "/drain?wait=true", MAX_CALL)
             .await
             .map_err(unreachable)?;
         if status != StatusCode::OK {
@@ -82,7 +75,9 @@ pub async fn run(shim: &str, timeout: Duration) -> Result<Report, PrestopError> 
         let mut progress = crate::drain::Progress::new(Duration::from_secs(5));
         loop {
             tokio::time::sleep(PROGRESS_EVERY).await;
-            let Ok((StatusCode::OK, body)) = call(&authority, Method::GET, "/status").await else {
+            let Ok((StatusCode::OK, body)) =
+                call(shim, Method::GET, "/status", PROGRESS_CALL).await
+            else {
                 continue;
             };
             if let Some(line) = serde_json::from_slice::<Status>(&body)
@@ -100,17 +95,9 @@ pub async fn run(shim: &str, timeout: Duration) -> Result<Report, PrestopError> 
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn shim_urls() {
-        assert_eq!(
-            authority("http://127.0.0.1:15099").unwrap(),
-            "127.0.0.1:15099"
-        );
-        assert!(authority("127.0.0.1:15099").is_err());
-        assert!(authority("http://localhost").is_err());
+impl From<crate::prestop::PrestopError> for crate::error::Error {
+    fn from(e: crate::prestop::PrestopError) -> Self {
+        use crate::error::Error;
+        Error::Unavailable(e.to_string())
     }
 }

@@ -16,10 +16,6 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-/// Default for `--ready-failures`: three missed checks (about 3 s) before the
-/// pod leaves its Service; a restarting app is seen well inside a kubelet
-/// probe period or two, a GC pause or one slow connect is not.
-pub const DEFAULT_FAILURES: u32 = 3;
 /// Longest wait for one connect: both ends are on the pod's loopback, where a
 /// listening port answers in microseconds and a closed one refuses at once.
 const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);

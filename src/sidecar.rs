@@ -12,122 +12,15 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{SidecarArgs, TimerArgs};
-use crate::config::Timers;
 use crate::control::{self, Control};
 use crate::drain::{self, DrainSettings, Report, StreamGuard, Trigger};
 use crate::envoy::AdminClient;
-use crate::guard::{Guard, GuardConfig};
+use crate::guard::Guard;
 use crate::metrics::{Metrics, SidecarMetrics};
 use crate::readiness::{self, DataPath};
 use crate::recovery;
+use crate::settings::SidecarSettings;
 use crate::telemetry::Telemetry;
-
-/// Settings that passed validation.
-#[derive(Debug)]
-pub struct Validated {
-    pub admin: AdminClient,
-    pub timers: Timers,
-    /// The stream guard, when `--guard-listen` and `--guard-upstream` are set.
-    pub guard: Option<(std::net::SocketAddr, GuardConfig)>,
-}
-
-/// Everything the sidecar takes, checked at once: the admin URL, the drain
-/// budget, and the guard flags.
-pub fn validate_sidecar(args: &SidecarArgs) -> Result<Validated, String> {
-    let mut errs = Vec::new();
-    let guard = match (args.guard_listen, args.guard_upstream) {
-        (Some(listen), Some(upstream)) => {
-            let mut config = GuardConfig::new(upstream);
-            config.max_connection_age = args.max_connection_age;
-            config.max_connection_age_grace = args.max_connection_age_grace;
-            config.max_connection_age_spread = args.max_connection_age_spread;
-            config.long_stream_age = args.long_stream_age;
-            config.limits.write_stall_timeout = args.write_stall_timeout;
-            if args.write_stall_timeout.is_zero() {
-                errs.push("--write-stall-timeout must be greater than zero".into());
-            }
-            config.limits.max_connections = args.guard_max_connections;
-            config.limits.max_streams = args.guard_max_streams;
-            if args.max_connection_age.is_some_and(|a| a.is_zero()) {
-                errs.push(
-                    "--max-connection-age must be greater than zero (leave it out to turn it off)"
-                        .into(),
-                );
-            }
-            if listen == upstream {
-                errs.push(format!(
-                    "--guard-listen and --guard-upstream are the same address ({listen})"
-                ));
-            }
-            Some((listen, config))
-        }
-        (None, None) => {
-            if args.max_connection_age.is_some() {
-                errs.push("--max-connection-age needs the stream guard: set --guard-listen and --guard-upstream".into());
-            }
-            None
-        }
-        (Some(_), None) => {
-            errs.push("--guard-listen needs --guard-upstream (the application port the guard forwards to)".into());
-            None
-        }
-        (None, Some(_)) => {
-            errs.push(
-                "--guard-upstream needs --guard-listen (where Envoy's inbound cluster connects)"
-                    .into(),
-            );
-            None
-        }
-    };
-    match validate(&args.envoy_admin, &args.timers, args.linger) {
-        Ok(v) if errs.is_empty() => Ok(Validated { guard, ..v }),
-        Ok(_) => Err(format!("invalid settings:\n  - {}", errs.join("\n  - "))),
-        Err(mut e) => {
-            for extra in errs {
-                e.push_str(&format!("\n  - {extra}"));
-            }
-            Err(e)
-        }
-    }
-}
-
-/// Checks the admin URL and the drain budget together, so every bad value is
-/// reported at once. `linger` is the sidecar's time after the report.
-pub fn validate(envoy_admin: &str, t: &TimerArgs, linger: Duration) -> Result<Validated, String> {
-    let mut errs = Vec::new();
-    if let Some(grace) = t.termination_grace_period {
-        // Checked: humantime takes durations up to u64::MAX seconds, and a sum
-        // past Duration::MAX is past any grace period too.
-        let end = t.parent_shutdown_time.checked_add(linger);
-        if t.parent_shutdown_time < grace && end.is_none_or(|end| end >= grace) {
-            errs.push(format!(
-                "--parent-shutdown-time ({}) plus --linger ({}) must stay below --termination-grace-period ({})",
-                humantime::format_duration(t.parent_shutdown_time),
-                humantime::format_duration(linger),
-                humantime::format_duration(grace)
-            ));
-        }
-    }
-    let admin = AdminClient::new(envoy_admin, t.admin_timeout)
-        .map_err(|e| errs.push(format!("--envoy-admin: {e}")))
-        .ok();
-    let timers = t.timers();
-    if let Err(e) = timers.validate(t.termination_grace_period) {
-        errs.extend(e.0);
-    }
-    if t.admin_timeout.is_zero() {
-        errs.push("--admin-timeout must be greater than zero".into());
-    }
-    match admin {
-        Some(admin) if errs.is_empty() => Ok(Validated {
-            admin,
-            timers,
-            guard: None,
-        }),
-        _ => Err(format!("invalid settings:\n  - {}", errs.join("\n  - "))),
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum SidecarError {
@@ -154,14 +47,21 @@ pub struct Sidecar {
 }
 
 /// Binds `--listen` and starts serving. Nothing drains until a trigger.
-pub async fn start(args: SidecarArgs, settings: Validated) -> Result<Sidecar, SidecarError> {
-    let listener = TcpListener::bind(args.listen)
-        .await
-        .map_err(|source| SidecarError::Bind {
-            addr: args.listen,
-            source,
-        })?;
-    let local = listener.local_addr().unwrap_or(args.listen);
+pub async fn start(settings: SidecarSettings) -> Result<Sidecar, SidecarError> {
+    let listener =
+        TcpListener::bind(settings.listen)
+            .await
+            .map_err(|source| SidecarError::Bind {
+                addr: settings.listen,
+                source,
+            })?;
+    let local = listener.local_addr().unwrap_or(settings.listen);
+    let admin = AdminClient::at(
+        settings.envoy_admin.clone(),
+        settings.budget.admin_timeout,
+        Arc::new(crate::envoy::TcpDial),
+    );
+    let timers = settings.budget.timers;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     let sidecar_metrics = SidecarMetrics::register(&mut registry);
@@ -171,7 +71,8 @@ pub async fn start(args: SidecarArgs, settings: Validated) -> Result<Sidecar, Si
     let mut data_path = None;
     let guard: Option<Arc<dyn StreamGuard>> = match settings.guard {
         None => None,
-        Some((addr, config)) => {
+        Some(gs) => {
+            let (addr, config) = (gs.listen, gs.config);
             let gl = TcpListener::bind(addr)
                 .await
                 .map_err(|source| SidecarError::Bind { addr, source })?;
@@ -188,8 +89,8 @@ pub async fn start(args: SidecarArgs, settings: Validated) -> Result<Sidecar, Si
                     readiness::Settings {
                         guard: guard_addr.unwrap_or(addr),
                         app: upstream,
-                        interval: args.ready_interval,
-                        failures: args.ready_failures,
+                        interval: gs.ready_interval,
+                        failures: gs.ready_failures,
                     },
                     shutdown.clone(),
                 )
@@ -200,22 +101,23 @@ pub async fn start(args: SidecarArgs, settings: Validated) -> Result<Sidecar, Si
     };
     let (drain, _driver) = drain::spawn(
         DrainSettings {
-            timers: settings.timers,
-            admin: settings.admin.clone(),
+            timers,
+            admin: admin.clone(),
             guard,
         },
         metrics.clone(),
     );
     let identity = (
-        args.pod_namespace
+        settings
+            .pod_namespace
             .or_else(|| std::env::var("POD_NAMESPACE").ok()),
-        args.pod_name.or_else(|| std::env::var("POD_NAME").ok()),
+        settings.pod_name.or_else(|| std::env::var("POD_NAME").ok()),
     );
     // Inspect Envoy for what an earlier drain (an earlier shim) left behind.
     let envoy_health = recovery::spawn(
-        settings.admin.clone(),
+        admin.clone(),
         drain.clone(),
-        settings.timers.poll_interval,
+        timers.poll_interval,
         sidecar_metrics,
         match &identity {
             (Some(ns), Some(pod)) => format!("{ns}/{pod}"),
@@ -225,28 +127,23 @@ pub async fn start(args: SidecarArgs, settings: Validated) -> Result<Sidecar, Si
     );
     // The sidecar shares the pod's network namespace: its own /proc/net
     // counters are the pod's, with no privileges needed.
-    let telemetry = Telemetry::new(
-        settings.admin.clone(),
-        identity,
-        "/proc/self/net".into(),
-        metrics,
-    );
+    let telemetry = Telemetry::new(admin.clone(), identity, "/proc/self/net".into(), metrics);
     let control = Arc::new(Control {
         drain: drain.clone(),
         registry: Arc::new(registry),
-        admin: Some(settings.admin.clone()),
-        allow_drain_from: args.allow_drain_from.clone(),
+        admin: Some(admin.clone()),
+        allow_drain_from: settings.allow_drain_from,
         telemetry: Some(Arc::new(telemetry)),
         envoy_health: Some(envoy_health),
         data_path,
     });
     let server = tokio::spawn(control::serve(listener, control, shutdown.clone()));
-    tracing::info!(listen = %local, envoy_admin = settings.admin.authority(), "sidecar ready");
+    tracing::info!(listen = %local, envoy_admin = admin.authority(), "sidecar ready");
     Ok(Sidecar {
         local,
         guard_addr,
         guard_task,
-        linger: args.linger,
+        linger: settings.linger,
         drain,
         shutdown,
         server,
@@ -338,43 +235,9 @@ impl Sidecar {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::cli::{Cli, Command};
-    use clap::Parser;
-
-    fn sidecar_args(argv: &[&str]) -> SidecarArgs {
-        let argv = ["drainshim", "sidecar"].iter().chain(argv);
-        match Cli::try_parse_from(argv).expect("parses").command {
-            Command::Sidecar(a) => a,
-            _ => unreachable!("sidecar"),
-        }
-    }
-
-    /// Found while writing the fuzz/ target `cli` (which then reproduced it):
-    /// --parent-shutdown-time plus --linger overflowed Duration and panicked
-    /// instead of giving a usage error. The CLI now caps durations at
-    /// MAX_DURATION; validation must not panic even without that cap.
-    #[test]
-    fn huge_linger_is_a_usage_error_not_a_panic() {
-        let max = format!("{}s", u64::MAX);
-        let argv = ["drainshim", "sidecar", "--linger", &max];
-        assert!(Cli::try_parse_from(argv).is_err(), "the CLI refuses it");
-        let mut a = sidecar_args(&["--parent-shutdown-time", "100s"]);
-        a.timers.termination_grace_period = Some(Duration::MAX);
-        a.linger = Duration::MAX;
-        let err = validate_sidecar(&a).unwrap_err();
-        assert!(err.contains("plus --linger"), "{err}");
-    }
-
-    #[test]
-    fn linger_must_fit_before_the_grace_period() {
-        let ok = sidecar_args(&["--termination-grace-period", "120s", "--linger", "10s"]);
-        assert!(validate_sidecar(&ok).is_ok());
-        let late = sidecar_args(&["--termination-grace-period", "120s", "--linger", "30s"]);
-        assert!(validate_sidecar(&late)
-            .unwrap_err()
-            .contains("plus --linger"));
+impl From<crate::sidecar::SidecarError> for crate::error::Error {
+    fn from(e: crate::sidecar::SidecarError) -> Self {
+        use crate::error::Error;
+        Error::Unavailable(e.to_string())
     }
 }

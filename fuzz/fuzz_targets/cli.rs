@@ -151,7 +151,7 @@ fn token(t: &Token) -> OsString {
 }
 
 fn durations(s: &str) {
-    let flag = drainshim::config::parse_duration(s);
+    let flag = s.parse::<drainshim::config::Span>();
     if let Ok(d) = humantime::parse_duration(s) {
         // What we print in errors and reports reads back as the same duration.
         let shown = humantime::format_duration(d).to_string();
@@ -179,13 +179,17 @@ fn run(argv: Vec<OsString>) {
     }
     match cli.command {
         Command::Sidecar(a) => {
-            let _ = drainshim::sidecar::validate_sidecar(&a);
+            if let Ok(s) = drainshim::settings::SidecarSettings::try_from(&a) {
+                let _ = s.effective().to_string();
+            }
         }
         Command::Drain(a) => {
-            let _ = drainshim::sidecar::validate(&a.envoy_admin, &a.timers, Duration::ZERO);
+            let _ = drainshim::settings::DrainOnceSettings::try_from(&a);
         }
         Command::Node(a) => {
-            let _ = drainshim::node::validate(&a);
+            if let Ok(s) = drainshim::settings::NodeSettings::try_from(&a) {
+                let _ = s.effective().to_string();
+            }
         }
         Command::Inventory(a) => source(&a.source),
         Command::Skew(a) => {

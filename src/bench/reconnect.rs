@@ -22,8 +22,10 @@ use super::envoy::{EnvoyOptions, EnvoyProcess};
 use super::measure::{self, ModeResult, Observed};
 use super::population::{Endpoints, Population, Protocol};
 use super::server::Ledger;
-use crate::cli::Cli;
+use crate::config::{self, Invalid, Span, Timers};
 use crate::drain::{DrainHandle, Report, Trigger};
+use crate::http::{Endpoint, UrlError};
+use crate::settings::{GuardSettings, SidecarSettings};
 use crate::sidecar;
 
 /// How pod A is restarted.
@@ -52,6 +54,12 @@ impl Mode {
 const ISTIO_DRAIN: Duration = Duration::from_secs(5);
 /// After pod A is gone, how long the clients get to settle before the count.
 const SETTLE: Duration = Duration::from_secs(2);
+
+/// The bench's drain timers: short, so a run takes a minute, and in the
+/// budget's order (`--deregistration-delay` is also the minimum drain time).
+pub const DEFAULT_DEREGISTRATION_DELAY: Span = Span::secs(2);
+pub const DEFAULT_DRAIN_TIME: Span = Span::secs(12);
+pub const DEFAULT_PARENT_SHUTDOWN_TIME: Span = Span::secs(20);
 
 /// Bench settings.
 #[derive(Clone, Debug)]
@@ -82,16 +90,40 @@ impl ReconnectOptions {
             envoy,
             streams: 200,
             modes: vec![Mode::EnvoySigterm, Mode::IstioDefault, Mode::Drainshim],
-            deregistration_delay: Duration::from_secs(2),
-            drain_time: Duration::from_secs(12),
-            parent_shutdown_time: Duration::from_secs(20),
+            deregistration_delay: DEFAULT_DEREGISTRATION_DELAY.get(),
+            drain_time: DEFAULT_DRAIN_TIME.get(),
+            parent_shutdown_time: DEFAULT_PARENT_SHUTDOWN_TIME.get(),
             max_connection_age: None,
-            max_connection_age_grace: Duration::from_secs(30),
-            max_connection_age_spread: crate::config::DEFAULT_MAX_CONNECTION_AGE_SPREAD,
+            max_connection_age_grace: config::DEFAULT_MAX_CONNECTION_AGE_GRACE.get(),
+            max_connection_age_spread: config::DEFAULT_MAX_CONNECTION_AGE_SPREAD.get(),
             protocol: Protocol::Grpc,
             payload_bytes: vec![64],
             progress: true,
         }
+    }
+
+    /// The drainshim sidecar's timers in `drainshim` mode.
+    pub fn timers(&self) -> Timers {
+        Timers {
+            deregistration_delay: self.deregistration_delay,
+            min_drain_time: self.deregistration_delay,
+            drain_time: self.drain_time,
+            parent_shutdown_time: self.parent_shutdown_time,
+            poll_interval: Duration::from_millis(250),
+        }
+    }
+
+    /// Every violation at once; the timers only matter in `drainshim` mode.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        let mut errs = Invalid::default();
+        if self.modes.contains(&Mode::Drainshim) {
+            errs.merge(self.timers().validate(None));
+        }
+        errs.check(self.streams >= 2, || "--streams must be at least 2".into());
+        errs.check(!self.modes.is_empty(), || {
+            "--mode needs at least one mode".into()
+        });
+        errs.into_result()
     }
 
     fn say(&self, msg: &str) {
@@ -138,54 +170,20 @@ async fn start_pod(opts: &ReconnectOptions, ledger: &Ledger, guard: bool) -> Res
 
     let admin_port = free_port()?;
     let (upstream, shim, shim_task, sigterm) = if guard {
-        let mut argv: Vec<String> = [
-            "drainshim",
-            "sidecar",
-            "--listen",
-            "127.0.0.1:0",
-            "--linger",
-            "0s",
-            "--guard-listen",
-            "127.0.0.1:0",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let h = |d: Duration| humantime::format_duration(d).to_string();
-        argv.extend([
-            "--envoy-admin".into(),
-            format!("http://127.0.0.1:{admin_port}"),
-            "--guard-upstream".into(),
-            app.to_string(),
-            "--deregistration-delay".into(),
-            h(opts.deregistration_delay),
-            "--min-drain-time".into(),
-            h(opts.deregistration_delay),
-            "--drain-time".into(),
-            h(opts.drain_time),
-            "--parent-shutdown-time".into(),
-            h(opts.parent_shutdown_time),
-            "--poll-interval".into(),
-            "250ms".into(),
-            "--max-connection-age-grace".into(),
-            h(opts.max_connection_age_grace),
-            "--max-connection-age-spread".into(),
-            h(opts.max_connection_age_spread),
-        ]);
-        if let Some(age) = opts.max_connection_age {
-            argv.extend(["--max-connection-age".into(), h(age)]);
-        }
-        let args = match <Cli as clap::Parser>::try_parse_from(&argv)
-            .map_err(|e| e.to_string())?
-            .command
-        {
-            crate::cli::Command::Sidecar(a) => a,
-            _ => return Err("internal: not a sidecar command line".into()),
-        };
-        let settings = sidecar::validate_sidecar(&args)?;
-        let sc = sidecar::start(args, settings)
-            .await
-            .map_err(|e| e.to_string())?;
+        let admin: Endpoint = format!("http://127.0.0.1:{admin_port}")
+            .parse()
+            .map_err(|e: UrlError| e.to_string())?;
+        let mut settings = SidecarSettings::new(admin);
+        settings.listen = "127.0.0.1:0".parse().map_err(|_| "internal: address")?;
+        settings.linger = Duration::ZERO;
+        settings.budget.timers = opts.timers();
+        let mut g = GuardSettings::new(settings.listen, app);
+        g.config.max_connection_age = opts.max_connection_age;
+        g.config.max_connection_age_grace = opts.max_connection_age_grace;
+        g.config.max_connection_age_spread = opts.max_connection_age_spread;
+        settings.guard = Some(g);
+        settings.validate().map_err(|e| e.to_string())?;
+        let sc = sidecar::start(settings).await.map_err(|e| e.to_string())?;
         let guard_addr = sc
             .guard_addr()
             .ok_or("internal: the sidecar started without its guard")?;
@@ -349,6 +347,27 @@ pub struct SoakResult {
     pub reconnect_p99_ms: f64,
     /// Peak reconnects per 100 ms over the mean, over the soak.
     pub storm_peak_to_mean: f64,
+}
+
+impl SoakResult {
+    /// One line for the terminal.
+    pub fn render(&self) -> String {
+        format!(
+            "soak {:.0}s, {} streams, max age {:.0}s (+/-10%), grace {:.0}s, spread {:.0}s: {} reconnects ({:.1}/min), {} graceful, {} cut, {} lost, reconnect p99 {:.0} ms, storm peak/mean {:.2}\n",
+            self.soak_seconds,
+            self.streams,
+            self.max_connection_age_seconds,
+            self.grace_seconds,
+            self.spread_seconds,
+            self.reconnects,
+            self.reconnects_per_minute,
+            self.graceful,
+            self.cut,
+            self.lost_messages,
+            self.reconnect_p99_ms,
+            self.storm_peak_to_mean
+        )
+    }
 }
 
 pub async fn soak(opts: &ReconnectOptions, duration: Duration) -> Result<SoakResult, String> {

@@ -312,7 +312,7 @@ impl Drive {
             report: report.clone(),
         };
         if let Some(r) = &report {
-            self.metrics.record_report(r);
+            self.metrics.record_drain(&r.counts());
             self.metrics.draining.set(0);
             tracing::info!(report = %serde_json::to_string(r).unwrap_or_default(), "drain done");
         }

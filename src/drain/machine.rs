@@ -15,7 +15,6 @@
 
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelValue;
 use serde::{Deserialize, Serialize};
 
 use crate::config::Timers;
@@ -54,17 +53,17 @@ pub enum Trigger {
     Api,
 }
 
-/// How a drain ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, EncodeLabelValue)]
-// Lower-case variants: the label values and JSON strings are the contract.
-#[allow(non_camel_case_types)]
+/// How a drain ended. The JSON strings (`quiesced`, `deadline`,
+/// `envoy_unreachable`) are part of the report's contract.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Outcome {
     /// Active streams reached zero after the minimum drain time.
-    quiesced,
+    Quiesced,
     /// The hard deadline (or a second SIGTERM) came first.
-    deadline,
+    Deadline,
     /// Envoy's admin API did not answer at the end; its counts are unknown.
-    envoy_unreachable,
+    EnvoyUnreachable,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -194,7 +193,7 @@ impl Machine {
                 self.advance(&mut s, elapsed, &mut actions);
                 let idle = envoy_streams == Some(0) && guard_streams == 0;
                 if s.phase != Phase::Done && idle && elapsed >= self.quiesce_after() {
-                    self.finish(&mut s, Outcome::quiesced, &mut actions);
+                    self.finish(&mut s, Outcome::Quiesced, &mut actions);
                 }
             }
         }
@@ -221,9 +220,9 @@ impl Machine {
 
     fn finish_at_deadline(&self, s: &mut State, actions: &mut Vec<Action>) {
         let outcome = if s.envoy_reachable {
-            Outcome::deadline
+            Outcome::Deadline
         } else {
-            Outcome::envoy_unreachable
+            Outcome::EnvoyUnreachable
         };
         self.finish(s, outcome, actions);
     }
@@ -305,7 +304,7 @@ mod tests {
              vec![Event::Trigger(T::Api), tick(5), obs(6, Some(3), 1), obs(7, Some(0), 1), obs(8, Some(0), 0)],
              vec![Deregistering, Draining, Draining, Draining, Done],
              vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window, deadline: secs(85) },
-                  Finish(Outcome::quiesced)]),
+                  Finish(Outcome::Quiesced)]),
             ("a late poll moves through every passed phase at once",
              vec![Event::Trigger(T::Api), obs(61, Some(2), 0)],
              vec![Deregistering, Terminating],
@@ -314,12 +313,12 @@ mod tests {
              vec![Event::Trigger(T::Sigterm), tick(5), tick(60), obs(89, Some(4), 0), tick(90)],
              vec![Deregistering, Draining, Terminating, Terminating, Done],
              vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window, deadline: secs(85) },
-                  Finish(Outcome::deadline)]),
+                  Finish(Outcome::Deadline)]),
             ("admin unreachable at the deadline: outcome envoy_unreachable",
              vec![Event::Trigger(T::Prestop), obs(1, None, 0), obs(60, None, 0), tick(90)],
              vec![Deregistering, Deregistering, Terminating, Done],
              vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window, deadline: secs(30) },
-                  Finish(Outcome::envoy_unreachable)]),
+                  Finish(Outcome::EnvoyUnreachable)]),
             ("unreachable never quiesces, even with the guard idle",
              vec![Event::Trigger(T::Api), obs(30, None, 0)],
              vec![Deregistering, Draining],
@@ -327,11 +326,11 @@ mod tests {
             ("a second SIGTERM goes to the deadline now",
              vec![Event::Trigger(T::Sigterm), obs(1, Some(9), 0), Hurry],
              vec![Deregistering, Deregistering, Done],
-             vec![FailHealthcheck, DrainListeners, GoawayAll, Finish(Outcome::deadline)]),
+             vec![FailHealthcheck, DrainListeners, GoawayAll, Finish(Outcome::Deadline)]),
             ("Done absorbs everything",
              vec![Event::Trigger(T::Api), Hurry, Hurry, tick(200), Event::Trigger(T::Api)],
              vec![Deregistering, Done, Done, Done, Done],
-             vec![FailHealthcheck, DrainListeners, GoawayAll, Finish(Outcome::deadline)]),
+             vec![FailHealthcheck, DrainListeners, GoawayAll, Finish(Outcome::Deadline)]),
         ];
         for (name, events, phases, actions) in cases {
             let (got_phases, got_actions, _) = run(machine(), &events);
@@ -351,7 +350,7 @@ mod tests {
         });
         let (phases, actions, s) = run(m, &[Event::Trigger(T::Api), obs(0, Some(0), 0)]);
         assert_eq!(phases, vec![Draining, Done]);
-        assert_eq!(actions.last(), Some(&Finish(Outcome::quiesced)));
+        assert_eq!(actions.last(), Some(&Finish(Outcome::Quiesced)));
         assert_eq!(s.trigger, Some(Trigger::Api));
     }
 
@@ -371,9 +370,9 @@ mod tests {
     #[test]
     fn outcomes_serialize_as_the_contract_says() {
         let j = serde_json::to_string(&[
-            Outcome::quiesced,
-            Outcome::deadline,
-            Outcome::envoy_unreachable,
+            Outcome::Quiesced,
+            Outcome::Deadline,
+            Outcome::EnvoyUnreachable,
         ])
         .unwrap();
         assert_eq!(j, r#"["quiesced","deadline","envoy_unreachable"]"#);

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::machine::{Outcome, Phase, Trigger};
 use crate::envoy::Counts;
+use crate::metrics::{DrainCounts, DrainOutcome};
 
 /// The drain report: what a preStop caller receives.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -12,11 +13,38 @@ pub struct Report {
     /// Always `done`.
     pub phase: Phase,
     pub outcome: Outcome,
+    /// What started it.
     pub trigger: Trigger,
+    /// From the trigger to the report.
     pub duration_seconds: f64,
+    /// Inbound connections by how they ended.
     pub connections: Connections,
+    /// Inbound streams by how they ended.
     pub streams: Streams,
+    /// Envoy's own side: stopped listeners, health check, errors.
     pub envoy: EnvoyReport,
+}
+
+// === impl Report ===
+
+impl Report {
+    /// What the metrics count of this drain.
+    pub fn counts(&self) -> DrainCounts {
+        DrainCounts {
+            outcome: Some(match self.outcome {
+                Outcome::Quiesced => DrainOutcome::quiesced,
+                Outcome::Deadline => DrainOutcome::deadline,
+                Outcome::EnvoyUnreachable => DrainOutcome::envoy_unreachable,
+            }),
+            connections_closed: self.connections.closed,
+            connections_idle_at_exit: self.connections.idle_at_exit,
+            connections_cut: self.connections.cut,
+            streams_completed: self.streams.completed,
+            streams_terminated: self.streams.terminated,
+            streams_cut: self.streams.cut,
+            duration_seconds: self.duration_seconds,
+        }
+    }
 }
 
 /// Inbound connections seen by the drain.
@@ -129,7 +157,7 @@ impl Accounting {
     pub fn outcomes(&self, outcome: Outcome, terminated: u64) -> (Connections, Streams) {
         let first = self.first.unwrap_or_default();
         let last = self.last.unwrap_or_default();
-        let rq_end = if outcome == Outcome::quiesced {
+        let rq_end = if outcome == Outcome::Quiesced {
             0
         } else {
             last.rq_active
@@ -280,7 +308,7 @@ mod tests {
         let mut a = Accounting::default();
         a.observe(counts(4, 10, 6, 50), false);
         a.observe(counts(5, 12, 5, 53), false); // 2 new connections, 3 new streams
-        let (c, s) = a.outcomes(Outcome::deadline, 1);
+        let (c, s) = a.outcomes(Outcome::Deadline, 1);
         assert_eq!(
             c,
             Connections {
@@ -306,7 +334,7 @@ mod tests {
         let mut a = Accounting::default();
         a.observe(counts(3, 3, 2, 2), false);
         a.observe(counts(1, 3, 0, 2), false);
-        let (c, s) = a.outcomes(Outcome::quiesced, 0);
+        let (c, s) = a.outcomes(Outcome::Quiesced, 0);
         assert_eq!((c.closed, c.idle_at_exit, c.cut), (2, 1, 0));
         assert_eq!((s.completed, s.cut), (2, 0));
     }
@@ -317,7 +345,7 @@ mod tests {
         a.observe(counts(2, 100, 2, 100), false);
         a.observe(counts(1, 1, 1, 1), false); // counters reset: a new process
         assert_eq!(a.restarts(), 1);
-        let (c, s) = a.outcomes(Outcome::deadline, 0);
+        let (c, s) = a.outcomes(Outcome::Deadline, 0);
         // The 2 old streams (on 2 connections) were lost; 1 new one is still open.
         assert_eq!((c.at_start, c.closed, c.idle_at_exit, c.cut), (2, 0, 0, 3));
         assert_eq!((s.at_start, s.completed, s.cut), (2, 0, 3));
@@ -330,7 +358,7 @@ mod tests {
         a.observe(counts(3, 3, 3, 3), false);
         a.observe(counts(0, 5, 0, 5), true);
         assert_eq!(a.restarts(), 1);
-        let (c, s) = a.outcomes(Outcome::quiesced, 0);
+        let (c, s) = a.outcomes(Outcome::Quiesced, 0);
         assert_eq!((c.closed, c.cut), (5, 3));
         assert_eq!((s.completed, s.cut), (5, 3));
     }
@@ -340,14 +368,14 @@ mod tests {
         let mut a = Accounting::default();
         a.observe(counts(1, 9, 0, 9), false);
         a.observe(counts(0, 0, 0, 0), true);
-        let (c, s) = a.outcomes(Outcome::quiesced, 0);
+        let (c, s) = a.outcomes(Outcome::Quiesced, 0);
         assert_eq!((c.closed, c.idle_at_exit, c.cut), (1, 0, 0));
         assert_eq!((s.completed, s.cut), (0, 0));
     }
 
     #[test]
     fn never_reached_reports_zeros() {
-        let (c, s) = Accounting::default().outcomes(Outcome::envoy_unreachable, 0);
+        let (c, s) = Accounting::default().outcomes(Outcome::EnvoyUnreachable, 0);
         assert_eq!((c, s), (Connections::default(), Streams::default()));
     }
 }

@@ -15,6 +15,8 @@ use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
 use http::{Method, StatusCode};
 use tokio::net::TcpStream;
 
+use crate::http::{Endpoint, UrlError};
+
 use super::model::{self, ListenerInfo, ServerInfo, Stat};
 
 /// Opens the TCP connection to the admin address. Node mode supplies one that
@@ -43,12 +45,8 @@ impl Dial for TcpDial {
 /// What went wrong talking to the admin API.
 #[derive(Debug, thiserror::Error)]
 pub enum ErrorKind {
-    #[error("connect: {0}")]
-    Connect(std::io::Error),
-    #[error("no answer within {}", humantime::format_duration(*.0))]
-    Timeout(Duration),
     #[error("{0}")]
-    Http(#[from] crate::http::RequestError),
+    Call(#[from] crate::http::CallError),
     #[error("status {0}: {1}")]
     Status(StatusCode, String),
     #[error("bad JSON: {0}")]
@@ -64,14 +62,6 @@ pub struct AdminError {
     pub path: String,
     #[source]
     pub kind: ErrorKind,
-}
-
-/// A bad `--envoy-admin` value.
-#[derive(Debug, thiserror::Error)]
-#[error("invalid envoy admin URL {url:?}: {why} (expected e.g. http://127.0.0.1:15000)")]
-pub struct UrlError {
-    url: String,
-    why: &'static str,
 }
 
 /// The live counters of Envoy's inbound side, summed over its listeners.
@@ -205,27 +195,20 @@ impl AdminClient {
         Self::with_dial(url, timeout, Arc::new(TcpDial))
     }
 
+    /// Like [`AdminClient::new`], with connections opened by `dial`.
     pub fn with_dial(url: &str, timeout: Duration, dial: Arc<dyn Dial>) -> Result<Self, UrlError> {
-        let err = |why| UrlError {
-            url: url.to_string(),
-            why,
-        };
-        let uri: http::Uri = url.parse().map_err(|_| err("not a URL"))?;
-        if uri.scheme_str() != Some("http") {
-            return Err(err("the scheme must be http"));
-        }
-        let authority = uri.authority().ok_or_else(|| err("no host"))?;
-        if authority.port_u16().is_none() {
-            return Err(err("no port"));
-        }
-        if !matches!(uri.path(), "" | "/") {
-            return Err(err("a path is not allowed"));
-        }
-        Ok(Self {
-            authority: authority.to_string(),
+        let endpoint: Endpoint = url.parse()?;
+        Ok(Self::at(endpoint.without_prefix()?, timeout, dial))
+    }
+
+    /// A client for an already checked endpoint (its prefix is ignored: the
+    /// admin API's paths are fixed).
+    pub fn at(endpoint: Endpoint, timeout: Duration, dial: Arc<dyn Dial>) -> Self {
+        Self {
+            authority: endpoint.authority().to_string(),
             timeout,
             dial,
-        })
+        }
     }
 
     pub fn authority(&self) -> &str {
@@ -337,25 +320,16 @@ impl AdminClient {
 
     /// One request on a fresh connection, bounded by the client's timeout.
     async fn call(&self, method: Method, path: &str) -> Result<Bytes, AdminError> {
-        match tokio::time::timeout(self.timeout, self.call_inner(method.clone(), path)).await {
-            Ok(Ok(body)) => Ok(body),
-            Ok(Err(kind)) => Err(self.err(method, path, kind)),
-            Err(_) => Err(self.err(method, path, ErrorKind::Timeout(self.timeout))),
-        }
-    }
-
-    async fn call_inner(&self, method: Method, path: &str) -> Result<Bytes, ErrorKind> {
-        let stream = self
-            .dial
-            .dial(&self.authority)
-            .await
-            .map_err(ErrorKind::Connect)?;
-        let (status, body) = crate::http::request(stream, &self.authority, method, path).await?;
-        if status.is_success() {
-            Ok(body)
-        } else {
-            let text = String::from_utf8_lossy(&body).trim().to_string();
-            Err(ErrorKind::Status(status, text))
+        let connect = self.dial.dial(&self.authority);
+        let answer =
+            crate::http::call(connect, &self.authority, method.clone(), path, self.timeout).await;
+        match answer {
+            Ok((status, body)) if status.is_success() => Ok(body),
+            Ok((status, body)) => {
+                let text = String::from_utf8_lossy(&body).trim().to_string();
+                Err(self.err(method, path, ErrorKind::Status(status, text)))
+            }
+            Err(e) => Err(self.err(method, path, e.into())),
         }
     }
 
@@ -386,7 +360,7 @@ mod tests {
             "::",
         ] {
             let e = AdminClient::new(bad, t).unwrap_err().to_string();
-            assert!(e.contains("invalid envoy admin URL"), "{bad}: {e}");
+            assert!(e.contains("invalid URL"), "{bad}: {e}");
         }
     }
 

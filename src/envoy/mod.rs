@@ -4,4 +4,4 @@ pub mod admin;
 pub mod model;
 
 pub use admin::{AdminClient, AdminError, Counts, Dial, InboundScope, TcpDial};
-pub use model::{ListenerInfo, ServerInfo, Stat};
+pub use model::{parse_envoy_version, ListenerInfo, ServerInfo, Stat};

@@ -49,7 +49,7 @@ pub struct CommandLineOptions {
 impl ServerInfo {
     /// The release, `1.40.0`, from the build string.
     pub fn release(&self) -> &str {
-        crate::inventory::parse_envoy_version(&self.version).unwrap_or("")
+        parse_envoy_version(&self.version).unwrap_or("")
     }
 
     pub fn state(&self) -> Option<State> {
@@ -216,6 +216,19 @@ fn address_stat_name(addr: Option<&Value>) -> String {
         format!("{ip}:{port}")
     };
     joined.replace(':', "_")
+}
+
+/// `<sha>/1.40.0/Clean/RELEASE/BoringSSL` -> `1.40.0`. A bare `1.40.0` is accepted too.
+pub fn parse_envoy_version(build: &str) -> Option<&str> {
+    let looks_like_release = |s: &str| {
+        let mut parts = s.split('.');
+        let ok = parts
+            .by_ref()
+            .take(3)
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+        ok && s.split('.').count() == 3
+    };
+    build.split('/').find(|p| looks_like_release(p))
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use http::{Method, StatusCode};
 use serde::Serialize;
 
 use crate::envoy::AdminClient;
+use crate::http::{Endpoint, UrlError};
 use crate::inventory::{skew_violation, Release};
 use prometheus::{PromClient, PromError};
 
@@ -192,22 +193,11 @@ pub async fn scrape_target(url: &str) -> Result<TargetScrape, FleetError> {
         target: url.to_string(),
         what,
     };
-    let uri: http::Uri = url.parse().map_err(|_| terr("not a URL".into()))?;
-    let (Some("http"), Some(auth)) = (uri.scheme_str(), uri.authority()) else {
-        return Err(terr("expected http://host:port".into()));
-    };
-    let auth = auth.to_string();
-    let call = async {
-        let stream = tokio::net::TcpStream::connect(&auth)
-            .await
-            .map_err(|e| terr(format!("connect: {e}")))?;
-        crate::http::request(stream, &auth, Method::GET, "/metrics")
-            .await
-            .map_err(|e| terr(e.to_string()))
-    };
-    let (status, body) = tokio::time::timeout(CALL_TIMEOUT, call)
+    let endpoint: Endpoint = url.parse().map_err(|e: UrlError| terr(e.to_string()))?;
+    let (status, body) = endpoint
+        .call(Method::GET, "/metrics", CALL_TIMEOUT)
         .await
-        .map_err(|_| terr("no answer in time".into()))??;
+        .map_err(|e| terr(e.to_string()))?;
     if status != StatusCode::OK {
         return Err(terr(format!("GET /metrics: status {status}")));
     }
@@ -452,6 +442,19 @@ impl SkewReport {
             self.max_skew
         );
         out
+    }
+}
+
+impl From<crate::fleet::FleetError> for crate::error::Error {
+    fn from(e: crate::fleet::FleetError) -> Self {
+        use crate::error::Error;
+        use crate::fleet::{prometheus::PromError, FleetError};
+        match e {
+            FleetError::Input(_) | FleetError::Prometheus(PromError::Url(_)) => {
+                Error::Usage(e.to_string())
+            }
+            e => Error::Unavailable(e.to_string()),
+        }
     }
 }
 

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 use serde::Deserialize;
-use tokio::net::TcpStream;
+
+use crate::http::Endpoint;
 
 /// Prometheus error, with the query that failed.
 #[derive(Debug, thiserror::Error)]
@@ -38,9 +39,10 @@ impl Sample {
 
 #[derive(Clone, Debug)]
 pub struct PromClient {
-    authority: String,
-    /// A path prefix, for a Prometheus behind `/prometheus` or the like.
-    prefix: String,
+    /// Prometheus' URL; its path prefix (a Prometheus behind `/prometheus`)
+    /// is kept and put before every API path.
+    endpoint: Endpoint,
+    /// Bound of each query.
     timeout: Duration,
 }
 
@@ -70,60 +72,30 @@ struct VectorSample {
 
 impl PromClient {
     pub fn new(url: &str, timeout: Duration) -> Result<Self, PromError> {
-        let uri: http::Uri = url.parse().map_err(|_| PromError::Url(url.into()))?;
-        let (Some("http"), Some(auth)) = (uri.scheme_str(), uri.authority()) else {
-            return Err(PromError::Url(url.into()));
-        };
-        if auth.port_u16().is_none() {
-            return Err(PromError::Url(url.into()));
-        }
-        Ok(Self {
-            authority: auth.to_string(),
-            prefix: uri.path().trim_end_matches('/').to_string(),
-            timeout,
-        })
+        let endpoint = url.parse().map_err(|_| PromError::Url(url.into()))?;
+        Ok(Self { endpoint, timeout })
     }
 
     pub fn authority(&self) -> &str {
-        &self.authority
+        self.endpoint.authority()
     }
 
     /// Runs an instant query; only vector results are accepted.
     pub async fn query(&self, query: &str) -> Result<Vec<Sample>, PromError> {
-        let path = format!(
-            "{}/api/v1/query?query={}",
-            self.prefix,
-            crate::http::encode_query(query)
-        );
+        let path = format!("/api/v1/query?query={}", crate::http::encode_query(query));
         let qerr = |what: String| PromError::Query {
-            authority: self.authority.clone(),
+            authority: self.authority().to_string(),
             query: query.to_string(),
             what,
         };
-        let call = async {
-            let stream =
-                TcpStream::connect(&self.authority)
-                    .await
-                    .map_err(|e| PromError::Unreachable {
-                        authority: self.authority.clone(),
-                        what: format!("connect: {e}"),
-                    })?;
-            crate::http::request(stream, &self.authority, Method::GET, &path)
-                .await
-                .map_err(|e| PromError::Unreachable {
-                    authority: self.authority.clone(),
-                    what: e.to_string(),
-                })
-        };
-        let (status, body) = tokio::time::timeout(self.timeout, call)
+        let (status, body) = self
+            .endpoint
+            .call(Method::GET, &path, self.timeout)
             .await
-            .map_err(|_| PromError::Unreachable {
-                authority: self.authority.clone(),
-                what: format!(
-                    "no answer within {}",
-                    humantime::format_duration(self.timeout)
-                ),
-            })??;
+            .map_err(|e| PromError::Unreachable {
+                authority: self.authority().to_string(),
+                what: e.to_string(),
+            })?;
         decode_answer(status, &body).map_err(qerr)
     }
 
@@ -188,7 +160,7 @@ mod tests {
         let t = Duration::from_secs(1);
         let c = PromClient::new("http://127.0.0.1:9090/prom/", t).unwrap();
         assert_eq!(
-            (c.authority(), c.prefix.as_str()),
+            (c.authority(), c.endpoint.prefix()),
             ("127.0.0.1:9090", "/prom")
         );
         assert!(PromClient::new("127.0.0.1:9090", t).is_err());

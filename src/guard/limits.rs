@@ -58,8 +58,6 @@ pub const DEFAULT_UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// requests would tear it down for everyone. The guard accepts every stream
 /// h2 has ready on each turn, so this only bounds what one read can queue.
 pub const DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 1_000;
-/// Default for [`Limits::write_stall_timeout`].
-pub const DEFAULT_WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default for [`Limits::max_local_error_reset_streams`] (h2's own default).
 pub const DEFAULT_MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
 
@@ -158,7 +156,7 @@ impl Default for Limits {
             upstream_connect_timeout: DEFAULT_UPSTREAM_CONNECT_TIMEOUT,
             max_pending_accept_reset_streams: DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS,
             max_local_error_reset_streams: DEFAULT_MAX_LOCAL_ERROR_RESET_STREAMS,
-            write_stall_timeout: DEFAULT_WRITE_STALL_TIMEOUT,
+            write_stall_timeout: crate::config::DEFAULT_WRITE_STALL_TIMEOUT.get(),
         }
     }
 }

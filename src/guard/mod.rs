@@ -88,9 +88,9 @@ impl GuardConfig {
         Self {
             upstream,
             max_connection_age: None,
-            max_connection_age_grace: crate::config::DEFAULT_MAX_CONNECTION_AGE_GRACE,
-            max_connection_age_spread: crate::config::DEFAULT_MAX_CONNECTION_AGE_SPREAD,
-            long_stream_age: crate::config::DEFAULT_LONG_STREAM_AGE,
+            max_connection_age_grace: crate::config::DEFAULT_MAX_CONNECTION_AGE_GRACE.get(),
+            max_connection_age_spread: crate::config::DEFAULT_MAX_CONNECTION_AGE_SPREAD.get(),
+            long_stream_age: crate::config::DEFAULT_LONG_STREAM_AGE.get(),
             limits: Limits::default(),
         }
     }
@@ -349,8 +349,11 @@ impl Guard {
     /// UNAVAILABLE, which fails the call.
     pub fn hand_off(&self, window: Duration) {
         self.inner.terminate.cancel();
-        tracing::info!(streams = self.inner.registry.len(), ?window,
-            "guard: handed off; ending the streams still here gracefully over the window");
+        tracing::info!(
+            streams = self.inner.registry.len(),
+            ?window,
+            "guard: handed off; ending the streams still here gracefully over the window"
+        );
         let inner = self.inner.clone();
         if let Ok(h) = tokio::runtime::Handle::try_current() {
             self.inner

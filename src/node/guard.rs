@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::netns::Netns;
 use crate::drain::StreamGuard;
-use crate::guard::{Connect, Guard, GuardConfig};
+use crate::guard::{Connect, Guard};
 
 /// The node metadata key a pod opts in with.
 pub const METADATA_KEY: &str = "DRAINSHIM_GUARD";
@@ -47,9 +47,9 @@ impl FromStr for GuardSpec {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        let (listen, upstream) = s
-            .split_once('=')
-            .ok_or_else(|| format!("{s:?}: expected LISTEN=UPSTREAM, e.g. 127.0.0.1:15097=127.0.0.1:8080"))?;
+        let (listen, upstream) = s.split_once('=').ok_or_else(|| {
+            format!("{s:?}: expected LISTEN=UPSTREAM, e.g. 127.0.0.1:15097=127.0.0.1:8080")
+        })?;
         let addr = |what: &str, v: &str| {
             v.trim()
                 .parse::<SocketAddr>()
@@ -85,19 +85,6 @@ pub fn spec_for(
         Some(v) if !v.trim().is_empty() => v.parse().map(Some),
         _ => Ok(default),
     }
-}
-
-/// The node's guard settings, validated.
-#[derive(Clone, Debug)]
-pub struct NodeGuardSettings {
-    /// For pods without the metadata key.
-    pub default: Option<GuardSpec>,
-    /// Every pod's guard config but the upstream (set per pod).
-    pub template: GuardConfig,
-    /// The unix socket successive agents hand listeners over on.
-    pub handover_socket: Option<std::path::PathBuf>,
-    /// The old agent ends its streams over this window after a hand-over.
-    pub handover_window: Duration,
 }
 
 /// Connects from inside the pod: the guard's way to the pod's loopback.

@@ -115,7 +115,12 @@ fn send(sock: &Socket, msg: &Message, fd: Option<BorrowedFd<'_>>) -> io::Result<
             return Err(io::Error::other("no room for the descriptor"));
         }
     }
-    let sent = sendmsg(sock, &[IoSlice::new(&body)], &mut control, SendFlags::NOSIGNAL)?;
+    let sent = sendmsg(
+        sock,
+        &[IoSlice::new(&body)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
     if sent != body.len() {
         return Err(io::Error::other("short write of a seqpacket message"));
     }
@@ -146,8 +151,8 @@ fn recv(sock: &Socket) -> io::Result<(Message, Option<OwnedFd>)> {
         return Err(io::ErrorKind::UnexpectedEof.into());
     }
     let body = buf.get(..got.bytes).unwrap_or_default();
-    let msg = serde_json::from_slice(body)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    let msg =
+        serde_json::from_slice(body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
     Ok((msg, fd))
 }
 
@@ -186,7 +191,9 @@ impl Adoption {
         let r = tokio::task::spawn_blocking(move || send(&conn, &Message::Adopted, None)).await;
         match r {
             Ok(Ok(())) => tracing::info!("hand-over: told the old agent to stop accepting"),
-            Ok(Err(e)) => tracing::warn!(error = %e, "hand-over: the old agent did not hear `adopted`"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "hand-over: the old agent did not hear `adopted`")
+            }
             Err(e) => tracing::warn!(error = %e, "hand-over: task failed"),
         }
     }
@@ -225,7 +232,12 @@ fn take_blocking(path: &Path) -> Result<Inherited, (Inherited, HandoverError)> {
         Ok(s)
     }) {
         Ok(s) => s,
-        Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused) => {
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+            ) =>
+        {
             tracing::info!(path = %path.display(), "hand-over: no agent to take over from; binding every listener");
             return Ok(got);
         }
@@ -259,7 +271,10 @@ fn take_blocking(path: &Path) -> Result<Inherited, (Inherited, HandoverError)> {
                 }
             }
             (Message::Done { count }, None) if count == got.offers.len() => {
-                tracing::info!(listeners = count, "hand-over: received every listener from the old agent");
+                tracing::info!(
+                    listeners = count,
+                    "hand-over: received every listener from the old agent"
+                );
                 got.adoption = Adoption(Some(conn));
                 return Ok(got);
             }
@@ -337,7 +352,9 @@ pub async fn serve<D: Donor>(listener: Socket, donor: &D, stop: CancellationToke
             Ok(Err(e))
                 if matches!(
                     e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
                 ) =>
             {
                 continue

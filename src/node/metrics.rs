@@ -22,10 +22,9 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::MetricType;
 
-use crate::drain::Outcome;
 use crate::metrics::{
     help, ConfigLabels, Ending, EndingLabels, KindLabels, Metrics, OutcomeLabels, ProxyLabels,
-    Reason, ReasonLabels, TerminatedLabels, VersionLabels, STREAM_PROTOCOLS,
+    Reason, ReasonLabels, TerminatedLabels, VersionLabels, DRAIN_OUTCOMES, STREAM_PROTOCOLS,
 };
 use crate::telemetry::TCP_RESET_KINDS;
 
@@ -70,11 +69,6 @@ impl std::fmt::Debug for PodCollector {
     }
 }
 
-const OUTCOMES: [Outcome; 3] = [
-    Outcome::quiesced,
-    Outcome::deadline,
-    Outcome::envoy_unreachable,
-];
 const ENDINGS: [Ending; 5] = [
     Ending::closed,
     Ending::idle_at_exit,
@@ -124,7 +118,7 @@ impl Collector for PodCollector {
         pods.sort_by(|a, b| a.labels.cmp(&b.labels));
         let enc = &mut enc;
         family(enc, help::DRAINS, MetricType::Counter, &pods, |p, me| {
-            for outcome in OUTCOMES {
+            for outcome in DRAIN_OUTCOMES {
                 if let Some(c) = p.metrics.drains.get(&OutcomeLabels { outcome }) {
                     series(me, &p.labels, OutcomeLabels { outcome }, &*c)?;
                 }
@@ -290,36 +284,39 @@ fn versions(m: &Metrics) -> Vec<String> {
 mod tests {
     use super::*;
     use crate::drain::report::{Connections, EnvoyReport, Streams};
-    use crate::drain::{Phase, Report, Trigger};
+    use crate::drain::{Outcome, Phase, Report, Trigger};
     use prometheus_client::registry::Registry;
     use std::collections::BTreeSet;
 
     /// A Metrics with every family holding at least one series.
     fn busy_metrics(registry: &mut Registry) -> Metrics {
         let m = Metrics::register(registry);
-        m.record_report(&Report {
-            phase: Phase::Done,
-            outcome: Outcome::deadline,
-            trigger: Trigger::Prestop,
-            duration_seconds: 3.0,
-            connections: Connections {
-                at_start: 2,
-                closed: 1,
-                idle_at_exit: 0,
-                cut: 1,
-            },
-            streams: Streams {
-                at_start: 3,
-                completed: 1,
-                terminated: 1,
-                cut: 1,
-            },
-            envoy: EnvoyReport {
-                version: "1.40.0".into(),
-                reachable: true,
-                ..EnvoyReport::default()
-            },
-        });
+        m.record_drain(
+            &Report {
+                phase: Phase::Done,
+                outcome: Outcome::Deadline,
+                trigger: Trigger::Prestop,
+                duration_seconds: 3.0,
+                connections: Connections {
+                    at_start: 2,
+                    closed: 1,
+                    idle_at_exit: 0,
+                    cut: 1,
+                },
+                streams: Streams {
+                    at_start: 3,
+                    completed: 1,
+                    terminated: 1,
+                    cut: 1,
+                },
+                envoy: EnvoyReport {
+                    version: "1.40.0".into(),
+                    reachable: true,
+                    ..EnvoyReport::default()
+                },
+            }
+            .counts(),
+        );
         m.set_proxy(ProxyLabels {
             namespace: "shop".into(),
             pod: "web-a".into(),

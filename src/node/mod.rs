@@ -46,29 +46,18 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use self::metrics::{PodCollector, PodLabels, PodSeries, PodSource};
-use self::guard::{GuardSpec, NetnsConnect, NodeGuardSettings, PodGuard, PodGuardSlot};
+use self::guard::{GuardSpec, NetnsConnect, PodGuard, PodGuardSlot};
 use self::handover::{Kind, Offer};
+use self::metrics::{PodCollector, PodLabels, PodSeries, PodSource};
 use self::netns::{Netns, NetnsDial};
 use self::pod::{GuardState, HostAddrs, ListenerState, Pod, PodEndpoint, PodStatus};
-use std::os::fd::{AsFd, OwnedFd};
-use crate::config::Timers;
 use crate::drain::{self, DrainSettings, Phase, StreamGuard};
 use crate::envoy::AdminClient;
 use crate::metrics::Metrics;
+pub use crate::settings::NodeSettings;
 use crate::telemetry::Telemetry;
+use std::os::fd::{AsFd, OwnedFd};
 
-/// Envoy's admin port inside a pod (Istio's default).
-pub const DEFAULT_POD_ADMIN_PORT: u16 = 15000;
-/// The preStop listener inside each pod; the pod spec's `httpGet` targets it.
-pub const DEFAULT_POD_LISTEN_PORT: u16 = 15099;
-/// The agent's own endpoint, on the node: one below the pod port, so a
-/// hostNetwork agent never collides with a pod's listener number.
-pub const DEFAULT_NODE_LISTEN: &str = "0.0.0.0:15098";
-/// Pods come and go on the order of seconds; 5 s keeps /proc reads negligible.
-pub const DEFAULT_SCAN_INTERVAL: Duration = Duration::from_secs(5);
-/// Long enough for two 30 s scrapes to see a departed pod's last drain.
-pub const DEFAULT_POD_RETENTION: Duration = Duration::from_secs(60);
 /// New pods set up and identified at once per scan; bounds threads in flight.
 const SCAN_CONCURRENCY: usize = 32;
 /// After the guards' window: time for the last endings to flush and the
@@ -124,29 +113,6 @@ impl handover::Donor for Arc<Shared> {
     }
 }
 
-/// Validated settings of the agent.
-#[derive(Clone, Debug)]
-pub struct NodeSettings {
-    /// Where processes are listed (`/proc`, or a test's view of it).
-    pub proc_root: PathBuf,
-    /// `comm` or executable names that count as Envoy.
-    pub process_names: Vec<String>,
-    /// Time between scans.
-    pub scan_interval: Duration,
-    /// Envoy's admin port on 127.0.0.1 inside each pod.
-    pub pod_admin_port: u16,
-    /// The preStop listener's port inside each pod.
-    pub pod_listen_port: u16,
-    /// Each pod's drain timers (the sidecar's, per pod).
-    pub timers: Timers,
-    /// Deadline of each admin call and of each connect inside a pod.
-    pub admin_timeout: Duration,
-    /// How long a departed pod's counters stay on /metrics.
-    pub retention: Duration,
-    /// The per-pod stream guards and the hand-over.
-    pub guard: NodeGuardSettings,
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
     #[error("bind {addr}: {source}")]
@@ -160,83 +126,6 @@ pub enum NodeError {
     NoPrivilege(String),
     #[error("{0}")]
     Proc(#[from] proc::ProcError),
-}
-
-/// Checks every flag together and reports every bad value at once.
-pub fn validate(args: &crate::cli::NodeArgs) -> Result<NodeSettings, String> {
-    let mut errs = Vec::new();
-    let timers = args.timers.timers();
-    if let Err(e) = timers.validate(args.timers.termination_grace_period) {
-        errs.extend(e.0);
-    }
-    if args.timers.admin_timeout.is_zero() {
-        errs.push("--admin-timeout must be greater than zero".into());
-    }
-    if args.scan_interval.is_zero() {
-        errs.push("--scan-interval must be greater than zero".into());
-    }
-    if args.pod_admin_port == 0 {
-        errs.push("--pod-admin-port must not be 0".into());
-    }
-    let names: Vec<String> = args
-        .envoy_process_name
-        .iter()
-        .map(|n| n.trim().to_string())
-        .filter(|n| !n.is_empty())
-        .collect();
-    if names.is_empty() {
-        errs.push("--envoy-process-name needs at least one name".into());
-    }
-    let guard = validate_guard(&args.guard, &mut errs);
-    if !errs.is_empty() {
-        return Err(format!("invalid settings:\n  - {}", errs.join("\n  - ")));
-    }
-    Ok(NodeSettings {
-        proc_root: args.proc_root.clone(),
-        process_names: names,
-        scan_interval: args.scan_interval,
-        pod_admin_port: args.pod_admin_port,
-        pod_listen_port: args.pod_listen_port,
-        timers,
-        admin_timeout: args.timers.admin_timeout,
-        retention: args.pod_retention,
-        guard,
-    })
-}
-
-/// The guard flags: one config for every pod (the upstream is per pod).
-fn validate_guard(g: &crate::cli::NodeGuardArgs, errs: &mut Vec<String>) -> NodeGuardSettings {
-    let default = match g.default_guard.as_deref().map(str::parse::<GuardSpec>) {
-        None => None,
-        Some(Ok(spec)) => Some(spec),
-        Some(Err(e)) => {
-            errs.push(format!("--guard: {e}"));
-            None
-        }
-    };
-    // The upstream is a placeholder: each pod's comes from its spec.
-    let mut template = crate::guard::GuardConfig::new(SocketAddr::from(([127, 0, 0, 1], 1)));
-    template.max_connection_age = g.max_connection_age;
-    template.max_connection_age_grace = g.max_connection_age_grace;
-    template.max_connection_age_spread = g.max_connection_age_spread;
-    template.long_stream_age = g.long_stream_age;
-    template.limits.write_stall_timeout = g.write_stall_timeout;
-    template.limits.max_connections = g.guard_max_connections;
-    template.limits.max_streams = g.guard_max_streams;
-    if g.max_connection_age.is_some_and(|a| a.is_zero()) {
-        errs.push(
-            "--max-connection-age must be greater than zero (leave it out to turn it off)".into(),
-        );
-    }
-    if g.write_stall_timeout.is_zero() {
-        errs.push("--write-stall-timeout must be greater than zero".into());
-    }
-    NodeGuardSettings {
-        default,
-        template,
-        handover_socket: g.handover_socket.clone(),
-        handover_window: g.handover_window,
-    }
 }
 
 /// A departed pod whose counters are still shown.
@@ -319,7 +208,8 @@ async fn check_privileges(own: &Netns) -> Result<(), NodeError> {
 impl NodeAgent {
     /// Checks privileges, binds `listen`, runs the first scan, and starts
     /// scanning every interval.
-    pub async fn start(settings: NodeSettings, listen: SocketAddr) -> Result<Self, NodeError> {
+    pub async fn start(settings: NodeSettings) -> Result<Self, NodeError> {
+        let listen = settings.listen;
         let self_ns = PathBuf::from("/proc/self/ns/net");
         let own_netns = proc::netns_inode(&self_ns).map_err(NodeError::OwnNetns)?;
         let own =
@@ -663,7 +553,13 @@ impl Shared {
                         // A guard starts on a pod that is not draining.
                         let needs_guard = !matches!(p.guard_state, GuardState::Serving { .. })
                             && p.drain.status().phase == Phase::Serving;
-                        (*k, p.admin.clone(), p.netns.clone(), needs_listener, needs_guard)
+                        (
+                            *k,
+                            p.admin.clone(),
+                            p.netns.clone(),
+                            needs_listener,
+                            needs_guard,
+                        )
                     })
                     .collect()
             })
@@ -683,9 +579,13 @@ impl Shared {
                             self.settings.guard.default,
                         );
                         match asked {
-                            Ok(Some(spec)) => Some(Ok((spec, self.guard_listener(&ns, spec).await))),
+                            Ok(Some(spec)) => {
+                                Some(Ok((spec, self.guard_listener(&ns, spec).await)))
+                            }
                             Ok(None) => None,
-                            Err(e) => Some(Err(format!("node metadata {}: {e}", guard::METADATA_KEY))),
+                            Err(e) => {
+                                Some(Err(format!("node metadata {}: {e}", guard::METADATA_KEY)))
+                            }
                         }
                     }
                     _ => None,
@@ -764,11 +664,11 @@ impl Shared {
         };
         let dial = Arc::new(NetnsDial {
             netns: netns.clone(),
-            connect_timeout: s.admin_timeout,
+            connect_timeout: s.budget.admin_timeout,
         });
         let admin = match AdminClient::with_dial(
             &format!("http://127.0.0.1:{}", s.pod_admin_port),
-            s.admin_timeout,
+            s.budget.admin_timeout,
             dial,
         ) {
             Ok(a) => a,
@@ -781,7 +681,7 @@ impl Shared {
         let guard = PodGuardSlot::default();
         let (drain, driver) = drain::spawn(
             DrainSettings {
-                timers: s.timers,
+                timers: s.budget.timers,
                 admin: admin.clone(),
                 guard: Some(Arc::new(guard.clone())),
             },
@@ -997,7 +897,10 @@ impl Shared {
             }
         };
         if tokio::time::timeout(bound, all_closed).await.is_err() {
-            tracing::warn!(?bound, "guard connections still open after the window; ending what is left now");
+            tracing::warn!(
+                ?bound,
+                "guard connections still open after the window; ending what is left now"
+            );
         }
         for g in &guards {
             g.shutdown.cancel();
@@ -1057,5 +960,15 @@ impl Shared {
                 t.refresh(draining).await
             })
             .await;
+    }
+}
+
+impl From<crate::node::NodeError> for crate::error::Error {
+    fn from(e: crate::node::NodeError) -> Self {
+        use crate::error::Error;
+        match e {
+            crate::node::NodeError::NoPrivilege(_) => Error::NoPermission(e.to_string()),
+            e => Error::Unavailable(e.to_string()),
+        }
     }
 }

@@ -56,7 +56,10 @@ pub enum GuardState {
     /// Envoy has not answered yet.
     Off,
     /// Serving at `listen`, forwarding to `upstream`, both inside the pod.
-    Serving { listen: SocketAddr, upstream: SocketAddr },
+    Serving {
+        listen: SocketAddr,
+        upstream: SocketAddr,
+    },
     /// Asked for but not serving (retried each scan): why.
     Failed(String),
 }

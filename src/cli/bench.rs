@@ -1,0 +1,316 @@
+//! The benchmark and demo subcommands (cargo feature `bench`, on by
+//! default; production images build without it).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+
+use super::{emit, Format, EXIT_CODES};
+use crate::bench::{self, reconnect};
+use crate::config::{self, Span};
+use crate::error::Error;
+use crate::signals::sigterms;
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// The Envoy binary (default: the project's cached 1.40.0, then `envoy` on PATH).
+    #[arg(long, env = "DRAINSHIM_ENVOY")]
+    pub envoy: Option<std::path::PathBuf>,
+
+    /// How many long-lived streams to hold open, over two pods.
+    #[arg(long, env = "DRAINSHIM_STREAMS", default_value_t = 200,
+          value_parser = clap::value_parser!(u64).range(2..=10_000))]
+    pub streams: u64,
+
+    /// Where to write the reconnect plot.
+    #[arg(long, env = "DRAINSHIM_PLOT", default_value = "drainshim-demo.svg")]
+    pub plot: std::path::PathBuf,
+
+    /// The long-lived streams: gRPC, WebSockets, or half of each.
+    #[arg(long, env = "DRAINSHIM_PROTOCOL", value_enum, default_value = "mixed")]
+    pub protocol: bench::population::Protocol,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// A tonic streaming backend that stamps every message with a sequence number.
+    #[command(after_help = EXIT_CODES)]
+    Server(BenchServerArgs),
+
+    /// Restart one of two pods under N long-lived streams and measure, from
+    /// the client side, what each way of restarting costs.
+    #[command(
+        long_about = "Restart one of two pods under N long-lived streams and measure what it costs.\n\n\
+            Each pod is a real Envoy inbound in front of the tonic bench backend (in drainshim mode \
+            with a drainshim sidecar and its stream guard between them). Clients reconnect with \
+            backoff when a stream ends, like real gRPC clients. Per mode it reports streams ended \
+            gracefully and cut, messages lost, reconnect latency p50/p99, and the reconnect storm \
+            (peak over mean reconnects per 100 ms). With --soak it instead holds the population for \
+            that long under --max-connection-age and reports the steady-state reconnect rate.",
+        after_help = EXIT_CODES
+    )]
+    Reconnect(ReconnectArgs),
+
+    /// The node agent with N pod namespaces: discovery time, RSS, idle CPU.
+    #[command(
+        long_about = "The node agent with N pod namespaces.\n\n\
+            Creates N network namespaces, each with a light admin stand-in for Envoy \
+            (`bench admin-stub`, run under the process name `envoy`), starts the real \
+            `drainshim node` on a private view of /proc holding just those processes, and \
+            reports the time until every pod is inventoried (version read from inside its \
+            namespace, preStop listener bound), the agent's RSS, the time of one /metrics \
+            scrape, and the agent's idle CPU. Needs root; removes everything it created.",
+        after_help = "Exit codes:\n  0   measured\n  64  usage error\n  69  the benchmark could not run (not root, no `ip`, a pod not found)"
+    )]
+    NodeScale(NodeScaleArgs),
+
+    /// A light stand-in for Envoy's admin API (used by node-scale).
+    #[command(hide = true, after_help = EXIT_CODES)]
+    AdminStub(AdminStubArgs),
+
+    /// The bench app for both populations on one port: the gRPC streaming
+    /// backend (h2c) and a WebSocket ticker/echo (`GET /tick?id=&interval_ms=&size=`).
+    #[command(after_help = EXIT_CODES)]
+    App(BenchAppArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ReconnectArgs {
+    /// The Envoy binary (default: the project's cached 1.40.0, then `envoy` on PATH).
+    #[arg(long, env = "DRAINSHIM_ENVOY")]
+    pub envoy: Option<std::path::PathBuf>,
+
+    /// Long-lived streams, spread over both pods.
+    #[arg(long, env = "DRAINSHIM_STREAMS", default_value_t = 200,
+          value_parser = clap::value_parser!(u64).range(2..=20_000))]
+    pub streams: u64,
+
+    /// Which restarts to measure; repeatable (default: all three).
+    #[arg(long, env = "DRAINSHIM_MODE", value_enum, value_delimiter = ',')]
+    pub mode: Vec<reconnect::Mode>,
+
+    /// The long-lived streams: gRPC server streams, WebSockets (HTTP/1.1
+    /// Upgrade; the guard ends them with Close 1012), or half of each. Each
+    /// kind gets its own result row.
+    #[arg(long, env = "DRAINSHIM_PROTOCOL", value_enum, default_value = "grpc")]
+    pub protocol: bench::population::Protocol,
+
+    /// drainshim mode: time for callers to drop the endpoint.
+    #[arg(long, env = "DRAINSHIM_DEREGISTRATION_DELAY", default_value_t = reconnect::DEFAULT_DEREGISTRATION_DELAY)]
+    pub deregistration_delay: Span,
+
+    /// drainshim mode: streams are ended gracefully before this.
+    #[arg(long, env = "DRAINSHIM_DRAIN_TIME", default_value_t = reconnect::DEFAULT_DRAIN_TIME)]
+    pub drain_time: Span,
+
+    /// drainshim mode: hard deadline.
+    #[arg(long, env = "DRAINSHIM_PARENT_SHUTDOWN_TIME", default_value_t = reconnect::DEFAULT_PARENT_SHUTDOWN_TIME)]
+    pub parent_shutdown_time: Span,
+
+    /// The guard's max connection age (drainshim mode and --soak).
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE")]
+    pub max_connection_age: Option<Span>,
+
+    /// Grace after a max-age GOAWAY before open streams are ended.
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_GRACE", default_value_t = config::DEFAULT_MAX_CONNECTION_AGE_GRACE)]
+    pub max_connection_age_grace: Span,
+
+    /// After the grace, a connection's remaining streams are ended over this window.
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_SPREAD", default_value_t = config::DEFAULT_MAX_CONNECTION_AGE_SPREAD)]
+    pub max_connection_age_spread: Span,
+
+    /// Instead of a restart, hold the population this long under
+    /// --max-connection-age and report the steady-state reconnect rate.
+    #[arg(long, env = "DRAINSHIM_SOAK", requires = "max_connection_age")]
+    pub soak: Option<Span>,
+
+    /// Message sizes in bytes, comma-separated: stream i gets the i-th size
+    /// in turn (e.g. `1,1000,16385,100000,1048576` mixes small and 1 MiB
+    /// messages, which span many HTTP/2 frames). At most 1 MiB each.
+    #[arg(long, env = "DRAINSHIM_PAYLOAD_BYTES", value_delimiter = ',', default_value = "64",
+          value_parser = clap::value_parser!(u32).range(0..=1_048_576))]
+    pub payload_bytes: Vec<u32>,
+
+    #[arg(long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+
+    /// Write reconnects over time per mode as an SVG plot.
+    #[arg(long, env = "DRAINSHIM_PLOT")]
+    pub plot: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchServerArgs {
+    /// Address to serve gRPC (h2c) on.
+    #[arg(long, env = "DRAINSHIM_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+}
+
+#[derive(Debug, Args)]
+pub struct NodeScaleArgs {
+    /// Pod namespaces to create.
+    #[arg(long, env = "DRAINSHIM_PODS", default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub pods: u64,
+
+    /// How long to watch the idle agent's CPU (two scans at the default 5 s).
+    #[arg(long, env = "DRAINSHIM_IDLE_WINDOW", default_value = "10s")]
+    pub idle_window: Span,
+
+    #[arg(long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchAppArgs {
+    /// Address to serve gRPC and WebSocket on.
+    #[arg(long, env = "DRAINSHIM_LISTEN", default_value = "127.0.0.1:50052")]
+    pub listen: SocketAddr,
+}
+
+#[derive(Debug, Args)]
+pub struct AdminStubArgs {
+    /// Address to serve on (inside the pod's namespace).
+    #[arg(long, env = "DRAINSHIM_LISTEN", default_value = "127.0.0.1:15000")]
+    pub listen: SocketAddr,
+
+    /// Node metadata NAMESPACE to report.
+    #[arg(long, env = "DRAINSHIM_NAMESPACE", default_value = "bench")]
+    pub namespace: String,
+
+    /// Node metadata NAME to report.
+    #[arg(long, env = "DRAINSHIM_POD", default_value = "pod")]
+    pub pod: String,
+
+    /// Envoy release to report.
+    #[arg(long, env = "DRAINSHIM_VERSION", default_value = "1.40.0")]
+    pub version: String,
+}
+
+/// The drain timers; see docs/design.md for the timeline.
+
+// === running the bench commands ===
+
+fn unavailable(e: impl std::fmt::Display) -> Error {
+    Error::Unavailable(e.to_string())
+}
+
+/// Waits for the first SIGTERM or Ctrl-C.
+fn first_signal() -> Result<impl std::future::Future<Output = ()>, Error> {
+    let mut signals = sigterms()?;
+    Ok(async move {
+        let _ = signals.recv().await;
+    })
+}
+
+fn envoy_binary(given: Option<PathBuf>) -> Result<PathBuf, Error> {
+    given
+        .map_or_else(bench::envoy::default_binary, Ok)
+        .map_err(unavailable)
+}
+
+impl DemoArgs {
+    pub async fn run(self) -> Result<(), Error> {
+        let opts = bench::demo::DemoOptions {
+            envoy: envoy_binary(self.envoy)?,
+            streams: self.streams as usize,
+            plot: self.plot,
+            protocol: self.protocol,
+        };
+        bench::demo::run(opts).await.map_err(unavailable)
+    }
+}
+
+impl ReconnectArgs {
+    fn options(&self) -> Result<reconnect::ReconnectOptions, Error> {
+        let mut opts = reconnect::ReconnectOptions::new(envoy_binary(self.envoy.clone())?);
+        opts.streams = self.streams as usize;
+        opts.protocol = self.protocol;
+        if !self.mode.is_empty() {
+            opts.modes = self.mode.clone();
+        }
+        opts.deregistration_delay = self.deregistration_delay.get();
+        opts.drain_time = self.drain_time.get();
+        opts.parent_shutdown_time = self.parent_shutdown_time.get();
+        opts.max_connection_age = self.max_connection_age.map(Span::get);
+        opts.max_connection_age_grace = self.max_connection_age_grace.get();
+        opts.max_connection_age_spread = self.max_connection_age_spread.get();
+        opts.payload_bytes = self.payload_bytes.clone();
+        opts.validate()?;
+        Ok(opts)
+    }
+
+    async fn run(self) -> Result<(), Error> {
+        let opts = self.options()?;
+        if let Some(d) = self.soak {
+            let r = reconnect::soak(&opts, d.get()).await.map_err(unavailable)?;
+            emit(self.format, &r, || r.render());
+            return Ok(());
+        }
+        let results = reconnect::run(&opts).await.map_err(unavailable)?;
+        emit(self.format, &results, || {
+            bench::measure::render_table(&results)
+        });
+        if let Some(path) = self.plot {
+            bench::measure::plot(&results, &path).map_err(unavailable)?;
+            eprintln!(
+                "drainshim bench reconnect: plot written to {}",
+                path.display()
+            );
+        }
+        Ok(())
+    }
+}
+
+impl BenchCommand {
+    pub async fn run(self) -> Result<(), Error> {
+        match self {
+            BenchCommand::Reconnect(a) => a.run().await,
+            BenchCommand::NodeScale(a) => {
+                let binary = std::env::current_exe()
+                    .map_err(|e| Error::Internal(format!("finding this executable: {e}")))?;
+                let opts = bench::node_scale::NodeScaleOptions {
+                    pods: a.pods as usize,
+                    idle_window: a.idle_window.get(),
+                    binary,
+                };
+                let report = bench::node_scale::run(opts).await.map_err(unavailable)?;
+                emit(a.format, &report, || report.render());
+                Ok(())
+            }
+            BenchCommand::App(a) => {
+                let listener = bind(a.listen).await?;
+                let ledger = bench::ws::WsLedger::default();
+                bench::ws::serve_mixed(listener, ledger, first_signal()?).await;
+                Ok(())
+            }
+            BenchCommand::AdminStub(a) => {
+                let listener = bind(a.listen).await?;
+                let id = bench::admin_stub::StubIdentity {
+                    version: a.version,
+                    namespace: a.namespace,
+                    pod: a.pod,
+                };
+                let stop = tokio_util::sync::CancellationToken::new();
+                let signal = first_signal()?;
+                let s = stop.clone();
+                tokio::spawn(async move {
+                    signal.await;
+                    s.cancel();
+                });
+                bench::admin_stub::serve(listener, id, stop).await;
+                Ok(())
+            }
+            BenchCommand::Server(a) => bench::server::run(a.listen, first_signal()?)
+                .await
+                .map_err(unavailable),
+        }
+    }
+}
+
+async fn bind(addr: std::net::SocketAddr) -> Result<tokio::net::TcpListener, Error> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::Unavailable(format!("bind {addr}: {e}")))
+}

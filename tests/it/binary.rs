@@ -1,0 +1,246 @@
+//! The real `drainshim` binary: signals, budget validation, help text.
+
+use crate::support;
+
+use std::process::Stdio;
+
+use drainshim::drain::{Outcome, Phase, Report, Status, Trigger};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use support::*;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::process::Command;
+
+/// The real binary gets SIGTERM: it drains; a second SIGTERM skips to the
+/// deadline, and the report (all streams cut, no guard) is printed on exit.
+#[tokio::test]
+async fn sigterm_drains_and_a_second_sigterm_skips_to_the_deadline() {
+    const N: usize = 3;
+    let backend = backend().await;
+    let envoy = envoy("1.40.0", backend.addr).await;
+    let streams = open_streams(envoy.inbound, N, "sig").await;
+    let mut child = Command::new(drainshim_bin())
+        .args([
+            "sidecar",
+            "--listen",
+            "127.0.0.1:0",
+            "--envoy-admin",
+            &envoy.admin_url(),
+        ])
+        .args([
+            "--drain-time",
+            "40s",
+            "--parent-shutdown-time",
+            "60s",
+            "--poll-interval",
+            "200ms",
+            "--linger",
+            "50s",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn sidecar");
+    let pid = Pid::from_raw(child.id().expect("pid") as i32);
+
+    // Learn the bound address from the startup log line.
+    let mut stderr = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let shim: std::net::SocketAddr = tokio::time::timeout(WAIT, async {
+        while let Some(line) = stderr.next_line().await.expect("read stderr") {
+            if let Some(rest) = line.split("listen=").nth(1) {
+                return rest
+                    .split_whitespace()
+                    .next()
+                    .expect("addr")
+                    .parse()
+                    .expect("socket addr");
+            }
+        }
+        panic!("sidecar exited before it was ready");
+    })
+    .await
+    .expect("sidecar ready in time");
+    let log = tokio::spawn(async move {
+        let mut all = String::new();
+        while let Ok(Some(line)) = stderr.next_line().await {
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    assert_eq!(http(shim, "GET", "/healthz").await.0, 200);
+    assert_eq!(http(shim, "GET", "/readyz").await.0, 200);
+
+    kill(pid, Signal::SIGTERM).expect("SIGTERM");
+    wait_for("the drain starts on SIGTERM", WAIT, || async {
+        let (_, body) = http(shim, "GET", "/status").await;
+        serde_json::from_str::<Status>(&body)
+            .is_ok_and(|s| s.phase != Phase::Serving && s.trigger == Some(Trigger::Sigterm))
+    })
+    .await;
+    assert_eq!(http(shim, "GET", "/readyz").await.0, 503);
+    // Still draining: the first SIGTERM alone waits for streams.
+    wait_for("envoy counters observed", WAIT, || async {
+        let (_, body) = http(shim, "GET", "/status").await;
+        serde_json::from_str::<Status>(&body).is_ok_and(|s| s.active.streams == N as u64)
+    })
+    .await;
+
+    kill(pid, Signal::SIGTERM).expect("second SIGTERM");
+    // The drain ends now, well before its 60 s deadline; the sidecar lingers
+    // so Prometheus can scrape the final counts.
+    wait_for("the report after the second SIGTERM", WAIT, || async {
+        let (_, body) = http(shim, "GET", "/status").await;
+        serde_json::from_str::<Status>(&body).is_ok_and(|s| s.report.is_some())
+    })
+    .await;
+    let (code, metrics) = http(shim, "GET", "/metrics").await;
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains(&format!(
+            "drainshim_drained_streams_total{{outcome=\"cut\"}} {N}"
+        )),
+        "{metrics}"
+    );
+    // A third SIGTERM ends the linger.
+    kill(pid, Signal::SIGTERM).expect("third SIGTERM");
+    let status = tokio::time::timeout(WAIT, child.wait())
+        .await
+        .expect("exits at once")
+        .expect("wait");
+    assert!(status.success(), "exit status {status}");
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut out)
+        .await
+        .expect("read stdout");
+    let report: Report = serde_json::from_str(out.trim())
+        .unwrap_or_else(|e| panic!("report on stdout ({e}): {out:?}"));
+    assert_eq!(report.trigger, Trigger::Sigterm);
+    assert_eq!(report.outcome, Outcome::Deadline);
+    assert_eq!(report.streams.cut, N as u64);
+    assert!(report.duration_seconds < 40.0, "{report:?}");
+    let log = log.await.expect("log");
+    assert!(log.contains("second SIGTERM"), "{log}");
+    assert!(log.contains("SIGTERM: exiting now"), "{log}");
+    drop(envoy);
+    for s in streams {
+        let _ = tokio::time::timeout(WAIT, s).await;
+    }
+}
+
+/// An inconsistent budget is refused before anything runs, naming every flag.
+#[tokio::test]
+async fn an_inconsistent_budget_is_refused_at_start() {
+    let (code, _, err) = run_bin(&[
+        "sidecar",
+        "--listen",
+        "127.0.0.1:0",
+        "--drain-time",
+        "90s",
+        "--parent-shutdown-time",
+        "60s",
+        "--termination-grace-period",
+        "30s",
+    ])
+    .await;
+    assert_eq!(code, Some(64), "{err}");
+    for needle in [
+        "--drain-time (1m 30s) must be less than --parent-shutdown-time (1m)",
+        "--termination-grace-period (30s) must exceed",
+    ] {
+        assert!(err.contains(needle), "missing {needle:?} in: {err}");
+    }
+    let (code, _, err) = run_bin(&[
+        "sidecar",
+        "--termination-grace-period",
+        "95s",
+        "--linger",
+        "10s",
+    ])
+    .await;
+    assert_eq!(code, Some(64), "{err}");
+    assert!(
+        err.contains("plus --linger (10s) must stay below --termination-grace-period (1m 35s)"),
+        "{err}"
+    );
+    // The environment works the same way.
+    let out = Command::new(drainshim_bin())
+        .args(["drain"])
+        .env("DRAINSHIM_MIN_DRAIN_TIME", "2m")
+        .output()
+        .await
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("--min-drain-time (2m) must not exceed --drain-time (1m)"));
+
+    let (code, _, err) = run_bin(&["sidecar", "--drain-time", "soon"]).await;
+    assert_eq!(code, Some(64), "{err}");
+    assert!(err.contains("invalid value 'soon'"), "{err}");
+    let (code, _, err) = run_bin(&["drain", "--envoy-admin", "localhost:15000"]).await;
+    assert_eq!(code, Some(64), "{err}");
+    assert!(err.contains("invalid envoy admin URL"), "{err}");
+}
+
+/// `prestop` with no shim exits non-zero and says why.
+#[tokio::test]
+async fn prestop_without_a_shim_fails_clearly() {
+    let gone = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = gone.local_addr().expect("addr");
+    drop(gone);
+    let (code, out, err) = run_bin(&["prestop", "--shim", &format!("http://{addr}")]).await;
+    assert_eq!(code, Some(69), "{err}");
+    assert!(out.is_empty());
+    assert!(err.contains("connect"), "{err}");
+}
+
+/// `install` copies the binary so a shell-less Envoy image can exec `prestop`.
+#[tokio::test]
+async fn install_copies_a_working_binary() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (code, _, err) =
+        run_bin(&["install", "--to", dir.path().to_str().expect("utf-8 path")]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let copied = dir.path().join("drainshim");
+    let out = Command::new(&copied)
+        .arg("--version")
+        .output()
+        .await
+        .expect("run the copy");
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("drainshim "));
+    let (code, _, err) = run_bin(&["install", "--to", "/nonexistent/dir"]).await;
+    assert_eq!(code, Some(69));
+    assert!(err.contains("/nonexistent/dir"), "{err}");
+}
+
+/// Every subcommand's help explains itself and its exit codes.
+#[tokio::test]
+async fn help_explains_exit_codes() {
+    for args in [
+        &["--help"][..],
+        &["sidecar", "--help"],
+        &["prestop", "--help"],
+        &["drain", "--help"],
+        &["bench", "server", "--help"],
+    ] {
+        let (code, out, _) = run_bin(args).await;
+        assert_eq!(code, Some(0), "{args:?}");
+        assert!(out.contains("Exit codes:"), "{args:?}: {out}");
+    }
+    let (_, out, _) = run_bin(&["sidecar", "--help"]).await;
+    for flag in [
+        "--drain-time",
+        "--parent-shutdown-time",
+        "--allow-drain-from",
+        "DRAINSHIM_DRAIN_TIME",
+        "[default: 60s]",
+    ] {
+        assert!(out.contains(flag), "sidecar --help lacks {flag}");
+    }
+}

@@ -1,0 +1,494 @@
+//! The fault matrix (issue 8, item 1): for every fault the drain ends by its
+//! deadline, the report says what happened, `drainshim prestop` exits 0 and
+//! nothing hangs.
+//!
+//! | fault | how it is made |
+//! |---|---|
+//! | Envoy killed mid-drain, streams open | real Envoy, SIGKILL |
+//! | Envoy restarted under the drain | real Envoy, SIGKILL, a new one on the same admin port |
+//! | admin hung | a listener that accepts and never answers |
+//! | admin garbage, truncated or wrong JSON, HTTP errors, an endless body | a small fault-injecting HTTP server (real Envoy cannot be made to do this) |
+//! | the application dies mid-stream behind the guard | real Envoy, the real bench server binary, SIGKILL |
+//!
+//! The clock jumping is in `faults_clock.rs` (paused tokio time).
+//! Each test prints one `FAULT` line: the table in the report is made of them.
+
+use crate::support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use drainshim::bench::client::classify;
+use drainshim::drain::{Outcome, Report, Status, Trigger};
+use drainshim::proto::bench::stream_client::StreamClient;
+use drainshim::proto::bench::EchoRequest;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// The hard deadline used with `SHORT_TIMERS`.
+const SHORT_DEADLINE: f64 = 2.0;
+/// Room above a deadline for the last poll and a loaded CI machine: the
+/// drain must end *by its deadline*, not a poll or two later than a stopwatch.
+const SLACK: f64 = 5.0;
+
+fn table_line(fault: &str, r: &Report) {
+    eprintln!(
+        "FAULT | {fault} | outcome={:?} streams(at_start={} completed={} terminated={} cut={}) \
+         connections(cut={}) envoy(reachable={} restarts={} error={:?}) duration={:.2}s",
+        r.outcome,
+        r.streams.at_start,
+        r.streams.completed,
+        r.streams.terminated,
+        r.streams.cut,
+        r.connections.cut,
+        r.envoy.reachable,
+        r.envoy.restarts,
+        r.envoy.error,
+        r.duration_seconds
+    );
+}
+
+async fn status(shim: SocketAddr) -> Option<Status> {
+    let (_, body) = http(shim, "GET", "/status").await;
+    serde_json::from_str(&body).ok()
+}
+
+/// Envoy is SIGKILLed while the drain waits on open streams: Envoy cannot be
+/// asked any more, so the drain runs to its deadline, says
+/// `envoy_unreachable` with the admin error, and counts what Envoy last had
+/// open as cut (the kill closed those connections without a goodbye). The
+/// report says when the counts were last read.
+#[tokio::test]
+async fn envoy_killed_mid_drain() {
+    const N: usize = 3;
+    let backend = backend().await;
+    let mut envoy = envoy("1.40.0", backend.addr).await;
+    let streams = open_streams(envoy.inbound, N, "killed").await;
+    wait_for("envoy sees every stream", WAIT, || async {
+        envoy_streams(&envoy).await == N as u64
+    })
+    .await;
+    // A deadline long enough that the kill surely comes before it on a
+    // loaded machine.
+    const DEADLINE: f64 = 5.0;
+    let (shim, drain, _sig, _task) = start_sidecar(&envoy.admin_url(), |s| {
+        s.budget.timers = timers(ms(200), secs(3), secs(5), ms(100));
+        s.budget.admin_timeout = ms(500);
+    })
+    .await;
+    let run = tokio::spawn(prestop(shim));
+    wait_for("the drain has counted the streams", WAIT, || async {
+        status(shim)
+            .await
+            .is_some_and(|s| s.active.streams == N as u64 && s.envoy.reachable)
+    })
+    .await;
+    assert!(drain.status().report.is_none(), "ended too early");
+    envoy.kill().await;
+
+    let run = run.await.expect("prestop task");
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let r = run.report();
+    table_line("envoy killed mid-drain", &r);
+    assert_eq!(r.outcome, Outcome::EnvoyUnreachable, "{r:?}");
+    assert!(r.duration_seconds >= DEADLINE, "{r:?}");
+    assert!(r.duration_seconds < DEADLINE + SLACK, "{r:?}");
+    assert_eq!(
+        (r.streams.at_start, r.streams.completed, r.streams.cut),
+        (N as u64, 0, N as u64)
+    );
+    assert_eq!(r.connections.cut, N as u64, "{r:?}");
+    assert!(!r.envoy.reachable);
+    let err = r.envoy.error.as_deref().unwrap_or_default();
+    assert!(err.contains("connect"), "the report names the cause: {r:?}");
+    let seen = r.envoy.last_seen_seconds.expect("counts were read once");
+    assert!(seen < r.duration_seconds, "{r:?}");
+    assert!(
+        run.stderr.contains("unreachable"),
+        "progress says why: {}",
+        run.stderr
+    );
+    // The clients do not hang: the kill ended their streams with a status.
+    for s in streams {
+        let end = tokio::time::timeout(WAIT, s)
+            .await
+            .expect("stream ends, no hang")
+            .expect("join");
+        assert!(end.status.is_some(), "{}: ended OK?", end.id);
+    }
+}
+
+/// Envoy is killed and a new Envoy takes the same admin port during the
+/// drain. The new process is drained too (health check failed again, its
+/// inbound listener drained and stopped), the old one's streams are counted
+/// as cut, the restart is counted, and the drain then quiesces on the new
+/// Envoy, which has nothing open.
+#[tokio::test]
+async fn envoy_restarted_under_the_drain() {
+    const N: usize = 3;
+    let backend = backend().await;
+    let admin_port = free_port();
+    let tweak = |o: &mut drainshim::bench::envoy::EnvoyOptions| {
+        o.admin_port = admin_port;
+        o.drain_time = Duration::from_secs(1);
+    };
+    let mut old = envoy_with("1.40.0", backend.addr, tweak).await;
+    let streams = open_streams(old.inbound, N, "restarted").await;
+    wait_for("envoy sees every stream", WAIT, || async {
+        envoy_streams(&old).await == N as u64
+    })
+    .await;
+    let (shim, _drain, _sig, _task) = start_sidecar(&old.admin_url(), |s| {
+        s.budget.timers = timers(ms(200), secs(15), secs(20), ms(100));
+        s.budget.admin_timeout = ms(500);
+    })
+    .await;
+    let run = tokio::spawn(prestop(shim));
+    wait_for("the old envoy is drained and counted", WAIT, || async {
+        status(shim).await.is_some_and(|s| {
+            s.active.streams == N as u64 && s.envoy.reachable && s.envoy.error.is_none()
+        }) && old.admin_client().ready().await.ok() == Some(false)
+    })
+    .await;
+    old.kill().await;
+    let new = envoy_with("1.40.0", backend.addr, tweak).await;
+    assert_eq!(
+        new.admin, old.admin,
+        "the new envoy took the same admin port"
+    );
+
+    let run = run.await.expect("prestop task");
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let r = run.report();
+    table_line("envoy restarted under the drain", &r);
+    assert_eq!(r.outcome, Outcome::Quiesced, "{r:?}");
+    assert!(r.duration_seconds < 20.0 + SLACK, "{r:?}");
+    assert_eq!(r.envoy.restarts, 1, "{r:?}");
+    assert!(r.envoy.reachable, "{r:?}");
+    assert_eq!(
+        (r.streams.at_start, r.streams.completed, r.streams.cut),
+        (N as u64, 0, N as u64),
+        "the old process's streams were lost with it: {r:?}"
+    );
+    assert_eq!(r.connections.cut, N as u64, "{r:?}");
+    // The new Envoy was drained as well: health check failed, inbound stopped.
+    let admin = new.admin_client();
+    assert_eq!(
+        admin.ready().await.ok(),
+        Some(false),
+        "health check failed again"
+    );
+    let info = admin.server_info().await.expect("server_info");
+    assert_eq!(info.state, "DRAINING");
+    wait_for(
+        "the new envoy's inbound listener stops after its drain time",
+        WAIT,
+        || async { admin.listeners_stopped().await.unwrap_or(0) >= 1 },
+    )
+    .await;
+    for s in streams {
+        let end = tokio::time::timeout(WAIT, s)
+            .await
+            .expect("stream ends, no hang")
+            .expect("join");
+        assert!(end.status.is_some(), "{}", end.id);
+    }
+}
+
+/// Envoy's admin accepts connections and never answers: every admin call
+/// has a deadline and the drain's deadline does not wait on them.
+#[tokio::test]
+async fn admin_hung() {
+    let hung = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = hung.local_addr().expect("addr");
+    let held = tokio::spawn(async move {
+        // Accept and hold every connection without a byte in reply (bounded).
+        let mut conns = Vec::new();
+        for _ in 0..1_000 {
+            match hung.accept().await {
+                Ok((c, _)) => conns.push(c),
+                Err(_) => break,
+            }
+        }
+    });
+    let (shim, _drain, _sig, _task) = start_sidecar(&format!("http://{addr}"), short_timers).await;
+    let run = prestop(shim).await;
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let r = run.report();
+    table_line("admin hung", &r);
+    assert_eq!(r.outcome, Outcome::EnvoyUnreachable);
+    assert!(r.duration_seconds < SHORT_DEADLINE + SLACK, "{r:?}");
+    let err = r.envoy.error.as_deref().unwrap_or_default();
+    assert!(err.contains("no answer within"), "{r:?}");
+    assert_eq!(r.envoy.last_seen_seconds, None, "{r:?}");
+    held.abort();
+}
+
+/// What the fault-injecting admin answers, to every request.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// Bytes that are not HTTP at all, then close.
+    Garbage,
+    /// A 200 whose JSON stops half way.
+    TruncatedJson,
+    /// A 200 that promises more body than it sends, then closes.
+    ShortBody,
+    /// A 200 with well-formed JSON of the wrong shape.
+    WrongJson,
+    /// A 500 for everything.
+    ServerError,
+    /// A 200 with a chunked body that never ends.
+    EndlessBody,
+}
+
+impl Fault {
+    /// What the report's error must mention.
+    fn names(self) -> &'static [&'static str] {
+        match self {
+            Fault::Garbage => &["http"],
+            Fault::TruncatedJson | Fault::WrongJson => &["bad JSON"],
+            Fault::ShortBody => &["http"],
+            Fault::ServerError => &["status 500"],
+            Fault::EndlessBody => &["larger than", "no answer within"],
+        }
+    }
+}
+
+/// A fault-injecting admin server on loopback; stops when dropped.
+struct FaultyAdmin {
+    addr: SocketAddr,
+    stop: CancellationToken,
+}
+
+impl Drop for FaultyAdmin {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn faulty_admin(fault: Fault) -> FaultyAdmin {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut conn, _) = tokio::select! {
+                _ = s.cancelled() => return,
+                a = listener.accept() => match a { Ok(a) => a, Err(_) => return },
+            };
+            let s = s.clone();
+            tokio::spawn(async move {
+                // Read the request head (bounded), whatever it is.
+                let mut buf = vec![0u8; 4096];
+                let _ = tokio::time::timeout(Duration::from_secs(2), conn.read(&mut buf)).await;
+                let head = |status: &str, len: usize| {
+                    format!(
+                        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {len}\r\nconnection: close\r\n\r\n"
+                    )
+                };
+                match fault {
+                    Fault::Garbage => {
+                        let _ = conn
+                            .write_all(b"\x00\x01SSH-2.0-nope\r\n\xff\xfe\r\n\r\n")
+                            .await;
+                    }
+                    Fault::TruncatedJson => {
+                        let body =
+                            r#"{"stats":[{"name":"listener.127.0.0.1_1.downstream_cx_active","val"#;
+                        let _ = conn.write_all(head("200 OK", body.len()).as_bytes()).await;
+                        let _ = conn.write_all(body.as_bytes()).await;
+                    }
+                    Fault::ShortBody => {
+                        let body = r#"{"configs":[{"listener":"#;
+                        let _ = conn.write_all(head("200 OK", 4096).as_bytes()).await;
+                        let _ = conn.write_all(body.as_bytes()).await;
+                    }
+                    Fault::WrongJson => {
+                        let body = r#"{"configs":7,"stats":{"a":1},"version":[],"state":42}"#;
+                        let _ = conn.write_all(head("200 OK", body.len()).as_bytes()).await;
+                        let _ = conn.write_all(body.as_bytes()).await;
+                    }
+                    Fault::ServerError => {
+                        let body = "boom";
+                        let _ = conn
+                            .write_all(head("500 Internal Server Error", body.len()).as_bytes())
+                            .await;
+                        let _ = conn.write_all(body.as_bytes()).await;
+                    }
+                    Fault::EndlessBody => {
+                        let _ = conn
+                            .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+                            .await;
+                        let chunk = format!("10000\r\n{}\r\n", "[".repeat(0x10000));
+                        loop {
+                            tokio::select! {
+                                _ = s.cancelled() => break,
+                                w = conn.write_all(chunk.as_bytes()) => if w.is_err() { break },
+                            }
+                        }
+                    }
+                }
+                let _ = conn.shutdown().await;
+            });
+        }
+    });
+    FaultyAdmin { addr, stop }
+}
+
+async fn admin_fault(fault: Fault) {
+    let admin = faulty_admin(fault).await;
+    let (shim, _drain, _sig, _task) =
+        start_sidecar(&format!("http://{}", admin.addr), short_timers).await;
+    let run = prestop(shim).await;
+    assert_eq!(run.code, Some(0), "{fault:?}: {}", run.stderr);
+    let r = run.report();
+    table_line(&format!("admin {fault:?}"), &r);
+    assert_eq!(r.outcome, Outcome::EnvoyUnreachable, "{fault:?}: {r:?}");
+    assert_eq!(r.trigger, Trigger::Prestop);
+    assert!(r.duration_seconds >= SHORT_DEADLINE, "{fault:?}: {r:?}");
+    assert!(
+        r.duration_seconds < SHORT_DEADLINE + SLACK,
+        "{fault:?}: {r:?}"
+    );
+    assert!(!r.envoy.reachable);
+    let err = r.envoy.error.clone().unwrap_or_default();
+    assert!(
+        fault.names().iter().any(|n| err.contains(n)),
+        "{fault:?}: the report should name the fault ({:?}): {err:?}",
+        fault.names()
+    );
+    // Nothing was read, so nothing is claimed.
+    assert_eq!(r.envoy.last_seen_seconds, None);
+    assert_eq!((r.streams.at_start, r.streams.cut), (0, 0));
+    // The shim is still healthy and serving.
+    assert_eq!(http(shim, "GET", "/healthz").await.0, 200);
+    let (code, body) = http(shim, "GET", "/readyz").await;
+    assert_eq!(code, 503, "{body}");
+}
+
+#[tokio::test]
+async fn admin_answers_garbage() {
+    admin_fault(Fault::Garbage).await;
+}
+
+#[tokio::test]
+async fn admin_answers_truncated_json() {
+    admin_fault(Fault::TruncatedJson).await;
+}
+
+#[tokio::test]
+async fn admin_answers_a_short_body() {
+    admin_fault(Fault::ShortBody).await;
+}
+
+#[tokio::test]
+async fn admin_answers_json_of_the_wrong_shape() {
+    admin_fault(Fault::WrongJson).await;
+}
+
+#[tokio::test]
+async fn admin_answers_500() {
+    admin_fault(Fault::ServerError).await;
+}
+
+#[tokio::test]
+async fn admin_answers_an_endless_body() {
+    admin_fault(Fault::EndlessBody).await;
+}
+
+/// The real bench server binary as the application, killable for real.
+struct App {
+    child: tokio::process::Child,
+    addr: SocketAddr,
+}
+
+async fn app_process() -> App {
+    let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let child = tokio::process::Command::new(drainshim_bin())
+        .args(["bench", "server", "--listen", &addr.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the bench server");
+    wait_for("the application listens", WAIT, || async {
+        tokio::net::TcpStream::connect(addr).await.is_ok()
+    })
+    .await;
+    App { child, addr }
+}
+
+/// The application behind the guard dies (SIGKILL) with streams open, during
+/// a drain: each client gets a clean, retryable gRPC status from the guard
+/// (UNAVAILABLE in trailers, the stream ended between messages), not a
+/// hang; a new call fails fast with UNAVAILABLE; the drain still completes,
+/// with nothing cut.
+#[tokio::test]
+async fn application_dies_behind_the_guard() {
+    const N: usize = 4;
+    let mut app = app_process().await;
+    // Deregistration outlasts the kill on a loaded machine: the guard must
+    // not have started ending streams itself.
+    let pod = guard_in_front_of("1.40.0", app.addr, |s| {
+        s.budget.timers = timers(secs(3), secs(5), secs(8), ms(100))
+    })
+    .await;
+    let streams = open_streams(pod.envoy.inbound, N, "orphan").await;
+    wait_for("envoy sees every stream", WAIT, || async {
+        envoy_streams(&pod.envoy).await == N as u64
+    })
+    .await;
+    let run = tokio::spawn(prestop(pod.shim));
+    wait_for("the drain has counted the streams", WAIT, || async {
+        status(pod.shim)
+            .await
+            .is_some_and(|s| s.active.streams == N as u64 && s.envoy.reachable)
+    })
+    .await;
+    app.child.kill().await.expect("kill the application");
+
+    for s in streams {
+        let end = tokio::time::timeout(WAIT, s)
+            .await
+            .expect("the stream ends, no hang")
+            .expect("join");
+        let st = end.status.as_ref().expect("a gRPC status");
+        assert_eq!(st.code(), tonic::Code::Unavailable, "{}: {st:?}", end.id);
+        assert_eq!(
+            classify(st),
+            Ending::Graceful,
+            "{}: trailers, not a broken connection: {st:?}",
+            end.id
+        );
+        assert!(end.gapless(), "{}: gaps in {:?}", end.id, end.seqs);
+    }
+    // A new call through the whole chain fails fast and cleanly.
+    let mut client = StreamClient::connect(format!("http://{}", pod.envoy.inbound))
+        .await
+        .expect("connect to envoy");
+    let call = tokio::time::timeout(
+        WAIT,
+        client.echo(EchoRequest {
+            body: "anyone?".into(),
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("a new call does not hang");
+    let st = call.expect_err("the application is gone");
+    assert_eq!(st.code(), tonic::Code::Unavailable, "{st:?}");
+
+    let run = run.await.expect("prestop task");
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let r = run.report();
+    table_line("application killed behind the guard", &r);
+    assert_eq!(r.outcome, Outcome::Quiesced, "{r:?}");
+    assert_eq!(r.streams.cut, 0, "{r:?}");
+    assert_eq!(r.streams.at_start, N as u64, "{r:?}");
+    assert!(r.duration_seconds < 8.0 + SLACK, "{r:?}");
+    // The guard's drain had nothing left to end: the streams ended when the app died.
+    assert_eq!(r.streams.terminated, 0, "{r:?}");
+}

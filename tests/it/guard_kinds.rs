@@ -1,0 +1,314 @@
+//! Long-lived stream kinds besides gRPC, ended by a drain through real Envoy
+//! 1.40 and the real `drainshim` binary, read by clients nobody here wrote
+//! (curl):
+//! - Server-Sent Events end between two events, never mid-event, with
+//!   everything the application wrote;
+//! - gRPC-Web streams end with the trailer frame `grpc-status:14` in the body.
+
+use crate::support;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use drainshim::bench::envoy::EnvoyProcess;
+use http_body_util::StreamBody;
+use hyper::body::Frame;
+use prost::Message;
+use support::*;
+use tokio::io::AsyncReadExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
+
+/// Drain timers: endings spread over about 1.8 s after a 0.5 s deregistration.
+const TIMERS: &[&str] = &[
+    "--deregistration-delay",
+    "500ms",
+    "--min-drain-time",
+    "500ms",
+    "--drain-time",
+    "2500ms",
+    "--parent-shutdown-time",
+    "10s",
+    "--poll-interval",
+    "100ms",
+];
+
+async fn pod_in_front_of(app: SocketAddr) -> (EnvoyProcess, SidecarBin) {
+    let (envoy, shim, _) = guard_bin_pod(app, TIMERS, |_| {}).await;
+    (envoy, shim)
+}
+
+/// An h2c application serving `GET /events` as Server-Sent Events: event n
+/// every 100 ms, each written whole; `written` is the last event handed to
+/// the transport.
+async fn sse_app() -> (SocketAddr, Arc<Mutex<u64>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let written = Arc::new(Mutex::new(0u64));
+    let w = written.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let _ = tcp.set_nodelay(true);
+            let w = w.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |_req| {
+                    let w = w.clone();
+                    async move {
+                        let (tx, rx) = tokio::sync::mpsc::channel::<u64>(1);
+                        tokio::spawn(async move {
+                            for n in 1..=10_000u64 {
+                                if tx.send(n).await.is_err() {
+                                    return;
+                                }
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                            }
+                        });
+                        let body = StreamBody::new(ReceiverStream::new(rx).map(move |n| {
+                            if let Ok(mut last) = w.lock() {
+                                *last = n;
+                            }
+                            // A multi-line event, so a cut mid-event would show.
+                            let event =
+                                format!("id: {n}\nevent: tick\ndata: tick {n}\ndata: more\n\n");
+                            Ok::<_, Infallible>(Frame::data(Bytes::from(event)))
+                        }));
+                        let mut resp = hyper::Response::new(body);
+                        resp.headers_mut().insert(
+                            http::header::CONTENT_TYPE,
+                            http::HeaderValue::from_static("text/event-stream"),
+                        );
+                        Ok::<_, Infallible>(resp)
+                    }
+                });
+                // HTTP/1.1 and h2c, as the guard's upstream speaks either.
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .serve_connection(hyper_util::rt::TokioIo::new(tcp), service)
+                .await;
+            });
+        }
+    });
+    (addr, written)
+}
+
+/// Runs curl (an independent HTTP client) against `url` with extra args,
+/// and collects its stdout as it comes. Returns the child and the buffer.
+fn curl(args: &[&str]) -> (tokio::process::Child, Arc<Mutex<Vec<u8>>>) {
+    let mut child = tokio::process::Command::new("curl")
+        .args(["--silent", "--show-error", "--max-time", "60"])
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("curl is needed for these tests (Debian's curl); it never skips");
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let sink = out.clone();
+    let mut stdout = child.stdout.take().expect("stdout");
+    tokio::spawn(async move {
+        let mut buf = [0u8; 16 * 1024];
+        while let Ok(n) = stdout.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            if let Ok(mut o) = sink.lock() {
+                o.extend_from_slice(&buf[..n]);
+            }
+        }
+    });
+    (child, out)
+}
+
+fn taken(out: &Arc<Mutex<Vec<u8>>>) -> Vec<u8> {
+    out.lock().map(|o| o.clone()).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_sent_events_end_between_events_with_nothing_lost() {
+    sse_drain(false).await;
+}
+
+/// The same over HTTP/1.1 end to end (Envoy's upstream follows the client's
+/// protocol): the guard ends the chunked body between two events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_sent_events_over_http1_end_between_events() {
+    sse_drain(true).await;
+}
+
+async fn sse_drain(http1_upstream: bool) {
+    let (app, written) = sse_app().await;
+    let (envoy, shim, _) = guard_bin_pod(app, TIMERS, |o| {
+        o.upstream_follows_downstream = http1_upstream;
+    })
+    .await;
+    let url = format!("http://{}/events", envoy.inbound);
+    let (mut child, out) = curl(&["--no-buffer", "--http1.1", &url]);
+    wait_for("three events through Envoy and the guard", WAIT, || async {
+        String::from_utf8_lossy(&taken(&out))
+            .matches("\n\n")
+            .count()
+            >= 3
+    })
+    .await;
+
+    let run = prestop(shim.addr).await;
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let status = tokio::time::timeout(WAIT, child.wait())
+        .await
+        .expect("curl ends when the stream does")
+        .expect("wait");
+    // 0: the body ended cleanly (curl reports a cut transfer as 18 or 56).
+    assert_eq!(status.code(), Some(0), "curl: {status:?}");
+    let text = String::from_utf8(taken(&out)).expect("utf-8");
+    assert!(
+        text.ends_with("\n\n"),
+        "the stream ended mid-event: {text:?}"
+    );
+    let ids: Vec<u64> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("id: "))
+        .map(|n| n.parse().expect("an id"))
+        .collect();
+    assert!(
+        ids.iter().enumerate().all(|(i, n)| *n == i as u64 + 1),
+        "gaps: {ids:?}"
+    );
+    assert_eq!(
+        text.matches("data: more\n\n").count(),
+        ids.len(),
+        "whole events only"
+    );
+    let last_written = *written.lock().expect("ledger");
+    assert_eq!(ids.last().copied(), Some(last_written), "lost events");
+    let report = run.report();
+    assert_eq!(
+        (report.streams.cut, report.streams.terminated),
+        (0, 1),
+        "{report:?}"
+    );
+}
+
+/// The bench service, also speaking gRPC-Web (tonic-web), on an h2c port.
+async fn grpc_web_app() -> (SocketAddr, drainshim::bench::server::Ledger) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let service = drainshim::bench::server::BenchService::default();
+    let ledger = service.ledger.clone();
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .accept_http1(true)
+            .layer(tonic_web::GrpcWebLayer::new())
+            .add_service(drainshim::proto::bench::stream_server::StreamServer::new(
+                service,
+            ))
+            .serve_with_incoming(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            )
+            .await
+    });
+    (addr, ledger)
+}
+
+/// Splits a gRPC-Web body into (flag, payload) frames.
+fn web_frames(mut body: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    let mut frames = Vec::new();
+    while body.len() >= 5 {
+        let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+        if body.len() < 5 + len {
+            break;
+        }
+        frames.push((body[0], body[5..5 + len].to_vec()));
+        body = &body[5 + len..];
+    }
+    assert!(
+        body.is_empty(),
+        "a partial frame at the end: {} bytes",
+        body.len()
+    );
+    frames
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_web_streams_end_with_the_trailer_frame() {
+    let (app, ledger) = grpc_web_app().await;
+    let (envoy, shim) = pod_in_front_of(app).await;
+    let req = drainshim::proto::bench::SubscribeRequest {
+        stream_id: "web".into(),
+        interval_ms: 100,
+        payload_bytes: 300,
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(req.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&req);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let body = dir.path().join("request.bin");
+    std::fs::write(&body, &framed).expect("request body");
+    let url = format!(
+        "http://{}/drainshim.bench.v1.Stream/Subscribe",
+        envoy.inbound
+    );
+    let at = format!("@{}", body.display());
+    let (mut child, out) = curl(&[
+        "--no-buffer",
+        "--http1.1",
+        "-H",
+        "content-type: application/grpc-web+proto",
+        "-H",
+        "x-grpc-web: 1",
+        "--data-binary",
+        &at,
+        &url,
+    ]);
+    wait_for(
+        "three messages through Envoy and the guard",
+        WAIT,
+        || async { taken(&out).len() > 3 * 300 },
+    )
+    .await;
+    let run = prestop(shim.addr).await;
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let status = tokio::time::timeout(WAIT, child.wait())
+        .await
+        .expect("curl ends")
+        .expect("wait");
+    assert_eq!(status.code(), Some(0), "curl: {status:?}");
+    let frames = web_frames(&taken(&out));
+    let (last_flag, trailers) = frames.last().expect("frames");
+    assert_eq!(*last_flag, 0x80, "the body ends with the trailer frame");
+    let trailers = String::from_utf8_lossy(trailers);
+    assert!(trailers.contains("grpc-status:14"), "{trailers}");
+    assert!(trailers.contains("draining"), "{trailers}");
+    let seqs: Vec<u64> = frames[..frames.len() - 1]
+        .iter()
+        .map(|(flag, m)| {
+            assert_eq!(*flag, 0, "a data frame");
+            drainshim::proto::bench::Tick::decode(m.as_slice())
+                .expect("a whole Tick")
+                .seq
+        })
+        .collect();
+    assert!(
+        seqs.iter().enumerate().all(|(i, s)| *s == i as u64 + 1),
+        "gaps: {seqs:?}"
+    );
+    assert_eq!(
+        ledger.last_written("web"),
+        seqs.last().copied(),
+        "lost messages"
+    );
+    let report = run.report();
+    assert_eq!(
+        (report.streams.cut, report.streams.terminated),
+        (0, 1),
+        "{report:?}"
+    );
+}

@@ -1,0 +1,48 @@
+//! WebSocket over HTTP/2 (RFC 8441 extended CONNECT), as Envoy sends it when
+//! its upstream to the guard speaks HTTP/2: the real `drainshim` binary's
+//! guard takes the extended CONNECT, upgrades to the application over
+//! HTTP/1.1, relays the frames, and a drain still ends every WebSocket with
+//! a Close 1012 after everything the application sent.
+
+use crate::support;
+
+use support::ws::*;
+use support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websockets_over_http2_extended_connect_end_with_1012() {
+    const N: usize = 4;
+    let app = ws_app().await;
+    // Envoy's upstream to the guard is HTTP/2 only: every WebSocket reaches
+    // the guard as an extended CONNECT.
+    let (envoy, shim, _) = guard_bin_pod(app.addr, WS_TIMERS, |o| o.extended_connect = true).await;
+    let mut clients = Vec::new();
+    for i in 0..N {
+        clients.push(ws_ticker(envoy.inbound, &format!("h2ws{i}"), 100, 2_000).await);
+    }
+    let run = prestop(shim.addr).await;
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let report = run.report();
+    for (task, _) in clients {
+        let end = tokio::time::timeout(WAIT, task)
+            .await
+            .expect("client finished in time")
+            .expect("client task");
+        assert_eq!(end.close_code, Some(1012), "{}: {end:?}", end.id);
+        assert!(end.gapless(), "{}: gaps in {:?}", end.id, end.seqs);
+        let written = app.ledger.last_written(&end.id).expect("ledger entry");
+        assert_eq!(
+            end.seqs.last().copied(),
+            Some(written),
+            "{}: lost ticks",
+            end.id
+        );
+    }
+    assert_eq!(
+        (report.streams.cut, report.streams.terminated),
+        (0, N as u64),
+        "{report:?}"
+    );
+    let log = shim.log();
+    assert!(!log.contains("WebSocket (HTTP/2) upgrade"), "{log}");
+}

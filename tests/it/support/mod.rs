@@ -1,0 +1,611 @@
+//! Shared harness for the integration tests: real Envoy, the real tonic bench
+//! backend, tonic clients, the sidecar in-process or as the real binary.
+//!
+//! A missing Envoy is a failure, never a skip: run `make envoy` first
+//! (`make test` does).
+#![allow(dead_code, unused_imports)]
+
+pub mod abuse;
+pub mod guard;
+pub mod node;
+pub mod podapp;
+pub mod ws;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use drainshim::bench::envoy::{self, EnvoyOptions, EnvoyProcess};
+use drainshim::bench::server::{BenchService, Ledger};
+use drainshim::config::Timers;
+use drainshim::drain::Report;
+use drainshim::proto::bench::stream_client::StreamClient;
+use drainshim::proto::bench::{EchoRequest, SubscribeRequest};
+use drainshim::settings::{GuardSettings, SidecarSettings};
+use drainshim::sidecar::{self, Sidecar};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Upper bound for any single wait in a test; a loaded 2-core CI stays well inside.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// The cached Envoy binary of `version`, or a failing test with the fix.
+pub fn envoy_binary(version: &str) -> PathBuf {
+    envoy::cached(version).unwrap_or_else(|| {
+        panic!(
+            "Envoy {version} is missing from {}: run `make envoy` (scripts/fetch-envoy.sh). \
+             Tests never skip for a missing Envoy.",
+            envoy::cache_dir().display()
+        )
+    })
+}
+
+/// Polls `cond` until it holds, failing the test after `limit`.
+pub async fn wait_for<F, Fut>(what: &str, limit: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond().await {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// The bench backend on an ephemeral port; stops when the token is dropped or cancelled.
+pub struct Backend {
+    pub addr: SocketAddr,
+    pub ledger: Ledger,
+    stop: CancellationToken,
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+pub async fn backend() -> Backend {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind backend");
+    let addr = listener.local_addr().expect("backend addr");
+    let service = BenchService::default();
+    let ledger = service.ledger.clone();
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    tokio::spawn(async move {
+        let _ = drainshim::bench::server::serve(listener, service, s.cancelled_owned()).await;
+    });
+    Backend { addr, ledger, stop }
+}
+
+/// A real Envoy of `version` routing its inbound listener to `upstream`.
+pub async fn envoy_with(
+    version: &str,
+    upstream: SocketAddr,
+    tweak: impl FnOnce(&mut EnvoyOptions),
+) -> EnvoyProcess {
+    let mut opts = EnvoyOptions::new(envoy_binary(version), upstream);
+    tweak(&mut opts);
+    EnvoyProcess::start(&opts)
+        .await
+        .unwrap_or_else(|e| panic!("start envoy {version}: {e}"))
+}
+
+pub async fn envoy(version: &str, upstream: SocketAddr) -> EnvoyProcess {
+    envoy_with(version, upstream, |_| {}).await
+}
+
+pub use drainshim::bench::client::{Ending, StreamEnd};
+
+/// Opens `n` long-lived Subscribe streams to `addr`, each on its own
+/// connection, and returns once all have received their first message.
+pub async fn open_streams(addr: SocketAddr, n: usize, prefix: &str) -> Vec<JoinHandle<StreamEnd>> {
+    drainshim::bench::client::open_streams(addr, n, prefix, Duration::from_secs(120))
+        .await
+        .unwrap_or_else(|e| panic!("open streams: {e}"))
+}
+
+/// Sends unary Echo calls on one channel until `stop`, at most `max` calls.
+/// Returns (calls that succeeded, the instant the last one finished).
+pub async fn unary_until(
+    addr: SocketAddr,
+    stop: CancellationToken,
+    max: usize,
+) -> (usize, Instant) {
+    let mut client = StreamClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect unary client");
+    let mut ok = 0;
+    let mut last = Instant::now();
+    for i in 0..max {
+        if stop.is_cancelled() {
+            break;
+        }
+        if client
+            .echo(EchoRequest {
+                body: format!("req-{i}"),
+                ..Default::default()
+            })
+            .await
+            .is_ok()
+        {
+            ok += 1;
+        }
+        last = Instant::now();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    (ok, last)
+}
+
+/// One finite Subscribe call: `count` messages `interval_ms` apart. Returns
+/// the messages received and when the call completed.
+pub async fn finite_request(addr: SocketAddr, count: u64, interval_ms: u32) -> (u64, Instant) {
+    let mut client = StreamClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect");
+    let mut stream = client
+        .subscribe(SubscribeRequest {
+            stream_id: "finite".into(),
+            count,
+            interval_ms,
+            payload_bytes: 8,
+            ..Default::default()
+        })
+        .await
+        .expect("subscribe")
+        .into_inner();
+    let mut n = 0;
+    while let Ok(Some(_)) = stream.message().await {
+        n += 1;
+    }
+    (n, Instant::now())
+}
+
+/// Sidecar settings for a test: `envoy_admin`, any free port, no linger
+/// (tests read the report from the returned task at once), then `tweak`.
+pub fn sidecar_settings(
+    envoy_admin: &str,
+    tweak: impl FnOnce(&mut SidecarSettings),
+) -> SidecarSettings {
+    let mut s = SidecarSettings::new(envoy_admin.parse().expect("envoy admin URL"));
+    s.listen = "127.0.0.1:0".parse().expect("address");
+    s.linger = Duration::ZERO;
+    tweak(&mut s);
+    s.validate().expect("valid settings");
+    s
+}
+
+/// An in-process sidecar; SIGTERMs are sent through the returned channel.
+pub async fn start_sidecar(
+    envoy_admin: &str,
+    tweak: impl FnOnce(&mut SidecarSettings),
+) -> (
+    SocketAddr,
+    drainshim::drain::DrainHandle,
+    mpsc::UnboundedSender<()>,
+    JoinHandle<Report>,
+) {
+    let settings = sidecar_settings(envoy_admin, tweak);
+    let s: Sidecar = sidecar::start(settings).await.expect("start sidecar");
+    let addr = s.local_addr();
+    let drain = s.drain().clone();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let task = tokio::spawn(s.run(rx));
+    (addr, drain, tx, task)
+}
+
+/// Drain timers: `min_drain_time` is the deregistration delay.
+pub fn timers(
+    deregistration: Duration,
+    drain: Duration,
+    deadline: Duration,
+    poll: Duration,
+) -> Timers {
+    Timers {
+        deregistration_delay: deregistration,
+        min_drain_time: deregistration,
+        drain_time: drain,
+        parent_shutdown_time: deadline,
+        poll_interval: poll,
+    }
+}
+
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+pub fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// Short timers for tests: streams that stay open are cut at 2 s.
+pub fn short_timers(s: &mut SidecarSettings) {
+    s.budget.timers = timers(ms(200), secs(1), secs(2), ms(100));
+    s.budget.admin_timeout = ms(500);
+}
+
+/// The same short timers as flags, for the real binary.
+pub const SHORT_TIMERS: &[&str] = &[
+    "--deregistration-delay",
+    "200ms",
+    "--min-drain-time",
+    "200ms",
+    "--drain-time",
+    "1s",
+    "--parent-shutdown-time",
+    "2s",
+    "--poll-interval",
+    "100ms",
+    "--admin-timeout",
+    "500ms",
+];
+
+/// The drainshim binary built for this test run.
+pub fn drainshim_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_drainshim"))
+}
+
+/// Runs the real binary with `args` (bounded by [`WAIT`]) and returns
+/// (exit code, stdout, stderr).
+pub async fn run_bin<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (Option<i32>, String, String) {
+    let out = tokio::time::timeout(
+        WAIT,
+        tokio::process::Command::new(drainshim_bin())
+            .args(args)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("finishes")
+    .expect("runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Output of a finished `drainshim prestop`.
+pub struct PrestopRun {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl PrestopRun {
+    pub fn report(&self) -> Report {
+        serde_json::from_str(self.stdout.trim()).unwrap_or_else(|e| {
+            panic!(
+                "prestop stdout is not a report ({e}): {:?}\nstderr: {}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+}
+
+/// Runs the real `drainshim prestop --shim http://<shim>`.
+pub async fn prestop(shim: SocketAddr) -> PrestopRun {
+    let out = tokio::time::timeout(
+        WAIT,
+        tokio::process::Command::new(drainshim_bin())
+            .args([
+                "prestop",
+                "--shim",
+                &format!("http://{shim}"),
+                "--timeout",
+                "20s",
+            ])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("prestop did not finish")
+    .expect("run prestop");
+    PrestopRun {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// A plain HTTP/1.1 request; returns (status, body).
+pub async fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let method: http::Method = method.parse().expect("method");
+    let (status, body) = drainshim::http::request(stream, &addr.to_string(), method, path)
+        .await
+        .expect("request");
+    (status.as_u16(), String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Envoy's live inbound stream count, through the admin API.
+pub async fn envoy_streams(envoy: &EnvoyProcess) -> u64 {
+    let admin = envoy.admin_client();
+    let scope = admin.inbound_scope().await.expect("inbound scope");
+    admin.counts(&scope).await.expect("counts").rq_active
+}
+
+/// A real Prometheus (Debian's package, fetched into the cache by
+/// `make tools`) scraping `targets` every second; killed on drop.
+pub struct Prometheus {
+    pub addr: SocketAddr,
+    _child: tokio::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Kills Prometheus and waits until the process is gone, so a test can
+    /// assert on its absence (a killed process still answers for a moment).
+    pub async fn stop(mut self) {
+        let _ = self._child.start_kill();
+        let _ = tokio::time::timeout(WAIT, self._child.wait()).await;
+    }
+}
+
+pub async fn prometheus(targets: &[SocketAddr]) -> Prometheus {
+    let bin = drainshim::bench::envoy::cache_dir().join("prometheus/usr/bin/prometheus");
+    assert!(
+        bin.is_file(),
+        "Prometheus is missing at {}: run `make tools` (scripts/fetch-prometheus.sh). Tests never skip for it.",
+        bin.display()
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let list = targets
+        .iter()
+        .map(|t| format!("\"{t}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let config = format!(
+        "global: {{ scrape_interval: 1s, evaluation_interval: 1s, scrape_timeout: 900ms }}\n\
+         scrape_configs:\n- job_name: drainshim\n  static_configs:\n  - targets: [{list}]\n"
+    );
+    std::fs::write(dir.path().join("prometheus.yml"), config).expect("config");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let log = std::fs::File::create(dir.path().join("prometheus.log")).expect("log");
+    let child = tokio::process::Command::new(&bin)
+        .arg(format!(
+            "--config.file={}",
+            dir.path().join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address={addr}"))
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start prometheus");
+    let p = Prometheus {
+        addr,
+        _child: child,
+        _dir: dir,
+    };
+    wait_for("prometheus is ready", WAIT, || async {
+        match tokio::net::TcpStream::connect(addr).await {
+            Ok(s) => drainshim::http::request(s, &addr.to_string(), http::Method::GET, "/-/ready")
+                .await
+                .is_ok_and(|(status, _)| status == 200),
+            Err(_) => false,
+        }
+    })
+    .await;
+    p
+}
+
+/// A "pod" with the stream guard: backend <- drainshim guard <- Envoy, with
+/// the sidecar in-process. Envoy's admin port is chosen first so the shim
+/// can be told where it is before Envoy starts.
+pub struct GuardedPod {
+    pub backend: Backend,
+    pub envoy: EnvoyProcess,
+    pub shim: SocketAddr,
+    pub guard: SocketAddr,
+    pub drain: drainshim::drain::DrainHandle,
+    pub sigterm: mpsc::UnboundedSender<()>,
+    pub task: JoinHandle<Report>,
+}
+
+pub async fn guarded_pod(version: &str, tweak: impl FnOnce(&mut SidecarSettings)) -> GuardedPod {
+    let backend = backend().await;
+    let g = guard_in_front_of(version, backend.addr, tweak).await;
+    GuardedPod {
+        backend,
+        envoy: g.envoy,
+        shim: g.shim,
+        guard: g.guard,
+        drain: g.drain,
+        sigterm: g.sigterm,
+        task: g.task,
+    }
+}
+
+/// A guarded pod whose application is somewhere else (a process the test
+/// controls): Envoy -> drainshim guard -> `upstream`.
+pub struct Guarded {
+    pub envoy: EnvoyProcess,
+    pub shim: SocketAddr,
+    pub guard: SocketAddr,
+    pub drain: drainshim::drain::DrainHandle,
+    pub sigterm: mpsc::UnboundedSender<()>,
+    pub task: JoinHandle<Report>,
+}
+
+pub async fn guard_in_front_of(
+    version: &str,
+    upstream: SocketAddr,
+    tweak: impl FnOnce(&mut SidecarSettings),
+) -> Guarded {
+    let admin_port = free_port();
+    let admin = format!("http://127.0.0.1:{admin_port}");
+    let settings = sidecar_settings(&admin, |s| {
+        s.guard = Some(GuardSettings::new(
+            "127.0.0.1:0".parse().expect("address"),
+            upstream,
+        ));
+        tweak(s);
+    });
+    let upstream = upstream.to_string();
+    let s: Sidecar = sidecar::start(settings).await.expect("start sidecar");
+    let shim = s.local_addr();
+    let guard = s.guard_addr().expect("guard address");
+    let drain = s.drain().clone();
+    let (sigterm, rx) = mpsc::unbounded_channel();
+    let task = tokio::spawn(s.run(rx));
+    // Fail open as the shipped bootstrap does: the app is priority 1.
+    let envoy = envoy_with(version, guard, |o| {
+        o.admin_port = admin_port;
+        o.fallback = upstream.parse().ok();
+    })
+    .await;
+    Guarded {
+        envoy,
+        shim,
+        guard,
+        drain,
+        sigterm,
+        task,
+    }
+}
+
+/// A free TCP port on loopback (bound and released: good enough for tests
+/// that hand it to a process which binds it at once).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// The real `drainshim sidecar` binary, its control address learned from
+/// its startup log line, and its log (stderr) collected as it comes.
+pub struct SidecarBin {
+    pub child: tokio::process::Child,
+    pub addr: SocketAddr,
+    /// Every stderr line so far.
+    pub log: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl SidecarBin {
+    pub fn log(&self) -> String {
+        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    /// Waits until the log has a line containing `needle`.
+    pub async fn wait_log(&self, needle: &str) {
+        wait_for(&format!("log line {needle:?}"), WAIT, || async {
+            self.log().contains(needle)
+        })
+        .await;
+    }
+}
+
+/// A pod whose shim is the real binary: Envoy 1.40 -> `drainshim sidecar`
+/// with its guard on a free port -> `app`. `extra` goes to the sidecar,
+/// `tweak` to Envoy's options. Returns Envoy, the shim and the guard address.
+pub async fn guard_bin_pod(
+    app: SocketAddr,
+    extra: &[&str],
+    tweak: impl FnOnce(&mut EnvoyOptions),
+) -> (EnvoyProcess, SidecarBin, SocketAddr) {
+    let admin_port = free_port();
+    let guard: SocketAddr = format!("127.0.0.1:{}", free_port())
+        .parse()
+        .expect("address");
+    let admin = format!("http://127.0.0.1:{admin_port}");
+    let (guard_s, app_s) = (guard.to_string(), app.to_string());
+    let mut args = vec![
+        "--envoy-admin",
+        admin.as_str(),
+        "--guard-listen",
+        guard_s.as_str(),
+        "--guard-upstream",
+        app_s.as_str(),
+    ];
+    args.extend_from_slice(extra);
+    let shim = sidecar_bin(&args).await;
+    let envoy = envoy_with("1.40.0", guard, |o| {
+        o.admin_port = admin_port;
+        tweak(o);
+    })
+    .await;
+    (envoy, shim, guard)
+}
+
+/// `drainshim sidecar --listen 127.0.0.1:0 --linger 0s <args>`.
+pub async fn sidecar_bin(args: &[&str]) -> SidecarBin {
+    let mut cmd = tokio::process::Command::new(drainshim_bin());
+    cmd.args(["sidecar", "--listen", "127.0.0.1:0", "--linger", "0s"])
+        .args(args);
+    sidecar_bin_cmd(cmd).await
+}
+
+/// Runs `cmd`, a `drainshim sidecar` command line (perhaps behind
+/// `ip netns exec`), and waits for its ready line.
+pub async fn sidecar_bin_cmd(mut cmd: tokio::process::Command) -> SidecarBin {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn drainshim sidecar");
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let addr = tokio::time::timeout(WAIT, async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Ok(mut l) = log.lock() {
+                l.push_str(&line);
+                l.push('\n');
+            }
+            if line.contains("sidecar ready") {
+                if let Some(rest) = line.split("listen=").nth(1) {
+                    let addr = rest.split_whitespace().next().unwrap_or_default();
+                    return addr
+                        .parse::<SocketAddr>()
+                        .expect("listen address in the log");
+                }
+            }
+        }
+        panic!(
+            "the sidecar exited before it was ready: {:?}",
+            log.lock().map(|l| l.clone())
+        );
+    })
+    .await
+    .expect("sidecar ready in time");
+    let sink = log.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Ok(mut l) = sink.lock() {
+                l.push_str(&line);
+                l.push('\n');
+            }
+        }
+    });
+    SidecarBin { child, addr, log }
+}
