@@ -188,8 +188,6 @@ pub struct AdminStubArgs {
     pub version: String,
 }
 
-/// The drain timers; see docs/design.md for the timeline.
-
 // === running the bench commands ===
 
 fn unavailable(e: impl std::fmt::Display) -> Error {

@@ -766,8 +766,12 @@ impl TryFrom<&NodeArgs> for NodeSettings {
 
 impl From<&NodeGuardArgs> for NodeGuardSettings {
     fn from(a: &NodeGuardArgs) -> Self {
-        let mut g = NodeGuardSettings::default();
-        g.default = a.default_guard;
+        let mut g = NodeGuardSettings {
+            default: a.default_guard,
+            handover_socket: a.handover_socket.clone(),
+            handover_window: a.handover_window.get(),
+            ..NodeGuardSettings::default()
+        };
         let c = &mut g.template;
         c.max_connection_age = a.max_connection_age.map(Span::get);
         c.max_connection_age_grace = a.max_connection_age_grace.get();
@@ -776,8 +780,6 @@ impl From<&NodeGuardArgs> for NodeGuardSettings {
         c.limits.write_stall_timeout = a.write_stall_timeout.get();
         c.limits.max_connections = a.guard_max_connections;
         c.limits.max_streams = a.guard_max_streams;
-        g.handover_socket = a.handover_socket.clone();
-        g.handover_window = a.handover_window.get();
         g
     }
 }
