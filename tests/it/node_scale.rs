@@ -54,7 +54,14 @@ async fn node_scale_with_guards_serves_every_pod_through_agent_and_sidecars() {
         std::time::Duration::from_secs(180),
         tokio::process::Command::new(drainshim_bin())
             .args(["bench", "node-scale", "--guards", "--pods", "4"])
-            .args(["--idle-window", "1s", "--load-duration", "2s", "--rate", "200"])
+            .args([
+                "--idle-window",
+                "1s",
+                "--load-duration",
+                "2s",
+                "--rate",
+                "200",
+            ])
             .args(["--format", "json"])
             .kill_on_drop(true)
             .output(),
@@ -82,4 +89,3 @@ async fn node_scale_with_guards_serves_every_pod_through_agent_and_sidecars() {
         "{report}"
     );
 }
-
