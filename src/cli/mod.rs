@@ -22,7 +22,8 @@ Exit codes:
   0   success (for drains: the drain finished, deadline included)
   64  usage error: a bad flag or an inconsistent drain budget
   69  a service it needs is unavailable (the shim, a port to bind)
-  70  internal error";
+  70  internal error
+  71  the operating system refused what every run needs (signal handlers)";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -242,7 +243,8 @@ Exit codes:
   64  usage error: a bad flag or an inconsistent drain budget
   69  --listen could not be bound, or --proc-root cannot be read
   77  no permission to enter network namespaces (CAP_SYS_ADMIN missing)
-  70  internal error";
+  70  internal error
+  71  the operating system refused what every run needs (signal handlers)";
 
 /// Exit codes of the read-only fleet commands.
 pub const FLEET_EXIT_CODES: &str = "\
@@ -789,6 +791,17 @@ mod tests {
     use super::*;
     use clap::CommandFactory;
     use std::time::Duration;
+
+    /// The help texts list the codes `error::Error::exit_code` gives.
+    #[test]
+    fn help_lists_every_exit_code() {
+        use crate::error::{EX_NOPERM, EX_OSERR, EX_SOFTWARE, EX_UNAVAILABLE, EX_USAGE};
+        for code in [EX_USAGE, EX_UNAVAILABLE, EX_SOFTWARE, EX_OSERR] {
+            assert!(EXIT_CODES.contains(&format!("  {code}  ")), "{code}");
+            assert!(NODE_AFTER_HELP.contains(&format!("  {code}  ")), "{code}");
+        }
+        assert!(NODE_AFTER_HELP.contains(&format!("  {EX_NOPERM}  ")));
+    }
 
     #[test]
     fn cli_is_well_formed() {
