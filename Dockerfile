@@ -24,12 +24,17 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto ./proto
 COPY src ./src
+# The bench targets are declared in Cargo.toml, so cargo wants their files;
+# they are not built (no default features, only the binary).
+COPY benches ./benches
 
 # Cache mounts keep the registry and the target directory between builds; the
 # binary is copied out in the same step because the cache is not in the layer.
+# --no-default-features: the production binary leaves out the benchmarks, the
+# demo and their dependencies (`drainshim bench`, `drainshim demo`).
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --target x86_64-unknown-linux-musl --bin drainshim \
+    cargo build --release --locked --no-default-features --target x86_64-unknown-linux-musl --bin drainshim \
  && install -D -m 0755 target/x86_64-unknown-linux-musl/release/drainshim /out/drainshim
 
 # --- runtime ----------------------------------------------------------------

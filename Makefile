@@ -10,7 +10,8 @@ demo: envoy
 	$(CARGO) run --release --locked --quiet -- demo
 
 test: tools lint deploy-check
-	$(CARGO) test --locked
+	# One test at a time: several tests measure timing against real Envoy.
+	RUST_TEST_THREADS=1 $(CARGO) test --locked
 	$(MAKE) bench
 	$(MAKE) fuzz-ci
 

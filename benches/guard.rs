@@ -2,7 +2,9 @@
 //!
 //! 1. Unary gRPC under h2load (`-c 10 -m 10`): direct to the backend, through
 //!    the guard, and through an Envoy hop (concurrency 1). Requests per second
-//!    and p99, as ratios.
+//!    and p99, as ratios. The guard runs twice, with its per-request golden
+//!    signals on (the default) and off (`--guard-request-metrics false`):
+//!    their cost is the ratio of the two (goal: within 3%).
 //! 2. RSS with 10,000 open streams: the guard against Envoy.
 //!
 //! Every process is real: the tonic bench backend (`drainshim bench server`),
@@ -129,6 +131,8 @@ async fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (_backend, backend_addr) = bench_process("server").await;
     let (guard_proc, guard_addr) = guard(backend_addr).await;
+    let (_quiet_proc, quiet_addr) =
+        guard_with(backend_addr, &["--guard-request-metrics", "false"]).await;
     let envoy = EnvoyProcess::start(&EnvoyOptions::new(binary, backend_addr))
         .await
         .expect("envoy");
@@ -136,6 +140,7 @@ async fn main() {
     eprintln!("guard bench 1/2: unary gRPC, h2load -c 10 -m 10, {LOAD_SECONDS} s per path");
     let direct = h2load(backend_addr, dir.path(), "direct").await;
     let via_guard = h2load(guard_addr, dir.path(), "guard").await;
+    let via_quiet = h2load(quiet_addr, dir.path(), "guard-nometrics").await;
     let via_envoy = h2load(envoy.inbound, dir.path(), "envoy").await;
 
     eprintln!("guard bench 2/2: RSS with {STREAMS} open streams over {CONNECTIONS} connections");
@@ -162,6 +167,7 @@ async fn main() {
     for (name, l) in [
         ("direct", &direct),
         ("guard", &via_guard),
+        ("guard-off", &via_quiet),
         ("envoy", &via_envoy),
     ] {
         println!(
@@ -173,6 +179,11 @@ async fn main() {
             l.p99_ms - direct.p99_ms
         );
     }
+    println!(
+        "guard request metrics on/off: req/s ratio {:.3}, p99 ratio {:.3} (goal: req/s within 3%)",
+        via_guard.rps / via_quiet.rps,
+        via_guard.p99_ms / via_quiet.p99_ms
+    );
     println!("guard: RSS with {STREAMS} open streams ({CONNECTIONS} connections)");
     println!(
         "{:<10} {:>10} {:>12} {:>14}",

@@ -86,6 +86,9 @@ done < <(find "$root/deploy" -name kustomization.yaml | sort)
 [[ $built -ge 7 ]] || die "expected at least 7 kustomizations (base, sidecar, native-sidecar, istio, monitoring, daemonset, daemonset-workload), built $built"
 
 # --- 2. schemas, budgets, wiring, envoy, rules sync, metrics, dashboard -------
+say "drainshim (each manifest's drainshim container is run with --check)"
+${CARGO:-cargo} build --locked --quiet --bin drainshim || die "cargo build failed"
+
 say "manifests (scripts/check_deploy.py)"
 "$py" "$root/scripts/check_deploy.py" check --rendered "$out" --envoy-cache "$cache/envoy"
 

@@ -80,22 +80,17 @@ OVERLAYS_WITH_SHIM = {"sidecar", "native-sidecar", "istio"}
 CRD_KINDS = {"PodMonitor", "PrometheusRule", "Sidecar", "EnvoyFilter"}
 SCHEMA_VERSIONS = ["1.30.0"]  # the oldest supported; the latest is added at run time
 
-# drainshim defaults (docs/design.md, src/config.rs), in seconds.
-DEFAULTS = {
-    "drain-time": 60.0,
-    "parent-shutdown-time": 90.0,
-    "min-drain-time": 5.0,
-    "deregistration-delay": 5.0,
-    "listen": "127.0.0.1:15099",
-    "envoy-admin": "http://127.0.0.1:15000",
-}
+# drainshim's own rules and defaults are not copied here: each manifest's
+# drainshim container is run as `drainshim <sub> --check` with its args and
+# env (and, for a sidecar, the pod's grace period), and the effective
+# settings it prints are what the checks below use.
+DRAINSHIM_BIN = Path(os.environ.get("DRAINSHIM_BIN", Path(__file__).resolve().parent.parent / "target" / "debug" / "drainshim"))
 PRESTOP_TIMEOUT_DEFAULT = 120.0  # drainshim prestop --timeout
 KUBE_GRACE_DEFAULT = 30.0  # terminationGracePeriodSeconds when unset
 ISTIO_TERMINATION_DRAIN_DEFAULT = 5.0  # ProxyConfig.terminationDrainDuration
 
 # node mode (`drainshim node`): the agent's defaults (src/node/mod.rs) and the
 # capabilities it needs, exactly (its --help, privileges).
-NODE_DEFAULTS = {"listen": "0.0.0.0:15098", "pod-listen-port": "15099", "pod-admin-port": "15000"}
 AGENT_CAPABILITIES = {"SYS_ADMIN", "SYS_PTRACE"}
 # Overlays that must contain the node agent / a workload using it, so the
 # node-mode checks can never pass by finding nothing to check.
@@ -383,6 +378,42 @@ def check_istio_failopen(ck: Checker, overlay: str, docs: list[dict], base_apps:
     print(f"  {overlay}: Istio inbound :{port} -> guard {eps.get(port)} (Sidecar), app :{port} as priority 1 + retry (EnvoyFilter)")
 
 
+def binary_check(ck: Checker, area: str, where: str, sub: str, c: dict,
+                 grace: float | None = None) -> dict | None:
+    """Runs `drainshim <sub> --check` with the container's args and literal
+    DRAINSHIM_* env (and `--termination-grace-period` from the pod spec when
+    the manifest does not pass it): the binary validates exactly as it will
+    at start-up. Returns its effective settings, or None after a failure."""
+    args = [str(a) for a in (c.get("args") or [])[1:]]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRAINSHIM_")}
+    for e in c.get("env") or []:
+        if e.get("name", "").startswith("DRAINSHIM_") and "value" in e:
+            env[e["name"]] = str(e["value"])
+    if grace is not None and "termination-grace-period" not in flags(args) \
+            and "DRAINSHIM_TERMINATION_GRACE_PERIOD" not in env:
+        args += ["--termination-grace-period", f"{grace:g}s"]
+    cmd = [str(DRAINSHIM_BIN), sub, *args, "--check"]
+    try:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    except OSError as e:
+        raise SystemExit(f"check_deploy: cannot run {DRAINSHIM_BIN} ({e}): build it first (cargo build)")
+    if r.returncode != 0:
+        ck.fail(area, f"{where}: `drainshim {sub} ... --check` exits {r.returncode} (the container would not start): {r.stderr.strip()}")
+        return None
+    ck.ok(area)
+    return json.loads(r.stdout)
+
+
+def budget_seconds(eff: dict) -> dict[str, float]:
+    """The timers of `--check`'s effective settings, in seconds."""
+    b = eff["budget"]
+    t = {k.replace("_", "-"): duration(b[k]) for k in
+         ("drain_time", "parent_shutdown_time", "min_drain_time", "deregistration_delay")}
+    if b.get("termination_grace_period"):
+        t["termination-grace-period"] = duration(b["termination_grace_period"])
+    return t
+
+
 def check_pod(ck: Checker, overlay: str, name: str, meta: dict, spec: dict,
               configmaps: dict[str, dict], envoy_cache: Path, base_apps: dict[str, dict]) -> bool:
     """All per-pod checks; returns whether the pod has a drainshim sidecar."""
@@ -396,25 +427,18 @@ def check_pod(ck: Checker, overlay: str, name: str, meta: dict, spec: dict,
              f"{where}: drainshim is a plain init container; it must be a container or a native sidecar (restartPolicy: Always)")
     s = shim_settings(shim)
 
-    # --- budget -----------------------------------------------------------
-    t: dict[str, float] = {}
-    for k in ("drain-time", "parent-shutdown-time", "min-drain-time", "deregistration-delay"):
-        try:
-            t[k] = duration(s[k]) if k in s else DEFAULTS[k]
-        except ValueError as e:
-            ck.fail("budget", f"{where}: --{k}: {e}")
-            return True
+    # --- budget (the binary's own rules, with the pod's grace period) --------
     grace = float(spec.get("terminationGracePeriodSeconds", KUBE_GRACE_DEFAULT))
+    eff = binary_check(ck, "budget", where, "sidecar", shim, grace)
+    if eff is None:
+        return True
+    t = budget_seconds(eff)
     d, p = t["drain-time"], t["parent-shutdown-time"]
-    ck.check("budget", t["min-drain-time"] <= d, f"{where}: --min-drain-time {t['min-drain-time']}s > --drain-time {d}s")
-    ck.check("budget", t["deregistration-delay"] <= d,
-             f"{where}: --deregistration-delay {t['deregistration-delay']}s > --drain-time {d}s")
-    ck.check("budget", d < p, f"{where}: --drain-time {d}s must be < --parent-shutdown-time {p}s")
-    ck.check("budget", p < grace,
-             f"{where}: --parent-shutdown-time {p}s must be < terminationGracePeriodSeconds {grace}s (the kubelet would SIGKILL mid-drain)")
     if "termination-grace-period" in s:
         ck.check("budget", duration(s["termination-grace-period"]) == grace,
                  f"{where}: --termination-grace-period {s['termination-grace-period']} differs from terminationGracePeriodSeconds {grace:g}: the shim would check its budget against the wrong number")
+    s.setdefault("listen", eff["listen"])
+    s.setdefault("envoy-admin", eff["envoy_admin"])
     print(f"  {where}: drain {d:g}s < parent-shutdown {p:g}s < grace {grace:g}s")
 
     # --- install + hooks --------------------------------------------------
@@ -429,7 +453,7 @@ def check_pod(ck: Checker, overlay: str, name: str, meta: dict, spec: dict,
         vol = next((v for v in spec.get("volumes") or [] if v.get("name") == bin_volume), {})
         ck.check("wiring", "emptyDir" in vol, f"{where}: the volume {bin_volume!r} for the copied binary must be an emptyDir")
 
-    listen_host, listen_port = host_port(s.get("listen", DEFAULTS["listen"]))
+    listen_host, listen_port = host_port(s["listen"])
     allow = s.get("allow-drain-from")
     hooked_proxy = False
     for c, init, side in all_containers(spec):
@@ -558,7 +582,7 @@ def check_envoy(ck: Checker, where: str, c: dict, spec: dict, s: dict, drain: fl
         return
     boot = yaml.safe_load(text)
     admin = boot.get("admin", {}).get("address", {}).get("socket_address", {})
-    want_host, want_port = host_port(s.get("envoy-admin", DEFAULTS["envoy-admin"]))
+    want_host, want_port = host_port(s["envoy-admin"])
     ck.check("envoy", (admin.get("address"), admin.get("port_value")) == (want_host, want_port),
              f"{where}: Envoy admin {admin.get('address')}:{admin.get('port_value')} is not drainshim's --envoy-admin {want_host}:{want_port}")
     listeners = boot.get("static_resources", {}).get("listeners", [])
@@ -635,23 +659,6 @@ class Agent:
 def cap_names(caps) -> list[str]:
     """`CAP_SYS_ADMIN` and `sys_admin` are the same capability as `SYS_ADMIN`."""
     return [re.sub(r"^CAP_", "", str(x).upper()) for x in caps or []]
-
-
-def timer_settings(ck: Checker, where: str, s: dict[str, str]) -> dict[str, float] | None:
-    t: dict[str, float] = {}
-    for k in ("drain-time", "parent-shutdown-time", "min-drain-time", "deregistration-delay"):
-        try:
-            t[k] = duration(s[k]) if k in s else DEFAULTS[k]
-        except ValueError as e:
-            ck.fail("budget", f"{where}: --{k}: {e}")
-            return None
-    if "termination-grace-period" in s:
-        try:
-            t["termination-grace-period"] = duration(s["termination-grace-period"])
-        except ValueError as e:
-            ck.fail("budget", f"{where}: --termination-grace-period: {e}")
-            return None
-    return t
 
 
 def check_agent(ck: Checker, overlay: str, doc: dict, docs: list[dict]) -> Agent | None:
@@ -747,7 +754,10 @@ def check_agent(ck: Checker, overlay: str, doc: dict, docs: list[dict]) -> Agent
                  f"{where}: namespace {ns} enforces Pod Security {level!r}: baseline and restricted reject hostPID, hostNetwork and SYS_ADMIN, and the DaemonSet would create no pod")
 
     # --- probe and metrics port ----------------------------------------------
-    listen_host, listen_port = host_port(s.get("listen", NODE_DEFAULTS["listen"]))
+    eff = binary_check(ck, "budget", where, "node", c)
+    if eff is None:
+        return None
+    listen_host, listen_port = host_port(eff["listen"])
     ports = {pt.get("name"): pt for pt in c.get("ports") or []}
     rp = (c.get("readinessProbe") or {}).get("httpGet") or {}
     probe_port = (ports.get(rp.get("port")) or {}).get("containerPort", rp.get("port"))
@@ -761,26 +771,14 @@ def check_agent(ck: Checker, overlay: str, doc: dict, docs: list[dict]) -> Agent
         ck.check("node", pt.get("hostPort") in (None, pt.get("containerPort")),
                  f"{where}: port {n}: with hostNetwork, hostPort must equal containerPort")
 
-    # --- budget ------------------------------------------------------------
-    t = timer_settings(ck, where, s)
-    if t is None:
-        return None
+    # --- budget (the binary checked its own rules above) ---------------------
+    t = budget_seconds(eff)
     d, p = t["drain-time"], t["parent-shutdown-time"]
-    ck.check("budget", t["min-drain-time"] <= d, f"{where}: --min-drain-time {t['min-drain-time']:g}s > --drain-time {d:g}s")
-    ck.check("budget", t["deregistration-delay"] <= d, f"{where}: --deregistration-delay {t['deregistration-delay']:g}s > --drain-time {d:g}s")
-    ck.check("budget", d < p, f"{where}: --drain-time {d:g}s must be < --parent-shutdown-time {p:g}s")
-    if "termination-grace-period" in t:
-        ck.check("budget", p < t["termination-grace-period"],
-                 f"{where}: --parent-shutdown-time {p:g}s must be < --termination-grace-period {t['termination-grace-period']:g}s (the agent exits 64)")
     own_grace = float(spec.get("terminationGracePeriodSeconds", KUBE_GRACE_DEFAULT))
     ck.check("budget", p < own_grace,
              f"{where}: the agent's terminationGracePeriodSeconds {own_grace:g}s must exceed --parent-shutdown-time {p:g}s: on SIGTERM it waits for drains in progress")
-    try:
-        pod_listen = int(s.get("pod-listen-port", NODE_DEFAULTS["pod-listen-port"]))
-        pod_admin = int(s.get("pod-admin-port", NODE_DEFAULTS["pod-admin-port"]))
-    except ValueError as e:
-        ck.fail("node", f"{where}: {e}")
-        return None
+    pod_listen = int(eff["pod_listen_port"])
+    pod_admin = int(eff["pod_admin_port"])
     print(f"  {where}: drain {d:g}s < parent-shutdown {p:g}s < grace {own_grace:g}s; "
           f"caps {sorted(added)}; pod listener :{pod_listen}; metrics :{listen_port} ({', '.join(sorted(metrics_ports))})")
     return Agent(where=where, namespace=ns or "", labels=(doc["spec"]["template"].get("metadata") or {}).get("labels") or {},
@@ -986,31 +984,6 @@ def contract_metrics(design: Path) -> set[str]:
     return names
 
 
-def exported_metrics(metrics_rs: Path) -> set[str]:
-    """Names src/metrics.rs registers (prometheus-client adds _total to
-    counters), for the note on contract metrics not exported yet."""
-    src = metrics_rs.read_text()
-    types = dict(re.findall(r"^\s*pub (\w+): (.+),$", src, re.M))
-    # Names are written either inline or as `help::CONST.0`, from the
-    # `help` module's (name, help) constants that node mode's encoder shares.
-    consts = dict(re.findall(r'pub const (\w+): \(&str, &str\)\s*=\s*\(\s*"(\w+)"', src, re.S))
-    out = set()
-    registered = re.findall(r'r\.register\(\s*(?:"(\w+)"|help::(\w+)\.0)\s*,\s*(?:"[^"]*"|help::\w+\.1)\s*,'
-                            r'\s*m\.(\w+)\.clone\(\)', src, re.S)
-    for literal, const, field in registered:
-        name = literal or consts.get(const, "")
-        if not name:
-            continue
-        full = f"drainshim_{name}"
-        ty = types.get(field, "")
-        if "Counter" in ty:
-            full += "_total"
-        out.add(full)
-        if "Histogram" in ty:
-            out.update({full + "_bucket", full + "_sum", full + "_count"})
-    return out
-
-
 _PROMQL_WORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring",
                  "group_left", "group_right", "inf", "nan", "atan2"}
 
@@ -1043,7 +1016,7 @@ def check_metrics(ck: Checker, rules: dict, dashboard: dict, contract: set[str],
             ck.check("metrics", bool(used), f"rules.yaml {what}: reads no metric?")
             for n in used:
                 ck.check("metrics", n in contract or n in recorded or n in exported,
-                         f"rules.yaml {what}: {n} is neither a docs/design.md metric, nor exported by src/metrics.rs, nor recorded in rules.yaml")
+                         f"rules.yaml {what}: {n} is neither a docs/design.md metric, nor recorded in rules.yaml")
     for p in dashboard_panels(dashboard):
         for t in p.get("targets", []):
             for n in promql_metrics(t.get("expr", "")):
@@ -1211,22 +1184,15 @@ def run_check(rendered: Path, envoy_cache: Path, design: Path | None) -> int:
     dashboard = check_dashboard(ck, MONITORING / "dashboard.json")
     rendered_dash = [d for d in monitoring_docs if d.get("kind") == "ConfigMap" and "dashboard.json" in (d.get("data") or {})]
     ck.check("dashboard", len(rendered_dash) == 1, "the dashboard ConfigMap is not rendered by deploy/monitoring")
-    exported = exported_metrics(ROOT / "src" / "metrics.rs")
-    if design is not None:
-        contract = contract_metrics(design)
-        print(f"  contract: {len(contract)} metric series names from {design}")
-    else:
-        # A clone without the design folder beside it: the code is the contract.
-        contract = exported
-        print(f"  contract: {len(contract)} metric series names registered in src/metrics.rs "
-              "(docs/design.md not found)")
+    # What the binary registers is checked against docs/design.md by a Rust
+    # test (tests/it/contract.rs); here rules and dashboards are checked
+    # against the document.
+    contract = contract_metrics(design)
+    print(f"  contract: {len(contract)} metric series names from {design}")
     if dashboard is not None:
-        check_metrics(ck, rules, dashboard, contract, exported)
+        check_metrics(ck, rules, dashboard, contract, contract)
         n = sum(len(p.get("targets", [])) for p in dashboard_panels(dashboard))
         print(f"  dashboard.json: {len(list(dashboard_panels(dashboard)))} panels, {n} queries")
-    missing = sorted(n for n in contract - exported if not n.endswith(("_bucket", "_sum", "_count")))
-    ck.check("metrics", not missing,
-             f"contract metrics that src/metrics.rs does not export: {', '.join(missing)}")
 
     print("== summary")
     print(f"  schema versions: {', '.join(versions)} (strict)")
@@ -1256,7 +1222,9 @@ def main() -> int:
     if a.cmd == "sync-rules":
         sync_rules()
         return 0
-    return run_check(a.rendered, a.envoy_cache, a.design if a.design.is_file() else None)
+    if not a.design.is_file():
+        raise SystemExit(f"check_deploy: {a.design} not found (the metrics contract)")
+    return run_check(a.rendered, a.envoy_cache, a.design)
 
 
 if __name__ == "__main__":

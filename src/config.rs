@@ -117,9 +117,28 @@ impl std::str::FromStr for Span {
     }
 }
 
+/// One unit, the one a person would write: `250ms`, `60s`, `90s`, `15m`,
+/// `2h`. (humantime's own format splits units: `1m 30s`.)
 impl std::fmt::Display for Span {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        humantime::format_duration(self.0).fmt(f)
+        let d = self.0;
+        if !d.subsec_nanos().is_multiple_of(1_000_000) {
+            return humantime::format_duration(d).fmt(f);
+        }
+        let (secs, ms) = (d.as_secs(), d.subsec_millis());
+        match secs {
+            _ if ms != 0 => write!(f, "{}ms", d.as_millis()),
+            s if s >= 3_600 && s.is_multiple_of(3_600) => write!(f, "{}h", s / 3_600),
+            s if s >= 600 && s.is_multiple_of(60) => write!(f, "{}m", s / 60),
+            s => write!(f, "{s}s"),
+        }
+    }
+}
+
+impl From<Duration> for Span {
+    /// For display; a parsed flag is capped, this is not.
+    fn from(d: Duration) -> Span {
+        Span(d)
     }
 }
 
@@ -195,7 +214,7 @@ impl Default for Timers {
 impl Timers {
     /// Checks `min-drain-time <= drain-time < parent-shutdown-time < termination grace`.
     pub fn validate(&self, termination_grace: Option<Duration>) -> Result<(), Invalid> {
-        let h = |d: Duration| humantime::format_duration(d).to_string();
+        let h = |d: Duration| Span::from(d).to_string();
         let mut errs = Vec::new();
         if self.min_drain_time > self.drain_time {
             errs.push(format!(
@@ -290,16 +309,25 @@ mod tests {
 
     #[test]
     fn defaults_read_back_as_typed() {
-        for d in [DEFAULT_DRAIN_TIME, DEFAULT_VERIFY_WINDOW, Span::millis(250)] {
+        for (d, text) in [
+            (DEFAULT_DRAIN_TIME, "60s"),
+            (DEFAULT_PARENT_SHUTDOWN_TIME, "90s"),
+            (DEFAULT_VERIFY_WINDOW, "15m"),
+            (Span::millis(250), "250ms"),
+            (Span::millis(1_500), "1500ms"),
+            (Span::secs(7_200), "2h"),
+            (Span::secs(0), "0s"),
+        ] {
+            assert_eq!(d.to_string(), text);
             assert_eq!(d.to_string().parse::<Span>(), Ok(d));
         }
+        let odd = Span::from(Duration::from_nanos(1_500));
+        assert_eq!(odd.to_string().parse::<Span>(), Ok(odd));
     }
 
     #[test]
     fn grace_equal_to_deadline_is_refused() {
         let err = Timers::default().validate(Some(s(90))).unwrap_err();
-        assert!(err
-            .to_string()
-            .contains("--termination-grace-period (1m 30s)"));
+        assert!(err.to_string().contains("--termination-grace-period (90s)"));
     }
 }

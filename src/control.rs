@@ -110,25 +110,61 @@ pub fn route(method: &Method, path: &str, query: &str, peer: IpAddr, allow: &[Ip
         "/metrics" | "/healthz" | "/status" | "/readyz" => {
             Route::Refused(Refusal::NotAllowed("GET"))
         }
-        "/drain" => {
-            let wait = match parse_wait(query) {
-                Ok(w) => w,
-                Err(msg) => return Route::Refused(Refusal::BadQuery(msg)),
-            };
-            match (method, wait) {
-                (&Method::POST, _) | (&Method::GET, true) => {}
-                (&Method::GET, false) => return Route::Refused(Refusal::DrainGetWithoutWait),
-                _ => return Route::Refused(Refusal::NotAllowed("GET, POST")),
-            }
-            if may_mutate(peer, allow) {
-                Route::Drain { wait }
-            } else {
-                Route::Refused(Refusal::Forbidden(peer))
-            }
-        }
+        "/drain" => match drain_form(method, query) {
+            Err(refusal) => Route::Refused(refusal),
+            Ok(wait) if may_mutate(peer, allow) => Route::Drain { wait },
+            Ok(_) => Route::Refused(Refusal::Forbidden(peer)),
+        },
         _ => Route::Refused(Refusal::NotFound(path.to_string())),
     }
 }
+
+/// The forms of a drain request, shared by every `/drain` (the sidecar's,
+/// the node agent's per-pod API): `POST` starts it (with `?wait=true` it
+/// also waits), `GET` only with `?wait=true` (what a preStop `httpGet`
+/// sends). Returns whether to wait. The caller checks who is asking.
+pub fn drain_form(method: &Method, query: &str) -> Result<bool, Refusal> {
+    let wait = parse_wait(query).map_err(Refusal::BadQuery)?;
+    match (method, wait) {
+        (&Method::POST, _) | (&Method::GET, true) => Ok(wait),
+        (&Method::GET, false) => Err(Refusal::DrainGetWithoutWait),
+        _ => Err(Refusal::NotAllowed("GET, POST")),
+    }
+}
+
+/// Starts (or joins) the drain behind `drain`: with `wait`, answers with its
+/// report (200) once done; without, at once with its status (202).
+pub async fn drain_response(
+    drain: &DrainHandle,
+    trigger: Trigger,
+    wait: bool,
+) -> Response<Full<Bytes>> {
+    let status = drain.trigger(trigger).await;
+    if !wait {
+        return json(StatusCode::ACCEPTED, &status);
+    }
+    match drain.report().await {
+        Some(report) => json(StatusCode::OK, &report),
+        None => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the drain driver has stopped\n",
+        ),
+    }
+}
+
+/// `GET /metrics`: the registry in the OpenMetrics text format.
+pub fn metrics_response(registry: &Registry) -> Response<Full<Bytes>> {
+    let mut r = text(StatusCode::OK, crate::metrics::render(registry));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        ),
+    );
+    r
+}
+
+// === impl Refusal ===
 
 impl Refusal {
     /// The error answer, with a body that says what to do instead.
@@ -151,6 +187,8 @@ impl Refusal {
     }
 }
 
+// === impl Control ===
+
 impl Control {
     /// Routes one request. Never panics on input.
     pub async fn handle(&self, peer: SocketAddr, req: Request<Incoming>) -> Response<Full<Bytes>> {
@@ -165,15 +203,7 @@ impl Control {
         match route {
             Route::Metrics => {
                 self.refresh_telemetry().await;
-                let body = crate::metrics::render(&self.registry);
-                let mut r = text(StatusCode::OK, body);
-                r.headers_mut().insert(
-                    header::CONTENT_TYPE,
-                    header::HeaderValue::from_static(
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    ),
-                );
-                r
+                metrics_response(&self.registry)
             }
             Route::Healthz => text(StatusCode::OK, "ok\n"),
             Route::Status => json(StatusCode::OK, &self.drain.status()),
@@ -241,21 +271,10 @@ impl Control {
 
     /// Starts the drain (idempotent); with `wait`, answers with the report.
     async fn drain(&self, wait: bool, peer: SocketAddr) -> Response<Full<Bytes>> {
-        if wait {
-            tracing::info!(%peer, "drain requested (waiting for the report)");
-            self.drain.trigger(Trigger::Prestop).await;
-            match self.drain.report().await {
-                Some(report) => json(StatusCode::OK, &report),
-                None => text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the drain driver has stopped\n",
-                ),
-            }
-        } else {
-            tracing::info!(%peer, "drain requested");
-            let status = self.drain.trigger(Trigger::Api).await;
-            json(StatusCode::ACCEPTED, &status)
-        }
+        tracing::info!(%peer, wait, "drain requested");
+        // The waiting form is what a preStop hook sends.
+        let trigger = if wait { Trigger::Prestop } else { Trigger::Api };
+        drain_response(&self.drain, trigger, wait).await
     }
 }
 

@@ -86,6 +86,8 @@ impl Endpoint {
     }
 }
 
+// === impl Endpoint ===
+
 impl std::str::FromStr for Endpoint {
     type Err = UrlError;
 
@@ -112,11 +114,15 @@ impl std::str::FromStr for Endpoint {
     }
 }
 
+// === impl Endpoint ===
+
 impl std::fmt::Display for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "http://{}{}", self.authority, self.prefix)
     }
 }
+
+// === impl Endpoint ===
 
 impl serde::Serialize for Endpoint {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {

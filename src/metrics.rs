@@ -2,9 +2,12 @@
 //! docs/design.md and must not change.
 
 use std::collections::BTreeSet;
+use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::encoding::{
+    EncodeLabel, EncodeLabelSet, EncodeLabelValue, LabelSetEncoder, LabelValueEncoder,
+};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -30,6 +33,7 @@ pub const DRAIN_OUTCOMES: [DrainOutcome; 3] = [
 /// How a drain ended (`drainshim_drains_total{outcome}`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
+    /// How the drain ended.
     pub outcome: DrainOutcome,
 }
 
@@ -63,6 +67,7 @@ pub enum Ending {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EndingLabels {
+    /// How the connection or stream ended.
     pub outcome: Ending,
 }
 
@@ -76,6 +81,7 @@ pub enum Reason {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
+    /// Why.
     pub reason: Reason,
 }
 
@@ -97,6 +103,7 @@ pub enum Limit {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LimitLabels {
+    /// Which limit.
     pub limit: Limit,
 }
 
@@ -124,16 +131,183 @@ pub const STREAM_PROTOCOLS: [StreamProtocol; 4] = [
 /// `streams_ungraceful_total`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TerminatedLabels {
+    /// Why: max age or drain.
     pub reason: Reason,
+    /// What kind of stream: the label ends graceful endings apart by protocol.
     pub protocol: StreamProtocol,
+}
+
+/// What a request proxied by the guard ended with
+/// (`drainshim_guard_requests_total{code}`): the gRPC status name the client
+/// got (from trailers, or the headers of a trailers-only answer), or, for
+/// requests that are not gRPC, the HTTP status class. `CANCELLED` also
+/// stands for a client that went away before any answer.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
+#[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+pub enum Code {
+    OK,
+    CANCELLED,
+    UNKNOWN,
+    INVALID_ARGUMENT,
+    DEADLINE_EXCEEDED,
+    NOT_FOUND,
+    ALREADY_EXISTS,
+    PERMISSION_DENIED,
+    RESOURCE_EXHAUSTED,
+    FAILED_PRECONDITION,
+    ABORTED,
+    OUT_OF_RANGE,
+    UNIMPLEMENTED,
+    INTERNAL,
+    UNAVAILABLE,
+    DATA_LOSS,
+    UNAUTHENTICATED,
+    Http1xx,
+    Http2xx,
+    Http3xx,
+    Http4xx,
+    Http5xx,
+}
+
+/// Every [`Code`], in gRPC number order then the HTTP classes: node mode
+/// enumerates the series with it.
+pub const CODES: [Code; 22] = [
+    Code::OK,
+    Code::CANCELLED,
+    Code::UNKNOWN,
+    Code::INVALID_ARGUMENT,
+    Code::DEADLINE_EXCEEDED,
+    Code::NOT_FOUND,
+    Code::ALREADY_EXISTS,
+    Code::PERMISSION_DENIED,
+    Code::RESOURCE_EXHAUSTED,
+    Code::FAILED_PRECONDITION,
+    Code::ABORTED,
+    Code::OUT_OF_RANGE,
+    Code::UNIMPLEMENTED,
+    Code::INTERNAL,
+    Code::UNAVAILABLE,
+    Code::DATA_LOSS,
+    Code::UNAUTHENTICATED,
+    Code::Http1xx,
+    Code::Http2xx,
+    Code::Http3xx,
+    Code::Http4xx,
+    Code::Http5xx,
+];
+
+impl Code {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::OK => "OK",
+            Code::CANCELLED => "CANCELLED",
+            Code::UNKNOWN => "UNKNOWN",
+            Code::INVALID_ARGUMENT => "INVALID_ARGUMENT",
+            Code::DEADLINE_EXCEEDED => "DEADLINE_EXCEEDED",
+            Code::NOT_FOUND => "NOT_FOUND",
+            Code::ALREADY_EXISTS => "ALREADY_EXISTS",
+            Code::PERMISSION_DENIED => "PERMISSION_DENIED",
+            Code::RESOURCE_EXHAUSTED => "RESOURCE_EXHAUSTED",
+            Code::FAILED_PRECONDITION => "FAILED_PRECONDITION",
+            Code::ABORTED => "ABORTED",
+            Code::OUT_OF_RANGE => "OUT_OF_RANGE",
+            Code::UNIMPLEMENTED => "UNIMPLEMENTED",
+            Code::INTERNAL => "INTERNAL",
+            Code::UNAVAILABLE => "UNAVAILABLE",
+            Code::DATA_LOSS => "DATA_LOSS",
+            Code::UNAUTHENTICATED => "UNAUTHENTICATED",
+            Code::Http1xx => "1xx",
+            Code::Http2xx => "2xx",
+            Code::Http3xx => "3xx",
+            Code::Http4xx => "4xx",
+            Code::Http5xx => "5xx",
+        }
+    }
+}
+
+impl EncodeLabelValue for Code {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
+        encoder.write_str(self.as_str())
+    }
+}
+
+/// The service (and, behind `--guard-metrics-methods`, the method) of a
+/// guard request. `method` is left out of the exposition when None.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ServiceKey {
+    /// `package.Service` from the gRPC path; `http` for requests that are
+    /// not gRPC; `other` past the cardinality cap or for a path that names
+    /// no service.
+    pub service: Arc<str>,
+    pub method: Option<Arc<str>>,
+}
+
+impl EncodeLabelSet for ServiceKey {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> std::fmt::Result {
+        ("service", &*self.service).encode(encoder.encode_label())?;
+        if let Some(m) = &self.method {
+            ("method", &**m).encode(encoder.encode_label())?;
+        }
+        Ok(())
+    }
+}
+
+/// `drainshim_guard_requests_total{service,code,protocol}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GuardRequestLabels {
+    #[prometheus(flatten)]
+    pub key: ServiceKey,
+    pub code: Code,
+    pub protocol: StreamProtocol,
+}
+
+/// `drainshim_guard_streams_opened_total{service,protocol}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GuardStreamLabels {
+    #[prometheus(flatten)]
+    pub key: ServiceKey,
+    pub protocol: StreamProtocol,
+}
+
+/// `drainshim_guard_stream_lifetime_seconds{protocol}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProtocolLabels {
+    pub protocol: StreamProtocol,
+}
+
+/// A histogram family's constructor (a fn pointer keeps the type nameable).
+pub type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Buckets for RPC latencies: 1 ms to 10 s, about three per decade.
+pub const RPC_LATENCY_BUCKETS: [f64; 13] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Buckets for stream lifetimes: 1 s to a day, around the max-age settings
+/// people use (minutes to hours).
+pub const STREAM_LIFETIME_BUCKETS: [f64; 11] = [
+    1.0, 10.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0,
+];
+
+fn rpc_latency_histogram() -> Histogram {
+    Histogram::new(RPC_LATENCY_BUCKETS)
+}
+
+fn stream_lifetime_histogram() -> Histogram {
+    Histogram::new(STREAM_LIFETIME_BUCKETS)
 }
 
 /// One proxy in the version inventory (`drainshim_proxy_info`).
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProxyLabels {
+    /// The pod's namespace (flags, env, Envoy's node metadata or node id).
     pub namespace: String,
+    /// The pod's name.
     pub pod: String,
+    /// Envoy's release, e.g. `1.40.0`.
     pub version: String,
+    /// The mesh's release (`ISTIO_VERSION`), empty without one.
     pub mesh_version: String,
 }
 
@@ -149,12 +323,14 @@ pub struct ConfigLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VersionLabels {
+    /// The proxy release, e.g. `1.40.0`.
     pub version: String,
 }
 
 /// A kernel TCP counter name, e.g. `EstabResets` or `TCPAbortOnData`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {
+    /// The counter, as `/proc/net/netstat` names it.
     pub kind: String,
 }
 
@@ -220,6 +396,26 @@ pub mod help {
         "guard_limited",
         "Stream guard limits at work: connections closed at accept, streams refused (retryably), and connection reads paused by a PING, SETTINGS or RST_STREAM rate limit",
     );
+    pub const ENVOY_DOWNSTREAM_REQUESTS: (&str, &str) = (
+        "envoy_downstream_requests",
+        "Requests callers sent to Envoy's inbound listeners, per Envoy version (mirrored from Envoy): the callers' load, which no retry policy changes",
+    );
+    pub const GUARD_REQUESTS: (&str, &str) = (
+        "guard_requests",
+        "Requests the stream guard proxied to the application, by service, outcome (gRPC status name or HTTP status class) and protocol",
+    );
+    pub const GUARD_REQUEST_DURATION: (&str, &str) = (
+        "guard_request_duration_seconds",
+        "Request latency at the stream guard, by service: to the end of the response, or for streams to their first message",
+    );
+    pub const GUARD_STREAMS_OPENED: (&str, &str) = (
+        "guard_streams_opened",
+        "Streams opened through the stream guard (responses with a second message or event, HTTP/1.1 responses of unknown length, WebSocket upgrades), by service and protocol",
+    );
+    pub const GUARD_STREAM_LIFETIME: (&str, &str) = (
+        "guard_stream_lifetime_seconds",
+        "How long streams through the stream guard lived, request to end, by protocol",
+    );
     pub const TCP_RESETS: (&str, &str) = (
         "tcp_resets",
         "TCP resets and aborts counted by the kernel in the pod's network namespace",
@@ -229,33 +425,66 @@ pub mod help {
 /// Every metric the shim exports. Cheap to clone: each field is an `Arc` inside.
 #[derive(Clone, Debug)]
 pub struct Metrics {
+    /// `drainshim_drains_total{outcome}`: drains finished, by how.
     pub drains: Family<OutcomeLabels, Counter>,
+    /// `drainshim_drained_connections_total{outcome}`: connections by how they ended.
     pub drained_connections: Family<EndingLabels, Counter>,
+    /// `drainshim_drained_streams_total{outcome}`: streams by how they ended; `cut` is what the mission keeps at 0.
     pub drained_streams: Family<EndingLabels, Counter>,
+    /// `drainshim_drain_duration_seconds`: how long drains take, against the budget.
     pub drain_duration: Histogram,
+    /// `drainshim_draining`: 1 while a drain runs.
     pub draining: Gauge,
+    /// `drainshim_envoy_active_connections`: Envoy's live inbound connections, as last polled.
     pub envoy_active_connections: Gauge,
+    /// `drainshim_envoy_active_streams`: Envoy's live inbound streams, as last polled.
     pub envoy_active_streams: Gauge,
+    /// `drainshim_proxy_info`: 1 for this proxy; the version inventory reads its labels.
     pub proxy_info: Family<ProxyLabels, Gauge>,
+    /// `drainshim_goaways_total{reason}`: GOAWAY sequences the guard sent.
     pub goaways: Family<ReasonLabels, Counter>,
+    /// `drainshim_streams_terminated_total{reason,protocol}`: streams the guard ended gracefully.
     pub streams_terminated: Family<TerminatedLabels, Counter>,
+    /// `drainshim_streams_ungraceful_total{reason,protocol}`: streams it could only reset or close.
     pub streams_ungraceful: Family<TerminatedLabels, Counter>,
+    /// `drainshim_envoy_config_updates_total`: xDS acceptance per proxy version, mirrored from Envoy.
     pub envoy_config_updates: Family<ConfigLabels, Counter>,
+    /// `drainshim_envoy_upstream_retries_total{version}`: Envoy's retry volume per version.
     pub envoy_upstream_retries: Family<VersionLabels, Counter>,
+    /// `drainshim_tcp_resets_total{kind}`: the pod's kernel reset counters, seen from outside the mesh.
     pub tcp_resets: Family<KindLabels, Counter>,
     /// The stream guard's process caps and frame rate limits at work.
     pub guard_limited: Family<LimitLabels, Counter>,
+    /// Inbound requests callers sent to Envoy, per version: the denominator
+    /// that exposes retries in the guard's request count.
+    pub envoy_downstream_requests: Family<VersionLabels, Counter>,
+    /// Every request the guard proxied, by service, code and protocol.
+    pub guard_requests: Family<GuardRequestLabels, Counter>,
+    /// Latency per service: unary to the end, streams to the first message.
+    pub guard_request_duration: HistogramFamily<ServiceKey>,
+    /// Streams opened per service: the reconnect rate.
+    pub guard_streams_opened: Family<GuardStreamLabels, Counter>,
+    /// Stream lifetimes per protocol.
+    pub guard_stream_lifetime: HistogramFamily<ProtocolLabels>,
+    /// Every service key the guard has series for. prometheus-client cannot
+    /// list a Family's label sets, and node mode enumerates them; the guard's
+    /// cardinality cap bounds it.
+    pub guard_services_seen: Arc<Mutex<BTreeSet<ServiceKey>>>,
     /// Every Envoy version passed to `set_proxy`. prometheus-client cannot
     /// list a Family's label sets, and node mode must find the version-keyed
     /// series to re-label them per pod.
     pub versions_seen: Arc<Mutex<BTreeSet<String>>>,
 }
 
+// === impl Metrics ===
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
     }
 }
+
+// === impl Metrics ===
 
 impl Metrics {
     /// The counter of one guard limit.
@@ -290,6 +519,12 @@ impl Metrics {
             envoy_upstream_retries: Family::default(),
             tcp_resets: Family::default(),
             guard_limited: Family::default(),
+            envoy_downstream_requests: Family::default(),
+            guard_requests: Family::default(),
+            guard_request_duration: Family::new_with_constructor(rpc_latency_histogram),
+            guard_streams_opened: Family::default(),
+            guard_stream_lifetime: Family::new_with_constructor(stream_lifetime_histogram),
+            guard_services_seen: Arc::default(),
             versions_seen: Arc::default(),
         };
         let r = registry.sub_registry_with_prefix("drainshim");
@@ -342,6 +577,31 @@ impl Metrics {
             help::ENVOY_UPSTREAM_RETRIES.0,
             help::ENVOY_UPSTREAM_RETRIES.1,
             m.envoy_upstream_retries.clone(),
+        );
+        r.register(
+            help::ENVOY_DOWNSTREAM_REQUESTS.0,
+            help::ENVOY_DOWNSTREAM_REQUESTS.1,
+            m.envoy_downstream_requests.clone(),
+        );
+        r.register(
+            help::GUARD_REQUESTS.0,
+            help::GUARD_REQUESTS.1,
+            m.guard_requests.clone(),
+        );
+        r.register(
+            help::GUARD_REQUEST_DURATION.0,
+            help::GUARD_REQUEST_DURATION.1,
+            m.guard_request_duration.clone(),
+        );
+        r.register(
+            help::GUARD_STREAMS_OPENED.0,
+            help::GUARD_STREAMS_OPENED.1,
+            m.guard_streams_opened.clone(),
+        );
+        r.register(
+            help::GUARD_STREAM_LIFETIME.0,
+            help::GUARD_STREAM_LIFETIME.1,
+            m.guard_stream_lifetime.clone(),
         );
         r.register(help::TCP_RESETS.0, help::TCP_RESETS.1, m.tcp_resets.clone());
         r.register(
@@ -431,6 +691,8 @@ pub struct SidecarMetrics {
     /// earlier drain and restored.
     pub envoy_recoveries: Counter,
 }
+
+// === impl SidecarMetrics ===
 
 impl SidecarMetrics {
     pub fn register(registry: &mut Registry) -> Self {

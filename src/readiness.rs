@@ -33,6 +33,8 @@ pub struct Hysteresis {
     reason: Option<String>,
 }
 
+// === impl Hysteresis ===
+
 impl Hysteresis {
     /// Not ready until the first check passes.
     pub fn new(limit: u32) -> Self {
@@ -91,6 +93,8 @@ pub struct Settings {
 pub struct DataPath {
     state: Arc<Mutex<Hysteresis>>,
 }
+
+// === impl DataPath ===
 
 impl DataPath {
     /// Runs the first check now, then one every `interval` until `shutdown`.

@@ -130,6 +130,8 @@ pub struct EnvoyHealth {
     verdict: watch::Receiver<Verdict>,
 }
 
+// === impl EnvoyHealth ===
+
 impl EnvoyHealth {
     pub fn verdict(&self) -> Verdict {
         self.verdict.borrow().clone()

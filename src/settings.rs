@@ -23,9 +23,9 @@ use crate::guard::GuardConfig;
 use crate::http::Endpoint;
 use crate::node::guard::GuardSpec;
 
-/// Durations as `--check` prints them: the text a flag takes.
+/// Durations as `--check` and the messages print them: the text a flag takes.
 fn human(d: Duration) -> String {
-    humantime::format_duration(d).to_string()
+    config::Span::from(d).to_string()
 }
 
 /// The drain budget: its timers and what they must fit in.
@@ -51,6 +51,8 @@ impl Default for Budget {
         }
     }
 }
+
+// === impl Budget ===
 
 impl Budget {
     /// The timers' order, the grace period, and `after`, time the process
@@ -102,6 +104,8 @@ pub struct DrainOnceSettings {
     pub budget: Budget,
 }
 
+// === impl DrainOnceSettings ===
+
 impl DrainOnceSettings {
     pub fn validate(&self) -> Result<(), Invalid> {
         let mut errs = Invalid::default();
@@ -123,6 +127,8 @@ pub struct GuardSettings {
     /// Consecutive failed checks before /readyz turns 503.
     pub ready_failures: u32,
 }
+
+// === impl GuardSettings ===
 
 impl GuardSettings {
     /// A guard on `listen` in front of `upstream`, everything else default.
@@ -175,6 +181,9 @@ impl GuardSettings {
             "write_stall_timeout": human(c.limits.write_stall_timeout),
             "max_connections": c.limits.max_connections,
             "max_streams": c.limits.max_streams,
+            "request_metrics": c.signals.enabled,
+            "request_metrics_methods": c.signals.methods,
+            "request_metrics_max_services": c.signals.max_services,
             "ready_interval": human(self.ready_interval),
             "ready_failures": self.ready_failures,
         })
@@ -203,6 +212,8 @@ pub struct SidecarSettings {
     /// Envoy's node metadata).
     pub pod_name: Option<String>,
 }
+
+// === impl SidecarSettings ===
 
 impl SidecarSettings {
     /// A sidecar of `envoy_admin` with every default: no guard.
@@ -334,6 +345,8 @@ impl NodeGuardSettings {
         })
     }
 }
+
+// === impl NodeSettings ===
 
 impl NodeSettings {
     /// An agent with every default, listing processes under `proc_root`.
@@ -473,7 +486,7 @@ mod tests {
     #[test]
     fn effective_settings_are_human() {
         let v = sidecar().effective();
-        assert_eq!(v["budget"]["drain_time"], "1m");
+        assert_eq!(v["budget"]["drain_time"], "60s");
         assert_eq!(v["envoy_admin"], "http://127.0.0.1:15000");
         assert_eq!(v["linger"], "10s");
         assert!(v["guard"].is_null());

@@ -6,6 +6,11 @@
 //!   from Envoy's lds/cds/rds/eds `update_{success,rejected,failure}`;
 //! - retry volume per version (`drainshim_envoy_upstream_retries_total`)
 //!   from `cluster.*.upstream_rq_retry`;
+//! - the callers' load per version
+//!   (`drainshim_envoy_downstream_requests_total`) from the inbound
+//!   listeners' `http.*.downstream_rq_total`: what callers sent, which a
+//!   retry policy does not change (`verify` divides the guard's request
+//!   count by it);
 //! - kernel TCP resets (`drainshim_tcp_resets_total`) from the network
 //!   namespace's `/proc/net/snmp` and `/proc/net/netstat`.
 //!
@@ -57,6 +62,8 @@ struct Seen {
     scope: Option<InboundScope>,
 }
 
+// === impl Seen ===
+
 impl Seen {
     /// Adds the increase of a mirrored counter since its last value.
     fn mirror(&mut self, key: String, value: u64, counter: &Counter) {
@@ -69,6 +76,8 @@ impl Seen {
         counter.inc_by(delta);
     }
 }
+
+// === impl Telemetry ===
 
 impl Telemetry {
     pub fn new(
@@ -123,6 +132,13 @@ impl Telemetry {
                 .envoy_active_connections
                 .set(c.cx_active as i64);
             self.metrics.envoy_active_streams.set(c.rq_active as i64);
+            let callers =
+                self.metrics
+                    .envoy_downstream_requests
+                    .get_or_create_owned(&VersionLabels {
+                        version: version.clone(),
+                    });
+            seen.mirror(format!("downstream/{version}"), c.rq_total, &callers);
         }
         Ok(())
     }

@@ -18,8 +18,8 @@ pub fn bin() -> PathBuf {
 
 /// A free loopback address (bound and released).
 pub fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
+    let port = drainshim::bench::free_port().expect("a free loopback port");
+    SocketAddr::from(([127, 0, 0, 1], port))
 }
 
 /// Waits (10 s at most) until something accepts connections on `addr`.
@@ -59,6 +59,11 @@ pub async fn bench_process(what: &str) -> (Child, SocketAddr) {
 /// 9,000 WebSockets): they measure cost, and the default caps (512
 /// connections, 5,000 streams) would refuse part of the load.
 pub async fn guard(upstream: SocketAddr) -> (Child, SocketAddr) {
+    guard_with(upstream, &[]).await
+}
+
+/// [`guard`] with more sidecar flags (e.g. `--guard-request-metrics false`).
+pub async fn guard_with(upstream: SocketAddr, extra: &[&str]) -> (Child, SocketAddr) {
     let mut child = Command::new(bin())
         .args(["sidecar", "--listen", "127.0.0.1:0"])
         .args(["--envoy-admin", "http://127.0.0.1:9"])
@@ -70,6 +75,7 @@ pub async fn guard(upstream: SocketAddr) -> (Child, SocketAddr) {
             "--guard-max-streams",
             "20000",
         ])
+        .args(extra)
         .args(["--log", "warn,drainshim::sidecar=info"])
         .stderr(Stdio::piped())
         .kill_on_drop(true)

@@ -174,7 +174,13 @@ pub struct EnvoyOptions {
     /// Envoy accepts them from clients and sends every WebSocket to its
     /// HTTP/2 upstream as an extended CONNECT.
     pub extended_connect: bool,
+    /// The inbound route's `retry_policy` (the YAML flow mapping inside
+    /// `{}`), e.g. `retry_on: unavailable, num_retries: 2`; replaces the
+    /// fail-open retry when both are set.
+    pub route_retry: Option<String>,
 }
+
+// === impl EnvoyOptions ===
 
 impl EnvoyOptions {
     pub fn new(binary: PathBuf, upstream: SocketAddr) -> Self {
@@ -191,6 +197,7 @@ impl EnvoyOptions {
             custom_bootstrap: None,
             upstream_follows_downstream: false,
             extended_connect: false,
+            route_retry: None,
         }
     }
 
@@ -296,7 +303,11 @@ admin:
             ip = self.upstream.ip(),
             port = self.upstream.port(),
             admin_port = self.admin_port,
-            retry = if self.fallback.is_some() { FAILOPEN_RETRY } else { "" },
+            retry = match (&self.route_retry, self.fallback.is_some()) {
+                (Some(policy), _) => format!(", retry_policy: {{ {policy} }}"),
+                (None, true) => FAILOPEN_RETRY.to_string(),
+                (None, false) => String::new(),
+            },
             failopen = if self.fallback.is_some() { FAILOPEN_CLUSTER } else { "" },
             // The shipped bootstrap's bounded upstream windows, with its
             // fallback; WebSocket upgrades need the upstream to follow the
@@ -347,6 +358,8 @@ pub struct EnvoyProcess {
     /// The OUTBOUND listener (a TCP proxy), present so inbound-only logic is tested.
     pub outbound: SocketAddr,
 }
+
+// === impl EnvoyProcess ===
 
 impl EnvoyProcess {
     /// Starts Envoy and waits until it has initialized (`/server_info` state

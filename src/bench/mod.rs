@@ -12,3 +12,12 @@ pub mod population;
 pub mod reconnect;
 pub mod server;
 pub mod ws;
+
+/// A free TCP port on loopback, bound and released: for a process (Envoy, a
+/// shim) that binds it right away, and for a port known to refuse
+/// connections. The benches, the demo and the tests all take it from here.
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}

@@ -84,6 +84,8 @@ pub struct NodeScaleReport {
     pub admin_endpoint: String,
 }
 
+// === impl NodeScaleReport ===
+
 impl NodeScaleReport {
     pub fn render(&self) -> String {
         format!(
@@ -115,6 +117,8 @@ pub(crate) struct Fixture {
     /// The `envoy` link and the /proc view, removed with the fixture.
     pub(crate) _dir: tempfile::TempDir,
 }
+
+// === impl Fixture ===
 
 impl Drop for Fixture {
     fn drop(&mut self) {
@@ -200,10 +204,7 @@ pub async fn run(opts: NodeScaleOptions) -> Result<NodeScaleReport, NodeScaleErr
     }
     drop(handles);
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(io("pick a port"))?
-        .port();
+    let port = super::free_port().map_err(io("pick a port"))?;
     let api = SocketAddr::from(([127, 0, 0, 1], port));
     eprintln!("node-scale: starting the agent");
     let t0 = Instant::now();

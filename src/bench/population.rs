@@ -43,6 +43,8 @@ pub enum Kind {
     Websocket,
 }
 
+// === impl Kind ===
+
 impl Kind {
     pub fn name(self) -> &'static str {
         match self {
@@ -51,6 +53,8 @@ impl Kind {
         }
     }
 }
+
+// === impl Protocol ===
 
 impl Protocol {
     /// The kind of stream client `c` holds.
@@ -102,6 +106,8 @@ pub struct Endpoints {
     live: watch::Sender<Vec<bool>>,
 }
 
+// === impl Endpoints ===
+
 impl Endpoints {
     pub fn new(addrs: Vec<SocketAddr>) -> Self {
         let live = vec![true; addrs.len()];
@@ -136,6 +142,8 @@ pub struct Population {
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
+
+// === impl Population ===
 
 impl Population {
     /// Starts `n` clients; returns once every one holds a live stream.
@@ -214,6 +222,8 @@ struct ClientCtx {
     stop: CancellationToken,
     ready: Option<tokio::sync::mpsc::Sender<()>>,
 }
+
+// === impl ClientCtx ===
 
 impl ClientCtx {
     async fn run(mut self) {

@@ -40,6 +40,8 @@ pub enum Mode {
     IstioDefault,
 }
 
+// === impl Mode ===
+
 impl Mode {
     pub fn name(self) -> &'static str {
         match self {
@@ -83,6 +85,8 @@ pub struct ReconnectOptions {
     /// Print progress lines to stderr.
     pub progress: bool,
 }
+
+// === impl ReconnectOptions ===
 
 impl ReconnectOptions {
     pub fn new(envoy: PathBuf) -> Self {
@@ -144,6 +148,8 @@ struct Pod {
     stop: CancellationToken,
 }
 
+// === impl Pod ===
+
 impl Drop for Pod {
     fn drop(&mut self) {
         self.stop.cancel();
@@ -151,8 +157,7 @@ impl Drop for Pod {
 }
 
 fn free_port() -> Result<u16, String> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
-    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+    super::free_port().map_err(|e| format!("pick a free port: {e}"))
 }
 
 async fn start_pod(opts: &ReconnectOptions, ledger: &Ledger, guard: bool) -> Result<Pod, String> {
@@ -348,6 +353,8 @@ pub struct SoakResult {
     /// Peak reconnects per 100 ms over the mean, over the soak.
     pub storm_peak_to_mean: f64,
 }
+
+// === impl SoakResult ===
 
 impl SoakResult {
     /// One line for the terminal.

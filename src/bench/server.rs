@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -44,6 +45,20 @@ impl Ledger {
 #[derive(Clone, Debug, Default)]
 pub struct BenchService {
     pub ledger: Ledger,
+    /// Faults to inject into `Echo`, changeable while serving.
+    pub faults: Faults,
+}
+
+/// `Echo` faults for tests of what the guard and `verify` see: a fixed
+/// share of calls failing with UNAVAILABLE, and extra latency.
+#[derive(Clone, Debug, Default)]
+pub struct Faults {
+    /// Every n-th call fails with UNAVAILABLE (0: none): exactly 1/n of them.
+    pub unavailable_every: Arc<AtomicU64>,
+    /// Added to every call, milliseconds.
+    pub delay_ms: Arc<AtomicU64>,
+    /// Calls so far, for `unavailable_every`.
+    calls: Arc<AtomicU64>,
 }
 
 type TickStream = Pin<Box<dyn FuturesStream<Item = Result<Tick, Status>> + Send>>;
@@ -105,6 +120,15 @@ impl Stream for BenchService {
 
     async fn echo(&self, req: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
         let r = req.into_inner();
+        let extra = self.faults.delay_ms.load(Ordering::Relaxed);
+        if extra > 0 {
+            tokio::time::sleep(Duration::from_millis(extra.min(u64::from(MAX_DELAY_MS)))).await;
+        }
+        let every = self.faults.unavailable_every.load(Ordering::Relaxed);
+        let n = self.faults.calls.fetch_add(1, Ordering::Relaxed) + 1;
+        if every > 0 && n.is_multiple_of(every) {
+            return Err(Status::unavailable("bench: injected failure"));
+        }
         if r.delay_ms > 0 {
             let delay = Duration::from_millis(u64::from(r.delay_ms.min(MAX_DELAY_MS)));
             tokio::time::sleep(delay).await;

@@ -69,6 +69,7 @@ pub async fn serve_mixed(
     let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<TcpStream>>(64);
     let service = super::server::BenchService {
         ledger: ledger.clone(),
+        ..Default::default()
     };
     let grpc_stop = stop.clone();
     tokio::spawn(async move {

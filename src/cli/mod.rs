@@ -24,7 +24,8 @@ Exit codes:
   0   success (for drains: the drain finished, deadline included)
   64  usage error: a bad flag or an inconsistent drain budget
   69  a service it needs is unavailable (the shim, a port to bind)
-  70  internal error";
+  70  internal error
+  71  the operating system refused what every run needs (signal handlers)";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -109,14 +110,21 @@ pub enum Command {
     Skew(SkewArgs),
 
     /// The gate for one upgrade wave: versions, cut streams, config
-    /// rejections, retry volume and reset rate.
+    /// rejections, retry volume, reset rate, and the guard's golden signals.
     #[command(
         long_about = "The gate for one upgrade wave.\n\n\
             Checks that every pod in the namespaces runs --expect-version, that no stream was cut by a \
             drain and no xDS update was rejected on that version within --window, and that the retry \
             volume and the kernel reset rate did not grow past their thresholds against the window \
-            before. With --targets (shims scraped directly) the two rate checks are not applicable: \
-            they need Prometheus' history.",
+            before.\n\n\
+            Then, per namespace and service, the stream guard's own view, which does not change when \
+            Envoy does: the success rate (--max-success-drop points), the p99 (--max-p99-increase), \
+            requests reaching the app per request callers sent to Envoy (--max-requests-per-call-increase: \
+            exposes extra retries), and the stream re-open rate (--max-reopen-increase). Each names the \
+            services that moved and by how much.\n\n\
+            Pods are taken by the namespace label their series carry (node mode, or a scrape that adds \
+            pod labels), else through drainshim_proxy_info on the scrape instance. With --targets \
+            (shims scraped directly) the rate checks are not applicable: they need Prometheus' history.",
         after_help = "Exit codes:\n  0   every applicable check passed: the wave may proceed\n  1   a check failed: stop the rollout\n  64  usage error\n  69  Prometheus or a shim could not be read"
     )]
     Verify(VerifyArgs),
@@ -250,7 +258,8 @@ Exit codes:
   64  usage error: a bad flag or an inconsistent drain budget
   69  --listen could not be bound, or --proc-root cannot be read
   77  no permission to enter network namespaces (CAP_SYS_ADMIN missing)
-  70  internal error";
+  70  internal error
+  71  the operating system refused what every run needs (signal handlers)";
 
 /// Exit codes of the read-only fleet commands.
 pub const FLEET_EXIT_CODES: &str = "\
@@ -366,6 +375,50 @@ pub struct VerifyArgs {
     #[arg(long, env = "DRAINSHIM_RATE_FLOOR", default_value_t = 0.05)]
     pub rate_floor: f64,
 
+    /// Guard success rate per namespace and service: how many percentage
+    /// points it may drop against the window before. Failures are gRPC
+    /// UNKNOWN, DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE,
+    /// DATA_LOSS and HTTP 5xx.
+    #[arg(
+        long,
+        env = "DRAINSHIM_MAX_SUCCESS_DROP",
+        default_value_t = 1.0,
+        value_name = "POINTS"
+    )]
+    pub max_success_drop: f64,
+
+    /// Guard p99 latency per namespace and service (unary calls to the end,
+    /// streams to the first message): allowed relative growth (0.25 = +25%).
+    #[arg(long, env = "DRAINSHIM_MAX_P99_INCREASE", default_value_t = 0.25)]
+    pub max_p99_increase: f64,
+
+    /// Requests reaching the app (the guard's count) per request callers
+    /// sent (Envoy's inbound downstream_rq_total) per namespace and service:
+    /// allowed relative growth (0.1 = +10%). Extra retries, e.g. a retry
+    /// default that changed in the new Envoy, raise it; more load does not.
+    #[arg(
+        long,
+        env = "DRAINSHIM_MAX_REQUESTS_PER_CALL_INCREASE",
+        default_value_t = 0.1
+    )]
+    pub max_requests_per_call_increase: f64,
+
+    /// Streams opened through the guard per second, per namespace and
+    /// service (clients re-opening streams): allowed relative growth, plus
+    /// --min-request-rate of slack.
+    #[arg(long, env = "DRAINSHIM_MAX_REOPEN_INCREASE", default_value_t = 0.5)]
+    pub max_reopen_increase: f64,
+
+    /// Services with fewer guard requests per second than this in either
+    /// window are not judged on success rate, p99 or requests per call.
+    #[arg(
+        long,
+        env = "DRAINSHIM_MIN_REQUEST_RATE",
+        default_value_t = 0.1,
+        value_name = "PER_SECOND"
+    )]
+    pub min_request_rate: f64,
+
     #[arg(long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
     pub format: Format,
 }
@@ -388,6 +441,13 @@ impl VerifyArgs {
             max_retry_increase: self.max_retry_increase,
             max_reset_increase: self.max_reset_increase,
             rate_floor: self.rate_floor,
+            golden: crate::fleet::golden::GoldenThresholds {
+                max_success_drop: self.max_success_drop,
+                max_p99_increase: self.max_p99_increase,
+                max_amplification_increase: self.max_requests_per_call_increase,
+                max_reopen_increase: self.max_reopen_increase,
+                min_rate: self.min_request_rate,
+            },
         }
     }
 }
@@ -509,6 +569,7 @@ pub struct NodeGuardArgs {
     pub handover_window: Span,
 }
 
+/// The drain timers; see docs/design.md for the timeline.
 #[derive(Debug, Clone, Args)]
 pub struct TimerArgs {
     /// How long streams get to finish; the guard ends the rest before this.
@@ -599,6 +660,29 @@ pub struct SidecarArgs {
     #[arg(long, env = "DRAINSHIM_GUARD_MAX_STREAMS", default_value_t = crate::guard::DEFAULT_MAX_STREAMS,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
     pub guard_max_streams: usize,
+
+    /// Record the guard's golden signals per request: drainshim_guard_requests_total
+    /// {service,code,protocol}, drainshim_guard_request_duration_seconds{service},
+    /// drainshim_guard_streams_opened_total and drainshim_guard_stream_lifetime_seconds.
+    /// `false` turns them off (the series stay absent) and `verify` cannot
+    /// judge this pod's success rate, p99 and retry volume.
+    #[arg(long, env = "DRAINSHIM_GUARD_REQUEST_METRICS", default_value_t = true,
+          action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub guard_request_metrics: bool,
+
+    /// Add a `method` label (the gRPC method) to the guard's request series.
+    /// Off by default: it multiplies the series; methods count against
+    /// --guard-metrics-max-services.
+    #[arg(long, env = "DRAINSHIM_GUARD_METRICS_METHODS")]
+    pub guard_metrics_methods: bool,
+
+    /// Most gRPC services (`package.Service` from the path; with
+    /// --guard-metrics-methods, service/method pairs) with series of their
+    /// own; later ones, and paths that name no service, are counted as
+    /// service="other". Requests that are not gRPC are service="http".
+    #[arg(long, env = "DRAINSHIM_GUARD_METRICS_MAX_SERVICES", default_value_t = crate::guard::DEFAULT_MAX_SERVICES,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000))]
+    pub guard_metrics_max_services: usize,
 
     /// With the guard, /readyz also checks the data path this often: a TCP
     /// connect to the guard's listener, then to --guard-upstream.
@@ -703,6 +787,11 @@ impl TryFrom<&SidecarArgs> for SidecarSettings {
                 c.limits.write_stall_timeout = a.write_stall_timeout.get();
                 c.limits.max_connections = a.guard_max_connections;
                 c.limits.max_streams = a.guard_max_streams;
+                c.signals = crate::guard::SignalSettings {
+                    enabled: a.guard_request_metrics,
+                    methods: a.guard_metrics_methods,
+                    max_services: a.guard_metrics_max_services,
+                };
                 g.ready_interval = a.ready_interval.get();
                 g.ready_failures = a.ready_failures;
                 Some(g)
@@ -801,6 +890,17 @@ mod tests {
     use super::*;
     use clap::CommandFactory;
     use std::time::Duration;
+
+    /// The help texts list the codes `error::Error::exit_code` gives.
+    #[test]
+    fn help_lists_every_exit_code() {
+        use crate::error::{EX_NOPERM, EX_OSERR, EX_SOFTWARE, EX_UNAVAILABLE, EX_USAGE};
+        for code in [EX_USAGE, EX_UNAVAILABLE, EX_SOFTWARE, EX_OSERR] {
+            assert!(EXIT_CODES.contains(&format!("  {code}  ")), "{code}");
+            assert!(NODE_AFTER_HELP.contains(&format!("  {code}  ")), "{code}");
+        }
+        assert!(NODE_AFTER_HELP.contains(&format!("  {EX_NOPERM}  ")));
+    }
 
     #[test]
     fn cli_is_well_formed() {

@@ -41,23 +41,34 @@ pub trait StreamGuard: Send + Sync + 'static {
 /// Everything one drain needs.
 #[derive(Clone)]
 pub struct DrainSettings {
+    /// When each phase ends.
     pub timers: Timers,
+    /// The Envoy being drained: health check, listeners, live counters.
     pub admin: AdminClient,
+    /// The stream guard in front of the app, when the pod has one: the only
+    /// way long-lived streams end gracefully.
     pub guard: Option<Arc<dyn StreamGuard>>,
 }
 
+/// What the handle asks of the driver task.
 #[derive(Debug)]
 enum Command {
+    /// Start the drain, or join the one running.
     Trigger(Trigger),
+    /// A second SIGTERM: go to the deadline now.
     Hurry,
 }
 
 /// A handle on the drain driver. Cheap to clone; every caller sees the same drain.
 #[derive(Clone, Debug)]
 pub struct DrainHandle {
+    /// Commands to the one driver task.
     tx: mpsc::UnboundedSender<Command>,
+    /// The driver's latest status; the report appears in it once done.
     status: watch::Receiver<Status>,
 }
+
+// === impl DrainHandle ===
 
 impl DrainHandle {
     /// Starts the drain, or joins the one running, and returns the status once
@@ -203,15 +214,25 @@ async fn sleep_until_opt(at: Option<Instant>) {
 
 /// The driver's mutable state, kept together so `apply` reads plainly.
 struct Drive {
+    /// The pure transition function and its timers.
     machine: Machine,
+    /// Envoy, the guard, the timers.
     settings: DrainSettings,
+    /// Where the drain's gauges and the final counts go.
     metrics: Metrics,
+    /// Publishes each status to every handle.
     status_tx: watch::Sender<Status>,
+    /// When the trigger came: every elapsed time counts from here.
     t0: Instant,
+    /// The machine's state (phase, outcome, the trigger).
     state: State,
+    /// Counts seen so far: at start, last poll, what the guard ended.
     acc: Accounting,
+    /// What Envoy last said of itself (reachable, version, restarts).
     envoy: EnvoyStatus,
 }
+
+// === impl Drive ===
 
 impl Drive {
     fn guard_streams(&self) -> u64 {

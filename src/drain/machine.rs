@@ -29,6 +29,8 @@ pub enum Phase {
     Done,
 }
 
+// === impl Phase ===
+
 impl Phase {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -112,6 +114,8 @@ pub struct State {
     pub envoy_reachable: bool,
 }
 
+// === impl State ===
+
 impl Default for State {
     fn default() -> Self {
         Self {
@@ -129,6 +133,8 @@ impl Default for State {
 pub struct Machine {
     pub timers: Timers,
 }
+
+// === impl Machine ===
 
 impl Machine {
     pub fn new(timers: Timers) -> Self {

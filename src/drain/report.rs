@@ -119,6 +119,8 @@ pub struct Accounting {
     restarts: u32,
 }
 
+// === impl Accounting ===
+
 impl Accounting {
     /// Takes one poll. `restarted` says the caller knows Envoy is a new
     /// process since the last poll.
@@ -223,6 +225,8 @@ pub struct EnvoyStatus {
     pub restarts: u32,
 }
 
+// === impl Status ===
+
 impl Status {
     pub fn serving() -> Self {
         Self {
@@ -260,6 +264,8 @@ pub struct Progress {
     last_key: String,
     last_at: Option<std::time::Instant>,
 }
+
+// === impl Progress ===
 
 impl Progress {
     pub fn new(every: std::time::Duration) -> Self {

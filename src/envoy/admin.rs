@@ -32,6 +32,8 @@ pub trait Dial: Send + Sync + 'static {
 #[derive(Debug, Default)]
 pub struct TcpDial;
 
+// === impl TcpDial ===
+
 impl Dial for TcpDial {
     fn dial(
         &self,
@@ -85,6 +87,8 @@ pub struct InboundScope {
     /// No listener is marked INBOUND, so every listener is counted and drained.
     pub all_listeners: bool,
 }
+
+// === impl InboundScope ===
 
 impl InboundScope {
     /// Chooses the INBOUND listeners; without any, falls back to all of them
@@ -180,6 +184,8 @@ pub struct AdminClient {
     dial: Arc<dyn Dial>,
 }
 
+// === impl AdminClient ===
+
 impl fmt::Debug for AdminClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AdminClient")
@@ -188,6 +194,8 @@ impl fmt::Debug for AdminClient {
             .finish()
     }
 }
+
+// === impl AdminClient ===
 
 impl AdminClient {
     /// Parses `http://host:port`; every call then has `timeout` to finish.

@@ -46,6 +46,8 @@ pub struct CommandLineOptions {
     pub drain_strategy: Option<String>,
 }
 
+// === impl ServerInfo ===
+
 impl ServerInfo {
     /// The release, `1.40.0`, from the build string.
     pub fn release(&self) -> &str {

@@ -4,6 +4,7 @@
 //! `/metrics`, or, at fleet scale, from Prometheus, which does all the
 //! aggregation.
 
+pub mod golden;
 pub mod prometheus;
 pub mod verify;
 
@@ -170,6 +171,8 @@ pub struct TargetScrape {
     /// Every sample, by metric name, for the checks that need more.
     pub samples: Vec<(String, BTreeMap<String, String>, f64)>,
 }
+
+// === impl TargetScrape ===
 
 impl TargetScrape {
     /// Sum of the samples of `metric` whose labels include all of `matching`.
@@ -387,6 +390,8 @@ pub fn skew(proxies: &[Proxy], cp: Release, max_skew: u32, label: VersionLabel) 
     }
 }
 
+// === impl SkewReport ===
+
 impl SkewReport {
     pub fn ok(&self) -> bool {
         self.offenders.is_empty()
@@ -444,6 +449,8 @@ impl SkewReport {
         out
     }
 }
+
+// === errors as the command's Error ===
 
 impl From<crate::fleet::FleetError> for crate::error::Error {
     fn from(e: crate::fleet::FleetError) -> Self {

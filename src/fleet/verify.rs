@@ -4,14 +4,23 @@
 //! `--targets` the shims are scraped once, and the rate checks, which need
 //! history, are reported as not applicable rather than guessed.
 //!
-//! Namespace membership comes from `drainshim_proxy_info` over the whole
-//! window (`max_over_time`), joined on `instance`: the pods that drained in
-//! this wave are gone at query time, but their cut streams still count.
+//! Namespace membership: series that carry a `namespace` label (node mode's
+//! per-pod series, and sidecars scraped with their pod's labels) are taken
+//! by it; series of shims that export none are joined on `instance` to
+//! `drainshim_proxy_info` over the whole window (`max_over_time`): the pods
+//! that drained in this wave are gone at query time, but their cut streams
+//! still count. A node agent's instance carries many pods, so it is never
+//! joined on (see [`golden::Queries::in_wave`]).
+//!
+//! The guard's golden signals (success rate, p99, requests per caller
+//! request, stream re-opens) are gated per namespace and service in
+//! [`golden`].
 
 use std::time::Duration;
 
 use serde::Serialize;
 
+use super::golden::{self, GoldenThresholds, Queries, ServiceDelta, Window};
 use super::prometheus::{regex_alternation, PromClient};
 use super::{scrape_target, table, FleetError, Proxy, CALL_TIMEOUT};
 
@@ -34,6 +43,8 @@ pub struct VerifyOptions {
     pub max_reset_increase: f64,
     /// Absolute slack (per second) so tiny rates do not fail on noise.
     pub rate_floor: f64,
+    /// The guard's golden-signal gates.
+    pub golden: GoldenThresholds,
 }
 
 /// One check's verdict. `ok: None` means not applicable, with the reason.
@@ -42,6 +53,10 @@ pub struct Check {
     pub check: String,
     pub ok: Option<bool>,
     pub detail: String,
+    /// Per namespace and service, for the golden-signal gates: which moved
+    /// and by how much.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<ServiceDelta>,
 }
 
 impl Check {
@@ -50,6 +65,18 @@ impl Check {
             check: check.to_string(),
             ok,
             detail,
+            services: Vec::new(),
+        }
+    }
+}
+
+impl From<golden::Verdict> for Check {
+    fn from(v: golden::Verdict) -> Self {
+        Self {
+            check: v.name.to_string(),
+            ok: v.ok,
+            detail: v.detail,
+            services: v.services,
         }
     }
 }
@@ -181,10 +208,7 @@ async fn from_prometheus(
         .expect_version
         .replace('\\', "\\\\")
         .replace('"', "\\\"");
-    let members = |offset: &str| {
-        format!("max by (instance, namespace) (max_over_time(drainshim_proxy_info{{namespace=~\"{ns}\"}}[{w}]{offset}))")
-    };
-    let now_members = members("");
+    let q = Queries { ns: &ns, w: &w };
 
     let proxies: Vec<Proxy> = prom
         .query(&format!("drainshim_proxy_info{{namespace=~\"{ns}\"}} == 1"))
@@ -203,7 +227,13 @@ async fn from_prometheus(
 
     let cut = prom
         .scalar(&format!(
-            "sum(max_over_time(drainshim_drained_streams_total{{outcome=\"cut\"}}[{w}]) * on(instance) group_left() {now_members})"
+            "sum({})",
+            q.in_wave(
+                |sel| format!(
+                    "max_over_time(drainshim_drained_streams_total{{{sel},outcome=\"cut\"}}[{w}])"
+                ),
+                ""
+            )
         ))
         .await?;
     checks.push(count_check(
@@ -217,7 +247,11 @@ async fn from_prometheus(
 
     let rejected = prom
         .scalar(&format!(
-            "sum(max_over_time(drainshim_envoy_config_updates_total{{result=\"rejected\",version=\"{v}\"}}[{w}]) * on(instance) group_left() {now_members})"
+            "sum({})",
+            q.in_wave(
+                |sel| format!("max_over_time(drainshim_envoy_config_updates_total{{{sel},result=\"rejected\",version=\"{v}\"}}[{w}])"),
+                ""
+            )
         ))
         .await?;
     checks.push(count_check(
@@ -240,8 +274,11 @@ async fn from_prometheus(
     ] {
         let rate = |offset: &str| {
             format!(
-                "sum(rate({metric}[{w}]{offset}) * on(instance) group_left() {})",
-                members(offset)
+                "sum({})",
+                q.in_wave(
+                    |sel| format!("rate({metric}{{{sel}}}[{w}]{offset})"),
+                    offset
+                )
             )
         };
         let now = prom.query(&rate("")).await?.first().map(|s| s.value);
@@ -252,6 +289,13 @@ async fn from_prometheus(
             .map(|s| s.value);
         checks.push(rate_check(name, now, before, max_increase, opts.rate_floor));
     }
+    let now = Window::read(prom, &q, "").await?;
+    let before = Window::read(prom, &q, &format!(" offset {w}")).await?;
+    checks.extend(
+        golden::judge(&before, &now, &opts.golden)
+            .into_iter()
+            .map(Check::from),
+    );
     Ok(checks)
 }
 
@@ -275,7 +319,7 @@ async fn from_targets(urls: &[String], opts: &VerifyOptions) -> Result<Vec<Check
         proxies.extend(scrape.proxies);
     }
     let history = "needs --prometheus: a rate needs history, one scrape has none";
-    Ok(vec![
+    let mut checks = vec![
         versions_check(&proxies, opts),
         count_check(
             "no stream cut by a drain",
@@ -289,7 +333,13 @@ async fn from_targets(urls: &[String], opts: &VerifyOptions) -> Result<Vec<Check
         ),
         Check::new("retry volume within threshold", None, history.into()),
         Check::new("reset rate within threshold", None, history.into()),
-    ])
+    ];
+    checks.extend(
+        golden::GATES
+            .iter()
+            .map(|g| Check::new(g, None, history.into())),
+    );
+    Ok(checks)
 }
 
 #[cfg(test)]

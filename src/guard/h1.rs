@@ -53,6 +53,7 @@ use super::headers::{
 use super::keepalive::{Activity, Counted, HeadTimer, H1_IDLE_TIMEOUT};
 use super::registry::Registered;
 use super::schedule::jittered_age;
+use super::signals;
 use super::sniff::{linger, Prefixed};
 use super::upstream::{H1Upstream, MIN_H1_BUF_SIZE};
 use super::{websocket, Inner};
@@ -87,6 +88,9 @@ pub struct H1Body {
     sse: Option<Boundaries>,
     /// Asked to end while an event was half-sent: end at the next boundary.
     sse_ending: Option<Reason>,
+    /// The request's signals, recorded when the body is dropped (done,
+    /// aborted, or the client gone).
+    sig: Option<signals::Request>,
 }
 
 impl H1Body {
@@ -99,10 +103,17 @@ impl H1Body {
             guard: None,
             sse: None,
             sse_ending: None,
+            sig: None,
         }
     }
 
-    fn proxied(inner: Arc<Inner>, body: Incoming, registered: Registered, sse: bool) -> Self {
+    fn proxied(
+        inner: Arc<Inner>,
+        body: Incoming,
+        registered: Registered,
+        sse: bool,
+        sig: Option<signals::Request>,
+    ) -> Self {
         let ctl = registered.ctl.clone();
         Self {
             inner: Some(body),
@@ -112,6 +123,7 @@ impl H1Body {
             guard: Some(inner),
             sse: sse.then(|| Boundaries::new(Kind::Sse)),
             sse_ending: None,
+            sig,
         }
     }
 
@@ -187,6 +199,11 @@ impl Body for H1Body {
             Some(b) => ready!(Pin::new(b).poll_frame(cx)),
             None => return Poll::Ready(None),
         };
+        if let (Some(s), Some(Ok(f))) = (this.sig.as_mut(), frame.as_ref()) {
+            if let Some(t) = f.trailers_ref() {
+                s.trailers(t);
+            }
+        }
         if let (Some(sse), Some(Ok(f))) = (this.sse.as_mut(), frame.as_ref()) {
             if let Some(data) = f.data_ref() {
                 sse.consume(data);
@@ -335,8 +352,20 @@ async fn handle(
         return Ok(answer(StatusCode::SERVICE_UNAVAILABLE, true));
     };
     append_forwarded_for(req.headers_mut(), info.peer.ip());
-    if let Some(protocol) = upgrade_requested(req.headers()) {
-        return Ok(upgrade(inner, upstream, info, grace_end, req, registered, protocol).await);
+    let grpc = super::body::request_kind(req.headers()) != Kind::Opaque;
+    let upgrading = upgrade_requested(req.headers());
+    let protocol = match &upgrading {
+        Some(p) if is_websocket(p) => StreamProtocol::websocket,
+        Some(_) => StreamProtocol::other,
+        None if grpc => StreamProtocol::grpc,
+        None => StreamProtocol::http,
+    };
+    let mut sig = inner.signals.start(grpc, req.uri().path(), protocol);
+    if let Some(protocol) = upgrading {
+        return Ok(upgrade(
+            inner, upstream, info, grace_end, req, registered, protocol, sig,
+        )
+        .await);
     }
     strip_hop_by_hop(req.headers_mut());
     let head_only = req.method() == Method::HEAD;
@@ -344,10 +373,13 @@ async fn handle(
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(peer = %info.peer, error = %e, "guard: HTTP/1.1 request failed upstream");
+            if let Some(s) = sig.as_mut() {
+                s.status_if_unset(StatusCode::BAD_GATEWAY);
+            }
             return Ok(answer(StatusCode::BAD_GATEWAY, draining(&inner)));
         }
     };
-    Ok(respond(inner, resp, registered, head_only))
+    Ok(respond(inner, resp, registered, head_only, sig))
 }
 
 /// Forwards the application's response.
@@ -356,8 +388,12 @@ fn respond(
     resp: Response<Incoming>,
     registered: Registered,
     head_only: bool,
+    mut sig: Option<signals::Request>,
 ) -> Response<H1Body> {
     let (mut parts, body) = resp.into_parts();
+    if let Some(s) = sig.as_mut() {
+        s.head(parts.status, &parts.headers);
+    }
     // A body of unknown length (chunked, or until close: a stream, an
     // event stream, a long poll) is long-lived: a drain ends it early,
     // spread over its window. A body with a length is short work, left to
@@ -368,6 +404,9 @@ fn respond(
         || parts.status == StatusCode::NOT_MODIFIED;
     if !bodiless && !parts.headers.contains_key(CONTENT_LENGTH) {
         registered.ctl.set_long_lived();
+        if let Some(s) = sig.as_mut() {
+            s.stream_from_head();
+        }
     }
     strip_hop_by_hop(&mut parts.headers);
     // Decided when the response starts, so requests that began before the
@@ -383,13 +422,14 @@ fn respond(
         .and_then(|v| v.to_str().ok())
         .and_then(|ct| ct.split(';').next())
         .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"));
-    Response::from_parts(parts, H1Body::proxied(inner, body, registered, sse))
+    Response::from_parts(parts, H1Body::proxied(inner, body, registered, sse, sig))
 }
 
 /// Proxies an upgrade request. On the application's 101 the upgraded
 /// connections are relayed by a task of their own: WebSocket frame by frame
 /// with a graceful end ([`websocket::relay`]), anything else as raw bytes
 /// ([`websocket::tunnel`]). Any other answer is an ordinary response.
+#[allow(clippy::too_many_arguments)]
 async fn upgrade(
     inner: Arc<Inner>,
     upstream: Arc<H1Upstream>,
@@ -398,6 +438,7 @@ async fn upgrade(
     mut req: Request<Incoming>,
     registered: Registered,
     protocol: HeaderValue,
+    mut sig: Option<signals::Request>,
 ) -> Response<H1Body> {
     strip_hop_by_hop_keep_upgrade(req.headers_mut(), protocol.clone());
     let client = hyper::upgrade::on(&mut req);
@@ -405,11 +446,19 @@ async fn upgrade(
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(peer = %info.peer, error = %e, "guard: HTTP/1.1 upgrade request failed upstream");
+            if let Some(s) = sig.as_mut() {
+                s.status_if_unset(StatusCode::BAD_GATEWAY);
+            }
             return answer(StatusCode::BAD_GATEWAY, true);
         }
     };
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
-        return respond(inner, resp, registered, false);
+        return respond(inner, resp, registered, false, sig);
+    }
+    // Upgraded: a stream from here, recorded when its relay ends.
+    if let Some(s) = sig.as_mut() {
+        s.head(resp.status(), resp.headers());
+        s.stream_from_head();
     }
     let app = hyper::upgrade::on(&mut resp);
     let (mut parts, _empty) = resp.into_parts();
@@ -431,13 +480,11 @@ async fn upgrade(
         });
     }
     if websocket {
-        inner.tasks.spawn(websocket::relay(
-            inner.clone(),
-            client,
-            app,
-            registered,
-            info,
-        ));
+        let relay = websocket::relay(inner.clone(), client, app, registered, info);
+        inner.tasks.spawn(async move {
+            relay.await;
+            drop(sig);
+        });
     } else {
         let name = parts
             .headers
@@ -445,14 +492,11 @@ async fn upgrade(
             .and_then(|v| v.to_str().ok())
             .unwrap_or("?")
             .to_string();
-        inner.tasks.spawn(websocket::tunnel(
-            inner.clone(),
-            client,
-            app,
-            registered,
-            info,
-            name,
-        ));
+        let tunnel = websocket::tunnel(inner.clone(), client, app, registered, info, name);
+        inner.tasks.spawn(async move {
+            tunnel.await;
+            drop(sig);
+        });
     }
     Response::from_parts(parts, H1Body::empty())
 }

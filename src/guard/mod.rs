@@ -33,6 +33,7 @@ mod lifecycle;
 mod limits;
 mod registry;
 mod schedule;
+mod signals;
 mod sniff;
 mod stream;
 pub mod upstream;
@@ -55,6 +56,7 @@ pub use flood::{FloodLimits, Rate};
 pub use grpc::{end_message, Framer, REFUSED_MESSAGE};
 pub use limits::{Limits, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS};
 pub use schedule::{jittered_age, spread_offsets, AGE_JITTER};
+pub use signals::{grpc_service, SignalSettings, DEFAULT_MAX_SERVICES};
 pub use sniff::H2_PREFACE;
 pub use upstream::{Connect, Connector};
 
@@ -79,6 +81,8 @@ pub struct GuardConfig {
     pub long_stream_age: Duration,
     /// Resource limits per connection.
     pub limits: Limits,
+    /// The per-request golden signals (see [`signals`]).
+    pub signals: SignalSettings,
 }
 
 impl GuardConfig {
@@ -92,6 +96,7 @@ impl GuardConfig {
             max_connection_age_spread: crate::config::DEFAULT_MAX_CONNECTION_AGE_SPREAD.get(),
             long_stream_age: crate::config::DEFAULT_LONG_STREAM_AGE.get(),
             limits: Limits::default(),
+            signals: SignalSettings::default(),
         }
     }
 }
@@ -130,6 +135,8 @@ struct Inner {
     next_connection: AtomicU64,
     /// Streams ended gracefully because of the drain.
     terminated_by_drain: AtomicU64,
+    /// Per-request signals: outcome, latency and streams per service.
+    signals: signals::Signals,
 }
 
 impl Inner {
@@ -294,11 +301,13 @@ impl Guard {
             config.limits.max_streams,
             metrics.guard_limited(crate::metrics::Limit::streams),
         ));
+        let signals = signals::Signals::new(config.signals, metrics.clone());
         Self {
             inner: Arc::new(Inner {
                 config,
                 connector,
                 metrics,
+                signals,
                 registry,
                 goaway: CancellationToken::new(),
                 terminate: CancellationToken::new(),

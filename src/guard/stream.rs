@@ -53,9 +53,10 @@ use super::conn::CountGuard;
 use super::grpc;
 use super::headers::{append_forwarded_for, strip_hop_by_hop};
 use super::registry::{Registered, StreamCtl};
+use super::signals;
 use super::upstream::{Barrier, H2Upstream};
 use super::Inner;
-use crate::metrics::Reason;
+use crate::metrics::{Code, Reason};
 
 /// Everything one stream task needs.
 pub struct StreamJob {
@@ -125,12 +126,17 @@ pub async fn proxy(job: StreamJob) {
     let ctl = registered.ctl.clone();
     let id = respond.stream_id().as_u32();
     let path = req.uri().path().to_string();
-    let outcome = run(&inner, &upstream, &ctl, req, &mut respond, peer).await;
     let protocol = if ctl.grpc {
         crate::metrics::StreamProtocol::grpc
     } else {
         crate::metrics::StreamProtocol::http
     };
+    let mut sig = inner.signals.start(ctl.grpc, &path, protocol);
+    let outcome = run(&inner, &upstream, &ctl, req, &mut respond, peer, &mut sig).await;
+    if let Some(s) = sig.as_mut() {
+        record_outcome(s, ctl.grpc, &outcome);
+    }
+    drop(sig);
     match &outcome {
         Outcome::Ended(reason) => inner.record_termination(*reason, protocol),
         Outcome::Reset => {
@@ -149,6 +155,25 @@ pub async fn proxy(job: StreamJob) {
     drop(count);
 }
 
+/// What the client got, for the guard's request signals, where the stream's
+/// end decided it rather than the application's head or trailers.
+fn record_outcome(s: &mut signals::Request, grpc: bool, outcome: &Outcome) {
+    match outcome {
+        Outcome::Completed => {}
+        // gRPC: the guard's `grpc-status: 14`; SSE: a clean end of the body.
+        Outcome::Ended(_) if grpc => s.set_code(Code::UNAVAILABLE),
+        Outcome::Ended(_) => {}
+        Outcome::Refused => s.answered_by_guard(Code::UNAVAILABLE, StatusCode::SERVICE_UNAVAILABLE),
+        Outcome::UpstreamFailed if grpc => s.code_if_unset(Code::UNAVAILABLE),
+        Outcome::UpstreamFailed => s.status_if_unset(StatusCode::BAD_GATEWAY),
+        // REFUSED_STREAM, which gRPC clients read as UNAVAILABLE.
+        Outcome::Reset if grpc => s.code_if_unset(Code::UNAVAILABLE),
+        Outcome::Reset => {}
+        Outcome::ClientGone if grpc => s.code_if_unset(Code::CANCELLED),
+        Outcome::ClientGone => {}
+    }
+}
+
 async fn run(
     inner: &Inner,
     upstream: &H2Upstream,
@@ -156,6 +181,7 @@ async fn run(
     req: Request<RecvStream>,
     respond: &mut SendResponse<Bytes>,
     peer: SocketAddr,
+    sig: &mut Option<signals::Request>,
 ) -> Outcome {
     let l = &inner.config.limits;
     let (mut head, body) = req.into_parts();
@@ -203,7 +229,8 @@ async fn run(
     let stop = CancellationToken::new();
     let request_side = pump_request(body, up_send, stop.clone(), done);
     let response_side = async {
-        let outcome = respond_side(ctl, kind, respond, response, l, lease.barrier.clone()).await;
+        let outcome =
+            respond_side(ctl, kind, respond, response, l, lease.barrier.clone(), sig).await;
         // The response is over: the request side has nothing left to do.
         stop.cancel();
         outcome
@@ -364,6 +391,7 @@ async fn respond_side(
     mut response: h2::client::ResponseFuture,
     l: &super::Limits,
     barrier: Arc<Barrier>,
+    sig: &mut Option<signals::Request>,
 ) -> Outcome {
     // The head. Asked to end before the application answered: at max age a
     // gRPC stream gets its trailers-only answer at once (the age bound);
@@ -397,8 +425,11 @@ async fn respond_side(
     };
     let (mut parts, body) = match head {
         Ok(r) => r.into_parts(),
-        Err(e) => return upstream_failed_before_response(respond, kind, e),
+        Err(e) => return upstream_failed_before_response(respond, kind, e, sig),
     };
+    if let Some(s) = sig.as_mut() {
+        s.head(parts.status, &parts.headers);
+    }
     strip_hop_by_hop(&mut parts.headers);
     // Framing is only followed where request and response agree on it.
     let bounds = Boundaries::new(response_kind(kind, &parts.headers));
@@ -418,6 +449,7 @@ async fn respond_side(
         bounds,
         l,
         barrier,
+        sig,
     }
     .run()
     .await
@@ -428,11 +460,15 @@ fn upstream_failed_before_response(
     respond: &mut SendResponse<Bytes>,
     kind: Kind,
     e: h2::Error,
+    sig: &mut Option<signals::Request>,
 ) -> Outcome {
     match e.reason() {
         // The application itself reset the stream: pass its reason on, so
         // REFUSED_STREAM stays retryable and its own CANCEL stays CANCEL.
         Some(reason) if e.is_reset() && e.is_remote() => {
+            if let Some(s) = sig.as_mut() {
+                s.reset(reason);
+            }
             respond.send_reset(reason);
             Outcome::UpstreamFailed
         }
@@ -475,6 +511,8 @@ struct Pump<'a> {
     /// PING round trips on the application connection: before the end,
     /// everything already on its way is let arrive.
     barrier: Arc<Barrier>,
+    /// The request's signals (None when they are off).
+    sig: &'a mut Option<signals::Request>,
 }
 
 impl Pump<'_> {
@@ -559,6 +597,9 @@ impl Pump<'_> {
                         messages += self.bounds.consume(&chunk);
                         if messages >= 2 {
                             ctl.set_long_lived();
+                        }
+                        if let Some(s) = self.sig.as_mut() {
+                            s.messages(messages);
                         }
                         if ending.is_some() {
                             // More came: wait for the next pause.
@@ -668,6 +709,9 @@ impl Pump<'_> {
     }
 
     fn forward_trailers(&mut self, mut t: HeaderMap) -> Outcome {
+        if let Some(s) = self.sig.as_mut() {
+            s.trailers(&t);
+        }
         strip_hop_by_hop(&mut t);
         match self.down.send_trailers(t) {
             Ok(()) => Outcome::Completed,
@@ -680,6 +724,9 @@ impl Pump<'_> {
         tracing::debug!(error = %e, "guard: application failed the stream mid-response");
         if let Some(reason) = e.reason().filter(|_| e.is_reset() && e.is_remote()) {
             // The application's own reset, passed on as it is.
+            if let Some(s) = self.sig.as_mut() {
+                s.reset(reason);
+            }
             self.down.send_reset(reason);
             return Outcome::UpstreamFailed;
         }

@@ -17,14 +17,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{header, Method, Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::Shared;
-use crate::control::{json, may_mutate, not_allowed, parse_wait, text};
+use crate::control::{
+    drain_form, drain_response, json, may_mutate, metrics_response, not_allowed, text, Refusal,
+};
 use crate::drain::Trigger;
 
 /// Prometheus' default scrape timeout is 10 s; stay well inside it.
@@ -136,27 +138,24 @@ fn pod_route(method: &Method, rest: &str, query: &str, peer: SocketAddr) -> ApiR
 }
 
 fn drain_then(method: &Method, query: &str, peer: SocketAddr) -> PodThen {
-    let wait = match parse_wait(query) {
-        Ok(w) => w,
-        Err(msg) => return PodThen::Refuse(StatusCode::BAD_REQUEST, None, msg),
-    };
-    match (method, wait) {
-        (&Method::POST, _) | (&Method::GET, true) => {}
-        (&Method::GET, false) => {
+    let wait = match drain_form(method, query) {
+        Ok(wait) => wait,
+        Err(Refusal::BadQuery(msg)) => return PodThen::Refuse(StatusCode::BAD_REQUEST, None, msg),
+        Err(Refusal::DrainGetWithoutWait) => {
             return PodThen::Refuse(
                 StatusCode::METHOD_NOT_ALLOWED,
                 None,
                 "GET .../drain needs ?wait=true; use POST to start without waiting\n".into(),
             )
         }
-        _ => {
+        Err(_) => {
             return PodThen::Refuse(
                 StatusCode::METHOD_NOT_ALLOWED,
                 Some("GET, POST"),
                 "method not allowed; use GET, POST\n".into(),
             )
         }
-    }
+    };
     if !may_mutate(peer.ip(), &[]) {
         return PodThen::Refuse(
             StatusCode::FORBIDDEN,
@@ -192,14 +191,7 @@ async fn handle(
             {
                 tracing::debug!("telemetry refresh timed out; serving the last values");
             }
-            let mut r = text(StatusCode::OK, crate::metrics::render(&shared.registry));
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                header::HeaderValue::from_static(
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                ),
-            );
-            r
+            metrics_response(&shared.registry)
         }
         ApiRoute::Healthz => text(StatusCode::OK, "ok\n"),
         ApiRoute::Readyz => {
@@ -232,19 +224,7 @@ async fn handle(
                 }
                 PodThen::Drain { wait } => {
                     tracing::info!(%peer, namespace, pod, wait, "API drain requested");
-                    if wait {
-                        handle.trigger(Trigger::Api).await;
-                        match handle.report().await {
-                            Some(r) => json(StatusCode::OK, &r),
-                            None => text(
-                                StatusCode::SERVICE_UNAVAILABLE,
-                                "the drain driver has stopped\n",
-                            ),
-                        }
-                    } else {
-                        let s = handle.trigger(Trigger::Api).await;
-                        json(StatusCode::ACCEPTED, &s)
-                    }
+                    drain_response(&handle, Trigger::Api, wait).await
                 }
             }
         }

@@ -23,8 +23,9 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetri
 use prometheus_client::metrics::MetricType;
 
 use crate::metrics::{
-    help, ConfigLabels, Ending, EndingLabels, KindLabels, Metrics, OutcomeLabels, ProxyLabels,
-    Reason, ReasonLabels, TerminatedLabels, VersionLabels, DRAIN_OUTCOMES, STREAM_PROTOCOLS,
+    help, ConfigLabels, Ending, EndingLabels, GuardRequestLabels, GuardStreamLabels, KindLabels,
+    Metrics, OutcomeLabels, ProtocolLabels, ProxyLabels, Reason, ReasonLabels, ServiceKey,
+    TerminatedLabels, VersionLabels, CODES, DRAIN_OUTCOMES, STREAM_PROTOCOLS,
 };
 use crate::telemetry::TCP_RESET_KINDS;
 
@@ -254,6 +255,93 @@ impl Collector for PodCollector {
         )?;
         family(
             enc,
+            help::ENVOY_DOWNSTREAM_REQUESTS,
+            MetricType::Counter,
+            &pods,
+            |p, me| {
+                for version in versions(&p.metrics) {
+                    let l = VersionLabels { version };
+                    if let Some(c) = p.metrics.envoy_downstream_requests.get(&l) {
+                        series(me, &p.labels, l.clone(), &*c)?;
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        family(
+            enc,
+            help::GUARD_REQUESTS,
+            MetricType::Counter,
+            &pods,
+            |p, me| {
+                for key in guard_services(&p.metrics) {
+                    for protocol in STREAM_PROTOCOLS {
+                        for code in CODES {
+                            let l = GuardRequestLabels {
+                                key: key.clone(),
+                                code,
+                                protocol,
+                            };
+                            if let Some(c) = p.metrics.guard_requests.get(&l) {
+                                series(me, &p.labels, l.clone(), &*c)?;
+                            }
+                        }
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        family(
+            enc,
+            help::GUARD_REQUEST_DURATION,
+            MetricType::Histogram,
+            &pods,
+            |p, me| {
+                for key in guard_services(&p.metrics) {
+                    if let Some(h) = p.metrics.guard_request_duration.get(&key) {
+                        series(me, &p.labels, key.clone(), &*h)?;
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        family(
+            enc,
+            help::GUARD_STREAMS_OPENED,
+            MetricType::Counter,
+            &pods,
+            |p, me| {
+                for key in guard_services(&p.metrics) {
+                    for protocol in STREAM_PROTOCOLS {
+                        let l = GuardStreamLabels {
+                            key: key.clone(),
+                            protocol,
+                        };
+                        if let Some(c) = p.metrics.guard_streams_opened.get(&l) {
+                            series(me, &p.labels, l.clone(), &*c)?;
+                        }
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        family(
+            enc,
+            help::GUARD_STREAM_LIFETIME,
+            MetricType::Histogram,
+            &pods,
+            |p, me| {
+                for protocol in STREAM_PROTOCOLS {
+                    let l = ProtocolLabels { protocol };
+                    if let Some(h) = p.metrics.guard_stream_lifetime.get(&l) {
+                        series(me, &p.labels, l.clone(), &*h)?;
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        family(
+            enc,
             help::TCP_RESETS,
             MetricType::Counter,
             &pods,
@@ -271,6 +359,14 @@ impl Collector for PodCollector {
         )?;
         Ok(())
     }
+}
+
+/// The guard's service keys with series (bounded by its cardinality cap).
+fn guard_services(m: &Metrics) -> Vec<ServiceKey> {
+    m.guard_services_seen
+        .lock()
+        .map(|s| s.iter().cloned().collect())
+        .unwrap_or_default()
 }
 
 fn versions(m: &Metrics) -> Vec<String> {
@@ -344,6 +440,41 @@ mod tests {
                 version: "1.40.0".into(),
             })
             .inc_by(7);
+        m.envoy_downstream_requests
+            .get_or_create(&VersionLabels {
+                version: "1.40.0".into(),
+            })
+            .inc_by(40);
+        // The guard's signals, as its per-request recorder writes them.
+        let key = ServiceKey {
+            service: "shop.Cart".into(),
+            method: None,
+        };
+        m.guard_services_seen
+            .lock()
+            .expect("lock")
+            .insert(key.clone());
+        for code in [crate::metrics::Code::OK, crate::metrics::Code::UNAVAILABLE] {
+            m.guard_requests
+                .get_or_create(&GuardRequestLabels {
+                    key: key.clone(),
+                    code,
+                    protocol: crate::metrics::StreamProtocol::grpc,
+                })
+                .inc_by(3);
+        }
+        m.guard_request_duration.get_or_create(&key).observe(0.004);
+        m.guard_streams_opened
+            .get_or_create(&GuardStreamLabels {
+                key,
+                protocol: crate::metrics::StreamProtocol::grpc,
+            })
+            .inc();
+        m.guard_stream_lifetime
+            .get_or_create(&ProtocolLabels {
+                protocol: crate::metrics::StreamProtocol::grpc,
+            })
+            .observe(42.0);
         m
     }
 

@@ -28,7 +28,7 @@ use tokio_util::task::TaskTracker;
 use super::metrics::{PodLabels, PodSeries};
 use super::netns::Netns;
 use super::proc::ProcIdentity;
-use crate::control::{json, may_mutate, parse_wait, text};
+use crate::control::{drain_response, may_mutate, parse_wait, text};
 use crate::drain::{DrainHandle, Status, Trigger};
 use crate::envoy::{AdminClient, ServerInfo};
 use crate::metrics::{Metrics, ProxyLabels};
@@ -284,14 +284,7 @@ impl PodEndpoint {
         }
         tracing::info!(%peer, namespace = %name.namespace, pod = %name.pod,
             "preStop: draining the pod (waiting for the report)");
-        self.drain.trigger(Trigger::Prestop).await;
-        match self.drain.report().await {
-            Some(report) => json(StatusCode::OK, &report),
-            None => text(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the drain driver has stopped\n",
-            ),
-        }
+        drain_response(&self.drain, Trigger::Prestop, true).await
     }
 }
 

@@ -34,10 +34,7 @@ impl Dial for CountingDial {
 
 /// A loopback address that refuses connections.
 fn refused() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = l.local_addr().expect("addr");
-    drop(l);
-    addr
+    SocketAddr::from(([127, 0, 0, 1], crate::support::free_port()))
 }
 
 fn start(

@@ -179,10 +179,7 @@ async fn shim_beside_envoy_1_38_serves_proxy_info() {
 #[tokio::test]
 async fn proxy_info_follows_an_envoy_restart_onto_a_new_version() {
     let backend = backend().await;
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        l.local_addr().expect("addr").port()
-    };
+    let port = free_port();
     let mut old = envoy_with("1.38.3", backend.addr, |o| o.admin_port = port).await;
     let (shim, _drain, _sig, _task) = start_sidecar(&old.admin_url(), short_timers).await;
     let (_, metrics) = http(shim, "GET", "/metrics").await;

@@ -38,6 +38,7 @@ async fn endings_are_spread_evenly_over_the_window() {
     })
     .await;
 
+    let stalls = StallWatch::start();
     let start = Instant::now();
     g.guard.terminate_all(window);
     let mut ends = Vec::new();
@@ -63,16 +64,72 @@ async fn endings_are_spread_evenly_over_the_window() {
         }
         buckets[i] += 1;
     }
-    eprintln!("endings per 100 ms: {buckets:?}");
+    let stall = stalls.longest();
+    eprintln!("endings per 100 ms: {buckets:?}; longest stall of this process {stall:?}");
     let mean = STREAMS as f64 / buckets_in_window as f64;
     let peak = buckets.iter().copied().max().unwrap_or(0) as f64;
-    // Each ending lands right after the stream's next write (and a PING
-    // round trip to the app), so endings are quantised to the 20 ms ticks
-    // and start a little late: measured peak/mean 1.2-2.4 on a quiet
-    // machine. Ending all at once would be 20 (every stream in one bucket).
-    assert!(
-        peak / mean <= 3.0,
-        "endings per 100 ms: {buckets:?}; peak/mean {:.2}",
-        peak / mean
-    );
+    if stall < STALL {
+        // Each ending lands right after the stream's next write (and a PING
+        // round trip to the app), so endings are quantised to the 20 ms
+        // ticks and start a little late: measured peak/mean 1.2-2.4 on a
+        // quiet machine. Ending all at once would be 20 (every stream in
+        // one bucket).
+        assert!(
+            peak / mean <= 3.0,
+            "endings per 100 ms: {buckets:?}; peak/mean {:.2}",
+            peak / mean
+        );
+    } else {
+        // The runtime could not run what was due for longer than a bucket
+        // (the machine busy elsewhere): whatever was due meanwhile lands
+        // together when it runs again, in any proxy. A storm still shows: every
+        // ending within a moment, instead of across the window.
+        let first = ends.iter().min().copied().unwrap_or_default();
+        let last = ends.iter().max().copied().unwrap_or_default();
+        assert!(
+            last - first >= window / 2 && peak < STREAMS as f64 * 0.6,
+            "endings per 100 ms: {buckets:?} (stalled {stall:?}): first {first:?}, last {last:?}"
+        );
+    }
+}
+
+/// A stall this long means the runtime did not run for longer than one
+/// bucket: the timing of that window says nothing about the guard.
+const STALL: Duration = Duration::from_millis(150);
+
+/// Measures how late a 10 ms timer fires in this test's runtime, which the
+/// guard shares: the longest time the runtime could not run what was due
+/// (the machine busy elsewhere, or the runtime saturated).
+struct StallWatch {
+    stop: tokio_util::sync::CancellationToken,
+    worst: std::sync::Arc<std::sync::Mutex<Duration>>,
+}
+
+impl StallWatch {
+    fn start() -> Self {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let worst = std::sync::Arc::new(std::sync::Mutex::new(Duration::ZERO));
+        let (s, w) = (stop.clone(), worst.clone());
+        tokio::spawn(async move {
+            let tick = Duration::from_millis(10);
+            // Bounded: 20 s of ticks at most, far past any window here.
+            for _ in 0..2_000 {
+                let before = Instant::now();
+                tokio::select! {
+                    _ = s.cancelled() => return,
+                    _ = tokio::time::sleep(tick) => {}
+                }
+                let late = before.elapsed().saturating_sub(tick);
+                if let Ok(mut worst) = w.lock() {
+                    *worst = (*worst).max(late);
+                }
+            }
+        });
+        Self { stop, worst }
+    }
+
+    fn longest(&self) -> Duration {
+        self.stop.cancel();
+        self.worst.lock().map(|w| *w).unwrap_or_default()
+    }
 }

@@ -8,6 +8,7 @@
 mod support;
 
 mod binary;
+mod contract;
 mod control_endpoints;
 mod drain_envoy;
 mod failopen;
@@ -16,6 +17,7 @@ mod faults_envoy;
 mod faults_recovery;
 mod faults_security;
 mod fleet;
+mod golden_signals;
 mod guard_abuse;
 mod guard_backpressure;
 mod guard_drain;
@@ -31,6 +33,7 @@ mod guard_spread;
 mod guard_websocket;
 mod guard_websocket_h2;
 mod guard_websocket_python;
+mod layering;
 mod node_cli;
 mod node_guard;
 mod node_handover;

@@ -50,15 +50,34 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
+    wait_for_ok(what, limit, || {
+        let holds = cond();
+        async move {
+            holds
+                .await
+                .then_some(())
+                .ok_or_else(|| "not yet".to_string())
+        }
+    })
+    .await
+}
+
+/// The one wait of the tests: polls `attempt` until it gives a value,
+/// failing the test after `limit` with the last thing it said instead.
+pub async fn wait_for_ok<T, F, Fut>(what: &str, limit: Duration, mut attempt: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
     let deadline = Instant::now() + limit;
     loop {
-        if cond().await {
-            return;
+        match attempt().await {
+            Ok(v) => return v,
+            Err(last) => assert!(
+                Instant::now() < deadline,
+                "timed out after {limit:?} waiting for: {what}\nlast: {last}"
+            ),
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {limit:?} waiting for: {what}"
-        );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
@@ -67,6 +86,8 @@ where
 pub struct Backend {
     pub addr: SocketAddr,
     pub ledger: Ledger,
+    /// Faults injected into `Echo` (failures, latency), changeable while serving.
+    pub faults: drainshim::bench::server::Faults,
     stop: CancellationToken,
 }
 
@@ -83,12 +104,18 @@ pub async fn backend() -> Backend {
     let addr = listener.local_addr().expect("backend addr");
     let service = BenchService::default();
     let ledger = service.ledger.clone();
+    let faults = service.faults.clone();
     let stop = CancellationToken::new();
     let s = stop.clone();
     tokio::spawn(async move {
         let _ = drainshim::bench::server::serve(listener, service, s.cancelled_owned()).await;
     });
-    Backend { addr, ledger, stop }
+    Backend {
+        addr,
+        ledger,
+        faults,
+        stop,
+    }
 }
 
 /// A real Envoy of `version` routing its inbound listener to `upstream`.
@@ -377,11 +404,7 @@ pub async fn prometheus(targets: &[SocketAddr]) -> Prometheus {
          scrape_configs:\n- job_name: drainshim\n  static_configs:\n  - targets: [{list}]\n"
     );
     std::fs::write(dir.path().join("prometheus.yml"), config).expect("config");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
+    let port = free_port();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
     let log = std::fs::File::create(dir.path().join("prometheus.log")).expect("log");
     let child = tokio::process::Command::new(&bin)
@@ -494,11 +517,7 @@ pub async fn guard_in_front_of(
 /// A free TCP port on loopback (bound and released: good enough for tests
 /// that hand it to a process which binds it at once).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
+    drainshim::bench::free_port().expect("a free loopback port")
 }
 
 /// The real `drainshim sidecar` binary, its control address learned from

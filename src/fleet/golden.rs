@@ -1,0 +1,557 @@
+//! `verify`'s golden-signal gates: the stream guard's view of each service,
+//! the wave's window against the window before, per namespace and service.
+//!
+//! - **success rate** may not drop more than N points: failures are the
+//!   server-side codes ([`FAILURE_CODES`]: gRPC's UNKNOWN, DEADLINE_EXCEEDED,
+//!   UNIMPLEMENTED, INTERNAL, UNAVAILABLE, DATA_LOSS and HTTP 5xx);
+//! - **p99** may not grow more than M%;
+//! - **requests reaching the app per caller request** may not grow more than
+//!   K%. The guard counts what reached the app; the callers' load is Envoy's
+//!   inbound `downstream_rq_total` (`drainshim_envoy_downstream_requests_total`),
+//!   what callers sent, which no retry policy changes. A retry default that
+//!   changed in the new Envoy raises the first and not the second. Divided,
+//!   the ratio does not move with the load itself;
+//! - **stream re-opens** (`drainshim_guard_streams_opened_total`) may not
+//!   grow more than R% (plus the rate floor).
+//!
+//! The guard sits outside the mesh: its numbers do not change when Envoy
+//! does. Every number is one PromQL query per window; the comparison is
+//! pure ([`compare`]) and tested with tables.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::prometheus::{PromClient, PromError};
+
+/// Codes counted as failures in the success rate: the server's failures,
+/// not the caller's own (a NOT_FOUND or a 4xx is an answer).
+pub const FAILURE_CODES: &str =
+    "5xx|UNKNOWN|DEADLINE_EXCEEDED|UNIMPLEMENTED|INTERNAL|UNAVAILABLE|DATA_LOSS";
+
+/// The thresholds, each a `verify` flag.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GoldenThresholds {
+    /// Success rate drop allowed, in percentage points.
+    pub max_success_drop: f64,
+    /// p99 growth allowed (0.25 = +25%).
+    pub max_p99_increase: f64,
+    /// Growth of requests per caller request allowed (0.1 = +10%).
+    pub max_amplification_increase: f64,
+    /// Growth of the stream re-open rate allowed.
+    pub max_reopen_increase: f64,
+    /// Services with fewer requests per second than this in either window
+    /// are not judged (too few for a rate or a p99); also the absolute
+    /// slack of the re-open check.
+    pub min_rate: f64,
+}
+
+impl Default for GoldenThresholds {
+    fn default() -> Self {
+        Self {
+            max_success_drop: 1.0,
+            max_p99_increase: 0.25,
+            max_amplification_increase: 0.1,
+            max_reopen_increase: 0.5,
+            min_rate: 0.1,
+        }
+    }
+}
+
+/// A service's number in both windows and whether it stayed within bounds.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ServiceDelta {
+    pub namespace: String,
+    pub service: String,
+    pub before: f64,
+    pub now: f64,
+    /// now - before (points for the success rate), or (now / before - 1) as a
+    /// fraction for the others.
+    pub change: f64,
+    /// The largest value of `now` that passes.
+    pub limit: f64,
+    pub ok: bool,
+}
+
+/// (namespace, service) -> value.
+pub type PerService = BTreeMap<(String, String), f64>;
+
+/// How one gate compares the two windows.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Gate {
+    /// Percent; may drop `max` points.
+    SuccessRate { max_drop: f64 },
+    /// May grow by the fraction `max`, plus `floor` absolute.
+    Growth { max: f64, floor: f64 },
+}
+
+/// Compares every service present in both windows; services missing from
+/// one of them cannot be compared and are left out (the caller says so).
+pub fn compare(gate: Gate, before: &PerService, now: &PerService) -> Vec<ServiceDelta> {
+    now.iter()
+        .filter_map(|(key, &n)| {
+            let &b = before.get(key)?;
+            if !n.is_finite() || !b.is_finite() {
+                return None;
+            }
+            let (change, limit) = match gate {
+                Gate::SuccessRate { max_drop } => (n - b, b - max_drop),
+                Gate::Growth { max, floor } => (
+                    if b > 0.0 { n / b - 1.0 } else { f64::INFINITY },
+                    b * (1.0 + max) + floor,
+                ),
+            };
+            let ok = match gate {
+                // A rate that did not move passes whatever the rounding.
+                Gate::SuccessRate { .. } => n >= limit - 1e-9,
+                Gate::Growth { .. } => n <= limit + 1e-12,
+            };
+            Some(ServiceDelta {
+                namespace: key.0.clone(),
+                service: key.1.clone(),
+                before: b,
+                now: n,
+                change: if n == b { 0.0 } else { change },
+                limit,
+                ok,
+            })
+        })
+        .collect()
+}
+
+/// Keeps the services with at least `min` in both windows.
+pub fn busy(values: &PerService, other: &PerService, min: f64) -> Vec<(String, String)> {
+    values
+        .iter()
+        .filter(|(k, v)| **v >= min && other.get(*k).is_some_and(|o| *o >= min))
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
+fn only(values: &PerService, keys: &[(String, String)]) -> PerService {
+    keys.iter()
+        .filter_map(|k| values.get(k).map(|v| (k.clone(), *v)))
+        .collect()
+}
+
+/// A gate's verdict: the check's line and the services behind it.
+#[derive(Clone, Debug)]
+pub struct Verdict {
+    pub name: &'static str,
+    pub ok: Option<bool>,
+    pub detail: String,
+    pub services: Vec<ServiceDelta>,
+}
+
+fn shown(v: f64, unit: Unit) -> String {
+    match unit {
+        Unit::Percent => format!("{v:.2}%"),
+        Unit::Seconds => format!("{:.1} ms", v * 1000.0),
+        Unit::Ratio => format!("{v:.3}"),
+        Unit::PerSecond => format!("{v:.3}/s"),
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Unit {
+    Percent,
+    Seconds,
+    Ratio,
+    PerSecond,
+}
+
+fn verdict(name: &'static str, unit: Unit, deltas: Vec<ServiceDelta>, what: &str) -> Verdict {
+    if deltas.is_empty() {
+        return Verdict {
+            name,
+            ok: None,
+            detail: format!("no service with {what} in both windows"),
+            services: deltas,
+        };
+    }
+    let failed: Vec<&ServiceDelta> = deltas.iter().filter(|d| !d.ok).collect();
+    let describe = |d: &ServiceDelta| {
+        let change = match unit {
+            Unit::Percent => format!("{:+.2} points", d.change),
+            _ if d.change.is_infinite() => "from zero".to_string(),
+            _ => format!("{:+.1}%", d.change * 100.0),
+        };
+        let limit = match unit {
+            Unit::Percent => format!("at least {}", shown(d.limit, unit)),
+            _ => format!("at most {}", shown(d.limit, unit)),
+        };
+        format!(
+            "{}/{}: {} -> {} ({change}; {limit})",
+            d.namespace,
+            d.service,
+            shown(d.before, unit),
+            shown(d.now, unit)
+        )
+    };
+    let detail = if failed.is_empty() {
+        let n = deltas.len();
+        // The service that moved most, for the record.
+        let most = deltas
+            .iter()
+            .max_by(|a, b| match unit {
+                Unit::Percent => b.change.total_cmp(&a.change),
+                _ => a.change.total_cmp(&b.change),
+            })
+            .map(describe)
+            .unwrap_or_default();
+        format!("{n} service(s) within; moved most: {most}")
+    } else {
+        failed
+            .iter()
+            .map(|d| describe(d))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    Verdict {
+        name,
+        ok: Some(failed.is_empty()),
+        detail,
+        services: deltas,
+    }
+}
+
+/// Builds the queries over the wave's series.
+pub struct Queries<'a> {
+    /// The namespace regex (already escaped).
+    pub ns: &'a str,
+    /// The window, as a PromQL duration.
+    pub w: &'a str,
+}
+
+impl Queries<'_> {
+    /// `f(selector)` over the wave's series: those that carry a `namespace`
+    /// label themselves (node mode's per-pod series, and sidecars scraped
+    /// with their pod's labels) directly, and those of shims that export none
+    /// joined on `instance` to the namespace of their `drainshim_proxy_info`.
+    /// An instance with proxies in several namespaces is a node agent, whose
+    /// series carry their own labels; it is left out of the join.
+    pub fn in_wave(&self, f: impl Fn(&str) -> String, offset: &str) -> String {
+        let (ns, w) = (self.ns, self.w);
+        let members = format!(
+            "max by (instance, namespace) (max_over_time(drainshim_proxy_info{{namespace=~\"{ns}\"}}[{w}]{offset}))"
+        );
+        format!(
+            "({} or ({} * on(instance) group_left(namespace) ({members} unless on(instance) (count by (instance) ({members}) > 1))))",
+            f(&format!("namespace=~\"{ns}\"")),
+            f("namespace=\"\"")
+        )
+    }
+
+    fn rate(&self, metric: &str, extra: &str, offset: &str) -> String {
+        let w = self.w;
+        self.in_wave(
+            |sel| format!("rate({metric}{{{sel}{extra}}}[{w}]{offset})"),
+            offset,
+        )
+    }
+
+    /// Requests per second by (namespace, service); `extra` adds matchers.
+    pub fn requests(&self, extra: &str, offset: &str) -> String {
+        format!(
+            "sum by (namespace, service) ({})",
+            self.rate("drainshim_guard_requests_total", extra, offset)
+        )
+    }
+
+    pub fn p99(&self, offset: &str) -> String {
+        format!(
+            "histogram_quantile(0.99, sum by (namespace, service, le) ({}))",
+            self.rate(
+                "drainshim_guard_request_duration_seconds_bucket",
+                "",
+                offset
+            )
+        )
+    }
+
+    /// The callers' load per namespace.
+    pub fn callers(&self, offset: &str) -> String {
+        format!(
+            "sum by (namespace) ({})",
+            self.rate("drainshim_envoy_downstream_requests_total", "", offset)
+        )
+    }
+
+    pub fn reopens(&self, offset: &str) -> String {
+        format!(
+            "sum by (namespace, service) ({})",
+            self.rate("drainshim_guard_streams_opened_total", "", offset)
+        )
+    }
+}
+
+async fn per_service(prom: &PromClient, q: &str) -> Result<PerService, PromError> {
+    Ok(prom
+        .query(q)
+        .await?
+        .into_iter()
+        .map(|s| {
+            (
+                (
+                    s.label("namespace").to_string(),
+                    s.label("service").to_string(),
+                ),
+                s.value,
+            )
+        })
+        .collect())
+}
+
+/// One window's numbers.
+#[derive(Clone, Debug, Default)]
+pub struct Window {
+    pub requests: PerService,
+    pub failures: PerService,
+    pub p99: PerService,
+    /// Per namespace (service "").
+    pub callers: PerService,
+    pub reopens: PerService,
+}
+
+impl Window {
+    pub async fn read(prom: &PromClient, q: &Queries<'_>, offset: &str) -> Result<Self, PromError> {
+        Ok(Self {
+            requests: per_service(prom, &q.requests("", offset)).await?,
+            failures: per_service(
+                prom,
+                &q.requests(&format!(",code=~\"{FAILURE_CODES}\""), offset),
+            )
+            .await?,
+            p99: per_service(prom, &q.p99(offset)).await?,
+            callers: per_service(prom, &q.callers(offset)).await?,
+            reopens: per_service(prom, &q.reopens(offset)).await?,
+        })
+    }
+
+    /// Success rate in percent per service.
+    fn success(&self) -> PerService {
+        self.requests
+            .iter()
+            .filter(|(_, total)| **total > 0.0)
+            .map(|(k, total)| {
+                let failed = self.failures.get(k).copied().unwrap_or(0.0);
+                (k.clone(), 100.0 * (1.0 - failed / total))
+            })
+            .collect()
+    }
+
+    /// Requests reaching the app per caller request, per service.
+    fn amplification(&self) -> PerService {
+        self.requests
+            .iter()
+            .filter_map(|((ns, svc), r)| {
+                let callers = *self.callers.get(&(ns.clone(), String::new()))?;
+                (callers > 0.0).then(|| ((ns.clone(), svc.clone()), r / callers))
+            })
+            .collect()
+    }
+}
+
+/// The four gates over two windows.
+pub fn judge(before: &Window, now: &Window, t: &GoldenThresholds) -> Vec<Verdict> {
+    let judged = busy(&now.requests, &before.requests, t.min_rate);
+    let success = compare(
+        Gate::SuccessRate {
+            max_drop: t.max_success_drop,
+        },
+        &only(&before.success(), &judged),
+        &only(&now.success(), &judged),
+    );
+    let p99 = compare(
+        Gate::Growth {
+            max: t.max_p99_increase,
+            floor: 0.0,
+        },
+        &only(&before.p99, &judged),
+        &only(&now.p99, &judged),
+    );
+    let amplification = compare(
+        Gate::Growth {
+            max: t.max_amplification_increase,
+            floor: 0.0,
+        },
+        &only(&before.amplification(), &judged),
+        &only(&now.amplification(), &judged),
+    );
+    // Re-opens are judged wherever streams were opened at all.
+    let reopens = compare(
+        Gate::Growth {
+            max: t.max_reopen_increase,
+            floor: t.min_rate,
+        },
+        &before.reopens,
+        &now.reopens,
+    );
+    vec![
+        verdict(
+            "guard success rate within threshold",
+            Unit::Percent,
+            success,
+            "guard requests",
+        ),
+        verdict(
+            "guard p99 within threshold",
+            Unit::Seconds,
+            p99,
+            "guard requests",
+        ),
+        verdict(
+            "guard requests per caller request within threshold (retries)",
+            Unit::Ratio,
+            amplification,
+            "guard requests and Envoy's inbound requests",
+        ),
+        verdict(
+            "guard stream re-open rate within threshold",
+            Unit::PerSecond,
+            reopens,
+            "streams opened",
+        ),
+    ]
+}
+
+/// The gates' names, in order, for sources that cannot judge them.
+pub const GATES: [&str; 4] = [
+    "guard success rate within threshold",
+    "guard p99 within threshold",
+    "guard requests per caller request within threshold (retries)",
+    "guard stream re-open rate within threshold",
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(entries: &[(&str, &str, f64)]) -> PerService {
+        entries
+            .iter()
+            .map(|(n, s, v)| ((n.to_string(), s.to_string()), *v))
+            .collect()
+    }
+
+    #[test]
+    fn success_rate_may_drop_n_points() {
+        let gate = Gate::SuccessRate { max_drop: 1.0 };
+        let before = svc(&[("a", "x.S", 99.5), ("a", "y.S", 99.5), ("b", "z.S", 90.0)]);
+        let now = svc(&[("a", "x.S", 98.6), ("a", "y.S", 98.4), ("c", "new.S", 50.0)]);
+        let d = compare(gate, &before, &now);
+        assert_eq!(d.len(), 2, "only services in both windows: {d:?}");
+        assert!(d[0].ok && d[0].service == "x.S", "{d:?}");
+        assert!(!d[1].ok && d[1].service == "y.S", "{d:?}");
+        assert!((d[1].change + 1.1).abs() < 1e-9);
+        // No change passes whatever the float noise.
+        assert!(compare(gate, &svc(&[("a", "x", 97.3)]), &svc(&[("a", "x", 97.3)]))[0].ok);
+    }
+
+    #[test]
+    fn growth_has_a_relative_bound_and_a_floor() {
+        let g = Gate::Growth {
+            max: 0.25,
+            floor: 0.0,
+        };
+        let d = compare(g, &svc(&[("a", "x", 0.010)]), &svc(&[("a", "x", 0.0124)]));
+        assert!(d[0].ok, "{d:?}");
+        let d = compare(g, &svc(&[("a", "x", 0.010)]), &svc(&[("a", "x", 0.013)]));
+        assert!(!d[0].ok);
+        assert!((d[0].change - 0.3).abs() < 1e-9);
+        let floored = Gate::Growth {
+            max: 0.5,
+            floor: 0.1,
+        };
+        let d = compare(floored, &svc(&[("a", "x", 0.0)]), &svc(&[("a", "x", 0.05)]));
+        assert!(d[0].ok && d[0].change.is_infinite(), "{d:?}");
+        let d = compare(floored, &svc(&[("a", "x", 0.0)]), &svc(&[("a", "x", 0.2)]));
+        assert!(!d[0].ok);
+        // NaN (histogram_quantile of nothing) is no comparison.
+        assert!(compare(g, &svc(&[("a", "x", f64::NAN)]), &svc(&[("a", "x", 1.0)])).is_empty());
+    }
+
+    fn window(requests: f64, failures: f64, p99: f64, callers: f64) -> Window {
+        Window {
+            requests: svc(&[("shop", "cart.Cart", requests)]),
+            failures: svc(&[("shop", "cart.Cart", failures)]),
+            p99: svc(&[("shop", "cart.Cart", p99)]),
+            callers: svc(&[("shop", "", callers)]),
+            reopens: PerService::new(),
+        }
+    }
+
+    #[test]
+    fn retries_show_as_requests_per_caller_request() {
+        let t = GoldenThresholds::default();
+        // 25% of calls fail; the new Envoy retries them: 1.31 requests per call.
+        let before = window(40.0, 10.0, 0.004, 40.0);
+        let retried = window(52.5, 3.2, 0.004, 40.0);
+        let v = judge(&before, &retried, &t);
+        assert_eq!(v[2].ok, Some(false), "{:?}", v[2]);
+        assert!(
+            v[2].detail.contains("shop/cart.Cart: 1.000 -> 1.312"),
+            "{}",
+            v[2].detail
+        );
+        assert_eq!(
+            v[0].ok,
+            Some(true),
+            "retries made it look better: {:?}",
+            v[0]
+        );
+        // More load with no retries: the ratio stays, the gate passes.
+        let busier = window(80.0, 20.0, 0.004, 80.0);
+        let v = judge(&before, &busier, &t);
+        assert!(v.iter().all(|v| v.ok != Some(false)), "{v:?}");
+    }
+
+    #[test]
+    fn p99_and_success_rate_regressions_are_named() {
+        let t = GoldenThresholds::default();
+        let before = window(40.0, 0.0, 0.004, 40.0);
+        let v = judge(&before, &window(40.0, 0.0, 0.020, 40.0), &t);
+        assert_eq!(v[1].ok, Some(false));
+        assert!(
+            v[1].detail.contains("4.0 ms -> 20.0 ms (+400.0%"),
+            "{}",
+            v[1].detail
+        );
+        let v = judge(&before, &window(40.0, 2.0, 0.004, 40.0), &t);
+        assert_eq!(v[0].ok, Some(false));
+        assert!(
+            v[0].detail.contains("100.00% -> 95.00% (-5.00 points"),
+            "{}",
+            v[0].detail
+        );
+    }
+
+    #[test]
+    fn quiet_services_are_not_judged() {
+        let t = GoldenThresholds::default();
+        let v = judge(
+            &window(0.05, 0.0, 0.004, 1.0),
+            &window(0.05, 0.05, 0.5, 1.0),
+            &t,
+        );
+        assert!(v[..3].iter().all(|v| v.ok.is_none()), "{v:?}");
+    }
+
+    #[test]
+    fn the_wave_join_reads_both_label_styles() {
+        let q = Queries {
+            ns: "shop",
+            w: "1m",
+        };
+        let text = q.requests("", " offset 1m");
+        assert!(
+            text.contains(r#"drainshim_guard_requests_total{namespace=~"shop"}[1m] offset 1m"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"drainshim_guard_requests_total{namespace=""}[1m] offset 1m"#),
+            "{text}"
+        );
+        assert!(text.contains("group_left(namespace)"), "{text}");
+    }
+}
