@@ -21,7 +21,6 @@ use serde_json::{json, Value};
 use crate::config::{self, Invalid, Timers};
 use crate::guard::GuardConfig;
 use crate::http::Endpoint;
-use crate::node::guard::GuardSpec;
 
 /// Durations as `--check` and the messages print them: the text a flag takes.
 fn human(d: Duration) -> String {
@@ -278,6 +277,48 @@ pub struct NodeSettings {
     pub guard: NodeGuardSettings,
 }
 
+/// Where a pod's guard listens and where it forwards, both inside the pod
+/// (node metadata `DRAINSHIM_GUARD`, or `drainshim node --guard`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GuardSpec {
+    /// Envoy's inbound cluster connects here.
+    pub listen: SocketAddr,
+    /// The application.
+    pub upstream: SocketAddr,
+}
+
+impl std::str::FromStr for GuardSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (listen, upstream) = s.split_once('=').ok_or_else(|| {
+            format!("{s:?}: expected LISTEN=UPSTREAM, e.g. 127.0.0.1:15097=127.0.0.1:8080")
+        })?;
+        let addr = |what: &str, v: &str| {
+            v.trim()
+                .parse::<SocketAddr>()
+                .map_err(|e| format!("{s:?}: {what} {v:?} is not an IP:port ({e})"))
+        };
+        let spec = GuardSpec {
+            listen: addr("LISTEN", listen)?,
+            upstream: addr("UPSTREAM", upstream)?,
+        };
+        if spec.listen.port() == 0 || spec.upstream.port() == 0 {
+            return Err(format!("{s:?}: ports must not be 0"));
+        }
+        if spec.listen == spec.upstream {
+            return Err(format!("{s:?}: LISTEN and UPSTREAM are the same address"));
+        }
+        Ok(spec)
+    }
+}
+
+impl std::fmt::Display for GuardSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}={}", self.listen, self.upstream)
+    }
+}
+
 /// The node agent's stream guards (one per opted-in pod) and its hand-over.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeGuardSettings {
@@ -402,6 +443,23 @@ impl NodeSettings {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_spec_is_listen_equals_upstream() {
+        let spec: GuardSpec = "127.0.0.1:15097=127.0.0.1:8080".parse().unwrap();
+        assert_eq!(spec.listen, "127.0.0.1:15097".parse().unwrap());
+        assert_eq!(spec.upstream, "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(spec.to_string(), "127.0.0.1:15097=127.0.0.1:8080");
+        for bad in [
+            "",
+            "127.0.0.1:15097",
+            "127.0.0.1:15097=localhost:8080",
+            "127.0.0.1:0=127.0.0.1:8080",
+            "127.0.0.1:8080=127.0.0.1:8080",
+        ] {
+            assert!(bad.parse::<GuardSpec>().is_err(), "{bad:?} parsed");
+        }
+    }
+
     use super::*;
 
     fn s(n: u64) -> Duration {

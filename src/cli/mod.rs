@@ -523,7 +523,7 @@ pub struct NodeGuardArgs {
         env = "DRAINSHIM_GUARD",
         value_name = "LISTEN=UPSTREAM"
     )]
-    pub default_guard: Option<crate::node::guard::GuardSpec>,
+    pub default_guard: Option<crate::settings::GuardSpec>,
 
     /// Per pod: most connections its guard holds open at once.
     #[arg(long, env = "DRAINSHIM_GUARD_MAX_CONNECTIONS", default_value_t = crate::guard::DEFAULT_MAX_CONNECTIONS,

@@ -14,7 +14,6 @@
 //! fills once bound.
 
 use std::net::SocketAddr;
-use std::str::FromStr;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -25,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use super::netns::Netns;
 use crate::drain::StreamGuard;
 use crate::guard::{Connect, Guard};
+pub use crate::settings::GuardSpec;
 
 /// The node metadata key a pod opts in with.
 pub const METADATA_KEY: &str = "DRAINSHIM_GUARD";
@@ -33,47 +33,6 @@ pub const METADATA_KEY: &str = "DRAINSHIM_GUARD";
 /// hand-over new ones wait here until the next agent accepts them, and a
 /// full queue would refuse them.
 pub const GUARD_BACKLOG: i32 = 1024;
-
-/// Where a pod's guard listens and where it forwards, both inside the pod.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GuardSpec {
-    /// Envoy's inbound cluster connects here.
-    pub listen: SocketAddr,
-    /// The application.
-    pub upstream: SocketAddr,
-}
-
-impl FromStr for GuardSpec {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        let (listen, upstream) = s.split_once('=').ok_or_else(|| {
-            format!("{s:?}: expected LISTEN=UPSTREAM, e.g. 127.0.0.1:15097=127.0.0.1:8080")
-        })?;
-        let addr = |what: &str, v: &str| {
-            v.trim()
-                .parse::<SocketAddr>()
-                .map_err(|e| format!("{s:?}: {what} {v:?} is not an IP:port ({e})"))
-        };
-        let spec = GuardSpec {
-            listen: addr("LISTEN", listen)?,
-            upstream: addr("UPSTREAM", upstream)?,
-        };
-        if spec.listen.port() == 0 || spec.upstream.port() == 0 {
-            return Err(format!("{s:?}: ports must not be 0"));
-        }
-        if spec.listen == spec.upstream {
-            return Err(format!("{s:?}: LISTEN and UPSTREAM are the same address"));
-        }
-        Ok(spec)
-    }
-}
-
-impl std::fmt::Display for GuardSpec {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}={}", self.listen, self.upstream)
-    }
-}
 
 /// What a pod's Envoy asks for: its metadata key, else the node default.
 /// A malformed key is an error (logged per pod), not a silent default.
@@ -182,23 +141,6 @@ impl StreamGuard for PodGuardSlot {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_spec_is_listen_equals_upstream() {
-        let s: GuardSpec = "127.0.0.1:15097=127.0.0.1:8080".parse().unwrap();
-        assert_eq!(s.listen, "127.0.0.1:15097".parse().unwrap());
-        assert_eq!(s.upstream, "127.0.0.1:8080".parse().unwrap());
-        assert_eq!(s.to_string(), "127.0.0.1:15097=127.0.0.1:8080");
-        for bad in [
-            "",
-            "127.0.0.1:15097",
-            "127.0.0.1:15097=localhost:8080",
-            "127.0.0.1:0=127.0.0.1:8080",
-            "127.0.0.1:8080=127.0.0.1:8080",
-        ] {
-            assert!(bad.parse::<GuardSpec>().is_err(), "{bad:?} parsed");
-        }
-    }
 
     #[test]
     fn metadata_wins_over_the_node_default() {
