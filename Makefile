@@ -65,6 +65,8 @@ deploy-tools:
 deploy-rules: deploy-tools
 	.cache/deploy-venv/bin/python scripts/check_deploy.py sync-rules
 
-# Node mode at scale (root): 100 pod namespaces, discovery time, RSS, idle CPU.
+# Node mode at scale (root): 100 pod namespaces, discovery time, RSS, idle CPU;
+# then 100 guarded pods: the agent's guards against one sidecar guard per pod.
 bench-node:
 	$(CARGO) run --release --locked --quiet -- bench node-scale --pods 100
+	$(CARGO) run --release --locked --quiet -- bench node-scale --pods 100 --guards

@@ -686,8 +686,21 @@ def check_agent(ck: Checker, overlay: str, doc: dict, docs: list[dict]) -> Agent
     ck.check("node", spec.get("hostIPC") is not True, f"{where}: hostIPC is not needed")
     ck.check("node", spec.get("hostUsers") is not False,
              f"{where}: hostUsers: false puts the agent in its own user namespace, where CAP_SYS_ADMIN cannot setns into pods' namespaces")
-    hostpaths = [v.get("name") for v in spec.get("volumes") or [] if "hostPath" in v]
-    ck.check("node", not hostpaths, f"{where}: hostPath volumes {hostpaths}: the agent needs none (hostPID gives it /proc)")
+    # One hostPath at most: the directory of --handover-socket, shared by the
+    # old and the new agent during a rolling update, and nothing else.
+    handover = s.get("handover-socket")
+    handover_dir = handover.rsplit("/", 1)[0] if handover else None
+    mounts = {m.get("name"): m.get("mountPath") for m in c.get("volumeMounts") or []}
+    hostpaths = [v for v in spec.get("volumes") or [] if "hostPath" in v]
+    for v in hostpaths:
+        hp = v["hostPath"]
+        ck.check("node", handover_dir is not None and mounts.get(v.get("name")) == handover_dir
+                 and hp.get("path") == handover_dir and hp.get("type") == "DirectoryOrCreate",
+                 f"{where}: hostPath volume {v.get('name')}: the only one the agent needs is the directory of --handover-socket "
+                 f"({handover_dir}), at the same path on the host, type DirectoryOrCreate (hostPID gives it /proc)")
+    if handover_dir:
+        ck.check("node", any(mounts.get(v.get("name")) == handover_dir for v in hostpaths),
+                 f"{where}: --handover-socket {handover} is not on a hostPath: the next agent on the node could not reach it")
     sc = c.get("securityContext") or {}
     psc = spec.get("securityContext") or {}
     caps = sc.get("capabilities") or {}
@@ -714,8 +727,15 @@ def check_agent(ck: Checker, overlay: str, doc: dict, docs: list[dict]) -> Agent
     ck.check("node", spec.get("priorityClassName") == "system-node-critical",
              f"{where}: priorityClassName should be system-node-critical: an evicted agent turns preStops into plain SIGTERMs")
     ru = ((doc["spec"].get("updateStrategy") or {}).get("rollingUpdate") or {})
-    ck.check("node", str(ru.get("maxSurge", 0)) in ("0", "0%"),
-             f"{where}: updateStrategy maxSurge {ru.get('maxSurge')}: a second agent on a node cannot bind the node's port, and the rollout would hang")
+    if handover_dir:
+        # With the hand-over the new agent takes the node's port (and every
+        # pod's listeners) from the old one: they must overlap.
+        ck.check("node", str(ru.get("maxSurge")) == "1" and str(ru.get("maxUnavailable")) in ("0", "0%"),
+                 f"{where}: with --handover-socket, updateStrategy must be maxSurge 1, maxUnavailable 0 (got {ru}): "
+                 "the new agent takes the listeners from the old one, so they must overlap")
+    else:
+        ck.check("node", str(ru.get("maxSurge", 0)) in ("0", "0%"),
+                 f"{where}: updateStrategy maxSurge {ru.get('maxSurge')}: without --handover-socket a second agent on a node cannot bind the node's port, and the rollout would hang")
     res = c.get("resources") or {}
     ck.check("node", bool(res.get("requests")) and "memory" in (res.get("limits") or {}),
              f"{where}: needs resource requests and a memory limit")
@@ -844,13 +864,52 @@ def check_node_workload(ck: Checker, overlay: str, name: str, meta: dict, spec: 
 
     check_app_unchanged(ck, where, spec, None, base_apps)
 
-    # Plain Envoy: its identity and its bootstrap.
+    # Plain Envoy: its identity, its guard and its bootstrap.
     check_envoy_identity(ck, where, proxy, spec, configmaps)
+    guard = check_node_guard(ck, where, proxy, spec, configmaps, app_port(base_apps))
     for agent in agents:
         if "envoyproxy/envoy" in proxy.get("image", ""):
             check_envoy(ck, where, proxy, spec, {"envoy-admin": f"http://127.0.0.1:{agent.pod_admin_port}"},
-                        agent.timers["drain-time"], None, configmaps, envoy_cache, app_port(base_apps))
+                        agent.timers["drain-time"], guard, configmaps, envoy_cache, app_port(base_apps))
     return True
+
+
+def envoy_metadata(ck: Checker, where: str, c: dict, spec: dict, configmaps: dict[str, dict]) -> dict:
+    """Envoy's node metadata: the bootstrap's, with --config-yaml merged over it."""
+    meta: dict = {}
+    _, text = envoy_bootstrap(c, spec, configmaps)
+    for src in (text, envoy_args(c).get("--config-yaml")):
+        if src:
+            try:
+                meta.update((((yaml.safe_load(src) or {}).get("node") or {}).get("metadata") or {}))
+            except yaml.YAMLError as e:
+                ck.fail("wiring", f"{where}: {c.get('name')}: bootstrap YAML does not parse: {e}")
+    return meta
+
+
+def check_node_guard(ck: Checker, where: str, c: dict, spec: dict, configmaps: dict[str, dict],
+                     app: int | None) -> str | None:
+    """A node-mode pod opts in to the agent's stream guard with node metadata
+    DRAINSHIM_GUARD = LISTEN=UPSTREAM (src/node/guard.rs). LISTEN must be the
+    guard endpoint of Envoy's inbound cluster (priority 0, checked by
+    check_envoy) and UPSTREAM the app's own port (its priority 1 fallback).
+    Returns LISTEN, or None when the pod does not opt in."""
+    v = envoy_metadata(ck, where, c, spec, configmaps).get("DRAINSHIM_GUARD")
+    if v is None:
+        return None
+    listen, sep, upstream = str(v).partition("=")
+    try:
+        lh, lp = host_port(listen)
+        uh, up = host_port(upstream)
+    except ValueError:
+        ck.fail("wiring", f"{where}: {c.get('name')}: node metadata DRAINSHIM_GUARD {v!r} is not LISTEN=UPSTREAM (ip:port=ip:port)")
+        return None
+    ck.check("wiring", bool(sep) and is_loopback(lh) and lp == GUARD_PORT,
+             f"{where}: DRAINSHIM_GUARD LISTEN {listen!r}: want 127.0.0.1:{GUARD_PORT}, the guard endpoint of the shipped inbound cluster")
+    ck.check("wiring", is_loopback(uh) and app is not None and up == app,
+             f"{where}: DRAINSHIM_GUARD UPSTREAM {upstream!r}: want the app's own port {app} on loopback (unchanged app, fail-open fallback)")
+    print(f"  {where}: node guard: Envoy -> agent's guard {listen} -> app {upstream}; app at priority 1 while the agent is away")
+    return listen
 
 
 def check_envoy_identity(ck: Checker, where: str, c: dict, spec: dict, configmaps: dict[str, dict]) -> None:

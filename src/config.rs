@@ -65,6 +65,10 @@ pub const DEFAULT_WORKER_THREADS: usize = 1;
 pub const DEFAULT_SCAN_INTERVAL: Span = Span::secs(5);
 /// Long enough for two 30 s scrapes to see a departed pod's last drain.
 pub const DEFAULT_POD_RETENTION: Span = Span::secs(60);
+/// After a hand-over the old agent ends its guarded streams over this
+/// window: Envoy's GOAWAY handling and a spread of endings, well inside the
+/// DaemonSet's grace period.
+pub const DEFAULT_HANDOVER_WINDOW: Span = Span::secs(10);
 /// `drainshim prestop` waits this long: above the default deadline (90 s)
 /// with room for the report, below a 2-minute grace period.
 pub const DEFAULT_PRESTOP_TIMEOUT: Span = Span::secs(120);

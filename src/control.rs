@@ -368,9 +368,25 @@ where
     F: Fn(SocketAddr, Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = Response<Full<Bytes>>> + Send + 'static,
 {
+    serve_fn_until(listener, shutdown.clone(), shutdown, handler).await
+}
+
+/// [`serve_fn`], but accepting stops at `accepting` while the connections
+/// accepted until then are served until `shutdown` (the node agent's
+/// hand-over: the listener is served by the next agent from then on).
+pub async fn serve_fn_until<F, Fut>(
+    listener: TcpListener,
+    accepting: CancellationToken,
+    shutdown: CancellationToken,
+    handler: F,
+) where
+    F: Fn(SocketAddr, Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
     let tracker = TaskTracker::new();
     loop {
         let (stream, peer) = tokio::select! {
+            _ = accepting.cancelled() => break,
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
@@ -406,6 +422,7 @@ where
     }
     // Closing the listener first: a stopped server refuses at once.
     drop(listener);
+    shutdown.cancelled().await;
     tracker.close();
     let _ = tokio::time::timeout(Duration::from_secs(1), tracker.wait()).await;
 }

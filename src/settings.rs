@@ -273,6 +273,118 @@ pub struct NodeSettings {
     pub budget: Budget,
     /// How long a departed pod's counters stay on /metrics.
     pub retention: Duration,
+    /// The per-pod stream guards and the agent's hand-over.
+    pub guard: NodeGuardSettings,
+}
+
+/// Where a pod's guard listens and where it forwards, both inside the pod
+/// (node metadata `DRAINSHIM_GUARD`, or `drainshim node --guard`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GuardSpec {
+    /// Envoy's inbound cluster connects here.
+    pub listen: SocketAddr,
+    /// The application.
+    pub upstream: SocketAddr,
+}
+
+impl std::str::FromStr for GuardSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (listen, upstream) = s.split_once('=').ok_or_else(|| {
+            format!("{s:?}: expected LISTEN=UPSTREAM, e.g. 127.0.0.1:15097=127.0.0.1:8080")
+        })?;
+        let addr = |what: &str, v: &str| {
+            v.trim()
+                .parse::<SocketAddr>()
+                .map_err(|e| format!("{s:?}: {what} {v:?} is not an IP:port ({e})"))
+        };
+        let spec = GuardSpec {
+            listen: addr("LISTEN", listen)?,
+            upstream: addr("UPSTREAM", upstream)?,
+        };
+        if spec.listen.port() == 0 || spec.upstream.port() == 0 {
+            return Err(format!("{s:?}: ports must not be 0"));
+        }
+        if spec.listen == spec.upstream {
+            return Err(format!("{s:?}: LISTEN and UPSTREAM are the same address"));
+        }
+        Ok(spec)
+    }
+}
+
+impl std::fmt::Display for GuardSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}={}", self.listen, self.upstream)
+    }
+}
+
+/// The node agent's stream guards (one per opted-in pod) and its hand-over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeGuardSettings {
+    /// For pods whose Envoy has no `DRAINSHIM_GUARD` node metadata.
+    pub default: Option<GuardSpec>,
+    /// Every pod's guard config but the upstream, which is the pod's own.
+    pub template: GuardConfig,
+    /// The unix socket successive agents hand their listeners over on.
+    pub handover_socket: Option<PathBuf>,
+    /// After a hand-over, the old agent ends its guarded streams over this.
+    pub handover_window: Duration,
+}
+
+// === impl NodeGuardSettings ===
+
+impl Default for NodeGuardSettings {
+    /// No default guard, the sidecar guard's defaults, no hand-over.
+    fn default() -> Self {
+        Self {
+            default: None,
+            // A placeholder: each pod's upstream comes from its spec.
+            template: GuardConfig::new(SocketAddr::from(([127, 0, 0, 1], 0))),
+            handover_socket: None,
+            handover_window: config::DEFAULT_HANDOVER_WINDOW.get(),
+        }
+    }
+}
+
+impl NodeGuardSettings {
+    fn check(&self, errs: &mut Invalid) {
+        let c = &self.template;
+        errs.check(!c.max_connection_age.is_some_and(|a| a.is_zero()), || {
+            "--max-connection-age must be greater than zero (leave it out to turn it off)".into()
+        });
+        errs.check(!c.limits.write_stall_timeout.is_zero(), || {
+            "--write-stall-timeout must be greater than zero".into()
+        });
+        errs.check(c.limits.max_connections > 0, || {
+            "--guard-max-connections must be at least 1".into()
+        });
+        errs.check(c.limits.max_streams > 0, || {
+            "--guard-max-streams must be at least 1".into()
+        });
+        errs.check(
+            self.handover_socket
+                .as_ref()
+                .is_none_or(|p| p.is_absolute() && p.file_name().is_some()),
+            || "--handover-socket must be an absolute path to a socket file".into(),
+        );
+    }
+
+    fn effective(&self) -> Value {
+        let c = &self.template;
+        json!({
+            "default": self.default.map(|g| g.to_string()),
+            "max_connection_age": c.max_connection_age.map(human),
+            "max_connection_age_grace": human(c.max_connection_age_grace),
+            "max_connection_age_spread": human(c.max_connection_age_spread),
+            "long_stream_age": human(c.long_stream_age),
+            "write_stall_timeout": human(c.limits.write_stall_timeout),
+            "max_connections_per_pod": c.limits.max_connections,
+            "max_streams_per_pod": c.limits.max_streams,
+            "handover_socket": self.handover_socket,
+            "handover_window": human(self.handover_window),
+        })
+    }
 }
 
 // === impl NodeSettings ===
@@ -289,6 +401,7 @@ impl NodeSettings {
             pod_listen_port: config::DEFAULT_POD_LISTEN_PORT,
             budget: Budget::default(),
             retention: config::DEFAULT_POD_RETENTION.get(),
+            guard: NodeGuardSettings::default(),
         }
     }
 
@@ -308,6 +421,7 @@ impl NodeSettings {
             self.process_names.iter().any(|n| !n.trim().is_empty()),
             || "--envoy-process-name needs at least one name".into(),
         );
+        self.guard.check(&mut errs);
         errs.into_result()
     }
 
@@ -322,12 +436,30 @@ impl NodeSettings {
             "pod_listen_port": self.pod_listen_port,
             "budget": self.budget.effective(),
             "pod_retention": human(self.retention),
+            "guard": self.guard.effective(),
         })
     }
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_spec_is_listen_equals_upstream() {
+        let spec: GuardSpec = "127.0.0.1:15097=127.0.0.1:8080".parse().unwrap();
+        assert_eq!(spec.listen, "127.0.0.1:15097".parse().unwrap());
+        assert_eq!(spec.upstream, "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(spec.to_string(), "127.0.0.1:15097=127.0.0.1:8080");
+        for bad in [
+            "",
+            "127.0.0.1:15097",
+            "127.0.0.1:15097=localhost:8080",
+            "127.0.0.1:0=127.0.0.1:8080",
+            "127.0.0.1:8080=127.0.0.1:8080",
+        ] {
+            assert!(bad.parse::<GuardSpec>().is_err(), "{bad:?} parsed");
+        }
+    }
+
     use super::*;
 
     fn s(n: u64) -> Duration {

@@ -6,6 +6,7 @@ pub mod demo;
 pub mod envoy;
 pub mod failopen;
 pub mod measure;
+pub mod node_guard;
 pub mod node_scale;
 pub mod population;
 pub mod reconnect;

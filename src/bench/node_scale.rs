@@ -28,9 +28,9 @@ use tokio::time::Instant;
 use crate::node::netns::Netns;
 
 /// Envoy's admin port inside a pod, as the agent expects by default.
-const ADMIN_PORT: u16 = 15000;
+pub(crate) const ADMIN_PORT: u16 = 15000;
 /// Upper bound on every wait of the benchmark.
-const WAIT: Duration = Duration::from_secs(120);
+pub(crate) const WAIT: Duration = Duration::from_secs(120);
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeScaleError {
@@ -45,7 +45,7 @@ pub enum NodeScaleError {
     Failed(String),
 }
 
-fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NodeScaleError {
+pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NodeScaleError {
     let what = what.into();
     move |source| NodeScaleError::Io { what, source }
 }
@@ -109,13 +109,13 @@ impl NodeScaleReport {
 }
 
 /// Everything created, removed on drop.
-struct Fixture {
+pub(crate) struct Fixture {
     /// Namespace names under /run/netns.
-    namespaces: Vec<String>,
+    pub(crate) namespaces: Vec<String>,
     /// Stubs and the agent; killed on drop.
-    children: Vec<Child>,
+    pub(crate) children: Vec<Child>,
     /// The `envoy` link and the /proc view, removed with the fixture.
-    _dir: tempfile::TempDir,
+    pub(crate) _dir: tempfile::TempDir,
 }
 
 // === impl Fixture ===
@@ -134,7 +134,7 @@ impl Drop for Fixture {
     }
 }
 
-async fn ip(args: &[&str]) -> Result<(), NodeScaleError> {
+pub(crate) async fn ip(args: &[&str]) -> Result<(), NodeScaleError> {
     let out = Command::new("ip")
         .args(args)
         .output()
@@ -270,7 +270,7 @@ pub async fn run(opts: NodeScaleOptions) -> Result<NodeScaleReport, NodeScaleErr
     })
 }
 
-async fn wait_stub(ns: &Netns) -> Result<(), NodeScaleError> {
+pub(crate) async fn wait_stub(ns: &Netns) -> Result<(), NodeScaleError> {
     let addr = SocketAddr::from(([127, 0, 0, 1], ADMIN_PORT));
     let deadline = Instant::now() + WAIT;
     loop {
@@ -287,7 +287,7 @@ async fn wait_stub(ns: &Netns) -> Result<(), NodeScaleError> {
     }
 }
 
-async fn get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
+pub(crate) async fn get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
     let s = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;
@@ -316,7 +316,7 @@ async fn inventoried(api: SocketAddr) -> usize {
     })
 }
 
-fn rss_mib(pid: u32) -> Result<f64, NodeScaleError> {
+pub(crate) fn rss_mib(pid: u32) -> Result<f64, NodeScaleError> {
     let path = Path::new("/proc").join(pid.to_string()).join("status");
     let text = std::fs::read_to_string(&path).map_err(io(format!("read {}", path.display())))?;
     text.lines()
@@ -327,7 +327,7 @@ fn rss_mib(pid: u32) -> Result<f64, NodeScaleError> {
 }
 
 /// User plus system CPU seconds of a process, from `/proc/<pid>/stat`.
-fn cpu_seconds(pid: u32) -> Result<f64, NodeScaleError> {
+pub(crate) fn cpu_seconds(pid: u32) -> Result<f64, NodeScaleError> {
     let path = Path::new("/proc").join(pid.to_string()).join("stat");
     let text = std::fs::read_to_string(&path).map_err(io(format!("read {}", path.display())))?;
     // Fields after the command name, which is in parentheses and may hold spaces.

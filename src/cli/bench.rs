@@ -158,6 +158,30 @@ pub struct NodeScaleArgs {
     #[arg(long, env = "DRAINSHIM_IDLE_WINDOW", default_value = "10s")]
     pub idle_window: Span,
 
+    /// Give every pod a stream guard: the agent's RSS and idle CPU with them,
+    /// and unary throughput and p99 through the agent against one sidecar
+    /// guard per pod (and straight to the app) at the same offered load.
+    #[arg(long)]
+    pub guards: bool,
+
+    /// With --guards: offered unary calls per second, over all pods.
+    #[arg(
+        long,
+        env = "DRAINSHIM_RATE",
+        default_value_t = 2000.0,
+        requires = "guards"
+    )]
+    pub rate: f64,
+
+    /// With --guards: how long each load phase runs.
+    #[arg(
+        long,
+        env = "DRAINSHIM_LOAD_DURATION",
+        default_value = "10s",
+        requires = "guards"
+    )]
+    pub load_duration: Span,
+
     #[arg(long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
     pub format: Format,
 }
@@ -265,6 +289,20 @@ impl BenchCommand {
     pub async fn run(self) -> Result<(), Error> {
         match self {
             BenchCommand::Reconnect(a) => a.run().await,
+            BenchCommand::NodeScale(a) if a.guards => {
+                let binary = std::env::current_exe()
+                    .map_err(|e| Error::Internal(format!("finding this executable: {e}")))?;
+                let opts = bench::node_guard::NodeGuardOptions {
+                    pods: a.pods as usize,
+                    idle_window: a.idle_window.get(),
+                    binary,
+                    rate: a.rate,
+                    load_duration: a.load_duration.get(),
+                };
+                let report = bench::node_guard::run(opts).await.map_err(unavailable)?;
+                emit(a.format, &report, || report.render());
+                Ok(())
+            }
             BenchCommand::NodeScale(a) => {
                 let binary = std::env::current_exe()
                     .map_err(|e| Error::Internal(format!("finding this executable: {e}")))?;

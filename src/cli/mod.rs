@@ -14,7 +14,9 @@ pub use bench::*;
 use crate::config::{self, Invalid, Span, Timers};
 use crate::fleet::verify::{VerifyOptions, VerifySource};
 use crate::http::Endpoint;
-use crate::settings::{Budget, DrainOnceSettings, GuardSettings, NodeSettings, SidecarSettings};
+use crate::settings::{
+    Budget, DrainOnceSettings, GuardSettings, NodeGuardSettings, NodeSettings, SidecarSettings,
+};
 
 /// Exit codes, shared by every subcommand (sysexits.h).
 pub const EXIT_CODES: &str = "\
@@ -22,7 +24,8 @@ Exit codes:
   0   success (for drains: the drain finished, deadline included)
   64  usage error: a bad flag or an inconsistent drain budget
   69  a service it needs is unavailable (the shim, a port to bind)
-  70  internal error";
+  70  internal error
+  71  the operating system refused what every run needs (signal handlers)";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -247,12 +250,26 @@ Privileges (pod spec of the DaemonSet):
   not needed: CAP_NET_BIND_SERVICE (15098 and 15099 are above 1024),
               CAP_NET_ADMIN, privileged: true
 
+Stream guard per pod (opt in):
+  Envoy node metadata DRAINSHIM_GUARD: \"LISTEN=UPSTREAM\", both inside the pod,
+  e.g. 127.0.0.1:15097=127.0.0.1:8080: the agent binds LISTEN in the pod's network
+  namespace and forwards to UPSTREAM on the pod's loopback. Point Envoy's inbound
+  cluster at LISTEN (priority 0) with the app as priority 1 (fail open), as
+  deploy/components/envoy/envoy.yaml does. --guard gives pods without the key the same.
+  The pod's preStop drain ends its guarded streams gracefully; caps are per pod.
+
+Rolling update (--handover-socket on a hostPath, DaemonSet maxSurge 1):
+  the new agent takes every listener (node API, preStop, guards) from the old one:
+  nothing is refused; the old one ends its guarded streams over --handover-window
+  and exits at SIGTERM. No agent on the socket: bind everything.
+
 Exit codes:
   0   stopped by SIGTERM (after drains in progress finished)
   64  usage error: a bad flag or an inconsistent drain budget
   69  --listen could not be bound, or --proc-root cannot be read
   77  no permission to enter network namespaces (CAP_SYS_ADMIN missing)
-  70  internal error";
+  70  internal error
+  71  the operating system refused what every run needs (signal handlers)";
 
 /// Exit codes of the read-only fleet commands.
 pub const FLEET_EXIT_CODES: &str = "\
@@ -497,6 +514,69 @@ pub struct NodeArgs {
     /// Each pod's drain timers.
     #[command(flatten)]
     pub timers: TimerArgs,
+
+    /// The per-pod stream guards and the agent's hand-over.
+    #[command(flatten)]
+    pub guard: NodeGuardArgs,
+}
+
+/// `drainshim node`: the stream guard the agent serves for each opted-in pod
+/// (node metadata `DRAINSHIM_GUARD`), and the hand-over of every listener to
+/// the next agent. Same meaning as the sidecar's flags, applied per pod.
+#[derive(Debug, Clone, Args)]
+pub struct NodeGuardArgs {
+    /// The guard for pods whose Envoy has no `DRAINSHIM_GUARD` node metadata,
+    /// as LISTEN=UPSTREAM inside the pod (e.g. 127.0.0.1:15097=127.0.0.1:8080).
+    /// Unset: only pods with the key get a guard.
+    #[arg(
+        long = "guard",
+        env = "DRAINSHIM_GUARD",
+        value_name = "LISTEN=UPSTREAM"
+    )]
+    pub default_guard: Option<crate::settings::GuardSpec>,
+
+    /// Per pod: most connections its guard holds open at once.
+    #[arg(long, env = "DRAINSHIM_GUARD_MAX_CONNECTIONS", default_value_t = crate::guard::DEFAULT_MAX_CONNECTIONS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    pub guard_max_connections: usize,
+
+    /// Per pod: most streams open through its guard at once; more are
+    /// refused retryably before they reach the app.
+    #[arg(long, env = "DRAINSHIM_GUARD_MAX_STREAMS", default_value_t = crate::guard::DEFAULT_MAX_STREAMS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
+    pub guard_max_streams: usize,
+
+    /// Close each guard connection after this age (±10% jitter), as the sidecar does. Off by default.
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE")]
+    pub max_connection_age: Option<Span>,
+
+    /// How long streams may run after a max-age GOAWAY before the guard ends them.
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_GRACE", default_value_t = config::DEFAULT_MAX_CONNECTION_AGE_GRACE)]
+    pub max_connection_age_grace: Span,
+
+    /// End a connection's remaining streams spread over this window, inside the grace.
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_SPREAD", default_value_t = config::DEFAULT_MAX_CONNECTION_AGE_SPREAD)]
+    pub max_connection_age_spread: Span,
+
+    /// Which streams a drain ends early (see `drainshim sidecar --help`).
+    #[arg(long, env = "DRAINSHIM_LONG_STREAM_AGE", default_value_t = config::DEFAULT_LONG_STREAM_AGE)]
+    pub long_stream_age: Span,
+
+    /// Reset a guarded stream whose client takes no response data for this long.
+    #[arg(long, env = "DRAINSHIM_WRITE_STALL_TIMEOUT", default_value_t = config::DEFAULT_WRITE_STALL_TIMEOUT)]
+    pub write_stall_timeout: Span,
+
+    /// A unix socket on a host path shared by successive agents. At start the
+    /// agent asks the one serving it for every listener (the node API, each
+    /// pod's preStop and guard listener), so nothing is closed or refused
+    /// during the agent's own rolling update; then it serves it itself.
+    #[arg(long, env = "DRAINSHIM_HANDOVER_SOCKET")]
+    pub handover_socket: Option<std::path::PathBuf>,
+
+    /// After handing its listeners over, the old agent ends the guarded
+    /// streams it still carries spread over this window, then exits at SIGTERM.
+    #[arg(long, env = "DRAINSHIM_HANDOVER_WINDOW", default_value_t = config::DEFAULT_HANDOVER_WINDOW)]
+    pub handover_window: Span,
 }
 
 /// The drain timers; see docs/design.md for the timeline.
@@ -784,8 +864,29 @@ impl TryFrom<&NodeArgs> for NodeSettings {
             pod_listen_port: a.pod_listen_port,
             budget: a.timers.budget(),
             retention: a.pod_retention.get(),
+            guard: NodeGuardSettings::from(&a.guard),
         };
         settings.validate().map(|()| settings)
+    }
+}
+
+impl From<&NodeGuardArgs> for NodeGuardSettings {
+    fn from(a: &NodeGuardArgs) -> Self {
+        let mut g = NodeGuardSettings {
+            default: a.default_guard,
+            handover_socket: a.handover_socket.clone(),
+            handover_window: a.handover_window.get(),
+            ..NodeGuardSettings::default()
+        };
+        let c = &mut g.template;
+        c.max_connection_age = a.max_connection_age.map(Span::get);
+        c.max_connection_age_grace = a.max_connection_age_grace.get();
+        c.max_connection_age_spread = a.max_connection_age_spread.get();
+        c.long_stream_age = a.long_stream_age.get();
+        c.limits.write_stall_timeout = a.write_stall_timeout.get();
+        c.limits.max_connections = a.guard_max_connections;
+        c.limits.max_streams = a.guard_max_streams;
+        g
     }
 }
 
@@ -806,6 +907,17 @@ mod tests {
     use super::*;
     use clap::CommandFactory;
     use std::time::Duration;
+
+    /// The help texts list the codes `error::Error::exit_code` gives.
+    #[test]
+    fn help_lists_every_exit_code() {
+        use crate::error::{EX_NOPERM, EX_OSERR, EX_SOFTWARE, EX_UNAVAILABLE, EX_USAGE};
+        for code in [EX_USAGE, EX_UNAVAILABLE, EX_SOFTWARE, EX_OSERR] {
+            assert!(EXIT_CODES.contains(&format!("  {code}  ")), "{code}");
+            assert!(NODE_AFTER_HELP.contains(&format!("  {code}  ")), "{code}");
+        }
+        assert!(NODE_AFTER_HELP.contains(&format!("  {EX_NOPERM}  ")));
+    }
 
     #[test]
     fn cli_is_well_formed() {

@@ -28,7 +28,14 @@ impl Drop for Live {
     }
 }
 
-pub async fn serve(guard: Guard, listener: TcpListener, shutdown: CancellationToken) {
+/// Accepts until `accepting` is cancelled; then, once `shutdown` is (at
+/// once when both are the same token), ends what is left and waits for it.
+pub async fn serve(
+    guard: Guard,
+    listener: TcpListener,
+    accepting: CancellationToken,
+    shutdown: CancellationToken,
+) {
     let inner = guard.inner.clone();
     let local = listener.local_addr().ok();
     tracing::info!(listen = ?local, upstream = %inner.config.upstream, "guard: serving");
@@ -37,6 +44,7 @@ pub async fn serve(guard: Guard, listener: TcpListener, shutdown: CancellationTo
     loop {
         let accepted = tokio::select! {
             biased;
+            _ = accepting.cancelled() => break,
             _ = shutdown.cancelled() => break,
             r = listener.accept() => r,
         };
@@ -45,6 +53,7 @@ pub async fn serve(guard: Guard, listener: TcpListener, shutdown: CancellationTo
             Err(e) => {
                 tracing::warn!(listen = ?local, error = %e, "guard: accept failed; backing off");
                 tokio::select! {
+                    _ = accepting.cancelled() => break,
                     _ = shutdown.cancelled() => break,
                     _ = tokio::time::sleep(ACCEPT_BACKOFF) => continue,
                 }
@@ -78,6 +87,7 @@ pub async fn serve(guard: Guard, listener: TcpListener, shutdown: CancellationTo
         });
     }
     drop(listener);
+    shutdown.cancelled().await;
 
     // Shutdown: end what is left gracefully, at once, and wait for the
     // connections to flush and close. Every connection bounds its own close,

@@ -53,7 +53,7 @@ pub async fn proxy(
     let app = inner.config.upstream;
     let (head, client_recv) = req.into_parts();
     let upgrade = async {
-        let tcp = connect_tcp(app, l.upstream_connect_timeout)
+        let tcp = connect_tcp(&inner.connector, app, l.upstream_connect_timeout)
             .await
             .map_err(|e| e.to_string())?;
         let (mut sender, conn) = hyper::client::conn::http1::Builder::new()

@@ -249,6 +249,7 @@ async fn drive(inner: &Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
     let l = inner.config.limits;
     let upstream = Arc::new(H1Upstream::new(
         inner.config.upstream,
+        inner.connector.clone(),
         l,
         inner.tasks.clone(),
     ));

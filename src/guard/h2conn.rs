@@ -145,6 +145,7 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
     let mut pings = conn.ping_pong();
     let upstream = Arc::new(H2Upstream::new(
         inner.config.upstream,
+        inner.connector.clone(),
         l,
         inner.tasks.clone(),
     ));

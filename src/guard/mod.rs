@@ -58,6 +58,7 @@ pub use limits::{Limits, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS};
 pub use schedule::{jittered_age, spread_offsets, AGE_JITTER};
 pub use signals::{grpc_service, SignalSettings, DEFAULT_MAX_SERVICES};
 pub use sniff::H2_PREFACE;
+pub use upstream::{Connect, Connector};
 
 /// What the guard proxies to and when it ends connections.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -112,6 +113,8 @@ pub struct Guard {
 struct Inner {
     /// What to proxy to and the limits.
     config: GuardConfig,
+    /// How to reach `config.upstream` (None: a plain connect).
+    connector: Connector,
     /// `goaways_total` and `streams_terminated_total` live here.
     metrics: Metrics,
     /// Every open stream, and whether new ones are admitted.
@@ -288,6 +291,12 @@ async fn terminator(inner: Arc<Inner>, window: Duration, deadline: Duration) {
 impl Guard {
     /// A guard proxying to `config.upstream`; nothing runs until [`Guard::serve`].
     pub fn new(config: GuardConfig, metrics: Metrics) -> Self {
+        Self::with_connector(config, metrics, None)
+    }
+
+    /// A guard that reaches the application through `connector` (the node
+    /// agent's: from inside a pod's network namespace).
+    pub fn with_connector(config: GuardConfig, metrics: Metrics, connector: Connector) -> Self {
         let registry = Arc::new(registry::Registry::with_limit(
             config.limits.max_streams,
             metrics.guard_limited(crate::metrics::Limit::streams),
@@ -296,6 +305,7 @@ impl Guard {
         Self {
             inner: Arc::new(Inner {
                 config,
+                connector,
                 metrics,
                 signals,
                 registry,
@@ -314,7 +324,20 @@ impl Guard {
     /// it stops accepting, ends every open stream gracefully at once, and
     /// waits (bounded by the limits) for the connections to close.
     pub async fn serve(&self, listener: TcpListener, shutdown: CancellationToken) {
-        accept::serve(self.clone(), listener, shutdown).await;
+        accept::serve(self.clone(), listener, shutdown.clone(), shutdown).await;
+    }
+
+    /// [`Guard::serve`], but accepting stops as soon as `accepting` is
+    /// cancelled while the connections open then keep being served until
+    /// `shutdown`: the node agent hands its listener to its successor, then
+    /// ends the streams it still carries over a window of its own.
+    pub async fn serve_until(
+        &self,
+        listener: TcpListener,
+        accepting: CancellationToken,
+        shutdown: CancellationToken,
+    ) {
+        accept::serve(self.clone(), listener, accepting, shutdown).await;
     }
 
     /// Downstream connections open right now.
@@ -325,6 +348,27 @@ impl Guard {
     /// The configuration the guard runs with.
     pub fn config(&self) -> &GuardConfig {
         &self.inner.config
+    }
+
+    /// Ends every stream the way a drain does (long-lived ones spread over
+    /// `window`, the rest swept at its end) and closes the connections,
+    /// while the listener is served by another process: new streams on
+    /// these connections are refused with REFUSED_STREAM after the GOAWAY,
+    /// which a client retries on a new connection, never with the drain's
+    /// UNAVAILABLE, which fails the call.
+    pub fn hand_off(&self, window: Duration) {
+        self.inner.terminate.cancel();
+        tracing::info!(
+            streams = self.inner.registry.len(),
+            ?window,
+            "guard: handed off; ending the streams still here gracefully over the window"
+        );
+        let inner = self.inner.clone();
+        if let Ok(h) = tokio::runtime::Handle::try_current() {
+            self.inner
+                .tasks
+                .spawn_on(terminator(inner, window, window), &h);
+        }
     }
 }
 

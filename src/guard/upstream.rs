@@ -63,11 +63,31 @@ pub enum UpstreamError {
 /// Largest window h2 accepts (2^31-1); larger configured values are clamped.
 const MAX_WINDOW: u32 = (1 << 31) - 1;
 
+/// Opens TCP connections to the application. Without one the guard connects
+/// from its own network namespace; the node agent's guards connect from
+/// inside a pod's.
+pub trait Connect: Send + Sync + std::fmt::Debug + 'static {
+    fn connect(
+        &self,
+        addr: SocketAddr,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = io::Result<TcpStream>> + Send>>;
+}
+
+/// How a guard reaches the application: `None` is a plain connect.
+pub type Connector = Option<Arc<dyn Connect>>;
+
 pub(crate) async fn connect_tcp(
+    via: &Connector,
     addr: SocketAddr,
     after: Duration,
 ) -> Result<TcpStream, UpstreamError> {
-    let tcp = tokio::time::timeout(after, TcpStream::connect(addr))
+    let connect = async {
+        match via {
+            Some(c) => c.connect(addr).await,
+            None => TcpStream::connect(addr).await,
+        }
+    };
+    let tcp = tokio::time::timeout(after, connect)
         .await
         .map_err(|_| UpstreamError::ConnectTimeout { addr, after })?
         .map_err(|source| UpstreamError::Connect { addr, source })?;
@@ -238,6 +258,8 @@ impl Drop for Lease {
 pub struct H2Upstream {
     /// The application.
     addr: SocketAddr,
+    /// How to reach it.
+    via: Connector,
     /// Windows, buffers and timeouts, shared with the downstream side.
     limits: Limits,
     /// The live connections; a lock so concurrent streams connect once.
@@ -249,9 +271,10 @@ pub struct H2Upstream {
 }
 
 impl H2Upstream {
-    pub fn new(addr: SocketAddr, limits: Limits, tasks: TaskTracker) -> Self {
+    pub fn new(addr: SocketAddr, via: Connector, limits: Limits, tasks: TaskTracker) -> Self {
         Self {
             addr,
+            via,
             limits,
             pool: Mutex::new(Vec::new()),
             closed: CancellationToken::new(),
@@ -329,7 +352,7 @@ impl H2Upstream {
     async fn connect(&self) -> Result<H2Conn, UpstreamError> {
         let addr = self.addr;
         let after = self.limits.upstream_connect_timeout;
-        let tcp = connect_tcp(addr, after).await?;
+        let tcp = connect_tcp(&self.via, addr, after).await?;
         let l = &self.limits;
         let handshake = h2::client::Builder::new()
             .initial_window_size(l.stream_window.min(MAX_WINDOW))
@@ -387,6 +410,8 @@ pub type H1ReqBody = Either<Incoming, Empty<Bytes>>;
 pub struct H1Upstream {
     /// The application.
     addr: SocketAddr,
+    /// How to reach it.
+    via: Connector,
     /// Timeouts and buffer sizes.
     limits: Limits,
     /// The current connection, replaced when the application closed it.
@@ -414,9 +439,10 @@ fn idempotent(m: &http::Method) -> bool {
 }
 
 impl H1Upstream {
-    pub fn new(addr: SocketAddr, limits: Limits, tasks: TaskTracker) -> Self {
+    pub fn new(addr: SocketAddr, via: Connector, limits: Limits, tasks: TaskTracker) -> Self {
         Self {
             addr,
+            via,
             limits,
             sender: Mutex::new(None),
             closed: CancellationToken::new(),
@@ -527,7 +553,7 @@ impl H1Upstream {
     /// from `closed`, so the 101's connection outlives this upstream.
     async fn connect(&self, upgrade: bool) -> Result<H1Sender, UpstreamError> {
         let addr = self.addr;
-        let tcp = connect_tcp(addr, self.limits.upstream_connect_timeout).await?;
+        let tcp = connect_tcp(&self.via, addr, self.limits.upstream_connect_timeout).await?;
         let (sender, conn) = hyper::client::conn::http1::Builder::new()
             .max_buf_size(self.limits.max_h1_buf_size.max(MIN_H1_BUF_SIZE))
             .handshake(TokioIo::new(tcp))

@@ -32,8 +32,13 @@ use crate::drain::Trigger;
 /// Prometheus' default scrape timeout is 10 s; stay well inside it.
 const TELEMETRY_BUDGET: Duration = Duration::from_secs(5);
 
-pub(super) async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: CancellationToken) {
-    crate::control::serve_fn(listener, shutdown, move |peer, req| {
+pub(super) async fn serve(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    accepting: CancellationToken,
+    shutdown: CancellationToken,
+) {
+    crate::control::serve_fn_until(listener, accepting, shutdown, move |peer, req| {
         let shared = shared.clone();
         async move { handle(&shared, peer, req).await }
     })

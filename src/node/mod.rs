@@ -14,9 +14,18 @@
 //!   tasks cancelled, namespace fd released; their drain counters stay on
 //!   `/metrics` for `--pod-retention` so the last drain is scraped.
 //!
+//! - for a pod that opts in (Envoy node metadata `DRAINSHIM_GUARD`, or
+//!   `--guard`): binds its stream guard inside the pod and serves it; the
+//!   pod's drain ends the guarded streams gracefully (`guard`).
+//!
+//! With `--handover-socket`, the agent takes every listener from the agent
+//! it replaces and hands them to the one replacing it (`handover`).
+//!
 //! The agent's own endpoints are in `api`; a pod's listener in `pod`.
 
 pub mod api;
+pub mod guard;
+pub mod handover;
 pub mod metrics;
 pub mod netns;
 pub mod pod;
@@ -37,17 +46,77 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use self::guard::{GuardSpec, NetnsConnect, PodGuard, PodGuardSlot};
+use self::handover::{Kind, Offer};
 use self::metrics::{PodCollector, PodLabels, PodSeries, PodSource};
 use self::netns::{Netns, NetnsDial};
-use self::pod::{HostAddrs, ListenerState, Pod, PodEndpoint, PodStatus};
-use crate::drain::{self, DrainSettings, Phase};
+use self::pod::{GuardState, HostAddrs, ListenerState, Pod, PodEndpoint, PodStatus};
+use crate::drain::{self, DrainSettings, Phase, StreamGuard};
 use crate::envoy::AdminClient;
 use crate::metrics::Metrics;
 pub use crate::settings::NodeSettings;
 use crate::telemetry::Telemetry;
+use std::os::fd::{AsFd, OwnedFd};
 
 /// New pods set up and identified at once per scan; bounds threads in flight.
 const SCAN_CONCURRENCY: usize = 32;
+/// Pods asked `/server_info` at once in each scan's recurring identify step.
+/// Each ask is a fresh thread entering a pod's namespace: with guards
+/// serving traffic on the same cores, bursts of 32 every scan showed as the
+/// guards' p99 (bench node-scale --guards); 4 spreads the same work out.
+const IDENTIFY_CONCURRENCY: usize = 4;
+/// After the guards' window: time for the last endings to flush and the
+/// connections to close before what is left is ended at once.
+const GUARD_STOP_SLACK: Duration = Duration::from_secs(5);
+
+/// A listening socket received from the old agent, served here.
+fn adopt(fd: OwnedFd) -> std::io::Result<TcpListener> {
+    let std = std::net::TcpListener::from(fd);
+    std.set_nonblocking(true)?;
+    TcpListener::from_std(std)
+}
+
+impl handover::Donor for Arc<Shared> {
+    async fn offer(&self) -> Vec<Offer> {
+        // No scan runs from now on (until `resume`): the list stays true.
+        let held = self.scanning.clone().lock_owned().await;
+        if let Ok(mut p) = self.paused.lock() {
+            *p = Some(held);
+        }
+        let dup = |kind, netns, fd: Option<&OwnedFd>| -> Option<Offer> {
+            let fd = fd?.try_clone().ok()?;
+            let addr = socket2::SockRef::from(&fd).local_addr().ok()?.as_socket()?;
+            Some(Offer {
+                kind,
+                netns,
+                addr,
+                fd,
+            })
+        };
+        let mut offers: Vec<Offer> = dup(Kind::Api, self.own_netns, self.api_fd.as_ref())
+            .into_iter()
+            .collect();
+        if let Ok(pods) = self.pods.lock() {
+            for (k, p) in pods.iter() {
+                offers.extend(dup(Kind::Prestop, *k, p.listener_fd.as_ref()));
+                offers.extend(dup(Kind::Guard, *k, p.guard_fd.as_ref()));
+            }
+        }
+        // Not claimed yet here (a pod not identified since): passed on too.
+        if let Ok(inherited) = self.inherited.lock() {
+            for o in inherited.iter() {
+                offers.extend(dup(o.kind, o.netns, Some(&o.fd)));
+            }
+        }
+        offers
+    }
+
+    fn resume(&self) {
+        if let Ok(mut p) = self.paused.lock() {
+            p.take();
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -94,6 +163,17 @@ struct Shared {
     scans: std::sync::atomic::AtomicU64,
     /// Numbers pods in discovery order.
     next_seq: std::sync::atomic::AtomicU64,
+    /// Held by each scan, and for good by a hand-over: the old agent takes
+    /// on no pod once it has listed its listeners.
+    scanning: Arc<tokio::sync::Mutex<()>>,
+    /// The scan lock while a hand-over is under way.
+    paused: Mutex<Option<tokio::sync::OwnedMutexGuard<()>>>,
+    /// Listeners from the old agent not claimed yet by a pod.
+    inherited: Mutex<Vec<Offer>>,
+    /// The agent's own listener, kept to hand over.
+    api_fd: Option<OwnedFd>,
+    /// Stops the agent's API listener alone.
+    api_stop: CancellationToken,
 }
 
 /// The running agent.
@@ -106,6 +186,8 @@ pub struct NodeAgent {
     shutdown: CancellationToken,
     /// The scanner and the API server.
     tasks: TaskTracker,
+    /// Cancelled once the listeners went to a new agent.
+    handed_over: CancellationToken,
 }
 
 /// `GET /status` on the agent.
@@ -140,13 +222,27 @@ impl NodeAgent {
         check_privileges(&own).await?;
         // Fail now, not at the first scan, on a --proc-root that cannot be read.
         proc::scan(&settings.proc_root, &settings.process_names)?;
-        let listener = TcpListener::bind(listen)
-            .await
-            .map_err(|source| NodeError::Bind {
-                addr: listen,
-                source,
-            })?;
+        let handover::Inherited {
+            adoption,
+            mut offers,
+        } = match &settings.guard.handover_socket {
+            Some(path) => handover::take(path).await,
+            None => handover::Inherited::default(),
+        };
+        let listener = match handover::claim(&mut offers, Kind::Api, own_netns)
+            .filter(|o| o.addr == listen || listen.port() == 0)
+            .and_then(|o| adopt(o.fd).ok())
+        {
+            Some(l) => l,
+            None => TcpListener::bind(listen)
+                .await
+                .map_err(|source| NodeError::Bind {
+                    addr: listen,
+                    source,
+                })?,
+        };
         let local = listener.local_addr().unwrap_or(listen);
+        let api_fd = listener.as_fd().try_clone_to_owned().ok();
 
         let pods: Arc<Mutex<BTreeMap<u64, Pod>>> = Arc::default();
         let departed: Arc<Mutex<Vec<Departed>>> = Arc::default();
@@ -193,11 +289,42 @@ impl NodeAgent {
             pods_gauge,
             scans: Default::default(),
             next_seq: Default::default(),
+            scanning: Arc::default(),
+            paused: Mutex::default(),
+            inherited: Mutex::new(offers),
+            api_fd,
+            api_stop: CancellationToken::new(),
         });
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();
+        tasks.spawn(api::serve(
+            listener,
+            shared.clone(),
+            shared.api_stop.clone(),
+            shutdown.clone(),
+        ));
         shared.scan().await;
-        tasks.spawn(api::serve(listener, shared.clone(), shutdown.clone()));
+        // Every listener received is served now (or waits for its pod's
+        // next scan, queueing connections): the old agent may stop accepting.
+        adoption.adopted().await;
+        let handed_over = CancellationToken::new();
+        if let Some(path) = shared.settings.guard.handover_socket.clone() {
+            match handover::bind(&path) {
+                Ok(sock) => {
+                    let shared = shared.clone();
+                    let stop = shutdown.clone();
+                    let done = handed_over.clone();
+                    tasks.spawn(async move {
+                        if handover::serve(sock, &shared, stop).await {
+                            shared.retire_after_handover();
+                            done.cancel();
+                        }
+                    });
+                }
+                Err(e) => tracing::warn!(error = %e,
+                    "cannot serve the hand-over socket: the next agent will bind for itself"),
+            }
+        }
         tasks.spawn(scan_loop(shared.clone(), shutdown.clone()));
         tracing::info!(listen = %local, proc_root = %shared.settings.proc_root.display(),
             pods = shared.pods.lock().map(|p| p.len()).unwrap_or(0), "node agent ready");
@@ -206,7 +333,13 @@ impl NodeAgent {
             local,
             shutdown,
             tasks,
+            handed_over,
         })
+    }
+
+    /// Cancelled once this agent handed its listeners to a new one.
+    pub fn handed_over(&self) -> CancellationToken {
+        self.handed_over.clone()
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -258,7 +391,11 @@ impl NodeAgent {
 
     /// Stops scanning and serving, and retires every pod.
     pub async fn stop(self) {
+        // Guarded streams end gracefully over the window (at once when a
+        // hand-over already ended them), then everything stops.
+        self.shared.end_guards(true).await;
         self.shutdown.cancel();
+        self.shared.api_stop.cancel();
         self.tasks.close();
         self.tasks.wait().await;
         let pods = std::mem::take(&mut *self.shared.pods.lock().unwrap_or_else(|e| e.into_inner()));
@@ -302,7 +439,12 @@ async fn scan_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tick.tick() => shared.scan().await,
+            // A scan waits for good once a hand-over holds the scan lock:
+            // raced, so shutdown still ends the loop.
+            _ = tick.tick() => tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = shared.scan() => {}
+            },
         }
     }
 }
@@ -311,6 +453,7 @@ impl Shared {
     /// One scan: host addresses, processes, pods in and out, identities,
     /// listeners still missing, retention.
     async fn scan(self: &Arc<Self>) {
+        let _scanning = self.scanning.lock().await;
         match netns::host_addresses() {
             Ok(addrs) => {
                 if let Ok(mut h) = self.host.write() {
@@ -404,35 +547,73 @@ impl Shared {
             self.pods_gauge.set(pods.len() as i64);
         }
 
-        // Identify every pod and retry missing listeners, concurrently.
-        let work: Vec<(u64, AdminClient, Option<Netns>)> = self
+        // Identify every pod and retry missing listeners and guards, concurrently.
+        let work: Vec<(u64, AdminClient, Netns, bool, bool)> = self
             .pods
             .lock()
             .map(|p| {
                 p.iter()
                     .map(|(k, p)| {
                         let needs_listener = !matches!(p.listener, ListenerState::Listening(_));
-                        (*k, p.admin.clone(), needs_listener.then(|| p.netns.clone()))
+                        // A guard starts on a pod that is not draining.
+                        let needs_guard = !matches!(p.guard_state, GuardState::Serving { .. })
+                            && p.drain.status().phase == Phase::Serving;
+                        (
+                            *k,
+                            p.admin.clone(),
+                            p.netns.clone(),
+                            needs_listener,
+                            needs_guard,
+                        )
                     })
                     .collect()
             })
             .unwrap_or_default();
         let port = self.settings.pod_listen_port;
         let results: Vec<_> = futures_util::stream::iter(work)
-            .map(|(k, admin, netns)| async move {
+            .map(|(k, admin, ns, needs_listener, needs_guard)| async move {
                 let info = admin.server_info().await;
-                let listener = match netns {
-                    Some(ns) => Some(ns.listen(port).await),
-                    None => None,
+                let listener = match needs_listener {
+                    true => Some(self.pod_listener(&ns, port).await),
+                    false => None,
                 };
-                (k, info, listener)
+                let guard = match (&info, needs_guard) {
+                    (Ok(info), true) => {
+                        let asked = guard::spec_for(
+                            info.metadata_str(guard::METADATA_KEY),
+                            self.settings.guard.default,
+                        );
+                        match asked {
+                            Ok(Some(spec)) => {
+                                Some(Ok((spec, self.guard_listener(&ns, spec).await)))
+                            }
+                            Ok(None) => None,
+                            Err(e) => {
+                                Some(Err(format!("node metadata {}: {e}", guard::METADATA_KEY)))
+                            }
+                        }
+                    }
+                    _ => None,
+                };
+                (k, info, listener, guard)
             })
-            .buffer_unordered(SCAN_CONCURRENCY)
+            .buffer_unordered(IDENTIFY_CONCURRENCY)
             .collect()
             .await;
         let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
-        for (k, info, listener) in results {
+        for (k, info, listener, guard) in results {
             let Some(p) = pods.get_mut(&k) else { continue };
+            match guard {
+                Some(Ok((spec, bound))) => self.start_guard(p, spec, bound),
+                Some(Err(msg)) => {
+                    if p.guard_state != GuardState::Failed(msg.clone()) {
+                        tracing::warn!(namespace = %p.labels.namespace, pod = %p.labels.pod,
+                            error = %msg, "no stream guard for this pod");
+                    }
+                    p.guard_state = GuardState::Failed(msg);
+                }
+                None => {}
+            }
             match info {
                 Ok(info) => {
                     p.envoy_state = Ok(info.state.clone());
@@ -444,10 +625,16 @@ impl Shared {
                 }
             }
             if let Some(l) = listener {
-                p.listener = self.serve_pod(p, l);
+                let state = self.serve_pod(p, l);
+                p.listener = state;
             }
         }
         disambiguate(&mut pods);
+        // Listeners handed over for pods that are gone are closed (the pod
+        // is gone, nobody connects there any more).
+        if let Ok(mut offers) = self.inherited.lock() {
+            offers.retain(|o| o.kind == Kind::Api || pods.contains_key(&o.netns));
+        }
         drop(pods);
         self.scans
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -496,11 +683,12 @@ impl Shared {
             }
         };
         let metrics = Metrics::new();
+        let guard = PodGuardSlot::default();
         let (drain, driver) = drain::spawn(
             DrainSettings {
                 timers: s.budget.timers,
                 admin: admin.clone(),
-                guard: None,
+                guard: Some(Arc::new(guard.clone())),
             },
             metrics.clone(),
         );
@@ -529,6 +717,11 @@ impl Shared {
             metrics,
             telemetry,
             listener: ListenerState::Failed("not bound yet".into()),
+            listener_fd: None,
+            listener_stop: cancel.child_token(),
+            guard,
+            guard_state: GuardState::Off,
+            guard_fd: None,
             cancel,
             name,
         };
@@ -537,7 +730,7 @@ impl Shared {
     }
 
     /// Serves a freshly bound listener for `pod`, or records why binding failed.
-    fn serve_pod(&self, pod: &Pod, bound: std::io::Result<TcpListener>) -> ListenerState {
+    fn serve_pod(&self, pod: &mut Pod, bound: std::io::Result<TcpListener>) -> ListenerState {
         let listener = match bound {
             Ok(l) => l,
             Err(e) => {
@@ -556,13 +749,15 @@ impl Shared {
             Ok(a) => a,
             Err(e) => return ListenerState::Failed(format!("listener address: {e}")),
         };
+        pod.listener_fd = listener.as_fd().try_clone_to_owned().ok();
         let endpoint = Arc::new(PodEndpoint {
             drain: pod.drain.clone(),
             host: self.host.clone(),
             name: pod.name.clone(),
         });
-        self.tasks.spawn(crate::control::serve_fn(
+        self.tasks.spawn(crate::control::serve_fn_until(
             listener,
+            pod.listener_stop.clone(),
             pod.cancel.clone(),
             move |peer, req| {
                 let endpoint = endpoint.clone();
@@ -570,6 +765,151 @@ impl Shared {
             },
         ));
         ListenerState::Listening(addr)
+    }
+
+    /// The pod's preStop listener: the one handed over, else a new one.
+    async fn pod_listener(&self, ns: &Netns, port: u16) -> std::io::Result<TcpListener> {
+        let offered = self
+            .inherited
+            .lock()
+            .ok()
+            .and_then(|mut o| handover::claim(&mut o, Kind::Prestop, ns.inode()));
+        match offered.filter(|o| o.addr.port() == port) {
+            Some(o) => adopt(o.fd),
+            None => ns.listen(port).await,
+        }
+    }
+
+    /// The pod's guard listener: the one handed over, else a new one.
+    async fn guard_listener(&self, ns: &Netns, spec: GuardSpec) -> std::io::Result<TcpListener> {
+        let offered = self
+            .inherited
+            .lock()
+            .ok()
+            .and_then(|mut o| handover::claim(&mut o, Kind::Guard, ns.inode()));
+        match offered.filter(|o| o.addr == spec.listen) {
+            Some(o) => adopt(o.fd),
+            None => guard::bind_in(ns, spec.listen).await,
+        }
+    }
+
+    /// Serves `pod`'s guard on a freshly bound (or inherited) listener, or
+    /// records why it could not be bound.
+    fn start_guard(&self, pod: &mut Pod, spec: GuardSpec, bound: std::io::Result<TcpListener>) {
+        let listener = match bound {
+            Ok(l) => l,
+            Err(e) => {
+                let msg = format!("bind {} inside the pod: {e}", spec.listen);
+                if pod.guard_state != GuardState::Failed(msg.clone()) {
+                    tracing::warn!(namespace = %pod.labels.namespace, pod = %pod.labels.pod,
+                        error = %msg, "no stream guard for this pod (retrying each scan)");
+                }
+                pod.guard_state = GuardState::Failed(msg);
+                return;
+            }
+        };
+        let mut config = self.settings.guard.template.clone();
+        config.upstream = spec.upstream;
+        let connector = NetnsConnect {
+            netns: pod.netns.clone(),
+            timeout: config.limits.upstream_connect_timeout,
+        };
+        let g = crate::guard::Guard::with_connector(
+            config,
+            pod.metrics.clone(),
+            Some(Arc::new(connector)),
+        );
+        let accepting = pod.cancel.child_token();
+        let shutdown = pod.cancel.child_token();
+        pod.guard_fd = listener.as_fd().try_clone_to_owned().ok();
+        let serving = g.clone();
+        let (a, sd) = (accepting.clone(), shutdown.clone());
+        self.tasks
+            .spawn(async move { serving.serve_until(listener, a, sd).await });
+        pod.guard.set(PodGuard {
+            spec,
+            guard: g,
+            accepting,
+            shutdown,
+        });
+        tracing::info!(namespace = %pod.labels.namespace, pod = %pod.labels.pod,
+            guard = %spec, "stream guard serving inside the pod");
+        pod.guard_state = GuardState::Serving {
+            listen: spec.listen,
+            upstream: spec.upstream,
+        };
+    }
+
+    /// After a hand-over: stop accepting everywhere (the new agent does),
+    /// and end the guarded streams still carried here over the window.
+    fn retire_after_handover(self: &Arc<Self>) {
+        self.api_stop.cancel();
+        let guards: Vec<PodGuard> = self
+            .pods
+            .lock()
+            .map(|p| {
+                p.values()
+                    .inspect(|p| {
+                        // A preStop in flight here is answered here.
+                        if p.drain.status().phase == Phase::Serving {
+                            p.listener_stop.cancel();
+                        }
+                    })
+                    .filter_map(|p| p.guard.get())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let streams: u64 = guards.iter().map(|g| g.guard.active_streams()).sum();
+        tracing::info!(guards = guards.len(), streams,
+            window = ?self.settings.guard.handover_window,
+            "handed over: accepting nothing more; ending the streams still here gracefully over the window");
+        let window = self.settings.guard.handover_window;
+        for g in &guards {
+            g.accepting.cancel();
+            g.guard.goaway_all();
+            g.guard.hand_off(window);
+        }
+    }
+
+    /// Ends every pod's guarded streams gracefully over the hand-over window
+    /// (already begun after a hand-over) and waits, bounded, until no
+    /// connection is left; then stops the guards.
+    async fn end_guards(&self, stop_accepting: bool) {
+        let guards: Vec<PodGuard> = self
+            .pods
+            .lock()
+            .map(|p| p.values().filter_map(|p| p.guard.get()).collect())
+            .unwrap_or_default();
+        if guards.is_empty() {
+            return;
+        }
+        let window = self.settings.guard.handover_window;
+        for g in &guards {
+            if stop_accepting && !g.accepting.is_cancelled() {
+                g.accepting.cancel();
+                g.guard.goaway_all();
+                g.guard.hand_off(window);
+            }
+        }
+        // The window, plus what one ending and the close may take.
+        let bound = window + GUARD_STOP_SLACK;
+        let all_closed = async {
+            loop {
+                if guards.iter().all(|g| g.guard.active_connections() == 0) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        if tokio::time::timeout(bound, all_closed).await.is_err() {
+            tracing::warn!(
+                ?bound,
+                "guard connections still open after the window; ending what is left now"
+            );
+        }
+        for g in &guards {
+            g.shutdown.cancel();
+        }
     }
 
     fn status(&self) -> NodeStatus {

@@ -48,6 +48,22 @@ pub enum ListenerState {
     Failed(String),
 }
 
+/// Where the pod's stream guard stands (`node::guard`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GuardState {
+    /// The pod did not opt in (no `DRAINSHIM_GUARD`, no `--guard`), or its
+    /// Envoy has not answered yet.
+    Off,
+    /// Serving at `listen`, forwarding to `upstream`, both inside the pod.
+    Serving {
+        listen: SocketAddr,
+        upstream: SocketAddr,
+    },
+    /// Asked for but not serving (retried each scan): why.
+    Failed(String),
+}
+
 /// A pod the agent manages. Dropping it (after `retire`) releases its
 /// namespace fd and socket.
 pub struct Pod {
@@ -77,7 +93,17 @@ pub struct Pod {
     pub telemetry: Arc<Telemetry>,
     /// The preStop listener's state.
     pub listener: ListenerState,
-    /// Cancels the listener and the report watcher.
+    /// The preStop listener's socket, kept to hand over to the next agent.
+    pub listener_fd: Option<std::os::fd::OwnedFd>,
+    /// Stops the preStop listener alone (a child of `cancel`).
+    pub listener_stop: CancellationToken,
+    /// The stream guard, as the drain driver sees it.
+    pub guard: super::guard::PodGuardSlot,
+    /// The guard's state, for /status.
+    pub guard_state: GuardState,
+    /// The guard listener's socket, kept to hand over to the next agent.
+    pub guard_fd: Option<std::os::fd::OwnedFd>,
+    /// Cancels the listener, the guard and the report watcher.
     pub cancel: CancellationToken,
     /// Shared with the listener so its logs name the pod as identity improves.
     pub name: Arc<RwLock<PodLabels>>,
@@ -142,6 +168,7 @@ impl Pod {
             pids: self.pids.clone(),
             netns: self.netns.inode(),
             listener: self.listener.clone(),
+            guard: self.guard_state.clone(),
             envoy: EnvoySummary {
                 version: self.proxy.as_ref().map(|p| p.version.clone()),
                 mesh_version: self.proxy.as_ref().map(|p| p.mesh_version.clone()),
@@ -180,6 +207,8 @@ pub struct PodStatus {
     pub netns: u64,
     /// Whether its preStop can be served.
     pub listener: ListenerState,
+    /// Its stream guard.
+    pub guard: GuardState,
     /// What Envoy said at the last scan.
     pub envoy: EnvoySummary,
     /// The pod's drain, as the sidecar's `/status` shows it.

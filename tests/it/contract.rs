@@ -58,6 +58,30 @@ fn registered() -> BTreeSet<String> {
             version: "1.40.0".into(),
         });
     m.guard_limited(metrics::Limit::streams);
+    let key = metrics::ServiceKey {
+        service: "shop.Cart".into(),
+        method: None,
+    };
+    let protocol = metrics::STREAM_PROTOCOLS[0];
+    let _ = m
+        .guard_requests
+        .get_or_create(&metrics::GuardRequestLabels {
+            key: key.clone(),
+            code: metrics::CODES[0],
+            protocol,
+        });
+    let _ = m.guard_request_duration.get_or_create(&key);
+    let _ = m
+        .guard_streams_opened
+        .get_or_create(&metrics::GuardStreamLabels { key, protocol });
+    let _ = m
+        .guard_stream_lifetime
+        .get_or_create(&metrics::ProtocolLabels { protocol });
+    let _ = m
+        .envoy_downstream_requests
+        .get_or_create(&metrics::VersionLabels {
+            version: "1.40.0".into(),
+        });
     let _ = m.tcp_resets.get_or_create(&metrics::KindLabels {
         kind: "EstabResets".into(),
     });

@@ -35,6 +35,8 @@ mod guard_websocket_h2;
 mod guard_websocket_python;
 mod layering;
 mod node_cli;
+mod node_guard;
+mod node_handover;
 mod node_pods;
 mod node_scale;
 mod prometheus;

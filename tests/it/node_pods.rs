@@ -369,3 +369,74 @@ async fn pods_come_and_go_without_leaks() {
     );
     agent.stop().await;
 }
+
+/// `verify --prometheus` on a node agent: one scrape target carries every
+/// pod's series, so wave membership comes from each series' own
+/// `namespace`/`pod` labels, not from the target. A real Prometheus scrapes
+/// the agent; two namespaces share it; each wave is judged on its own pods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_judges_each_namespace_of_a_node_agent_by_its_pods() {
+    let lab = Lab::new("v");
+    let mut envoys = Vec::new();
+    for (tag, ns, pod, version) in [
+        ("a", "shop", "web-a", "1.40.0"),
+        ("b", "shop", "web-b", "1.39.3"),
+        ("c", "pay", "api-c", "1.40.0"),
+    ] {
+        let netns = lab.netns(tag);
+        envoys.push(
+            lab.envoy(&netns, version, |o| {
+                o.metadata.insert("NAMESPACE".into(), ns.into());
+                o.metadata.insert("NAME".into(), pod.into());
+            })
+            .await,
+        );
+    }
+    let agent = start_agent(&lab, "127.0.0.1:0", |_| {}).await;
+    let api = agent.local_addr();
+    wait_metrics(api, "every pod in the inventory", |m| {
+        ["web-a", "web-b", "api-c"]
+            .iter()
+            .all(|p| m.contains(&format!(r#"pod="{p}",version="#)))
+    })
+    .await;
+
+    let prom = support::prometheus(&[api]).await;
+    let client = drainshim::fleet::prometheus::PromClient::new(&prom.url(), Duration::from_secs(5))
+        .expect("client");
+    wait_for("prometheus has scraped the agent", NODE_WAIT, || async {
+        client
+            .scalar("count(drainshim_proxy_info == 1)")
+            .await
+            .is_ok_and(|n| n == 3.0)
+    })
+    .await;
+    let url = prom.url();
+    let verify = |ns: &'static str| {
+        let url = url.clone();
+        async move {
+            support::run_bin(&[
+                "verify",
+                "--prometheus",
+                &url,
+                "--namespace",
+                ns,
+                "--expect-version",
+                "1.40.0",
+                "--window",
+                "1m",
+            ])
+            .await
+        }
+    };
+    // The pay wave is done: its one pod runs 1.40.0, whatever shop runs.
+    let (code, out, err) = verify("pay").await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("1 of 1 proxies on 1.40.0"), "{out}");
+    // The shop wave is not: web-b is named, api-c of the same target is not counted.
+    let (code, out, err) = verify("shop").await;
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(out.contains("1 of 2 not on 1.40.0"), "{out}");
+    assert!(out.contains("shop/web-b on 1.39.3"), "{out}");
+    prom.stop().await;
+}

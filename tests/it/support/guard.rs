@@ -487,9 +487,9 @@ impl Tap {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
-            if to.write_all(&chunk[..n]).await.is_err() {
-                break;
-            }
+            // Recorded before it is passed on, so an answer to a frame is
+            // never stamped earlier than the frame (a task can be paused
+            // between the write and the record on a loaded machine).
             let mut data = &chunk[..n];
             let s = skip.min(data.len());
             skip -= s;
@@ -498,6 +498,9 @@ impl Tap {
             while let Some((f, used)) = parse_frame(&parse) {
                 parse.drain(..used);
                 self.record(conn, dir, What::Frame(f));
+            }
+            if to.write_all(&chunk[..n]).await.is_err() {
+                break;
             }
         }
         self.record(conn, dir, What::Eof);

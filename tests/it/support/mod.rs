@@ -8,6 +8,7 @@
 pub mod abuse;
 pub mod guard;
 pub mod node;
+pub mod podapp;
 pub mod ws;
 
 use std::future::Future;
