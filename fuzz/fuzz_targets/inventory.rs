@@ -4,10 +4,8 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use drainshim::envoy::ServerInfo;
-use drainshim::inventory::{
-    parse_envoy_version, parse_istio_node_id, proxy_labels, skew_violation, Release,
-};
+use drainshim::envoy::{parse_envoy_version, ServerInfo};
+use drainshim::inventory::{parse_istio_node_id, proxy_labels, skew_violation, Release};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Debug, Arbitrary)]
