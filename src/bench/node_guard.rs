@@ -401,22 +401,7 @@ async fn measured(
 }
 
 pub async fn run(opts: NodeGuardOptions) -> Result<NodeGuardReport, NodeScaleError> {
-    if !nix::unistd::geteuid().is_root() {
-        return Err(NodeScaleError::NotRoot);
-    }
-    let dir = tempfile::Builder::new()
-        .prefix("drainshim-node-guard-")
-        .tempdir()
-        .map_err(io("tempdir"))?;
-    let farm = dir.path().join("proc");
-    std::fs::create_dir(&farm).map_err(io("create the /proc view"))?;
-    let envoy = dir.path().join("envoy");
-    std::os::unix::fs::symlink(&opts.binary, &envoy).map_err(io("link the stub as envoy"))?;
-    let mut fx = Fixture {
-        namespaces: Vec::new(),
-        children: Vec::new(),
-        _dir: dir,
-    };
+    let (mut fx, farm, envoy) = Fixture::new("drainshim-node-guard-", &opts.binary)?;
     let apps = CancellationToken::new();
     let _apps_stop = apps.clone().drop_guard();
 

@@ -120,6 +120,34 @@ pub(crate) struct Fixture {
 
 // === impl Fixture ===
 
+impl Fixture {
+    /// Checks for root, then makes the temporary directory with an empty
+    /// /proc view (`farm`, returned first) and `envoy`, a link to `binary`
+    /// under the process name the agent looks for (returned second).
+    pub(crate) fn new(
+        prefix: &str,
+        binary: &std::path::Path,
+    ) -> Result<(Self, PathBuf, PathBuf), NodeScaleError> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err(NodeScaleError::NotRoot);
+        }
+        let dir = tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir()
+            .map_err(io("tempdir"))?;
+        let farm = dir.path().join("proc");
+        std::fs::create_dir(&farm).map_err(io("create the /proc view"))?;
+        let envoy = dir.path().join("envoy");
+        std::os::unix::fs::symlink(binary, &envoy).map_err(io("link the stub as envoy"))?;
+        let fx = Fixture {
+            namespaces: Vec::new(),
+            children: Vec::new(),
+            _dir: dir,
+        };
+        Ok((fx, farm, envoy))
+    }
+}
+
 impl Drop for Fixture {
     fn drop(&mut self) {
         for c in &mut self.children {
@@ -152,22 +180,7 @@ pub(crate) async fn ip(args: &[&str]) -> Result<(), NodeScaleError> {
 }
 
 pub async fn run(opts: NodeScaleOptions) -> Result<NodeScaleReport, NodeScaleError> {
-    if !nix::unistd::geteuid().is_root() {
-        return Err(NodeScaleError::NotRoot);
-    }
-    let dir = tempfile::Builder::new()
-        .prefix("drainshim-node-scale-")
-        .tempdir()
-        .map_err(io("tempdir"))?;
-    let farm = dir.path().join("proc");
-    std::fs::create_dir(&farm).map_err(io("create the /proc view"))?;
-    let envoy = dir.path().join("envoy");
-    std::os::unix::fs::symlink(&opts.binary, &envoy).map_err(io("link the stub as envoy"))?;
-    let mut fx = Fixture {
-        namespaces: Vec::new(),
-        children: Vec::new(),
-        _dir: dir,
-    };
+    let (mut fx, farm, envoy) = Fixture::new("drainshim-node-scale-", &opts.binary)?;
 
     eprintln!("node-scale: creating {} pod namespaces", opts.pods);
     let tag = std::process::id();
