@@ -211,6 +211,19 @@ impl Command {
 }
 
 /// Prints one JSON line on stdout: reports, settings, tables as data.
+/// A moment as RFC 3339 (`2026-11-30T14:05:00Z`, UTC) or Unix seconds.
+fn parse_time(s: &str) -> Result<std::time::SystemTime, String> {
+    if let Ok(secs) = s.parse::<f64>() {
+        if secs.is_finite() && secs >= 0.0 && secs < 1e11 {
+            return Ok(std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(secs));
+        }
+        return Err(format!("{s:?} is not a Unix time in seconds"));
+    }
+    humantime::parse_rfc3339_weak(s).map_err(|e| {
+        format!("{s:?}: {e} (expected RFC 3339, e.g. 2026-11-30T14:05:00Z, or Unix seconds)")
+    })
+}
+
 pub fn print_json<T: serde::Serialize>(v: &T) {
     match serde_json::to_string(v) {
         Ok(s) => println!("{s}"),
@@ -363,6 +376,13 @@ pub struct VerifyArgs {
     #[arg(long, env = "DRAINSHIM_WINDOW", default_value_t = config::DEFAULT_VERIFY_WINDOW)]
     pub window: Span,
 
+    /// Judge the wave as of this moment instead of now: the window ends here
+    /// and the one before ends a window earlier. RFC 3339 (2026-11-30T14:05:00Z)
+    /// or Unix seconds; to re-check a wave after the fact, or to pin both
+    /// windows to the moment it ended. With --prometheus only.
+    #[arg(long, env = "DRAINSHIM_AT", value_name = "TIME", value_parser = parse_time, conflicts_with = "targets")]
+    pub at: Option<std::time::SystemTime>,
+
     /// Allowed relative growth of the retry rate against the window before (0.2 = +20%).
     #[arg(long, env = "DRAINSHIM_MAX_RETRY_INCREASE", default_value_t = 0.2)]
     pub max_retry_increase: f64,
@@ -438,6 +458,7 @@ impl VerifyArgs {
             namespaces: self.namespace.clone(),
             expect_version: self.expect_version.clone(),
             window: self.window.get(),
+            at: self.at,
             max_retry_increase: self.max_retry_increase,
             max_reset_increase: self.max_reset_increase,
             rate_floor: self.rate_floor,
@@ -900,6 +921,40 @@ mod tests {
             assert!(NODE_AFTER_HELP.contains(&format!("  {code}  ")), "{code}");
         }
         assert!(NODE_AFTER_HELP.contains(&format!("  {EX_NOPERM}  ")));
+    }
+
+    #[test]
+    fn verify_at_takes_rfc3339_or_unix_seconds_with_prometheus_only() {
+        let parse = |at: &str, source: &str| {
+            Cli::try_parse_from([
+                "drainshim",
+                "verify",
+                source,
+                "http://127.0.0.1:9",
+                "--namespace",
+                "shop",
+                "--expect-version",
+                "1.40.0",
+                "--at",
+                at,
+            ])
+            .map(|cli| match cli.command {
+                Command::Verify(a) => a.options().at,
+                _ => panic!("not verify"),
+            })
+        };
+        let at = std::time::UNIX_EPOCH + Duration::from_secs(1_796_000_000);
+        assert_eq!(parse("1796000000", "--prometheus").unwrap(), Some(at));
+        assert_eq!(
+            parse("2026-11-30T14:05:00Z", "--prometheus").unwrap(),
+            Some(std::time::UNIX_EPOCH + Duration::from_secs(1_796_047_500))
+        );
+        for bad in ["yesterday", "1e20", "NaN", "2026-13-01T00:00:00Z"] {
+            let err = parse(bad, "--prometheus").unwrap_err();
+            assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation, "{bad}");
+        }
+        // Targets are scraped now; there is no history to evaluate at.
+        assert!(parse("1796000000", "--targets").is_err());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! the fleet's aggregation engine; drainshim only asks it questions.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{Method, StatusCode};
 use serde::Deserialize;
@@ -44,6 +44,8 @@ pub struct PromClient {
     endpoint: Endpoint,
     /// Bound of each query.
     timeout: Duration,
+    /// The evaluation time of every query; `None` is Prometheus' now.
+    at: Option<SystemTime>,
 }
 
 #[derive(Deserialize)]
@@ -73,7 +75,17 @@ struct VectorSample {
 impl PromClient {
     pub fn new(url: &str, timeout: Duration) -> Result<Self, PromError> {
         let endpoint = url.parse().map_err(|_| PromError::Url(url.into()))?;
-        Ok(Self { endpoint, timeout })
+        Ok(Self {
+            endpoint,
+            timeout,
+            at: None,
+        })
+    }
+
+    /// Evaluates every query at `at` instead of now.
+    pub fn at(mut self, at: Option<SystemTime>) -> Self {
+        self.at = at;
+        self
     }
 
     pub fn authority(&self) -> &str {
@@ -82,7 +94,11 @@ impl PromClient {
 
     /// Runs an instant query; only vector results are accepted.
     pub async fn query(&self, query: &str) -> Result<Vec<Sample>, PromError> {
-        let path = format!("/api/v1/query?query={}", crate::http::encode_query(query));
+        let mut path = format!("/api/v1/query?query={}", crate::http::encode_query(query));
+        if let Some(at) = self.at {
+            let secs = at.duration_since(UNIX_EPOCH).unwrap_or_default();
+            path.push_str(&format!("&time={:.3}", secs.as_secs_f64()));
+        }
         let qerr = |what: String| PromError::Query {
             authority: self.authority().to_string(),
             query: query.to_string(),

@@ -37,6 +37,9 @@ pub struct VerifyOptions {
     pub namespaces: Vec<String>,
     pub expect_version: String,
     pub window: Duration,
+    /// Judge the wave as of this moment instead of now (Prometheus only):
+    /// the window ends here and the one before ends a window earlier.
+    pub at: Option<std::time::SystemTime>,
     /// Allowed relative increase of the retry rate, window against the one before.
     pub max_retry_increase: f64,
     /// Allowed relative increase of the kernel reset rate.
@@ -115,7 +118,7 @@ pub async fn verify(source: &VerifySource, opts: &VerifyOptions) -> Result<Vec<C
                     "--namespace is required with --prometheus (the wave's namespaces)".into(),
                 ));
             }
-            from_prometheus(&PromClient::new(url, CALL_TIMEOUT)?, opts).await
+            from_prometheus(&PromClient::new(url, CALL_TIMEOUT)?.at(opts.at), opts).await
         }
         VerifySource::Targets(urls) => from_targets(urls, opts).await,
     }

@@ -17,7 +17,7 @@ use crate::support;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use drainshim::bench::envoy::EnvoyProcess;
 use drainshim::fleet::prometheus::PromClient;
@@ -32,8 +32,8 @@ use tokio_util::sync::CancellationToken;
 const RETRY_ON_UNAVAILABLE: &str = "retry_on: unavailable, num_retries: 2, \
     retry_back_off: { base_interval: 0.001s, max_interval: 0.005s }";
 
-/// The gate's window; the test needs two of them plus the wave.
-const WINDOW: &str = "10s";
+/// The gate's window in seconds; the test needs two of them plus the wave.
+const WINDOW_SECS: u64 = 10;
 
 struct Pod {
     ns: &'static str,
@@ -121,8 +121,14 @@ async fn verify(
     url: &str,
     ns: &str,
     version: &str,
+    at: SystemTime,
     extra: &[&str],
 ) -> (i32, Vec<serde_json::Value>) {
+    let at = format!(
+        "{:.3}",
+        at.duration_since(UNIX_EPOCH).expect("clock").as_secs_f64()
+    );
+    let window = format!("{WINDOW_SECS}s");
     let mut args = vec![
         "verify",
         "--prometheus",
@@ -132,7 +138,9 @@ async fn verify(
         "--expect-version",
         version,
         "--window",
-        WINDOW,
+        &window,
+        "--at",
+        &at,
         "--format",
         "json",
     ];
@@ -194,37 +202,42 @@ async fn verify_flags_retries_and_latency_by_the_guards_count() {
     )
     .await;
 
-    // The wave.
+    // The wave. Each namespace's windows are pinned to the moment its
+    // change took effect (`verify --at`), so how late `verify` runs on a
+    // loaded machine does not move the boundary between them.
     drop(retrying.envoy.take());
     let envoy = start_envoy(&retrying, "1.40.0", Some(RETRY_ON_UNAVAILABLE)).await;
     retrying.target.send_replace(envoy.inbound);
     retrying.envoy = Some(envoy);
+    let retrying_at = SystemTime::now();
     drop(steady.envoy.take());
     let envoy = start_envoy(&steady, "1.39.3", None).await;
     steady.target.send_replace(envoy.inbound);
     steady.envoy = Some(envoy);
+    let steady_at = SystemTime::now();
+    let slow_at = SystemTime::now();
     slow.backend.faults.delay_ms.store(40, Ordering::Relaxed);
+    let ends = |from: SystemTime| from + Duration::from_secs(WINDOW_SECS);
+    let last = ends(retrying_at).max(ends(steady_at)).max(ends(slow_at));
 
-    // A whole window since the wave: the new versions have been in the
-    // inventory (and answering the load) for 11 s.
-    // (Per namespace: retrying's old version is steady's new one.)
-    let new_versions = "drainshim_proxy_info{namespace=\"retrying\",version=\"1.40.0\"} \
-                        or drainshim_proxy_info{namespace=\"steady\",version=\"1.39.3\"}";
+    // Prometheus has scraped every shim past the last window's end.
     wait_for(
-        "a window after the wave",
+        "every shim scraped past the windows' end",
         Duration::from_secs(60),
         || async {
-            let q = format!("min(count_over_time(({new_versions})[11s:1s]))");
-            client.scalar(&q).await.is_ok_and(|n| n >= 11.0)
-                && client
-                    .scalar(&format!("count({new_versions})"))
-                    .await
-                    .is_ok_and(|n| n == 2.0)
+            let last = last
+                .duration_since(UNIX_EPOCH)
+                .expect("clock")
+                .as_secs_f64();
+            client
+                .scalar("min(timestamp(up))")
+                .await
+                .is_ok_and(|t| t > last + 1.0)
         },
     )
     .await;
 
-    let (code, checks) = verify(&url, "retrying", "1.40.0", &[]).await;
+    let (code, checks) = verify(&url, "retrying", "1.40.0", ends(retrying_at), &[]).await;
     let retries = check(&checks, "guard requests per caller request");
     assert_eq!(retries["ok"], false, "{checks:#?}");
     let moved = &retries["services"][0];
@@ -234,15 +247,21 @@ async fn verify_flags_retries_and_latency_by_the_guards_count() {
         moved["now"].as_f64().expect("now"),
     );
     // 1 in 4 calls fails: with two retries a call takes 1 + 1/4 + 1/16 tries.
-    // The window before ends at the wave, give or take a scrape and the
-    // restart: a little of the new Envoy may be in it.
+    // The window before ends when the new Envoy took the load.
     assert!((0.9..1.2).contains(&before), "{retries}");
     assert!((1.2..1.45).contains(&now), "{retries}");
     assert_eq!(code, 1, "{checks:#?}");
 
     // The same wave without the retry default passes. The p99 is given room:
     // a millisecond-scale p99 on a loaded 2-core machine is noise here.
-    let (code, checks) = verify(&url, "steady", "1.39.3", &["--max-p99-increase", "3"]).await;
+    let (code, checks) = verify(
+        &url,
+        "steady",
+        "1.39.3",
+        ends(steady_at),
+        &["--max-p99-increase", "3"],
+    )
+    .await;
     let retries = check(&checks, "guard requests per caller request");
     assert_eq!(retries["ok"], true, "{checks:#?}");
     let success = check(&checks, "guard success rate");
@@ -257,7 +276,7 @@ async fn verify_flags_retries_and_latency_by_the_guards_count() {
     );
 
     // The application got slower: p99 flagged, retries not.
-    let (code, checks) = verify(&url, "slow", "1.40.0", &[]).await;
+    let (code, checks) = verify(&url, "slow", "1.40.0", ends(slow_at), &[]).await;
     let p99 = check(&checks, "guard p99");
     assert_eq!(p99["ok"], false, "{checks:#?}");
     let now = p99["services"][0]["now"].as_f64().expect("now");
