@@ -214,7 +214,7 @@ impl Command {
 /// A moment as RFC 3339 (`2026-11-30T14:05:00Z`, UTC) or Unix seconds.
 fn parse_time(s: &str) -> Result<std::time::SystemTime, String> {
     if let Ok(secs) = s.parse::<f64>() {
-        if secs.is_finite() && secs >= 0.0 && secs < 1e11 {
+        if (0.0..1e11).contains(&secs) {
             return Ok(std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(secs));
         }
         return Err(format!("{s:?} is not a Unix time in seconds"));
