@@ -113,22 +113,25 @@ impl Pod {
     /// Resolves identity in the documented order (docs/design.md): the process's downward-API env,
     /// Envoy node metadata, the Istio node id, the cgroup pod UID; and, when
     /// none says anything, the namespace inode, so series never collide.
+    /// When Envoy does not answer (it is draining away, or gone), what it
+    /// said before still names the pod.
     pub fn resolve(&mut self, info: Option<&ServerInfo>) {
-        let id = &self.proc_identity;
-        let fallback_pod = || {
-            id.uid
+        let fallback = || {
+            self.proc_identity
+                .uid
                 .clone()
                 .unwrap_or_else(|| format!("netns-{}", self.netns.inode()))
         };
         let (labels, proxy) = match info {
             Some(info) => {
+                let id = &self.proc_identity;
                 let mut p = crate::inventory::proxy_labels(
                     id.namespace.as_deref(),
                     id.name.as_deref(),
                     info,
                 );
                 if p.pod.is_empty() {
-                    p.pod = fallback_pod();
+                    p.pod = fallback();
                 }
                 let labels = PodLabels {
                     namespace: p.namespace.clone(),
@@ -137,10 +140,7 @@ impl Pod {
                 (labels, Some(p))
             }
             None => (
-                PodLabels {
-                    namespace: id.namespace.clone().unwrap_or_default(),
-                    pod: id.name.clone().unwrap_or_else(fallback_pod),
-                },
+                labels_without_envoy(&self.proc_identity, self.proxy.as_ref(), fallback),
                 self.proxy.clone(),
             ),
         };
@@ -190,6 +190,28 @@ impl Pod {
             live: false,
         }
     }
+}
+
+/// A pod's labels while its Envoy does not answer: the process's env first,
+/// then what Envoy said when it last answered, then `fallback`. Never a
+/// worse name than the pod had: a drain ends with Envoy gone, and its
+/// outcome must be reported under the pod's name.
+fn labels_without_envoy(
+    id: &ProcIdentity,
+    known: Option<&ProxyLabels>,
+    fallback: impl FnOnce() -> String,
+) -> PodLabels {
+    let namespace = id
+        .namespace
+        .clone()
+        .or_else(|| known.map(|p| p.namespace.clone()))
+        .unwrap_or_default();
+    let pod = id
+        .name
+        .clone()
+        .or_else(|| known.map(|p| p.pod.clone()).filter(|p| !p.is_empty()))
+        .unwrap_or_else(fallback);
+    PodLabels { namespace, pod }
 }
 
 /// One pod in `GET /status`.
@@ -313,4 +335,57 @@ pub fn watch_report(
 /// A host address as an allow-list entry.
 pub fn host_net(ip: IpAddr) -> IpNet {
     IpNet::from(ip)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proxy(namespace: &str, pod: &str) -> ProxyLabels {
+        ProxyLabels {
+            namespace: namespace.into(),
+            pod: pod.into(),
+            version: "1.40.0".into(),
+            mesh_version: String::new(),
+        }
+    }
+
+    /// Found flaky in `node_pods`: a retired pod's last drain was exported
+    /// as `netns-<inode>` because the scan after Envoy exited fell back.
+    #[test]
+    fn a_pod_keeps_the_name_envoy_gave_it_after_envoy_is_gone() {
+        let none = ProcIdentity::default();
+        let known = proxy("shop", "web-a");
+        let labels = labels_without_envoy(&none, Some(&known), || "netns-1".into());
+        assert_eq!(
+            (labels.namespace.as_str(), labels.pod.as_str()),
+            ("shop", "web-a")
+        );
+    }
+
+    #[test]
+    fn the_process_env_comes_first_and_the_fallback_last() {
+        let env = ProcIdentity {
+            namespace: Some("ns".into()),
+            name: Some("env-pod".into()),
+            uid: None,
+        };
+        let labels = labels_without_envoy(&env, Some(&proxy("shop", "web-a")), || "x".into());
+        assert_eq!(
+            (labels.namespace.as_str(), labels.pod.as_str()),
+            ("ns", "env-pod")
+        );
+        let labels = labels_without_envoy(&ProcIdentity::default(), None, || "netns-1".into());
+        assert_eq!(
+            (labels.namespace.as_str(), labels.pod.as_str()),
+            ("", "netns-1")
+        );
+        let nameless = proxy("shop", "");
+        let labels =
+            labels_without_envoy(&ProcIdentity::default(), Some(&nameless), || "uid".into());
+        assert_eq!(
+            (labels.namespace.as_str(), labels.pod.as_str()),
+            ("shop", "uid")
+        );
+    }
 }
