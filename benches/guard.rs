@@ -1,20 +1,31 @@
 //! The stream guard's cost, against the baselines measured in the same run:
 //!
-//! 1. Unary gRPC under h2load (`-c 10 -m 10`): direct to the backend, through
-//!    the guard, and through an Envoy hop (concurrency 1). Requests per second
-//!    and p99, as ratios. The guard runs twice, with its per-request golden
-//!    signals on (the default) and off (`--guard-request-metrics false`):
-//!    their cost is the ratio of the two (goal: within 3%).
-//! 2. RSS with 10,000 open streams: the guard against Envoy.
+//! 1. Unary gRPC under h2load (`-c 10 -m 10`), at a fixed offered load
+//!    (`--rps 500` per client: 5,000 req/s) and at saturation, three
+//!    repetitions each: direct to the backend, through the guard, and
+//!    through an Envoy hop (concurrency 1). Requests per second, p99, the p99
+//!    a hop adds over direct (same repetition), and the proxy's CPU time per
+//!    request (utime + stime from `/proc/PID/stat` over the load). Spreads
+//!    are min / median / max over the repetitions, never the best one. The
+//!    guard runs twice, with its per-request golden signals on (the default)
+//!    and off (`--guard-request-metrics false`): their cost is the ratio of
+//!    the two (goal: within 3%).
+//! 2. Messages per second through a server-streaming call (10 streams on
+//!    one connection, the backend sending as fast as flow control lets it),
+//!    and the proxy's CPU time per message.
+//! 3. RSS with 10,000 open streams: the guard against Envoy.
 //!
 //! Every process is real: the tonic bench backend (`drainshim bench server`),
 //! the guard (`drainshim sidecar --guard-listen`), Envoy 1.40, and h2load.
+//! It asserts nothing about speed: it prints ratios against the baselines.
 //! Run with `cargo bench --bench guard`; `make bench` does.
 
 mod common;
 use common::*;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use drainshim::bench::envoy::{self, EnvoyOptions, EnvoyProcess};
@@ -22,35 +33,89 @@ use drainshim::proto::bench::stream_client::StreamClient;
 use drainshim::proto::bench::SubscribeRequest;
 use tokio::process::Command;
 
-/// Seconds of load per path (after a 1 s warm-up).
+/// Seconds of measured load per path and repetition (after a 1 s warm-up run).
 const LOAD_SECONDS: u32 = 5;
+/// Repetitions of each load; the spread over them is reported.
+const REPS: usize = 3;
+/// The fixed offered load: requests per second per h2load client (10 clients).
+const RPS_PER_CLIENT: u32 = 500;
 /// Streams held open for the memory comparison, and over how many connections.
 const STREAMS: usize = 10_000;
 const CONNECTIONS: usize = 100;
+/// The streaming comparison: concurrent server streams on one connection,
+/// payload per message, seconds per path and repetition.
+const FLOW_STREAMS: usize = 10;
+const FLOW_PAYLOAD: u32 = 64;
+const FLOW_SECONDS: u64 = 3;
 
+/// One h2load run.
 struct Load {
     rps: f64,
     p99_ms: f64,
+    /// Proxy CPU µs per request over the run (None for the direct path).
+    cpu_us: Option<f64>,
 }
 
-/// h2load against `addr` with gRPC unary Echo calls.
-async fn h2load(addr: SocketAddr, dir: &std::path::Path, name: &str) -> Load {
+/// A path under test: where h2load sends, and whose CPU is counted.
+struct Path {
+    name: &'static str,
+    addr: SocketAddr,
+    /// The proxy's pid (None: direct, no proxy).
+    pid: Option<u32>,
+}
+
+/// utime + stime of `pid` (all its threads), in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
+    // Fields after the command name, which is in parentheses and may hold spaces:
+    // state is field 3, utime field 14, stime field 15.
+    let rest = &stat[stat.rfind(')').expect("stat format") + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    ticks as f64 / hz
+}
+
+/// h2load against `path` with gRPC unary Echo calls for `seconds`; `rps`:
+/// per-client rate (None: as fast as it goes). Returns req/s, p99 and the
+/// proxy's CPU time per request (the run alone: connection setup included,
+/// warm-up excluded).
+async fn h2load(
+    path: &Path,
+    dir: &std::path::Path,
+    tag: &str,
+    rps: Option<u32>,
+    seconds: u32,
+) -> Load {
     // A gRPC frame: uncompressed, length 3, EchoRequest { body: "x", ..Default::default() }.
     let body = dir.join("echo.bin");
     std::fs::write(&body, [0u8, 0, 0, 0, 3, 0x0a, 0x01, b'x']).expect("body");
-    let log = dir.join(format!("{name}.log"));
-    let out = Command::new("h2load")
-        .args(["-c", "10", "-m", "10", "-t", "1", "--warm-up-time", "1"])
-        .args(["-D", &LOAD_SECONDS.to_string()])
+    let log = dir.join(format!("{}-{tag}.log", path.name));
+    let mut cmd = Command::new("h2load");
+    cmd.args(["-c", "10", "-m", "10", "-t", "1"])
+        .args(["-D", &seconds.to_string()])
         .args(["-H", "content-type: application/grpc", "-H", "te: trailers"])
         .arg("-d")
         .arg(&body)
         .arg("--log-file")
-        .arg(&log)
-        .arg(format!("http://{addr}/drainshim.bench.v1.Stream/Echo"))
+        .arg(&log);
+    if let Some(r) = rps {
+        cmd.args(["--rps", &r.to_string()]);
+    }
+    cmd.arg(format!(
+        "http://{}/drainshim.bench.v1.Stream/Echo",
+        path.addr
+    ));
+    let cpu_before = path.pid.map(cpu_seconds);
+    let out = cmd
         .output()
         .await
         .expect("h2load: install it with `make tools` (Debian nghttp2-client)");
+    let cpu = path.pid.zip(cpu_before).map(|(p, b)| cpu_seconds(p) - b);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -63,10 +128,13 @@ async fn h2load(addr: SocketAddr, dir: &std::path::Path, name: &str) -> Load {
         .and_then(|l| l.split(", ").nth(1))
         .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
         .unwrap_or_else(|| panic!("no req/s in h2load output: {text}"));
-    let ok = text
+    // "requests: N total, N started, N done, N succeeded, ..."
+    let succeeded = text
         .lines()
-        .find(|l| l.starts_with("status codes:"))
-        .unwrap_or("");
+        .find_map(|l| l.strip_prefix("requests: "))
+        .and_then(|l| l.split(", ").find(|f| f.ends_with(" succeeded")))
+        .and_then(|f| f.split_whitespace().next()?.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no request count in h2load output: {text}"));
     assert!(text.contains(" 0 failed"), "h2load saw failures: {text}");
     // Each log line: start time, status, duration in microseconds.
     let mut lat: Vec<f64> = std::fs::read_to_string(&log)
@@ -77,8 +145,71 @@ async fn h2load(addr: SocketAddr, dir: &std::path::Path, name: &str) -> Load {
         .collect();
     lat.sort_by(f64::total_cmp);
     let p99 = drainshim::bench::measure::percentile(&lat, 0.99);
-    eprintln!("  {name}: {rps:.0} req/s, p99 {p99:.2} ms ({ok})");
-    Load { rps, p99_ms: p99 }
+    let cpu_us = cpu.map(|s| s * 1e6 / succeeded.max(1.0));
+    eprintln!(
+        "  {} {tag}: {rps:.0} req/s, p99 {p99:.2} ms{}",
+        path.name,
+        cpu_us.map_or(String::new(), |c| format!(", proxy CPU {c:.1} µs/req"))
+    );
+    Load {
+        rps,
+        p99_ms: p99,
+        cpu_us,
+    }
+}
+
+/// Min, median and max.
+fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (v[0], v[v.len() / 2], v[v.len() - 1])
+}
+
+fn fmt_spread(v: Vec<f64>, digits: usize) -> String {
+    let (lo, mid, hi) = spread(v);
+    format!("{mid:.digits$} [{lo:.digits$}..{hi:.digits$}]")
+}
+
+/// Streams `FLOW_STREAMS` endless Subscribe calls on one connection to `addr`
+/// for `FLOW_SECONDS`; returns messages per second and the proxy's CPU µs
+/// per message.
+async fn flow(addr: SocketAddr, pid: Option<u32>) -> (f64, Option<f64>) {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let received = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for s in 0..FLOW_STREAMS {
+        let mut client = StreamClient::new(channel.clone());
+        let received = received.clone();
+        tasks.push(tokio::spawn(async move {
+            let req = SubscribeRequest {
+                stream_id: format!("flow-{s}"),
+                count: 0,
+                interval_ms: 0,
+                payload_bytes: FLOW_PAYLOAD,
+                burst: 64,
+            };
+            let mut stream = client.subscribe(req).await.expect("subscribe").into_inner();
+            while let Ok(Some(_)) = stream.message().await {
+                received.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    // Half a second to get going, then the measured window.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (n0, c0) = (received.load(Ordering::Relaxed), pid.map(cpu_seconds));
+    let start = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_secs(FLOW_SECONDS)).await;
+    let (n1, c1) = (received.load(Ordering::Relaxed), pid.map(cpu_seconds));
+    let secs = start.elapsed().as_secs_f64();
+    for t in tasks {
+        t.abort();
+    }
+    let msgs = (n1 - n0) as f64;
+    let cpu = c0.zip(c1).map(|(a, b)| (b - a) * 1e6 / msgs.max(1.0));
+    (msgs / secs, cpu)
 }
 
 /// Opens `STREAMS` slow Subscribe streams over `CONNECTIONS` connections to
@@ -125,27 +256,171 @@ async fn hold_streams(addr: SocketAddr) -> Vec<tokio::task::JoinHandle<()>> {
     tasks
 }
 
+/// The runs of one load, per path, in repetition order.
+struct Runs {
+    /// `[path][rep]`, paths in the order of `paths`.
+    loads: Vec<Vec<Load>>,
+}
+
+impl Runs {
+    fn col(&self, path: usize, f: impl Fn(&Load) -> f64) -> Vec<f64> {
+        self.loads[path].iter().map(f).collect()
+    }
+
+    /// Per repetition, `f(path a) / f(path b)`.
+    fn ratio(&self, a: usize, b: usize, f: impl Fn(&Load) -> f64) -> Vec<f64> {
+        self.loads[a]
+            .iter()
+            .zip(&self.loads[b])
+            .map(|(x, y)| f(x) / f(y))
+            .collect()
+    }
+
+    /// Per repetition, p99 of `path` minus p99 of direct (path 0).
+    fn added(&self, path: usize) -> Vec<f64> {
+        self.loads[path]
+            .iter()
+            .zip(&self.loads[0])
+            .map(|(x, d)| x.p99_ms - d.p99_ms)
+            .collect()
+    }
+}
+
+const DIRECT: usize = 0;
+const GUARD: usize = 1;
+const GUARD_OFF: usize = 2;
+const ENVOY: usize = 3;
+
+fn print_load(title: &str, paths: &[Path], runs: &Runs) {
+    println!("{title}; {REPS} repetitions, median [min..max]");
+    println!(
+        "{:<10} {:>26} {:>24} {:>24} {:>24}",
+        "path", "req/s", "p99 ms", "p99 added ms", "proxy CPU µs/req"
+    );
+    for (i, p) in paths.iter().enumerate() {
+        let cpu = if p.pid.is_some() {
+            fmt_spread(runs.col(i, |l| l.cpu_us.unwrap_or(0.0)), 1)
+        } else {
+            "-".into()
+        };
+        let added = if i == DIRECT {
+            "-".into()
+        } else {
+            fmt_spread(runs.added(i), 2)
+        };
+        println!(
+            "{:<10} {:>26} {:>24} {:>24} {:>24}",
+            p.name,
+            fmt_spread(runs.col(i, |l| l.rps), 0),
+            fmt_spread(runs.col(i, |l| l.p99_ms), 2),
+            added,
+            cpu
+        );
+    }
+    let cpu = |l: &Load| l.cpu_us.unwrap_or(f64::NAN);
+    println!(
+        "  guard/envoy CPU per request: {} (goal <= 0.5)",
+        fmt_spread(runs.ratio(GUARD, ENVOY, cpu), 2)
+    );
+    let added_ratio: Vec<f64> = runs
+        .added(GUARD)
+        .iter()
+        .zip(runs.added(ENVOY))
+        .map(|(g, e)| g / e)
+        .collect();
+    println!(
+        "  guard/envoy p99 added: {} (goal <= 0.5)",
+        fmt_spread(added_ratio, 2)
+    );
+    println!(
+        "  req/s guard/envoy: {}; guard/direct: {}",
+        fmt_spread(runs.ratio(GUARD, ENVOY, |l| l.rps), 2),
+        fmt_spread(runs.ratio(GUARD, DIRECT, |l| l.rps), 2)
+    );
+    println!(
+        "  request metrics on/off: req/s {}, CPU per request {}, p99 {}",
+        fmt_spread(runs.ratio(GUARD, GUARD_OFF, |l| l.rps), 3),
+        fmt_spread(runs.ratio(GUARD, GUARD_OFF, cpu), 3),
+        fmt_spread(runs.ratio(GUARD, GUARD_OFF, |l| l.p99_ms), 3)
+    );
+}
+
 #[tokio::main]
 async fn main() {
     let binary = envoy::default_binary().expect("Envoy: run `make envoy`");
     let dir = tempfile::tempdir().expect("tempdir");
     let (_backend, backend_addr) = bench_process("server").await;
     let (guard_proc, guard_addr) = guard(backend_addr).await;
-    let (_quiet_proc, quiet_addr) =
+    let (quiet_proc, quiet_addr) =
         guard_with(backend_addr, &["--guard-request-metrics", "false"]).await;
     let envoy = EnvoyProcess::start(&EnvoyOptions::new(binary, backend_addr))
         .await
         .expect("envoy");
-
-    eprintln!("guard bench 1/2: unary gRPC, h2load -c 10 -m 10, {LOAD_SECONDS} s per path");
-    let direct = h2load(backend_addr, dir.path(), "direct").await;
-    let via_guard = h2load(guard_addr, dir.path(), "guard").await;
-    let via_quiet = h2load(quiet_addr, dir.path(), "guard-nometrics").await;
-    let via_envoy = h2load(envoy.inbound, dir.path(), "envoy").await;
-
-    eprintln!("guard bench 2/2: RSS with {STREAMS} open streams over {CONNECTIONS} connections");
     let guard_pid = guard_proc.id().expect("pid");
     let envoy_pid = envoy.pid().expect("pid");
+    let paths = [
+        Path {
+            name: "direct",
+            addr: backend_addr,
+            pid: None,
+        },
+        Path {
+            name: "guard",
+            addr: guard_addr,
+            pid: Some(guard_pid),
+        },
+        Path {
+            name: "guard-off",
+            addr: quiet_addr,
+            pid: quiet_proc.id(),
+        },
+        Path {
+            name: "envoy",
+            addr: envoy.inbound,
+            pid: Some(envoy_pid),
+        },
+    ];
+
+    let fixed_rps = RPS_PER_CLIENT * 10;
+    eprintln!(
+        "guard bench 1/3: unary gRPC, h2load -c 10 -m 10, fixed {fixed_rps} req/s and saturated, {LOAD_SECONDS} s per path, {REPS} repetitions"
+    );
+    for p in &paths {
+        // Warm-up: connections, the backend's and the proxies' first allocations.
+        h2load(p, dir.path(), "warmup", None, 1).await;
+    }
+    let mut fixed = Runs {
+        loads: paths.iter().map(|_| Vec::new()).collect(),
+    };
+    let mut saturated = Runs {
+        loads: paths.iter().map(|_| Vec::new()).collect(),
+    };
+    for rep in 0..REPS {
+        // Paths interleaved within each repetition, so a noisy moment on the
+        // shared machine hits one repetition of every path, not one path.
+        for (i, p) in paths.iter().enumerate() {
+            let tag = format!("fixed{rep}");
+            fixed.loads[i]
+                .push(h2load(p, dir.path(), &tag, Some(RPS_PER_CLIENT), LOAD_SECONDS).await);
+            let tag = format!("sat{rep}");
+            saturated.loads[i].push(h2load(p, dir.path(), &tag, None, LOAD_SECONDS).await);
+        }
+    }
+
+    eprintln!(
+        "guard bench 2/3: server streaming, {FLOW_STREAMS} streams on one connection, {FLOW_PAYLOAD} B messages, {FLOW_SECONDS} s per path, {REPS} repetitions"
+    );
+    let flow_paths = [DIRECT, GUARD, ENVOY];
+    let mut flows: Vec<Vec<(f64, Option<f64>)>> = flow_paths.iter().map(|_| Vec::new()).collect();
+    for _ in 0..REPS {
+        for (k, &i) in flow_paths.iter().enumerate() {
+            let r = flow(paths[i].addr, paths[i].pid).await;
+            eprintln!("  {}: {:.0} messages/s", paths[i].name, r.0);
+            flows[k].push(r);
+        }
+    }
+
+    eprintln!("guard bench 3/3: RSS with {STREAMS} open streams over {CONNECTIONS} connections");
     let guard_idle = rss_mib(guard_pid);
     let envoy_idle = rss_mib(envoy_pid);
     let held = hold_streams(guard_addr).await;
@@ -159,30 +434,44 @@ async fn main() {
         t.abort();
     }
 
-    println!("guard: unary gRPC (h2load -c 10 -m 10, Envoy --concurrency 1), {LOAD_SECONDS} s each, same run");
-    println!(
-        "{:<10} {:>10} {:>9} {:>10} {:>10} {:>12}",
-        "path", "req/s", "p99 ms", "vs direct", "vs envoy", "p99 added ms"
+    println!("guard: unary gRPC Echo, h2load -c 10 -m 10 -t 1, Envoy --concurrency 1, {LOAD_SECONDS} s per run, same run");
+    print_load(
+        &format!("fixed load {fixed_rps} req/s (--rps {RPS_PER_CLIENT})"),
+        &paths,
+        &fixed,
     );
-    for (name, l) in [
-        ("direct", &direct),
-        ("guard", &via_guard),
-        ("guard-off", &via_quiet),
-        ("envoy", &via_envoy),
-    ] {
+    print_load("saturated", &paths, &saturated);
+    println!(
+        "guard: server streaming, {FLOW_STREAMS} streams on one connection, {FLOW_PAYLOAD} B messages; median [min..max]"
+    );
+    println!(
+        "{:<10} {:>30} {:>26}",
+        "path", "messages/s", "proxy CPU µs/message"
+    );
+    for (k, &i) in flow_paths.iter().enumerate() {
+        let cpu = if paths[i].pid.is_some() {
+            fmt_spread(flows[k].iter().map(|r| r.1.unwrap_or(0.0)).collect(), 2)
+        } else {
+            "-".into()
+        };
         println!(
-            "{name:<10} {:>10.0} {:>9.2} {:>10.2} {:>10.2} {:>12.2}",
-            l.rps,
-            l.p99_ms,
-            l.rps / direct.rps,
-            l.rps / via_envoy.rps,
-            l.p99_ms - direct.p99_ms
+            "{:<10} {:>30} {:>26}",
+            paths[i].name,
+            fmt_spread(flows[k].iter().map(|r| r.0).collect(), 0),
+            cpu
         );
     }
+    let per_rep = |a: usize, b: usize| -> Vec<f64> {
+        flows[a]
+            .iter()
+            .zip(&flows[b])
+            .map(|(x, y)| x.0 / y.0)
+            .collect()
+    };
     println!(
-        "guard request metrics on/off: req/s ratio {:.3}, p99 ratio {:.3} (goal: req/s within 3%)",
-        via_guard.rps / via_quiet.rps,
-        via_guard.p99_ms / via_quiet.p99_ms
+        "  messages/s guard/envoy: {}; guard/direct: {}",
+        fmt_spread(per_rep(1, 2), 2),
+        fmt_spread(per_rep(1, 0), 2)
     );
     println!("guard: RSS with {STREAMS} open streams ({CONNECTIONS} connections)");
     println!(

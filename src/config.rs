@@ -53,6 +53,14 @@ pub const DEFAULT_READY_INTERVAL: Span = Span::secs(1);
 /// /readyz turns 503 after this many failed data-path checks in a row: one
 /// slow probe never flips it, a dead guard shows within three intervals.
 pub const DEFAULT_READY_FAILURES: u32 = 3;
+
+/// Runtime worker threads of `drainshim sidecar`. One: the guard's hops
+/// then wake each other on one thread, with no cross-thread wake-ups or
+/// work stealing, which measured cheaper per request and faster at
+/// saturation on a 2-core machine (`benches/guard.rs`; docs/design.md §3
+/// "Cost"); it is also what Envoy `--concurrency 1` gets. Raise it for a
+/// guard that needs more than one core.
+pub const DEFAULT_WORKER_THREADS: usize = 1;
 /// Pods come and go on the order of seconds; 5 s keeps /proc reads negligible.
 pub const DEFAULT_SCAN_INTERVAL: Span = Span::secs(5);
 /// Long enough for two 30 s scrapes to see a departed pod's last drain.

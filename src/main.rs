@@ -41,10 +41,7 @@ fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match cli.command.runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("drainshim: cannot start the runtime: {e}");

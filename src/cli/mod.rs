@@ -201,6 +201,16 @@ impl Command {
 
     /// The log filter without `--log`: the demo talks to a person, so only
     /// warnings from the library.
+    /// The runtime the command runs on: the sidecar's worker threads are a
+    /// setting (`--worker-threads`); other commands get one per core.
+    pub fn runtime(&self) -> std::io::Result<tokio::runtime::Runtime> {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        if let Command::Sidecar(a) = self {
+            builder.worker_threads(a.worker_threads);
+        }
+        builder.enable_all().build()
+    }
+
     pub fn default_log(&self) -> &'static str {
         match self {
             #[cfg(feature = "bench")]
@@ -651,6 +661,13 @@ pub struct SidecarArgs {
     /// Envoy's admin API.
     #[arg(long, env = "DRAINSHIM_ENVOY_ADMIN", default_value = config::DEFAULT_ENVOY_ADMIN)]
     pub envoy_admin: Endpoint,
+
+    /// Runtime worker threads (the guard, the control endpoints and the
+    /// drain share them). One keeps the guard's hops on one thread, the
+    /// cheapest per request; raise it for a guard that needs more than a core.
+    #[arg(long, env = "DRAINSHIM_WORKER_THREADS", default_value_t = config::DEFAULT_WORKER_THREADS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
+    pub worker_threads: usize,
 
     /// Address for the control endpoints and /metrics.
     #[arg(long, env = "DRAINSHIM_LISTEN", default_value_t = config::DEFAULT_LISTEN)]

@@ -23,10 +23,9 @@ use h2::server::{Connection, SendResponse};
 use h2::{Ping, PingPong, RecvStream};
 use http::Request;
 use tokio::net::TcpStream;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::conn::{ConnInfo, CountGuard};
+use super::conn::{ConnInfo, StreamCount};
 use super::flood::Flood;
 use super::grpc;
 use super::lifecycle::{Action, Cause, Input, Lifecycle, Settings};
@@ -150,8 +149,9 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
         l,
         inner.tasks.clone(),
     ));
-    let (count_tx, mut count_rx) = watch::channel(0usize);
-    let count_tx = Arc::new(count_tx);
+    let count = Arc::new(StreamCount::default());
+    // Whether the lifecycle was last told "no streams" (it starts idle).
+    let mut told_empty = true;
     let age_at = inner
         .config
         .max_connection_age
@@ -173,30 +173,43 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
     );
     tracing::debug!(peer = %info.peer, conn = info.id, ?age_at, "guard: HTTP/2 connection");
 
+    // The guard-wide signals, waited on for the whole connection: created
+    // once, so a turn of the loop does not register and unregister waiters
+    // on tokens every connection shares.
+    let terminate = inner.terminate.cancelled();
+    let goaway = inner.goaway.cancelled();
+    tokio::pin!(terminate, goaway);
     loop {
         let d = life.deadlines();
         let want_quiet = life.wants_quiet();
         // Signals and timers first, so a busy connection cannot starve them;
-        // the connection itself is polled on every turn.
-        let event = tokio::select! {
+        // the connection itself is polled on every turn. A change between
+        // "no streams" and "some" is reported before anything else.
+        let event = if told_empty != (count.get() == 0) {
+            Event::CountChanged
+        } else {
+            tokio::select! {
             biased;
             _ = sleep_until_opt(d.close_by) => Event::HardDeadline,
-            _ = inner.terminate.cancelled(), if life.watches_terminate() => Event::Input(Input::Terminate),
-            _ = inner.goaway.cancelled(), if life.watches_goaway() => Event::Input(Input::GoawayAll),
+            _ = &mut terminate, if life.watches_terminate() => Event::Input(Input::Terminate),
+            _ = &mut goaway, if life.watches_goaway() => Event::Input(Input::GoawayAll),
             _ = sleep_until_opt(d.age) => Event::Input(Input::AgeReached),
             _ = pong(&mut pings), if life.awaits_ack() => Event::Input(Input::Acked),
             _ = sleep_until_opt(d.ack) => Event::Input(Input::AckTimedOut),
             _ = sleep_until_opt(d.grace) => Event::Input(Input::GraceOver),
             _ = sleep_until_opt(d.first_stream) => Event::Input(Input::HeaderTimedOut),
             _ = sleep_until_opt(d.idle) => Event::Input(Input::IdleTimedOut),
-            _ = count_rx.changed() => Event::CountChanged,
+            _ = count.emptied(), if !told_empty => Event::CountChanged,
             e = poll_fn(|cx| poll_connection(&mut conn, cx, want_quiet)) => e,
+            }
         };
         let now = Instant::now();
+        // Streams admitted in this turn (they may have ended already).
+        let mut admitted = 0;
         let input = match event {
             Event::Stream(s) => {
                 let (req, respond) = *s;
-                admit(inner, &upstream, &count_tx, &life, info, req, respond);
+                admitted += usize::from(admit(inner, &upstream, &count, &life, info, req, respond));
                 // Take every stream h2 already has queued, so that streams a
                 // caller opened and cancelled in one burst do not pile up as
                 // pending-accept resets on a connection all callers share.
@@ -206,7 +219,9 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
                         Poll::Ready(Some(Ok((req, respond)))) => {
                             // The one StreamAccepted below stands for the
                             // whole batch (its action must not be lost).
-                            admit(inner, &upstream, &count_tx, &life, info, req, respond);
+                            admitted += usize::from(admit(
+                                inner, &upstream, &count, &life, info, req, respond,
+                            ));
                             extra += 1;
                         }
                         // Errors and the end are seen by the next poll.
@@ -224,7 +239,15 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
                 tracing::debug!(peer = %info.peer, conn = info.id, "guard: closing deadline reached; dropping the connection");
                 break;
             }
-            Event::CountChanged => Input::Streams(*count_rx.borrow_and_update()),
+            Event::CountChanged => {
+                let n = count.get();
+                if told_empty == (n == 0) {
+                    // A stale wake-up: nothing the lifecycle cares about changed.
+                    continue;
+                }
+                told_empty = n == 0;
+                Input::Streams(n)
+            }
             Event::Input(Input::AckTimedOut) => {
                 tracing::info!(
                     peer = %info.peer,
@@ -266,55 +289,69 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
             // for when no stream is open: it would fail open streams.
             Some(Action::Close) => conn.abrupt_shutdown(h2::Reason::NO_ERROR),
         }
+        if admitted > 0 && told_empty {
+            // The connection is busy again (the idle timer stops), even if
+            // those streams already ended: the loop's next turn then reports
+            // "none" afresh, restarting the idle timer from now.
+            told_empty = false;
+            let action = life.step(Input::Streams(admitted), now);
+            debug_assert!(action.is_none(), "a stream count never asks for an action");
+        }
     }
     upstream.close();
 }
 
-/// Starts a stream task, or refuses the stream retryably.
+/// Starts a stream task (true), or refuses the stream retryably (false).
 fn admit(
     inner: &Arc<Inner>,
     upstream: &Arc<H2Upstream>,
-    count: &Arc<watch::Sender<usize>>,
+    count: &Arc<StreamCount>,
     life: &Lifecycle,
     info: ConnInfo,
     req: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
-) {
+) -> bool {
     let kind = super::body::request_kind(req.headers());
     let grpc = kind != super::body::Kind::Opaque;
     if life.refuses_streams() {
         // The client ignored GOAWAY(2^31-1). REFUSED_STREAM tells it the
         // request was not processed and is safe to retry.
         respond.send_reset(h2::Reason::REFUSED_STREAM);
-        return;
+        return false;
     }
     let registered = match inner.registry.try_register(info.id, grpc) {
         Ok(r) => r,
-        Err(Refused::Terminating) => return refuse_draining(&mut respond, kind),
+        Err(Refused::Terminating) => {
+            refuse_draining(&mut respond, kind);
+            return false;
+        }
         // The process-wide cap: not processed, safe to retry (Envoy retries
         // refused-stream on the app when it fails open).
-        Err(Refused::Full) => return respond.send_reset(h2::Reason::REFUSED_STREAM),
+        Err(Refused::Full) => {
+            respond.send_reset(h2::Reason::REFUSED_STREAM);
+            return false;
+        }
     };
-    count.send_modify(|n| *n += 1);
+    let count = count.enter();
     if super::connect::is_websocket(&req) {
-        let count = CountGuard(count.clone());
         let task_inner = inner.clone();
         inner.tasks.spawn(async move {
             super::connect::proxy(task_inner, registered, req, respond, info).await;
             drop(count);
         });
-        return;
+        return true;
     }
     let job = StreamJob {
         inner: inner.clone(),
         upstream: upstream.clone(),
         registered,
-        count: CountGuard(count.clone()),
+        count,
         req,
         respond,
         peer: info.peer,
     };
     inner.tasks.spawn(stream::proxy(job));
+    true
 }
 
 /// The answer to a new stream while terminating: trailers-only UNAVAILABLE

@@ -159,19 +159,26 @@ async fn drive<F>(
 ) where
     F: std::future::Future<Output = Result<(), h2::Error>>,
 {
-    tokio::pin!(conn);
+    // Created once: the connection is polled on every frame, and a turn of
+    // the loop should not register and drop waiters each time.
+    let closing = closed.cancelled();
+    let wake = barrier.wake.notified();
+    tokio::pin!(conn, closing, wake);
     // The request count the PING in flight answers.
     let mut in_flight: Option<u64> = None;
     loop {
         tokio::select! {
+            biased;
             r = &mut conn => {
                 if let Err(e) = r {
                     tracing::debug!(upstream = %addr, error = %e, "upstream connection ended");
                 }
                 break;
             }
-            _ = closed.cancelled() => break,
-            _ = barrier.wake.notified(), if in_flight.is_none() => {
+            _ = &mut closing => break,
+            _ = &mut wake, if in_flight.is_none() => {
+                // Re-armed for the next request.
+                wake.set(barrier.wake.notified());
                 let target = barrier.requested.load(Ordering::Relaxed);
                 if target <= *barrier.done.borrow() {
                     continue;
