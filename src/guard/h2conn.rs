@@ -30,13 +30,14 @@ use super::conn::{ConnInfo, CountGuard};
 use super::flood::Flood;
 use super::grpc;
 use super::lifecycle::{Action, Cause, Input, Lifecycle, Settings};
+use super::rapid::PrematureResets;
 use super::registry::Refused;
 use super::schedule::jittered_age;
 use super::sniff::{linger, Prefixed};
 use super::stream::{self, StreamJob};
 use super::upstream::H2Upstream;
 use super::Inner;
-use crate::metrics::Reason;
+use crate::metrics::{Limit, Reason};
 
 /// Largest window h2 accepts (2^31-1); larger configured values are clamped.
 const MAX_WINDOW: u32 = (1 << 31) - 1;
@@ -55,6 +56,8 @@ enum Event {
     Input(Input),
     CountChanged,
     HardDeadline,
+    /// Most streams were reset before they were answered (rapid reset).
+    RapidReset,
 }
 
 /// The metrics label, for the causes the contract counts.
@@ -152,6 +155,9 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
     ));
     let (count_tx, mut count_rx) = watch::channel(0usize);
     let count_tx = Arc::new(count_tx);
+    let resets = Arc::new(PrematureResets::new(l.max_pending_accept_reset_streams));
+    // Whether the rapid-reset rule closed the connection.
+    let mut calmed = false;
     let age_at = inner
         .config
         .max_connection_age
@@ -172,6 +178,13 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
         Instant::now(),
     );
     tracing::debug!(peer = %info.peer, conn = info.id, ?age_at, "guard: HTTP/2 connection");
+    let shared = Shared {
+        inner,
+        upstream: &upstream,
+        count: &count_tx,
+        resets: &resets,
+        info,
+    };
 
     loop {
         let d = life.deadlines();
@@ -181,6 +194,7 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
         let event = tokio::select! {
             biased;
             _ = sleep_until_opt(d.close_by) => Event::HardDeadline,
+            _ = resets.tripped(), if !calmed => Event::RapidReset,
             _ = inner.terminate.cancelled(), if life.watches_terminate() => Event::Input(Input::Terminate),
             _ = inner.goaway.cancelled(), if life.watches_goaway() => Event::Input(Input::GoawayAll),
             _ = sleep_until_opt(d.age) => Event::Input(Input::AgeReached),
@@ -196,7 +210,7 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
         let input = match event {
             Event::Stream(s) => {
                 let (req, respond) = *s;
-                admit(inner, &upstream, &count_tx, &life, info, req, respond);
+                admit(&shared, &life, req, respond);
                 // Take every stream h2 already has queued, so that streams a
                 // caller opened and cancelled in one burst do not pile up as
                 // pending-accept resets on a connection all callers share.
@@ -206,7 +220,7 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
                         Poll::Ready(Some(Ok((req, respond)))) => {
                             // The one StreamAccepted below stands for the
                             // whole batch (its action must not be lost).
-                            admit(inner, &upstream, &count_tx, &life, info, req, respond);
+                            admit(&shared, &life, req, respond);
                             extra += 1;
                         }
                         // Errors and the end are seen by the next poll.
@@ -223,6 +237,18 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
             Event::HardDeadline => {
                 tracing::debug!(peer = %info.peer, conn = info.id, "guard: closing deadline reached; dropping the connection");
                 break;
+            }
+            Event::RapidReset => {
+                tracing::warn!(
+                    peer = %info.peer,
+                    conn = info.id,
+                    premature = resets.count(),
+                    "guard: most streams on this connection were reset before they were answered (rapid reset); GOAWAY(ENHANCE_YOUR_CALM)"
+                );
+                inner.metrics.guard_limited(Limit::rapid_reset).inc();
+                conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
+                calmed = true;
+                continue;
             }
             Event::CountChanged => Input::Streams(*count_rx.borrow_and_update()),
             Event::Input(Input::AckTimedOut) => {
@@ -270,16 +296,38 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
     upstream.close();
 }
 
+/// What every stream of one connection shares.
+struct Shared<'a> {
+    inner: &'a Arc<Inner>,
+    upstream: &'a Arc<H2Upstream>,
+    /// The connection's stream count.
+    count: &'a Arc<watch::Sender<usize>>,
+    /// The connection's premature resets.
+    resets: &'a Arc<PrematureResets>,
+    info: ConnInfo,
+}
+
 /// Starts a stream task, or refuses the stream retryably.
 fn admit(
-    inner: &Arc<Inner>,
-    upstream: &Arc<H2Upstream>,
-    count: &Arc<watch::Sender<usize>>,
+    shared: &Shared<'_>,
     life: &Lifecycle,
-    info: ConnInfo,
     req: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
 ) {
+    let Shared {
+        inner,
+        upstream,
+        count,
+        resets,
+        info,
+    } = *shared;
+    resets.accepted();
+    if stream::already_reset(&mut respond) {
+        // h2 read its RST_STREAM before the guard took it: nothing to
+        // forward, and premature.
+        resets.premature();
+        return;
+    }
     let kind = super::body::request_kind(req.headers());
     let grpc = kind != super::body::Kind::Opaque;
     if life.refuses_streams() {
@@ -310,6 +358,7 @@ fn admit(
         upstream: upstream.clone(),
         registered,
         count: CountGuard(count.clone()),
+        resets: resets.clone(),
         req,
         respond,
         peer: info.peer,
