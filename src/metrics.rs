@@ -99,6 +99,9 @@ pub enum Limit {
     settings,
     /// A connection's reads paused by the RST_STREAM rate limit.
     rst_stream,
+    /// A connection sent GOAWAY(ENHANCE_YOUR_CALM): most of its streams
+    /// were reset before they were answered (rapid reset).
+    rapid_reset,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

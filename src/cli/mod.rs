@@ -199,8 +199,6 @@ impl Command {
         }
     }
 
-    /// The log filter without `--log`: the demo talks to a person, so only
-    /// warnings from the library.
     /// The runtime the command runs on: the sidecar's worker threads are a
     /// setting (`--worker-threads`); other commands get one per core.
     pub fn runtime(&self) -> std::io::Result<tokio::runtime::Runtime> {
@@ -211,6 +209,8 @@ impl Command {
         builder.enable_all().build()
     }
 
+    /// The log filter without `--log`: the demo talks to a person, so only
+    /// warnings from the library.
     pub fn default_log(&self) -> &'static str {
         match self {
             #[cfg(feature = "bench")]

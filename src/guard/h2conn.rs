@@ -29,13 +29,14 @@ use super::conn::{ConnInfo, StreamCount};
 use super::flood::Flood;
 use super::grpc;
 use super::lifecycle::{Action, Cause, Input, Lifecycle, Settings};
+use super::rapid::PrematureResets;
 use super::registry::Refused;
 use super::schedule::jittered_age;
 use super::sniff::{linger, Prefixed};
 use super::stream::{self, StreamJob};
 use super::upstream::H2Upstream;
 use super::Inner;
-use crate::metrics::Reason;
+use crate::metrics::{Limit, Reason};
 
 /// Largest window h2 accepts (2^31-1); larger configured values are clamped.
 const MAX_WINDOW: u32 = (1 << 31) - 1;
@@ -54,6 +55,8 @@ enum Event {
     Input(Input),
     CountChanged,
     HardDeadline,
+    /// Most streams were reset before they were answered (rapid reset).
+    RapidReset,
 }
 
 /// The metrics label, for the causes the contract counts.
@@ -152,6 +155,9 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
     let count = Arc::new(StreamCount::default());
     // Whether the lifecycle was last told "no streams" (it starts idle).
     let mut told_empty = true;
+    let resets = Arc::new(PrematureResets::new(l.max_pending_accept_reset_streams));
+    // Whether the rapid-reset rule closed the connection.
+    let mut calmed = false;
     let age_at = inner
         .config
         .max_connection_age
@@ -172,13 +178,21 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
         Instant::now(),
     );
     tracing::debug!(peer = %info.peer, conn = info.id, ?age_at, "guard: HTTP/2 connection");
+    let shared = Shared {
+        inner,
+        upstream: &upstream,
+        count: &count,
+        resets: &resets,
+        info,
+    };
 
     // The guard-wide signals, waited on for the whole connection: created
     // once, so a turn of the loop does not register and unregister waiters
     // on tokens every connection shares.
     let terminate = inner.terminate.cancelled();
     let goaway = inner.goaway.cancelled();
-    tokio::pin!(terminate, goaway);
+    let tripped = resets.tripped();
+    tokio::pin!(terminate, goaway, tripped);
     loop {
         let d = life.deadlines();
         let want_quiet = life.wants_quiet();
@@ -191,6 +205,7 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
             tokio::select! {
             biased;
             _ = sleep_until_opt(d.close_by) => Event::HardDeadline,
+            _ = &mut tripped, if !calmed => Event::RapidReset,
             _ = &mut terminate, if life.watches_terminate() => Event::Input(Input::Terminate),
             _ = &mut goaway, if life.watches_goaway() => Event::Input(Input::GoawayAll),
             _ = sleep_until_opt(d.age) => Event::Input(Input::AgeReached),
@@ -209,7 +224,7 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
         let input = match event {
             Event::Stream(s) => {
                 let (req, respond) = *s;
-                admitted += usize::from(admit(inner, &upstream, &count, &life, info, req, respond));
+                admitted += usize::from(admit(&shared, &life, req, respond));
                 // Take every stream h2 already has queued, so that streams a
                 // caller opened and cancelled in one burst do not pile up as
                 // pending-accept resets on a connection all callers share.
@@ -219,9 +234,7 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
                         Poll::Ready(Some(Ok((req, respond)))) => {
                             // The one StreamAccepted below stands for the
                             // whole batch (its action must not be lost).
-                            admitted += usize::from(admit(
-                                inner, &upstream, &count, &life, info, req, respond,
-                            ));
+                            admitted += usize::from(admit(&shared, &life, req, respond));
                             extra += 1;
                         }
                         // Errors and the end are seen by the next poll.
@@ -238,6 +251,18 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
             Event::HardDeadline => {
                 tracing::debug!(peer = %info.peer, conn = info.id, "guard: closing deadline reached; dropping the connection");
                 break;
+            }
+            Event::RapidReset => {
+                tracing::warn!(
+                    peer = %info.peer,
+                    conn = info.id,
+                    premature = resets.count(),
+                    "guard: most streams on this connection were reset before they were answered (rapid reset); GOAWAY(ENHANCE_YOUR_CALM)"
+                );
+                inner.metrics.guard_limited(Limit::rapid_reset).inc();
+                conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
+                calmed = true;
+                continue;
             }
             Event::CountChanged => {
                 let n = count.get();
@@ -301,16 +326,38 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
     upstream.close();
 }
 
+/// What every stream of one connection shares.
+struct Shared<'a> {
+    inner: &'a Arc<Inner>,
+    upstream: &'a Arc<H2Upstream>,
+    /// The connection's stream count.
+    count: &'a Arc<StreamCount>,
+    /// The connection's premature resets.
+    resets: &'a Arc<PrematureResets>,
+    info: ConnInfo,
+}
+
 /// Starts a stream task (true), or refuses the stream retryably (false).
 fn admit(
-    inner: &Arc<Inner>,
-    upstream: &Arc<H2Upstream>,
-    count: &Arc<StreamCount>,
+    shared: &Shared<'_>,
     life: &Lifecycle,
-    info: ConnInfo,
     req: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
 ) -> bool {
+    let Shared {
+        inner,
+        upstream,
+        count,
+        resets,
+        info,
+    } = *shared;
+    resets.accepted();
+    if stream::already_reset(&mut respond) {
+        // h2 read its RST_STREAM before the guard took it: nothing to
+        // forward, and premature.
+        resets.premature();
+        return false;
+    }
     let kind = super::body::request_kind(req.headers());
     let grpc = kind != super::body::Kind::Opaque;
     if life.refuses_streams() {
@@ -346,6 +393,7 @@ fn admit(
         upstream: upstream.clone(),
         registered,
         count,
+        resets: resets.clone(),
         req,
         respond,
         peer: info.peer,

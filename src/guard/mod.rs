@@ -31,6 +31,7 @@ mod headers;
 mod keepalive;
 mod lifecycle;
 mod limits;
+mod rapid;
 mod registry;
 mod schedule;
 mod signals;

@@ -52,6 +52,7 @@ use super::body::{request_kind, response_kind, trailers_only, Boundaries, End, K
 use super::conn::CountGuard;
 use super::grpc;
 use super::headers::{append_forwarded_for, strip_hop_by_hop};
+use super::rapid::PrematureResets;
 use super::registry::{Registered, StreamCtl};
 use super::signals;
 use super::upstream::{Barrier, H2Upstream};
@@ -68,12 +69,20 @@ pub struct StreamJob {
     pub registered: Registered,
     /// The connection's stream count; dropping it decrements.
     pub count: CountGuard,
+    /// The connection's streams reset before they were forwarded.
+    pub resets: Arc<PrematureResets>,
     /// The request as the client sent it.
     pub req: Request<RecvStream>,
     /// Where the response goes.
     pub respond: SendResponse<Bytes>,
     /// The client: for logs, and appended to `x-forwarded-for`.
     pub peer: SocketAddr,
+}
+
+/// Whether the client has reset the stream (checked without waiting).
+pub fn already_reset(respond: &mut SendResponse<Bytes>) -> bool {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    respond.poll_reset(&mut cx).is_ready()
 }
 
 /// How a stream ended, for metrics and logs.
@@ -119,10 +128,18 @@ pub async fn proxy(job: StreamJob) {
         upstream,
         registered,
         count,
+        resets,
         req,
         mut respond,
         peer,
     } = job;
+    // Reset before the guard did anything with it: not forwarded, and
+    // counted against the connection (rapid reset).
+    if already_reset(&mut respond) {
+        resets.premature();
+        return;
+    }
+    let started = Instant::now();
     let ctl = registered.ctl.clone();
     let id = respond.stream_id().as_u32();
     let path = req.uri().path().to_string();
@@ -133,6 +150,12 @@ pub async fn proxy(job: StreamJob) {
     };
     let mut sig = inner.signals.start(ctl.grpc, &path, protocol);
     let outcome = run(&inner, &upstream, &ctl, req, &mut respond, peer, &mut sig).await;
+    if outcome == Outcome::ClientGone
+        && !ctl.answered()
+        && started.elapsed() < super::rapid::PREMATURE_LIFETIME
+    {
+        resets.premature();
+    }
     if let Some(s) = sig.as_mut() {
         record_outcome(s, ctl.grpc, &outcome);
     }

@@ -63,9 +63,20 @@ pub struct Mem {
 
 impl GuardProcess {
     /// Starts the binary with the guard in front of `upstream` and waits for
-    /// its `guard_listen=Some(ADDR)` log line.
+    /// its `guard_listen=Some(ADDR)` log line. The guard runs on one CPU
+    /// (`taskset`), like a pod with a one-CPU limit: its runtime then has one
+    /// worker thread, the case where h2's own rapid-reset counter never
+    /// fires (it once let a rapid-reset attack through unanswered).
     pub async fn spawn(upstream: SocketAddr) -> GuardProcess {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_drainshim"))
+        let cpu = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
+            .ok()
+            .and_then(|set| {
+                (0..nix::sched::CpuSet::count()).find(|&c| set.is_set(c).unwrap_or(false))
+            })
+            .expect("this process may run on some CPU");
+        let mut child = Command::new("taskset")
+            .args(["--cpu-list", &cpu.to_string()])
+            .arg(env!("CARGO_BIN_EXE_drainshim"))
             .args(["sidecar", "--listen", "127.0.0.1:0"])
             // Nothing listens on port 9 (discard): the drain is never asked
             // for here, and the guard does not need Envoy.
@@ -77,7 +88,7 @@ impl GuardProcess {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .expect("spawn drainshim sidecar");
+            .expect("spawn drainshim sidecar under taskset (util-linux)");
         let pid = child.id().expect("pid");
         let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
         let addr = tokio::time::timeout(PROBE_PATIENCE, async {
