@@ -556,36 +556,9 @@ pub struct NodeGuardArgs {
     )]
     pub default_guard: Option<crate::settings::GuardSpec>,
 
-    /// Per pod: most connections its guard holds open at once.
-    #[arg(long, env = "DRAINSHIM_GUARD_MAX_CONNECTIONS", default_value_t = crate::guard::DEFAULT_MAX_CONNECTIONS,
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
-    pub guard_max_connections: usize,
-
-    /// Per pod: most streams open through its guard at once; more are
-    /// refused retryably before they reach the app.
-    #[arg(long, env = "DRAINSHIM_GUARD_MAX_STREAMS", default_value_t = crate::guard::DEFAULT_MAX_STREAMS,
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
-    pub guard_max_streams: usize,
-
-    /// Close each guard connection after this age (±10% jitter), as the sidecar does. Off by default.
-    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE")]
-    pub max_connection_age: Option<Span>,
-
-    /// How long streams may run after a max-age GOAWAY before the guard ends them.
-    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_GRACE", default_value_t = config::DEFAULT_MAX_CONNECTION_AGE_GRACE)]
-    pub max_connection_age_grace: Span,
-
-    /// End a connection's remaining streams spread over this window, inside the grace.
-    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_SPREAD", default_value_t = config::DEFAULT_MAX_CONNECTION_AGE_SPREAD)]
-    pub max_connection_age_spread: Span,
-
-    /// Which streams a drain ends early (see `drainshim sidecar --help`).
-    #[arg(long, env = "DRAINSHIM_LONG_STREAM_AGE", default_value_t = config::DEFAULT_LONG_STREAM_AGE)]
-    pub long_stream_age: Span,
-
-    /// Reset a guarded stream whose client takes no response data for this long.
-    #[arg(long, env = "DRAINSHIM_WRITE_STALL_TIMEOUT", default_value_t = config::DEFAULT_WRITE_STALL_TIMEOUT)]
-    pub write_stall_timeout: Span,
+    /// The guards' limits and ages, per pod, as the sidecar's.
+    #[command(flatten)]
+    pub tuning: GuardTuningArgs,
 
     /// A unix socket on a host path shared by successive agents. At start the
     /// agent asks the one serving it for every listener (the node API, each
@@ -598,6 +571,68 @@ pub struct NodeGuardArgs {
     /// streams it still carries spread over this window, then exits at SIGTERM.
     #[arg(long, env = "DRAINSHIM_HANDOVER_WINDOW", default_value_t = config::DEFAULT_HANDOVER_WINDOW)]
     pub handover_window: Span,
+}
+
+/// The stream guard's limits and connection ages: the same flags for the
+/// sidecar's guard and for each guard of the node agent (per pod there).
+#[derive(Debug, Clone, Args)]
+pub struct GuardTuningArgs {
+    /// Most connections the guard (node mode: each pod's) holds open at once; more are closed as
+    /// soon as they are accepted (Envoy retries them, on the app when it
+    /// fails open).
+    #[arg(long, env = "DRAINSHIM_GUARD_MAX_CONNECTIONS", default_value_t = crate::guard::DEFAULT_MAX_CONNECTIONS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    pub guard_max_connections: usize,
+
+    /// Most streams (HTTP/1.1: requests) open through the guard (node mode:
+    /// each pod's) at once, over all connections; more are refused retryably (HTTP/2 REFUSED_STREAM,
+    /// HTTP/1.1 503 with Retry-After) before they reach the app.
+    #[arg(long, env = "DRAINSHIM_GUARD_MAX_STREAMS", default_value_t = crate::guard::DEFAULT_MAX_STREAMS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
+    pub guard_max_streams: usize,
+
+    /// Close each guard connection after this age (±10% jitter): GOAWAY, a
+    /// grace, then open streams end with grpc-status 14. Off by default.
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE")]
+    pub max_connection_age: Option<Span>,
+
+    /// How long streams may run after a max-age GOAWAY before the guard ends them.
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_GRACE", default_value_t = config::DEFAULT_MAX_CONNECTION_AGE_GRACE)]
+    pub max_connection_age_grace: Span,
+
+    /// End a connection's remaining streams spread over this window, inside
+    /// the grace (capped at it): behind Envoy one pooled connection carries
+    /// many streams, and age x (1 +/- 10%) + grace stays a bound on its life.
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_SPREAD", default_value_t = config::DEFAULT_MAX_CONNECTION_AGE_SPREAD)]
+    pub max_connection_age_spread: Span,
+
+    /// Which streams a drain ends early. Long-lived streams (a response that
+    /// carried two or more messages, or answered at least this long ago) are
+    /// ended gracefully, spread over the drain window. Everything else (unary
+    /// calls, calls the app has not answered) is left to finish until the
+    /// drain's deadline minus the time an ending needs; only what is still
+    /// open then is ended, retryably.
+    #[arg(long, env = "DRAINSHIM_LONG_STREAM_AGE", default_value_t = config::DEFAULT_LONG_STREAM_AGE)]
+    pub long_stream_age: Span,
+
+    /// Reset a guarded stream whose client takes no response data for this
+    /// long (its flow-control window stays shut), so a peer that stopped
+    /// reading does not hold it until max age.
+    #[arg(long, env = "DRAINSHIM_WRITE_STALL_TIMEOUT", default_value_t = config::DEFAULT_WRITE_STALL_TIMEOUT)]
+    pub write_stall_timeout: Span,
+}
+
+impl GuardTuningArgs {
+    /// Writes these flags into a guard's configuration.
+    fn apply(&self, c: &mut crate::guard::GuardConfig) {
+        c.max_connection_age = self.max_connection_age.map(Span::get);
+        c.max_connection_age_grace = self.max_connection_age_grace.get();
+        c.max_connection_age_spread = self.max_connection_age_spread.get();
+        c.long_stream_age = self.long_stream_age.get();
+        c.limits.write_stall_timeout = self.write_stall_timeout.get();
+        c.limits.max_connections = self.guard_max_connections;
+        c.limits.max_streams = self.guard_max_streams;
+    }
 }
 
 /// The drain timers; see docs/design.md for the timeline.
@@ -685,19 +720,8 @@ pub struct SidecarArgs {
     #[arg(long, env = "DRAINSHIM_GUARD_UPSTREAM")]
     pub guard_upstream: Option<SocketAddr>,
 
-    /// Most connections the guard holds open at once; more are closed as
-    /// soon as they are accepted (Envoy retries them, on the app when it
-    /// fails open).
-    #[arg(long, env = "DRAINSHIM_GUARD_MAX_CONNECTIONS", default_value_t = crate::guard::DEFAULT_MAX_CONNECTIONS,
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
-    pub guard_max_connections: usize,
-
-    /// Most streams (HTTP/1.1: requests) open through the guard at once, over
-    /// all connections; more are refused retryably (HTTP/2 REFUSED_STREAM,
-    /// HTTP/1.1 503 with Retry-After) before they reach the app.
-    #[arg(long, env = "DRAINSHIM_GUARD_MAX_STREAMS", default_value_t = crate::guard::DEFAULT_MAX_STREAMS,
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
-    pub guard_max_streams: usize,
+    #[command(flatten)]
+    pub tuning: GuardTuningArgs,
 
     /// Record the guard's golden signals per request: drainshim_guard_requests_total
     /// {service,code,protocol}, drainshim_guard_request_duration_seconds{service},
@@ -732,36 +756,6 @@ pub struct SidecarArgs {
     #[arg(long, env = "DRAINSHIM_READY_FAILURES", default_value_t = config::DEFAULT_READY_FAILURES,
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub ready_failures: u32,
-
-    /// Close each guard connection after this age (±10% jitter): GOAWAY, a
-    /// grace, then open streams end with grpc-status 14. Off by default.
-    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE")]
-    pub max_connection_age: Option<Span>,
-
-    /// How long streams may run after a max-age GOAWAY before the guard ends them.
-    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_GRACE", default_value_t = config::DEFAULT_MAX_CONNECTION_AGE_GRACE)]
-    pub max_connection_age_grace: Span,
-
-    /// End a connection's remaining streams spread over this window, inside
-    /// the grace (capped at it): behind Envoy one pooled connection carries
-    /// many streams, and age x (1 +/- 10%) + grace stays a bound on its life.
-    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_SPREAD", default_value_t = config::DEFAULT_MAX_CONNECTION_AGE_SPREAD)]
-    pub max_connection_age_spread: Span,
-
-    /// Which streams a drain ends early. Long-lived streams (a response that
-    /// carried two or more messages, or answered at least this long ago) are
-    /// ended gracefully, spread over the drain window. Everything else (unary
-    /// calls, calls the app has not answered) is left to finish until the
-    /// drain's deadline minus the time an ending needs; only what is still
-    /// open then is ended, retryably.
-    #[arg(long, env = "DRAINSHIM_LONG_STREAM_AGE", default_value_t = config::DEFAULT_LONG_STREAM_AGE)]
-    pub long_stream_age: Span,
-
-    /// Reset a guarded stream whose client takes no response data for this
-    /// long (its flow-control window stays shut), so a peer that stopped
-    /// reading does not hold it until max age.
-    #[arg(long, env = "DRAINSHIM_WRITE_STALL_TIMEOUT", default_value_t = config::DEFAULT_WRITE_STALL_TIMEOUT)]
-    pub write_stall_timeout: Span,
 
     /// Networks (CIDR) besides loopback allowed to start a drain; repeatable.
     #[arg(long, env = "DRAINSHIM_ALLOW_DRAIN_FROM", value_delimiter = ',')]
@@ -818,13 +812,7 @@ impl TryFrom<&SidecarArgs> for SidecarSettings {
             (Some(listen), Some(upstream)) => {
                 let mut g = GuardSettings::new(listen, upstream);
                 let c = &mut g.config;
-                c.max_connection_age = a.max_connection_age.map(Span::get);
-                c.max_connection_age_grace = a.max_connection_age_grace.get();
-                c.max_connection_age_spread = a.max_connection_age_spread.get();
-                c.long_stream_age = a.long_stream_age.get();
-                c.limits.write_stall_timeout = a.write_stall_timeout.get();
-                c.limits.max_connections = a.guard_max_connections;
-                c.limits.max_streams = a.guard_max_streams;
+                a.tuning.apply(c);
                 c.signals = crate::guard::SignalSettings {
                     enabled: a.guard_request_metrics,
                     methods: a.guard_metrics_methods,
@@ -835,7 +823,7 @@ impl TryFrom<&SidecarArgs> for SidecarSettings {
                 Some(g)
             }
             (None, None) => {
-                shape.check(a.max_connection_age.is_none(), || {
+                shape.check(a.tuning.max_connection_age.is_none(), || {
                     "--max-connection-age needs the stream guard: set --guard-listen and --guard-upstream".into()
                 });
                 None
@@ -899,14 +887,7 @@ impl From<&NodeGuardArgs> for NodeGuardSettings {
             handover_window: a.handover_window.get(),
             ..NodeGuardSettings::default()
         };
-        let c = &mut g.template;
-        c.max_connection_age = a.max_connection_age.map(Span::get);
-        c.max_connection_age_grace = a.max_connection_age_grace.get();
-        c.max_connection_age_spread = a.max_connection_age_spread.get();
-        c.long_stream_age = a.long_stream_age.get();
-        c.limits.write_stall_timeout = a.write_stall_timeout.get();
-        c.limits.max_connections = a.guard_max_connections;
-        c.limits.max_streams = a.guard_max_streams;
+        a.tuning.apply(&mut g.template);
         g
     }
 }
