@@ -397,8 +397,12 @@ async fn main() {
     };
     for rep in 0..REPS {
         // Paths interleaved within each repetition, so a noisy moment on the
-        // shared machine hits one repetition of every path, not one path.
-        for (i, p) in paths.iter().enumerate() {
+        // shared machine hits one repetition of every path, not one path;
+        // and their order rotated between repetitions, so no path always
+        // runs right after the same neighbour (the metrics on/off pair).
+        for j in 0..paths.len() {
+            let i = (j + rep) % paths.len();
+            let p = &paths[i];
             let tag = format!("fixed{rep}");
             fixed.loads[i]
                 .push(h2load(p, dir.path(), &tag, Some(RPS_PER_CLIENT), LOAD_SECONDS).await);
