@@ -29,6 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use drainshim::bench::envoy::{self, EnvoyOptions, EnvoyProcess};
+use drainshim::bench::measure;
 use drainshim::proto::bench::stream_client::StreamClient;
 use drainshim::proto::bench::SubscribeRequest;
 use tokio::process::Command;
@@ -66,18 +67,9 @@ struct Path {
 
 /// utime + stime of `pid` (all its threads), in seconds.
 fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
-    // Fields after the command name, which is in parentheses and may hold spaces:
-    // state is field 3, utime field 14, stime field 15.
-    let rest = &stat[stat.rfind(')').expect("stat format") + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 =
-        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100) as f64;
-    ticks as f64 / hz
+    measure::cpu_time(pid)
+        .unwrap_or_else(|e| panic!("CPU time of {pid}: {e}"))
+        .as_secs_f64()
 }
 
 /// h2load against `path` with gRPC unary Echo calls for `seconds`; `rps`:

@@ -196,6 +196,8 @@ pub struct SidecarSettings {
     pub envoy_admin: Endpoint,
     /// The control endpoints and /metrics.
     pub listen: SocketAddr,
+    /// The runtime's worker threads (the binary builds its runtime from it).
+    pub worker_threads: usize,
     /// The drain's timers and the grace period they must fit in.
     pub budget: Budget,
     /// The stream guard, when the pod routes its inbound traffic through it.
@@ -220,6 +222,7 @@ impl SidecarSettings {
         Self {
             envoy_admin,
             listen: config::DEFAULT_LISTEN,
+            worker_threads: config::DEFAULT_WORKER_THREADS,
             budget: Budget::default(),
             guard: None,
             allow_drain_from: Vec::new(),
@@ -243,6 +246,7 @@ impl SidecarSettings {
         json!({
             "envoy_admin": self.envoy_admin,
             "listen": self.listen,
+            "worker_threads": self.worker_threads,
             "budget": self.budget.effective(),
             "linger": human(self.linger),
             "guard": self.guard.as_ref().map(GuardSettings::effective),

@@ -2,6 +2,7 @@
 //! (`bench reconnect --format json`): cut and graceful counts, lost
 //! messages, reconnect latency, and the reconnect storm's peak-to-mean.
 
+use std::io;
 use std::path::Path;
 use std::time::Duration;
 
@@ -11,6 +12,33 @@ use tokio::time::Instant;
 use super::client::Ending;
 use super::population::{Kind, Session};
 use super::server::Ledger;
+
+/// CPU time (user + system, all threads) that process `pid` used so far,
+/// from `/proc/PID/stat`: what the benchmarks divide by the requests served.
+pub fn cpu_time(pid: u32) -> io::Result<Duration> {
+    let path = format!("/proc/{pid}/stat");
+    let text = std::fs::read_to_string(&path)?;
+    let bad = || {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("unexpected format of {path}"),
+        )
+    };
+    // Fields after the command name, which is in parentheses and may hold
+    // spaces, start at `state` (field 3): utime and stime are fields 14 and 15.
+    let (_, after) = text.rsplit_once(')').ok_or_else(bad)?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok());
+    let (Some(user), Some(system)) = (ticks(11), ticks(12)) else {
+        return Err(bad());
+    };
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .filter(|hz| *hz > 0)
+        .unwrap_or(100) as f64;
+    Ok(Duration::from_secs_f64((user + system) as f64 / hz))
+}
 
 /// The storm is measured in buckets of this width (docs/design.md).
 pub const BUCKET: Duration = Duration::from_millis(100);

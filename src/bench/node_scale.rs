@@ -341,22 +341,7 @@ pub(crate) fn rss_mib(pid: u32) -> Result<f64, NodeScaleError> {
 
 /// User plus system CPU seconds of a process, from `/proc/<pid>/stat`.
 pub(crate) fn cpu_seconds(pid: u32) -> Result<f64, NodeScaleError> {
-    let path = Path::new("/proc").join(pid.to_string()).join("stat");
-    let text = std::fs::read_to_string(&path).map_err(io(format!("read {}", path.display())))?;
-    // Fields after the command name, which is in parentheses and may hold spaces.
-    let after = text
-        .rsplit_once(')')
-        .map(|(_, rest)| rest)
-        .ok_or_else(|| NodeScaleError::Failed(format!("bad {}", path.display())))?;
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of stat: 11 and 12 counted from state.
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
-    let (Some(u), Some(s)) = (ticks(11), ticks(12)) else {
-        return Err(NodeScaleError::Failed(format!("bad {}", path.display())));
-    };
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100) as f64;
-    Ok((u + s) / hz)
+    super::measure::cpu_time(pid)
+        .map(|t| t.as_secs_f64())
+        .map_err(io(format!("read /proc/{pid}/stat")))
 }

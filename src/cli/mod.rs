@@ -200,12 +200,24 @@ impl Command {
     }
 
     /// The runtime the command runs on: the sidecar's worker threads are a
-    /// setting (`--worker-threads`); other commands get one per core.
+    /// setting (`--worker-threads`); other commands get one per core. One
+    /// thread is tokio's current-thread scheduler, which runs woken tasks in
+    /// turn: a stream that queues a frame does not switch straight to the
+    /// connection's task (the multi-thread scheduler's LIFO slot does), so
+    /// every stream ready at once queues its frames first and the
+    /// connection writes them in one batch.
     pub fn runtime(&self) -> std::io::Result<tokio::runtime::Runtime> {
-        let mut builder = tokio::runtime::Builder::new_multi_thread();
-        if let Command::Sidecar(a) = self {
-            builder.worker_threads(a.worker_threads);
-        }
+        let mut builder = match self {
+            Command::Sidecar(a) if a.worker_threads == 1 => {
+                tokio::runtime::Builder::new_current_thread()
+            }
+            Command::Sidecar(a) => {
+                let mut b = tokio::runtime::Builder::new_multi_thread();
+                b.worker_threads(a.worker_threads);
+                b
+            }
+            _ => tokio::runtime::Builder::new_multi_thread(),
+        };
         builder.enable_all().build()
     }
 
@@ -698,8 +710,10 @@ pub struct SidecarArgs {
     pub envoy_admin: Endpoint,
 
     /// Runtime worker threads (the guard, the control endpoints and the
-    /// drain share them). One keeps the guard's hops on one thread, the
-    /// cheapest per request; raise it for a guard that needs more than a core.
+    /// drain share them). One, the default, runs everything on one thread
+    /// in turn: requests that arrive together leave together, in one write
+    /// per connection, the cheapest per request. Raise it for a guard that
+    /// needs more than a core.
     #[arg(long, env = "DRAINSHIM_WORKER_THREADS", default_value_t = config::DEFAULT_WORKER_THREADS,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub worker_threads: usize,
@@ -843,6 +857,7 @@ impl TryFrom<&SidecarArgs> for SidecarSettings {
         let settings = SidecarSettings {
             envoy_admin: a.envoy_admin.clone(),
             listen: a.listen,
+            worker_threads: a.worker_threads,
             budget: a.timers.budget(),
             guard,
             allow_drain_from: a.allow_drain_from.clone(),

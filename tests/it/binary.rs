@@ -265,6 +265,7 @@ async fn check_prints_the_effective_settings_or_every_violation() {
     assert_eq!(v["budget"]["drain_time"], "60s");
     assert_eq!(v["budget"]["termination_grace_period"], "120s");
     assert_eq!(v["linger"], "10s");
+    assert_eq!(v["worker_threads"], 1);
     assert_eq!(v["guard"]["upstream"], "127.0.0.1:8080");
     assert_eq!(v["guard"]["max_connection_age"], serde_json::Value::Null);
 

@@ -138,18 +138,8 @@ impl GuardProcess {
 
     /// CPU time (user + system) the guard used so far.
     pub fn cpu(&self) -> Duration {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).expect("proc stat");
-        // Fields after the command name (which may hold spaces) start at
-        // `state`, field 3; utime and stime are fields 14 and 15.
-        let after = stat.rsplit_once(')').expect("stat format").1;
-        let f: Vec<&str> = after.split_whitespace().collect();
-        let ticks: u64 =
-            f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime");
-        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-            .ok()
-            .flatten()
-            .unwrap_or(100) as u64;
-        Duration::from_millis(ticks * 1000 / hz)
+        drainshim::bench::measure::cpu_time(self.pid)
+            .unwrap_or_else(|e| panic!("CPU time of the guard ({}): {e}", self.pid))
     }
 
     /// Whether the process still runs.
