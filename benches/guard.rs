@@ -6,10 +6,11 @@
 //!    through an Envoy hop (concurrency 1). Requests per second, p99, the p99
 //!    a hop adds over direct (same repetition), and the proxy's CPU time per
 //!    request (utime + stime from `/proc/PID/stat` over the load). Spreads
-//!    are min / median / max over the repetitions, never the best one. The
-//!    guard runs twice, with its per-request golden signals on (the default)
-//!    and off (`--guard-request-metrics false`): their cost is the ratio of
-//!    the two (goal: within 3%).
+//!    are min / median / max over the repetitions, never the best one.
+//!    The guard's per-request golden signals: a second guard runs with them
+//!    off (`--guard-request-metrics false`), and the two take turns at
+//!    saturation in `PAIRS` back-to-back pairs; each pair's on/off ratio
+//!    cancels the machine's drift between pairs (goal: within 3%).
 //! 2. Messages per second through a server-streaming call (10 streams on
 //!    one connection, the backend sending as fast as flow control lets it),
 //!    and the proxy's CPU time per message.
@@ -38,6 +39,10 @@ use tokio::process::Command;
 const LOAD_SECONDS: u32 = 5;
 /// Repetitions of each load; the spread over them is reported.
 const REPS: usize = 3;
+/// The request metrics' cost: back-to-back on/off pairs at saturation, and
+/// seconds per load (after a 1 s warm-up of each guard).
+const PAIRS: usize = 10;
+const PAIR_SECONDS: u32 = 2;
 /// The fixed offered load: requests per second per h2load client (10 clients).
 const RPS_PER_CLIENT: u32 = 500;
 /// Streams held open for the memory comparison, and over how many connections.
@@ -280,8 +285,7 @@ impl Runs {
 
 const DIRECT: usize = 0;
 const GUARD: usize = 1;
-const GUARD_OFF: usize = 2;
-const ENVOY: usize = 3;
+const ENVOY: usize = 2;
 
 fn print_load(title: &str, paths: &[Path], runs: &Runs) {
     println!("{title}; {REPS} repetitions, median [min..max]");
@@ -329,11 +333,40 @@ fn print_load(title: &str, paths: &[Path], runs: &Runs) {
         fmt_spread(runs.ratio(GUARD, ENVOY, |l| l.rps), 2),
         fmt_spread(runs.ratio(GUARD, DIRECT, |l| l.rps), 2)
     );
+}
+
+/// The guard with its request metrics on (`on`) and off (`off`), in
+/// `PAIRS` back-to-back saturated loads, the order swapped every pair:
+/// `(on, off)` per pair.
+async fn metrics_pairs(on: &Path, off: &Path, dir: &std::path::Path) -> Vec<(Load, Load)> {
+    let mut pairs = Vec::with_capacity(PAIRS);
+    for k in 0..PAIRS {
+        let tag = format!("pair{k}");
+        let (a, b) = if k % 2 == 0 { (off, on) } else { (on, off) };
+        let first = h2load(a, dir, &tag, None, PAIR_SECONDS).await;
+        let second = h2load(b, dir, &tag, None, PAIR_SECONDS).await;
+        pairs.push(if k % 2 == 0 {
+            (second, first)
+        } else {
+            (first, second)
+        });
+    }
+    pairs
+}
+
+/// The request metrics' cost: per pair, on ÷ off.
+fn print_metrics_cost(pairs: &[(Load, Load)]) {
+    let ratio = |f: fn(&Load) -> f64| -> Vec<f64> {
+        pairs.iter().map(|(on, off)| f(on) / f(off)).collect()
+    };
     println!(
-        "  request metrics on/off: req/s {}, CPU per request {}, p99 {}",
-        fmt_spread(runs.ratio(GUARD, GUARD_OFF, |l| l.rps), 3),
-        fmt_spread(runs.ratio(GUARD, GUARD_OFF, cpu), 3),
-        fmt_spread(runs.ratio(GUARD, GUARD_OFF, |l| l.p99_ms), 3)
+        "guard: request metrics on/off, {PAIRS} back-to-back pairs at saturation, {PAIR_SECONDS} s each; median [min..max]"
+    );
+    println!(
+        "  req/s {} (goal >= 0.97), CPU per request {}, p99 {}",
+        fmt_spread(ratio(|l| l.rps), 3),
+        fmt_spread(ratio(|l| l.cpu_us.unwrap_or(f64::NAN)), 3),
+        fmt_spread(ratio(|l| l.p99_ms), 3)
     );
 }
 
@@ -345,6 +378,11 @@ async fn main() {
     let (guard_proc, guard_addr) = guard(backend_addr).await;
     let (quiet_proc, quiet_addr) =
         guard_with(backend_addr, &["--guard-request-metrics", "false"]).await;
+    let quiet = Path {
+        name: "guard-off",
+        addr: quiet_addr,
+        pid: quiet_proc.id(),
+    };
     let envoy = EnvoyProcess::start(&EnvoyOptions::new(binary, backend_addr))
         .await
         .expect("envoy");
@@ -362,11 +400,6 @@ async fn main() {
             pid: Some(guard_pid),
         },
         Path {
-            name: "guard-off",
-            addr: quiet_addr,
-            pid: quiet_proc.id(),
-        },
-        Path {
             name: "envoy",
             addr: envoy.inbound,
             pid: Some(envoy_pid),
@@ -375,7 +408,7 @@ async fn main() {
 
     let fixed_rps = RPS_PER_CLIENT * 10;
     eprintln!(
-        "guard bench 1/3: unary gRPC, h2load -c 10 -m 10, fixed {fixed_rps} req/s and saturated, {LOAD_SECONDS} s per path, {REPS} repetitions"
+        "guard bench 1/4: unary gRPC, h2load -c 10 -m 10, fixed {fixed_rps} req/s and saturated, {LOAD_SECONDS} s per path, {REPS} repetitions"
     );
     for p in &paths {
         // Warm-up: connections, the backend's and the proxies' first allocations.
@@ -391,7 +424,7 @@ async fn main() {
         // Paths interleaved within each repetition, so a noisy moment on the
         // shared machine hits one repetition of every path, not one path;
         // and their order rotated between repetitions, so no path always
-        // runs right after the same neighbour (the metrics on/off pair).
+        // runs right after the same neighbour.
         for j in 0..paths.len() {
             let i = (j + rep) % paths.len();
             let p = &paths[i];
@@ -404,7 +437,13 @@ async fn main() {
     }
 
     eprintln!(
-        "guard bench 2/3: server streaming, {FLOW_STREAMS} streams on one connection, {FLOW_PAYLOAD} B messages, {FLOW_SECONDS} s per path, {REPS} repetitions"
+        "guard bench 2/4: request metrics on/off, {PAIRS} back-to-back pairs at saturation, {PAIR_SECONDS} s each"
+    );
+    h2load(&quiet, dir.path(), "warmup", None, 1).await;
+    let pairs = metrics_pairs(&paths[GUARD], &quiet, dir.path()).await;
+
+    eprintln!(
+        "guard bench 3/4: server streaming, {FLOW_STREAMS} streams on one connection, {FLOW_PAYLOAD} B messages, {FLOW_SECONDS} s per path, {REPS} repetitions"
     );
     let flow_paths = [DIRECT, GUARD, ENVOY];
     let mut flows: Vec<Vec<(f64, Option<f64>)>> = flow_paths.iter().map(|_| Vec::new()).collect();
@@ -416,7 +455,7 @@ async fn main() {
         }
     }
 
-    eprintln!("guard bench 3/3: RSS with {STREAMS} open streams over {CONNECTIONS} connections");
+    eprintln!("guard bench 4/4: RSS with {STREAMS} open streams over {CONNECTIONS} connections");
     let guard_idle = rss_mib(guard_pid);
     let envoy_idle = rss_mib(envoy_pid);
     let held = hold_streams(guard_addr).await;
@@ -437,6 +476,7 @@ async fn main() {
         &fixed,
     );
     print_load("saturated", &paths, &saturated);
+    print_metrics_cost(&pairs);
     println!(
         "guard: server streaming, {FLOW_STREAMS} streams on one connection, {FLOW_PAYLOAD} B messages; median [min..max]"
     );
