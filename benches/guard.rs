@@ -368,6 +368,22 @@ fn print_metrics_cost(pairs: &[(Load, Load)]) {
         fmt_spread(ratio(|l| l.cpu_us.unwrap_or(f64::NAN)), 3),
         fmt_spread(ratio(|l| l.p99_ms), 3)
     );
+    // Every pair together (each side ran the same total time): requests
+    // served, and CPU over those requests.
+    let total = |side: fn(&(Load, Load)) -> &Load| -> (f64, f64) {
+        let requests: f64 = pairs.iter().map(|p| side(p).rps).sum();
+        let cpu: f64 = pairs
+            .iter()
+            .map(|p| side(p).rps * side(p).cpu_us.unwrap_or(f64::NAN))
+            .sum();
+        (requests, cpu / requests)
+    };
+    let ((on_req, on_cpu), (off_req, off_cpu)) = (total(|p| &p.0), total(|p| &p.1));
+    println!(
+        "  all pairs together: requests {:.3}, CPU per request {:.3}",
+        on_req / off_req,
+        on_cpu / off_cpu
+    );
 }
 
 #[tokio::main]
