@@ -314,6 +314,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn cpu_time_reads_a_live_process_and_names_a_missing_one() {
+        cpu_time(std::process::id()).expect("this process's own stat");
+        // Above any pid_max (at most 2^22): no such process.
+        let e = cpu_time(u32::MAX).expect_err("no process has this pid");
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+    }
+
+    #[test]
     fn percentiles() {
         let v: Vec<f64> = (1..=100).map(f64::from).collect();
         assert_eq!(percentile(&v, 0.5), 50.0);
