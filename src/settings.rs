@@ -196,7 +196,8 @@ pub struct SidecarSettings {
     pub envoy_admin: Endpoint,
     /// The control endpoints and /metrics.
     pub listen: SocketAddr,
-    /// The runtime's worker threads (the binary builds its runtime from it).
+    /// The runtime's worker threads, for `--check` to show: the runtime is
+    /// built from the same flag before the settings exist (`Command::runtime`).
     pub worker_threads: usize,
     /// The drain's timers and the grace period they must fit in.
     pub budget: Budget,
