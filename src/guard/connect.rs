@@ -27,7 +27,7 @@ use hyper_util::rt::TokioIo;
 
 use super::conn::ConnInfo;
 use super::h2io::H2Io;
-use super::headers::{append_forwarded_for, strip_hop_by_hop};
+use super::headers::{append_forwarded_for, forwarded_for, strip_hop_by_hop};
 use super::registry::Registered;
 use super::upstream::connect_tcp;
 use super::Inner;
@@ -131,7 +131,7 @@ fn upgrade_request(
         h.append(name.clone(), value.clone());
     }
     strip_hop_by_hop(h);
-    append_forwarded_for(h, peer.ip());
+    append_forwarded_for(h, &forwarded_for(peer.ip()));
     let host = head
         .uri
         .authority()

@@ -47,7 +47,7 @@ use tokio::time::Instant;
 use super::body::{Boundaries, Kind};
 use super::conn::ConnInfo;
 use super::headers::{
-    append_forwarded_for, is_websocket, strip_hop_by_hop, strip_hop_by_hop_keep_upgrade,
+    append_forwarded_for, forwarded_for, is_websocket, strip_hop_by_hop, strip_hop_by_hop_keep_upgrade,
     upgrade_requested,
 };
 use super::keepalive::{Activity, Counted, HeadTimer, H1_IDLE_TIMEOUT};
@@ -351,7 +351,7 @@ async fn handle(
     let Some(registered) = inner.registry.register(info.id, false) else {
         return Ok(answer(StatusCode::SERVICE_UNAVAILABLE, true));
     };
-    append_forwarded_for(req.headers_mut(), info.peer.ip());
+    append_forwarded_for(req.headers_mut(), &forwarded_for(info.peer.ip()));
     let grpc = super::body::request_kind(req.headers()) != Kind::Opaque;
     let upgrading = upgrade_requested(req.headers());
     let protocol = match &upgrading {

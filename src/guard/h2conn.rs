@@ -21,13 +21,14 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use h2::server::{Connection, SendResponse};
 use h2::{Ping, PingPong, RecvStream};
-use http::Request;
+use http::{HeaderValue, Request};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::conn::{ConnInfo, StreamCount};
 use super::flood::Flood;
 use super::grpc;
+use super::headers::forwarded_for;
 use super::lifecycle::{Action, Cause, Input, Lifecycle, Settings};
 use super::rapid::PrematureResets;
 use super::registry::Refused;
@@ -178,12 +179,14 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
         Instant::now(),
     );
     tracing::debug!(peer = %info.peer, conn = info.id, ?age_at, "guard: HTTP/2 connection");
+    let forwarded = forwarded_for(info.peer.ip());
     let shared = Shared {
         inner,
         upstream: &upstream,
         count: &count,
         resets: &resets,
         info,
+        forwarded: &forwarded,
     };
 
     // The guard-wide signals, waited on for the whole connection: created
@@ -335,6 +338,8 @@ struct Shared<'a> {
     /// The connection's premature resets.
     resets: &'a Arc<PrematureResets>,
     info: ConnInfo,
+    /// The client's `X-Forwarded-For` entry, the same for every stream.
+    forwarded: &'a HeaderValue,
 }
 
 /// Starts a stream task (true), or refuses the stream retryably (false).
@@ -350,6 +355,7 @@ fn admit(
         count,
         resets,
         info,
+        forwarded,
     } = *shared;
     resets.accepted();
     if stream::already_reset(&mut respond) {
@@ -397,8 +403,11 @@ fn admit(
         req,
         respond,
         peer: info.peer,
+        forwarded: forwarded.clone(),
     };
-    inner.tasks.spawn(stream::proxy(job));
+    // Boxed: the stream's state is a few KiB, and a task moves its future
+    // as it is wrapped and spawned; a box moves as one pointer.
+    inner.tasks.spawn(Box::pin(stream::proxy(job)));
     true
 }
 

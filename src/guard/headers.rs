@@ -6,8 +6,10 @@
 
 use std::net::IpAddr;
 
+use bytes::BytesMut;
 use http::header::{
-    HeaderMap, HeaderName, HeaderValue, CONNECTION, TE, TRANSFER_ENCODING, UPGRADE,
+    Entry, HeaderMap, HeaderName, HeaderValue, CONNECTION, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION,
+    TE, TRANSFER_ENCODING, UPGRADE,
 };
 
 /// `X-Forwarded-For`: the client address chain (de facto standard; the
@@ -43,32 +45,71 @@ pub fn strip_hop_by_hop_keep_upgrade(headers: &mut HeaderMap, upgrade: HeaderVal
     headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
 }
 
-/// Appends `peer` to `X-Forwarded-For`, joining earlier lines into one.
-pub fn append_forwarded_for(headers: &mut HeaderMap, peer: IpAddr) {
-    let mut chain: Vec<String> = headers
-        .get_all(&X_FORWARDED_FOR)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .map(|v| v.trim().to_string())
-        .filter(|v| !v.is_empty())
-        .collect();
-    chain.push(peer.to_string());
-    if let Ok(v) = HeaderValue::from_str(&chain.join(", ")) {
+/// `peer` as an `X-Forwarded-For` entry; made once per connection, since
+/// every request on it appends the same address.
+pub fn forwarded_for(peer: IpAddr) -> HeaderValue {
+    HeaderValue::from_str(&peer.to_string()).expect("an IP address is a valid header value")
+}
+
+/// Appends `peer` (from [`forwarded_for`]) to `X-Forwarded-For`, joining
+/// earlier lines into one.
+pub fn append_forwarded_for(headers: &mut HeaderMap, peer: &HeaderValue) {
+    let mut chain = match headers.entry(X_FORWARDED_FOR) {
+        // The usual case: the first hop that sets it.
+        Entry::Vacant(e) => {
+            e.insert(peer.clone());
+            return;
+        }
+        Entry::Occupied(e) => {
+            let mut chain = BytesMut::new();
+            for v in e.iter() {
+                let v = v.as_bytes().trim_ascii();
+                if !v.is_empty() {
+                    chain.extend_from_slice(v);
+                    chain.extend_from_slice(b", ");
+                }
+            }
+            chain
+        }
+    };
+    chain.extend_from_slice(peer.as_bytes());
+    if let Ok(v) = HeaderValue::from_maybe_shared(chain.freeze()) {
         headers.insert(X_FORWARDED_FOR, v);
     }
 }
 
 /// Headers that are always connection-specific.
-const HOP_BY_HOP: [&str; 4] = [
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
+const HOP_BY_HOP: [HeaderName; 4] = [
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    PROXY_AUTHENTICATE,
+    PROXY_AUTHORIZATION,
 ];
+
+/// Whether `name` is hop-by-hop by itself (without `Connection` naming it).
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    name == CONNECTION
+        || name == TRANSFER_ENCODING
+        || name == UPGRADE
+        || HOP_BY_HOP.contains(name)
+}
 
 /// Removes hop-by-hop headers, including those named by `Connection`. `te:
 /// trailers` is kept: gRPC requires it and HTTP/2 allows exactly that value.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // The usual case, on every request, response and trailer block: nothing
+    // to remove, and at most one `te: trailers`. One pass, no allocation.
+    let mut te = 0;
+    let clean = headers.iter().all(|(name, value)| {
+        if name == TE {
+            te += 1;
+            return value == "trailers";
+        }
+        !is_hop_by_hop(name)
+    });
+    if clean && te <= 1 {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(CONNECTION)
         .iter()
@@ -84,7 +125,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(CONNECTION);
     headers.remove(TRANSFER_ENCODING);
     headers.remove(UPGRADE);
-    for name in HOP_BY_HOP {
+    for name in &HOP_BY_HOP {
         headers.remove(name);
     }
     let trailers_only = headers
@@ -147,13 +188,13 @@ mod tests {
         let mut x = HeaderMap::new();
         x.append(X_FORWARDED_FOR, HeaderValue::from_static("203.0.113.7"));
         x.append(X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.1"));
-        append_forwarded_for(&mut x, "127.0.0.1".parse().expect("ip"));
+        append_forwarded_for(&mut x, &forwarded_for("127.0.0.1".parse().expect("ip")));
         assert_eq!(
             x.get(X_FORWARDED_FOR).map(|v| v.as_bytes()),
             Some(&b"203.0.113.7, 10.0.0.1, 127.0.0.1"[..])
         );
         let mut fresh = HeaderMap::new();
-        append_forwarded_for(&mut fresh, "::1".parse().expect("ip"));
+        append_forwarded_for(&mut fresh, &forwarded_for("::1".parse().expect("ip")));
         assert_eq!(
             fresh.get(X_FORWARDED_FOR).map(|v| v.as_bytes()),
             Some(&b"::1"[..])

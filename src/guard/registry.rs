@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio::sync::Notify;
 
 use crate::metrics::Reason;
 
@@ -51,9 +51,12 @@ pub struct StreamCtl {
     conn: u64,
     /// Only gRPC streams can be ended with trailers; others are let finish.
     pub grpc: bool,
-    /// Cancelled when the stream should end; the stream task waits on it.
-    end: CancellationToken,
-    /// Why and when the end was asked; the first request wins.
+    /// Wakes whoever waits for the end, once `why` is set. (A `Notify`, not
+    /// a cancellation token: the stream task looks at it several times per
+    /// request, and a token's tree costs a lock each time.)
+    end: Notify,
+    /// Why and when the end was asked; the first request wins. Set means
+    /// ended.
     why: OnceLock<(Reason, Instant)>,
     /// Set once the stream is known to be long-lived (a WebSocket, or a
     /// response that streams): only such streams are ended early in a drain;
@@ -70,18 +73,24 @@ impl StreamCtl {
     /// Asks the stream to end gracefully. Later calls change nothing.
     pub fn end(&self, reason: Reason) {
         if self.why.set((reason, Instant::now())).is_ok() {
-            self.end.cancel();
+            self.end.notify_waiters();
         }
     }
 
     /// Resolves once the end was asked, with the reason and the moment.
     pub async fn ended(&self) -> (Reason, Instant) {
-        self.end.cancelled().await;
-        // `why` is always set before `end` is cancelled.
-        self.why
-            .get()
-            .copied()
-            .unwrap_or((Reason::drain, Instant::now()))
+        loop {
+            if let Some(why) = self.why.get() {
+                return *why;
+            }
+            // A `Notified` sees every `notify_waiters` from its creation on,
+            // so looking at `why` once more after creating it misses none.
+            let woken = self.end.notified();
+            if let Some(why) = self.why.get() {
+                return *why;
+            }
+            woken.await;
+        }
     }
 
     /// Why the end was asked, if it was.
@@ -91,7 +100,7 @@ impl StreamCtl {
 
     /// Whether the end was asked.
     pub fn is_ended(&self) -> bool {
-        self.end.is_cancelled()
+        self.why.get().is_some()
     }
 
     /// Marks the stream long-lived: a drain may end it early, spread over
@@ -183,7 +192,7 @@ impl Registry {
         let ctl = Arc::new(StreamCtl {
             conn,
             grpc,
-            end: CancellationToken::new(),
+            end: Notify::new(),
             why: OnceLock::new(),
             long_lived: AtomicBool::new(false),
             answered_at: OnceLock::new(),

@@ -46,7 +46,6 @@ use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
 use http::header::{HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, Request, Response, StatusCode};
-use tokio_util::sync::CancellationToken;
 
 use super::body::{request_kind, response_kind, trailers_only, Boundaries, End, Kind};
 use super::conn::CountGuard;
@@ -75,8 +74,10 @@ pub struct StreamJob {
     pub req: Request<RecvStream>,
     /// Where the response goes.
     pub respond: SendResponse<Bytes>,
-    /// The client: for logs, and appended to `x-forwarded-for`.
+    /// The client, for logs.
     pub peer: SocketAddr,
+    /// The client as its `x-forwarded-for` entry.
+    pub forwarded: HeaderValue,
 }
 
 /// Whether the client has reset the stream (checked without waiting).
@@ -132,6 +133,7 @@ pub async fn proxy(job: StreamJob) {
         req,
         mut respond,
         peer,
+        forwarded,
     } = job;
     // Reset before the guard did anything with it: not forwarded, and
     // counted against the connection (rapid reset).
@@ -149,7 +151,7 @@ pub async fn proxy(job: StreamJob) {
         crate::metrics::StreamProtocol::http
     };
     let mut sig = inner.signals.start(ctl.grpc, &path, protocol);
-    let outcome = run(&inner, &upstream, &ctl, req, &mut respond, peer, &mut sig).await;
+    let outcome = run(&inner, &upstream, &ctl, req, &mut respond, &forwarded, &mut sig).await;
     if outcome == Outcome::ClientGone
         && !ctl.answered()
         && started.elapsed() < super::rapid::PREMATURE_LIFETIME
@@ -203,7 +205,7 @@ async fn run(
     ctl: &StreamCtl,
     req: Request<RecvStream>,
     respond: &mut SendResponse<Bytes>,
-    peer: SocketAddr,
+    forwarded: &HeaderValue,
     sig: &mut Option<signals::Request>,
 ) -> Outcome {
     let l = &inner.config.limits;
@@ -236,7 +238,7 @@ async fn run(
 
     // 2. The request head; the body follows in `pump_request`.
     strip_hop_by_hop(&mut head.headers);
-    append_forwarded_for(&mut head.headers, peer.ip());
+    append_forwarded_for(&mut head.headers, forwarded);
     let done = body.is_end_stream();
     let (response, up_send) = match lease
         .sender
@@ -249,16 +251,16 @@ async fn run(
         }
     };
 
-    let stop = CancellationToken::new();
-    let request_side = pump_request(body, up_send, stop.clone(), done);
-    let response_side = async {
-        let outcome =
-            respond_side(ctl, kind, respond, response, l, lease.barrier.clone(), sig).await;
-        // The response is over: the request side has nothing left to do.
-        stop.cancel();
-        outcome
+    let request_side = pump_request(body, up_send, done);
+    let response_side = respond_side(ctl, kind, respond, response, l, lease.barrier.clone(), sig);
+    tokio::pin!(request_side, response_side);
+    let outcome = tokio::select! {
+        biased;
+        // The response is over: the request side has nothing left to do,
+        // and is dropped here.
+        outcome = &mut response_side => outcome,
+        () = &mut request_side => response_side.await,
     };
-    let ((), outcome) = tokio::join!(request_side, response_side);
     // Dropping the upstream handles of an unfinished stream resets it with
     // CANCEL: the application stops producing for a client that is gone.
     // The lease is dropped with it, freeing the slot.
@@ -359,20 +361,15 @@ async fn send_flow_controlled(
     Ok(())
 }
 
-/// Request body and trailers, downstream → upstream, until done or `stop`.
-async fn pump_request(
-    mut body: RecvStream,
-    mut up: SendStream<Bytes>,
-    stop: CancellationToken,
-    done: bool,
-) {
+/// Request body and trailers, downstream → upstream, until done (or the
+/// response is over: the caller then drops it).
+async fn pump_request(mut body: RecvStream, mut up: SendStream<Bytes>, done: bool) {
     if done {
         return;
     }
     loop {
         let next = tokio::select! {
             biased;
-            _ = stop.cancelled() => return,
             // The application no longer reads the request (it answered, or reset).
             _ = poll_fn(|cx| up.poll_reset(cx)) => return,
             d = body.data() => d,
@@ -380,11 +377,9 @@ async fn pump_request(
         match next {
             Some(Ok(chunk)) => {
                 let len = chunk.len();
-                let sent = tokio::select! {
-                    biased;
-                    _ = stop.cancelled() => return,
-                    r = send_flow_controlled(&mut up, chunk, std::future::pending(), Duration::MAX) => r,
-                };
+                let sent =
+                    send_flow_controlled(&mut up, chunk, std::future::pending(), Duration::MAX)
+                        .await;
                 if sent.is_err() {
                     return;
                 }
@@ -397,11 +392,7 @@ async fn pump_request(
                 return;
             }
             None => {
-                let trailers = tokio::select! {
-                    _ = stop.cancelled() => return,
-                    t = body.trailers() => t,
-                };
-                match trailers {
+                match body.trailers().await {
                     Ok(Some(mut t)) => {
                         strip_hop_by_hop(&mut t);
                         let _ = up.send_trailers(t);

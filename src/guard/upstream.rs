@@ -13,7 +13,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -215,8 +215,9 @@ async fn drive<F>(
 struct H2Conn {
     /// Opens streams on it.
     sender: h2::client::SendRequest<Bytes>,
-    /// Cancelled by the driver task once the connection ended.
-    dead: CancellationToken,
+    /// Set by the driver task once the connection ended (an atomic, not a
+    /// token: it is cloned and read once per request).
+    dead: Arc<AtomicBool>,
     /// PING round trips on this connection.
     barrier: Arc<Barrier>,
     /// Streams the guard has open on it (leases not yet dropped): compared
@@ -300,7 +301,7 @@ impl H2Upstream {
                 }
                 Err(source) => {
                     conn.active.fetch_sub(1, Ordering::Relaxed);
-                    conn.dead.cancel();
+                    conn.dead.store(true, Ordering::Relaxed);
                     if retried {
                         return Err(UpstreamError::H2 {
                             addr: self.addr,
@@ -317,7 +318,7 @@ impl H2Upstream {
     /// Application connections open right now.
     pub async fn connections(&self) -> usize {
         let mut pool = self.pool.lock().await;
-        pool.retain(|c| !c.dead.is_cancelled());
+        pool.retain(|c| !c.dead.load(Ordering::Relaxed));
         pool.len()
     }
 
@@ -330,7 +331,7 @@ impl H2Upstream {
     /// it, under the lock so concurrent streams do not overfill one.
     async fn slot(&self) -> Result<H2Conn, UpstreamError> {
         let mut pool = self.pool.lock().await;
-        pool.retain(|c| !c.dead.is_cancelled());
+        pool.retain(|c| !c.dead.load(Ordering::Relaxed));
         let conn = match pool.iter().find(|c| c.has_room()) {
             Some(c) => c.clone(),
             None if pool.len() < MAX_UPSTREAM_CONNECTIONS => {
@@ -368,7 +369,7 @@ impl H2Upstream {
             .await
             .map_err(|_| UpstreamError::ConnectTimeout { addr, after })?
             .map_err(|source| UpstreamError::H2Handshake { addr, source })?;
-        let dead = CancellationToken::new();
+        let dead = Arc::new(AtomicBool::new(false));
         let closed = self.closed.clone();
         let done = dead.clone();
         let barrier = Arc::new(Barrier::new());
@@ -376,7 +377,7 @@ impl H2Upstream {
         let b = barrier.clone();
         self.tasks.spawn(async move {
             drive(conn, pings, b, closed, addr).await;
-            done.cancel();
+            done.store(true, Ordering::Relaxed);
         });
         Ok(H2Conn {
             sender,
