@@ -47,8 +47,8 @@ use tokio::time::Instant;
 use super::body::{Boundaries, Kind};
 use super::conn::ConnInfo;
 use super::headers::{
-    append_forwarded_for, forwarded_for, is_websocket, strip_hop_by_hop, strip_hop_by_hop_keep_upgrade,
-    upgrade_requested,
+    append_forwarded_for, forwarded_for, is_websocket, strip_hop_by_hop,
+    strip_hop_by_hop_keep_upgrade, upgrade_requested,
 };
 use super::keepalive::{Activity, Counted, HeadTimer, H1_IDLE_TIMEOUT};
 use super::registry::Registered;

@@ -88,10 +88,7 @@ const HOP_BY_HOP: [HeaderName; 4] = [
 
 /// Whether `name` is hop-by-hop by itself (without `Connection` naming it).
 fn is_hop_by_hop(name: &HeaderName) -> bool {
-    name == CONNECTION
-        || name == TRANSFER_ENCODING
-        || name == UPGRADE
-        || HOP_BY_HOP.contains(name)
+    name == CONNECTION || name == TRANSFER_ENCODING || name == UPGRADE || HOP_BY_HOP.contains(name)
 }
 
 /// Removes hop-by-hop headers, including those named by `Connection`. `te:

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use prometheus_client::metrics::counter::Counter;
-use tokio::time::Instant;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use crate::metrics::Reason;
 

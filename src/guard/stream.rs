@@ -151,7 +151,16 @@ pub async fn proxy(job: StreamJob) {
         crate::metrics::StreamProtocol::http
     };
     let mut sig = inner.signals.start(ctl.grpc, &path, protocol);
-    let outcome = run(&inner, &upstream, &ctl, req, &mut respond, &forwarded, &mut sig).await;
+    let outcome = run(
+        &inner,
+        &upstream,
+        &ctl,
+        req,
+        &mut respond,
+        &forwarded,
+        &mut sig,
+    )
+    .await;
     if outcome == Outcome::ClientGone
         && !ctl.answered()
         && started.elapsed() < super::rapid::PREMATURE_LIFETIME
