@@ -334,8 +334,10 @@ impl H2Upstream {
         pool.retain(|c| !c.dead.load(Ordering::Relaxed));
         let conn = match pool.iter().find(|c| c.has_room()) {
             Some(c) => c.clone(),
+            // Connecting is boxed: it is rare, and its state would otherwise
+            // be part of every stream's.
             None if pool.len() < MAX_UPSTREAM_CONNECTIONS => {
-                let c = self.connect().await?;
+                let c = Box::pin(self.connect()).await?;
                 pool.push(c.clone());
                 c
             }
@@ -343,7 +345,7 @@ impl H2Upstream {
             // slot there).
             None => match pool.iter().min_by_key(|c| c.active.load(Ordering::Relaxed)) {
                 Some(c) => c.clone(),
-                None => self.connect().await?,
+                None => Box::pin(self.connect()).await?,
             },
         };
         conn.active.fetch_add(1, Ordering::Relaxed);
