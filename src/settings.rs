@@ -386,10 +386,16 @@ impl NodeGuardSettings {
             "write_stall_timeout": human(c.limits.write_stall_timeout),
             "max_connections_per_pod": c.limits.max_connections,
             "max_streams_per_pod": c.limits.max_streams,
-            "handover_socket": self.handover_socket,
+            "handover_socket": self.handover_socket.as_deref().map(shown_path),
             "handover_window": human(self.handover_window),
         })
     }
+}
+
+/// A path as `--check` prints it. serde refuses paths that are not UTF-8
+/// (`json!` would panic on one given as a flag), so they are shown lossily.
+fn shown_path(p: &std::path::Path) -> String {
+    p.to_string_lossy().into_owned()
 }
 
 // === impl NodeSettings ===
@@ -434,7 +440,7 @@ impl NodeSettings {
     pub fn effective(&self) -> Value {
         json!({
             "listen": self.listen,
-            "proc_root": self.proc_root,
+            "proc_root": shown_path(&self.proc_root),
             "envoy_process_name": self.process_names,
             "scan_interval": human(self.scan_interval),
             "pod_admin_port": self.pod_admin_port,
@@ -544,6 +550,14 @@ mod tests {
         st.linger = Duration::MAX;
         let err = st.validate().unwrap_err().to_string();
         assert!(err.contains("plus --linger"), "{err}");
+    }
+
+    #[test]
+    fn paths_that_are_not_utf8_are_printed_not_a_panic() {
+        use std::os::unix::ffi::OsStrExt;
+        let odd = std::path::Path::new(std::ffi::OsStr::from_bytes(b"/pr\xffoc"));
+        let v = NodeSettings::new(odd.to_path_buf()).effective();
+        assert_eq!(v["proc_root"], "/pr\u{fffd}oc");
     }
 
     #[test]

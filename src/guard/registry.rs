@@ -85,8 +85,6 @@ impl StreamCtl {
             }
             // A `Notified` sees every `notify_waiters` from its creation on,
             // so looking at `why` once more after creating it misses none.
-            // Pinned where it is: awaiting it by value would keep a second
-            // copy in every stream's state.
             let woken = self.end.notified();
             tokio::pin!(woken);
             if let Some(why) = self.why.get() {
