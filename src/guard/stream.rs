@@ -123,70 +123,71 @@ const BURST_GAP: Duration = Duration::from_millis(2);
 /// Longest wait for the PING round trip before an ending goes ahead anyway.
 const BARRIER_WAIT: Duration = Duration::from_millis(50);
 
-pub async fn proxy(job: StreamJob) {
-    let StreamJob {
-        inner,
-        upstream,
-        registered,
-        count,
-        resets,
-        req,
-        mut respond,
-        peer,
-        forwarded,
-    } = job;
-    // Reset before the guard did anything with it: not forwarded, and
-    // counted against the connection (rapid reset).
-    if already_reset(&mut respond) {
-        resets.premature();
-        return;
-    }
-    let started = Instant::now();
-    let ctl = registered.ctl.clone();
-    let id = respond.stream_id().as_u32();
-    let path = req.uri().path().to_string();
-    let protocol = if ctl.grpc {
-        crate::metrics::StreamProtocol::grpc
-    } else {
-        crate::metrics::StreamProtocol::http
-    };
-    let mut sig = inner.signals.start(ctl.grpc, &path, protocol);
-    let outcome = run(
-        &inner,
-        &upstream,
-        &ctl,
-        req,
-        &mut respond,
-        &forwarded,
-        &mut sig,
-    )
-    .await;
-    if outcome == Outcome::ClientGone
-        && !ctl.answered()
-        && started.elapsed() < super::rapid::PREMATURE_LIFETIME
-    {
-        resets.premature();
-    }
-    if let Some(s) = sig.as_mut() {
-        record_outcome(s, ctl.grpc, &outcome);
-    }
-    drop(sig);
-    match &outcome {
-        Outcome::Ended(reason) => inner.record_termination(*reason, protocol),
-        Outcome::Reset => {
-            tracing::warn!(
-                %peer, stream = id, %path,
-                "guard: stream could not reach a safe end point in time; reset (REFUSED_STREAM for gRPC: retryable)"
-            );
-            if let Some(reason) = ctl.reason() {
-                inner.record_ungraceful(reason, protocol);
-            }
+/// A stream task. Its state is what an open stream costs in memory, so what
+/// is only needed for a moment (the request side, the heads) does not stay
+/// in it (see `docs/design.md`, "Cost"). Not an `async fn`: one keeps its
+/// arguments twice in its state (as given, and moved into the body), and
+/// the job is 400 bytes; an `async move` block uses them in place.
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn would hold the job twice"
+)]
+pub fn proxy(mut job: StreamJob) -> impl Future<Output = ()> + Send {
+    async move {
+        // Reset before the guard did anything with it: not forwarded, and
+        // counted against the connection (rapid reset).
+        if already_reset(&mut job.respond) {
+            job.resets.premature();
+            return;
         }
-        _ => {}
+        let started = Instant::now();
+        let ctl = job.registered.ctl.clone();
+        let id = job.respond.stream_id().as_u32();
+        let path = job.req.uri().path().to_string();
+        let protocol = if ctl.grpc {
+            crate::metrics::StreamProtocol::grpc
+        } else {
+            crate::metrics::StreamProtocol::http
+        };
+        let mut sig = job.inner.signals.start(ctl.grpc, &path, protocol);
+        let outcome = run(
+            &job.inner,
+            &job.upstream,
+            &ctl,
+            job.req,
+            &mut job.respond,
+            &job.forwarded,
+            &mut sig,
+        )
+        .await;
+        if outcome == Outcome::ClientGone
+            && !ctl.answered()
+            && started.elapsed() < super::rapid::PREMATURE_LIFETIME
+        {
+            job.resets.premature();
+        }
+        if let Some(s) = sig.as_mut() {
+            record_outcome(s, ctl.grpc, &outcome);
+        }
+        drop(sig);
+        let peer = job.peer;
+        match &outcome {
+            Outcome::Ended(reason) => job.inner.record_termination(*reason, protocol),
+            Outcome::Reset => {
+                tracing::warn!(
+                    %peer, stream = id, %path,
+                    "guard: stream could not reach a safe end point in time; reset (REFUSED_STREAM for gRPC: retryable)"
+                );
+                if let Some(reason) = ctl.reason() {
+                    job.inner.record_ungraceful(reason, protocol);
+                }
+            }
+            _ => {}
+        }
+        tracing::trace!(%peer, stream = id, %path, ?outcome, "guard: stream done");
+        drop(job.registered);
+        drop(job.count);
     }
-    tracing::trace!(%peer, stream = id, %path, ?outcome, "guard: stream done");
-    drop(registered);
-    drop(count);
 }
 
 /// What the client got, for the guard's request signals, where the stream's
@@ -208,73 +209,108 @@ fn record_outcome(s: &mut signals::Request, grpc: bool, outcome: &Outcome) {
     }
 }
 
-async fn run(
-    inner: &Inner,
-    upstream: &H2Upstream,
-    ctl: &StreamCtl,
+/// Not an `async fn`, so the request is kept once (see [`proxy`]).
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn would hold the request twice"
+)]
+fn run<'a>(
+    inner: &'a Inner,
+    upstream: &'a H2Upstream,
+    ctl: &'a StreamCtl,
     req: Request<RecvStream>,
-    respond: &mut SendResponse<Bytes>,
-    forwarded: &HeaderValue,
-    sig: &mut Option<signals::Request>,
-) -> Outcome {
-    let l = &inner.config.limits;
-    let (mut head, body) = req.into_parts();
-    let kind = request_kind(&head.headers);
+    respond: &'a mut SendResponse<Bytes>,
+    forwarded: &'a HeaderValue,
+    sig: &'a mut Option<signals::Request>,
+) -> impl Future<Output = Outcome> + 'a {
+    async move {
+        let l = &inner.config.limits;
+        let kind = request_kind(req.headers());
 
-    // 1. A slot on an application connection.
-    let lease = tokio::select! {
-        biased;
-        _ = poll_fn(|cx| respond.poll_reset(cx)) => return Outcome::ClientGone,
-        (reason, _) = ctl.ended() => {
-            // Nothing reached the application yet.
-            return match end_trailers_only(respond, kind, reason) {
-                Some(outcome) => outcome,
-                None => {
-                    respond.send_reset(h2::Reason::REFUSED_STREAM);
-                    Outcome::Refused
+        // 1. A slot on an application connection.
+        let mut lease = match tokio::select! {
+            biased;
+            _ = poll_fn(|cx| respond.poll_reset(cx)) => return Outcome::ClientGone,
+            (reason, _) = ctl.ended() => {
+                // Nothing reached the application yet.
+                return match end_trailers_only(respond, kind, reason) {
+                    Some(outcome) => outcome,
+                    None => {
+                        respond.send_reset(h2::Reason::REFUSED_STREAM);
+                        Outcome::Refused
+                    }
+                };
+            }
+            r = upstream.ready() => r,
+        } {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "guard: cannot reach the application");
+                return fail_before_response(respond, kind, grpc::UPSTREAM_UNAVAILABLE_MESSAGE);
+            }
+        };
+
+        // 2. The request head; the body follows in `pump_request`.
+        let (response, up_send, body) = match send_head(req, &mut lease.sender, forwarded) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "guard: application connection refused the request");
+                return fail_before_response(respond, kind, grpc::UPSTREAM_UNAVAILABLE_MESSAGE);
+            }
+        };
+
+        let response_side =
+            respond_side(ctl, kind, respond, response, l, lease.barrier.clone(), sig);
+        tokio::pin!(response_side);
+        // The request side is boxed, and freed once the request is over: a
+        // long response (a server stream) does not carry its state.
+        let over = match body {
+            Some(body) => {
+                let mut request_side = Box::pin(pump_request(body, up_send));
+                tokio::select! {
+                    biased;
+                    // The response is over: the request side has nothing left
+                    // to do, and is dropped here.
+                    outcome = &mut response_side => Some(outcome),
+                    () = &mut request_side => None,
                 }
-            };
-        }
-        r = upstream.ready() => r,
-    };
-    let mut lease = match lease {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(error = %e, "guard: cannot reach the application");
-            return fail_before_response(respond, kind, grpc::UPSTREAM_UNAVAILABLE_MESSAGE);
-        }
-    };
+            }
+            None => None,
+        };
+        let outcome = match over {
+            Some(outcome) => outcome,
+            None => response_side.await,
+        };
+        // Dropping the upstream handles of an unfinished stream resets it with
+        // CANCEL: the application stops producing for a client that is gone.
+        // The lease is dropped with it, freeing the slot.
+        drop(lease);
+        outcome
+    }
+}
 
-    // 2. The request head; the body follows in `pump_request`.
+/// Sends the request head upstream: hop-by-hop headers stripped and the
+/// client appended to `x-forwarded-for`. Returns the response to come, the
+/// upstream request stream, and the request body unless the head ended it.
+/// Not async: the head is not kept in the stream's state.
+fn send_head(
+    req: Request<RecvStream>,
+    sender: &mut h2::client::SendRequest<Bytes>,
+    forwarded: &HeaderValue,
+) -> Result<
+    (
+        h2::client::ResponseFuture,
+        SendStream<Bytes>,
+        Option<RecvStream>,
+    ),
+    h2::Error,
+> {
+    let (mut head, body) = req.into_parts();
     strip_hop_by_hop(&mut head.headers);
     append_forwarded_for(&mut head.headers, forwarded);
     let done = body.is_end_stream();
-    let (response, up_send) = match lease
-        .sender
-        .send_request(Request::from_parts(head, ()), done)
-    {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::warn!(error = %e, "guard: application connection refused the request");
-            return fail_before_response(respond, kind, grpc::UPSTREAM_UNAVAILABLE_MESSAGE);
-        }
-    };
-
-    let request_side = pump_request(body, up_send, done);
-    let response_side = respond_side(ctl, kind, respond, response, l, lease.barrier.clone(), sig);
-    tokio::pin!(request_side, response_side);
-    let outcome = tokio::select! {
-        biased;
-        // The response is over: the request side has nothing left to do,
-        // and is dropped here.
-        outcome = &mut response_side => outcome,
-        () = &mut request_side => response_side.await,
-    };
-    // Dropping the upstream handles of an unfinished stream resets it with
-    // CANCEL: the application stops producing for a client that is gone.
-    // The lease is dropped with it, freeing the slot.
-    drop(lease);
-    outcome
+    let (response, send) = sender.send_request(Request::from_parts(head, ()), done)?;
+    Ok((response, send, (!done).then_some(body)))
 }
 
 /// Answers a gRPC (or gRPC-Web) stream that never reached the application,
@@ -325,14 +361,16 @@ async fn end_deadline(ctl: &StreamCtl, end_timeout: Duration) {
 /// Sends `data` within the receiver's flow-control window: capacity is
 /// reserved for the chunk and only what the window grants is handed to h2,
 /// so h2 never buffers beyond the window. A receiver that grants nothing
-/// for `stall` is given up on.
-async fn send_flow_controlled(
+/// for `stall` is given up on. `interrupt` makes the wait that ends it
+/// early; it is only made (and boxed) when the window is full, so the usual
+/// chunk carries neither it nor its timers in the stream's state.
+async fn send_flow_controlled<F: Future<Output = ()>>(
     stream: &mut SendStream<Bytes>,
     mut data: Bytes,
-    interrupt: impl Future<Output = ()>,
+    make_interrupt: impl Fn() -> F,
     stall: Duration,
 ) -> Result<(), SendError> {
-    tokio::pin!(interrupt);
+    let mut interrupt: Option<std::pin::Pin<Box<F>>> = None;
     while !data.is_empty() {
         stream.reserve_capacity(data.len());
         // h2 assigns what the windows allow at once: the usual case (a
@@ -346,9 +384,10 @@ async fn send_flow_controlled(
                 .map_err(|_| SendError::Gone)?;
             continue;
         }
+        let interrupt = interrupt.get_or_insert_with(|| Box::pin(make_interrupt()));
         let granted = tokio::select! {
             biased;
-            _ = &mut interrupt => return Err(SendError::Interrupted),
+            _ = interrupt.as_mut() => return Err(SendError::Interrupted),
             _ = tokio::time::sleep(stall) => return Err(SendError::Stalled),
             g = poll_fn(|cx| {
                 if stream.poll_reset(cx).is_ready() {
@@ -372,10 +411,7 @@ async fn send_flow_controlled(
 
 /// Request body and trailers, downstream → upstream, until done (or the
 /// response is over: the caller then drops it).
-async fn pump_request(mut body: RecvStream, mut up: SendStream<Bytes>, done: bool) {
-    if done {
-        return;
-    }
+async fn pump_request(mut body: RecvStream, mut up: SendStream<Bytes>) {
     loop {
         let next = tokio::select! {
             biased;
@@ -387,8 +423,7 @@ async fn pump_request(mut body: RecvStream, mut up: SendStream<Bytes>, done: boo
             Some(Ok(chunk)) => {
                 let len = chunk.len();
                 let sent =
-                    send_flow_controlled(&mut up, chunk, std::future::pending(), Duration::MAX)
-                        .await;
+                    send_flow_controlled(&mut up, chunk, std::future::pending, Duration::MAX).await;
                 if sent.is_err() {
                     return;
                 }
@@ -430,36 +465,66 @@ async fn respond_side(
     // The head. Asked to end before the application answered: at max age a
     // gRPC stream gets its trailers-only answer at once (the age bound);
     // in a drain (only ever at its deadline for unanswered calls) the
-    // application gets `end_timeout` to answer first.
-    let mut asked: Option<Reason> = None;
-    let head = loop {
-        tokio::select! {
-            biased;
-            _ = poll_fn(|cx| respond.poll_reset(cx)) => return Outcome::ClientGone,
-            (reason, _) = ctl.ended(), if asked.is_none() => {
-                if reason == Reason::max_age {
-                    if let Some(outcome) = end_trailers_only(respond, kind, reason) {
-                        return outcome;
+    // application gets `end_timeout` to answer first. In a block: the head
+    // is not kept beside the body's pump.
+    let (body, down, bounds) = {
+        let mut asked: Option<Reason> = None;
+        let head = loop {
+            tokio::select! {
+                biased;
+                _ = poll_fn(|cx| respond.poll_reset(cx)) => return Outcome::ClientGone,
+                (reason, _) = ctl.ended(), if asked.is_none() => {
+                    if reason == Reason::max_age {
+                        if let Some(outcome) = end_trailers_only(respond, kind, reason) {
+                            return outcome;
+                        }
                     }
+                    asked = Some(reason);
                 }
-                asked = Some(reason);
+                _ = end_deadline(ctl, l.end_timeout), if asked.is_some() => {
+                    let reason = asked.unwrap_or(Reason::drain);
+                    return match end_trailers_only(respond, kind, reason) {
+                        Some(outcome) => outcome,
+                        None => match respond.send_response(status_only(StatusCode::SERVICE_UNAVAILABLE), true) {
+                            Ok(_) => Outcome::Refused,
+                            Err(_) => Outcome::ClientGone,
+                        },
+                    };
+                }
+                r = &mut response => break r,
             }
-            _ = end_deadline(ctl, l.end_timeout), if asked.is_some() => {
-                let reason = asked.unwrap_or(Reason::drain);
-                return match end_trailers_only(respond, kind, reason) {
-                    Some(outcome) => outcome,
-                    None => match respond.send_response(status_only(StatusCode::SERVICE_UNAVAILABLE), true) {
-                        Ok(_) => Outcome::Refused,
-                        Err(_) => Outcome::ClientGone,
-                    },
-                };
-            }
-            r = &mut response => break r,
+        };
+        match answer_head(ctl, kind, respond, head, sig) {
+            Ok(started) => started,
+            Err(outcome) => return outcome,
         }
     };
+    let mut pump = Pump {
+        ctl,
+        body,
+        down,
+        bounds,
+        l,
+        barrier,
+        sig,
+    };
+    pump.run().await
+}
+
+/// Passes the application's response head on. Returns the body to pump, the
+/// client's side of it and its message boundaries, or how the stream ended
+/// (the head ended it, or it failed). Not async: the head is not kept in the
+/// stream's state.
+fn answer_head(
+    ctl: &StreamCtl,
+    kind: Kind,
+    respond: &mut SendResponse<Bytes>,
+    head: Result<Response<RecvStream>, h2::Error>,
+    sig: &mut Option<signals::Request>,
+) -> Result<(RecvStream, SendStream<Bytes>, Boundaries), Outcome> {
     let (mut parts, body) = match head {
         Ok(r) => r.into_parts(),
-        Err(e) => return upstream_failed_before_response(respond, kind, e, sig),
+        Err(e) => return Err(upstream_failed_before_response(respond, kind, e, sig)),
     };
     if let Some(s) = sig.as_mut() {
         s.head(parts.status, &parts.headers);
@@ -470,23 +535,13 @@ async fn respond_side(
     let done = body.is_end_stream();
     let down = match respond.send_response(Response::from_parts(parts, ()), done) {
         Ok(s) => s,
-        Err(_) => return Outcome::ClientGone,
+        Err(_) => return Err(Outcome::ClientGone),
     };
     ctl.set_answered();
     if done {
-        return Outcome::Completed;
+        return Err(Outcome::Completed);
     }
-    Pump {
-        ctl,
-        body,
-        down,
-        bounds,
-        l,
-        barrier,
-        sig,
-    }
-    .run()
-    .await
+    Ok((body, down, bounds))
 }
 
 /// The application failed the stream before answering.
@@ -550,7 +605,7 @@ struct Pump<'a> {
 }
 
 impl Pump<'_> {
-    async fn run(mut self) -> Outcome {
+    async fn run(&mut self) -> Outcome {
         let (ctl, l) = (self.ctl, self.l);
         let endable = self.bounds.endable();
         // Messages (or events) the response carried.
@@ -669,8 +724,9 @@ impl Pump<'_> {
     /// while blocked here, the ending's bound still limits the wait.
     async fn forward(&mut self, chunk: Bytes, len: usize) -> Result<(), Outcome> {
         let l = self.l;
-        let interrupt = async {
-            end_deadline(self.ctl, l.end_timeout).await;
+        let ctl = self.ctl;
+        let interrupt = || async move {
+            end_deadline(ctl, l.end_timeout).await;
             // A forced end has one more bound.
             tokio::time::sleep(l.end_timeout).await;
         };
