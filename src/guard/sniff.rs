@@ -102,7 +102,9 @@ pub const MAX_LINGER: Duration = Duration::from_secs(2);
 pub async fn linger<T: AsyncRead + AsyncWrite + Unpin>(mut io: T, bound: Duration) {
     let _ = tokio::time::timeout(bound.min(MAX_LINGER), async {
         let _ = io.shutdown().await;
-        let mut sink = [0u8; 4096];
+        // On the heap: a connection task awaits this, and an array here
+        // would make every connection's state 4 KiB larger for its life.
+        let mut sink = vec![0u8; 4096];
         while let Ok(n) = io.read(&mut sink).await {
             if n == 0 {
                 break;
