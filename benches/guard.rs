@@ -2,8 +2,9 @@
 //!
 //! 1. Unary gRPC under h2load (`-c 10 -m 10`), at a fixed offered load
 //!    (`--rps 500` per client: 5,000 req/s) and at saturation, three
-//!    repetitions each: direct to the backend, through the guard, and
-//!    through an Envoy hop (concurrency 1). Requests per second, p99, the p99
+//!    repetitions each: direct to the backend, through the guard, through
+//!    an Envoy hop (concurrency 1), and through a byte-copy TCP relay on one
+//!    thread (`drainshim bench relay`: the floor under any hop). Requests per second, p99, the p99
 //!    a hop adds over direct (same repetition), and the proxy's CPU time per
 //!    request (utime + stime from `/proc/PID/stat` over the load). Spreads
 //!    are min / median / max over the repetitions, never the best one.
@@ -286,6 +287,7 @@ impl Runs {
 const DIRECT: usize = 0;
 const GUARD: usize = 1;
 const ENVOY: usize = 2;
+const RELAY: usize = 3;
 
 fn print_load(title: &str, paths: &[Path], runs: &Runs) {
     println!("{title}; {REPS} repetitions, median [min..max]");
@@ -332,6 +334,12 @@ fn print_load(title: &str, paths: &[Path], runs: &Runs) {
         "  req/s guard/envoy: {}; guard/direct: {}",
         fmt_spread(runs.ratio(GUARD, ENVOY, |l| l.rps), 2),
         fmt_spread(runs.ratio(GUARD, DIRECT, |l| l.rps), 2)
+    );
+    println!(
+        "  the floor, a byte-copy relay: req/s relay/direct {}, guard/relay {}; CPU per request guard/relay {}",
+        fmt_spread(runs.ratio(RELAY, DIRECT, |l| l.rps), 2),
+        fmt_spread(runs.ratio(GUARD, RELAY, |l| l.rps), 2),
+        fmt_spread(runs.ratio(GUARD, RELAY, cpu), 2)
     );
 }
 
@@ -402,6 +410,8 @@ async fn main() {
     let envoy = EnvoyProcess::start(&EnvoyOptions::new(binary, backend_addr))
         .await
         .expect("envoy");
+    let (relay_proc, relay_addr) =
+        bench_process_with("relay", &["--upstream", &backend_addr.to_string()]).await;
     let guard_pid = guard_proc.id().expect("pid");
     let envoy_pid = envoy.pid().expect("pid");
     let paths = [
@@ -419,6 +429,11 @@ async fn main() {
             name: "envoy",
             addr: envoy.inbound,
             pid: Some(envoy_pid),
+        },
+        Path {
+            name: "relay",
+            addr: relay_addr,
+            pid: Some(relay_proc.id().expect("pid")),
         },
     ];
 

@@ -36,6 +36,11 @@ pub async fn wait_listening(addr: SocketAddr) {
 /// `drainshim bench <what> --listen ADDR`: `server` (the tonic backend) or
 /// `app` (gRPC and WebSocket on one port), once it listens.
 pub async fn bench_process(what: &str) -> (Child, SocketAddr) {
+    bench_process_with(what, &[]).await
+}
+
+/// [`bench_process`] with more flags (e.g. the relay's `--upstream`).
+pub async fn bench_process_with(what: &str, extra: &[&str]) -> (Child, SocketAddr) {
     let addr = free_addr();
     let child = Command::new(bin())
         .args([
@@ -46,6 +51,7 @@ pub async fn bench_process(what: &str) -> (Child, SocketAddr) {
             "--log",
             "warn",
         ])
+        .args(extra)
         .kill_on_drop(true)
         .spawn()
         .unwrap_or_else(|e| panic!("drainshim bench {what}: {e}"));

@@ -10,6 +10,7 @@ pub mod node_guard;
 pub mod node_scale;
 pub mod population;
 pub mod reconnect;
+pub mod relay;
 pub mod server;
 pub mod ws;
 

@@ -73,6 +73,25 @@ pub enum BenchCommand {
     /// backend (h2c) and a WebSocket ticker/echo (`GET /tick?id=&interval_ms=&size=`).
     #[command(after_help = EXIT_CODES)]
     App(BenchAppArgs),
+
+    /// A byte-copy TCP relay on one thread: the floor under any proxy hop.
+    #[command(
+        long_about = "A byte-copy TCP relay on one thread: the floor under any proxy hop.\n\n\
+            Each accepted connection gets its own connection to --upstream, and bytes are copied \
+            both ways until either side closes; nothing is parsed. The guard benchmark runs it \
+            beside the guard and Envoy, so their throughput against direct can be read against \
+            the least a hop that reads one socket and writes another costs on the same machine.",
+        after_help = EXIT_CODES
+    )]
+    Relay(BenchRelayArgs),
+}
+
+impl BenchCommand {
+    /// Whether the command runs on one thread (the relay, to compare with
+    /// the guard's default of one).
+    pub fn single_threaded(&self) -> bool {
+        matches!(self, BenchCommand::Relay(_))
+    }
 }
 
 #[derive(Debug, Args)]
@@ -145,6 +164,17 @@ pub struct BenchServerArgs {
     /// Address to serve gRPC (h2c) on.
     #[arg(long, env = "DRAINSHIM_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchRelayArgs {
+    /// Address to accept connections on.
+    #[arg(long, env = "DRAINSHIM_LISTEN", default_value = "127.0.0.1:50052")]
+    pub listen: SocketAddr,
+
+    /// Where every connection is relayed to.
+    #[arg(long, env = "DRAINSHIM_UPSTREAM", default_value = "127.0.0.1:50051")]
+    pub upstream: SocketAddr,
 }
 
 #[derive(Debug, Args)]
@@ -336,6 +366,11 @@ impl BenchCommand {
                     s.cancel();
                 });
                 bench::admin_stub::serve(listener, id, stop).await;
+                Ok(())
+            }
+            BenchCommand::Relay(a) => {
+                let listener = bind(a.listen).await?;
+                bench::relay::serve(listener, a.upstream, first_signal()?).await;
                 Ok(())
             }
             BenchCommand::Server(a) => bench::server::run(a.listen, first_signal()?)

@@ -200,7 +200,7 @@ impl Command {
     }
 
     /// The runtime the command runs on: the sidecar's worker threads are a
-    /// setting (`--worker-threads`); other commands get one per core. One
+    /// setting (`--worker-threads`); `bench relay` gets one; others one per core. One
     /// thread is tokio's current-thread scheduler, which runs woken tasks in
     /// turn: a stream that queues a frame does not switch straight to the
     /// connection's task (the multi-thread scheduler's LIFO slot does), so
@@ -215,6 +215,10 @@ impl Command {
                 let mut b = tokio::runtime::Builder::new_multi_thread();
                 b.worker_threads(a.worker_threads);
                 b
+            }
+            #[cfg(feature = "bench")]
+            Command::Bench(b) if b.single_threaded() => {
+                tokio::runtime::Builder::new_current_thread()
             }
             _ => tokio::runtime::Builder::new_multi_thread(),
         };
