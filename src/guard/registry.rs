@@ -86,7 +86,6 @@ impl StreamCtl {
             // A `Notified` sees every `notify_waiters` from its creation on,
             // so looking at `why` once more after creating it misses none.
             let woken = self.end.notified();
-            tokio::pin!(woken);
             if let Some(why) = self.why.get() {
                 return *why;
             }

@@ -251,7 +251,7 @@ fn run<'a>(
         };
 
         // 2. The request head; the body follows in `pump_request`.
-        let (response, up_send, body) = match send_head(req, &mut lease.sender, forwarded) {
+        let (response, request_body) = match send_head(req, &mut lease.sender, forwarded) {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "guard: application connection refused the request");
@@ -264,8 +264,8 @@ fn run<'a>(
         tokio::pin!(response_side);
         // The request side is boxed, and freed once the request is over: a
         // long response (a server stream) does not carry its state.
-        let over = match body {
-            Some(body) => {
+        let over = match request_body {
+            Some((body, up_send)) => {
                 let mut request_side = Box::pin(pump_request(body, up_send));
                 tokio::select! {
                     biased;
@@ -290,28 +290,24 @@ fn run<'a>(
 }
 
 /// Sends the request head upstream: hop-by-hop headers stripped and the
-/// client appended to `x-forwarded-for`. Returns the response to come, the
-/// upstream request stream, and the request body unless the head ended it.
-/// Not async: the head is not kept in the stream's state.
+/// client appended to `x-forwarded-for`. Returns the response to come and,
+/// unless the head ended the request, its body with the upstream stream it
+/// goes to. Not async: the head is not kept in the stream's state.
 fn send_head(
     req: Request<RecvStream>,
     sender: &mut h2::client::SendRequest<Bytes>,
     forwarded: &HeaderValue,
-) -> Result<
-    (
-        h2::client::ResponseFuture,
-        SendStream<Bytes>,
-        Option<RecvStream>,
-    ),
-    h2::Error,
-> {
+) -> Result<(h2::client::ResponseFuture, RequestBody), h2::Error> {
     let (mut head, body) = req.into_parts();
     strip_hop_by_hop(&mut head.headers);
     append_forwarded_for(&mut head.headers, forwarded);
     let done = body.is_end_stream();
     let (response, send) = sender.send_request(Request::from_parts(head, ()), done)?;
-    Ok((response, send, (!done).then_some(body)))
+    Ok((response, (!done).then_some((body, send))))
 }
+
+/// A request body still to forward: downstream, and the upstream stream.
+type RequestBody = Option<(RecvStream, SendStream<Bytes>)>;
 
 /// Answers a gRPC (or gRPC-Web) stream that never reached the application,
 /// or that the application never answered, with a trailers-only
