@@ -4,7 +4,11 @@
 //!    (`--rps 500` per client: 5,000 req/s) and at saturation, three
 //!    repetitions each: direct to the backend, through the guard, through
 //!    an Envoy hop (concurrency 1), and through a byte-copy TCP relay on one
-//!    thread (`drainshim bench relay`: the floor under any hop). Requests per second, p99, the p99
+//!    thread (`drainshim bench relay`: the floor under any hop), and
+//!    through an HTTP/2 frame relay (`drainshim bench frame-relay`: frames
+//!    passed whole, every header block HPACK-decoded, streams and gRPC
+//!    messages followed; the per-request floor of a guard that relays
+//!    frames instead of re-building streams). Requests per second, p99, the p99
 //!    a hop adds over direct (same repetition), and the proxy's CPU time per
 //!    request (utime + stime from `/proc/PID/stat` over the load). Spreads
 //!    are min / median / max over the repetitions, never the best one.
@@ -288,6 +292,7 @@ const DIRECT: usize = 0;
 const GUARD: usize = 1;
 const ENVOY: usize = 2;
 const RELAY: usize = 3;
+const FRAMES: usize = 4;
 
 fn print_load(title: &str, paths: &[Path], runs: &Runs) {
     println!("{title}; {REPS} repetitions, median [min..max]");
@@ -340,6 +345,13 @@ fn print_load(title: &str, paths: &[Path], runs: &Runs) {
         fmt_spread(runs.ratio(RELAY, DIRECT, |l| l.rps), 2),
         fmt_spread(runs.ratio(GUARD, RELAY, |l| l.rps), 2),
         fmt_spread(runs.ratio(GUARD, RELAY, cpu), 2)
+    );
+    println!(
+        "  the frame-relay design's floor: req/s frames/direct {}, frames/envoy {}; CPU per request frames/envoy {}, frames/guard {}",
+        fmt_spread(runs.ratio(FRAMES, DIRECT, |l| l.rps), 2),
+        fmt_spread(runs.ratio(FRAMES, ENVOY, |l| l.rps), 2),
+        fmt_spread(runs.ratio(FRAMES, ENVOY, cpu), 2),
+        fmt_spread(runs.ratio(FRAMES, GUARD, cpu), 2)
     );
 }
 
@@ -412,6 +424,9 @@ async fn main() {
         .expect("envoy");
     let (relay_proc, relay_addr) =
         bench_process_with("relay", &["--upstream", &backend_addr.to_string()]).await;
+    let (frames_proc, frames_addr) =
+        bench_process_with("frame-relay", &["--upstream", &backend_addr.to_string()]).await;
+    let frames_pid = frames_proc.id().expect("pid");
     let guard_pid = guard_proc.id().expect("pid");
     let envoy_pid = envoy.pid().expect("pid");
     let paths = [
@@ -434,6 +449,11 @@ async fn main() {
             name: "relay",
             addr: relay_addr,
             pid: Some(relay_proc.id().expect("pid")),
+        },
+        Path {
+            name: "frames",
+            addr: frames_addr,
+            pid: Some(frames_pid),
         },
     ];
 
@@ -476,7 +496,7 @@ async fn main() {
     eprintln!(
         "guard bench 3/4: server streaming, {FLOW_STREAMS} streams on one connection, {FLOW_PAYLOAD} B messages, {FLOW_SECONDS} s per path, {REPS} repetitions"
     );
-    let flow_paths = [DIRECT, GUARD, ENVOY];
+    let flow_paths = [DIRECT, GUARD, ENVOY, FRAMES];
     let mut flows: Vec<Vec<(f64, Option<f64>)>> = flow_paths.iter().map(|_| Vec::new()).collect();
     for _ in 0..REPS {
         for (k, &i) in flow_paths.iter().enumerate() {
@@ -496,6 +516,12 @@ async fn main() {
     }
     let held = hold_streams(envoy.inbound).await;
     let envoy_loaded = rss_mib(envoy_pid);
+    for t in held {
+        t.abort();
+    }
+    let frames_idle = rss_mib(frames_pid);
+    let held = hold_streams(frames_addr).await;
+    let frames_loaded = rss_mib(frames_pid);
     for t in held {
         t.abort();
     }
@@ -540,6 +566,11 @@ async fn main() {
         fmt_spread(per_rep(1, 2), 2),
         fmt_spread(per_rep(1, 0), 2)
     );
+    println!(
+        "  messages/s frames/envoy: {}; frames/direct: {}",
+        fmt_spread(per_rep(3, 2), 2),
+        fmt_spread(per_rep(3, 0), 2)
+    );
     println!("guard: RSS with {STREAMS} open streams ({CONNECTIONS} connections)");
     println!(
         "{:<10} {:>10} {:>12} {:>14}",
@@ -548,6 +579,7 @@ async fn main() {
     for (name, idle, loaded) in [
         ("guard", guard_idle, guard_loaded),
         ("envoy", envoy_idle, envoy_loaded),
+        ("frames", frames_idle, frames_loaded),
     ] {
         println!(
             "{name:<10} {idle:>10.1} {loaded:>12.1} {:>14.2}",
