@@ -25,13 +25,11 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use httlib_hpack::{Decoder, DecoderError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio_util::task::TaskTracker;
 
 use crate::guard::H2_PREFACE;
 
@@ -41,9 +39,6 @@ const FRAME_HEADER: usize = 9;
 const READ_BUF: usize = 64 * 1024;
 /// A gRPC message starts with a compressed flag and a 4-byte length.
 const GRPC_PREFIX: usize = 5;
-/// After a failed accept (out of descriptors, say), wait this long before
-/// the next, rather than spin.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 // Frame types and flags (RFC 9113 §6).
 const DATA: u8 = 0x0;
@@ -101,44 +96,27 @@ pub async fn serve(
     stats: Arc<Stats>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let tasks = TaskTracker::new();
-    tokio::pin!(shutdown);
-    loop {
-        let accepted = tokio::select! {
-            () = &mut shutdown => break,
-            r = listener.accept() => r,
-        };
-        let down = match accepted {
-            Ok((s, _)) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "bench frame-relay: accept failed");
-                tokio::time::sleep(ACCEPT_BACKOFF).await;
-                continue;
-            }
-        };
-        let stats = stats.clone();
-        tasks.spawn(async move {
-            let up = match TcpStream::connect(upstream).await {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(%upstream, error = %e, "bench frame-relay: connect failed");
-                    return;
+    super::relay::each_pair(
+        listener,
+        upstream,
+        "frame-relay",
+        shutdown,
+        move |down, up| {
+            let stats = stats.clone();
+            async move {
+                stats.connections.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = relay(down, up, &stats).await {
+                    tracing::debug!(error = %e, "bench frame-relay: connection dropped");
                 }
-            };
-            stats.connections.fetch_add(1, Ordering::Relaxed);
-            if let Err(e) = relay(down, up, &stats).await {
-                tracing::debug!(error = %e, "bench frame-relay: connection dropped");
             }
-        });
-    }
-    tasks.close();
+        },
+    )
+    .await;
 }
 
 /// One connection, both directions in one task. Ends when both sides have
 /// closed, or at the first error (the connection is then dropped).
 async fn relay(down: TcpStream, up: TcpStream, stats: &Stats) -> Result<(), RelayError> {
-    let _ = down.set_nodelay(true);
-    let _ = up.set_nodelay(true);
     let (down_r, down_w) = down.into_split();
     let (up_r, up_w) = up.into_split();
     let table = Mutex::new(Streams::default());
@@ -488,6 +466,7 @@ mod tests {
     use super::*;
     use crate::proto::bench::stream_client::StreamClient;
     use crate::proto::bench::{EchoRequest, SubscribeRequest};
+    use std::time::Duration;
 
     #[test]
     fn messages_are_followed_across_frames() {

@@ -23,6 +23,33 @@ pub async fn serve(
     upstream: SocketAddr,
     shutdown: impl Future<Output = ()>,
 ) {
+    each_pair(
+        listener,
+        upstream,
+        "relay",
+        shutdown,
+        |mut down, mut up| async move {
+            let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+        },
+    )
+    .await;
+}
+
+/// The relays' accept loop: each connection accepted on `listener` gets its
+/// own connection to `upstream` (both with TCP_NODELAY), and `relay` runs
+/// on the pair in a task of its own, until `shutdown`. `what` names the
+/// relay in log lines.
+pub(crate) async fn each_pair<F, Fut>(
+    listener: TcpListener,
+    upstream: SocketAddr,
+    what: &'static str,
+    shutdown: impl Future<Output = ()>,
+    relay: F,
+) where
+    F: Fn(TcpStream, TcpStream) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let relay = std::sync::Arc::new(relay);
     let tasks = TaskTracker::new();
     tokio::pin!(shutdown);
     loop {
@@ -30,25 +57,26 @@ pub async fn serve(
             () = &mut shutdown => break,
             r = listener.accept() => r,
         };
-        let mut down = match accepted {
+        let down = match accepted {
             Ok((s, _)) => s,
             Err(e) => {
-                tracing::warn!(error = %e, "bench relay: accept failed");
+                tracing::warn!(error = %e, "bench {what}: accept failed");
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
                 continue;
             }
         };
+        let relay = relay.clone();
         tasks.spawn(async move {
-            let mut up = match TcpStream::connect(upstream).await {
+            let up = match TcpStream::connect(upstream).await {
                 Ok(s) => s,
                 Err(e) => {
-                    tracing::warn!(%upstream, error = %e, "bench relay: connect failed");
+                    tracing::warn!(%upstream, error = %e, "bench {what}: connect failed");
                     return;
                 }
             };
             let _ = down.set_nodelay(true);
             let _ = up.set_nodelay(true);
-            let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+            relay(down, up).await;
         });
     }
     tasks.close();

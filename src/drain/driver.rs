@@ -195,6 +195,7 @@ async fn run(
                     Event::Observed {
                         elapsed: t0.elapsed(),
                         envoy_streams: None,
+                        envoy_connections: None,
                         guard_streams: d.guard_streams(),
                     }
                 }
@@ -274,6 +275,7 @@ impl Drive {
                 Event::Observed {
                     elapsed,
                     envoy_streams: steps_done.then_some(c.rq_active),
+                    envoy_connections: steps_done.then_some(c.cx_active),
                     guard_streams,
                 }
             }
@@ -288,6 +290,7 @@ impl Drive {
                 Event::Observed {
                     elapsed,
                     envoy_streams: None,
+                    envoy_connections: None,
                     guard_streams,
                 }
             }

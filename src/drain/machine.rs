@@ -5,7 +5,9 @@
 //! - `Deregistering`: triggered; health check failed, listeners draining,
 //!   GOAWAY sent; short requests still land while endpoints are removed.
 //! - `Draining`: the guard ends open streams, spread over a window; Envoy's
-//!   counters are polled and the drain exits early once streams reach zero.
+//!   counters are polled and the drain exits early once streams reach zero
+//!   and inbound connections have stopped closing (none for
+//!   [`SETTLE_QUIET`], at most [`SETTLE_MAX`] longer).
 //! - `Terminating`: past the drain time, waiting for the last streams until
 //!   the hard deadline (`parent-shutdown-time`).
 //! - `Done`: the report is final.
@@ -18,6 +20,23 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::config::Timers;
+
+/// Once streams reach zero, how long the drain may still wait for inbound
+/// connections that are closing. A WebSocket the guard ended leaves Envoy's
+/// downstream connection in its delayed close (`delayed_close_timeout`, 1 s
+/// by default: Envoy waits for the client to close, and the client waits
+/// for the server's FIN), so the client sees its connection end up to 1 s
+/// after the guard's Close. A drain that finished at once would leave the
+/// endings of its last second to Envoy's exit, which closes them all at
+/// one instant: a reconnect burst. Connections that stay open (idle
+/// keep-alives) do not fall, so they never hold a drain: only a falling
+/// count does, and only this long.
+pub const SETTLE_MAX: Duration = Duration::from_secs(2);
+
+/// Connections have stopped closing once no poll has seen their count fall
+/// for this long (Envoy's default delayed close; closes can be further
+/// apart than a short poll interval while they last).
+pub const SETTLE_QUIET: Duration = Duration::from_secs(1);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -77,10 +96,12 @@ pub enum Event {
     Tick {
         elapsed: Duration,
     },
-    /// A poll finished. `envoy_streams` is None when the admin API did not answer.
+    /// A poll finished. `envoy_streams` is None when the admin API did not
+    /// answer; `envoy_connections` (inbound, open) too.
     Observed {
         elapsed: Duration,
         envoy_streams: Option<u64>,
+        envoy_connections: Option<u64>,
         guard_streams: u64,
     },
 }
@@ -112,6 +133,13 @@ pub struct State {
     pub outcome: Option<Outcome>,
     /// Whether the last poll reached Envoy; decides `deadline` vs `envoy_unreachable`.
     pub envoy_reachable: bool,
+    /// Inbound connections at the last poll that counted them.
+    pub last_connections: Option<u64>,
+    /// Since when (elapsed) every poll has seen zero streams; None while
+    /// streams are open. Bounds the wait for closing connections.
+    pub idle_since: Option<Duration>,
+    /// When (elapsed) a poll last saw inbound connections fall.
+    pub last_fall: Option<Duration>,
 }
 
 // === impl State ===
@@ -124,6 +152,9 @@ impl Default for State {
             outcome: None,
             // Optimistic until a poll says otherwise.
             envoy_reachable: true,
+            last_connections: None,
+            idle_since: None,
+            last_fall: None,
         }
     }
 }
@@ -193,13 +224,32 @@ impl Machine {
             Event::Observed {
                 elapsed,
                 envoy_streams,
+                envoy_connections,
                 guard_streams,
             } => {
                 s.envoy_reachable = envoy_streams.is_some();
                 self.advance(&mut s, elapsed, &mut actions);
+                // Connections closed since the last poll that counted them.
+                if matches!(
+                    (s.last_connections, envoy_connections),
+                    (Some(before), Some(now)) if now < before
+                ) {
+                    s.last_fall = Some(elapsed);
+                }
+                if envoy_connections.is_some() {
+                    s.last_connections = envoy_connections;
+                }
                 let idle = envoy_streams == Some(0) && guard_streams == 0;
-                if s.phase != Phase::Done && idle && elapsed >= self.quiesce_after() {
-                    self.finish(&mut s, Outcome::Quiesced, &mut actions);
+                if !idle {
+                    s.idle_since = None;
+                } else if elapsed >= self.quiesce_after() && s.phase != Phase::Done {
+                    let since = *s.idle_since.get_or_insert(elapsed);
+                    let quiet = s
+                        .last_fall
+                        .is_none_or(|t| elapsed.saturating_sub(t) >= SETTLE_QUIET);
+                    if quiet || elapsed.saturating_sub(since) >= SETTLE_MAX {
+                        self.finish(&mut s, Outcome::Quiesced, &mut actions);
+                    }
                 }
             }
         }
@@ -258,9 +308,15 @@ mod tests {
     }
 
     fn obs(t: u64, envoy: Option<u64>, guard: u64) -> Event {
+        obs_cx(t, envoy, envoy.map(|_| 0), guard)
+    }
+
+    /// A poll that also counted `cx` inbound connections.
+    fn obs_cx(t: u64, envoy: Option<u64>, cx: Option<u64>, guard: u64) -> Event {
         Observed {
             elapsed: secs(t),
             envoy_streams: envoy,
+            envoy_connections: cx,
             guard_streams: guard,
         }
     }
@@ -309,6 +365,35 @@ mod tests {
             ("after deregistration the guard ends streams; zero streams quiesce",
              vec![Event::Trigger(T::Api), tick(5), obs(6, Some(3), 1), obs(7, Some(0), 1), obs(8, Some(0), 0)],
              vec![Deregistering, Draining, Draining, Draining, Done],
+             vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window, deadline: secs(85) },
+                  Finish(Outcome::Quiesced)]),
+            ("zero streams while connections are still closing: one poll more",
+             vec![Event::Trigger(T::Api), tick(5), obs_cx(6, Some(2), Some(9), 2), obs_cx(7, Some(0), Some(5), 0),
+                  obs_cx(8, Some(0), Some(5), 0)],
+             vec![Deregistering, Draining, Draining, Draining, Done],
+             vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window, deadline: secs(85) },
+                  Finish(Outcome::Quiesced)]),
+            ("connections that stay open (idle keep-alives) do not hold the drain",
+             vec![Event::Trigger(T::Api), tick(5), obs_cx(6, Some(1), Some(4), 1), obs_cx(7, Some(0), Some(4), 0)],
+             vec![Deregistering, Draining, Draining, Done],
+             vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window, deadline: secs(85) },
+                  Finish(Outcome::Quiesced)]),
+            ("connections that keep closing hold the drain at most SETTLE_MAX",
+             vec![Event::Trigger(T::Api), tick(5), obs_cx(6, Some(1), Some(25), 1), obs_cx(7, Some(0), Some(20), 0),
+                  obs_cx(8, Some(0), Some(15), 0), obs_cx(9, Some(0), Some(10), 0)],
+             vec![Deregistering, Draining, Draining, Draining, Draining, Done],
+             vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window, deadline: secs(85) },
+                  Finish(Outcome::Quiesced)]),
+            ("a stream that reopens restarts the settle bound",
+             vec![Event::Trigger(T::Api), tick(5), obs_cx(6, Some(1), Some(25), 1), obs_cx(7, Some(0), Some(20), 0),
+                  obs_cx(8, Some(1), Some(19), 0), obs_cx(9, Some(0), Some(15), 0), obs_cx(10, Some(0), Some(12), 0),
+                  obs_cx(11, Some(0), Some(9), 0)],
+             vec![Deregistering, Draining, Draining, Draining, Draining, Draining, Draining, Done],
+             vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window, deadline: secs(85) },
+                  Finish(Outcome::Quiesced)]),
+            ("a poll without a connection count does not count as closing",
+             vec![Event::Trigger(T::Api), tick(5), obs_cx(6, Some(1), Some(3), 0), obs_cx(7, Some(0), None, 0)],
+             vec![Deregistering, Draining, Draining, Done],
              vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window, deadline: secs(85) },
                   Finish(Outcome::Quiesced)]),
             ("a late poll moves through every passed phase at once",
