@@ -79,7 +79,8 @@ pub enum Trigger {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
-    /// Active streams reached zero after the minimum drain time.
+    /// Active streams reached zero after the minimum drain time (also when
+    /// the deadline came while closing connections were settling).
     Quiesced,
     /// The hard deadline (or a second SIGTERM) came first.
     Deadline,
@@ -275,7 +276,11 @@ impl Machine {
     }
 
     fn finish_at_deadline(&self, s: &mut State, actions: &mut Vec<Action>) {
-        let outcome = if s.envoy_reachable {
+        // Streams were already zero and the drain was only letting closing
+        // connections settle: nothing was open, so it quiesced.
+        let outcome = if s.idle_since.is_some() {
+            Outcome::Quiesced
+        } else if s.envoy_reachable {
             Outcome::Deadline
         } else {
             Outcome::EnvoyUnreachable
@@ -389,6 +394,18 @@ mod tests {
                   obs_cx(8, Some(1), Some(19), 0), obs_cx(9, Some(0), Some(15), 0), obs_cx(10, Some(0), Some(12), 0),
                   obs_cx(11, Some(0), Some(9), 0)],
              vec![Deregistering, Draining, Draining, Draining, Draining, Draining, Draining, Done],
+             vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window, deadline: secs(85) },
+                  Finish(Outcome::Quiesced)]),
+            ("still settling at the deadline: nothing was open, so it quiesced",
+             vec![Event::Trigger(T::Api), tick(5), obs_cx(6, Some(1), Some(25), 1), obs_cx(88, Some(0), Some(20), 0),
+                  tick(90)],
+             vec![Deregistering, Draining, Draining, Terminating, Done],
+             vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window, deadline: secs(85) },
+                  Finish(Outcome::Quiesced)]),
+            ("a second SIGTERM while settling: quiesced too",
+             vec![Event::Trigger(T::Api), tick(5), obs_cx(6, Some(1), Some(25), 1), obs_cx(7, Some(0), Some(20), 0),
+                  Hurry],
+             vec![Deregistering, Draining, Draining, Draining, Done],
              vec![FailHealthcheck, DrainListeners, GoawayAll, TerminateStreams { window, deadline: secs(85) },
                   Finish(Outcome::Quiesced)]),
             ("a poll without a connection count does not count as closing",
