@@ -258,6 +258,18 @@ async fn hold_streams(addr: SocketAddr) -> Vec<tokio::task::JoinHandle<()>> {
     tasks
 }
 
+/// RSS of the proxy `pid` in MiB before and while `STREAMS` streams are
+/// held open through it at `addr`; the streams are dropped afterwards.
+async fn rss_holding_streams(addr: SocketAddr, pid: u32) -> (f64, f64) {
+    let idle = rss_mib(pid);
+    let held = hold_streams(addr).await;
+    let loaded = rss_mib(pid);
+    for t in held {
+        t.abort();
+    }
+    (idle, loaded)
+}
+
 /// The runs of one load, per path, in repetition order.
 struct Runs {
     /// `[path][rep]`, paths in the order of `paths`.
@@ -507,24 +519,9 @@ async fn main() {
     }
 
     eprintln!("guard bench 4/4: RSS with {STREAMS} open streams over {CONNECTIONS} connections");
-    let guard_idle = rss_mib(guard_pid);
-    let envoy_idle = rss_mib(envoy_pid);
-    let held = hold_streams(guard_addr).await;
-    let guard_loaded = rss_mib(guard_pid);
-    for t in held {
-        t.abort();
-    }
-    let held = hold_streams(envoy.inbound).await;
-    let envoy_loaded = rss_mib(envoy_pid);
-    for t in held {
-        t.abort();
-    }
-    let frames_idle = rss_mib(frames_pid);
-    let held = hold_streams(frames_addr).await;
-    let frames_loaded = rss_mib(frames_pid);
-    for t in held {
-        t.abort();
-    }
+    let (guard_idle, guard_loaded) = rss_holding_streams(guard_addr, guard_pid).await;
+    let (envoy_idle, envoy_loaded) = rss_holding_streams(envoy.inbound, envoy_pid).await;
+    let (frames_idle, frames_loaded) = rss_holding_streams(frames_addr, frames_pid).await;
 
     println!("guard: unary gRPC Echo, h2load -c 10 -m 10 -t 1, Envoy --concurrency 1, {LOAD_SECONDS} s per run, same run");
     print_load(

@@ -173,8 +173,6 @@ where
 struct Stream {
     /// A gRPC stream: its response DATA is followed message by message.
     grpc: bool,
-    /// The response head arrived: the next HEADERS are its trailers.
-    answered: bool,
     /// Response messages completed.
     messages: u64,
     /// Bytes of the current message's 5-byte prefix seen so far.
@@ -229,20 +227,13 @@ struct Inspector {
     preface: bool,
     /// This direction's HPACK dynamic table.
     hpack: Decoder<'static>,
-    /// A header block split over CONTINUATION frames: its stream, whether
-    /// its HEADERS ended the stream, and the fragments so far.
+    /// A header block split over CONTINUATION frames: its stream, and
+    /// whether its HEADERS ended the stream.
     pending: Option<(u32, bool)>,
+    /// The header block being gathered and decoded (the decoder consumes a
+    /// `Vec`), and the fields it yields; both kept to be reused.
     block: Vec<u8>,
-    /// The block being decoded (the decoder consumes a `Vec`), and the
-    /// fields it yields; both kept to be reused.
-    scratch: Vec<u8>,
     fields: Vec<(Vec<u8>, Vec<u8>, u8)>,
-}
-
-/// What a header block said that the relay cares about.
-#[derive(Default)]
-struct Head {
-    grpc: bool,
 }
 
 impl Inspector {
@@ -253,7 +244,6 @@ impl Inspector {
             hpack: Decoder::default(),
             pending: None,
             block: Vec::new(),
-            scratch: Vec::new(),
             fields: Vec::new(),
         }
     }
@@ -355,10 +345,7 @@ impl Inspector {
                 self.block.extend_from_slice(payload);
                 if flags & END_HEADERS != 0 {
                     self.pending = None;
-                    let block = std::mem::take(&mut self.block);
-                    self.header_block(id, end_stream, &block, streams, stats)?;
-                    self.block = block;
-                    self.block.clear();
+                    self.header_block(id, end_stream, streams, stats)?;
                 }
             }
             RST_STREAM => {
@@ -380,58 +367,47 @@ impl Inspector {
         stats: &Stats,
     ) -> Result<(), RelayError> {
         let end_stream = flags & END_STREAM != 0;
-        if flags & END_HEADERS != 0 {
-            return self.header_block(id, end_stream, fragment, streams, stats);
-        }
-        self.pending = Some((id, end_stream));
         self.block.clear();
         self.block.extend_from_slice(fragment);
+        if flags & END_HEADERS != 0 {
+            return self.header_block(id, end_stream, streams, stats);
+        }
+        self.pending = Some((id, end_stream));
         Ok(())
     }
 
-    /// A whole header block of stream `id` (0: a push promise's).
+    /// The whole header block gathered in `block`, of stream `id` (0: a
+    /// push promise's).
     fn header_block(
         &mut self,
         id: u32,
         end_stream: bool,
-        block: &[u8],
         streams: &mut Streams,
         stats: &Stats,
     ) -> Result<(), RelayError> {
-        let mut head = Head::default();
-        self.scratch.clear();
-        self.scratch.extend_from_slice(block);
         self.fields.clear();
         self.hpack
-            .decode(&mut self.scratch, &mut self.fields)
+            .decode(&mut self.block, &mut self.fields)
             .map_err(RelayError::Hpack)?;
-        for (name, value, _) in &self.fields {
-            if name == b"content-type" && value.starts_with(b"application/grpc") {
-                head.grpc = true;
-            }
-        }
+        let grpc = self.fields.iter().any(|(name, value, _)| {
+            name == b"content-type" && value.starts_with(b"application/grpc")
+        });
         stats.header_blocks.fetch_add(1, Ordering::Relaxed);
         if id == 0 {
             return Ok(());
         }
-        match self.side {
-            Side::Client => {
-                if let std::collections::hash_map::Entry::Vacant(v) = streams.entry(id) {
-                    stats.streams.fetch_add(1, Ordering::Relaxed);
-                    stats
-                        .grpc_streams
-                        .fetch_add(u64::from(head.grpc), Ordering::Relaxed);
-                    v.insert(Stream {
-                        grpc: head.grpc,
-                        ..Default::default()
-                    });
-                }
-            }
-            Side::App => {
-                if let Some(s) = streams.get_mut(&id) {
-                    // The response head, or (once answered) its trailers.
-                    s.answered = true;
-                }
+        // A client's first block opens a stream; its trailers, and the
+        // application's head and trailers, change nothing the relay follows.
+        if self.side == Side::Client {
+            if let std::collections::hash_map::Entry::Vacant(v) = streams.entry(id) {
+                stats.streams.fetch_add(1, Ordering::Relaxed);
+                stats
+                    .grpc_streams
+                    .fetch_add(u64::from(grpc), Ordering::Relaxed);
+                v.insert(Stream {
+                    grpc,
+                    ..Default::default()
+                });
             }
         }
         if end_stream {
