@@ -636,6 +636,12 @@ pub struct GuardTuningArgs {
     /// reading does not hold it until max age.
     #[arg(long, env = "DRAINSHIM_WRITE_STALL_TIMEOUT", default_value_t = config::DEFAULT_WRITE_STALL_TIMEOUT)]
     pub write_stall_timeout: Span,
+
+    /// How the guard proxies HTTP/2: `frames` relays each connection's
+    /// frames to one app connection (about a third of the CPU per request),
+    /// `stack` re-builds every stream on h2 at both ends.
+    #[arg(long, env = "DRAINSHIM_GUARD_HTTP2", value_enum, default_value_t = crate::guard::Http2Path::default())]
+    pub guard_http2: crate::guard::Http2Path,
 }
 
 impl GuardTuningArgs {
@@ -648,6 +654,7 @@ impl GuardTuningArgs {
         c.limits.write_stall_timeout = self.write_stall_timeout.get();
         c.limits.max_connections = self.guard_max_connections;
         c.limits.max_streams = self.guard_max_streams;
+        c.http2 = self.guard_http2;
     }
 }
 

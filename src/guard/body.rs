@@ -44,8 +44,12 @@ fn content_type(headers: &HeaderMap) -> &str {
 
 /// The gRPC flavour of a request (Opaque when it is not gRPC at all).
 pub fn request_kind(headers: &HeaderMap) -> Kind {
-    let ct = content_type(headers);
-    if grpc::is_grpc(headers) {
+    request_kind_of(content_type(headers))
+}
+
+/// [`request_kind`] of a `content-type` value.
+pub fn request_kind_of(ct: &str) -> Kind {
+    if grpc::is_grpc_type(ct) {
         Kind::Grpc
     } else if let Some(rest) = ct.strip_prefix("application/grpc-web-text") {
         if web_suffix(rest) {
@@ -86,10 +90,14 @@ fn web_suffix(rest: &str) -> bool {
 /// The kind of a response to a request of kind `request`: framing is only
 /// trusted where both sides agree.
 pub fn response_kind(request: Kind, headers: &HeaderMap) -> Kind {
-    let ct = content_type(headers);
+    response_kind_of(request, content_type(headers))
+}
+
+/// [`response_kind`] of a `content-type` value.
+pub fn response_kind_of(request: Kind, ct: &str) -> Kind {
     match request {
-        Kind::Grpc if grpc::is_grpc(headers) => Kind::Grpc,
-        Kind::GrpcWeb { .. } => match request_kind(headers) {
+        Kind::Grpc if grpc::is_grpc_type(ct) => Kind::Grpc,
+        Kind::GrpcWeb { .. } => match request_kind_of(ct) {
             k @ Kind::GrpcWeb { .. } => k,
             _ => Kind::Opaque,
         },

@@ -118,6 +118,40 @@ impl Bucket {
     }
 }
 
+/// One connection's buckets, one per limited frame type.
+#[derive(Debug)]
+pub struct Buckets {
+    ping: Bucket,
+    settings: Bucket,
+    rst_stream: Bucket,
+}
+
+impl Buckets {
+    /// Full buckets; each pause is counted in `metrics`.
+    pub fn new(limits: FloodLimits, metrics: &Metrics, now: Instant) -> Self {
+        Self {
+            ping: Bucket::new(limits.ping, now, metrics.guard_limited(Limit::ping)),
+            settings: Bucket::new(limits.settings, now, metrics.guard_limited(Limit::settings)),
+            rst_stream: Bucket::new(
+                limits.rst_stream,
+                now,
+                metrics.guard_limited(Limit::rst_stream),
+            ),
+        }
+    }
+
+    /// Takes a token for a frame of type `kind` (frames of other types need
+    /// none), or says when the next one is due.
+    pub fn take(&mut self, kind: u8, now: Instant) -> Result<(), Instant> {
+        match kind {
+            PING => self.ping.take(now),
+            SETTINGS => self.settings.take(now),
+            RST_STREAM => self.rst_stream.take(now),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// What the parser could do with the bytes held.
 enum Step {
     /// Released more bytes to the reader.
@@ -137,9 +171,7 @@ pub struct Flood<T> {
     /// Bytes still to pass before the next frame header (the preface, then
     /// each frame's payload).
     skip: usize,
-    ping: Bucket,
-    settings: Bucket,
-    rst_stream: Bucket,
+    buckets: Buckets,
     /// Set while throttled.
     sleep: Option<Pin<Box<Sleep>>>,
     /// The socket reported end of stream.
@@ -157,13 +189,7 @@ impl<T> Flood<T> {
             buf: BytesMut::with_capacity(READ_CHUNK),
             released: 0,
             skip: H2_PREFACE.len(),
-            ping: Bucket::new(limits.ping, now, metrics.guard_limited(Limit::ping)),
-            settings: Bucket::new(limits.settings, now, metrics.guard_limited(Limit::settings)),
-            rst_stream: Bucket::new(
-                limits.rst_stream,
-                now,
-                metrics.guard_limited(Limit::rst_stream),
-            ),
+            buckets: Buckets::new(limits, metrics, now),
             sleep: None,
             eof: false,
         }
@@ -185,16 +211,8 @@ impl<T> Flood<T> {
         }
         let h = &self.buf[self.released..self.released + FRAME_HEADER];
         let len = (usize::from(h[0]) << 16) | (usize::from(h[1]) << 8) | usize::from(h[2]);
-        let bucket = match h[3] {
-            PING => Some(&mut self.ping),
-            SETTINGS => Some(&mut self.settings),
-            RST_STREAM => Some(&mut self.rst_stream),
-            _ => None,
-        };
-        if let Some(b) = bucket {
-            if let Err(until) = b.take(now) {
-                return Step::Throttled(until);
-            }
+        if let Err(until) = self.buckets.take(h[3], now) {
+            return Step::Throttled(until);
         }
         self.released += FRAME_HEADER;
         self.skip = len;

@@ -23,6 +23,7 @@ mod body;
 mod conn;
 mod connect;
 mod flood;
+mod frames;
 mod grpc;
 mod h1;
 mod h2conn;
@@ -39,6 +40,7 @@ mod sniff;
 mod stream;
 pub mod upstream;
 mod websocket;
+mod wire;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -84,6 +86,21 @@ pub struct GuardConfig {
     pub limits: Limits,
     /// The per-request golden signals (see [`signals`]).
     pub signals: SignalSettings,
+    /// How HTTP/2 connections are proxied.
+    pub http2: Http2Path,
+}
+
+/// How the guard proxies an HTTP/2 connection (docs/design.md, "Cost").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Http2Path {
+    /// One application connection per client connection, frames relayed
+    /// whole; the guard reads header blocks and message boundaries and
+    /// writes frames only to end or refuse a stream.
+    Frames,
+    /// h2 on both sides: each stream re-built, with a pool of application
+    /// connections per client connection.
+    #[default]
+    Stack,
 }
 
 impl GuardConfig {
@@ -98,6 +115,7 @@ impl GuardConfig {
             long_stream_age: crate::config::DEFAULT_LONG_STREAM_AGE.get(),
             limits: Limits::default(),
             signals: SignalSettings::default(),
+            http2: Http2Path::default(),
         }
     }
 }

@@ -87,6 +87,11 @@ impl PrematureResets {
         self.notify.notified().await;
     }
 
+    /// Whether the rule has tripped.
+    pub fn is_tripped(&self) -> bool {
+        self.tripped.load(Ordering::Acquire)
+    }
+
     /// Streams reset prematurely, so far.
     pub fn count(&self) -> u64 {
         self.premature.load(Ordering::Relaxed)

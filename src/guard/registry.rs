@@ -67,6 +67,37 @@ pub struct StreamCtl {
     answered_at: OnceLock<Instant>,
     /// Already in a drain's schedule, so it is not scheduled twice.
     scheduled: AtomicBool,
+    /// A stream of the frame relay has no task of its own: its end is
+    /// queued here, with its HTTP/2 stream id, for its connection.
+    relayed: Option<(Arc<EndQueue>, u32)>,
+}
+
+/// The ends asked of one frame-relay connection's streams, in order.
+#[derive(Debug, Default)]
+pub struct EndQueue {
+    ids: Mutex<Vec<u32>>,
+    ready: Notify,
+}
+
+impl EndQueue {
+    fn push(&self, id: u32) {
+        self.ids
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(id);
+        // Stored as a permit if the connection is busy right now.
+        self.ready.notify_one();
+    }
+
+    /// The stream ids queued since the last call.
+    pub fn take(&self) -> Vec<u32> {
+        std::mem::take(&mut *self.ids.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Resolves once an id may have been queued since the last call.
+    pub async fn ready(&self) {
+        self.ready.notified().await;
+    }
 }
 
 impl StreamCtl {
@@ -74,6 +105,9 @@ impl StreamCtl {
     pub fn end(&self, reason: Reason) {
         if self.why.set((reason, Instant::now())).is_ok() {
             self.end.notify_waiters();
+            if let Some((queue, id)) = &self.relayed {
+                queue.push(*id);
+            }
         }
     }
 
@@ -179,6 +213,27 @@ impl Registry {
 
     /// Like [`Registry::register`], saying why a stream is refused.
     pub fn try_register(self: &Arc<Self>, conn: u64, grpc: bool) -> Result<Registered, Refused> {
+        self.register_with(conn, grpc, None)
+    }
+
+    /// Like [`Registry::try_register`], for a stream of the frame relay: its
+    /// end is queued on `queue` as `id`.
+    pub fn try_register_relayed(
+        self: &Arc<Self>,
+        conn: u64,
+        grpc: bool,
+        queue: &Arc<EndQueue>,
+        id: u32,
+    ) -> Result<Registered, Refused> {
+        self.register_with(conn, grpc, Some((queue.clone(), id)))
+    }
+
+    fn register_with(
+        self: &Arc<Self>,
+        conn: u64,
+        grpc: bool,
+        relayed: Option<(Arc<EndQueue>, u32)>,
+    ) -> Result<Registered, Refused> {
         let mut s = self.lock();
         if s.terminating {
             return Err(Refused::Terminating);
@@ -197,6 +252,7 @@ impl Registry {
             long_lived: AtomicBool::new(false),
             answered_at: OnceLock::new(),
             scheduled: AtomicBool::new(false),
+            relayed,
         });
         s.streams.insert(key, ctl.clone());
         Ok(Registered {

@@ -326,6 +326,20 @@ impl Request {
         self.trailers(headers);
     }
 
+    /// [`Request::head`] from the fields the frame relay read: the status,
+    /// and `grpc-status` when the head carried one (trailers-only).
+    pub fn head_status(&mut self, status: StatusCode, grpc_status: Option<&[u8]>) {
+        self.status = Some(status);
+        self.grpc_status(grpc_status);
+    }
+
+    /// [`Request::trailers`] from the `grpc-status` the frame relay read.
+    pub fn grpc_status(&mut self, status: Option<&[u8]>) {
+        if let Some(s) = status {
+            self.code = Some(grpc_code(s));
+        }
+    }
+
     /// The application's trailers (or a trailers-only head).
     pub fn trailers(&mut self, trailers: &HeaderMap) {
         if let Some(s) = trailers.get("grpc-status") {

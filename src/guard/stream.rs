@@ -88,7 +88,7 @@ pub fn already_reset(respond: &mut SendResponse<Bytes>) -> bool {
 
 /// How a stream ended, for metrics and logs.
 #[derive(Debug, PartialEq, Eq)]
-enum Outcome {
+pub(super) enum Outcome {
     /// The application finished the response (its own status, whatever it is).
     Completed,
     /// The guard ended it gracefully (trailers or trailers-only).
@@ -118,10 +118,10 @@ enum SendError {
 /// trip, which collects whatever it had already queued). Short, because the
 /// end should come as soon after a write as possible: a producer's next
 /// write is then furthest away.
-const BURST_GAP: Duration = Duration::from_millis(2);
+pub(super) const BURST_GAP: Duration = Duration::from_millis(2);
 
 /// Longest wait for the PING round trip before an ending goes ahead anyway.
-const BARRIER_WAIT: Duration = Duration::from_millis(50);
+pub(super) const BARRIER_WAIT: Duration = Duration::from_millis(50);
 
 /// A stream task. Its state is what an open stream costs in memory, so what
 /// is only needed for a moment (the request side, the heads) does not stay
@@ -192,7 +192,7 @@ pub fn proxy(mut job: StreamJob) -> impl Future<Output = ()> + Send {
 
 /// What the client got, for the guard's request signals, where the stream's
 /// end decided it rather than the application's head or trailers.
-fn record_outcome(s: &mut signals::Request, grpc: bool, outcome: &Outcome) {
+pub(super) fn record_outcome(s: &mut signals::Request, grpc: bool, outcome: &Outcome) {
     match outcome {
         Outcome::Completed => {}
         // gRPC: the guard's `grpc-status: 14`; SSE: a clean end of the body.

@@ -1,0 +1,1745 @@
+//! The guard's HTTP/2 data path as a frame relay (docs/design.md, "Cost").
+//!
+//! Each downstream connection gets one application connection, and frames
+//! pass between them whole and unchanged, with the same stream ids, in the
+//! batches they arrived in. Flow control is the peers' own, end to end. On
+//! the way the relay reads what a guard needs and nothing more:
+//! - every header block, HPACK-decoded in each direction with that
+//!   direction's dynamic table, for the request's kind and path and the
+//!   response's status;
+//! - each response's message (or event) boundaries, across DATA frames;
+//! - a table of open streams, each registered with the guard's registry.
+//!
+//! It writes frames of its own only to end or refuse something, and encodes
+//! every header block it writes as literals without indexing, which change
+//! neither peer's dynamic table. A graceful end is the h2 path's
+//! ([`super::stream`]): at a boundary, in the application's first pause,
+//! after a PING round trip to the application (its ack follows everything
+//! the application had queued), trailers `grpc-status: 14` to the client
+//! and RST_STREAM(CANCEL) to the application. Whatever the application
+//! still sends for that stream is dropped, and the connection window its
+//! DATA took is given back to it.
+//!
+//! Two things keep the HPACK tables right:
+//! - The client's header blocks always reach the application, even for
+//!   streams the guard refuses (the stream is then cancelled at once).
+//! - An application header block for a stream the client already saw end
+//!   cannot be forwarded (the client would fail the connection) and cannot
+//!   be dropped if it changed the application's table. From then on the
+//!   relay re-encodes that direction's blocks as literals, after clearing
+//!   the client's table.
+//!
+//! SETTINGS pass through, lowered to the guard's limits: the application's
+//! stream limit so reaches the client, and one application connection is
+//! enough. The GOAWAY sequence is the h2 path's, sent by the relay: the
+//! application never sees it. If the application cannot be reached when a
+//! connection arrives, that connection is served by the h2 path, which
+//! answers each stream retryably.
+
+use std::collections::HashMap;
+use std::future::poll_fn;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, BytesMut};
+use httlib_hpack::Decoder;
+use http::StatusCode;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_util::io::poll_read_buf;
+
+use super::body::{request_kind_of, response_kind_of, Boundaries, End, Kind};
+use super::conn::ConnInfo;
+use super::flood::Buckets;
+use super::grpc;
+use super::lifecycle::{Action, Cause, Input, Lifecycle, Settings};
+use super::rapid::{PrematureResets, PREMATURE_LIFETIME};
+use super::registry::{EndQueue, Refused, Registered};
+use super::schedule::jittered_age;
+use super::signals;
+use super::sniff::{linger, Prefixed, H2_PREFACE};
+use super::stream::{record_outcome, Outcome, BARRIER_WAIT, BURST_GAP};
+use super::upstream::connect_tcp;
+use super::wire::{self, Head};
+use super::Inner;
+use crate::metrics::{Limit, Reason, StreamProtocol};
+
+/// Room made for each read.
+const READ_BUF: usize = 64 * 1024;
+/// A side is not read while this much waits to be written to the other.
+const HIGH_WATER: usize = 256 * 1024;
+/// The largest frame relayed; both peers' SETTINGS_MAX_FRAME_SIZE are
+/// lowered to it, so the relay never holds more than this for one frame.
+const MAX_FRAME: u32 = 1 << 20;
+/// The default SETTINGS_MAX_FRAME_SIZE (RFC 9113 §6.5.2).
+const DEFAULT_FRAME: usize = 16_384;
+/// The default SETTINGS_HEADER_TABLE_SIZE.
+const DEFAULT_TABLE: u32 = 4_096;
+/// A decoded header block this many times the header list limit is an
+/// attack (an HPACK bomb): the connection is closed.
+const BOMB_FACTOR: usize = 16;
+/// More CONTINUATION frames than this in one block is a flood.
+const MAX_CONTINUATIONS: usize = 64;
+/// The first bytes of the guard's own PINGs' opaque data: a PING barrier
+/// to the application, and the GOAWAY probe to the client.
+const BARRIER_PING: [u8; 4] = *b"dsb\0";
+const GOAWAY_PING: [u8; 8] = *b"dsgoaway";
+
+/// Serves one HTTP/2 connection by relaying its frames to the application.
+pub async fn serve(inner: Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
+    let l = inner.config.limits;
+    let app = match connect_tcp(
+        &inner.connector,
+        inner.config.upstream,
+        l.upstream_connect_timeout,
+    )
+    .await
+    {
+        Ok(app) => app,
+        Err(e) => {
+            // Nothing was read past the sniffed bytes, which `io` still
+            // holds: the h2 path answers each stream retryably itself.
+            tracing::warn!(peer = %info.peer, error = %e, "guard: cannot reach the application; answering this connection's streams retryably");
+            return super::h2conn::serve(inner, io, info).await;
+        }
+    };
+    let reclaim = io.reclaim();
+    let client = io;
+    let mut relay = Relay::new(&inner, info);
+    relay.run(client, app).await;
+    drop(relay);
+    if let Some(tcp) = reclaim.take() {
+        linger(tcp, l.shutdown_timeout).await;
+    }
+    tracing::debug!(peer = %info.peer, conn = info.id, "guard: HTTP/2 connection closed");
+}
+
+/// One relayed stream.
+struct Stream {
+    /// Its entry in the guard's registry (dropped: removed).
+    reg: Registered,
+    /// The request's kind, by its content type.
+    kind: Kind,
+    /// The response's boundaries, once its head arrived.
+    bounds: Option<Boundaries>,
+    /// The client ended its request (END_STREAM).
+    req_done: bool,
+    /// The application ended its response (END_STREAM).
+    resp_done: bool,
+    started: Instant,
+    /// Response messages (or events) so far.
+    messages: u64,
+    /// When the application last sent data on it.
+    last_data: Option<Instant>,
+    ending: Option<Ending>,
+    sig: Option<signals::Request>,
+}
+
+impl Stream {
+    fn answered(&self) -> bool {
+        self.bounds.is_some()
+    }
+
+    fn at_boundary(&self) -> bool {
+        self.bounds.as_ref().is_some_and(Boundaries::at_boundary)
+    }
+
+    fn endable(&self) -> bool {
+        self.bounds.as_ref().is_some_and(Boundaries::endable)
+    }
+
+    fn grpc(&self) -> bool {
+        self.reg.ctl.grpc
+    }
+
+    fn protocol(&self) -> StreamProtocol {
+        if self.grpc() {
+            StreamProtocol::grpc
+        } else {
+            StreamProtocol::http
+        }
+    }
+}
+
+/// A stream being ended, and how far it got.
+#[derive(Clone, Copy, Debug)]
+struct Ending {
+    reason: Reason,
+    /// When the end was asked: `end_timeout` counts from here.
+    asked: Instant,
+    /// At a boundary: the PING barrier starts then, unless data comes first.
+    quiet_at: Option<Instant>,
+    /// Waiting for the ack of this barrier PING, at most until the instant.
+    barrier: Option<(u64, Instant)>,
+    /// Past `end_timeout` mid-message: the next boundary ends it, but no
+    /// later than this.
+    forced_by: Option<Instant>,
+}
+
+/// The PING barrier on the application connection: one PING in flight at a
+/// time, shared by every stream waiting for one.
+#[derive(Debug, Default)]
+struct Barrier {
+    /// PINGs sent, and the highest one acked.
+    sent: u64,
+    acked: u64,
+    /// Another PING is wanted once the one in flight is acked.
+    again: bool,
+}
+
+/// A header block split over CONTINUATION frames, being gathered.
+struct Block {
+    id: u32,
+    /// The HEADERS (or PUSH_PROMISE) ended the stream.
+    end_stream: bool,
+    push: bool,
+    /// The frames as they came, and the block fragments from them.
+    frames: BytesMut,
+    fragment: Vec<u8>,
+    /// CONTINUATION frames so far.
+    continuations: usize,
+}
+
+/// What woke the relay.
+enum Event {
+    FromClient,
+    /// Everything for the client is written, and the connection waits for that.
+    Flushed,
+    FromApp,
+    ClientGone,
+    AppGone,
+    Timer,
+    Ended,
+    Input(Input),
+}
+
+/// One connection's state (the sockets are the `run` loop's).
+struct Relay<'a> {
+    inner: &'a Arc<Inner>,
+    info: ConnInfo,
+    streams: HashMap<u32, Stream>,
+    /// Highest stream id the client opened.
+    last_id: u32,
+    /// Lowest last-stream id the client was sent in a GOAWAY: newer streams
+    /// are refused.
+    goaway_last: Option<u32>,
+    from_client: BytesMut,
+    from_app: BytesMut,
+    to_app: BytesMut,
+    to_client: BytesMut,
+    /// The client's preface is still to come.
+    preface: bool,
+    /// Each direction's HPACK decoder.
+    client_hpack: Decoder<'static>,
+    app_hpack: Decoder<'static>,
+    client_block: Option<Block>,
+    app_block: Option<Block>,
+    /// The application's blocks are re-encoded (see the module doc); the
+    /// first one clears the client's table.
+    translate: Option<bool>,
+    /// The same for the client's blocks, which the application gets
+    /// re-encoded once the guard dropped one that changed the table.
+    to_app_translate: Option<bool>,
+    /// The application's SETTINGS_HEADER_TABLE_SIZE and MAX_FRAME_SIZE.
+    app_table: u32,
+    app_frame: usize,
+    /// The last request forwarded, while still unwritten and last in
+    /// `to_app`: its stream, where it starts and ends, and whether it
+    /// changed the table.
+    unsent: Option<(u32, usize, usize, bool)>,
+    /// The error code of the application's last GOAWAY: the client's
+    /// GOAWAY when the application's connection then closes.
+    app_goaway_code: u32,
+    /// The client's SETTINGS_HEADER_TABLE_SIZE and MAX_FRAME_SIZE.
+    client_table: u32,
+    client_frame: usize,
+    /// The application's SETTINGS have been seen (the first gets the
+    /// guard's limits added).
+    app_settings: bool,
+    /// Bytes of DATA the guard sent the client itself: taken out of the
+    /// client's next connection WINDOW_UPDATEs, which the application would
+    /// otherwise count as credit of its own.
+    debt: u64,
+    queue: Arc<EndQueue>,
+    /// Streams being ended.
+    ending: Vec<u32>,
+    barrier: Barrier,
+    life: Lifecycle,
+    told_empty: bool,
+    resets: PrematureResets,
+    calmed: bool,
+    /// The connection is closing: stop reading, flush (until the
+    /// instant at most), then close.
+    closing: bool,
+    closing_by: Option<Instant>,
+    /// The client's `x-forwarded-for` entry, as a CONTINUATION's block.
+    forwarded: Vec<u8>,
+    scratch: Vec<u8>,
+    /// The client's control-frame rates, and until when reading it is
+    /// paused because one ran out.
+    buckets: Buckets,
+    throttled_until: Option<Instant>,
+}
+
+impl<'a> Relay<'a> {
+    fn new(inner: &'a Arc<Inner>, info: ConnInfo) -> Self {
+        let l = inner.config.limits;
+        let first_stream_by = info.accepted_at + l.header_read_timeout;
+        let age_at = inner
+            .config
+            .max_connection_age
+            .map(|age| info.accepted_at + jittered_age(age, fastrand::f64()));
+        let life = Lifecycle::new(
+            Settings {
+                age_at,
+                grace: inner.config.max_connection_age_grace,
+                spread: inner.config.max_connection_age_spread,
+                ack_timeout: l.goaway_ack_timeout,
+                idle_timeout: l.idle_timeout,
+                end_timeout: l.end_timeout,
+                shutdown_timeout: l.shutdown_timeout,
+                first_stream_by,
+                watch_goaway: !inner.goaway.is_cancelled(),
+                defer_goaway: inner.terminate.is_cancelled(),
+            },
+            Instant::now(),
+        );
+        let peer = info.peer.ip().to_string();
+        Self {
+            inner,
+            info,
+            streams: HashMap::new(),
+            last_id: 0,
+            goaway_last: None,
+            from_client: BytesMut::with_capacity(READ_BUF),
+            from_app: BytesMut::with_capacity(READ_BUF),
+            to_app: BytesMut::new(),
+            to_client: BytesMut::new(),
+            preface: true,
+            client_hpack: Decoder::with_dynamic_size(DEFAULT_TABLE),
+            app_hpack: Decoder::with_dynamic_size(DEFAULT_TABLE),
+            client_block: None,
+            app_block: None,
+            translate: None,
+            to_app_translate: None,
+            app_table: DEFAULT_TABLE,
+            app_frame: DEFAULT_FRAME,
+            unsent: None,
+            app_goaway_code: wire::NO_ERROR,
+            client_table: DEFAULT_TABLE,
+            client_frame: DEFAULT_FRAME,
+            app_settings: false,
+            debt: 0,
+            queue: Arc::new(EndQueue::default()),
+            ending: Vec::new(),
+            barrier: Barrier::default(),
+            life,
+            told_empty: true,
+            resets: PrematureResets::new(l.max_pending_accept_reset_streams),
+            calmed: false,
+            closing: false,
+            closing_by: None,
+            forwarded: wire::literal_block(&[("x-forwarded-for", &peer)]),
+            scratch: Vec::new(),
+            buckets: Buckets::new(l.flood, &inner.metrics, Instant::now()),
+            throttled_until: None,
+        }
+    }
+
+    async fn run(&mut self, mut client: Prefixed<TcpStream>, mut app: TcpStream) {
+        let inner = self.inner;
+        let terminate = inner.terminate.cancelled();
+        let goaway = inner.goaway.cancelled();
+        let queue = self.queue.clone();
+        let ended = queue.ready();
+        let timer = tokio::time::sleep_until(Instant::now());
+        tokio::pin!(terminate, goaway, ended, timer);
+        let mut timer_at: Option<Instant> = None;
+        // Which side is read first; alternated so neither starves the other.
+        let mut client_first = true;
+        let info = self.info;
+        tracing::debug!(peer = %info.peer, conn = info.id, "guard: HTTP/2 connection (frame relay)");
+        loop {
+            let now = Instant::now();
+            self.count_changed(now);
+            if self.life.wants_quiet() && self.streams.is_empty() && self.to_client.is_empty() {
+                self.step(Input::Quiet, now);
+            }
+            if self.closing && self.to_client.is_empty() {
+                break;
+            }
+            let next = self.next_deadline();
+            if next != timer_at {
+                timer_at = next;
+                if let Some(at) = next {
+                    timer.as_mut().reset(at);
+                }
+            }
+            let (want_client, want_app) = (
+                !self.closing && self.to_app.len() < HIGH_WATER && self.throttled_until.is_none(),
+                !self.closing && self.to_client.len() < HIGH_WATER,
+            );
+            client_first = !client_first;
+            let event = tokio::select! {
+                biased;
+                _ = &mut timer, if timer_at.is_some() => { timer_at = None; Event::Timer }
+                _ = &mut terminate, if self.life.watches_terminate() => Event::Input(Input::Terminate),
+                _ = &mut goaway, if self.life.watches_goaway() => Event::Input(Input::GoawayAll),
+                _ = &mut ended => {
+                    ended.set(queue.ready());
+                    Event::Ended
+                }
+                e = poll_fn(|cx| self.poll_io(cx, &mut client, &mut app, want_client, want_app, client_first)) => e,
+            };
+            let now = Instant::now();
+            let result = match event {
+                Event::FromClient => self.client_frames(now),
+                Event::FromApp => self.app_frames(now),
+                Event::ClientGone => break,
+                Event::Flushed => Ok(()),
+                Event::AppGone => {
+                    self.app_lost();
+                    Ok(())
+                }
+                Event::Timer => self.timers(now),
+                Event::Ended => {
+                    for id in self.queue.take() {
+                        self.begin_end(id, now);
+                    }
+                    Ok(())
+                }
+                Event::Input(input) => {
+                    self.step(input, now);
+                    Ok(())
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(peer = %info.peer, conn = info.id, error = %e, "guard: HTTP/2 connection failed");
+                self.fail(e);
+            }
+            if self.resets.is_tripped() && !self.calmed {
+                tracing::warn!(peer = %info.peer, conn = info.id, premature = self.resets.count(),
+                    "guard: most streams on this connection were reset before they were answered (rapid reset); GOAWAY(ENHANCE_YOUR_CALM)");
+                inner.metrics.guard_limited(Limit::rapid_reset).inc();
+                self.calmed = true;
+                self.fail(Failure::Calm);
+            }
+            let now = Instant::now();
+            if [self.life.deadlines().close_by, self.closing_by]
+                .into_iter()
+                .flatten()
+                .any(|at| now >= at)
+            {
+                tracing::debug!(peer = %info.peer, conn = info.id, "guard: closing deadline reached; dropping the connection");
+                break;
+            }
+        }
+        // Whatever is still open is dropped with the connection.
+        let _ = flush(&mut client, &mut self.to_client).await;
+    }
+
+    /// Writes what is queued, then reads the side(s) there is room for.
+    fn poll_io(
+        &mut self,
+        cx: &mut Context<'_>,
+        client: &mut Prefixed<TcpStream>,
+        app: &mut TcpStream,
+        want_client: bool,
+        want_app: bool,
+        client_first: bool,
+    ) -> Poll<Event> {
+        if write_some(cx, app, &mut self.to_app).is_err() {
+            return Poll::Ready(Event::AppGone);
+        }
+        let had = !self.to_client.is_empty();
+        if write_some(cx, client, &mut self.to_client).is_err() {
+            return Poll::Ready(Event::ClientGone);
+        }
+        if had && self.to_client.is_empty() && (self.closing || self.life.wants_quiet()) {
+            // What the loop waits for before it closes.
+            return Poll::Ready(Event::Flushed);
+        }
+        for client_turn in [client_first, !client_first] {
+            if client_turn && want_client {
+                match read_some(cx, client, &mut self.from_client) {
+                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
+                        return Poll::Ready(Event::ClientGone)
+                    }
+                    Poll::Ready(Ok(_)) => return Poll::Ready(Event::FromClient),
+                    Poll::Pending => {}
+                }
+            }
+            if !client_turn && want_app {
+                match read_some(cx, app, &mut self.from_app) {
+                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(Event::AppGone),
+                    Poll::Ready(Ok(_)) => return Poll::Ready(Event::FromApp),
+                    Poll::Pending => {}
+                }
+            }
+        }
+        Poll::Pending
+    }
+
+    // ---- client → application -------------------------------------------
+
+    fn client_frames(&mut self, now: Instant) -> Result<(), Failure> {
+        // Offsets into `to_app` from before its last write are stale.
+        self.unsent = None;
+        let mut at = 0;
+        if self.preface {
+            let n = self.from_client.len().min(H2_PREFACE.len());
+            if self.from_client[..n] != H2_PREFACE[..n] {
+                return Err(Failure::Protocol(
+                    "the client did not start with the HTTP/2 preface",
+                ));
+            }
+            if n < H2_PREFACE.len() {
+                return Ok(());
+            }
+            self.to_app.extend_from_slice(H2_PREFACE);
+            self.preface = false;
+            at = H2_PREFACE.len();
+        }
+        let buf = std::mem::take(&mut self.from_client);
+        let result = self.each_frame(&buf, at, |relay, h, frame| {
+            // PING, SETTINGS and RST_STREAM cost the application work for
+            // free: past their rate the relay stops reading the client
+            // until the next token is due (see `super::flood`).
+            if let Err(until) = relay.buckets.take(h.kind, now) {
+                relay.throttled_until = Some(until);
+                return Ok(false);
+            }
+            relay.client_frame(h, frame, now).map(|()| true)
+        });
+        self.from_client = keep_rest(buf, result?);
+        Ok(())
+    }
+
+    /// Calls `f` on each whole frame of `buf` from `at`; returns where the
+    /// first incomplete frame starts.
+    fn each_frame(
+        &mut self,
+        buf: &[u8],
+        mut at: usize,
+        mut f: impl FnMut(&mut Self, Head, &[u8]) -> Result<bool, Failure>,
+    ) -> Result<usize, Failure> {
+        while let Some(h) = wire::head(&buf[at..]) {
+            if h.len > MAX_FRAME as usize {
+                return Err(Failure::Protocol(
+                    "a frame larger than SETTINGS_MAX_FRAME_SIZE",
+                ));
+            }
+            let end = at + wire::FRAME_HEADER + h.len;
+            if buf.len() < end {
+                break;
+            }
+            if !f(self, h, &buf[at..end])? {
+                break;
+            }
+            at = end;
+        }
+        Ok(at)
+    }
+
+    fn client_frame(&mut self, h: Head, frame: &[u8], now: Instant) -> Result<(), Failure> {
+        let payload = &frame[wire::FRAME_HEADER..];
+        if self.client_block.is_some() && h.kind != wire::CONTINUATION {
+            return Err(Failure::Protocol(
+                "a header block was interrupted by another frame",
+            ));
+        }
+        match h.kind {
+            wire::HEADERS => {
+                let fragment = wire::content(h, payload)?;
+                let block = Block {
+                    id: h.id,
+                    end_stream: h.flags & wire::END_STREAM != 0,
+                    push: false,
+                    frames: BytesMut::new(),
+                    fragment: Vec::new(),
+                    continuations: 0,
+                };
+                self.client_fragment(block, h, frame, fragment, now)
+            }
+            wire::CONTINUATION => {
+                let block = self
+                    .client_block
+                    .take()
+                    .filter(|b| b.id == h.id)
+                    .ok_or(Failure::Protocol("CONTINUATION without its HEADERS"))?;
+                self.client_fragment(block, h, frame, payload, now)
+            }
+            wire::DATA => {
+                match self.streams.get_mut(&h.id) {
+                    Some(s) => {
+                        self.to_app.extend_from_slice(frame);
+                        if h.flags & wire::END_STREAM != 0 {
+                            s.req_done = true;
+                            self.maybe_done(h.id);
+                        }
+                    }
+                    // A stream the guard ended or refused: the application
+                    // never sees this data, so the connection window it took
+                    // is given back here.
+                    None if h.id <= self.last_id => {
+                        wire::window_update(&mut self.to_client, 0, h.len as u32)
+                    }
+                    None => self.to_app.extend_from_slice(frame),
+                }
+                Ok(())
+            }
+            wire::RST_STREAM => {
+                if let Some(s) = self.streams.remove(&h.id) {
+                    match self.unsent.take() {
+                        // Reset before its request left: the application
+                        // never gets it (as the h2 path never forwards a
+                        // stream the client reset before it was taken).
+                        Some((id, start, end, indexed))
+                            if id == h.id && end == self.to_app.len() =>
+                        {
+                            self.to_app.truncate(start);
+                            self.dropped_block(&wire::Fields {
+                                indexed,
+                                ..wire::Fields::default()
+                            });
+                        }
+                        _ => self.to_app.extend_from_slice(frame),
+                    }
+                    if !s.answered()
+                        && now.saturating_duration_since(s.started) < PREMATURE_LIFETIME
+                    {
+                        self.resets.premature();
+                    }
+                    self.finish(s, Outcome::ClientGone);
+                }
+                Ok(())
+            }
+            wire::SETTINGS if h.flags & wire::ACK == 0 => {
+                let mut payload = payload.to_vec();
+                wire::rewrite_settings(&mut payload, |id, v| match id {
+                    wire::HEADER_TABLE_SIZE => {
+                        // The application's encoder may use up to this.
+                        self.client_table = v;
+                        self.app_hpack
+                            .set_max_dynamic_size(v.max(self.app_hpack.max_dynamic_size()));
+                        v
+                    }
+                    wire::MAX_FRAME_SIZE => {
+                        let v = v.min(MAX_FRAME);
+                        self.client_frame = v as usize;
+                        v
+                    }
+                    _ => v,
+                });
+                wire::put(&mut self.to_app, wire::SETTINGS, h.flags, 0, &payload);
+                Ok(())
+            }
+            wire::PING if h.flags & wire::ACK != 0 && payload == GOAWAY_PING => {
+                self.step(Input::Acked, now);
+                Ok(())
+            }
+            wire::WINDOW_UPDATE if h.id == 0 && self.debt > 0 => {
+                let credit = u64::from(
+                    u32::from_be_bytes(
+                        payload
+                            .try_into()
+                            .map_err(|_| Failure::Protocol("WINDOW_UPDATE"))?,
+                    ) & wire::MAX_STREAM_ID,
+                );
+                let kept = credit.min(self.debt);
+                self.debt -= kept;
+                wire::window_update(&mut self.to_app, 0, (credit - kept) as u32);
+                Ok(())
+            }
+            wire::WINDOW_UPDATE if h.id != 0 && !self.streams.contains_key(&h.id) => Ok(()),
+            _ => {
+                self.to_app.extend_from_slice(frame);
+                Ok(())
+            }
+        }
+    }
+
+    /// One fragment of a client header block; the block is read, and its
+    /// frames go on, once it is whole.
+    fn client_fragment(
+        &mut self,
+        mut block: Block,
+        h: Head,
+        frame: &[u8],
+        fragment: &[u8],
+        now: Instant,
+    ) -> Result<(), Failure> {
+        let limit = self.inner.config.limits.max_header_list_size as usize;
+        if h.flags & wire::END_HEADERS == 0 {
+            block.frames.extend_from_slice(frame);
+            block.fragment.extend_from_slice(fragment);
+            block.continuations += 1;
+            // A block this large, or in this many pieces, is a flood: h2
+            // stacks buffer it whole before they can refuse it.
+            if block.fragment.len() > 2 * limit + DEFAULT_FRAME
+                || block.continuations > MAX_CONTINUATIONS
+            {
+                return Err(Failure::Calm);
+            }
+            self.client_block = Some(block);
+            return Ok(());
+        }
+        // Whole: decode it (the application's table follows the client's).
+        let mut encoded = std::mem::take(&mut self.scratch);
+        encoded.clear();
+        encoded.extend_from_slice(&block.fragment);
+        encoded.extend_from_slice(fragment);
+        let mut all = self.to_app_translate.is_some().then(Vec::new);
+        let fields = wire::decode(
+            &mut self.client_hpack,
+            &mut encoded,
+            limit * BOMB_FACTOR,
+            all.as_mut(),
+        );
+        self.scratch = encoded;
+        let fields = fields.map_err(|e| match e {
+            wire::BlockError::Compression => Failure::Compression,
+            wire::BlockError::TooLarge => Failure::Calm,
+        })?;
+        let id = block.id;
+        let fresh = id > self.last_id && id % 2 == 1;
+        if !fresh {
+            // Trailers (or a bad block, which the application judges).
+            match self.streams.get_mut(&id) {
+                Some(s) => {
+                    if block.end_stream {
+                        s.req_done = true;
+                    }
+                    self.forward_block(&block, frame, all.as_deref(), false);
+                    self.maybe_done(id);
+                }
+                None if id <= self.last_id => self.dropped_block(&fields),
+                None => self.forward_block(&block, frame, all.as_deref(), false),
+            }
+            return Ok(());
+        }
+        self.last_id = id;
+        self.step(Input::StreamAccepted, now);
+        if self.told_empty {
+            // Busy again (the idle timer stops), even if this stream ends
+            // in this same batch: the next turn reports "none" afresh.
+            self.told_empty = false;
+            self.step(Input::Streams(1), now);
+        }
+        if let Some(refusal) = self.admission(&fields, limit) {
+            // Never forwarded: a refused stream is one the application
+            // never saw, so the client may retry it anywhere.
+            self.dropped_block(&fields);
+            self.refuse(id, block.end_stream, refusal);
+            return Ok(());
+        }
+        let start = self.to_app.len();
+        self.forward_block(&block, frame, all.as_deref(), true);
+        if self.admit(id, block.end_stream, &fields, now) {
+            self.unsent = Some((id, start, self.to_app.len(), fields.indexed));
+        } else {
+            // Refused by the registry: take the request back.
+            self.to_app.truncate(start);
+            self.dropped_block(&fields);
+        }
+        Ok(())
+    }
+
+    /// Passes a whole client block on: as it came (with the client's
+    /// address added to a request's), or re-encoded while the application's
+    /// table is the guard's own (see the module doc).
+    fn forward_block(
+        &mut self,
+        block: &Block,
+        last: &[u8],
+        all: Option<&[(Vec<u8>, Vec<u8>)]>,
+        request: bool,
+    ) {
+        match all {
+            Some(all) => {
+                let clear = (self.to_app_translate == Some(true)).then_some(self.app_table);
+                self.to_app_translate = Some(false);
+                let mut encoded = literals(clear, all);
+                if request {
+                    encoded.extend_from_slice(&self.forwarded);
+                }
+                put_block(
+                    &mut self.to_app,
+                    block.id,
+                    block.end_stream,
+                    &encoded,
+                    self.app_frame,
+                );
+            }
+            None => {
+                self.to_app.extend_from_slice(&block.frames);
+                let at = self.to_app.len();
+                self.to_app.extend_from_slice(last);
+                if request {
+                    // The client's address, in a CONTINUATION of its own:
+                    // the last frame's END_HEADERS moves to it.
+                    self.to_app[at + 4] &= !wire::END_HEADERS;
+                    wire::put(
+                        &mut self.to_app,
+                        wire::CONTINUATION,
+                        wire::END_HEADERS,
+                        block.id,
+                        &self.forwarded,
+                    );
+                }
+            }
+        }
+    }
+
+    /// A client block the application does not get: if it changed the
+    /// client's table, the application's no longer follows it, and the
+    /// guard re-encodes from now on.
+    fn dropped_block(&mut self, fields: &wire::Fields) {
+        if fields.indexed && self.to_app_translate.is_none() {
+            tracing::debug!(conn = self.info.id, "guard: a client header block the application did not get changed its HPACK table; re-encoding the client's blocks from now on");
+            self.to_app_translate = Some(true);
+        }
+    }
+
+    /// Why a new stream is not admitted, if it is not.
+    fn admission(&self, fields: &wire::Fields, limit: usize) -> Option<Refusal> {
+        let l = &self.inner.config.limits;
+        if fields.list_size > limit {
+            return Some(Refusal::TooLarge);
+        }
+        if self.life.refuses_streams() || self.goaway_last.is_some_and(|last| self.last_id > last) {
+            return Some(Refusal::Reset);
+        }
+        if self.streams.len() >= l.max_concurrent_streams as usize {
+            return Some(Refusal::Reset);
+        }
+        if fields.method.as_deref() == Some("CONNECT") {
+            // Extended CONNECT (WebSocket over HTTP/2) reaches the relay
+            // only when the application offered it: relayed as bytes.
+            return None;
+        }
+        None
+    }
+
+    /// Registers and opens a stream (true), or answers it (false).
+    fn admit(&mut self, id: u32, end_stream: bool, fields: &wire::Fields, now: Instant) -> bool {
+        let inner = self.inner;
+        let ct = fields.content_type.as_deref().unwrap_or("");
+        let kind = request_kind_of(ct);
+        let grpc = kind != Kind::Opaque;
+        self.resets.accepted();
+        let reg = match inner
+            .registry
+            .try_register_relayed(self.info.id, grpc, &self.queue, id)
+        {
+            Ok(r) => r,
+            Err(Refused::Terminating) => {
+                self.refuse(id, end_stream, Refusal::Draining(kind));
+                return false;
+            }
+            Err(Refused::Full) => {
+                self.refuse(id, end_stream, Refusal::Reset);
+                return false;
+            }
+        };
+        let protocol = if grpc {
+            StreamProtocol::grpc
+        } else {
+            StreamProtocol::http
+        };
+        let sig = inner
+            .signals
+            .start(grpc, fields.path.as_deref().unwrap_or("/"), protocol);
+        self.streams.insert(
+            id,
+            Stream {
+                reg,
+                kind,
+                bounds: None,
+                req_done: end_stream,
+                resp_done: false,
+                started: now,
+                messages: 0,
+                last_data: None,
+                ending: None,
+                sig,
+            },
+        );
+        true
+    }
+
+    /// A stream the application never sees, answered here.
+    fn refuse(&mut self, id: u32, end_stream: bool, refusal: Refusal) {
+        match refusal {
+            Refusal::TooLarge => {
+                let block = wire::literal_block(&[(":status", "431")]);
+                wire::headers(&mut self.to_client, id, &block, true);
+            }
+            Refusal::Reset => wire::rst(&mut self.to_client, id, wire::REFUSED_STREAM),
+            Refusal::Draining(kind) => match trailers_only(kind, grpc::REFUSED_MESSAGE) {
+                Some(block) => wire::headers(&mut self.to_client, id, &block, true),
+                None => wire::rst(&mut self.to_client, id, wire::REFUSED_STREAM),
+            },
+        }
+        if !end_stream && !matches!(refusal, Refusal::Reset) {
+            // Answered in full before the request's end: stop it, no error.
+            wire::rst(&mut self.to_client, id, wire::NO_ERROR);
+        }
+    }
+
+    // ---- application → client -------------------------------------------
+
+    fn app_frames(&mut self, now: Instant) -> Result<(), Failure> {
+        let buf = std::mem::take(&mut self.from_app);
+        let result = self.each_frame(&buf, 0, |relay, h, frame| {
+            relay.app_frame(h, frame, now).map(|()| true)
+        });
+        self.from_app = keep_rest(buf, result?);
+        Ok(())
+    }
+
+    fn app_frame(&mut self, h: Head, frame: &[u8], now: Instant) -> Result<(), Failure> {
+        let payload = &frame[wire::FRAME_HEADER..];
+        if self.app_block.is_some() && h.kind != wire::CONTINUATION {
+            return Err(Failure::AppProtocol);
+        }
+        match h.kind {
+            wire::HEADERS | wire::PUSH_PROMISE => {
+                let mut fragment = wire::content(h, payload).map_err(|_| Failure::AppProtocol)?;
+                if h.kind == wire::PUSH_PROMISE {
+                    // The promised stream id, then the block.
+                    fragment = fragment.get(4..).ok_or(Failure::AppProtocol)?;
+                }
+                let block = Block {
+                    id: h.id,
+                    end_stream: h.kind == wire::HEADERS && h.flags & wire::END_STREAM != 0,
+                    push: h.kind == wire::PUSH_PROMISE,
+                    frames: BytesMut::new(),
+                    fragment: Vec::new(),
+                    continuations: 0,
+                };
+                self.app_fragment(block, h, frame, fragment, now)
+            }
+            wire::CONTINUATION => {
+                let block = self
+                    .app_block
+                    .take()
+                    .filter(|b| b.id == h.id)
+                    .ok_or(Failure::AppProtocol)?;
+                self.app_fragment(block, h, frame, payload, now)
+            }
+            wire::DATA => {
+                let Some(s) = self.streams.get_mut(&h.id) else {
+                    // Ended by the guard: give the application its window back.
+                    wire::window_update(&mut self.to_app, 0, h.len as u32);
+                    return Ok(());
+                };
+                self.to_client.extend_from_slice(frame);
+                let data = wire::content(h, payload).map_err(|_| Failure::AppProtocol)?;
+                if !data.is_empty() {
+                    s.last_data = Some(now);
+                }
+                if let Some(b) = s.bounds.as_mut() {
+                    if b.endable() && !data.is_empty() {
+                        s.messages += b.consume(data);
+                        if s.messages >= 2 {
+                            s.reg.ctl.set_long_lived();
+                        }
+                        if let Some(sig) = s.sig.as_mut() {
+                            sig.messages(s.messages);
+                        }
+                    }
+                }
+                if h.flags & wire::END_STREAM != 0 {
+                    s.resp_done = true;
+                    s.ending = None;
+                    self.maybe_done(h.id);
+                } else if s.ending.is_some() {
+                    self.data_while_ending(h.id, now);
+                }
+                Ok(())
+            }
+            wire::RST_STREAM => {
+                if let Some(mut s) = self.streams.remove(&h.id) {
+                    self.to_client.extend_from_slice(frame);
+                    if let (Some(sig), Ok(code)) = (s.sig.as_mut(), <[u8; 4]>::try_from(payload)) {
+                        sig.reset(h2::Reason::from(u32::from_be_bytes(code)));
+                    }
+                    self.finish(s, Outcome::UpstreamFailed);
+                }
+                Ok(())
+            }
+            wire::SETTINGS if h.flags & wire::ACK == 0 => {
+                let l = self.inner.config.limits;
+                let mut payload = payload.to_vec();
+                let (mut streams_seen, mut list_seen) = (false, false);
+                wire::rewrite_settings(&mut payload, |id, v| match id {
+                    wire::HEADER_TABLE_SIZE => {
+                        self.app_table = v;
+                        self.client_hpack
+                            .set_max_dynamic_size(v.max(self.client_hpack.max_dynamic_size()));
+                        v
+                    }
+                    wire::MAX_CONCURRENT_STREAMS => {
+                        streams_seen = true;
+                        v.min(l.max_concurrent_streams)
+                    }
+                    wire::MAX_HEADER_LIST_SIZE => {
+                        list_seen = true;
+                        v.min(l.max_header_list_size)
+                    }
+                    wire::MAX_FRAME_SIZE => {
+                        let v = v.min(MAX_FRAME);
+                        self.app_frame = v as usize;
+                        v
+                    }
+                    _ => v,
+                });
+                if !std::mem::replace(&mut self.app_settings, true) {
+                    // The guard's own limits, where the application set none.
+                    for (seen, id, v) in [
+                        (
+                            streams_seen,
+                            wire::MAX_CONCURRENT_STREAMS,
+                            l.max_concurrent_streams,
+                        ),
+                        (
+                            list_seen,
+                            wire::MAX_HEADER_LIST_SIZE,
+                            l.max_header_list_size,
+                        ),
+                    ] {
+                        if !seen {
+                            payload.extend_from_slice(&id.to_be_bytes());
+                            payload.extend_from_slice(&v.to_be_bytes());
+                        }
+                    }
+                }
+                wire::put(&mut self.to_client, wire::SETTINGS, h.flags, 0, &payload);
+                Ok(())
+            }
+            wire::PING if h.flags & wire::ACK != 0 && payload.starts_with(&BARRIER_PING) => {
+                let seq = u64::from(u32::from_be_bytes([
+                    payload[4], payload[5], payload[6], payload[7],
+                ]));
+                self.barrier.acked = self.barrier.acked.max(seq);
+                if std::mem::take(&mut self.barrier.again) {
+                    self.send_barrier();
+                }
+                self.check_endings(now);
+                Ok(())
+            }
+            wire::GOAWAY => {
+                // The application is going away: the client learns it as it is.
+                if let Some(last) = payload.get(..4) {
+                    let last = u32::from_be_bytes([last[0], last[1], last[2], last[3]])
+                        & wire::MAX_STREAM_ID;
+                    self.goaway_last = Some(self.goaway_last.map_or(last, |l| l.min(last)));
+                }
+                if let Some(code) = payload.get(4..8) {
+                    self.app_goaway_code = u32::from_be_bytes([code[0], code[1], code[2], code[3]]);
+                }
+                self.to_client.extend_from_slice(frame);
+                Ok(())
+            }
+            wire::WINDOW_UPDATE if h.id != 0 && !self.streams.contains_key(&h.id) => Ok(()),
+            _ => {
+                self.to_client.extend_from_slice(frame);
+                Ok(())
+            }
+        }
+    }
+
+    fn app_fragment(
+        &mut self,
+        mut block: Block,
+        h: Head,
+        frame: &[u8],
+        fragment: &[u8],
+        now: Instant,
+    ) -> Result<(), Failure> {
+        if h.flags & wire::END_HEADERS == 0 {
+            block.frames.extend_from_slice(frame);
+            block.fragment.extend_from_slice(fragment);
+            if block.fragment.len() > MAX_FRAME as usize * 4 {
+                return Err(Failure::AppProtocol);
+            }
+            self.app_block = Some(block);
+            return Ok(());
+        }
+        let mut encoded = std::mem::take(&mut self.scratch);
+        encoded.clear();
+        encoded.extend_from_slice(&block.fragment);
+        encoded.extend_from_slice(fragment);
+        let forward = block.push || self.streams.contains_key(&block.id);
+        let mut all = (forward && self.translate.is_some()).then(Vec::new);
+        let decoded = wire::decode(&mut self.app_hpack, &mut encoded, usize::MAX, all.as_mut());
+        self.scratch = encoded;
+        let fields = decoded.map_err(|_| Failure::AppProtocol)?;
+        if !forward {
+            // The client saw this stream end. Dropped; if the block changed
+            // the application's table, the client's no longer follows it.
+            if fields.indexed && self.translate.is_none() {
+                tracing::debug!(conn = self.info.id, stream = block.id, "guard: application header block after the guard's end changed its HPACK table; re-encoding its blocks from now on");
+                self.translate = Some(true);
+            }
+            return Ok(());
+        }
+        match all {
+            Some(all) => self.put_translated(&block, &all),
+            None => {
+                self.to_client.extend_from_slice(&block.frames);
+                self.to_client.extend_from_slice(frame);
+            }
+        }
+        if block.push {
+            return Ok(());
+        }
+        self.app_head(block.id, block.end_stream, &fields, now);
+        Ok(())
+    }
+
+    /// An application header block on an open stream, after it went on.
+    fn app_head(&mut self, id: u32, end_stream: bool, fields: &wire::Fields, now: Instant) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        match fields.status {
+            // Informational (100-continue): the real head is still to come.
+            Some(status) if status < 200 => {}
+            Some(status) if !s.answered() => {
+                let ct = fields.content_type.as_deref().unwrap_or("");
+                s.bounds = Some(Boundaries::new(response_kind_of(s.kind, ct)));
+                s.reg.ctl.set_answered();
+                if let (Some(sig), Ok(code)) = (s.sig.as_mut(), StatusCode::from_u16(status)) {
+                    sig.head_status(code, fields.grpc_status.as_deref());
+                }
+            }
+            _ => {
+                if let Some(sig) = s.sig.as_mut() {
+                    sig.grpc_status(fields.grpc_status.as_deref());
+                }
+            }
+        }
+        if end_stream {
+            s.resp_done = true;
+            // The application's own end wins over the guard's.
+            s.ending = None;
+            self.maybe_done(id);
+        } else if s.ending.is_some() {
+            self.advance(id, now);
+        }
+    }
+
+    /// A block re-encoded as literals (see the module doc), the first one
+    /// after clearing the client's table.
+    fn put_translated(&mut self, block: &Block, all: &[(Vec<u8>, Vec<u8>)]) {
+        if block.push {
+            // A PUSH_PROMISE is passed on as it came (clients refuse push).
+            self.to_client.extend_from_slice(&block.frames);
+            return;
+        }
+        let clear = (self.translate == Some(true)).then_some(self.client_table);
+        self.translate = Some(false);
+        let encoded = literals(clear, all);
+        put_block(
+            &mut self.to_client,
+            block.id,
+            block.end_stream,
+            &encoded,
+            self.client_frame,
+        );
+    }
+
+    // ---- endings --------------------------------------------------------
+
+    /// Stream `id` was asked to end (by a drain, or its connection's age).
+    fn begin_end(&mut self, id: u32, now: Instant) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        let Some(reason) = s.reg.ctl.reason() else {
+            return;
+        };
+        if s.ending.is_some() || s.resp_done {
+            return;
+        }
+        s.ending = Some(Ending {
+            reason,
+            asked: now,
+            quiet_at: None,
+            barrier: None,
+            forced_by: None,
+        });
+        self.ending.push(id);
+        self.advance(id, now);
+    }
+
+    /// Moves stream `id`'s ending on as far as it can go now.
+    fn advance(&mut self, id: u32, now: Instant) {
+        let l = self.inner.config.limits;
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        let Some(mut e) = s.ending else {
+            return;
+        };
+        if !s.answered() {
+            // Nothing of the response went out: a retryable answer of the
+            // guard's own, for the kinds that have one.
+            if let Some(block) = trailers_only(s.kind, grpc::end_message(e.reason)) {
+                wire::headers(&mut self.to_client, id, &block, true);
+                self.end_here(id, Outcome::Ended(e.reason));
+            }
+            return;
+        }
+        if !s.endable() {
+            // Left to finish until the bound (`timers`).
+            return;
+        }
+        if !s.at_boundary() {
+            e.quiet_at = None;
+            e.barrier = None;
+        } else if let Some((seq, by)) = e.barrier {
+            if self.barrier.acked >= seq || now >= by {
+                return self.end_gracefully(id, e.reason);
+            }
+        } else if e.quiet_at.is_none() {
+            e.quiet_at = Some(match s.last_data {
+                // It just wrote: end in its pause.
+                Some(t) if now.saturating_duration_since(t) < BURST_GAP => t + BURST_GAP,
+                // Quiet already: give it a moment to write once more.
+                _ => now + l.end_settle,
+            });
+        }
+        if e.quiet_at.is_some_and(|at| now >= at) {
+            e.quiet_at = None;
+            e.barrier = Some((self.barrier_target(), now + BARRIER_WAIT));
+        }
+        if let Some(s) = self.streams.get_mut(&id) {
+            s.ending = Some(e);
+        }
+    }
+
+    /// Data arrived on a stream being ended: its pause starts again.
+    fn data_while_ending(&mut self, id: u32, now: Instant) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        let at_boundary = s.at_boundary();
+        let Some(e) = s.ending.as_mut() else {
+            return;
+        };
+        e.barrier = None;
+        e.quiet_at = at_boundary.then_some(now + BURST_GAP);
+        if e.forced_by.is_some() && at_boundary {
+            // Forced: this data completed a message; end right after it.
+            let reason = e.reason;
+            self.end_gracefully(id, reason);
+        }
+    }
+
+    /// The barrier PING a stream asking now must wait for.
+    fn barrier_target(&mut self) -> u64 {
+        if self.barrier.acked >= self.barrier.sent {
+            self.send_barrier();
+            self.barrier.sent
+        } else {
+            // One is in flight; the stream needs the one after it.
+            self.barrier.again = true;
+            self.barrier.sent + 1
+        }
+    }
+
+    fn send_barrier(&mut self) {
+        self.barrier.sent += 1;
+        let mut opaque = [0u8; 8];
+        opaque[..4].copy_from_slice(&BARRIER_PING);
+        opaque[4..].copy_from_slice(&(self.barrier.sent as u32).to_be_bytes());
+        wire::ping(&mut self.to_app, false, opaque);
+    }
+
+    fn check_endings(&mut self, now: Instant) {
+        for id in self.ending.clone() {
+            self.advance(id, now);
+        }
+        self.ending
+            .retain(|id| self.streams.get(id).is_some_and(|s| s.ending.is_some()));
+    }
+
+    /// The timers: endings past their bounds, and the lifecycle's.
+    fn timers(&mut self, now: Instant) -> Result<(), Failure> {
+        let l = self.inner.config.limits;
+        if self.throttled_until.is_some_and(|at| now >= at) {
+            self.throttled_until = None;
+            // The frames already read go on first.
+            self.client_frames(now)?;
+        }
+        for id in self.ending.clone() {
+            let Some(s) = self.streams.get_mut(&id) else {
+                continue;
+            };
+            let Some(mut e) = s.ending else {
+                continue;
+            };
+            if let Some(by) = e.forced_by {
+                if now >= by {
+                    self.reset_here(id);
+                }
+                continue;
+            }
+            if now >= e.asked + l.end_timeout {
+                if s.endable() && s.at_boundary() {
+                    // A producer that never paused: end at this boundary...
+                    self.end_gracefully(id, e.reason);
+                } else if s.endable() {
+                    // ...or at the next one, within one more bound.
+                    e.forced_by = Some(now + l.end_timeout);
+                    s.ending = Some(e);
+                } else {
+                    self.reset_here(id);
+                }
+            }
+        }
+        self.check_endings(now);
+        let d = self.life.deadlines();
+        for (at, input) in [
+            (d.age, Input::AgeReached),
+            (d.ack, Input::AckTimedOut),
+            (d.grace, Input::GraceOver),
+            (d.first_stream, Input::HeaderTimedOut),
+            (d.idle, Input::IdleTimedOut),
+        ] {
+            if at.is_some_and(|at| now >= at) {
+                self.step(input, now);
+            }
+        }
+        Ok(())
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        let l = self.inner.config.limits;
+        let d = self.life.deadlines();
+        let mut next = [
+            self.throttled_until,
+            self.closing_by,
+            d.close_by,
+            d.age,
+            d.ack,
+            d.grace,
+            d.first_stream,
+            d.idle,
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        for id in &self.ending {
+            if let Some(e) = self.streams.get(id).and_then(|s| s.ending) {
+                let at = [
+                    e.quiet_at,
+                    e.barrier.map(|(_, by)| by),
+                    Some(e.forced_by.unwrap_or(e.asked + l.end_timeout)),
+                ]
+                .into_iter()
+                .flatten()
+                .min();
+                next = next.into_iter().chain(at).min();
+            }
+        }
+        next
+    }
+
+    /// The guard's own end at a boundary: trailers for gRPC, the trailer
+    /// frame for gRPC-Web, the body's end for SSE.
+    fn end_gracefully(&mut self, id: u32, reason: Reason) {
+        let Some(s) = self.streams.get(&id) else {
+            return;
+        };
+        match s
+            .bounds
+            .as_ref()
+            .and_then(|b| b.ending(grpc::end_message(reason)))
+        {
+            Some(End::Trailers(t)) => {
+                let fields: Vec<(&str, &str)> = t
+                    .iter()
+                    .filter_map(|(k, v)| Some((k.as_str(), v.to_str().ok()?)))
+                    .collect();
+                let block = wire::literal_block(&fields);
+                wire::headers(&mut self.to_client, id, &block, true);
+            }
+            Some(End::Last(data)) => {
+                self.debt += data.len() as u64;
+                wire::put(&mut self.to_client, wire::DATA, wire::END_STREAM, id, &data);
+            }
+            None => return self.reset_here(id),
+        }
+        self.end_here(id, Outcome::Ended(reason));
+    }
+
+    /// No safe end point in time: REFUSED_STREAM for gRPC (retryable),
+    /// CANCEL otherwise (an aborted response, never one that looks whole).
+    fn reset_here(&mut self, id: u32) {
+        let Some(s) = self.streams.get(&id) else {
+            return;
+        };
+        let code = if s.grpc() {
+            wire::REFUSED_STREAM
+        } else {
+            wire::CANCEL
+        };
+        tracing::warn!(peer = %self.info.peer, stream = id,
+            "guard: stream could not reach a safe end point in time; reset (REFUSED_STREAM for gRPC: retryable)");
+        wire::rst(&mut self.to_client, id, code);
+        self.end_here(id, Outcome::Reset);
+    }
+
+    /// The client got the guard's end of stream `id`: the application's
+    /// stream is cancelled, and the client's request stopped if unfinished.
+    fn end_here(&mut self, id: u32, outcome: Outcome) {
+        let Some(s) = self.streams.remove(&id) else {
+            return;
+        };
+        if !s.resp_done {
+            wire::rst(&mut self.to_app, id, wire::CANCEL);
+        }
+        if !s.req_done && outcome != Outcome::Reset {
+            wire::rst(&mut self.to_client, id, wire::NO_ERROR);
+        }
+        self.finish(s, outcome);
+    }
+
+    /// A stream is over for the guard: metrics, signals, registry.
+    fn finish(&mut self, mut s: Stream, outcome: Outcome) {
+        let inner = self.inner;
+        let protocol = s.protocol();
+        match outcome {
+            Outcome::Ended(reason) => inner.record_termination(reason, protocol),
+            Outcome::Reset => {
+                if let Some(reason) = s.reg.ctl.reason() {
+                    inner.record_ungraceful(reason, protocol);
+                }
+            }
+            _ => {}
+        }
+        let grpc = s.grpc();
+        if let Some(sig) = s.sig.as_mut() {
+            record_outcome(sig, grpc, &outcome);
+        }
+    }
+
+    /// Removes stream `id` once both its directions are over.
+    fn maybe_done(&mut self, id: u32) {
+        if self
+            .streams
+            .get(&id)
+            .is_some_and(|s| s.req_done && s.resp_done)
+        {
+            if let Some(s) = self.streams.remove(&id) {
+                self.finish(s, Outcome::Completed);
+            }
+        }
+    }
+
+    /// The application's connection is gone: every open stream gets the
+    /// retryable end it can still get, and the client a GOAWAY.
+    fn app_lost(&mut self) {
+        tracing::debug!(peer = %self.info.peer, conn = self.info.id, streams = self.streams.len(), "guard: the application closed its connection");
+        let ids: Vec<u32> = self.streams.keys().copied().collect();
+        for id in ids {
+            let Some(s) = self.streams.get(&id) else {
+                continue;
+            };
+            let block = if !s.answered() {
+                trailers_only(s.kind, grpc::UPSTREAM_LOST_MESSAGE)
+            } else if s.endable() && s.at_boundary() {
+                match s
+                    .bounds
+                    .as_ref()
+                    .and_then(|b| b.ending(grpc::UPSTREAM_LOST_MESSAGE))
+                {
+                    Some(End::Trailers(_)) => Some(unavailable_block(grpc::UPSTREAM_LOST_MESSAGE)),
+                    _ => None,
+                }
+            } else {
+                None
+            };
+            let grpc = s.grpc();
+            match block {
+                Some(b) => wire::headers(&mut self.to_client, id, &b, true),
+                None => wire::rst(
+                    &mut self.to_client,
+                    id,
+                    if grpc {
+                        wire::REFUSED_STREAM
+                    } else {
+                        wire::CANCEL
+                    },
+                ),
+            }
+            if let Some(mut s) = self.streams.remove(&id) {
+                s.resp_done = true;
+                if let Some(sig) = s.sig.as_mut() {
+                    record_outcome(sig, grpc, &Outcome::UpstreamFailed);
+                }
+            }
+        }
+        self.to_app.clear();
+        self.close_with(self.app_goaway_code);
+    }
+
+    /// A connection error: GOAWAY with its code, then close.
+    fn fail(&mut self, f: Failure) {
+        let code = match f {
+            Failure::Protocol(_) => wire::PROTOCOL_ERROR,
+            Failure::Compression => wire::COMPRESSION_ERROR,
+            Failure::Calm => wire::ENHANCE_YOUR_CALM,
+            Failure::AppProtocol => {
+                // The application broke the protocol: like losing it.
+                return self.app_lost();
+            }
+        };
+        let ids: Vec<u32> = self.streams.keys().copied().collect();
+        for id in ids {
+            if let Some(s) = self.streams.remove(&id) {
+                self.finish(s, Outcome::ClientGone);
+            }
+        }
+        self.close_with(code);
+    }
+
+    fn close_with(&mut self, code: u32) {
+        if !self.closing {
+            let last = self
+                .goaway_last
+                .map_or(self.last_id, |l| l.min(self.last_id));
+            wire::goaway(&mut self.to_client, last, code);
+            self.goaway_last = Some(last);
+            self.closing = true;
+            self.closing_by = Some(Instant::now() + self.inner.config.limits.shutdown_timeout);
+        }
+    }
+
+    // ---- the connection's lifecycle ---------------------------------------
+
+    fn count_changed(&mut self, now: Instant) {
+        let n = self.streams.len();
+        if self.told_empty != (n == 0) {
+            self.told_empty = n == 0;
+            self.step(Input::Streams(n), now);
+        }
+    }
+
+    fn step(&mut self, input: Input, now: Instant) {
+        if matches!(input, Input::Acked) {
+            // The client has the first GOAWAY: the final one names the last
+            // stream the application will see.
+            let last = self
+                .goaway_last
+                .map_or(self.last_id, |l| l.min(self.last_id));
+            wire::goaway(&mut self.to_client, last, wire::NO_ERROR);
+            self.goaway_last = Some(last);
+        }
+        if matches!(input, Input::AckTimedOut) {
+            tracing::info!(peer = %self.info.peer, conn = self.info.id,
+                "guard: no PING ack after GOAWAY; refusing new streams and sending the final GOAWAY once idle");
+        }
+        match self.life.step(input, now) {
+            None => {}
+            Some(Action::Goaway(cause)) => {
+                tracing::debug!(peer = %self.info.peer, conn = self.info.id, ?cause, "guard: GOAWAY");
+                wire::goaway(&mut self.to_client, wire::MAX_STREAM_ID, wire::NO_ERROR);
+                wire::ping(&mut self.to_client, false, GOAWAY_PING);
+                if let Some(reason) = metric_reason(cause) {
+                    self.inner.record_goaway(reason);
+                }
+            }
+            Some(Action::EndStreams) => {
+                let inner = self.inner;
+                let streams = inner.registry.connection_streams(
+                    self.info.id,
+                    now,
+                    inner.config.long_stream_age,
+                );
+                inner.end_spread(streams, self.life.spread(), Reason::max_age);
+            }
+            Some(Action::Close) => self.close_with(wire::NO_ERROR),
+        }
+    }
+}
+
+/// Why a new stream was refused.
+enum Refusal {
+    /// Past the header list limit: 431.
+    TooLarge,
+    /// Not processed, safe to retry (REFUSED_STREAM).
+    Reset,
+    /// The drain refuses new streams: trailers-only UNAVAILABLE for gRPC.
+    Draining(Kind),
+}
+
+/// Why the connection is closed.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error("{0}")]
+    Protocol(&'static str),
+    #[error("HPACK: the client's header block cannot be decoded")]
+    Compression,
+    #[error("the client's header blocks are too large (an HPACK bomb or CONTINUATION flood)")]
+    Calm,
+    #[error("the application broke the protocol")]
+    AppProtocol,
+}
+
+impl From<wire::Malformed> for Failure {
+    fn from(m: wire::Malformed) -> Self {
+        Self::Protocol(if m.0 == "DATA" {
+            "malformed DATA frame"
+        } else {
+            "malformed HEADERS frame"
+        })
+    }
+}
+
+/// The metrics label, for the causes the contract counts.
+fn metric_reason(cause: Cause) -> Option<Reason> {
+    match cause {
+        Cause::MaxAge => Some(Reason::max_age),
+        Cause::Drain => Some(Reason::drain),
+        Cause::Idle => None,
+    }
+}
+
+/// A trailers-only UNAVAILABLE block for the gRPC kinds, as literals.
+fn trailers_only(kind: Kind, message: &'static str) -> Option<Vec<u8>> {
+    let ct = match kind {
+        Kind::Grpc => "application/grpc",
+        Kind::GrpcWeb { text: false } => "application/grpc-web+proto",
+        Kind::GrpcWeb { text: true } => "application/grpc-web-text+proto",
+        Kind::Sse | Kind::Opaque => return None,
+    };
+    Some(wire::literal_block(&[
+        (":status", "200"),
+        ("content-type", ct),
+        ("grpc-status", grpc::STATUS_UNAVAILABLE),
+        ("grpc-message", message),
+    ]))
+}
+
+/// Trailers `grpc-status: 14` with `message`, as literals.
+fn unavailable_block(message: &'static str) -> Vec<u8> {
+    wire::literal_block(&[
+        ("grpc-status", grpc::STATUS_UNAVAILABLE),
+        ("grpc-message", message),
+    ])
+}
+
+/// `fields` as literals without indexing; with `clear`, first two table
+/// size updates (to 0, evicting every entry, then back to the size).
+fn literals(clear: Option<u32>, fields: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    if let Some(size) = clear {
+        hpack_int(&mut out, 0x20, 5, 0);
+        hpack_int(&mut out, 0x20, 5, u64::from(size));
+    }
+    let mut enc = httlib_hpack::Encoder::default();
+    for (name, value) in fields {
+        // Infallible for literals: only a bad index can fail.
+        let _ = enc.encode_literal(name.clone(), value.clone(), 0, &mut out);
+    }
+    out
+}
+
+/// A header block as HEADERS and as many CONTINUATIONs as `max_frame` needs.
+fn put_block(out: &mut BytesMut, id: u32, end_stream: bool, block: &[u8], max_frame: usize) {
+    let mut chunks = block.chunks(max_frame.max(1)).peekable();
+    let mut kind = wire::HEADERS;
+    let mut flags = if end_stream { wire::END_STREAM } else { 0 };
+    loop {
+        let chunk = chunks.next().unwrap_or(&[]);
+        let last = chunks.peek().is_none();
+        if last {
+            flags |= wire::END_HEADERS;
+        }
+        wire::put(out, kind, flags, id, chunk);
+        if last {
+            return;
+        }
+        kind = wire::CONTINUATION;
+        flags = 0;
+    }
+}
+
+/// An HPACK integer with an `n`-bit prefix and the representation's `mask`.
+fn hpack_int(out: &mut Vec<u8>, mask: u8, n: u8, mut v: u64) {
+    let max = (1u64 << n) - 1;
+    if v < max {
+        out.push(mask | v as u8);
+        return;
+    }
+    out.push(mask | max as u8);
+    v -= max;
+    while v >= 128 {
+        out.push((v % 128) as u8 | 0x80);
+        v /= 128;
+    }
+    out.push(v as u8);
+}
+
+/// What is left of `buf` from `at` (an incomplete frame), as the next read's
+/// buffer, with room for the read.
+fn keep_rest(mut buf: BytesMut, at: usize) -> BytesMut {
+    buf.advance(at);
+    if buf.capacity() - buf.len() < READ_BUF / 4 {
+        buf.reserve(READ_BUF);
+    }
+    buf
+}
+
+/// Writes from `buf` until it is empty or the socket is full.
+fn write_some<W: AsyncWrite + Unpin>(
+    cx: &mut Context<'_>,
+    io: &mut W,
+    buf: &mut BytesMut,
+) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        match Pin::new(&mut *io).poll_write(cx, buf) {
+            Poll::Ready(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Poll::Ready(Ok(n)) => buf.advance(n),
+            Poll::Ready(Err(e)) => return Err(e),
+            Poll::Pending => break,
+        }
+    }
+    Ok(())
+}
+
+fn read_some<R: AsyncRead + Unpin>(
+    cx: &mut Context<'_>,
+    io: &mut R,
+    buf: &mut BytesMut,
+) -> Poll<std::io::Result<usize>> {
+    if buf.capacity() - buf.len() < READ_BUF / 4 {
+        buf.reserve(READ_BUF);
+    }
+    poll_read_buf(Pin::new(io), cx, buf)
+}
+
+/// Writes all of `buf`, bounded by the caller.
+async fn flush<W: AsyncWrite + Unpin>(io: &mut W, buf: &mut BytesMut) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let bound = std::time::Duration::from_secs(1);
+    let _ = tokio::time::timeout(bound, async {
+        while !buf.is_empty() {
+            let n = io.write(buf).await?;
+            if n == 0 {
+                break;
+            }
+            buf.advance(n);
+        }
+        io.flush().await
+    })
+    .await;
+    Ok(())
+}

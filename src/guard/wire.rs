@@ -1,0 +1,340 @@
+//! HTTP/2 frames as the frame-relay data path ([`super::frames`]) sees them:
+//! whole frames split off a byte stream, the few fields of a header block
+//! the guard reads, and the frames the guard writes itself (RFC 9113 §6).
+//!
+//! The guard never re-encodes what it relays. What it adds it encodes as
+//! HPACK literals *without indexing*, which leave both peers' dynamic tables
+//! as they are (RFC 7541 §6.2.2), so the blocks it relays stay valid.
+
+use bytes::{BufMut, BytesMut};
+use httlib_hpack::{Decoder, Encoder};
+
+/// Every frame starts with a 9-byte header.
+pub const FRAME_HEADER: usize = 9;
+
+pub const DATA: u8 = 0x0;
+pub const HEADERS: u8 = 0x1;
+pub const RST_STREAM: u8 = 0x3;
+pub const SETTINGS: u8 = 0x4;
+pub const PUSH_PROMISE: u8 = 0x5;
+pub const PING: u8 = 0x6;
+pub const GOAWAY: u8 = 0x7;
+pub const WINDOW_UPDATE: u8 = 0x8;
+pub const CONTINUATION: u8 = 0x9;
+
+pub const END_STREAM: u8 = 0x1;
+pub const ACK: u8 = 0x1;
+pub const END_HEADERS: u8 = 0x4;
+pub const PADDED: u8 = 0x8;
+pub const PRIORITY: u8 = 0x20;
+
+// SETTINGS identifiers.
+pub const HEADER_TABLE_SIZE: u16 = 0x1;
+pub const MAX_CONCURRENT_STREAMS: u16 = 0x3;
+pub const MAX_FRAME_SIZE: u16 = 0x5;
+pub const MAX_HEADER_LIST_SIZE: u16 = 0x6;
+
+// Error codes.
+pub const NO_ERROR: u32 = 0x0;
+pub const PROTOCOL_ERROR: u32 = 0x1;
+pub const CANCEL: u32 = 0x8;
+pub const REFUSED_STREAM: u32 = 0x7;
+pub const COMPRESSION_ERROR: u32 = 0x9;
+pub const ENHANCE_YOUR_CALM: u32 = 0xb;
+
+/// The largest stream id (and the first GOAWAY's "every stream" id).
+pub const MAX_STREAM_ID: u32 = (1 << 31) - 1;
+
+/// A frame's header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Head {
+    pub len: usize,
+    pub kind: u8,
+    pub flags: u8,
+    pub id: u32,
+}
+
+/// The header of the frame at the start of `buf`, if all 9 bytes are there.
+pub fn head(buf: &[u8]) -> Option<Head> {
+    let h = buf.get(..FRAME_HEADER)?;
+    Some(Head {
+        len: usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]),
+        kind: h[3],
+        flags: h[4],
+        id: u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & MAX_STREAM_ID,
+    })
+}
+
+/// A frame the peer got wrong; the connection cannot go on.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("malformed {0} frame")]
+pub struct Malformed(pub &'static str);
+
+/// The data of a DATA frame, or the block fragment of a HEADERS frame:
+/// padding (and HEADERS' priority fields) removed.
+pub fn content(h: Head, payload: &[u8]) -> Result<&[u8], Malformed> {
+    let what = if h.kind == DATA { "DATA" } else { "HEADERS" };
+    let mut p = payload;
+    let mut pad = 0;
+    if h.flags & PADDED != 0 {
+        pad = usize::from(*p.first().ok_or(Malformed(what))?);
+        p = &p[1..];
+    }
+    if h.kind == HEADERS && h.flags & PRIORITY != 0 {
+        p = p.get(5..).ok_or(Malformed(what))?;
+    }
+    p.get(..p.len().checked_sub(pad).ok_or(Malformed(what))?)
+        .ok_or(Malformed(what))
+}
+
+/// Appends one frame.
+pub fn put(out: &mut BytesMut, kind: u8, flags: u8, id: u32, payload: &[u8]) {
+    let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
+    out.reserve(FRAME_HEADER + payload.len());
+    out.put_slice(&len.to_be_bytes()[1..]);
+    out.put_u8(kind);
+    out.put_u8(flags);
+    out.put_u32(id & MAX_STREAM_ID);
+    out.put_slice(payload);
+}
+
+pub fn rst(out: &mut BytesMut, id: u32, code: u32) {
+    put(out, RST_STREAM, 0, id, &code.to_be_bytes());
+}
+
+pub fn goaway(out: &mut BytesMut, last: u32, code: u32) {
+    let mut p = [0u8; 8];
+    p[..4].copy_from_slice(&(last & MAX_STREAM_ID).to_be_bytes());
+    p[4..].copy_from_slice(&code.to_be_bytes());
+    put(out, GOAWAY, 0, 0, &p);
+}
+
+pub fn ping(out: &mut BytesMut, ack: bool, opaque: [u8; 8]) {
+    put(out, PING, if ack { ACK } else { 0 }, 0, &opaque);
+}
+
+pub fn window_update(out: &mut BytesMut, id: u32, increment: u32) {
+    // An increment is at most 2^31-1; larger credit goes in several frames.
+    let mut left = increment;
+    while left > 0 {
+        let n = left.min(MAX_STREAM_ID);
+        put(out, WINDOW_UPDATE, 0, id, &n.to_be_bytes());
+        left -= n;
+    }
+}
+
+/// A header block of `fields`, every one a literal without indexing and
+/// without Huffman coding: it changes no dynamic table.
+pub fn literal_block(fields: &[(&str, &str)]) -> Vec<u8> {
+    // The encoder only touches its table for literals *with* indexing.
+    let mut enc = Encoder::default();
+    let mut block = Vec::new();
+    for (name, value) in fields {
+        // Infallible for literals: only a bad index can fail.
+        let _ = enc.encode_literal(
+            name.as_bytes().to_vec(),
+            value.as_bytes().to_vec(),
+            0,
+            &mut block,
+        );
+    }
+    block
+}
+
+/// Appends a HEADERS frame carrying `block` (small: one frame).
+pub fn headers(out: &mut BytesMut, id: u32, block: &[u8], end_stream: bool) {
+    let flags = END_HEADERS | if end_stream { END_STREAM } else { 0 };
+    put(out, HEADERS, flags, id, block);
+}
+
+/// Calls `f` with each setting of a SETTINGS payload; `f` returns the value
+/// to put in its place.
+pub fn rewrite_settings(payload: &mut [u8], mut f: impl FnMut(u16, u32) -> u32) {
+    for s in payload.chunks_exact_mut(6) {
+        let id = u16::from_be_bytes([s[0], s[1]]);
+        let v = u32::from_be_bytes([s[2], s[3], s[4], s[5]]);
+        s[2..].copy_from_slice(&f(id, v).to_be_bytes());
+    }
+}
+
+/// The fields of a header block the guard reads; the rest is only counted.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Fields {
+    pub status: Option<u16>,
+    pub method: Option<String>,
+    pub protocol: Option<String>,
+    pub path: Option<String>,
+    pub content_type: Option<String>,
+    pub grpc_status: Option<Vec<u8>>,
+    /// `x-forwarded-for` was present.
+    pub forwarded_for: bool,
+    /// The block changed the dynamic table (an entry added, or a size
+    /// update).
+    pub indexed: bool,
+    /// RFC 9113 §6.5.2's size: names, values and 32 bytes per field.
+    pub list_size: usize,
+}
+
+/// Why a header block could not be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockError {
+    /// Not valid HPACK: the dynamic tables can no longer be followed.
+    Compression,
+    /// Decoded, the block outgrew `limit` (an HPACK bomb, or just huge):
+    /// decoding stopped there, so the table can no longer be followed.
+    TooLarge,
+}
+
+/// Decodes `block` field by field with `decoder` (which follows the
+/// sender's dynamic table), stopping once the decoded list passes `limit`.
+/// `block` is consumed; with `all`, every field is kept there too.
+pub fn decode(
+    decoder: &mut Decoder<'static>,
+    block: &mut Vec<u8>,
+    limit: usize,
+    mut all: Option<&mut Vec<(Vec<u8>, Vec<u8>)>>,
+) -> Result<Fields, BlockError> {
+    let mut f = Fields::default();
+    let mut one = Vec::with_capacity(1);
+    while let Some(&first) = block.first() {
+        // 001xxxxx: a dynamic table size update (RFC 7541 §6.3).
+        if first & 0xe0 == 0x20 {
+            f.indexed = true;
+        }
+        decoder
+            .decode_exact(block, &mut one)
+            .map_err(|_| BlockError::Compression)?;
+        let Some((name, value, flags)) = one.pop() else {
+            continue;
+        };
+        if flags & Decoder::WITH_INDEXING != 0 {
+            f.indexed = true;
+        }
+        f.list_size += name.len() + value.len() + 32;
+        if f.list_size > limit {
+            return Err(BlockError::TooLarge);
+        }
+        let text = || String::from_utf8_lossy(&value).into_owned();
+        match name.as_slice() {
+            b":status" => {
+                f.status = std::str::from_utf8(&value)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+            }
+            b":method" => f.method = Some(text()),
+            b":protocol" => f.protocol = Some(text()),
+            b":path" => f.path = Some(text()),
+            b"content-type" => f.content_type = Some(text()),
+            b"grpc-status" => f.grpc_status = Some(value.clone()),
+            b"x-forwarded-for" => f.forwarded_for = true,
+            _ => {}
+        }
+        if let Some(all) = all.as_mut() {
+            all.push((name, value));
+        }
+    }
+    Ok(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip() {
+        let mut out = BytesMut::new();
+        rst(&mut out, 7, CANCEL);
+        let h = head(&out).unwrap();
+        assert_eq!(
+            h,
+            Head {
+                len: 4,
+                kind: RST_STREAM,
+                flags: 0,
+                id: 7
+            }
+        );
+        assert_eq!(&out[FRAME_HEADER..], &CANCEL.to_be_bytes());
+        assert!(head(&out[..8]).is_none(), "a partial header is not a frame");
+    }
+
+    #[test]
+    fn padding_and_priority_are_removed() {
+        // PADDED: pad length 2, then "ab", then 2 padding bytes.
+        let h = Head {
+            len: 5,
+            kind: DATA,
+            flags: PADDED,
+            id: 1,
+        };
+        assert_eq!(content(h, &[2, b'a', b'b', 0, 0]).unwrap(), b"ab");
+        let h = Head {
+            len: 0,
+            kind: HEADERS,
+            flags: PRIORITY,
+            id: 1,
+        };
+        assert_eq!(content(h, &[0, 0, 0, 0, 16, 0x82]).unwrap(), &[0x82]);
+        assert!(content(h, &[0, 0]).is_err(), "priority fields cut short");
+        let h = Head {
+            len: 2,
+            kind: DATA,
+            flags: PADDED,
+            id: 1,
+        };
+        assert!(content(h, &[5, b'a']).is_err(), "more padding than payload");
+    }
+
+    #[test]
+    fn literals_decode_and_leave_the_table_alone() {
+        let block = literal_block(&[("grpc-status", "14"), ("grpc-message", "bye")]);
+        let mut dec = Decoder::default();
+        let f = decode(&mut dec, &mut block.clone(), 1 << 16, None).unwrap();
+        assert_eq!(f.grpc_status.as_deref(), Some(&b"14"[..]));
+        // Index 62 would be the first dynamic entry: still absent.
+        let mut indexed = vec![0x80 | 62];
+        assert_eq!(
+            decode(&mut dec, &mut indexed, 1 << 16, None),
+            Err(BlockError::Compression)
+        );
+    }
+
+    #[test]
+    fn a_block_past_the_limit_stops_decoding() {
+        let block = literal_block(&[("a", &"x".repeat(100)), ("b", &"y".repeat(100))]);
+        let mut dec = Decoder::default();
+        assert_eq!(
+            decode(&mut dec, &mut block.clone(), 150, None),
+            Err(BlockError::TooLarge)
+        );
+        let f = decode(&mut Decoder::default(), &mut block.clone(), 1000, None).unwrap();
+        assert_eq!(f.list_size, 2 * (1 + 100 + 32));
+    }
+
+    #[test]
+    fn settings_are_rewritten_in_place() {
+        let mut p = Vec::new();
+        for (id, v) in [(MAX_CONCURRENT_STREAMS, 5000u32), (MAX_FRAME_SIZE, 16384)] {
+            p.extend_from_slice(&id.to_be_bytes());
+            p.extend_from_slice(&v.to_be_bytes());
+        }
+        rewrite_settings(&mut p, |id, v| {
+            if id == MAX_CONCURRENT_STREAMS {
+                v.min(100)
+            } else {
+                v
+            }
+        });
+        assert_eq!(&p[2..6], &100u32.to_be_bytes());
+        assert_eq!(&p[8..12], &16384u32.to_be_bytes());
+    }
+
+    #[test]
+    fn big_window_credit_is_split() {
+        let mut out = BytesMut::new();
+        window_update(&mut out, 0, u32::MAX);
+        assert_eq!(out.len(), 2 * (FRAME_HEADER + 4));
+        window_update(&mut out, 0, 0);
+        assert_eq!(out.len(), 2 * (FRAME_HEADER + 4), "no credit, no frame");
+    }
+}
