@@ -49,52 +49,11 @@ pub async fn proxy(
     mut respond: SendResponse<Bytes>,
     info: ConnInfo,
 ) {
-    let l = inner.config.limits;
-    let app = inner.config.upstream;
     let (head, client_recv) = req.into_parts();
-    let upgrade = async {
-        let tcp = connect_tcp(&inner.connector, app, l.upstream_connect_timeout)
-            .await
-            .map_err(|e| e.to_string())?;
-        let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
-            .handshake::<_, Empty<Bytes>>(TokioIo::new(tcp))
-            .await
-            .map_err(|e| format!("upstream {app}: HTTP/1.1 handshake: {e}"))?;
-        inner.tasks.spawn(async move {
-            let _ = conn.with_upgrades().await;
-        });
-        let up = upgrade_request(&head, app, info.peer)?;
-        sender
-            .send_request(up)
-            .await
-            .map_err(|e| format!("upstream {app}: WebSocket upgrade: {e}"))
+    let (ok, app_upgrade) = match upgrade(&inner, &head, info).await {
+        Ok(pair) => pair,
+        Err(status) => return answer_status(&mut respond, status),
     };
-    let answer = match tokio::time::timeout(l.upstream_connect_timeout, upgrade).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => {
-            tracing::warn!(peer = %info.peer, error = %e, "guard: WebSocket (HTTP/2) upgrade to the application failed");
-            return answer_status(&mut respond, StatusCode::BAD_GATEWAY);
-        }
-        Err(_) => {
-            tracing::warn!(peer = %info.peer, "guard: WebSocket (HTTP/2) upgrade: the application did not answer in time");
-            return answer_status(&mut respond, StatusCode::GATEWAY_TIMEOUT);
-        }
-    };
-    if answer.status() != StatusCode::SWITCHING_PROTOCOLS {
-        // Refused (401, 426, ...): the client gets the application's status.
-        return answer_status(&mut respond, answer.status());
-    }
-    // The application's headers, Sec-WebSocket-Accept included: a proxy in
-    // front that turned an HTTP/1.1 upgrade into this CONNECT (Envoy) kept
-    // the client's key, and hands the accept back to it.
-    let mut ok = Response::new(());
-    for (name, value) in answer.headers() {
-        if name != CONNECTION && name != UPGRADE {
-            ok.headers_mut().append(name.clone(), value.clone());
-        }
-    }
-    strip_hop_by_hop(ok.headers_mut());
-    let app_upgrade = hyper::upgrade::on(answer);
     let client_send = match respond.send_response(ok, false) {
         Ok(s) => s,
         Err(_) => return,
@@ -108,6 +67,100 @@ pub async fn proxy(
     };
     let client_io = H2Io::new(client_recv, client_send);
     super::websocket::relay_streams(inner, client_io, app_io, registered, info).await;
+}
+
+/// The answer the frame relay sends for a WebSocket it serves itself: the
+/// head, and whether it ends the stream (a refusal).
+pub type Answer = (Response<()>, bool);
+
+/// [`proxy`] for the frame relay, which serves extended CONNECT itself:
+/// the client's stream is `client` (its DATA both ways), and the head of
+/// the answer goes to `answer`.
+pub async fn proxy_relayed<C>(
+    inner: Arc<Inner>,
+    registered: Registered,
+    head: http::request::Parts,
+    client: C,
+    answer: tokio::sync::oneshot::Sender<Answer>,
+    info: ConnInfo,
+) where
+    C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let (ok, app_upgrade) = match upgrade(&inner, &head, info).await {
+        Ok(pair) => pair,
+        Err(status) => {
+            let mut r = Response::new(());
+            *r.status_mut() = status;
+            let _ = answer.send((r, true));
+            return;
+        }
+    };
+    if answer.send((ok, false)).is_err() {
+        return;
+    }
+    let app_io = match app_upgrade.await {
+        Ok(io) => io,
+        Err(e) => {
+            tracing::debug!(peer = %info.peer, error = %e, "guard: WebSocket (HTTP/2) upgrade did not complete");
+            return;
+        }
+    };
+    super::websocket::relay_streams(inner, client, app_io, registered, info).await;
+}
+
+/// Asks the application for the WebSocket upgrade over HTTP/1.1: the head
+/// for the client (200 with the application's headers) and the upgrade to
+/// await, or the status the client gets instead.
+async fn upgrade(
+    inner: &Arc<Inner>,
+    head: &http::request::Parts,
+    info: ConnInfo,
+) -> Result<(Response<()>, hyper::upgrade::OnUpgrade), StatusCode> {
+    let l = inner.config.limits;
+    let app = inner.config.upstream;
+    let upgrade = async {
+        let tcp = connect_tcp(&inner.connector, app, l.upstream_connect_timeout)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
+            .handshake::<_, Empty<Bytes>>(TokioIo::new(tcp))
+            .await
+            .map_err(|e| format!("upstream {app}: HTTP/1.1 handshake: {e}"))?;
+        inner.tasks.spawn(async move {
+            let _ = conn.with_upgrades().await;
+        });
+        let up = upgrade_request(head, app, info.peer)?;
+        sender
+            .send_request(up)
+            .await
+            .map_err(|e| format!("upstream {app}: WebSocket upgrade: {e}"))
+    };
+    let answer = match tokio::time::timeout(l.upstream_connect_timeout, upgrade).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            tracing::warn!(peer = %info.peer, error = %e, "guard: WebSocket (HTTP/2) upgrade to the application failed");
+            return Err(StatusCode::BAD_GATEWAY);
+        }
+        Err(_) => {
+            tracing::warn!(peer = %info.peer, "guard: WebSocket (HTTP/2) upgrade: the application did not answer in time");
+            return Err(StatusCode::GATEWAY_TIMEOUT);
+        }
+    };
+    if answer.status() != StatusCode::SWITCHING_PROTOCOLS {
+        // Refused (401, 426, ...): the client gets the application's status.
+        return Err(answer.status());
+    }
+    // The application's headers, Sec-WebSocket-Accept included: a proxy in
+    // front that turned an HTTP/1.1 upgrade into this CONNECT (Envoy) kept
+    // the client's key, and hands the accept back to it.
+    let mut ok = Response::new(());
+    for (name, value) in answer.headers() {
+        if name != CONNECTION && name != UPGRADE {
+            ok.headers_mut().append(name.clone(), value.clone());
+        }
+    }
+    strip_hop_by_hop(ok.headers_mut());
+    Ok((ok, hyper::upgrade::on(answer)))
 }
 
 /// The HTTP/1.1 upgrade request for an extended CONNECT.

@@ -45,7 +45,9 @@ use std::task::{Context, Poll};
 use bytes::{Buf, BytesMut};
 use httlib_hpack::Decoder;
 use http::StatusCode;
-use tokio::io::{AsyncRead, AsyncWrite};
+use std::future::Future;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::io::poll_read_buf;
@@ -70,11 +72,20 @@ use crate::metrics::{Limit, Reason, StreamProtocol};
 const READ_BUF: usize = 64 * 1024;
 /// A side is not read while this much waits to be written to the other.
 const HIGH_WATER: usize = 256 * 1024;
+/// Most client bytes kept while the application's SETTINGS are awaited.
+const REPLAY_MAX: usize = 64 * 1024;
 /// The largest frame relayed; both peers' SETTINGS_MAX_FRAME_SIZE are
 /// lowered to it, so the relay never holds more than this for one frame.
 const MAX_FRAME: u32 = 1 << 20;
 /// The default SETTINGS_MAX_FRAME_SIZE (RFC 9113 §6.5.2).
 const DEFAULT_FRAME: usize = 16_384;
+/// The initial flow-control window (RFC 9113 §6.9.2).
+const DEFAULT_WINDOW: u32 = 65_535;
+/// Connection window the guard keeps from the client's WINDOW_UPDATEs for
+/// its own DATA (see [`Relay::client_credit`]).
+const POOL: i64 = 1 << 20;
+/// Most bytes buffered for a local stream's task, and read from it at once.
+const LOCAL_CHUNK: usize = 16 * 1024;
 /// The default SETTINGS_HEADER_TABLE_SIZE.
 const DEFAULT_TABLE: u32 = 4_096;
 /// A decoded header block this many times the header list limit is an
@@ -106,10 +117,22 @@ pub async fn serve(inner: Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
         }
     };
     let reclaim = io.reclaim();
-    let client = io;
+    let mut client = io;
     let mut relay = Relay::new(&inner, info);
-    relay.run(client, app).await;
+    let fallback = relay.run(&mut client, app).await;
     drop(relay);
+    if let Some(replay) = fallback {
+        // The application does not speak HTTP/2 (or closed before its
+        // SETTINGS): nothing reached the client yet, so the h2 path serves
+        // the connection from its first byte (a WebSocket over extended
+        // CONNECT still works; other streams get their retryable answer).
+        if let (_, Some(tcp)) = client.into_parts() {
+            tracing::debug!(peer = %info.peer, conn = info.id, replayed = replay.len(), "guard: the application did not answer HTTP/2; serving this connection on the h2 path");
+            return super::h2conn::serve(inner, Prefixed::new(replay.freeze(), tcp), info).await;
+        }
+        return;
+    }
+    drop(client);
     if let Some(tcp) = reclaim.take() {
         linger(tcp, l.shutdown_timeout).await;
     }
@@ -205,6 +228,8 @@ struct Block {
 /// What woke the relay.
 enum Event {
     FromClient,
+    /// A local stream moved (its frames wait in `to_client`).
+    Local,
     /// Everything for the client is written, and the connection waits for that.
     Flushed,
     FromApp,
@@ -231,6 +256,11 @@ struct Relay<'a> {
     to_client: BytesMut,
     /// The client's preface is still to come.
     preface: bool,
+    /// The application's first frame (its SETTINGS) has not come yet:
+    /// only the client's preface went on, and every client byte is kept
+    /// in `replay` (up to `REPLAY_MAX`), in case it does not speak HTTP/2.
+    handshake: bool,
+    replay: Option<BytesMut>,
     /// Each direction's HPACK decoder.
     client_hpack: Decoder<'static>,
     app_hpack: Decoder<'static>,
@@ -258,10 +288,6 @@ struct Relay<'a> {
     /// The application's SETTINGS have been seen (the first gets the
     /// guard's limits added).
     app_settings: bool,
-    /// Bytes of DATA the guard sent the client itself: taken out of the
-    /// client's next connection WINDOW_UPDATEs, which the application would
-    /// otherwise count as credit of its own.
-    debt: u64,
     queue: Arc<EndQueue>,
     /// Streams being ended.
     ending: Vec<u32>,
@@ -281,6 +307,35 @@ struct Relay<'a> {
     /// paused because one ran out.
     buckets: Buckets,
     throttled_until: Option<Instant>,
+    /// The fields of the last client block (kept to be reused).
+    all: Vec<(Vec<u8>, Vec<u8>)>,
+    /// WebSockets over HTTP/2 the guard serves itself, by stream id.
+    locals: HashMap<u32, Local>,
+    /// Connection window the guard keeps for its own DATA to the client,
+    /// out of the client's WINDOW_UPDATEs (see [`Relay::client_credit`]).
+    pool: i64,
+    /// The client's SETTINGS_INITIAL_WINDOW_SIZE: each local stream's
+    /// window for the guard's DATA starts there.
+    client_window: i64,
+}
+
+/// A WebSocket over HTTP/2 the guard serves itself: `io` is its task's
+/// view of the stream (the task runs [`super::connect::proxy_relayed`]).
+struct Local {
+    io: tokio::io::DuplexStream,
+    /// The task's answer, until it came.
+    answer: Option<tokio::sync::oneshot::Receiver<super::connect::Answer>>,
+    answered: bool,
+    /// The client's window for this stream.
+    window: i64,
+    /// The client's DATA not yet handed to the task.
+    to_task: BytesMut,
+    /// The client ended its side; once `to_task` is handed over, the task
+    /// sees the end (`shut`).
+    client_eof: bool,
+    shut: bool,
+    /// The task ended its side: END_STREAM went to the client.
+    task_eof: bool,
 }
 
 impl<'a> Relay<'a> {
@@ -318,6 +373,8 @@ impl<'a> Relay<'a> {
             to_app: BytesMut::new(),
             to_client: BytesMut::new(),
             preface: true,
+            handshake: true,
+            replay: Some(BytesMut::new()),
             client_hpack: Decoder::with_dynamic_size(DEFAULT_TABLE),
             app_hpack: Decoder::with_dynamic_size(DEFAULT_TABLE),
             client_block: None,
@@ -331,7 +388,6 @@ impl<'a> Relay<'a> {
             client_table: DEFAULT_TABLE,
             client_frame: DEFAULT_FRAME,
             app_settings: false,
-            debt: 0,
             queue: Arc::new(EndQueue::default()),
             ending: Vec::new(),
             barrier: Barrier::default(),
@@ -345,10 +401,21 @@ impl<'a> Relay<'a> {
             scratch: Vec::new(),
             buckets: Buckets::new(l.flood, &inner.metrics, Instant::now()),
             throttled_until: None,
+            all: Vec::new(),
+            locals: HashMap::new(),
+            pool: 0,
+            client_window: i64::from(DEFAULT_WINDOW),
         }
     }
 
-    async fn run(&mut self, mut client: Prefixed<TcpStream>, mut app: TcpStream) {
+    /// Relays until the connection is over. Returns every byte the client
+    /// sent when the application turned out not to speak HTTP/2 before
+    /// anything reached the client (the caller then serves it otherwise).
+    async fn run(
+        &mut self,
+        client: &mut Prefixed<TcpStream>,
+        mut app: TcpStream,
+    ) -> Option<BytesMut> {
         let inner = self.inner;
         let terminate = inner.terminate.cancelled();
         let goaway = inner.goaway.cancelled();
@@ -364,7 +431,11 @@ impl<'a> Relay<'a> {
         loop {
             let now = Instant::now();
             self.count_changed(now);
-            if self.life.wants_quiet() && self.streams.is_empty() && self.to_client.is_empty() {
+            if self.life.wants_quiet()
+                && self.streams.is_empty()
+                && self.locals.is_empty()
+                && self.to_client.is_empty()
+            {
                 self.step(Input::Quiet, now);
             }
             if self.closing && self.to_client.is_empty() {
@@ -378,7 +449,10 @@ impl<'a> Relay<'a> {
                 }
             }
             let (want_client, want_app) = (
-                !self.closing && self.to_app.len() < HIGH_WATER && self.throttled_until.is_none(),
+                !self.closing
+                    && self.to_app.len() < HIGH_WATER
+                    && self.throttled_until.is_none()
+                    && !(self.handshake && self.from_client.len() >= REPLAY_MAX),
                 !self.closing && self.to_client.len() < HIGH_WATER,
             );
             client_first = !client_first;
@@ -391,14 +465,15 @@ impl<'a> Relay<'a> {
                     ended.set(queue.ready());
                     Event::Ended
                 }
-                e = poll_fn(|cx| self.poll_io(cx, &mut client, &mut app, want_client, want_app, client_first)) => e,
+                e = poll_fn(|cx| self.poll_io(cx, client, &mut app, want_client, want_app, client_first)) => e,
             };
             let now = Instant::now();
             let result = match event {
                 Event::FromClient => self.client_frames(now),
                 Event::FromApp => self.app_frames(now),
                 Event::ClientGone => break,
-                Event::Flushed => Ok(()),
+                Event::Flushed | Event::Local => Ok(()),
+                Event::AppGone if self.handshake => return self.replay.take(),
                 Event::AppGone => {
                     self.app_lost();
                     Ok(())
@@ -415,6 +490,9 @@ impl<'a> Relay<'a> {
                     Ok(())
                 }
             };
+            if matches!(result, Err(Failure::NotHttp2)) {
+                return self.replay.take();
+            }
             if let Err(e) = result {
                 tracing::debug!(peer = %info.peer, conn = info.id, error = %e, "guard: HTTP/2 connection failed");
                 self.fail(e);
@@ -437,7 +515,8 @@ impl<'a> Relay<'a> {
             }
         }
         // Whatever is still open is dropped with the connection.
-        let _ = flush(&mut client, &mut self.to_client).await;
+        let _ = flush(client, &mut self.to_client).await;
+        None
     }
 
     /// Writes what is queued, then reads the side(s) there is room for.
@@ -461,13 +540,22 @@ impl<'a> Relay<'a> {
             // What the loop waits for before it closes.
             return Poll::Ready(Event::Flushed);
         }
+        if !self.locals.is_empty() && self.poll_locals(cx) {
+            return Poll::Ready(Event::Local);
+        }
         for client_turn in [client_first, !client_first] {
             if client_turn && want_client {
+                let before = self.from_client.len();
                 match read_some(cx, client, &mut self.from_client) {
                     Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
                         return Poll::Ready(Event::ClientGone)
                     }
-                    Poll::Ready(Ok(_)) => return Poll::Ready(Event::FromClient),
+                    Poll::Ready(Ok(_)) => {
+                        if let Some(r) = self.replay.as_mut() {
+                            r.extend_from_slice(&self.from_client[before..]);
+                        }
+                        return Poll::Ready(Event::FromClient);
+                    }
                     Poll::Pending => {}
                 }
             }
@@ -487,7 +575,6 @@ impl<'a> Relay<'a> {
     fn client_frames(&mut self, now: Instant) -> Result<(), Failure> {
         // Offsets into `to_app` from before its last write are stale.
         self.unsent = None;
-        let mut at = 0;
         if self.preface {
             let n = self.from_client.len().min(H2_PREFACE.len());
             if self.from_client[..n] != H2_PREFACE[..n] {
@@ -500,10 +587,14 @@ impl<'a> Relay<'a> {
             }
             self.to_app.extend_from_slice(H2_PREFACE);
             self.preface = false;
-            at = H2_PREFACE.len();
+            self.from_client.advance(H2_PREFACE.len());
+        }
+        if self.handshake {
+            // Held until the application shows it speaks HTTP/2.
+            return Ok(());
         }
         let buf = std::mem::take(&mut self.from_client);
-        let result = self.each_frame(&buf, at, |relay, h, frame| {
+        let result = self.each_frame(&buf, 0, |relay, h, frame| {
             // PING, SETTINGS and RST_STREAM cost the application work for
             // free: past their rate the relay stops reading the client
             // until the next token is due (see `super::flood`).
@@ -571,6 +662,18 @@ impl<'a> Relay<'a> {
                     .ok_or(Failure::Protocol("CONTINUATION without its HEADERS"))?;
                 self.client_fragment(block, h, frame, payload, now)
             }
+            wire::DATA if self.locals.contains_key(&h.id) => {
+                let data = wire::content(h, payload)?;
+                // Padding is given back at once, the data as the task takes it.
+                let padding = (h.len - data.len()) as u32;
+                wire::window_update(&mut self.to_client, h.id, padding);
+                wire::window_update(&mut self.to_client, 0, padding);
+                if let Some(l) = self.locals.get_mut(&h.id) {
+                    l.to_task.extend_from_slice(data);
+                    l.client_eof |= h.flags & wire::END_STREAM != 0;
+                }
+                Ok(())
+            }
             wire::DATA => {
                 match self.streams.get_mut(&h.id) {
                     Some(s) => {
@@ -590,6 +693,7 @@ impl<'a> Relay<'a> {
                 }
                 Ok(())
             }
+            wire::RST_STREAM if self.locals.remove(&h.id).is_some() => Ok(()),
             wire::RST_STREAM => {
                 if let Some(s) = self.streams.remove(&h.id) {
                     match self.unsent.take() {
@@ -631,6 +735,14 @@ impl<'a> Relay<'a> {
                         self.client_frame = v as usize;
                         v
                     }
+                    wire::INITIAL_WINDOW_SIZE => {
+                        let delta = i64::from(v) - self.client_window;
+                        self.client_window = i64::from(v);
+                        for l in self.locals.values_mut() {
+                            l.window += delta;
+                        }
+                        v
+                    }
                     _ => v,
                 });
                 wire::put(&mut self.to_app, wire::SETTINGS, h.flags, 0, &payload);
@@ -640,17 +752,16 @@ impl<'a> Relay<'a> {
                 self.step(Input::Acked, now);
                 Ok(())
             }
-            wire::WINDOW_UPDATE if h.id == 0 && self.debt > 0 => {
-                let credit = u64::from(
-                    u32::from_be_bytes(
-                        payload
-                            .try_into()
-                            .map_err(|_| Failure::Protocol("WINDOW_UPDATE"))?,
-                    ) & wire::MAX_STREAM_ID,
-                );
-                let kept = credit.min(self.debt);
-                self.debt -= kept;
-                wire::window_update(&mut self.to_app, 0, (credit - kept) as u32);
+            wire::WINDOW_UPDATE if h.id == 0 => {
+                let credit = window_increment(payload)?;
+                self.client_credit(credit);
+                Ok(())
+            }
+            wire::WINDOW_UPDATE if self.locals.contains_key(&h.id) => {
+                let credit = window_increment(payload)?;
+                if let Some(l) = self.locals.get_mut(&h.id) {
+                    l.window += i64::from(credit);
+                }
                 Ok(())
             }
             wire::WINDOW_UPDATE if h.id != 0 && !self.streams.contains_key(&h.id) => Ok(()),
@@ -691,14 +802,33 @@ impl<'a> Relay<'a> {
         encoded.clear();
         encoded.extend_from_slice(&block.fragment);
         encoded.extend_from_slice(fragment);
-        let mut all = self.to_app_translate.is_some().then(Vec::new);
+        // Every field is kept: a re-encoded block, and a WebSocket the
+        // guard serves itself, need them all.
+        let mut all = std::mem::take(&mut self.all);
+        all.clear();
         let fields = wire::decode(
             &mut self.client_hpack,
             &mut encoded,
             limit * BOMB_FACTOR,
-            all.as_mut(),
+            Some(&mut all),
         );
         self.scratch = encoded;
+        let result = self.client_block_whole(block, frame, fields, &all, limit, now);
+        self.all = all;
+        result
+    }
+
+    /// A whole client block, decoded: forwarded, answered, or served here.
+    fn client_block_whole(
+        &mut self,
+        block: Block,
+        frame: &[u8],
+        fields: Result<wire::Fields, wire::BlockError>,
+        all_fields: &[(Vec<u8>, Vec<u8>)],
+        limit: usize,
+        now: Instant,
+    ) -> Result<(), Failure> {
+        let all = self.to_app_translate.is_some().then_some(all_fields);
         let fields = fields.map_err(|e| match e {
             wire::BlockError::Compression => Failure::Compression,
             wire::BlockError::TooLarge => Failure::Calm,
@@ -712,11 +842,16 @@ impl<'a> Relay<'a> {
                     if block.end_stream {
                         s.req_done = true;
                     }
-                    self.forward_block(&block, frame, all.as_deref(), false);
+                    self.forward_block(&block, frame, all, false);
                     self.maybe_done(id);
                 }
-                None if id <= self.last_id => self.dropped_block(&fields),
-                None => self.forward_block(&block, frame, all.as_deref(), false),
+                None if id <= self.last_id => {
+                    if let Some(l) = self.locals.get_mut(&id) {
+                        l.client_eof |= block.end_stream;
+                    }
+                    self.dropped_block(&fields)
+                }
+                None => self.forward_block(&block, frame, all, false),
             }
             return Ok(());
         }
@@ -735,8 +870,20 @@ impl<'a> Relay<'a> {
             self.refuse(id, block.end_stream, refusal);
             return Ok(());
         }
+        if fields.method.as_deref() == Some("CONNECT")
+            && fields
+                .protocol
+                .as_deref()
+                .is_some_and(|p| p.eq_ignore_ascii_case("websocket"))
+        {
+            // RFC 8441: served here over HTTP/1.1 to the application, as
+            // the h2 path does (see `super::connect`).
+            self.dropped_block(&fields);
+            self.websocket(id, block.end_stream, all_fields);
+            return Ok(());
+        }
         let start = self.to_app.len();
-        self.forward_block(&block, frame, all.as_deref(), true);
+        self.forward_block(&block, frame, all, true);
         if self.admit(id, block.end_stream, &fields, now) {
             self.unsent = Some((id, start, self.to_app.len(), fields.indexed));
         } else {
@@ -889,14 +1036,182 @@ impl<'a> Relay<'a> {
         }
     }
 
+    /// The client's connection WINDOW_UPDATE: first the guard's own pool
+    /// is repaid or topped up, the rest goes to the application.
+    ///
+    /// The guard's DATA (a local stream's, a gRPC-Web or SSE end) takes
+    /// connection window the application cannot see. So the guard only
+    /// spends what it kept back from the client's credit: the application's
+    /// view of the window never exceeds the real one. A debt (the pool below
+    /// zero) is repaid first; then at most half of each update tops the pool
+    /// up to `POOL`, so the application's window always grows.
+    fn client_credit(&mut self, credit: u32) {
+        let credit = i64::from(credit);
+        let repay = (-self.pool).clamp(0, credit);
+        let top_up = ((credit - repay) / 2)
+            .min(POOL - (self.pool + repay))
+            .max(0);
+        let kept = repay + top_up;
+        self.pool += kept;
+        wire::window_update(&mut self.to_app, 0, (credit - kept) as u32);
+    }
+
+    /// Starts the task that serves a WebSocket over HTTP/2 (RFC 8441).
+    fn websocket(&mut self, id: u32, end_stream: bool, fields: &[(Vec<u8>, Vec<u8>)]) {
+        let inner = self.inner;
+        let reg = match inner.registry.try_register(self.info.id, false) {
+            Ok(r) => r,
+            Err(_) => return self.refuse(id, end_stream, Refusal::Reset),
+        };
+        let Some(head) = connect_head(fields) else {
+            wire::rst(&mut self.to_client, id, wire::PROTOCOL_ERROR);
+            return;
+        };
+        let (task_io, io) = tokio::io::duplex(4 * LOCAL_CHUNK);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        inner.tasks.spawn(super::connect::proxy_relayed(
+            inner.clone(),
+            reg,
+            head,
+            task_io,
+            tx,
+            self.info,
+        ));
+        self.locals.insert(
+            id,
+            Local {
+                io,
+                answer: Some(rx),
+                answered: false,
+                window: self.client_window,
+                to_task: BytesMut::new(),
+                client_eof: end_stream,
+                shut: false,
+                task_eof: false,
+            },
+        );
+    }
+
+    /// Moves the local streams on: their answers, the client's data to
+    /// their tasks, and theirs to the client within its windows. True if
+    /// anything moved.
+    fn poll_locals(&mut self, cx: &mut Context<'_>) -> bool {
+        let Relay {
+            locals,
+            to_client,
+            pool,
+            client_frame,
+            ..
+        } = self;
+        let mut moved = false;
+        let mut done = Vec::new();
+        let mut chunk = [0u8; LOCAL_CHUNK];
+        for (&id, l) in locals.iter_mut() {
+            if let Some(rx) = l.answer.as_mut() {
+                match Pin::new(rx).poll(cx) {
+                    Poll::Ready(Ok((head, end))) => {
+                        moved = true;
+                        l.answer = None;
+                        wire::headers(to_client, id, &head_block(&head), end);
+                        if end {
+                            if !l.client_eof {
+                                wire::rst(to_client, id, wire::NO_ERROR);
+                            }
+                            done.push(id);
+                            continue;
+                        }
+                        l.answered = true;
+                    }
+                    Poll::Ready(Err(_)) => {
+                        wire::rst(to_client, id, wire::CANCEL);
+                        done.push(id);
+                        continue;
+                    }
+                    Poll::Pending => {}
+                }
+            }
+            while !l.to_task.is_empty() {
+                match Pin::new(&mut l.io).poll_write(cx, &l.to_task) {
+                    Poll::Ready(Ok(n)) if n > 0 => {
+                        l.to_task.advance(n);
+                        wire::window_update(to_client, id, n as u32);
+                        wire::window_update(to_client, 0, n as u32);
+                        moved = true;
+                    }
+                    // The task is gone: nothing takes the data any more.
+                    Poll::Ready(_) => l.to_task.clear(),
+                    Poll::Pending => break,
+                }
+            }
+            if l.to_task.is_empty() && l.client_eof && !l.shut {
+                if let Poll::Ready(_) = Pin::new(&mut l.io).poll_shutdown(cx) {
+                    l.shut = true;
+                    moved = true;
+                }
+            }
+            while l.answered && !l.task_eof && l.window > 0 && *pool > 0 {
+                let max = (l.window.min(*pool) as usize)
+                    .min(*client_frame)
+                    .min(LOCAL_CHUNK);
+                let mut rb = ReadBuf::new(&mut chunk[..max]);
+                match Pin::new(&mut l.io).poll_read(cx, &mut rb) {
+                    Poll::Ready(Ok(())) if rb.filled().is_empty() => {
+                        wire::put(to_client, wire::DATA, wire::END_STREAM, id, &[]);
+                        l.task_eof = true;
+                        moved = true;
+                    }
+                    Poll::Ready(Ok(())) => {
+                        let n = rb.filled().len();
+                        wire::put(to_client, wire::DATA, 0, id, rb.filled());
+                        l.window -= n as i64;
+                        *pool -= n as i64;
+                        moved = true;
+                    }
+                    Poll::Ready(Err(_)) => {
+                        wire::rst(to_client, id, wire::CANCEL);
+                        l.task_eof = true;
+                        l.client_eof = true;
+                        moved = true;
+                    }
+                    Poll::Pending => break,
+                }
+            }
+            if l.task_eof && l.client_eof {
+                done.push(id);
+            }
+        }
+        for id in done {
+            locals.remove(&id);
+        }
+        moved
+    }
+
     // ---- application → client -------------------------------------------
 
     fn app_frames(&mut self, now: Instant) -> Result<(), Failure> {
+        let mut released = false;
+        if self.handshake {
+            match wire::head(&self.from_app) {
+                Some(h) if h.kind == wire::SETTINGS && h.flags & wire::ACK == 0 => {
+                    // It speaks HTTP/2: the client's frames held so far go
+                    // on, after its SETTINGS (the server's preface comes first).
+                    self.handshake = false;
+                    self.replay = None;
+                    released = true;
+                }
+                Some(_) => return Err(Failure::NotHttp2),
+                None if self.from_app.len() >= wire::FRAME_HEADER => return Err(Failure::NotHttp2),
+                None => return Ok(()),
+            }
+        }
         let buf = std::mem::take(&mut self.from_app);
         let result = self.each_frame(&buf, 0, |relay, h, frame| {
             relay.app_frame(h, frame, now).map(|()| true)
         });
         self.from_app = keep_rest(buf, result?);
+        if released {
+            self.client_frames(now)?;
+        }
         Ok(())
     }
 
@@ -974,7 +1289,7 @@ impl<'a> Relay<'a> {
             wire::SETTINGS if h.flags & wire::ACK == 0 => {
                 let l = self.inner.config.limits;
                 let mut payload = payload.to_vec();
-                let (mut streams_seen, mut list_seen) = (false, false);
+                let (mut streams_seen, mut list_seen, mut connect_seen) = (false, false, false);
                 wire::rewrite_settings(&mut payload, |id, v| match id {
                     wire::HEADER_TABLE_SIZE => {
                         self.app_table = v;
@@ -989,6 +1304,11 @@ impl<'a> Relay<'a> {
                     wire::MAX_HEADER_LIST_SIZE => {
                         list_seen = true;
                         v.min(l.max_header_list_size)
+                    }
+                    // The guard serves WebSockets over HTTP/2 itself.
+                    wire::ENABLE_CONNECT_PROTOCOL => {
+                        connect_seen = true;
+                        1
                     }
                     wire::MAX_FRAME_SIZE => {
                         let v = v.min(MAX_FRAME);
@@ -1010,6 +1330,7 @@ impl<'a> Relay<'a> {
                             wire::MAX_HEADER_LIST_SIZE,
                             l.max_header_list_size,
                         ),
+                        (connect_seen, wire::ENABLE_CONNECT_PROTOCOL, 1),
                     ] {
                         if !seen {
                             payload.extend_from_slice(&id.to_be_bytes());
@@ -1371,7 +1692,7 @@ impl<'a> Relay<'a> {
                 wire::headers(&mut self.to_client, id, &block, true);
             }
             Some(End::Last(data)) => {
-                self.debt += data.len() as u64;
+                self.pool -= data.len() as i64;
                 wire::put(&mut self.to_client, wire::DATA, wire::END_STREAM, id, &data);
             }
             None => return self.reset_here(id),
@@ -1496,7 +1817,7 @@ impl<'a> Relay<'a> {
             Failure::Protocol(_) => wire::PROTOCOL_ERROR,
             Failure::Compression => wire::COMPRESSION_ERROR,
             Failure::Calm => wire::ENHANCE_YOUR_CALM,
-            Failure::AppProtocol => {
+            Failure::AppProtocol | Failure::NotHttp2 => {
                 // The application broke the protocol: like losing it.
                 return self.app_lost();
             }
@@ -1525,7 +1846,7 @@ impl<'a> Relay<'a> {
     // ---- the connection's lifecycle ---------------------------------------
 
     fn count_changed(&mut self, now: Instant) {
-        let n = self.streams.len();
+        let n = self.streams.len() + self.locals.len();
         if self.told_empty != (n == 0) {
             self.told_empty = n == 0;
             self.step(Input::Streams(n), now);
@@ -1591,6 +1912,8 @@ enum Failure {
     Calm,
     #[error("the application broke the protocol")]
     AppProtocol,
+    #[error("the application does not speak HTTP/2")]
+    NotHttp2,
 }
 
 impl From<wire::Malformed> for Failure {
@@ -1626,6 +1949,59 @@ fn trailers_only(kind: Kind, message: &'static str) -> Option<Vec<u8>> {
         ("grpc-status", grpc::STATUS_UNAVAILABLE),
         ("grpc-message", message),
     ]))
+}
+
+/// The request head of an extended CONNECT, from its fields.
+fn connect_head(fields: &[(Vec<u8>, Vec<u8>)]) -> Option<http::request::Parts> {
+    let (mut scheme, mut authority, mut path) = ("http".to_string(), None, "/".to_string());
+    let mut headers = http::HeaderMap::new();
+    for (name, value) in fields {
+        let text = || String::from_utf8(value.clone()).ok();
+        match name.as_slice() {
+            b":scheme" => scheme = text()?,
+            b":authority" => authority = Some(text()?),
+            b":path" => path = text()?,
+            n if n.starts_with(b":") => {}
+            n => {
+                headers.append(
+                    http::HeaderName::from_bytes(n).ok()?,
+                    http::HeaderValue::from_bytes(value).ok()?,
+                );
+            }
+        }
+    }
+    let uri = match authority {
+        Some(a) => format!("{scheme}://{a}{path}"),
+        None => path,
+    };
+    let (mut head, ()) = http::Request::builder()
+        .method(http::Method::CONNECT)
+        .uri(uri)
+        .body(())
+        .ok()?
+        .into_parts();
+    head.headers = headers;
+    Some(head)
+}
+
+/// A response head as literals.
+fn head_block(head: &http::Response<()>) -> Vec<u8> {
+    let status = head.status().as_u16().to_string();
+    let mut fields = vec![(":status", status.as_str())];
+    for (name, value) in head.headers() {
+        if let Ok(v) = value.to_str() {
+            fields.push((name.as_str(), v));
+        }
+    }
+    wire::literal_block(&fields)
+}
+
+/// A WINDOW_UPDATE's increment.
+fn window_increment(payload: &[u8]) -> Result<u32, Failure> {
+    let b: [u8; 4] = payload
+        .try_into()
+        .map_err(|_| Failure::Protocol("malformed WINDOW_UPDATE frame"))?;
+    Ok(u32::from_be_bytes(b) & wire::MAX_STREAM_ID)
 }
 
 /// Trailers `grpc-status: 14` with `message`, as literals.

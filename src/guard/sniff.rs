@@ -127,6 +127,15 @@ pub struct Prefixed<T> {
 }
 
 impl<T> Prefixed<T> {
+    /// `io`, read as `prefix` first.
+    pub fn new(prefix: Bytes, io: T) -> Self {
+        Self {
+            prefix,
+            inner: Some(io),
+            reclaim: Reclaim::default(),
+        }
+    }
+
     /// Where the connection goes when this is dropped.
     pub fn reclaim(&self) -> Reclaim<T> {
         self.reclaim.clone()

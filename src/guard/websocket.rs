@@ -318,13 +318,15 @@ struct Side<R, W> {
 /// Relays a WebSocket the client opened over HTTP/2 (RFC 8441 extended
 /// CONNECT; `client` is that stream) to the application's HTTP/1.1
 /// upgraded connection, with the same graceful end.
-pub async fn relay_streams(
+pub async fn relay_streams<C>(
     inner: Arc<Inner>,
-    client: super::h2io::H2Io,
+    client: C,
     app: Upgraded,
     registered: Registered,
     info: ConnInfo,
-) {
+) where
+    C: tokio::io::AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
     let _live = LiveConn::new(&inner);
     let app = match app.downcast::<TokioIo<TcpStream>>() {
         Ok(parts) => parts,

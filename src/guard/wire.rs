@@ -31,8 +31,10 @@ pub const PRIORITY: u8 = 0x20;
 // SETTINGS identifiers.
 pub const HEADER_TABLE_SIZE: u16 = 0x1;
 pub const MAX_CONCURRENT_STREAMS: u16 = 0x3;
+pub const INITIAL_WINDOW_SIZE: u16 = 0x4;
 pub const MAX_FRAME_SIZE: u16 = 0x5;
 pub const MAX_HEADER_LIST_SIZE: u16 = 0x6;
+pub const ENABLE_CONNECT_PROTOCOL: u16 = 0x8;
 
 // Error codes.
 pub const NO_ERROR: u32 = 0x0;

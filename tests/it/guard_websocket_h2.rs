@@ -46,3 +46,45 @@ async fn websockets_over_http2_extended_connect_end_with_1012() {
     let log = shim.log();
     assert!(!log.contains("WebSocket (HTTP/2) upgrade"), "{log}");
 }
+
+/// The same through an application that speaks HTTP/2 (gRPC) and serves
+/// WebSockets over HTTP/1.1 on the same port, as `drainshim bench app` does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websockets_over_http2_beside_grpc_on_an_http2_app_end_with_1012() {
+    const N: usize = 4;
+    // The app speaks HTTP/2 too: the guard's connection to it carries the
+    // gRPC streams, and each WebSocket goes to it over HTTP/1.1 beside it.
+    let app = mixed_app().await;
+    // Envoy's upstream to the guard is HTTP/2 only: every WebSocket reaches
+    // the guard as an extended CONNECT.
+    let (envoy, shim, _) = guard_bin_pod(app.addr, WS_TIMERS, |o| o.extended_connect = true).await;
+    let mut clients = Vec::new();
+    for i in 0..N {
+        clients.push(ws_ticker(envoy.inbound, &format!("h2ws{i}"), 100, 2_000).await);
+    }
+    let run = prestop(shim.addr).await;
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let report = run.report();
+    for (task, _) in clients {
+        let end = tokio::time::timeout(WAIT, task)
+            .await
+            .expect("client finished in time")
+            .expect("client task");
+        assert_eq!(end.close_code, Some(1012), "{}: {end:?}", end.id);
+        assert!(end.gapless(), "{}: gaps in {:?}", end.id, end.seqs);
+        let written = app.ledger.last_written(&end.id).expect("ledger entry");
+        assert_eq!(
+            end.seqs.last().copied(),
+            Some(written),
+            "{}: lost ticks",
+            end.id
+        );
+    }
+    assert_eq!(
+        (report.streams.cut, report.streams.terminated),
+        (0, N as u64),
+        "{report:?}"
+    );
+    let log = shim.log();
+    assert!(!log.contains("WebSocket (HTTP/2) upgrade"), "{log}");
+}

@@ -43,6 +43,24 @@ pub async fn ws_app() -> WsApp {
     WsApp { addr, ledger, stop }
 }
 
+/// The bench app that serves gRPC over HTTP/2 and WebSockets over
+/// HTTP/1.1 on one port (`drainshim bench app`): a guard's HTTP/2
+/// connection to it is an HTTP/2 one, so an extended CONNECT has to be
+/// served beside it.
+pub async fn mixed_app() -> WsApp {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind mixed app");
+    let addr = listener.local_addr().expect("mixed app addr");
+    let ledger = WsLedger::default();
+    let stop = CancellationToken::new();
+    let (l, s) = (ledger.clone(), stop.clone());
+    tokio::spawn(async move {
+        drainshim::bench::ws::serve_mixed(listener, l, s.cancelled_owned()).await
+    });
+    WsApp { addr, ledger, stop }
+}
+
 /// A real Envoy 1.40 in front of `upstream`, WebSocket upgrades on, the
 /// upstream protocol following the downstream (HTTP/1.1 here).
 pub async fn ws_envoy(upstream: SocketAddr, admin_port: u16) -> EnvoyProcess {
