@@ -1144,7 +1144,7 @@ impl<'a> Relay<'a> {
                 }
             }
             if l.to_task.is_empty() && l.client_eof && !l.shut {
-                if let Poll::Ready(_) = Pin::new(&mut l.io).poll_shutdown(cx) {
+                if Pin::new(&mut l.io).poll_shutdown(cx).is_ready() {
                     l.shut = true;
                     moved = true;
                 }
