@@ -158,6 +158,10 @@ struct Stream {
     last_data: Option<Instant>,
     ending: Option<Ending>,
     sig: Option<signals::Request>,
+    /// The client's window for this stream's response data, and since when
+    /// it has been shut (the client takes nothing: `write_stall_timeout`).
+    window: i64,
+    shut_since: Option<Instant>,
 }
 
 impl Stream {
@@ -261,6 +265,8 @@ struct Relay<'a> {
     /// in `replay` (up to `REPLAY_MAX`), in case it does not speak HTTP/2.
     handshake: bool,
     replay: Option<BytesMut>,
+    /// A GOAWAY asked during the handshake, sent after the SETTINGS.
+    goaway_held: bool,
     /// Each direction's HPACK decoder.
     client_hpack: Decoder<'static>,
     app_hpack: Decoder<'static>,
@@ -291,6 +297,8 @@ struct Relay<'a> {
     queue: Arc<EndQueue>,
     /// Streams being ended.
     ending: Vec<u32>,
+    /// Streams whose client window was shut (some may have opened since).
+    stalled: Vec<u32>,
     barrier: Barrier,
     life: Lifecycle,
     told_empty: bool,
@@ -375,6 +383,7 @@ impl<'a> Relay<'a> {
             preface: true,
             handshake: true,
             replay: Some(BytesMut::new()),
+            goaway_held: false,
             client_hpack: Decoder::with_dynamic_size(DEFAULT_TABLE),
             app_hpack: Decoder::with_dynamic_size(DEFAULT_TABLE),
             client_block: None,
@@ -390,6 +399,7 @@ impl<'a> Relay<'a> {
             app_settings: false,
             queue: Arc::new(EndQueue::default()),
             ending: Vec::new(),
+            stalled: Vec::new(),
             barrier: Barrier::default(),
             life,
             told_empty: true,
@@ -741,6 +751,9 @@ impl<'a> Relay<'a> {
                         for l in self.locals.values_mut() {
                             l.window += delta;
                         }
+                        for s in self.streams.values_mut() {
+                            s.window += delta;
+                        }
                         v
                     }
                     _ => v,
@@ -764,7 +777,17 @@ impl<'a> Relay<'a> {
                 }
                 Ok(())
             }
-            wire::WINDOW_UPDATE if h.id != 0 && !self.streams.contains_key(&h.id) => Ok(()),
+            wire::WINDOW_UPDATE if h.id != 0 => {
+                let credit = window_increment(payload)?;
+                if let Some(s) = self.streams.get_mut(&h.id) {
+                    s.window += i64::from(credit);
+                    if s.window > 0 {
+                        s.shut_since = None;
+                    }
+                    self.to_app.extend_from_slice(frame);
+                }
+                Ok(())
+            }
             _ => {
                 self.to_app.extend_from_slice(frame);
                 Ok(())
@@ -1012,6 +1035,8 @@ impl<'a> Relay<'a> {
                 last_data: None,
                 ending: None,
                 sig,
+                window: self.client_window,
+                shut_since: None,
             },
         );
         true
@@ -1047,11 +1072,7 @@ impl<'a> Relay<'a> {
     /// up to `POOL`, so the application's window always grows.
     fn client_credit(&mut self, credit: u32) {
         let credit = i64::from(credit);
-        let repay = (-self.pool).clamp(0, credit);
-        let top_up = ((credit - repay) / 2)
-            .min(POOL - (self.pool + repay))
-            .max(0);
-        let kept = repay + top_up;
+        let kept = kept_credit(self.pool, credit);
         self.pool += kept;
         wire::window_update(&mut self.to_app, 0, (credit - kept) as u32);
     }
@@ -1143,11 +1164,13 @@ impl<'a> Relay<'a> {
                     Poll::Pending => break,
                 }
             }
-            if l.to_task.is_empty() && l.client_eof && !l.shut {
-                if Pin::new(&mut l.io).poll_shutdown(cx).is_ready() {
-                    l.shut = true;
-                    moved = true;
-                }
+            if l.to_task.is_empty()
+                && l.client_eof
+                && !l.shut
+                && Pin::new(&mut l.io).poll_shutdown(cx).is_ready()
+            {
+                l.shut = true;
+                moved = true;
             }
             while l.answered && !l.task_eof && l.window > 0 && *pool > 0 {
                 let max = (l.window.min(*pool) as usize)
@@ -1209,6 +1232,10 @@ impl<'a> Relay<'a> {
             relay.app_frame(h, frame, now).map(|()| true)
         });
         self.from_app = keep_rest(buf, result?);
+        if released && std::mem::take(&mut self.goaway_held) {
+            wire::goaway(&mut self.to_client, wire::MAX_STREAM_ID, wire::NO_ERROR);
+            wire::ping(&mut self.to_client, false, GOAWAY_PING);
+        }
         if released {
             self.client_frames(now)?;
         }
@@ -1255,6 +1282,11 @@ impl<'a> Relay<'a> {
                 let data = wire::content(h, payload).map_err(|_| Failure::AppProtocol)?;
                 if !data.is_empty() {
                     s.last_data = Some(now);
+                }
+                s.window -= h.len as i64;
+                if s.window <= 0 && s.shut_since.is_none() && h.len > 0 {
+                    s.shut_since = Some(now);
+                    self.stalled.push(h.id);
                 }
                 if let Some(b) = s.bounds.as_mut() {
                     if b.endable() && !data.is_empty() {
@@ -1593,6 +1625,23 @@ impl<'a> Relay<'a> {
     /// The timers: endings past their bounds, and the lifecycle's.
     fn timers(&mut self, now: Instant) -> Result<(), Failure> {
         let l = self.inner.config.limits;
+        for id in std::mem::take(&mut self.stalled) {
+            match self.streams.get(&id).and_then(|s| s.shut_since) {
+                Some(at) if now >= at + l.write_stall_timeout => {
+                    tracing::info!(peer = %self.info.peer, stream = id, timeout = ?l.write_stall_timeout,
+                        "guard: the client took no data; resetting its stream");
+                    wire::rst(&mut self.to_client, id, wire::CANCEL);
+                    wire::rst(&mut self.to_app, id, wire::CANCEL);
+                    if let Some(s) = self.streams.remove(&id) {
+                        self.finish(s, Outcome::ClientGone);
+                    }
+                }
+                Some(_) => self.stalled.push(id),
+                None => {}
+            }
+        }
+        self.stalled.sort_unstable();
+        self.stalled.dedup();
         if self.throttled_until.is_some_and(|at| now >= at) {
             self.throttled_until = None;
             // The frames already read go on first.
@@ -1656,6 +1705,11 @@ impl<'a> Relay<'a> {
         .into_iter()
         .flatten()
         .min();
+        for id in &self.stalled {
+            if let Some(at) = self.streams.get(id).and_then(|s| s.shut_since) {
+                next = next.into_iter().chain([at + l.write_stall_timeout]).min();
+            }
+        }
         for id in &self.ending {
             if let Some(e) = self.streams.get(id).and_then(|s| s.ending) {
                 let at = [
@@ -1832,6 +1886,12 @@ impl<'a> Relay<'a> {
     }
 
     fn close_with(&mut self, code: u32) {
+        if !self.closing && self.handshake {
+            // Nothing from the application yet: the guard's own (empty)
+            // SETTINGS are the server's preface before its GOAWAY.
+            wire::put(&mut self.to_client, wire::SETTINGS, 0, 0, &[]);
+            self.replay = None;
+        }
         if !self.closing {
             let last = self
                 .goaway_last
@@ -1871,8 +1931,13 @@ impl<'a> Relay<'a> {
             None => {}
             Some(Action::Goaway(cause)) => {
                 tracing::debug!(peer = %self.info.peer, conn = self.info.id, ?cause, "guard: GOAWAY");
-                wire::goaway(&mut self.to_client, wire::MAX_STREAM_ID, wire::NO_ERROR);
-                wire::ping(&mut self.to_client, false, GOAWAY_PING);
+                if self.handshake {
+                    // The server's SETTINGS come first: after the application's.
+                    self.goaway_held = true;
+                } else {
+                    wire::goaway(&mut self.to_client, wire::MAX_STREAM_ID, wire::NO_ERROR);
+                    wire::ping(&mut self.to_client, false, GOAWAY_PING);
+                }
                 if let Some(reason) = metric_reason(cause) {
                     self.inner.record_goaway(reason);
                 }
@@ -1994,6 +2059,14 @@ fn head_block(head: &http::Response<()>) -> Vec<u8> {
         }
     }
     wire::literal_block(&fields)
+}
+
+/// How much of the client's connection `credit` the guard keeps, with
+/// `pool` in hand: a debt first, then at most half of the rest, up to `POOL`.
+fn kept_credit(pool: i64, credit: i64) -> i64 {
+    let repay = (-pool).clamp(0, credit);
+    let top_up = ((credit - repay) / 2).min(POOL - (pool + repay)).max(0);
+    repay + top_up
 }
 
 /// A WINDOW_UPDATE's increment.
@@ -2118,4 +2191,107 @@ async fn flush<W: AsyncWrite + Unpin>(io: &mut W, buf: &mut BytesMut) -> std::io
     })
     .await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_guard_keeps_credit_only_as_far_as_the_rules_allow() {
+        // Envoy's first WINDOW_UPDATE (256 MiB): the pool fills at once.
+        assert_eq!(kept_credit(0, 256 << 20), POOL);
+        // Full: everything goes to the application.
+        assert_eq!(kept_credit(POOL, 1000), 0);
+        // A debt is repaid first, in full if the credit allows...
+        assert_eq!(kept_credit(-100, 50), 50);
+        // ...then half of the rest at most tops the pool up.
+        assert_eq!(kept_credit(-100, 1000), 100 + 450);
+        for (pool, credit) in [(0, 1), (0, 65_535), (POOL - 1, 10), (-5, 5), (7, 0)] {
+            let kept = kept_credit(pool, credit);
+            assert!((0..=credit).contains(&kept), "{pool} {credit}: {kept}");
+            assert!(pool + kept <= POOL.max(pool), "{pool} {credit}: {kept}");
+        }
+    }
+
+    #[test]
+    fn hpack_integers_follow_rfc_7541() {
+        // C.1.1 and C.1.2: 10 and 1337 with a 5-bit prefix.
+        let mut out = Vec::new();
+        hpack_int(&mut out, 0, 5, 10);
+        assert_eq!(out, [0x0a]);
+        out.clear();
+        hpack_int(&mut out, 0, 5, 1337);
+        assert_eq!(out, [0x1f, 0x9a, 0x0a]);
+    }
+
+    #[test]
+    fn a_re_encoded_block_clears_the_table_then_decodes_alone() {
+        let fields = vec![
+            (b":status".to_vec(), b"200".to_vec()),
+            (b"grpc-status".to_vec(), b"0".to_vec()),
+        ];
+        let block = literals(Some(4096), &fields);
+        // A decoder that holds an entry (`a: b`, literal with indexing).
+        let mut dec = Decoder::with_dynamic_size(4096);
+        let mut seed = vec![0x40, 1, b'a', 1, b'b'];
+        let seeded = wire::decode(&mut dec, &mut seed, 1 << 16, None).unwrap();
+        assert!(seeded.indexed);
+        let mut all = Vec::new();
+        let f = wire::decode(&mut dec, &mut block.clone(), 1 << 16, Some(&mut all)).unwrap();
+        assert_eq!(all, fields);
+        assert!(f.indexed, "the size updates count as table changes");
+        let mut stale = vec![0x80 | 62];
+        assert!(
+            wire::decode(&mut dec, &mut stale, 1 << 16, None).is_err(),
+            "the entry was evicted"
+        );
+    }
+
+    #[test]
+    fn blocks_are_split_over_continuations_at_the_frame_size() {
+        let mut out = BytesMut::new();
+        put_block(&mut out, 3, true, &[7u8; 25], 10);
+        let mut frames = Vec::new();
+        let mut at = 0;
+        while let Some(h) = wire::head(&out[at..]) {
+            frames.push((h.kind, h.flags, h.len));
+            at += wire::FRAME_HEADER + h.len;
+        }
+        assert_eq!(
+            frames,
+            [
+                (wire::HEADERS, wire::END_STREAM, 10),
+                (wire::CONTINUATION, 0, 10),
+                (wire::CONTINUATION, wire::END_HEADERS, 5),
+            ]
+        );
+        out.clear();
+        put_block(&mut out, 3, false, &[], 10);
+        assert_eq!(
+            wire::head(&out).map(|h| (h.flags, h.len)),
+            Some((wire::END_HEADERS, 0))
+        );
+    }
+
+    #[test]
+    fn an_extended_connect_becomes_a_request_head() {
+        let f = |n: &str, v: &str| (n.as_bytes().to_vec(), v.as_bytes().to_vec());
+        let head = connect_head(&[
+            f(":method", "CONNECT"),
+            f(":protocol", "websocket"),
+            f(":scheme", "http"),
+            f(":authority", "app.local"),
+            f(":path", "/tick?id=1"),
+            f("sec-websocket-version", "13"),
+        ])
+        .expect("a head");
+        assert_eq!(head.method, http::Method::CONNECT);
+        assert_eq!(head.uri.to_string(), "http://app.local/tick?id=1");
+        assert_eq!(head.headers["sec-websocket-version"], "13");
+        assert!(
+            connect_head(&[f("bad header", "x")]).is_none(),
+            "a name h2 would refuse"
+        );
+    }
 }

@@ -334,7 +334,7 @@ mod tests {
     #[test]
     fn big_window_credit_is_split() {
         let mut out = BytesMut::new();
-        window_update(&mut out, 0, u32::MAX);
+        window_update(&mut out, 0, (1 << 31) + 5);
         assert_eq!(out.len(), 2 * (FRAME_HEADER + 4));
         window_update(&mut out, 0, 0);
         assert_eq!(out.len(), 2 * (FRAME_HEADER + 4), "no credit, no frame");
