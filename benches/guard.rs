@@ -5,10 +5,10 @@
 //!    repetitions each: direct to the backend, through the guard, through
 //!    an Envoy hop (concurrency 1), and through a byte-copy TCP relay on one
 //!    thread (`drainshim bench relay`: the floor under any hop), and
-//!    through an HTTP/2 frame relay (`drainshim bench frame-relay`: frames
-//!    passed whole, every header block HPACK-decoded, streams and gRPC
-//!    messages followed; the per-request floor of a guard that relays
-//!    frames instead of re-building streams). Requests per second, p99, the p99
+//!    through the guard's former HTTP/2 path (`--guard-http2 stack`: h2 at
+//!    both ends, every stream re-built), which the frame relay replaced and
+//!    which still serves applications that do not speak HTTP/2. Requests
+//!    per second, p99, the p99
 //!    a hop adds over direct (same repetition), and the proxy's CPU time per
 //!    request (utime + stime from `/proc/PID/stat` over the load). Spreads
 //!    are min / median / max over the repetitions, never the best one.
@@ -19,7 +19,8 @@
 //! 2. Messages per second through a server-streaming call (10 streams on
 //!    one connection, the backend sending as fast as flow control lets it),
 //!    and the proxy's CPU time per message.
-//! 3. RSS with 10,000 open streams: the guard against Envoy.
+//! 3. RSS with 10,000 open streams: the guard against Envoy (and the
+//!    stack path).
 //!
 //! Every process is real: the tonic bench backend (`drainshim bench server`),
 //! the guard (`drainshim sidecar --guard-listen`), Envoy 1.40, and h2load.
@@ -304,7 +305,7 @@ const DIRECT: usize = 0;
 const GUARD: usize = 1;
 const ENVOY: usize = 2;
 const RELAY: usize = 3;
-const FRAMES: usize = 4;
+const STACK: usize = 4;
 
 fn print_load(title: &str, paths: &[Path], runs: &Runs) {
     println!("{title}; {REPS} repetitions, median [min..max]");
@@ -359,11 +360,11 @@ fn print_load(title: &str, paths: &[Path], runs: &Runs) {
         fmt_spread(runs.ratio(GUARD, RELAY, cpu), 2)
     );
     println!(
-        "  the frame-relay design's floor: req/s frames/direct {}, frames/envoy {}; CPU per request frames/envoy {}, frames/guard {}",
-        fmt_spread(runs.ratio(FRAMES, DIRECT, |l| l.rps), 2),
-        fmt_spread(runs.ratio(FRAMES, ENVOY, |l| l.rps), 2),
-        fmt_spread(runs.ratio(FRAMES, ENVOY, cpu), 2),
-        fmt_spread(runs.ratio(FRAMES, GUARD, cpu), 2)
+        "  the h2-stack path it replaced: req/s stack/direct {}, stack/envoy {}; CPU per request stack/envoy {}, guard/stack {}",
+        fmt_spread(runs.ratio(STACK, DIRECT, |l| l.rps), 2),
+        fmt_spread(runs.ratio(STACK, ENVOY, |l| l.rps), 2),
+        fmt_spread(runs.ratio(STACK, ENVOY, cpu), 2),
+        fmt_spread(runs.ratio(GUARD, STACK, cpu), 2)
     );
 }
 
@@ -436,9 +437,8 @@ async fn main() {
         .expect("envoy");
     let (relay_proc, relay_addr) =
         bench_process_with("relay", &["--upstream", &backend_addr.to_string()]).await;
-    let (frames_proc, frames_addr) =
-        bench_process_with("frame-relay", &["--upstream", &backend_addr.to_string()]).await;
-    let frames_pid = frames_proc.id().expect("pid");
+    let (stack_proc, stack_addr) = guard_with(backend_addr, &["--guard-http2", "stack"]).await;
+    let stack_pid = stack_proc.id().expect("pid");
     let guard_pid = guard_proc.id().expect("pid");
     let envoy_pid = envoy.pid().expect("pid");
     let paths = [
@@ -463,9 +463,9 @@ async fn main() {
             pid: Some(relay_proc.id().expect("pid")),
         },
         Path {
-            name: "frames",
-            addr: frames_addr,
-            pid: Some(frames_pid),
+            name: "stack",
+            addr: stack_addr,
+            pid: Some(stack_pid),
         },
     ];
 
@@ -508,7 +508,7 @@ async fn main() {
     eprintln!(
         "guard bench 3/4: server streaming, {FLOW_STREAMS} streams on one connection, {FLOW_PAYLOAD} B messages, {FLOW_SECONDS} s per path, {REPS} repetitions"
     );
-    let flow_paths = [DIRECT, GUARD, ENVOY, FRAMES];
+    let flow_paths = [DIRECT, GUARD, ENVOY, STACK];
     let mut flows: Vec<Vec<(f64, Option<f64>)>> = flow_paths.iter().map(|_| Vec::new()).collect();
     for _ in 0..REPS {
         for (k, &i) in flow_paths.iter().enumerate() {
@@ -521,7 +521,7 @@ async fn main() {
     eprintln!("guard bench 4/4: RSS with {STREAMS} open streams over {CONNECTIONS} connections");
     let (guard_idle, guard_loaded) = rss_holding_streams(guard_addr, guard_pid).await;
     let (envoy_idle, envoy_loaded) = rss_holding_streams(envoy.inbound, envoy_pid).await;
-    let (frames_idle, frames_loaded) = rss_holding_streams(frames_addr, frames_pid).await;
+    let (stack_idle, stack_loaded) = rss_holding_streams(stack_addr, stack_pid).await;
 
     println!("guard: unary gRPC Echo, h2load -c 10 -m 10 -t 1, Envoy --concurrency 1, {LOAD_SECONDS} s per run, same run");
     print_load(
@@ -564,7 +564,7 @@ async fn main() {
         fmt_spread(per_rep(1, 0), 2)
     );
     println!(
-        "  messages/s frames/envoy: {}; frames/direct: {}",
+        "  messages/s stack/envoy: {}; stack/direct: {}",
         fmt_spread(per_rep(3, 2), 2),
         fmt_spread(per_rep(3, 0), 2)
     );
@@ -576,7 +576,7 @@ async fn main() {
     for (name, idle, loaded) in [
         ("guard", guard_idle, guard_loaded),
         ("envoy", envoy_idle, envoy_loaded),
-        ("frames", frames_idle, frames_loaded),
+        ("stack", stack_idle, stack_loaded),
     ] {
         println!(
             "{name:<10} {idle:>10.1} {loaded:>12.1} {:>14.2}",

@@ -5,7 +5,6 @@ pub mod client;
 pub mod demo;
 pub mod envoy;
 pub mod failopen;
-pub mod frame_relay;
 pub mod measure;
 pub mod node_guard;
 pub mod node_scale;

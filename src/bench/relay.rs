@@ -39,7 +39,7 @@ pub async fn serve(
 /// own connection to `upstream` (both with TCP_NODELAY), and `relay` runs
 /// on the pair in a task of its own, until `shutdown`. `what` names the
 /// relay in log lines.
-pub(crate) async fn each_pair<F, Fut>(
+async fn each_pair<F, Fut>(
     listener: TcpListener,
     upstream: SocketAddr,
     what: &'static str,

@@ -84,27 +84,13 @@ pub enum BenchCommand {
         after_help = EXIT_CODES
     )]
     Relay(BenchRelayArgs),
-
-    /// An HTTP/2 frame relay on one thread: what a guard that relays frames would cost at least.
-    #[command(
-        long_about = "An HTTP/2 (h2c) frame relay on one thread: what a guard that relays frames, \
-            rather than re-building each stream, would cost at least.\n\n\
-            Each accepted connection gets its own connection to --upstream. Frames pass unchanged \
-            and whole, in the batches they arrived in; on the way every header block is \
-            HPACK-decoded in both directions, open streams are tracked, and gRPC response \
-            messages are followed across DATA frames: the per-request work such a guard cannot \
-            skip. It ends nothing and enforces no limit. The guard benchmark runs it beside the \
-            guard, Envoy and the byte-copy relay.",
-        after_help = EXIT_CODES
-    )]
-    FrameRelay(BenchRelayArgs),
 }
 
 impl BenchCommand {
     /// Whether the command runs on one thread (the relays, to compare with
     /// the guard's default of one).
     pub fn single_threaded(&self) -> bool {
-        matches!(self, BenchCommand::Relay(_) | BenchCommand::FrameRelay(_))
+        matches!(self, BenchCommand::Relay(_))
     }
 }
 
@@ -385,14 +371,6 @@ impl BenchCommand {
             BenchCommand::Relay(a) => {
                 let listener = bind(a.listen).await?;
                 bench::relay::serve(listener, a.upstream, first_signal()?).await;
-                Ok(())
-            }
-            BenchCommand::FrameRelay(a) => {
-                let listener = bind(a.listen).await?;
-                let stats = std::sync::Arc::new(bench::frame_relay::Stats::default());
-                bench::frame_relay::serve(listener, a.upstream, stats.clone(), first_signal()?)
-                    .await;
-                tracing::info!(?stats, "bench frame-relay: done");
                 Ok(())
             }
             BenchCommand::Server(a) => bench::server::run(a.listen, first_signal()?)

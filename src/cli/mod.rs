@@ -637,9 +637,11 @@ pub struct GuardTuningArgs {
     #[arg(long, env = "DRAINSHIM_WRITE_STALL_TIMEOUT", default_value_t = config::DEFAULT_WRITE_STALL_TIMEOUT)]
     pub write_stall_timeout: Span,
 
-    /// How the guard proxies HTTP/2: `frames` relays each connection's
-    /// frames to one app connection (about a third of the CPU per request),
-    /// `stack` re-builds every stream on h2 at both ends.
+    /// How the guard proxies HTTP/2. `frames` (the default) relays each
+    /// connection's frames to one app connection, reading only what a
+    /// graceful end needs; an app that does not answer HTTP/2 gets `stack`
+    /// for that connection. `stack` re-builds every stream with h2 at both
+    /// ends: about 2.5x the CPU per request, kept as a fallback.
     #[arg(long, env = "DRAINSHIM_GUARD_HTTP2", value_enum, default_value_t = crate::guard::Http2Path::default())]
     pub guard_http2: crate::guard::Http2Path,
 }

@@ -20,21 +20,26 @@
 //! still sends for that stream is dropped, and the connection window its
 //! DATA took is given back to it.
 //!
-//! Two things keep the HPACK tables right:
-//! - The client's header blocks always reach the application, even for
-//!   streams the guard refuses (the stream is then cancelled at once).
-//! - An application header block for a stream the client already saw end
-//!   cannot be forwarded (the client would fail the connection) and cannot
-//!   be dropped if it changed the application's table. From then on the
-//!   relay re-encodes that direction's blocks as literals, after clearing
-//!   the client's table.
+//! A block the guard does not pass on would leave the receiver's HPACK
+//! table behind the sender's if it changed it. Two kinds are never passed:
+//! - a request the guard refuses (draining, over a limit, or reset by the
+//!   client before it left): the application never sees it, so the
+//!   client may retry it anywhere;
+//! - an application block for a stream the client already saw end (the
+//!   client would fail the connection over it).
+//!
+//! When such a block changed the table, the relay re-encodes that
+//! direction's blocks as literals from then on, the first one clearing the
+//! receiver's table (two size updates, to 0 and back).
 //!
 //! SETTINGS pass through, lowered to the guard's limits: the application's
 //! stream limit so reaches the client, and one application connection is
 //! enough. The GOAWAY sequence is the h2 path's, sent by the relay: the
-//! application never sees it. If the application cannot be reached when a
-//! connection arrives, that connection is served by the h2 path, which
-//! answers each stream retryably.
+//! application never sees it. WebSockets over extended CONNECT are served
+//! beside the relayed streams, over HTTP/1.1 to the application
+//! ([`super::connect`]). A connection whose application cannot be reached,
+//! or does not answer HTTP/2 before anything reached the client, is served
+//! by the h2 path ([`super::h2conn`]) from its first byte.
 
 use std::collections::HashMap;
 use std::future::poll_fn;
