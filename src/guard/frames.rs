@@ -144,6 +144,46 @@ pub async fn serve(inner: Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
     tracing::debug!(peer = %info.peer, conn = info.id, "guard: HTTP/2 connection closed");
 }
 
+/// Feeds one connection's bytes to a relay with no sockets: each chunk as
+/// read from the client (true) or the application (false), then the timers;
+/// what the relay writes is dropped. For the fuzz target: whatever the
+/// peers send, the relay must neither panic nor hold more than its bounds.
+/// Runs inside a tokio runtime (a WebSocket over HTTP/2 starts a task).
+pub fn feed(inner: &Arc<Inner>, chunks: &[(bool, &[u8])]) {
+    let info = ConnInfo {
+        id: u64::MAX,
+        peer: std::net::SocketAddr::from(([127, 0, 0, 1], 1)),
+        accepted_at: Instant::now(),
+    };
+    let mut relay = Relay::new(inner, info);
+    for &(from_client, bytes) in chunks {
+        let now = Instant::now();
+        let result = if from_client {
+            if relay.closing || relay.from_client.len() > READ_BUF + MAX_FRAME as usize {
+                continue;
+            }
+            relay.from_client.extend_from_slice(bytes);
+            if let Some(r) = relay.replay.as_mut() {
+                r.extend_from_slice(bytes);
+            }
+            relay.client_frames(now)
+        } else {
+            relay.from_app.extend_from_slice(bytes);
+            relay.app_frames(now)
+        };
+        match result {
+            Err(Failure::NotHttp2) if relay.handshake => return,
+            Err(e) => relay.fail(e),
+            Ok(()) => {}
+        }
+        let _ = relay.timers(now);
+        relay.count_changed(now);
+        relay.to_app.clear();
+        relay.to_client.clear();
+        assert!(relay.from_app.len() <= READ_BUF + MAX_FRAME as usize + bytes.len());
+    }
+}
+
 /// One relayed stream.
 struct Stream {
     /// Its entry in the guard's registry (dropped: removed).

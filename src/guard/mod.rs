@@ -361,6 +361,14 @@ impl Guard {
         accept::serve(self.clone(), listener, accepting, shutdown).await;
     }
 
+    /// The HTTP/2 frame relay fed `chunks` without sockets (true: from the
+    /// client, false: from the application), for the fuzz target. Call it
+    /// inside a tokio runtime.
+    #[doc(hidden)]
+    pub fn fuzz_frame_relay(&self, chunks: &[(bool, &[u8])]) {
+        frames::feed(&self.inner, chunks);
+    }
+
     /// Downstream connections open right now.
     pub fn active_connections(&self) -> u64 {
         self.inner.connections.load(Ordering::Relaxed)

@@ -196,6 +196,12 @@ pub fn decode(
     limit: usize,
     mut all: Option<&mut Vec<(Vec<u8>, Vec<u8>)>>,
 ) -> Result<Fields, BlockError> {
+    // The decoder indexes past the end of a truncated integer or string
+    // (found by fuzzing): the block's shape is checked first, and a panic
+    // left in it is a malformed block, not a dead connection task.
+    if !well_formed(block) {
+        return Err(BlockError::Compression);
+    }
     let mut f = Fields::default();
     let mut one = Vec::with_capacity(1);
     while let Some(&first) = block.first() {
@@ -203,8 +209,10 @@ pub fn decode(
         if first & 0xe0 == 0x20 {
             f.indexed = true;
         }
-        decoder
-            .decode_exact(block, &mut one)
+        let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            decoder.decode_exact(block, &mut one)
+        }));
+        step.map_err(|_| BlockError::Compression)?
             .map_err(|_| BlockError::Compression)?;
         let Some((name, value, flags)) = one.pop() else {
             continue;
@@ -236,6 +244,56 @@ pub fn decode(
         }
     }
     Ok(f)
+}
+
+/// Whether `block` is a sequence of whole HPACK representations (RFC 7541
+/// §6): every integer and string complete, integers within 32 bits.
+pub fn well_formed(block: &[u8]) -> bool {
+    let mut at = 0;
+    while let Some(&b) = block.get(at) {
+        let (prefix, literal) = match b {
+            b if b & 0x80 != 0 => (7, false),
+            b if b & 0x40 != 0 => (6, true),
+            b if b & 0x20 != 0 => (5, false),
+            _ => (4, true),
+        };
+        let Some((index, next)) = integer(block, at, prefix) else {
+            return false;
+        };
+        at = next;
+        if literal {
+            let strings = if index == 0 { 2 } else { 1 };
+            for _ in 0..strings {
+                let Some((len, next)) = integer(block, at, 7) else {
+                    return false;
+                };
+                match next.checked_add(len as usize) {
+                    Some(end) if end <= block.len() => at = end,
+                    _ => return false,
+                }
+            }
+        }
+    }
+    true
+}
+
+/// The HPACK integer with an `n`-bit prefix at `block[at]`, and where the
+/// next byte is; None if it is cut short or past 32 bits.
+fn integer(block: &[u8], at: usize, n: u8) -> Option<(u32, usize)> {
+    let mask = (1u16 << n) as u8 - 1;
+    let first = *block.get(at)? & mask;
+    if first < mask {
+        return Some((u32::from(first), at + 1));
+    }
+    let mut value = u64::from(mask);
+    // At most four continuation bytes, as the decoder allows.
+    for (i, &b) in block.get(at + 1..)?.iter().take(4).enumerate() {
+        value += u64::from(b & 0x7f) << (7 * i);
+        if b & 0x80 == 0 {
+            return u32::try_from(value).ok().map(|v| (v, at + 2 + i));
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -311,6 +369,28 @@ mod tests {
         );
         let f = decode(&mut Decoder::default(), &mut block.clone(), 1000, None).unwrap();
         assert_eq!(f.list_size, 2 * (1 + 100 + 32));
+    }
+
+    #[test]
+    fn truncated_representations_are_malformed_not_a_panic() {
+        let good = literal_block(&[("grpc-status", "14")]);
+        assert!(well_formed(&good));
+        for cut in 1..good.len() {
+            assert!(!well_formed(&good[..cut]), "cut at {cut}");
+            let mut block = good[..cut].to_vec();
+            assert_eq!(
+                decode(&mut Decoder::default(), &mut block, 1 << 16, None),
+                Err(BlockError::Compression)
+            );
+        }
+        // An indexed field, and a size update, each one byte.
+        assert!(well_formed(&[0x82, 0x20]));
+        // Integers: 1337 with a 5-bit prefix is whole; cut, or past 32 bits, is not.
+        assert_eq!(integer(&[0x1f, 0x9a, 0x0a], 0, 5), Some((1337, 3)));
+        assert_eq!(integer(&[0x1f, 0x9a], 0, 5), None);
+        assert_eq!(integer(&[0x7f, 0xff, 0xff, 0xff, 0xff, 0x7f], 0, 7), None);
+        // A literal whose value is missing (the fuzzer's first find).
+        assert!(!well_formed(&[0x40, 0x01, b'a']));
     }
 
     #[test]
