@@ -595,9 +595,9 @@ impl<'a> Relay<'a> {
             // What the loop waits for before it closes.
             return Poll::Ready(Event::Flushed);
         }
-        if !self.locals.is_empty() && self.poll_locals(cx) {
-            return Poll::Ready(Event::Local);
-        }
+        // Local streams move first, but never instead of the reads: a busy
+        // WebSocket must not starve the relayed streams beside it.
+        let moved = !self.locals.is_empty() && self.poll_locals(cx);
         for client_turn in [client_first, !client_first] {
             if client_turn && want_client {
                 let before = self.from_client.len();
@@ -621,6 +621,9 @@ impl<'a> Relay<'a> {
                     Poll::Pending => {}
                 }
             }
+        }
+        if moved {
+            return Poll::Ready(Event::Local);
         }
         Poll::Pending
     }
@@ -1217,7 +1220,12 @@ impl<'a> Relay<'a> {
                 l.shut = true;
                 moved = true;
             }
-            while l.answered && !l.task_eof && l.window > 0 && *pool > 0 {
+            while l.answered
+                && !l.task_eof
+                && l.window > 0
+                && *pool > 0
+                && to_client.len() < HIGH_WATER
+            {
                 let max = (l.window.min(*pool) as usize)
                     .min(*client_frame)
                     .min(LOCAL_CHUNK);
