@@ -61,10 +61,9 @@ use super::body::{request_kind_of, response_kind_of, Boundaries, End, Kind};
 use super::conn::ConnInfo;
 use super::flood::Buckets;
 use super::grpc;
-use super::lifecycle::{Action, Cause, Input, Lifecycle, Settings};
+use super::lifecycle::{Action, Cause, Input, Lifecycle};
 use super::rapid::{PrematureResets, PREMATURE_LIFETIME};
 use super::registry::{EndQueue, Refused, Registered};
-use super::schedule::jittered_age;
 use super::signals;
 use super::sniff::{linger, Prefixed, H2_PREFACE};
 use super::stream::{record_outcome, Outcome, BARRIER_WAIT, BURST_GAP};
@@ -274,6 +273,34 @@ struct Block {
     continuations: usize,
 }
 
+impl Block {
+    /// The block a HEADERS (or PUSH_PROMISE) frame starts.
+    fn start(h: Head) -> Self {
+        Self {
+            id: h.id,
+            end_stream: h.kind == wire::HEADERS && h.flags & wire::END_STREAM != 0,
+            push: h.kind == wire::PUSH_PROMISE,
+            frames: BytesMut::new(),
+            fragment: Vec::new(),
+            continuations: 0,
+        }
+    }
+
+    /// Keeps a frame of a block not yet whole, and its fragment.
+    fn gather(&mut self, frame: &[u8], fragment: &[u8]) {
+        self.frames.extend_from_slice(frame);
+        self.fragment.extend_from_slice(fragment);
+        self.continuations += 1;
+    }
+
+    /// The whole block's encoded bytes, into `out` (cleared first).
+    fn whole_into(&self, last: &[u8], out: &mut Vec<u8>) {
+        out.clear();
+        out.extend_from_slice(&self.fragment);
+        out.extend_from_slice(last);
+    }
+}
+
 /// What woke the relay.
 enum Event {
     FromClient,
@@ -394,26 +421,7 @@ struct Local {
 impl<'a> Relay<'a> {
     fn new(inner: &'a Arc<Inner>, info: ConnInfo) -> Self {
         let l = inner.config.limits;
-        let first_stream_by = info.accepted_at + l.header_read_timeout;
-        let age_at = inner
-            .config
-            .max_connection_age
-            .map(|age| info.accepted_at + jittered_age(age, fastrand::f64()));
-        let life = Lifecycle::new(
-            Settings {
-                age_at,
-                grace: inner.config.max_connection_age_grace,
-                spread: inner.config.max_connection_age_spread,
-                ack_timeout: l.goaway_ack_timeout,
-                idle_timeout: l.idle_timeout,
-                end_timeout: l.end_timeout,
-                shutdown_timeout: l.shutdown_timeout,
-                first_stream_by,
-                watch_goaway: !inner.goaway.is_cancelled(),
-                defer_goaway: inner.terminate.is_cancelled(),
-            },
-            Instant::now(),
-        );
+        let life = inner.lifecycle(&info);
         let peer = info.peer.ip().to_string();
         Self {
             inner,
@@ -702,15 +710,7 @@ impl<'a> Relay<'a> {
         match h.kind {
             wire::HEADERS => {
                 let fragment = wire::content(h, payload)?;
-                let block = Block {
-                    id: h.id,
-                    end_stream: h.flags & wire::END_STREAM != 0,
-                    push: false,
-                    frames: BytesMut::new(),
-                    fragment: Vec::new(),
-                    continuations: 0,
-                };
-                self.client_fragment(block, h, frame, fragment, now)
+                self.client_fragment(Block::start(h), h, frame, fragment, now)
             }
             wire::CONTINUATION => {
                 let block = self
@@ -855,9 +855,7 @@ impl<'a> Relay<'a> {
     ) -> Result<(), Failure> {
         let limit = self.inner.config.limits.max_header_list_size as usize;
         if h.flags & wire::END_HEADERS == 0 {
-            block.frames.extend_from_slice(frame);
-            block.fragment.extend_from_slice(fragment);
-            block.continuations += 1;
+            block.gather(frame, fragment);
             // A block this large, or in this many pieces, is a flood: h2
             // stacks buffer it whole before they can refuse it.
             if block.fragment.len() > 2 * limit + DEFAULT_FRAME
@@ -870,9 +868,7 @@ impl<'a> Relay<'a> {
         }
         // Whole: decode it (the application's table follows the client's).
         let mut encoded = std::mem::take(&mut self.scratch);
-        encoded.clear();
-        encoded.extend_from_slice(&block.fragment);
-        encoded.extend_from_slice(fragment);
+        block.whole_into(fragment, &mut encoded);
         // Every field is kept: a re-encoded block, and a WebSocket the
         // guard serves itself, need them all.
         let mut all = std::mem::take(&mut self.all);
@@ -1307,15 +1303,7 @@ impl<'a> Relay<'a> {
                     // The promised stream id, then the block.
                     fragment = fragment.get(4..).ok_or(Failure::AppProtocol)?;
                 }
-                let block = Block {
-                    id: h.id,
-                    end_stream: h.kind == wire::HEADERS && h.flags & wire::END_STREAM != 0,
-                    push: h.kind == wire::PUSH_PROMISE,
-                    frames: BytesMut::new(),
-                    fragment: Vec::new(),
-                    continuations: 0,
-                };
-                self.app_fragment(block, h, frame, fragment, now)
+                self.app_fragment(Block::start(h), h, frame, fragment, now)
             }
             wire::CONTINUATION => {
                 let block = self
@@ -1467,8 +1455,7 @@ impl<'a> Relay<'a> {
         now: Instant,
     ) -> Result<(), Failure> {
         if h.flags & wire::END_HEADERS == 0 {
-            block.frames.extend_from_slice(frame);
-            block.fragment.extend_from_slice(fragment);
+            block.gather(frame, fragment);
             if block.fragment.len() > MAX_FRAME as usize * 4 {
                 return Err(Failure::AppProtocol);
             }
@@ -1476,9 +1463,7 @@ impl<'a> Relay<'a> {
             return Ok(());
         }
         let mut encoded = std::mem::take(&mut self.scratch);
-        encoded.clear();
-        encoded.extend_from_slice(&block.fragment);
-        encoded.extend_from_slice(fragment);
+        block.whole_into(fragment, &mut encoded);
         let forward = block.push || self.streams.contains_key(&block.id);
         let mut all = (forward && self.translate.is_some()).then(Vec::new);
         let decoded = wire::decode(&mut self.app_hpack, &mut encoded, usize::MAX, all.as_mut());

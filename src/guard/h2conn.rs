@@ -29,10 +29,9 @@ use super::conn::{ConnInfo, StreamCount};
 use super::flood::Flood;
 use super::grpc;
 use super::headers::forwarded_for;
-use super::lifecycle::{Action, Cause, Input, Lifecycle, Settings};
+use super::lifecycle::{Action, Cause, Input, Lifecycle};
 use super::rapid::PrematureResets;
 use super::registry::Refused;
-use super::schedule::jittered_age;
 use super::sniff::{linger, Prefixed};
 use super::stream::{self, StreamJob};
 use super::upstream::H2Upstream;
@@ -159,26 +158,8 @@ async fn drive(inner: &Arc<Inner>, io: Io, info: ConnInfo) {
     let resets = Arc::new(PrematureResets::new(l.max_pending_accept_reset_streams));
     // Whether the rapid-reset rule closed the connection.
     let mut calmed = false;
-    let age_at = inner
-        .config
-        .max_connection_age
-        .map(|age| info.accepted_at + jittered_age(age, fastrand::f64()));
-    let mut life = Lifecycle::new(
-        Settings {
-            age_at,
-            grace: inner.config.max_connection_age_grace,
-            spread: inner.config.max_connection_age_spread,
-            ack_timeout: l.goaway_ack_timeout,
-            idle_timeout: l.idle_timeout,
-            end_timeout: l.end_timeout,
-            shutdown_timeout: l.shutdown_timeout,
-            first_stream_by,
-            watch_goaway: !inner.goaway.is_cancelled(),
-            defer_goaway: inner.terminate.is_cancelled(),
-        },
-        Instant::now(),
-    );
-    tracing::debug!(peer = %info.peer, conn = info.id, ?age_at, "guard: HTTP/2 connection");
+    let mut life = inner.lifecycle(&info);
+    tracing::debug!(peer = %info.peer, conn = info.id, age_at = ?life.deadlines().age, "guard: HTTP/2 connection");
     let forwarded = forwarded_for(info.peer.ip());
     let shared = Shared {
         inner,

@@ -202,6 +202,32 @@ impl Inner {
         );
     }
 
+    /// A new HTTP/2 connection's lifecycle (both HTTP/2 paths): its
+    /// jittered max age, the grace and spread, the limits' timers, and
+    /// whether a drain already began when it was accepted.
+    fn lifecycle(&self, info: &conn::ConnInfo) -> lifecycle::Lifecycle {
+        let l = self.config.limits;
+        let age_at = self
+            .config
+            .max_connection_age
+            .map(|age| info.accepted_at + jittered_age(age, fastrand::f64()));
+        lifecycle::Lifecycle::new(
+            lifecycle::Settings {
+                age_at,
+                grace: self.config.max_connection_age_grace,
+                spread: self.config.max_connection_age_spread,
+                ack_timeout: l.goaway_ack_timeout,
+                idle_timeout: l.idle_timeout,
+                end_timeout: l.end_timeout,
+                shutdown_timeout: l.shutdown_timeout,
+                first_stream_by: info.accepted_at + l.header_read_timeout,
+                watch_goaway: !self.goaway.is_cancelled(),
+                defer_goaway: self.terminate.is_cancelled(),
+            },
+            Instant::now(),
+        )
+    }
+
     /// Counts one graceful stream end, once its goodbye was written.
     fn record_termination(&self, reason: Reason, protocol: StreamProtocol) {
         self.metrics
