@@ -1026,15 +1026,7 @@ impl<'a> Relay<'a> {
         if self.life.refuses_streams() || self.goaway_last.is_some_and(|last| self.last_id > last) {
             return Some(Refusal::Reset);
         }
-        if self.streams.len() >= l.max_concurrent_streams as usize {
-            return Some(Refusal::Reset);
-        }
-        if fields.method.as_deref() == Some("CONNECT") {
-            // Extended CONNECT (WebSocket over HTTP/2) reaches the relay
-            // only when the application offered it: relayed as bytes.
-            return None;
-        }
-        None
+        (self.streams.len() >= l.max_concurrent_streams as usize).then_some(Refusal::Reset)
     }
 
     /// Registers and opens a stream (true), or answers it (false).

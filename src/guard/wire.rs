@@ -168,8 +168,6 @@ pub struct Fields {
     pub path: Option<String>,
     pub content_type: Option<String>,
     pub grpc_status: Option<Vec<u8>>,
-    /// `x-forwarded-for` was present.
-    pub forwarded_for: bool,
     /// The block changed the dynamic table (an entry added, or a size
     /// update).
     pub indexed: bool,
@@ -236,7 +234,6 @@ pub fn decode(
             b":path" => f.path = Some(text()),
             b"content-type" => f.content_type = Some(text()),
             b"grpc-status" => f.grpc_status = Some(value.clone()),
-            b"x-forwarded-for" => f.forwarded_for = true,
             _ => {}
         }
         if let Some(all) = all.as_mut() {
