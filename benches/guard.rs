@@ -424,9 +424,19 @@ async fn main() {
     let binary = envoy::default_binary().expect("Envoy: run `make envoy`");
     let dir = tempfile::tempdir().expect("tempdir");
     let (_backend, backend_addr) = bench_process("server").await;
-    let (guard_proc, guard_addr) = guard(backend_addr).await;
-    let (quiet_proc, quiet_addr) =
-        guard_with(backend_addr, &["--guard-request-metrics", "false"]).await;
+    // "guard" is the frame relay (named, since the default is the stack path
+    // until the relay passes its conformance suite); "stack" is measured beside it.
+    let (guard_proc, guard_addr) = guard_with(backend_addr, &["--guard-http2", "frames"]).await;
+    let (quiet_proc, quiet_addr) = guard_with(
+        backend_addr,
+        &[
+            "--guard-http2",
+            "frames",
+            "--guard-request-metrics",
+            "false",
+        ],
+    )
+    .await;
     let quiet = Path {
         name: "guard-off",
         addr: quiet_addr,

@@ -41,6 +41,11 @@ pub const DEFAULT_MAX_CONNECTION_AGE_GRACE: Span = Span::secs(30);
 /// After the grace, one connection's remaining streams are ended over this
 /// long, so a pooled connection does not reconnect all its streams at once.
 pub const DEFAULT_MAX_CONNECTION_AGE_SPREAD: Span = Span::secs(10);
+/// When the application itself sends GOAWAY (its own graceful stop), the
+/// long-lived streams of that connection are ended over this window: well
+/// inside the grace gRPC servers give themselves (grpc-go and tonic wait
+/// for their calls; Kubernetes gives 30 s), so the app's grace never cuts them.
+pub const DEFAULT_APP_SHUTDOWN_SPREAD: Span = Span::secs(5);
 /// An answered stream open this long is long-lived (a drain may end it
 /// early); far above any unary call's time between its response head and
 /// its trailers.

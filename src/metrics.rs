@@ -77,6 +77,13 @@ pub struct EndingLabels {
 pub enum Reason {
     max_age,
     drain,
+    /// The application sent GOAWAY itself (its own graceful stop).
+    app_shutdown,
+}
+
+impl Reason {
+    /// Every reason, for pre-registered series.
+    pub const ALL: [Reason; 3] = [Reason::max_age, Reason::drain, Reason::app_shutdown];
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -631,7 +638,7 @@ impl Metrics {
                 .drained_streams
                 .get_or_create(&EndingLabels { outcome });
         }
-        for reason in [Reason::max_age, Reason::drain] {
+        for reason in Reason::ALL {
             let _ = self.goaways.get_or_create(&ReasonLabels { reason });
             for protocol in STREAM_PROTOCOLS {
                 let l = TerminatedLabels { reason, protocol };

@@ -120,6 +120,8 @@ impl Stream for BenchService {
 
     async fn echo(&self, req: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
         let r = req.into_inner();
+        // A test waits on this line to know a call reached the server.
+        tracing::debug!(body = %r.body, delay_ms = r.delay_ms, "bench server: echo started");
         let extra = self.faults.delay_ms.load(Ordering::Relaxed);
         if extra > 0 {
             tokio::time::sleep(Duration::from_millis(extra.min(u64::from(MAX_DELAY_MS)))).await;
@@ -163,6 +165,13 @@ pub async fn run(
         .await
         .map_err(|e| format!("bench server: bind {addr}: {e}"))?;
     tracing::info!(addr = %listener.local_addr()?, "bench server listening");
+    let shutdown = async {
+        shutdown.await;
+        // tonic's graceful shutdown: GOAWAY on every connection, then it
+        // waits for the calls in flight (however long they last).
+        tracing::info!("bench server: shutting down gracefully");
+    };
     serve(listener, BenchService::default(), shutdown).await?;
+    tracing::info!("bench server: stopped");
     Ok(())
 }

@@ -85,9 +85,13 @@ const MAX_FRAME: u32 = 1 << 20;
 const DEFAULT_FRAME: usize = 16_384;
 /// The initial flow-control window (RFC 9113 §6.9.2).
 const DEFAULT_WINDOW: u32 = 65_535;
-/// Connection window the guard keeps from the client's WINDOW_UPDATEs for
-/// its own DATA (see [`Relay::client_credit`]).
-const POOL: i64 = 1 << 20;
+/// While the guard cannot write for want of the client's connection window,
+/// it still reads the client (for its WINDOW_UPDATEs) until this much waits.
+const BLOCKED_HIGH_WATER: usize = 4 * HIGH_WATER;
+/// A decoded application header block past this is broken (or an HPACK bomb).
+const APP_BLOCK_MAX: usize = 1 << 20;
+/// The largest flow-control window (RFC 9113 §6.9.1).
+const MAX_WINDOW: i64 = (1 << 31) - 1;
 /// Most bytes buffered for a local stream's task, and read from it at once.
 const LOCAL_CHUNK: usize = 16 * 1024;
 /// The default SETTINGS_HEADER_TABLE_SIZE.
@@ -177,8 +181,10 @@ pub fn feed(inner: &Arc<Inner>, chunks: &[(bool, &[u8])]) {
         }
         let _ = relay.timers(now);
         relay.count_changed(now);
+        relay.clear_gate();
         relay.to_app.clear();
         relay.to_client.clear();
+        relay.cleared = 0;
         assert!(relay.from_app.len() <= READ_BUF + MAX_FRAME as usize + bytes.len());
     }
 }
@@ -265,7 +271,8 @@ struct Block {
     id: u32,
     /// The HEADERS (or PUSH_PROMISE) ended the stream.
     end_stream: bool,
-    push: bool,
+    /// A PUSH_PROMISE's promised stream (never relayed: see `app_fragment`).
+    promised: Option<u32>,
     /// The frames as they came, and the block fragments from them.
     frames: BytesMut,
     fragment: Vec<u8>,
@@ -279,7 +286,7 @@ impl Block {
         Self {
             id: h.id,
             end_stream: h.kind == wire::HEADERS && h.flags & wire::END_STREAM != 0,
-            push: h.kind == wire::PUSH_PROMISE,
+            promised: None,
             frames: BytesMut::new(),
             fragment: Vec::new(),
             continuations: 0,
@@ -324,8 +331,12 @@ struct Relay<'a> {
     /// Highest stream id the client opened.
     last_id: u32,
     /// Lowest last-stream id the client was sent in a GOAWAY: newer streams
-    /// are refused.
-    goaway_last: Option<u32>,
+    /// are refused, and no later GOAWAY may name a higher one (RFC 9113
+    /// §6.8: a peer treats a growing last-stream id as a connection error).
+    sent_last: Option<u32>,
+    /// Lowest last-stream id the application sent in a GOAWAY: it will
+    /// never process a stream above it, so those are refused retryably.
+    app_last: Option<u32>,
     from_client: BytesMut,
     from_app: BytesMut,
     to_app: BytesMut,
@@ -363,6 +374,9 @@ struct Relay<'a> {
     /// The client's SETTINGS_HEADER_TABLE_SIZE and MAX_FRAME_SIZE.
     client_table: u32,
     client_frame: usize,
+    /// The largest MAX_FRAME_SIZE the client ever announced: an application
+    /// frame above it is the application's error, never passed on.
+    client_frame_max: usize,
     /// The application's SETTINGS have been seen (the first gets the
     /// guard's limits added).
     app_settings: bool,
@@ -391,9 +405,18 @@ struct Relay<'a> {
     all: Vec<(Vec<u8>, Vec<u8>)>,
     /// WebSockets over HTTP/2 the guard serves itself, by stream id.
     locals: HashMap<u32, Local>,
-    /// Connection window the guard keeps for its own DATA to the client,
-    /// out of the client's WINDOW_UPDATEs (see [`Relay::client_credit`]).
-    pool: i64,
+    /// The client's connection window for DATA from this side (the
+    /// application's and the guard's own): charged as `to_client` is cleared
+    /// for writing (see [`Relay::clear_gate`]).
+    conn_window: i64,
+    /// The front of `to_client` already charged to `conn_window`: only that
+    /// much may be written.
+    cleared: usize,
+    /// The guard's own DATA bytes the application's view of the window does
+    /// not know of yet: withheld from the client's next WINDOW_UPDATEs.
+    debt: i64,
+    /// The GOAWAY probe PING went to the client and is not acked yet.
+    probe_out: bool,
     /// The client's SETTINGS_INITIAL_WINDOW_SIZE: each local stream's
     /// window for the guard's DATA starts there.
     client_window: i64,
@@ -428,7 +451,8 @@ impl<'a> Relay<'a> {
             info,
             streams: HashMap::new(),
             last_id: 0,
-            goaway_last: None,
+            sent_last: None,
+            app_last: None,
             from_client: BytesMut::with_capacity(READ_BUF),
             from_app: BytesMut::with_capacity(READ_BUF),
             to_app: BytesMut::new(),
@@ -449,6 +473,7 @@ impl<'a> Relay<'a> {
             app_goaway_code: wire::NO_ERROR,
             client_table: DEFAULT_TABLE,
             client_frame: DEFAULT_FRAME,
+            client_frame_max: DEFAULT_FRAME,
             app_settings: false,
             queue: Arc::new(EndQueue::default()),
             ending: Vec::new(),
@@ -466,7 +491,10 @@ impl<'a> Relay<'a> {
             throttled_until: None,
             all: Vec::new(),
             locals: HashMap::new(),
-            pool: 0,
+            conn_window: i64::from(DEFAULT_WINDOW),
+            cleared: 0,
+            debt: 0,
+            probe_out: false,
             client_window: i64::from(DEFAULT_WINDOW),
         }
     }
@@ -511,9 +539,19 @@ impl<'a> Relay<'a> {
                     timer.as_mut().reset(at);
                 }
             }
+            // The guard's own answers to the client (refusals, window
+            // returns) wait in `to_client` too: a client that does not read
+            // is not read either. While the client's window is what holds
+            // `to_client` back, its WINDOW_UPDATEs must still be read.
+            let client_room = if self.cleared < self.to_client.len() {
+                BLOCKED_HIGH_WATER
+            } else {
+                HIGH_WATER
+            };
             let (want_client, want_app) = (
                 !self.closing
                     && self.to_app.len() < HIGH_WATER
+                    && self.to_client.len() < client_room
                     && self.throttled_until.is_none()
                     && !(self.handshake && self.from_client.len() >= REPLAY_MAX),
                 !self.closing && self.to_client.len() < HIGH_WATER,
@@ -577,7 +615,10 @@ impl<'a> Relay<'a> {
                 break;
             }
         }
-        // Whatever is still open is dropped with the connection.
+        // Whatever is still open is dropped with the connection; only what
+        // the client's window allows is written.
+        self.clear_gate();
+        self.to_client.truncate(self.cleared);
         let _ = flush(client, &mut self.to_client).await;
         None
     }
@@ -596,7 +637,8 @@ impl<'a> Relay<'a> {
             return Poll::Ready(Event::AppGone);
         }
         let had = !self.to_client.is_empty();
-        if write_some(cx, client, &mut self.to_client).is_err() {
+        self.clear_gate();
+        if write_cleared(cx, client, &mut self.to_client, &mut self.cleared).is_err() {
             return Poll::Ready(Event::ClientGone);
         }
         if had && self.to_client.is_empty() && (self.closing || self.life.wants_quiet()) {
@@ -660,7 +702,7 @@ impl<'a> Relay<'a> {
             return Ok(());
         }
         let buf = std::mem::take(&mut self.from_client);
-        let result = self.each_frame(&buf, 0, |relay, h, frame| {
+        let result = self.each_frame(&buf, MAX_FRAME as usize, |relay, h, frame| {
             // PING, SETTINGS and RST_STREAM cost the application work for
             // free: past their rate the relay stops reading the client
             // until the next token is due (see `super::flood`).
@@ -674,17 +716,19 @@ impl<'a> Relay<'a> {
         Ok(())
     }
 
-    /// Calls `f` on each whole frame of `buf` from `at`; returns where the
-    /// first incomplete frame starts.
+    /// Calls `f` on each whole frame of `buf`; returns where the first
+    /// incomplete frame starts. A frame larger than `max` is the sender's
+    /// FRAME_SIZE_ERROR (for the application's frames, see `app_frames`).
     fn each_frame(
         &mut self,
         buf: &[u8],
-        mut at: usize,
+        max: usize,
         mut f: impl FnMut(&mut Self, Head, &[u8]) -> Result<bool, Failure>,
     ) -> Result<usize, Failure> {
+        let mut at = 0;
         while let Some(h) = wire::head(&buf[at..]) {
-            if h.len > MAX_FRAME as usize {
-                return Err(Failure::Protocol(
+            if h.len > max {
+                return Err(Failure::FrameSize(
                     "a frame larger than SETTINGS_MAX_FRAME_SIZE",
                 ));
             }
@@ -778,6 +822,11 @@ impl<'a> Relay<'a> {
                 }
                 Ok(())
             }
+            wire::SETTINGS | wire::PING | wire::GOAWAY if h.id != 0 => Err(Failure::Protocol(
+                "a connection-level frame (SETTINGS, PING or GOAWAY) on a stream",
+            )),
+            wire::SETTINGS if !settings_size_ok(h) => Err(Failure::FrameSize("SETTINGS")),
+            wire::PING if h.len != 8 => Err(Failure::FrameSize("PING")),
             wire::SETTINGS if h.flags & wire::ACK == 0 => {
                 let mut payload = payload.to_vec();
                 wire::rewrite_settings(&mut payload, |id, v| match id {
@@ -791,6 +840,7 @@ impl<'a> Relay<'a> {
                     wire::MAX_FRAME_SIZE => {
                         let v = v.min(MAX_FRAME);
                         self.client_frame = v as usize;
+                        self.client_frame_max = self.client_frame_max.max(v as usize);
                         v
                     }
                     wire::INITIAL_WINDOW_SIZE => {
@@ -809,14 +859,14 @@ impl<'a> Relay<'a> {
                 wire::put(&mut self.to_app, wire::SETTINGS, h.flags, 0, &payload);
                 Ok(())
             }
-            wire::PING if h.flags & wire::ACK != 0 && payload == GOAWAY_PING => {
+            wire::PING if h.flags & wire::ACK != 0 && payload == GOAWAY_PING && self.probe_out => {
+                self.probe_out = false;
                 self.step(Input::Acked, now);
                 Ok(())
             }
             wire::WINDOW_UPDATE if h.id == 0 => {
                 let credit = window_increment(payload)?;
-                self.client_credit(credit);
-                Ok(())
+                self.client_credit(credit)
             }
             wire::WINDOW_UPDATE if self.locals.contains_key(&h.id) => {
                 let credit = window_increment(payload)?;
@@ -832,7 +882,12 @@ impl<'a> Relay<'a> {
                     if s.window > 0 {
                         s.shut_since = None;
                     }
+                    let ending = s.ending.is_some();
                     self.to_app.extend_from_slice(frame);
+                    if ending {
+                        // An end of the guard's own may have waited for it.
+                        self.advance(h.id, now);
+                    }
                 }
                 Ok(())
             }
@@ -1023,7 +1078,8 @@ impl<'a> Relay<'a> {
         if fields.list_size > limit {
             return Some(Refusal::TooLarge);
         }
-        if self.life.refuses_streams() || self.goaway_last.is_some_and(|last| self.last_id > last) {
+        let beyond = |last: Option<u32>| last.is_some_and(|last| self.last_id > last);
+        if self.life.refuses_streams() || beyond(self.sent_last) || beyond(self.app_last) {
             return Some(Refusal::Reset);
         }
         (self.streams.len() >= l.max_concurrent_streams as usize).then_some(Refusal::Reset)
@@ -1097,20 +1153,88 @@ impl<'a> Relay<'a> {
         }
     }
 
-    /// The client's connection WINDOW_UPDATE: first the guard's own pool
-    /// is repaid or topped up, the rest goes to the application.
+    /// The client's connection WINDOW_UPDATE: the guard's own DATA sent
+    /// since the last one is withheld (the application's view of the window
+    /// never counted it), the rest goes to the application.
     ///
-    /// The guard's DATA (a local stream's, a gRPC-Web or SSE end) takes
-    /// connection window the application cannot see. So the guard only
-    /// spends what it kept back from the client's credit: the application's
-    /// view of the window never exceeds the real one. A debt (the pool below
-    /// zero) is repaid first; then at most half of each update tops the pool
-    /// up to `POOL`, so the application's window always grows.
-    fn client_credit(&mut self, credit: u32) {
+    /// The guard owns the client's connection window: every DATA frame to
+    /// the client, the application's and its own, is charged to it as it is
+    /// cleared for writing ([`Relay::clear_gate`]), so nothing ever exceeds
+    /// it. The application's view is the real window plus the guard's
+    /// unrepaid DATA (`debt`): what it sends beyond the real window waits in
+    /// `to_client` (bounded by its high-water mark) until credit comes. The
+    /// guard keeps nothing back beforehand, so with nothing of its own to
+    /// send it passes every byte of credit on, and a client that refills its
+    /// window only once it ran dry still gets all the data it was promised.
+    fn client_credit(&mut self, credit: u32) -> Result<(), Failure> {
         let credit = i64::from(credit);
-        let kept = kept_credit(self.pool, credit);
-        self.pool += kept;
-        wire::window_update(&mut self.to_app, 0, (credit - kept) as u32);
+        if credit == 0 {
+            return Err(Failure::Protocol("a connection WINDOW_UPDATE of 0"));
+        }
+        self.conn_window += credit;
+        if self.conn_window > MAX_WINDOW {
+            return Err(Failure::FlowControl);
+        }
+        let repaid = self.debt.min(credit);
+        self.debt -= repaid;
+        wire::window_update(&mut self.to_app, 0, (credit - repaid) as u32);
+        Ok(())
+    }
+
+    /// Charges the DATA frames waiting in `to_client`, from `cleared` on, to
+    /// the client's connection window as far as it goes. A frame larger than
+    /// what is left is split (its padding dropped and given back to the
+    /// application), so the window is always used up: a client may wait for
+    /// it to run dry before it sends a WINDOW_UPDATE.
+    fn clear_gate(&mut self) {
+        while let Some(h) = wire::head(&self.to_client[self.cleared..]) {
+            let len = h.len as i64;
+            if h.kind != wire::DATA || len <= self.conn_window {
+                if h.kind == wire::DATA {
+                    self.conn_window -= len;
+                }
+                self.cleared += wire::FRAME_HEADER + h.len;
+                continue;
+            }
+            if self.conn_window <= 0 {
+                return;
+            }
+            self.split_data(h, self.conn_window as usize);
+        }
+    }
+
+    /// Splits the DATA frame at `cleared` so its first piece takes at most
+    /// `room` bytes of window; padding goes (window given back to the app).
+    fn split_data(&mut self, h: Head, room: usize) {
+        let at = self.cleared;
+        let rest = self.to_client.split_off(at);
+        let frame_end = wire::FRAME_HEADER + h.len;
+        // Frames in `to_client` were checked when they came in.
+        let data = wire::content(h, &rest[wire::FRAME_HEADER..frame_end]).unwrap_or(&[]);
+        let padding = (h.len - data.len()) as u32;
+        if padding > 0 {
+            wire::window_update(&mut self.to_app, 0, padding);
+            wire::window_update(&mut self.to_app, h.id, padding);
+            if let Some(s) = self.streams.get_mut(&h.id) {
+                s.window += i64::from(padding);
+            }
+        }
+        let flags = h.flags & wire::END_STREAM;
+        let first = room.min(data.len());
+        if first == data.len() {
+            wire::put(&mut self.to_client, wire::DATA, flags, h.id, data);
+        } else {
+            wire::put(&mut self.to_client, wire::DATA, 0, h.id, &data[..first]);
+            wire::put(&mut self.to_client, wire::DATA, flags, h.id, &data[first..]);
+        }
+        self.to_client.extend_from_slice(&rest[frame_end..]);
+    }
+
+    /// DATA of the guard's own to the client, in frames the client takes;
+    /// the application's view of the connection window does not know of it.
+    fn own_data(&mut self, id: u32, data: &[u8], end_stream: bool) {
+        put_data(&mut self.to_client, id, data, end_stream, self.client_frame);
+        self.debt += data.len() as i64;
     }
 
     /// Starts the task that serves a WebSocket over HTTP/2 (RFC 8441).
@@ -1156,7 +1280,8 @@ impl<'a> Relay<'a> {
         let Relay {
             locals,
             to_client,
-            pool,
+            conn_window,
+            debt,
             client_frame,
             ..
         } = self;
@@ -1169,7 +1294,7 @@ impl<'a> Relay<'a> {
                     Poll::Ready(Ok((head, end))) => {
                         moved = true;
                         l.answer = None;
-                        wire::headers(to_client, id, &head_block(&head), end);
+                        put_block(to_client, id, end, &head_block(&head), *client_frame);
                         if end {
                             if !l.client_eof {
                                 wire::rst(to_client, id, wire::NO_ERROR);
@@ -1195,8 +1320,12 @@ impl<'a> Relay<'a> {
                         wire::window_update(to_client, 0, n as u32);
                         moved = true;
                     }
-                    // The task is gone: nothing takes the data any more.
-                    Poll::Ready(_) => l.to_task.clear(),
+                    // The task is gone: nothing takes the data any more,
+                    // and the connection window it took is given back.
+                    Poll::Ready(_) => {
+                        wire::window_update(to_client, 0, l.to_task.len() as u32);
+                        l.to_task.clear();
+                    }
                     Poll::Pending => break,
                 }
             }
@@ -1208,13 +1337,15 @@ impl<'a> Relay<'a> {
                 l.shut = true;
                 moved = true;
             }
+            // The connection window is charged when `to_client` is written
+            // (`clear_gate`); what waits for it is bounded by the high-water mark.
             while l.answered
                 && !l.task_eof
                 && l.window > 0
-                && *pool > 0
+                && *conn_window > 0
                 && to_client.len() < HIGH_WATER
             {
-                let max = (l.window.min(*pool) as usize)
+                let max = (l.window.min(*conn_window) as usize)
                     .min(*client_frame)
                     .min(LOCAL_CHUNK);
                 let mut rb = ReadBuf::new(&mut chunk[..max]);
@@ -1228,7 +1359,7 @@ impl<'a> Relay<'a> {
                         let n = rb.filled().len();
                         wire::put(to_client, wire::DATA, 0, id, rb.filled());
                         l.window -= n as i64;
-                        *pool -= n as i64;
+                        *debt += n as i64;
                         moved = true;
                     }
                     Poll::Ready(Err(_)) => {
@@ -1269,13 +1400,19 @@ impl<'a> Relay<'a> {
             }
         }
         let buf = std::mem::take(&mut self.from_app);
-        let result = self.each_frame(&buf, 0, |relay, h, frame| {
+        // Frames go on whole: one larger than the client ever allowed is the
+        // application's error (its streams end retryably), not the client's.
+        let max = self.client_frame_max;
+        let result = self.each_frame(&buf, max, |relay, h, frame| {
             relay.app_frame(h, frame, now).map(|()| true)
+        });
+        let result = result.map_err(|e| match e {
+            Failure::FrameSize(_) => Failure::AppProtocol,
+            e => e,
         });
         self.from_app = keep_rest(buf, result?);
         if released && std::mem::take(&mut self.goaway_held) {
-            wire::goaway(&mut self.to_client, wire::MAX_STREAM_ID, wire::NO_ERROR);
-            wire::ping(&mut self.to_client, false, GOAWAY_PING);
+            self.first_goaway();
         }
         if released {
             self.client_frames(now)?;
@@ -1291,11 +1428,17 @@ impl<'a> Relay<'a> {
         match h.kind {
             wire::HEADERS | wire::PUSH_PROMISE => {
                 let mut fragment = wire::content(h, payload).map_err(|_| Failure::AppProtocol)?;
+                let mut block = Block::start(h);
                 if h.kind == wire::PUSH_PROMISE {
                     // The promised stream id, then the block.
-                    fragment = fragment.get(4..).ok_or(Failure::AppProtocol)?;
+                    let promised = fragment.get(..4).ok_or(Failure::AppProtocol)?;
+                    block.promised = Some(
+                        u32::from_be_bytes([promised[0], promised[1], promised[2], promised[3]])
+                            & wire::MAX_STREAM_ID,
+                    );
+                    fragment = &fragment[4..];
                 }
-                self.app_fragment(Block::start(h), h, frame, fragment, now)
+                self.app_fragment(block, h, frame, fragment, now)
             }
             wire::CONTINUATION => {
                 let block = self
@@ -1341,6 +1484,10 @@ impl<'a> Relay<'a> {
                 }
                 Ok(())
             }
+            wire::SETTINGS | wire::PING | wire::GOAWAY if h.id != 0 => Err(Failure::AppProtocol),
+            wire::SETTINGS if !settings_size_ok(h) => Err(Failure::AppProtocol),
+            wire::PING if h.len != 8 => Err(Failure::AppProtocol),
+            wire::GOAWAY if h.len < 8 => Err(Failure::AppProtocol),
             wire::RST_STREAM => {
                 if let Some(mut s) = self.streams.remove(&h.id) {
                     self.to_client.extend_from_slice(frame);
@@ -1418,16 +1565,10 @@ impl<'a> Relay<'a> {
                 Ok(())
             }
             wire::GOAWAY => {
-                // The application is going away: the client learns it as it is.
-                if let Some(last) = payload.get(..4) {
-                    let last = u32::from_be_bytes([last[0], last[1], last[2], last[3]])
-                        & wire::MAX_STREAM_ID;
-                    self.goaway_last = Some(self.goaway_last.map_or(last, |l| l.min(last)));
-                }
-                if let Some(code) = payload.get(4..8) {
-                    self.app_goaway_code = u32::from_be_bytes([code[0], code[1], code[2], code[3]]);
-                }
-                self.to_client.extend_from_slice(frame);
+                let last = u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]])
+                    & wire::MAX_STREAM_ID;
+                let code = u32::from_be_bytes([payload[4], payload[5], payload[6], payload[7]]);
+                self.app_goaway(last, code, now);
                 Ok(())
             }
             wire::WINDOW_UPDATE if h.id != 0 && !self.streams.contains_key(&h.id) => Ok(()),
@@ -1456,16 +1597,34 @@ impl<'a> Relay<'a> {
         }
         let mut encoded = std::mem::take(&mut self.scratch);
         block.whole_into(fragment, &mut encoded);
-        let forward = block.push || self.streams.contains_key(&block.id);
+        // A push is never relayed: every client of the guard is Envoy or
+        // another proxy, and a client that disabled push (Envoy does) treats
+        // a PUSH_PROMISE as a connection error.
+        let forward = block.promised.is_none() && self.streams.contains_key(&block.id);
         let mut all = (forward && self.translate.is_some()).then(Vec::new);
-        let decoded = wire::decode(&mut self.app_hpack, &mut encoded, usize::MAX, all.as_mut());
+        let decoded = wire::decode(
+            &mut self.app_hpack,
+            &mut encoded,
+            APP_BLOCK_MAX,
+            all.as_mut(),
+        );
         self.scratch = encoded;
         let fields = decoded.map_err(|_| Failure::AppProtocol)?;
+        if let Some(promised) = block.promised {
+            tracing::debug!(
+                conn = self.info.id,
+                stream = block.id,
+                promised,
+                "guard: the application pushed; refusing the pushed stream"
+            );
+            wire::rst(&mut self.to_app, promised, wire::REFUSED_STREAM);
+        }
         if !forward {
-            // The client saw this stream end. Dropped; if the block changed
-            // the application's table, the client's no longer follows it.
+            // The client saw this stream end (or it is a push). Dropped; if
+            // the block changed the application's table, the client's no
+            // longer follows it.
             if fields.indexed && self.translate.is_none() {
-                tracing::debug!(conn = self.info.id, stream = block.id, "guard: application header block after the guard's end changed its HPACK table; re-encoding its blocks from now on");
+                tracing::debug!(conn = self.info.id, stream = block.id, "guard: an application header block the client does not get changed its HPACK table; re-encoding its blocks from now on");
                 self.translate = Some(true);
             }
             return Ok(());
@@ -1476,9 +1635,6 @@ impl<'a> Relay<'a> {
                 self.to_client.extend_from_slice(&block.frames);
                 self.to_client.extend_from_slice(frame);
             }
-        }
-        if block.push {
-            return Ok(());
         }
         self.app_head(block.id, block.end_stream, &fields, now);
         Ok(())
@@ -1519,11 +1675,6 @@ impl<'a> Relay<'a> {
     /// A block re-encoded as literals (see the module doc), the first one
     /// after clearing the client's table.
     fn put_translated(&mut self, block: &Block, all: &[(Vec<u8>, Vec<u8>)]) {
-        if block.push {
-            // A PUSH_PROMISE is passed on as it came (clients refuse push).
-            self.to_client.extend_from_slice(&block.frames);
-            return;
-        }
         let clear = (self.translate == Some(true)).then_some(self.client_table);
         self.translate = Some(false);
         let encoded = literals(clear, all);
@@ -1586,8 +1737,8 @@ impl<'a> Relay<'a> {
             e.quiet_at = None;
             e.barrier = None;
         } else if let Some((seq, by)) = e.barrier {
-            if self.barrier.acked >= seq || now >= by {
-                return self.end_gracefully(id, e.reason);
+            if (self.barrier.acked >= seq || now >= by) && self.end_gracefully(id, e.reason) {
+                return;
             }
         } else if e.quiet_at.is_none() {
             e.quiet_at = Some(match s.last_data {
@@ -1620,7 +1771,8 @@ impl<'a> Relay<'a> {
         if e.forced_by.is_some() && at_boundary {
             // Forced: this data completed a message; end right after it.
             let reason = e.reason;
-            self.end_gracefully(id, reason);
+            // If it must wait for the client's window, the forced bound holds.
+            let _ = self.end_gracefully(id, reason);
         }
     }
 
@@ -1692,8 +1844,14 @@ impl<'a> Relay<'a> {
             }
             if now >= e.asked + l.end_timeout {
                 if s.endable() && s.at_boundary() {
-                    // A producer that never paused: end at this boundary...
-                    self.end_gracefully(id, e.reason);
+                    // A producer that never paused: end at this boundary
+                    // (or, waiting for the client's window, within one more bound)...
+                    if !self.end_gracefully(id, e.reason) {
+                        if let Some(s) = self.streams.get_mut(&id) {
+                            e.forced_by = Some(now + l.end_timeout);
+                            s.ending = Some(e);
+                        }
+                    }
                 } else if s.endable() {
                     // ...or at the next one, within one more bound.
                     e.forced_by = Some(now + l.end_timeout);
@@ -1757,10 +1915,11 @@ impl<'a> Relay<'a> {
     }
 
     /// The guard's own end at a boundary: trailers for gRPC, the trailer
-    /// frame for gRPC-Web, the body's end for SSE.
-    fn end_gracefully(&mut self, id: u32, reason: Reason) {
+    /// frame for gRPC-Web, the body's end for SSE. False when it has to wait
+    /// for the client's stream window (gRPC-Web's trailer frame is DATA).
+    fn end_gracefully(&mut self, id: u32, reason: Reason) -> bool {
         let Some(s) = self.streams.get(&id) else {
-            return;
+            return true;
         };
         match s
             .bounds
@@ -1776,12 +1935,23 @@ impl<'a> Relay<'a> {
                 wire::headers(&mut self.to_client, id, &block, true);
             }
             Some(End::Last(data)) => {
-                self.pool -= data.len() as i64;
-                wire::put(&mut self.to_client, wire::DATA, wire::END_STREAM, id, &data);
+                if data.len() as i64 > s.window {
+                    // The client's window for this stream cannot take it yet:
+                    // its WINDOW_UPDATE moves the end on; the bound resets it.
+                    return false;
+                }
+                if let Some(s) = self.streams.get_mut(&id) {
+                    s.window -= data.len() as i64;
+                }
+                self.own_data(id, &data, true);
             }
-            None => return self.reset_here(id),
+            None => {
+                self.reset_here(id);
+                return true;
+            }
         }
         self.end_here(id, Outcome::Ended(reason));
+        true
     }
 
     /// No safe end point in time: REFUSED_STREAM for gRPC (retryable),
@@ -1901,6 +2071,8 @@ impl<'a> Relay<'a> {
             Failure::Protocol(_) => wire::PROTOCOL_ERROR,
             Failure::Compression => wire::COMPRESSION_ERROR,
             Failure::Calm => wire::ENHANCE_YOUR_CALM,
+            Failure::FrameSize(_) => wire::FRAME_SIZE_ERROR,
+            Failure::FlowControl => wire::FLOW_CONTROL_ERROR,
             Failure::AppProtocol | Failure::NotHttp2 => {
                 // The application broke the protocol: like losing it.
                 return self.app_lost();
@@ -1923,14 +2095,74 @@ impl<'a> Relay<'a> {
             self.replay = None;
         }
         if !self.closing {
-            let last = self
-                .goaway_last
-                .map_or(self.last_id, |l| l.min(self.last_id));
-            wire::goaway(&mut self.to_client, last, code);
-            self.goaway_last = Some(last);
+            self.goaway_to_client(self.last_id, code);
             self.closing = true;
             self.closing_by = Some(Instant::now() + self.inner.config.limits.shutdown_timeout);
         }
+    }
+
+    /// A GOAWAY to the client naming `last`, or the lowest id named before
+    /// (and never above the application's): a last-stream id never grows.
+    fn goaway_to_client(&mut self, last: u32, code: u32) {
+        let last = [Some(last), self.sent_last, self.app_last]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(last);
+        wire::goaway(&mut self.to_client, last, code);
+        self.sent_last = Some(last);
+    }
+
+    /// The first GOAWAY of the guard's sequence: every stream id (once
+    /// nothing lower was sent), and the PING whose ack sends the final one.
+    fn first_goaway(&mut self) {
+        self.goaway_to_client(wire::MAX_STREAM_ID, wire::NO_ERROR);
+        wire::ping(&mut self.to_client, false, GOAWAY_PING);
+        self.probe_out = true;
+    }
+
+    /// The application sent GOAWAY: no stream above `last` reaches it, and
+    /// it is on its way out (a graceful stop, as gRPC servers do on
+    /// SIGTERM: GOAWAY(2^31-1), PING, GOAWAY(last), then the grace). Never
+    /// relayed as it is: the client gets the guard's own sequence, whose
+    /// last-stream ids never grow. Streams above `last` are refused
+    /// retryably; the long-lived ones are ended gracefully over
+    /// `app_shutdown_spread`, before the application's grace cuts them;
+    /// short calls finish.
+    fn app_goaway(&mut self, last: u32, code: u32, now: Instant) {
+        let first = self.app_last.is_none();
+        let last = self.app_last.map_or(last, |l| l.min(last));
+        self.app_last = Some(last);
+        self.app_goaway_code = code;
+        let mut above: Vec<u32> = self
+            .streams
+            .keys()
+            .copied()
+            .filter(|&id| id > last)
+            .collect();
+        above.sort_unstable();
+        for id in above {
+            // The application never processed it: safe to retry anywhere.
+            wire::rst(&mut self.to_client, id, wire::REFUSED_STREAM);
+            if let Some(s) = self.streams.remove(&id) {
+                self.finish(s, Outcome::Refused);
+            }
+        }
+        if !first {
+            return;
+        }
+        let inner = self.inner;
+        tracing::info!(peer = %self.info.peer, conn = self.info.id, last, code,
+            "guard: the application sent GOAWAY; ending this connection's long-lived streams gracefully");
+        self.step(Input::AppGoaway, now);
+        let long_after = inner.config.long_stream_age;
+        let long: Vec<_> = inner
+            .registry
+            .connection_streams(self.info.id, now, long_after)
+            .into_iter()
+            .filter(|s| s.is_long_lived_at(now, long_after))
+            .collect();
+        inner.end_spread(long, inner.config.app_shutdown_spread, Reason::app_shutdown);
     }
 
     // ---- the connection's lifecycle ---------------------------------------
@@ -1947,11 +2179,7 @@ impl<'a> Relay<'a> {
         if matches!(input, Input::Acked) {
             // The client has the first GOAWAY: the final one names the last
             // stream the application will see.
-            let last = self
-                .goaway_last
-                .map_or(self.last_id, |l| l.min(self.last_id));
-            wire::goaway(&mut self.to_client, last, wire::NO_ERROR);
-            self.goaway_last = Some(last);
+            self.goaway_to_client(self.last_id, wire::NO_ERROR);
         }
         if matches!(input, Input::AckTimedOut) {
             tracing::info!(peer = %self.info.peer, conn = self.info.id,
@@ -1965,8 +2193,7 @@ impl<'a> Relay<'a> {
                     // The server's SETTINGS come first: after the application's.
                     self.goaway_held = true;
                 } else {
-                    wire::goaway(&mut self.to_client, wire::MAX_STREAM_ID, wire::NO_ERROR);
-                    wire::ping(&mut self.to_client, false, GOAWAY_PING);
+                    self.first_goaway();
                 }
                 if let Some(reason) = metric_reason(cause) {
                     self.inner.record_goaway(reason);
@@ -2009,6 +2236,10 @@ enum Failure {
     AppProtocol,
     #[error("the application does not speak HTTP/2")]
     NotHttp2,
+    #[error("{0}: wrong frame size")]
+    FrameSize(&'static str),
+    #[error("the client's WINDOW_UPDATEs overflowed the connection window")]
+    FlowControl,
 }
 
 impl From<wire::Malformed> for Failure {
@@ -2026,6 +2257,7 @@ fn metric_reason(cause: Cause) -> Option<Reason> {
     match cause {
         Cause::MaxAge => Some(Reason::max_age),
         Cause::Drain => Some(Reason::drain),
+        Cause::App => Some(Reason::app_shutdown),
         Cause::Idle => None,
     }
 }
@@ -2091,12 +2323,31 @@ fn head_block(head: &http::Response<()>) -> Vec<u8> {
     wire::literal_block(&fields)
 }
 
-/// How much of the client's connection `credit` the guard keeps, with
-/// `pool` in hand: a debt first, then at most half of the rest, up to `POOL`.
-fn kept_credit(pool: i64, credit: i64) -> i64 {
-    let repay = (-pool).clamp(0, credit);
-    let top_up = ((credit - repay) / 2).min(POOL - (pool + repay)).max(0);
-    repay + top_up
+/// A SETTINGS frame's length: a multiple of 6, and 0 for an ack (RFC 9113 §6.5).
+fn settings_size_ok(h: Head) -> bool {
+    if h.flags & wire::ACK != 0 {
+        h.len == 0
+    } else {
+        h.len.is_multiple_of(6)
+    }
+}
+
+/// `data` as DATA frames of at most `max_frame` bytes, END_STREAM on the last.
+fn put_data(out: &mut BytesMut, id: u32, data: &[u8], end_stream: bool, max_frame: usize) {
+    let mut chunks = data.chunks(max_frame.max(1)).peekable();
+    if chunks.peek().is_none() {
+        let flags = if end_stream { wire::END_STREAM } else { 0 };
+        return wire::put(out, wire::DATA, flags, id, &[]);
+    }
+    while let Some(chunk) = chunks.next() {
+        let last = chunks.peek().is_none();
+        let flags = if last && end_stream {
+            wire::END_STREAM
+        } else {
+            0
+        };
+        wire::put(out, wire::DATA, flags, id, chunk);
+    }
 }
 
 /// A WINDOW_UPDATE's increment.
@@ -2177,6 +2428,28 @@ fn keep_rest(mut buf: BytesMut, at: usize) -> BytesMut {
     buf
 }
 
+/// Writes the first `cleared` bytes of `buf` until they are gone or the
+/// socket is full.
+fn write_cleared<W: AsyncWrite + Unpin>(
+    cx: &mut Context<'_>,
+    io: &mut W,
+    buf: &mut BytesMut,
+    cleared: &mut usize,
+) -> std::io::Result<()> {
+    while *cleared > 0 {
+        match Pin::new(&mut *io).poll_write(cx, &buf[..*cleared]) {
+            Poll::Ready(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Poll::Ready(Ok(n)) => {
+                buf.advance(n);
+                *cleared -= n;
+            }
+            Poll::Ready(Err(e)) => return Err(e),
+            Poll::Pending => break,
+        }
+    }
+    Ok(())
+}
+
 /// Writes from `buf` until it is empty or the socket is full.
 fn write_some<W: AsyncWrite + Unpin>(
     cx: &mut Context<'_>,
@@ -2226,23 +2499,6 @@ async fn flush<W: AsyncWrite + Unpin>(io: &mut W, buf: &mut BytesMut) -> std::io
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_guard_keeps_credit_only_as_far_as_the_rules_allow() {
-        // Envoy's first WINDOW_UPDATE (256 MiB): the pool fills at once.
-        assert_eq!(kept_credit(0, 256 << 20), POOL);
-        // Full: everything goes to the application.
-        assert_eq!(kept_credit(POOL, 1000), 0);
-        // A debt is repaid first, in full if the credit allows...
-        assert_eq!(kept_credit(-100, 50), 50);
-        // ...then half of the rest at most tops the pool up.
-        assert_eq!(kept_credit(-100, 1000), 100 + 450);
-        for (pool, credit) in [(0, 1), (0, 65_535), (POOL - 1, 10), (-5, 5), (7, 0)] {
-            let kept = kept_credit(pool, credit);
-            assert!((0..=credit).contains(&kept), "{pool} {credit}: {kept}");
-            assert!(pool + kept <= POOL.max(pool), "{pool} {credit}: {kept}");
-        }
-    }
 
     #[test]
     fn hpack_integers_follow_rfc_7541() {

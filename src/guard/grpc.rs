@@ -23,6 +23,9 @@ pub fn end_message(reason: Reason) -> &'static str {
         Reason::max_age => {
             "drainshim: max connection age reached; the stream was ended gracefully, reconnect to continue"
         }
+        Reason::app_shutdown => {
+            "drainshim: the server is shutting down; the stream was ended gracefully, reconnect to continue"
+        }
     }
 }
 
@@ -250,6 +253,7 @@ mod tests {
         for m in [
             end_message(Reason::drain),
             end_message(Reason::max_age),
+            end_message(Reason::app_shutdown),
             REFUSED_MESSAGE,
             UPSTREAM_UNAVAILABLE_MESSAGE,
             UPSTREAM_LOST_MESSAGE,

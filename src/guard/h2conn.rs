@@ -64,6 +64,7 @@ fn metric_reason(cause: Cause) -> Option<Reason> {
     match cause {
         Cause::MaxAge => Some(Reason::max_age),
         Cause::Drain => Some(Reason::drain),
+        Cause::App => Some(Reason::app_shutdown),
         Cause::Idle => None,
     }
 }

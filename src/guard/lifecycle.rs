@@ -23,6 +23,8 @@ pub enum Cause {
     MaxAge,
     Drain,
     Idle,
+    /// The application sent GOAWAY on its connection (frame relay).
+    App,
 }
 
 /// Where the connection is in its shutdown sequence.
@@ -48,6 +50,8 @@ pub enum Input {
     GoawayAll,
     /// `terminate_all` was called (or the guard shuts down).
     Terminate,
+    /// The application sent GOAWAY: no new stream can reach it.
+    AppGoaway,
     /// The connection's jittered max age passed.
     AgeReached,
     /// The PING after GOAWAY(2^31-1) was acked.
@@ -251,6 +255,7 @@ impl Lifecycle {
                 (self.cause.is_none() && !self.settings.defer_goaway)
                     .then(|| self.start_goaway(Cause::Drain, now))
             }
+            Input::AppGoaway => (self.cause.is_none()).then(|| self.start_goaway(Cause::App, now)),
             Input::IdleTimedOut => {
                 (self.cause.is_none()).then(|| self.start_goaway(Cause::Idle, now))
             }

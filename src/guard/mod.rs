@@ -82,6 +82,10 @@ pub struct GuardConfig {
     /// streams early, spread over its window, and leaves the rest (unary
     /// calls, calls the application has not answered) to finish.
     pub long_stream_age: Duration,
+    /// When the application sends GOAWAY on a connection (its own graceful
+    /// stop), that connection's long-lived streams are ended spread over
+    /// this window (frame relay): the app's grace would otherwise cut them.
+    pub app_shutdown_spread: Duration,
     /// Resource limits per connection.
     pub limits: Limits,
     /// The per-request golden signals (see [`signals`]).
@@ -96,12 +100,13 @@ pub enum Http2Path {
     /// One application connection per client connection, frames relayed
     /// whole; the guard reads header blocks and message boundaries and
     /// writes frames only to end or refuse a stream. A connection whose
-    /// application does not answer HTTP/2 is served by `Stack`.
-    #[default]
+    /// application does not answer HTTP/2 is served by `Stack`. Opt-in
+    /// until it passes the relay conformance suite (docs/design.md).
     Frames,
     /// h2 on both sides: each stream re-built, with a pool of application
     /// connections per client connection (about 2.5 times the CPU per
-    /// request of `Frames`).
+    /// request of `Frames`). The default.
+    #[default]
     Stack,
 }
 
@@ -114,6 +119,7 @@ impl GuardConfig {
             max_connection_age: None,
             max_connection_age_grace: crate::config::DEFAULT_MAX_CONNECTION_AGE_GRACE.get(),
             max_connection_age_spread: crate::config::DEFAULT_MAX_CONNECTION_AGE_SPREAD.get(),
+            app_shutdown_spread: crate::config::DEFAULT_APP_SHUTDOWN_SPREAD.get(),
             long_stream_age: crate::config::DEFAULT_LONG_STREAM_AGE.get(),
             limits: Limits::default(),
             signals: SignalSettings::default(),

@@ -39,6 +39,8 @@ pub const ENABLE_CONNECT_PROTOCOL: u16 = 0x8;
 // Error codes.
 pub const NO_ERROR: u32 = 0x0;
 pub const PROTOCOL_ERROR: u32 = 0x1;
+pub const FLOW_CONTROL_ERROR: u32 = 0x3;
+pub const FRAME_SIZE_ERROR: u32 = 0x6;
 pub const CANCEL: u32 = 0x8;
 pub const REFUSED_STREAM: u32 = 0x7;
 pub const COMPRESSION_ERROR: u32 = 0x9;

@@ -77,7 +77,7 @@ const ENDINGS: [Ending; 5] = [
     Ending::terminated,
     Ending::cut,
 ];
-const REASONS: [Reason; 2] = [Reason::max_age, Reason::drain];
+const REASONS: [Reason; 3] = Reason::ALL;
 const RESOURCES: [&str; 4] = ["lds", "cds", "rds", "eds"];
 const RESULTS: [&str; 3] = ["success", "rejected", "failure"];
 
