@@ -2500,6 +2500,136 @@ async fn flush<W: AsyncWrite + Unpin>(io: &mut W, buf: &mut BytesMut) -> std::io
 mod tests {
     use super::*;
 
+    /// Every frame in `buf`: (kind, flags, stream, data without padding).
+    fn frames_in(buf: &[u8]) -> Vec<(u8, u8, u32, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while let Some(h) = wire::head(&buf[at..]) {
+            let payload = &buf[at + wire::FRAME_HEADER..at + wire::FRAME_HEADER + h.len];
+            let data = if h.kind == wire::DATA {
+                wire::content(h, payload).expect("well-formed").to_vec()
+            } else {
+                payload.to_vec()
+            };
+            out.push((h.kind, h.flags, h.id, data));
+            at += wire::FRAME_HEADER + h.len;
+        }
+        assert_eq!(at, buf.len(), "whole frames only");
+        out
+    }
+
+    fn credit_in(buf: &[u8], stream: u32) -> u64 {
+        frames_in(buf)
+            .iter()
+            .filter(|f| f.0 == wire::WINDOW_UPDATE && f.2 == stream)
+            .map(|f| u64::from(u32::from_be_bytes(f.3[..4].try_into().unwrap())))
+            .sum()
+    }
+
+    fn test_relay(guard: &super::super::Guard) -> Relay<'_> {
+        let info = ConnInfo {
+            id: 1,
+            peer: std::net::SocketAddr::from(([127, 0, 0, 1], 1)),
+            accepted_at: Instant::now(),
+        };
+        Relay::new(&guard.inner, info)
+    }
+
+    fn test_guard() -> super::super::Guard {
+        let metrics = crate::metrics::Metrics::register(
+            &mut prometheus_client::registry::Registry::default(),
+        );
+        super::super::Guard::new(
+            super::super::GuardConfig::new(([127, 0, 0, 1], 9).into()),
+            metrics,
+        )
+    }
+
+    #[tokio::test]
+    async fn the_client_window_pays_for_every_data_byte_and_credit_passes_on_once() {
+        let guard = test_guard();
+        let mut r = test_relay(&guard);
+        // The application's DATA beyond the client's 65,535-byte window
+        // (one frame padded), and 1,000 bytes of the guard's own.
+        let app: Vec<u8> = (0..5 * 16_384u32).map(|i| i as u8).collect();
+        let chunks: Vec<&[u8]> = app.chunks(16_384).collect();
+        for chunk in &chunks[..3] {
+            wire::put(&mut r.to_client, wire::DATA, 0, 1, chunk);
+        }
+        // The fourth crosses the window's end: it is split.
+        let mut padded = vec![10u8];
+        padded.extend_from_slice(chunks[3]);
+        padded.extend_from_slice(&[0u8; 10]);
+        wire::put(&mut r.to_client, wire::DATA, wire::PADDED, 1, &padded);
+        wire::put(&mut r.to_client, wire::DATA, wire::END_STREAM, 1, chunks[4]);
+        r.own_data(3, &[9u8; 1_000], true);
+        r.clear_gate();
+        let cleared: usize = frames_in(&r.to_client[..r.cleared])
+            .iter()
+            .filter(|f| f.0 == wire::DATA)
+            .map(|f| f.3.len())
+            .sum();
+        assert_eq!(cleared, 65_535, "the window is used up, never exceeded");
+        assert_eq!(r.conn_window, 0);
+        // The split dropped the padding (11 bytes): given back to the app.
+        assert_eq!(credit_in(&r.to_app, 0), 11);
+        assert_eq!(credit_in(&r.to_app, 1), 11);
+        // The client's credit: the guard's own 1,000 bytes are withheld from
+        // the application (its view never counted them), the rest passes on.
+        r.client_credit(20_000).expect("credit");
+        assert_eq!(credit_in(&r.to_app, 0), 11 + 19_000);
+        assert_eq!(r.debt, 0);
+        r.clear_gate();
+        assert_eq!(r.cleared, r.to_client.len(), "everything fits now");
+        // Both streams arrive whole, in order, ended once.
+        let frames = frames_in(&r.to_client);
+        for (id, want) in [(1, app.clone()), (3, vec![9u8; 1_000])] {
+            let got: Vec<u8> = frames
+                .iter()
+                .filter(|f| f.0 == wire::DATA && f.2 == id)
+                .flat_map(|f| f.3.clone())
+                .collect();
+            assert_eq!(got, want, "stream {id}");
+            let ends: Vec<bool> = frames
+                .iter()
+                .filter(|f| f.0 == wire::DATA && f.2 == id)
+                .map(|f| f.1 & wire::END_STREAM != 0)
+                .collect();
+            assert_eq!(ends.iter().filter(|e| **e).count(), 1, "stream {id}");
+            assert!(ends.last().copied().unwrap_or(false), "stream {id}");
+        }
+        // Over the whole run: the client paid exactly what it was sent.
+        let sent: i64 = frames
+            .iter()
+            .filter(|f| f.0 == wire::DATA)
+            .map(|f| f.3.len() as i64)
+            .sum();
+        assert_eq!(i64::from(DEFAULT_WINDOW) + 20_000 - sent, r.conn_window);
+    }
+
+    #[tokio::test]
+    async fn a_growing_goaway_is_never_sent() {
+        let guard = test_guard();
+        let mut r = test_relay(&guard);
+        r.handshake = false;
+        r.last_id = 7;
+        r.first_goaway();
+        r.app_goaway(5, wire::NO_ERROR, Instant::now());
+        r.goaway_to_client(wire::MAX_STREAM_ID, wire::NO_ERROR);
+        r.goaway_to_client(r.last_id, wire::NO_ERROR);
+        let lasts: Vec<u32> = frames_in(&r.to_client)
+            .iter()
+            .filter(|f| f.0 == wire::GOAWAY)
+            .map(|f| u32::from_be_bytes(f.3[..4].try_into().unwrap()))
+            .collect();
+        // The guard's first, then (the application's lower id) only 5.
+        assert_eq!(lasts[0], wire::MAX_STREAM_ID);
+        assert!(
+            lasts.len() >= 3 && lasts[1..].iter().all(|&l| l == 5),
+            "{lasts:?}"
+        );
+    }
+
     #[test]
     fn hpack_integers_follow_rfc_7541() {
         // C.1.1 and C.1.2: 10 and 1337 with a 5-bit prefix.
