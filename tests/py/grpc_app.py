@@ -1,0 +1,197 @@
+"""A gRPC application written with grpcio (PyPI), for tests/it/guard_app_shutdown.rs.
+
+It serves the bench protocol (proto/drainshim/bench/v1/stream.proto) without
+generated stubs: a generic handler with identity (bytes) serializers, and the
+few protobuf fields it needs encoded by hand.
+
+  Subscribe  a Tick (stream id, sequence number 1, 2, ...) every
+             `interval_ms` (100 ms when 0), forever.
+  Echo       answers with the request's body after `delay_ms` (3 s when 0).
+
+On SIGTERM, SIGINT or a line `stop` on stdin it stops gracefully with
+`server.stop(grace=GRACE)`: no new calls, the calls in flight get GRACE
+seconds to finish, then grpcio cancels what is left. Then it exits 0.
+
+Stdout, one line each, flushed at once (the test waits on them):
+  listening 127.0.0.1:PORT
+  subscribe ID           a Subscribe call started
+  echo BODY              an Echo call started
+  stopping               the graceful stop began
+  report {json}          once stopped: per stream, the last sequence number
+                         handed to grpcio and how the call ended
+"""
+
+import json
+import signal
+import sys
+import threading
+import time
+from concurrent import futures
+
+import grpc
+
+SERVICE = "drainshim.bench.v1.Stream"
+GRACE = 20.0
+# Most calls in flight at once: each takes a worker thread.
+WORKERS = 64
+
+
+SAY = threading.Lock()
+
+
+def say(line):
+    # One write per line under a lock: the handlers run on many threads,
+    # and print() writes the text and its newline apart.
+    with SAY:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+def read_varint(buf, i):
+    n, shift = 0, 0
+    while True:
+        b = buf[i]
+        i += 1
+        n |= (b & 0x7F) << shift
+        if b < 0x80:
+            return n, i
+        shift += 7
+
+
+def fields(buf):
+    """Field number -> value for varint (int) and length-delimited (bytes) fields."""
+    out, i = {}, 0
+    while i < len(buf):
+        key, i = read_varint(buf, i)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            out[number], i = read_varint(buf, i)
+        elif wire == 2:
+            size, i = read_varint(buf, i)
+            out[number], i = buf[i : i + size], i + size
+        elif wire == 1:
+            i += 8
+        elif wire == 5:
+            i += 4
+        else:
+            raise ValueError(f"wire type {wire}")
+    return out
+
+
+def varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def field_bytes(number, value):
+    return varint(number << 3 | 2) + varint(len(value)) + value
+
+
+def field_varint(number, value):
+    return varint(number << 3) + varint(value)
+
+
+class Ledger:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.streams = {}
+
+    def set(self, sid, **kv):
+        with self.lock:
+            self.streams.setdefault(sid, {"last_written": 0, "ended": None}).update(kv)
+
+    def snapshot(self):
+        with self.lock:
+            return json.loads(json.dumps(self.streams))
+
+
+LEDGER = Ledger()
+
+
+def subscribe(request, context):
+    f = fields(request)
+    sid = f.get(1, b"").decode()
+    interval = (f.get(3, 0) or 100) / 1000.0
+    payload = b"\0" * f.get(4, 0)
+    LEDGER.set(sid)
+    context.add_callback(lambda: LEDGER.set(sid, ended=ended(context)))
+    say(f"subscribe {sid}")
+    seq = 0
+    while context.is_active():
+        seq += 1
+        yield field_bytes(1, sid.encode()) + field_varint(2, seq) + field_bytes(3, payload)
+        # grpcio took it: from here only the transport can lose it.
+        LEDGER.set(sid, last_written=seq)
+        # The application's own cadence, not a synchronisation.
+        time.sleep(interval)
+
+
+def ended(context):
+    # The callback runs when the call is over; `code()` is what the server
+    # set, None when it never set one (cancelled by the peer or at the grace).
+    code = context.code()
+    return "active" if context.is_active() else (code.name if code else "cancelled")
+
+
+def echo(request, context):
+    f = fields(request)
+    body = f.get(1, b"")
+    delay = (f.get(2, 0) or 3000) / 1000.0
+    say(f"echo {body.decode()}")
+    time.sleep(delay)
+    return field_bytes(1, body)
+
+
+def identity(b):
+    return b
+
+
+def main():
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=WORKERS),
+        options=[("grpc.so_reuseport", 0)],
+    )
+    handler = grpc.method_handlers_generic_handler(
+        SERVICE,
+        {
+            "Subscribe": grpc.unary_stream_rpc_method_handler(
+                subscribe, request_deserializer=identity, response_serializer=identity
+            ),
+            "Echo": grpc.unary_unary_rpc_method_handler(
+                echo, request_deserializer=identity, response_serializer=identity
+            ),
+        },
+    )
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    def stdin_reader():
+        for line in sys.stdin:
+            if line.strip() == "stop":
+                break
+        # A closed stdin (the test is gone) stops the server too.
+        stop.set()
+
+    threading.Thread(target=stdin_reader, daemon=True).start()
+    say(f"listening 127.0.0.1:{port}")
+    stop.wait()
+    say("stopping")
+    server.stop(grace=GRACE).wait()
+    say("report " + json.dumps({"streams": LEDGER.snapshot()}))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
