@@ -1,19 +1,30 @@
 #!/usr/bin/env bash
-# Python packages the tests use as independent clients, into a venv in the
+# Python packages the tests use as independent peers, into a venv in the
 # cache ($DRAINSHIM_CACHE, default .cache/py-venv):
 #   - websockets (PyPI): the WebSocket client of tests/it/guard_websocket_python.rs
+#   - grpcio (PyPI): the gRPC application of tests/it/guard_app_shutdown.rs
+#     (tests/py/grpc_app.py), a server whose graceful stop nobody here wrote
+#   - pytest, h2, hyperframe, hpack (PyPI): the HTTP/2 conformance suite
+#     tests/py/h2_conformance.py (`make conformance`), whose app and client
+#     on either side of the guard are python-h2 connections and hyperframe frames
 # Fails when they cannot be had: tests never skip for a missing component.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${DRAINSHIM_CACHE:-$root/.cache}
 venv=$cache/py-venv
-# Pinned to what was tested; bump together with the tests.
-pkgs=(websockets==17.4)
+# Pinned to what was tested; bump together with the tests (and the check below).
+pkgs=(websockets==17.4 grpcio==1.85.3 pytest==9.2.0 h2==4.4.1 hyperframe==6.1.0 hpack==4.2.0)
 die() { printf 'fetch-pytools: %s\n' "$*" >&2; exit 1; }
 mkdir -p "$cache"
-if ! "$venv/bin/python" -c 'import websockets, sys; sys.exit(websockets.__version__ != "17.4")' 2>/dev/null; then
+check='
+import sys, websockets, grpc, pytest, h2, hyperframe, hpack
+sys.exit(websockets.__version__ != "17.4" or grpc.__version__ != "1.85.3"
+         or pytest.__version__ != "9.2.0" or h2.__version__ != "4.4.1"
+         or hyperframe.__version__ != "6.1.0" or hpack.__version__ != "4.2.0")'
+if ! "$venv/bin/python" -c "$check" 2>/dev/null; then
   python3 -m venv "$venv" || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
   "$venv/bin/pip" install --quiet --disable-pip-version-check "${pkgs[@]}" \
     || die "pip install ${pkgs[*]} failed"
+  "$venv/bin/python" -c "$check" || die "installed, yet not at the pinned versions: ${pkgs[*]}"
 fi
-echo "fetch-pytools: websockets $("$venv/bin/python" -c 'import websockets; print(websockets.__version__)')" >&2
+echo "fetch-pytools: ${pkgs[*]}" >&2
