@@ -402,7 +402,7 @@ struct Relay<'a> {
     buckets: Buckets,
     throttled_until: Option<Instant>,
     /// The fields of the last client block (kept to be reused).
-    all: Vec<(Vec<u8>, Vec<u8>)>,
+    all: Vec<wire::Field>,
     /// WebSockets over HTTP/2 the guard serves itself, by stream id.
     locals: HashMap<u32, Local>,
     /// The client's connection window for DATA from this side (the
@@ -951,7 +951,7 @@ impl<'a> Relay<'a> {
         block: Block,
         frame: &[u8],
         fields: Result<wire::Fields, wire::BlockError>,
-        all_fields: &[(Vec<u8>, Vec<u8>)],
+        all_fields: &[wire::Field],
         limit: usize,
         now: Instant,
     ) -> Result<(), Failure> {
@@ -1028,7 +1028,7 @@ impl<'a> Relay<'a> {
         &mut self,
         block: &Block,
         last: &[u8],
-        all: Option<&[(Vec<u8>, Vec<u8>)]>,
+        all: Option<&[wire::Field]>,
         request: bool,
     ) {
         match all {
@@ -1243,7 +1243,7 @@ impl<'a> Relay<'a> {
     }
 
     /// Starts the task that serves a WebSocket over HTTP/2 (RFC 8441).
-    fn websocket(&mut self, id: u32, end_stream: bool, fields: &[(Vec<u8>, Vec<u8>)]) {
+    fn websocket(&mut self, id: u32, end_stream: bool, fields: &[wire::Field]) {
         let inner = self.inner;
         let reg = match inner.registry.try_register(self.info.id, false) {
             Ok(r) => r,
@@ -1679,7 +1679,7 @@ impl<'a> Relay<'a> {
 
     /// A block re-encoded as literals (see the module doc), the first one
     /// after clearing the client's table.
-    fn put_translated(&mut self, block: &Block, all: &[(Vec<u8>, Vec<u8>)]) {
+    fn put_translated(&mut self, block: &Block, all: &[wire::Field]) {
         let clear = (self.translate == Some(true)).then_some(self.client_table);
         self.translate = Some(false);
         let encoded = literals(clear, all);
@@ -2302,10 +2302,10 @@ fn trailers_only(kind: Kind, message: &'static str) -> Option<Vec<u8>> {
 }
 
 /// The request head of an extended CONNECT, from its fields.
-fn connect_head(fields: &[(Vec<u8>, Vec<u8>)]) -> Option<http::request::Parts> {
+fn connect_head(fields: &[wire::Field]) -> Option<http::request::Parts> {
     let (mut scheme, mut authority, mut path) = ("http".to_string(), None, "/".to_string());
     let mut headers = http::HeaderMap::new();
-    for (name, value) in fields {
+    for wire::Field { name, value, .. } in fields {
         let text = || String::from_utf8(value.clone()).ok();
         match name.as_slice() {
             b":scheme" => scheme = text()?,
@@ -2391,16 +2391,22 @@ fn unavailable_block(message: &'static str) -> Vec<u8> {
 
 /// `fields` as literals without indexing; with `clear`, first two table
 /// size updates (to 0, evicting every entry, then back to the size).
-fn literals(clear: Option<u32>, fields: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
+fn literals(clear: Option<u32>, fields: &[wire::Field]) -> Vec<u8> {
     let mut out = Vec::new();
     if let Some(size) = clear {
         hpack_int(&mut out, 0x20, 5, 0);
         hpack_int(&mut out, 0x20, 5, u64::from(size));
     }
     let mut enc = httlib_hpack::Encoder::default();
-    for (name, value) in fields {
+    for f in fields {
+        // A field sent never-indexed stays so (RFC 7541 §6.2.3).
+        let flags = if f.never_indexed {
+            httlib_hpack::Encoder::NEVER_INDEXED
+        } else {
+            0
+        };
         // Infallible for literals: only a bad index can fail.
-        let _ = enc.encode_literal(name.clone(), value.clone(), 0, &mut out);
+        let _ = enc.encode_literal(f.name.clone(), f.value.clone(), flags, &mut out);
     }
     out
 }
@@ -2666,9 +2672,16 @@ mod tests {
 
     #[test]
     fn a_re_encoded_block_clears_the_table_then_decodes_alone() {
+        let field = |n: &str, v: &str, never_indexed| wire::Field {
+            name: n.as_bytes().to_vec(),
+            value: v.as_bytes().to_vec(),
+            never_indexed,
+        };
+        // A secret sent never-indexed stays so (RFC 7541 §6.2.3).
         let fields = vec![
-            (b":status".to_vec(), b"200".to_vec()),
-            (b"grpc-status".to_vec(), b"0".to_vec()),
+            field(":status", "200", false),
+            field("grpc-status", "0", false),
+            field("authorization", "Bearer s3cret", true),
         ];
         let block = literals(Some(4096), &fields);
         // A decoder that holds an entry (`a: b`, literal with indexing).
@@ -2715,7 +2728,11 @@ mod tests {
 
     #[test]
     fn an_extended_connect_becomes_a_request_head() {
-        let f = |n: &str, v: &str| (n.as_bytes().to_vec(), v.as_bytes().to_vec());
+        let f = |n: &str, v: &str| wire::Field {
+            name: n.as_bytes().to_vec(),
+            value: v.as_bytes().to_vec(),
+            never_indexed: false,
+        };
         let head = connect_head(&[
             f(":method", "CONNECT"),
             f(":protocol", "websocket"),

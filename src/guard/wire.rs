@@ -177,6 +177,16 @@ pub struct Fields {
     pub list_size: usize,
 }
 
+/// One decoded header field, kept whole for a block the guard re-encodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Field {
+    pub name: Vec<u8>,
+    pub value: Vec<u8>,
+    /// Sent as "never indexed" (RFC 7541 §6.2.3, a secret such as a token):
+    /// an intermediary re-encodes it so too.
+    pub never_indexed: bool,
+}
+
 /// Why a header block could not be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlockError {
@@ -194,7 +204,7 @@ pub fn decode(
     decoder: &mut Decoder<'static>,
     block: &mut Vec<u8>,
     limit: usize,
-    mut all: Option<&mut Vec<(Vec<u8>, Vec<u8>)>>,
+    mut all: Option<&mut Vec<Field>>,
 ) -> Result<Fields, BlockError> {
     // The decoder indexes past the end of a truncated integer or string
     // (found by fuzzing): the block's shape is checked first, and a panic
@@ -239,7 +249,11 @@ pub fn decode(
             _ => {}
         }
         if let Some(all) = all.as_mut() {
-            all.push((name, value));
+            all.push(Field {
+                name,
+                value,
+                never_indexed: flags & Decoder::NEVER_INDEXED != 0,
+            });
         }
     }
     Ok(f)

@@ -44,9 +44,9 @@ class Rig:
         self.guard = None
         self.clients = []
 
-    def start(self, app=None, guard_args=()):
+    def start(self, app=None, guard_args=(), log=Guard.LOG):
         self.app = (app or App()).start()
-        self.guard = Guard(BIN, self.app.addr, self.mode, guard_args)
+        self.guard = Guard(BIN, self.app.addr, self.mode, guard_args, log)
         return self.app
 
     def client(self, **kw):
@@ -639,3 +639,49 @@ def test_many_streams_large_bodies(rig):
     for i, s in enumerate(sids):
         assert_complete(c.stream(s), pattern(200000, i), f"response #{i}")
     assert_clean(rig, c)
+
+
+# --- 19: RFC 7541 §6.2.3 through re-encoding ---------------------------------
+
+# The frame relay only: the stack path's h2 decodes a never-indexed field as
+# an ordinary value and re-encodes it indexable (h2 keeps no such flag).
+@pytest.mark.parametrize("rig", ["frames"], indirect=True)
+def test_never_indexed_survives_re_encoding(rig):
+    """A field the client sends never-indexed (a secret) reaches the app
+    never-indexed, also once the guard re-encodes the client's blocks (it
+    dropped a refused request whose block changed the HPACK table)."""
+    from hpack import NeverIndexedHeaderTuple
+    app = rig.start(guard_args=["--guard-max-streams", "1"],
+                    log=Guard.LOG + ",drainshim::guard::frames=debug")
+    c = rig.client()
+    held = c.get("/hold")
+    app.wait(lambda: app.find(path="/hold"), 10, "the held request at the app")
+    # Over the stream cap: refused before the app sees it. python-h2 indexes
+    # this field, so the app's table no longer follows the client's.
+    refused = c.request("GET", "/bytes?n=1", [("x-fresh", "indexed-by-the-client")])
+    c.wait(lambda: c.stream(refused).done, 10, "the over-cap request refused")
+    assert c.stream(refused).reset == E.REFUSED_STREAM, repr(c.stream(refused))
+    c.reset_stream(held)
+    app.wait(lambda: all(r.reset is not None for r in app.find(path="/hold")), 10,
+             "the held request reset at the app")
+    d = Deadline(15)
+    for _ in range(30):   # the guard may see the reset a moment after the app
+        s = c.request("GET", "/bytes?n=100&seed=3",
+                      [NeverIndexedHeaderTuple("authorization", "Bearer s3cret"),
+                       ("x-fresh", "indexed-by-the-client")])
+        c.wait_done([s], d.remaining(), "the request with a secret")
+        if c.stream(s).reset != E.REFUSED_STREAM or d.expired():
+            break
+    assert_complete(c.stream(s), pattern(100, 3), "the request with a secret")
+    [req] = [r for r in app.find(path="/bytes?n=100&seed=3")]
+    fields = {(bytes(n) if isinstance(n, (bytes, bytearray)) else n.encode()): h
+              for h in req.headers for n in [h[0]]}
+    auth = fields.get(b"authorization")
+    assert auth is not None and isinstance(auth, NeverIndexedHeaderTuple), (
+        f"authorization must arrive never-indexed: {req.headers}")
+    fresh = fields.get(b"x-fresh")
+    assert fresh is not None and not isinstance(fresh, NeverIndexedHeaderTuple)
+    if rig.mode == "frames":
+        assert "re-encoding the client's blocks" in rig.guard.log(), (
+            "the case must go through the guard's re-encoding:\n" + rig.guard.log(30))
+    assert_sane(rig)

@@ -1002,13 +1002,15 @@ DRAIN_FLAGS = ["--deregistration-delay", "0s", "--drain-time", "4s", "--min-drai
 class Guard:
     """The real `drainshim sidecar` with its stream guard in front of `upstream`."""
 
-    def __init__(self, binary, upstream, mode, extra_args=()):
+    LOG = "warn,drainshim::sidecar=info,drainshim::drain=info"
+
+    def __init__(self, binary, upstream, mode, extra_args=(), log=LOG):
         args = [binary, "sidecar", "--listen", "127.0.0.1:0",
                 "--envoy-admin", "http://127.0.0.1:9",
                 "--guard-listen", "127.0.0.1:0",
                 "--guard-upstream", f"{upstream[0]}:{upstream[1]}",
                 "--guard-http2", mode,
-                "--log", "warn,drainshim::sidecar=info,drainshim::drain=info",
+                "--log", log,
                 *DRAIN_FLAGS, *extra_args]
         env = {k: v for k, v in os.environ.items() if not k.startswith("DRAINSHIM_")}
         self.lines = []
