@@ -373,6 +373,20 @@ struct Relay<'a> {
     app_goaway_code: u32,
     /// The client's SETTINGS_HEADER_TABLE_SIZE and MAX_FRAME_SIZE.
     client_table: u32,
+    /// HEADER_TABLE_SIZE of each client SETTINGS the application has not
+    /// acked yet, oldest first (None: the frame did not set it).
+    client_tables_unacked: std::collections::VecDeque<Option<u32>>,
+    /// The client's table size the application acked last.
+    client_table_acked: u32,
+    /// The client lowered its table size and no block since told its
+    /// decoder so: the next block to the client must start with a size
+    /// update to this (RFC 7541 §4.2). The application's next block does;
+    /// the guard's own puts one in front if it goes first.
+    client_update_due: Option<u32>,
+    /// Streams the client reset lately (bounded): the application's header
+    /// blocks for them still go on (the client must decode them for its
+    /// table, RFC 9113 §5.1), so dropping them needs no re-encoding.
+    client_reset: std::collections::VecDeque<u32>,
     client_frame: usize,
     /// The largest MAX_FRAME_SIZE the client ever announced: an application
     /// frame above it is the application's error, never passed on.
@@ -476,6 +490,10 @@ impl<'a> Relay<'a> {
             unsent: None,
             app_goaway_code: wire::NO_ERROR,
             client_table: DEFAULT_TABLE,
+            client_tables_unacked: std::collections::VecDeque::new(),
+            client_table_acked: DEFAULT_TABLE,
+            client_update_due: None,
+            client_reset: std::collections::VecDeque::new(),
             client_frame: DEFAULT_FRAME,
             client_frame_max: DEFAULT_FRAME,
             app_settings: false,
@@ -803,6 +821,10 @@ impl<'a> Relay<'a> {
             wire::RST_STREAM if self.locals.remove(&h.id).is_some() => Ok(()),
             wire::RST_STREAM => {
                 if let Some(s) = self.streams.remove(&h.id) {
+                    if self.client_reset.len() >= 64 {
+                        self.client_reset.pop_front();
+                    }
+                    self.client_reset.push_back(h.id);
                     match self.unsent.take() {
                         // Reset before its request left: the application
                         // never gets it (as the h2 path never forwards a
@@ -834,9 +856,11 @@ impl<'a> Relay<'a> {
             wire::PING if h.len != 8 => Err(Failure::FrameSize("PING")),
             wire::SETTINGS if h.flags & wire::ACK == 0 => {
                 let mut payload = payload.to_vec();
+                let mut table = None;
                 wire::rewrite_settings(&mut payload, |id, v| match id {
                     wire::HEADER_TABLE_SIZE => {
                         // The application's encoder may use up to this.
+                        table = Some(v);
                         self.client_table = v;
                         self.app_hpack
                             .set_max_dynamic_size(v.max(self.app_hpack.max_dynamic_size()));
@@ -862,6 +886,9 @@ impl<'a> Relay<'a> {
                     _ => v,
                 });
                 wire::put(&mut self.to_app, wire::SETTINGS, h.flags, 0, &payload);
+                if self.client_tables_unacked.len() < 64 {
+                    self.client_tables_unacked.push_back(table);
+                }
                 Ok(())
             }
             wire::PING if h.flags & wire::ACK != 0 && payload == GOAWAY_PING && self.probe_out => {
@@ -1144,11 +1171,11 @@ impl<'a> Relay<'a> {
         match refusal {
             Refusal::TooLarge => {
                 let block = wire::literal_block(&[(":status", "431")]);
-                wire::headers(&mut self.to_client, id, &block, true);
+                self.own_block(id, &block, true);
             }
             Refusal::Reset => wire::rst(&mut self.to_client, id, wire::REFUSED_STREAM),
             Refusal::Draining(kind) => match trailers_only(kind, grpc::REFUSED_MESSAGE) {
-                Some(block) => wire::headers(&mut self.to_client, id, &block, true),
+                Some(block) => self.own_block(id, &block, true),
                 None => wire::rst(&mut self.to_client, id, wire::REFUSED_STREAM),
             },
         }
@@ -1288,6 +1315,7 @@ impl<'a> Relay<'a> {
             conn_window,
             debt,
             client_frame,
+            client_update_due,
             ..
         } = self;
         let mut moved = false;
@@ -1299,7 +1327,13 @@ impl<'a> Relay<'a> {
                     Poll::Ready(Ok((head, end))) => {
                         moved = true;
                         l.answer = None;
-                        put_block(to_client, id, end, &head_block(&head), *client_frame);
+                        let mut block = Vec::new();
+                        if let Some(size) = client_update_due.take() {
+                            // See `own_block`.
+                            hpack_int(&mut block, 0x20, 5, u64::from(size));
+                        }
+                        block.extend_from_slice(&head_block(&head));
+                        put_block(to_client, id, end, &block, *client_frame);
                         if end {
                             if !l.client_eof {
                                 wire::rst(to_client, id, wire::NO_ERROR);
@@ -1558,6 +1592,19 @@ impl<'a> Relay<'a> {
                 wire::put(&mut self.to_client, wire::SETTINGS, h.flags, 0, &payload);
                 Ok(())
             }
+            wire::SETTINGS if h.flags & wire::ACK != 0 => {
+                // The application acked a client SETTINGS: a lower table
+                // size now binds, and the next block must say so.
+                if let Some(Some(v)) = self.client_tables_unacked.pop_front() {
+                    if v < self.client_table_acked {
+                        self.client_update_due =
+                            Some(self.client_update_due.map_or(v, |d| d.min(v)));
+                    }
+                    self.client_table_acked = v;
+                }
+                self.to_client.extend_from_slice(frame);
+                Ok(())
+            }
             wire::PING if h.flags & wire::ACK != 0 && payload.starts_with(&BARRIER_PING) => {
                 let seq = u64::from(u32::from_be_bytes([
                     payload[4], payload[5], payload[6], payload[7],
@@ -1605,7 +1652,8 @@ impl<'a> Relay<'a> {
         // A push is never relayed: every client of the guard is Envoy or
         // another proxy, and a client that disabled push (Envoy does) treats
         // a PUSH_PROMISE as a connection error.
-        let forward = block.promised.is_none() && self.streams.contains_key(&block.id);
+        let forward = block.promised.is_none()
+            && (self.streams.contains_key(&block.id) || self.client_reset.contains(&block.id));
         let mut all = (forward && self.translate.is_some()).then(Vec::new);
         let decoded = wire::decode(
             &mut self.app_hpack,
@@ -1637,6 +1685,9 @@ impl<'a> Relay<'a> {
         match all {
             Some(all) => self.put_translated(&block, &all),
             None => {
+                // It starts with the size update that may be due (the
+                // application's encoder owes it too).
+                self.client_update_due = None;
                 self.to_client.extend_from_slice(&block.frames);
                 self.to_client.extend_from_slice(frame);
             }
@@ -1683,13 +1734,33 @@ impl<'a> Relay<'a> {
         let clear = (self.translate == Some(true)).then_some(self.client_table);
         self.translate = Some(false);
         let encoded = literals(clear, all);
-        put_block(
-            &mut self.to_client,
-            block.id,
-            block.end_stream,
-            &encoded,
-            self.client_frame,
-        );
+        self.own_block(block.id, &encoded, block.end_stream);
+    }
+
+    /// A header block the guard encoded (its own, or re-encoded) to the
+    /// client, after the table size update that is due, if one is.
+    fn own_block(&mut self, id: u32, block: &[u8], end_stream: bool) {
+        match self.client_update_due.take() {
+            None => put_block(
+                &mut self.to_client,
+                id,
+                end_stream,
+                block,
+                self.client_frame,
+            ),
+            Some(size) => {
+                let mut encoded = Vec::with_capacity(block.len() + 6);
+                hpack_int(&mut encoded, 0x20, 5, u64::from(size));
+                encoded.extend_from_slice(block);
+                put_block(
+                    &mut self.to_client,
+                    id,
+                    end_stream,
+                    &encoded,
+                    self.client_frame,
+                );
+            }
+        }
     }
 
     // ---- endings --------------------------------------------------------
@@ -1729,7 +1800,7 @@ impl<'a> Relay<'a> {
             // Nothing of the response went out: a retryable answer of the
             // guard's own, for the kinds that have one.
             if let Some(block) = trailers_only(s.kind, grpc::end_message(e.reason)) {
-                wire::headers(&mut self.to_client, id, &block, true);
+                self.own_block(id, &block, true);
                 self.end_here(id, Outcome::Ended(e.reason));
             }
             return;
@@ -1942,7 +2013,7 @@ impl<'a> Relay<'a> {
                     .filter_map(|(k, v)| Some((k.as_str(), v.to_str().ok()?)))
                     .collect();
                 let block = wire::literal_block(&fields);
-                wire::headers(&mut self.to_client, id, &block, true);
+                self.own_block(id, &block, true);
             }
             Some(End::Last(data)) => {
                 if data.len() as i64 > s.window {
@@ -2053,7 +2124,7 @@ impl<'a> Relay<'a> {
             };
             let grpc = s.grpc();
             match block {
-                Some(b) => wire::headers(&mut self.to_client, id, &b, true),
+                Some(b) => self.own_block(id, &b, true),
                 None => wire::rst(
                     &mut self.to_client,
                     id,

@@ -145,12 +145,6 @@ pub fn literal_block(fields: &[(&str, &str)]) -> Vec<u8> {
     block
 }
 
-/// Appends a HEADERS frame carrying `block` (small: one frame).
-pub fn headers(out: &mut BytesMut, id: u32, block: &[u8], end_stream: bool) {
-    let flags = END_HEADERS | if end_stream { END_STREAM } else { 0 };
-    put(out, HEADERS, flags, id, block);
-}
-
 /// Calls `f` with each setting of a SETTINGS payload; `f` returns the value
 /// to put in its place.
 pub fn rewrite_settings(payload: &mut [u8], mut f: impl FnMut(u16, u32) -> u32) {

@@ -685,3 +685,78 @@ def test_never_indexed_survives_re_encoding(rig):
         assert "re-encoding the client's blocks" in rig.guard.log(), (
             "the case must go through the guard's re-encoding:\n" + rig.guard.log(30))
     assert_sane(rig)
+
+
+# --- 20: RFC 7541 §4.2 in the guard's own blocks ------------------------------
+
+def test_own_block_after_a_lowered_table_size_starts_with_the_update(rig):
+    """The client lowers HEADER_TABLE_SIZE; once the app acked it, the next
+    header block the client gets must start with a dynamic table size update
+    (RFC 7541 §4.2; Envoy's HPACK decoder enforces it). When that block is
+    the guard's own (here its 431 for a header list over its limit), the
+    guard must put the update in."""
+    app = rig.start()
+    c = rig.client()
+    c.conn.update_settings({S.HEADER_TABLE_SIZE: 256})
+    c.flush()
+    acks_before = len([f for f in c.frames(SETTINGS) if f.ack])
+    c.wait(lambda: len([f for f in c.frames(SETTINGS) if f.ack]) > acks_before, 10,
+           "the app's ack of the lowered table size")
+    big = c.request("GET", "/bytes?n=1", [(f"x-big-{i}", "v" * 4000) for i in range(20)])
+    c.wait_done([big], 10, "the request over the header list limit")
+    st = c.stream(big)
+    assert st.status() == "431", f"the guard answers 431 itself: {st!r}"
+    assert not app.find(path="/bytes?n=1"), "the app never saw the refused request"
+    [first] = [f for f in c.frames(HEADERS) if f.stream == big][:1]
+    block = first.payload
+    if first.flags & PADDED:
+        block = block[1:len(block) - block[0]]
+    assert block and block[0] & 0xE0 == 0x20, (
+        f"the block does not start with a dynamic table size update: {bytes(block[:8]).hex()}")
+    size = block[0] & 0x1F
+    assert size <= 256, f"the update names {size}, above the client's 256"
+    # And the app's next block still decodes.
+    ok = c.get("/bytes?n=10&seed=1")
+    c.wait_done([ok], 10, "a request after the 431")
+    assert_complete(c.stream(ok), pattern(10, 1), "the request after the 431")
+    assert_sane(rig)
+    assert_no_connection_error(c)
+
+
+# --- 21: a block for a stream the client reset ---------------------------------
+
+# The frame relay only: it is about when the relay starts re-encoding.
+@pytest.mark.parametrize("rig", ["frames"], indirect=True)
+def test_app_block_for_a_stream_the_client_reset_goes_on(rig):
+    """The app answers a stream the client already reset (the two crossed).
+    The client must still decode that block (RFC 9113 §5.1: HPACK state), so
+    the guard passes it on; dropping it would leave the client's table behind
+    the app's and force the guard to re-encode every later block."""
+    app = rig.start(log=Guard.LOG + ",drainshim::guard::frames=debug")
+    c = rig.client()
+    held = c.get("/hold")
+    app.wait(lambda: app.find(path="/hold"), 10, "the held request at the app")
+    c.reset_stream(held)
+    [req] = app.find(path="/hold")
+    app.wait(lambda: req.reset is not None, 10, "the reset at the app")
+    # The app's answer, crossing the reset: encoded with the app's own
+    # encoder (a field it indexes), sent as a raw HEADERS frame.
+    sent = []
+
+    def answer(k):
+        block = k.conn.encoder.encode([(":status", "200"), ("x-crossed", "indexed-by-the-app")])
+        k.send_raw(raw_frame(HEADERS, END_HEADERS | END_STREAM, req.sid, block))
+        sent.append(True)
+    req.conn.call(answer)
+    app.wait(lambda: sent, 5, "the crossed answer sent")
+    # The app's next blocks use its table; they must decode at the client.
+    for i in range(3):
+        s = c.request("GET", f"/headers?i={i}", [("x-probe", f"p{i}")])
+        c.wait_done([s], 10, f"request {i} after the crossed answer")
+        h = dict(c.stream(s).headers or [])
+        assert c.stream(s).status() == "200" and h.get("x-echo") == f"p{i}", (
+            f"request {i}: {c.stream(s)!r}")
+    assert "re-encoding its blocks" not in rig.guard.log(200), (
+        "the guard dropped the crossed block and re-encodes:\n" + rig.guard.log(20))
+    assert_sane(rig)
+    assert_no_connection_error(c)
