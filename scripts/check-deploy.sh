@@ -4,12 +4,17 @@
 # machine (as root), and FAILS when a tool cannot be had: nothing is skipped.
 #
 #   1. kubectl kustomize builds every base and overlay
-#   2. every rendered object validates against Kubernetes schemas (>= 1.30),
-#      budgets and wiring are consistent (sidecars, and node mode: the agent's
-#      privileges and timers against every workload using its preStop), Envoy
-#      bootstraps validate with the real Envoy, the PrometheusRule matches
-#      rules.yaml, every queried metric is in the contract, the dashboard
-#      parses  (scripts/check_deploy.py)
+#   2. the checker's own rules fire on known-bad input: the DaemonSet as it
+#      was before issue 29 (hostNetwork + maxSurge + a declared port), scrape
+#      and doc cases (scripts/check_deploy.py selftest); then every rendered
+#      object validates against Kubernetes schemas (>= 1.30), budgets and
+#      wiring are consistent (sidecars, and node mode: the agent's privileges
+#      and timers against every workload using its preStop), no surging
+#      rollout needs a host port twice, every drainshim is scraped once by the
+#      PodMonitors, Envoy bootstraps validate with the real Envoy, the
+#      PrometheusRule matches rules.yaml, every queried metric is in the
+#      contract, the dashboard parses, the node-mode docs do not contradict
+#      the manifests or `drainshim node --help`  (scripts/check_deploy.py)
 #   3. promtool check rules + promtool test rules on deploy/monitoring
 #   4. hadolint on the Dockerfile
 #
@@ -88,6 +93,9 @@ done < <(find "$root/deploy" -name kustomization.yaml | sort)
 # --- 2. schemas, budgets, wiring, envoy, rules sync, metrics, dashboard -------
 say "drainshim (each manifest's drainshim container is run with --check)"
 ${CARGO:-cargo} build --locked --quiet --bin drainshim || die "cargo build failed"
+
+say "the checker's own rules, on known-bad input (scripts/check_deploy.py selftest)"
+"$py" "$root/scripts/check_deploy.py" selftest --rendered "$out"
 
 say "manifests (scripts/check_deploy.py)"
 "$py" "$root/scripts/check_deploy.py" check --rendered "$out" --envoy-cache "$cache/envoy"

@@ -4,6 +4,10 @@
     check_deploy.py check --rendered DIR --envoy-cache DIR
         Every check below on the kustomize output in DIR (one NAME.yaml per
         base or overlay). Prints what it checked; exits 1 on any failure.
+    check_deploy.py selftest --rendered DIR
+        Proves the rollout, scrape and docs rules fire: on the rendered
+        DaemonSet as shipped (accepted) and as it was before issue 29, with
+        its port declared (rejected), and on the docs' old wording.
     check_deploy.py sync-rules
         Rewrites deploy/monitoring/prometheusrule.yaml from rules.yaml.
 
@@ -23,11 +27,18 @@ Checks:
              Node mode: each workload's httpGet preStop targets the agent's
              --pod-listen-port with ?wait=true on the Envoy container, other
              containers wait too, no binary in the pod, Envoy names its pod
-             in node metadata; a PodMonitor scrapes the agent, honorLabels
+             in node metadata. Scrapes: the PodMonitors are run on every
+             rendered pod (Prometheus' pod discovery, the operator's port
+             filter, the relabelings): each drainshim scraped exactly once at
+             its --listen port, nothing else scraped, the agent with
+             honorLabels
   node       the `drainshim node` DaemonSet: hostPID, hostNetwork, exactly
              SYS_ADMIN + SYS_PTRACE, root (for the capabilities), read-only
              root, seccomp RuntimeDefault, tolerations for every node, a
-             Pod Security "privileged" namespace, /readyz probe, metrics port
+             Pod Security "privileged" namespace, /readyz probe on --listen
+  rollout    no DaemonSet or Deployment whose rolling update surges declares
+             a host port (with hostNetwork: any container port): the surge
+             pod would stay Pending on the NodePorts filter
   envoy      the Envoy bootstrap validates with the real Envoy of the image's
              version (`envoy --mode validate`) and agrees with drainshim's
              flags (admin address, INBOUND listener, cluster -> guard); it
@@ -42,6 +53,9 @@ Checks:
   metrics    every metric queried by the rules and the dashboard is in the
              contract (docs/design.md), or recorded by rules.yaml
   dashboard  the dashboard JSON parses and every panel has a query
+  docs       the node-mode prose (DOC_FILES) against the rendered agent and
+             `drainshim node --help`: a short list of known contradictions
+             (maxSurge/maxUnavailable, "no stream guard", "no hostPath")
 Only PyYAML is needed besides the standard library (and kubernetes-validate
 for the schema check).
 """
@@ -74,8 +88,9 @@ OVERLAYS_WITH_SHIM = {"sidecar", "native-sidecar", "istio"}
 # prometheus-operator CRDs: kubernetes-validate ships only the schemas of
 # Kubernetes' own API groups, so these kinds cannot be schema-checked. What
 # they carry is checked otherwise: the PrometheusRule's groups must equal
-# rules.yaml (which promtool checks and unit-tests), and the PodMonitor's
-# scrape port must be a port the shim containers declare.
+# rules.yaml (which promtool checks and unit-tests), and the PodMonitors are
+# run on every rendered pod as prometheus-operator and Prometheus would
+# (check_scrapes): each drainshim scraped once, at its --listen port.
 # Istio's Sidecar and EnvoyFilter (istio/) are checked by check_istio_failopen.
 CRD_KINDS = {"PodMonitor", "PrometheusRule", "Sidecar", "EnvoyFilter"}
 SCHEMA_VERSIONS = ["1.30.0"]  # the oldest supported; the latest is added at run time
@@ -415,8 +430,10 @@ def budget_seconds(eff: dict) -> dict[str, float]:
 
 
 def check_pod(ck: Checker, overlay: str, name: str, meta: dict, spec: dict,
-              configmaps: dict[str, dict], envoy_cache: Path, base_apps: dict[str, dict]) -> bool:
-    """All per-pod checks; returns whether the pod has a drainshim sidecar."""
+              configmaps: dict[str, dict], envoy_cache: Path, base_apps: dict[str, dict],
+              listen_ports: dict[str, int] | None = None) -> bool:
+    """All per-pod checks; returns whether the pod has a drainshim sidecar.
+    Records the shim's --listen port in listen_ports (what must be scraped)."""
     where = f"{overlay}: {name}"
     shims = [(c, init, side) for c, init, side in all_containers(spec) if is_drainshim(c, "sidecar")]
     if not shims:
@@ -454,6 +471,8 @@ def check_pod(ck: Checker, overlay: str, name: str, meta: dict, spec: dict,
         ck.check("wiring", "emptyDir" in vol, f"{where}: the volume {bin_volume!r} for the copied binary must be an emptyDir")
 
     listen_host, listen_port = host_port(s["listen"])
+    if listen_ports is not None:
+        listen_ports[where] = listen_port
     allow = s.get("allow-drain-from")
     hooked_proxy = False
     for c, init, side in all_containers(spec):
@@ -652,8 +671,10 @@ class Agent:
     listen_port: int
     pod_listen_port: int
     pod_admin_port: int
-    # Names of the container ports serving --listen (what a PodMonitor scrapes).
-    metrics_ports: set[str]
+    # What the docs may say of it (check_docs): its rolling update and the
+    # host paths it mounts.
+    rolling_update: dict
+    host_paths: list[str]
 
 
 def cap_names(caps) -> list[str]:
@@ -760,13 +781,13 @@ def check_agent(ck: Checker, overlay: str, doc: dict, docs: list[dict]) -> Agent
     listen_host, listen_port = host_port(eff["listen"])
     ports = {pt.get("name"): pt for pt in c.get("ports") or []}
     rp = (c.get("readinessProbe") or {}).get("httpGet") or {}
+    # A number: the agent declares no port (check_rollout), so a port name
+    # would name nothing and the probe fail.
     probe_port = (ports.get(rp.get("port")) or {}).get("containerPort", rp.get("port"))
     ck.check("node", rp.get("path") == "/readyz" and probe_port == listen_port,
-             f"{where}: readinessProbe must be httpGet /readyz on --listen port {listen_port}, got {rp.get('path')} on {rp.get('port')}")
+             f"{where}: readinessProbe must be httpGet /readyz on --listen port {listen_port} (a number), got {rp.get('path')} on {rp.get('port')!r}")
     ck.check("node", not is_loopback(listen_host), f"{where}: --listen {listen_host} is loopback: the probe and Prometheus cannot reach it")
-    metrics_ports = {n for n, pt in ports.items() if pt.get("containerPort") == listen_port}
-    ck.check("node", "drainshim-http" in metrics_ports,
-             f"{where}: --listen port {listen_port} must be declared as a container port named drainshim-http (the PodMonitor scrapes that name)")
+    # What scrapes --listen is checked with the PodMonitors (check_scrapes).
     for n, pt in ports.items():
         ck.check("node", pt.get("hostPort") in (None, pt.get("containerPort")),
                  f"{where}: port {n}: with hostNetwork, hostPort must equal containerPort")
@@ -780,10 +801,10 @@ def check_agent(ck: Checker, overlay: str, doc: dict, docs: list[dict]) -> Agent
     pod_listen = int(eff["pod_listen_port"])
     pod_admin = int(eff["pod_admin_port"])
     print(f"  {where}: drain {d:g}s < parent-shutdown {p:g}s < grace {own_grace:g}s; "
-          f"caps {sorted(added)}; pod listener :{pod_listen}; metrics :{listen_port} ({', '.join(sorted(metrics_ports))})")
+          f"caps {sorted(added)}; pod listener :{pod_listen}; metrics :{listen_port} (declared ports: {sorted(ports) or 'none'})")
     return Agent(where=where, namespace=ns or "", labels=(doc["spec"]["template"].get("metadata") or {}).get("labels") or {},
                  timers=t, settings=s, listen_port=listen_port, pod_listen_port=pod_listen, pod_admin_port=pod_admin,
-                 metrics_ports=metrics_ports)
+                 rolling_update=ru, host_paths=[v["hostPath"].get("path") for v in hostpaths])
 
 
 def is_node_prestop(http: dict | None) -> bool:
@@ -938,6 +959,79 @@ def check_no_privileged(ck: Checker, overlay: str, name: str, spec: dict) -> Non
     bad = [c.get("name") for c in (spec.get("initContainers") or []) + (spec.get("containers") or [])
            + (spec.get("ephemeralContainers") or []) if (c.get("securityContext") or {}).get("privileged") is True]
     ck.check("wiring", not bad, f"{overlay}: {name}: privileged: true on {bad}; nothing in deploy/ needs it")
+
+
+# ---------------------------------------------------------------- rollout
+
+def max_surge(doc: dict) -> str | None:
+    """The maxSurge of a DaemonSet's or Deployment's rolling update, with the
+    API's defaults (DaemonSet 0, Deployment 25%); None when it never starts a
+    pod beside an old one (OnDelete, Recreate, maxSurge 0 or 0%, other kinds).
+    A percentage is rounded up, so any non-zero one surges."""
+    kind = doc.get("kind")
+    spec = doc.get("spec") or {}
+    if kind == "DaemonSet":
+        strategy, default = spec.get("updateStrategy") or {}, 0
+    elif kind == "Deployment":
+        strategy, default = spec.get("strategy") or {}, "25%"
+    else:
+        return None
+    if strategy.get("type", "RollingUpdate") != "RollingUpdate":
+        return None
+    v = str((strategy.get("rollingUpdate") or {}).get("maxSurge", default)).strip()
+    try:
+        n = float(v[:-1]) if v.endswith("%") else float(v)
+    except ValueError:
+        return v  # not a number: the schema check says so; assume it surges
+    return v if n > 0 else None
+
+
+def surge_port_conflicts(doc: dict) -> list[str]:
+    """Host ports a surging rollout needs twice on one node. A surge pod is
+    started while the old pod still runs; the host ports it declares are
+    held by the old one (on a DaemonSet's node always, for a Deployment on
+    every node that runs a replica), so the scheduler's NodePorts filter
+    keeps it Pending and the rollout never progresses. With hostNetwork
+    every declared containerPort is a host port (the API sets hostPort =
+    containerPort). One message per offending port, naming the workload."""
+    surge = max_surge(doc)
+    if surge is None:
+        return []
+    kind = doc["kind"]
+    name = f"{kind}/{(doc.get('metadata') or {}).get('name')}"
+    spec = doc["spec"]["template"]["spec"]
+    host_net = spec.get("hostNetwork") is True
+    where = ("the surge pod is created on the old pod's node" if kind == "DaemonSet"
+             else "the surge pod fits no node that already runs a replica")
+    out = []
+    for c, _, _ in all_containers(spec):
+        agent = is_drainshim(c, "node")
+        for pt in c.get("ports") or []:
+            hp = pt.get("hostPort") or (pt.get("containerPort") if host_net else None)
+            if not hp:
+                continue
+            label = str(pt.get("containerPort")) + (f" ({pt['name']})" if pt.get("name") else "")
+            how = ("with hostNetwork: true that is also host port " if host_net and not pt.get("hostPort") else "as host port ")
+            out.append(
+                f"{name}: container {c.get('name')} declares port {label}, {how}{hp}. With maxSurge {surge}, {where} "
+                f"while the old pod still holds host port {hp}: the scheduler's NodePorts filter keeps it Pending "
+                f"(\"didn't have free ports\") and the rollout never progresses. Declare no port (a probe can give the "
+                f"number)" + ("; the new agent gets the old one's listening sockets over --handover-socket" if agent
+                              else ", or roll without surge"))
+    return out
+
+
+def check_rollout(ck: Checker, overlay: str, doc: dict) -> None:
+    if doc.get("kind") not in ("DaemonSet", "Deployment"):
+        return
+    bad = surge_port_conflicts(doc)
+    for m in bad:
+        ck.fail("rollout", f"{overlay}: {m}")
+    if not bad:
+        ck.ok("rollout")
+        surge = max_surge(doc)
+        if surge is not None and (doc["spec"]["template"]["spec"].get("hostNetwork") is True):
+            print(f"  {overlay}: {doc['kind']}/{doc['metadata'].get('name')}: hostNetwork, maxSurge {surge}, no declared port: the surge pod can be scheduled")
 
 
 # ----------------------------------------------------------------- schema
@@ -1101,28 +1195,515 @@ def selects(selector: dict, labels: dict) -> bool:
     return True
 
 
-def check_podmonitor(ck: Checker, docs: list[dict], shim_ports: set[str], agents: list[Agent]) -> None:
-    pms = [d for d in docs if d.get("kind") == "PodMonitor"]
-    agent_ports = {n for a in agents for n in a.metrics_ports}
-    for pm in pms:
-        for ep in pm["spec"].get("podMetricsEndpoints", []):
-            ck.check("wiring", ep.get("port") in shim_ports | agent_ports,
-                     f"PodMonitor/{pm['metadata']['name']} scrapes port {ep.get('port')!r}, which no drainshim container declares ({sorted(shim_ports | agent_ports)})")
-    # Each node agent is scraped, keeping the namespace/pod labels of the pods
-    # it reports for.
-    for a in agents:
-        scraping = []
-        for pm in pms:
-            nsel = pm["spec"].get("namespaceSelector") or {}
-            ns_ok = nsel.get("any") is True or a.namespace in (nsel.get("matchNames") or [])
-            if not ns_ok or not selects(pm["spec"].get("selector") or {}, a.labels):
+# What Prometheus would scrape: the PodMonitors are run on every rendered pod
+# the way prometheus-operator and Prometheus' kubernetes_sd (role: pod) run
+# them, for an IPv4 and an IPv6 pod IP. The operator keeps a target by
+# `port` (the declared port's name), `portNumber` or `targetPort` (a declared
+# port's number), and only then applies the endpoint's relabelings; a
+# container that declares no port is discovered as one port-less target at
+# the pod IP. So `portNumber` cannot reach an undeclared port, and the node
+# agent (which declares none, see check_rollout) is scraped by relabeling.
+
+SIM_POD_IPS = ("10.0.3.17", "fd00:10::3:17")
+SIM_NODE_IPS = ("10.0.0.5", "fd00:10::5")
+
+
+@dataclass
+class ScrapePod:
+    """A rendered pod as Prometheus' pod discovery sees it, and what must be
+    scraped of it: want_port, drainshim's --listen port (None: nothing may be
+    scraped); judge False for a drainshim pod whose port is unknown because
+    its own checks failed."""
+    where: str
+    namespace: str
+    meta: dict
+    spec: dict
+    want_port: int | None
+    agent: bool = False
+    judge: bool = True
+
+
+def join_host_port(ip: str, port: int | str) -> str:
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+def _sanitize(name: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_]", "_", name)
+
+
+def discovered_targets(pod: ScrapePod, ip: str, node_ip: str) -> list[dict[str, str]]:
+    """Prometheus' kubernetes_sd, role pod: one target per declared container
+    port, one port-less target per container that declares none (init
+    containers included)."""
+    common = {
+        "__meta_kubernetes_namespace": pod.namespace,
+        "__meta_kubernetes_pod_name": pod.where.rsplit("/", 1)[-1] + "-0",
+        "__meta_kubernetes_pod_ip": ip,
+        "__meta_kubernetes_pod_ready": "true",
+        "__meta_kubernetes_pod_phase": "Running",
+        "__meta_kubernetes_pod_node_name": "node-0",
+        "__meta_kubernetes_pod_host_ip": node_ip,
+    }
+    for prefix, items in (("label", pod.meta.get("labels")), ("annotation", pod.meta.get("annotations"))):
+        for k, v in (items or {}).items():
+            common[f"__meta_kubernetes_pod_{prefix}_{_sanitize(k)}"] = str(v)
+            common[f"__meta_kubernetes_pod_{prefix}present_{_sanitize(k)}"] = "true"
+    out = []
+    containers = [(c, False) for c in pod.spec.get("containers") or []] + [(c, True) for c in pod.spec.get("initContainers") or []]
+    for c, init in containers:
+        base = {**common, "__meta_kubernetes_pod_container_name": c.get("name", ""),
+                "__meta_kubernetes_pod_container_image": c.get("image", ""),
+                "__meta_kubernetes_pod_container_init": str(init).lower()}
+        ports = c.get("ports") or []
+        if not ports:
+            out.append({**base, "__address__": f"[{ip}]" if ":" in ip else ip})
+        for pt in ports:
+            out.append({**base, "__address__": join_host_port(ip, pt.get("containerPort")),
+                        "__meta_kubernetes_pod_container_port_name": pt.get("name", ""),
+                        "__meta_kubernetes_pod_container_port_number": str(pt.get("containerPort")),
+                        "__meta_kubernetes_pod_container_port_protocol": pt.get("protocol", "TCP")})
+    return out
+
+
+def _expand(template: str, m: re.Match) -> str:
+    """Go's regexp Expand, as Prometheus uses it: $1, ${1}, $name, ${name}, $$.
+    A reference to a group that does not exist expands to nothing (so
+    `$1x` is the group named `1x`: write ${1}x)."""
+    def sub(g: re.Match) -> str:
+        if g.group(0) == "$$":
+            return "$"
+        ref = g.group(1) or g.group(2)
+        try:
+            v = m.group(int(ref)) if ref.isdigit() else m.group(ref)
+        except IndexError:  # no such group, by number or by name
+            v = None
+        return v or ""
+    return re.sub(r"\$\$|\$\{(\w+)\}|\$(\w+)", sub, template)
+
+
+def relabel(labels: dict[str, str], rules: list[dict]) -> dict[str, str] | None:
+    """Prometheus relabeling (prometheus-operator field names); None when the
+    target is dropped. Regexes are anchored, as in Prometheus."""
+    labels = dict(labels)
+    for r in rules:
+        action = str(r.get("action", "replace")).lower()
+        src = [str(s) for s in r.get("sourceLabels") or []]
+        val = str(r.get("separator", ";")).join(labels.get(s, "") for s in src)
+        regex = re.compile(r"^(?:" + str(r.get("regex", "(.*)")) + r")$")
+        repl = str(r.get("replacement", "$1"))
+        target = r.get("targetLabel")
+        if action == "keep":
+            if not regex.match(val):
+                return None
+        elif action == "drop":
+            if regex.match(val):
+                return None
+        elif action == "keepequal":
+            if labels.get(target, "") != val:
+                return None
+        elif action == "dropequal":
+            if labels.get(target, "") == val:
+                return None
+        elif action == "replace":
+            m = regex.match(val)
+            if m is None or not target:
                 continue
-            scraping += [(pm, ep) for ep in pm["spec"].get("podMetricsEndpoints", []) if ep.get("port") in a.metrics_ports]
-        if ck.check("wiring", bool(scraping), f"{a.where}: no PodMonitor scrapes its port {sorted(a.metrics_ports)} in namespace {a.namespace}"):
-            for pm, ep in scraping:
-                ck.check("wiring", ep.get("honorLabels") is True,
-                         f"PodMonitor/{pm['metadata']['name']}: scrapes {a.where} without honorLabels: true; every pod's namespace/pod labels would become exported_namespace/exported_pod")
-            print(f"  {a.where}: scraped by " + ", ".join(f"PodMonitor/{pm['metadata']['name']} port {ep.get('port')} (honorLabels {ep.get('honorLabels')})" for pm, ep in scraping))
+            name, value = _expand(str(target), m), _expand(repl, m)
+            if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", name):
+                continue
+            if value:
+                labels[name] = value
+            else:
+                labels.pop(name, None)
+        elif action in ("lowercase", "uppercase"):
+            labels[str(target)] = val.lower() if action == "lowercase" else val.upper()
+        elif action == "labelmap":
+            for k in list(labels):
+                m = regex.match(k)
+                if m:
+                    labels[_expand(repl, m)] = labels[k]
+        elif action in ("labeldrop", "labelkeep"):
+            labels = {k: v for k, v in labels.items() if bool(regex.match(k)) == (action == "labelkeep")}
+        else:
+            raise ValueError(f"relabeling action {action!r} is not simulated by check_deploy.py")
+    return labels
+
+
+def podmonitor_scrapes(pm: dict, pod: ScrapePod, ip: str, node_ip: str) -> list[tuple[int, dict, str]]:
+    """(endpoint index, endpoint, address) of every target the PodMonitor
+    gives on the pod."""
+    spec = pm.get("spec") or {}
+    nsel = spec.get("namespaceSelector") or {}
+    own_ns = (pm.get("metadata") or {}).get("namespace") or ""
+    if not (nsel.get("any") is True or pod.namespace in (nsel.get("matchNames") or [])
+            or (not nsel.get("matchNames") and not nsel.get("any") and pod.namespace == own_ns)):
+        return []
+    if not selects(spec.get("selector") or {}, pod.meta.get("labels") or {}):
+        return []
+    found = []
+    targets = discovered_targets(pod, ip, node_ip)
+    for i, ep in enumerate(spec.get("podMetricsEndpoints") or []):
+        # What the operator puts before the endpoint's own relabelings.
+        rules: list[dict] = [{"sourceLabels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)", "action": "drop"}]
+        if ep.get("port"):
+            rules.append({"sourceLabels": ["__meta_kubernetes_pod_container_port_name"], "regex": str(ep["port"]), "action": "keep"})
+        elif ep.get("portNumber"):
+            rules.append({"sourceLabels": ["__meta_kubernetes_pod_container_port_number"], "regex": str(ep["portNumber"]), "action": "keep"})
+        elif ep.get("targetPort") is not None:
+            tp = ep["targetPort"]
+            key = "port_number" if isinstance(tp, int) else "port_name"
+            rules.append({"sourceLabels": [f"__meta_kubernetes_pod_container_{key}"], "regex": str(tp), "action": "keep"})
+        rules += ep.get("relabelings") or []
+        for t in targets:
+            out = relabel(t, rules)
+            if out is not None and out.get("__address__"):
+                found.append((i, ep, out["__address__"]))
+    return found
+
+
+def check_scrapes(ck: Checker, docs: list[dict], pods: list[ScrapePod], all_pods: bool = True) -> None:
+    """Every drainshim is scraped exactly once, at its --listen port, for an
+    IPv4 and an IPv6 pod IP; no other rendered pod is scraped at all; node
+    agents with honorLabels (each pod's namespace/pod labels are the agent's
+    series'). With all_pods (every rendered pod given), every PodMonitor
+    endpoint must scrape some drainshim."""
+    pms = [d for d in docs if d.get("kind") == "PodMonitor"]
+    used: set[tuple[str, int]] = set()
+    for pod in pods:
+        seen = []
+        for ip, node_ip in zip(SIM_POD_IPS, SIM_NODE_IPS):
+            if pod.spec.get("hostNetwork") is True:
+                ip = node_ip
+            try:
+                got = [(pm["metadata"]["name"], i, ep, addr) for pm in pms for i, ep, addr in podmonitor_scrapes(pm, pod, ip, node_ip)]
+            except (ValueError, re.error) as e:
+                ck.fail("wiring", f"{pod.where}: cannot run the PodMonitors' relabelings on it: {e}")
+                return
+            used.update((n, i) for n, i, _, _ in got)
+            if not pod.judge:
+                continue
+            if pod.want_port is None:
+                for n, i, _, addr in got:
+                    ck.fail("wiring", f"PodMonitor/{n} endpoint {i} would scrape {pod.where} at {addr}, where no drainshim serves /metrics")
+                continue
+            want = join_host_port(ip, pod.want_port)
+            addrs = [f"PodMonitor/{n}[{i}] {addr}" for n, i, _, addr in got]
+            if not got:
+                ck.fail("wiring", f"{pod.where}: no PodMonitor scrapes it (pod IP {ip}: want {want}, its --listen; "
+                                  f"declared ports {[pt.get('containerPort') for c, _, _ in all_containers(pod.spec) for pt in c.get('ports') or []]})")
+                continue
+            ck.check("wiring", len(got) == 1 and got[0][3] == want,
+                     f"{pod.where}: scraped as {addrs} (pod IP {ip}), want exactly once at {want}, its --listen")
+            if pod.agent:
+                for n, i, ep, _ in got:
+                    ck.check("wiring", ep.get("honorLabels") is True,
+                             f"PodMonitor/{n}: scrapes {pod.where} without honorLabels: true; every pod's namespace/pod labels would become exported_namespace/exported_pod")
+            seen += [f"{a} (honorLabels {ep.get('honorLabels')})" for a, (_, _, ep, _) in zip(addrs, got)]
+        if seen and pod.judge and pod.want_port is not None and all_pods:
+            print(f"  {pod.where}: scraped by {'; '.join(seen)}")
+    for pm in pms if all_pods else []:
+        for i, _ in enumerate(pm["spec"].get("podMetricsEndpoints") or []):
+            ck.check("wiring", (pm["metadata"]["name"], i) in used,
+                     f"PodMonitor/{pm['metadata']['name']} endpoint {i} scrapes no rendered drainshim pod")
+
+
+# ------------------------------------------------------------------- docs
+
+# Prose that describes node mode, held against the rendered manifests and the
+# binary's `drainshim node --help`. Only a short list of known contradictions,
+# each tied to one fact; a paragraph is judged only where it is about the node
+# agent, so the same words elsewhere (a sidecar, `drainshim drain`) pass.
+DOC_FILES = ["README.md", "deploy/README.md", "docs/operations.md", "docs/design.md",
+             "deploy/daemonset/workload-prestop/workload-prestop-patch.yaml",
+             "deploy/daemonset/workload-prestop/kustomization.yaml"]
+NODE_TOPIC = re.compile(r"node mode|node agent|daemonset|\bagents?\b", re.I)
+
+
+@dataclass
+class DocFacts:
+    """What the docs about node mode must not contradict."""
+    max_surge: str  # the agent DaemonSet's rolling update, as rendered
+    max_unavailable: str
+    host_paths: list[str]  # hostPath volumes of the agent
+    handover: bool  # --handover-socket is set
+    guard_help: bool  # `drainshim node --help` documents the per-pod stream guard (--guard)
+
+
+def doc_paragraphs(name: str, text: str) -> list[tuple[int, str]]:
+    """(first line, text) of each paragraph: blank-line separated; in YAML
+    only comment lines count. Markdown emphasis and backticks are dropped and
+    whitespace collapsed, so a phrase wrapped over two lines still matches."""
+    yaml_file = name.endswith((".yaml", ".yml"))
+    out, cur, start = [], [], 0
+    for n, line in enumerate(text.splitlines() + [""], 1):
+        if yaml_file:
+            m = re.match(r"\s*#(.*)", line)
+            line = m.group(1) if m else ""
+        if line.strip():
+            if not cur:
+                start = n
+            cur.append(line)
+        elif cur:
+            out.append((start, re.sub(r"\s+", " ", re.sub(r"[*`]", "", " ".join(cur))).strip()))
+            cur = []
+    return out
+
+
+def doc_contradictions(texts: dict[str, str], facts: DocFacts) -> list[str]:
+    """Messages for each known contradiction of facts in texts ({name: text})."""
+    # (pattern, the value its group 1 must have or None for any match, what the fact is)
+    rules: list[tuple[str, str | None, str]] = [
+        (r"\bmaxSurge\s*[:=]?\s*(\d+%?)", facts.max_surge, f"the agent's DaemonSet has maxSurge: {facts.max_surge}"),
+        (r"\bmaxUnavailable\s*[:=]?\s*(\d+%?)", facts.max_unavailable,
+         f"the agent's DaemonSet has maxUnavailable: {facts.max_unavailable}"),
+    ]
+    surge_zero = facts.max_surge in ("0", "0%")
+    if facts.handover and not surge_zero:
+        rules.append((r"\btwo agents cannot share\b", None,
+                      f"the agents of a node overlap (maxSurge {facts.max_surge}) and hand the port over (--handover-socket)"))
+    if facts.guard_help:
+        fact = "`drainshim node --help` documents a stream guard per pod (--guard, node metadata DRAINSHIM_GUARD)"
+        rules += [(r"\bno stream guard\b", None, fact),
+                  (r"\bnode mode (?:has|offers|gives|provides) no (?:stream )?guard\b", None, fact),
+                  (r"\bnode mode,? there is no (?:stream )?guard\b", None, fact),
+                  (r"\bno (?:stream )?guard in node mode\b", None, fact)]
+    if facts.host_paths:
+        fact = f"the agent's DaemonSet mounts hostPath {', '.join(facts.host_paths)}"
+        rules += [(r"\bnot used:[^.]*(?<!other )\bhostPath\b", None, fact),
+                  (r"\bno hostPath\b", None, fact),
+                  (r"\bwithout (?:a |any )?hostPath\b", None, fact)]
+    out = []
+    for name, text in texts.items():
+        for line, para in doc_paragraphs(name, text):
+            if not NODE_TOPIC.search(para):
+                continue
+            spans: list[tuple[int, int]] = []  # one message per phrase, however many rules match it
+            for pat, want, fact in rules:
+                for m in re.finditer(pat, para, re.I):
+                    if (want is None or m.group(1) != want) and not any(a < m.end() and m.start() < b for a, b in spans):
+                        spans.append(m.span())
+                        out.append(f"{name} (paragraph at line {line}): says {m.group(0)!r}, but {fact}")
+    return out
+
+
+def node_help() -> str:
+    try:
+        r = subprocess.run([str(DRAINSHIM_BIN), "node", "--help"], capture_output=True, text=True, timeout=60)
+    except OSError as e:
+        raise SystemExit(f"check_deploy: cannot run {DRAINSHIM_BIN} ({e}): build it first (cargo build)")
+    if r.returncode != 0:
+        raise SystemExit(f"check_deploy: `drainshim node --help` exits {r.returncode}: {r.stderr.strip()}")
+    return r.stdout
+
+
+def guard_documented(help_text: str) -> bool:
+    """`drainshim node --help` offers the per-pod stream guard."""
+    return bool(re.search(r"^\s*--guard <", help_text, re.M)) and "DRAINSHIM_GUARD" in help_text
+
+
+def check_docs(ck: Checker, agents: list[Agent]) -> None:
+    if not ck.check("docs", len(agents) == 1, f"want the one node agent's DaemonSet to hold the docs against, found {len(agents)}"):
+        return
+    a = agents[0]
+    help_text = node_help()
+    facts = DocFacts(
+        max_surge=str(a.rolling_update.get("maxSurge", 0)),
+        max_unavailable=str(a.rolling_update.get("maxUnavailable", 1)),
+        host_paths=a.host_paths,
+        handover="handover-socket" in a.settings,
+        guard_help=guard_documented(help_text),
+    )
+    texts = {}
+    for f in DOC_FILES:
+        path = ROOT / f
+        if ck.check("docs", path.is_file(), f"{f}: missing (scripts/check_deploy.py DOC_FILES)"):
+            texts[f] = path.read_text()
+    bad = doc_contradictions(texts, facts)
+    for m in bad:
+        ck.fail("docs", m)
+    if not bad:
+        ck.ok("docs")
+    print(f"  {len(texts)} files held against {a.where} (maxSurge {facts.max_surge}, maxUnavailable {facts.max_unavailable}, "
+          f"hostPath {facts.host_paths or 'none'}, hand-over {facts.handover}) and `drainshim node --help` "
+          f"(stream guard per pod: {facts.guard_help}): {len(bad)} contradiction(s)")
+
+
+# --------------------------------------------------------------- selftest
+
+# The prose this change corrected (issue 29), verbatim: each must still be
+# caught. And sentences that must pass: the same words where they are true.
+OLD_DOCS = {
+    "deploy/README.md, node mode, before issue 29": """What node mode does not do:
+- **No stream guard.** The guard is a proxy in the pod's data path, which only the sidecar
+  provides. A drain fails Envoy's health check, drains its listeners and exits early once streams
+  are gone.
+- **No drain while the agent is down.** If the node's agent is not running when a pod is deleted
+  (not yet scheduled, or being rolled), the hook fails at once. The DaemonSet rolls
+  one node at a time with `maxSurge: 0` (two agents cannot share the node's port 15098). Do not
+  roll it during a mesh upgrade.
+
+Not used: `privileged: true`, hostPath volumes, NET_ADMIN, NET_BIND_SERVICE, DAC_READ_SEARCH, a
+ServiceAccount token (the agent never calls the Kubernetes API).
+""",
+    "docs/operations.md, before issue 29": """- **Node mode** (`deploy/daemonset/`): one `drainshim node` agent per node. No stream guard
+  either: the drain fails Envoy's health check.
+
+is not the first time clients reconnect. Turn on the guard's max connection age (a sidecar flag:
+node mode has no guard, so this step needs the sidecar overlays):
+
+- **Stop:** `outcome: deadline` with `cut > 0`: the drain time is shorter than your streams, or
+  the guard is not in front of the port that carries them. In node mode there is no guard, so
+  streams longer than the drain time are always cut.
+""",
+    "workload-prestop-patch.yaml, before issue 29": """# What a pod needs for node mode.
+#
+# There is no stream guard in node mode (it is a proxy in the pod's data
+# path, which only the sidecar provides): streams still open at the deadline
+# are cut, and reported as such.
+""",
+}
+OLD_DOCS_CAUGHT = {"deploy/README.md, node mode, before issue 29": 4, "docs/operations.md, before issue 29": 3,
+                   "workload-prestop-patch.yaml, before issue 29": 1}
+TRUE_DOCS = {
+    "true statements": """A malformed key is logged and the pod gets no guard; a pod already
+draining gets none (node mode).
+
+The agent's rolling update (`maxSurge: 1, maxUnavailable: 0`) hands the sockets over.
+
+- `drainshim drain --envoy-admin URL [timers]`: one drain driving Envoy directly, no guard.
+
+A sidecar without --guard-listen has no stream guard, and maxSurge: 25% is a Deployment's default.
+
+The node agent mounts the hand-over socket's directory. Not used: `privileged: true`, any other
+hostPath, NET_ADMIN.
+""",
+}
+
+
+def run_selftest(rendered: Path) -> int:
+    """Proves the rules above fire: each on the shipped manifests (passes)
+    and on a copy broken the way issue 29 found it (rejected)."""
+    results: list[tuple[bool, str]] = []
+
+    def expect(cond: bool, what: str, detail: str = "") -> None:
+        results.append((cond, what))
+        print(f"  {'ok  ' if cond else 'FAIL'} {what}")
+        if detail:
+            print("       " + detail.replace("\n", "\n       "))
+
+    def load(name: str) -> list[dict]:
+        f = rendered / f"{name}.yaml"
+        if not f.is_file():
+            raise SystemExit(f"check_deploy selftest: {f} not rendered (run scripts/check-deploy.sh)")
+        return [d for d in yaml.safe_load_all(f.read_text()) if d]
+
+    ds = next((d for d in load("daemonset") if d.get("kind") == "DaemonSet"), None)
+    if ds is None:
+        raise SystemExit("check_deploy selftest: no DaemonSet in the rendered daemonset/")
+    pms = [d for d in load("monitoring") if d.get("kind") == "PodMonitor"]
+    name = f"DaemonSet/{ds['metadata']['name']}"
+
+    def agent_of(doc: dict) -> dict:
+        return next(c for c, _, _ in all_containers(doc["spec"]["template"]["spec"]) if is_drainshim(c, "node"))
+
+    # The DaemonSet as it was before issue 29: the same, plus its port.
+    old = copy.deepcopy(ds)
+    agent_of(old)["ports"] = [{"name": "drainshim-http", "containerPort": 15098}]
+    agent_of(old)["readinessProbe"]["httpGet"]["port"] = "drainshim-http"
+
+    print("== rollout: hostNetwork + surge + a declared port")
+    expect(surge_port_conflicts(ds) == [], f"the shipped {name} (hostNetwork, maxSurge {max_surge(ds)}, no port): accepted",
+           "\n".join(surge_port_conflicts(ds)))
+    msgs = surge_port_conflicts(old)
+    expect(len(msgs) == 1 and name in msgs[0] and "15098" in msgs[0] and "NodePorts" in msgs[0] and "Pending" in msgs[0],
+           f"the old {name} (containerPort 15098 named drainshim-http): rejected, naming the workload, the port and why",
+           "\n".join(msgs) or "no message")
+
+    def variant(doc: dict, edit) -> dict:
+        d = copy.deepcopy(doc)
+        edit(d)
+        return d
+
+    def set_surge(v):
+        return lambda d: d["spec"]["updateStrategy"]["rollingUpdate"].__setitem__("maxSurge", v)
+
+    expect(surge_port_conflicts(variant(old, set_surge(0))) == [], "the old port with maxSurge 0: accepted (nothing to schedule beside the old pod)")
+    expect(surge_port_conflicts(variant(old, set_surge("0%"))) == [], "the old port with maxSurge 0%: accepted")
+    expect(len(surge_port_conflicts(variant(old, set_surge("10%")))) == 1, "the old port with maxSurge 10% (rounded up to 1): rejected")
+    expect(surge_port_conflicts(variant(old, lambda d: d["spec"].__setitem__("updateStrategy", {"type": "OnDelete"}))) == [],
+           "the old port with updateStrategy OnDelete: accepted")
+    no_hostnet = variant(ds, lambda d: d["spec"]["template"]["spec"].__setitem__("hostNetwork", False))
+    expect(surge_port_conflicts(variant(no_hostnet, lambda d: agent_of(d).__setitem__("ports", [{"containerPort": 15098}]))) == [],
+           "a containerPort without hostNetwork (no host port): accepted")
+    msgs = surge_port_conflicts(variant(no_hostnet, lambda d: agent_of(d).__setitem__("ports", [{"containerPort": 15098, "hostPort": 15098}])))
+    expect(len(msgs) == 1 and "host port 15098" in msgs[0], "an explicit hostPort without hostNetwork: rejected", "\n".join(msgs))
+    dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "hostnet"},
+           "spec": {"template": {"spec": {"hostNetwork": True, "containers": [{"name": "app", "image": "app", "ports": [{"containerPort": 8080}]}]}}}}
+    msgs = surge_port_conflicts(dep)
+    expect(len(msgs) == 1 and "Deployment/hostnet" in msgs[0] and "maxSurge 25%" in msgs[0],
+           "a hostNetwork Deployment with a port and the default strategy (maxSurge 25%): rejected", "\n".join(msgs))
+    expect(surge_port_conflicts(variant(dep, lambda d: d["spec"].__setitem__("strategy", {"type": "Recreate"}))) == [],
+           "the same Deployment with strategy Recreate: accepted")
+
+    print("== scrape: the node agent without a declared port")
+    listen = host_port(shim_settings(agent_of(ds)).get("listen", "0.0.0.0:15098"))[1]
+
+    def scrapes(doc: dict, monitors: list[dict]) -> list[str]:
+        t = doc["spec"]["template"]
+        pod = ScrapePod(name, doc["metadata"].get("namespace") or "", t.get("metadata") or {}, t["spec"], listen, agent=True)
+        ck = Checker()
+        check_scrapes(ck, monitors, [pod], all_pods=False)
+        return ck.failures
+
+    fails = scrapes(ds, pms)
+    expect(not fails, f"the shipped {name} and PodMonitors: scraped once at <pod IP>:{listen}, IPv4 and IPv6, with honorLabels", "\n".join(fails))
+    fails = scrapes(old, pms)
+    expect(any("exactly once" in f for f in fails), f"the old {name} (drainshim-http declared) and the shipped PodMonitors: scraped twice, rejected",
+           "\n".join(fails))
+
+    def by_port_number(pm: dict) -> dict:
+        pm = copy.deepcopy(pm)
+        for ep in pm["spec"].get("podMetricsEndpoints") or []:
+            if ep.pop("relabelings", None) is not None:
+                ep["portNumber"] = listen
+        return pm
+
+    fails = scrapes(ds, [by_port_number(pm) for pm in pms])
+    expect(any("no PodMonitor scrapes it" in f for f in fails),
+           f"portNumber: {listen} instead of the relabelings: scrapes nothing (it filters declared ports only), rejected", "\n".join(fails))
+    fails = scrapes(ds, [variant(pm, lambda d: [ep.__setitem__("honorLabels", False) for ep in d["spec"]["podMetricsEndpoints"]]) for pm in pms])
+    expect(any("honorLabels" in f for f in fails), "the node PodMonitor without honorLabels: rejected", "\n".join(fails))
+    # The address rewrite alone (selector {}, no keep): the app pods of base/
+    # would be scraped at :15098, where nothing serves.
+    apps = [ScrapePod(f"base: {n}", (d.get("metadata") or {}).get("namespace") or "", m, s, None)
+            for d in load("base") for n, m, s in pod_specs(d)]
+
+    def rewrite_only(d: dict) -> None:
+        d["spec"]["selector"] = {}
+        for ep in d["spec"].get("podMetricsEndpoints") or []:
+            if "relabelings" in ep:
+                ep["relabelings"] = [r for r in ep["relabelings"] if str(r.get("action", "replace")).lower() != "keep"]
+
+    ck = Checker()
+    check_scrapes(ck, [variant(pm, rewrite_only) for pm in pms], apps, all_pods=False)
+    expect(bool(apps) and any("where no drainshim serves" in f for f in ck.failures),
+           "the node PodMonitor's address rewrite alone (selector {}, no keep): scrapes base/'s app, rejected", "\n".join(ck.failures))
+
+    print("== docs: known contradictions of the manifests and `drainshim node --help`")
+    ru = (ds["spec"].get("updateStrategy") or {}).get("rollingUpdate") or {}
+    facts = DocFacts(max_surge=str(ru.get("maxSurge", 0)), max_unavailable=str(ru.get("maxUnavailable", 1)),
+                     host_paths=[v["hostPath"].get("path") for v in ds["spec"]["template"]["spec"].get("volumes") or [] if "hostPath" in v],
+                     handover="handover-socket" in shim_settings(agent_of(ds)),
+                     guard_help=guard_documented(node_help()))
+    for what, text in OLD_DOCS.items():
+        found = doc_contradictions({what: text}, facts)
+        expect(len(found) == OLD_DOCS_CAUGHT[what], f"{what}: {len(found)} contradiction(s) caught, want {OLD_DOCS_CAUGHT[what]}", "\n".join(found))
+    found = doc_contradictions(TRUE_DOCS, facts)
+    expect(not found, "the same words where they are true: none caught", "\n".join(found))
+
+    bad = [w for ok, w in results if not ok]
+    print(f"== selftest: {len(results) - len(bad)} of {len(results)} passed")
+    return 1 if bad else 0
 
 
 # ------------------------------------------------------------------- main
@@ -1137,7 +1718,8 @@ def run_check(rendered: Path, envoy_cache: Path, design: Path | None) -> int:
         print(f"check_deploy: nothing rendered in {rendered}", file=sys.stderr)
         return 1
     skipped: list[str] = []
-    shim_ports: set[str] = set()
+    listen_ports: dict[str, int] = {}
+    scrape_pods: list[ScrapePod] = []
     monitoring_docs: list[dict] = []
     rendered_docs = {f.stem: [d for d in yaml.safe_load_all(f.read_text()) if d] for f in files}
     # First the node agents, wherever they are rendered: a workload in one
@@ -1158,15 +1740,23 @@ def run_check(rendered: Path, envoy_cache: Path, design: Path | None) -> int:
         configmaps = {d["metadata"]["name"]: d for d in docs if d.get("kind") == "ConfigMap"}
         with_shim = with_node = 0
         for d in docs:
+            check_rollout(ck, overlay, d)
+            agent = next((a for a in agents if a.where == f"{overlay}: {d.get('kind')}/{(d.get('metadata') or {}).get('name')}"), None)
             for name, meta, spec in pod_specs(d):
+                where = f"{overlay}: {name}"
+                ns = (d.get("metadata") or {}).get("namespace") or ""
                 check_no_privileged(ck, overlay, name, spec)
-                if check_pod(ck, overlay, name, meta, spec, configmaps, envoy_cache, base_apps):
+                if check_pod(ck, overlay, name, meta, spec, configmaps, envoy_cache, base_apps, listen_ports):
                     with_shim += 1
-                    for c, _, _ in all_containers(spec):
-                        if is_drainshim(c, "sidecar"):
-                            shim_ports.update(p.get("name") for p in c.get("ports") or [])
-                elif check_node_workload(ck, overlay, name, meta, spec, agents, configmaps, envoy_cache, base_apps):
-                    with_node += 1
+                    scrape_pods.append(ScrapePod(where, ns, meta, spec, listen_ports.get(where), judge=where in listen_ports))
+                elif agent is not None:
+                    scrape_pods.append(ScrapePod(where, ns, meta, spec, agent.listen_port, agent=True))
+                elif any(is_drainshim(c, "node") for c, _, _ in all_containers(spec)):
+                    scrape_pods.append(ScrapePod(where, ns, meta, spec, None, judge=False))  # its own check failed
+                else:
+                    if check_node_workload(ck, overlay, name, meta, spec, agents, configmaps, envoy_cache, base_apps):
+                        with_node += 1
+                    scrape_pods.append(ScrapePod(where, ns, meta, spec, None))
         if overlay in OVERLAYS_WITH_SHIM:
             ck.check("wiring", with_shim > 0, f"{overlay}: no pod with a drainshim sidecar")
         if overlay in OVERLAYS_WITH_NODE_WORKLOAD:
@@ -1180,7 +1770,7 @@ def run_check(rendered: Path, envoy_cache: Path, design: Path | None) -> int:
     print("== monitoring")
     ck.check("rules", bool(monitoring_docs), "deploy/monitoring rendered nothing")
     rules = check_rules_sync(ck, monitoring_docs)
-    check_podmonitor(ck, monitoring_docs, shim_ports, agents)
+    check_scrapes(ck, monitoring_docs, scrape_pods)
     dashboard = check_dashboard(ck, MONITORING / "dashboard.json")
     rendered_dash = [d for d in monitoring_docs if d.get("kind") == "ConfigMap" and "dashboard.json" in (d.get("data") or {})]
     ck.check("dashboard", len(rendered_dash) == 1, "the dashboard ConfigMap is not rendered by deploy/monitoring")
@@ -1194,11 +1784,14 @@ def run_check(rendered: Path, envoy_cache: Path, design: Path | None) -> int:
         n = sum(len(p.get("targets", [])) for p in dashboard_panels(dashboard))
         print(f"  dashboard.json: {len(list(dashboard_panels(dashboard)))} panels, {n} queries")
 
+    print("== docs (node mode, against the rendered agent and `drainshim node --help`)")
+    check_docs(ck, agents)
+
     print("== summary")
     print(f"  schema versions: {', '.join(versions)} (strict)")
-    for area in ("schema", "budget", "wiring", "node", "envoy", "rules", "metrics", "dashboard"):
+    for area in ("schema", "budget", "wiring", "node", "rollout", "envoy", "rules", "metrics", "dashboard", "docs"):
         print(f"  {area:9} {ck.counts.get(area, 0)} passed")
-    print(f"  skipped (CRDs, no schema in kubernetes-validate; checked via rules.yaml/PodMonitor port): {len(skipped)}")
+    print(f"  skipped (CRDs, no schema in kubernetes-validate; checked via rules.yaml, the PodMonitors run on the rendered pods, the Istio checks): {len(skipped)}")
     for s in skipped:
         print(f"    - {s}")
     if ck.failures:
@@ -1218,10 +1811,14 @@ def main() -> int:
     c.add_argument("--design", type=Path,
                    default=Path(os.environ.get("DRAINSHIM_DESIGN", ROOT / "docs" / "design.md")))
     sub.add_parser("sync-rules")
+    st = sub.add_parser("selftest")
+    st.add_argument("--rendered", type=Path, required=True)
     a = ap.parse_args()
     if a.cmd == "sync-rules":
         sync_rules()
         return 0
+    if a.cmd == "selftest":
+        return run_selftest(a.rendered)
     if not a.design.is_file():
         raise SystemExit(f"check_deploy: {a.design} not found (the metrics contract)")
     return run_check(a.rendered, a.envoy_cache, a.design)
