@@ -119,8 +119,11 @@ async fn max_connection_age_ends_a_websocket_with_1012_within_its_bound() {
         end.seqs.last().copied(),
         pod.app.ledger.last_written("aged")
     );
-    // age x 1.1 + grace, plus the close handshakes (answered at once here).
-    let bound = age.mul_f64(1.1) + grace + Duration::from_secs(1);
+    // age x 1.1 + grace, plus the close handshakes (answered at once here)
+    // and the scheduling of four processes on a loaded 2-core machine (a
+    // fresh-clone CI run missed a 1 s slack by 3 ms): the bound is what is
+    // checked, not how fast the machine is.
+    let bound = age.mul_f64(1.1) + grace + Duration::from_secs(3);
     assert!(lived >= age.mul_f64(0.9), "ended early: {lived:?}");
     assert!(lived <= bound, "lived {lived:?}, bound {bound:?}");
     wait_metric(
