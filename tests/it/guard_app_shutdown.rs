@@ -67,18 +67,7 @@ const APP_EXIT: Duration = Duration::from_secs(30);
 
 /// Drain timers: streams ended over 0.5 s .. 2.5 s after the trigger; what
 /// is not long-lived (the unary calls) may finish until the 10 s deadline.
-const TIMERS: &[&str] = &[
-    "--deregistration-delay",
-    "500ms",
-    "--min-drain-time",
-    "500ms",
-    "--drain-time",
-    "2500ms",
-    "--parent-shutdown-time",
-    "10s",
-    "--poll-interval",
-    "100ms",
-];
+const TIMERS: &[&str] = QUICK_DRAIN_TIMERS;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Path {
@@ -154,15 +143,6 @@ struct Case {
     flowing: usize,
 }
 
-fn python() -> PathBuf {
-    let p = drainshim::bench::envoy::cache_dir().join("py-venv/bin/python");
-    assert!(
-        p.is_file(),
-        "{} is missing: run `make pytools` (scripts/fetch-pytools.sh). Tests never skip for it.",
-        p.display()
-    );
-    p
-}
 
 /// The application: a separate process, its stdout and stderr collected.
 struct AppProc {

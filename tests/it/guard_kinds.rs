@@ -23,18 +23,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 
 /// Drain timers: endings spread over about 1.8 s after a 0.5 s deregistration.
-const TIMERS: &[&str] = &[
-    "--deregistration-delay",
-    "500ms",
-    "--min-drain-time",
-    "500ms",
-    "--drain-time",
-    "2500ms",
-    "--parent-shutdown-time",
-    "10s",
-    "--poll-interval",
-    "100ms",
-];
+const TIMERS: &[&str] = QUICK_DRAIN_TIMERS;
 
 async fn pod_in_front_of(app: SocketAddr) -> (EnvoyProcess, SidecarBin) {
     let (envoy, shim, _) = guard_bin_pod(app, TIMERS, |_| {}).await;

@@ -15,15 +15,6 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 const N: usize = 10;
 
-fn python() -> PathBuf {
-    let p = drainshim::bench::envoy::cache_dir().join("py-venv/bin/python");
-    assert!(
-        p.is_file(),
-        "{} is missing: run `make tools` (scripts/fetch-pytools.sh). Tests never skip for it.",
-        p.display()
-    );
-    p
-}
 
 #[derive(serde::Deserialize, Debug)]
 struct PyConn {

@@ -628,3 +628,31 @@ pub async fn sidecar_bin_cmd(mut cmd: tokio::process::Command) -> SidecarBin {
     });
     SidecarBin { child, addr, log }
 }
+
+/// The Python of the test venv (`.cache/py-venv`: websockets, grpcio, h2):
+/// the independent peers. A missing venv fails the test, never skips it.
+pub fn python() -> PathBuf {
+    let p = envoy::cache_dir().join("py-venv/bin/python");
+    assert!(
+        p.is_file(),
+        "{} is missing: run `make pytools` (scripts/fetch-pytools.sh). Tests never skip for it.",
+        p.display()
+    );
+    p
+}
+
+/// Drain timers for the real binary that fit a test: a 0.5 s
+/// deregistration, long-lived streams ended over about 2 s after it, and
+/// a 10 s deadline for what is not long-lived (unary calls).
+pub const QUICK_DRAIN_TIMERS: &[&str] = &[
+    "--deregistration-delay",
+    "500ms",
+    "--min-drain-time",
+    "500ms",
+    "--drain-time",
+    "2500ms",
+    "--parent-shutdown-time",
+    "10s",
+    "--poll-interval",
+    "100ms",
+];
