@@ -179,6 +179,10 @@ pub fn feed(inner: &Arc<Inner>, chunks: &[(bool, &[u8])]) {
             Err(e) => relay.fail(e),
             Ok(()) => {}
         }
+        // Endings asked meanwhile (a drain, the app's GOAWAY), as `run` takes them.
+        for id in relay.queue.take() {
+            relay.begin_end(id, now);
+        }
         let _ = relay.timers(now);
         relay.count_changed(now);
         relay.clear_gate();
