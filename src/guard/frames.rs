@@ -566,24 +566,18 @@ impl<'a> Relay<'a> {
                     timer.as_mut().reset(at);
                 }
             }
-            // The guard's own answers to the client (refusals, window
-            // returns) wait in `to_client` too: a client that does not read
-            // is not read either. While the client's window is what holds
-            // `to_client` back, its WINDOW_UPDATEs must still be read.
-            let client_room = if self.cleared < self.to_client.len() {
-                BLOCKED_HIGH_WATER
-            } else {
-                HIGH_WATER
-            };
-            let (want_client, want_app) = (
-                !self.closing
-                    && self.to_app.len() < HIGH_WATER
-                    && self.to_client.len() < client_room
-                    && self.throttled_until.is_none()
-                    && !(self.handshake && self.from_client.len() >= REPLAY_MAX),
-                !self.closing && self.to_client.len() < HIGH_WATER,
-            );
             client_first = !client_first;
+            tracing::trace!(
+                conn = info.id,
+                to_app = self.to_app.len(),
+                to_client = self.to_client.len(),
+                cleared = self.cleared,
+                conn_window = self.conn_window,
+                debt = self.debt,
+                from_client = self.from_client.len(),
+                from_app = self.from_app.len(),
+                "guard: relay turn"
+            );
             let event = tokio::select! {
                 biased;
                 _ = &mut timer, if timer_at.is_some() => { timer_at = None; Event::Timer }
@@ -593,7 +587,7 @@ impl<'a> Relay<'a> {
                     ended.set(queue.ready());
                     Event::Ended
                 }
-                e = poll_fn(|cx| self.poll_io(cx, client, &mut app, want_client, want_app, client_first)) => e,
+                e = poll_fn(|cx| self.poll_io(cx, client, &mut app, client_first)) => e,
             };
             let now = Instant::now();
             let result = match event {
@@ -656,8 +650,6 @@ impl<'a> Relay<'a> {
         cx: &mut Context<'_>,
         client: &mut Prefixed<TcpStream>,
         app: &mut TcpStream,
-        want_client: bool,
-        want_app: bool,
         client_first: bool,
     ) -> Poll<Event> {
         if write_some(cx, app, &mut self.to_app).is_err() {
@@ -672,6 +664,11 @@ impl<'a> Relay<'a> {
             // What the loop waits for before it closes.
             return Poll::Ready(Event::Flushed);
         }
+        // Which sides to read, from the buffers as the writes left them: this
+        // poll repeats (on each socket wake) until an event, so wants fixed
+        // before it would never see a full buffer drain, and with both sides
+        // unread the connection would hang.
+        let (want_client, want_app) = self.wants();
         // Local streams move first, but never instead of the reads: a busy
         // WebSocket must not starve the relayed streams beside it.
         let moved = !self.locals.is_empty() && self.poll_locals(cx);
@@ -703,6 +700,28 @@ impl<'a> Relay<'a> {
             return Poll::Ready(Event::Local);
         }
         Poll::Pending
+    }
+
+    /// Whether to read the client and the application now. A side is not
+    /// read while what waits for the other side passes the high-water mark.
+    /// The guard's own answers to the client (refusals, window returns) wait
+    /// in `to_client` too: a client that does not read is not read either;
+    /// but while the client's window holds `to_client` back, the client is
+    /// read further, for its WINDOW_UPDATEs.
+    fn wants(&self) -> (bool, bool) {
+        let client_room = if self.cleared < self.to_client.len() {
+            BLOCKED_HIGH_WATER
+        } else {
+            HIGH_WATER
+        };
+        (
+            !self.closing
+                && self.to_app.len() < HIGH_WATER
+                && self.to_client.len() < client_room
+                && self.throttled_until.is_none()
+                && !(self.handshake && self.from_client.len() >= REPLAY_MAX),
+            !self.closing && self.to_client.len() < HIGH_WATER,
+        )
     }
 
     // ---- client → application -------------------------------------------

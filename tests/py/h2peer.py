@@ -1002,7 +1002,8 @@ DRAIN_FLAGS = ["--deregistration-delay", "0s", "--drain-time", "4s", "--min-drai
 class Guard:
     """The real `drainshim sidecar` with its stream guard in front of `upstream`."""
 
-    LOG = "warn,drainshim::sidecar=info,drainshim::drain=info"
+    # DRAINSHIM_TEST_LOG replaces it, to look into a failure.
+    LOG = os.environ.get("DRAINSHIM_TEST_LOG") or "warn,drainshim::sidecar=info,drainshim::drain=info"
 
     def __init__(self, binary, upstream, mode, extra_args=(), log=LOG):
         args = [binary, "sidecar", "--listen", "127.0.0.1:0",
