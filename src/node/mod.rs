@@ -68,6 +68,12 @@ const IDENTIFY_CONCURRENCY: usize = 4;
 /// After the guards' window: time for the last endings to flush and the
 /// connections to close before what is left is ended at once.
 const GUARD_STOP_SLACK: Duration = Duration::from_secs(5);
+/// How long a new agent scans again for pods whose guard listener it was
+/// handed but could not serve yet (their Envoy did not answer), before it
+/// answers `adopted`: well within the old agent's wait for that answer.
+const ADOPT_RETRY: Duration = Duration::from_secs(20);
+/// Pause between those scans (the scan interval if shorter).
+const ADOPT_RETRY_PAUSE: Duration = Duration::from_millis(250);
 
 /// A listening socket received from the old agent, served here.
 fn adopt(fd: OwnedFd) -> std::io::Result<TcpListener> {
@@ -304,6 +310,22 @@ impl NodeAgent {
             shutdown.clone(),
         ));
         shared.scan().await;
+        // A guard listener whose pod could not be identified yet is served
+        // by nobody here: the scan is tried again (bounded, well within the
+        // old agent's wait for `adopted`) before the old agent is told to
+        // stop accepting, else new connections would wait in the backlog.
+        if adoption.from_old_agent() {
+            let until = Instant::now() + ADOPT_RETRY;
+            let pause = shared.settings.scan_interval.min(ADOPT_RETRY_PAUSE);
+            while shared.unserved_guard_listeners() > 0 && Instant::now() < until {
+                tokio::time::sleep(pause).await;
+                shared.scan().await;
+            }
+            let left = shared.unserved_guard_listeners();
+            if left > 0 {
+                tracing::warn!(listeners = left, "hand-over: guard listeners whose pod's Envoy did not answer yet; they queue connections until it does");
+            }
+        }
         // Every listener received is served now (or waits for its pod's
         // next scan, queueing connections): the old agent may stop accepting.
         adoption.adopted().await;
@@ -385,8 +407,47 @@ impl NodeAgent {
                     _ = signals.recv() => tracing::warn!("second SIGTERM: stopping now"),
                 }
             }
+            // A hand-over under way ends first (the rollout's SIGTERM can
+            // come while the next agent is still being given the listeners):
+            // stopping accepting before it serves them would leave new
+            // connections in a backlog nobody accepts from.
+            tokio::select! {
+                _ = self.handover_settled() => {}
+                _ = signals.recv() => tracing::warn!("second SIGTERM: stopping now"),
+            }
         }
         self.stop().await;
+    }
+
+    /// Returns once no hand-over is under way: none began, the new agent
+    /// adopted the listeners (this agent has retired them), or it went
+    /// away (this agent resumed). Bounded by the conversation's own steps.
+    async fn handover_settled(&self) {
+        let under_way = || {
+            !self.handed_over.is_cancelled()
+                && self
+                    .shared
+                    .paused
+                    .lock()
+                    .map(|p| p.is_some())
+                    .unwrap_or(false)
+        };
+        if !under_way() {
+            return;
+        }
+        tracing::info!(
+            "SIGTERM during a hand-over: waiting for the new agent to take the listeners"
+        );
+        // `take` and `done` steps, then the wait for `adopted` (handover.rs).
+        let bound = handover::STEP_TIMEOUT * 14;
+        let settled = async {
+            while under_way() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        if tokio::time::timeout(bound, settled).await.is_err() {
+            tracing::warn!(?bound, "hand-over still under way; stopping anyway");
+        }
     }
 
     /// Stops scanning and serving, and retires every pod.
@@ -869,6 +930,8 @@ impl Shared {
             g.guard.goaway_all();
             g.guard.hand_off(window);
         }
+        // The new agent holds the listening sockets now.
+        self.close_guard_listeners();
     }
 
     /// Ends every pod's guarded streams gracefully over the hand-over window
@@ -884,12 +947,20 @@ impl Shared {
             return;
         }
         let window = self.settings.guard.handover_window;
+        let mut stopped = false;
         for g in &guards {
             if stop_accepting && !g.accepting.is_cancelled() {
                 g.accepting.cancel();
                 g.guard.goaway_all();
                 g.guard.hand_off(window);
+                stopped = true;
             }
+        }
+        if stopped {
+            // Nobody took the listeners: close them, so new connections are
+            // refused (the shipped bootstrap then sends the calls to the app)
+            // instead of queueing where nobody accepts them.
+            self.close_guard_listeners();
         }
         // The window, plus what one ending and the close may take.
         let bound = window + GUARD_STOP_SLACK;
@@ -909,6 +980,41 @@ impl Shared {
         }
         for g in &guards {
             g.shutdown.cancel();
+        }
+    }
+
+    /// Guard listeners handed over for a live pod that is not identified
+    /// yet: nobody here accepts on them until a scan identifies the pod.
+    fn unserved_guard_listeners(&self) -> usize {
+        let pods = match self.pods.lock() {
+            Ok(p) => p,
+            Err(_) => return 0,
+        };
+        self.inherited
+            .lock()
+            .map(|offers| {
+                offers
+                    .iter()
+                    .filter(|o| o.kind == Kind::Guard)
+                    .filter(|o| pods.get(&o.netns).is_some_and(|p| p.envoy_state.is_err()))
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    /// Drops this process's last descriptors of the guard listeners (the
+    /// accept loops drop theirs once they stop accepting). Kept for a
+    /// hand-over until then; afterwards the listening socket lives on in the
+    /// next agent, or, with no next agent, closes, and new connections are
+    /// refused instead of left in a backlog nobody accepts from.
+    fn close_guard_listeners(&self) {
+        if let Ok(mut pods) = self.pods.lock() {
+            for p in pods.values_mut() {
+                p.guard_fd = None;
+            }
+        }
+        if let Ok(mut offers) = self.inherited.lock() {
+            offers.retain(|o| o.kind != Kind::Guard);
         }
     }
 

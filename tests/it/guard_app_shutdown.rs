@@ -143,7 +143,6 @@ struct Case {
     flowing: usize,
 }
 
-
 /// The application: a separate process, its stdout and stderr collected.
 struct AppProc {
     child: tokio::process::Child,

@@ -15,7 +15,6 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 const N: usize = 10;
 
-
 #[derive(serde::Deserialize, Debug)]
 struct PyConn {
     id: String,

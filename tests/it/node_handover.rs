@@ -9,6 +9,12 @@
 //! handed over: none is refused, no stream is cut, and the new agent then
 //! carries the pods' guarded traffic and drains.
 //!
+//! That bootstrap retries refused and reset requests, which would hide a
+//! failure: `no_retry::` runs the update again through an Envoy with no
+//! retry policy and no fallback, unary calls at full speed throughout, on
+//! both HTTP/2 paths; and a SIGTERM with no successor must leave no call
+//! hanging in a listener nobody accepts on.
+//!
 //! Needs root; fails (never skips) without it or without the cached Envoys.
 
 use crate::support;
@@ -24,6 +30,8 @@ use drainshim::bench::client::{open_streams, Ending};
 use drainshim::bench::failopen::Load;
 use drainshim::drain::Report;
 use drainshim::node::netns::Netns;
+use drainshim::proto::bench::stream_client::StreamClient;
+use drainshim::proto::bench::EchoRequest;
 use node_support::*;
 use podapp::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -276,4 +284,439 @@ async fn the_agent_hands_over_without_a_cut_stream_or_a_refused_connection() {
         let e = h.await.expect("stream task");
         assert_eq!(e.ending(), Ending::Graceful, "{}: {:?}", e.id, e.status);
     }
+}
+
+/// Long streams through the pod (the issue's figure).
+const LONG: usize = 10;
+/// Workers of back-to-back unary calls, each on its own channel.
+const WORKERS: usize = 4;
+/// Each call's deadline: later than this is a hung call.
+const DEADLINE: Duration = Duration::from_secs(2);
+/// Calls made between two steps of the test (the overlap of both agents,
+/// the old one's exit, after it): a count, so the load is seen flowing.
+const CALLS_PER_STEP: u64 = 400;
+/// Most calls one worker makes (bounds its loop in count).
+const MAX_CALLS: u64 = 200_000;
+
+/// How one unary call ended.
+enum Outcome {
+    Ok,
+    Failed(String),
+    Hung(String),
+}
+
+struct Call {
+    start: Instant,
+    outcome: Outcome,
+}
+
+/// Back-to-back unary calls through Envoy.
+struct Unary {
+    stop: CancellationToken,
+    done: Arc<AtomicU64>,
+    workers: Vec<tokio::task::JoinHandle<Vec<Call>>>,
+}
+
+impl Unary {
+    /// Worker 0's calls take `slow_ms` in the app, the others' 1 ms.
+    fn start(addr: SocketAddr, slow_ms: u32) -> Self {
+        let stop = CancellationToken::new();
+        let done = Arc::new(AtomicU64::new(0));
+        let workers = (0..WORKERS)
+            .map(|w| {
+                let (stop, done) = (stop.clone(), done.clone());
+                tokio::spawn(async move {
+                    let mut calls = Vec::new();
+                    let endpoint =
+                        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                            .expect("endpoint");
+                    let mut client = StreamClient::new(endpoint.connect_lazy());
+                    for i in 0..MAX_CALLS {
+                        if stop.is_cancelled() {
+                            break;
+                        }
+                        let mut req = tonic::Request::new(EchoRequest {
+                            body: format!("w{w}-{i}"),
+                            // One worker's calls take a while: one is
+                            // always in flight when a GOAWAY goes out.
+                            delay_ms: if w == 0 { slow_ms } else { 1 },
+                        });
+                        req.set_timeout(DEADLINE);
+                        let start = Instant::now();
+                        let outcome = match tokio::time::timeout(DEADLINE, client.echo(req)).await {
+                            Ok(Ok(_)) => Outcome::Ok,
+                            // The deadline passed: the server's DEADLINE_EXCEEDED,
+                            // or tonic's own timer (CANCELLED "Timeout expired").
+                            Ok(Err(s))
+                                if s.code() == tonic::Code::DeadlineExceeded
+                                    || (s.code() == tonic::Code::Cancelled
+                                        && s.message().contains("Timeout expired")) =>
+                            {
+                                Outcome::Hung(format!("{:?} {:?}", s.code(), s.message()))
+                            }
+                            Ok(Err(s)) => Outcome::Failed(format!(
+                                "{:?} {:?} ({:?})",
+                                s.code(),
+                                s.message(),
+                                std::error::Error::source(&s).map(|e| e.to_string())
+                            )),
+                            Err(_) => Outcome::Hung("no answer by the deadline".into()),
+                        };
+                        calls.push(Call { start, outcome });
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    calls
+                })
+            })
+            .collect();
+        Self {
+            stop,
+            done,
+            workers,
+        }
+    }
+
+    fn made(&self) -> u64 {
+        self.done.load(Ordering::Relaxed)
+    }
+
+    /// Waits (bounded) until `n` more calls ended, whatever their outcome.
+    async fn wait_more(&self, n: u64, what: &str) {
+        let want = self.made() + n;
+        let deadline = Instant::now() + NODE_WAIT;
+        while self.made() < want {
+            assert!(
+                Instant::now() < deadline,
+                "unary calls stalled ({} of {want}): {what}",
+                self.made()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn finish(self) -> Vec<Call> {
+        self.stop.cancel();
+        let mut all = Vec::new();
+        for w in self.workers {
+            all.extend(w.await.expect("unary worker"));
+        }
+        all.sort_by_key(|c| c.start);
+        all
+    }
+}
+
+fn at(t: Instant, since: Instant) -> String {
+    let (a, b) = (t.max(since), t.min(since));
+    let sign = if t >= since { "+" } else { "-" };
+    format!("{sign}{:.2} s", (a - b).as_secs_f64())
+}
+
+/// The rolling update again, through a user's own Envoy bootstrap with NO
+/// retry policy and no fallback (`no_retry_pod`): nothing hides what the
+/// guard does. Unary calls run at full speed all along (back to back, a 2 s
+/// deadline each) beside long streams; not one call may fail or hang, no
+/// stream may be cut, and the new agent's drain afterwards cuts nothing.
+/// On both HTTP/2 paths of the guard.
+mod no_retry {
+    use super::*;
+
+    /// One run: the guard's HTTP/2 path, the old agent's window, and how
+    /// long one worker's calls take in the app.
+    struct Case {
+        path: &'static str,
+        window: &'static str,
+        slow_ms: u32,
+        /// The old agent gets SIGTERM while it gives the new one the
+        /// listeners (the rollout's readiness probe on the shared node port
+        /// may be answered by the old agent), not once the new one is ready.
+        early_sigterm: bool,
+    }
+
+    async fn run(case: Case) {
+        let path = case.path;
+        let lab = Lab::new("n");
+        let pod = no_retry_pod(&lab, &format!("solo-{path}"), "1.40.0").await;
+        let name = pod.name.clone();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("handover.sock");
+        let socket_s = socket.to_string_lossy().into_owned();
+        let listen = SocketAddr::from(([127, 0, 0, 1], support::free_port()));
+        let flags = [
+            "--handover-socket",
+            &socket_s,
+            "--handover-window",
+            case.window,
+            "--guard-http2",
+            path,
+        ];
+
+        let mut old = agent_bin(&lab, listen, &flags).await;
+        wait_guards(listen, &[&name]).await;
+        // Envoy sends to the guard now (no fallback: it has nothing else).
+        let before = pod_host_requests(&pod, GUARD_LISTEN).await.unwrap_or(0);
+        let load = Unary::start(pod.inbound(), case.slow_ms);
+        wait_pod_host(&pod, GUARD_LISTEN, before).await;
+        let streams = open_streams(pod.inbound(), LONG, &name, Duration::from_secs(120))
+            .await
+            .expect("streams open");
+        load.wait_more(CALLS_PER_STEP, "before the hand-over").await;
+
+        // The rolling update: the new agent starts beside the old one, takes
+        // the listeners; calls go on through both for a while...
+        let new = agent_bin_started(&lab, listen, &flags);
+        let (adopted, sigterm) = if case.early_sigterm {
+            // ...the old one gets SIGTERM as the new one asks for them...
+            old.wait_log("a new agent asks for the listeners").await;
+            let sigterm = Instant::now();
+            nix::sys::signal::kill(old.pid(), nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+            // ...and hands them over all the same.
+            old.wait_log("the new agent serves every listener now")
+                .await;
+            (Instant::now(), sigterm)
+        } else {
+            old.wait_log("the new agent serves every listener now")
+                .await;
+            let adopted = Instant::now();
+            load.wait_more(CALLS_PER_STEP, "while both agents run")
+                .await;
+            // ...then the old one gets SIGTERM and exits.
+            let sigterm = Instant::now();
+            nix::sys::signal::kill(old.pid(), nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+            (adopted, sigterm)
+        };
+        new.wait_log("node agent ready").await;
+        if case.early_sigterm {
+            // Whether the SIGTERM was seen before `adopted` (a race: either
+            // way nothing may fail).
+            eprintln!(
+                "early SIGTERM ({path}): the old agent waited for the hand-over: {}",
+                old.log().contains("SIGTERM during a hand-over")
+            );
+        }
+        let status = tokio::time::timeout(NODE_WAIT, old.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("the old agent did not exit:\n{}", old.log()))
+            .expect("reap the old agent");
+        assert!(status.success(), "old agent: {status}\n{}", old.log());
+        let exited = Instant::now();
+        load.wait_more(CALLS_PER_STEP, "after the old agent exited")
+            .await;
+        let calls = load.finish().await;
+
+        let mut graceful = 0;
+        let mut cut = Vec::new();
+        for h in streams {
+            let e = tokio::time::timeout(NODE_WAIT, h)
+                .await
+                .expect("stream ended")
+                .expect("stream task");
+            match e.ending() {
+                Ending::Graceful => graceful += 1,
+                other => cut.push(format!("{}: {other:?} {:?}", e.id, e.status)),
+            }
+            assert!(e.gapless(), "{}: a message was lost", e.id);
+        }
+        let (failed, hung) = outcomes(&calls, sigterm, "SIGTERM");
+        eprintln!(
+            "hand-over without retries ({path}, window {}, slow calls {} ms): {} unary calls, {} failed, {} hung; \
+             {graceful} of {LONG} long streams ended gracefully, {} cut; \
+             old agent exited {} after SIGTERM ({} after adoption)",
+            case.window,
+            case.slow_ms,
+            calls.len(),
+            failed.len(),
+            hung.len(),
+            cut.len(),
+            at(exited, sigterm),
+            at(exited, adopted),
+        );
+        for f in failed.iter().chain(hung.iter()).take(30) {
+            eprintln!("  {f}");
+        }
+        assert!(
+            failed.is_empty() && hung.is_empty(),
+            "{} failed, {} hung of {} calls: {:?}\n{:?}\nold agent:\n{}",
+            failed.len(),
+            hung.len(),
+            calls.len(),
+            failed.iter().take(10).collect::<Vec<_>>(),
+            hung.iter().take(10).collect::<Vec<_>>(),
+            old.log()
+        );
+        assert!(
+            cut.is_empty(),
+            "cut streams: {cut:?}\nold agent:\n{}",
+            old.log()
+        );
+        assert_eq!(graceful, LONG);
+
+        // The new agent carries the pod's guarded traffic, and drains with it.
+        wait_guards(listen, &[&name]).await;
+        let fresh = open_streams(pod.inbound(), 4, "after", Duration::from_secs(60))
+            .await
+            .expect("streams after the hand-over");
+        let (code, body) = http_in(None, pod.prestop(), "GET", "/drain?wait=true")
+            .await
+            .expect("preStop to the new agent");
+        assert_eq!(code, 200, "{body}");
+        let report: Report = serde_json::from_str(&body).expect("report");
+        eprintln!(
+            "hand-over without retries ({path}): the new agent's drain: {} terminated, {} cut",
+            report.streams.terminated, report.streams.cut
+        );
+        assert_eq!(report.streams.cut, 0, "{body}");
+        assert_eq!(
+            report.streams.terminated,
+            4,
+            "{body}\nnew agent:\n{}",
+            new.log()
+        );
+        for h in fresh {
+            let e = h.await.expect("stream task");
+            assert_eq!(e.ending(), Ending::Graceful, "{}: {:?}", e.id, e.status);
+        }
+    }
+
+    /// The issue's setup: long streams over a 5 s window, calls of
+    /// 1 ms and 200 ms.
+    fn steady(path: &'static str) -> Case {
+        Case {
+            path,
+            window: "5s",
+            slow_ms: 200,
+            early_sigterm: false,
+        }
+    }
+
+    /// A call that outlasts the window: in flight when the old agent hands
+    /// over, still running when its window ends. A short call finishes.
+    fn outlasting(path: &'static str) -> Case {
+        Case {
+            path,
+            window: "1s",
+            slow_ms: 1_500,
+            early_sigterm: false,
+        }
+    }
+
+    /// SIGTERM in the middle of the hand-over: the old agent finishes it
+    /// before it stops accepting.
+    fn early(path: &'static str) -> Case {
+        Case {
+            early_sigterm: true,
+            ..steady(path)
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_agent_hands_over_without_a_failed_or_hung_call_stack() {
+        run(steady("stack")).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_agent_hands_over_without_a_failed_or_hung_call_frames() {
+        run(steady("frames")).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_sigterm_during_the_hand_over_fails_nothing_stack() {
+        run(early("stack")).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_sigterm_during_the_hand_over_fails_nothing_frames() {
+        run(early("frames")).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_that_outlasts_the_window_finishes_stack() {
+        run(outlasting("stack")).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_that_outlasts_the_window_finishes_frames() {
+        run(outlasting("frames")).await;
+    }
+}
+
+/// Failed and hung calls, each with when it was sent (from `t0`).
+fn outcomes(calls: &[Call], t0: Instant, what: &str) -> (Vec<String>, Vec<String>) {
+    let mut failed = Vec::new();
+    let mut hung = Vec::new();
+    for c in calls {
+        let when = format!("sent {} from {what}", at(c.start, t0));
+        match &c.outcome {
+            Outcome::Ok => {}
+            Outcome::Failed(e) => failed.push(format!("{when}: {e}")),
+            Outcome::Hung(e) => hung.push(format!("{when}: {e}")),
+        }
+    }
+    (failed, hung)
+}
+
+/// SIGTERM with no successor (the DaemonSet deleted, or the next agent
+/// not there yet): the agent stops accepting and ends its streams over the
+/// window, and its guard listener is closed then, not left listening with
+/// nobody accepting: Envoy's new connections are refused and the shipped
+/// bootstrap sends the calls to the app (fail open). A listener left open
+/// would queue them in its backlog, where every call hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_without_a_successor_closes_the_guard_listener() {
+    let lab = Lab::new("t");
+    let pod = guarded_pod(&lab, "alone", "1.40.0", Some(GUARD_SPEC)).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("handover.sock");
+    let socket_s = socket.to_string_lossy().into_owned();
+    let listen = SocketAddr::from(([127, 0, 0, 1], support::free_port()));
+    let flags = ["--handover-socket", &socket_s, "--handover-window", "3s"];
+    let mut agent = agent_bin(&lab, listen, &flags).await;
+    wait_guards(listen, &[&pod.name]).await;
+    let before = pod_host_requests(&pod, GUARD_LISTEN).await.unwrap_or(0);
+    let load = Unary::start(pod.inbound(), 200);
+    wait_pod_host(&pod, GUARD_LISTEN, before).await;
+    let streams = open_streams(pod.inbound(), 4, "alone", Duration::from_secs(60))
+        .await
+        .expect("streams open");
+    load.wait_more(CALLS_PER_STEP, "before SIGTERM").await;
+
+    let sigterm = Instant::now();
+    nix::sys::signal::kill(agent.pid(), nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    let status = tokio::time::timeout(NODE_WAIT, agent.child.wait())
+        .await
+        .unwrap_or_else(|_| panic!("the agent did not exit:\n{}", agent.log()))
+        .expect("reap the agent");
+    assert!(status.success(), "agent: {status}\n{}", agent.log());
+    let exited = sigterm.elapsed();
+    load.wait_more(CALLS_PER_STEP, "after the agent exited")
+        .await;
+    let calls = load.finish().await;
+    let (failed, hung) = outcomes(&calls, sigterm, "SIGTERM");
+    let mut cut = Vec::new();
+    for h in streams {
+        let e = tokio::time::timeout(NODE_WAIT, h)
+            .await
+            .expect("stream ended")
+            .expect("stream task");
+        if e.ending() != Ending::Graceful {
+            cut.push(format!("{}: {:?}", e.id, e.status));
+        }
+    }
+    eprintln!(
+        "SIGTERM without a successor: {} unary calls, {} failed, {} hung; {} of 4 long streams cut; agent exited after {exited:?}",
+        calls.len(),
+        failed.len(),
+        hung.len(),
+        cut.len()
+    );
+    for f in failed.iter().chain(hung.iter()).take(20) {
+        eprintln!("  {f}");
+    }
+    assert!(
+        failed.is_empty() && hung.is_empty(),
+        "{} failed, {} hung\nagent:\n{}",
+        failed.len(),
+        hung.len(),
+        agent.log()
+    );
+    assert!(cut.is_empty(), "cut streams: {cut:?}");
 }

@@ -189,6 +189,13 @@ impl AgentBin {
 /// `drainshim node --listen <listen> --proc-root <lab> AGENT_FLAGS <extra>`,
 /// returned once it logged "node agent ready".
 pub async fn agent_bin(lab: &Lab, listen: SocketAddr, extra: &[&str]) -> AgentBin {
+    let agent = agent_bin_started(lab, listen, extra);
+    agent.wait_log("node agent ready").await;
+    agent
+}
+
+/// [`agent_bin`], returned at once, while it starts.
+pub fn agent_bin_started(lab: &Lab, listen: SocketAddr, extra: &[&str]) -> AgentBin {
     use tokio::io::AsyncBufReadExt;
     let farm = lab.farm.path().to_string_lossy().into_owned();
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_drainshim"));
@@ -217,9 +224,7 @@ pub async fn agent_bin(lab: &Lab, listen: SocketAddr, extra: &[&str]) -> AgentBi
             }
         }
     });
-    let agent = AgentBin { child, log };
-    agent.wait_log("node agent ready").await;
-    agent
+    AgentBin { child, log }
 }
 
 /// Waits until the agent at `api` serves a guard in every pod named.
@@ -246,5 +251,49 @@ pub async fn wait_guards(api: SocketAddr, pods: &[&str]) {
             "guards not all serving within {NODE_WAIT:?}: {status:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A pod like [`guarded_pod`] (the guard opted in by node metadata), but
+/// its Envoy runs a user's own minimal inbound bootstrap: the guard is the
+/// app cluster's only endpoint, with no retry policy, no fallback priority
+/// and no health check (the harness's generated bootstrap with
+/// `fallback`/`route_retry` None, its inbound listener on 0.0.0.0:10000).
+/// Nothing is retried, so whatever the guard fails, a caller sees.
+pub async fn no_retry_pod(lab: &Lab, name: &str, version: &str) -> GuardedNodePod {
+    let ns = lab.netns(name);
+    let (_host, ip) = lab.link_host(&ns);
+    let app = app_in(&ns).await;
+    let envoy = lab
+        .envoy(&ns, version, |o| {
+            o.upstream = GUARD_LISTEN.parse().expect("guard address");
+            o.fallback = None;
+            o.route_retry = None;
+            o.node_id = name.to_string();
+            o.metadata.insert("NAMESPACE".into(), "shop".into());
+            o.metadata.insert("NAME".into(), name.into());
+            o.metadata
+                .insert("DRAINSHIM_GUARD".into(), GUARD_SPEC.into());
+            let generated = o.bootstrap();
+            assert!(
+                !generated.contains("retry_policy") && !generated.contains("priority: 1"),
+                "{generated}"
+            );
+            // The inbound listener is the first 127.0.0.1:0 (the outbound one follows).
+            let ephemeral = "socket_address: { address: 127.0.0.1, port_value: 0 }";
+            assert!(generated.contains(ephemeral), "{generated}");
+            o.custom_bootstrap = Some(generated.replacen(
+                ephemeral,
+                &format!("socket_address: {{ address: 0.0.0.0, port_value: {INBOUND_PORT} }}"),
+                1,
+            ));
+        })
+        .await;
+    GuardedNodePod {
+        name: name.to_string(),
+        ns,
+        ip,
+        envoy,
+        app,
     }
 }
