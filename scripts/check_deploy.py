@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Checks the deployment files in deploy/ (run by scripts/check-deploy.sh).
 
-    check_deploy.py check --rendered DIR --envoy-cache DIR
+    check_deploy.py check --rendered DIR --envoy-cache DIR --prometheus BIN
         Every check below on the kustomize output in DIR (one NAME.yaml per
         base or overlay). Prints what it checked; exits 1 on any failure.
-    check_deploy.py selftest --rendered DIR
-        Proves the rollout, scrape and docs rules fire: on the rendered
+    check_deploy.py selftest --rendered DIR --prometheus BIN
+        Proves the rollout, scrape, label and docs rules fire: on the rendered
         DaemonSet as shipped (accepted) and as it was before issue 29, with
-        its port declared (rejected), and on the docs' old wording.
+        its port declared (rejected), on the sidecar PodMonitor as shipped
+        and as it was before issue 30, honouring labels (rejected, also by a
+        real Prometheus), and on the docs' old wording.
     check_deploy.py sync-rules
         Rewrites deploy/monitoring/prometheusrule.yaml from rules.yaml.
 
@@ -31,7 +33,12 @@ Checks:
              rendered pod (Prometheus' pod discovery, the operator's port
              filter, the relabelings): each drainshim scraped exactly once at
              its --listen port, nothing else scraped, the agent with
-             honorLabels
+             honorLabels. Labels: no sidecar scraped with honorLabels, its
+             monitor's own relabelings set namespace/pod from the pod's
+             metadata, honorLabels only on monitors confined to the agents'
+             namespaces; and a real Prometheus, configured from each sidecar
+             monitor as the operator would, scrapes an exporter claiming
+             another pod (FORGED): the stored series must name the real pod
   node       the `drainshim node` DaemonSet: hostPID, hostNetwork, exactly
              SYS_ADMIN + SYS_PTRACE, root (for the capabilities), read-only
              root, seccomp RuntimeDefault, tolerations for every node, a
@@ -1236,7 +1243,8 @@ def discovered_targets(pod: ScrapePod, ip: str, node_ip: str) -> list[dict[str, 
     port, one port-less target per container that declares none (init
     containers included)."""
     common = {
-        "__meta_kubernetes_namespace": pod.namespace,
+        # A manifest without a namespace is applied to one; never empty.
+        "__meta_kubernetes_namespace": pod.namespace or "default",
         "__meta_kubernetes_pod_name": pod.where.rsplit("/", 1)[-1] + "-0",
         "__meta_kubernetes_pod_ip": ip,
         "__meta_kubernetes_pod_ready": "true",
@@ -1329,9 +1337,34 @@ def relabel(labels: dict[str, str], rules: list[dict]) -> dict[str, str] | None:
     return labels
 
 
-def podmonitor_scrapes(pm: dict, pod: ScrapePod, ip: str, node_ip: str) -> list[tuple[int, dict, str]]:
-    """(endpoint index, endpoint, address) of every target the PodMonitor
-    gives on the pod."""
+def operator_relabelings(pm: dict, ep: dict) -> list[dict]:
+    """What prometheus-operator puts before an endpoint's own relabelings:
+    the target filters, then the target labels namespace, container and pod
+    (from the pod's metadata), job and endpoint."""
+    rules: list[dict] = [{"sourceLabels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)", "action": "drop"}]
+    if ep.get("port"):
+        rules.append({"sourceLabels": ["__meta_kubernetes_pod_container_port_name"], "regex": str(ep["port"]), "action": "keep"})
+    elif ep.get("portNumber"):
+        rules.append({"sourceLabels": ["__meta_kubernetes_pod_container_port_number"], "regex": str(ep["portNumber"]), "action": "keep"})
+    elif ep.get("targetPort") is not None:
+        tp = ep["targetPort"]
+        key = "port_number" if isinstance(tp, int) else "port_name"
+        rules.append({"sourceLabels": [f"__meta_kubernetes_pod_container_{key}"], "regex": str(tp), "action": "keep"})
+    meta = pm.get("metadata") or {}
+    rules += [
+        {"sourceLabels": ["__meta_kubernetes_namespace"], "targetLabel": "namespace"},
+        {"sourceLabels": ["__meta_kubernetes_pod_container_name"], "targetLabel": "container"},
+        {"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "pod"},
+        {"targetLabel": "job", "replacement": f"{meta.get('namespace') or 'monitoring'}/{meta.get('name', '')}"},
+    ]
+    if ep.get("port"):
+        rules.append({"targetLabel": "endpoint", "replacement": str(ep["port"])})
+    return rules
+
+
+def podmonitor_scrapes(pm: dict, pod: ScrapePod, ip: str, node_ip: str) -> list[tuple[int, dict, str, dict]]:
+    """(endpoint index, endpoint, address, discovered target) of every target
+    the PodMonitor gives on the pod."""
     spec = pm.get("spec") or {}
     nsel = spec.get("namespaceSelector") or {}
     own_ns = (pm.get("metadata") or {}).get("namespace") or ""
@@ -1343,21 +1376,11 @@ def podmonitor_scrapes(pm: dict, pod: ScrapePod, ip: str, node_ip: str) -> list[
     found = []
     targets = discovered_targets(pod, ip, node_ip)
     for i, ep in enumerate(spec.get("podMetricsEndpoints") or []):
-        # What the operator puts before the endpoint's own relabelings.
-        rules: list[dict] = [{"sourceLabels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)", "action": "drop"}]
-        if ep.get("port"):
-            rules.append({"sourceLabels": ["__meta_kubernetes_pod_container_port_name"], "regex": str(ep["port"]), "action": "keep"})
-        elif ep.get("portNumber"):
-            rules.append({"sourceLabels": ["__meta_kubernetes_pod_container_port_number"], "regex": str(ep["portNumber"]), "action": "keep"})
-        elif ep.get("targetPort") is not None:
-            tp = ep["targetPort"]
-            key = "port_number" if isinstance(tp, int) else "port_name"
-            rules.append({"sourceLabels": [f"__meta_kubernetes_pod_container_{key}"], "regex": str(tp), "action": "keep"})
-        rules += ep.get("relabelings") or []
+        rules = operator_relabelings(pm, ep) + (ep.get("relabelings") or [])
         for t in targets:
             out = relabel(t, rules)
             if out is not None and out.get("__address__"):
-                found.append((i, ep, out["__address__"]))
+                found.append((i, ep, out["__address__"], t))
     return found
 
 
@@ -1375,7 +1398,9 @@ def check_scrapes(ck: Checker, docs: list[dict], pods: list[ScrapePod], all_pods
             if pod.spec.get("hostNetwork") is True:
                 ip = node_ip
             try:
-                got = [(pm["metadata"]["name"], i, ep, addr) for pm in pms for i, ep, addr in podmonitor_scrapes(pm, pod, ip, node_ip)]
+                scraped = [(pm["metadata"]["name"], i, ep, addr, t) for pm in pms for i, ep, addr, t in podmonitor_scrapes(pm, pod, ip, node_ip)]
+                got = [(n, i, ep, addr) for n, i, ep, addr, _ in scraped]
+                found = [(n, i, ep, t) for n, i, ep, _, t in scraped]
             except (ValueError, re.error) as e:
                 ck.fail("wiring", f"{pod.where}: cannot run the PodMonitors' relabelings on it: {e}")
                 return
@@ -1398,6 +1423,9 @@ def check_scrapes(ck: Checker, docs: list[dict], pods: list[ScrapePod], all_pods
                 for n, i, ep, _ in got:
                     ck.check("wiring", ep.get("honorLabels") is True,
                              f"PodMonitor/{n}: scrapes {pod.where} without honorLabels: true; every pod's namespace/pod labels would become exported_namespace/exported_pod")
+            else:
+                for n, i, ep, t in found:
+                    check_sidecar_labels(ck, f"PodMonitor/{n}[{i}]", ep, pod, t)
             seen += [f"{a} (honorLabels {ep.get('honorLabels')})" for a, (_, _, ep, _) in zip(addrs, got)]
         if seen and pod.judge and pod.want_port is not None and all_pods:
             print(f"  {pod.where}: scraped by {'; '.join(seen)}")
@@ -1405,6 +1433,149 @@ def check_scrapes(ck: Checker, docs: list[dict], pods: list[ScrapePod], all_pods
         for i, _ in enumerate(pm["spec"].get("podMetricsEndpoints") or []):
             ck.check("wiring", (pm["metadata"]["name"], i) in used,
                      f"PodMonitor/{pm['metadata']['name']} endpoint {i} scrapes no rendered drainshim pod")
+
+
+def check_sidecar_labels(ck: Checker, where: str, ep: dict, pod: ScrapePod, target: dict[str, str]) -> None:
+    """A monitor that scrapes sidecars trusts nothing they export: any pod in
+    any namespace can declare their port. No honorLabels, and its own
+    relabelings (not only the operator's) set namespace and pod from the pod's
+    metadata, so a scraped namespace/pod never names another pod."""
+    ck.check("wiring", ep.get("honorLabels") is not True,
+             f"{where}: scrapes the sidecar {pod.where} with honorLabels: true; any pod that declares its port "
+             "could export series with another pod's namespace/pod labels (set honorLabels: false)")
+    try:
+        own = relabel(target, ep.get("relabelings") or []) or {}
+    except (ValueError, re.error) as e:
+        ck.fail("wiring", f"{where}: cannot run its relabelings on {pod.where}: {e}")
+        return
+    want = {"namespace": target.get("__meta_kubernetes_namespace"), "pod": target.get("__meta_kubernetes_pod_name")}
+    got = {k: own.get(k) for k in want}
+    ck.check("wiring", got == want,
+             f"{where}: its relabelings set {got} on {pod.where}, want {want}: namespace and pod from "
+             "__meta_kubernetes_namespace and __meta_kubernetes_pod_name")
+
+
+def check_label_trust(ck: Checker, pms: list[dict], agent_namespaces: set[str]) -> None:
+    """honorLabels only where nobody but the agent runs: a PodMonitor that
+    honours labels reads only the agents' namespaces (matchNames), never any."""
+    for pm in pms:
+        name = f"PodMonitor/{pm['metadata']['name']}"
+        nsel = (pm.get("spec") or {}).get("namespaceSelector") or {}
+        for i, ep in enumerate(pm["spec"].get("podMetricsEndpoints") or []):
+            if ep.get("honorLabels") is not True:
+                continue
+            names = set(nsel.get("matchNames") or [])
+            ck.check("wiring", nsel.get("any") is not True and bool(names) and names <= agent_namespaces,
+                     f"{name}[{i}]: honorLabels: true on namespaceSelector {nsel or '{}'}; honour labels only in the "
+                     f"node agents' namespaces {sorted(agent_namespaces)} (matchNames), or any pod there could name any pod")
+
+
+# A tenant's exporter: it claims to be another namespace's pod.
+FORGED = {"namespace": "kube-system", "pod": "victim"}
+
+
+def _snake(rule: dict) -> dict:
+    """A prometheus-operator relabeling as Prometheus' relabel_config."""
+    out = {re.sub(r"([A-Z])", r"_\1", k).lower(): v for k, v in rule.items()}
+    if "action" in out:
+        out["action"] = str(out["action"]).lower()
+    return out
+
+
+def forged_label_run(prometheus: Path, pm: dict, pod: ScrapePod) -> list[str]:
+    """Scrapes an exporter that claims FORGED with the PodMonitor's first
+    endpoint that selects the pod, in a real Prometheus: the operator's
+    relabelings, the endpoint's relabelings, honorLabels and
+    metricRelabelings, on the pod's discovered target labels. Returns what is
+    wrong with the stored series (nothing when they name the real pod and
+    nothing forged is left)."""
+    import http.server
+    import socket
+    import threading
+    import time
+    import urllib.request
+
+    found = podmonitor_scrapes(pm, pod, SIM_POD_IPS[0], SIM_NODE_IPS[0])
+    if not found:
+        return [f"PodMonitor/{pm['metadata']['name']} does not scrape {pod.where}"]
+    i, ep, _, target = found[0]
+    real = {"namespace": target["__meta_kubernetes_namespace"], "pod": target["__meta_kubernetes_pod_name"]}
+    body = ("# TYPE drainshim_proxy_info gauge\n"
+            f'drainshim_proxy_info{{namespace="{FORGED["namespace"]}",pod="{FORGED["pod"]}",version="1.40.0",mesh_version=""}} 1\n').encode()
+
+    class Exporter(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    exporter = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Exporter)
+    threading.Thread(target=exporter.serve_forever, daemon=True).start()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        prom_port = s.getsockname()[1]
+    addr = f"127.0.0.1:{exporter.server_address[1]}"
+    labels = {k: v for k, v in target.items() if k != "__address__"}
+    # The exporter stands in for the pod's address: the last word on
+    # __address__ is the harness's, after the monitor's own.
+    relabel_configs = [_snake(r) for r in operator_relabelings(pm, ep) + (ep.get("relabelings") or [])]
+    relabel_configs.append({"target_label": "__address__", "replacement": addr})
+    config = {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
+        "scrape_configs": [{
+            "job_name": f"podMonitor/{pm['metadata']['name']}/{i}",
+            "honor_labels": ep.get("honorLabels") is True,
+            "metrics_path": ep.get("path", "/metrics"),
+            "static_configs": [{"targets": [addr], "labels": labels}],
+            "relabel_configs": relabel_configs,
+            "metric_relabel_configs": [_snake(r) for r in ep.get("metricRelabelings") or []],
+        }],
+    }
+    with tempfile.TemporaryDirectory() as d:
+        # JSON is YAML: Prometheus reads it as its config.
+        (Path(d) / "prometheus.yml").write_text(json.dumps(config, indent=1))
+        log = open(Path(d) / "prometheus.log", "w")
+        proc = subprocess.Popen([str(prometheus), f"--config.file={d}/prometheus.yml", f"--storage.tsdb.path={d}/data",
+                                 f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{prom_port}/api/v1/query?" + urllib.parse.urlencode({"query": "drainshim_proxy_info"})
+            series: list[dict] = []
+            deadline = time.monotonic() + 60
+            while not series and time.monotonic() < deadline and proc.poll() is None:
+                try:
+                    with urllib.request.urlopen(url, timeout=5) as r:
+                        series = [x["metric"] for x in json.load(r)["data"]["result"]]
+                except OSError:
+                    pass
+                if not series:
+                    time.sleep(0.2)
+            if not series:
+                return [f"Prometheus stored no drainshim_proxy_info within 60 s (exit {proc.poll()}): "
+                        + (Path(d) / "prometheus.log").read_text()[-2000:]]
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.close()
+            exporter.shutdown()
+            exporter.server_close()
+    wrong = []
+    for m in series:
+        got = {k: m.get(k) for k in real}
+        if got != real:
+            wrong.append(f"stored {got}, want the pod's own {real}: {m}")
+        forged = sorted(k for k, v in m.items() if v in FORGED.values())
+        if forged:
+            wrong.append(f"the forged {FORGED} survived as {forged}: {m}")
+    return wrong
 
 
 # ------------------------------------------------------------------- docs
@@ -1580,7 +1751,7 @@ hostPath, NET_ADMIN.
 }
 
 
-def run_selftest(rendered: Path) -> int:
+def run_selftest(rendered: Path, prometheus: Path) -> int:
     """Proves the rules above fire: each on the shipped manifests (passes)
     and on a copy broken the way issue 29 found it (rejected)."""
     results: list[tuple[bool, str]] = []
@@ -1680,6 +1851,7 @@ def run_selftest(rendered: Path) -> int:
 
     def rewrite_only(d: dict) -> None:
         d["spec"]["selector"] = {}
+        d["spec"]["namespaceSelector"] = {"any": True}
         for ep in d["spec"].get("podMetricsEndpoints") or []:
             if "relabelings" in ep:
                 ep["relabelings"] = [r for r in ep["relabelings"] if str(r.get("action", "replace")).lower() != "keep"]
@@ -1687,7 +1859,50 @@ def run_selftest(rendered: Path) -> int:
     ck = Checker()
     check_scrapes(ck, [variant(pm, rewrite_only) for pm in pms], apps, all_pods=False)
     expect(bool(apps) and any("where no drainshim serves" in f for f in ck.failures),
-           "the node PodMonitor's address rewrite alone (selector {}, no keep): scrapes base/'s app, rejected", "\n".join(ck.failures))
+           "the node PodMonitor's address rewrite alone (selector {}, every namespace, no keep): scrapes base/'s app, rejected", "\n".join(ck.failures))
+
+    print("== labels: what the sidecar monitor trusts (prometheus-operator, and a real Prometheus)")
+    side_pm = next(pm for pm in pms if pm["metadata"]["name"] == "drainshim")
+    sidecar = next(ScrapePod(f"sidecar: {n}", (d.get("metadata") or {}).get("namespace") or "", m, sp,
+                             host_port(shim_settings(next(c for c, _, _ in all_containers(sp) if is_drainshim(c, "sidecar"))).get("listen", "127.0.0.1:15099"))[1])
+                   for d in load("sidecar") for n, m, sp in pod_specs(d)
+                   if any(is_drainshim(c, "sidecar") for c, _, _ in all_containers(sp)))
+
+    def old_sidecar_monitor(d: dict) -> None:
+        for ep in d["spec"]["podMetricsEndpoints"]:
+            ep["honorLabels"] = True
+            ep.pop("relabelings", None)
+            ep.pop("metricRelabelings", None)
+
+    old_pm = variant(side_pm, old_sidecar_monitor)
+    ck = Checker()
+    check_scrapes(ck, [side_pm], [sidecar], all_pods=False)
+    expect(not ck.failures, f"the shipped PodMonitor/drainshim on {sidecar.where}: no honorLabels, namespace/pod from the pod", "\n".join(ck.failures))
+    ck = Checker()
+    check_scrapes(ck, [old_pm], [sidecar], all_pods=False)
+    expect(any("honorLabels: true" in f for f in ck.failures) and any("its relabelings set" in f for f in ck.failures),
+           "the old PodMonitor/drainshim (honorLabels: true, no relabelings): rejected", "\n".join(ck.failures))
+    ck = Checker()
+    check_label_trust(ck, [old_pm], {"drainshim-system"})
+    expect(any("honorLabels: true on namespaceSelector" in f for f in ck.failures),
+           "honorLabels: true on a monitor of every namespace: rejected", "\n".join(ck.failures))
+    ck = Checker()
+    check_label_trust(ck, pms, {ds["metadata"].get("namespace") or ""})
+    expect(not ck.failures, "the shipped monitors: honorLabels only in the agent's namespace", "\n".join(ck.failures))
+    node_pm = next(pm for pm in pms if pm["metadata"]["name"] != "drainshim")
+    ck = Checker()
+    check_label_trust(ck, [variant(node_pm, lambda d: d["spec"].__setitem__("namespaceSelector", {"any": True}))], {"drainshim-system"})
+    expect(len(ck.failures) == 1, "the node monitor on every namespace (its old namespaceSelector): rejected", "\n".join(ck.failures))
+    wrong = forged_label_run(prometheus, side_pm, sidecar)
+    expect(not wrong, f"the shipped PodMonitor/drainshim, an exporter claiming {FORGED}, real Prometheus: the pod's own namespace/pod stored",
+           "\n".join(wrong))
+    no_drop = variant(side_pm, lambda d: [ep.pop("metricRelabelings", None) for ep in d["spec"]["podMetricsEndpoints"]])
+    wrong = forged_label_run(prometheus, no_drop, sidecar)
+    expect(any("survived as ['exported_namespace', 'exported_pod']" in w for w in wrong),
+           "the shipped PodMonitor/drainshim without its metricRelabelings: the forged labels stored as exported_*, rejected", "\n".join(wrong))
+    wrong = forged_label_run(prometheus, old_pm, sidecar)
+    expect(any("want the pod's own" in w for w in wrong),
+           f"the old PodMonitor/drainshim, the same exporter, real Prometheus: the forged {FORGED} stored, rejected", "\n".join(wrong))
 
     print("== docs: known contradictions of the manifests and `drainshim node --help`")
     ru = (ds["spec"].get("updateStrategy") or {}).get("rollingUpdate") or {}
@@ -1708,7 +1923,7 @@ def run_selftest(rendered: Path) -> int:
 
 # ------------------------------------------------------------------- main
 
-def run_check(rendered: Path, envoy_cache: Path, design: Path | None) -> int:
+def run_check(rendered: Path, envoy_cache: Path, design: Path | None, prometheus: Path) -> int:
     import kubernetes_validate
 
     ck = Checker()
@@ -1771,6 +1986,20 @@ def run_check(rendered: Path, envoy_cache: Path, design: Path | None) -> int:
     ck.check("rules", bool(monitoring_docs), "deploy/monitoring rendered nothing")
     rules = check_rules_sync(ck, monitoring_docs)
     check_scrapes(ck, monitoring_docs, scrape_pods)
+    pms = [d for d in monitoring_docs if d.get("kind") == "PodMonitor"]
+    check_label_trust(ck, pms, {a.namespace for a in agents})
+    # Forged labels, in a real Prometheus: each monitor that scrapes sidecars,
+    # against an exporter in one of the pods it scrapes.
+    sidecars = [p for p in scrape_pods if p.judge and p.want_port is not None and not p.agent]
+    for pm in pms:
+        pod = next((p for p in sidecars if podmonitor_scrapes(pm, p, SIM_POD_IPS[0], SIM_NODE_IPS[0])), None)
+        if pod is None:
+            continue
+        wrong = forged_label_run(prometheus, pm, pod)
+        if ck.check("wiring", not wrong, f"PodMonitor/{pm['metadata']['name']}: an exporter in {pod.where} claiming "
+                                         f"{FORGED}, in a real Prometheus: " + "; ".join(wrong)):
+            print(f"  PodMonitor/{pm['metadata']['name']}: an exporter in {pod.where} claiming {FORGED}: "
+                  "stored with the pod's own namespace and pod (real Prometheus)")
     dashboard = check_dashboard(ck, MONITORING / "dashboard.json")
     rendered_dash = [d for d in monitoring_docs if d.get("kind") == "ConfigMap" and "dashboard.json" in (d.get("data") or {})]
     ck.check("dashboard", len(rendered_dash) == 1, "the dashboard ConfigMap is not rendered by deploy/monitoring")
@@ -1808,20 +2037,26 @@ def main() -> int:
     c = sub.add_parser("check")
     c.add_argument("--rendered", type=Path, required=True)
     c.add_argument("--envoy-cache", type=Path, required=True)
+    c.add_argument("--prometheus", type=Path, required=True, help="the prometheus binary (forged-label runs)")
     c.add_argument("--design", type=Path,
                    default=Path(os.environ.get("DRAINSHIM_DESIGN", ROOT / "docs" / "design.md")))
     sub.add_parser("sync-rules")
     st = sub.add_parser("selftest")
     st.add_argument("--rendered", type=Path, required=True)
+    st.add_argument("--prometheus", type=Path, required=True, help="the prometheus binary (forged-label runs)")
     a = ap.parse_args()
     if a.cmd == "sync-rules":
         sync_rules()
         return 0
     if a.cmd == "selftest":
-        return run_selftest(a.rendered)
+        if not a.prometheus.is_file():
+            raise SystemExit(f"check_deploy: {a.prometheus} not found (scripts/fetch-prometheus.sh)")
+        return run_selftest(a.rendered, a.prometheus)
     if not a.design.is_file():
         raise SystemExit(f"check_deploy: {a.design} not found (the metrics contract)")
-    return run_check(a.rendered, a.envoy_cache, a.design)
+    if not a.prometheus.is_file():
+        raise SystemExit(f"check_deploy: {a.prometheus} not found (scripts/fetch-prometheus.sh)")
+    return run_check(a.rendered, a.envoy_cache, a.design, a.prometheus)
 
 
 if __name__ == "__main__":
