@@ -9,10 +9,11 @@
 //! | `POST /drain` | start the drain (idempotent); 202 with the status |
 //! | `GET\|POST /drain?wait=true` | start if needed, block until done; 200 with the report (preStop `httpGet`) |
 //!
-//! Mutating calls are accepted only from loopback or `--allow-drain-from`.
+//! Mutating calls are accepted only from the pod's own loopback addresses
+//! (127.0.0.1, ::1) or `--allow-drain-from`.
 
 use std::convert::Infallible;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,14 +57,23 @@ pub struct Control {
     pub data_path: Option<crate::readiness::DataPath>,
 }
 
-/// Loopback, or inside one of the allowed networks. IPv4-mapped IPv6
-/// addresses are judged as the IPv4 address they carry.
+/// 127.0.0.1 or ::1, or inside one of the allowed networks. IPv4-mapped
+/// IPv6 addresses are judged as the IPv4 address they carry.
+///
+/// Not the rest of 127.0.0.0/8: Istio's inbound passthrough connects to the
+/// app from 127.0.0.6, so in a mesh pod whose control port is captured, any
+/// caller that reaches the pod IP arrives from there. Every `/drain` (the
+/// sidecar's, the node agent's and each pod's listener) asks this.
 pub fn may_mutate(peer: IpAddr, allow: &[IpNet]) -> bool {
     let peer = match peer {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(peer, IpAddr::V4),
         v4 => v4,
     };
-    peer.is_loopback() || allow.iter().any(|n| n.contains(&peer))
+    let own_loopback = match peer {
+        IpAddr::V4(v4) => v4 == Ipv4Addr::LOCALHOST,
+        IpAddr::V6(v6) => v6 == Ipv6Addr::LOCALHOST,
+    };
+    own_loopback || allow.iter().any(|n| n.contains(&peer))
 }
 
 /// What a request asks for, decided from its method, path, query and caller
@@ -95,7 +105,7 @@ pub enum Refusal {
     DrainGetWithoutWait,
     /// 400: a bad `/drain` query; the message says why.
     BadQuery(String),
-    /// 403: a drain from a caller that is neither loopback nor allowed.
+    /// 403: a drain from a caller that is neither 127.0.0.1/::1 nor allowed.
     Forbidden(IpAddr),
 }
 
@@ -181,7 +191,9 @@ impl Refusal {
             Refusal::BadQuery(msg) => text(StatusCode::BAD_REQUEST, msg.clone()),
             Refusal::Forbidden(ip) => text(
                 StatusCode::FORBIDDEN,
-                format!("drain refused: {ip} is not loopback and not in --allow-drain-from\n"),
+                format!(
+                    "drain refused: {ip} is not 127.0.0.1 or ::1 and not in --allow-drain-from\n"
+                ),
             ),
         }
     }
@@ -432,18 +444,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_loopback_and_allowed_networks_may_drain() {
+    fn only_the_own_loopback_and_allowed_networks_may_drain() {
         let allow: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         assert!(may_mutate(ip("127.0.0.1"), &[]));
-        assert!(may_mutate(ip("127.3.4.5"), &[]));
         assert!(may_mutate(ip("::1"), &[]));
         assert!(may_mutate(ip("::ffff:127.0.0.1"), &[]));
+        // The rest of 127/8 is not the pod's own: Istio's inbound
+        // passthrough connects from 127.0.0.6 on behalf of any caller.
+        assert!(!may_mutate(ip("127.0.0.6"), &[]));
+        assert!(!may_mutate(ip("127.3.4.5"), &[]));
+        assert!(!may_mutate(ip("::ffff:127.0.0.6"), &[]));
+        assert!(!may_mutate(ip("127.0.0.6"), &allow));
+        // Unless --allow-drain-from names it.
+        let passthrough: Vec<IpNet> = vec!["127.0.0.6/32".parse().unwrap()];
+        assert!(may_mutate(ip("127.0.0.6"), &passthrough));
+        assert!(may_mutate(ip("::ffff:127.0.0.6"), &passthrough));
+        assert!(!may_mutate(ip("127.0.0.7"), &passthrough));
         assert!(!may_mutate(ip("10.1.2.3"), &[]));
         assert!(may_mutate(ip("10.1.2.3"), &allow));
         assert!(may_mutate(ip("::ffff:10.1.2.3"), &allow));
         assert!(!may_mutate(ip("192.168.1.1"), &allow));
         assert!(!may_mutate(ip("fe80::1"), &allow));
+        assert!(!may_mutate(ip("::"), &[]));
+        assert!(!may_mutate(ip("0.0.0.0"), &[]));
     }
 
     #[test]
@@ -482,6 +506,11 @@ mod tests {
         assert_eq!(
             r(Method::POST, "/drain", "", far),
             Route::Refused(Refusal::Forbidden(far))
+        );
+        let passthrough: IpAddr = "127.0.0.6".parse().unwrap();
+        assert_eq!(
+            r(Method::GET, "/drain", "wait=true", passthrough),
+            Route::Refused(Refusal::Forbidden(passthrough))
         );
         assert_eq!(
             r(Method::GET, "/nope", "", lo),

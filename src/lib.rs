@@ -17,6 +17,7 @@ pub mod guard;
 pub mod http;
 pub mod install;
 pub mod inventory;
+pub mod logging;
 pub mod metrics;
 pub mod node;
 pub mod oneshot;

@@ -3,7 +3,6 @@
 //! become settings in `cli`; failures map to exit codes in `error`.
 #![forbid(unsafe_code)]
 
-use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -11,6 +10,7 @@ use tracing_subscriber::EnvFilter;
 
 use drainshim::cli::{emit, print_json, Cli, Command};
 use drainshim::error::{Error, EX_SOFTWARE, EX_USAGE};
+use drainshim::logging::LogFormat;
 use drainshim::settings::{DrainOnceSettings, NodeSettings, SidecarSettings};
 use drainshim::signals::sigterms;
 use drainshim::{fleet, install, node, oneshot, prestop, sidecar};
@@ -35,12 +35,7 @@ fn main() -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        // Plain text in `kubectl logs`; colours only on a terminal.
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .init();
+    drainshim::logging::init(cli.log_format, filter);
     let runtime = match cli.command.runtime() {
         Ok(rt) => rt,
         Err(e) => {
@@ -49,10 +44,16 @@ fn main() -> ExitCode {
         }
     };
     let name = cli.command.name();
+    let json_logs = cli.log_format == LogFormat::Json;
     match runtime.block_on(run(cli.command)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("drainshim {name}: {e}");
+            // A log pipeline reading JSON lines gets the failure as one too.
+            if json_logs {
+                tracing::error!(command = name, error = %e, "drainshim {name} failed");
+            } else {
+                eprintln!("drainshim {name}: {e}");
+            }
             ExitCode::from(e.exit_code())
         }
     }

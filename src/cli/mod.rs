@@ -46,6 +46,14 @@ pub struct Cli {
     #[arg(long, env = "DRAINSHIM_LOG", global = true)]
     pub log: Option<String>,
 
+    /// How log lines on stderr are written: `text` for people (`kubectl
+    /// logs`), or `json`, one JSON object per line for a cluster's log
+    /// pipeline (timestamp, level, target, message and the event's fields;
+    /// the drain report is a nested object, not a string).
+    #[arg(long, env = "DRAINSHIM_LOG_FORMAT", global = true, value_enum,
+          default_value_t = crate::logging::LogFormat::Text)]
+    pub log_format: crate::logging::LogFormat,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -143,14 +151,14 @@ pub enum Command {
             kubepods cgroup;\n\
             - plants a listener inside the pod on 0.0.0.0:--pod-listen-port that serves only \
             GET /drain?wait=true (the pod's preStop httpGet; drains only that pod, and only when \
-            asked from one of the node's own addresses or the pod's loopback) and GET /healthz;\n\
+            asked from one of the node's own addresses or the pod's 127.0.0.1/::1) and GET /healthz;\n\
             - runs the same drain driver, report and telemetry as the sidecar.\n\
             Pods whose namespace has no Envoy left are retired at the next scan: listener closed, \
             tasks cancelled.\n\n\
             On --listen (the node's namespace): GET /metrics (every series with namespace and pod \
             labels; scrape with honor_labels: true), /healthz, /readyz, /status, and \
             GET /pods/<namespace>/<pod>, POST /pods/<namespace>/<pod>/drain[?wait=true] \
-            (loopback only).",
+            (127.0.0.1 and ::1 only).",
         after_help = NODE_AFTER_HELP
     )]
     Node(NodeArgs),
@@ -286,6 +294,15 @@ Stream guard per pod (opt in):
   cluster at LISTEN (priority 0) with the app as priority 1 (fail open), as
   deploy/components/envoy/envoy.yaml does. --guard gives pods without the key the same.
   The pod's preStop drain ends its guarded streams gracefully; caps are per pod.
+
+Drain timers per pod (opt in):
+  Envoy node metadata under the timer flags' variable names, e.g.
+  DRAINSHIM_DRAIN_TIME: \"300s\", DRAINSHIM_PARENT_SHUTDOWN_TIME: \"330s\",
+  DRAINSHIM_TERMINATION_GRACE_PERIOD: \"360s\" (also DRAINSHIM_DEREGISTRATION_DELAY,
+  DRAINSHIM_MIN_DRAIN_TIME, DRAINSHIM_POLL_INTERVAL): that pod's drain runs with them,
+  the flags fill in the keys it leaves out. They are held to the flags' rules; a pod
+  whose values break one, or do not parse, drains with the flags' timers and is named
+  with every violation: one warn line, its /status, drainshim_node_pod_timers_invalid.
 
 Rolling update (--handover-socket on a hostPath, DaemonSet maxSurge 1):
   the new agent takes every listener (node API, preStop, guards) from the old one:

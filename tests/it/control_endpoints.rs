@@ -100,3 +100,94 @@ async fn readyz_follows_envoy() {
     assert_eq!(code, 503);
     assert!(body.contains("connect"), "{body}");
 }
+
+/// A request to `addr` from the source address `from` (loopback accepts
+/// any 127/8 source on Linux, as Istio's inbound passthrough uses
+/// 127.0.0.6); returns (status, body).
+async fn http_from(
+    from: std::net::Ipv4Addr,
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+) -> (u16, String) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(std::net::SocketAddr::from((from, 0)))
+        .unwrap_or_else(|e| panic!("bind {from}: {e}"));
+    let stream = tokio::time::timeout(WAIT, socket.connect(addr))
+        .await
+        .expect("connect in time")
+        .expect("connect");
+    assert_eq!(stream.local_addr().expect("local").ip(), from);
+    let method: http::Method = method.parse().expect("method");
+    let (status, body) = tokio::time::timeout(
+        WAIT,
+        drainshim::http::request(stream, &addr.to_string(), method, path),
+    )
+    .await
+    .expect("answer in time")
+    .expect("request");
+    (status.as_u16(), String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The real binary takes drains from 127.0.0.1 (and ::1) only, not from the
+/// rest of 127/8: in an Istio pod whose control port is captured, every
+/// caller reaching the pod IP arrives from 127.0.0.6 (the inbound
+/// passthrough). `--allow-drain-from 127.0.0.6/32` lets that address drain.
+#[tokio::test]
+async fn drains_come_only_from_127_0_0_1_unless_allowed() {
+    let passthrough = std::net::Ipv4Addr::new(127, 0, 0, 6);
+    let localhost = std::net::Ipv4Addr::LOCALHOST;
+    // No Envoy is needed to judge who asks: the admin address refuses, and
+    // a started drain reports envoy_unreachable.
+    let admin = format!("http://127.0.0.1:{}", free_port());
+    let shim = sidecar_bin(&["--envoy-admin", &admin]).await;
+
+    for (method, path) in [("GET", "/drain?wait=true"), ("POST", "/drain")] {
+        let (code, body) = http_from(passthrough, shim.addr, method, path).await;
+        assert_eq!(code, 403, "{method} {path} from {passthrough}: {body}");
+        assert!(
+            body.contains("127.0.0.6") && body.contains("--allow-drain-from"),
+            "{body}"
+        );
+    }
+    // Read-only endpoints still answer it; nothing started.
+    let (code, body) = http_from(passthrough, shim.addr, "GET", "/status").await;
+    assert_eq!(code, 200, "{body}");
+    let status: Status = serde_json::from_str(&body).expect("status JSON");
+    assert_eq!(status.phase, Phase::Serving);
+    shim.wait_log("refused a drain request").await;
+
+    // 127.0.0.1 drains.
+    let (code, body) = http_from(localhost, shim.addr, "POST", "/drain").await;
+    assert_eq!(code, 202, "{body}");
+    let status: Status = serde_json::from_str(&body).expect("status JSON");
+    assert_ne!(status.phase, Phase::Serving, "{body}");
+
+    // With --allow-drain-from naming it, 127.0.0.6 drains too.
+    let allowed = sidecar_bin(&[
+        "--envoy-admin",
+        &admin,
+        "--allow-drain-from",
+        "127.0.0.6/32",
+    ])
+    .await;
+    let (code, body) = http_from(passthrough, allowed.addr, "POST", "/drain").await;
+    assert_eq!(code, 202, "{body}");
+    let status: Status = serde_json::from_str(&body).expect("status JSON");
+    assert_ne!(status.phase, Phase::Serving, "{body}");
+    // Only that address: 127.0.0.7 is still refused.
+    let (code, body) = http_from(
+        std::net::Ipv4Addr::new(127, 0, 0, 7),
+        allowed.addr,
+        "GET",
+        "/drain?wait=true",
+    )
+    .await;
+    assert_eq!(code, 403, "{body}");
+
+    for mut s in [shim, allowed] {
+        let _ = s.child.start_kill();
+        let _ = tokio::time::timeout(WAIT, s.child.wait()).await;
+    }
+}

@@ -35,6 +35,7 @@ mod guard_websocket;
 mod guard_websocket_h2;
 mod guard_websocket_python;
 mod layering;
+mod logs_json;
 mod node_cli;
 mod node_guard;
 mod node_handover;
