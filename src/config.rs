@@ -227,43 +227,186 @@ impl Default for Timers {
 impl Timers {
     /// Checks `min-drain-time <= drain-time < parent-shutdown-time < termination grace`.
     pub fn validate(&self, termination_grace: Option<Duration>) -> Result<(), Invalid> {
-        let h = |d: Duration| Span::from(d).to_string();
-        let mut errs = Vec::new();
-        if self.min_drain_time > self.drain_time {
-            errs.push(format!(
-                "--min-drain-time ({}) must not exceed --drain-time ({})",
-                h(self.min_drain_time),
-                h(self.drain_time)
-            ));
-        }
-        if self.drain_time >= self.parent_shutdown_time {
-            errs.push(format!(
-                "--drain-time ({}) must be less than --parent-shutdown-time ({}): the deadline must leave room for the drain",
-                h(self.drain_time),
-                h(self.parent_shutdown_time)
-            ));
-        }
-        if self.deregistration_delay > self.drain_time {
-            errs.push(format!(
-                "--deregistration-delay ({}) must not exceed --drain-time ({})",
-                h(self.deregistration_delay),
-                h(self.drain_time)
-            ));
-        }
-        if self.poll_interval.is_zero() {
-            errs.push("--poll-interval must be greater than zero".to_string());
-        }
-        if let Some(grace) = termination_grace {
-            if grace <= self.parent_shutdown_time {
-                errs.push(format!(
-                    "--termination-grace-period ({}) must exceed --parent-shutdown-time ({}): otherwise the kubelet sends SIGKILL before the drain deadline",
-                    h(grace),
-                    h(self.parent_shutdown_time)
-                ));
-            }
-        }
-        Invalid(errs).into_result()
+        let found = self.violations(termination_grace, |t| t.flag().to_string());
+        Invalid(found.into_iter().map(|v| v.message).collect()).into_result()
     }
+
+    /// Every rule of the drain timeline these timers break, each message
+    /// naming its values by `name` (the flags for a command line; node mode
+    /// names a pod's own metadata keys).
+    pub fn violations(
+        &self,
+        termination_grace: Option<Duration>,
+        name: impl Fn(Timer) -> String,
+    ) -> Vec<Violation> {
+        let h = |d: Duration| Span::from(d).to_string();
+        let mut found = Vec::new();
+        let mut check = |ok: bool, rule: Rule, message: &dyn Fn() -> String| {
+            if !ok {
+                found.push(Violation {
+                    rule,
+                    message: message(),
+                });
+            }
+        };
+        check(
+            self.min_drain_time <= self.drain_time,
+            Rule::MinDrainTimeAboveDrainTime,
+            &|| {
+                format!(
+                    "{} ({}) must not exceed {} ({})",
+                    name(Timer::MinDrainTime),
+                    h(self.min_drain_time),
+                    name(Timer::DrainTime),
+                    h(self.drain_time)
+                )
+            },
+        );
+        check(
+            self.drain_time < self.parent_shutdown_time,
+            Rule::DrainTimeNotBelowDeadline,
+            &|| {
+                format!(
+                    "{} ({}) must be less than {} ({}): the deadline must leave room for the drain",
+                    name(Timer::DrainTime),
+                    h(self.drain_time),
+                    name(Timer::ParentShutdownTime),
+                    h(self.parent_shutdown_time)
+                )
+            },
+        );
+        check(
+            self.deregistration_delay <= self.drain_time,
+            Rule::DeregistrationDelayAboveDrainTime,
+            &|| {
+                format!(
+                    "{} ({}) must not exceed {} ({})",
+                    name(Timer::DeregistrationDelay),
+                    h(self.deregistration_delay),
+                    name(Timer::DrainTime),
+                    h(self.drain_time)
+                )
+            },
+        );
+        check(
+            !self.poll_interval.is_zero(),
+            Rule::PollIntervalZero,
+            &|| format!("{} must be greater than zero", name(Timer::PollInterval)),
+        );
+        if let Some(grace) = termination_grace {
+            check(
+                grace > self.parent_shutdown_time,
+                Rule::GraceNotAboveDeadline,
+                &|| {
+                    format!(
+                        "{} ({}) must exceed {} ({}): otherwise the kubelet sends SIGKILL before the drain deadline",
+                        name(Timer::TerminationGracePeriod),
+                        h(grace),
+                        name(Timer::ParentShutdownTime),
+                        h(self.parent_shutdown_time)
+                    )
+                },
+            );
+        }
+        found
+    }
+}
+
+/// One value of the drain budget, as a rule names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Timer {
+    DeregistrationDelay,
+    MinDrainTime,
+    DrainTime,
+    ParentShutdownTime,
+    PollInterval,
+    /// The pod's terminationGracePeriodSeconds: what the timers must fit in.
+    TerminationGracePeriod,
+}
+
+// === impl Timer ===
+
+impl Timer {
+    pub const ALL: [Timer; 6] = [
+        Timer::DeregistrationDelay,
+        Timer::MinDrainTime,
+        Timer::DrainTime,
+        Timer::ParentShutdownTime,
+        Timer::PollInterval,
+        Timer::TerminationGracePeriod,
+    ];
+
+    /// Its command-line flag.
+    pub const fn flag(self) -> &'static str {
+        match self {
+            Timer::DeregistrationDelay => "--deregistration-delay",
+            Timer::MinDrainTime => "--min-drain-time",
+            Timer::DrainTime => "--drain-time",
+            Timer::ParentShutdownTime => "--parent-shutdown-time",
+            Timer::PollInterval => "--poll-interval",
+            Timer::TerminationGracePeriod => "--termination-grace-period",
+        }
+    }
+
+    /// Its flag's environment variable, which node mode also reads as a
+    /// pod's Envoy node metadata key.
+    pub const fn env(self) -> &'static str {
+        match self {
+            Timer::DeregistrationDelay => "DRAINSHIM_DEREGISTRATION_DELAY",
+            Timer::MinDrainTime => "DRAINSHIM_MIN_DRAIN_TIME",
+            Timer::DrainTime => "DRAINSHIM_DRAIN_TIME",
+            Timer::ParentShutdownTime => "DRAINSHIM_PARENT_SHUTDOWN_TIME",
+            Timer::PollInterval => "DRAINSHIM_POLL_INTERVAL",
+            Timer::TerminationGracePeriod => "DRAINSHIM_TERMINATION_GRACE_PERIOD",
+        }
+    }
+}
+
+/// A rule of the drain timeline (docs/design.md, "Drain timeline").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Rule {
+    /// min-drain-time > drain-time.
+    MinDrainTimeAboveDrainTime,
+    /// drain-time >= parent-shutdown-time.
+    DrainTimeNotBelowDeadline,
+    /// deregistration-delay > drain-time.
+    DeregistrationDelayAboveDrainTime,
+    /// poll-interval = 0.
+    PollIntervalZero,
+    /// termination grace <= parent-shutdown-time.
+    GraceNotAboveDeadline,
+}
+
+// === impl Rule ===
+
+impl Rule {
+    pub const ALL: [Rule; 5] = [
+        Rule::MinDrainTimeAboveDrainTime,
+        Rule::DrainTimeNotBelowDeadline,
+        Rule::DeregistrationDelayAboveDrainTime,
+        Rule::PollIntervalZero,
+        Rule::GraceNotAboveDeadline,
+    ];
+
+    /// A short name for it, as a metric label value.
+    pub const fn reason(self) -> &'static str {
+        match self {
+            Rule::MinDrainTimeAboveDrainTime => "min_drain_time_above_drain_time",
+            Rule::DrainTimeNotBelowDeadline => "drain_time_not_below_parent_shutdown_time",
+            Rule::DeregistrationDelayAboveDrainTime => "deregistration_delay_above_drain_time",
+            Rule::PollIntervalZero => "poll_interval_zero",
+            Rule::GraceNotAboveDeadline => "grace_not_above_parent_shutdown_time",
+        }
+    }
+}
+
+/// A broken rule and the message that says so.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// Which rule.
+    pub rule: Rule,
+    /// The values involved, by name, and why it matters.
+    pub message: String,
 }
 
 #[cfg(test)]
@@ -299,6 +442,43 @@ mod tests {
             "--termination-grace-period",
         ] {
             assert!(text.contains(flag), "{flag} missing from: {text}");
+        }
+    }
+
+    /// The same rules name other names (node mode: a pod's metadata keys),
+    /// each with its reason.
+    #[test]
+    fn violations_name_their_values_and_carry_their_rule() {
+        let t = Timers {
+            drain_time: s(100),
+            ..Timers::default()
+        };
+        let found = t.violations(Some(s(120)), |t| t.env().to_string());
+        let rules: Vec<Rule> = found.iter().map(|v| v.rule).collect();
+        assert_eq!(rules, vec![Rule::DrainTimeNotBelowDeadline]);
+        assert!(found[0].message.starts_with(
+            "DRAINSHIM_DRAIN_TIME (100s) must be less than DRAINSHIM_PARENT_SHUTDOWN_TIME (90s)"
+        ));
+        let all = Timers {
+            min_drain_time: s(70),
+            drain_time: s(60),
+            parent_shutdown_time: s(50),
+            deregistration_delay: s(61),
+            poll_interval: Duration::ZERO,
+        }
+        .violations(Some(s(30)), |t| t.flag().to_string());
+        assert_eq!(
+            all.iter().map(|v| v.rule).collect::<Vec<_>>(),
+            Rule::ALL.to_vec()
+        );
+        for t in Timer::ALL {
+            assert_eq!(
+                t.env(),
+                format!(
+                    "DRAINSHIM_{}",
+                    t.flag()[2..].replace('-', "_").to_uppercase()
+                )
+            );
         }
     }
 

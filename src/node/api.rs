@@ -224,7 +224,7 @@ async fn handle(
                 }
                 PodThen::Drain { wait } => {
                     tracing::info!(%peer, namespace, pod, wait, "API drain requested");
-                    drain_response(&handle, Trigger::Api, wait).await
+                    drain_response(&handle.start(), Trigger::Api, wait).await
                 }
             }
         }

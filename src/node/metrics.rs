@@ -376,6 +376,58 @@ fn versions(m: &Metrics) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// `drainshim_node_pod_timers_invalid{namespace,pod,reason}`: node mode's
+/// own family, not a sidecar metric (`node::timers`).
+pub const TIMERS_INVALID: (&str, &str) = (
+    "node_pod_timers_invalid",
+    "1 for each violation of a live pod's own drain timers (Envoy node metadata); \
+     the pod drains with the agent's timers",
+);
+
+/// The `reason` label of [`TIMERS_INVALID`].
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TimerReason {
+    /// A closed set: `node::timers::reasons()`.
+    reason: String,
+}
+
+/// Each live pod whose timers were refused, with the reasons.
+pub type TimersSource = Arc<dyn Fn() -> Vec<(PodLabels, Vec<&'static str>)> + Send + Sync>;
+
+/// The collector of [`TIMERS_INVALID`]; register it under the `drainshim` prefix.
+#[derive(Clone)]
+pub struct TimersCollector {
+    /// Called at each scrape.
+    pub source: TimersSource,
+}
+
+impl std::fmt::Debug for TimersCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TimersCollector").finish_non_exhaustive()
+    }
+}
+
+impl Collector for TimersCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        let mut pods = (self.source)();
+        pods.sort();
+        let (name, help) = TIMERS_INVALID;
+        let help = format!("{help}.");
+        let mut me = enc.encode_descriptor(name, &help, None, MetricType::Gauge)?;
+        let one = prometheus_client::metrics::gauge::Gauge::<i64>::default();
+        one.set(1);
+        for (pod, reasons) in &pods {
+            for reason in reasons {
+                let l = TimerReason {
+                    reason: reason.to_string(),
+                };
+                series(&mut me, pod, l, &one)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -591,5 +643,46 @@ mod tests {
         ));
         assert!(!text.contains("drainshim_draining{"), "{text}");
         assert!(!text.contains("drainshim_proxy_info{"), "{text}");
+    }
+
+    #[test]
+    fn invalid_timers_are_one_gauge_per_pod_and_reason() {
+        let pod = |p: &str| PodLabels {
+            namespace: "shop".into(),
+            pod: p.into(),
+        };
+        let source: TimersSource = Arc::new(move || {
+            vec![
+                (
+                    pod("web-c"),
+                    vec![
+                        "min_drain_time_above_drain_time",
+                        "unparsable_poll_interval",
+                    ],
+                ),
+                (pod("web-a"), vec![]),
+            ]
+        });
+        let mut node = Registry::default();
+        node.sub_registry_with_prefix("drainshim")
+            .register_collector(Box::new(TimersCollector { source }));
+        let text = crate::metrics::render(&node);
+        let (samples, _) = parse(&text);
+        let names: Vec<String> = samples
+            .iter()
+            .map(|(n, l, v)| format!("{n} {l:?} {v}"))
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                r#"drainshim_node_pod_timers_invalid [("namespace", "shop"), ("pod", "web-c"), ("reason", "min_drain_time_above_drain_time")] Gauge(1.0)"#,
+                r#"drainshim_node_pod_timers_invalid [("namespace", "shop"), ("pod", "web-c"), ("reason", "unparsable_poll_interval")] Gauge(1.0)"#,
+            ],
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE drainshim_node_pod_timers_invalid gauge"),
+            "{text}"
+        );
     }
 }

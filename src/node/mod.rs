@@ -14,6 +14,9 @@
 //!   tasks cancelled, namespace fd released; their drain counters stay on
 //!   `/metrics` for `--pod-retention` so the last drain is scraped.
 //!
+//! - reads the pod's own drain timers from the same node metadata
+//!   (`DRAINSHIM_DRAIN_TIME`, ...; `timers`): valid ones govern its drain,
+//!   invalid ones are named (log, `/status`, metric) and the agent's apply;
 //! - for a pod that opts in (Envoy node metadata `DRAINSHIM_GUARD`, or
 //!   `--guard`): binds its stream guard inside the pod and serves it; the
 //!   pod's drain ends the guarded streams gracefully (`guard`).
@@ -30,6 +33,7 @@ pub mod metrics;
 pub mod netns;
 pub mod pod;
 pub mod proc;
+pub mod timers;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -48,10 +52,11 @@ use tokio_util::task::TaskTracker;
 
 use self::guard::{GuardSpec, NetnsConnect, PodGuard, PodGuardSlot};
 use self::handover::{Kind, Offer};
-use self::metrics::{PodCollector, PodLabels, PodSeries, PodSource};
+use self::metrics::{PodCollector, PodLabels, PodSeries, PodSource, TimersCollector, TimersSource};
 use self::netns::{Netns, NetnsDial};
 use self::pod::{GuardState, HostAddrs, ListenerState, Pod, PodEndpoint, PodStatus};
-use crate::drain::{self, DrainSettings, Phase, StreamGuard};
+use self::timers::{PodDrain, PodTimers};
+use crate::drain::{DrainSettings, Phase, StreamGuard};
 use crate::envoy::AdminClient;
 use crate::metrics::Metrics;
 pub use crate::settings::NodeSettings;
@@ -273,11 +278,25 @@ impl NodeAgent {
                 all
             })
         };
+        let refused: TimersSource = {
+            let pods = pods.clone();
+            Arc::new(move || {
+                pods.lock()
+                    .map(|p| {
+                        p.values()
+                            .map(|p| (p.labels.clone(), p.drain.timers().reasons()))
+                            .filter(|(_, reasons)| !reasons.is_empty())
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            })
+        };
         let mut registry = Registry::default();
         let pods_gauge = prometheus_client::metrics::gauge::Gauge::default();
         {
             let r = registry.sub_registry_with_prefix("drainshim");
             r.register_collector(Box::new(PodCollector { source }));
+            r.register_collector(Box::new(TimersCollector { source: refused }));
             r.register(
                 "node_pods",
                 "Pods (network namespaces with an Envoy) the node agent manages",
@@ -388,7 +407,7 @@ impl NodeAgent {
                 .lock()
                 .map(|p| {
                     p.values()
-                        .map(|p| p.drain.clone())
+                        .filter_map(|p| p.drain.running())
                         .filter(|d| {
                             let s = d.status();
                             s.phase != Phase::Serving && s.report.is_none()
@@ -490,6 +509,31 @@ fn disambiguate(pods: &mut BTreeMap<u64, Pod>) {
             }
             seen.insert(p.labels.clone());
         }
+    }
+}
+
+/// Gives `pod`'s drain the timers its metadata asks for, unless it has
+/// started. Said once per change (each scan reads the same metadata): one
+/// warn line naming every violation when they are refused, one info line
+/// when the pod's own apply.
+fn apply_timers(pod: &Pod, timers: PodTimers) {
+    let (namespace, name) = (&pod.labels.namespace, &pod.labels.pod);
+    // A drain that started keeps the timers it started with.
+    if !pod.drain.set_timers(timers.clone()) {
+        return;
+    }
+    if !timers.problems.is_empty() {
+        let violations: Vec<&str> = timers.problems.iter().map(|p| p.message.as_str()).collect();
+        let reasons: Vec<&str> = timers.problems.iter().map(|p| p.reason).collect();
+        tracing::warn!(%namespace, pod = %name, ?reasons,
+            violations = %violations.join("; "),
+            "the pod's drain timers (node metadata) are invalid; it drains with the agent's");
+    } else if timers.source == timers::Source::Pod {
+        let t = &timers.timers;
+        tracing::info!(%namespace, pod = %name, deregistration_delay = ?t.deregistration_delay,
+            min_drain_time = ?t.min_drain_time, drain_time = ?t.drain_time,
+            parent_shutdown_time = ?t.parent_shutdown_time, poll_interval = ?t.poll_interval,
+            termination_grace_period = ?timers.grace, "the pod's own drain timers (node metadata)");
     }
 }
 
@@ -679,6 +723,9 @@ impl Shared {
                 Ok(info) => {
                     p.envoy_state = Ok(info.state.clone());
                     p.resolve(Some(&info));
+                    let timers =
+                        PodTimers::from_metadata(&info.node.metadata, &self.settings.budget);
+                    apply_timers(p, timers);
                 }
                 Err(e) => {
                     p.envoy_state = Err(e.to_string());
@@ -745,12 +792,14 @@ impl Shared {
         };
         let metrics = Metrics::new();
         let guard = PodGuardSlot::default();
-        let (drain, driver) = drain::spawn(
+        // The agent's timers until the pod's Envoy says otherwise.
+        let drain = PodDrain::new(
             DrainSettings {
                 timers: s.budget.timers,
                 admin: admin.clone(),
                 guard: Some(Arc::new(guard.clone())),
             },
+            PodTimers::agent(&s.budget),
             metrics.clone(),
         );
         let telemetry = Arc::new(Telemetry::new(
@@ -774,7 +823,6 @@ impl Shared {
             envoy_state: Err("not asked yet".into()),
             admin,
             drain,
-            driver: driver.abort_handle(),
             metrics,
             telemetry,
             listener: ListenerState::Failed("not bound yet".into()),
@@ -1043,7 +1091,7 @@ impl Shared {
     }
 
     /// The pod with these labels, for the agent API.
-    fn find(&self, namespace: &str, name: &str) -> Option<(crate::drain::DrainHandle, PodStatus)> {
+    fn find(&self, namespace: &str, name: &str) -> Option<(PodDrain, PodStatus)> {
         let pods = self.pods.lock().ok()?;
         pods.values()
             .find(|p| p.labels.namespace == namespace && p.labels.pod == name)

@@ -28,8 +28,9 @@ use tokio_util::task::TaskTracker;
 use super::metrics::{PodLabels, PodSeries};
 use super::netns::Netns;
 use super::proc::ProcIdentity;
+use super::timers::{PodDrain, TimersStatus};
 use crate::control::{drain_response, may_mutate, parse_wait, text};
-use crate::drain::{DrainHandle, Status, Trigger};
+use crate::drain::{Status, Trigger};
 use crate::envoy::{AdminClient, ServerInfo};
 use crate::metrics::{Metrics, ProxyLabels};
 use crate::telemetry::Telemetry;
@@ -83,10 +84,9 @@ pub struct Pod {
     pub envoy_state: Result<String, String>,
     /// The admin client, dialling from inside the pod.
     pub admin: AdminClient,
-    /// This pod's drain; the listener and the agent API drive it.
-    pub drain: DrainHandle,
-    /// The drain driver task, aborted when the pod goes.
-    pub driver: tokio::task::AbortHandle,
+    /// This pod's drain, with its own timers; the listener and the agent
+    /// API drive it.
+    pub drain: PodDrain,
     /// This pod's series, written by the driver and telemetry.
     pub metrics: Metrics,
     /// Read at scrape time.
@@ -176,13 +176,14 @@ impl Pod {
                 error: self.envoy_state.clone().err(),
             },
             drain: self.drain.status(),
+            timers: self.drain.timers().status(),
         }
     }
 
     /// Stops everything the pod runs; its metrics live on for the retention.
     pub fn retire(self) -> PodSeries {
         self.cancel.cancel();
-        self.driver.abort();
+        self.drain.abort();
         PodSeries {
             labels: self.labels,
             metrics: self.metrics,
@@ -235,6 +236,8 @@ pub struct PodStatus {
     pub envoy: EnvoySummary,
     /// The pod's drain, as the sidecar's `/status` shows it.
     pub drain: Status,
+    /// The timers its drain runs (or will run) with, and why (`timers`).
+    pub timers: TimersStatus,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -254,7 +257,7 @@ pub struct EnvoySummary {
 #[derive(Clone)]
 pub struct PodEndpoint {
     /// The only drain this listener can drive.
-    pub drain: DrainHandle,
+    pub drain: PodDrain,
     /// Who may drain besides loopback.
     pub host: HostAddrs,
     /// For log lines.
@@ -306,7 +309,7 @@ impl PodEndpoint {
         }
         tracing::info!(%peer, namespace = %name.namespace, pod = %name.pod,
             "preStop: draining the pod (waiting for the report)");
-        drain_response(&self.drain, Trigger::Prestop, true).await
+        drain_response(&self.drain.start(), Trigger::Prestop, true).await
     }
 }
 
@@ -314,7 +317,7 @@ impl PodEndpoint {
 /// outcome outlives the pod in the agent's log (preStop logs vanish).
 pub fn watch_report(
     tasks: &TaskTracker,
-    drain: DrainHandle,
+    drain: PodDrain,
     name: Arc<RwLock<PodLabels>>,
     cancel: CancellationToken,
 ) {
@@ -324,7 +327,9 @@ pub fn watch_report(
             report = drain.report() => {
                 if let Some(r) = report {
                     let n = name.read().map(|n| n.clone()).unwrap_or_default();
-                    tracing::info!(namespace = %n.namespace, pod = %n.pod,
+                    let t = drain.timers();
+                    tracing::info!(namespace = %n.namespace, pod = %n.pod, timers = ?t.source,
+                        drain_time = ?t.timers.drain_time, parent_shutdown_time = ?t.timers.parent_shutdown_time,
                         report = %serde_json::to_string(&r).unwrap_or_default(), "pod drain done");
                 }
             }

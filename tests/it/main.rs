@@ -41,6 +41,7 @@ mod node_guard;
 mod node_handover;
 mod node_pods;
 mod node_scale;
+mod node_timers;
 mod prometheus;
 mod readiness;
 mod reconnect;
