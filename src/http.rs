@@ -13,9 +13,10 @@ use std::future::Future;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Method, Request, StatusCode};
+use http::{HeaderMap, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 /// An `http://host:port[/prefix]` URL that passed the checks every caller
@@ -173,17 +174,35 @@ pub async fn request(
     path: &str,
 ) -> Result<(StatusCode, Bytes), RequestError> {
     let _ = stream.set_nodelay(true);
+    request_with(stream, authority, method, path, &HeaderMap::new()).await
+}
+
+/// [`request`] on any connection (a TLS stream to a Prometheus), with
+/// `headers` added (credentials, a tenant's header). The caller bounds it
+/// in time.
+pub async fn request_with<S>(
+    stream: S,
+    authority: &str,
+    method: Method,
+    path: &str,
+    headers: &HeaderMap,
+) -> Result<(StatusCode, Bytes), RequestError>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     // Drives the connection; aborted below so a dropped call leaves no task.
     let conn = tokio::spawn(conn);
     let result = async {
-        let req = Request::builder()
+        let mut req = Request::builder()
             .method(method)
             .uri(path)
             .header(http::header::HOST, authority)
             .header(http::header::CONNECTION, "close")
             .body(Empty::<Bytes>::new())
             .map_err(|_| RequestError::BadPath(path.to_string()))?;
+        req.headers_mut()
+            .extend(headers.iter().map(|(k, v)| (k.clone(), v.clone())));
         let resp = sender.send_request(req).await?;
         let status = resp.status();
         let body = http_body_util::Limited::new(resp.into_body(), MAX_BODY)

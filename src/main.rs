@@ -88,17 +88,19 @@ async fn run(command: Command) -> Result<ExitCode, Error> {
             print_json(&oneshot::drain(settings, sigterms()?).await?);
         }
         Command::Inventory(a) => {
-            let proxies = fleet::proxies(&a.source.source()).await?;
+            let proxies = fleet::proxies(&a.source.source(&a.access)?).await?;
             emit(a.format, &proxies, || fleet::inventory_table(&proxies));
+            // Listed, then a failure: a proxy it could not read may be the one that matters.
+            fleet::unreachable(&proxies)?;
         }
         Command::Skew(a) => {
-            let proxies = fleet::proxies(&a.source.source()).await?;
+            let proxies = fleet::proxies(&a.source.source(&a.access)?).await?;
             let report = fleet::skew(&proxies, a.control_plane, a.max_skew, a.version_label);
             emit(a.format, &report, || report.render());
             return Ok(verdict(report.ok()));
         }
         Command::Verify(a) => {
-            let checks = fleet::verify::verify(&a.source(), &a.options()).await?;
+            let checks = fleet::verify::verify(&a.source()?, &a.options()).await?;
             emit(a.format, &checks, || fleet::verify::render(&checks));
             return Ok(verdict(fleet::verify::passed(&checks)));
         }

@@ -113,7 +113,7 @@ pub enum Command {
             --max-skew minor versions of X.Y (and not newer), 1 otherwise, naming the offenders. \
             Moving the control plane is the point of no return: afterwards proxies outside the skew \
             are unsupported and rollback by restart is gone.",
-        after_help = "Exit codes:\n  0   every proxy is within the skew: moving the control plane is safe\n  1   some proxies are outside the skew (listed)\n  64  usage error\n  69  a source (admin API, shim, Prometheus) could not be read"
+        after_help = "Exit codes:\n  0   every proxy is within the skew: moving the control plane is safe\n  1   some proxies are outside the skew (listed)\n  64  usage error (a bad flag, an unreadable CA, token or password file, a bad header)\n  69  a source (admin API, shim, Prometheus) could not be read; a TLS failure\n  77  Prometheus refused the request (401, 403): the credentials or the tenant header"
     )]
     Skew(SkewArgs),
 
@@ -133,7 +133,7 @@ pub enum Command {
             Pods are taken by the namespace label their series carry (node mode, or a scrape that adds \
             pod labels), else through drainshim_proxy_info on the scrape instance. With --targets \
             (shims scraped directly) the rate checks are not applicable: they need Prometheus' history.",
-        after_help = "Exit codes:\n  0   every applicable check passed: the wave may proceed\n  1   a check failed: stop the rollout\n  64  usage error\n  69  Prometheus or a shim could not be read"
+        after_help = "Exit codes:\n  0   every applicable check passed: the wave may proceed\n  1   a check failed: stop the rollout\n  64  usage error (a bad flag, an unreadable CA, token or password file, a bad header)\n  69  Prometheus or a shim could not be read; a TLS failure\n  77  Prometheus refused the request (401, 403): the credentials or the tenant header"
     )]
     Verify(VerifyArgs),
 
@@ -321,8 +321,10 @@ Exit codes:
 pub const FLEET_EXIT_CODES: &str = "\
 Exit codes:
   0   success
-  64  usage error
-  69  a source (admin API, shim, Prometheus) could not be read";
+  64  usage error: a bad flag, an unreadable CA, token or password file, a bad header
+  69  a source (admin API, shim, Prometheus) could not be read (inventory: after
+      listing the proxies, UNREACHABLE among them); a TLS failure
+  77  Prometheus refused the request (401, 403): the credentials or the tenant header";
 
 /// Where fleet commands read proxies from: exactly one kind.
 #[derive(Debug, Clone, Args)]
@@ -340,18 +342,142 @@ pub struct SourceArgs {
     #[arg(long, env = "DRAINSHIM_TARGETS", value_delimiter = ',')]
     pub targets: Vec<String>,
 
-    /// A Prometheus server scraping the shims (fleet scale).
+    /// A Prometheus server scraping the shims (fleet scale): http:// or
+    /// https://, with a path prefix if it has one (Mimir's /prometheus);
+    /// without a port, the scheme's. See the --prometheus-* flags for TLS,
+    /// credentials and a tenant.
     #[arg(long, env = "DRAINSHIM_PROMETHEUS")]
     pub prometheus: Option<String>,
 }
 
 impl SourceArgs {
-    pub fn source(&self) -> crate::fleet::Source {
+    /// Where to read, with the Prometheus reached as `access` says.
+    pub fn source(&self, access: &PromAccessArgs) -> Result<crate::fleet::Source, Invalid> {
         use crate::fleet::Source;
-        match &self.prometheus {
-            Some(p) => Source::Prometheus(p.clone()),
-            None if !self.targets.is_empty() => Source::Targets(self.targets.clone()),
-            None => Source::Admins(self.envoy_admin.clone()),
+        Ok(match &self.prometheus {
+            Some(p) => Source::Prometheus(Box::new(access.reach(p)?)),
+            None => {
+                access.unused()?;
+                if self.targets.is_empty() {
+                    Source::Admins(self.envoy_admin.clone())
+                } else {
+                    Source::Targets(self.targets.clone())
+                }
+            }
+        })
+    }
+}
+
+/// How to reach a Prometheus behind TLS, credentials or a tenant (Thanos,
+/// Mimir, Cortex, a managed service). Secrets come from files, read again
+/// for every request; no value is ever logged or echoed in an error.
+#[derive(Debug, Clone, Args)]
+pub struct PromAccessArgs {
+    /// PEM file of the CA certificate(s) that signed Prometheus' certificate,
+    /// trusted instead of the system roots (SSL_CERT_FILE, /etc/ssl/certs).
+    /// https:// URLs only. The drainshim image has no system roots: give
+    /// this, or mount a bundle and set SSL_CERT_FILE.
+    #[arg(long, env = "DRAINSHIM_PROMETHEUS_CA", value_name = "FILE")]
+    pub prometheus_ca: Option<std::path::PathBuf>,
+
+    /// File holding a bearer token, sent as `Authorization: Bearer <token>`.
+    /// Read again for every request: a rotated token (a projected service
+    /// account token) is used at once.
+    #[arg(
+        long,
+        env = "DRAINSHIM_PROMETHEUS_BEARER_TOKEN_FILE",
+        value_name = "FILE",
+        conflicts_with = "prometheus_basic_auth_file"
+    )]
+    pub prometheus_bearer_token_file: Option<std::path::PathBuf>,
+
+    /// File holding one line `user:password`, sent as basic auth (what
+    /// Prometheus' own --web.config.file checks). Read again for every
+    /// request.
+    #[arg(
+        long,
+        env = "DRAINSHIM_PROMETHEUS_BASIC_AUTH_FILE",
+        value_name = "FILE"
+    )]
+    pub prometheus_basic_auth_file: Option<std::path::PathBuf>,
+
+    /// A header sent with every request, `Name: value`, e.g.
+    /// `X-Scope-OrgID: tenant-a` (the tenant of Mimir, Cortex, Thanos);
+    /// repeatable. The environment variable holds one per line. Values are
+    /// never logged or shown.
+    #[arg(
+        long,
+        env = "DRAINSHIM_PROMETHEUS_HEADER",
+        value_name = "NAME: VALUE",
+        value_delimiter = '\n',
+        hide_env_values = true
+    )]
+    pub prometheus_header: Vec<String>,
+}
+
+impl PromAccessArgs {
+    /// Without --prometheus these flags have nothing to apply to: an error
+    /// naming them rather than silence. (clap's `requires` cannot say it:
+    /// --prometheus shares a group with the other sources.)
+    fn unused(&self) -> Result<(), Invalid> {
+        let given = [
+            (self.prometheus_ca.is_some(), "--prometheus-ca"),
+            (
+                self.prometheus_bearer_token_file.is_some(),
+                "--prometheus-bearer-token-file",
+            ),
+            (
+                self.prometheus_basic_auth_file.is_some(),
+                "--prometheus-basic-auth-file",
+            ),
+            (!self.prometheus_header.is_empty(), "--prometheus-header"),
+        ];
+        let mut invalid = Invalid::default();
+        for (_, flag) in given.iter().filter(|(set, _)| *set) {
+            invalid.0.push(format!(
+                "{flag} applies to --prometheus only, which is not given"
+            ));
+        }
+        invalid.into_result()
+    }
+
+    /// The Prometheus at `url` reached as these flags say: the URL, the
+    /// headers and the CA file checked, every bad value reported at once.
+    pub fn reach(&self, url: &str) -> Result<crate::fleet::reach::Reach, Invalid> {
+        use crate::fleet::reach::{Access, Credentials, Header, Reach};
+        let mut invalid = Invalid::default();
+        let url = url
+            .parse()
+            .map_err(|e: String| invalid.0.push(format!("--prometheus: {e}")))
+            .ok();
+        let headers: Vec<Header> = self
+            .prometheus_header
+            .iter()
+            .filter(|h| !h.trim().is_empty())
+            .filter_map(|h| Header::parse(h).map_err(|e| invalid.0.push(e)).ok())
+            .collect();
+        let credentials = match (
+            &self.prometheus_bearer_token_file,
+            &self.prometheus_basic_auth_file,
+        ) {
+            (Some(token), _) => Credentials::BearerTokenFile(token.clone()),
+            (None, Some(basic)) => Credentials::BasicAuthFile(basic.clone()),
+            (None, None) => Credentials::None,
+        };
+        let access = Access {
+            ca_file: self.prometheus_ca.clone(),
+            credentials,
+            headers,
+        };
+        let Some(url) = url else {
+            return Err(invalid);
+        };
+        match Reach::new(url, &access) {
+            Ok(reach) => invalid.into_result().map(|()| reach),
+            Err(e) => {
+                invalid.0.push(e.to_string());
+                Err(invalid)
+            }
         }
     }
 }
@@ -366,6 +492,9 @@ pub enum Format {
 pub struct InventoryArgs {
     #[command(flatten)]
     pub source: SourceArgs,
+
+    #[command(flatten)]
+    pub access: PromAccessArgs,
 
     #[arg(long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
     pub format: Format,
@@ -388,13 +517,18 @@ pub struct SkewArgs {
     #[command(flatten)]
     pub source: SourceArgs,
 
+    #[command(flatten)]
+    pub access: PromAccessArgs,
+
     #[arg(long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
     pub format: Format,
 }
 
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
-    /// A Prometheus server scraping the shims.
+    /// A Prometheus server scraping the shims: http:// or https://, with a
+    /// path prefix if it has one; without a port, the scheme's. See the
+    /// --prometheus-* flags for TLS, credentials and a tenant.
     #[arg(
         long,
         env = "DRAINSHIM_PROMETHEUS",
@@ -406,6 +540,9 @@ pub struct VerifyArgs {
     /// drainshim control addresses to scrape directly instead; repeatable.
     #[arg(long, env = "DRAINSHIM_TARGETS", value_delimiter = ',')]
     pub targets: Vec<String>,
+
+    #[command(flatten)]
+    pub access: PromAccessArgs,
 
     /// The wave's namespaces; repeatable (required with --prometheus).
     #[arg(long, env = "DRAINSHIM_NAMESPACE", value_delimiter = ',')]
@@ -488,11 +625,14 @@ pub struct VerifyArgs {
 
 impl VerifyArgs {
     /// Where the wave's series come from.
-    pub fn source(&self) -> VerifySource {
-        match &self.prometheus {
-            Some(p) => VerifySource::Prometheus(p.clone()),
-            None => VerifySource::Targets(self.targets.clone()),
-        }
+    pub fn source(&self) -> Result<VerifySource, Invalid> {
+        Ok(match &self.prometheus {
+            Some(p) => VerifySource::Prometheus(Box::new(self.access.reach(p)?)),
+            None => {
+                self.access.unused()?;
+                VerifySource::Targets(self.targets.clone())
+            }
+        })
     }
 
     /// The gates and their thresholds.

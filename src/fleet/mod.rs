@@ -6,6 +6,7 @@
 
 pub mod golden;
 pub mod prometheus;
+pub mod reach;
 pub mod verify;
 
 use std::collections::BTreeMap;
@@ -19,6 +20,7 @@ use crate::envoy::AdminClient;
 use crate::http::{Endpoint, UrlError};
 use crate::inventory::{skew_violation, Release};
 use prometheus::{PromClient, PromError};
+use reach::Reach;
 
 /// One proxy in the inventory.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, PartialOrd, Ord)]
@@ -40,8 +42,8 @@ pub enum Source {
     Admins(Vec<String>),
     /// drainshim control endpoints; their `/metrics` is scraped.
     Targets(Vec<String>),
-    /// A Prometheus server scraping the shims.
-    Prometheus(String),
+    /// A Prometheus server scraping the shims, and how to reach it.
+    Prometheus(Box<Reach>),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +56,12 @@ pub enum FleetError {
     Target { target: String, what: String },
     #[error("no proxies found: {0}")]
     Empty(String),
+    #[error("{unreachable} of {asked} admin APIs could not be read: {which}")]
+    AdminsUnreachable {
+        unreachable: usize,
+        asked: usize,
+        which: String,
+    },
 }
 
 /// Per-call deadline for admin APIs, shims and Prometheus.
@@ -70,7 +78,9 @@ pub async fn proxies(source: &Source) -> Result<Vec<Proxy>, FleetError> {
             }
             all
         }
-        Source::Prometheus(url) => from_prometheus(&PromClient::new(url, CALL_TIMEOUT)?).await?,
+        Source::Prometheus(reach) => {
+            from_prometheus(&PromClient::from_reach((**reach).clone(), CALL_TIMEOUT)).await?
+        }
     };
     out.sort();
     Ok(out)
@@ -112,12 +122,31 @@ async fn from_admins(urls: &[String]) -> Result<Vec<Proxy>, FleetError> {
         .collect())
 }
 
+/// An error naming the proxies whose admin API did not answer, if any: the
+/// inventory lists them as UNREACHABLE, then fails (69), since a proxy it
+/// could not read may be the one that matters.
+pub fn unreachable(proxies: &[Proxy]) -> Result<(), FleetError> {
+    let gone: Vec<&str> = proxies
+        .iter()
+        .filter(|p| p.state == "UNREACHABLE")
+        .map(|p| p.source.as_str())
+        .collect();
+    if gone.is_empty() {
+        return Ok(());
+    }
+    Err(FleetError::AdminsUnreachable {
+        unreachable: gone.len(),
+        asked: proxies.len(),
+        which: gone.join(", "),
+    })
+}
+
 async fn from_prometheus(prom: &PromClient) -> Result<Vec<Proxy>, FleetError> {
     let info = prom.query("drainshim_proxy_info == 1").await?;
     if info.is_empty() {
         return Err(FleetError::Empty(format!(
             "Prometheus {} has no drainshim_proxy_info series: is it scraping the shims' /metrics?",
-            prom.authority()
+            prom.url()
         )));
     }
     // Keyed by (instance, namespace, pod): a node agent exports one series
@@ -457,9 +486,10 @@ impl From<crate::fleet::FleetError> for crate::error::Error {
         use crate::error::Error;
         use crate::fleet::{prometheus::PromError, FleetError};
         match e {
-            FleetError::Input(_) | FleetError::Prometheus(PromError::Url(_)) => {
+            FleetError::Input(_) | FleetError::Prometheus(PromError::Setup(_)) => {
                 Error::Usage(e.to_string())
             }
+            FleetError::Prometheus(PromError::Refused { .. }) => Error::NoPermission(e.to_string()),
             e => Error::Unavailable(e.to_string()),
         }
     }

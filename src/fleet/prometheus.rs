@@ -4,21 +4,30 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use http::{Method, StatusCode};
+use http::StatusCode;
 use serde::Deserialize;
 
-use crate::http::Endpoint;
+use super::reach::{Access, PromUrl, Reach, ReachError};
 
 /// Prometheus error, with the query that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PromError {
-    #[error("invalid Prometheus URL {0:?} (expected e.g. http://prometheus:9090)")]
-    Url(String),
-    #[error("prometheus {authority}: {what}")]
-    Unreachable { authority: String, what: String },
-    #[error("prometheus {authority}: query {query:?} failed: {what}")]
+    /// A bad URL, an unreadable credential or CA file, a bad header (64).
+    #[error("{0}")]
+    Setup(String),
+    #[error("prometheus {url}: {what}")]
+    Unreachable { url: String, what: String },
+    /// Prometheus (or the gateway in front of it) refused the request:
+    /// 401 or 403 (77).
+    #[error("prometheus {url}: refused ({status}): {hint}")]
+    Refused {
+        url: String,
+        status: StatusCode,
+        hint: &'static str,
+    },
+    #[error("prometheus {url}: query {query:?} failed: {what}")]
     Query {
-        authority: String,
+        url: String,
         query: String,
         what: String,
     },
@@ -39,9 +48,9 @@ impl Sample {
 
 #[derive(Clone, Debug)]
 pub struct PromClient {
-    /// Prometheus' URL; its path prefix (a Prometheus behind `/prometheus`)
-    /// is kept and put before every API path.
-    endpoint: Endpoint,
+    /// Prometheus' URL (its path prefix is put before every API path), TLS
+    /// and credentials.
+    reach: Reach,
     /// Bound of each query.
     timeout: Duration,
     /// The evaluation time of every query; `None` is Prometheus' now.
@@ -73,13 +82,22 @@ struct VectorSample {
 }
 
 impl PromClient {
+    /// A client of a plain Prometheus, no credentials.
     pub fn new(url: &str, timeout: Duration) -> Result<Self, PromError> {
-        let endpoint = url.parse().map_err(|_| PromError::Url(url.into()))?;
-        Ok(Self {
-            endpoint,
+        let url: PromUrl = url.parse().map_err(PromError::Setup)?;
+        let reach =
+            Reach::new(url, &Access::default()).map_err(|e| PromError::Setup(e.to_string()))?;
+        Ok(Self::from_reach(reach, timeout))
+    }
+
+    /// A client that reaches Prometheus as `reach` says (https, credentials,
+    /// headers).
+    pub fn from_reach(reach: Reach, timeout: Duration) -> Self {
+        Self {
+            reach,
             timeout,
             at: None,
-        })
+        }
     }
 
     /// Evaluates every query at `at` instead of now.
@@ -88,8 +106,9 @@ impl PromClient {
         self
     }
 
-    pub fn authority(&self) -> &str {
-        self.endpoint.authority()
+    /// Prometheus' URL, for messages.
+    pub fn url(&self) -> String {
+        self.reach.url().to_string()
     }
 
     /// Runs an instant query; only vector results are accepted.
@@ -99,20 +118,29 @@ impl PromClient {
             let secs = at.duration_since(UNIX_EPOCH).unwrap_or_default();
             path.push_str(&format!("&time={:.3}", secs.as_secs_f64()));
         }
-        let qerr = |what: String| PromError::Query {
-            authority: self.authority().to_string(),
+        let (status, body) = self
+            .reach
+            .get(&path, self.timeout)
+            .await
+            .map_err(|e| match e {
+                ReachError::Setup(what) => PromError::Setup(what),
+                ReachError::Unreachable(what) => PromError::Unreachable {
+                    url: self.url(),
+                    what,
+                },
+            })?;
+        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+            return Err(PromError::Refused {
+                url: self.url(),
+                status,
+                hint: self.reach.refused_hint(),
+            });
+        }
+        decode_answer(status, &body).map_err(|what| PromError::Query {
+            url: self.url(),
             query: query.to_string(),
             what,
-        };
-        let (status, body) = self
-            .endpoint
-            .call(Method::GET, &path, self.timeout)
-            .await
-            .map_err(|e| PromError::Unreachable {
-                authority: self.authority().to_string(),
-                what: e.to_string(),
-            })?;
-        decode_answer(status, &body).map_err(qerr)
+        })
     }
 
     /// The sum of a query's samples; an empty answer is 0.
@@ -175,12 +203,8 @@ mod tests {
     fn urls() {
         let t = Duration::from_secs(1);
         let c = PromClient::new("http://127.0.0.1:9090/prom/", t).unwrap();
-        assert_eq!(
-            (c.authority(), c.endpoint.prefix()),
-            ("127.0.0.1:9090", "/prom")
-        );
+        assert_eq!(c.url(), "http://127.0.0.1:9090/prom");
         assert!(PromClient::new("127.0.0.1:9090", t).is_err());
-        assert!(PromClient::new("http://prom", t).is_err());
     }
 
     #[test]

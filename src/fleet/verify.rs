@@ -27,7 +27,8 @@ use super::{scrape_target, table, FleetError, Proxy, CALL_TIMEOUT};
 /// Where verify reads from.
 #[derive(Clone, Debug)]
 pub enum VerifySource {
-    Prometheus(String),
+    /// A Prometheus and how to reach it.
+    Prometheus(Box<super::reach::Reach>),
     Targets(Vec<String>),
 }
 
@@ -112,13 +113,14 @@ pub fn render(checks: &[Check]) -> String {
 
 pub async fn verify(source: &VerifySource, opts: &VerifyOptions) -> Result<Vec<Check>, FleetError> {
     match source {
-        VerifySource::Prometheus(url) => {
+        VerifySource::Prometheus(reach) => {
             if opts.namespaces.is_empty() {
                 return Err(FleetError::Input(
                     "--namespace is required with --prometheus (the wave's namespaces)".into(),
                 ));
             }
-            from_prometheus(&PromClient::new(url, CALL_TIMEOUT)?.at(opts.at), opts).await
+            let prom = PromClient::from_reach((**reach).clone(), CALL_TIMEOUT).at(opts.at);
+            from_prometheus(&prom, opts).await
         }
         VerifySource::Targets(urls) => from_targets(urls, opts).await,
     }

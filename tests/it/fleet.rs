@@ -231,3 +231,42 @@ async fn rejected_xds_update_is_counted_per_version() {
     })
     .await;
 }
+
+/// An admin API that does not answer: the inventory still lists every
+/// proxy, the unreachable one as UNREACHABLE, then exits 69 naming it.
+#[tokio::test]
+async fn inventory_with_an_unreachable_admin_lists_it_and_exits_69() {
+    let backend = backend().await;
+    let envoy = envoy_with("1.40.0", backend.addr, |o| {
+        istio_node(o, "shop", "web-0", true)
+    })
+    .await;
+    let gone = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let gone_url = format!("http://{}", gone.local_addr().expect("addr"));
+    drop(gone);
+    let mut table = admin_args(&["inventory"], &[&envoy]);
+    table.extend(["--envoy-admin".to_string(), gone_url.clone()]);
+    let (code, out, err) = run_bin(&table).await;
+    assert_eq!(code, Some(69), "{out}{err}");
+    assert!(
+        out.contains("web-0") && out.contains("UNREACHABLE"),
+        "{out}"
+    );
+    assert!(
+        err.contains("1 of 2 admin APIs could not be read") && err.contains(&gone_url),
+        "{err}"
+    );
+    let mut json = admin_args(&["inventory", "--format", "json"], &[&envoy]);
+    json.extend(["--envoy-admin".to_string(), gone_url.clone()]);
+    let (code, out, err) = run_bin(&json).await;
+    assert_eq!(code, Some(69), "{err}");
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&out).expect("inventory JSON");
+    assert!(
+        rows.iter()
+            .any(|r| r["source"] == gone_url.as_str() && r["state"] == "UNREACHABLE"),
+        "{out}"
+    );
+    // Every admin answering: 0, as before.
+    let (code, _, err) = run_bin(&admin_args(&["inventory"], &[&envoy])).await;
+    assert_eq!(code, Some(0), "{err}");
+}

@@ -43,5 +43,6 @@ mod node_pods;
 mod node_scale;
 mod node_timers;
 mod prometheus;
+mod prometheus_reach;
 mod readiness;
 mod reconnect;

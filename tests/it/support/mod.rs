@@ -9,6 +9,7 @@ pub mod abuse;
 pub mod guard;
 pub mod node;
 pub mod podapp;
+pub mod promreach;
 pub mod ws;
 
 use std::future::Future;
@@ -305,6 +306,29 @@ pub async fn run_bin<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (Option<i32>, Str
     )
 }
 
+/// [`run_bin`] with `envs` added to its environment.
+pub async fn run_bin_env<S: AsRef<std::ffi::OsStr>>(
+    args: &[S],
+    envs: &[(&str, &str)],
+) -> (Option<i32>, String, String) {
+    let out = tokio::time::timeout(
+        WAIT,
+        tokio::process::Command::new(drainshim_bin())
+            .args(args)
+            .envs(envs.iter().copied())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("finishes")
+    .expect("runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// Output of a finished `drainshim prestop`.
 pub struct PrestopRun {
     pub code: Option<i32>,
@@ -369,13 +393,15 @@ pub async fn envoy_streams(envoy: &EnvoyProcess) -> u64 {
 /// `make tools`) scraping `targets` every second; killed on drop.
 pub struct Prometheus {
     pub addr: SocketAddr,
+    /// https when started with a TLS web config.
+    scheme: &'static str,
     _child: tokio::process::Child,
     _dir: tempfile::TempDir,
 }
 
 impl Prometheus {
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme, self.addr)
     }
 
     /// Kills Prometheus and waits until the process is gone, so a test can
@@ -387,6 +413,13 @@ impl Prometheus {
 }
 
 pub async fn prometheus(targets: &[SocketAddr]) -> Prometheus {
+    prometheus_with(targets, None).await
+}
+
+/// A real Prometheus with `web_config` as its `--web.config.file` (TLS,
+/// basic auth), when given: ready once its log says so, since its own
+/// readiness endpoint then wants the TLS and the password too.
+pub async fn prometheus_with(targets: &[SocketAddr], web_config: Option<&str>) -> Prometheus {
     let bin = drainshim::bench::envoy::cache_dir().join("prometheus/usr/bin/prometheus");
     assert!(
         bin.is_file(),
@@ -406,17 +439,24 @@ pub async fn prometheus(targets: &[SocketAddr]) -> Prometheus {
     std::fs::write(dir.path().join("prometheus.yml"), config).expect("config");
     let port = free_port();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-    let log = std::fs::File::create(dir.path().join("prometheus.log")).expect("log");
-    let child = tokio::process::Command::new(&bin)
-        .arg(format!(
-            "--config.file={}",
-            dir.path().join("prometheus.yml").display()
-        ))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.path().join("data").display()
-        ))
-        .arg(format!("--web.listen-address={addr}"))
+    let log_path = dir.path().join("prometheus.log");
+    let log = std::fs::File::create(&log_path).expect("log");
+    let mut cmd = tokio::process::Command::new(&bin);
+    cmd.arg(format!(
+        "--config.file={}",
+        dir.path().join("prometheus.yml").display()
+    ))
+    .arg(format!(
+        "--storage.tsdb.path={}",
+        dir.path().join("data").display()
+    ))
+    .arg(format!("--web.listen-address={addr}"));
+    if let Some(web) = web_config {
+        let path = dir.path().join("web.yml");
+        std::fs::write(&path, web).expect("web config");
+        cmd.arg(format!("--web.config.file={}", path.display()));
+    }
+    let child = cmd
         .stdout(log.try_clone().expect("log"))
         .stderr(log)
         .kill_on_drop(true)
@@ -424,9 +464,22 @@ pub async fn prometheus(targets: &[SocketAddr]) -> Prometheus {
         .expect("start prometheus");
     let p = Prometheus {
         addr,
+        scheme: if web_config.is_some_and(|w| w.contains("tls_server_config")) {
+            "https"
+        } else {
+            "http"
+        },
         _child: child,
         _dir: dir,
     };
+    if web_config.is_some() {
+        wait_for("prometheus is ready", WAIT, || async {
+            std::fs::read_to_string(&log_path)
+                .is_ok_and(|l| l.contains("Server is ready to receive web requests."))
+        })
+        .await;
+        return p;
+    }
     wait_for("prometheus is ready", WAIT, || async {
         match tokio::net::TcpStream::connect(addr).await {
             Ok(s) => drainshim::http::request(s, &addr.to_string(), http::Method::GET, "/-/ready")
