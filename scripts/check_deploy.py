@@ -1544,11 +1544,13 @@ def forged_label_run(prometheus: Path, pm: dict, pod: ScrapePod) -> list[str]:
                                  f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=log, stderr=subprocess.STDOUT)
         try:
             url = f"http://127.0.0.1:{prom_port}/api/v1/query?" + urllib.parse.urlencode({"query": "drainshim_proxy_info"})
+            # Straight to the local Prometheus, whatever *_proxy says.
+            opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
             series: list[dict] = []
             deadline = time.monotonic() + 60
             while not series and time.monotonic() < deadline and proc.poll() is None:
                 try:
-                    with urllib.request.urlopen(url, timeout=5) as r:
+                    with opener.open(url, timeout=5) as r:
                         series = [x["metric"] for x in json.load(r)["data"]["result"]]
                 except OSError:
                     pass
