@@ -1113,6 +1113,9 @@ mod tests {
             assert!(NODE_AFTER_HELP.contains(&format!("  {code}  ")), "{code}");
         }
         assert!(NODE_AFTER_HELP.contains(&format!("  {EX_NOPERM}  ")));
+        // A Prometheus that refuses the credentials.
+        assert!(FLEET_EXIT_CODES.contains(&format!("  {EX_NOPERM}  ")));
+        assert!(FLEET_EXIT_CODES.contains(&format!("  {EX_UNAVAILABLE}  ")));
     }
 
     #[test]
