@@ -181,6 +181,14 @@ async fn each_pod_drains_with_its_own_timers_and_invalid_ones_are_named() {
             "a health check passes"
         );
     }
+    // Every scan since (200 ms apart, over web-b's 4 s) read the same
+    // metadata: still the one warn line.
+    let log = agent.log();
+    let warned = log
+        .lines()
+        .filter(|l| l.contains("the pod's drain timers (node metadata) are invalid"))
+        .count();
+    assert_eq!(warned, 1, "{log}");
 
     nix::sys::signal::kill(agent.pid(), nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
     let mut child = agent.child;
