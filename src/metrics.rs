@@ -50,6 +50,7 @@ pub struct DrainCounts {
     pub streams_completed: u64,
     pub streams_terminated: u64,
     pub streams_cut: u64,
+    pub streams_bypassed: u64,
     /// From the trigger to the report.
     pub duration_seconds: f64,
 }
@@ -63,6 +64,27 @@ pub enum Ending {
     completed,
     terminated,
     cut,
+    /// On the fail-open path at the deadline: the guard was bypassed, so
+    /// nothing could end it gracefully, and the restart cuts it.
+    bypassed,
+}
+
+/// What `drainshim_failopen_active` counts on the fail-open path.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum FailopenKind {
+    requests,
+    connections,
+}
+
+impl FailopenKind {
+    pub const ALL: [FailopenKind; 2] = [FailopenKind::requests, FailopenKind::connections];
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailopenLabels {
+    /// Requests (streams) or Envoy's connections to the app directly.
+    pub kind: FailopenKind,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -369,6 +391,10 @@ pub mod help {
         "envoy_active_streams",
         "Active downstream requests (streams) on Envoy's inbound HTTP connection managers",
     );
+    pub const FAILOPEN_ACTIVE: (&str, &str) = (
+        "failopen_active",
+        "Requests and connections Envoy has active on the fail-open path (the app reached directly while the stream guard was down): no drain can end them gracefully",
+    );
     pub const PROXY_INFO: (&str, &str) =
         ("proxy_info", "The proxy's identity and version; always 1");
     pub const GOAWAYS: (&str, &str) = (
@@ -449,6 +475,8 @@ pub struct Metrics {
     pub envoy_active_connections: Gauge,
     /// `drainshim_envoy_active_streams`: Envoy's live inbound streams, as last polled.
     pub envoy_active_streams: Gauge,
+    /// `drainshim_failopen_active{kind}`: what bypasses the guard, as last polled.
+    pub failopen_active: Family<FailopenLabels, Gauge>,
     /// `drainshim_proxy_info`: 1 for this proxy; the version inventory reads its labels.
     pub proxy_info: Family<ProxyLabels, Gauge>,
     /// `drainshim_goaways_total{reason}`: GOAWAY sequences the guard sent.
@@ -521,6 +549,7 @@ impl Metrics {
             draining: Gauge::default(),
             envoy_active_connections: Gauge::default(),
             envoy_active_streams: Gauge::default(),
+            failopen_active: Family::default(),
             proxy_info: Family::default(),
             goaways: Family::default(),
             streams_terminated: Family::default(),
@@ -565,6 +594,11 @@ impl Metrics {
             help::ENVOY_ACTIVE_STREAMS.0,
             help::ENVOY_ACTIVE_STREAMS.1,
             m.envoy_active_streams.clone(),
+        );
+        r.register(
+            help::FAILOPEN_ACTIVE.0,
+            help::FAILOPEN_ACTIVE.1,
+            m.failopen_active.clone(),
         );
         r.register(help::PROXY_INFO.0, help::PROXY_INFO.1, m.proxy_info.clone());
         r.register(help::GOAWAYS.0, help::GOAWAYS.1, m.goaways.clone());
@@ -633,10 +667,18 @@ impl Metrics {
                 .drained_connections
                 .get_or_create(&EndingLabels { outcome });
         }
-        for outcome in [Ending::completed, Ending::terminated, Ending::cut] {
+        for outcome in [
+            Ending::completed,
+            Ending::terminated,
+            Ending::cut,
+            Ending::bypassed,
+        ] {
             let _ = self
                 .drained_streams
                 .get_or_create(&EndingLabels { outcome });
+        }
+        for kind in FailopenKind::ALL {
+            let _ = self.failopen_active.get_or_create(&FailopenLabels { kind });
         }
         for reason in Reason::ALL {
             let _ = self.goaways.get_or_create(&ReasonLabels { reason });
@@ -666,12 +708,25 @@ impl Metrics {
             (Ending::completed, d.streams_completed),
             (Ending::terminated, d.streams_terminated),
             (Ending::cut, d.streams_cut),
+            (Ending::bypassed, d.streams_bypassed),
         ] {
             self.drained_streams
                 .get_or_create(&EndingLabels { outcome })
                 .inc_by(n);
         }
         self.drain_duration.observe(d.duration_seconds);
+    }
+
+    /// Sets the fail-open gauge from one poll.
+    pub fn set_failopen(&self, requests: u64, connections: u64) {
+        for (kind, n) in [
+            (FailopenKind::requests, requests),
+            (FailopenKind::connections, connections),
+        ] {
+            self.failopen_active
+                .get_or_create(&FailopenLabels { kind })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
     }
 
     /// Replaces the inventory entry: a restarted Envoy may report a new version.

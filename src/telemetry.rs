@@ -11,6 +11,8 @@
 //!   listeners' `http.*.downstream_rq_total`: what callers sent, which a
 //!   retry policy does not change (`verify` divides the guard's request
 //!   count by it);
+//! - what bypasses the stream guard (`drainshim_failopen_active{kind}`)
+//!   from `/clusters`: the fail-open hosts' live requests and connections;
 //! - kernel TCP resets (`drainshim_tcp_resets_total`) from the network
 //!   namespace's `/proc/net/snmp` and `/proc/net/netstat`.
 //!
@@ -139,6 +141,8 @@ impl Telemetry {
                         version: version.clone(),
                     });
             seen.mirror(format!("downstream/{version}"), c.rq_total, &callers);
+            let f = self.admin.failopen().await?;
+            self.metrics.set_failopen(f.requests, f.connections);
         }
         Ok(())
     }

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use super::machine::{Action, Event, Machine, Outcome, Phase, State, Trigger};
 use super::report::{Accounting, Active, EnvoyReport, EnvoyStatus, Report, Status};
 use crate::config::Timers;
-use crate::envoy::{AdminClient, AdminError, Counts, InboundScope};
+use crate::envoy::{AdminClient, AdminError, Counts, FailOpen, InboundScope};
 use crate::metrics::Metrics;
 use envoy_types::pb::envoy::admin::v3::server_info::State as ServerState;
 
@@ -119,6 +119,9 @@ enum EnvoyMsg {
     /// then the counts are accounted but cannot end the drain.
     Counts {
         counts: Counts,
+        /// The fail-open path at the same moment; None when `/clusters` did
+        /// not answer (the last reading stands).
+        failopen: Option<FailOpen>,
         restarted: bool,
         steps_done: bool,
     },
@@ -250,10 +253,15 @@ impl Drive {
         match msg {
             EnvoyMsg::Counts {
                 counts: c,
+                failopen,
                 restarted,
                 steps_done,
             } => {
                 self.acc.observe(c, restarted);
+                if let Some(f) = failopen {
+                    self.acc.observe_failopen(f);
+                    self.metrics.set_failopen(f.requests, f.connections);
+                }
                 if self.acc.restarts() > self.envoy.restarts {
                     tracing::warn!(
                         restarts = self.acc.restarts(),
@@ -479,6 +487,14 @@ async fn envoy_round(
     };
     // Count first, so the baseline is taken before anything changes.
     let counts = admin.counts(&s).await?;
+    // Read beside the counts; a failure here only leaves the last reading.
+    let failopen = match admin.failopen().await {
+        Ok(f) => Some(f),
+        Err(e) => {
+            tracing::debug!(error = %e, "drain: cannot read the fail-open path");
+            None
+        }
+    };
     if !steps.healthcheck_failed {
         match admin.healthcheck_fail().await {
             Ok(()) => steps.healthcheck_failed = true,
@@ -494,6 +510,7 @@ async fn envoy_round(
     }
     msgs.push(EnvoyMsg::Counts {
         counts,
+        failopen,
         restarted,
         steps_done: steps.healthcheck_failed && steps.listeners_drained,
     });

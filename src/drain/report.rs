@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::machine::{Outcome, Phase, Trigger};
-use crate::envoy::Counts;
+use crate::envoy::{Counts, FailOpen};
 use crate::metrics::{DrainCounts, DrainOutcome};
 
 /// The drain report: what a preStop caller receives.
@@ -42,6 +42,7 @@ impl Report {
             streams_completed: self.streams.completed,
             streams_terminated: self.streams.terminated,
             streams_cut: self.streams.cut,
+            streams_bypassed: self.streams.bypassed,
             duration_seconds: self.duration_seconds,
         }
     }
@@ -72,6 +73,12 @@ pub struct Streams {
     pub terminated: u64,
     /// Still active at the deadline. The mission is `cut == 0`.
     pub cut: u64,
+    /// Still active at the deadline on the fail-open path (the app reached
+    /// directly while the guard was down): the guard never saw them, so
+    /// nothing could end them gracefully, and the restart cuts them. Not
+    /// in `cut`.
+    #[serde(default)]
+    pub bypassed: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -117,6 +124,8 @@ pub struct Accounting {
     lost_cx: u64,
     /// Restarts seen.
     restarts: u32,
+    /// The fail-open path at the latest poll that could read it.
+    failopen: FailOpen,
 }
 
 // === impl Accounting ===
@@ -144,6 +153,11 @@ impl Accounting {
         self.last = Some(c);
     }
 
+    /// Takes one poll of the fail-open path.
+    pub fn observe_failopen(&mut self, f: FailOpen) {
+        self.failopen = f;
+    }
+
     /// Restarts seen so far.
     pub fn restarts(&self) -> u32 {
         self.restarts
@@ -155,7 +169,8 @@ impl Accounting {
 
     /// Outcomes at the end. On `quiesced` nothing still open is cut by
     /// definition; on a deadline (or unreachable at the end) every stream
-    /// Envoy last saw active is cut. Streams lost in a restart are cut either way.
+    /// Envoy last saw active is cut, or `bypassed` when it was on the
+    /// fail-open path. Streams lost in a restart are cut either way.
     pub fn outcomes(&self, outcome: Outcome, terminated: u64) -> (Connections, Streams) {
         let first = self.first.unwrap_or_default();
         let last = self.last.unwrap_or_default();
@@ -164,6 +179,7 @@ impl Accounting {
         } else {
             last.rq_active
         };
+        let bypassed = self.failopen.requests.min(rq_end);
         let cx_cut = last.cx_active.min(rq_end);
         let connections = Connections {
             at_start: first.cx_active,
@@ -180,7 +196,8 @@ impl Accounting {
                 .saturating_sub(terminated)
                 .saturating_sub(self.lost_rq),
             terminated,
-            cut: rq_end + self.lost_rq,
+            cut: rq_end - bypassed + self.lost_rq,
+            bypassed,
         };
         (connections, streams)
     }
@@ -330,9 +347,33 @@ mod tests {
                 at_start: 6,
                 completed: 3,
                 terminated: 1,
-                cut: 5
+                cut: 5,
+                bypassed: 0
             }
         );
+    }
+
+    #[test]
+    fn streams_on_the_fail_open_path_at_the_deadline_are_bypassed_not_cut() {
+        let mut a = Accounting::default();
+        a.observe(counts(3, 3, 7, 7), false);
+        a.observe_failopen(FailOpen {
+            requests: 4,
+            connections: 1,
+        });
+        a.observe(counts(3, 3, 6, 7), false);
+        let (_, s) = a.outcomes(Outcome::Deadline, 0);
+        assert_eq!((s.completed, s.cut, s.bypassed), (1, 2, 4));
+        // Never more bypassed than Envoy has open.
+        a.observe_failopen(FailOpen {
+            requests: 9,
+            connections: 1,
+        });
+        let (_, s) = a.outcomes(Outcome::Deadline, 0);
+        assert_eq!((s.cut, s.bypassed), (0, 6));
+        // A drain that quiesced left nothing behind.
+        let (_, s) = a.outcomes(Outcome::Quiesced, 0);
+        assert_eq!((s.cut, s.bypassed), (0, 0));
     }
 
     #[test]

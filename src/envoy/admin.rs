@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 
 use crate::http::{Endpoint, UrlError};
 
-use super::model::{self, ListenerInfo, ServerInfo, Stat};
+use super::model::{self, ClusterStatus, ListenerInfo, ServerInfo, Stat};
 
 /// Opens the TCP connection to the admin address. Node mode supplies one that
 /// connects from inside the pod's network namespace.
@@ -77,6 +77,45 @@ pub struct Counts {
     pub rq_active: u64,
     /// `http.<in>.downstream_rq_total`
     pub rq_total: u64,
+}
+
+/// What Envoy has active on the fail-open path: the hosts it falls back to
+/// when the stream guard is down, where no drain can end a stream gracefully.
+///
+/// The path is recognised by its shape, as the shipped bootstrap and the
+/// Istio patch build it: a cluster whose priority 0 is on loopback only (the
+/// guard) and that has hosts at a lower priority (the app on its own port).
+/// Those hosts' live requests and connections are what bypasses the guard.
+/// An outbound cluster's locality failover has remote hosts at priority 0,
+/// so it never counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FailOpen {
+    /// `rq_active` summed over the fail-open hosts: streams the guard cannot see.
+    pub requests: u64,
+    /// `cx_active` summed over them: Envoy's connections to the app directly.
+    pub connections: u64,
+}
+
+// === impl FailOpen ===
+
+impl FailOpen {
+    /// Sums the fail-open hosts of `clusters`.
+    pub fn of(clusters: &[ClusterStatus]) -> Self {
+        let mut f = Self::default();
+        for c in clusters {
+            let mut guards = c.hosts.iter().filter(|h| h.priority == 0).peekable();
+            let guarded =
+                guards.peek().is_some() && guards.all(|h| h.ip.is_some_and(|ip| ip.is_loopback()));
+            if !guarded {
+                continue;
+            }
+            for h in c.hosts.iter().filter(|h| h.priority > 0) {
+                f.requests += h.rq_active;
+                f.connections += h.cx_active;
+            }
+        }
+        f
+    }
 }
 
 /// Which stats scopes are inbound, resolved from the listener config.
@@ -267,6 +306,19 @@ impl AdminClient {
         Ok(scope.sum(&self.stats(&scope.stats_filter()).await?))
     }
 
+    /// `GET /clusters?format=json`: every upstream host with its priority
+    /// and live counts.
+    pub async fn clusters(&self) -> Result<Vec<ClusterStatus>, AdminError> {
+        let path = "/clusters?format=json";
+        let body = self.call(Method::GET, path).await?;
+        model::parse_clusters(&body).map_err(|e| self.err(Method::GET, path, e.into()))
+    }
+
+    /// What is active on the fail-open path (see [`FailOpen`]).
+    pub async fn failopen(&self) -> Result<FailOpen, AdminError> {
+        Ok(FailOpen::of(&self.clusters().await?))
+    }
+
     /// `listener_manager.listener_stopped`: listeners Envoy has stopped
     /// (`/drain_listeners`, at once or after a graceful drain). A stopped
     /// listener is closed for good; `/listeners` and
@@ -370,6 +422,42 @@ mod tests {
             let e = AdminClient::new(bad, t).unwrap_err().to_string();
             assert!(e.contains("invalid URL"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn failopen_counts_the_hosts_behind_a_loopback_guard_only() {
+        // Envoy 1.40's JSON: zeros and priority 0 left out, uint64 as strings.
+        let body = br#"{"cluster_statuses":[
+          {"name":"app","host_statuses":[
+            {"address":{"socket_address":{"address":"127.0.0.1","port_value":15097}},
+             "stats":[{"name":"cx_active","type":"GAUGE","value":"2"},{"name":"rq_active","type":"GAUGE","value":"9"}]},
+            {"address":{"socket_address":{"address":"127.0.0.1","port_value":8080}},"priority":1,
+             "stats":[{"name":"cx_total","value":"7"},{"name":"cx_active","type":"GAUGE","value":"1"},{"name":"rq_active","type":"GAUGE","value":"3"}]}]},
+          {"name":"outbound|80||b","host_statuses":[
+            {"address":{"socket_address":{"address":"10.0.0.5","port_value":80}},
+             "stats":[{"name":"rq_active","type":"GAUGE","value":"4"}]},
+            {"address":{"socket_address":{"address":"10.1.0.5","port_value":80}},"priority":1,
+             "stats":[{"name":"rq_active","type":"GAUGE","value":"5"}]}]},
+          {"name":"inbound|9090||","host_statuses":[
+            {"address":{"socket_address":{"address":"127.0.0.1","port_value":9090}},
+             "stats":[{"name":"rq_active","type":"GAUGE","value":"6"}]}]},
+          {"name":"pipe","host_statuses":[
+            {"address":{"pipe":{"path":"/sock"}},"stats":[]},
+            {"address":{"socket_address":{"address":"127.0.0.1","port_value":1}},"priority":1,
+             "stats":[{"name":"rq_active","type":"GAUGE","value":"8"}]}]}
+        ]}"#;
+        let clusters = model::parse_clusters(body).unwrap();
+        assert_eq!(clusters.len(), 4);
+        assert_eq!(clusters[0].hosts[1].priority, 1);
+        assert_eq!(
+            FailOpen::of(&clusters),
+            FailOpen {
+                requests: 3,
+                connections: 1
+            }
+        );
+        assert_eq!(FailOpen::of(&[]), FailOpen::default());
+        assert!(model::parse_clusters(b"[1]").is_err());
     }
 
     #[test]

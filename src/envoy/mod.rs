@@ -3,5 +3,5 @@
 pub mod admin;
 pub mod model;
 
-pub use admin::{AdminClient, AdminError, Counts, Dial, InboundScope, TcpDial};
+pub use admin::{AdminClient, AdminError, Counts, Dial, FailOpen, InboundScope, TcpDial};
 pub use model::{parse_envoy_version, ListenerInfo, ServerInfo, Stat};

@@ -112,6 +112,80 @@ pub fn parse_stats(body: &[u8]) -> Result<Vec<Stat>, serde_json::Error> {
         .collect())
 }
 
+/// One upstream host of `GET /clusters?format=json`, with what the
+/// fail-open gauge reads of it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostStatus {
+    /// The host's IP, when it has a socket address (pipes have none).
+    pub ip: Option<std::net::IpAddr>,
+    /// Its priority in the cluster's load assignment (0 when Envoy omits it).
+    pub priority: u32,
+    /// `cx_active`: Envoy's connections open to this host.
+    pub cx_active: u64,
+    /// `rq_active`: requests (streams) active on this host.
+    pub rq_active: u64,
+}
+
+/// One cluster of `GET /clusters?format=json`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterStatus {
+    pub name: String,
+    pub hosts: Vec<HostStatus>,
+}
+
+/// Decodes `GET /clusters?format=json`. Envoy writes proto JSON: a zero
+/// value or priority is left out, and a uint64 value is a string.
+pub fn parse_clusters(body: &[u8]) -> Result<Vec<ClusterStatus>, serde_json::Error> {
+    #[derive(Deserialize)]
+    struct Doc {
+        #[serde(default)]
+        cluster_statuses: Vec<Value>,
+    }
+    let doc: Doc = serde_json::from_slice(body)?;
+    let number = |v: Option<&Value>| match v {
+        Some(Value::String(s)) => s.parse().unwrap_or(0),
+        Some(v) => v.as_u64().unwrap_or(0),
+        None => 0,
+    };
+    let host = |h: &Value| {
+        let stat = |name: &str| {
+            h.get("stats")
+                .and_then(Value::as_array)
+                .and_then(|stats| {
+                    stats
+                        .iter()
+                        .find(|s| s.get("name").and_then(Value::as_str) == Some(name))
+                })
+                .map_or(0, |s| number(s.get("value")))
+        };
+        HostStatus {
+            ip: h
+                .pointer("/address/socket_address/address")
+                .and_then(Value::as_str)
+                .and_then(|a| a.parse().ok()),
+            priority: u32::try_from(number(h.get("priority"))).unwrap_or(u32::MAX),
+            cx_active: stat("cx_active"),
+            rq_active: stat("rq_active"),
+        }
+    };
+    Ok(doc
+        .cluster_statuses
+        .iter()
+        .map(|c| ClusterStatus {
+            name: c
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+            hosts: c
+                .get("host_statuses")
+                .and_then(Value::as_array)
+                .map(|hs| hs.iter().map(host).collect())
+                .unwrap_or_default(),
+        })
+        .collect())
+}
+
 /// What drainshim needs to know of one listener.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ListenerInfo {

@@ -23,9 +23,10 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetri
 use prometheus_client::metrics::MetricType;
 
 use crate::metrics::{
-    help, ConfigLabels, Ending, EndingLabels, GuardRequestLabels, GuardStreamLabels, KindLabels,
-    Metrics, OutcomeLabels, ProtocolLabels, ProxyLabels, Reason, ReasonLabels, ServiceKey,
-    TerminatedLabels, VersionLabels, CODES, DRAIN_OUTCOMES, STREAM_PROTOCOLS,
+    help, ConfigLabels, Ending, EndingLabels, FailopenKind, FailopenLabels, GuardRequestLabels,
+    GuardStreamLabels, KindLabels, Metrics, OutcomeLabels, ProtocolLabels, ProxyLabels, Reason,
+    ReasonLabels, ServiceKey, TerminatedLabels, VersionLabels, CODES, DRAIN_OUTCOMES,
+    STREAM_PROTOCOLS,
 };
 use crate::telemetry::TCP_RESET_KINDS;
 
@@ -70,12 +71,13 @@ impl std::fmt::Debug for PodCollector {
     }
 }
 
-const ENDINGS: [Ending; 5] = [
+const ENDINGS: [Ending; 6] = [
     Ending::closed,
     Ending::idle_at_exit,
     Ending::completed,
     Ending::terminated,
     Ending::cut,
+    Ending::bypassed,
 ];
 const REASONS: [Reason; 3] = Reason::ALL;
 const RESOURCES: [&str; 4] = ["lds", "cds", "rds", "eds"];
@@ -170,6 +172,21 @@ impl Collector for PodCollector {
             MetricType::Gauge,
             &live,
             |p, me| plain(me, &p.labels, &p.metrics.envoy_active_streams),
+        )?;
+        family(
+            enc,
+            help::FAILOPEN_ACTIVE,
+            MetricType::Gauge,
+            &live,
+            |p, me| {
+                for kind in FailopenKind::ALL {
+                    let l = FailopenLabels { kind };
+                    if let Some(g) = p.metrics.failopen_active.get(&l) {
+                        series(me, &p.labels, l.clone(), &*g)?;
+                    }
+                }
+                Ok(())
+            },
         )?;
         family(
             enc,
@@ -456,6 +473,7 @@ mod tests {
                     completed: 1,
                     terminated: 1,
                     cut: 1,
+                    bypassed: 1,
                 },
                 envoy: EnvoyReport {
                     version: "1.40.0".into(),
@@ -472,6 +490,7 @@ mod tests {
             mesh_version: "1.24.1".into(),
         });
         m.envoy_active_streams.set(4);
+        m.set_failopen(2, 1);
         m.draining.set(1);
         for (_, _, kind) in TCP_RESET_KINDS {
             m.tcp_resets
