@@ -2,7 +2,12 @@
 //! long it took, and how often streams are opened, seen from outside the
 //! mesh (docs/design.md, "Metrics").
 //!
-//! - `drainshim_guard_requests_total{service,code,protocol}`
+//! - `drainshim_guard_requests_total{service,code,protocol}`: the
+//!   application's outcomes. A stream the guard ended itself (a drain, max
+//!   connection age, the application's own shutdown) is not one: it is
+//!   counted by `drainshim_streams_terminated_total{reason,protocol}` (or
+//!   `_ungraceful_total`) instead, so an ending's `grpc-status: 14` never
+//!   reads as the application failing
 //! - `drainshim_guard_request_duration_seconds{service}`: unary calls to the
 //!   end of the response, streams to their first message
 //! - `drainshim_guard_streams_opened_total{service,protocol}`
@@ -291,6 +296,7 @@ impl Signals {
             first_message: None,
             stream: false,
             observed: false,
+            ended_by_guard: false,
         })
     }
 }
@@ -316,6 +322,8 @@ pub struct Request {
     stream: bool,
     /// The latency was observed already.
     observed: bool,
+    /// The guard ended it: not one of the application's outcomes.
+    ended_by_guard: bool,
 }
 
 impl Request {
@@ -353,10 +361,13 @@ impl Request {
         self.code.get_or_insert(code);
     }
 
-    /// The client got this code from the guard itself: it replaces the
-    /// application's (the guard ended the stream).
-    pub fn set_code(&mut self, code: Code) {
-        self.code = Some(code);
+    /// The guard ended this stream itself (a drain, max connection age, the
+    /// application's own shutdown), gracefully or by a reset: whatever the
+    /// client got, it is not the application's outcome, so it is left out
+    /// of `drainshim_guard_requests_total` (the ending's own counters have
+    /// it). Its latency and lifetime are still recorded.
+    pub fn ended_by_guard(&mut self) {
+        self.ended_by_guard = true;
     }
 
     /// The application reset the stream and the client got that reset: a
@@ -434,7 +445,9 @@ impl Request {
 impl Drop for Request {
     fn drop(&mut self) {
         let now = Instant::now();
-        self.service.request(self.final_code(), self.protocol).inc();
+        if !self.ended_by_guard {
+            self.service.request(self.final_code(), self.protocol).inc();
+        }
         let elapsed = now.saturating_duration_since(self.start).as_secs_f64();
         if !self.observed {
             self.service.duration.observe(elapsed);

@@ -191,19 +191,19 @@ pub fn proxy(mut job: StreamJob) -> impl Future<Output = ()> + Send {
 }
 
 /// What the client got, for the guard's request signals, where the stream's
-/// end decided it rather than the application's head or trailers.
+/// end decided it rather than the application's head or trailers. A stream
+/// the guard ended itself, gracefully or by a reset, is not the
+/// application's outcome: it is left out of the request counter (the
+/// ending is counted by `record_termination` or `record_ungraceful`).
 pub(super) fn record_outcome(s: &mut signals::Request, grpc: bool, outcome: &Outcome) {
     match outcome {
         Outcome::Completed => {}
         // gRPC: the guard's `grpc-status: 14`; SSE: a clean end of the body.
-        Outcome::Ended(_) if grpc => s.set_code(Code::UNAVAILABLE),
-        Outcome::Ended(_) => {}
+        // REFUSED_STREAM: the ending found no safe point in time.
+        Outcome::Ended(_) | Outcome::Reset => s.ended_by_guard(),
         Outcome::Refused => s.answered_by_guard(Code::UNAVAILABLE, StatusCode::SERVICE_UNAVAILABLE),
         Outcome::UpstreamFailed if grpc => s.code_if_unset(Code::UNAVAILABLE),
         Outcome::UpstreamFailed => s.status_if_unset(StatusCode::BAD_GATEWAY),
-        // REFUSED_STREAM, which gRPC clients read as UNAVAILABLE.
-        Outcome::Reset if grpc => s.code_if_unset(Code::UNAVAILABLE),
-        Outcome::Reset => {}
         Outcome::ClientGone if grpc => s.code_if_unset(Code::CANCELLED),
         Outcome::ClientGone => {}
     }
@@ -835,6 +835,59 @@ impl Pump<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_guards_own_endings_are_not_the_applications_outcomes() {
+        let m = crate::metrics::Metrics::new();
+        let s = signals::Signals::new(signals::SignalSettings::default(), m.clone());
+        let path = "/shop.Feed/Watch";
+        let p = crate::metrics::StreamProtocol::grpc;
+        for outcome in [
+            Outcome::Ended(Reason::max_age),
+            Outcome::Ended(Reason::drain),
+            Outcome::Ended(Reason::app_shutdown),
+            Outcome::Reset,
+            Outcome::UpstreamFailed,
+            Outcome::Completed,
+        ] {
+            let mut r = s.start(true, path, p).expect("on");
+            r.head(StatusCode::OK, &HeaderMap::new());
+            r.messages(2);
+            if outcome == Outcome::Completed {
+                let mut t = HeaderMap::new();
+                t.insert("grpc-status", HeaderValue::from_static("0"));
+                r.trailers(&t);
+            }
+            record_outcome(&mut r, true, &outcome);
+        }
+        let count = |code| {
+            m.guard_requests
+                .get(&crate::metrics::GuardRequestLabels {
+                    key: crate::metrics::ServiceKey {
+                        service: "shop.Feed".into(),
+                        method: None,
+                    },
+                    code,
+                    protocol: p,
+                })
+                .map_or(0, |c| c.get())
+        };
+        // Only the application's failure and its success are requests.
+        assert_eq!(count(Code::UNAVAILABLE), 1);
+        assert_eq!(count(Code::OK), 1);
+        // Every stream was still opened and its lifetime observed.
+        let text = crate::metrics::render(&{
+            let mut reg = prometheus_client::registry::Registry::default();
+            reg.register("o", "o", m.guard_streams_opened.clone());
+            reg.register("l", "l", m.guard_stream_lifetime.clone());
+            reg
+        });
+        assert!(
+            text.contains("o_total{service=\"shop.Feed\",protocol=\"grpc\"} 6"),
+            "{text}"
+        );
+        assert!(text.contains("l_count{protocol=\"grpc\"} 6"), "{text}");
+    }
 
     #[test]
     fn burst_gap_is_far_below_the_settle_default() {
