@@ -12,9 +12,9 @@ demo: envoy
 test: tools lint deploy-check
 	# One test at a time: several tests measure timing against real Envoy.
 	RUST_TEST_THREADS=1 $(CARGO) test --locked
-	# The guard's tests again on its frame relay (--guard-http2 frames), the
-	# opt-in HTTP/2 path, until it is the only one.
-	DRAINSHIM_GUARD_HTTP2=frames RUST_TEST_THREADS=1 $(CARGO) test --locked --test it guard_ -- --skip guard_app_shutdown
+	# The guard's tests again on its other HTTP/2 path (--guard-http2 stack),
+	# for as long as it exists.
+	DRAINSHIM_GUARD_HTTP2=stack RUST_TEST_THREADS=1 $(CARGO) test --locked --test it guard_ -- --skip guard_app_shutdown
 	$(MAKE) conformance
 	$(MAKE) bench
 	$(MAKE) fuzz-ci

@@ -802,11 +802,11 @@ pub struct GuardTuningArgs {
     #[arg(long, env = "DRAINSHIM_WRITE_STALL_TIMEOUT", default_value_t = config::DEFAULT_WRITE_STALL_TIMEOUT)]
     pub write_stall_timeout: Span,
 
-    /// How the guard proxies HTTP/2. `stack` (the default) re-builds every
-    /// stream with h2 at both ends. `frames` relays each connection's frames
-    /// to one app connection, reading only what a graceful end needs, at
-    /// about 0.4x the CPU per request; it is opt-in until it handles every
-    /// peer behaviour `stack` does (an app's own GOAWAY, small windows).
+    /// How the guard proxies HTTP/2. `frames` (the default) relays each
+    /// connection's frames to one app connection, reading only what a
+    /// graceful end needs. `stack` re-builds every stream with h2 at both
+    /// ends, at about 2.5x the CPU per request; it also serves the
+    /// connections whose app does not answer HTTP/2.
     #[arg(long, env = "DRAINSHIM_GUARD_HTTP2", value_enum, default_value_t = crate::guard::Http2Path::default())]
     pub guard_http2: crate::guard::Http2Path,
 }

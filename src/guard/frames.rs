@@ -48,7 +48,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, BytesMut};
-use httlib_hpack::Decoder;
 use http::StatusCode;
 use std::future::Future;
 
@@ -260,14 +259,19 @@ struct Ending {
 }
 
 /// The PING barrier on the application connection: one PING in flight at a
-/// time, shared by every stream waiting for one.
+/// time, shared by every stream waiting for one. A stream waits for two
+/// round trips, the second PING sent on the first one's ack: an app's
+/// HTTP/2 stack may write a PING's ack ahead of DATA it already queued (h2
+/// does, so a tonic app under load did, and a message was lost), but it
+/// writes that DATA before it has even read the next PING.
 #[derive(Debug, Default)]
 struct Barrier {
     /// PINGs sent, and the highest one acked.
     sent: u64,
     acked: u64,
-    /// Another PING is wanted once the one in flight is acked.
-    again: bool,
+    /// The highest PING a waiting stream needs acked; another is sent on
+    /// each ack until it has been.
+    wanted: u64,
 }
 
 /// A header block split over CONTINUATION frames, being gathered.
@@ -355,8 +359,8 @@ struct Relay<'a> {
     /// A GOAWAY asked during the handshake, sent after the SETTINGS.
     goaway_held: bool,
     /// Each direction's HPACK decoder.
-    client_hpack: Decoder<'static>,
-    app_hpack: Decoder<'static>,
+    client_hpack: wire::Hpack,
+    app_hpack: wire::Hpack,
     client_block: Option<Block>,
     app_block: Option<Block>,
     /// The application's blocks are re-encoded (see the module doc); the
@@ -483,8 +487,8 @@ impl<'a> Relay<'a> {
             handshake: true,
             replay: Some(BytesMut::new()),
             goaway_held: false,
-            client_hpack: Decoder::with_dynamic_size(DEFAULT_TABLE),
-            app_hpack: Decoder::with_dynamic_size(DEFAULT_TABLE),
+            client_hpack: wire::Hpack::new(DEFAULT_TABLE as usize),
+            app_hpack: wire::Hpack::new(DEFAULT_TABLE as usize),
             client_block: None,
             app_block: None,
             translate: None,
@@ -885,8 +889,7 @@ impl<'a> Relay<'a> {
                         // The application's encoder may use up to this.
                         table = Some(v);
                         self.client_table = v;
-                        self.app_hpack
-                            .set_max_dynamic_size(v.max(self.app_hpack.max_dynamic_size()));
+                        self.app_hpack.allow(v);
                         v
                     }
                     wire::MAX_FRAME_SIZE => {
@@ -1353,7 +1356,7 @@ impl<'a> Relay<'a> {
                         let mut block = Vec::new();
                         if let Some(size) = client_update_due.take() {
                             // See `own_block`.
-                            hpack_int(&mut block, 0x20, 5, u64::from(size));
+                            wire::put_size_update(&mut block, size);
                         }
                         block.extend_from_slice(&head_block(&head));
                         put_block(to_client, id, end, &block, *client_frame);
@@ -1567,8 +1570,7 @@ impl<'a> Relay<'a> {
                 wire::rewrite_settings(&mut payload, |id, v| match id {
                     wire::HEADER_TABLE_SIZE => {
                         self.app_table = v;
-                        self.client_hpack
-                            .set_max_dynamic_size(v.max(self.client_hpack.max_dynamic_size()));
+                        self.client_hpack.allow(v);
                         v
                     }
                     wire::MAX_CONCURRENT_STREAMS => {
@@ -1633,7 +1635,9 @@ impl<'a> Relay<'a> {
                     payload[4], payload[5], payload[6], payload[7],
                 ]));
                 self.barrier.acked = self.barrier.acked.max(seq);
-                if std::mem::take(&mut self.barrier.again) {
+                if self.barrier.wanted > self.barrier.sent
+                    && self.barrier.acked >= self.barrier.sent
+                {
                     self.send_barrier();
                 }
                 self.check_endings(now);
@@ -1773,7 +1777,7 @@ impl<'a> Relay<'a> {
             ),
             Some(size) => {
                 let mut encoded = Vec::with_capacity(block.len() + 6);
-                hpack_int(&mut encoded, 0x20, 5, u64::from(size));
+                wire::put_size_update(&mut encoded, size);
                 encoded.extend_from_slice(block);
                 put_block(
                     &mut self.to_client,
@@ -1875,16 +1879,18 @@ impl<'a> Relay<'a> {
         }
     }
 
-    /// The barrier PING a stream asking now must wait for.
+    /// The barrier PING a stream asking now must wait for: the second one
+    /// sent from now on (see [`Barrier`]).
     fn barrier_target(&mut self) -> u64 {
-        if self.barrier.acked >= self.barrier.sent {
+        let target = if self.barrier.acked >= self.barrier.sent {
             self.send_barrier();
-            self.barrier.sent
-        } else {
-            // One is in flight; the stream needs the one after it.
-            self.barrier.again = true;
             self.barrier.sent + 1
-        }
+        } else {
+            // One is in flight: the next two count.
+            self.barrier.sent + 2
+        };
+        self.barrier.wanted = self.barrier.wanted.max(target);
+        target
     }
 
     fn send_barrier(&mut self) {
@@ -2488,19 +2494,12 @@ fn unavailable_block(message: &'static str) -> Vec<u8> {
 fn literals(clear: Option<u32>, fields: &[wire::Field]) -> Vec<u8> {
     let mut out = Vec::new();
     if let Some(size) = clear {
-        hpack_int(&mut out, 0x20, 5, 0);
-        hpack_int(&mut out, 0x20, 5, u64::from(size));
+        wire::put_size_update(&mut out, 0);
+        wire::put_size_update(&mut out, size);
     }
-    let mut enc = httlib_hpack::Encoder::default();
     for f in fields {
         // A field sent never-indexed stays so (RFC 7541 §6.2.3).
-        let flags = if f.never_indexed {
-            httlib_hpack::Encoder::NEVER_INDEXED
-        } else {
-            0
-        };
-        // Infallible for literals: only a bad index can fail.
-        let _ = enc.encode_literal(f.name.clone(), f.value.clone(), flags, &mut out);
+        wire::put_literal(&mut out, &f.name, &f.value, f.never_indexed);
     }
     out
 }
@@ -2523,22 +2522,6 @@ fn put_block(out: &mut BytesMut, id: u32, end_stream: bool, block: &[u8], max_fr
         kind = wire::CONTINUATION;
         flags = 0;
     }
-}
-
-/// An HPACK integer with an `n`-bit prefix and the representation's `mask`.
-fn hpack_int(out: &mut Vec<u8>, mask: u8, n: u8, mut v: u64) {
-    let max = (1u64 << n) - 1;
-    if v < max {
-        out.push(mask | v as u8);
-        return;
-    }
-    out.push(mask | max as u8);
-    v -= max;
-    while v >= 128 {
-        out.push((v % 128) as u8 | 0x80);
-        v /= 128;
-    }
-    out.push(v as u8);
 }
 
 /// What is left of `buf` from `at` (an incomplete frame), as the next read's
@@ -2754,17 +2737,6 @@ mod tests {
     }
 
     #[test]
-    fn hpack_integers_follow_rfc_7541() {
-        // C.1.1 and C.1.2: 10 and 1337 with a 5-bit prefix.
-        let mut out = Vec::new();
-        hpack_int(&mut out, 0, 5, 10);
-        assert_eq!(out, [0x0a]);
-        out.clear();
-        hpack_int(&mut out, 0, 5, 1337);
-        assert_eq!(out, [0x1f, 0x9a, 0x0a]);
-    }
-
-    #[test]
     fn a_re_encoded_block_clears_the_table_then_decodes_alone() {
         let field = |n: &str, v: &str, never_indexed| wire::Field {
             name: n.as_bytes().to_vec(),
@@ -2779,7 +2751,7 @@ mod tests {
         ];
         let block = literals(Some(4096), &fields);
         // A decoder that holds an entry (`a: b`, literal with indexing).
-        let mut dec = Decoder::with_dynamic_size(4096);
+        let mut dec = wire::Hpack::new(4096);
         let mut seed = vec![0x40, 1, b'a', 1, b'b'];
         let seeded = wire::decode(&mut dec, &mut seed, 1 << 16, None).unwrap();
         assert!(seeded.indexed);

@@ -40,7 +40,9 @@ mod sniff;
 mod stream;
 pub mod upstream;
 mod websocket;
-mod wire;
+// Public for the `hpack` fuzz target; nothing outside the guard uses it.
+#[doc(hidden)]
+pub mod wire;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -100,13 +102,13 @@ pub enum Http2Path {
     /// One application connection per client connection, frames relayed
     /// whole; the guard reads header blocks and message boundaries and
     /// writes frames only to end or refuse a stream. A connection whose
-    /// application does not answer HTTP/2 is served by `Stack`. Opt-in
-    /// until it passes the relay conformance suite (docs/design.md).
+    /// application does not answer HTTP/2 is served by `Stack`. The
+    /// default: it passes the HTTP/2 conformance suite (docs/design.md).
+    #[default]
     Frames,
     /// h2 on both sides: each stream re-built, with a pool of application
     /// connections per client connection (about 2.5 times the CPU per
-    /// request of `Frames`). The default.
-    #[default]
+    /// request of `Frames`).
     Stack,
 }
 

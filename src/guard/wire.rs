@@ -7,7 +7,6 @@
 //! as they are (RFC 7541 §6.2.2), so the blocks it relays stay valid.
 
 use bytes::{BufMut, BytesMut};
-use httlib_hpack::{Decoder, Encoder};
 
 /// Every frame starts with a 9-byte header.
 pub const FRAME_HEADER: usize = 9;
@@ -130,17 +129,9 @@ pub fn window_update(out: &mut BytesMut, id: u32, increment: u32) {
 /// A header block of `fields`, every one a literal without indexing and
 /// without Huffman coding: it changes no dynamic table.
 pub fn literal_block(fields: &[(&str, &str)]) -> Vec<u8> {
-    // The encoder only touches its table for literals *with* indexing.
-    let mut enc = Encoder::default();
     let mut block = Vec::new();
     for (name, value) in fields {
-        // Infallible for literals: only a bad index can fail.
-        let _ = enc.encode_literal(
-            name.as_bytes().to_vec(),
-            value.as_bytes().to_vec(),
-            0,
-            &mut block,
-        );
+        put_literal(&mut block, name.as_bytes(), value.as_bytes(), false);
     }
     block
 }
@@ -186,50 +177,85 @@ pub struct Field {
 pub enum BlockError {
     /// Not valid HPACK: the dynamic tables can no longer be followed.
     Compression,
-    /// Decoded, the block outgrew `limit` (an HPACK bomb, or just huge):
-    /// decoding stopped there, so the table can no longer be followed.
+    /// Decoded, the block outgrew `limit` (an HPACK bomb, or just huge).
     TooLarge,
 }
 
-/// Decodes `block` field by field with `decoder` (which follows the
-/// sender's dynamic table), stopping once the decoded list passes `limit`.
-/// `block` is consumed; with `all`, every field is kept there too.
+/// One peer's HPACK encoder as the guard follows it: the dynamic table its
+/// blocks build, and the largest table the other peer's SETTINGS let it
+/// use. Decoding is `loona-hpack`'s (tables, Huffman, integers); what the
+/// guard adds on top is the block's shape ([`shape`]): a size update only
+/// at the start, and which fields were sent never-indexed.
+pub struct Hpack {
+    decoder: loona_hpack::Decoder<'static>,
+    allowed: usize,
+}
+
+impl Hpack {
+    /// A decoder whose peer may use a table of up to `table` bytes.
+    pub fn new(table: usize) -> Self {
+        let mut decoder = loona_hpack::Decoder::new();
+        decoder.set_max_allowed_table_size(table);
+        Self {
+            decoder,
+            allowed: table,
+        }
+    }
+
+    /// The other peer's HEADER_TABLE_SIZE changed to `size`. Until the
+    /// change is acknowledged the encoder may still use the old one, so
+    /// the limit only ever grows.
+    pub fn allow(&mut self, size: u32) {
+        let size = size as usize;
+        if size > self.allowed {
+            self.allowed = size;
+            self.decoder.set_max_allowed_table_size(size);
+        }
+    }
+}
+
+/// Decodes `block` with `hpack` (which follows the sender's dynamic
+/// table); past `limit` (RFC 9113 §6.5.2's size) the block is refused.
+/// `block` is left empty, ready for reuse; with `all`, every field is kept.
 pub fn decode(
-    decoder: &mut Decoder<'static>,
+    hpack: &mut Hpack,
     block: &mut Vec<u8>,
     limit: usize,
     mut all: Option<&mut Vec<Field>>,
 ) -> Result<Fields, BlockError> {
-    // The decoder indexes past the end of a truncated integer or string
-    // (found by fuzzing): the block's shape is checked first, and a panic
-    // left in it is a malformed block, not a dead connection task.
-    if !well_formed(block) {
+    let Some(shape) = shape(block) else {
+        block.clear();
         return Err(BlockError::Compression);
+    };
+    let mut f = Fields {
+        indexed: shape.indexed,
+        ..Fields::default()
+    };
+    if shape.fields == 0 {
+        // Only size updates (an empty trailer block can carry one). The
+        // decoder takes a size update only before a field, so one that
+        // changes no table (static index 2, `:method: GET`) follows, and
+        // its callback is ignored.
+        block.push(0x82);
     }
-    let mut f = Fields::default();
-    let mut one = Vec::with_capacity(1);
-    while let Some(&first) = block.first() {
-        // 001xxxxx: a dynamic table size update (RFC 7541 §6.3).
-        if first & 0xe0 == 0x20 {
-            f.indexed = true;
-        }
-        let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            decoder.decode_exact(block, &mut one)
-        }));
-        step.map_err(|_| BlockError::Compression)?
-            .map_err(|_| BlockError::Compression)?;
-        let Some((name, value, flags)) = one.pop() else {
-            continue;
+    let mut at = 0;
+    let mut over = false;
+    let encoded = &block[..];
+    let result = hpack.decoder.decode_with_cb(encoded, |name, value| {
+        // The callbacks come in the block's order, one per field.
+        let Some(kind) = next_field(encoded, &mut at) else {
+            return;
         };
-        if flags & Decoder::WITH_INDEXING != 0 {
-            f.indexed = true;
+        if over || shape.fields == 0 {
+            return;
         }
         f.list_size += name.len() + value.len() + 32;
         if f.list_size > limit {
-            return Err(BlockError::TooLarge);
+            over = true;
+            return;
         }
         let text = || String::from_utf8_lossy(&value).into_owned();
-        match name.as_slice() {
+        match &*name {
             b":status" => {
                 f.status = std::str::from_utf8(&value)
                     .ok()
@@ -239,49 +265,110 @@ pub fn decode(
             b":protocol" => f.protocol = Some(text()),
             b":path" => f.path = Some(text()),
             b"content-type" => f.content_type = Some(text()),
-            b"grpc-status" => f.grpc_status = Some(value.clone()),
+            b"grpc-status" => f.grpc_status = Some(value.to_vec()),
             _ => {}
         }
         if let Some(all) = all.as_mut() {
             all.push(Field {
-                name,
-                value,
-                never_indexed: flags & Decoder::NEVER_INDEXED != 0,
+                name: name.into_owned(),
+                value: value.into_owned(),
+                never_indexed: kind == Kind::NeverIndexed,
             });
         }
+    });
+    block.clear();
+    result.map_err(|_| BlockError::Compression)?;
+    if over {
+        return Err(BlockError::TooLarge);
     }
     Ok(f)
 }
 
-/// Whether `block` is a sequence of whole HPACK representations (RFC 7541
-/// §6): every integer and string complete, integers within 32 bits.
-pub fn well_formed(block: &[u8]) -> bool {
-    let mut at = 0;
-    while let Some(&b) = block.get(at) {
-        let (prefix, literal) = match b {
-            b if b & 0x80 != 0 => (7, false),
-            b if b & 0x40 != 0 => (6, true),
-            b if b & 0x20 != 0 => (5, false),
-            _ => (4, true),
-        };
-        let Some((index, next)) = integer(block, at, prefix) else {
-            return false;
-        };
-        at = next;
-        if literal {
-            let strings = if index == 0 { 2 } else { 1 };
-            for _ in 0..strings {
-                let Some((len, next)) = integer(block, at, 7) else {
-                    return false;
-                };
-                match next.checked_add(len as usize) {
-                    Some(end) if end <= block.len() => at = end,
-                    _ => return false,
-                }
-            }
+/// An HPACK representation (RFC 7541 §6), told by its first byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Indexed,
+    WithIndexing,
+    WithoutIndexing,
+    NeverIndexed,
+    SizeUpdate,
+}
+
+impl Kind {
+    fn of(b: u8) -> (Kind, u8) {
+        match b {
+            b if b & 0x80 != 0 => (Kind::Indexed, 7),
+            b if b & 0x40 != 0 => (Kind::WithIndexing, 6),
+            b if b & 0x20 != 0 => (Kind::SizeUpdate, 5),
+            b if b & 0x10 != 0 => (Kind::NeverIndexed, 4),
+            _ => (Kind::WithoutIndexing, 4),
         }
     }
-    true
+}
+
+/// What a block holds, read without decoding it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// Header fields (every representation but a size update).
+    pub fields: usize,
+    /// It changes the dynamic table: an entry added, or a size update.
+    pub indexed: bool,
+}
+
+/// The shape of `block` if it is a sequence of whole representations
+/// (every integer and string complete, integers within 32 bits) with its
+/// size updates first (RFC 7541 §4.2); None otherwise.
+pub fn shape(block: &[u8]) -> Option<Shape> {
+    let mut s = Shape {
+        fields: 0,
+        indexed: false,
+    };
+    let mut at = 0;
+    while at < block.len() {
+        let kind = representation(block, &mut at)?;
+        match kind {
+            Kind::SizeUpdate if s.fields > 0 => return None,
+            Kind::SizeUpdate => s.indexed = true,
+            Kind::WithIndexing => {
+                s.indexed = true;
+                s.fields += 1;
+            }
+            _ => s.fields += 1,
+        }
+    }
+    Some(s)
+}
+
+/// The kind of the next field at or after `*at`, skipping size updates;
+/// `*at` moves past it.
+fn next_field(block: &[u8], at: &mut usize) -> Option<Kind> {
+    loop {
+        match representation(block, at)? {
+            Kind::SizeUpdate => continue,
+            kind => return Some(kind),
+        }
+    }
+}
+
+/// The representation at `*at`, which moves past it; None if cut short.
+fn representation(block: &[u8], at: &mut usize) -> Option<Kind> {
+    let (kind, prefix) = Kind::of(*block.get(*at)?);
+    let (index, next) = integer(block, *at, prefix)?;
+    *at = next;
+    let literal = matches!(
+        kind,
+        Kind::WithIndexing | Kind::WithoutIndexing | Kind::NeverIndexed
+    );
+    if literal {
+        let strings = if index == 0 { 2 } else { 1 };
+        for _ in 0..strings {
+            let (len, next) = integer(block, *at, 7)?;
+            *at = next
+                .checked_add(len as usize)
+                .filter(|&e| e <= block.len())?;
+        }
+    }
+    Some(kind)
 }
 
 /// The HPACK integer with an `n`-bit prefix at `block[at]`, and where the
@@ -301,6 +388,39 @@ fn integer(block: &[u8], at: usize, n: u8) -> Option<(u32, usize)> {
         }
     }
     None
+}
+
+/// Appends an HPACK integer with an `n`-bit prefix and the
+/// representation's bits `mask` (RFC 7541 §5.1).
+pub fn put_integer(out: &mut Vec<u8>, mask: u8, n: u8, mut v: u64) {
+    let max = (1u64 << n) - 1;
+    if v < max {
+        out.push(mask | v as u8);
+        return;
+    }
+    out.push(mask | max as u8);
+    v -= max;
+    while v >= 128 {
+        out.push((v % 128) as u8 | 0x80);
+        v /= 128;
+    }
+    out.push(v as u8);
+}
+
+/// Appends a dynamic table size update to `size` (RFC 7541 §6.3).
+pub fn put_size_update(out: &mut Vec<u8>, size: u32) {
+    put_integer(out, 0x20, 5, u64::from(size));
+}
+
+/// Appends one field as a literal with a literal name, not Huffman coded:
+/// without indexing, or never indexed (RFC 7541 §6.2.2, §6.2.3). Neither
+/// touches a dynamic table, so the blocks the guard relays stay valid.
+pub fn put_literal(out: &mut Vec<u8>, name: &[u8], value: &[u8], never_indexed: bool) {
+    out.push(if never_indexed { 0x10 } else { 0x00 });
+    for s in [name, value] {
+        put_integer(out, 0x00, 7, s.len() as u64);
+        out.extend_from_slice(s);
+    }
 }
 
 #[cfg(test)]
@@ -355,7 +475,7 @@ mod tests {
     #[test]
     fn literals_decode_and_leave_the_table_alone() {
         let block = literal_block(&[("grpc-status", "14"), ("grpc-message", "bye")]);
-        let mut dec = Decoder::default();
+        let mut dec = Hpack::new(4096);
         let f = decode(&mut dec, &mut block.clone(), 1 << 16, None).unwrap();
         assert_eq!(f.grpc_status.as_deref(), Some(&b"14"[..]));
         // Index 62 would be the first dynamic entry: still absent.
@@ -369,35 +489,180 @@ mod tests {
     #[test]
     fn a_block_past_the_limit_stops_decoding() {
         let block = literal_block(&[("a", &"x".repeat(100)), ("b", &"y".repeat(100))]);
-        let mut dec = Decoder::default();
+        let mut dec = Hpack::new(4096);
         assert_eq!(
             decode(&mut dec, &mut block.clone(), 150, None),
             Err(BlockError::TooLarge)
         );
-        let f = decode(&mut Decoder::default(), &mut block.clone(), 1000, None).unwrap();
+        let f = decode(&mut Hpack::new(4096), &mut block.clone(), 1000, None).unwrap();
         assert_eq!(f.list_size, 2 * (1 + 100 + 32));
     }
 
     #[test]
     fn truncated_representations_are_malformed_not_a_panic() {
         let good = literal_block(&[("grpc-status", "14")]);
-        assert!(well_formed(&good));
+        assert!(shape(&good).is_some());
         for cut in 1..good.len() {
-            assert!(!well_formed(&good[..cut]), "cut at {cut}");
+            assert!(shape(&good[..cut]).is_none(), "cut at {cut}");
             let mut block = good[..cut].to_vec();
             assert_eq!(
-                decode(&mut Decoder::default(), &mut block, 1 << 16, None),
+                decode(&mut Hpack::new(4096), &mut block, 1 << 16, None),
                 Err(BlockError::Compression)
             );
         }
-        // An indexed field, and a size update, each one byte.
-        assert!(well_formed(&[0x82, 0x20]));
+        // A size update, then an indexed field, each one byte.
+        assert_eq!(
+            shape(&[0x20, 0x82]),
+            Some(Shape {
+                fields: 1,
+                indexed: true
+            })
+        );
         // Integers: 1337 with a 5-bit prefix is whole; cut, or past 32 bits, is not.
         assert_eq!(integer(&[0x1f, 0x9a, 0x0a], 0, 5), Some((1337, 3)));
         assert_eq!(integer(&[0x1f, 0x9a], 0, 5), None);
         assert_eq!(integer(&[0x7f, 0xff, 0xff, 0xff, 0xff, 0x7f], 0, 7), None);
         // A literal whose value is missing (the fuzzer's first find).
-        assert!(!well_formed(&[0x40, 0x01, b'a']));
+        assert!(shape(&[0x40, 0x01, b'a']).is_none());
+    }
+
+    fn hex(s: &str) -> Vec<u8> {
+        let s: String = s.split_whitespace().collect();
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    fn fields_of(dec: &mut Hpack, block: &[u8]) -> Vec<(String, String)> {
+        let mut all = Vec::new();
+        decode(dec, &mut block.to_vec(), 1 << 16, Some(&mut all)).unwrap();
+        all.into_iter()
+            .map(|f| {
+                (
+                    String::from_utf8(f.name).unwrap(),
+                    String::from_utf8(f.value).unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn rfc_7541_appendix_c_examples_decode_with_their_tables() {
+        // C.3: three requests, without Huffman, sharing one table.
+        let mut dec = Hpack::new(4096);
+        let get = |p: &str, a: &str| {
+            vec![
+                (":method".to_string(), "GET".to_string()),
+                (":scheme".to_string(), p.to_string()),
+                (":path".to_string(), a.to_string()),
+                (":authority".to_string(), "www.example.com".to_string()),
+            ]
+        };
+        let c31 = hex("8286 8441 0f77 7777 2e65 7861 6d70 6c65 2e63 6f6d");
+        assert_eq!(fields_of(&mut dec, &c31), get("http", "/"));
+        let c32 = hex("8286 84be 5808 6e6f 2d63 6163 6865");
+        let mut want = get("http", "/");
+        want.push(("cache-control".into(), "no-cache".into()));
+        assert_eq!(fields_of(&mut dec, &c32), want);
+        let c33 = hex("8287 85bf 400a 6375 7374 6f6d 2d6b 6579 0c63 7573 746f 6d2d 7661 6c75 65");
+        let mut want = get("https", "/index.html");
+        want.push(("custom-key".into(), "custom-value".into()));
+        assert_eq!(fields_of(&mut dec, &c33), want);
+
+        // C.5: responses with a 256-byte table (set here by a size update),
+        // the second evicting the first's `:status: 302`.
+        let mut dec = Hpack::new(4096);
+        let mut c51 = hex("3fe1 01");
+        c51.extend(hex(
+            "4803 3330 3258 0770 7269 7661 7465 611d 4d6f 6e2c 2032 3120 4f63 7420 3230
+             3133 2032 303a 3133 3a32 3120 474d 546e 1768 7474 7073 3a2f 2f77 7777 2e65
+             7861 6d70 6c65 2e63 6f6d",
+        ));
+        let date = "Mon, 21 Oct 2013 20:13:21 GMT";
+        let resp = |status: &str| {
+            vec![
+                (":status".to_string(), status.to_string()),
+                ("cache-control".to_string(), "private".to_string()),
+                ("date".to_string(), date.to_string()),
+                (
+                    "location".to_string(),
+                    "https://www.example.com".to_string(),
+                ),
+            ]
+        };
+        assert_eq!(fields_of(&mut dec, &c51), resp("302"));
+        assert_eq!(
+            fields_of(&mut dec, &hex("4803 3330 37c1 c0bf")),
+            resp("307")
+        );
+        // C.4.1: the first request again, Huffman coded.
+        let c41 = hex("8286 8441 8cf1 e3c2 e5f2 3a6b a0ab 90f4 ff");
+        assert_eq!(fields_of(&mut Hpack::new(4096), &c41), get("http", "/"));
+    }
+
+    #[test]
+    fn never_indexed_is_reported_and_size_updates_come_first() {
+        let mut block = Vec::new();
+        put_literal(&mut block, b"authorization", b"s3cret", true);
+        put_literal(&mut block, b"x", b"y", false);
+        let mut all = Vec::new();
+        decode(&mut Hpack::new(4096), &mut block, 1 << 16, Some(&mut all)).unwrap();
+        assert!(all[0].never_indexed && !all[1].never_indexed);
+        // RFC 7541 §4.2: a size update after a field is a decoding error.
+        let mut late = vec![0x82];
+        put_size_update(&mut late, 0);
+        assert_eq!(shape(&late), None);
+        assert_eq!(
+            decode(&mut Hpack::new(4096), &mut late, 1 << 16, None),
+            Err(BlockError::Compression)
+        );
+        // A block of size updates alone (an empty trailer block) applies them.
+        let mut dec = Hpack::new(4096);
+        let mut seed = vec![0x40, 1, b'a', 1, b'b'];
+        decode(&mut dec, &mut seed, 1 << 16, None).unwrap();
+        let mut updates = Vec::new();
+        put_size_update(&mut updates, 0);
+        put_size_update(&mut updates, 4096);
+        let f = decode(&mut dec, &mut updates, 1 << 16, None).unwrap();
+        assert!(f.indexed && f.list_size == 0);
+        assert_eq!(
+            decode(&mut dec, &mut vec![0x80 | 62], 1 << 16, None),
+            Err(BlockError::Compression),
+            "the entry was evicted"
+        );
+        // A size update past what SETTINGS allowed is an error.
+        let mut big = Vec::new();
+        put_size_update(&mut big, 8192);
+        big.push(0x82);
+        assert!(decode(&mut Hpack::new(4096), &mut big.clone(), 1 << 16, None).is_err());
+        let mut dec = Hpack::new(4096);
+        dec.allow(8192);
+        assert!(decode(&mut dec, &mut big, 1 << 16, None).is_ok());
+    }
+
+    #[test]
+    fn invalid_huffman_padding_is_refused() {
+        // `:path` with a Huffman-coded value: "/" (011000), then "0"
+        // (00000), then three padding bits of zeros. Padding must be the
+        // EOS prefix, all ones (RFC 7541 §5.2).
+        let mut block = vec![0x04, 0x82, 0x63, 0x00];
+        assert_eq!(
+            decode(&mut Hpack::new(4096), &mut block, 1 << 16, None),
+            Err(BlockError::Compression)
+        );
+    }
+
+    #[test]
+    fn hpack_integers_follow_rfc_7541() {
+        // C.1.1 and C.1.2: 10 and 1337 with a 5-bit prefix, and back.
+        let mut out = Vec::new();
+        put_integer(&mut out, 0, 5, 10);
+        assert_eq!(out, [0x0a]);
+        out.clear();
+        put_integer(&mut out, 0, 5, 1337);
+        assert_eq!(out, [0x1f, 0x9a, 0x0a]);
+        assert_eq!(integer(&out, 0, 5), Some((1337, 3)));
     }
 
     #[test]
