@@ -29,6 +29,7 @@ mod h1;
 mod h2conn;
 mod h2io;
 mod headers;
+mod hpack;
 mod keepalive;
 mod lifecycle;
 mod limits;
