@@ -301,6 +301,7 @@ async fn from_prometheus(
             .into_iter()
             .map(Check::from),
     );
+    checks.push(golden::endings(&now).into());
     Ok(checks)
 }
 
@@ -342,6 +343,7 @@ async fn from_targets(urls: &[String], opts: &VerifyOptions) -> Result<Vec<Check
     checks.extend(
         golden::GATES
             .iter()
+            .chain([&golden::ENDINGS])
             .map(|g| Check::new(g, None, history.into())),
     );
     Ok(checks)
