@@ -17,6 +17,7 @@ mod faults_envoy;
 mod faults_recovery;
 mod faults_security;
 mod fleet;
+mod golden_endings;
 mod golden_signals;
 mod guard_abuse;
 mod guard_app_shutdown;
