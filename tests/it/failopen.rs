@@ -192,7 +192,9 @@ async fn streams_opened_while_the_guard_was_dead_are_shown_and_counted_bypassed(
 
     // The guard is back (healthy in Envoy's eyes): new streams go through it,
     // while the three stay on the app's connection.
-    let second = shim_with(admin_port, guard, app.addr, SHORT_TIMERS).await;
+    let mut args = SHORT_TIMERS.to_vec();
+    args.extend(["--pod-namespace", "shop", "--pod-name", "web-0"]);
+    let second = shim_with(admin_port, guard, app.addr, &args).await;
     // Envoy's workers take the guard back a moment after its health check
     // passes: unary calls until one reaches it.
     let mut probe = support::guard::connect_client(envoy.inbound).await;
@@ -265,5 +267,61 @@ async fn streams_opened_while_the_guard_was_dead_are_shown_and_counted_bypassed(
         Some("3"),
         "{text}"
     );
+
+    // verify fails the wave, from the shim itself and from a real Prometheus.
+    let target = format!("http://{}", second.addr);
+    let (code, out, err) =
+        run_bin(&["verify", "--targets", &target, "--expect-version", "1.40.0"]).await;
+    assert_eq!(code, Some(1), "{out}{err}");
+    let bypassed_line = line_of(&out, BYPASSED_CHECK);
+    assert!(bypassed_line.contains("FAIL"), "{out}");
+    assert!(
+        bypassed_line.contains("3 streams around the guard"),
+        "{out}"
+    );
+    assert!(
+        line_of(&out, "no stream cut by a drain").contains("PASS"),
+        "{out}"
+    );
+    let prom = prometheus(&[second.addr]).await;
+    let client = drainshim::fleet::prometheus::PromClient::new(&prom.url(), WAIT).expect("client");
+    wait_for("Prometheus has the bypassed streams", WAIT, || async {
+        client
+            .scalar(r#"sum(drainshim_drained_streams_total{outcome="bypassed"})"#)
+            .await
+            .is_ok_and(|n| n == 3.0)
+    })
+    .await;
+    let (code, out, err) = run_bin(&[
+        "verify",
+        "--prometheus",
+        &prom.url(),
+        "--namespace",
+        "shop",
+        "--expect-version",
+        "1.40.0",
+        "--window",
+        "1m",
+    ])
+    .await;
+    assert_eq!(code, Some(1), "{out}{err}");
+    let bypassed_line = line_of(&out, BYPASSED_CHECK);
+    assert!(bypassed_line.contains("FAIL"), "{out}");
+    assert!(
+        bypassed_line.contains("3 streams around the guard"),
+        "{out}"
+    );
+    eprintln!("verify (Prometheus): {bypassed_line}");
+    prom.stop().await;
     drop(bypassing);
+}
+
+/// verify's check for streams bypassed at a drain deadline.
+const BYPASSED_CHECK: &str = "no bypassed stream cut by a restart";
+
+/// The line of `out` for `check`, or "" when it has none.
+fn line_of<'a>(out: &'a str, check: &str) -> &'a str {
+    out.lines()
+        .find(|l| l.starts_with(check))
+        .unwrap_or_default()
 }
