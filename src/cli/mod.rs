@@ -123,7 +123,7 @@ pub enum Command {
         long_about = "The gate for one upgrade wave.\n\n\
             Checks that every pod in the namespaces runs --expect-version, that no stream was cut by a \
             drain, that no drain found streams on the fail-open path at its deadline (bypassed: opened \
-            around a guard that was down, so the restart cut them too), and that no xDS update was \
+            around a guard that was down, so the restart cut them too), that no xDS update was \
             rejected on that version within --window, and that the retry \
             volume and the kernel reset rate did not grow past their thresholds against the window \
             before.\n\n\
