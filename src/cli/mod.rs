@@ -131,7 +131,9 @@ pub enum Command {
             Envoy does: the success rate (--max-success-drop points), the p99 (--max-p99-increase), \
             requests reaching the app per request callers sent to Envoy (--max-requests-per-call-increase: \
             exposes extra retries), and the stream re-open rate (--max-reopen-increase). Each names the \
-            services that moved and by how much.\n\n\
+            services that moved and by how much. The streams the guard ended itself (max connection \
+            age, a drain, the app's own shutdown) are not the app's failures: they are left out of the \
+            success rate and shown on a line of their own, per namespace and reason, never judged.\n\n\
             Pods are taken by the namespace label their series carry (node mode, or a scrape that adds \
             pod labels), else through drainshim_proxy_info on the scrape instance. With --targets \
             (shims scraped directly) the rate checks are not applicable: they need Prometheus' history.",
@@ -580,7 +582,8 @@ pub struct VerifyArgs {
     /// Guard success rate per namespace and service: how many percentage
     /// points it may drop against the window before. Failures are gRPC
     /// UNKNOWN, DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE,
-    /// DATA_LOSS and HTTP 5xx.
+    /// DATA_LOSS and HTTP 5xx, as the app answered; the streams the guard
+    /// ended itself (its UNAVAILABLE at max age or a drain) are not counted.
     #[arg(
         long,
         env = "DRAINSHIM_MAX_SUCCESS_DROP",
