@@ -101,11 +101,12 @@ say "drainshim (each manifest's drainshim container is run with --check)"
 ${CARGO:-cargo} build --locked --quiet --bin drainshim || die "cargo build failed"
 
 say "the checker's own rules, on known-bad input (scripts/check_deploy.py selftest)"
-"$py" "$root/scripts/check_deploy.py" selftest --rendered "$out" --prometheus "$prometheus"
+"$py" "$root/scripts/check_deploy.py" selftest --rendered "$out" --prometheus "$prometheus" \
+  --envoy-cache "$cache/envoy" --kubectl "$kubectl"
 
 say "manifests (scripts/check_deploy.py)"
 "$py" "$root/scripts/check_deploy.py" check --rendered "$out" --envoy-cache "$cache/envoy" \
-  --prometheus "$prometheus"
+  --prometheus "$prometheus" --kubectl "$kubectl"
 
 # --- 3. promtool -------------------------------------------------------------
 say "promtool"

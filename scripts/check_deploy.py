@@ -75,6 +75,7 @@ import ipaddress
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -274,6 +275,47 @@ def prestop_http(c: dict) -> dict | None:
     return ((c.get("lifecycle") or {}).get("preStop") or {}).get("httpGet")
 
 
+_VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+_FIELD_REF = re.compile(r"metadata\.(annotations|labels)\['([^']+)'\]")
+
+
+def kubelet_expand(text: str, env: dict[str, str]) -> str:
+    """$(VAR) as the kubelet expands it in command, args and env values: a
+    defined variable is substituted, an undefined reference stays as
+    written, and $$ is a literal $."""
+    return _VAR_REF.sub(lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
+
+
+def as_kubelet_runs(meta: dict, spec: dict) -> tuple[dict, list[str]]:
+    """The pod spec as its processes see it: env read from the pod's own
+    annotations and labels (downward API) and $(VAR) expanded in env values,
+    command and args (the sidecar Component passes the app's port this way).
+    Other valueFrom sources are kept as they are. Also returns what cannot
+    be resolved: an annotation or label the pod does not have (the kubelet
+    gives an empty string), a $(VAR) left unexpanded."""
+    spec = copy.deepcopy(spec)
+    missing: list[str] = []
+    for c, _, _ in all_containers(spec):
+        env: dict[str, str] = {}
+        for e in c.get("env") or []:
+            if "value" in e:
+                e["value"] = kubelet_expand(str(e["value"]), env)
+                env[e["name"]] = e["value"]
+                continue
+            m = _FIELD_REF.fullmatch(str(((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath", "")))
+            if m:
+                got = (meta.get(m.group(1)) or {}).get(m.group(2))
+                if got is None:
+                    missing.append(f"{c.get('name')}: env {e.get('name')} reads {m.group(1)[:-1]} {m.group(2)!r}, which the pod does not have")
+                env[e["name"]] = str(got or "")
+        for key in ("command", "args"):
+            if c.get(key):
+                c[key] = [kubelet_expand(str(a), env) for a in c[key]]
+                missing += [f"{c.get('name')}: {key} has $({v}), which no env entry of the container defines"
+                            for a in c[key] for v in re.findall(r"(?<!\$)\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", a)]
+    return spec, missing
+
+
 # ------------------------------------------------------------- pod checks
 
 def base_app_containers(base_docs: list[dict]) -> dict[str, dict]:
@@ -289,7 +331,26 @@ def app_port(base_apps: dict[str, dict]) -> int | None:
     return ports[0] if len(ports) == 1 else None
 
 
-def check_app_unchanged(ck: Checker, where: str, spec: dict, s: dict[str, str] | None, base_apps: dict[str, dict]) -> None:
+# The sidecar Component's input (deploy/components/sidecar): the port the
+# pod's app serves on, a pod annotation read through the downward API.
+APP_PORT_ANNOTATION = "drainshim.io/app-port"
+
+
+def pod_app_port(ck: Checker, where: str, meta: dict, base_apps: dict[str, dict]) -> int | None:
+    """The app's port for this pod: its drainshim.io/app-port annotation,
+    which must name a port the app declares before drainshim; without the
+    annotation, the one port the apps declare (deploy/base)."""
+    ann = (meta.get("annotations") or {}).get(APP_PORT_ANNOTATION)
+    if ann is None:
+        return app_port(base_apps)
+    declared = sorted({pt.get("containerPort") for c in base_apps.values() for pt in c.get("ports") or []})
+    ck.check("wiring", str(ann).isdigit() and int(ann) in declared,
+             f"{where}: {APP_PORT_ANNOTATION} {ann!r} is not a port the app declares ({declared}): the guard and Envoy's fallback would go nowhere")
+    return int(ann) if str(ann).isdigit() else None
+
+
+def check_app_unchanged(ck: Checker, where: str, spec: dict, s: dict[str, str] | None, base_apps: dict[str, dict],
+                        port: int | None = None) -> None:
     """Adopting the guard (or node mode) changes no app: every container of
     deploy/base keeps its image, command and args; the guard, if any (`s`:
     the shim's flags), listens on GUARD_PORT and forwards to the app's own
@@ -303,7 +364,8 @@ def check_app_unchanged(ck: Checker, where: str, spec: dict, s: dict[str, str] |
         for key in ("image", "command", "args"):
             ck.check("wiring", c.get(key) == before.get(key),
                      f"{where}: {c.get('name')}: {key} {c.get(key)!r} differs from deploy/base ({before.get(key)!r}): adopting the guard must change no app")
-    port = app_port(base_apps)
+    if port is None:
+        port = app_port(base_apps)
     if s is None:
         print(f"  {where}: app unchanged (port {port})")
         return
@@ -312,7 +374,7 @@ def check_app_unchanged(ck: Checker, where: str, spec: dict, s: dict[str, str] |
     if "guard-upstream" in s:
         uh, up = host_port(s["guard-upstream"])
         ck.check("wiring", up == port and is_loopback(uh),
-                 f"{where}: --guard-upstream {s['guard-upstream']}, want 127.0.0.1:{port}, the app's own port in deploy/base")
+                 f"{where}: --guard-upstream {s['guard-upstream']}, want 127.0.0.1:{port}, the app's own port")
     print(f"  {where}: app unchanged (port {port}); guard {s['guard-listen']} -> {s.get('guard-upstream')}")
 
 
@@ -445,6 +507,11 @@ def check_pod(ck: Checker, overlay: str, name: str, meta: dict, spec: dict,
     shims = [(c, init, side) for c, init, side in all_containers(spec) if is_drainshim(c, "sidecar")]
     if not shims:
         return False
+    spec, unresolved = as_kubelet_runs(meta, spec)
+    for u in unresolved:
+        ck.fail("wiring", f"{where}: {u}")
+    shims = [(c, init, side) for c, init, side in all_containers(spec) if is_drainshim(c, "sidecar")]
+    app = pod_app_port(ck, where, meta, base_apps)
     ck.check("wiring", len(shims) == 1, f"{where}: {len(shims)} drainshim sidecar containers, want 1")
     shim, shim_init, shim_native = shims[0]
     ck.check("wiring", not shim_init or shim_native,
@@ -539,12 +606,12 @@ def check_pod(ck: Checker, overlay: str, name: str, meta: dict, spec: dict,
     guard = s.get("guard-listen")
     if guard is not None:
         ck.check("wiring", "guard-upstream" in s, f"{where}: --guard-listen without --guard-upstream")
-        check_app_unchanged(ck, where, spec, s, base_apps)
+        check_app_unchanged(ck, where, spec, s, base_apps, app)
 
     # --- Envoy (plain) ------------------------------------------------------
     for c, init, side in all_containers(spec):
         if "envoyproxy/envoy" in c.get("image", ""):
-            check_envoy(ck, where, c, spec, s, d, guard, configmaps, envoy_cache, app_port(base_apps))
+            check_envoy(ck, where, c, spec, s, d, guard, configmaps, envoy_cache, app)
 
     # --- Istio --------------------------------------------------------------
     ann = meta.get("annotations") or {}
@@ -575,10 +642,13 @@ def envoy_args(c: dict) -> dict[str, str]:
 
 
 def envoy_bootstrap(c: dict, spec: dict, configmaps: dict[str, dict]) -> tuple[str | None, str | None]:
-    """(the -c path, the bootstrap text from the ConfigMap mounted there)."""
+    """(the -c path, the bootstrap text from the ConfigMap mounted there); or,
+    with no -c, ("--config-yaml", the inline bootstrap)."""
     ef = envoy_args(c)
     cpath = ef.get("-c") or ef.get("--config-path")
     if cpath is None:
+        if "--config-yaml" in ef:
+            return "--config-yaml", ef["--config-yaml"]
         return None, None
     text = None
     for m in c.get("volumeMounts") or []:
@@ -640,12 +710,13 @@ def check_envoy(ck: Checker, where: str, c: dict, spec: dict, s: dict, drain: fl
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "bootstrap.yaml"
         cfg.write_text(text)
-        vargs = [a if a != cpath else str(cfg) for a in args]
+        vargs = list(args) if cpath == "--config-yaml" else [a if a != cpath else str(cfg) for a in args]
         r = subprocess.run([str(binary), "--mode", "validate", *vargs, "-l", "error"],
                            capture_output=True, text=True, timeout=120)
     ck.check("envoy", r.returncode == 0,
              f"{where}: envoy {version} --mode validate failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
-    print(f"  {where}: envoy {version} --mode validate {' '.join(vargs[2:])}: {'OK' if r.returncode == 0 else 'FAILED'}")
+    shown = [a if a != text else "<the bootstrap>" for a in vargs] if cpath == "--config-yaml" else vargs[2:]
+    print(f"  {where}: envoy {version} --mode validate {' '.join(shown)}: {'OK' if r.returncode == 0 else 'FAILED'}")
 
 
 def check_services(ck: Checker, overlay: str, docs: list[dict]) -> None:
@@ -1039,6 +1110,192 @@ def check_rollout(ck: Checker, overlay: str, doc: dict) -> None:
         surge = max_surge(doc)
         if surge is not None and (doc["spec"]["template"]["spec"].get("hostNetwork") is True):
             print(f"  {overlay}: {doc['kind']}/{doc['metadata'].get('name')}: hostNetwork, maxSurge {surge}, no declared port: the surge pod can be scheduled")
+
+
+# ------------------------------------------------------ the sidecar Component
+
+SIDECAR_COMPONENT = DEPLOY / "components" / "sidecar"
+
+# Workloads from outside the repo, as someone adopting drainshim has them:
+# their own names, images, ports, volumes; nothing of deploy/base. Two opt in
+# (a Deployment and a StatefulSet, on different ports), one does not. The
+# Service points at Envoy, as deploy/README.md tells adopters to.
+ADOPTER_WORKLOADS = """\
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: orders
+  labels: {app.kubernetes.io/name: orders, drainshim.io/inject: "true"}
+spec:
+  replicas: 2
+  selector:
+    matchLabels: {app.kubernetes.io/name: orders}
+  template:
+    metadata:
+      labels: {app.kubernetes.io/name: orders}
+      annotations: {drainshim.io/app-port: "9090"}
+    spec:
+      containers:
+      - name: server
+        image: registry.example.com/shop/orders:4.2.1
+        args: [--port=9090, --metrics-port=9464]
+        ports:
+        - {name: http, containerPort: 9090}
+        - {name: metrics, containerPort: 9464}
+        volumeMounts:
+        - {name: cache, mountPath: /var/cache/orders}
+      volumes:
+      - name: cache
+        emptyDir: {}
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata:
+  name: ledger
+  labels: {app.kubernetes.io/name: ledger, drainshim.io/inject: "true"}
+spec:
+  serviceName: ledger
+  selector:
+    matchLabels: {app.kubernetes.io/name: ledger}
+  template:
+    metadata:
+      labels: {app.kubernetes.io/name: ledger}
+      annotations: {drainshim.io/app-port: "7070"}
+    spec:
+      containers:
+      - name: ledger
+        image: registry.example.com/shop/ledger:1.0.3
+        ports:
+        - {name: grpc, containerPort: 7070}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: mailer
+  labels: {app.kubernetes.io/name: mailer}
+spec:
+  selector:
+    matchLabels: {app.kubernetes.io/name: mailer}
+  template:
+    metadata:
+      labels: {app.kubernetes.io/name: mailer}
+    spec:
+      containers:
+      - name: mailer
+        image: registry.example.com/shop/mailer:2.0.0
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: orders
+spec:
+  selector: {app.kubernetes.io/name: orders}
+  ports:
+  - {name: http, port: 80, targetPort: envoy-inbound}
+"""
+ADOPTERS_OPTED_IN = {"Deployment/orders", "StatefulSet/ledger"}
+
+
+def render_adopter(kubectl: str, component: Path | None, workloads: str = ADOPTER_WORKLOADS) -> tuple[list[dict] | None, str]:
+    """The adopter's kustomization, in a directory of its own outside the
+    repo: `resources: [deployment.yaml]` and, with a component, the one
+    `components:` line (kustomize takes a relative path only). Returns the
+    rendered objects, or None and kustomize's error."""
+    with tempfile.TemporaryDirectory(prefix="drainshim-adopter-") as tmp:
+        (Path(tmp) / "deployment.yaml").write_text(workloads)
+        k = "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- deployment.yaml\n"
+        if component is not None:
+            k += f"components:\n- {os.path.relpath(component, tmp)}\n"
+        (Path(tmp) / "kustomization.yaml").write_text(k)
+        r = subprocess.run([kubectl, "kustomize", tmp], capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        return None, r.stderr.strip()
+    return [d for d in yaml.safe_load_all(r.stdout) if d], ""
+
+
+def check_adoption(ck: Checker, kubectl: str, component: Path, envoy_cache: Path, versions: list[str],
+                   workloads: str = ADOPTER_WORKLOADS) -> list[ScrapePod]:
+    """The sidecar Component on workloads it has never seen: the opted-in
+    pods pass every per-pod check the shipped overlays pass (budget, hooks,
+    install, guard -> the pod's own app port, Envoy's fail-open bootstrap
+    validated by the real Envoy, probes), every object the schemas, the
+    Service reaches Envoy; the app containers keep their image, args, ports
+    and mounts; a workload without the label is not touched. Returns the
+    rendered pods for the scrape checks."""
+    area = "adopt"
+    before, err = render_adopter(kubectl, None, workloads)
+    if not ck.check(area, before is not None, f"the adopter's workloads alone do not render: {err}"):
+        return []
+    after, err = render_adopter(kubectl, component, workloads)
+    if not ck.check(area, after is not None, f"{component.relative_to(ROOT) if component.is_relative_to(ROOT) else component}: "
+                                             f"the adopter's kustomization with the Component does not render: {err}"):
+        return []
+    overlay = "adopter"
+    check_schema(ck, overlay, after, versions)
+    check_services(ck, overlay, after)
+    configmaps = {d["metadata"]["name"]: d for d in after if d.get("kind") == "ConfigMap"}
+    by_id = {f"{d.get('kind')}/{d['metadata']['name']}": d for d in before}
+    pods: list[ScrapePod] = []
+    listen_ports: dict[str, int] = {}
+    for d in after:
+        rid = f"{d.get('kind')}/{(d.get('metadata') or {}).get('name')}"
+        if d.get("kind") not in POD_TEMPLATE_KINDS:
+            continue
+        old = by_id.get(rid)
+        if rid not in ADOPTERS_OPTED_IN:
+            ck.check(area, d == old, f"{overlay}: {rid} has no drainshim.io/inject label, yet the Component changed it")
+            pods += [ScrapePod(f"{overlay}: {n}", "", m, sp, None) for n, m, sp in pod_specs(d)]
+            continue
+        check_rollout(ck, overlay, d)
+        apps = base_app_containers([old]) if old else {}
+        for name, meta, spec in pod_specs(d):
+            where = f"{overlay}: {name}"
+            check_no_privileged(ck, overlay, name, spec)
+            if not ck.check(area, check_pod(ck, overlay, name, meta, spec, configmaps, envoy_cache, apps, listen_ports),
+                            f"{where}: no drainshim sidecar: the Component did not patch it"):
+                continue
+            pods.append(ScrapePod(where, "", meta, spec, listen_ports.get(where), judge=where in listen_ports))
+            now = {c.get("name"): c for c, _, _ in all_containers(spec)}
+            for cname, c in apps.items():
+                got = now.get(cname) or {}
+                ck.check(area, got.get("ports") == c.get("ports"),
+                         f"{where}: {cname}: ports {got.get('ports')} differ from the workload's own {c.get('ports')}")
+                kept = [m for m in got.get("volumeMounts") or [] if m.get("name") != "drainshim-bin"]
+                ck.check(area, kept == (c.get("volumeMounts") or []),
+                         f"{where}: {cname}: volumeMounts {kept} (besides drainshim-bin) differ from the workload's own {c.get('volumeMounts')}")
+            print(f"  {where}: adopted through the Component (app {next(iter(apps), None)!r} on :{pod_app_port(Checker(), where, meta, apps)})")
+    return pods
+
+
+def _edit(rel: str, old: str, new: str):
+    """A selftest edit of a copy of the Component: `old` -> `new` in one file."""
+    def edit(component: Path) -> None:
+        f = component / rel
+        text = f.read_text()
+        if old not in text:
+            raise SystemExit(f"check_deploy selftest: {old!r} is not in components/sidecar/{rel}: update ADOPTION_CASES")
+        f.write_text(text.replace(old, new))
+    return edit
+
+
+# (what, a failure message that must appear (None: no failure may), an edit
+# of the Component's copy, the adopter's workloads).
+ADOPTION_CASES = [
+    ("the shipped Component on orders (Deployment, :9090), ledger (StatefulSet, :7070) and mailer (not opted in): accepted",
+     None, None, ADOPTER_WORKLOADS),
+    ("the Component without app/ (the app's container gets no preStop): rejected",
+     "no preStop hook holding it up", _edit("kustomization.yaml", "components:\n- app\n", ""), ADOPTER_WORKLOADS),
+    ("the Component with Envoy's fallback on a fixed 8080 instead of $(APP_PORT): rejected",
+     "priority 1 goes to [8080]", _edit("pod-patch.yaml", "port_value: $(APP_PORT)", "port_value: 8080"), ADOPTER_WORKLOADS),
+    ("the Component without terminationGracePeriodSeconds (Kubernetes' 30 s): rejected",
+     "differs from terminationGracePeriodSeconds", _edit("pod-patch.yaml", "      terminationGracePeriodSeconds: 120\n", ""), ADOPTER_WORKLOADS),
+    ("the Component patching every Deployment and StatefulSet (no label selector): mailer changed, rejected",
+     "yet the Component changed it", _edit("kustomization.yaml", "    labelSelector: drainshim.io/inject=true\n", ""), ADOPTER_WORKLOADS),
+    ("orders without its drainshim.io/app-port annotation: rejected",
+     "which the pod does not have", None, ADOPTER_WORKLOADS.replace('      annotations: {drainshim.io/app-port: "9090"}\n', "", 1)),
+    ("orders with drainshim.io/app-port 9091, a port it does not declare: rejected",
+     "is not a port the app declares", None, ADOPTER_WORKLOADS.replace('drainshim.io/app-port: "9090"', 'drainshim.io/app-port: "9091"', 1)),
+]
 
 
 # ----------------------------------------------------------------- schema
@@ -1753,7 +2010,7 @@ hostPath, NET_ADMIN.
 }
 
 
-def run_selftest(rendered: Path, prometheus: Path) -> int:
+def run_selftest(rendered: Path, prometheus: Path, envoy_cache: Path, kubectl: str) -> int:
     """Proves the rules above fire: each on the shipped manifests (passes)
     and on a copy broken the way issue 29 found it (rejected)."""
     results: list[tuple[bool, str]] = []
@@ -1918,6 +2175,20 @@ def run_selftest(rendered: Path, prometheus: Path) -> int:
     found = doc_contradictions(TRUE_DOCS, facts)
     expect(not found, "the same words where they are true: none caught", "\n".join(found))
 
+    print("== adopt: the sidecar Component on workloads from outside the repo, and broken copies of it")
+    for what, detail, edit, workloads in ADOPTION_CASES:
+        with tempfile.TemporaryDirectory(prefix="drainshim-component-") as tmp:
+            component = Path(tmp) / "sidecar"
+            shutil.copytree(SIDECAR_COMPONENT, component)
+            if edit is not None:
+                edit(component)
+            ck = Checker()
+            check_adoption(ck, kubectl, component, envoy_cache, SCHEMA_VERSIONS, workloads)
+        if detail is None:
+            expect(not ck.failures, what, "\n".join(ck.failures))
+        else:
+            expect(any(detail in f for f in ck.failures), what, "\n".join(ck.failures) or "no failure")
+
     bad = [w for ok, w in results if not ok]
     print(f"== selftest: {len(results) - len(bad)} of {len(results)} passed")
     return 1 if bad else 0
@@ -1925,7 +2196,7 @@ def run_selftest(rendered: Path, prometheus: Path) -> int:
 
 # ------------------------------------------------------------------- main
 
-def run_check(rendered: Path, envoy_cache: Path, design: Path | None, prometheus: Path) -> int:
+def run_check(rendered: Path, envoy_cache: Path, design: Path | None, prometheus: Path, kubectl: str) -> int:
     import kubernetes_validate
 
     ck = Checker()
@@ -1984,6 +2255,9 @@ def run_check(rendered: Path, envoy_cache: Path, design: Path | None, prometheus
         if overlay == "monitoring":
             monitoring_docs = docs
 
+    print("== the sidecar Component on workloads from outside the repo (deploy/components/sidecar)")
+    scrape_pods += check_adoption(ck, kubectl, SIDECAR_COMPONENT, envoy_cache, versions)
+
     print("== monitoring")
     ck.check("rules", bool(monitoring_docs), "deploy/monitoring rendered nothing")
     rules = check_rules_sync(ck, monitoring_docs)
@@ -2020,7 +2294,7 @@ def run_check(rendered: Path, envoy_cache: Path, design: Path | None, prometheus
 
     print("== summary")
     print(f"  schema versions: {', '.join(versions)} (strict)")
-    for area in ("schema", "budget", "wiring", "node", "rollout", "envoy", "rules", "metrics", "dashboard", "docs"):
+    for area in ("schema", "budget", "wiring", "node", "rollout", "envoy", "adopt", "rules", "metrics", "dashboard", "docs"):
         print(f"  {area:9} {ck.counts.get(area, 0)} passed")
     print(f"  skipped (CRDs, no schema in kubernetes-validate; checked via rules.yaml, the PodMonitors run on the rendered pods, the Istio checks): {len(skipped)}")
     for s in skipped:
@@ -2040,12 +2314,15 @@ def main() -> int:
     c.add_argument("--rendered", type=Path, required=True)
     c.add_argument("--envoy-cache", type=Path, required=True)
     c.add_argument("--prometheus", type=Path, required=True, help="the prometheus binary (forged-label runs)")
+    c.add_argument("--kubectl", default="kubectl", help="kubectl, for `kubectl kustomize` of the adopter's workloads")
     c.add_argument("--design", type=Path,
                    default=Path(os.environ.get("DRAINSHIM_DESIGN", ROOT / "docs" / "design.md")))
     sub.add_parser("sync-rules")
     st = sub.add_parser("selftest")
     st.add_argument("--rendered", type=Path, required=True)
     st.add_argument("--prometheus", type=Path, required=True, help="the prometheus binary (forged-label runs)")
+    st.add_argument("--envoy-cache", type=Path, required=True)
+    st.add_argument("--kubectl", default="kubectl", help="kubectl, for `kubectl kustomize` of the adopter's workloads")
     a = ap.parse_args()
     if a.cmd == "sync-rules":
         sync_rules()
@@ -2053,12 +2330,12 @@ def main() -> int:
     if a.cmd == "selftest":
         if not a.prometheus.is_file():
             raise SystemExit(f"check_deploy: {a.prometheus} not found (scripts/fetch-prometheus.sh)")
-        return run_selftest(a.rendered, a.prometheus)
+        return run_selftest(a.rendered, a.prometheus, a.envoy_cache, a.kubectl)
     if not a.design.is_file():
         raise SystemExit(f"check_deploy: {a.design} not found (the metrics contract)")
     if not a.prometheus.is_file():
         raise SystemExit(f"check_deploy: {a.prometheus} not found (scripts/fetch-prometheus.sh)")
-    return run_check(a.rendered, a.envoy_cache, a.design, a.prometheus)
+    return run_check(a.rendered, a.envoy_cache, a.design, a.prometheus, a.kubectl)
 
 
 if __name__ == "__main__":
