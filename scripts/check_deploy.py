@@ -70,7 +70,9 @@ for the schema check).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import io
 import ipaddress
 import json
 import os
@@ -2183,7 +2185,8 @@ def run_selftest(rendered: Path, prometheus: Path, envoy_cache: Path, kubectl: s
             if edit is not None:
                 edit(component)
             ck = Checker()
-            check_adoption(ck, kubectl, component, envoy_cache, SCHEMA_VERSIONS, workloads)
+            with contextlib.redirect_stdout(io.StringIO()):  # each check's own lines; the verdict is below
+                check_adoption(ck, kubectl, component, envoy_cache, SCHEMA_VERSIONS, workloads)
         if detail is None:
             expect(not ck.failures, what, "\n".join(ck.failures))
         else:
