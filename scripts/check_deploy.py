@@ -429,10 +429,13 @@ def check_failopen_cluster(ck: Checker, where: str, boot: dict, guard_port: int,
         print(f"  {where}: cluster {cl.get('name')}: guard :{guard_port} (priority 0, health-checked) -> app :{app_port_} (priority 1), retry {rp.get('retry_on')}")
 
 
-def check_istio_failopen(ck: Checker, overlay: str, docs: list[dict], base_apps: dict[str, dict]) -> None:
+def check_istio_failopen(ck: Checker, overlay: str, docs: list[dict], base_apps: dict[str, dict],
+                         port: int | None = None) -> None:
     """Under Istio: a Sidecar points the inbound cluster of the app's port at
-    the guard, and an EnvoyFilter adds the app as priority 1 and the retry."""
-    port = app_port(base_apps)
+    the guard, and an EnvoyFilter adds the app as priority 1 and the retry.
+    `port`: the app's port, when not the one port of base_apps."""
+    if port is None:
+        port = app_port(base_apps)
     shims = [shim_settings(c) for d in docs for _, _, spec in pod_specs(d)
              for c, _, _ in all_containers(spec) if is_drainshim(c, "sidecar")]
     guards = {s["guard-listen"] for s in shims if "guard-listen" in s}
@@ -442,6 +445,9 @@ def check_istio_failopen(ck: Checker, overlay: str, docs: list[dict], base_apps:
                     f"{overlay}: want a Sidecar (ingress defaultEndpoint -> the guard) and an EnvoyFilter (the app as fallback)"):
         return
     eps = {(i.get("port") or {}).get("number"): i.get("defaultEndpoint") for sc in sidecars for i in (sc.get("spec") or {}).get("ingress") or []}
+    protocols = {(i.get("port") or {}).get("number"): (i.get("port") or {}).get("protocol") for sc in sidecars for i in (sc.get("spec") or {}).get("ingress") or []}
+    ck.check("wiring", protocols.get(port) in ("GRPC", "HTTP", "HTTP2"),
+             f"{overlay}: Sidecar ingress for port {port} has protocol {protocols.get(port)!r}, want GRPC, HTTP2 or HTTP (the guard relays HTTP)")
     ck.check("wiring", eps.get(port) in guards,
              f"{overlay}: Sidecar ingress for port {port} has defaultEndpoint {eps.get(port)!r}, want the guard's --guard-listen {sorted(guards)}")
     prio1, retry = set(), {}
@@ -1269,13 +1275,121 @@ def check_adoption(ck: Checker, kubectl: str, component: Path, envoy_cache: Path
     return pods
 
 
+# ------------------------------------------------ the Istio variant of it
+
+SIDECAR_ISTIO_COMPONENT = DEPLOY / "components" / "sidecar-istio"
+
+# A workload from outside the repo in a namespace whose default Sidecar
+# scopes egress (and allows registered services only). Its Istio adoption
+# must keep both for the pods its own Sidecar selects.
+ADOPTER_ISTIO = """\
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: orders
+  labels: {app.kubernetes.io/name: orders, drainshim.io/inject: "true"}
+spec:
+  selector:
+    matchLabels: {app.kubernetes.io/name: orders, tier: api}
+  template:
+    metadata:
+      labels: {app.kubernetes.io/name: orders, tier: api}
+      annotations: {drainshim.io/app-port: "9090", drainshim.io/app-protocol: GRPC}
+    spec:
+      containers:
+      - name: server
+        image: registry.example.com/shop/orders:4.2.1
+        ports:
+        - {name: grpc, containerPort: 9090}
+---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata:
+  name: default
+spec:
+  egress:
+  - hosts: ["./*", "istio-system/*", "payments/payments.payments.svc.cluster.local"]
+  outboundTrafficPolicy:
+    mode: REGISTRY_ONLY
+"""
+
+
+def check_sidecar_merge(ck: Checker, overlay: str, docs: list[dict]) -> None:
+    """Istio applies one Sidecar to a pod: one with a workloadSelector takes
+    the place of its namespace's default Sidecar (none) for the pods it
+    selects. Each such Sidecar must carry the default's egress hosts and its
+    outboundTrafficPolicy, or those pods silently lose the namespace's
+    scoping (an egress-less Sidecar reaches */*)."""
+    def ns(d: dict) -> str:
+        return (d.get("metadata") or {}).get("namespace") or ""
+
+    sidecars = [d for d in docs if d.get("kind") == "Sidecar"]
+    defaults = {ns(d): d for d in sidecars if not (d.get("spec") or {}).get("workloadSelector")}
+    for d in sidecars:
+        spec = d.get("spec") or {}
+        dflt = defaults.get(ns(d))
+        if not spec.get("workloadSelector") or dflt is None:
+            continue
+        name, dname = d["metadata"]["name"], dflt["metadata"]["name"]
+        want = {h for e in (dflt.get("spec") or {}).get("egress") or [] for h in e.get("hosts") or []}
+        got = {h for e in spec.get("egress") or [] for h in e.get("hosts") or []}
+        missing = sorted(want - got)
+        ck.check("wiring", not missing,
+                 f"{overlay}: Sidecar/{name} replaces the namespace's default Sidecar/{dname} for the pods it selects but lacks its egress hosts "
+                 f"{missing}{' (it has no egress: they would reach */*)' if not got else ''}: carry them over (components/sidecar-istio does)")
+        otp = (dflt.get("spec") or {}).get("outboundTrafficPolicy")
+        if otp is not None:
+            ck.check("wiring", spec.get("outboundTrafficPolicy") == otp,
+                     f"{overlay}: Sidecar/{name} has outboundTrafficPolicy {spec.get('outboundTrafficPolicy')}, its namespace's default Sidecar/{dname} {otp}: carry it over")
+        if not missing:
+            print(f"  {overlay}: Sidecar/{name} carries the egress hosts {sorted(want)} of the namespace's default Sidecar/{dname}")
+
+
+def check_istio_adoption(ck: Checker, kubectl: str, component: Path, envoy_cache: Path, versions: list[str],
+                         workloads: str = ADOPTER_ISTIO) -> None:
+    """The Istio variant on a workload it has never seen: the pod passes the
+    per-pod checks (budget, hooks, install, istio-proxy's hook, Istio's
+    drain timers, the guard -> the app's own port), the Sidecar points the
+    app's port at the guard and the EnvoyFilter adds the app as fallback,
+    and the workload's Sidecar keeps the namespace default's egress."""
+    area, overlay = "adopt", "adopter-istio"
+    before, err = render_adopter(kubectl, None, workloads)
+    if not ck.check(area, before is not None, f"the adopter's Istio workload alone does not render: {err}"):
+        return
+    after, err = render_adopter(kubectl, component, workloads)
+    if not ck.check(area, after is not None, f"{overlay}: the adopter's kustomization with the Istio Component does not render: {err}"):
+        return
+    check_schema(ck, overlay, after, versions)
+    dep = next((d for d in after if d.get("kind") == "Deployment"), None)
+    old = next((d for d in before if d.get("kind") == "Deployment"), None)
+    if not ck.check(area, dep is not None and old is not None, f"{overlay}: no Deployment rendered"):
+        return
+    apps = base_app_containers([old])
+    for name, meta, spec in pod_specs(dep):
+        check_no_privileged(ck, overlay, name, spec)
+        ck.check(area, check_pod(ck, overlay, name, meta, spec, {}, envoy_cache, apps),
+                 f"{overlay}: {name}: no drainshim sidecar: the Component did not patch it")
+        port = pod_app_port(ck, f"{overlay}: {name}", meta, apps)
+        check_istio_failopen(ck, overlay, after, apps, port)
+        selected = [d for d in after if d.get("kind") in ("Sidecar", "EnvoyFilter")
+                    and ((d.get("spec") or {}).get("workloadSelector") or {}).get("labels")]
+        for d in selected:
+            ck.check(area, selects({"matchLabels": d["spec"]["workloadSelector"]["labels"]}, meta.get("labels") or {}),
+                     f"{overlay}: {d['kind']}/{d['metadata']['name']} selects {d['spec']['workloadSelector']['labels']}, not the pods of {name}")
+        ck.check(area, len(selected) == 2, f"{overlay}: {len(selected)} workload-selected Sidecar/EnvoyFilter objects, want the pair")
+    defaults = [d for d in after if d.get("kind") == "Sidecar" and d["metadata"]["name"] == "default"]
+    ck.check(area, defaults == [d for d in before if d.get("kind") == "Sidecar"],
+             f"{overlay}: the namespace's default Sidecar is not rendered as the adopter wrote it")
+    check_sidecar_merge(ck, overlay, after)
+
+
 def _edit(rel: str, old: str, new: str):
     """A selftest edit of a copy of the Component: `old` -> `new` in one file."""
     def edit(component: Path) -> None:
         f = component / rel
         text = f.read_text()
         if old not in text:
-            raise SystemExit(f"check_deploy selftest: {old!r} is not in components/sidecar/{rel}: update ADOPTION_CASES")
+            raise SystemExit(f"check_deploy selftest: {old!r} is not in {component.name}/{rel}: update ADOPTION_CASES or ISTIO_ADOPTION_CASES")
         f.write_text(text.replace(old, new))
     return edit
 
@@ -1297,6 +1411,22 @@ ADOPTION_CASES = [
      "which the pod does not have", None, ADOPTER_WORKLOADS.replace('      annotations: {drainshim.io/app-port: "9090"}\n', "", 1)),
     ("orders with drainshim.io/app-port 9091, a port it does not declare: rejected",
      "is not a port the app declares", None, ADOPTER_WORKLOADS.replace('drainshim.io/app-port: "9090"', 'drainshim.io/app-port: "9091"', 1)),
+]
+
+# The same for the Istio variant (components/sidecar-istio, ADOPTER_ISTIO).
+ISTIO_ADOPTION_CASES = [
+    ("the shipped Istio variant on orders (:9090, GRPC) in a namespace with a default Sidecar: accepted, its egress carried over",
+     None, None, ADOPTER_ISTIO),
+    ("the Istio variant without its first replacement (the Sidecar does not start from the namespace default): rejected",
+     "lacks its egress hosts", _edit("kustomization.yaml", """- source: { kind: Sidecar, name: default, fieldPath: spec }
+  targets:
+  - select: { kind: Sidecar, name: drainshim-guard }
+    fieldPaths: [spec]
+""", ""), ADOPTER_ISTIO),
+    ("the Istio variant with the EnvoyFilter's fallback left on port 0: rejected",
+     "the EnvoyFilter adds priority 1 endpoints [0]", _edit("kustomization.yaml",
+                                                            "    - spec.configPatches.0.patch.value.load_assignment.endpoints.0.lb_endpoints.0.endpoint.address.socket_address.port_value\n", ""),
+     ADOPTER_ISTIO),
 ]
 
 
@@ -2178,15 +2308,19 @@ def run_selftest(rendered: Path, prometheus: Path, envoy_cache: Path, kubectl: s
     expect(not found, "the same words where they are true: none caught", "\n".join(found))
 
     print("== adopt: the sidecar Component on workloads from outside the repo, and broken copies of it")
-    for what, detail, edit, workloads in ADOPTION_CASES:
+    cases = [(c, check_adoption) for c in ADOPTION_CASES] + [(c, check_istio_adoption) for c in ISTIO_ADOPTION_CASES]
+    for (what, detail, edit, workloads), run in cases:
         with tempfile.TemporaryDirectory(prefix="drainshim-component-") as tmp:
-            component = Path(tmp) / "sidecar"
-            shutil.copytree(SIDECAR_COMPONENT, component)
+            # Both Components, side by side as in deploy/components (the
+            # Istio variant includes ../sidecar/app); only one is edited.
+            shutil.copytree(SIDECAR_COMPONENT, Path(tmp) / "sidecar")
+            shutil.copytree(SIDECAR_ISTIO_COMPONENT, Path(tmp) / "sidecar-istio")
+            component = Path(tmp) / ("sidecar" if run is check_adoption else "sidecar-istio")
             if edit is not None:
                 edit(component)
             ck = Checker()
             with contextlib.redirect_stdout(io.StringIO()):  # each check's own lines; the verdict is below
-                check_adoption(ck, kubectl, component, envoy_cache, SCHEMA_VERSIONS, workloads)
+                run(ck, kubectl, component, envoy_cache, SCHEMA_VERSIONS, workloads)
         if detail is None:
             expect(not ck.failures, what, "\n".join(ck.failures))
         else:
@@ -2255,11 +2389,14 @@ def run_check(rendered: Path, envoy_cache: Path, design: Path | None, prometheus
         check_services(ck, overlay, docs)
         if overlay in OVERLAYS_WITH_ISTIO_FAILOPEN or any(d.get("kind") == "Sidecar" for d in docs):
             check_istio_failopen(ck, overlay, docs, base_apps)
+            check_sidecar_merge(ck, overlay, docs)
         if overlay == "monitoring":
             monitoring_docs = docs
 
     print("== the sidecar Component on workloads from outside the repo (deploy/components/sidecar)")
     scrape_pods += check_adoption(ck, kubectl, SIDECAR_COMPONENT, envoy_cache, versions)
+    print("== its Istio variant on a workload from outside the repo, in a namespace with a default Sidecar (deploy/components/sidecar-istio)")
+    check_istio_adoption(ck, kubectl, SIDECAR_ISTIO_COMPONENT, envoy_cache, versions)
 
     print("== monitoring")
     ck.check("rules", bool(monitoring_docs), "deploy/monitoring rendered nothing")
