@@ -232,6 +232,8 @@ async fn streams_opened_while_the_guard_was_dead_are_shown_and_counted_bypassed(
     let run = prestop(second.addr).await;
     assert_eq!(run.code, Some(0), "prestop: {}", run.stderr);
     let report = run.report();
+    // Its progress lines name them while it runs.
+    assert!(run.stderr.contains("failopen_streams=3"), "{}", run.stderr);
     eprintln!(
         "fail-open drain: gauge requests=3 connections={upstream_cx}; report {}",
         serde_json::to_string(&report).unwrap_or_default()
