@@ -17,7 +17,10 @@
 #      validate with the real Envoy, the
 #      PrometheusRule matches rules.yaml, every queried metric is in the
 #      contract, the dashboard parses, the node-mode docs do not contradict
-#      the manifests or `drainshim node --help`  (scripts/check_deploy.py)
+#      the manifests or `drainshim node --help`; workloads written outside the
+#      repo adopt the sidecar Components (components/sidecar, sidecar-istio)
+#      in one `components:` line and pass the same pod checks, and a
+#      workload Sidecar keeps its namespace default's egress (scripts/check_deploy.py)
 #   3. promtool check rules + promtool test rules on deploy/monitoring
 #   4. hadolint on the Dockerfile
 #

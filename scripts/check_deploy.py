@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """Checks the deployment files in deploy/ (run by scripts/check-deploy.sh).
 
-    check_deploy.py check --rendered DIR --envoy-cache DIR --prometheus BIN
+    check_deploy.py check --rendered DIR --envoy-cache DIR --prometheus BIN --kubectl BIN
         Every check below on the kustomize output in DIR (one NAME.yaml per
         base or overlay). Prints what it checked; exits 1 on any failure.
-    check_deploy.py selftest --rendered DIR --prometheus BIN
-        Proves the rollout, scrape, label and docs rules fire: on the rendered
+    check_deploy.py selftest --rendered DIR --prometheus BIN --envoy-cache DIR --kubectl BIN
+        Proves the rollout, scrape, label, docs and adoption rules fire: on the rendered
         DaemonSet as shipped (accepted) and as it was before issue 29, with
         its port declared (rejected), on the sidecar PodMonitor as shipped
         and as it was before issue 30, honouring labels (rejected, also by a
-        real Prometheus), and on the docs' old wording.
+        real Prometheus), on the docs' old wording, and on broken copies of
+        the sidecar Components (ADOPTION_CASES, ISTIO_ADOPTION_CASES).
     check_deploy.py sync-rules
         Rewrites deploy/monitoring/prometheusrule.yaml from rules.yaml.
 
@@ -56,6 +57,16 @@ Checks:
              to the app's own port. Under Istio, a Sidecar points the
              inbound cluster at the guard and an EnvoyFilter adds the app as
              its fallback
+  adopt      the sidecar Component (deploy/components/sidecar) on workloads
+             written here, outside the repo (ADOPTER_WORKLOADS), through one
+             `components:` line: the opted-in pods pass every per-pod check
+             above, the app containers keep their ports and mounts, a
+             workload without the label is untouched. Its Istio variant
+             (components/sidecar-istio, ADOPTER_ISTIO) likewise, with the
+             Sidecar/EnvoyFilter pair; and in every rendered overlay, a
+             workload-selected Sidecar carries its namespace default
+             Sidecar's egress hosts and outboundTrafficPolicy (merged, not
+             replaced). The selftest breaks copies of both Components
   rules      prometheusrule.yaml carries exactly the groups of rules.yaml
   metrics    every metric queried by the rules and the dashboard is in the
              contract (docs/design.md), or recorded by rules.yaml
