@@ -755,6 +755,29 @@ def check_services(ck: Checker, overlay: str, docs: list[dict]) -> None:
                          f"{overlay}: Service/{svc['metadata']['name']} targetPort {tp!r} matches {names.count(tp)} container ports, want exactly 1")
 
 
+def check_services_reach_proxy(ck: Checker, overlay: str, docs: list[dict]) -> None:
+    """A Service in front of pods with a plain Envoy must send to Envoy: a
+    targetPort on the app's own port would bypass Envoy, the guard and so
+    the drain (the app keeps its port when adopting the guard, so this
+    mistake still works until the first restart). Under Istio, iptables
+    sends the app's port to istio-proxy, so it is not checked there."""
+    pods = [(meta, spec) for d in docs for _, meta, spec in pod_specs(d)]
+    for svc in (d for d in docs if d.get("kind") == "Service"):
+        sel = (svc.get("spec") or {}).get("selector") or {}
+        for meta, spec in pods:
+            if not sel or not all((meta.get("labels") or {}).get(k) == v for k, v in sel.items()):
+                continue
+            proxies = [c for c, init, side in all_containers(spec) if (not init or side) and "envoyproxy/envoy" in c.get("image", "")]
+            if not proxies:
+                continue
+            theirs = {x for c in proxies for pt in c.get("ports") or [] for x in (pt.get("name"), pt.get("containerPort"))}
+            for port in svc["spec"].get("ports", []):
+                tp = port.get("targetPort", port.get("port"))
+                ck.check("wiring", tp in theirs,
+                         f"{overlay}: Service/{svc['metadata']['name']} targetPort {tp!r} is not a port of Envoy ({sorted(map(str, theirs - {None}))}): "
+                         "callers would bypass Envoy and the guard, and nothing drains their streams")
+
+
 # -------------------------------------------------------------- node mode
 
 @dataclass
@@ -1232,6 +1255,24 @@ def render_adopter(kubectl: str, component: Path | None, workloads: str = ADOPTE
     return [d for d in yaml.safe_load_all(r.stdout) if d], ""
 
 
+def check_bootstrap_alike(ck: Checker, component: Path) -> None:
+    """The Component's inline Envoy bootstrap is components/envoy/envoy.yaml
+    with the app's port from the pod: the same object once $(APP_PORT) is
+    that file's priority 1 port. One may not drift from the other."""
+    shared = yaml.safe_load((DEPLOY / "components" / "envoy" / "envoy.yaml").read_text())
+    patch = yaml.safe_load((component / "pod-patch.yaml").read_text())
+    envoy = next((c for c in patch["spec"]["template"]["spec"]["containers"] if c.get("name") == "envoy"), {})
+    args = [str(a) for a in envoy.get("args") or []]
+    if not ck.check("adopt", "--config-yaml" in args[:-1], f"{component.name}/pod-patch.yaml: Envoy has no inline --config-yaml bootstrap"):
+        return
+    port = next(ep["endpoint"]["address"]["socket_address"]["port_value"]
+                for cl in shared["static_resources"]["clusters"] for grp in cl["load_assignment"]["endpoints"]
+                if grp.get("priority") == 1 for ep in grp["lb_endpoints"])
+    inline = yaml.safe_load(args[args.index("--config-yaml") + 1].replace("$(APP_PORT)", str(port)))
+    ck.check("adopt", inline == shared,
+             f"{component.name}/pod-patch.yaml: Envoy's inline bootstrap differs from components/envoy/envoy.yaml (with $(APP_PORT) = {port}): change both alike")
+
+
 def check_adoption(ck: Checker, kubectl: str, component: Path, envoy_cache: Path, versions: list[str],
                    workloads: str = ADOPTER_WORKLOADS) -> list[ScrapePod]:
     """The sidecar Component on workloads it has never seen: the opted-in
@@ -1252,6 +1293,8 @@ def check_adoption(ck: Checker, kubectl: str, component: Path, envoy_cache: Path
     overlay = "adopter"
     check_schema(ck, overlay, after, versions)
     check_services(ck, overlay, after)
+    check_services_reach_proxy(ck, overlay, after)
+    check_bootstrap_alike(ck, component)
     configmaps = {d["metadata"]["name"]: d for d in after if d.get("kind") == "ConfigMap"}
     by_id = {f"{d.get('kind')}/{d['metadata']['name']}": d for d in before}
     pods: list[ScrapePod] = []
@@ -1420,6 +1463,11 @@ ADOPTION_CASES = [
      "yet the Component changed it", _edit("kustomization.yaml", "    labelSelector: drainshim.io/inject=true\n", ""), ADOPTER_WORKLOADS),
     ("orders without its drainshim.io/app-port annotation: rejected",
      "which the pod does not have", None, ADOPTER_WORKLOADS.replace('      annotations: {drainshim.io/app-port: "9090"}\n', "", 1)),
+    ("the adopter's Service to the app's own port (http) instead of envoy-inbound: rejected",
+     "callers would bypass Envoy", None, ADOPTER_WORKLOADS.replace("targetPort: envoy-inbound", "targetPort: http", 1)),
+    ("the Component with Envoy's retry policy dropped from its inline bootstrap: rejected",
+     "differs from components/envoy/envoy.yaml", _edit("pod-patch.yaml", "retry_on: connect-failure,refused-stream,reset", "retry_on: connect-failure"),
+     ADOPTER_WORKLOADS),
     ("orders with drainshim.io/app-port 9091, a port it does not declare: rejected",
      "is not a port the app declares", None, ADOPTER_WORKLOADS.replace('drainshim.io/app-port: "9090"', 'drainshim.io/app-port: "9091"', 1)),
 ]
@@ -2398,6 +2446,7 @@ def run_check(rendered: Path, envoy_cache: Path, design: Path | None, prometheus
         if overlay in OVERLAYS_WITH_NODE_WORKLOAD:
             ck.check("wiring", with_node > 0, f"{overlay}: no pod with the node-mode preStop")
         check_services(ck, overlay, docs)
+        check_services_reach_proxy(ck, overlay, docs)
         if overlay in OVERLAYS_WITH_ISTIO_FAILOPEN or any(d.get("kind") == "Sidecar" for d in docs):
             check_istio_failopen(ck, overlay, docs, base_apps)
             check_sidecar_merge(ck, overlay, docs)
