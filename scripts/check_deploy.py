@@ -1436,6 +1436,22 @@ def check_istio_adoption(ck: Checker, kubectl: str, component: Path, envoy_cache
              f"{overlay}: the namespace's default Sidecar is not rendered as the adopter wrote it")
     check_sidecar_merge(ck, overlay, after)
 
+    # The default as a copy that another kustomization applies
+    # (local-config): left out of the output, and still merged.
+    src = [d for d in yaml.safe_load_all(workloads) if d]
+    dflt: dict = {"spec": {}}
+    for d in src:
+        if d.get("kind") == "Sidecar" and d["metadata"]["name"] == "default":
+            d["metadata"].setdefault("annotations", {})["config.kubernetes.io/local-config"] = "true"
+            dflt = d
+    local, err = render_adopter(kubectl, component, yaml.safe_dump_all(src))
+    if ck.check(area, local is not None, f"{overlay}: with the default Sidecar as a local-config copy, does not render: {err}"):
+        ours = [d for d in local if d.get("kind") == "Sidecar"]
+        ck.check(area, [d["metadata"]["name"] for d in ours] == ["drainshim-guard"]
+                 and all((ours[0]["spec"].get(k) == dflt["spec"].get(k)) for k in ("egress", "outboundTrafficPolicy")),
+                 f"{overlay}: with the default Sidecar as a local-config copy, want only Sidecar/drainshim-guard, with the default's egress "
+                 f"and outboundTrafficPolicy; got {[(d['metadata']['name'], d['spec'].get('egress'), d['spec'].get('outboundTrafficPolicy')) for d in ours]}")
+
 
 def _edit(rel: str, old: str, new: str):
     """A selftest edit of a copy of the Component: `old` -> `new` in one file."""
