@@ -47,3 +47,4 @@ mod prometheus;
 mod prometheus_reach;
 mod readiness;
 mod reconnect;
+mod shipping;
