@@ -2,7 +2,7 @@
 #
 # The drainshim image: one static binary in an empty (scratch) image.
 #
-#   docker build -t drainshim:0.1.0 .
+#   docker build --build-arg DRAINSHIM_COMMIT="$(git rev-parse --short HEAD)" -t drainshim:0.1.0 .
 #
 # Not built in CI: no Docker engine runs on the project's machines. `make test`
 # lints this file with hadolint (scripts/check-deploy.sh) instead.
@@ -16,9 +16,15 @@ FROM rust:1-bookworm AS build
 # The musl target gives a fully static binary. That is what lets it run in
 # `scratch`, and what lets `drainshim install` copy it into another container
 # (Envoy's distroless image, the app's image) whatever libc that image has, or
-# none. The crate has no C dependencies, so Rust's self-contained musl
-# start-up objects are all the linker needs: no musl-tools package.
-RUN rustup target add x86_64-unknown-linux-musl
+# none. Rust's self-contained musl start-up objects link the binary, but one
+# dependency compiles C and assembly: ring, rustls' crypto (the fleet tools'
+# HTTPS to Prometheus), built by the cc crate with `musl-gcc`, which
+# musl-tools provides. Pinned to bookworm's version (hadolint DL3008); a new
+# base release needs the new version here.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends musl-tools=1.2.3-1 \
+ && rm -rf /var/lib/apt/lists/* \
+ && rustup target add x86_64-unknown-linux-musl
 
 WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
@@ -31,7 +37,10 @@ COPY benches ./benches
 # Cache mounts keep the registry and the target directory between builds; the
 # binary is copied out in the same step because the cache is not in the layer.
 # --no-default-features: the production binary leaves out the benchmarks, the
-# demo and their dependencies (`drainshim bench`, `drainshim demo`).
+# demo and their dependencies (`drainshim bench`, `drainshim demo`, the bench
+# proto, tonic, the WebSocket client). No .git is copied, so `--version`
+# names the commit given as DRAINSHIM_COMMIT (build.rs), else `unknown`.
+ARG DRAINSHIM_COMMIT
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --no-default-features --target x86_64-unknown-linux-musl --bin drainshim \

@@ -65,6 +65,8 @@ pytools:
 lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets --locked -- -D warnings
+	# The production build (the image's): no bench feature, no bench crates.
+	$(CARGO) clippy --locked --no-default-features -- -D warnings
 	scripts/deny.sh
 
 # Every libFuzzer target in fuzz/ for 20 s each (cargo-fuzz, installed into

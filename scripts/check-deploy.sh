@@ -17,7 +17,10 @@
 #      validate with the real Envoy, the
 #      PrometheusRule matches rules.yaml, every queried metric is in the
 #      contract, the dashboard parses, the node-mode docs do not contradict
-#      the manifests or `drainshim node --help`  (scripts/check_deploy.py)
+#      the manifests or `drainshim node --help`; workloads written outside the
+#      repo adopt the sidecar Components (components/sidecar, sidecar-istio)
+#      in one `components:` line and pass the same pod checks, and a
+#      workload Sidecar keeps its namespace default's egress (scripts/check_deploy.py)
 #   3. promtool check rules + promtool test rules on deploy/monitoring
 #   4. hadolint on the Dockerfile
 #
@@ -101,11 +104,12 @@ say "drainshim (each manifest's drainshim container is run with --check)"
 ${CARGO:-cargo} build --locked --quiet --bin drainshim || die "cargo build failed"
 
 say "the checker's own rules, on known-bad input (scripts/check_deploy.py selftest)"
-"$py" "$root/scripts/check_deploy.py" selftest --rendered "$out" --prometheus "$prometheus"
+"$py" "$root/scripts/check_deploy.py" selftest --rendered "$out" --prometheus "$prometheus" \
+  --envoy-cache "$cache/envoy" --kubectl "$kubectl"
 
 say "manifests (scripts/check_deploy.py)"
 "$py" "$root/scripts/check_deploy.py" check --rendered "$out" --envoy-cache "$cache/envoy" \
-  --prometheus "$prometheus"
+  --prometheus "$prometheus" --kubectl "$kubectl"
 
 # --- 3. promtool -------------------------------------------------------------
 say "promtool"

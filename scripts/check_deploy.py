@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """Checks the deployment files in deploy/ (run by scripts/check-deploy.sh).
 
-    check_deploy.py check --rendered DIR --envoy-cache DIR --prometheus BIN
+    check_deploy.py check --rendered DIR --envoy-cache DIR --prometheus BIN --kubectl BIN
         Every check below on the kustomize output in DIR (one NAME.yaml per
         base or overlay). Prints what it checked; exits 1 on any failure.
-    check_deploy.py selftest --rendered DIR --prometheus BIN
-        Proves the rollout, scrape, label and docs rules fire: on the rendered
+    check_deploy.py selftest --rendered DIR --prometheus BIN --envoy-cache DIR --kubectl BIN
+        Proves the rollout, scrape, label, docs and adoption rules fire: on the rendered
         DaemonSet as shipped (accepted) and as it was before issue 29, with
         its port declared (rejected), on the sidecar PodMonitor as shipped
         and as it was before issue 30, honouring labels (rejected, also by a
-        real Prometheus), and on the docs' old wording.
+        real Prometheus), on the docs' old wording, and on broken copies of
+        the sidecar Components (ADOPTION_CASES, ISTIO_ADOPTION_CASES).
     check_deploy.py sync-rules
         Rewrites deploy/monitoring/prometheusrule.yaml from rules.yaml.
 
@@ -56,6 +57,16 @@ Checks:
              to the app's own port. Under Istio, a Sidecar points the
              inbound cluster at the guard and an EnvoyFilter adds the app as
              its fallback
+  adopt      the sidecar Component (deploy/components/sidecar) on workloads
+             written here, outside the repo (ADOPTER_WORKLOADS), through one
+             `components:` line: the opted-in pods pass every per-pod check
+             above, the app containers keep their ports and mounts, a
+             workload without the label is untouched. Its Istio variant
+             (components/sidecar-istio, ADOPTER_ISTIO) likewise, with the
+             Sidecar/EnvoyFilter pair; and in every rendered overlay, a
+             workload-selected Sidecar carries its namespace default
+             Sidecar's egress hosts and outboundTrafficPolicy (merged, not
+             replaced). The selftest breaks copies of both Components
   rules      prometheusrule.yaml carries exactly the groups of rules.yaml
   metrics    every metric queried by the rules and the dashboard is in the
              contract (docs/design.md), or recorded by rules.yaml
@@ -70,11 +81,14 @@ for the schema check).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import io
 import ipaddress
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -274,6 +288,47 @@ def prestop_http(c: dict) -> dict | None:
     return ((c.get("lifecycle") or {}).get("preStop") or {}).get("httpGet")
 
 
+_VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+_FIELD_REF = re.compile(r"metadata\.(annotations|labels)\['([^']+)'\]")
+
+
+def kubelet_expand(text: str, env: dict[str, str]) -> str:
+    """$(VAR) as the kubelet expands it in command, args and env values: a
+    defined variable is substituted, an undefined reference stays as
+    written, and $$ is a literal $."""
+    return _VAR_REF.sub(lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
+
+
+def as_kubelet_runs(meta: dict, spec: dict) -> tuple[dict, list[str]]:
+    """The pod spec as its processes see it: env read from the pod's own
+    annotations and labels (downward API) and $(VAR) expanded in env values,
+    command and args (the sidecar Component passes the app's port this way).
+    Other valueFrom sources are kept as they are. Also returns what cannot
+    be resolved: an annotation or label the pod does not have (the kubelet
+    gives an empty string), a $(VAR) left unexpanded."""
+    spec = copy.deepcopy(spec)
+    missing: list[str] = []
+    for c, _, _ in all_containers(spec):
+        env: dict[str, str] = {}
+        for e in c.get("env") or []:
+            if "value" in e:
+                e["value"] = kubelet_expand(str(e["value"]), env)
+                env[e["name"]] = e["value"]
+                continue
+            m = _FIELD_REF.fullmatch(str(((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath", "")))
+            if m:
+                got = (meta.get(m.group(1)) or {}).get(m.group(2))
+                if got is None:
+                    missing.append(f"{c.get('name')}: env {e.get('name')} reads {m.group(1)[:-1]} {m.group(2)!r}, which the pod does not have")
+                env[e["name"]] = str(got or "")
+        for key in ("command", "args"):
+            if c.get(key):
+                c[key] = [kubelet_expand(str(a), env) for a in c[key]]
+                missing += [f"{c.get('name')}: {key} has $({v}), which no env entry of the container defines"
+                            for a in c[key] for v in re.findall(r"(?<!\$)\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", a)]
+    return spec, missing
+
+
 # ------------------------------------------------------------- pod checks
 
 def base_app_containers(base_docs: list[dict]) -> dict[str, dict]:
@@ -289,7 +344,26 @@ def app_port(base_apps: dict[str, dict]) -> int | None:
     return ports[0] if len(ports) == 1 else None
 
 
-def check_app_unchanged(ck: Checker, where: str, spec: dict, s: dict[str, str] | None, base_apps: dict[str, dict]) -> None:
+# The sidecar Component's input (deploy/components/sidecar): the port the
+# pod's app serves on, a pod annotation read through the downward API.
+APP_PORT_ANNOTATION = "drainshim.io/app-port"
+
+
+def pod_app_port(ck: Checker, where: str, meta: dict, base_apps: dict[str, dict]) -> int | None:
+    """The app's port for this pod: its drainshim.io/app-port annotation,
+    which must name a port the app declares before drainshim; without the
+    annotation, the one port the apps declare (deploy/base)."""
+    ann = (meta.get("annotations") or {}).get(APP_PORT_ANNOTATION)
+    if ann is None:
+        return app_port(base_apps)
+    declared = sorted({pt.get("containerPort") for c in base_apps.values() for pt in c.get("ports") or []})
+    ck.check("wiring", str(ann).isdigit() and int(ann) in declared,
+             f"{where}: {APP_PORT_ANNOTATION} {ann!r} is not a port the app declares ({declared}): the guard and Envoy's fallback would go nowhere")
+    return int(ann) if str(ann).isdigit() else None
+
+
+def check_app_unchanged(ck: Checker, where: str, spec: dict, s: dict[str, str] | None, base_apps: dict[str, dict],
+                        port: int | None = None) -> None:
     """Adopting the guard (or node mode) changes no app: every container of
     deploy/base keeps its image, command and args; the guard, if any (`s`:
     the shim's flags), listens on GUARD_PORT and forwards to the app's own
@@ -303,7 +377,8 @@ def check_app_unchanged(ck: Checker, where: str, spec: dict, s: dict[str, str] |
         for key in ("image", "command", "args"):
             ck.check("wiring", c.get(key) == before.get(key),
                      f"{where}: {c.get('name')}: {key} {c.get(key)!r} differs from deploy/base ({before.get(key)!r}): adopting the guard must change no app")
-    port = app_port(base_apps)
+    if port is None:
+        port = app_port(base_apps)
     if s is None:
         print(f"  {where}: app unchanged (port {port})")
         return
@@ -312,7 +387,7 @@ def check_app_unchanged(ck: Checker, where: str, spec: dict, s: dict[str, str] |
     if "guard-upstream" in s:
         uh, up = host_port(s["guard-upstream"])
         ck.check("wiring", up == port and is_loopback(uh),
-                 f"{where}: --guard-upstream {s['guard-upstream']}, want 127.0.0.1:{port}, the app's own port in deploy/base")
+                 f"{where}: --guard-upstream {s['guard-upstream']}, want 127.0.0.1:{port}, the app's own port")
     print(f"  {where}: app unchanged (port {port}); guard {s['guard-listen']} -> {s.get('guard-upstream')}")
 
 
@@ -365,10 +440,13 @@ def check_failopen_cluster(ck: Checker, where: str, boot: dict, guard_port: int,
         print(f"  {where}: cluster {cl.get('name')}: guard :{guard_port} (priority 0, health-checked) -> app :{app_port_} (priority 1), retry {rp.get('retry_on')}")
 
 
-def check_istio_failopen(ck: Checker, overlay: str, docs: list[dict], base_apps: dict[str, dict]) -> None:
+def check_istio_failopen(ck: Checker, overlay: str, docs: list[dict], base_apps: dict[str, dict],
+                         port: int | None = None) -> None:
     """Under Istio: a Sidecar points the inbound cluster of the app's port at
-    the guard, and an EnvoyFilter adds the app as priority 1 and the retry."""
-    port = app_port(base_apps)
+    the guard, and an EnvoyFilter adds the app as priority 1 and the retry.
+    `port`: the app's port, when not the one port of base_apps."""
+    if port is None:
+        port = app_port(base_apps)
     shims = [shim_settings(c) for d in docs for _, _, spec in pod_specs(d)
              for c, _, _ in all_containers(spec) if is_drainshim(c, "sidecar")]
     guards = {s["guard-listen"] for s in shims if "guard-listen" in s}
@@ -378,6 +456,9 @@ def check_istio_failopen(ck: Checker, overlay: str, docs: list[dict], base_apps:
                     f"{overlay}: want a Sidecar (ingress defaultEndpoint -> the guard) and an EnvoyFilter (the app as fallback)"):
         return
     eps = {(i.get("port") or {}).get("number"): i.get("defaultEndpoint") for sc in sidecars for i in (sc.get("spec") or {}).get("ingress") or []}
+    protocols = {(i.get("port") or {}).get("number"): (i.get("port") or {}).get("protocol") for sc in sidecars for i in (sc.get("spec") or {}).get("ingress") or []}
+    ck.check("wiring", protocols.get(port) in ("GRPC", "HTTP", "HTTP2"),
+             f"{overlay}: Sidecar ingress for port {port} has protocol {protocols.get(port)!r}, want GRPC, HTTP2 or HTTP (the guard relays HTTP)")
     ck.check("wiring", eps.get(port) in guards,
              f"{overlay}: Sidecar ingress for port {port} has defaultEndpoint {eps.get(port)!r}, want the guard's --guard-listen {sorted(guards)}")
     prio1, retry = set(), {}
@@ -445,6 +526,11 @@ def check_pod(ck: Checker, overlay: str, name: str, meta: dict, spec: dict,
     shims = [(c, init, side) for c, init, side in all_containers(spec) if is_drainshim(c, "sidecar")]
     if not shims:
         return False
+    spec, unresolved = as_kubelet_runs(meta, spec)
+    for u in unresolved:
+        ck.fail("wiring", f"{where}: {u}")
+    shims = [(c, init, side) for c, init, side in all_containers(spec) if is_drainshim(c, "sidecar")]
+    app = pod_app_port(ck, where, meta, base_apps)
     ck.check("wiring", len(shims) == 1, f"{where}: {len(shims)} drainshim sidecar containers, want 1")
     shim, shim_init, shim_native = shims[0]
     ck.check("wiring", not shim_init or shim_native,
@@ -539,12 +625,12 @@ def check_pod(ck: Checker, overlay: str, name: str, meta: dict, spec: dict,
     guard = s.get("guard-listen")
     if guard is not None:
         ck.check("wiring", "guard-upstream" in s, f"{where}: --guard-listen without --guard-upstream")
-        check_app_unchanged(ck, where, spec, s, base_apps)
+        check_app_unchanged(ck, where, spec, s, base_apps, app)
 
     # --- Envoy (plain) ------------------------------------------------------
     for c, init, side in all_containers(spec):
         if "envoyproxy/envoy" in c.get("image", ""):
-            check_envoy(ck, where, c, spec, s, d, guard, configmaps, envoy_cache, app_port(base_apps))
+            check_envoy(ck, where, c, spec, s, d, guard, configmaps, envoy_cache, app)
 
     # --- Istio --------------------------------------------------------------
     ann = meta.get("annotations") or {}
@@ -575,10 +661,13 @@ def envoy_args(c: dict) -> dict[str, str]:
 
 
 def envoy_bootstrap(c: dict, spec: dict, configmaps: dict[str, dict]) -> tuple[str | None, str | None]:
-    """(the -c path, the bootstrap text from the ConfigMap mounted there)."""
+    """(the -c path, the bootstrap text from the ConfigMap mounted there); or,
+    with no -c, ("--config-yaml", the inline bootstrap)."""
     ef = envoy_args(c)
     cpath = ef.get("-c") or ef.get("--config-path")
     if cpath is None:
+        if "--config-yaml" in ef:
+            return "--config-yaml", ef["--config-yaml"]
         return None, None
     text = None
     for m in c.get("volumeMounts") or []:
@@ -640,12 +729,13 @@ def check_envoy(ck: Checker, where: str, c: dict, spec: dict, s: dict, drain: fl
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "bootstrap.yaml"
         cfg.write_text(text)
-        vargs = [a if a != cpath else str(cfg) for a in args]
+        vargs = list(args) if cpath == "--config-yaml" else [a if a != cpath else str(cfg) for a in args]
         r = subprocess.run([str(binary), "--mode", "validate", *vargs, "-l", "error"],
                            capture_output=True, text=True, timeout=120)
     ck.check("envoy", r.returncode == 0,
              f"{where}: envoy {version} --mode validate failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
-    print(f"  {where}: envoy {version} --mode validate {' '.join(vargs[2:])}: {'OK' if r.returncode == 0 else 'FAILED'}")
+    shown = [a if a != text else "<the bootstrap>" for a in vargs] if cpath == "--config-yaml" else vargs[2:]
+    print(f"  {where}: envoy {version} --mode validate {' '.join(shown)}: {'OK' if r.returncode == 0 else 'FAILED'}")
 
 
 def check_services(ck: Checker, overlay: str, docs: list[dict]) -> None:
@@ -663,6 +753,29 @@ def check_services(ck: Checker, overlay: str, docs: list[dict]) -> None:
                          for pt in c.get("ports") or []]
                 ck.check("wiring", names.count(tp) == 1,
                          f"{overlay}: Service/{svc['metadata']['name']} targetPort {tp!r} matches {names.count(tp)} container ports, want exactly 1")
+
+
+def check_services_reach_proxy(ck: Checker, overlay: str, docs: list[dict]) -> None:
+    """A Service in front of pods with a plain Envoy must send to Envoy: a
+    targetPort on the app's own port would bypass Envoy, the guard and so
+    the drain (the app keeps its port when adopting the guard, so this
+    mistake still works until the first restart). Under Istio, iptables
+    sends the app's port to istio-proxy, so it is not checked there."""
+    pods = [(meta, spec) for d in docs for _, meta, spec in pod_specs(d)]
+    for svc in (d for d in docs if d.get("kind") == "Service"):
+        sel = (svc.get("spec") or {}).get("selector") or {}
+        for meta, spec in pods:
+            if not sel or not all((meta.get("labels") or {}).get(k) == v for k, v in sel.items()):
+                continue
+            proxies = [c for c, init, side in all_containers(spec) if (not init or side) and "envoyproxy/envoy" in c.get("image", "")]
+            if not proxies:
+                continue
+            theirs = {x for c in proxies for pt in c.get("ports") or [] for x in (pt.get("name"), pt.get("containerPort"))}
+            for port in svc["spec"].get("ports", []):
+                tp = port.get("targetPort", port.get("port"))
+                ck.check("wiring", tp in theirs,
+                         f"{overlay}: Service/{svc['metadata']['name']} targetPort {tp!r} is not a port of Envoy ({sorted(map(str, theirs - {None}))}): "
+                         "callers would bypass Envoy and the guard, and nothing drains their streams")
 
 
 # -------------------------------------------------------------- node mode
@@ -1039,6 +1152,357 @@ def check_rollout(ck: Checker, overlay: str, doc: dict) -> None:
         surge = max_surge(doc)
         if surge is not None and (doc["spec"]["template"]["spec"].get("hostNetwork") is True):
             print(f"  {overlay}: {doc['kind']}/{doc['metadata'].get('name')}: hostNetwork, maxSurge {surge}, no declared port: the surge pod can be scheduled")
+
+
+# ------------------------------------------------------ the sidecar Component
+
+SIDECAR_COMPONENT = DEPLOY / "components" / "sidecar"
+
+# Workloads from outside the repo, as someone adopting drainshim has them:
+# their own names, images, ports, volumes; nothing of deploy/base. Two opt in
+# (a Deployment and a StatefulSet, on different ports), one does not. The
+# Service points at Envoy, as deploy/README.md tells adopters to.
+ADOPTER_WORKLOADS = """\
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: orders
+  labels: {app.kubernetes.io/name: orders, drainshim.io/inject: "true"}
+spec:
+  replicas: 2
+  selector:
+    matchLabels: {app.kubernetes.io/name: orders}
+  template:
+    metadata:
+      labels: {app.kubernetes.io/name: orders}
+      annotations: {drainshim.io/app-port: "9090"}
+    spec:
+      containers:
+      - name: server
+        image: registry.example.com/shop/orders:4.2.1
+        args: [--port=9090, --metrics-port=9464]
+        ports:
+        - {name: http, containerPort: 9090}
+        - {name: metrics, containerPort: 9464}
+        volumeMounts:
+        - {name: cache, mountPath: /var/cache/orders}
+      volumes:
+      - name: cache
+        emptyDir: {}
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata:
+  name: ledger
+  labels: {app.kubernetes.io/name: ledger, drainshim.io/inject: "true"}
+spec:
+  serviceName: ledger
+  selector:
+    matchLabels: {app.kubernetes.io/name: ledger}
+  template:
+    metadata:
+      labels: {app.kubernetes.io/name: ledger}
+      annotations: {drainshim.io/app-port: "7070"}
+    spec:
+      containers:
+      - name: ledger
+        image: registry.example.com/shop/ledger:1.0.3
+        ports:
+        - {name: grpc, containerPort: 7070}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: mailer
+  labels: {app.kubernetes.io/name: mailer}
+spec:
+  selector:
+    matchLabels: {app.kubernetes.io/name: mailer}
+  template:
+    metadata:
+      labels: {app.kubernetes.io/name: mailer}
+    spec:
+      containers:
+      - name: mailer
+        image: registry.example.com/shop/mailer:2.0.0
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: orders
+spec:
+  selector: {app.kubernetes.io/name: orders}
+  ports:
+  - {name: http, port: 80, targetPort: envoy-inbound}
+"""
+ADOPTERS_OPTED_IN = {"Deployment/orders", "StatefulSet/ledger"}
+
+
+def render_adopter(kubectl: str, component: Path | None, workloads: str = ADOPTER_WORKLOADS) -> tuple[list[dict] | None, str]:
+    """The adopter's kustomization, in a directory of its own outside the
+    repo: `resources: [deployment.yaml]` and, with a component, the one
+    `components:` line (kustomize takes a relative path only). Returns the
+    rendered objects, or None and kustomize's error."""
+    with tempfile.TemporaryDirectory(prefix="drainshim-adopter-") as tmp:
+        (Path(tmp) / "deployment.yaml").write_text(workloads)
+        k = "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- deployment.yaml\n"
+        if component is not None:
+            k += f"components:\n- {os.path.relpath(component, tmp)}\n"
+        (Path(tmp) / "kustomization.yaml").write_text(k)
+        r = subprocess.run([kubectl, "kustomize", tmp], capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        return None, r.stderr.strip()
+    return [d for d in yaml.safe_load_all(r.stdout) if d], ""
+
+
+def check_bootstrap_alike(ck: Checker, component: Path) -> None:
+    """The Component's inline Envoy bootstrap is components/envoy/envoy.yaml
+    with the app's port from the pod: the same object once $(APP_PORT) is
+    that file's priority 1 port. One may not drift from the other."""
+    shared = yaml.safe_load((DEPLOY / "components" / "envoy" / "envoy.yaml").read_text())
+    patch = yaml.safe_load((component / "pod-patch.yaml").read_text())
+    envoy = next((c for c in patch["spec"]["template"]["spec"]["containers"] if c.get("name") == "envoy"), {})
+    args = [str(a) for a in envoy.get("args") or []]
+    if not ck.check("adopt", "--config-yaml" in args[:-1], f"{component.name}/pod-patch.yaml: Envoy has no inline --config-yaml bootstrap"):
+        return
+    port = next(ep["endpoint"]["address"]["socket_address"]["port_value"]
+                for cl in shared["static_resources"]["clusters"] for grp in cl["load_assignment"]["endpoints"]
+                if grp.get("priority") == 1 for ep in grp["lb_endpoints"])
+    inline = yaml.safe_load(args[args.index("--config-yaml") + 1].replace("$(APP_PORT)", str(port)))
+    ck.check("adopt", inline == shared,
+             f"{component.name}/pod-patch.yaml: Envoy's inline bootstrap differs from components/envoy/envoy.yaml (with $(APP_PORT) = {port}): change both alike")
+
+
+def check_adoption(ck: Checker, kubectl: str, component: Path, envoy_cache: Path, versions: list[str],
+                   workloads: str = ADOPTER_WORKLOADS) -> list[ScrapePod]:
+    """The sidecar Component on workloads it has never seen: the opted-in
+    pods pass every per-pod check the shipped overlays pass (budget, hooks,
+    install, guard -> the pod's own app port, Envoy's fail-open bootstrap
+    validated by the real Envoy, probes), every object the schemas, the
+    Service reaches Envoy; the app containers keep their image, args, ports
+    and mounts; a workload without the label is not touched. Returns the
+    rendered pods for the scrape checks."""
+    area = "adopt"
+    before, err = render_adopter(kubectl, None, workloads)
+    if not ck.check(area, before is not None, f"the adopter's workloads alone do not render: {err}"):
+        return []
+    after, err = render_adopter(kubectl, component, workloads)
+    if not ck.check(area, after is not None, f"{component.relative_to(ROOT) if component.is_relative_to(ROOT) else component}: "
+                                             f"the adopter's kustomization with the Component does not render: {err}"):
+        return []
+    overlay = "adopter"
+    check_schema(ck, overlay, after, versions)
+    check_services(ck, overlay, after)
+    check_services_reach_proxy(ck, overlay, after)
+    check_bootstrap_alike(ck, component)
+    configmaps = {d["metadata"]["name"]: d for d in after if d.get("kind") == "ConfigMap"}
+    by_id = {f"{d.get('kind')}/{d['metadata']['name']}": d for d in before}
+    pods: list[ScrapePod] = []
+    listen_ports: dict[str, int] = {}
+    for d in after:
+        rid = f"{d.get('kind')}/{(d.get('metadata') or {}).get('name')}"
+        if d.get("kind") not in POD_TEMPLATE_KINDS:
+            continue
+        old = by_id.get(rid)
+        if rid not in ADOPTERS_OPTED_IN:
+            ck.check(area, d == old, f"{overlay}: {rid} has no drainshim.io/inject label, yet the Component changed it")
+            pods += [ScrapePod(f"{overlay}: {n}", "", m, sp, None) for n, m, sp in pod_specs(d)]
+            continue
+        check_rollout(ck, overlay, d)
+        apps = base_app_containers([old]) if old else {}
+        for name, meta, spec in pod_specs(d):
+            where = f"{overlay}: {name}"
+            check_no_privileged(ck, overlay, name, spec)
+            if not ck.check(area, check_pod(ck, overlay, name, meta, spec, configmaps, envoy_cache, apps, listen_ports),
+                            f"{where}: no drainshim sidecar: the Component did not patch it"):
+                continue
+            pods.append(ScrapePod(where, "", meta, spec, listen_ports.get(where), judge=where in listen_ports))
+            now = {c.get("name"): c for c, _, _ in all_containers(spec)}
+            for cname, c in apps.items():
+                got = now.get(cname) or {}
+                ck.check(area, got.get("ports") == c.get("ports"),
+                         f"{where}: {cname}: ports {got.get('ports')} differ from the workload's own {c.get('ports')}")
+                kept = [m for m in got.get("volumeMounts") or [] if m.get("name") != "drainshim-bin"]
+                ck.check(area, kept == (c.get("volumeMounts") or []),
+                         f"{where}: {cname}: volumeMounts {kept} (besides drainshim-bin) differ from the workload's own {c.get('volumeMounts')}")
+            print(f"  {where}: adopted through the Component (app {next(iter(apps), None)!r} on :{pod_app_port(Checker(), where, meta, apps)})")
+    return pods
+
+
+# ------------------------------------------------ the Istio variant of it
+
+SIDECAR_ISTIO_COMPONENT = DEPLOY / "components" / "sidecar-istio"
+
+# A workload from outside the repo in a namespace whose default Sidecar
+# scopes egress (and allows registered services only). Its Istio adoption
+# must keep both for the pods its own Sidecar selects.
+ADOPTER_ISTIO = """\
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: orders
+  labels: {app.kubernetes.io/name: orders, drainshim.io/inject: "true"}
+spec:
+  selector:
+    matchLabels: {app.kubernetes.io/name: orders, tier: api}
+  template:
+    metadata:
+      labels: {app.kubernetes.io/name: orders, tier: api}
+      annotations: {drainshim.io/app-port: "9090", drainshim.io/app-protocol: GRPC}
+    spec:
+      containers:
+      - name: server
+        image: registry.example.com/shop/orders:4.2.1
+        ports:
+        - {name: grpc, containerPort: 9090}
+---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata:
+  name: default
+spec:
+  egress:
+  - hosts: ["./*", "istio-system/*", "payments/payments.payments.svc.cluster.local"]
+  outboundTrafficPolicy:
+    mode: REGISTRY_ONLY
+"""
+
+
+def check_sidecar_merge(ck: Checker, overlay: str, docs: list[dict]) -> None:
+    """Istio applies one Sidecar to a pod: one with a workloadSelector takes
+    the place of its namespace's default Sidecar (none) for the pods it
+    selects. Each such Sidecar must carry the default's egress hosts and its
+    outboundTrafficPolicy, or those pods silently lose the namespace's
+    scoping (an egress-less Sidecar reaches */*)."""
+    def ns(d: dict) -> str:
+        return (d.get("metadata") or {}).get("namespace") or ""
+
+    sidecars = [d for d in docs if d.get("kind") == "Sidecar"]
+    defaults = {ns(d): d for d in sidecars if not (d.get("spec") or {}).get("workloadSelector")}
+    for d in sidecars:
+        spec = d.get("spec") or {}
+        dflt = defaults.get(ns(d))
+        if not spec.get("workloadSelector") or dflt is None:
+            continue
+        name, dname = d["metadata"]["name"], dflt["metadata"]["name"]
+        want = {h for e in (dflt.get("spec") or {}).get("egress") or [] for h in e.get("hosts") or []}
+        got = {h for e in spec.get("egress") or [] for h in e.get("hosts") or []}
+        missing = sorted(want - got)
+        ck.check("wiring", not missing,
+                 f"{overlay}: Sidecar/{name} replaces the namespace's default Sidecar/{dname} for the pods it selects but lacks its egress hosts "
+                 f"{missing}{' (it has no egress: they would reach */*)' if not got else ''}: carry them over (components/sidecar-istio does)")
+        otp = (dflt.get("spec") or {}).get("outboundTrafficPolicy")
+        if otp is not None:
+            ck.check("wiring", spec.get("outboundTrafficPolicy") == otp,
+                     f"{overlay}: Sidecar/{name} has outboundTrafficPolicy {spec.get('outboundTrafficPolicy')}, its namespace's default Sidecar/{dname} {otp}: carry it over")
+        if not missing:
+            print(f"  {overlay}: Sidecar/{name} carries the egress hosts {sorted(want)} of the namespace's default Sidecar/{dname}")
+
+
+def check_istio_adoption(ck: Checker, kubectl: str, component: Path, envoy_cache: Path, versions: list[str],
+                         workloads: str = ADOPTER_ISTIO) -> None:
+    """The Istio variant on a workload it has never seen: the pod passes the
+    per-pod checks (budget, hooks, install, istio-proxy's hook, Istio's
+    drain timers, the guard -> the app's own port), the Sidecar points the
+    app's port at the guard and the EnvoyFilter adds the app as fallback,
+    and the workload's Sidecar keeps the namespace default's egress."""
+    area, overlay = "adopt", "adopter-istio"
+    before, err = render_adopter(kubectl, None, workloads)
+    if not ck.check(area, before is not None, f"the adopter's Istio workload alone does not render: {err}"):
+        return
+    after, err = render_adopter(kubectl, component, workloads)
+    if not ck.check(area, after is not None, f"{overlay}: the adopter's kustomization with the Istio Component does not render: {err}"):
+        return
+    check_schema(ck, overlay, after, versions)
+    dep = next((d for d in after if d.get("kind") == "Deployment"), None)
+    old = next((d for d in before if d.get("kind") == "Deployment"), None)
+    if not ck.check(area, dep is not None and old is not None, f"{overlay}: no Deployment rendered"):
+        return
+    apps = base_app_containers([old])
+    for name, meta, spec in pod_specs(dep):
+        check_no_privileged(ck, overlay, name, spec)
+        ck.check(area, check_pod(ck, overlay, name, meta, spec, {}, envoy_cache, apps),
+                 f"{overlay}: {name}: no drainshim sidecar: the Component did not patch it")
+        port = pod_app_port(ck, f"{overlay}: {name}", meta, apps)
+        check_istio_failopen(ck, overlay, after, apps, port)
+        selected = [d for d in after if d.get("kind") in ("Sidecar", "EnvoyFilter")
+                    and ((d.get("spec") or {}).get("workloadSelector") or {}).get("labels")]
+        for d in selected:
+            ck.check(area, selects({"matchLabels": d["spec"]["workloadSelector"]["labels"]}, meta.get("labels") or {}),
+                     f"{overlay}: {d['kind']}/{d['metadata']['name']} selects {d['spec']['workloadSelector']['labels']}, not the pods of {name}")
+        ck.check(area, len(selected) == 2, f"{overlay}: {len(selected)} workload-selected Sidecar/EnvoyFilter objects, want the pair")
+    defaults = [d for d in after if d.get("kind") == "Sidecar" and d["metadata"]["name"] == "default"]
+    ck.check(area, defaults == [d for d in before if d.get("kind") == "Sidecar"],
+             f"{overlay}: the namespace's default Sidecar is not rendered as the adopter wrote it")
+    check_sidecar_merge(ck, overlay, after)
+
+    # The default as a copy that another kustomization applies
+    # (local-config): left out of the output, and still merged.
+    src = [d for d in yaml.safe_load_all(workloads) if d]
+    dflt: dict = {"spec": {}}
+    for d in src:
+        if d.get("kind") == "Sidecar" and d["metadata"]["name"] == "default":
+            d["metadata"].setdefault("annotations", {})["config.kubernetes.io/local-config"] = "true"
+            dflt = d
+    local, err = render_adopter(kubectl, component, yaml.safe_dump_all(src))
+    if ck.check(area, local is not None, f"{overlay}: with the default Sidecar as a local-config copy, does not render: {err}"):
+        ours = [d for d in local if d.get("kind") == "Sidecar"]
+        ck.check(area, [d["metadata"]["name"] for d in ours] == ["drainshim-guard"]
+                 and all((ours[0]["spec"].get(k) == dflt["spec"].get(k)) for k in ("egress", "outboundTrafficPolicy")),
+                 f"{overlay}: with the default Sidecar as a local-config copy, want only Sidecar/drainshim-guard, with the default's egress "
+                 f"and outboundTrafficPolicy; got {[(d['metadata']['name'], d['spec'].get('egress'), d['spec'].get('outboundTrafficPolicy')) for d in ours]}")
+
+
+def _edit(rel: str, old: str, new: str):
+    """A selftest edit of a copy of the Component: `old` -> `new` in one file."""
+    def edit(component: Path) -> None:
+        f = component / rel
+        text = f.read_text()
+        if old not in text:
+            raise SystemExit(f"check_deploy selftest: {old!r} is not in {component.name}/{rel}: update ADOPTION_CASES or ISTIO_ADOPTION_CASES")
+        f.write_text(text.replace(old, new))
+    return edit
+
+
+# (what, a failure message that must appear (None: no failure may), an edit
+# of the Component's copy, the adopter's workloads).
+ADOPTION_CASES = [
+    ("the shipped Component on orders (Deployment, :9090), ledger (StatefulSet, :7070) and mailer (not opted in): accepted",
+     None, None, ADOPTER_WORKLOADS),
+    ("the Component without app/ (the app's container gets no preStop): rejected",
+     "no preStop hook holding it up", _edit("kustomization.yaml", "components:\n- app\n", ""), ADOPTER_WORKLOADS),
+    ("the Component with Envoy's fallback on a fixed 8080 instead of $(APP_PORT): rejected",
+     "priority 1 goes to [8080]", _edit("pod-patch.yaml", "port_value: $(APP_PORT)", "port_value: 8080"), ADOPTER_WORKLOADS),
+    ("the Component without terminationGracePeriodSeconds (Kubernetes' 30 s): rejected",
+     "differs from terminationGracePeriodSeconds", _edit("pod-patch.yaml", "      terminationGracePeriodSeconds: 120\n", ""), ADOPTER_WORKLOADS),
+    ("the Component patching every Deployment and StatefulSet (no label selector): mailer changed, rejected",
+     "yet the Component changed it", _edit("kustomization.yaml", "    labelSelector: drainshim.io/inject=true\n", ""), ADOPTER_WORKLOADS),
+    ("orders without its drainshim.io/app-port annotation: rejected",
+     "which the pod does not have", None, ADOPTER_WORKLOADS.replace('      annotations: {drainshim.io/app-port: "9090"}\n', "", 1)),
+    ("the adopter's Service to the app's own port (http) instead of envoy-inbound: rejected",
+     "callers would bypass Envoy", None, ADOPTER_WORKLOADS.replace("targetPort: envoy-inbound", "targetPort: http", 1)),
+    ("the Component with Envoy's retry policy dropped from its inline bootstrap: rejected",
+     "differs from components/envoy/envoy.yaml", _edit("pod-patch.yaml", "retry_on: connect-failure,refused-stream,reset", "retry_on: connect-failure"),
+     ADOPTER_WORKLOADS),
+    ("orders with drainshim.io/app-port 9091, a port it does not declare: rejected",
+     "is not a port the app declares", None, ADOPTER_WORKLOADS.replace('drainshim.io/app-port: "9090"', 'drainshim.io/app-port: "9091"', 1)),
+]
+
+# The same for the Istio variant (components/sidecar-istio, ADOPTER_ISTIO).
+ISTIO_ADOPTION_CASES = [
+    ("the shipped Istio variant on orders (:9090, GRPC) in a namespace with a default Sidecar: accepted, its egress carried over",
+     None, None, ADOPTER_ISTIO),
+    ("the Istio variant without its first replacement (the Sidecar does not start from the namespace default): rejected",
+     "lacks its egress hosts", _edit("kustomization.yaml", """- source: { kind: Sidecar, name: default, fieldPath: spec }
+  targets:
+  - select: { kind: Sidecar, name: drainshim-guard }
+    fieldPaths: [spec]
+""", ""), ADOPTER_ISTIO),
+    ("the Istio variant with the EnvoyFilter's fallback left on port 0: rejected",
+     "the EnvoyFilter adds priority 1 endpoints [0]", _edit("kustomization.yaml",
+                                                            "    - spec.configPatches.0.patch.value.load_assignment.endpoints.0.lb_endpoints.0.endpoint.address.socket_address.port_value\n", ""),
+     ADOPTER_ISTIO),
+]
 
 
 # ----------------------------------------------------------------- schema
@@ -1753,7 +2217,7 @@ hostPath, NET_ADMIN.
 }
 
 
-def run_selftest(rendered: Path, prometheus: Path) -> int:
+def run_selftest(rendered: Path, prometheus: Path, envoy_cache: Path, kubectl: str) -> int:
     """Proves the rules above fire: each on the shipped manifests (passes)
     and on a copy broken the way issue 29 found it (rejected)."""
     results: list[tuple[bool, str]] = []
@@ -1918,6 +2382,25 @@ def run_selftest(rendered: Path, prometheus: Path) -> int:
     found = doc_contradictions(TRUE_DOCS, facts)
     expect(not found, "the same words where they are true: none caught", "\n".join(found))
 
+    print("== adopt: the sidecar Component on workloads from outside the repo, and broken copies of it")
+    cases = [(c, check_adoption) for c in ADOPTION_CASES] + [(c, check_istio_adoption) for c in ISTIO_ADOPTION_CASES]
+    for (what, detail, edit, workloads), run in cases:
+        with tempfile.TemporaryDirectory(prefix="drainshim-component-") as tmp:
+            # Both Components, side by side as in deploy/components (the
+            # Istio variant includes ../sidecar/app); only one is edited.
+            shutil.copytree(SIDECAR_COMPONENT, Path(tmp) / "sidecar")
+            shutil.copytree(SIDECAR_ISTIO_COMPONENT, Path(tmp) / "sidecar-istio")
+            component = Path(tmp) / ("sidecar" if run is check_adoption else "sidecar-istio")
+            if edit is not None:
+                edit(component)
+            ck = Checker()
+            with contextlib.redirect_stdout(io.StringIO()):  # each check's own lines; the verdict is below
+                run(ck, kubectl, component, envoy_cache, SCHEMA_VERSIONS, workloads)
+        if detail is None:
+            expect(not ck.failures, what, "\n".join(ck.failures))
+        else:
+            expect(any(detail in f for f in ck.failures), what, "\n".join(ck.failures) or "no failure")
+
     bad = [w for ok, w in results if not ok]
     print(f"== selftest: {len(results) - len(bad)} of {len(results)} passed")
     return 1 if bad else 0
@@ -1925,7 +2408,7 @@ def run_selftest(rendered: Path, prometheus: Path) -> int:
 
 # ------------------------------------------------------------------- main
 
-def run_check(rendered: Path, envoy_cache: Path, design: Path | None, prometheus: Path) -> int:
+def run_check(rendered: Path, envoy_cache: Path, design: Path | None, prometheus: Path, kubectl: str) -> int:
     import kubernetes_validate
 
     ck = Checker()
@@ -1979,10 +2462,17 @@ def run_check(rendered: Path, envoy_cache: Path, design: Path | None, prometheus
         if overlay in OVERLAYS_WITH_NODE_WORKLOAD:
             ck.check("wiring", with_node > 0, f"{overlay}: no pod with the node-mode preStop")
         check_services(ck, overlay, docs)
+        check_services_reach_proxy(ck, overlay, docs)
         if overlay in OVERLAYS_WITH_ISTIO_FAILOPEN or any(d.get("kind") == "Sidecar" for d in docs):
             check_istio_failopen(ck, overlay, docs, base_apps)
+            check_sidecar_merge(ck, overlay, docs)
         if overlay == "monitoring":
             monitoring_docs = docs
+
+    print("== the sidecar Component on workloads from outside the repo (deploy/components/sidecar)")
+    scrape_pods += check_adoption(ck, kubectl, SIDECAR_COMPONENT, envoy_cache, versions)
+    print("== its Istio variant on a workload from outside the repo, in a namespace with a default Sidecar (deploy/components/sidecar-istio)")
+    check_istio_adoption(ck, kubectl, SIDECAR_ISTIO_COMPONENT, envoy_cache, versions)
 
     print("== monitoring")
     ck.check("rules", bool(monitoring_docs), "deploy/monitoring rendered nothing")
@@ -2020,7 +2510,7 @@ def run_check(rendered: Path, envoy_cache: Path, design: Path | None, prometheus
 
     print("== summary")
     print(f"  schema versions: {', '.join(versions)} (strict)")
-    for area in ("schema", "budget", "wiring", "node", "rollout", "envoy", "rules", "metrics", "dashboard", "docs"):
+    for area in ("schema", "budget", "wiring", "node", "rollout", "envoy", "adopt", "rules", "metrics", "dashboard", "docs"):
         print(f"  {area:9} {ck.counts.get(area, 0)} passed")
     print(f"  skipped (CRDs, no schema in kubernetes-validate; checked via rules.yaml, the PodMonitors run on the rendered pods, the Istio checks): {len(skipped)}")
     for s in skipped:
@@ -2040,12 +2530,15 @@ def main() -> int:
     c.add_argument("--rendered", type=Path, required=True)
     c.add_argument("--envoy-cache", type=Path, required=True)
     c.add_argument("--prometheus", type=Path, required=True, help="the prometheus binary (forged-label runs)")
+    c.add_argument("--kubectl", default="kubectl", help="kubectl, for `kubectl kustomize` of the adopter's workloads")
     c.add_argument("--design", type=Path,
                    default=Path(os.environ.get("DRAINSHIM_DESIGN", ROOT / "docs" / "design.md")))
     sub.add_parser("sync-rules")
     st = sub.add_parser("selftest")
     st.add_argument("--rendered", type=Path, required=True)
     st.add_argument("--prometheus", type=Path, required=True, help="the prometheus binary (forged-label runs)")
+    st.add_argument("--envoy-cache", type=Path, required=True)
+    st.add_argument("--kubectl", default="kubectl", help="kubectl, for `kubectl kustomize` of the adopter's workloads")
     a = ap.parse_args()
     if a.cmd == "sync-rules":
         sync_rules()
@@ -2053,12 +2546,12 @@ def main() -> int:
     if a.cmd == "selftest":
         if not a.prometheus.is_file():
             raise SystemExit(f"check_deploy: {a.prometheus} not found (scripts/fetch-prometheus.sh)")
-        return run_selftest(a.rendered, a.prometheus)
+        return run_selftest(a.rendered, a.prometheus, a.envoy_cache, a.kubectl)
     if not a.design.is_file():
         raise SystemExit(f"check_deploy: {a.design} not found (the metrics contract)")
     if not a.prometheus.is_file():
         raise SystemExit(f"check_deploy: {a.prometheus} not found (scripts/fetch-prometheus.sh)")
-    return run_check(a.rendered, a.envoy_cache, a.design, a.prometheus)
+    return run_check(a.rendered, a.envoy_cache, a.design, a.prometheus, a.kubectl)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ pub mod sidecar;
 pub mod signals;
 pub mod telemetry;
 
-/// Generated protobuf and gRPC types.
+/// Generated protobuf and gRPC types of the bench protocol.
+#[cfg(feature = "bench")]
 pub mod proto {
     pub mod bench {
         tonic::include_proto!("drainshim.bench.v1");

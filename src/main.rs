@@ -105,7 +105,11 @@ async fn run(command: Command) -> Result<ExitCode, Error> {
             return Ok(verdict(fleet::verify::passed(&checks)));
         }
         Command::Install(a) => {
-            let dest = install::install(&a.to)?;
+            let (dir, deprecated) = a.dir()?;
+            if let Some(warning) = deprecated {
+                tracing::warn!("{warning}");
+            }
+            let dest = install::install(dir)?;
             eprintln!("drainshim install: copied to {}", dest.display());
         }
         #[cfg(feature = "bench")]

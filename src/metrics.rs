@@ -285,7 +285,8 @@ impl EncodeLabelSet for ServiceKey {
     }
 }
 
-/// `drainshim_guard_requests_total{service,code,protocol}`.
+/// `drainshim_guard_requests_total{service,code,protocol}`: the app's
+/// outcomes, never a stream the guard ended itself.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GuardRequestLabels {
     #[prometheus(flatten)]
@@ -438,7 +439,7 @@ pub mod help {
     );
     pub const GUARD_REQUESTS: (&str, &str) = (
         "guard_requests",
-        "Requests the stream guard proxied to the application, by service, outcome (gRPC status name or HTTP status class) and protocol",
+        "Requests the stream guard proxied to the application, by service, outcome (gRPC status name or HTTP status class) and protocol; streams the guard ended itself are not counted here but in streams_terminated and streams_ungraceful",
     );
     pub const GUARD_REQUEST_DURATION: (&str, &str) = (
         "guard_request_duration_seconds",

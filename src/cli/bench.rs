@@ -151,7 +151,8 @@ pub struct ReconnectArgs {
           value_parser = clap::value_parser!(u32).range(0..=1_048_576))]
     pub payload_bytes: Vec<u32>,
 
-    #[arg(long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
+    /// Output: `table` for people, `json` (on one line) for scripts.
+    #[arg(short = 'o', long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
     pub format: Format,
 
     /// The guard's HTTP/2 path in `drainshim` mode (see `sidecar --help`).
@@ -216,7 +217,8 @@ pub struct NodeScaleArgs {
     )]
     pub load_duration: Span,
 
-    #[arg(long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
+    /// Output: `table` for people, `json` (on one line) for scripts.
+    #[arg(short = 'o', long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
     pub format: Format,
 }
 

@@ -18,6 +18,11 @@ use crate::settings::{
     Budget, DrainOnceSettings, GuardSettings, NodeGuardSettings, NodeSettings, SidecarSettings,
 };
 
+/// What `--version` prints after the name: the crate version, the git commit
+/// it was built from (`unknown` without git) and the enabled features
+/// (`bench`, or `none` for the production build), from build.rs.
+pub const VERSION: &str = env!("DRAINSHIM_VERSION");
+
 /// Exit codes, shared by every subcommand (sysexits.h).
 pub const EXIT_CODES: &str = "\
 Exit codes:
@@ -30,7 +35,7 @@ Exit codes:
 #[derive(Debug, Parser)]
 #[command(
     name = "drainshim",
-    version,
+    version = VERSION,
     about = "Makes Envoy proxy restarts safe for long-lived gRPC streams",
     long_about = "Makes Envoy proxy restarts safe for long-lived gRPC streams.\n\n\
         drainshim runs beside Envoy. On a pod's preStop (or SIGTERM) it fails Envoy's health \
@@ -76,7 +81,12 @@ pub enum Command {
             guard's listener and then to --guard-upstream; after --ready-failures (3) consecutive \
             failed checks /readyz is 503, and one passing check makes it 200 again. At start it \
             is 503 until a check passes.",
-        after_help = EXIT_CODES
+        after_help = EXIT_CODES,
+        mut_arg("termination_grace_period", |a| a.help(
+            "The pod's terminationGracePeriodSeconds, checked against the budget: \
+             --parent-shutdown-time plus --linger (the final scrape after a SIGTERM drain) \
+             must stay below it"
+        ))
     )]
     Sidecar(SidecarArgs),
 
@@ -97,7 +107,11 @@ pub enum Command {
             Fails the health check, drains the inbound listeners, polls the live counters, and \
             prints progress to stderr and the drain report JSON on stdout. SIGTERM or Ctrl-C skips \
             to the deadline.",
-        after_help = EXIT_CODES
+        after_help = EXIT_CODES,
+        mut_arg("drain_time", |a| a.help(
+            "How long streams get to finish on their own: `drain` has no guard to end them; \
+             what is still open at --parent-shutdown-time is counted as cut"
+        ))
     )]
     Drain(DrainArgs),
 
@@ -122,14 +136,18 @@ pub enum Command {
     #[command(
         long_about = "The gate for one upgrade wave.\n\n\
             Checks that every pod in the namespaces runs --expect-version, that no stream was cut by a \
-            drain and no xDS update was rejected on that version within --window, and that the retry \
+            drain, that no drain found streams on the fail-open path at its deadline (bypassed: opened \
+            around a guard that was down, so the restart cut them too), that no xDS update was \
+            rejected on that version within --window, and that the retry \
             volume and the kernel reset rate did not grow past their thresholds against the window \
             before.\n\n\
             Then, per namespace and service, the stream guard's own view, which does not change when \
             Envoy does: the success rate (--max-success-drop points), the p99 (--max-p99-increase), \
             requests reaching the app per request callers sent to Envoy (--max-requests-per-call-increase: \
             exposes extra retries), and the stream re-open rate (--max-reopen-increase). Each names the \
-            services that moved and by how much.\n\n\
+            services that moved and by how much. The streams the guard ended itself (max connection \
+            age, a drain, the app's own shutdown) are not the app's failures: they are left out of the \
+            success rate and shown on a line of their own, per namespace and reason, never judged.\n\n\
             Pods are taken by the namespace label their series carry (node mode, or a scrape that adds \
             pod labels), else through drainshim_proxy_info on the scrape instance. With --targets \
             (shims scraped directly) the rate checks are not applicable: they need Prometheus' history.",
@@ -482,9 +500,12 @@ impl PromAccessArgs {
     }
 }
 
+/// How a command prints its result (`--format`, `-o` as kubectl's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
+    /// Aligned columns for a terminal.
     Table,
+    /// JSON on one line on stdout, for scripts and `jq`.
     Json,
 }
 
@@ -496,7 +517,8 @@ pub struct InventoryArgs {
     #[command(flatten)]
     pub access: PromAccessArgs,
 
-    #[arg(long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
+    /// Output: `table` for people, `json` (on one line) for scripts.
+    #[arg(short = 'o', long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
     pub format: Format,
 }
 
@@ -520,7 +542,8 @@ pub struct SkewArgs {
     #[command(flatten)]
     pub access: PromAccessArgs,
 
-    #[arg(long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
+    /// Output: `table` for people, `json` (on one line) for scripts.
+    #[arg(short = 'o', long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
     pub format: Format,
 }
 
@@ -578,7 +601,8 @@ pub struct VerifyArgs {
     /// Guard success rate per namespace and service: how many percentage
     /// points it may drop against the window before. Failures are gRPC
     /// UNKNOWN, DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE,
-    /// DATA_LOSS and HTTP 5xx.
+    /// DATA_LOSS and HTTP 5xx, as the app answered; the streams the guard
+    /// ended itself (its UNAVAILABLE at max age or a drain) are not counted.
     #[arg(
         long,
         env = "DRAINSHIM_MAX_SUCCESS_DROP",
@@ -619,7 +643,8 @@ pub struct VerifyArgs {
     )]
     pub min_request_rate: f64,
 
-    #[arg(long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
+    /// Output: `table` for people, `json` (on one line) for scripts.
+    #[arg(short = 'o', long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
     pub format: Format,
 }
 
@@ -659,8 +684,37 @@ impl VerifyArgs {
 #[derive(Debug, Args)]
 pub struct InstallArgs {
     /// Directory to copy the binary into (as `drainshim`, mode 0755).
-    #[arg(long, env = "DRAINSHIM_INSTALL_TO")]
-    pub to: std::path::PathBuf,
+    #[arg(
+        long,
+        env = "DRAINSHIM_TO",
+        value_name = "DIR",
+        required_unless_present = "install_to"
+    )]
+    pub to: Option<std::path::PathBuf>,
+
+    /// The variable's old name, DRAINSHIM_INSTALL_TO, before it followed the
+    /// DRAINSHIM_<FLAG> pattern: still read (with a warning) so manifests
+    /// written for it keep working. Hidden; --to wins when both are set.
+    #[arg(long, env = "DRAINSHIM_INSTALL_TO", value_name = "DIR", hide = true)]
+    pub install_to: Option<std::path::PathBuf>,
+}
+
+impl InstallArgs {
+    /// The directory to install into, and the warning to log when it came
+    /// from the old variable name.
+    pub fn dir(&self) -> Result<(&std::path::Path, Option<&'static str>), Invalid> {
+        const OLD: &str =
+            "DRAINSHIM_INSTALL_TO is deprecated and will be removed: set DRAINSHIM_TO (or --to)";
+        match (&self.to, &self.install_to) {
+            (Some(to), None) => Ok((to, None)),
+            (Some(to), Some(_)) => Ok((to, Some(OLD))),
+            (None, Some(old)) => Ok((old, Some(OLD))),
+            // clap already requires one of them; said again, not assumed.
+            (None, None) => Err(Invalid(vec![
+                "--to (or DRAINSHIM_TO) is required: the directory to copy the binary into".into(),
+            ])),
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -829,7 +883,8 @@ impl GuardTuningArgs {
 /// The drain timers; see docs/design.md for the timeline.
 #[derive(Debug, Clone, Args)]
 pub struct TimerArgs {
-    /// How long streams get to finish; the guard ends the rest before this.
+    /// How long streams get to finish; the stream guard, where there is one,
+    /// ends the long-lived rest gracefully before this.
     #[arg(long, env = "DRAINSHIM_DRAIN_TIME", default_value_t = config::DEFAULT_DRAIN_TIME)]
     pub drain_time: Span,
 
@@ -849,7 +904,8 @@ pub struct TimerArgs {
     #[arg(long, env = "DRAINSHIM_POLL_INTERVAL", default_value_t = config::DEFAULT_POLL_INTERVAL)]
     pub poll_interval: Span,
 
-    /// The pod's terminationGracePeriodSeconds; must exceed --parent-shutdown-time.
+    /// The pod's terminationGracePeriodSeconds, checked against the budget:
+    /// it must exceed --parent-shutdown-time.
     #[arg(long, env = "DRAINSHIM_TERMINATION_GRACE_PERIOD")]
     pub termination_grace_period: Option<Span>,
 

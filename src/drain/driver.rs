@@ -339,6 +339,7 @@ impl Drive {
                 connections: last.cx_active,
                 streams: last.rq_active,
                 guard_streams: self.guard_streams(),
+                failopen_streams: self.acc.failopen().requests,
             },
             envoy: self.envoy.clone(),
             report: report.clone(),

@@ -167,6 +167,11 @@ impl Accounting {
         self.last
     }
 
+    /// The fail-open path at the latest poll that read it.
+    pub fn failopen(&self) -> FailOpen {
+        self.failopen
+    }
+
     /// Outcomes at the end. On `quiesced` nothing still open is cut by
     /// definition; on a deadline (or unreachable at the end) every stream
     /// Envoy last saw active is cut, or `bypassed` when it was on the
@@ -225,6 +230,10 @@ pub struct Active {
     pub streams: u64,
     /// Streams open through the guard.
     pub guard_streams: u64,
+    /// Envoy's streams on the fail-open path, at the last poll: no drain
+    /// ends them; at the deadline they are `bypassed`.
+    #[serde(default)]
+    pub failopen_streams: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -264,8 +273,13 @@ impl Status {
             (Some(e), false) => format!("envoy unreachable ({e})"),
             (None, false) => "envoy first poll pending".to_string(),
         };
+        // Only when there are some: most pods never fail open.
+        let failopen = match a.failopen_streams {
+            0 => String::new(),
+            n => format!(" failopen_streams={n}"),
+        };
         format!(
-            "drain {} t={:.1}s {envoy} guard_streams={}",
+            "drain {} t={:.1}s {envoy} guard_streams={}{failopen}",
             self.phase.as_str(),
             self.elapsed_seconds,
             a.guard_streams
@@ -418,6 +432,18 @@ mod tests {
         let (c, s) = a.outcomes(Outcome::Quiesced, 0);
         assert_eq!((c.closed, c.idle_at_exit, c.cut), (1, 0, 0));
         assert_eq!((s.completed, s.cut), (0, 0));
+    }
+
+    #[test]
+    fn progress_names_failopen_streams_only_when_there_are_some() {
+        let mut s = Status::serving();
+        s.envoy.reachable = true;
+        s.active.streams = 5;
+        assert!(!s.progress_line().contains("failopen"));
+        s.active.failopen_streams = 3;
+        assert!(s
+            .progress_line()
+            .ends_with("guard_streams=0 failopen_streams=3"));
     }
 
     #[test]

@@ -14,6 +14,12 @@
 //! - **stream re-opens** (`drainshim_guard_streams_opened_total`) may not
 //!   grow more than R% (plus the rate floor).
 //!
+//! The streams the guard ended itself (a drain, max connection age, the
+//! application's own shutdown) are not in the request counter, so never in
+//! the success rate: a week of max age reads 100% for a healthy application.
+//! They are shown on a line of their own ([`endings`]), by namespace and
+//! reason, and not judged.
+//!
 //! The guard sits outside the mesh: its numbers do not change when Envoy
 //! does. Every number is one PromQL query per window; the comparison is
 //! pure ([`compare`]) and tested with tables.
@@ -28,6 +34,9 @@ use super::prometheus::{PromClient, PromError};
 /// not the caller's own (a NOT_FOUND or a 4xx is an answer).
 pub const FAILURE_CODES: &str =
     "5xx|UNKNOWN|DEADLINE_EXCEEDED|UNIMPLEMENTED|INTERNAL|UNAVAILABLE|DATA_LOSS";
+
+/// The line that shows the guard's own stream endings (not judged).
+pub const ENDINGS: &str = "guard's own stream endings (not failures; shown, not judged)";
 
 /// The thresholds, each a `verify` flag.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -277,6 +286,16 @@ impl Queries<'_> {
         )
     }
 
+    /// The streams the guard ended itself per second, by (namespace,
+    /// reason): `metric` is `drainshim_streams_terminated_total` (gracefully)
+    /// or `drainshim_streams_ungraceful_total` (reset).
+    pub fn endings(&self, metric: &str, offset: &str) -> String {
+        format!(
+            "sum by (namespace, reason) ({})",
+            self.rate(metric, "", offset)
+        )
+    }
+
     pub fn reopens(&self, offset: &str) -> String {
         format!(
             "sum by (namespace, service) ({})",
@@ -286,16 +305,18 @@ impl Queries<'_> {
 }
 
 async fn per_service(prom: &PromClient, q: &str) -> Result<PerService, PromError> {
+    per_label(prom, q, "service").await
+}
+
+/// (namespace, `label`) -> value.
+async fn per_label(prom: &PromClient, q: &str, label: &str) -> Result<PerService, PromError> {
     Ok(prom
         .query(q)
         .await?
         .into_iter()
         .map(|s| {
             (
-                (
-                    s.label("namespace").to_string(),
-                    s.label("service").to_string(),
-                ),
+                (s.label("namespace").to_string(), s.label(label).to_string()),
                 s.value,
             )
         })
@@ -311,6 +332,10 @@ pub struct Window {
     /// Per namespace (service "").
     pub callers: PerService,
     pub reopens: PerService,
+    /// The guard's graceful endings per (namespace, reason).
+    pub ended: PerService,
+    /// The guard's endings by a reset per (namespace, reason).
+    pub reset: PerService,
 }
 
 impl Window {
@@ -325,6 +350,18 @@ impl Window {
             p99: per_service(prom, &q.p99(offset)).await?,
             callers: per_service(prom, &q.callers(offset)).await?,
             reopens: per_service(prom, &q.reopens(offset)).await?,
+            ended: per_label(
+                prom,
+                &q.endings("drainshim_streams_terminated_total", offset),
+                "reason",
+            )
+            .await?,
+            reset: per_label(
+                prom,
+                &q.endings("drainshim_streams_ungraceful_total", offset),
+                "reason",
+            )
+            .await?,
         })
     }
 
@@ -415,6 +452,44 @@ pub fn judge(before: &Window, now: &Window, t: &GoldenThresholds) -> Vec<Verdict
     ]
 }
 
+/// The guard's own stream endings in the wave's window, per namespace: shown
+/// beside the gates, never judged (they are not the application's failures).
+pub fn endings(now: &Window) -> Verdict {
+    let mut by_ns: BTreeMap<&str, (Vec<String>, f64, f64)> = BTreeMap::new();
+    for ((ns, reason), v) in &now.ended {
+        let e = by_ns.entry(ns).or_default();
+        if *v > 0.0 {
+            e.0.push(format!("{reason} {v:.3}/s"));
+        }
+        e.1 += v;
+    }
+    for ((ns, _), v) in &now.reset {
+        by_ns.entry(ns).or_default().2 += v;
+    }
+    let lines: Vec<String> = by_ns
+        .into_iter()
+        .filter(|(_, (_, ended, reset))| *ended > 0.0 || *reset > 0.0)
+        .map(|(ns, (reasons, ended, reset))| {
+            let why = if reasons.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", reasons.join(", "))
+            };
+            format!("{ns}: {ended:.3}/s ended gracefully{why}, {reset:.3}/s reset")
+        })
+        .collect();
+    Verdict {
+        name: ENDINGS,
+        ok: None,
+        detail: if lines.is_empty() {
+            "none in the window".into()
+        } else {
+            lines.join("; ")
+        },
+        services: Vec::new(),
+    }
+}
+
 /// The gates' names, in order, for sources that cannot judge them.
 pub const GATES: [&str; 4] = [
     "guard success rate within threshold",
@@ -432,6 +507,28 @@ mod tests {
             .iter()
             .map(|(n, s, v)| ((n.to_string(), s.to_string()), *v))
             .collect()
+    }
+
+    #[test]
+    fn the_guards_endings_are_shown_per_namespace_and_never_judged() {
+        let now = Window {
+            ended: svc(&[
+                ("shop", "max_age", 2.0),
+                ("shop", "drain", 0.0),
+                ("pay", "drain", 0.5),
+                ("idle", "max_age", 0.0),
+            ]),
+            reset: svc(&[("pay", "drain", 0.25)]),
+            ..Window::default()
+        };
+        let v = endings(&now);
+        assert_eq!(v.ok, None);
+        assert_eq!(
+            v.detail,
+            "pay: 0.500/s ended gracefully (drain 0.500/s), 0.250/s reset; \
+             shop: 2.000/s ended gracefully (max_age 2.000/s), 0.000/s reset"
+        );
+        assert_eq!(endings(&Window::default()).detail, "none in the window");
     }
 
     #[test]
@@ -477,7 +574,7 @@ mod tests {
             failures: svc(&[("shop", "cart.Cart", failures)]),
             p99: svc(&[("shop", "cart.Cart", p99)]),
             callers: svc(&[("shop", "", callers)]),
-            reopens: PerService::new(),
+            ..Window::default()
         }
     }
 

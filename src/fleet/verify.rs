@@ -171,6 +171,18 @@ fn versions_check(proxies: &[Proxy], opts: &VerifyOptions) -> Check {
     }
 }
 
+/// The drain outcomes a wave must not have: (check, outcome, what it counts).
+/// `bypassed` streams were on the fail-open path at the deadline, around a
+/// guard that was down when they opened: the restart cut them too.
+const ENDED_BADLY: [(&str, &str, &str); 2] = [
+    ("no stream cut by a drain", "cut", "streams cut"),
+    (
+        "no bypassed stream cut by a restart",
+        "bypassed",
+        "streams around the guard (fail open) at a drain deadline",
+    ),
+];
+
 fn count_check(name: &str, value: f64, what: &str) -> Check {
     // PromQL can answer -0; counts are shown as whole numbers.
     let shown = if value == 0.0 { 0.0 } else { value };
@@ -230,25 +242,21 @@ async fn from_prometheus(
         .collect();
     let mut checks = vec![versions_check(&proxies, opts)];
 
-    let cut = prom
-        .scalar(&format!(
-            "sum({})",
-            q.in_wave(
-                |sel| format!(
-                    "max_over_time(drainshim_drained_streams_total{{{sel},outcome=\"cut\"}}[{w}])"
-                ),
-                ""
-            )
-        ))
-        .await?;
-    checks.push(count_check(
-        "no stream cut by a drain",
-        cut,
-        &format!(
-            "streams cut in the last {}",
-            humantime::format_duration(opts.window)
-        ),
-    ));
+    let since = format!("in the last {}", humantime::format_duration(opts.window));
+    for (name, outcome, what) in ENDED_BADLY {
+        let n = prom
+            .scalar(&format!(
+                "sum({})",
+                q.in_wave(
+                    |sel| format!(
+                        "max_over_time(drainshim_drained_streams_total{{{sel},outcome=\"{outcome}\"}}[{w}])"
+                    ),
+                    ""
+                )
+            ))
+            .await?;
+        checks.push(count_check(name, n, &format!("{what} {since}")));
+    }
 
     let rejected = prom
         .scalar(&format!(
@@ -301,12 +309,14 @@ async fn from_prometheus(
             .into_iter()
             .map(Check::from),
     );
+    checks.push(golden::endings(&now).into());
     Ok(checks)
 }
 
 async fn from_targets(urls: &[String], opts: &VerifyOptions) -> Result<Vec<Check>, FleetError> {
     let mut proxies = Vec::new();
-    let (mut cut, mut rejected) = (0.0, 0.0);
+    let mut ended = [0.0; ENDED_BADLY.len()];
+    let mut rejected = 0.0;
     for url in urls {
         let scrape = scrape_target(url).await?;
         let in_wave = scrape
@@ -316,7 +326,9 @@ async fn from_targets(urls: &[String], opts: &VerifyOptions) -> Result<Vec<Check
         if !in_wave {
             continue;
         }
-        cut += scrape.sum("drainshim_drained_streams_total", &[("outcome", "cut")]);
+        for (n, (_, outcome, _)) in ended.iter_mut().zip(ENDED_BADLY) {
+            *n += scrape.sum("drainshim_drained_streams_total", &[("outcome", outcome)]);
+        }
         rejected += scrape.sum(
             "drainshim_envoy_config_updates_total",
             &[("result", "rejected"), ("version", &opts.expect_version)],
@@ -324,13 +336,11 @@ async fn from_targets(urls: &[String], opts: &VerifyOptions) -> Result<Vec<Check
         proxies.extend(scrape.proxies);
     }
     let history = "needs --prometheus: a rate needs history, one scrape has none";
-    let mut checks = vec![
-        versions_check(&proxies, opts),
-        count_check(
-            "no stream cut by a drain",
-            cut,
-            "streams cut since each shim started",
-        ),
+    let mut checks = vec![versions_check(&proxies, opts)];
+    checks.extend(ENDED_BADLY.iter().zip(ended).map(|((name, _, what), n)| {
+        count_check(name, n, &format!("{what} since each shim started"))
+    }));
+    checks.extend([
         count_check(
             "no config rejections on the new version",
             rejected,
@@ -338,10 +348,11 @@ async fn from_targets(urls: &[String], opts: &VerifyOptions) -> Result<Vec<Check
         ),
         Check::new("retry volume within threshold", None, history.into()),
         Check::new("reset rate within threshold", None, history.into()),
-    ];
+    ]);
     checks.extend(
         golden::GATES
             .iter()
+            .chain([&golden::ENDINGS])
             .map(|g| Check::new(g, None, history.into())),
     );
     Ok(checks)

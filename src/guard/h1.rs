@@ -127,12 +127,16 @@ impl H1Body {
         }
     }
 
-    /// Ends an event stream cleanly between two events, and counts it.
+    /// Ends an event stream cleanly between two events, and counts it (as
+    /// the guard's ending, not the application's outcome).
     fn end_events(&mut self, reason: Reason) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         self.inner = None;
         self.abort_at = None;
         if let Some(g) = &self.guard {
             g.record_termination(reason, StreamProtocol::http);
+        }
+        if let Some(s) = self.sig.as_mut() {
+            s.ended_by_guard();
         }
         Poll::Ready(None)
     }
@@ -186,6 +190,9 @@ impl Body for H1Body {
                     this.inner = None;
                     if let Some(g) = &this.guard {
                         g.record_ungraceful(reason, StreamProtocol::http);
+                    }
+                    if let Some(s) = this.sig.as_mut() {
+                        s.ended_by_guard();
                     }
                     tracing::debug!(
                         ?reason,
@@ -482,7 +489,12 @@ async fn upgrade(
     if websocket {
         let relay = websocket::relay(inner.clone(), client, app, registered, info);
         inner.tasks.spawn(async move {
-            relay.await;
+            let mut sig = sig;
+            if relay.await {
+                if let Some(s) = sig.as_mut() {
+                    s.ended_by_guard();
+                }
+            }
             drop(sig);
         });
     } else {
@@ -494,7 +506,12 @@ async fn upgrade(
             .to_string();
         let tunnel = websocket::tunnel(inner.clone(), client, app, registered, info, name);
         inner.tasks.spawn(async move {
-            tunnel.await;
+            let mut sig = sig;
+            if tunnel.await {
+                if let Some(s) = sig.as_mut() {
+                    s.ended_by_guard();
+                }
+            }
             drop(sig);
         });
     }

@@ -260,14 +260,15 @@ impl Shared {
 }
 
 /// Relays one WebSocket after its 101 until either side closes, or the
-/// guard ends it gracefully.
+/// guard ends it gracefully. True when the guard ended it (see
+/// [`relay_sides`]).
 pub async fn relay(
     inner: Arc<Inner>,
     client: OnUpgrade,
     app: OnUpgrade,
     registered: Registered,
     info: ConnInfo,
-) {
+) -> bool {
     let _live = LiveConn::new(&inner);
     let limit = inner.config.limits.end_timeout;
     // Both upgrades complete as soon as the 101 is written and read.
@@ -276,18 +277,18 @@ pub async fn relay(
         Ok(Ok(pair)) => pair,
         Ok(Err(e)) => {
             tracing::debug!(peer = %info.peer, error = %e, "guard: WebSocket upgrade did not complete");
-            return;
+            return false;
         }
         Err(_) => {
             tracing::debug!(peer = %info.peer, "guard: WebSocket upgrade did not complete in time");
-            return;
+            return false;
         }
     };
     let s = match sockets(client, app) {
         Ok(s) => s,
         Err(why) => {
             tracing::warn!(peer = %info.peer, why, "guard: WebSocket cannot be relayed; closing it");
-            return;
+            return false;
         }
     };
     let _ = s.client.set_nodelay(true);
@@ -304,7 +305,7 @@ pub async fn relay(
         wr: app_wr,
         early: BytesMut::from(&s.app_early[..]),
     };
-    relay_sides(&inner, client, app, registered, info).await;
+    relay_sides(&inner, client, app, registered, info).await
 }
 
 /// One end of a relayed WebSocket: its two directions and what was already
@@ -353,14 +354,17 @@ pub async fn relay_streams<C>(
     relay_sides(&inner, client, app, registered, info).await;
 }
 
-/// The relay itself, whatever carries each side.
+/// The relay itself, whatever carries each side. True when the guard ended
+/// the WebSocket (gracefully or not): then it is counted as terminated or
+/// ungraceful, and it is not one of the application's outcomes.
 async fn relay_sides<CR, CW, AR, AW>(
     inner: &Arc<Inner>,
     client: Side<CR, CW>,
     app: Side<AR, AW>,
     registered: Registered,
     info: ConnInfo,
-) where
+) -> bool
+where
     CR: ReadSome,
     CW: AsyncWrite + Unpin,
     AR: ReadSome,
@@ -409,7 +413,7 @@ async fn relay_sides<CR, CW, AR, AW>(
         }
     }
     if !sh.registered.ctl.is_ended() {
-        return;
+        return false;
     }
     let reason = sh.registered.ctl.ended().await.0;
     let outcome = down_res.unwrap_or(Ok(Down::Abrupt(
@@ -417,7 +421,7 @@ async fn relay_sides<CR, CW, AR, AW>(
     )));
     match outcome {
         Ok(Down::Graceful) => inner.record_termination(reason, StreamProtocol::websocket),
-        Ok(Down::Passed) => {}
+        Ok(Down::Passed) => return false,
         Ok(Down::Abrupt(why)) => {
             tracing::warn!(peer = %info.peer, ?reason, why, "guard: WebSocket closed without a Close frame to the client");
             inner.record_ungraceful(reason, StreamProtocol::websocket);
@@ -427,6 +431,7 @@ async fn relay_sides<CR, CW, AR, AW>(
             inner.record_ungraceful(reason, StreamProtocol::websocket);
         }
     }
+    true
 }
 
 /// How the app → client direction ended.
@@ -679,7 +684,7 @@ fn proto(e: tungstenite::Error) -> io::Error {
 
 /// Relays an upgrade the guard cannot end gracefully (any protocol but
 /// WebSocket) as raw bytes. At the end it closes both connections, logs it
-/// and counts it as ungraceful.
+/// and counts it as ungraceful. True when the guard ended it.
 pub async fn tunnel(
     inner: Arc<Inner>,
     client: OnUpgrade,
@@ -687,13 +692,13 @@ pub async fn tunnel(
     registered: Registered,
     info: ConnInfo,
     protocol: String,
-) {
+) -> bool {
     let _live = LiveConn::new(&inner);
     let limit = inner.config.limits.end_timeout;
     let Ok(Ok((client, app))) =
         tokio::time::timeout(limit, async { tokio::try_join!(client, app) }).await
     else {
-        return;
+        return false;
     };
     registered.ctl.set_long_lived();
     tracing::warn!(peer = %info.peer, protocol, "guard: upgrade relayed as raw bytes; a drain or max age will close it without a goodbye");
@@ -704,6 +709,7 @@ pub async fn tunnel(
             if let Err(e) = r {
                 tracing::debug!(peer = %info.peer, protocol, error = %e, "guard: upgraded connection ended");
             }
+            false
         }
         (reason, _) = registered.ctl.ended() => {
             tracing::warn!(peer = %info.peer, protocol, ?reason, "guard: closing an upgraded connection it cannot end gracefully");
@@ -713,6 +719,7 @@ pub async fn tunnel(
                 let _ = app.shutdown().await;
             })
             .await;
+            true
         }
     }
 }

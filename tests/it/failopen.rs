@@ -5,6 +5,10 @@
 //! goes to the app directly), and come back through the guard once it is
 //! started again. Where each call went is what Envoy itself counts per
 //! upstream host (`/clusters`): the shim only counts streams during a drain.
+//!
+//! Streams opened while the guard is dead stay on the app's connection when
+//! it is back. The restarted shim shows them (`drainshim_failopen_active`),
+//! and a drain counts those still open at its deadline as `bypassed`.
 
 use crate::support;
 
@@ -17,15 +21,61 @@ use support::*;
 use tokio::time::Instant;
 
 async fn shim(admin_port: u16, guard: SocketAddr, app: SocketAddr) -> SidecarBin {
-    sidecar_bin(&[
+    shim_with(admin_port, guard, app, &[]).await
+}
+
+async fn shim_with(
+    admin_port: u16,
+    guard: SocketAddr,
+    app: SocketAddr,
+    extra: &[&str],
+) -> SidecarBin {
+    let (admin, guard, app) = (
+        format!("http://127.0.0.1:{admin_port}"),
+        guard.to_string(),
+        app.to_string(),
+    );
+    let mut args = vec![
         "--envoy-admin",
-        &format!("http://127.0.0.1:{admin_port}"),
+        admin.as_str(),
         "--guard-listen",
-        &guard.to_string(),
+        guard.as_str(),
         "--guard-upstream",
-        &app.to_string(),
-    ])
-    .await
+        app.as_str(),
+    ];
+    args.extend_from_slice(extra);
+    sidecar_bin(&args).await
+}
+
+/// Envoy's `/clusters` as text, or "" if the admin did not answer.
+async fn clusters(admin: SocketAddr) -> String {
+    let Ok(tcp) = tokio::net::TcpStream::connect(admin).await else {
+        return String::new();
+    };
+    let authority = admin.to_string();
+    let call = drainshim::http::request(tcp, &authority, http::Method::GET, "/clusters");
+    match tokio::time::timeout(Duration::from_secs(2), call).await {
+        Ok(Ok((_, body))) => String::from_utf8_lossy(&body).into_owned(),
+        _ => String::new(),
+    }
+}
+
+/// One value of Envoy's per-host stats for `host` in the cluster `app`.
+fn host_value<'a>(text: &'a str, host: SocketAddr, stat: &str) -> Option<&'a str> {
+    let want = format!("app::{host}::{stat}::");
+    text.lines().find_map(|l| l.strip_prefix(&want))
+}
+
+/// A sample of the shim's own `/metrics`, by its exact series.
+async fn sample(shim: SocketAddr, series: &str) -> Option<f64> {
+    let (_, text) = http(shim, "GET", "/metrics").await;
+    text.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
 }
 
 #[tokio::test]
@@ -106,4 +156,174 @@ async fn requests_survive_a_sigkill_of_the_shim_and_return_to_the_guard() {
         s.failed,
         s.calls
     );
+}
+
+#[tokio::test]
+async fn streams_opened_while_the_guard_was_dead_are_shown_and_counted_bypassed() {
+    let app = backend().await;
+    let guard: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let admin_port = free_port();
+    let mut first = shim(admin_port, guard, app.addr).await;
+    let bootstrap = shipped_bootstrap(guard, app.addr, admin_port).expect("shipped bootstrap");
+    let envoy = envoy_with("1.40.0", guard, |o| {
+        o.admin_port = admin_port;
+        o.custom_bootstrap = Some(bootstrap);
+    })
+    .await;
+
+    // The guard dies (SIGKILL, reaped); streams opened now go to the app.
+    first.child.start_kill().expect("SIGKILL the shim");
+    tokio::time::timeout(WAIT, first.child.wait())
+        .await
+        .expect("the shim exits after SIGKILL")
+        .expect("reap the shim");
+    wait_for("Envoy's health check sees the guard gone", WAIT, || async {
+        host_value(&clusters(envoy.admin).await, guard, "health_flags")
+            .is_some_and(|f| f.contains("failed_active_hc"))
+    })
+    .await;
+    let bypassing = open_streams(envoy.inbound, 3, "bypassing").await;
+    let text = clusters(envoy.admin).await;
+    assert_eq!(
+        host_value(&text, app.addr, "rq_active"),
+        Some("3"),
+        "Envoy sends the streams to the app directly:\n{text}"
+    );
+
+    // The guard is back (healthy in Envoy's eyes): new streams go through it,
+    // while the three stay on the app's connection.
+    let mut args = SHORT_TIMERS.to_vec();
+    args.extend(["--pod-namespace", "shop", "--pod-name", "web-0"]);
+    let second = shim_with(admin_port, guard, app.addr, &args).await;
+    // Envoy's workers take the guard back a moment after its health check
+    // passes: unary calls until one reaches it.
+    let mut probe = support::guard::connect_client(envoy.inbound).await;
+    let deadline = Instant::now() + WAIT;
+    while host_requests(envoy.admin, guard).await.unwrap_or(0) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no call reached the restarted guard"
+        );
+        let _ = support::guard::echo(&mut probe, "probe").await;
+    }
+    let guarded = open_streams(envoy.inbound, 2, "guarded").await;
+    let text = clusters(envoy.admin).await;
+    assert_eq!(host_value(&text, guard, "rq_active"), Some("2"), "{text}");
+    assert_eq!(
+        host_value(&text, app.addr, "rq_active"),
+        Some("3"),
+        "{text}"
+    );
+
+    // The restarted shim shows what goes around it.
+    let requests = r#"drainshim_failopen_active{kind="requests"}"#;
+    let connections = r#"drainshim_failopen_active{kind="connections"}"#;
+    wait_for("the fail-open gauge shows the 3 streams", WAIT, || async {
+        sample(second.addr, requests).await == Some(3.0)
+    })
+    .await;
+    let upstream_cx = sample(second.addr, connections)
+        .await
+        .expect("the connections series");
+    assert!(upstream_cx >= 1.0, "{upstream_cx} connections to the app");
+
+    // A drain: the guard ends its two; the three it never saw are still
+    // open at the deadline, and are counted bypassed, not cut.
+    let run = prestop(second.addr).await;
+    assert_eq!(run.code, Some(0), "prestop: {}", run.stderr);
+    let report = run.report();
+    // Its progress lines name them while it runs.
+    assert!(run.stderr.contains("failopen_streams=3"), "{}", run.stderr);
+    eprintln!(
+        "fail-open drain: gauge requests=3 connections={upstream_cx}; report {}",
+        serde_json::to_string(&report).unwrap_or_default()
+    );
+    assert_eq!(report.outcome, drainshim::drain::Outcome::Deadline);
+    assert_eq!(report.streams.at_start, 5, "{report:?}");
+    assert_eq!(report.streams.bypassed, 3, "{report:?}");
+    assert_eq!(report.streams.terminated, 2, "{report:?}");
+    assert_eq!(report.streams.cut, 0, "{report:?}");
+    assert_eq!(
+        sample(
+            second.addr,
+            r#"drainshim_drained_streams_total{outcome="bypassed"}"#
+        )
+        .await,
+        Some(3.0)
+    );
+    for h in guarded {
+        let end = support::guard::within("a guarded stream's end", h)
+            .await
+            .expect("stream task");
+        assert_eq!(
+            end.status.as_ref().map(|s| s.code()),
+            Some(tonic::Code::Unavailable),
+            "{}: ended gracefully by the guard",
+            end.id
+        );
+    }
+    // The bypassed streams are untouched by the drain: still on the app.
+    let text = clusters(envoy.admin).await;
+    assert_eq!(
+        host_value(&text, app.addr, "rq_active"),
+        Some("3"),
+        "{text}"
+    );
+
+    // verify fails the wave, from the shim itself and from a real Prometheus.
+    let target = format!("http://{}", second.addr);
+    let (code, out, err) =
+        run_bin(&["verify", "--targets", &target, "--expect-version", "1.40.0"]).await;
+    assert_eq!(code, Some(1), "{out}{err}");
+    let bypassed_line = line_of(&out, BYPASSED_CHECK);
+    assert!(bypassed_line.contains("FAIL"), "{out}");
+    assert!(
+        bypassed_line.contains("3 streams around the guard"),
+        "{out}"
+    );
+    assert!(
+        line_of(&out, "no stream cut by a drain").contains("PASS"),
+        "{out}"
+    );
+    let prom = prometheus(&[second.addr]).await;
+    let client = drainshim::fleet::prometheus::PromClient::new(&prom.url(), WAIT).expect("client");
+    wait_for("Prometheus has the bypassed streams", WAIT, || async {
+        client
+            .scalar(r#"sum(drainshim_drained_streams_total{outcome="bypassed"})"#)
+            .await
+            .is_ok_and(|n| n == 3.0)
+    })
+    .await;
+    let (code, out, err) = run_bin(&[
+        "verify",
+        "--prometheus",
+        &prom.url(),
+        "--namespace",
+        "shop",
+        "--expect-version",
+        "1.40.0",
+        "--window",
+        "1m",
+    ])
+    .await;
+    assert_eq!(code, Some(1), "{out}{err}");
+    let bypassed_line = line_of(&out, BYPASSED_CHECK);
+    assert!(bypassed_line.contains("FAIL"), "{out}");
+    assert!(
+        bypassed_line.contains("3 streams around the guard"),
+        "{out}"
+    );
+    eprintln!("verify (Prometheus): {bypassed_line}");
+    prom.stop().await;
+    drop(bypassing);
+}
+
+/// verify's check for streams bypassed at a drain deadline.
+const BYPASSED_CHECK: &str = "no bypassed stream cut by a restart";
+
+/// The line of `out` for `check`, or "" when it has none.
+fn line_of<'a>(out: &'a str, check: &str) -> &'a str {
+    out.lines()
+        .find(|l| l.starts_with(check))
+        .unwrap_or_default()
 }

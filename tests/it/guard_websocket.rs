@@ -131,6 +131,20 @@ async fn max_connection_age_ends_a_websocket_with_1012_within_its_bound() {
         "drainshim_streams_terminated_total{reason=\"max_age\",protocol=\"websocket\"} 1",
     )
     .await;
+    // The guard's ending is not the app's outcome: once the request's
+    // signals are recorded (its lifetime), it is in no request series.
+    let text = wait_metric(
+        &pod.shim,
+        "drainshim_guard_stream_lifetime_seconds_count{protocol=\"websocket\"} 1",
+    )
+    .await;
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.starts_with("drainshim_guard_requests_total{")
+                && l.contains("protocol=\"websocket\"")),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

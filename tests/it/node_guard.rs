@@ -151,3 +151,55 @@ async fn requests_survive_a_sigkill_of_the_agent() {
     // The sidecar fail-open test's tolerance (tests/failopen.rs).
     assert!(s.failed <= 1, "{} of {} calls failed", s.failed, s.calls);
 }
+
+/// A pod whose guard is missing (no `DRAINSHIM_GUARD`, no node default):
+/// its Envoy fails open to the app. The agent shows, for that pod, what goes
+/// around the guard, and the pod's drain counts it bypassed, not cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_around_a_missing_guard_are_shown_per_pod_and_counted_bypassed() {
+    let lab = Lab::new("fo");
+    let pod = guarded_pod(&lab, "web-f", "1.40.0", None).await;
+    let listen = std::net::SocketAddr::from(([127, 0, 0, 1], support::free_port()));
+    let mut agent = agent_bin(&lab, listen, &[]).await;
+    let streams = open_streams(pod.inbound(), 3, "f", Duration::from_secs(60))
+        .await
+        .expect("web-f streams");
+    assert_eq!(pod_host_requests(&pod, GUARD_LISTEN).await, Some(0));
+
+    let series = r#"drainshim_failopen_active{namespace="shop",pod="web-f",kind="requests"} 3"#;
+    let deadline = Instant::now() + NODE_WAIT;
+    let mut text = agent_metrics(listen).await;
+    while !text.contains(series) {
+        assert!(Instant::now() < deadline, "no {series} in\n{text}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        text = agent_metrics(listen).await;
+    }
+
+    let (code, body) = http_in(None, pod.prestop(), "GET", "/drain?wait=true")
+        .await
+        .expect("preStop reaches web-f's listener");
+    assert_eq!(code, 200, "{body}");
+    let report: Report = serde_json::from_str(&body).expect("a drain report");
+    eprintln!("node fail-open drain: {body}");
+    assert_eq!(report.outcome, Outcome::Deadline, "{body}");
+    assert_eq!(
+        (report.streams.bypassed, report.streams.cut),
+        (3, 0),
+        "{body}"
+    );
+    let text = agent_metrics(listen).await;
+    assert!(
+        text.contains(
+            r#"drainshim_drained_streams_total{namespace="shop",pod="web-f",outcome="bypassed"} 3"#
+        ),
+        "{text}"
+    );
+    for h in streams {
+        h.abort();
+    }
+    agent.child.start_kill().expect("stop the agent");
+    tokio::time::timeout(NODE_WAIT, agent.child.wait())
+        .await
+        .expect("the agent exits")
+        .expect("reap the agent");
+}
