@@ -191,31 +191,31 @@ fn run(argv: Vec<OsString>) {
                 let _ = s.effective().to_string();
             }
         }
-        Command::Inventory(a) => source(&a.source),
+        Command::Inventory(a) => source(&a.source, &a.access),
         Command::Skew(a) => {
-            source(&a.source);
+            source(&a.source, &a.access);
             let _ = drainshim::inventory::skew_violation("1.40.0", a.control_plane, a.max_skew);
         }
         Command::Verify(a) => {
-            if let Some(p) = &a.prometheus {
-                let _ = drainshim::fleet::prometheus::PromClient::new(p, Duration::from_secs(1));
-            }
+            // Validates the reach flags too (TLS, credentials, headers).
+            let _ = a.source();
         }
         _ => {}
     }
 }
 
-fn source(s: &drainshim::cli::SourceArgs) {
-    match s.source() {
-        drainshim::fleet::Source::Admins(urls) => {
+fn source(s: &drainshim::cli::SourceArgs, access: &drainshim::cli::PromAccessArgs) {
+    match s.source(access) {
+        Ok(drainshim::fleet::Source::Admins(urls)) => {
             for u in urls {
                 let _ = drainshim::envoy::AdminClient::new(&u, Duration::from_secs(1));
             }
         }
-        drainshim::fleet::Source::Prometheus(p) => {
-            let _ = drainshim::fleet::prometheus::PromClient::new(&p, Duration::from_secs(1));
+        Ok(drainshim::fleet::Source::Prometheus(reach)) => {
+            let url = reach.url().to_string();
+            let _ = drainshim::fleet::prometheus::PromClient::new(&url, Duration::from_secs(1));
         }
-        drainshim::fleet::Source::Targets(_) => {}
+        Ok(drainshim::fleet::Source::Targets(_)) | Err(_) => {}
     }
 }
 
