@@ -2050,7 +2050,7 @@ def forged_label_run(prometheus: Path, pm: dict, pod: ScrapePod) -> list[str]:
 # binary's `drainshim node --help`. Only a short list of known contradictions,
 # each tied to one fact; a paragraph is judged only where it is about the node
 # agent, so the same words elsewhere (a sidecar, `drainshim drain`) pass.
-DOC_FILES = ["README.md", "deploy/README.md", "docs/operations.md", "docs/design.md",
+DOC_FILES = ["README.md", "docs/reference.md", "deploy/README.md", "docs/operations.md", "docs/design.md",
              "deploy/daemonset/workload-prestop/workload-prestop-patch.yaml",
              "deploy/daemonset/workload-prestop/kustomization.yaml"]
 NODE_TOPIC = re.compile(r"node mode|node agent|daemonset|\bagents?\b", re.I)
