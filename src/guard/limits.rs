@@ -15,7 +15,7 @@ use super::flood::{FloodLimits, DEFAULT_FLOOD_LIMITS};
 /// in tests/guard_abuse.rs.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 /// Default for [`Limits::max_streams`]. An idle stream costs the guard about
-/// 6 KiB (docs/reference.md, guard cost); a stream whose client opened its windows and
+/// 6 KiB (docs/benchmarks.md); a stream whose client opened its windows and
 /// never reads holds up to one send buffer (16 KiB) more. Measured
 /// (tests/guard_abuse.rs): 10,000 such streams took the shim to 111-128 MiB,
 /// its whole 128 MiB container limit; 5,000 keep it well below.
