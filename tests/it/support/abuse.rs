@@ -515,15 +515,21 @@ pub fn print_table(baseline: Mem, rows: &[Row]) {
 // ===== The memory limit the manifests give the shim =====
 
 /// The smallest memory limit of the drainshim sidecar container in the
-/// shipped overlays (`deploy/*/pod.yaml`), in bytes: what the shim's peak
-/// RSS under attack must stay below, or the kubelet OOM-kills it.
+/// shipped manifests (the overlays' pod patches and the sidecar
+/// Components'), in bytes: what the shim's peak RSS under attack must stay
+/// below, or the kubelet OOM-kills it.
 pub fn manifest_memory_limit() -> u64 {
-    let overlays = ["sidecar", "native-sidecar", "istio"];
+    let patches = [
+        "native-sidecar/pod.yaml",
+        "istio/pod.yaml",
+        "components/sidecar/pod-patch.yaml",
+        "components/sidecar-istio/pod-patch.yaml",
+    ];
     let re = regex::Regex::new(r"limits:\s*\{\s*memory:\s*(\d+)Mi\s*\}").expect("regex");
-    overlays
+    patches
         .iter()
         .map(|o| {
-            let path = format!("{}/deploy/{o}/pod.yaml", env!("CARGO_MANIFEST_DIR"));
+            let path = format!("{}/deploy/{o}", env!("CARGO_MANIFEST_DIR"));
             let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
             let mut lines = text.lines().skip_while(|l| l.trim() != "- name: drainshim");
             assert!(
