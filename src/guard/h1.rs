@@ -86,8 +86,15 @@ pub struct H1Body {
     /// Server-Sent Events: event boundaries, so an ending lands between two
     /// events and the body ends cleanly (EventSource reconnects on its own).
     sse: Option<Boundaries>,
-    /// Asked to end while an event was half-sent: end at the next boundary.
+    /// Asked to end: the stream ends at the next event boundary after a
+    /// write of the app's, or once `settle` passes with nothing written.
     sse_ending: Option<Reason>,
+    /// An event stream asked to end between two events waits this long
+    /// for the app's next event, so the end lands right after a write (the
+    /// app's next one then furthest away) and never while one is on its way.
+    settle: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// An event just completed after the end was asked: end now.
+    end_now: Option<Reason>,
     /// The request's signals, recorded when the body is dropped (done,
     /// aborted, or the client gone).
     sig: Option<signals::Request>,
@@ -103,6 +110,8 @@ impl H1Body {
             guard: None,
             sse: None,
             sse_ending: None,
+            settle: None,
+            end_now: None,
             sig: None,
         }
     }
@@ -123,6 +132,8 @@ impl H1Body {
             guard: Some(inner),
             sse: sse.then(|| Boundaries::new(Kind::Sse)),
             sse_ending: None,
+            settle: None,
+            end_now: None,
             sig,
         }
     }
@@ -156,15 +167,24 @@ impl Body for H1Body {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
+        if let Some(reason) = this.end_now.take() {
+            return this.end_events(reason);
+        }
         if let Some(end) = this.end.as_mut() {
             if let Poll::Ready(reason) = end.as_mut().poll(cx) {
                 this.end = None;
                 if let Some(sse) = &this.sse {
-                    if sse.at_boundary() {
-                        return this.end_events(reason);
-                    }
-                    // Mid-event: finish it (bounded), then end.
+                    // Between two events: the end waits for the app's next
+                    // event, or the settle time. Mid-event: it finishes the
+                    // event (bounded), then ends.
                     this.sse_ending = Some(reason);
+                    if sse.at_boundary() {
+                        let settle = this
+                            .guard
+                            .as_ref()
+                            .map_or(std::time::Duration::ZERO, |g| g.config.limits.end_settle);
+                        this.settle = Some(Box::pin(tokio::time::sleep(settle)));
+                    }
                 }
                 // A long-lived response is ended at once (its slot in the
                 // spread, or age + grace, was its time); short work gets
@@ -180,6 +200,15 @@ impl Body for H1Body {
                     _ => std::time::Duration::ZERO,
                 };
                 this.abort_at = Some((Box::pin(tokio::time::sleep(after)), reason));
+            }
+        }
+        if let Some(settle) = this.settle.as_mut() {
+            if settle.as_mut().poll(cx).is_ready() {
+                this.settle = None;
+                let quiet = this.sse.as_ref().is_some_and(|s| s.at_boundary());
+                if let Some(reason) = this.sse_ending.filter(|_| quiet) {
+                    return this.end_events(reason);
+                }
             }
         }
         if let Some((sleep, reason)) = this.abort_at.as_mut() {
@@ -216,10 +245,10 @@ impl Body for H1Body {
                 sse.consume(data);
             }
             if let Some(reason) = this.sse_ending.filter(|_| sse.at_boundary()) {
-                // This frame completes the event: send it, then end.
+                // This frame completes an event: send it, then end.
                 this.sse_ending = None;
-                this.end = Some(Box::pin(async move { reason }));
-                this.sse = Some(Boundaries::new(Kind::Sse));
+                this.settle = None;
+                this.end_now = Some(reason);
             }
         }
         Poll::Ready(frame.map(|r| r.map_err(|e| e.into())))
