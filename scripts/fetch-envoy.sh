@@ -6,7 +6,7 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${DRAINSHIM_CACHE:-$root/.cache}
-versions=${ENVOY_VERSIONS:-1.40.0 1.39.3 1.38.3}
+versions=${ENVOY_VERSIONS:-1.40.0 1.39.3 1.38.3 1.37.0 1.36.4}
 
 for v in $versions; do
   dest=$cache/envoy/$v

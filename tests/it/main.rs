@@ -11,6 +11,7 @@ mod binary;
 mod contract;
 mod control_endpoints;
 mod drain_envoy;
+mod envoy_versions;
 mod failopen;
 mod faults_clock;
 mod faults_envoy;

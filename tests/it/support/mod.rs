@@ -34,6 +34,10 @@ use tokio_util::sync::CancellationToken;
 /// Upper bound for any single wait in a test; a loaded 2-core CI stays well inside.
 pub const WAIT: Duration = Duration::from_secs(30);
 
+/// Every Envoy release `make envoy` fetches (scripts/fetch-envoy.sh's
+/// default list, newest first); `envoy_versions` runs the core drain on each.
+pub const ENVOY_RELEASES: [&str; 5] = ["1.40.0", "1.39.3", "1.38.3", "1.37.0", "1.36.4"];
+
 /// The cached Envoy binary of `version`, or a failing test with the fix.
 pub fn envoy_binary(version: &str) -> PathBuf {
     envoy::cached(version).unwrap_or_else(|| {
