@@ -1,8 +1,8 @@
 //! The version matrix: the core drain semantics on every Envoy release
 //! `make envoy` fetches ([`ENVOY_RELEASES`]). The other tests name one
-//! release each (mostly 1.40.0); these two loop over all of them, one
-//! release after the other, so a release that reads the bootstrap, the
-//! admin API or the drain differently fails here with its version named.
+//! release each (mostly 1.40.0); these two run on all of them, side by
+//! side, so a release that reads the bootstrap, the admin API or the drain
+//! differently fails here with its version named.
 //!
 //! - Envoy alone: `/healthcheck/fail` and a graceful inbound-only
 //!   `/drain_listeners` through the admin API; Envoy stops the inbound
@@ -18,6 +18,7 @@
 
 use crate::support;
 
+use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
@@ -164,18 +165,33 @@ async fn the_guard_ends_long_streams(version: &str) {
     pod.envoy.kill().await;
 }
 
-#[tokio::test]
-async fn envoy_alone_keeps_long_streams_on_every_release() {
+/// Runs `check` on every release side by side: each waits on drain timers,
+/// not on the CPU, so five take about as long as one. A failure names its
+/// release (every assertion above does).
+async fn on_every_release<F, Fut>(check: F)
+where
+    F: Fn(&'static str) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let mut runs = tokio::task::JoinSet::new();
     for version in ENVOY_RELEASES {
-        envoy_alone_keeps_long_streams(version).await;
+        runs.spawn(check(version));
+    }
+    while let Some(done) = runs.join_next().await {
+        if let Err(e) = done {
+            std::panic::resume_unwind(e.into_panic());
+        }
     }
 }
 
 #[tokio::test]
+async fn envoy_alone_keeps_long_streams_on_every_release() {
+    on_every_release(envoy_alone_keeps_long_streams).await;
+}
+
+#[tokio::test]
 async fn the_guard_ends_long_streams_on_every_release() {
-    for version in ENVOY_RELEASES {
-        the_guard_ends_long_streams(version).await;
-    }
+    on_every_release(the_guard_ends_long_streams).await;
 }
 
 /// `scripts/fetch-envoy.sh` fetches exactly the releases tested here, and
