@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: demo test conformance bench bench-reconnect bench-node envoy prometheus h2load pytools lint tools deploy-check deploy-tools deploy-rules fuzz-ci
+.PHONY: demo test conformance shipped bench bench-reconnect bench-node envoy prometheus h2load pytools lint tools deploy-check deploy-tools deploy-rules fuzz-ci
 
 demo: envoy
 	$(CARGO) run --release --locked --quiet -- demo
@@ -26,9 +26,16 @@ conformance: pytools
 	$(CARGO) build --locked
 	DRAINSHIM_BIN=$(CURDIR)/target/debug/drainshim .cache/py-venv/bin/python -m pytest -q -p no:cacheprovider tests/py/h2_conformance.py
 
+# The production binary, as the image ships it (release, --no-default-features,
+# static glibc, the system allocator): target/shipped/drainshim.
+shipped:
+	CARGO="$(CARGO)" scripts/build-shipped.sh
+
 # Benchmarks report ratios against a baseline measured in the same run; they
-# assert nothing about speed. Release build.
-bench: tools
+# assert nothing about speed. Release build. The guard and the shim they
+# measure are the production binary (shipped); the backends and the relay are
+# the bench build's.
+bench: tools shipped
 	$(CARGO) bench --locked --bench footprint
 	$(CARGO) bench --locked --bench guard
 	$(CARGO) bench --locked --bench failopen

@@ -1,6 +1,10 @@
 //! The shim's idle footprint next to the Envoy it serves: RSS and CPU over
-//! a quiet period, then with a Prometheus-like scrape every second.
+//! a quiet period, then with a Prometheus-like scrape every second. The shim
+//! is the production binary the image ships (`target/shipped/drainshim`,
+//! scripts/build-shipped.sh); the backend runs in this process.
 //! Run with `cargo bench --bench footprint` (release build); `make bench` does.
+
+mod common;
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -67,7 +71,8 @@ async fn main() {
     let envoy = EnvoyProcess::start(&EnvoyOptions::new(binary, backend))
         .await
         .expect("envoy");
-    let mut shim = tokio::process::Command::new(env!("CARGO_BIN_EXE_drainshim"))
+    let measured = common::announce_measured();
+    let mut shim = tokio::process::Command::new(measured)
         .args([
             "sidecar",
             "--listen",

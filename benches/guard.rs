@@ -23,7 +23,9 @@
 //!    stack path).
 //!
 //! Every process is real: the tonic bench backend (`drainshim bench server`),
-//! the guard (`drainshim sidecar --guard-listen`), Envoy 1.40, and h2load.
+//! the guard (`drainshim sidecar --guard-listen`, run as the production
+//! binary the image ships, `target/shipped/drainshim`: see
+//! scripts/build-shipped.sh), Envoy 1.40, and h2load.
 //! It asserts nothing about speed: it prints ratios against the baselines.
 //! Run with `cargo bench --bench guard`; `make bench` does.
 
@@ -422,6 +424,7 @@ fn print_metrics_cost(pairs: &[(Load, Load)]) {
 #[tokio::main]
 async fn main() {
     let binary = envoy::default_binary().expect("Envoy: run `make envoy`");
+    announce_measured();
     let dir = tempfile::tempdir().expect("tempdir");
     let (_backend, backend_addr) = bench_process("server").await;
     // "guard" is the frame relay (named, since the default is the stack path

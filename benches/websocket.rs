@@ -8,7 +8,8 @@
 //! 2. RSS with `OPEN` open (idle) WebSockets: the guard against Envoy.
 //!
 //! Every process is real: the bench app (`drainshim bench app`), the guard
-//! (`drainshim sidecar --guard-listen`), Envoy, and tokio-tungstenite
+//! (`drainshim sidecar --guard-listen`, the production binary the image
+//! ships: scripts/build-shipped.sh), Envoy, and tokio-tungstenite
 //! clients. `OPEN` is 9,000, not 10,000: each proxied WebSocket holds two
 //! descriptors in the proxy (client and app side), and this machine's hard
 //! limit is 20,000 per process. Run with `cargo bench --bench websocket`;
@@ -125,6 +126,7 @@ async fn release(held: Vec<Ws>) {
 #[tokio::main]
 async fn main() {
     let binary = envoy::default_binary().expect("Envoy: run `make envoy`");
+    announce_measured();
     let (_app, app_addr) = bench_process("app").await;
     let (guard_proc, guard_addr) = guard(app_addr).await;
     let mut eo = EnvoyOptions::new(binary, app_addr);

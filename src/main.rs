@@ -15,6 +15,13 @@ use drainshim::settings::{DrainOnceSettings, NodeSettings, SidecarSettings};
 use drainshim::signals::sigterms;
 use drainshim::{fleet, install, node, oneshot, prestop, sidecar};
 
+/// With the `mimalloc` feature, mimalloc serves every allocation instead of
+/// the system's malloc; it exists to measure the two against each other
+/// (docs/design.md "The shipped build"), and the shipped build leaves it off.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,

@@ -1,19 +1,78 @@
 //! What the benchmarks share: the real `drainshim` binary started as the
-//! bench backend or app and as a guard-only sidecar, free ports, and RSS.
-//! Each bench includes it with `mod common;` and uses what it needs.
+//! bench backend or app, the production binary as a guard-only sidecar,
+//! free ports, and RSS. Each bench includes it with `mod common;` and uses
+//! what it needs.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-/// The release binary built for this bench run.
+/// The release binary built for this bench run, with the `bench` feature:
+/// the helpers (`bench server`, `bench app`, `bench relay`), never the
+/// process being measured.
 pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_drainshim"))
+}
+
+/// Where scripts/build-shipped.sh puts the production binary.
+const SHIPPED: &str = "target/shipped/drainshim";
+
+/// The production binary, the one the image ships (scripts/build-shipped.sh:
+/// release, `--no-default-features`, static, the shipped allocator; `make
+/// bench` builds it first): the guard and the shim are measured as it.
+/// `DRAINSHIM_SHIPPED_BIN` names another build of it, e.g.
+/// `target/shipped-mimalloc/drainshim` to compare allocators.
+pub fn shipped() -> PathBuf {
+    let path = std::env::var_os("DRAINSHIM_SHIPPED_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(SHIPPED));
+    assert!(
+        path.is_file(),
+        "{}: no production binary; build it with scripts/build-shipped.sh (make bench does)",
+        path.display()
+    );
+    path
+}
+
+/// `--version` of `binary`, one line.
+pub fn version(binary: &Path) -> String {
+    let out = std::process::Command::new(binary)
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|e| panic!("{} --version: {e}", binary.display()));
+    assert!(
+        out.status.success(),
+        "{} --version failed",
+        binary.display()
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Says which binary a bench measures (path and `--version`), and warns when
+/// it was built from another commit than the bench itself: a production
+/// binary left over from an earlier build.
+pub fn announce_measured() -> PathBuf {
+    let measured = shipped();
+    let (theirs, ours) = (version(&measured), version(&bin()));
+    println!("measured binary: {} ({theirs})", measured.display());
+    let commit = |v: &str| {
+        v.split("commit ")
+            .nth(1)?
+            .split(',')
+            .next()
+            .map(str::to_string)
+    };
+    if commit(&theirs) != commit(&ours) {
+        println!(
+            "warning: the measured binary is not of this bench's commit ({ours}); rebuild it with scripts/build-shipped.sh"
+        );
+    }
+    measured
 }
 
 /// A free loopback address (bound and released).
@@ -59,7 +118,7 @@ pub async fn bench_process_with(what: &str, extra: &[&str]) -> (Child, SocketAdd
     (child, addr)
 }
 
-/// The guard alone: a sidecar whose Envoy admin is absent (only the guard
+/// The guard alone, as the production binary ([`shipped`]): a sidecar whose Envoy admin is absent (only the guard
 /// is measured), on an ephemeral port learned from its ready line. Its
 /// process caps are raised above what the benchmarks hold (10,000 streams,
 /// 9,000 WebSockets): they measure cost, and the default caps (512
@@ -70,7 +129,7 @@ pub async fn guard(upstream: SocketAddr) -> (Child, SocketAddr) {
 
 /// [`guard`] with more sidecar flags (e.g. `--guard-request-metrics false`).
 pub async fn guard_with(upstream: SocketAddr, extra: &[&str]) -> (Child, SocketAddr) {
-    let mut child = Command::new(bin())
+    let mut child = Command::new(shipped())
         .args(["sidecar", "--listen", "127.0.0.1:0"])
         .args(["--envoy-admin", "http://127.0.0.1:9"])
         .args(["--guard-listen", "127.0.0.1:0"])
