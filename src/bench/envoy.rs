@@ -24,7 +24,7 @@ use envoy_types::pb::envoy::admin::v3::server_info::State;
 use crate::envoy::AdminClient;
 
 /// The Envoy releases the project tests against; the first is the default.
-pub const ENVOY_VERSIONS: [&str; 3] = ["1.40.0", "1.39.3", "1.38.3"];
+pub const ENVOY_VERSIONS: [&str; 5] = ["1.40.0", "1.39.3", "1.38.3", "1.37.0", "1.36.4"];
 /// Envoy starts in well under a second here; allow for a loaded CI machine.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
