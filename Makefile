@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: demo test conformance shipped bench bench-reconnect bench-node envoy prometheus h2load pytools lint tools deploy-check deploy-tools deploy-rules fuzz-ci
+.PHONY: demo test conformance shipped bench bench-allocator bench-reconnect bench-node envoy prometheus h2load pytools lint tools deploy-check deploy-tools deploy-rules fuzz-ci
 
 demo: envoy
 	$(CARGO) run --release --locked --quiet -- demo
@@ -42,6 +42,14 @@ bench: tools shipped
 	$(CARGO) bench --locked --bench websocket
 	$(MAKE) bench-reconnect
 	$(MAKE) bench-node
+
+# The production binary's allocator, by measurement: the shipped build with
+# the system allocator and with mimalloc as guards side by side, beside direct
+# and an Envoy hop, in one run (benches/allocator.rs). Not part of make bench.
+bench-allocator: envoy h2load
+	CARGO="$(CARGO)" scripts/build-shipped.sh
+	CARGO="$(CARGO)" scripts/build-shipped.sh --allocator mimalloc
+	$(CARGO) bench --locked --bench allocator
 
 # The restarted pod's 500 gRPC streams through real Envoy, on each HTTP/2
 # path of the guard in the same run: graceful, cut, lost, reconnect success.

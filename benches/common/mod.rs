@@ -4,6 +4,8 @@
 //! what it needs.
 #![allow(dead_code)]
 
+pub mod load;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -129,7 +131,16 @@ pub async fn guard(upstream: SocketAddr) -> (Child, SocketAddr) {
 
 /// [`guard`] with more sidecar flags (e.g. `--guard-request-metrics false`).
 pub async fn guard_with(upstream: SocketAddr, extra: &[&str]) -> (Child, SocketAddr) {
-    let mut child = Command::new(shipped())
+    guard_from(&shipped(), upstream, extra).await
+}
+
+/// [`guard_with`] run as `binary` (another build of the production binary).
+pub async fn guard_from(
+    binary: &Path,
+    upstream: SocketAddr,
+    extra: &[&str],
+) -> (Child, SocketAddr) {
+    let mut child = Command::new(binary)
         .args(["sidecar", "--listen", "127.0.0.1:0"])
         .args(["--envoy-admin", "http://127.0.0.1:9"])
         .args(["--guard-listen", "127.0.0.1:0"])
