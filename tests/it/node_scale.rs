@@ -1,6 +1,6 @@
 //! The node-scale benchmark runs end to end (few pods, so CI stays quick):
 //! every pod is inventoried and the figures are reported. No speed is
-//! asserted; the figures for 100 pods are in docs/reference.md.
+//! asserted; the figures for 100 pods are in docs/benchmarks.md.
 
 use crate::support;
 
