@@ -54,10 +54,15 @@ impl Peer {
     }
 }
 
+/// The only callers a drain may come from: 127.0.0.1 and ::1 (and
+/// 127.0.0.1 mapped into IPv6), not the rest of 127/8 (Istio's inbound
+/// passthrough connects from 127.0.0.6).
 fn loopback(ip: IpAddr) -> bool {
     match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(v6.is_loopback(), |v4| v4.is_loopback()),
-        IpAddr::V4(v4) => v4.is_loopback(),
+        IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map_or(v6 == Ipv6Addr::LOCALHOST, |v4| v4 == Ipv4Addr::LOCALHOST),
+        IpAddr::V4(v4) => v4 == Ipv4Addr::LOCALHOST,
     }
 }
 
@@ -88,7 +93,10 @@ fuzz_target!(|input: Input| {
     match route(&method, path, query, peer) {
         ApiRoute::Metrics | ApiRoute::Healthz | ApiRoute::Readyz | ApiRoute::Status => {
             assert!(get, "{method} {path} routed to a read-only endpoint");
-            assert!(matches!(path, "/metrics" | "/healthz" | "/readyz" | "/status"));
+            assert!(matches!(
+                path,
+                "/metrics" | "/healthz" | "/readyz" | "/status"
+            ));
         }
         ApiRoute::Pod {
             namespace,
@@ -98,7 +106,10 @@ fuzz_target!(|input: Input| {
             assert!(!namespace.contains('/') && !pod.contains('/'));
             let base = format!("/pods/{namespace}/{pod}");
             let drain_path = path == format!("{base}/drain");
-            assert!(path == base || drain_path, "{path} is not /pods/{namespace}/{pod}[/drain]");
+            assert!(
+                path == base || drain_path,
+                "{path} is not /pods/{namespace}/{pod}[/drain]"
+            );
             match then {
                 PodThen::Show => assert!(get && path == base),
                 PodThen::Drain { wait } => {
