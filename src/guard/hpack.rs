@@ -7,8 +7,6 @@
 
 use std::collections::VecDeque;
 
-use super::wire::{Field, Fields};
-
 /// Why a header block could not be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlockError {
@@ -435,9 +433,77 @@ const STATIC: [(&[u8], &[u8]); STATIC_LEN] = [
     (b"www-authenticate", b""),
 ];
 
+/// The fields of a header block the guard reads; the rest is only counted.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Fields {
+    pub status: Option<u16>,
+    pub method: Option<String>,
+    pub protocol: Option<String>,
+    pub path: Option<String>,
+    pub content_type: Option<String>,
+    pub grpc_status: Option<Vec<u8>>,
+    /// The block changed the dynamic table (an entry added, or a size
+    /// update).
+    pub indexed: bool,
+    /// RFC 9113 §6.5.2's size: names, values and 32 bytes per field.
+    pub list_size: usize,
+}
+
+/// One decoded header field, kept whole for a block the guard re-encodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Field {
+    pub name: Vec<u8>,
+    pub value: Vec<u8>,
+    /// Sent as "never indexed" (RFC 7541 §6.2.3, a secret such as a token):
+    /// an intermediary re-encodes it so too.
+    pub never_indexed: bool,
+}
+
+/// Appends an HPACK integer with an `n`-bit prefix and the
+/// representation's bits `mask` (RFC 7541 §5.1).
+pub fn put_integer(out: &mut Vec<u8>, mask: u8, n: u8, mut v: u64) {
+    let max = (1u64 << n) - 1;
+    if v < max {
+        out.push(mask | v as u8);
+        return;
+    }
+    out.push(mask | max as u8);
+    v -= max;
+    while v >= 128 {
+        out.push((v % 128) as u8 | 0x80);
+        v /= 128;
+    }
+    out.push(v as u8);
+}
+
+/// Appends a dynamic table size update to `size` (RFC 7541 §6.3).
+pub fn put_size_update(out: &mut Vec<u8>, size: u32) {
+    put_integer(out, 0x20, 5, u64::from(size));
+}
+
+/// Appends one field as a literal with a literal name, not Huffman coded:
+/// without indexing, or never indexed (RFC 7541 §6.2.2, §6.2.3). Neither
+/// touches a dynamic table, so the blocks the guard relays stay valid.
+pub fn put_literal(out: &mut Vec<u8>, name: &[u8], value: &[u8], never_indexed: bool) {
+    out.push(if never_indexed { 0x10 } else { 0x00 });
+    for s in [name, value] {
+        put_integer(out, 0x00, 7, s.len() as u64);
+        out.extend_from_slice(s);
+    }
+}
+
+/// A header block of `fields`, every one a literal without indexing and
+/// without Huffman coding: it changes no dynamic table.
+pub fn literal_block(fields: &[(&str, &str)]) -> Vec<u8> {
+    let mut block = Vec::new();
+    for (name, value) in fields {
+        put_literal(&mut block, name.as_bytes(), value.as_bytes(), false);
+    }
+    block
+}
+
 #[cfg(test)]
 mod tests {
-    use super::super::wire::{literal_block, put_integer, put_literal, put_size_update};
     use super::*;
 
     #[test]
@@ -683,6 +749,5 @@ mod tests {
         big.extend([b'x'; 40]);
         decode(&mut dec, &mut big, 1 << 16, None).unwrap();
         assert!(decode(&mut dec, &mut vec![0x80 | 62], 1 << 16, None).is_err());
-        let _ = literal_block(&[]);
     }
 }

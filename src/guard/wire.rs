@@ -8,7 +8,9 @@
 
 use bytes::{BufMut, BytesMut};
 
-pub use super::hpack::{decode, BlockError, Hpack};
+pub use super::hpack::{
+    decode, literal_block, put_literal, put_size_update, BlockError, Field, Fields, Hpack,
+};
 
 /// Every frame starts with a 9-byte header.
 pub const FRAME_HEADER: usize = 9;
@@ -128,16 +130,6 @@ pub fn window_update(out: &mut BytesMut, id: u32, increment: u32) {
     }
 }
 
-/// A header block of `fields`, every one a literal without indexing and
-/// without Huffman coding: it changes no dynamic table.
-pub fn literal_block(fields: &[(&str, &str)]) -> Vec<u8> {
-    let mut block = Vec::new();
-    for (name, value) in fields {
-        put_literal(&mut block, name.as_bytes(), value.as_bytes(), false);
-    }
-    block
-}
-
 /// Calls `f` with each setting of a SETTINGS payload; `f` returns the value
 /// to put in its place.
 pub fn rewrite_settings(payload: &mut [u8], mut f: impl FnMut(u16, u32) -> u32) {
@@ -145,65 +137,6 @@ pub fn rewrite_settings(payload: &mut [u8], mut f: impl FnMut(u16, u32) -> u32) 
         let id = u16::from_be_bytes([s[0], s[1]]);
         let v = u32::from_be_bytes([s[2], s[3], s[4], s[5]]);
         s[2..].copy_from_slice(&f(id, v).to_be_bytes());
-    }
-}
-
-/// The fields of a header block the guard reads; the rest is only counted.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Fields {
-    pub status: Option<u16>,
-    pub method: Option<String>,
-    pub protocol: Option<String>,
-    pub path: Option<String>,
-    pub content_type: Option<String>,
-    pub grpc_status: Option<Vec<u8>>,
-    /// The block changed the dynamic table (an entry added, or a size
-    /// update).
-    pub indexed: bool,
-    /// RFC 9113 §6.5.2's size: names, values and 32 bytes per field.
-    pub list_size: usize,
-}
-
-/// One decoded header field, kept whole for a block the guard re-encodes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Field {
-    pub name: Vec<u8>,
-    pub value: Vec<u8>,
-    /// Sent as "never indexed" (RFC 7541 §6.2.3, a secret such as a token):
-    /// an intermediary re-encodes it so too.
-    pub never_indexed: bool,
-}
-
-/// Appends an HPACK integer with an `n`-bit prefix and the
-/// representation's bits `mask` (RFC 7541 §5.1).
-pub fn put_integer(out: &mut Vec<u8>, mask: u8, n: u8, mut v: u64) {
-    let max = (1u64 << n) - 1;
-    if v < max {
-        out.push(mask | v as u8);
-        return;
-    }
-    out.push(mask | max as u8);
-    v -= max;
-    while v >= 128 {
-        out.push((v % 128) as u8 | 0x80);
-        v /= 128;
-    }
-    out.push(v as u8);
-}
-
-/// Appends a dynamic table size update to `size` (RFC 7541 §6.3).
-pub fn put_size_update(out: &mut Vec<u8>, size: u32) {
-    put_integer(out, 0x20, 5, u64::from(size));
-}
-
-/// Appends one field as a literal with a literal name, not Huffman coded:
-/// without indexing, or never indexed (RFC 7541 §6.2.2, §6.2.3). Neither
-/// touches a dynamic table, so the blocks the guard relays stay valid.
-pub fn put_literal(out: &mut Vec<u8>, name: &[u8], value: &[u8], never_indexed: bool) {
-    out.push(if never_indexed { 0x10 } else { 0x00 });
-    for s in [name, value] {
-        put_integer(out, 0x00, 7, s.len() as u64);
-        out.extend_from_slice(s);
     }
 }
 
