@@ -111,6 +111,16 @@ async fn run(command: Command) -> Result<ExitCode, Error> {
             emit(a.format, &checks, || fleet::verify::render(&checks));
             return Ok(verdict(fleet::verify::passed(&checks)));
         }
+        Command::Plan(a) => {
+            let (reach, opts) = a.options()?;
+            let plan = fleet::plan::plan(&reach, &opts, a.estimate).await?;
+            if a.next_only {
+                emit(a.format, &plan.next, || fleet::plan::render(&plan, true));
+            } else {
+                emit(a.format, &plan, || fleet::plan::render(&plan, false));
+            }
+            return Ok(ExitCode::from(plan.verdict.exit_code()));
+        }
         Command::Install(a) => {
             let (dir, deprecated) = a.dir()?;
             if let Some(warning) = deprecated {

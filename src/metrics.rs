@@ -453,6 +453,12 @@ pub mod help {
         "guard_stream_lifetime_seconds",
         "How long streams through the stream guard lived, request to end, by protocol",
     );
+    /// Contract extension (guard): what `plan` reads for the connection
+    /// lifetime step.
+    pub const GUARD_MAX_CONNECTION_AGE: (&str, &str) = (
+        "guard_max_connection_age_seconds",
+        "The stream guard's maximum connection age (--max-connection-age), whole seconds; 0 when connections may live forever",
+    );
     pub const TCP_RESETS: (&str, &str) = (
         "tcp_resets",
         "TCP resets and aborts counted by the kernel in the pod's network namespace",
@@ -478,6 +484,10 @@ pub struct Metrics {
     pub envoy_active_streams: Gauge,
     /// `drainshim_failopen_active{kind}`: what bypasses the guard, as last polled.
     pub failopen_active: Family<FailopenLabels, Gauge>,
+    /// `drainshim_guard_max_connection_age_seconds`: the guard's configured
+    /// max age; `plan` reads how long a tier has had one. A family with no
+    /// labels (the empty set), so a shim without a guard exports no sample.
+    pub guard_max_connection_age: Family<Vec<(String, String)>, Gauge>,
     /// `drainshim_proxy_info`: 1 for this proxy; the version inventory reads its labels.
     pub proxy_info: Family<ProxyLabels, Gauge>,
     /// `drainshim_goaways_total{reason}`: GOAWAY sequences the guard sent.
@@ -551,6 +561,7 @@ impl Metrics {
             envoy_active_connections: Gauge::default(),
             envoy_active_streams: Gauge::default(),
             failopen_active: Family::default(),
+            guard_max_connection_age: Family::default(),
             proxy_info: Family::default(),
             goaways: Family::default(),
             streams_terminated: Family::default(),
@@ -649,6 +660,11 @@ impl Metrics {
             m.guard_stream_lifetime.clone(),
         );
         r.register(help::TCP_RESETS.0, help::TCP_RESETS.1, m.tcp_resets.clone());
+        r.register(
+            help::GUARD_MAX_CONNECTION_AGE.0,
+            help::GUARD_MAX_CONNECTION_AGE.1,
+            m.guard_max_connection_age.clone(),
+        );
         r.register(
             help::GUARD_LIMITED.0,
             help::GUARD_LIMITED.1,

@@ -8,8 +8,10 @@ use ipnet::IpNet;
 
 #[cfg(feature = "bench")]
 mod bench;
+mod plan;
 #[cfg(feature = "bench")]
 pub use bench::*;
+pub use plan::PlanArgs;
 
 use crate::config::{self, Invalid, Span, Timers};
 use crate::fleet::verify::{VerifyOptions, VerifySource};
@@ -155,6 +157,11 @@ pub enum Command {
     )]
     Verify(VerifyArgs),
 
+    /// The whole migration (n-2 to n) as a plan read from the fleet: every
+    /// step and tier, its state, gate and rollback, and the next action.
+    #[command(long_about = plan::PLAN_LONG_ABOUT, after_help = plan::PLAN_EXIT_CODES)]
+    Plan(PlanArgs),
+
     /// The DaemonSet agent: finds every pod's Envoy through /proc, enters its
     /// network namespace, and gives each pod a preStop listener and metrics.
     #[command(
@@ -216,6 +223,7 @@ impl Command {
             Command::Inventory(_) => "inventory",
             Command::Skew(_) => "skew",
             Command::Verify(_) => "verify",
+            Command::Plan(_) => "plan",
             Command::Node(_) => "node",
             Command::Install(_) => "install",
             #[cfg(feature = "bench")]
@@ -586,6 +594,42 @@ pub struct VerifyArgs {
     #[arg(long, env = "DRAINSHIM_AT", value_name = "TIME", value_parser = parse_time, conflicts_with = "targets")]
     pub at: Option<std::time::SystemTime>,
 
+    #[command(flatten)]
+    pub thresholds: WaveThresholdArgs,
+
+    /// Output: `table` for people, `json` (on one line) for scripts.
+    #[arg(short = 'o', long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+impl VerifyArgs {
+    /// Where the wave's series come from.
+    pub fn source(&self) -> Result<VerifySource, Invalid> {
+        Ok(match &self.prometheus {
+            Some(p) => VerifySource::Prometheus(Box::new(self.access.reach(p)?)),
+            None => {
+                self.access.unused()?;
+                VerifySource::Targets(self.targets.clone())
+            }
+        })
+    }
+
+    /// The gates and their thresholds.
+    pub fn options(&self) -> VerifyOptions {
+        VerifyOptions {
+            namespaces: self.namespace.clone(),
+            expect_version: self.expect_version.clone(),
+            window: self.window.get(),
+            at: self.at,
+            thresholds: self.thresholds.get(),
+        }
+    }
+}
+
+/// A wave's gates: how much each rate may move against the window before
+/// (`verify`, and `plan` for every wave it judges).
+#[derive(Debug, Clone, Args)]
+pub struct WaveThresholdArgs {
     /// Allowed relative growth of the retry rate against the window before (0.2 = +20%).
     #[arg(long, env = "DRAINSHIM_MAX_RETRY_INCREASE", default_value_t = 0.2)]
     pub max_retry_increase: f64,
@@ -642,31 +686,11 @@ pub struct VerifyArgs {
         value_name = "PER_SECOND"
     )]
     pub min_request_rate: f64,
-
-    /// Output: `table` for people, `json` (on one line) for scripts.
-    #[arg(short = 'o', long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
-    pub format: Format,
 }
 
-impl VerifyArgs {
-    /// Where the wave's series come from.
-    pub fn source(&self) -> Result<VerifySource, Invalid> {
-        Ok(match &self.prometheus {
-            Some(p) => VerifySource::Prometheus(Box::new(self.access.reach(p)?)),
-            None => {
-                self.access.unused()?;
-                VerifySource::Targets(self.targets.clone())
-            }
-        })
-    }
-
-    /// The gates and their thresholds.
-    pub fn options(&self) -> VerifyOptions {
-        VerifyOptions {
-            namespaces: self.namespace.clone(),
-            expect_version: self.expect_version.clone(),
-            window: self.window.get(),
-            at: self.at,
+impl WaveThresholdArgs {
+    pub fn get(&self) -> crate::fleet::verify::Thresholds {
+        crate::fleet::verify::Thresholds {
             max_retry_increase: self.max_retry_increase,
             max_reset_increase: self.max_reset_increase,
             rate_floor: self.rate_floor,

@@ -5,6 +5,7 @@
 //! aggregation.
 
 pub mod golden;
+pub mod plan;
 pub mod prometheus;
 pub mod reach;
 pub mod verify;

@@ -1,5 +1,6 @@
-//! A small client for Prometheus' HTTP API (`/api/v1/query`). Prometheus is
-//! the fleet's aggregation engine; drainshim only asks it questions.
+//! A small client for Prometheus' HTTP API (`/api/v1/query` and
+//! `/api/v1/query_range`). Prometheus is the fleet's aggregation engine and
+//! its memory; drainshim only asks it questions.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -77,8 +78,26 @@ struct Data {
 #[derive(Deserialize)]
 struct VectorSample {
     metric: BTreeMap<String, String>,
-    /// `[timestamp, "value"]`
-    value: (f64, String),
+    /// `[timestamp, "value"]` in a vector; absent in a matrix.
+    #[serde(default)]
+    value: Option<(f64, String)>,
+    /// `[[timestamp, "value"], ...]` in a matrix.
+    #[serde(default)]
+    values: Vec<(f64, String)>,
+}
+
+/// One series of a range query: labels, and its (Unix seconds, value)
+/// points in time order; a step where the series had no sample is absent.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Series {
+    pub labels: BTreeMap<String, String>,
+    pub points: Vec<(f64, f64)>,
+}
+
+impl Series {
+    pub fn label(&self, name: &str) -> &str {
+        self.labels.get(name).map_or("", String::as_str)
+    }
 }
 
 impl PromClient {
@@ -115,12 +134,46 @@ impl PromClient {
     pub async fn query(&self, query: &str) -> Result<Vec<Sample>, PromError> {
         let mut path = format!("/api/v1/query?query={}", crate::http::encode_query(query));
         if let Some(at) = self.at {
-            let secs = at.duration_since(UNIX_EPOCH).unwrap_or_default();
-            path.push_str(&format!("&time={:.3}", secs.as_secs_f64()));
+            path.push_str(&format!("&time={:.3}", unix(at)));
         }
+        let (status, body) = self.get(&path).await?;
+        decode_answer(status, &body).map_err(|what| PromError::Query {
+            url: self.url(),
+            query: query.to_string(),
+            what,
+        })
+    }
+
+    /// Runs a range query from `start` to `end` every `step`; only matrix
+    /// results are accepted.
+    pub async fn query_range(
+        &self,
+        query: &str,
+        start: SystemTime,
+        end: SystemTime,
+        step: Duration,
+    ) -> Result<Vec<Series>, PromError> {
+        let path = format!(
+            "/api/v1/query_range?query={}&start={:.3}&end={:.3}&step={:.3}",
+            crate::http::encode_query(query),
+            unix(start),
+            unix(end),
+            step.as_secs_f64().max(0.001)
+        );
+        let (status, body) = self.get(&path).await?;
+        decode_matrix(status, &body).map_err(|what| PromError::Query {
+            url: self.url(),
+            query: query.to_string(),
+            what,
+        })
+    }
+
+    /// GETs an API path; a refusal (401, 403) is its own error, any other
+    /// status is left to the decoder, which reports Prometheus' own error.
+    async fn get(&self, path: &str) -> Result<(StatusCode, bytes::Bytes), PromError> {
         let (status, body) = self
             .reach
-            .get(&path, self.timeout)
+            .get(path, self.timeout)
             .await
             .map_err(|e| match e {
                 ReachError::Setup(what) => PromError::Setup(what),
@@ -136,11 +189,7 @@ impl PromClient {
                 hint: self.reach.refused_hint(),
             });
         }
-        decode_answer(status, &body).map_err(|what| PromError::Query {
-            url: self.url(),
-            query: query.to_string(),
-            what,
-        })
+        Ok((status, body))
     }
 
     /// The sum of a query's samples; an empty answer is 0.
@@ -152,6 +201,57 @@ impl PromClient {
 /// Decodes an `/api/v1/query` answer into its samples; only a successful
 /// vector answer is accepted. The error says what was wrong with the answer.
 pub fn decode_answer(status: StatusCode, body: &[u8]) -> Result<Vec<Sample>, String> {
+    let data = answer(status, body)?;
+    if data.result_type != "vector" {
+        return Err(format!("expected a vector, got {}", data.result_type));
+    }
+    data.result
+        .into_iter()
+        .map(|s| {
+            let (_, v) = s.value.ok_or("a vector sample without a value")?;
+            Ok(Sample {
+                labels: s.metric,
+                value: number(&v)?,
+            })
+        })
+        .collect()
+}
+
+/// Decodes an `/api/v1/query_range` answer into its series.
+pub fn decode_matrix(status: StatusCode, body: &[u8]) -> Result<Vec<Series>, String> {
+    let data = answer(status, body)?;
+    if data.result_type != "matrix" {
+        return Err(format!("expected a matrix, got {}", data.result_type));
+    }
+    data.result
+        .into_iter()
+        .map(|s| {
+            let points = s
+                .values
+                .iter()
+                .map(|(t, v)| Ok((*t, number(v)?)))
+                .collect::<Result<_, String>>()?;
+            Ok(Series {
+                labels: s.metric,
+                points,
+            })
+        })
+        .collect()
+}
+
+fn number(v: &str) -> Result<f64, String> {
+    v.parse::<f64>()
+        .map_err(|_| format!("bad sample value {v:?}"))
+}
+
+fn unix(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
+/// The data of a successful answer, or what was wrong with it.
+fn answer(status: StatusCode, body: &[u8]) -> Result<Data, String> {
     let resp: Response = serde_json::from_slice(body).map_err(|e| {
         format!(
             "status {status}, not a Prometheus API answer ({e}): {}",
@@ -164,26 +264,7 @@ pub fn decode_answer(status: StatusCode, body: &[u8]) -> Result<Vec<Sample>, Str
     if status != StatusCode::OK || resp.status != "success" {
         return Err(resp.error.unwrap_or_else(|| format!("status {status}")));
     }
-    let data = resp
-        .data
-        .ok_or_else(|| "no data in the answer".to_string())?;
-    if data.result_type != "vector" {
-        return Err(format!("expected a vector, got {}", data.result_type));
-    }
-    data.result
-        .into_iter()
-        .map(|s| {
-            let value = s
-                .value
-                .1
-                .parse::<f64>()
-                .map_err(|_| format!("bad sample value {:?}", s.value.1))?;
-            Ok(Sample {
-                labels: s.metric,
-                value,
-            })
-        })
-        .collect()
+    resp.data.ok_or_else(|| "no data in the answer".to_string())
 }
 
 /// Quotes a value for a PromQL regex matcher built from literal names.

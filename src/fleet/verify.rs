@@ -16,6 +16,7 @@
 //! request, stream re-opens) are gated per namespace and service in
 //! [`golden`].
 
+use crate::inventory::Release;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -41,6 +42,12 @@ pub struct VerifyOptions {
     /// Judge the wave as of this moment instead of now (Prometheus only):
     /// the window ends here and the one before ends a window earlier.
     pub at: Option<std::time::SystemTime>,
+    pub thresholds: Thresholds,
+}
+
+/// How much a wave's rates may move against the window before.
+#[derive(Clone, Debug)]
+pub struct Thresholds {
     /// Allowed relative increase of the retry rate, window against the one before.
     pub max_retry_increase: f64,
     /// Allowed relative increase of the kernel reset rate.
@@ -126,6 +133,32 @@ pub async fn verify(source: &VerifySource, opts: &VerifyOptions) -> Result<Vec<C
     }
 }
 
+/// Whether a proxy's `version` is the one expected: the same string, or,
+/// when only X.Y is expected, any X.Y.Z (`plan` judges waves by minor
+/// version).
+pub fn version_matches(version: &str, expected: &str) -> bool {
+    if version == expected {
+        return true;
+    }
+    match (version.parse::<Release>(), expected.parse::<Release>()) {
+        (Ok(v), Ok(e)) if e.patch.is_none() => (v.major, v.minor) == (e.major, e.minor),
+        _ => false,
+    }
+}
+
+/// The PromQL matcher on the `version` label for [`version_matches`].
+fn version_matcher(expected: &str) -> String {
+    let quote = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
+    match expected.parse::<Release>() {
+        Ok(e) if e.patch.is_none() => {
+            let exact = regex::escape(expected);
+            let minor = regex::escape(&format!("{}.{}.", e.major, e.minor));
+            format!("version=~\"{}\"", quote(&format!("{exact}|{minor}.*")))
+        }
+        _ => format!("version=\"{}\"", quote(expected)),
+    }
+}
+
 fn versions_check(proxies: &[Proxy], opts: &VerifyOptions) -> Check {
     let v = &opts.expect_version;
     if proxies.is_empty() {
@@ -137,7 +170,7 @@ fn versions_check(proxies: &[Proxy], opts: &VerifyOptions) -> Check {
     }
     let wrong: Vec<String> = proxies
         .iter()
-        .filter(|p| &p.version != v)
+        .filter(|p| !version_matches(&p.version, v))
         .map(|p| {
             format!(
                 "{}/{} on {}",
@@ -221,10 +254,7 @@ async fn from_prometheus(
 ) -> Result<Vec<Check>, FleetError> {
     let ns = regex_alternation(&opts.namespaces);
     let w = format!("{}s", opts.window.as_secs().max(1));
-    let v = opts
-        .expect_version
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"");
+    let v = version_matcher(&opts.expect_version);
     let q = Queries { ns: &ns, w: &w };
 
     let proxies: Vec<Proxy> = prom
@@ -262,7 +292,7 @@ async fn from_prometheus(
         .scalar(&format!(
             "sum({})",
             q.in_wave(
-                |sel| format!("max_over_time(drainshim_envoy_config_updates_total{{{sel},result=\"rejected\",version=\"{v}\"}}[{w}])"),
+                |sel| format!("max_over_time(drainshim_envoy_config_updates_total{{{sel},result=\"rejected\",{v}}}[{w}])"),
                 ""
             )
         ))
@@ -277,12 +307,12 @@ async fn from_prometheus(
         (
             "retry volume within threshold",
             "drainshim_envoy_upstream_retries_total",
-            opts.max_retry_increase,
+            opts.thresholds.max_retry_increase,
         ),
         (
             "reset rate within threshold",
             "drainshim_tcp_resets_total",
-            opts.max_reset_increase,
+            opts.thresholds.max_reset_increase,
         ),
     ] {
         let rate = |offset: &str| {
@@ -300,12 +330,18 @@ async fn from_prometheus(
             .await?
             .first()
             .map(|s| s.value);
-        checks.push(rate_check(name, now, before, max_increase, opts.rate_floor));
+        checks.push(rate_check(
+            name,
+            now,
+            before,
+            max_increase,
+            opts.thresholds.rate_floor,
+        ));
     }
     let now = Window::read(prom, &q, "").await?;
     let before = Window::read(prom, &q, &format!(" offset {w}")).await?;
     checks.extend(
-        golden::judge(&before, &now, &opts.golden)
+        golden::judge(&before, &now, &opts.thresholds.golden)
             .into_iter()
             .map(Check::from),
     );

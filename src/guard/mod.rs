@@ -358,6 +358,11 @@ impl Guard {
             metrics.guard_limited(crate::metrics::Limit::streams),
         ));
         let signals = signals::Signals::new(config.signals, metrics.clone());
+        let age = config.max_connection_age.map_or(0, |a| a.as_secs().max(1));
+        metrics
+            .guard_max_connection_age
+            .get_or_create(&Vec::new())
+            .set(i64::try_from(age).unwrap_or(i64::MAX));
         Self {
             inner: Arc::new(Inner {
                 config,

@@ -374,6 +374,16 @@ impl Collector for PodCollector {
                 Ok(())
             },
         )?;
+        family(
+            enc,
+            help::GUARD_MAX_CONNECTION_AGE,
+            MetricType::Gauge,
+            &live,
+            |p, me| match p.metrics.guard_max_connection_age.get(&Vec::new()) {
+                Some(g) => plain(me, &p.labels, &*g),
+                None => Ok(()),
+            },
+        )?;
         Ok(())
     }
 }
@@ -456,6 +466,10 @@ mod tests {
     /// A Metrics with every family holding at least one series.
     fn busy_metrics(registry: &mut Registry) -> Metrics {
         let m = Metrics::register(registry);
+        // As a guard with a max connection age sets it.
+        m.guard_max_connection_age
+            .get_or_create(&Vec::new())
+            .set(1800);
         m.record_drain(
             &Report {
                 phase: Phase::Done,

@@ -404,6 +404,20 @@ pub struct Prometheus {
 }
 
 impl Prometheus {
+    /// Replaces the scrape targets (file service discovery: Prometheus
+    /// watches the file). Written whole and renamed into place, so it never
+    /// reads half a list.
+    pub fn set_targets(&self, targets: &[SocketAddr]) {
+        let list = targets
+            .iter()
+            .map(|t| format!("\"{t}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let tmp = self._dir.path().join("targets.json.tmp");
+        std::fs::write(&tmp, format!("[{{\"targets\": [{list}]}}]")).expect("targets");
+        std::fs::rename(&tmp, self._dir.path().join("targets.json")).expect("targets");
+    }
+
     pub fn url(&self) -> String {
         format!("{}://{}", self.scheme, self.addr)
     }
@@ -436,9 +450,17 @@ pub async fn prometheus_with(targets: &[SocketAddr], web_config: Option<&str>) -
         .map(|t| format!("\"{t}\""))
         .collect::<Vec<_>>()
         .join(", ");
+    // The targets are a file Prometheus watches, so a test can move pods
+    // (Prometheus::set_targets).
+    std::fs::write(
+        dir.path().join("targets.json"),
+        format!("[{{\"targets\": [{list}]}}]"),
+    )
+    .expect("targets");
     let config = format!(
         "global: {{ scrape_interval: 1s, evaluation_interval: 1s, scrape_timeout: 900ms }}\n\
-         scrape_configs:\n- job_name: drainshim\n  static_configs:\n  - targets: [{list}]\n"
+         scrape_configs:\n- job_name: drainshim\n  file_sd_configs:\n  - files: [{}]\n    refresh_interval: 1s\n",
+        dir.path().join("targets.json").display()
     );
     std::fs::write(dir.path().join("prometheus.yml"), config).expect("config");
     let port = free_port();

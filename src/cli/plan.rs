@@ -1,0 +1,185 @@
+//! `drainshim plan`'s flags.
+
+use std::collections::BTreeMap;
+
+use clap::Args;
+
+use super::{Format, PromAccessArgs, WaveThresholdArgs};
+use crate::config::{Invalid, Span};
+use crate::fleet::plan::{Mesh, PlanOptions};
+use crate::inventory::Release;
+
+pub const PLAN_LONG_ABOUT: &str = "The whole migration from mesh version n-2 to n as a plan, \
+read from the fleet.\n\n\
+The sequence is fixed: (1) publish the version inventory; (2) give every tier's guards a max \
+connection age and let it soak (--lifetime-soak); (3) restart the data plane to n-1, tier by tier, \
+the next tier waiting --soak after the previous one finished and passed `verify`; (4) move the \
+control plane to n, the point of no return: after it proxies outside the skew are unsupported and \
+rollback by restart is gone; (5) restart the data plane to n, tier by tier again.\n\n\
+Every row's state (not started, in progress k of n, stalled, done, done and verified) comes from \
+Prometheus: the proxies' versions now and over --history, and the guards' max connection age. \
+Nothing is written anywhere, so the plan can stop at any point and be run again a month later. \
+Each finished wave is verified over its own window with the same gates as `verify`.\n\n\
+Tiers come from a TOML file, in rollout order:\n\n\
+  [[tier]]\n  name = \"platform-test\"\n  namespaces = [\"ptest\"]\n\n\
+  [[tier]]\n  name = \"read-paths\"\n  pattern = \"read-.*\"   # whole-name regex over the namespaces Prometheus has seen\n\n\
+It prints every row, then the next action with the commands to run and when it may start. \
+With -o json the same, on one line, for a pipeline gate (`--next-only` for the next action alone).";
+
+pub const PLAN_EXIT_CODES: &str = "Exit codes:\n  0   the next step may go now (or every step is done)\n  1   stop: a tier is stalled, a wave failed verify, or proxies are outside the skew of the control plane\n  64  usage error: a bad flag, a bad tiers file, an unknown tier namespace, a target behind the control plane, a skew that makes the plan impossible\n  69  Prometheus could not be read; a TLS failure\n  75  wait: nothing may start before a soak ends (the time is printed); run it again then\n  77  Prometheus refused the request (401, 403): the credentials or the tenant header";
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// A Prometheus server scraping the shims (the plan needs its history):
+    /// http:// or https://, with a path prefix if it has one. See the
+    /// --prometheus-* flags for TLS, credentials and a tenant.
+    #[arg(long, env = "DRAINSHIM_PROMETHEUS")]
+    pub prometheus: String,
+
+    #[command(flatten)]
+    pub access: PromAccessArgs,
+
+    /// The control plane's version now (X.Y).
+    #[arg(long, env = "DRAINSHIM_CONTROL_PLANE")]
+    pub control_plane: Release,
+
+    /// The version the migration ends on, n (X.Y): not behind the control plane.
+    #[arg(long, env = "DRAINSHIM_TARGET")]
+    pub target: Release,
+
+    /// How many minor versions a proxy may lag behind the control plane.
+    #[arg(long, env = "DRAINSHIM_MAX_SKEW", default_value_t = 1)]
+    pub max_skew: u32,
+
+    /// The tiers file (TOML, `[[tier]]` with `name` and `namespaces` or
+    /// `pattern`), in rollout order.
+    #[arg(long, env = "DRAINSHIM_TIERS", value_name = "FILE")]
+    pub tiers: std::path::PathBuf,
+
+    /// Judge Envoy's own version, or the mesh's (ISTIO_VERSION).
+    #[arg(long, env = "DRAINSHIM_VERSION_LABEL", value_enum, default_value_t = crate::fleet::VersionLabel::Version)]
+    pub version_label: crate::fleet::VersionLabel,
+
+    /// A tier with mixed versions and no change for this long is stalled (exit 1).
+    #[arg(long, env = "DRAINSHIM_STALL_AFTER", default_value = "2h")]
+    pub stall_after: Span,
+
+    /// After a tier finished, the next tier waits this long: at most one tier a day.
+    #[arg(long, env = "DRAINSHIM_SOAK", default_value = "1d")]
+    pub soak: Span,
+
+    /// How long a tier's guards must have had a max connection age before
+    /// its first restart: watch the reconnect rates for a week.
+    #[arg(long, env = "DRAINSHIM_LIFETIME_SOAK", default_value = "7d")]
+    pub lifetime_soak: Span,
+
+    /// How far back to ask Prometheus. What it no longer keeps is reported as
+    /// "before the history": finished waves there are not verified again.
+    #[arg(long, env = "DRAINSHIM_HISTORY", default_value = "90d")]
+    pub history: Span,
+
+    /// Judge as of this moment instead of now: RFC 3339 or Unix seconds.
+    #[arg(long, env = "DRAINSHIM_AT", value_name = "TIME", value_parser = super::parse_time)]
+    pub at: Option<std::time::SystemTime>,
+
+    /// How the next action's commands are written: Istio revision labels,
+    /// or a plain Envoy sidecar's restart.
+    #[arg(long, env = "DRAINSHIM_MESH", value_enum, default_value_t = Mesh::Istio)]
+    pub mesh: Mesh,
+
+    /// An Istio revision's name for a version, e.g. 1.40=1-40-2; repeatable.
+    /// Without it, X.Y is revision X-Y.
+    #[arg(
+        long = "revision",
+        env = "DRAINSHIM_REVISION",
+        value_delimiter = ',',
+        value_name = "X.Y=NAME"
+    )]
+    pub revisions: Vec<String>,
+
+    /// The max connection age step 2's commands suggest.
+    #[arg(long, env = "DRAINSHIM_SUGGEST_MAX_AGE", default_value = "30m")]
+    pub suggest_max_age: Span,
+
+    #[command(flatten)]
+    pub thresholds: WaveThresholdArgs,
+
+    /// Print only the next action (and the verdict).
+    #[arg(long)]
+    pub next_only: bool,
+
+    /// Also estimate the elapsed time left, from the soak rules and the pace
+    /// of the waves finished so far.
+    #[arg(long)]
+    pub estimate: bool,
+
+    /// Output: `table` for people, `json` (on one line) for scripts.
+    #[arg(short = 'o', long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+impl PlanArgs {
+    /// The plan's options, every bad value reported at once (64).
+    pub fn options(&self) -> Result<(crate::fleet::reach::Reach, PlanOptions), Invalid> {
+        let mut invalid = Invalid::default();
+        let reach = self
+            .access
+            .reach(&self.prometheus)
+            .map_err(|e| invalid.0.extend(e.0))
+            .ok();
+        let tiers = std::fs::read_to_string(&self.tiers)
+            .map_err(|e| format!("--tiers {}: {e}", self.tiers.display()))
+            .and_then(|t| {
+                crate::fleet::plan::parse_tiers(&t)
+                    .map_err(|e| format!("--tiers {}: {e}", self.tiers.display()))
+            })
+            .map_err(|e| invalid.0.push(e))
+            .unwrap_or_default();
+        let mut revisions = BTreeMap::new();
+        for r in self.revisions.iter().filter(|r| !r.trim().is_empty()) {
+            match r.split_once('=') {
+                Some((v, name)) if !name.trim().is_empty() => match v.parse::<Release>() {
+                    Ok(v) => {
+                        revisions.insert((v.major, v.minor), name.trim().to_string());
+                    }
+                    Err(e) => invalid.0.push(format!("--revision {r:?}: {e}")),
+                },
+                _ => invalid.0.push(format!(
+                    "--revision {r:?}: expected X.Y=NAME, e.g. 1.40=1-40-2"
+                )),
+            }
+        }
+        for (flag, span) in [
+            ("--stall-after", self.stall_after),
+            ("--history", self.history),
+        ] {
+            if span.get().is_zero() {
+                invalid.0.push(format!("{flag} must be more than 0"));
+            }
+        }
+        let reach = match reach {
+            Some(r) if invalid.0.is_empty() => r,
+            _ => return Err(invalid),
+        };
+        Ok((
+            reach,
+            PlanOptions {
+                control_plane: self.control_plane,
+                target: self.target,
+                max_skew: self.max_skew,
+                tiers,
+                version_label: self.version_label,
+                stall_after: self.stall_after.get(),
+                soak: self.soak.get(),
+                lifetime_soak: self.lifetime_soak.get(),
+                history: self.history.get(),
+                at: self.at,
+                mesh: self.mesh,
+                revisions,
+                suggest_max_age: self.suggest_max_age.get(),
+                thresholds: self.thresholds.get(),
+                prometheus_url: self.prometheus.clone(),
+            },
+        ))
+    }
+}
