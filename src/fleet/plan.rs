@@ -131,19 +131,41 @@ pub struct Timelines {
     pub namespaces: BTreeSet<String>,
 }
 
-/// The step between points: fine enough for the stall and soak rules,
-/// coarse enough to stay under Prometheus' 11,000 points per series.
-pub fn step_for(history: Duration, stall_after: Duration, soak: Duration) -> Duration {
-    let fine = (stall_after.min(soak) / 10).max(Duration::from_secs(1));
+/// The step between points: a tenth of the shortest rule (stall, soaks)
+/// and at most a thousandth of the history, so every rule is judged on
+/// several points; but no finer than a second, and coarse enough to stay
+/// under Prometheus' 11,000 points per series.
+pub fn step_for(history: Duration, rules: &[Duration]) -> Duration {
+    let shortest = rules
+        .iter()
+        .copied()
+        .chain([history / 100])
+        .min()
+        .unwrap_or(history);
+    let fine = Duration::from_secs((shortest / 10).as_secs().max(1));
     let coarsest = Duration::from_secs(history.as_secs().div_ceil(10_000));
-    fine.max(coarsest).max(Duration::from_secs(1))
+    fine.max(coarsest)
+}
+
+impl PlanOptions {
+    /// The step the timelines are read at.
+    pub fn step(&self) -> Duration {
+        step_for(
+            self.history,
+            &[self.stall_after, self.soak, self.lifetime_soak],
+        )
+    }
 }
 
 /// Reads the timelines from Prometheus.
 pub async fn read(prom: &PromClient, opts: &PlanOptions) -> Result<Timelines, FleetError> {
     let end = opts.at.unwrap_or_else(SystemTime::now);
-    let start = end.checked_sub(opts.history).unwrap_or(UNIX_EPOCH);
-    let step = step_for(opts.history, opts.stall_after, opts.soak);
+    let step = opts.step();
+    // Whole steps back from the end, so the last point is the end itself.
+    let steps = opts.history.as_secs_f64() / step.as_secs_f64();
+    let start = end
+        .checked_sub(step.mul_f64(steps.ceil()))
+        .unwrap_or(UNIX_EPOCH);
     let label = match opts.version_label {
         VersionLabel::Version => "version",
         VersionLabel::MeshVersion => "mesh_version",
@@ -317,7 +339,7 @@ pub fn resolve(
                     "tier {:?}: namespace {ns:?} is unknown: no proxy in it reported a version in the last {} \
                      (is it spelled right, and are its shims scraped?)",
                     spec.name,
-                    humantime::format_duration(history)
+                    human(history)
                 ));
             }
             namespaces.insert(ns.clone());
@@ -691,7 +713,29 @@ pub fn when(t: f64) -> String {
 }
 
 fn span(secs: f64) -> String {
-    humantime::format_duration(Duration::from_secs(secs.max(0.0).round() as u64)).to_string()
+    human(Duration::from_secs(secs.max(0.0).round() as u64))
+}
+
+/// A duration as days, hours, minutes and seconds ("90d", "1d2h"), never
+/// in months as humantime would.
+pub fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    let parts = [
+        (s / 86_400, "d"),
+        (s / 3600 % 24, "h"),
+        (s / 60 % 60, "m"),
+        (s % 60, "s"),
+    ];
+    let out: Vec<String> = parts
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, u)| format!("{n}{u}"))
+        .collect();
+    if out.is_empty() {
+        "0s".into()
+    } else {
+        out.join("")
+    }
 }
 
 fn edge_text(e: Edge) -> String {
@@ -808,10 +852,7 @@ pub fn derive(
         rows.push(Row {
             step: 2,
             kind: Kind::ConnectionLifetime,
-            what: format!(
-                "connection lifetime, soaked {}",
-                humantime::format_duration(opts.lifetime_soak)
-            ),
+            what: format!("connection lifetime, soaked {}", human(opts.lifetime_soak)),
             tier: Some(tier.name.clone()),
             namespaces: tier.namespaces.clone(),
             state,
@@ -881,7 +922,7 @@ pub fn derive(
             let gate = match w.state {
                 State::Stalled => Gate::fails(format!(
                     "stalled: mixed versions and no change for {} or more",
-                    humantime::format_duration(opts.stall_after)
+                    human(opts.stall_after)
                 )),
                 _ => match prev {
                     None => first_gate(k, rows),
@@ -1178,7 +1219,7 @@ fn next_action(rows: &[Row], opts: &PlanOptions, v: Versions, now: f64) -> (Next
                 vec![format!(
                     "drainshim verify --prometheus {} --namespace {ns} --expect-version {to} --at {at} --window {}",
                     opts.prometheus_url,
-                    wave_window(r).map_or("10m".into(), |w| humantime::format_duration(w).to_string())
+                    wave_window(r).map_or("10m".into(), human)
                 )],
             )
         } else {
@@ -1295,14 +1336,14 @@ fn commands_for(r: &Row, opts: &PlanOptions, v: Versions, go_on: bool) -> (Strin
         Kind::ConnectionLifetime => (
             format!(
                 "step 2, tier {tier}: give its guards a max connection age, then let it soak {}",
-                humantime::format_duration(opts.lifetime_soak)
+                human(opts.lifetime_soak)
             ),
             r.namespaces
                 .iter()
                 .map(|ns| {
                     format!(
                         "kubectl -n {ns} set env deployment,statefulset --all -c drainshim DRAINSHIM_MAX_CONNECTION_AGE={}",
-                        humantime::format_duration(opts.suggest_max_age)
+                        human(opts.suggest_max_age)
                     )
                 })
                 .collect(),
@@ -1435,12 +1476,12 @@ pub async fn plan(
         return Err(FleetError::Empty(format!(
             "Prometheus at {} has no drainshim_proxy_info in the last {}: are the shims scraped?",
             prom.url(),
-            humantime::format_duration(opts.history)
+            human(opts.history)
         )));
     }
     let tiers = resolve(&opts.tiers, &tl.namespaces, opts.history).map_err(FleetError::Input)?;
     let first = derive(&tl, &tiers, v, opts, &BTreeMap::new());
-    let step = step_for(opts.history, opts.stall_after, opts.soak);
+    let step = opts.step();
     let mut verified = BTreeMap::new();
     for (key, wave) in waves_to_verify(&first) {
         let Some(w) = wave else {
@@ -1741,15 +1782,12 @@ mod tests {
     #[test]
     fn steps_stay_under_the_point_limit() {
         let day = Duration::from_secs(86_400);
-        let s = step_for(90 * day, 3600 * Duration::from_secs(1), day);
+        let s = step_for(90 * day, &[Duration::from_secs(3600), day, 7 * day]);
         assert!((90 * day).as_secs() / s.as_secs() <= 10_000);
-        assert_eq!(
-            step_for(
-                Duration::from_secs(600),
-                Duration::from_secs(10),
-                Duration::from_secs(20)
-            ),
-            Duration::from_secs(1)
-        );
+        assert_eq!(s, Duration::from_secs(778));
+        let s = step_for(Duration::from_secs(900), &[Duration::from_secs(7200), day]);
+        assert_eq!(s, Duration::from_secs(1), "a short history is read finely");
+        let s = step_for(day, &[Duration::from_secs(3600)]);
+        assert_eq!(s, Duration::from_secs(86));
     }
 }
