@@ -477,7 +477,7 @@ async fn plan_follows_a_migration_from_the_fleet_alone() {
     assert!(
         cp["gate"]["detail"]
             .as_str()
-            .is_some_and(|d| d.contains("every proxy is within 1 of 1.40")),
+            .is_some_and(|d| d.contains("all within 1 of 1.40")),
         "{cp}"
     );
     for tier in ["test-services", "internal", "stream-holders"] {

@@ -1,0 +1,146 @@
+//! What Prometheus is asked: the timelines every row is derived from.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::PlanOptions;
+use crate::fleet::prometheus::PromClient;
+use crate::fleet::{FleetError, VersionLabel};
+
+/// The timelines the plan is derived from: one point per step over the
+/// history, each with what was true then.
+#[derive(Clone, Debug, Default)]
+pub struct Timelines {
+    /// The step times (Unix seconds), ascending; the last is now.
+    pub times: Vec<f64>,
+    /// Per step: (namespace, version) -> proxies.
+    pub versions: Vec<BTreeMap<(String, String), u64>>,
+    /// Per step: namespace -> the smallest max connection age of its guards
+    /// (0: some guard has none). A namespace without guards is absent.
+    pub max_age: Vec<BTreeMap<String, f64>>,
+    /// Every namespace seen in the history.
+    pub namespaces: BTreeSet<String>,
+}
+
+/// The step between points: a tenth of the shortest rule (stall, soaks)
+/// and at most a thousandth of the history, so every rule is judged on
+/// several points; but no finer than a second, and coarse enough to stay
+/// under Prometheus' 11,000 points per series.
+pub fn step_for(history: Duration, rules: &[Duration]) -> Duration {
+    let shortest = rules
+        .iter()
+        .copied()
+        .chain([history / 100])
+        .min()
+        .unwrap_or(history);
+    let fine = Duration::from_secs((shortest / 10).as_secs().max(1));
+    let coarsest = Duration::from_secs(history.as_secs().div_ceil(10_000));
+    fine.max(coarsest)
+}
+
+impl PlanOptions {
+    /// The step the timelines are read at.
+    pub fn step(&self) -> Duration {
+        step_for(
+            self.history,
+            &[self.stall_after, self.soak, self.lifetime_soak],
+        )
+    }
+}
+
+/// Reads the timelines from Prometheus.
+pub async fn read(prom: &PromClient, opts: &PlanOptions) -> Result<Timelines, FleetError> {
+    let end = opts.at.unwrap_or_else(SystemTime::now);
+    let step = opts.step();
+    // Whole steps back from the end, so the last point is the end itself.
+    let steps = opts.history.as_secs_f64() / step.as_secs_f64();
+    let start = end
+        .checked_sub(step.mul_f64(steps.ceil()))
+        .unwrap_or(UNIX_EPOCH);
+    let label = match opts.version_label {
+        VersionLabel::Version => "version",
+        VersionLabel::MeshVersion => "mesh_version",
+    };
+    let versions = prom
+        .query_range(
+            &format!("count by (namespace, {label}) (drainshim_proxy_info == 1)"),
+            start,
+            end,
+            step,
+        )
+        .await?;
+    // A guard's gauge carries no namespace in sidecar mode: join it to its
+    // shim's proxy_info on the instance (node agents label their own).
+    let w = format!("{}s", (step.as_secs() * 2).max(30));
+    let q = crate::fleet::golden::Queries { ns: ".+", w: &w };
+    let joined = q.in_wave(
+        |sel| format!("drainshim_guard_max_connection_age_seconds{{{sel}}}"),
+        "",
+    );
+    let max_age = prom
+        .query_range(&format!("min by (namespace) ({joined})"), start, end, step)
+        .await?;
+
+    let mut times: BTreeSet<i64> = BTreeSet::new();
+    let key = |t: f64| (t * 1000.0).round() as i64;
+    let mut at = start;
+    while at <= end {
+        times.insert(key(unix(at)));
+        at += step;
+    }
+    let index: BTreeMap<i64, usize> = times.iter().enumerate().map(|(i, t)| (*t, i)).collect();
+    let mut tl = Timelines {
+        times: times.iter().map(|t| *t as f64 / 1000.0).collect(),
+        versions: vec![BTreeMap::new(); times.len()],
+        max_age: vec![BTreeMap::new(); times.len()],
+        namespaces: BTreeSet::new(),
+    };
+    for s in &versions {
+        let ns = s.label("namespace").to_string();
+        let v = s.label(label).to_string();
+        tl.namespaces.insert(ns.clone());
+        for (t, n) in &s.points {
+            if let Some(i) = nearest(&index, key(*t)) {
+                *tl.versions[i].entry((ns.clone(), v.clone())).or_default() += *n as u64;
+            }
+        }
+    }
+    for s in &max_age {
+        let ns = s.label("namespace").to_string();
+        for (t, v) in &s.points {
+            if let Some(i) = nearest(&index, key(*t)) {
+                tl.max_age[i].insert(ns.clone(), *v);
+            }
+        }
+    }
+    Ok(tl)
+}
+
+/// The step a point Prometheus returned belongs to (it answers at exactly
+/// the times asked; this tolerates rounding).
+fn nearest(index: &BTreeMap<i64, usize>, t: i64) -> Option<usize> {
+    index.range(t - 500..=t + 500).next().map(|(_, i)| *i)
+}
+
+fn unix(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_stay_under_the_point_limit() {
+        let day = Duration::from_secs(86_400);
+        let s = step_for(90 * day, &[Duration::from_secs(3600), day, 7 * day]);
+        assert!((90 * day).as_secs() / s.as_secs() <= 10_000);
+        assert_eq!(s, Duration::from_secs(778));
+        let s = step_for(Duration::from_secs(900), &[Duration::from_secs(7200), day]);
+        assert_eq!(s, Duration::from_secs(1), "a short history is read finely");
+        let s = step_for(day, &[Duration::from_secs(3600)]);
+        assert_eq!(s, Duration::from_secs(86));
+    }
+}
