@@ -47,6 +47,8 @@ enum Input {
     /// One subcommand (by index) with some of its flags (by index) and
     /// their values: reaches combinations of several flags at once.
     Flags(u16, Vec<(u8, Value)>),
+    /// A `plan --tiers` file, resolved against some namespaces.
+    Tiers(String, Vec<String>),
 }
 
 /// Every leaf subcommand's path and its `--long` flags that take a value.
@@ -200,6 +202,16 @@ fn run(argv: Vec<OsString>) {
             // Validates the reach flags too (TLS, credentials, headers).
             let _ = a.source();
         }
+        Command::Plan(a) => {
+            if let Ok((_, opts)) = a.options() {
+                let _ = opts.step();
+                let _ = drainshim::fleet::plan::Versions::new(
+                    opts.control_plane,
+                    opts.target,
+                    opts.max_skew,
+                );
+            }
+        }
         _ => {}
     }
 }
@@ -224,5 +236,11 @@ fuzz_target!(|input: Input| {
         Input::Duration(s) => durations(&s),
         Input::Argv(tokens) => run(tokens.iter().map(token).collect()),
         Input::Flags(which, values) => flags(which, &values),
+        Input::Tiers(text, seen) => {
+            if let Ok(specs) = drainshim::fleet::plan::parse_tiers(&text) {
+                let seen = seen.into_iter().collect();
+                let _ = drainshim::fleet::plan::resolve(&specs, &seen, Duration::from_secs(60));
+            }
+        }
     }
 });

@@ -149,12 +149,21 @@ impl PlanArgs {
                 )),
             }
         }
-        for (flag, span) in [
-            ("--stall-after", self.stall_after),
-            ("--history", self.history),
+        const DECADE: std::time::Duration = std::time::Duration::from_secs(3650 * 86_400);
+        for (flag, span, zero_ok) in [
+            ("--stall-after", self.stall_after, false),
+            ("--history", self.history, false),
+            ("--soak", self.soak, true),
+            ("--lifetime-soak", self.lifetime_soak, true),
+            ("--suggest-max-age", self.suggest_max_age, false),
         ] {
-            if span.get().is_zero() {
+            if span.get().is_zero() && !zero_ok {
                 invalid.0.push(format!("{flag} must be more than 0"));
+            }
+            if span.get() > DECADE {
+                invalid
+                    .0
+                    .push(format!("{flag} {span} is more than ten years"));
             }
         }
         let reach = match reach {

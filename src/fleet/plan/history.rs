@@ -53,9 +53,11 @@ pub async fn read(prom: &PromClient, opts: &PlanOptions) -> Result<Timelines, Fl
     let end = opts.at.unwrap_or_else(SystemTime::now);
     let step = opts.step();
     // Whole steps back from the end, so the last point is the end itself.
-    let steps = opts.history.as_secs_f64() / step.as_secs_f64();
-    let start = end
-        .checked_sub(step.mul_f64(steps.ceil()))
+    let steps = opts.history.as_secs().div_ceil(step.as_secs().max(1));
+    let start = u32::try_from(steps)
+        .ok()
+        .and_then(|n| step.checked_mul(n))
+        .and_then(|back| end.checked_sub(back))
         .unwrap_or(UNIX_EPOCH);
     let label = match opts.version_label {
         VersionLabel::Version => "version",

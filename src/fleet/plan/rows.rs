@@ -351,11 +351,8 @@ impl Derivation<'_> {
     /// once that tier finished, passed verify and soaked.
     fn after_tier(&self, before: &Row) -> Option<Gate> {
         let name = before.tier.as_deref().unwrap_or_default();
-        if let Some(v) = before.verify.as_ref().filter(|v| v.failed) {
-            return Some(Gate::fails(format!(
-                "tier {name} failed verify: {}",
-                v.detail
-            )));
+        if before.verify.as_ref().is_some_and(|v| v.failed) {
+            return Some(Gate::fails(format!("tier {name} failed verify")));
         }
         if !before.finished_ok() {
             return Some(Gate::waits(format!("waits for tier {name}"), None));

@@ -228,27 +228,66 @@ pub(super) fn tier_points(tl: &Timelines, tier: &Tier, to: Release) -> Vec<Point
 /// When a tier's guards all had a max connection age, continuously up to
 /// the last step, and the smallest now. `None` when they have none now.
 pub(super) fn lifetime_since(tl: &Timelines, tier: &Tier) -> Option<(Edge, f64)> {
-    let configured = |i: usize| -> Option<f64> {
-        let ages: Vec<f64> = tier
-            .namespaces
-            .iter()
-            .filter_map(|ns| tl.max_age[i].get(ns).copied())
-            .collect();
-        (ages.len() == tier.namespaces.len() && ages.iter().all(|a| *a > 0.0))
-            .then(|| ages.iter().copied().fold(f64::INFINITY, f64::min))
-    };
-    let last = tl.times.len().checked_sub(1)?;
-    let age = configured(last)?;
-    let mut i = last;
-    while i > 0 && configured(i - 1).is_some() {
-        i -= 1;
+    let points: Vec<Lifetime> = (0..tl.times.len())
+        .map(|i| {
+            let ages: Vec<Option<f64>> = tier
+                .namespaces
+                .iter()
+                .map(|ns| tl.max_age[i].get(ns).copied())
+                .collect();
+            Lifetime::of(&ages)
+        })
+        .collect();
+    lifetime_run(&points, &tl.times)
+}
+
+/// A tier's guards' max connection age at one step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Lifetime {
+    /// Every namespace's guards have one; the smallest.
+    On(f64),
+    /// Some guard has none.
+    Off,
+    /// Some namespace reported nothing at this step (a scrape gap, pods
+    /// between a rollout's old and new): it neither starts nor ends a run.
+    Unknown,
+}
+
+impl Lifetime {
+    /// From each namespace's smallest max age (`None`: no guard reported).
+    pub fn of(ages: &[Option<f64>]) -> Self {
+        if ages.contains(&Some(0.0)) {
+            Lifetime::Off
+        } else if ages.iter().all(Option::is_some) && !ages.is_empty() {
+            Lifetime::On(ages.iter().flatten().copied().fold(f64::INFINITY, f64::min))
+        } else {
+            Lifetime::Unknown
+        }
     }
-    let since = if i == 0 {
-        Edge::BeforeHistory(tl.times[0])
-    } else {
-        Edge::At(tl.times[i])
+}
+
+/// Since when the run of `On` that is the latest known state began, and
+/// its age now; `None` when the latest known state is `Off` or nothing is
+/// known.
+pub fn lifetime_run(points: &[Lifetime], times: &[f64]) -> Option<(Edge, f64)> {
+    let last = points.iter().rposition(|p| *p != Lifetime::Unknown)?;
+    let Lifetime::On(age) = points[last] else {
+        return None;
     };
-    Some((since, age))
+    let mut since = last;
+    for i in (0..last).rev() {
+        match points[i] {
+            Lifetime::On(_) => since = i,
+            Lifetime::Off => break,
+            Lifetime::Unknown => {}
+        }
+    }
+    let edge = if since == 0 {
+        Edge::BeforeHistory(times[0])
+    } else {
+        Edge::At(times[since])
+    };
+    Some((edge, age))
 }
 
 #[cfg(test)]
@@ -263,6 +302,31 @@ mod tests {
         v.iter()
             .map(|&(t, total, moved)| Point { t, total, moved })
             .collect()
+    }
+
+    #[test]
+    fn a_lifetime_survives_gaps_and_ends_where_a_guard_has_none() {
+        use Lifetime::*;
+        let times = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0];
+        let run = |p: &[Lifetime]| lifetime_run(p, &times[..p.len()]);
+        assert_eq!(
+            run(&[Off, On(60.0), Unknown, On(30.0)]),
+            Some((Edge::At(1.0), 30.0))
+        );
+        assert_eq!(
+            run(&[On(60.0), Unknown, On(60.0)]),
+            Some((Edge::BeforeHistory(0.0), 60.0))
+        );
+        assert_eq!(
+            run(&[Unknown, On(60.0), On(60.0)]),
+            Some((Edge::At(1.0), 60.0))
+        );
+        assert_eq!(run(&[On(60.0), Off, Unknown]), None);
+        assert_eq!(run(&[Unknown, Unknown]), None);
+        assert_eq!(Lifetime::of(&[Some(60.0), None]), Unknown);
+        assert_eq!(Lifetime::of(&[Some(60.0), Some(0.0), None]), Off);
+        assert_eq!(Lifetime::of(&[Some(60.0), Some(30.0)]), On(30.0));
+        assert_eq!(Lifetime::of(&[]), Unknown);
     }
 
     #[test]
