@@ -85,6 +85,7 @@ fn registered() -> BTreeSet<String> {
     let _ = m.tcp_resets.get_or_create(&metrics::KindLabels {
         kind: "EstabResets".into(),
     });
+    let _ = m.guard_max_connection_age.get_or_create(&Vec::new());
     let text = metrics::render(&registry);
     text.lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))
