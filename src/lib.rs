@@ -28,6 +28,7 @@ pub mod settings;
 pub mod sidecar;
 pub mod signals;
 pub mod telemetry;
+pub mod timer;
 
 /// Generated protobuf and gRPC types of the bench protocol.
 #[cfg(feature = "bench")]

@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 
 use super::{emit, Format, EXIT_CODES};
 use crate::bench::{self, reconnect};
-use crate::config::{self, Span};
+use crate::config::Span;
 use crate::error::Error;
 use crate::signals::sigterms;
 
@@ -127,17 +127,9 @@ pub struct ReconnectArgs {
     #[arg(long, env = "DRAINSHIM_PARENT_SHUTDOWN_TIME", default_value_t = reconnect::DEFAULT_PARENT_SHUTDOWN_TIME)]
     pub parent_shutdown_time: Span,
 
-    /// The guard's max connection age (drainshim mode and --soak).
-    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE")]
-    pub max_connection_age: Option<Span>,
-
-    /// Grace after a max-age GOAWAY before open streams are ended.
-    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_GRACE", default_value_t = config::DEFAULT_MAX_CONNECTION_AGE_GRACE)]
-    pub max_connection_age_grace: Span,
-
-    /// After the grace, a connection's remaining streams are ended over this window.
-    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_SPREAD", default_value_t = config::DEFAULT_MAX_CONNECTION_AGE_SPREAD)]
-    pub max_connection_age_spread: Span,
+    /// The guard's max connection age, grace and spread (drainshim mode and --soak).
+    #[command(flatten)]
+    pub max_age: super::MaxAgeArgs,
 
     /// Instead of a restart, hold the population this long under
     /// --max-connection-age and report the steady-state reconnect rate.
@@ -292,9 +284,9 @@ impl ReconnectArgs {
         opts.deregistration_delay = self.deregistration_delay.get();
         opts.drain_time = self.drain_time.get();
         opts.parent_shutdown_time = self.parent_shutdown_time.get();
-        opts.max_connection_age = self.max_connection_age.map(Span::get);
-        opts.max_connection_age_grace = self.max_connection_age_grace.get();
-        opts.max_connection_age_spread = self.max_connection_age_spread.get();
+        opts.max_connection_age = self.max_age.max_connection_age.map(Span::get);
+        opts.max_connection_age_grace = self.max_age.max_connection_age_grace.get();
+        opts.max_connection_age_spread = self.max_age.max_connection_age_spread.get();
         opts.payload_bytes = self.payload_bytes.clone();
         opts.validate()?;
         Ok(opts)

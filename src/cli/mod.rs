@@ -824,6 +824,35 @@ pub struct NodeGuardArgs {
     pub handover_window: Span,
 }
 
+/// The guard's max connection age (gRPC A9): the sidecar's, each node-mode
+/// guard's and the reconnect bench's guard read the same flags.
+#[derive(Debug, Clone, Args)]
+pub struct MaxAgeArgs {
+    /// Close each guard connection after this age (±10% jitter): GOAWAY, a
+    /// grace, then open streams end with grpc-status 14. Off by default.
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE")]
+    pub max_connection_age: Option<Span>,
+
+    /// How long streams may run after a max-age GOAWAY before the guard ends them.
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_GRACE", default_value_t = config::DEFAULT_MAX_CONNECTION_AGE_GRACE)]
+    pub max_connection_age_grace: Span,
+
+    /// End a connection's remaining streams spread over this window, inside
+    /// the grace (capped at it): behind Envoy one pooled connection carries
+    /// many streams, and age x (1 +/- 10%) + grace stays a bound on its life.
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_SPREAD", default_value_t = config::DEFAULT_MAX_CONNECTION_AGE_SPREAD)]
+    pub max_connection_age_spread: Span,
+}
+
+impl MaxAgeArgs {
+    /// Writes these flags into a guard's configuration.
+    pub fn apply(&self, c: &mut crate::guard::GuardConfig) {
+        c.max_connection_age = self.max_connection_age.map(Span::get);
+        c.max_connection_age_grace = self.max_connection_age_grace.get();
+        c.max_connection_age_spread = self.max_connection_age_spread.get();
+    }
+}
+
 /// The stream guard's limits and connection ages: the same flags for the
 /// sidecar's guard and for each guard of the node agent (per pod there).
 #[derive(Debug, Clone, Args)]
@@ -842,20 +871,8 @@ pub struct GuardTuningArgs {
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
     pub guard_max_streams: usize,
 
-    /// Close each guard connection after this age (±10% jitter): GOAWAY, a
-    /// grace, then open streams end with grpc-status 14. Off by default.
-    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE")]
-    pub max_connection_age: Option<Span>,
-
-    /// How long streams may run after a max-age GOAWAY before the guard ends them.
-    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_GRACE", default_value_t = config::DEFAULT_MAX_CONNECTION_AGE_GRACE)]
-    pub max_connection_age_grace: Span,
-
-    /// End a connection's remaining streams spread over this window, inside
-    /// the grace (capped at it): behind Envoy one pooled connection carries
-    /// many streams, and age x (1 +/- 10%) + grace stays a bound on its life.
-    #[arg(long, env = "DRAINSHIM_MAX_CONNECTION_AGE_SPREAD", default_value_t = config::DEFAULT_MAX_CONNECTION_AGE_SPREAD)]
-    pub max_connection_age_spread: Span,
+    #[command(flatten)]
+    pub max_age: MaxAgeArgs,
 
     /// When the app itself sends GOAWAY (its graceful stop, e.g. on its own
     /// SIGTERM), end that connection's long-lived streams gracefully
@@ -892,9 +909,7 @@ pub struct GuardTuningArgs {
 impl GuardTuningArgs {
     /// Writes these flags into a guard's configuration.
     fn apply(&self, c: &mut crate::guard::GuardConfig) {
-        c.max_connection_age = self.max_connection_age.map(Span::get);
-        c.max_connection_age_grace = self.max_connection_age_grace.get();
-        c.max_connection_age_spread = self.max_connection_age_spread.get();
+        self.max_age.apply(c);
         c.app_shutdown_spread = self.app_shutdown_spread.get();
         c.long_stream_age = self.long_stream_age.get();
         c.limits.write_stall_timeout = self.write_stall_timeout.get();
@@ -1096,7 +1111,7 @@ impl TryFrom<&SidecarArgs> for SidecarSettings {
                 Some(g)
             }
             (None, None) => {
-                shape.check(a.tuning.max_connection_age.is_none(), || {
+                shape.check(a.tuning.max_age.max_connection_age.is_none(), || {
                     "--max-connection-age needs the stream guard: set --guard-listen and --guard-upstream".into()
                 });
                 None

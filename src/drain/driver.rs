@@ -4,6 +4,7 @@
 //! Envoy is talked to from a separate task, so a hung admin API delays only
 //! the next observation, never the deadline.
 
+use crate::timer::sleep_until_opt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -207,13 +208,6 @@ async fn run(
         d.apply(event);
     }
     envoy_task.abort();
-}
-
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }
 
 /// The driver's mutable state, kept together so `apply` reads plainly.

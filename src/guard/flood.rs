@@ -39,12 +39,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
 use super::sniff::H2_PREFACE;
+use super::wire::{FRAME_HEADER, PING, RST_STREAM, SETTINGS};
 use crate::metrics::{Limit, Metrics};
-
-const FRAME_HEADER: usize = 9;
-const RST_STREAM: u8 = 0x3;
-const SETTINGS: u8 = 0x4;
-const PING: u8 = 0x6;
 /// Bytes read from the socket at a time, and most held back while throttled.
 const READ_CHUNK: usize = 16 * 1024;
 

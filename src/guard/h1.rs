@@ -28,6 +28,7 @@
 //! [`super::upstream::H1Upstream`]). The application gets the peer's
 //! address appended to `X-Forwarded-For`.
 
+use crate::timer::sleep_until_opt;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -52,7 +53,6 @@ use super::headers::{
 };
 use super::keepalive::{Activity, Counted, HeadTimer, H1_IDLE_TIMEOUT};
 use super::registry::Registered;
-use super::schedule::jittered_age;
 use super::signals;
 use super::sniff::{linger, Prefixed};
 use super::upstream::{H1Upstream, MIN_H1_BUF_SIZE};
@@ -265,13 +265,6 @@ impl Body for H1Body {
     }
 }
 
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
 pub async fn serve(inner: Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
     let reclaim = io.reclaim();
     drive(&inner, io, info).await;
@@ -289,8 +282,7 @@ async fn drive(inner: &Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
         l,
         inner.tasks.clone(),
     ));
-    let age = inner.config.max_connection_age;
-    let age_at = age.map(|age| info.accepted_at + jittered_age(age, fastrand::f64()));
+    let age_at = inner.age_at(info.accepted_at);
     // At age + grace the response in flight is asked to end (and aborted),
     // so age x (1 +- 10%) + grace + the close bounds the connection's life.
     let grace_end = age_at.map(|at| at + inner.config.max_connection_age_grace);

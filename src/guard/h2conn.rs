@@ -14,6 +14,7 @@
 //! stream is left: `abrupt_shutdown` fails every open stream, so it is only
 //! used when there are none.
 
+use crate::timer::sleep_until_opt;
 use std::future::poll_fn;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -66,13 +67,6 @@ fn metric_reason(cause: Cause) -> Option<Reason> {
         Cause::Drain => Some(Reason::drain),
         Cause::App => Some(Reason::app_shutdown),
         Cause::Idle => None,
-    }
-}
-
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 

@@ -211,15 +211,20 @@ impl Inner {
         );
     }
 
+    /// When a connection accepted at `accepted_at` reaches its max age,
+    /// jittered ±10% per connection (every path, HTTP/1.1 included).
+    fn age_at(&self, accepted_at: Instant) -> Option<Instant> {
+        self.config
+            .max_connection_age
+            .map(|age| accepted_at + jittered_age(age, fastrand::f64()))
+    }
+
     /// A new HTTP/2 connection's lifecycle (both HTTP/2 paths): its
     /// jittered max age, the grace and spread, the limits' timers, and
     /// whether a drain already began when it was accepted.
     fn lifecycle(&self, info: &conn::ConnInfo) -> lifecycle::Lifecycle {
         let l = self.config.limits;
-        let age_at = self
-            .config
-            .max_connection_age
-            .map(|age| info.accepted_at + jittered_age(age, fastrand::f64()));
+        let age_at = self.age_at(info.accepted_at);
         lifecycle::Lifecycle::new(
             lifecycle::Settings {
                 age_at,

@@ -33,6 +33,7 @@
 //! A stream is marked long-lived once its response carried two messages
 //! (see [`super::registry`]): a drain ends only such streams early.
 
+use crate::timer::sleep_until_opt;
 use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -576,13 +577,6 @@ enum Next {
     Quiet,
     Flushed,
     Data(Option<Result<Bytes, h2::Error>>),
-}
-
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }
 
 /// The response body of one stream, application → client.

@@ -48,6 +48,7 @@
 //! log when they open and when it closes them, and counts each close in
 //! `drainshim_streams_ungraceful_total{protocol="other"}`.
 
+use crate::timer::sleep_until_opt;
 use std::io::{self, Cursor};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -481,13 +482,6 @@ impl<T: tokio::io::AsyncRead + Unpin> ReadSome for tokio::io::ReadHalf<T> {
 fn release(buf: &mut BytesMut) {
     if buf.is_empty() && buf.capacity() > 0 {
         *buf = BytesMut::new();
-    }
-}
-
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 

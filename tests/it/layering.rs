@@ -126,7 +126,7 @@ fn the_library_takes_settings_not_flags() {
 #[test]
 fn metrics_and_the_leaves_stand_alone() {
     let g = graph();
-    for leaf in ["metrics", "config", "http", "error"] {
+    for leaf in ["metrics", "config", "http", "error", "timer"] {
         let deps = &g[leaf];
         let above: Vec<_> = deps.iter().filter(|d| *d != "config").collect();
         assert!(above.is_empty(), "{leaf} imports {above:?}");
