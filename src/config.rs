@@ -1,4 +1,5 @@
-//! Validated settings: the drain budget and its defaults.
+//! The drain budget (its timers and the rules between them) and every
+//! default value a flag starts from.
 //!
 //! Everything is checked before anything runs, and every bad value is
 //! reported at once, naming the flags involved.

@@ -26,7 +26,7 @@ pub mod readiness;
 pub mod recovery;
 pub mod settings;
 pub mod sidecar;
-pub mod signals;
+pub mod sigterm;
 pub mod telemetry;
 pub mod timer;
 

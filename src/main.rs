@@ -12,7 +12,7 @@ use drainshim::cli::{emit, print_json, Cli, Command};
 use drainshim::error::{Error, EX_SOFTWARE, EX_USAGE};
 use drainshim::logging::LogFormat;
 use drainshim::settings::{DrainOnceSettings, NodeSettings, SidecarSettings};
-use drainshim::signals::sigterms;
+use drainshim::sigterm::sigterms;
 use drainshim::{fleet, install, node, oneshot, prestop, sidecar};
 
 /// With the `mimalloc` feature, mimalloc serves every allocation instead of

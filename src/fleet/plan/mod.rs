@@ -35,7 +35,7 @@ pub use history::{read, step_for, Timelines};
 use next::wave_window;
 pub use next::{estimate_of, Estimate, Next, Verdict};
 pub use render::{human, render, when};
-pub use rows::{derive, Gate, Kind, Rollback, Row};
+pub use rows::{derive, Gate, Rollback, Row, StepKind};
 pub use tiers::{parse_tiers, resolve, Tier, TierSpec};
 pub use wave::{wave, Edge, Point, State, Versions, Wave};
 
@@ -115,7 +115,7 @@ pub struct WaveCheck {
 pub fn waves_to_verify(plan: &Plan) -> Vec<((u8, usize), Option<WaveCheck>)> {
     let mut out = Vec::new();
     let mut index: BTreeMap<u8, usize> = BTreeMap::new();
-    for r in plan.rows.iter().filter(|r| r.kind == Kind::Restart) {
+    for r in plan.rows.iter().filter(|r| r.kind == StepKind::Restart) {
         let k = index.entry(r.step).or_default();
         let key = (r.step, *k);
         *k += 1;

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::render::when;
 use super::wave::mm;
-use super::{human, Edge, Kind, Mesh, Plan, PlanOptions, Row, State, Versions};
+use super::{human, Edge, Mesh, Plan, PlanOptions, Row, State, StepKind, Versions};
 use crate::inventory::Release;
 
 /// What the operator does next.
@@ -58,8 +58,8 @@ pub(super) fn next_action(
     if let Some((k, r)) = rows.iter().enumerate().find(|(_, r)| {
         r.state == State::Stalled
             || r.verify.as_ref().is_some_and(|g| g.failed)
-            || (r.gate.failed && r.kind == Kind::ControlPlane && v.moved())
-            || (r.gate.failed && r.kind == Kind::Inventory)
+            || (r.gate.failed && r.kind == StepKind::ControlPlane && v.moved())
+            || (r.gate.failed && r.kind == StepKind::Inventory)
     }) {
         let tier = r.tier.clone().unwrap_or_default();
         let ns = r.namespaces.join(",");
@@ -107,7 +107,7 @@ pub(super) fn next_action(
         if r.finished_ok() {
             continue;
         }
-        let go_on = r.state == State::InProgress && r.kind == Kind::Restart;
+        let go_on = r.state == State::InProgress && r.kind == StepKind::Restart;
         if !(go_on || (r.state == State::NotStarted && r.gate.ok == Some(true))) {
             continue;
         }
@@ -199,8 +199,8 @@ fn revision(opts: &PlanOptions, r: Release) -> String {
 fn commands_for(r: &Row, opts: &PlanOptions, v: Versions, go_on: bool) -> (String, Vec<String>) {
     let tier = r.tier.clone().unwrap_or_default();
     match r.kind {
-        Kind::Inventory => ("publish the inventory".into(), Vec::new()),
-        Kind::ConnectionLifetime => (
+        StepKind::Inventory => ("publish the inventory".into(), Vec::new()),
+        StepKind::ConnectionLifetime => (
             format!(
                 "step 2, tier {tier}: give its guards a max connection age, then let it soak {}",
                 human(opts.lifetime_soak)
@@ -215,7 +215,7 @@ fn commands_for(r: &Row, opts: &PlanOptions, v: Versions, go_on: bool) -> (Strin
                 })
                 .collect(),
         ),
-        Kind::Restart => {
+        StepKind::Restart => {
             let to = if r.step == 3 { v.intermediate } else { v.target };
             let verb = if go_on { "go on with" } else { "start" };
             let mut cmds = Vec::new();
@@ -239,7 +239,7 @@ fn commands_for(r: &Row, opts: &PlanOptions, v: Versions, go_on: bool) -> (Strin
                 cmds,
             )
         }
-        Kind::ControlPlane => (
+        StepKind::ControlPlane => (
             format!(
                 "step 4: move the control plane to {}, the point of no return",
                 mm(v.target)
@@ -284,7 +284,7 @@ pub fn estimate_of(plan: &Plan, opts: &PlanOptions) -> Estimate {
     let measured: Vec<f64> = plan
         .rows
         .iter()
-        .filter(|r| r.kind == Kind::Restart)
+        .filter(|r| r.kind == StepKind::Restart)
         .filter_map(|r| match (r.started, r.finished) {
             (Some(Edge::At(s)), Some(Edge::At(f))) => Some(f - s),
             _ => None,
@@ -302,7 +302,7 @@ pub fn estimate_of(plan: &Plan, opts: &PlanOptions) -> Estimate {
     let lifetime_left = plan
         .rows
         .iter()
-        .filter(|r| r.kind == Kind::ConnectionLifetime && !r.finished_ok())
+        .filter(|r| r.kind == StepKind::ConnectionLifetime && !r.finished_ok())
         .map(|r| match r.gate.opens_at {
             Some(t) => (t - now).max(0.0),
             None => opts.lifetime_soak.as_secs_f64(),
@@ -337,7 +337,7 @@ pub fn estimate_of(plan: &Plan, opts: &PlanOptions) -> Estimate {
     if plan
         .rows
         .iter()
-        .any(|r| r.kind == Kind::ControlPlane && !r.finished_ok())
+        .any(|r| r.kind == StepKind::ControlPlane && !r.finished_ok())
     {
         parts.push(("step 4: control plane".to_string(), pace));
     }

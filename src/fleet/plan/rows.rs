@@ -60,7 +60,7 @@ pub struct Rollback {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Kind {
+pub enum StepKind {
     Inventory,
     ConnectionLifetime,
     Restart,
@@ -72,7 +72,7 @@ pub enum Kind {
 pub struct Row {
     /// 1 to 5, the sequence's step.
     pub step: u8,
-    pub kind: Kind,
+    pub kind: StepKind,
     /// What the step does, e.g. "restart 1.38 -> 1.39".
     pub what: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -175,7 +175,7 @@ struct Derivation<'a> {
 }
 
 impl Derivation<'_> {
-    fn row(&self, step: u8, kind: Kind, what: String, tier: Option<&Tier>) -> Row {
+    fn row(&self, step: u8, kind: StepKind, what: String, tier: Option<&Tier>) -> Row {
         Row {
             step,
             kind,
@@ -208,7 +208,7 @@ impl Derivation<'_> {
                 .or_default() += n;
         }
         let unknown = spread.get("unknown").copied().unwrap_or(0);
-        let mut r = self.row(1, Kind::Inventory, "version inventory".into(), None);
+        let mut r = self.row(1, StepKind::Inventory, "version inventory".into(), None);
         r.pods = Some(proxies);
         r.detail = if proxies == 0 {
             "no proxy reports a version now".into()
@@ -238,7 +238,7 @@ impl Derivation<'_> {
         let soak = self.opts.lifetime_soak;
         let mut r = self.row(
             2,
-            Kind::ConnectionLifetime,
+            StepKind::ConnectionLifetime,
             format!("connection lifetime, soak {}", human(soak)),
             Some(tier),
         );
@@ -296,7 +296,7 @@ impl Derivation<'_> {
             );
             let mut r = self.row(
                 step,
-                Kind::Restart,
+                StepKind::Restart,
                 format!("restart to {}", mm(to)),
                 Some(tier),
             );
@@ -426,7 +426,7 @@ impl Derivation<'_> {
         } else {
             format!("control plane {} to {} (no return)", mm(c), mm(t))
         };
-        let mut r = self.row(4, Kind::ControlPlane, what, None);
+        let mut r = self.row(4, StepKind::ControlPlane, what, None);
         r.detail = format!("runs {}; {skew}", mm(c));
         if v.moved() {
             r.state = State::Done;
