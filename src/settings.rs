@@ -148,18 +148,7 @@ impl GuardSettings {
                 self.listen
             )
         });
-        errs.check(!c.max_connection_age.is_some_and(|a| a.is_zero()), || {
-            "--max-connection-age must be greater than zero (leave it out to turn it off)".into()
-        });
-        errs.check(!c.limits.write_stall_timeout.is_zero(), || {
-            "--write-stall-timeout must be greater than zero".into()
-        });
-        errs.check(c.limits.max_connections > 0, || {
-            "--guard-max-connections must be at least 1".into()
-        });
-        errs.check(c.limits.max_streams > 0, || {
-            "--guard-max-streams must be at least 1".into()
-        });
+        check_guard_config(c, errs);
         errs.check(!self.ready_interval.is_zero(), || {
             "--ready-interval must be greater than zero".into()
         });
@@ -170,23 +159,22 @@ impl GuardSettings {
 
     fn effective(&self) -> Value {
         let c = &self.config;
-        json!({
-            "listen": self.listen,
-            "upstream": c.upstream,
-            "max_connection_age": c.max_connection_age.map(human),
-            "max_connection_age_grace": human(c.max_connection_age_grace),
-            "max_connection_age_spread": human(c.max_connection_age_spread),
-            "app_shutdown_spread": human(c.app_shutdown_spread),
-            "long_stream_age": human(c.long_stream_age),
-            "write_stall_timeout": human(c.limits.write_stall_timeout),
-            "max_connections": c.limits.max_connections,
-            "max_streams": c.limits.max_streams,
-            "request_metrics": c.signals.enabled,
-            "request_metrics_methods": c.signals.methods,
-            "request_metrics_max_services": c.signals.max_services,
-            "ready_interval": human(self.ready_interval),
-            "ready_failures": self.ready_failures,
-        })
+        let mut shown = guard_config_json(c, "");
+        shown.extend(
+            json!({
+                "listen": self.listen,
+                "upstream": c.upstream,
+                "request_metrics": c.signals.enabled,
+                "request_metrics_methods": c.signals.methods,
+                "request_metrics_max_services": c.signals.max_services,
+                "ready_interval": human(self.ready_interval),
+                "ready_failures": self.ready_failures,
+            })
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
+        );
+        Value::Object(shown)
     }
 }
 
@@ -356,18 +344,7 @@ impl Default for NodeGuardSettings {
 impl NodeGuardSettings {
     fn check(&self, errs: &mut Invalid) {
         let c = &self.template;
-        errs.check(!c.max_connection_age.is_some_and(|a| a.is_zero()), || {
-            "--max-connection-age must be greater than zero (leave it out to turn it off)".into()
-        });
-        errs.check(!c.limits.write_stall_timeout.is_zero(), || {
-            "--write-stall-timeout must be greater than zero".into()
-        });
-        errs.check(c.limits.max_connections > 0, || {
-            "--guard-max-connections must be at least 1".into()
-        });
-        errs.check(c.limits.max_streams > 0, || {
-            "--guard-max-streams must be at least 1".into()
-        });
+        check_guard_config(c, errs);
         errs.check(
             self.handover_socket
                 .as_ref()
@@ -377,21 +354,58 @@ impl NodeGuardSettings {
     }
 
     fn effective(&self) -> Value {
-        let c = &self.template;
-        json!({
-            "default": self.default.map(|g| g.to_string()),
-            "max_connection_age": c.max_connection_age.map(human),
-            "max_connection_age_grace": human(c.max_connection_age_grace),
-            "max_connection_age_spread": human(c.max_connection_age_spread),
-            "app_shutdown_spread": human(c.app_shutdown_spread),
-            "long_stream_age": human(c.long_stream_age),
-            "write_stall_timeout": human(c.limits.write_stall_timeout),
-            "max_connections_per_pod": c.limits.max_connections,
-            "max_streams_per_pod": c.limits.max_streams,
-            "handover_socket": self.handover_socket.as_deref().map(shown_path),
-            "handover_window": human(self.handover_window),
-        })
+        let mut shown = guard_config_json(&self.template, "_per_pod");
+        shown.extend(
+            json!({
+                "default": self.default.map(|g| g.to_string()),
+                "handover_socket": self.handover_socket.as_deref().map(shown_path),
+                "handover_window": human(self.handover_window),
+            })
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
+        );
+        Value::Object(shown)
     }
+}
+
+/// The rules every guard's configuration meets, the sidecar's and node
+/// mode's (each pod's guard is made from one template).
+fn check_guard_config(c: &GuardConfig, errs: &mut Invalid) {
+    errs.check(!c.max_connection_age.is_some_and(|a| a.is_zero()), || {
+        "--max-connection-age must be greater than zero (leave it out to turn it off)".into()
+    });
+    errs.check(!c.limits.write_stall_timeout.is_zero(), || {
+        "--write-stall-timeout must be greater than zero".into()
+    });
+    errs.check(c.limits.max_connections > 0, || {
+        "--guard-max-connections must be at least 1".into()
+    });
+    errs.check(c.limits.max_streams > 0, || {
+        "--guard-max-streams must be at least 1".into()
+    });
+}
+
+/// What `--check` shows of a guard's configuration; `caps` suffixes the
+/// connection and stream caps (node mode's are per pod).
+fn guard_config_json(c: &GuardConfig, caps: &str) -> serde_json::Map<String, Value> {
+    let mut shown = json!({
+        "max_connection_age": c.max_connection_age.map(human),
+        "max_connection_age_grace": human(c.max_connection_age_grace),
+        "max_connection_age_spread": human(c.max_connection_age_spread),
+        "app_shutdown_spread": human(c.app_shutdown_spread),
+        "long_stream_age": human(c.long_stream_age),
+        "write_stall_timeout": human(c.limits.write_stall_timeout),
+    })
+    .as_object()
+    .cloned()
+    .unwrap_or_default();
+    shown.insert(
+        format!("max_connections{caps}"),
+        c.limits.max_connections.into(),
+    );
+    shown.insert(format!("max_streams{caps}"), c.limits.max_streams.into());
+    shown
 }
 
 /// A path as `--check` prints it. serde refuses paths that are not UTF-8
