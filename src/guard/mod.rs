@@ -33,6 +33,7 @@ mod hpack;
 mod keepalive;
 mod lifecycle;
 mod limits;
+mod passthrough;
 mod rapid;
 mod registry;
 mod schedule;
