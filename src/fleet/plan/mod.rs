@@ -221,3 +221,153 @@ pub async fn plan(
     }
     Ok(plan)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DAY: f64 = 86_400.0;
+    const HOUR: f64 = 3600.0;
+
+    fn opts(tiers: usize) -> PlanOptions {
+        PlanOptions {
+            control_plane: "1.39".parse().unwrap(),
+            target: "1.40".parse().unwrap(),
+            max_skew: 1,
+            tiers: (0..tiers)
+                .map(|k| TierSpec {
+                    name: format!("tier{k}"),
+                    namespaces: vec![format!("ns{k}")],
+                    pattern: None,
+                })
+                .collect(),
+            version_label: VersionLabel::Version,
+            stall_after: Duration::from_secs(2 * 3600),
+            soak: Duration::from_secs(86_400),
+            lifetime_soak: Duration::from_secs(7 * 86_400),
+            history: Duration::from_secs(90 * 86_400),
+            at: None,
+            mesh: Mesh::Istio,
+            revisions: BTreeMap::new(),
+            suggest_max_age: Duration::from_secs(1800),
+            thresholds: Thresholds {
+                max_retry_increase: 0.2,
+                max_reset_increase: 0.2,
+                rate_floor: 0.05,
+                golden: Default::default(),
+            },
+            prometheus_url: "http://prometheus:9090".into(),
+        }
+    }
+
+    /// A fleet seen at `times`: `versions(t)` gives (namespace, version,
+    /// proxies) and `max_age(t)` (namespace, seconds).
+    fn fleet(
+        times: &[f64],
+        versions: impl Fn(f64) -> Vec<(&'static str, &'static str, u64)>,
+        max_age: impl Fn(f64) -> Vec<(&'static str, f64)>,
+    ) -> Timelines {
+        let mut tl = Timelines {
+            times: times.to_vec(),
+            ..Default::default()
+        };
+        for &t in times {
+            let v: BTreeMap<(String, String), u64> = versions(t)
+                .into_iter()
+                .map(|(ns, v, n)| ((ns.to_string(), v.to_string()), n))
+                .collect();
+            tl.namespaces.extend(v.keys().map(|(ns, _)| ns.clone()));
+            tl.versions.push(v);
+            tl.max_age.push(
+                max_age(t)
+                    .into_iter()
+                    .map(|(ns, a)| (ns.to_string(), a))
+                    .collect(),
+            );
+        }
+        tl
+    }
+
+    fn derived(tl: &Timelines, o: &PlanOptions) -> Plan {
+        let v = Versions::new(o.control_plane, o.target, o.max_skew).unwrap();
+        let tiers = resolve(&o.tiers, &tl.namespaces, o.history).unwrap();
+        derive(tl, &tiers, v, o, &BTreeMap::new())
+    }
+
+    #[test]
+    fn a_fresh_fleet_starts_with_the_connection_lifetime_and_takes_weeks() {
+        let o = opts(4);
+        let times: Vec<f64> = (0..10).map(|i| i as f64 * HOUR).collect();
+        let all = ["ns0", "ns1", "ns2", "ns3"];
+        let tl = fleet(
+            &times,
+            |_| all.iter().map(|ns| (*ns, "1.38.3", 3)).collect(),
+            |_| Vec::new(),
+        );
+        let mut plan = derived(&tl, &o);
+        assert_eq!(plan.verdict, Verdict::Go);
+        let next = &plan.rows[plan.next.row.unwrap()];
+        assert_eq!(
+            (next.kind, next.tier.as_deref()),
+            (StepKind::ConnectionLifetime, Some("tier0"))
+        );
+        assert!(plan.next.commands[0].contains("DRAINSHIM_MAX_CONNECTION_AGE=30m"));
+        assert_eq!(plan.rows[0].detail, "12 proxies: 12 on 1.38");
+        // Lifetime soak 7d; per restart 4 waves of the assumed 4h plus a day's
+        // soak each; the control plane one wave: 16d 12h in all.
+        let e = estimate_of(&plan, &o);
+        assert_eq!(
+            e.remaining_seconds,
+            7.0 * DAY + 8.0 * (4.0 * HOUR + DAY) + 4.0 * HOUR
+        );
+        assert_eq!(e.waves_left, 8);
+        plan.estimate = Some(e);
+        assert!(
+            render(&plan, false).contains("estimate: 16d12h left"),
+            "{}",
+            render(&plan, false)
+        );
+    }
+
+    #[test]
+    fn a_wave_before_the_history_is_done_but_not_verified_again() {
+        let mut o = opts(2);
+        o.lifetime_soak = Duration::from_secs(3600);
+        let times: Vec<f64> = (0..10).map(|i| i as f64 * HOUR).collect();
+        // Tier 0 was on 1.39 before the history began; tier 1 moves at 5h.
+        let tl = fleet(
+            &times,
+            |t| {
+                vec![
+                    ("ns0", "1.39.3", 2),
+                    ("ns1", if t >= 5.0 * HOUR { "1.39.3" } else { "1.38.3" }, 2),
+                ]
+            },
+            |_| vec![("ns0", 1800.0), ("ns1", 1800.0)],
+        );
+        let mut verified = BTreeMap::new();
+        let first = derived(&tl, &o);
+        for (key, wave) in waves_to_verify(&first) {
+            // Only tier 1 (inside the history) is verified; tier 0 is not.
+            assert_eq!(wave.is_some(), key == (3, 1), "{key:?}");
+            verified.insert(key, verify_gate(wave.map(|_| Ok(Vec::new()))));
+        }
+        let v = Versions::new(o.control_plane, o.target, o.max_skew).unwrap();
+        let tiers = resolve(&o.tiers, &tl.namespaces, o.history).unwrap();
+        let plan = derive(&tl, &tiers, v, &o, &verified);
+        let t0 = &plan.rows[3];
+        assert_eq!(t0.state, State::Done);
+        assert!(matches!(t0.finished, Some(Edge::BeforeHistory(_))));
+        assert!(t0
+            .verify
+            .as_ref()
+            .unwrap()
+            .detail
+            .contains("not re-verified"));
+        assert_eq!(plan.rows[4].state, State::Verified);
+        // Tier 1 finished at 5h, the last step is 9h: the control plane's
+        // soak of a day still runs.
+        assert_eq!(plan.verdict, Verdict::Wait);
+        assert_eq!(plan.next.not_before, Some(5.0 * HOUR + DAY));
+    }
+}
