@@ -10,7 +10,8 @@
         its port declared (rejected), on the sidecar PodMonitor as shipped
         and as it was before issue 30, honouring labels (rejected, also by a
         real Prometheus), on the docs' old wording, and on broken copies of
-        the sidecar Components (ADOPTION_CASES, ISTIO_ADOPTION_CASES).
+        the sidecar Components (ADOPTION_CASES, NATIVE_ADOPTION_CASES,
+        ISTIO_ADOPTION_CASES).
     check_deploy.py sync-rules
         Rewrites deploy/monitoring/prometheusrule.yaml from rules.yaml.
 
@@ -1157,6 +1158,8 @@ def check_rollout(ck: Checker, overlay: str, doc: dict) -> None:
 # ------------------------------------------------------ the sidecar Component
 
 SIDECAR_COMPONENT = DEPLOY / "components" / "sidecar"
+# The same on native sidecars (Kubernetes >= 1.29); it includes ../sidecar/app.
+NATIVE_SIDECAR_COMPONENT = DEPLOY / "components" / "native-sidecar"
 
 # Workloads from outside the repo, as someone adopting drainshim has them:
 # their own names, images, ports, volumes; nothing of deploy/base. Two opt in
@@ -1261,7 +1264,8 @@ def check_bootstrap_alike(ck: Checker, component: Path) -> None:
     that file's priority 1 port. One may not drift from the other."""
     shared = yaml.safe_load((DEPLOY / "components" / "envoy" / "envoy.yaml").read_text())
     patch = yaml.safe_load((component / "pod-patch.yaml").read_text())
-    envoy = next((c for c in patch["spec"]["template"]["spec"]["containers"] if c.get("name") == "envoy"), {})
+    pod = patch["spec"]["template"]["spec"]
+    envoy = next((c for c in (pod.get("containers") or []) + (pod.get("initContainers") or []) if c.get("name") == "envoy"), {})
     args = [str(a) for a in envoy.get("args") or []]
     if not ck.check("adopt", "--config-yaml" in args[:-1], f"{component.name}/pod-patch.yaml: Envoy has no inline --config-yaml bootstrap"):
         return
@@ -1486,6 +1490,15 @@ ADOPTION_CASES = [
      ADOPTER_WORKLOADS),
     ("orders with drainshim.io/app-port 9091, a port it does not declare: rejected",
      "is not a port the app declares", None, ADOPTER_WORKLOADS.replace('drainshim.io/app-port: "9090"', 'drainshim.io/app-port: "9091"', 1)),
+]
+
+# The native-sidecar variant (components/native-sidecar) on the same workloads.
+NATIVE_ADOPTION_CASES = [
+    ("the shipped native-sidecar Component on orders, ledger and mailer: accepted",
+     None, None, ADOPTER_WORKLOADS),
+    ("the native-sidecar Component with drainshim a plain init container (no restartPolicy: Always): rejected",
+     "is a plain init container", _edit("pod-patch.yaml", "        image: drainshim\n        restartPolicy: Always\n", "        image: drainshim\n"),
+     ADOPTER_WORKLOADS),
 ]
 
 # The same for the Istio variant (components/sidecar-istio, ADOPTER_ISTIO).
@@ -2383,14 +2396,17 @@ def run_selftest(rendered: Path, prometheus: Path, envoy_cache: Path, kubectl: s
     expect(not found, "the same words where they are true: none caught", "\n".join(found))
 
     print("== adopt: the sidecar Component on workloads from outside the repo, and broken copies of it")
-    cases = [(c, check_adoption) for c in ADOPTION_CASES] + [(c, check_istio_adoption) for c in ISTIO_ADOPTION_CASES]
-    for (what, detail, edit, workloads), run in cases:
+    cases = ([(c, check_adoption, "sidecar") for c in ADOPTION_CASES]
+             + [(c, check_adoption, "native-sidecar") for c in NATIVE_ADOPTION_CASES]
+             + [(c, check_istio_adoption, "sidecar-istio") for c in ISTIO_ADOPTION_CASES])
+    for (what, detail, edit, workloads), run, name in cases:
         with tempfile.TemporaryDirectory(prefix="drainshim-component-") as tmp:
-            # Both Components, side by side as in deploy/components (the
-            # Istio variant includes ../sidecar/app); only one is edited.
+            # The Components, side by side as in deploy/components (the
+            # variants include ../sidecar/app); only one is edited.
             shutil.copytree(SIDECAR_COMPONENT, Path(tmp) / "sidecar")
+            shutil.copytree(NATIVE_SIDECAR_COMPONENT, Path(tmp) / "native-sidecar")
             shutil.copytree(SIDECAR_ISTIO_COMPONENT, Path(tmp) / "sidecar-istio")
-            component = Path(tmp) / ("sidecar" if run is check_adoption else "sidecar-istio")
+            component = Path(tmp) / name
             if edit is not None:
                 edit(component)
             ck = Checker()
@@ -2471,6 +2487,8 @@ def run_check(rendered: Path, envoy_cache: Path, design: Path | None, prometheus
 
     print("== the sidecar Component on workloads from outside the repo (deploy/components/sidecar)")
     scrape_pods += check_adoption(ck, kubectl, SIDECAR_COMPONENT, envoy_cache, versions)
+    print("== its native-sidecar variant on the same workloads (deploy/components/native-sidecar)")
+    scrape_pods += check_adoption(ck, kubectl, NATIVE_SIDECAR_COMPONENT, envoy_cache, versions)
     print("== its Istio variant on a workload from outside the repo, in a namespace with a default Sidecar (deploy/components/sidecar-istio)")
     check_istio_adoption(ck, kubectl, SIDECAR_ISTIO_COMPONENT, envoy_cache, versions)
 
