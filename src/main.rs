@@ -115,7 +115,8 @@ async fn run(command: Command) -> Result<ExitCode, Error> {
             let (reach, opts) = a.options()?;
             let plan = fleet::plan::plan(&reach, &opts, a.estimate).await?;
             if a.next_only {
-                emit(a.format, &plan.next, || fleet::plan::render(&plan, true));
+                let next = serde_json::json!({ "next": plan.next, "verdict": plan.verdict });
+                emit(a.format, &next, || fleet::plan::render(&plan, true));
             } else {
                 emit(a.format, &plan, || fleet::plan::render(&plan, false));
             }

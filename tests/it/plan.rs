@@ -377,6 +377,18 @@ async fn plan_follows_a_migration_from_the_fleet_alone() {
         "{commands}"
     );
     let flags_soaked: &[&str] = &["--lifetime-soak", "2s", "--stall-after", "1h"];
+    // The next action alone, for a pipeline: the same action and verdict.
+    let only = plan(
+        &url,
+        &tiers,
+        "1.39",
+        &[flags_soaked, &["--next-only"]].concat(),
+    )
+    .await;
+    assert_eq!(only.code, Some(0), "{}", only.plan);
+    assert_eq!(only.plan["verdict"], "go");
+    assert_eq!(only.plan["next"]["row"], soaked.plan["next"]["row"]);
+    assert!(only.plan.get("rows").is_none(), "{}", only.plan);
 
     // Tier 1 in progress: one pod of two on n-1.
     fleet.replace("t1-a", "t1", "t1-a2", N1, true).await;
