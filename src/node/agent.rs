@@ -1,0 +1,452 @@
+//! The agent's lifecycle: `NodeAgent::start` (privileges, the API
+//! listener, listeners inherited from the old agent, the first scan),
+//! `run` and `stop`, and the hand-over to the next agent (`handover::Donor`).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::binding::adopt;
+use super::handover::{self, Kind, Offer};
+use super::metrics::{PodCollector, PodSeries, PodSource, TimersCollector, TimersSource};
+use super::netns::Netns;
+use super::pod::{HostAddrs, Pod, PodStatus};
+use super::scan::{scan_loop, SCAN_CONCURRENCY};
+use super::timers::PodDrain;
+use super::{api, proc, NodeAgent, NodeError, NodeSettings, NodeStatus};
+use crate::drain::Phase;
+use crate::telemetry::Telemetry;
+
+/// How long a new agent scans again for pods whose guard listener it was
+/// handed but could not serve yet (their Envoy did not answer), before it
+/// answers `adopted`: well within the old agent's wait for that answer.
+const ADOPT_RETRY: Duration = Duration::from_secs(20);
+/// Pause between those scans (the scan interval if shorter).
+const ADOPT_RETRY_PAUSE: Duration = Duration::from_millis(250);
+
+impl handover::Donor for Arc<Shared> {
+    async fn offer(&self) -> Vec<Offer> {
+        // No scan runs from now on (until `resume`): the list stays true.
+        let held = self.scanning.clone().lock_owned().await;
+        if let Ok(mut p) = self.paused.lock() {
+            *p = Some(held);
+        }
+        let dup = |kind, netns, fd: Option<&OwnedFd>| -> Option<Offer> {
+            let fd = fd?.try_clone().ok()?;
+            let addr = socket2::SockRef::from(&fd).local_addr().ok()?.as_socket()?;
+            Some(Offer {
+                kind,
+                netns,
+                addr,
+                fd,
+            })
+        };
+        let mut offers: Vec<Offer> = dup(Kind::Api, self.own_netns, self.api_fd.as_ref())
+            .into_iter()
+            .collect();
+        if let Ok(pods) = self.pods.lock() {
+            for (k, p) in pods.iter() {
+                offers.extend(dup(Kind::Prestop, *k, p.listener_fd.as_ref()));
+                offers.extend(dup(Kind::Guard, *k, p.guard_fd.as_ref()));
+            }
+        }
+        // Not claimed yet here (a pod not identified since): passed on too.
+        if let Ok(inherited) = self.inherited.lock() {
+            for o in inherited.iter() {
+                offers.extend(dup(o.kind, o.netns, Some(&o.fd)));
+            }
+        }
+        offers
+    }
+
+    fn resume(&self) {
+        if let Ok(mut p) = self.paused.lock() {
+            p.take();
+        }
+    }
+}
+
+/// A departed pod whose counters are still shown.
+pub(super) struct Departed {
+    /// Its last series, with `live` false.
+    pub(super) series: PodSeries,
+    /// When they stop being exported.
+    pub(super) until: Instant,
+}
+
+/// State shared by the scanner, the API and the pod listeners.
+pub(super) struct Shared {
+    /// Validated flags.
+    pub(super) settings: NodeSettings,
+    /// The node's own namespace: Envoys in it are hostNetwork, not pods.
+    pub(super) own_netns: u64,
+    /// Live pods by namespace inode. A std mutex, never held across an await.
+    pub(super) pods: Arc<Mutex<BTreeMap<u64, Pod>>>,
+    /// Pods gone, kept for the retention period.
+    pub(super) departed: Arc<Mutex<Vec<Departed>>>,
+    /// The node's addresses, for the pod listeners' access check.
+    pub(super) host: HostAddrs,
+    /// Every pod task (listeners, report watchers): none outlives its pod.
+    pub(super) tasks: TaskTracker,
+    /// The agent's metrics: per-pod series plus a few of its own.
+    pub(super) registry: Registry,
+    /// Pods managed (`drainshim_node_pods`).
+    pub(super) pods_gauge: prometheus_client::metrics::gauge::Gauge,
+    /// Scans done, for /readyz and /status.
+    pub(super) scans: std::sync::atomic::AtomicU64,
+    /// Numbers pods in discovery order.
+    pub(super) next_seq: std::sync::atomic::AtomicU64,
+    /// Held by each scan, and for good by a hand-over: the old agent takes
+    /// on no pod once it has listed its listeners.
+    pub(super) scanning: Arc<tokio::sync::Mutex<()>>,
+    /// The scan lock while a hand-over is under way.
+    pub(super) paused: Mutex<Option<tokio::sync::OwnedMutexGuard<()>>>,
+    /// Listeners from the old agent not claimed yet by a pod.
+    pub(super) inherited: Mutex<Vec<Offer>>,
+    /// The agent's own listener, kept to hand over.
+    pub(super) api_fd: Option<OwnedFd>,
+    /// Stops the agent's API listener alone.
+    pub(super) api_stop: CancellationToken,
+}
+
+/// Checks that this process may enter network namespaces, by entering its own.
+async fn check_privileges(own: &Netns) -> Result<(), NodeError> {
+    own.run(|| Ok(()))
+        .await
+        .map_err(|e| NodeError::NoPrivilege(e.to_string()))
+}
+
+impl NodeAgent {
+    /// Checks privileges, binds `listen`, runs the first scan, and starts
+    /// scanning every interval.
+    pub async fn start(settings: NodeSettings) -> Result<Self, NodeError> {
+        let listen = settings.listen;
+        let self_ns = PathBuf::from("/proc/self/ns/net");
+        let own_netns = proc::netns_inode(&self_ns).map_err(NodeError::OwnNetns)?;
+        let own =
+            Netns::open(&self_ns, own_netns).map_err(|e| NodeError::NoPrivilege(e.to_string()))?;
+        check_privileges(&own).await?;
+        // Fail now, not at the first scan, on a --proc-root that cannot be read.
+        proc::scan(&settings.proc_root, &settings.process_names)?;
+        let handover::Inherited {
+            adoption,
+            mut offers,
+        } = match &settings.guard.handover_socket {
+            Some(path) => handover::take(path).await,
+            None => handover::Inherited::default(),
+        };
+        let listener = match handover::claim(&mut offers, Kind::Api, own_netns)
+            .filter(|o| o.addr == listen || listen.port() == 0)
+            .and_then(|o| adopt(o.fd).ok())
+        {
+            Some(l) => l,
+            None => TcpListener::bind(listen)
+                .await
+                .map_err(|source| NodeError::Bind {
+                    addr: listen,
+                    source,
+                })?,
+        };
+        let local = listener.local_addr().unwrap_or(listen);
+        let api_fd = listener.as_fd().try_clone_to_owned().ok();
+
+        let pods: Arc<Mutex<BTreeMap<u64, Pod>>> = Arc::default();
+        let departed: Arc<Mutex<Vec<Departed>>> = Arc::default();
+        let source: PodSource = {
+            let pods = pods.clone();
+            let departed = departed.clone();
+            Arc::new(move || {
+                let mut all: Vec<PodSeries> = pods
+                    .lock()
+                    .map(|p| p.values().map(Pod::series).collect())
+                    .unwrap_or_default();
+                // A pod that came back (same labels) replaces its departed
+                // self: one label set must never be exported twice.
+                if let Ok(d) = departed.lock() {
+                    let fresh: Vec<_> = d
+                        .iter()
+                        .filter(|d| !all.iter().any(|p| p.labels == d.series.labels))
+                        .map(|d| d.series.clone())
+                        .collect();
+                    all.extend(fresh);
+                }
+                all
+            })
+        };
+        let refused: TimersSource = {
+            let pods = pods.clone();
+            Arc::new(move || {
+                pods.lock()
+                    .map(|p| {
+                        p.values()
+                            .map(|p| (p.labels.clone(), p.drain.timers().reasons()))
+                            .filter(|(_, reasons)| !reasons.is_empty())
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            })
+        };
+        let mut registry = Registry::default();
+        let pods_gauge = prometheus_client::metrics::gauge::Gauge::default();
+        {
+            let r = registry.sub_registry_with_prefix("drainshim");
+            r.register_collector(Box::new(PodCollector { source }));
+            r.register_collector(Box::new(TimersCollector { source: refused }));
+            r.register(
+                "node_pods",
+                "Pods (network namespaces with an Envoy) the node agent manages",
+                pods_gauge.clone(),
+            );
+        }
+        let shared = Arc::new(Shared {
+            settings,
+            own_netns,
+            pods,
+            departed,
+            host: HostAddrs::default(),
+            tasks: TaskTracker::new(),
+            registry,
+            pods_gauge,
+            scans: Default::default(),
+            next_seq: Default::default(),
+            scanning: Arc::default(),
+            paused: Mutex::default(),
+            inherited: Mutex::new(offers),
+            api_fd,
+            api_stop: CancellationToken::new(),
+        });
+        let shutdown = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        tasks.spawn(api::serve(
+            listener,
+            shared.clone(),
+            shared.api_stop.clone(),
+            shutdown.clone(),
+        ));
+        shared.scan().await;
+        // A guard listener whose pod could not be identified yet is served
+        // by nobody here: the scan is tried again (bounded, well within the
+        // old agent's wait for `adopted`) before the old agent is told to
+        // stop accepting, else new connections would wait in the backlog.
+        if adoption.from_old_agent() {
+            let until = Instant::now() + ADOPT_RETRY;
+            let pause = shared.settings.scan_interval.min(ADOPT_RETRY_PAUSE);
+            while shared.unserved_guard_listeners() > 0 && Instant::now() < until {
+                tokio::time::sleep(pause).await;
+                shared.scan().await;
+            }
+            let left = shared.unserved_guard_listeners();
+            if left > 0 {
+                tracing::warn!(listeners = left, "hand-over: guard listeners whose pod's Envoy did not answer yet; they queue connections until it does");
+            }
+        }
+        // Every listener received is served now (or waits for its pod's
+        // next scan, queueing connections): the old agent may stop accepting.
+        adoption.adopted().await;
+        let handed_over = CancellationToken::new();
+        if let Some(path) = shared.settings.guard.handover_socket.clone() {
+            match handover::bind(&path) {
+                Ok(sock) => {
+                    let shared = shared.clone();
+                    let stop = shutdown.clone();
+                    let done = handed_over.clone();
+                    tasks.spawn(async move {
+                        if handover::serve(sock, &shared, stop).await {
+                            shared.retire_after_handover();
+                            done.cancel();
+                        }
+                    });
+                }
+                Err(e) => tracing::warn!(error = %e,
+                    "cannot serve the hand-over socket: the next agent will bind for itself"),
+            }
+        }
+        tasks.spawn(scan_loop(shared.clone(), shutdown.clone()));
+        tracing::info!(listen = %local, proc_root = %shared.settings.proc_root.display(),
+            pods = shared.pods.lock().map(|p| p.len()).unwrap_or(0), "node agent ready");
+        Ok(Self {
+            shared,
+            local,
+            shutdown,
+            tasks,
+            handed_over,
+        })
+    }
+
+    /// Cancelled once this agent handed its listeners to a new one.
+    pub fn handed_over(&self) -> CancellationToken {
+        self.handed_over.clone()
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    pub fn status(&self) -> NodeStatus {
+        self.shared.status()
+    }
+
+    /// Pod tasks still running (listeners, report watchers): 0 with no pods.
+    pub fn pod_tasks(&self) -> usize {
+        self.shared.tasks.len()
+    }
+
+    /// Runs until SIGTERM (one message on `signals`). Drains in progress are
+    /// waited for, up to their own deadline, so a pod's preStop is answered;
+    /// a second SIGTERM stops at once.
+    pub async fn run(self, mut signals: mpsc::UnboundedReceiver<()>) {
+        if signals.recv().await.is_some() {
+            let running: Vec<_> = self
+                .shared
+                .pods
+                .lock()
+                .map(|p| {
+                    p.values()
+                        .filter_map(|p| p.drain.running())
+                        .filter(|d| {
+                            let s = d.status();
+                            s.phase != Phase::Serving && s.report.is_none()
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            if !running.is_empty() {
+                tracing::info!(
+                    drains = running.len(),
+                    "SIGTERM: waiting for drains in progress (again to stop now)"
+                );
+                let all = futures_util::future::join_all(running.iter().map(|d| d.report()));
+                tokio::select! {
+                    _ = all => {}
+                    _ = signals.recv() => tracing::warn!("second SIGTERM: stopping now"),
+                }
+            }
+            // A hand-over under way ends first (the rollout's SIGTERM can
+            // come while the next agent is still being given the listeners):
+            // stopping accepting before it serves them would leave new
+            // connections in a backlog nobody accepts from.
+            tokio::select! {
+                _ = self.handover_settled() => {}
+                _ = signals.recv() => tracing::warn!("second SIGTERM: stopping now"),
+            }
+        }
+        self.stop().await;
+    }
+
+    /// Returns once no hand-over is under way: none began, the new agent
+    /// adopted the listeners (this agent has retired them), or it went
+    /// away (this agent resumed). Bounded by the conversation's own steps.
+    async fn handover_settled(&self) {
+        let under_way = || {
+            !self.handed_over.is_cancelled()
+                && self
+                    .shared
+                    .paused
+                    .lock()
+                    .map(|p| p.is_some())
+                    .unwrap_or(false)
+        };
+        if !under_way() {
+            return;
+        }
+        tracing::info!(
+            "SIGTERM during a hand-over: waiting for the new agent to take the listeners"
+        );
+        // `take` and `done` steps, then the wait for `adopted` (handover.rs).
+        let bound = handover::STEP_TIMEOUT * 14;
+        let settled = async {
+            while under_way() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        if tokio::time::timeout(bound, settled).await.is_err() {
+            tracing::warn!(?bound, "hand-over still under way; stopping anyway");
+        }
+    }
+
+    /// Stops scanning and serving, and retires every pod.
+    pub async fn stop(self) {
+        // Guarded streams end gracefully over the window (at once when a
+        // hand-over already ended them), then everything stops.
+        self.shared.end_guards(true).await;
+        self.shutdown.cancel();
+        self.shared.api_stop.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+        let pods = std::mem::take(&mut *self.shared.pods.lock().unwrap_or_else(|e| e.into_inner()));
+        for (_, pod) in pods {
+            pod.retire();
+        }
+        self.shared.tasks.close();
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.shared.tasks.wait()).await;
+        tracing::info!("node agent stopped");
+    }
+}
+
+impl Shared {
+    pub(super) fn status(&self) -> NodeStatus {
+        let pods = self
+            .pods
+            .lock()
+            .map(|p| p.values().map(Pod::status).collect())
+            .unwrap_or_default();
+        let departed = self
+            .departed
+            .lock()
+            .map(|d| d.iter().map(|d| d.series.labels.clone()).collect())
+            .unwrap_or_default();
+        let host_addresses = self
+            .host
+            .read()
+            .map(|h| h.iter().map(|n| n.addr().to_string()).collect())
+            .unwrap_or_default();
+        NodeStatus {
+            pods,
+            departed,
+            host_addresses,
+            scans: self.scans.load(std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+
+    /// The pod with these labels, for the agent API.
+    pub(super) fn find(&self, namespace: &str, name: &str) -> Option<(PodDrain, PodStatus)> {
+        let pods = self.pods.lock().ok()?;
+        pods.values()
+            .find(|p| p.labels.namespace == namespace && p.labels.pod == name)
+            .map(|p| (p.drain.clone(), p.status()))
+    }
+
+    /// Telemetry of every live pod, refreshed concurrently.
+    pub(super) async fn refresh_telemetry(&self) {
+        let all: Vec<(Arc<Telemetry>, bool)> = self
+            .pods
+            .lock()
+            .map(|p| {
+                p.values()
+                    .map(|p| {
+                        (
+                            p.telemetry.clone(),
+                            p.drain.status().phase != Phase::Serving,
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        futures_util::stream::iter(all)
+            .for_each_concurrent(SCAN_CONCURRENCY, |(t, draining)| async move {
+                t.refresh(draining).await
+            })
+            .await;
+    }
+}
