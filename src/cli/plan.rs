@@ -20,11 +20,14 @@ Every row's state (not started, in progress k of n, stalled, done, done and veri
 Prometheus: the proxies' versions now and over --history, and the guards' max connection age. \
 Nothing is written anywhere, so the plan can stop at any point and be run again a month later. \
 Each finished wave is verified over its own window with the same gates as `verify`.\n\n\
-Tiers come from a TOML file, in rollout order:\n\n\
-  [[tier]]\n  name = \"platform-test\"\n  namespaces = [\"ptest\"]\n\n\
-  [[tier]]\n  name = \"read-paths\"\n  pattern = \"read-.*\"   # whole-name regex over the namespaces Prometheus has seen\n\n\
+Tiers come from a TOML file, in rollout order:\n\n  \
+[[tier]]\n  name = \"platform-test\"\n  namespaces = [\"ptest\"]\n\n  \
+[[tier]]\n  name = \"read-paths\"\n  pattern = \"read-.*\"   # whole-name regex over the namespaces Prometheus has seen\n\n\
 It prints every row, then the next action with the commands to run and when it may start. \
-With -o json the same, on one line, for a pipeline gate (`--next-only` for the next action alone).";
+With -o json the same, on one line, for a pipeline gate (`--next-only` for the next action alone).\n\n\
+It reads Prometheus only: every state and gate is about history (since when, for how long, \
+unchanged since), which scraping the shims directly (`--targets` of the other fleet tools) \
+cannot give.";
 
 pub const PLAN_EXIT_CODES: &str = "Exit codes:\n  0   the next step may go now (or every step is done)\n  1   stop: a tier is stalled, a wave failed verify, or proxies are outside the skew of the control plane\n  64  usage error: a bad flag, a bad tiers file, an unknown tier namespace, a target behind the control plane, a skew that makes the plan impossible\n  69  Prometheus could not be read; a TLS failure\n  75  wait: nothing may start before a soak ends (the time is printed); run it again then\n  77  Prometheus refused the request (401, 403): the credentials or the tenant header";
 
