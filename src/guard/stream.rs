@@ -126,7 +126,7 @@ pub(super) const BARRIER_WAIT: Duration = Duration::from_millis(50);
 
 /// A stream task. Its state is what an open stream costs in memory, so what
 /// is only needed for a moment (the request side, the heads) does not stay
-/// in it (see `docs/design.md`, "Cost"). Not an `async fn`: one keeps its
+/// in it (see `docs/benchmarks.md`, "How the guard's cost came down"). Not an `async fn`: one keeps its
 /// arguments twice in its state (as given, and moved into the body), and
 /// the job is 400 bytes; an `async move` block uses them in place.
 #[expect(
