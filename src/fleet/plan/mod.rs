@@ -370,4 +370,30 @@ mod tests {
         assert_eq!(plan.verdict, Verdict::Wait);
         assert_eq!(plan.next.not_before, Some(5.0 * HOUR + DAY));
     }
+
+    #[test]
+    fn commands_follow_the_mesh_and_its_revision_names() {
+        let mut o = opts(1);
+        o.lifetime_soak = Duration::from_secs(3600);
+        let times: Vec<f64> = (0..4).map(|i| i as f64 * HOUR).collect();
+        let tl = fleet(
+            &times,
+            |_| vec![("ns0", "1.38.3", 2)],
+            |_| vec![("ns0", 1800.0)],
+        );
+        o.revisions.insert((1, 39), "1-39-3".into());
+        let plan = derived(&tl, &o);
+        assert_eq!(plan.verdict, Verdict::Go);
+        assert_eq!(
+            plan.next.commands[..2],
+            [
+                "kubectl label namespace ns0 istio.io/rev=1-39-3 --overwrite".to_string(),
+                "kubectl -n ns0 rollout restart deployment,statefulset,daemonset".to_string(),
+            ]
+        );
+        o.mesh = Mesh::Envoy;
+        let plan = derived(&tl, &o);
+        assert!(plan.next.commands[0].contains("ns0: set the pod templates' Envoy image to 1.39"));
+        assert!(plan.next.commands[1].contains("rollout restart"));
+    }
 }
