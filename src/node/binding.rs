@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 
-use super::agent::Shared;
 use super::guard::{self, GuardSpec, NetnsConnect, PodGuard};
 use super::handover::{self, Kind};
 use super::netns::Netns;
 use super::pod::{GuardState, ListenerState, Pod, PodEndpoint};
+use super::shared::Shared;
 use crate::drain::{Phase, StreamGuard};
 
 /// After the guards' window: time for the last endings to flush and the

@@ -26,8 +26,9 @@
 //!
 //! The agent's lifecycle (start, run, stop, hand-over) is in `agent`; the
 //! scan in `scan`; each pod's preStop listener and guard binding in
-//! `binding`. The agent's own endpoints are in `api`; a pod's listener in
-//! `pod`.
+//! `binding`; what they all work on (the pods, the settings, the registry)
+//! in `shared`, which depends on none of them. The agent's own endpoints are
+//! in `api`; a pod's listener in `pod`.
 
 pub mod api;
 pub mod guard;
@@ -41,6 +42,7 @@ pub mod timers;
 mod agent;
 mod binding;
 mod scan;
+mod shared;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -49,9 +51,9 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use self::agent::Shared;
 use self::metrics::PodLabels;
 use self::pod::PodStatus;
+use self::shared::Shared;
 pub use crate::settings::NodeSettings;
 
 #[derive(Debug, thiserror::Error)]

@@ -11,21 +11,19 @@ use futures_util::StreamExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::agent::{Departed, Shared};
 use super::guard::{self, PodGuardSlot};
 use super::handover::Kind;
 use super::metrics::PodLabels;
 use super::netns::{self, Netns, NetnsDial};
 use super::pod::{self, GuardState, ListenerState, Pod};
 use super::proc;
+use super::shared::{Departed, Shared, SCAN_CONCURRENCY};
 use super::timers::{self, PodDrain, PodTimers};
 use crate::drain::{DrainSettings, Phase};
 use crate::envoy::AdminClient;
 use crate::metrics::Metrics;
 use crate::telemetry::Telemetry;
 
-/// New pods set up and identified at once per scan; bounds threads in flight.
-pub(super) const SCAN_CONCURRENCY: usize = 32;
 /// Pods asked `/server_info` at once in each scan's recurring identify step.
 /// Each ask is a fresh thread entering a pod's namespace: with guards
 /// serving traffic on the same cores, bursts of 32 every scan showed as the
