@@ -278,6 +278,7 @@ class Endpoint:
         self.outbox = {}
         self.eof = False            # the peer closed (or reset) the connection
         self.closed = False         # we closed it
+        self.linger_until = None    # closing: FIN sent, the peer's last bytes dropped until then
         self.h2_error = None        # h2 rejected what the peer sent
         self.io_error = None
         self.drop = None            # fn(Seen) -> True to keep a frame from h2
@@ -370,7 +371,8 @@ class Endpoint:
             if not data:
                 self.eof = True
                 return False
-            self.receive(data)
+            if self.linger_until is None:
+                self.receive(data)
         return True
 
     def receive(self, data):
@@ -398,6 +400,8 @@ class Endpoint:
 
     def step(self, timeout):
         """One round of I/O: waits at most `timeout` for the socket."""
+        if self.linger_until is not None and time.monotonic() >= self.linger_until:
+            self.close()
         self.flush()
         if self.closed:
             threading.Event().wait(timeout)
@@ -421,6 +425,22 @@ class Endpoint:
                 self.sock.close()
             except OSError:
                 pass
+
+    def linger_close(self, seconds=1.0):
+        """Closes as servers do once their streams are done (a lingering
+        close): FIN first, then whatever the peer still sends (its
+        WINDOW_UPDATEs) is read and dropped until it closes too, or for
+        `seconds`. A bare close() with unread bytes sends RST instead of FIN,
+        and the peer's kernel may then drop data it had not read yet: lost
+        before any proxy could see it, which no proxy can be held to."""
+        if self.closed or self.linger_until is not None:
+            return
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            self.close()
+            return
+        self.linger_until = time.monotonic() + seconds
 
     # Reading the record -----------------------------------------------------
 
@@ -806,12 +826,12 @@ class AppConn(Endpoint):
                 self.answer_grpc(req, b"answer:" + (req.call or "").encode())
 
     def maybe_finish_shutdown(self):
-        if self.final_last is None or self.closed:
+        if self.final_last is None or self.closed or self.linger_until is not None:
             return
         if all(r.done for r in self.requests.values()):
             self.flush()
             if not self.outbox and not self.wbuf:
-                self.close()
+                self.linger_close()
 
 
 class App:
