@@ -152,7 +152,8 @@ const TIERS: &str = "[[tier]]\nname = \"test-services\"\nnamespaces = [\"t1\"]\n
                      [[tier]]\nname = \"internal\"\npattern = \"t2\"\n\n\
                      [[tier]]\nname = \"stream-holders\"\nnamespaces = [\"t3\"]\n";
 
-async fn plan(url: &str, tiers: &str, cp: &str, flags: &[&str]) -> Run {
+/// The flags every run here shares, then `flags`.
+fn plan_args<'a>(url: &'a str, tiers: &'a str, cp: &'a str, flags: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
         "plan",
         "--prometheus",
@@ -170,10 +171,13 @@ async fn plan(url: &str, tiers: &str, cp: &str, flags: &[&str]) -> Run {
         // failures (a cut stream) still fail it below.
         "--rate-floor",
         "1000",
-        "-o",
-        "json",
     ];
     args.extend_from_slice(flags);
+    args
+}
+
+async fn plan(url: &str, tiers: &str, cp: &str, flags: &[&str]) -> Run {
+    let args = plan_args(url, tiers, cp, &[flags, &["-o", "json"]].concat());
     let (code, out, err) = run_bin(&args).await;
     let plan = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
     Run { code, plan, err }
@@ -203,24 +207,9 @@ async fn plan_until(
     }
 }
 
+/// The plan as the table a person reads, for the test's output.
 async fn table(url: &str, tiers: &str, cp: &str, flags: &[&str]) -> String {
-    let mut args = vec![
-        "plan",
-        "--prometheus",
-        url,
-        "--tiers",
-        tiers,
-        "--control-plane",
-        cp,
-        "--target",
-        "1.40",
-        "--history",
-        "15m",
-        "--rate-floor",
-        "1000",
-    ];
-    args.extend_from_slice(flags);
-    let (_, out, err) = run_bin(&args).await;
+    let (_, out, err) = run_bin(&plan_args(url, tiers, cp, flags)).await;
     format!("{out}{err}")
 }
 
