@@ -1585,7 +1585,7 @@ def promql_metrics(expr: str) -> set[str]:
 def check_metrics(ck: Checker, rules: dict, dashboard: dict, contract: set[str], exported: set[str]) -> None:
     """Alerts may also read what the shim exports beyond the contract (e.g.
     drainshim_envoy_stuck_draining, the recovery watcher's gauge): it is real
-    and registered in src/metrics.rs. The dashboard sticks to the contract."""
+    and registered in src/metrics/. The dashboard sticks to the contract."""
     recorded = {r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r}
     for g in rules["groups"]:
         for r in g["rules"]:

@@ -1,0 +1,95 @@
+//! Names (after the `drainshim_` prefix) and help texts, shared by
+//! `Metrics::register` and node mode's per-pod encoder so both stay identical.
+
+pub const DRAINS: (&str, &str) = ("drains", "Drains finished, by outcome");
+pub const DRAINED_CONNECTIONS: (&str, &str) = (
+    "drained_connections",
+    "Inbound connections seen by drains, by how they ended",
+);
+pub const DRAINED_STREAMS: (&str, &str) = (
+    "drained_streams",
+    "Inbound streams seen by drains, by how they ended",
+);
+pub const DRAIN_DURATION: (&str, &str) = (
+    "drain_duration_seconds",
+    "How long drains took, trigger to report",
+);
+pub const DRAINING: (&str, &str) = ("draining", "1 while a drain is running");
+pub const ENVOY_ACTIVE_CONNECTIONS: (&str, &str) = (
+    "envoy_active_connections",
+    "Active downstream connections on Envoy's inbound listeners",
+);
+pub const ENVOY_ACTIVE_STREAMS: (&str, &str) = (
+    "envoy_active_streams",
+    "Active downstream requests (streams) on Envoy's inbound HTTP connection managers",
+);
+pub const FAILOPEN_ACTIVE: (&str, &str) = (
+    "failopen_active",
+    "Requests and connections Envoy has active on the fail-open path (the app reached directly while the stream guard was down): no drain can end them gracefully",
+);
+pub const PROXY_INFO: (&str, &str) = ("proxy_info", "The proxy's identity and version; always 1");
+pub const GOAWAYS: (&str, &str) = (
+    "goaways",
+    "GOAWAY sequences the stream guard started, by reason",
+);
+pub const STREAMS_TERMINATED: (&str, &str) = (
+    "streams_terminated",
+    "Streams the stream guard ended gracefully, by reason and protocol",
+);
+pub const STREAMS_UNGRACEFUL: (&str, &str) = (
+    "streams_ungraceful",
+    "Streams the stream guard had to close without an in-protocol goodbye (an upgrade it cannot end gracefully, or an ending that found no safe point in time), by reason and protocol",
+);
+pub const ENVOY_CONFIG_UPDATES: (&str, &str) = (
+    "envoy_config_updates",
+    "xDS updates by resource and result, per Envoy version (mirrored from Envoy)",
+);
+pub const ENVOY_UPSTREAM_RETRIES: (&str, &str) = (
+    "envoy_upstream_retries",
+    "Upstream request retries, per Envoy version (mirrored from Envoy)",
+);
+/// Contract extension (sidecar): see `recovery`.
+pub const ENVOY_STUCK_DRAINING: (&str, &str) = (
+    "envoy_stuck_draining",
+    "1 while Envoy has stopped listeners outside a drain of this shim: the pod can no longer serve and must be replaced",
+);
+/// Contract extension (sidecar): see `recovery`.
+pub const ENVOY_RECOVERIES: (&str, &str) = (
+    "envoy_recoveries",
+    "Times the shim restored Envoy's health check left failed by an earlier drain (listeners still up)",
+);
+/// Contract extension (guard): see `guard::limits`.
+pub const GUARD_LIMITED: (&str, &str) = (
+    "guard_limited",
+    "Stream guard limits at work: connections closed at accept, streams refused (retryably), and connection reads paused by a PING, SETTINGS or RST_STREAM rate limit",
+);
+pub const ENVOY_DOWNSTREAM_REQUESTS: (&str, &str) = (
+    "envoy_downstream_requests",
+    "Requests callers sent to Envoy's inbound listeners, per Envoy version (mirrored from Envoy): the callers' load, which no retry policy changes",
+);
+pub const GUARD_REQUESTS: (&str, &str) = (
+    "guard_requests",
+    "Requests the stream guard proxied to the application, by service, outcome (gRPC status name or HTTP status class) and protocol; streams the guard ended itself are not counted here but in streams_terminated and streams_ungraceful",
+);
+pub const GUARD_REQUEST_DURATION: (&str, &str) = (
+    "guard_request_duration_seconds",
+    "Request latency at the stream guard, by service: to the end of the response, or for streams to their first message",
+);
+pub const GUARD_STREAMS_OPENED: (&str, &str) = (
+    "guard_streams_opened",
+    "Streams opened through the stream guard (responses with a second message or event, HTTP/1.1 responses of unknown length, WebSocket upgrades), by service and protocol",
+);
+pub const GUARD_STREAM_LIFETIME: (&str, &str) = (
+    "guard_stream_lifetime_seconds",
+    "How long streams through the stream guard lived, request to end, by protocol",
+);
+/// Contract extension (guard): what `plan` reads for the connection
+/// lifetime step.
+pub const GUARD_MAX_CONNECTION_AGE: (&str, &str) = (
+    "guard_max_connection_age_seconds",
+    "The stream guard's maximum connection age (--max-connection-age), whole seconds; 0 when connections may live forever",
+);
+pub const TCP_RESETS: (&str, &str) = (
+    "tcp_resets",
+    "TCP resets and aborts counted by the kernel in the pod's network namespace",
+);
