@@ -12,16 +12,14 @@ demo: envoy
 test: tools lint deploy-check
 	# One test at a time: several tests measure timing against real Envoy.
 	RUST_TEST_THREADS=1 $(CARGO) test --locked
-	# The guard's tests again on its other HTTP/2 path (--guard-http2 stack),
-	# for as long as it exists.
-	DRAINSHIM_GUARD_HTTP2=stack RUST_TEST_THREADS=1 $(CARGO) test --locked --test it guard_ -- --skip guard_app_shutdown
 	$(MAKE) conformance
 	$(MAKE) bench
 	$(MAKE) fuzz-ci
 
-# The guard's HTTP/2 conformance suite (tests/py/h2_conformance.py) on both
-# --guard-http2 paths: python-h2 and hyperframe peers on either side of the
-# real binary, holding it to what RFC 9113/7541 let a client and an app do.
+# The guard's HTTP/2 conformance suite (tests/py/h2_conformance.py):
+# python-h2 and hyperframe peers on either side of the real binary, holding
+# it to what RFC 9113/7541 let a client and an app do; and with no app, or
+# an app that does not speak HTTP/2, with the guard as the client's server.
 conformance: pytools
 	$(CARGO) build --locked
 	DRAINSHIM_BIN=$(CURDIR)/target/debug/drainshim .cache/py-venv/bin/python -m pytest -q -p no:cacheprovider tests/py/h2_conformance.py
@@ -51,13 +49,11 @@ bench-allocator: envoy h2load
 	CARGO="$(CARGO)" scripts/build-shipped.sh --allocator mimalloc
 	$(CARGO) bench --locked --bench allocator
 
-# The restarted pod's 500 gRPC streams through real Envoy, on each HTTP/2
-# path of the guard in the same run: graceful, cut, lost, reconnect success.
+# The restarted pod's 500 gRPC streams through real Envoy: graceful, cut,
+# lost, reconnect success.
 bench-reconnect: envoy
-	for path in frames stack; do \
-	  $(CARGO) run --release --locked --quiet -- bench reconnect --mode drainshim \
-	    --protocol grpc --streams 1000 --guard-http2 $$path || exit 1; \
-	done
+	$(CARGO) run --release --locked --quiet -- bench reconnect --mode drainshim \
+	  --protocol grpc --streams 1000
 
 # Everything the tests run against. Envoy, Prometheus and the deploy tools
 # (kubectl if absent, kubernetes-validate, hadolint, promtool) go into .cache/;

@@ -73,7 +73,7 @@ async fn main() {
             binary.display()
         );
         println!("{name}: {} ({})", binary.display(), version(&binary));
-        let (child, addr) = guard_from(&binary, backend_addr, &["--guard-http2", "frames"]).await;
+        let (child, addr) = guard_from(&binary, backend_addr, &[]).await;
         paths.push(Path {
             name,
             addr,

@@ -4,11 +4,11 @@
 //!    (`--rps 500` per client: 5,000 req/s) and at saturation, three
 //!    repetitions each: direct to the backend, through the guard, through
 //!    an Envoy hop (concurrency 1), and through a byte-copy TCP relay on one
-//!    thread (`drainshim bench relay`: the floor under any hop), and
-//!    through the guard's former HTTP/2 path (`--guard-http2 stack`: h2 at
-//!    both ends, every stream re-built), which the frame relay replaced and
-//!    which still serves applications that do not speak HTTP/2. Requests
-//!    per second, p99, the p99
+//!    thread (`drainshim bench relay`: the floor under any hop); and, when
+//!    `DRAINSHIM_BENCH_BEFORE` names another build of the production binary
+//!    (say, the last release), through that build's guard as "before", so
+//!    a change to the guard is judged against its predecessor in the same
+//!    run. Requests per second, p99, the p99
 //!    a hop adds over direct (same repetition), and the proxy's CPU time per
 //!    request (utime + stime from `/proc/PID/stat` over the load). Spreads
 //!    are min / median / max over the repetitions, never the best one.
@@ -19,8 +19,7 @@
 //! 2. Messages per second through a server-streaming call (10 streams on
 //!    one connection, the backend sending as fast as flow control lets it),
 //!    and the proxy's CPU time per message.
-//! 3. RSS with 10,000 open streams: the guard against Envoy (and the
-//!    stack path).
+//! 3. RSS with 10,000 open streams: the guard against Envoy (and "before").
 //!
 //! Every process is real: the tonic bench backend (`drainshim bench server`),
 //! the guard (`drainshim sidecar --guard-listen`, run as the production
@@ -194,7 +193,8 @@ const DIRECT: usize = 0;
 const GUARD: usize = 1;
 const ENVOY: usize = 2;
 const RELAY: usize = 3;
-const STACK: usize = 4;
+/// Measured only with `DRAINSHIM_BENCH_BEFORE`.
+const BEFORE: usize = 4;
 
 fn print_load(title: &str, paths: &[Path], runs: &Runs) {
     println!("{title}; {REPS} repetitions, median [min..max]");
@@ -248,13 +248,21 @@ fn print_load(title: &str, paths: &[Path], runs: &Runs) {
         fmt_spread(runs.ratio(GUARD, RELAY, |l| l.rps), 2),
         fmt_spread(runs.ratio(GUARD, RELAY, cpu), 2)
     );
-    println!(
-        "  the h2-stack path it replaced: req/s stack/direct {}, stack/envoy {}; CPU per request stack/envoy {}, guard/stack {}",
-        fmt_spread(runs.ratio(STACK, DIRECT, |l| l.rps), 2),
-        fmt_spread(runs.ratio(STACK, ENVOY, |l| l.rps), 2),
-        fmt_spread(runs.ratio(STACK, ENVOY, cpu), 2),
-        fmt_spread(runs.ratio(GUARD, STACK, cpu), 2)
-    );
+    if paths.len() > BEFORE {
+        println!(
+            "  against the build before: req/s guard/before {}; CPU per request guard/before {}; p99 added guard-before {} ms",
+            fmt_spread(runs.ratio(GUARD, BEFORE, |l| l.rps), 2),
+            fmt_spread(runs.ratio(GUARD, BEFORE, cpu), 2),
+            fmt_spread(
+                runs.added(GUARD)
+                    .iter()
+                    .zip(runs.added(BEFORE))
+                    .map(|(g, b)| g - b)
+                    .collect(),
+                2
+            )
+        );
+    }
 }
 
 /// The guard with its request metrics on (`on`) and off (`off`), in
@@ -314,19 +322,9 @@ async fn main() {
     announce_measured();
     let dir = tempfile::tempdir().expect("tempdir");
     let (_backend, backend_addr) = bench_process("server").await;
-    // "guard" is the frame relay (named, since the default is the stack path
-    // until the relay passes its conformance suite); "stack" is measured beside it.
-    let (guard_proc, guard_addr) = guard_with(backend_addr, &["--guard-http2", "frames"]).await;
-    let (quiet_proc, quiet_addr) = guard_with(
-        backend_addr,
-        &[
-            "--guard-http2",
-            "frames",
-            "--guard-request-metrics",
-            "false",
-        ],
-    )
-    .await;
+    let (guard_proc, guard_addr) = guard_with(backend_addr, &[]).await;
+    let (quiet_proc, quiet_addr) =
+        guard_with(backend_addr, &["--guard-request-metrics", "false"]).await;
     let quiet = Path {
         name: "guard-off",
         addr: quiet_addr,
@@ -337,11 +335,17 @@ async fn main() {
         .expect("envoy");
     let (relay_proc, relay_addr) =
         bench_process_with("relay", &["--upstream", &backend_addr.to_string()]).await;
-    let (stack_proc, stack_addr) = guard_with(backend_addr, &["--guard-http2", "stack"]).await;
-    let stack_pid = stack_proc.id().expect("pid");
+    // Another build's guard, to compare a change with ("before").
+    let before_bin = std::env::var_os("DRAINSHIM_BENCH_BEFORE").map(std::path::PathBuf::from);
+    let mut before = None;
+    if let Some(bin) = &before_bin {
+        let (proc_, addr) = guard_from(bin, backend_addr, &[]).await;
+        eprintln!("guard bench: \"before\" is {}", bin.display());
+        before = Some((proc_, addr));
+    }
     let guard_pid = guard_proc.id().expect("pid");
     let envoy_pid = envoy.pid().expect("pid");
-    let paths = [
+    let mut paths = vec![
         Path {
             name: "direct",
             addr: backend_addr,
@@ -362,12 +366,14 @@ async fn main() {
             addr: relay_addr,
             pid: Some(relay_proc.id().expect("pid")),
         },
-        Path {
-            name: "stack",
-            addr: stack_addr,
-            pid: Some(stack_pid),
-        },
     ];
+    if let Some((proc_, addr)) = &before {
+        paths.push(Path {
+            name: "before",
+            addr: *addr,
+            pid: proc_.id(),
+        });
+    }
 
     let fixed_rps = RPS_PER_CLIENT * 10;
     eprintln!(
@@ -408,7 +414,10 @@ async fn main() {
     eprintln!(
         "guard bench 3/4: server streaming, {FLOW_STREAMS} streams on one connection, {FLOW_PAYLOAD} B messages, {FLOW_SECONDS} s per path, {REPS} repetitions"
     );
-    let flow_paths = [DIRECT, GUARD, ENVOY, STACK];
+    let flow_paths: Vec<usize> = [DIRECT, GUARD, ENVOY, BEFORE]
+        .into_iter()
+        .filter(|&i| i < paths.len())
+        .collect();
     let mut flows: Vec<Vec<(f64, Option<f64>)>> = flow_paths.iter().map(|_| Vec::new()).collect();
     for _ in 0..REPS {
         for (k, &i) in flow_paths.iter().enumerate() {
@@ -421,7 +430,16 @@ async fn main() {
     eprintln!("guard bench 4/4: RSS with {STREAMS} open streams over {CONNECTIONS} connections");
     let (guard_idle, guard_loaded) = rss_holding_streams(guard_addr, guard_pid).await;
     let (envoy_idle, envoy_loaded) = rss_holding_streams(envoy.inbound, envoy_pid).await;
-    let (stack_idle, stack_loaded) = rss_holding_streams(stack_addr, stack_pid).await;
+    let mut rss = vec![
+        ("guard", guard_idle, guard_loaded),
+        ("envoy", envoy_idle, envoy_loaded),
+    ];
+    if let Some(p) = paths.get(BEFORE) {
+        if let Some(pid) = p.pid {
+            let (idle, loaded) = rss_holding_streams(p.addr, pid).await;
+            rss.push(("before", idle, loaded));
+        }
+    }
 
     println!("guard: unary gRPC Echo, h2load -c 10 -m 10 -t 1, Envoy --concurrency 1, {LOAD_SECONDS} s per run, same run");
     print_load(
@@ -463,21 +481,18 @@ async fn main() {
         fmt_spread(per_rep(1, 2), 2),
         fmt_spread(per_rep(1, 0), 2)
     );
-    println!(
-        "  messages/s stack/envoy: {}; stack/direct: {}",
-        fmt_spread(per_rep(3, 2), 2),
-        fmt_spread(per_rep(3, 0), 2)
-    );
+    if flow_paths.len() > 3 {
+        println!(
+            "  messages/s guard/before: {}",
+            fmt_spread(per_rep(1, 3), 2)
+        );
+    }
     println!("guard: RSS with {STREAMS} open streams ({CONNECTIONS} connections)");
     println!(
         "{:<10} {:>10} {:>12} {:>14}",
         "process", "idle MiB", "loaded MiB", "per stream KiB"
     );
-    for (name, idle, loaded) in [
-        ("guard", guard_idle, guard_loaded),
-        ("envoy", envoy_idle, envoy_loaded),
-        ("stack", stack_idle, stack_loaded),
-    ] {
+    for (name, idle, loaded) in rss {
         println!(
             "{name:<10} {idle:>10.1} {loaded:>12.1} {:>14.2}",
             (loaded - idle) * 1024.0 / STREAMS as f64

@@ -34,7 +34,10 @@
 //! and the relay's timers (the clock stands still during a run).
 //!
 //! Each run starts with a well-formed client preface and both (empty)
-//! SETTINGS frames, or with the preface alone, or with nothing. The seeds
+//! SETTINGS frames, or with the preface alone, or with nothing; or with the
+//! client's preface and SETTINGS to a relay that has no application and
+//! serves the client alone (as when the application cannot be reached or
+//! does not speak HTTP/2). The seeds
 //! (fuzz/seeds/frame_relay/: a unary call, the application's GOAWAY, the
 //! connection window run dry, a push, SSE, a WebSocket) are written by
 //! fuzz/seeds/frame_relay.py, which encodes `Input` as `arbitrary` reads
@@ -64,6 +67,10 @@ enum Prelude {
     Preface,
     /// Nothing: the fuzzer's bytes are the first.
     Nothing,
+    /// The client's preface and SETTINGS to a relay with no application
+    /// (the guard is the client's server); the application's reads are
+    /// dropped.
+    Alone,
 }
 
 /// One step of the conversation.
@@ -680,6 +687,10 @@ fn reads(input: &Input) -> Vec<(bool, Vec<u8>)> {
             reads.push((false, SETTINGS_FRAME.to_vec()));
         }
         Prelude::Preface => reads.push((true, PREFACE.to_vec())),
+        Prelude::Alone => {
+            reads.push((true, PREFACE.to_vec()));
+            reads.push((true, SETTINGS_FRAME.to_vec()));
+        }
         Prelude::Nothing => {}
     }
     for step in &input.steps {
@@ -730,7 +741,7 @@ fuzz_target!(|input: Input| {
     let reads = reads(&input);
     let chunks: Vec<(bool, &[u8])> = reads.iter().map(|(c, b)| (*c, b.as_slice())).collect();
     rt.block_on(async {
-        guard.fuzz_frame_relay(&chunks);
+        guard.fuzz_frame_relay(&chunks, matches!(input.prelude, Prelude::Alone));
         // The relay is gone: what it spawned runs out (the guard's spreads
         // and connect timeouts are seconds), so nothing piles up run after run.
         tokio::time::sleep(Duration::from_secs(60)).await;

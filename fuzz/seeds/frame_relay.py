@@ -60,7 +60,7 @@ def option(encoded):
 
 
 # Prelude
-HANDSHAKE, PREFACE, NOTHING = (variant(i, 3) for i in range(3))
+HANDSHAKE, PREFACE, NOTHING, ALONE = (variant(i, 4) for i in range(4))
 
 # Step selectors (one byte; see `impl Arbitrary for Step`).
 FRAME, BATCHED, SPLIT, REPEAT, RAW = 0, 140, 185, 210, 230
@@ -333,6 +333,19 @@ SEEDS = {
         step(FRAME, frame(A, 0, 3, rst_stream(7))),
         step(FRAME, frame(C, 0, 1, window_update(False, small(100)))),
         step(FRAME, frame(A, 0, 0, ping(ping_opaque(b"12345678")))),
+    ),
+    # No application: the guard answers a gRPC call and a GET itself, acks
+    # a PING and a SETTINGS, takes an upload's DATA, serves a WebSocket.
+    "alone": seed(
+        ALONE,
+        step(FRAME, frame(C, 0, 0, settings([(HEADER_TABLE_SIZE, raw_value(256))]))),
+        step(FRAME, frame(C, 0, 0, ping(ping_opaque(b"12345678")))),
+        step(FRAME, frame(C, END_HEADERS, 1, headers(head(GRPC_REQUEST)))),
+        step(BATCHED, frame(C, 0, 1, data(grpc(MSG)))),
+        step(FRAME, frame(C, END_HEADERS | END_STREAM, 3, headers(head(GET_REQUEST)))),
+        step(FRAME, frame(C, END_HEADERS, 5, headers(head(WEBSOCKET)))),
+        step(FRAME, frame(C, 0, 5, data(variant(3, 4) + byte_vec(b"\x81\x02hi")))),
+        step(FRAME, frame(C, 0, 9, data(zeros(100)))),
     ),
 }
 

@@ -82,8 +82,6 @@ pub struct ReconnectOptions {
     pub protocol: Protocol,
     /// Message sizes; stream i gets the i-th in turn.
     pub payload_bytes: Vec<u32>,
-    /// The guard's HTTP/2 path (`drainshim` mode), so both can be compared.
-    pub http2: crate::guard::Http2Path,
     /// Print progress lines to stderr.
     pub progress: bool,
 }
@@ -104,7 +102,6 @@ impl ReconnectOptions {
             max_connection_age_spread: config::DEFAULT_MAX_CONNECTION_AGE_SPREAD.get(),
             protocol: Protocol::Grpc,
             payload_bytes: vec![64],
-            http2: crate::guard::Http2Path::default(),
             progress: true,
         }
     }
@@ -189,7 +186,6 @@ async fn start_pod(opts: &ReconnectOptions, ledger: &Ledger, guard: bool) -> Res
         g.config.max_connection_age = opts.max_connection_age;
         g.config.max_connection_age_grace = opts.max_connection_age_grace;
         g.config.max_connection_age_spread = opts.max_connection_age_spread;
-        g.config.http2 = opts.http2;
         settings.guard = Some(g);
         settings.validate().map_err(|e| e.to_string())?;
         let sc = sidecar::start(settings).await.map_err(|e| e.to_string())?;

@@ -147,10 +147,6 @@ pub struct ReconnectArgs {
     #[arg(short = 'o', long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
     pub format: Format,
 
-    /// The guard's HTTP/2 path in `drainshim` mode (see `sidecar --help`).
-    #[arg(long, env = "DRAINSHIM_GUARD_HTTP2", value_enum, default_value_t = crate::guard::Http2Path::default())]
-    pub guard_http2: crate::guard::Http2Path,
-
     /// Write reconnects over time per mode as an SVG plot.
     #[arg(long, env = "DRAINSHIM_PLOT")]
     pub plot: Option<std::path::PathBuf>,
@@ -277,7 +273,6 @@ impl ReconnectArgs {
         let mut opts = reconnect::ReconnectOptions::new(envoy_binary(self.envoy.clone())?);
         opts.streams = self.streams as usize;
         opts.protocol = self.protocol;
-        opts.http2 = self.guard_http2;
         if !self.mode.is_empty() {
             opts.modes = self.mode.clone();
         }

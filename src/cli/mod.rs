@@ -520,7 +520,7 @@ pub struct GuardTuningArgs {
     /// SIGTERM), end that connection's long-lived streams gracefully
     /// (grpc-status 14, WebSocket 1001, SSE end) spread over this window, so
     /// the app's grace never cuts them; its short calls finish. Keep it well
-    /// under the app's own grace. (Frame relay, --guard-http2 frames.)
+    /// under the app's own grace.
     #[arg(long, env = "DRAINSHIM_APP_SHUTDOWN_SPREAD", default_value_t = config::DEFAULT_APP_SHUTDOWN_SPREAD)]
     pub app_shutdown_spread: Span,
 
@@ -538,14 +538,6 @@ pub struct GuardTuningArgs {
     /// reading does not hold it until max age.
     #[arg(long, env = "DRAINSHIM_WRITE_STALL_TIMEOUT", default_value_t = config::DEFAULT_WRITE_STALL_TIMEOUT)]
     pub write_stall_timeout: Span,
-
-    /// How the guard proxies HTTP/2. `frames` (the default) relays each
-    /// connection's frames to one app connection, reading only what a
-    /// graceful end needs. `stack` re-builds every stream with h2 at both
-    /// ends, at about 2.5x the CPU per request; it also serves the
-    /// connections whose app does not answer HTTP/2.
-    #[arg(long, env = "DRAINSHIM_GUARD_HTTP2", value_enum, default_value_t = crate::guard::Http2Path::default())]
-    pub guard_http2: crate::guard::Http2Path,
 }
 
 impl GuardTuningArgs {
@@ -557,7 +549,6 @@ impl GuardTuningArgs {
         c.limits.write_stall_timeout = self.write_stall_timeout.get();
         c.limits.max_connections = self.guard_max_connections;
         c.limits.max_streams = self.guard_max_streams;
-        c.http2 = self.guard_http2;
     }
 }
 

@@ -68,32 +68,12 @@ pub fn request_kind_of(ct: &str) -> Kind {
     }
 }
 
-/// A trailers-only UNAVAILABLE in the request's own gRPC flavour (None for
-/// requests that are not gRPC).
-pub fn trailers_only(kind: Kind, message: &'static str) -> Option<http::Response<()>> {
-    let mut resp = grpc::unavailable_response(message);
-    let ct = match kind {
-        Kind::Grpc => return Some(resp),
-        Kind::GrpcWeb { text: false } => "application/grpc-web+proto",
-        Kind::GrpcWeb { text: true } => "application/grpc-web-text+proto",
-        Kind::Sse | Kind::Opaque => return None,
-    };
-    resp.headers_mut()
-        .insert(CONTENT_TYPE, http::HeaderValue::from_static(ct));
-    Some(resp)
-}
-
 fn web_suffix(rest: &str) -> bool {
     rest.is_empty() || rest.starts_with(['+', ';'])
 }
 
-/// The kind of a response to a request of kind `request`: framing is only
-/// trusted where both sides agree.
-pub fn response_kind(request: Kind, headers: &HeaderMap) -> Kind {
-    response_kind_of(request, content_type(headers))
-}
-
-/// [`response_kind`] of a `content-type` value.
+/// The kind of a response to a request of kind `request`, by the
+/// response's `content-type`: framing is only trusted where both sides agree.
 pub fn response_kind_of(request: Kind, ct: &str) -> Kind {
     match request {
         Kind::Grpc if grpc::is_grpc_type(ct) => Kind::Grpc,
@@ -179,10 +159,6 @@ impl Boundaries {
             pending: Vec::new(),
             sse: Sse::default(),
         }
-    }
-
-    pub fn kind(&self) -> Kind {
-        self.kind
     }
 
     /// Whether the guard can end this body in-protocol.
@@ -293,11 +269,11 @@ mod tests {
             Kind::Opaque
         );
         assert_eq!(
-            response_kind(Kind::Opaque, &headers("text/event-stream; charset=utf-8")),
+            response_kind_of(Kind::Opaque, "text/event-stream; charset=utf-8"),
             Kind::Sse
         );
         assert_eq!(
-            response_kind(Kind::Grpc, &headers("text/plain")),
+            response_kind_of(Kind::Grpc, "text/plain"),
             Kind::Opaque,
             "a gRPC request answered with something else is not framed"
         );

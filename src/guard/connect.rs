@@ -16,8 +16,6 @@ use std::sync::Arc;
 
 use base64::Engine;
 use bytes::Bytes;
-use h2::server::SendResponse;
-use h2::RecvStream;
 use http::header::{
     HeaderName, HeaderValue, CONNECTION, HOST, SEC_WEBSOCKET_KEY, SEC_WEBSOCKET_VERSION, UPGRADE,
 };
@@ -26,57 +24,20 @@ use http_body_util::Empty;
 use hyper_util::rt::TokioIo;
 
 use super::conn::ConnInfo;
-use super::h2io::H2Io;
 use super::headers::{append_forwarded_for, forwarded_for, strip_hop_by_hop};
 use super::registry::Registered;
 use super::upstream::connect_tcp;
 use super::Inner;
 
-/// Whether a request is a WebSocket over extended CONNECT.
-pub fn is_websocket(req: &Request<RecvStream>) -> bool {
-    req.method() == Method::CONNECT
-        && req
-            .extensions()
-            .get::<h2::ext::Protocol>()
-            .is_some_and(|p| p.as_str().eq_ignore_ascii_case("websocket"))
-}
-
-/// Proxies one extended-CONNECT WebSocket to the application over HTTP/1.1.
-pub async fn proxy(
-    inner: Arc<Inner>,
-    registered: Registered,
-    req: Request<RecvStream>,
-    mut respond: SendResponse<Bytes>,
-    info: ConnInfo,
-) {
-    let (head, client_recv) = req.into_parts();
-    let (ok, app_upgrade) = match upgrade(&inner, &head, info).await {
-        Ok(pair) => pair,
-        Err(status) => return answer_status(&mut respond, status),
-    };
-    let client_send = match respond.send_response(ok, false) {
-        Ok(s) => s,
-        Err(_) => return,
-    };
-    let app_io = match app_upgrade.await {
-        Ok(io) => io,
-        Err(e) => {
-            tracing::debug!(peer = %info.peer, error = %e, "guard: WebSocket (HTTP/2) upgrade did not complete");
-            return;
-        }
-    };
-    let client_io = H2Io::new(client_recv, client_send);
-    super::websocket::relay_streams(inner, client_io, app_io, registered, info).await;
-}
-
 /// The answer the frame relay sends for a WebSocket it serves itself: the
 /// head, and whether it ends the stream (a refusal).
 pub type Answer = (Response<()>, bool);
 
-/// [`proxy`] for the frame relay, which serves extended CONNECT itself:
-/// the client's stream is `client` (its DATA both ways), and the head of
-/// the answer goes to `answer`.
-pub async fn proxy_relayed<C>(
+/// Proxies one extended-CONNECT WebSocket to the application over HTTP/1.1,
+/// for the frame relay, which serves it itself: the client's stream is
+/// `client` (its DATA both ways), and the head of the answer goes to
+/// `answer`.
+pub async fn proxy<C>(
     inner: Arc<Inner>,
     registered: Registered,
     head: http::request::Parts,
@@ -146,6 +107,12 @@ async fn upgrade(
             return Err(StatusCode::GATEWAY_TIMEOUT);
         }
     };
+    if answer.status().is_success() {
+        // A 2xx that is not an upgrade: passed on, it would tell the client
+        // its tunnel is open (RFC 8441 §5) when nothing carries it.
+        tracing::warn!(peer = %info.peer, status = %answer.status(), "guard: WebSocket (HTTP/2) upgrade: the application answered without upgrading");
+        return Err(StatusCode::BAD_GATEWAY);
+    }
     if answer.status() != StatusCode::SWITCHING_PROTOCOLS {
         // Refused (401, 426, ...): the client gets the application's status.
         return Err(answer.status());
@@ -210,10 +177,4 @@ fn upgrade_request(
     // HTTP/2 pseudo-header leftovers never travel as HTTP/1.1 headers.
     h.remove(HeaderName::from_static("protocol"));
     Ok(req)
-}
-
-fn answer_status(respond: &mut SendResponse<Bytes>, status: StatusCode) {
-    let mut r = Response::new(());
-    *r.status_mut() = status;
-    let _ = respond.send_response(r, true);
 }

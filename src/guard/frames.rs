@@ -58,6 +58,7 @@ use tokio_util::io::poll_read_buf;
 
 use super::body::{request_kind_of, response_kind_of, Boundaries, End, Kind};
 use super::conn::ConnInfo;
+use super::ending::{record_outcome, Outcome, BARRIER_WAIT, BURST_GAP};
 use super::flood::Buckets;
 use super::grpc;
 use super::lifecycle::{Action, Cause, Input, Lifecycle};
@@ -65,7 +66,6 @@ use super::rapid::{PrematureResets, PREMATURE_LIFETIME};
 use super::registry::{EndQueue, Refused, Registered};
 use super::signals;
 use super::sniff::{linger, Prefixed, H2_PREFACE};
-use super::stream::{record_outcome, Outcome, BARRIER_WAIT, BURST_GAP};
 use super::upstream::connect_tcp;
 use super::wire::{self, Head};
 use super::Inner;
@@ -105,7 +105,9 @@ const MAX_CONTINUATIONS: usize = 64;
 const BARRIER_PING: [u8; 4] = *b"dsb\0";
 const GOAWAY_PING: [u8; 8] = *b"dsgoaway";
 
-/// Serves one HTTP/2 connection by relaying its frames to the application.
+/// Serves one HTTP/2 connection by relaying its frames to the application,
+/// or, when the application cannot be reached or does not answer HTTP/2,
+/// by answering the client itself (see [`Relay::alone`]).
 pub async fn serve(inner: Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
     let l = inner.config.limits;
     let app = match connect_tcp(
@@ -115,29 +117,31 @@ pub async fn serve(inner: Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
     )
     .await
     {
-        Ok(app) => app,
+        Ok(app) => Some(app),
         Err(e) => {
-            // Nothing was read past the sniffed bytes, which `io` still
-            // holds: the h2 path answers each stream retryably itself.
             tracing::warn!(peer = %info.peer, error = %e, "guard: cannot reach the application; answering this connection's streams retryably");
-            return super::h2conn::serve(inner, io, info).await;
+            None
         }
     };
-    let reclaim = io.reclaim();
     let mut client = io;
-    let mut relay = Relay::new(&inner, info);
+    let mut reclaim = client.reclaim();
+    let mut relay = Relay::new(&inner, info, app.is_none());
     let fallback = relay.run(&mut client, app).await;
     drop(relay);
     if let Some(replay) = fallback {
         // The application does not speak HTTP/2 (or closed before its
-        // SETTINGS): nothing reached the client yet, so the h2 path serves
-        // the connection from its first byte (a WebSocket over extended
-        // CONNECT still works; other streams get their retryable answer).
-        if let (_, Some(tcp)) = client.into_parts() {
-            tracing::debug!(peer = %info.peer, conn = info.id, replayed = replay.len(), "guard: the application did not answer HTTP/2; serving this connection on the h2 path");
-            return super::h2conn::serve(inner, Prefixed::new(replay.freeze(), tcp), info).await;
-        }
-        return;
+        // SETTINGS): nothing reached the client yet, so the guard serves
+        // the connection alone from its first byte (a WebSocket over
+        // extended CONNECT still reaches the application over HTTP/1.1;
+        // other streams get their retryable answer).
+        let (_, Some(tcp)) = client.into_parts() else {
+            return;
+        };
+        tracing::debug!(peer = %info.peer, conn = info.id, replayed = replay.len(), "guard: the application did not answer HTTP/2; answering this connection's streams itself");
+        client = Prefixed::new(replay.freeze(), tcp);
+        reclaim = client.reclaim();
+        let mut relay = Relay::new(&inner, info, true);
+        relay.run(&mut client, None).await;
     }
     drop(client);
     if let Some(tcp) = reclaim.take() {
@@ -151,14 +155,19 @@ pub async fn serve(inner: Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
 /// what the relay writes is dropped. For the fuzz target: whatever the
 /// peers send, the relay must neither panic nor hold more than its bounds.
 /// Runs inside a tokio runtime (a WebSocket over HTTP/2 starts a task).
-pub fn feed(inner: &Arc<Inner>, chunks: &[(bool, &[u8])]) {
+/// `alone`: the relay has no application, and the application's chunks
+/// are dropped.
+pub fn feed(inner: &Arc<Inner>, chunks: &[(bool, &[u8])], alone: bool) {
     let info = ConnInfo {
         id: u64::MAX,
         peer: std::net::SocketAddr::from(([127, 0, 0, 1], 1)),
         accepted_at: Instant::now(),
     };
-    let mut relay = Relay::new(inner, info);
+    let mut relay = Relay::new(inner, info, alone);
     for &(from_client, bytes) in chunks {
+        if alone && !from_client {
+            continue;
+        }
         let now = Instant::now();
         let result = if from_client {
             if relay.closing || relay.from_client.len() > READ_BUF + MAX_FRAME as usize {
@@ -446,10 +455,13 @@ struct Relay<'a> {
     /// The client's SETTINGS_INITIAL_WINDOW_SIZE: each local stream's
     /// window for the guard's DATA starts there.
     client_window: i64,
+    /// No application connection: the guard is the client's server (see
+    /// [`Relay::alone`]); what would go to the application is dropped.
+    alone: bool,
 }
 
 /// A WebSocket over HTTP/2 the guard serves itself: `io` is its task's
-/// view of the stream (the task runs [`super::connect::proxy_relayed`]).
+/// view of the stream (the task runs [`super::connect::proxy`]).
 struct Local {
     io: tokio::io::DuplexStream,
     /// The task's answer, until it came.
@@ -468,11 +480,13 @@ struct Local {
 }
 
 impl<'a> Relay<'a> {
-    fn new(inner: &'a Arc<Inner>, info: ConnInfo) -> Self {
+    /// A relay for one connection; `alone` when there is no application
+    /// connection (see [`Relay::alone`]).
+    fn new(inner: &'a Arc<Inner>, info: ConnInfo, alone: bool) -> Self {
         let l = inner.config.limits;
         let life = inner.lifecycle(&info);
         let peer = info.peer.ip().to_string();
-        Self {
+        let mut relay = Self {
             inner,
             info,
             streams: HashMap::new(),
@@ -527,7 +541,26 @@ impl<'a> Relay<'a> {
             probe_out: false,
             app_sweep_at: None,
             client_window: i64::from(DEFAULT_WINDOW),
+            alone: false,
+        };
+        if alone {
+            relay.alone();
         }
+        relay
+    }
+
+    /// Serves the client without an application connection (the application
+    /// cannot be reached, or does not answer HTTP/2): the guard's own
+    /// SETTINGS (its limits, extended CONNECT) are the server's preface, and
+    /// the guard acks the client's SETTINGS and PINGs. WebSockets over
+    /// extended CONNECT still reach the application over HTTP/1.1; every
+    /// other stream gets a retryable answer ([`Relay::unavailable`]). The
+    /// lifecycle (max age, drain, idle) is the relayed connection's.
+    fn alone(&mut self) {
+        self.alone = true;
+        self.handshake = false;
+        self.replay = None;
+        self.app_settings(0, &[]);
     }
 
     /// Relays until the connection is over. Returns every byte the client
@@ -536,7 +569,7 @@ impl<'a> Relay<'a> {
     async fn run(
         &mut self,
         client: &mut Prefixed<TcpStream>,
-        mut app: TcpStream,
+        mut app: Option<TcpStream>,
     ) -> Option<BytesMut> {
         let inner = self.inner;
         let terminate = inner.terminate.cancelled();
@@ -653,11 +686,16 @@ impl<'a> Relay<'a> {
         &mut self,
         cx: &mut Context<'_>,
         client: &mut Prefixed<TcpStream>,
-        app: &mut TcpStream,
+        app: &mut Option<TcpStream>,
         client_first: bool,
     ) -> Poll<Event> {
-        if write_some(cx, app, &mut self.to_app).is_err() {
-            return Poll::Ready(Event::AppGone);
+        match app.as_mut() {
+            Some(app) => {
+                if write_some(cx, app, &mut self.to_app).is_err() {
+                    return Poll::Ready(Event::AppGone);
+                }
+            }
+            None => self.to_app.clear(),
         }
         let had = !self.to_client.is_empty();
         self.clear_gate();
@@ -692,7 +730,7 @@ impl<'a> Relay<'a> {
                     Poll::Pending => {}
                 }
             }
-            if !client_turn && want_app {
+            if let (false, true, Some(app)) = (client_turn, want_app, app.as_mut()) {
                 match read_some(cx, app, &mut self.from_app) {
                     Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(Event::AppGone),
                     Poll::Ready(Ok(_)) => return Poll::Ready(Event::FromApp),
@@ -841,6 +879,10 @@ impl<'a> Relay<'a> {
                     None if h.id <= self.last_id => {
                         wire::window_update(&mut self.to_client, 0, h.len as u32)
                     }
+                    // Alone, the guard is the server that judges it.
+                    None if self.alone => {
+                        return Err(Failure::Protocol("DATA on an idle stream"));
+                    }
                     None => self.to_app.extend_from_slice(frame),
                 }
                 Ok(())
@@ -915,6 +957,15 @@ impl<'a> Relay<'a> {
                 if self.client_tables_unacked.len() < 64 {
                     self.client_tables_unacked.push_back(table);
                 }
+                if self.alone {
+                    self.settings_acked();
+                }
+                Ok(())
+            }
+            wire::PING if self.alone && h.flags & wire::ACK == 0 => {
+                let mut opaque = [0u8; 8];
+                opaque.copy_from_slice(payload);
+                wire::ping(&mut self.to_client, true, opaque);
                 Ok(())
             }
             wire::PING if h.flags & wire::ACK != 0 && payload == GOAWAY_PING && self.probe_out => {
@@ -1015,6 +1066,9 @@ impl<'a> Relay<'a> {
         })?;
         let id = block.id;
         let fresh = id > self.last_id && id % 2 == 1;
+        if self.alone && !fresh && id > self.last_id {
+            return Err(Failure::Protocol("a stream id the client may not open"));
+        }
         if !fresh {
             // Trailers (or a bad block, which the application judges).
             match self.streams.get_mut(&id) {
@@ -1060,6 +1114,12 @@ impl<'a> Relay<'a> {
             // the h2 path does (see `super::connect`).
             self.dropped_block(&fields);
             self.websocket(id, block.end_stream, all_fields);
+            return Ok(());
+        }
+        if self.alone {
+            if self.admit(id, block.end_stream, &fields, now) {
+                self.unavailable(id);
+            }
             return Ok(());
         }
         let start = self.to_app.len();
@@ -1192,6 +1252,22 @@ impl<'a> Relay<'a> {
         true
     }
 
+    /// Alone, an admitted stream's answer: the application could not be
+    /// reached, so gRPC gets a trailers-only UNAVAILABLE (retryable), and
+    /// HTTP a 502, as Envoy answers a failed upstream connect.
+    fn unavailable(&mut self, id: u32) {
+        let Some(s) = self.streams.get(&id) else {
+            return;
+        };
+        let block = trailers_only(s.kind, grpc::UPSTREAM_UNAVAILABLE_MESSAGE)
+            .unwrap_or_else(|| wire::literal_block(&[(":status", "502")]));
+        self.own_block(id, &block, true);
+        if let Some(s) = self.streams.get_mut(&id) {
+            s.resp_done = true;
+        }
+        self.end_here(id, Outcome::UpstreamFailed);
+    }
+
     /// A stream the application never sees, answered here.
     fn refuse(&mut self, id: u32, end_stream: bool, refusal: Refusal) {
         match refusal {
@@ -1308,7 +1384,7 @@ impl<'a> Relay<'a> {
         };
         let (task_io, io) = tokio::io::duplex(4 * LOCAL_CHUNK);
         let (tx, rx) = tokio::sync::oneshot::channel();
-        inner.tasks.spawn(super::connect::proxy_relayed(
+        inner.tasks.spawn(super::connect::proxy(
             inner.clone(),
             reg,
             head,
@@ -1564,70 +1640,11 @@ impl<'a> Relay<'a> {
                 Ok(())
             }
             wire::SETTINGS if h.flags & wire::ACK == 0 => {
-                let l = self.inner.config.limits;
-                let mut payload = payload.to_vec();
-                let (mut streams_seen, mut list_seen, mut connect_seen) = (false, false, false);
-                wire::rewrite_settings(&mut payload, |id, v| match id {
-                    wire::HEADER_TABLE_SIZE => {
-                        self.app_table = v;
-                        self.client_hpack.allow(v);
-                        v
-                    }
-                    wire::MAX_CONCURRENT_STREAMS => {
-                        streams_seen = true;
-                        v.min(l.max_concurrent_streams)
-                    }
-                    wire::MAX_HEADER_LIST_SIZE => {
-                        list_seen = true;
-                        v.min(l.max_header_list_size)
-                    }
-                    // The guard serves WebSockets over HTTP/2 itself.
-                    wire::ENABLE_CONNECT_PROTOCOL => {
-                        connect_seen = true;
-                        1
-                    }
-                    wire::MAX_FRAME_SIZE => {
-                        let v = v.min(MAX_FRAME);
-                        self.app_frame = v as usize;
-                        v
-                    }
-                    _ => v,
-                });
-                if !std::mem::replace(&mut self.app_settings, true) {
-                    // The guard's own limits, where the application set none.
-                    for (seen, id, v) in [
-                        (
-                            streams_seen,
-                            wire::MAX_CONCURRENT_STREAMS,
-                            l.max_concurrent_streams,
-                        ),
-                        (
-                            list_seen,
-                            wire::MAX_HEADER_LIST_SIZE,
-                            l.max_header_list_size,
-                        ),
-                        (connect_seen, wire::ENABLE_CONNECT_PROTOCOL, 1),
-                    ] {
-                        if !seen {
-                            payload.extend_from_slice(&id.to_be_bytes());
-                            payload.extend_from_slice(&v.to_be_bytes());
-                        }
-                    }
-                }
-                wire::put(&mut self.to_client, wire::SETTINGS, h.flags, 0, &payload);
+                self.app_settings(h.flags, payload);
                 Ok(())
             }
-            wire::SETTINGS if h.flags & wire::ACK != 0 => {
-                // The application acked a client SETTINGS: a lower table
-                // size now binds, and the next block must say so.
-                if let Some(Some(v)) = self.client_tables_unacked.pop_front() {
-                    if v < self.client_table_acked {
-                        self.client_update_due =
-                            Some(self.client_update_due.map_or(v, |d| d.min(v)));
-                    }
-                    self.client_table_acked = v;
-                }
-                self.to_client.extend_from_slice(frame);
+            wire::SETTINGS => {
+                self.settings_acked();
                 Ok(())
             }
             wire::PING if h.flags & wire::ACK != 0 && payload.starts_with(&BARRIER_PING) => {
@@ -1656,6 +1673,76 @@ impl<'a> Relay<'a> {
                 Ok(())
             }
         }
+    }
+
+    /// The application's SETTINGS (or, alone, the guard's own: none), on to
+    /// the client lowered to the guard's limits; the first also gets the
+    /// guard's limits where the application set none, and extended CONNECT
+    /// (the guard serves WebSockets over HTTP/2 itself).
+    fn app_settings(&mut self, flags: u8, payload: &[u8]) {
+        let l = self.inner.config.limits;
+        let mut payload = payload.to_vec();
+        let (mut streams_seen, mut list_seen, mut connect_seen) = (false, false, false);
+        wire::rewrite_settings(&mut payload, |id, v| match id {
+            wire::HEADER_TABLE_SIZE => {
+                self.app_table = v;
+                self.client_hpack.allow(v);
+                v
+            }
+            wire::MAX_CONCURRENT_STREAMS => {
+                streams_seen = true;
+                v.min(l.max_concurrent_streams)
+            }
+            wire::MAX_HEADER_LIST_SIZE => {
+                list_seen = true;
+                v.min(l.max_header_list_size)
+            }
+            // The guard serves WebSockets over HTTP/2 itself.
+            wire::ENABLE_CONNECT_PROTOCOL => {
+                connect_seen = true;
+                1
+            }
+            wire::MAX_FRAME_SIZE => {
+                let v = v.min(MAX_FRAME);
+                self.app_frame = v as usize;
+                v
+            }
+            _ => v,
+        });
+        if !std::mem::replace(&mut self.app_settings, true) {
+            // The guard's own limits, where the application set none.
+            for (seen, id, v) in [
+                (
+                    streams_seen,
+                    wire::MAX_CONCURRENT_STREAMS,
+                    l.max_concurrent_streams,
+                ),
+                (
+                    list_seen,
+                    wire::MAX_HEADER_LIST_SIZE,
+                    l.max_header_list_size,
+                ),
+                (connect_seen, wire::ENABLE_CONNECT_PROTOCOL, 1),
+            ] {
+                if !seen {
+                    payload.extend_from_slice(&id.to_be_bytes());
+                    payload.extend_from_slice(&v.to_be_bytes());
+                }
+            }
+        }
+        wire::put(&mut self.to_client, wire::SETTINGS, flags, 0, &payload);
+    }
+
+    /// The application acked a client SETTINGS (alone: the guard does). A
+    /// lower table size now binds, and the next block must say so.
+    fn settings_acked(&mut self) {
+        if let Some(Some(v)) = self.client_tables_unacked.pop_front() {
+            if v < self.client_table_acked {
+                self.client_update_due = Some(self.client_update_due.map_or(v, |d| d.min(v)));
+            }
+            self.client_table_acked = v;
+        }
+        wire::put(&mut self.to_client, wire::SETTINGS, wire::ACK, 0, &[]);
     }
 
     fn app_fragment(
@@ -2638,7 +2725,7 @@ mod tests {
             peer: std::net::SocketAddr::from(([127, 0, 0, 1], 1)),
             accepted_at: Instant::now(),
         };
-        Relay::new(&guard.inner, info)
+        Relay::new(&guard.inner, info, false)
     }
 
     fn test_guard() -> super::super::Guard {

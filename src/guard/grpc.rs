@@ -3,8 +3,7 @@
 //! body (so a stream is only ever ended between two messages), and the
 //! `grpc-status: 14` endings the guard sends.
 
-use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
-use http::{Response, StatusCode};
+use http::header::{HeaderMap, HeaderValue};
 
 use crate::metrics::Reason;
 
@@ -55,16 +54,6 @@ pub fn unavailable_trailers(message: &'static str) -> HeaderMap {
     // percent-encoding (gRPC's rule for grpc-message).
     t.insert("grpc-message", HeaderValue::from_static(message));
     t
-}
-
-/// A trailers-only response (HEADERS with END_STREAM) carrying UNAVAILABLE.
-pub fn unavailable_response(message: &'static str) -> Response<()> {
-    let mut resp = Response::new(());
-    *resp.status_mut() = StatusCode::OK;
-    let h = resp.headers_mut();
-    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    h.extend(unavailable_trailers(message));
-    resp
 }
 
 /// Follows the message framing of one direction of a gRPC body.

@@ -22,12 +22,11 @@ mod accept;
 mod body;
 mod conn;
 mod connect;
+mod ending;
 mod flood;
 mod frames;
 mod grpc;
 mod h1;
-mod h2conn;
-mod h2io;
 mod headers;
 mod hpack;
 mod keepalive;
@@ -39,7 +38,6 @@ mod registry;
 mod schedule;
 mod signals;
 mod sniff;
-mod stream;
 pub mod upstream;
 mod websocket;
 // Public for the `hpack` fuzz target; nothing outside the guard uses it.
@@ -94,24 +92,6 @@ pub struct GuardConfig {
     pub limits: Limits,
     /// The per-request golden signals (see [`signals`]).
     pub signals: SignalSettings,
-    /// How HTTP/2 connections are proxied.
-    pub http2: Http2Path,
-}
-
-/// How the guard proxies an HTTP/2 connection (docs/design.md, "Cost").
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum Http2Path {
-    /// One application connection per client connection, frames relayed
-    /// whole; the guard reads header blocks and message boundaries and
-    /// writes frames only to end or refuse a stream. A connection whose
-    /// application does not answer HTTP/2 is served by `Stack`. The
-    /// default: it passes the HTTP/2 conformance suite (docs/design.md).
-    #[default]
-    Frames,
-    /// h2 on both sides: each stream re-built, with a pool of application
-    /// connections per client connection (about 2.5 times the CPU per
-    /// request of `Frames`).
-    Stack,
 }
 
 impl GuardConfig {
@@ -127,7 +107,6 @@ impl GuardConfig {
             long_stream_age: crate::config::DEFAULT_LONG_STREAM_AGE.get(),
             limits: Limits::default(),
             signals: SignalSettings::default(),
-            http2: Http2Path::default(),
         }
     }
 }
@@ -408,11 +387,12 @@ impl Guard {
     }
 
     /// The HTTP/2 frame relay fed `chunks` without sockets (true: from the
-    /// client, false: from the application), for the fuzz target. Call it
-    /// inside a tokio runtime.
+    /// client, false: from the application; `alone`: with no application,
+    /// whose chunks are then dropped), for the fuzz target. Call it inside
+    /// a tokio runtime.
     #[doc(hidden)]
-    pub fn fuzz_frame_relay(&self, chunks: &[(bool, &[u8])]) {
-        frames::feed(&self.inner, chunks);
+    pub fn fuzz_frame_relay(&self, chunks: &[(bool, &[u8])], alone: bool) {
+        frames::feed(&self.inner, chunks, alone);
     }
 
     /// Downstream connections open right now.

@@ -153,11 +153,6 @@ impl StreamCtl {
         let _ = self.answered_at.set(Instant::now());
     }
 
-    /// Whether the application's response head went to the client.
-    pub fn answered(&self) -> bool {
-        self.answered_at.get().is_some()
-    }
-
     /// Whether a drain may end this stream early: it was marked long-lived,
     /// or the application answered it at least `long_after` ago. Calls the
     /// application has not answered, and unary calls, are never early.

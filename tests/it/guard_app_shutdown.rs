@@ -22,9 +22,7 @@
 //! Each case runs through the shipped bootstrap (its fail-open retry policy
 //! and the app as priority 1) and through a twin with NO retry policy and no
 //! fallback, which shows what the guard itself does: a retry must never hide
-//! a failure. The guard's HTTP/2 path is the first parameter: each case runs
-//! on `frames` and on `stack` (`guard_app_shutdown::frames::` /
-//! `guard_app_shutdown::stack::`). Every case prints its row of the table.
+//! a failure. Every case prints its row of the table.
 //!
 //! Fails (never skips) without the cached Envoy or the Python venv
 //! (`make envoy pytools`).
@@ -68,21 +66,6 @@ const APP_EXIT: Duration = Duration::from_secs(30);
 /// Drain timers: streams ended over 0.5 s .. 2.5 s after the trigger; what
 /// is not long-lived (the unary calls) may finish until the 10 s deadline.
 const TIMERS: &[&str] = QUICK_DRAIN_TIMERS;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Path {
-    Frames,
-    Stack,
-}
-
-impl Path {
-    fn flag(self) -> &'static str {
-        match self {
-            Path::Frames => "frames",
-            Path::Stack => "stack",
-        }
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum App {
@@ -135,7 +118,6 @@ impl Scenario {
 
 #[derive(Clone, Copy, Debug)]
 struct Case {
-    path: Path,
     app: App,
     boot: Boot,
     scenario: Scenario,
@@ -334,8 +316,7 @@ fn secs_f(d: Duration) -> String {
 async fn run(case: Case) {
     let begun = Instant::now();
     let mut app = AppProc::start(case.app).await;
-    let mut extra = vec!["--guard-http2", case.path.flag()];
-    extra.extend_from_slice(TIMERS);
+    let extra = TIMERS.to_vec();
     let app_addr = app.addr;
     let (mut envoy, mut shim, _guard) = guard_bin_pod(app_addr, &extra, |o| match case.boot {
         Boot::Shipped => {
@@ -505,10 +486,9 @@ async fn run(case: Case) {
     let total = begun.elapsed();
 
     eprintln!(
-        "\n| path | app | bootstrap | scenario | streams graceful / ok / cut | unary ok / failed | app exit | drain cut | last stream end | case time (setup) |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n\
-         | {} | {} | {} | {} | {graceful} / {completed} / {cut} | {unary_ok} / {unary_failed} | {app_exit} | {drain_cut} | {} | {} ({}) |",
-        case.path.flag(),
+        "\n| app | bootstrap | scenario | streams graceful / ok / cut | unary ok / failed | app exit | drain cut | last stream end | case time (setup) |\n\
+         |---|---|---|---|---|---|---|---|---|\n\
+         | {} | {} | {} | {graceful} / {completed} / {cut} | {unary_ok} / {unary_failed} | {app_exit} | {drain_cut} | {} | {} ({}) |",
         case.app.name(),
         case.boot.name(),
         case.scenario.name(),
@@ -548,14 +528,13 @@ fn tail(text: &str, n: usize) -> String {
 }
 
 macro_rules! case {
-    ($name:ident, $path:expr, $app:ident, $boot:ident, $scenario:ident) => {
-        case!($name, $path, $app, $boot, $scenario, FLOWING);
+    ($name:ident, $app:ident, $boot:ident, $scenario:ident) => {
+        case!($name, $app, $boot, $scenario, FLOWING);
     };
-    ($name:ident, $path:expr, $app:ident, $boot:ident, $scenario:ident, $flowing:expr) => {
+    ($name:ident, $app:ident, $boot:ident, $scenario:ident, $flowing:expr) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $name() {
             run(Case {
-                path: $path,
                 app: App::$app,
                 boot: Boot::$boot,
                 scenario: Scenario::$scenario,
@@ -566,69 +545,20 @@ macro_rules! case {
     };
 }
 
-/// The frame relay: every case, and streams still young at the app's GOAWAY.
-mod frames {
+/// Every case, and streams still young at the app's GOAWAY.
+mod cases {
     use super::*;
 
-    case!(
-        grpcio_shipped_drain,
-        Path::Frames,
-        Grpcio,
-        Shipped,
-        DrainAtStop
-    );
-    case!(
-        grpcio_shipped_no_drain,
-        Path::Frames,
-        Grpcio,
-        Shipped,
-        NoDrain
-    );
-    case!(
-        grpcio_no_retry_drain,
-        Path::Frames,
-        Grpcio,
-        NoRetry,
-        DrainAtStop
-    );
-    case!(
-        grpcio_no_retry_no_drain,
-        Path::Frames,
-        Grpcio,
-        NoRetry,
-        NoDrain
-    );
-    case!(
-        tonic_shipped_drain,
-        Path::Frames,
-        Tonic,
-        Shipped,
-        DrainAtStop
-    );
-    case!(
-        tonic_shipped_no_drain,
-        Path::Frames,
-        Tonic,
-        Shipped,
-        NoDrain
-    );
-    case!(
-        tonic_no_retry_drain,
-        Path::Frames,
-        Tonic,
-        NoRetry,
-        DrainAtStop
-    );
-    case!(
-        tonic_no_retry_no_drain,
-        Path::Frames,
-        Tonic,
-        NoRetry,
-        NoDrain
-    );
+    case!(grpcio_shipped_drain, Grpcio, Shipped, DrainAtStop);
+    case!(grpcio_shipped_no_drain, Grpcio, Shipped, NoDrain);
+    case!(grpcio_no_retry_drain, Grpcio, NoRetry, DrainAtStop);
+    case!(grpcio_no_retry_no_drain, Grpcio, NoRetry, NoDrain);
+    case!(tonic_shipped_drain, Tonic, Shipped, DrainAtStop);
+    case!(tonic_shipped_no_drain, Tonic, Shipped, NoDrain);
+    case!(tonic_no_retry_drain, Tonic, NoRetry, DrainAtStop);
+    case!(tonic_no_retry_no_drain, Tonic, NoRetry, NoDrain);
     case!(
         tonic_no_retry_no_drain_young,
-        Path::Frames,
         Tonic,
         NoRetry,
         NoDrain,
@@ -636,62 +566,9 @@ mod frames {
     );
     case!(
         grpcio_no_retry_no_drain_young,
-        Path::Frames,
         Grpcio,
         NoRetry,
         NoDrain,
         YOUNG
-    );
-}
-
-/// The h2-stack path. It does not see the app's own GOAWAY (h2 handles it
-/// inside the client connection), so with no drain a tonic app, which waits
-/// for its calls, never finishes its graceful stop: its streams end only
-/// when the kubelet kills it (retryably, gapless, but a whole grace later).
-/// Those two cases are the frame relay's alone; docs/design.md says so.
-mod stack {
-    use super::*;
-
-    case!(
-        grpcio_shipped_drain,
-        Path::Stack,
-        Grpcio,
-        Shipped,
-        DrainAtStop
-    );
-    case!(
-        grpcio_shipped_no_drain,
-        Path::Stack,
-        Grpcio,
-        Shipped,
-        NoDrain
-    );
-    case!(
-        grpcio_no_retry_drain,
-        Path::Stack,
-        Grpcio,
-        NoRetry,
-        DrainAtStop
-    );
-    case!(
-        grpcio_no_retry_no_drain,
-        Path::Stack,
-        Grpcio,
-        NoRetry,
-        NoDrain
-    );
-    case!(
-        tonic_shipped_drain,
-        Path::Stack,
-        Tonic,
-        Shipped,
-        DrainAtStop
-    );
-    case!(
-        tonic_no_retry_drain,
-        Path::Stack,
-        Tonic,
-        NoRetry,
-        DrainAtStop
     );
 }

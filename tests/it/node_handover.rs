@@ -11,8 +11,7 @@
 //!
 //! That bootstrap retries refused and reset requests, which would hide a
 //! failure: `no_retry::` runs the update again through an Envoy with no
-//! retry policy and no fallback, unary calls at full speed throughout, on
-//! both HTTP/2 paths; and a SIGTERM with no successor must leave no call
+//! retry policy and no fallback, unary calls at full speed throughout; and a SIGTERM with no successor must leave no call
 //! hanging in a listener nobody accepts on.
 //!
 //! Needs root; fails (never skips) without it or without the cached Envoys.
@@ -416,14 +415,12 @@ fn at(t: Instant, since: Instant) -> String {
 /// guard does. Unary calls run at full speed all along (back to back, a 2 s
 /// deadline each) beside long streams; not one call may fail or hang, no
 /// stream may be cut, and the new agent's drain afterwards cuts nothing.
-/// On both HTTP/2 paths of the guard.
 mod no_retry {
     use super::*;
 
-    /// One run: the guard's HTTP/2 path, the old agent's window, and how
-    /// long one worker's calls take in the app.
+    /// One run: the old agent's window, and how long one worker's calls
+    /// take in the app.
     struct Case {
-        path: &'static str,
         window: &'static str,
         slow_ms: u32,
         /// The old agent gets SIGTERM while it gives the new one the
@@ -433,9 +430,8 @@ mod no_retry {
     }
 
     async fn run(case: Case) {
-        let path = case.path;
         let lab = Lab::new("n");
-        let pod = no_retry_pod(&lab, &format!("solo-{path}"), "1.40.0").await;
+        let pod = no_retry_pod(&lab, "solo", "1.40.0").await;
         let name = pod.name.clone();
         let dir = tempfile::tempdir().expect("tempdir");
         let socket = dir.path().join("handover.sock");
@@ -446,8 +442,6 @@ mod no_retry {
             &socket_s,
             "--handover-window",
             case.window,
-            "--guard-http2",
-            path,
         ];
 
         let mut old = agent_bin(&lab, listen, &flags).await;
@@ -489,7 +483,7 @@ mod no_retry {
             // Whether the SIGTERM was seen before `adopted` (a race: either
             // way nothing may fail).
             eprintln!(
-                "early SIGTERM ({path}): the old agent waited for the hand-over: {}",
+                "early SIGTERM: the old agent waited for the hand-over: {}",
                 old.log().contains("SIGTERM during a hand-over")
             );
         }
@@ -518,7 +512,7 @@ mod no_retry {
         }
         let (failed, hung) = outcomes(&calls, sigterm, "SIGTERM");
         eprintln!(
-            "hand-over without retries ({path}, window {}, slow calls {} ms): {} unary calls, {} failed, {} hung; \
+            "hand-over without retries (window {}, slow calls {} ms): {} unary calls, {} failed, {} hung; \
              {graceful} of {LONG} long streams ended gracefully, {} cut; \
              old agent exited {} after SIGTERM ({} after adoption)",
             case.window,
@@ -561,7 +555,7 @@ mod no_retry {
         assert_eq!(code, 200, "{body}");
         let report: Report = serde_json::from_str(&body).expect("report");
         eprintln!(
-            "hand-over without retries ({path}): the new agent's drain: {} terminated, {} cut",
+            "hand-over without retries: the new agent's drain: {} terminated, {} cut",
             report.streams.terminated, report.streams.cut
         );
         assert_eq!(report.streams.cut, 0, "{body}");
@@ -579,9 +573,8 @@ mod no_retry {
 
     /// The issue's setup: long streams over a 5 s window, calls of
     /// 1 ms and 200 ms.
-    fn steady(path: &'static str) -> Case {
+    fn steady() -> Case {
         Case {
-            path,
             window: "5s",
             slow_ms: 200,
             early_sigterm: false,
@@ -590,9 +583,8 @@ mod no_retry {
 
     /// A call that outlasts the window: in flight when the old agent hands
     /// over, still running when its window ends. A short call finishes.
-    fn outlasting(path: &'static str) -> Case {
+    fn outlasting() -> Case {
         Case {
-            path,
             window: "1s",
             slow_ms: 1_500,
             early_sigterm: false,
@@ -601,41 +593,26 @@ mod no_retry {
 
     /// SIGTERM in the middle of the hand-over: the old agent finishes it
     /// before it stops accepting.
-    fn early(path: &'static str) -> Case {
+    fn early() -> Case {
         Case {
             early_sigterm: true,
-            ..steady(path)
+            ..steady()
         }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_agent_hands_over_without_a_failed_or_hung_call_stack() {
-        run(steady("stack")).await;
+    async fn the_agent_hands_over_without_a_failed_or_hung_call() {
+        run(steady()).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_agent_hands_over_without_a_failed_or_hung_call_frames() {
-        run(steady("frames")).await;
+    async fn a_sigterm_during_the_hand_over_fails_nothing() {
+        run(early()).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_sigterm_during_the_hand_over_fails_nothing_stack() {
-        run(early("stack")).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_sigterm_during_the_hand_over_fails_nothing_frames() {
-        run(early("frames")).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_call_that_outlasts_the_window_finishes_stack() {
-        run(outlasting("stack")).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_call_that_outlasts_the_window_finishes_frames() {
-        run(outlasting("frames")).await;
+    async fn a_call_that_outlasts_the_window_finishes() {
+        run(outlasting()).await;
     }
 }
 

@@ -1,7 +1,7 @@
 """HTTP/2 conformance of the stream guard, against the real `drainshim` binary.
 
 Each test starts an app (python-h2 server, tests/py/h2peer.py), the guard in
-front of it (`drainshim sidecar --guard-http2 frames|stack`), and a client
+front of it (`drainshim sidecar --guard-listen`), and a client
 (python-h2, or raw frames where exactness matters), then asserts what an
 RFC 9113/7541-conformant peer must see: no connection error, no lost byte,
 no wedge. Run: `make conformance` (DRAINSHIM_BIN names the binary).
@@ -20,7 +20,7 @@ from hyperframe.frame import PriorityFrame, PushPromiseFrame
 from h2peer import (
     ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, MAX_STREAM_ID,
     PADDED, PING, PREFACE, PRIORITY_FLAG, PUSH_PROMISE, RST_STREAM, SETTINGS, App, Client,
-    Deadline, E, Guard, S, assert_bytes, err_name, grpc_message, grpc_tick, pattern,
+    Deadline, E, Guard, Http1App, NoApp, S, assert_bytes, err_name, grpc_message, grpc_tick, pattern,
     ping_frame, raw_frame, split_grpc,
 )
 
@@ -38,15 +38,14 @@ BLAMES_CLIENT = {E.PROTOCOL_ERROR, E.FRAME_SIZE_ERROR, E.FLOW_CONTROL_ERROR,
 class Rig:
     """An app, the guard in front of it, and the clients of one test."""
 
-    def __init__(self, mode):
-        self.mode = mode
+    def __init__(self):
         self.app = None
         self.guard = None
         self.clients = []
 
     def start(self, app=None, guard_args=(), log=Guard.LOG):
         self.app = (app or App()).start()
-        self.guard = Guard(BIN, self.app.addr, self.mode, guard_args, log)
+        self.guard = Guard(BIN, self.app.addr, guard_args, log)
         return self.app
 
     def client(self, **kw):
@@ -67,16 +66,16 @@ class Rig:
         if self.app is not None:
             parts.append(self.app.describe())
         if self.guard is not None:
-            parts.append(f"guard ({self.mode}) alive={self.guard.alive()}, log tail:\n"
+            parts.append(f"guard alive={self.guard.alive()}, log tail:\n"
                          + self.guard.log(30))
         return "\n".join(parts)
 
 
-@pytest.fixture(params=["frames", "stack"])
-def rig(request):
+@pytest.fixture
+def rig():
     assert os.access(BIN, os.X_OK), (
         f"no drainshim binary at {BIN}: run `cargo build --locked` or set DRAINSHIM_BIN")
-    r = Rig(request.param)
+    r = Rig()
     yield r
     # Shown by pytest only when the test failed.
     print(r.describe())
@@ -187,7 +186,6 @@ def app_goaway(rig, drain):
         assert status == 202, f"POST /drain answered {status}: {text}"
     c.wait_done([long, a, b, late], budget.remaining(), "every stream to end")
 
-    # Weak properties, on both paths.
     assert_sane(rig)
     assert_no_connection_error(c)
     assert_goaway_ids_never_grow(c)
@@ -196,9 +194,6 @@ def app_goaway(rig, drain):
     seen = (f"long stream: {c.stream(long)!r}\nlate stream: {c.stream(late)!r}\n"
             f"app: {app.find(call='late')}\nGOAWAYs: {c.goaways()}")
     print(seen)
-    if rig.mode == "stack":
-        return
-
     assert_only_graceful_resets(c)
     # The late stream: refused retryably and never processed by the app, or
     # processed (it reached the app before its final GOAWAY) and answered.
@@ -562,11 +557,6 @@ def rss_kib(rig):
         return int(next(line for line in f if line.startswith("VmRSS")).split()[1])
 
 
-# The frame relay only. The stack path (h2 as the server) answers the flood
-# of refused streams with GOAWAY(ENHANCE_YOUR_CALM) after 1,024 of them, then
-# reads and discards at full speed until it closes (~2 s, 64 MB here): its
-# memory stays flat, but that is not backpressure. It goes with that path.
-@pytest.mark.parametrize("rig", ["frames"], indirect=True)
 def test_peer_that_never_reads(rig):
     app = rig.start(guard_args=["--guard-max-streams", "1"])
     sock = socket.create_connection(rig.guard.addr, timeout=5)
@@ -643,9 +633,6 @@ def test_many_streams_large_bodies(rig):
 
 # --- 19: RFC 7541 §6.2.3 through re-encoding ---------------------------------
 
-# The frame relay only: the stack path's h2 decodes a never-indexed field as
-# an ordinary value and re-encodes it indexable (h2 keeps no such flag).
-@pytest.mark.parametrize("rig", ["frames"], indirect=True)
 def test_never_indexed_survives_re_encoding(rig):
     """A field the client sends never-indexed (a secret) reaches the app
     never-indexed, also once the guard re-encodes the client's blocks (it
@@ -681,9 +668,8 @@ def test_never_indexed_survives_re_encoding(rig):
         f"authorization must arrive never-indexed: {req.headers}")
     fresh = fields.get(b"x-fresh")
     assert fresh is not None and not isinstance(fresh, NeverIndexedHeaderTuple)
-    if rig.mode == "frames":
-        assert "re-encoding the client's blocks" in rig.guard.log(), (
-            "the case must go through the guard's re-encoding:\n" + rig.guard.log(30))
+    assert "re-encoding the client's blocks" in rig.guard.log(), (
+        "the case must go through the guard's re-encoding:\n" + rig.guard.log(30))
     assert_sane(rig)
 
 
@@ -760,3 +746,81 @@ def test_app_block_for_a_stream_the_client_reset_goes_on(rig):
         "the guard dropped the crossed block and re-encodes:\n" + rig.guard.log(20))
     assert_sane(rig)
     assert_no_connection_error(c)
+
+
+# --- 22: the guard alone: no app, or an app that does not speak HTTP/2 -------
+
+@pytest.mark.parametrize("absent", ["unreachable", "http1-only"])
+def test_guard_alone_is_a_conformant_server(rig, absent):
+    """With no application to relay to (nothing listens on its port, or it
+    answers HTTP/2's preface as HTTP/1.1), the guard is the client's server
+    itself: its own SETTINGS (extended CONNECT on), the client's SETTINGS
+    and PINGs acked, every request answered retryably (gRPC: trailers-only
+    grpc-status 14; HTTP: 502), the DATA of answered requests given back to
+    the connection window, and a drain's GOAWAY sequence; never a
+    connection error."""
+    app = rig.start(app=NoApp() if absent == "unreachable" else Http1App())
+    c = rig.client()
+    c.wait(lambda: any(f.type == SETTINGS and not f.ack for f in c.frames_in)
+           and any(f.type == SETTINGS and f.ack for f in c.frames_in), 10,
+           "the guard's SETTINGS and its ack of the client's")
+    assert c.conn.remote_settings.enable_connect_protocol == 1, "extended CONNECT must be on"
+    c.conn.update_settings({S.INITIAL_WINDOW_SIZE: 1 << 20, S.HEADER_TABLE_SIZE: 1024})
+    c.conn.ping(b"alone!!!")
+    c.flush()
+    c.wait(lambda: b"alone!!!" in c.acks_in
+           and sum(1 for f in c.frames_in if f.type == SETTINGS and f.ack) >= 2, 10,
+           "the PING ack and the second SETTINGS ack")
+
+    call = c.grpc("test.Unary/Hold", b"x")
+    get = c.get("/bytes?n=10")
+    # Uploads bigger than the connection window: what the guard does not
+    # pass on, it must give back, or the connection would stall.
+    uploads = [c.request("POST", "/sha", body=pattern(200_000, i)) for i in range(4)]
+    ws = c.request("CONNECT", "/ws", [(":protocol", "websocket"),
+                                      ("sec-websocket-version", "13")], end=False)
+    c.wait_done([call, get, *uploads, ws], 15, "every stream answered")
+    st = c.stream(call)
+    assert st.trailers_only() and st.grpc_status() == "14", f"gRPC: {st!r}"
+    assert "grpc-message" in dict(st.headers), f"gRPC without a message: {st!r}"
+    for sid in [get, *uploads]:
+        st = c.stream(sid)
+        assert st.status() == "502" and st.reset in (None, E.NO_ERROR), f"HTTP: {st!r}"
+    st = c.stream(ws)
+    want = "502" if absent == "unreachable" else "501"
+    assert st.status() == want, f"the WebSocket's answer (the app's, or 502): {st!r}"
+    # Every DATA byte the client sent came back as connection window.
+    c.wait(lambda: c.conn.outbound_flow_control_window == 65535, 10,
+           "the connection window given back in full")
+
+    if absent == "http1-only":
+        # The guard tried HTTP/2 first: the app saw its preface as a request.
+        assert any("HTTP/2.0" in line and str(code) == "505" for line, code in app.requests), (
+            app.describe())
+
+    # A drain: the guard's GOAWAY sequence, then the connection closes.
+    status, text = rig.guard.drain()
+    assert status == 202, f"POST /drain answered {status}: {text}"
+    c.wait(lambda: c.eof, 15, "the connection closed after the drain")
+    assert c.goaways() and all(code == E.NO_ERROR for _, code, _ in c.goaways()), c.goaways()
+    assert_goaway_ids_never_grow(c)
+    assert_sane(rig)
+    assert_no_connection_error(c)
+
+
+@pytest.mark.parametrize("absent", ["unreachable", "http1-only"])
+def test_guard_alone_holds_the_client_to_the_rfc(rig, absent):
+    """Alone, the guard judges what an application would: DATA on a stream
+    the client never opened is a connection error PROTOCOL_ERROR (RFC 9113
+    §5.1), and so is a stream id the client may not open (even, §5.1.1)."""
+    rig.start(app=NoApp() if absent == "unreachable" else Http1App())
+    for frame in [raw_frame(DATA, 0, 99, b"x"), raw_frame(HEADERS, END_HEADERS, 2, b"\x82")]:
+        c = rig.client()
+        c.wait(lambda: any(f.type == SETTINGS and f.ack for f in c.frames_in), 10,
+               "the guard's SETTINGS ack")
+        c.send_raw(frame)
+        c.wait(lambda: c.goaways(), 10, "a GOAWAY")
+        assert [code for _, code, _ in c.goaways()] == [E.PROTOCOL_ERROR], c.describe()
+        c.wait(lambda: c.eof, 10, "the connection closed")
+    assert rig.guard.alive(), rig.guard.log()
+

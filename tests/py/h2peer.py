@@ -9,6 +9,9 @@ so a test can assert on the exact frames on the wire.
 - `App`: the application behind the guard, an h2 server on 127.0.0.1:0, a
   thread per connection; routes for bodies, echoes and gRPC streams, and
   hooks for tests that need the app to misbehave.
+- `NoApp` and `Http1App`: no application at all (a port nothing listens
+  on), and one that only speaks HTTP/1.1 (Python's `http.server`), for the
+  guard serving the client alone.
 - `Client`: an h2 client connection to the guard, driven from the test's own
   thread (`wait` pumps it until a condition holds or a deadline passes).
 
@@ -20,6 +23,7 @@ bounded in time; nothing sleeps to synchronise.
 import hashlib
 import heapq
 import http.client
+import http.server
 import json
 import os
 import queue
@@ -1011,6 +1015,65 @@ def default_route(conn, req, event, data):
         conn.respond(req, [(":status", "404")], b"no route\n")
 
 
+# --- applications that are not there, or do not speak HTTP/2 -------------------
+
+class NoApp:
+    """No application: a port on 127.0.0.1 that nothing listens on (bound
+    to be free, then closed), as while a pod's app has not started yet."""
+
+    def start(self):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.bind(("127.0.0.1", 0))
+        self.addr = s.getsockname()
+        s.close()
+        return self
+
+    def close(self):
+        pass
+
+    def h2_errors(self):
+        return []
+
+    def describe(self):
+        return f"no app (nothing listens on {self.addr})"
+
+
+class Http1App:
+    """An application that only speaks HTTP/1.1: Python's `http.server`,
+    serving no route. HTTP/2's preface reaches it as a request line for
+    HTTP/2.0, which it answers 505 before it closes."""
+
+    def start(self):
+        self.requests = []
+        app = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_request(self, code="-", size="-"):
+                app.requests.append((self.requestline, code))
+
+            def log_message(self, format, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.addr = self.server.server_address
+        self.thread = threading.Thread(target=self.server.serve_forever, name="http1-app",
+                                       kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+        return self
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+
+    def h2_errors(self):
+        return []
+
+    def describe(self):
+        return f"HTTP/1.1 app at {self.addr}: requests {self.requests[-10:]}"
+
+
 # --- the guard -------------------------------------------------------------
 
 # A drain that fits a test: no deregistration delay, streams ended within 4 s.
@@ -1025,12 +1088,11 @@ class Guard:
     # DRAINSHIM_TEST_LOG replaces it, to look into a failure.
     LOG = os.environ.get("DRAINSHIM_TEST_LOG") or "warn,drainshim::sidecar=info,drainshim::drain=info"
 
-    def __init__(self, binary, upstream, mode, extra_args=(), log=LOG):
+    def __init__(self, binary, upstream, extra_args=(), log=LOG):
         args = [binary, "sidecar", "--listen", "127.0.0.1:0",
                 "--envoy-admin", "http://127.0.0.1:9",
                 "--guard-listen", "127.0.0.1:0",
                 "--guard-upstream", f"{upstream[0]}:{upstream[1]}",
-                "--guard-http2", mode,
                 "--log", log,
                 *DRAIN_FLAGS, *extra_args]
         env = {k: v for k, v in os.environ.items() if not k.startswith("DRAINSHIM_")}

@@ -116,13 +116,7 @@ impl Drop for RunningGuard {
     }
 }
 
-pub async fn start_guard(mut config: GuardConfig) -> RunningGuard {
-    // The HTTP/2 path under test, as the binary reads it (DRAINSHIM_GUARD_HTTP2).
-    match std::env::var("DRAINSHIM_GUARD_HTTP2").as_deref() {
-        Ok("frames") => config.http2 = drainshim::guard::Http2Path::Frames,
-        Ok("stack") => config.http2 = drainshim::guard::Http2Path::Stack,
-        _ => {}
-    }
+pub async fn start_guard(config: GuardConfig) -> RunningGuard {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind guard");
     let addr = listener.local_addr().expect("guard addr");
     let metrics = Metrics::register(&mut Registry::default());
