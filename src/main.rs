@@ -22,6 +22,10 @@ use drainshim::{fleet, install, node, oneshot, prestop, sidecar};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The variable of the retired `--guard-http2` flag: a manifest may still
+/// set it, and is told it does nothing.
+const RETIRED_GUARD_HTTP2: &str = "DRAINSHIM_GUARD_HTTP2";
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -51,6 +55,11 @@ fn main() -> ExitCode {
         }
     };
     let name = cli.command.name();
+    if std::env::var_os(RETIRED_GUARD_HTTP2).is_some() {
+        tracing::warn!(
+            "{RETIRED_GUARD_HTTP2} is set but no longer read: the guard has one HTTP/2 path, the frame relay; remove it"
+        );
+    }
     let json_logs = cli.log_format == LogFormat::Json;
     match runtime.block_on(run(cli.command)) {
         Ok(code) => code,

@@ -1,4 +1,4 @@
-//! The guard's HTTP/2 frame relay (`src/guard/frames.rs`) fed frames from
+//! The guard's HTTP/2 frame relay (`src/guard/relay/`) fed frames from
 //! both peers. Invariant: the relay never panics, whatever either peer
 //! sends, and holds no more than its bounds (asserted inside `feed`).
 //!

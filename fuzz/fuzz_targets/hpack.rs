@@ -1,4 +1,4 @@
-//! The guard's HPACK decoder (`src/guard/hpack.rs`) on arbitrary blocks, one
+//! The guard's HPACK decoder (`src/guard/relay/hpack.rs`) on arbitrary blocks, one
 //! connection's worth in a row, held against an independent one
 //! (`loona-hpack`) fed the same blocks. Invariants: no panic whatever the
 //! bytes; whatever the guard decodes, the reference decodes to the same

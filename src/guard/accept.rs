@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::conn::ConnInfo;
 use super::sniff::{sniff, Protocol, MAX_LINGER};
-use super::{frames, h1, Guard, Inner};
+use super::{h1, relay, Guard, Inner};
 use crate::drain::StreamGuard;
 use crate::metrics::Limit;
 
@@ -118,7 +118,7 @@ async fn connection(inner: Arc<Inner>, tcp: TcpStream, info: ConnInfo) {
     let _ = tcp.set_nodelay(true);
     let deadline = info.accepted_at + inner.config.limits.header_read_timeout;
     match sniff(tcp, deadline).await {
-        Ok((Protocol::Http2, io)) => frames::serve(inner, io, info).await,
+        Ok((Protocol::Http2, io)) => relay::serve(inner, io, info).await,
         Ok((Protocol::Http1, io)) => h1::serve(inner, io, info).await,
         Err(e) => {
             tracing::debug!(peer = %info.peer, error = %e, "guard: connection closed before a request")

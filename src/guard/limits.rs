@@ -6,8 +6,6 @@
 
 use std::time::Duration;
 
-use super::flood::{FloodLimits, DEFAULT_FLOOD_LIMITS};
-
 /// Default for [`Limits::max_connections`]. Behind Envoy the guard sees one
 /// connection per Envoy worker plus a health check now and then; HTTP/1.1
 /// clients (WebSocket) take one each. Sized with [`DEFAULT_MAX_STREAMS`] so
@@ -73,7 +71,7 @@ pub struct Limits {
     /// HTTP/2, 503 with Retry-After on HTTP/1.1, both safe to retry.
     pub max_streams: usize,
     /// Per-connection rates of PING, SETTINGS and RST_STREAM frames
-    /// ([`super::flood`]); a faster peer is slowed down, not closed.
+    /// (the relay's `flood` module); a faster peer is slowed down, not closed.
     pub flood: FloodLimits,
     /// Streams one client may have open on one connection (HTTP/2
     /// SETTINGS_MAX_CONCURRENT_STREAMS); more are refused, so one caller
@@ -160,3 +158,36 @@ impl Default for Limits {
         }
     }
 }
+
+/// A token bucket: `rate` per second, up to `burst` saved up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rate {
+    pub per_second: u32,
+    pub burst: u32,
+}
+
+/// Per-connection rates of the control frames a client sends outside any
+/// stream (PING, SETTINGS) and of its RST_STREAMs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FloodLimits {
+    pub ping: Rate,
+    pub settings: Rate,
+    pub rst_stream: Rate,
+}
+
+/// The defaults, and why they never trip for Envoy: see the relay's `flood`
+/// module.
+pub const DEFAULT_FLOOD_LIMITS: FloodLimits = FloodLimits {
+    ping: Rate {
+        per_second: 100,
+        burst: 1_000,
+    },
+    settings: Rate {
+        per_second: 10,
+        burst: 100,
+    },
+    rst_stream: Rate {
+        per_second: 1_000,
+        burst: 10_000,
+    },
+};

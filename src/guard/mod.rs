@@ -3,9 +3,9 @@
 //! end a long-lived gRPC stream cleanly (docs/design.md, "Stream guard").
 //!
 //! It owns these behaviours:
-//! - **Proxying**, full duplex with flow control end to end: HTTP/2
-//!   downstream connections get one HTTP/2 upstream connection each,
-//!   HTTP/1.1 ones one HTTP/1.1 upstream connection (see [`upstream`]).
+//! - **Proxying**, full duplex with flow control end to end: each HTTP/2
+//!   downstream connection gets one HTTP/2 connection to the application,
+//!   its frames relayed; each HTTP/1.1 one, one HTTP/1.1 connection.
 //! - **Graceful stream end**: a gRPC stream is ended with trailers
 //!   `grpc-status: 14` and a `grpc-message` saying why, after the data the
 //!   application already produced is flushed, on a message boundary; the
@@ -17,24 +17,45 @@
 //! - **Drain**: [`StreamGuard::goaway_all`] and [`StreamGuard::terminate_all`]
 //!   (endings spread evenly over a window; new streams refused retryably).
 //! - **Limits** ([`Limits`]) against greedy or slow clients.
+//!
+//! Its rooms: two wings around a core. A connection is accepted and sniffed
+//! in `accept`, then served by the wing of its protocol; the wings import
+//! the core and never each other (`tests/it/layering.rs` holds it).
+//!
+//! ```text
+//!                    accept (sniff: HTTP/2 preface or not)
+//!                   /                                     \
+//!   relay/  the HTTP/2 path                     h1/  HTTP/1.1 and its
+//!   frames relayed to one app connection,            WebSocket upgrades,
+//!   or the client served alone; HPACK,               one app connection
+//!   admission, graceful ends, GOAWAY,                (hyper)
+//!   WebSockets over extended CONNECT
+//!                   \                                     /
+//!   core: lifecycle (when a connection goes away), registry (every stream,
+//!   and the ends a drain asks), ending (the rules of a graceful end and
+//!   its outcomes), body and grpc (message boundaries), websocket (a
+//!   WebSocket's two byte streams and their Close), signals, limits,
+//!   schedule (spreads, jitter), sniff, upstream (connecting to the app),
+//!   conn, headers, keepalive, passthrough
+//! ```
+//!
+//! Which file serves an HTTP/2 request: `relay/client.rs` reads it and
+//! `relay/admit.rs` lets it through; `relay/app.rs` carries its answer;
+//! `relay/stream_end.rs` ends it gracefully.
 
 mod accept;
 mod body;
 mod conn;
-mod connect;
 mod ending;
-mod flood;
-mod frames;
 mod grpc;
 mod h1;
 mod headers;
-mod hpack;
 mod keepalive;
 mod lifecycle;
 mod limits;
 mod passthrough;
-mod rapid;
 mod registry;
+mod relay;
 mod schedule;
 mod signals;
 mod sniff;
@@ -42,7 +63,7 @@ pub mod upstream;
 mod websocket;
 // Public for the `hpack` fuzz target; nothing outside the guard uses it.
 #[doc(hidden)]
-pub mod wire;
+pub use relay::wire;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -57,8 +78,8 @@ use tokio_util::task::TaskTracker;
 use crate::drain::StreamGuard;
 use crate::metrics::{Metrics, Reason, StreamProtocol, TerminatedLabels};
 
-pub use flood::{FloodLimits, Rate};
 pub use grpc::{end_message, Framer, REFUSED_MESSAGE};
+pub use limits::{FloodLimits, Rate};
 pub use limits::{Limits, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS};
 pub use schedule::{jittered_age, spread_offsets, AGE_JITTER};
 pub use signals::{grpc_service, SignalSettings, DEFAULT_MAX_SERVICES};
@@ -392,7 +413,7 @@ impl Guard {
     /// a tokio runtime.
     #[doc(hidden)]
     pub fn fuzz_frame_relay(&self, chunks: &[(bool, &[u8])], alone: bool) {
-        frames::feed(&self.inner, chunks, alone);
+        relay::feed(&self.inner, chunks, alone);
     }
 
     /// Downstream connections open right now.

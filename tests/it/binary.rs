@@ -295,3 +295,28 @@ async fn check_prints_the_effective_settings_or_every_violation() {
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains(r#""pod_listen_port":15099"#), "{out}");
 }
+
+/// `--guard-http2` (which chose between two HTTP/2 paths) is gone: the flag
+/// is refused with exit 64, and a manifest that still sets its variable is
+/// told, once, that it does nothing.
+#[tokio::test]
+async fn the_retired_guard_http2_flag_is_refused_and_its_variable_named() {
+    let (code, _, err) = run_bin(&["sidecar", "--check", "--guard-http2", "stack"]).await;
+    assert_eq!(code, Some(64), "{err}");
+    assert!(err.contains("'--guard-http2'"), "{err}");
+    let out = Command::new(drainshim_bin())
+        .args(["sidecar", "--check", "--guard-listen", "127.0.0.1:15097"])
+        .args(["--guard-upstream", "127.0.0.1:8080"])
+        .env("DRAINSHIM_GUARD_HTTP2", "stack")
+        .output()
+        .await
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(
+        err.matches("DRAINSHIM_GUARD_HTTP2 is set but no longer read")
+            .count(),
+        1,
+        "{err}"
+    );
+}

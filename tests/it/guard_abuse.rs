@@ -593,7 +593,7 @@ async fn ping_flood(ctx: &Ctx, swing: Swing, read: bool) -> Report {
 
 /// RST_STREAM frames as fast as the guard takes them, all for a stream the
 /// attacker already reset (legal, and ignored by h2): only the rate limit on
-/// RST_STREAM (guard/flood.rs) stands between it and the guard's CPU.
+/// RST_STREAM (guard/relay/flood.rs) stands between it and the guard's CPU.
 async fn rst_flood(ctx: &Ctx, swing: Swing) -> Report {
     const BATCH: u64 = 1_000;
     const MAX_RESETS: u64 = 2_000_000;

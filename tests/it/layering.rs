@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// `src/guard/stream.rs` -> `guard`; `src/main.rs` -> `main`.
+/// `src/guard/relay/mod.rs` -> `guard`; `src/main.rs` -> `main`.
 fn module_of(src: &Path, file: &Path) -> String {
     let rel = file.strip_prefix(src).expect("under src/");
     let first = rel.components().next().expect("a component");
@@ -131,4 +131,134 @@ fn metrics_and_the_leaves_stand_alone() {
         let above: Vec<_> = deps.iter().filter(|d| *d != "config").collect();
         assert!(above.is_empty(), "{leaf} imports {above:?}");
     }
+}
+
+/// The guard modules a file names: `guard::x`, `super::x` (resolved from
+/// the file's place), and `x::` at the start of a `use` of the guard's own
+/// submodules: the first name under `guard` of each.
+fn guard_file_imports(guard: &Path, file: &Path, text: &str) -> BTreeSet<String> {
+    let rel = file.strip_prefix(guard).expect("under src/guard/");
+    // The module the file is, as a path under guard: `relay/client.rs` ->
+    // ["relay", "client"]; `relay/mod.rs` -> ["relay"].
+    let mut here: Vec<String> = rel
+        .components()
+        .map(|c| {
+            c.as_os_str()
+                .to_string_lossy()
+                .trim_end_matches(".rs")
+                .to_string()
+        })
+        .collect();
+    if here.last().is_some_and(|l| l == "mod") {
+        here.pop();
+    }
+    let mut out = BTreeSet::new();
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    for (i, _) in text.match_indices("guard::") {
+        let before = text[..i].chars().last();
+        if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+            continue;
+        }
+        out.insert(ident(&text[i + "guard::".len()..]));
+    }
+    for (i, _) in text.match_indices("super::") {
+        let before = text[..i].chars().last();
+        if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+            continue;
+        }
+        // `super::super::x` from `relay/client.rs` is guard's `x`.
+        let mut level = here.len();
+        let mut rest = &text[i..];
+        while let Some(r) = rest.strip_prefix("super::") {
+            level = level.saturating_sub(1);
+            rest = r;
+        }
+        let mut path: Vec<String> = here[..level.min(here.len())].to_vec();
+        if rest.starts_with('{') {
+            let group = &rest[1..rest.find('}').unwrap_or(rest.len())];
+            for item in group.split(',') {
+                let name = ident(item.trim());
+                if !name.is_empty() {
+                    let mut p = path.clone();
+                    p.push(name);
+                    out.insert(p[0].clone());
+                }
+            }
+        } else {
+            path.push(ident(rest));
+            out.insert(path[0].clone());
+        }
+    }
+    out
+}
+
+/// The guard's wings (`src/guard/relay/`, the HTTP/2 path, and
+/// `src/guard/h1/`, HTTP/1.1) import the core and never each other, and
+/// the core imports neither; only `accept` (and `mod.rs`, which declares
+/// them) names both.
+#[test]
+fn the_guard_wings_import_the_core_never_each_other() {
+    let guard = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/guard");
+    let mut files = Vec::new();
+    rust_files(&guard, &mut files);
+    assert!(files.len() > 20, "too few guard files: {files:?}");
+    let mut seen = BTreeSet::new();
+    for file in files {
+        let rel = file.strip_prefix(&guard).expect("under guard");
+        let wing = match rel
+            .components()
+            .next()
+            .map(|c| c.as_os_str().to_string_lossy())
+        {
+            Some(c) if c == "relay" || c == "h1" => c.to_string(),
+            _ => String::new(),
+        };
+        seen.insert(wing.clone());
+        let text = production_code(&std::fs::read_to_string(&file).expect("read"));
+        let names = guard_file_imports(&guard, &file, &text);
+        let forbidden: &[&str] = match wing.as_str() {
+            "relay" => &["h1", "accept"],
+            "h1" => &["relay", "accept"],
+            _ if rel == Path::new("mod.rs") || rel == Path::new("accept.rs") => &[],
+            _ => &["relay", "h1"],
+        };
+        let bad: Vec<_> = names
+            .iter()
+            .filter(|n| forbidden.contains(&n.as_str()))
+            .collect();
+        assert!(bad.is_empty(), "{} imports {bad:?}", rel.display());
+    }
+    assert!(
+        seen.contains("relay") && seen.contains("h1"),
+        "the wings are gone: {seen:?}"
+    );
+}
+
+#[test]
+fn the_layering_rule_sees_a_wing_importing_the_other() {
+    let guard = Path::new("/x/src/guard");
+    let file = guard.join("relay/client.rs");
+    for text in [
+        "use crate::guard::h1::serve;",
+        "use super::super::h1::serve;",
+        "use super::super::{body, h1};",
+        "crate::guard::h1::serve(a).await",
+    ] {
+        let names = guard_file_imports(guard, &file, text);
+        assert!(names.contains("h1"), "{text}: {names:?}");
+    }
+    // A sibling in the same wing, and the core, are fine.
+    let names = guard_file_imports(
+        guard,
+        &file,
+        "use super::blocks::x; use crate::guard::body;",
+    );
+    assert_eq!(
+        names,
+        BTreeSet::from(["relay".to_string(), "body".to_string()])
+    );
 }

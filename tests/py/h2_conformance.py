@@ -639,7 +639,7 @@ def test_never_indexed_survives_re_encoding(rig):
     dropped a refused request whose block changed the HPACK table)."""
     from hpack import NeverIndexedHeaderTuple
     app = rig.start(guard_args=["--guard-max-streams", "1"],
-                    log=Guard.LOG + ",drainshim::guard::frames=debug")
+                    log=Guard.LOG + ",drainshim::guard::relay=debug")
     c = rig.client()
     held = c.get("/hold")
     app.wait(lambda: app.find(path="/hold"), 10, "the held request at the app")
@@ -718,7 +718,7 @@ def test_app_block_for_a_stream_the_client_reset_goes_on(rig):
     The client must still decode that block (RFC 9113 §5.1: HPACK state), so
     the guard passes it on; dropping it would leave the client's table behind
     the app's and force the guard to re-encode every later block."""
-    app = rig.start(log=Guard.LOG + ",drainshim::guard::frames=debug")
+    app = rig.start(log=Guard.LOG + ",drainshim::guard::relay=debug")
     c = rig.client()
     held = c.get("/hold")
     app.wait(lambda: app.find(path="/hold"), 10, "the held request at the app")

@@ -7,7 +7,7 @@
 //! application and asks for `Upgrade: websocket` (with the client's
 //! `Sec-WebSocket-Key` when a proxy kept it, a fresh one otherwise). On the
 //! application's 101 the client gets a 200, and the two byte streams are
-//! relayed by [`super::websocket`], with the same frame-boundary graceful
+//! relayed by [`crate::guard::websocket`], with the same frame-boundary graceful
 //! end (1001 to the application first, everything it sent, then 1012 to the
 //! client). Any other answer is passed to the client as it is.
 
@@ -23,11 +23,11 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::Empty;
 use hyper_util::rt::TokioIo;
 
-use super::conn::ConnInfo;
-use super::headers::{append_forwarded_for, forwarded_for, strip_hop_by_hop};
-use super::registry::Registered;
-use super::upstream::connect_tcp;
-use super::Inner;
+use crate::guard::conn::ConnInfo;
+use crate::guard::headers::{append_forwarded_for, forwarded_for, strip_hop_by_hop};
+use crate::guard::registry::Registered;
+use crate::guard::upstream::connect_tcp;
+use crate::guard::Inner;
 
 /// The answer the frame relay sends for a WebSocket it serves itself: the
 /// head, and whether it ends the stream (a refusal).
@@ -66,7 +66,7 @@ pub async fn proxy<C>(
             return;
         }
     };
-    super::websocket::relay_streams(inner, client, app_io, registered, info).await;
+    crate::guard::websocket::relay_streams(inner, client, app_io, registered, info).await;
 }
 
 /// Asks the application for the WebSocket upgrade over HTTP/1.1: the head

@@ -1,4 +1,4 @@
-//! HTTP/2 frames as the frame-relay data path ([`super::frames`]) sees them:
+//! HTTP/2 frames as the frame-relay data path (the `relay` module) sees them:
 //! whole frames split off a byte stream, the few fields of a header block
 //! the guard reads, and the frames the guard writes itself (RFC 9113 §6).
 //!

@@ -25,8 +25,10 @@
 //! Idle keep-alive connections are kept longer than Envoy keeps its pooled
 //! ones (see [`super::keepalive`]); a request that meets a stale upstream
 //! keep-alive connection is retried when that is safe (see
-//! [`super::upstream::H1Upstream`]). The application gets the peer's
+//! [`upstream::H1Upstream`]). The application gets the peer's
 //! address appended to `X-Forwarded-For`.
+
+mod upstream;
 
 use crate::timer::sleep_until_opt;
 use std::convert::Infallible;
@@ -45,19 +47,19 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::body::{Boundaries, Kind};
-use super::conn::ConnInfo;
-use super::headers::{
+use crate::guard::body::{Boundaries, Kind};
+use crate::guard::conn::ConnInfo;
+use crate::guard::headers::{
     append_forwarded_for, forwarded_for, is_websocket, strip_hop_by_hop,
     strip_hop_by_hop_keep_upgrade, upgrade_requested,
 };
-use super::keepalive::{Activity, Counted, HeadTimer, H1_IDLE_TIMEOUT};
-use super::registry::Registered;
-use super::signals;
-use super::sniff::{linger, Prefixed};
-use super::upstream::{H1Upstream, MIN_H1_BUF_SIZE};
-use super::{websocket, Inner};
+use crate::guard::keepalive::{Activity, Counted, HeadTimer, H1_IDLE_TIMEOUT};
+use crate::guard::registry::Registered;
+use crate::guard::signals;
+use crate::guard::sniff::{linger, Prefixed};
+use crate::guard::{websocket, Inner};
 use crate::metrics::{Reason, StreamProtocol};
+use upstream::{H1Upstream, MIN_H1_BUF_SIZE};
 
 /// Errors a response body can end with.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -12,7 +12,7 @@
 //! everything else (DATA, HEADERS, WINDOW_UPDATE) passes as it comes until a
 //! limited frame is next in line.
 //!
-//! The rates ([`FloodLimits`]) are far above what Envoy sends on one
+//! The rates ([`FloodLimits`], set in [`crate::guard::limits`]) are far above what Envoy sends on one
 //! upstream connection, which carries a whole Envoy worker's streams:
 //! - PING: Envoy sends PINGs only for its connection keepalive (off by
 //!   default; intervals of seconds when on) and acks the guard's own (two per
@@ -30,38 +30,8 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
 use super::wire::{PING, RST_STREAM, SETTINGS};
+use crate::guard::limits::{FloodLimits, Rate};
 use crate::metrics::{Limit, Metrics};
-
-/// A token bucket: `rate` per second, up to `burst` saved up.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Rate {
-    pub per_second: u32,
-    pub burst: u32,
-}
-
-/// Per-connection rates of the frames h2 processes without a stream.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FloodLimits {
-    pub ping: Rate,
-    pub settings: Rate,
-    pub rst_stream: Rate,
-}
-
-/// The defaults, and why they never trip for Envoy: see the module docs.
-pub const DEFAULT_FLOOD_LIMITS: FloodLimits = FloodLimits {
-    ping: Rate {
-        per_second: 100,
-        burst: 1_000,
-    },
-    settings: Rate {
-        per_second: 10,
-        burst: 100,
-    },
-    rst_stream: Rate {
-        per_second: 1_000,
-        burst: 10_000,
-    },
-};
 
 #[derive(Debug)]
 struct Bucket {
@@ -139,6 +109,7 @@ impl Buckets {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::guard::limits::DEFAULT_FLOOD_LIMITS;
 
     fn slow_pings() -> FloodLimits {
         FloodLimits {

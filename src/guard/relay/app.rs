@@ -1,0 +1,332 @@
+//! The application's frames, on their way to the client: its SETTINGS
+//! lowered to the guard's limits, its header blocks decoded for each
+//! response's kind and status, its DATA counted into messages, and its
+//! GOAWAY taken as its graceful stop.
+
+use super::*;
+
+impl Relay<'_> {
+    pub(super) fn app_frames(&mut self, now: Instant) -> Result<(), Failure> {
+        let mut released = false;
+        if self.handshake {
+            match wire::head(&self.from_app) {
+                Some(h) if h.kind == wire::SETTINGS && h.flags & wire::ACK == 0 => {
+                    // It speaks HTTP/2: the client's frames held so far go
+                    // on, after its SETTINGS (the server's preface comes first).
+                    self.handshake = false;
+                    self.replay = None;
+                    released = true;
+                }
+                Some(_) => return Err(Failure::NotHttp2),
+                None if self.from_app.len() >= wire::FRAME_HEADER => return Err(Failure::NotHttp2),
+                None => return Ok(()),
+            }
+        }
+        let buf = std::mem::take(&mut self.from_app);
+        // Frames go on whole: one larger than the client ever allowed is the
+        // application's error (its streams end retryably), not the client's.
+        let max = self.client_frame_max;
+        let result = self.each_frame(&buf, max, |relay, h, frame| {
+            relay.app_frame(h, frame, now).map(|()| true)
+        });
+        let result = result.map_err(|e| match e {
+            Failure::FrameSize(_) => Failure::AppProtocol,
+            e => e,
+        });
+        self.from_app = keep_rest(buf, result?);
+        if released && std::mem::take(&mut self.goaway_held) {
+            self.first_goaway();
+        }
+        if released {
+            self.client_frames(now)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn app_frame(&mut self, h: Head, frame: &[u8], now: Instant) -> Result<(), Failure> {
+        let payload = &frame[wire::FRAME_HEADER..];
+        if self.app_block.is_some() && h.kind != wire::CONTINUATION {
+            return Err(Failure::AppProtocol);
+        }
+        match h.kind {
+            wire::HEADERS | wire::PUSH_PROMISE => {
+                let mut fragment = wire::content(h, payload).map_err(|_| Failure::AppProtocol)?;
+                let mut block = Block::start(h);
+                if h.kind == wire::PUSH_PROMISE {
+                    // The promised stream id, then the block.
+                    let promised = fragment.get(..4).ok_or(Failure::AppProtocol)?;
+                    block.promised = Some(
+                        u32::from_be_bytes([promised[0], promised[1], promised[2], promised[3]])
+                            & wire::MAX_STREAM_ID,
+                    );
+                    fragment = &fragment[4..];
+                }
+                self.app_fragment(block, h, frame, fragment, now)
+            }
+            wire::CONTINUATION => {
+                let block = self
+                    .app_block
+                    .take()
+                    .filter(|b| b.id == h.id)
+                    .ok_or(Failure::AppProtocol)?;
+                self.app_fragment(block, h, frame, payload, now)
+            }
+            wire::DATA => {
+                let Some(s) = self.streams.get_mut(&h.id) else {
+                    // Ended by the guard: give the application its window back.
+                    wire::window_update(&mut self.to_app, 0, h.len as u32);
+                    return Ok(());
+                };
+                self.to_client.extend_from_slice(frame);
+                let data = wire::content(h, payload).map_err(|_| Failure::AppProtocol)?;
+                if !data.is_empty() {
+                    s.last_data = Some(now);
+                }
+                s.window -= h.len as i64;
+                if s.window <= 0 && s.shut_since.is_none() && h.len > 0 {
+                    s.shut_since = Some(now);
+                    self.stalled.push(h.id);
+                }
+                if let Some(b) = s.bounds.as_mut() {
+                    if b.endable() && !data.is_empty() {
+                        s.messages += b.consume(data);
+                        if s.messages >= 2 {
+                            s.reg.ctl.set_long_lived();
+                        }
+                        if let Some(sig) = s.sig.as_mut() {
+                            sig.messages(s.messages);
+                        }
+                    }
+                }
+                if h.flags & wire::END_STREAM != 0 {
+                    s.resp_done = true;
+                    s.ending = None;
+                    self.maybe_done(h.id);
+                } else if s.ending.is_some() {
+                    self.data_while_ending(h.id, now);
+                }
+                Ok(())
+            }
+            wire::SETTINGS | wire::PING | wire::GOAWAY if h.id != 0 => Err(Failure::AppProtocol),
+            wire::SETTINGS if !settings_size_ok(h) => Err(Failure::AppProtocol),
+            wire::PING if h.len != 8 => Err(Failure::AppProtocol),
+            wire::GOAWAY if h.len < 8 => Err(Failure::AppProtocol),
+            wire::RST_STREAM => {
+                if let Some(mut s) = self.streams.remove(&h.id) {
+                    self.to_client.extend_from_slice(frame);
+                    if let (Some(sig), Ok(code)) = (s.sig.as_mut(), <[u8; 4]>::try_from(payload)) {
+                        sig.reset(h2::Reason::from(u32::from_be_bytes(code)));
+                    }
+                    self.finish(s, Outcome::UpstreamFailed);
+                }
+                Ok(())
+            }
+            wire::SETTINGS if h.flags & wire::ACK == 0 => {
+                self.app_settings(h.flags, payload);
+                Ok(())
+            }
+            wire::SETTINGS => {
+                self.settings_acked();
+                Ok(())
+            }
+            wire::PING if h.flags & wire::ACK != 0 && payload.starts_with(&BARRIER_PING) => {
+                let seq = u64::from(u32::from_be_bytes([
+                    payload[4], payload[5], payload[6], payload[7],
+                ]));
+                self.barrier.acked = self.barrier.acked.max(seq);
+                if self.barrier.wanted > self.barrier.sent
+                    && self.barrier.acked >= self.barrier.sent
+                {
+                    self.send_barrier();
+                }
+                self.check_endings(now);
+                Ok(())
+            }
+            wire::GOAWAY => {
+                let last = u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]])
+                    & wire::MAX_STREAM_ID;
+                let code = u32::from_be_bytes([payload[4], payload[5], payload[6], payload[7]]);
+                self.app_goaway(last, code, now);
+                Ok(())
+            }
+            wire::WINDOW_UPDATE if h.id != 0 && !self.streams.contains_key(&h.id) => Ok(()),
+            _ => {
+                self.to_client.extend_from_slice(frame);
+                Ok(())
+            }
+        }
+    }
+
+    /// The application's SETTINGS (or, alone, the guard's own: none), on to
+    /// the client lowered to the guard's limits; the first also gets the
+    /// guard's limits where the application set none, and extended CONNECT
+    /// (the guard serves WebSockets over HTTP/2 itself).
+    pub(super) fn app_settings(&mut self, flags: u8, payload: &[u8]) {
+        let l = self.inner.config.limits;
+        let mut payload = payload.to_vec();
+        let (mut streams_seen, mut list_seen, mut connect_seen) = (false, false, false);
+        wire::rewrite_settings(&mut payload, |id, v| match id {
+            wire::HEADER_TABLE_SIZE => {
+                self.app_table = v;
+                self.client_hpack.allow(v);
+                v
+            }
+            wire::MAX_CONCURRENT_STREAMS => {
+                streams_seen = true;
+                v.min(l.max_concurrent_streams)
+            }
+            wire::MAX_HEADER_LIST_SIZE => {
+                list_seen = true;
+                v.min(l.max_header_list_size)
+            }
+            // The guard serves WebSockets over HTTP/2 itself.
+            wire::ENABLE_CONNECT_PROTOCOL => {
+                connect_seen = true;
+                1
+            }
+            wire::MAX_FRAME_SIZE => {
+                let v = v.min(MAX_FRAME);
+                self.app_frame = v as usize;
+                v
+            }
+            _ => v,
+        });
+        if !std::mem::replace(&mut self.app_settings, true) {
+            // The guard's own limits, where the application set none.
+            for (seen, id, v) in [
+                (
+                    streams_seen,
+                    wire::MAX_CONCURRENT_STREAMS,
+                    l.max_concurrent_streams,
+                ),
+                (
+                    list_seen,
+                    wire::MAX_HEADER_LIST_SIZE,
+                    l.max_header_list_size,
+                ),
+                (connect_seen, wire::ENABLE_CONNECT_PROTOCOL, 1),
+            ] {
+                if !seen {
+                    payload.extend_from_slice(&id.to_be_bytes());
+                    payload.extend_from_slice(&v.to_be_bytes());
+                }
+            }
+        }
+        wire::put(&mut self.to_client, wire::SETTINGS, flags, 0, &payload);
+    }
+
+    /// The application acked a client SETTINGS (alone: the guard does). A
+    /// lower table size now binds, and the next block must say so.
+    pub(super) fn settings_acked(&mut self) {
+        if let Some(Some(v)) = self.client_tables_unacked.pop_front() {
+            if v < self.client_table_acked {
+                self.client_update_due = Some(self.client_update_due.map_or(v, |d| d.min(v)));
+            }
+            self.client_table_acked = v;
+        }
+        wire::put(&mut self.to_client, wire::SETTINGS, wire::ACK, 0, &[]);
+    }
+
+    pub(super) fn app_fragment(
+        &mut self,
+        mut block: Block,
+        h: Head,
+        frame: &[u8],
+        fragment: &[u8],
+        now: Instant,
+    ) -> Result<(), Failure> {
+        if h.flags & wire::END_HEADERS == 0 {
+            block.gather(frame, fragment);
+            if block.fragment.len() > MAX_FRAME as usize * 4 {
+                return Err(Failure::AppProtocol);
+            }
+            self.app_block = Some(block);
+            return Ok(());
+        }
+        let mut encoded = std::mem::take(&mut self.scratch);
+        block.whole_into(fragment, &mut encoded);
+        // A push is never relayed: every client of the guard is Envoy or
+        // another proxy, and a client that disabled push (Envoy does) treats
+        // a PUSH_PROMISE as a connection error.
+        let forward = block.promised.is_none()
+            && (self.streams.contains_key(&block.id) || self.client_reset.contains(&block.id));
+        let mut all = (forward && self.translate.is_some()).then(Vec::new);
+        let decoded = wire::decode(
+            &mut self.app_hpack,
+            &mut encoded,
+            APP_BLOCK_MAX,
+            all.as_mut(),
+        );
+        self.scratch = encoded;
+        let fields = decoded.map_err(|_| Failure::AppProtocol)?;
+        if let Some(promised) = block.promised {
+            tracing::debug!(
+                conn = self.info.id,
+                stream = block.id,
+                promised,
+                "guard: the application pushed; refusing the pushed stream"
+            );
+            wire::rst(&mut self.to_app, promised, wire::REFUSED_STREAM);
+        }
+        if !forward {
+            // The client saw this stream end (or it is a push). Dropped; if
+            // the block changed the application's table, the client's no
+            // longer follows it.
+            if fields.indexed && self.translate.is_none() {
+                tracing::debug!(conn = self.info.id, stream = block.id, "guard: an application header block the client does not get changed its HPACK table; re-encoding its blocks from now on");
+                self.translate = Some(true);
+            }
+            return Ok(());
+        }
+        match all {
+            Some(all) => self.put_translated(&block, &all),
+            None => {
+                // It starts with the size update that may be due (the
+                // application's encoder owes it too).
+                self.client_update_due = None;
+                self.to_client.extend_from_slice(&block.frames);
+                self.to_client.extend_from_slice(frame);
+            }
+        }
+        self.app_head(block.id, block.end_stream, &fields, now);
+        Ok(())
+    }
+
+    /// An application header block on an open stream, after it went on.
+    pub(super) fn app_head(
+        &mut self,
+        id: u32,
+        end_stream: bool,
+        fields: &wire::Fields,
+        now: Instant,
+    ) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        match fields.status {
+            // Informational (100-continue): the real head is still to come.
+            Some(status) if status < 200 => {}
+            Some(status) if !s.answered() => {
+                let ct = fields.content_type.as_deref().unwrap_or("");
+                s.bounds = Some(Boundaries::new(response_kind_of(s.kind, ct)));
+                s.reg.ctl.set_answered();
+                if let (Some(sig), Ok(code)) = (s.sig.as_mut(), StatusCode::from_u16(status)) {
+                    sig.head_status(code, fields.grpc_status.as_deref());
+                }
+            }
+            _ => {
+                if let Some(sig) = s.sig.as_mut() {
+                    sig.grpc_status(fields.grpc_status.as_deref());
+                }
+            }
+        }
+        if end_stream {
+            s.resp_done = true;
+            // The application's own end wins over the guard's.
+            s.ending = None;
+            self.maybe_done(id);
+        } else if s.ending.is_some() {
+            self.advance(id, now);
+        }
+    }
+}

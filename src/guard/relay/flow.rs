@@ -1,0 +1,196 @@
+//! The client's connection window, which the guard owns: every DATA frame to
+//! the client, the application's and the guard's own, is charged to it as it
+//! is cleared for writing. And the relay's socket reads and writes.
+
+use super::*;
+
+impl Relay<'_> {
+    /// The client's connection WINDOW_UPDATE: the guard's own DATA sent
+    /// since the last one is withheld (the application's view of the window
+    /// never counted it), the rest goes to the application.
+    ///
+    /// The guard owns the client's connection window: every DATA frame to
+    /// the client, the application's and its own, is charged to it as it is
+    /// cleared for writing ([`Relay::clear_gate`]), so nothing ever exceeds
+    /// it. The application's view is the real window plus the guard's
+    /// unrepaid DATA (`debt`): what it sends beyond the real window waits in
+    /// `to_client` (bounded by its high-water mark) until credit comes. The
+    /// guard keeps nothing back beforehand, so with nothing of its own to
+    /// send it passes every byte of credit on, and a client that refills its
+    /// window only once it ran dry still gets all the data it was promised.
+    pub(super) fn client_credit(&mut self, credit: u32) -> Result<(), Failure> {
+        let credit = i64::from(credit);
+        if credit == 0 {
+            return Err(Failure::Protocol("a connection WINDOW_UPDATE of 0"));
+        }
+        self.conn_window += credit;
+        if self.conn_window > MAX_WINDOW {
+            return Err(Failure::FlowControl);
+        }
+        let repaid = self.debt.min(credit);
+        self.debt -= repaid;
+        wire::window_update(&mut self.to_app, 0, (credit - repaid) as u32);
+        Ok(())
+    }
+
+    /// Charges the DATA frames waiting in `to_client`, from `cleared` on, to
+    /// the client's connection window as far as it goes. A frame larger than
+    /// what is left is split (its padding dropped and given back to the
+    /// application), so the window is always used up: a client may wait for
+    /// it to run dry before it sends a WINDOW_UPDATE.
+    pub(super) fn clear_gate(&mut self) {
+        while let Some(h) = wire::head(&self.to_client[self.cleared..]) {
+            let len = h.len as i64;
+            if h.kind != wire::DATA || len <= self.conn_window {
+                if h.kind == wire::DATA {
+                    self.conn_window -= len;
+                }
+                self.cleared += wire::FRAME_HEADER + h.len;
+                continue;
+            }
+            if self.conn_window <= 0 {
+                return;
+            }
+            self.split_data(h, self.conn_window as usize);
+        }
+    }
+
+    /// Splits the DATA frame at `cleared` so its first piece takes at most
+    /// `room` bytes of window; padding goes (window given back to the app).
+    pub(super) fn split_data(&mut self, h: Head, room: usize) {
+        let at = self.cleared;
+        let rest = self.to_client.split_off(at);
+        let frame_end = wire::FRAME_HEADER + h.len;
+        // Frames in `to_client` were checked when they came in.
+        let data = wire::content(h, &rest[wire::FRAME_HEADER..frame_end]).unwrap_or(&[]);
+        let padding = (h.len - data.len()) as u32;
+        if padding > 0 {
+            wire::window_update(&mut self.to_app, 0, padding);
+            wire::window_update(&mut self.to_app, h.id, padding);
+            if let Some(s) = self.streams.get_mut(&h.id) {
+                s.window += i64::from(padding);
+            }
+        }
+        let flags = h.flags & wire::END_STREAM;
+        let first = room.min(data.len());
+        if first == data.len() {
+            wire::put(&mut self.to_client, wire::DATA, flags, h.id, data);
+        } else {
+            wire::put(&mut self.to_client, wire::DATA, 0, h.id, &data[..first]);
+            wire::put(&mut self.to_client, wire::DATA, flags, h.id, &data[first..]);
+        }
+        self.to_client.extend_from_slice(&rest[frame_end..]);
+    }
+
+    /// DATA of the guard's own to the client, in frames the client takes;
+    /// the application's view of the connection window does not know of it.
+    pub(super) fn own_data(&mut self, id: u32, data: &[u8], end_stream: bool) {
+        put_data(&mut self.to_client, id, data, end_stream, self.client_frame);
+        self.debt += data.len() as i64;
+    }
+}
+
+/// `data` as DATA frames of at most `max_frame` bytes, END_STREAM on the last.
+pub(super) fn put_data(
+    out: &mut BytesMut,
+    id: u32,
+    data: &[u8],
+    end_stream: bool,
+    max_frame: usize,
+) {
+    let mut chunks = data.chunks(max_frame.max(1)).peekable();
+    if chunks.peek().is_none() {
+        let flags = if end_stream { wire::END_STREAM } else { 0 };
+        return wire::put(out, wire::DATA, flags, id, &[]);
+    }
+    while let Some(chunk) = chunks.next() {
+        let last = chunks.peek().is_none();
+        let flags = if last && end_stream {
+            wire::END_STREAM
+        } else {
+            0
+        };
+        wire::put(out, wire::DATA, flags, id, chunk);
+    }
+}
+
+/// What is left of `buf` from `at` (an incomplete frame), as the next read's
+/// buffer, with room for the read.
+pub(super) fn keep_rest(mut buf: BytesMut, at: usize) -> BytesMut {
+    buf.advance(at);
+    if buf.capacity() - buf.len() < READ_BUF / 4 {
+        buf.reserve(READ_BUF);
+    }
+    buf
+}
+
+/// Writes the first `cleared` bytes of `buf` until they are gone or the
+/// socket is full.
+pub(super) fn write_cleared<W: AsyncWrite + Unpin>(
+    cx: &mut Context<'_>,
+    io: &mut W,
+    buf: &mut BytesMut,
+    cleared: &mut usize,
+) -> std::io::Result<()> {
+    while *cleared > 0 {
+        match Pin::new(&mut *io).poll_write(cx, &buf[..*cleared]) {
+            Poll::Ready(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Poll::Ready(Ok(n)) => {
+                buf.advance(n);
+                *cleared -= n;
+            }
+            Poll::Ready(Err(e)) => return Err(e),
+            Poll::Pending => break,
+        }
+    }
+    Ok(())
+}
+
+/// Writes from `buf` until it is empty or the socket is full.
+pub(super) fn write_some<W: AsyncWrite + Unpin>(
+    cx: &mut Context<'_>,
+    io: &mut W,
+    buf: &mut BytesMut,
+) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        match Pin::new(&mut *io).poll_write(cx, buf) {
+            Poll::Ready(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Poll::Ready(Ok(n)) => buf.advance(n),
+            Poll::Ready(Err(e)) => return Err(e),
+            Poll::Pending => break,
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn read_some<R: AsyncRead + Unpin>(
+    cx: &mut Context<'_>,
+    io: &mut R,
+    buf: &mut BytesMut,
+) -> Poll<std::io::Result<usize>> {
+    if buf.capacity() - buf.len() < READ_BUF / 4 {
+        buf.reserve(READ_BUF);
+    }
+    poll_read_buf(Pin::new(io), cx, buf)
+}
+
+/// Writes all of `buf`, bounded by the caller.
+pub(super) async fn flush<W: AsyncWrite + Unpin>(
+    io: &mut W,
+    buf: &mut BytesMut,
+) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let bound = std::time::Duration::from_secs(1);
+    let _ = tokio::time::timeout(bound, async {
+        while !buf.is_empty() {
+            let n = io.write(buf).await?;
+            if n == 0 {
+                break;
+            }
+            buf.advance(n);
+        }
+        io.flush().await
+    })
+    .await;
+    Ok(())
+}

@@ -1,0 +1,337 @@
+//! The connection's lifecycle on the relay: the GOAWAY sequence to the
+//! client (the application never sees it), the application's own GOAWAY,
+//! the timers, and how the connection fails or closes.
+
+use super::*;
+
+impl Relay<'_> {
+    /// The timers: endings past their bounds, and the lifecycle's.
+    pub(super) fn timers(&mut self, now: Instant) -> Result<(), Failure> {
+        let l = self.inner.config.limits;
+        for id in std::mem::take(&mut self.stalled) {
+            match self.streams.get(&id).and_then(|s| s.shut_since) {
+                Some(at) if now >= at + l.write_stall_timeout => {
+                    tracing::info!(peer = %self.info.peer, stream = id, timeout = ?l.write_stall_timeout,
+                        "guard: the client took no data; resetting its stream");
+                    wire::rst(&mut self.to_client, id, wire::CANCEL);
+                    wire::rst(&mut self.to_app, id, wire::CANCEL);
+                    if let Some(s) = self.streams.remove(&id) {
+                        self.finish(s, Outcome::ClientGone);
+                    }
+                }
+                Some(_) => self.stalled.push(id),
+                None => {}
+            }
+        }
+        self.stalled.sort_unstable();
+        self.stalled.dedup();
+        if self.throttled_until.is_some_and(|at| now >= at) {
+            self.throttled_until = None;
+            // The frames already read go on first.
+            self.client_frames(now)?;
+        }
+        for id in self.ending.clone() {
+            let Some(s) = self.streams.get_mut(&id) else {
+                continue;
+            };
+            let Some(mut e) = s.ending else {
+                continue;
+            };
+            if let Some(by) = e.forced_by {
+                if now >= by {
+                    self.reset_here(id);
+                }
+                continue;
+            }
+            if now >= e.asked + l.end_timeout {
+                if s.endable() && s.at_boundary() {
+                    // A producer that never paused: end at this boundary
+                    // (or, waiting for the client's window, within one more bound)...
+                    if !self.end_gracefully(id, e.reason) {
+                        if let Some(s) = self.streams.get_mut(&id) {
+                            e.forced_by = Some(now + l.end_timeout);
+                            s.ending = Some(e);
+                        }
+                    }
+                } else if s.endable() {
+                    // ...or at the next one, within one more bound.
+                    e.forced_by = Some(now + l.end_timeout);
+                    s.ending = Some(e);
+                } else {
+                    self.reset_here(id);
+                }
+            }
+        }
+        self.check_endings(now);
+        if self.app_sweep_at.is_some_and(|at| now >= at) {
+            // Those grown long-lived since the application's GOAWAY: now.
+            self.end_long_lived(std::time::Duration::ZERO, now);
+        }
+        let d = self.life.deadlines();
+        for (at, input) in [
+            (d.age, Input::AgeReached),
+            (d.ack, Input::AckTimedOut),
+            (d.grace, Input::GraceOver),
+            (d.first_stream, Input::HeaderTimedOut),
+            (d.idle, Input::IdleTimedOut),
+        ] {
+            if at.is_some_and(|at| now >= at) {
+                self.step(input, now);
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn next_deadline(&self) -> Option<Instant> {
+        let l = self.inner.config.limits;
+        let d = self.life.deadlines();
+        let mut next = [
+            self.throttled_until,
+            self.app_sweep_at,
+            self.closing_by,
+            d.close_by,
+            d.age,
+            d.ack,
+            d.grace,
+            d.first_stream,
+            d.idle,
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        for id in &self.stalled {
+            if let Some(at) = self.streams.get(id).and_then(|s| s.shut_since) {
+                next = next.into_iter().chain([at + l.write_stall_timeout]).min();
+            }
+        }
+        for id in &self.ending {
+            if let Some(e) = self.streams.get(id).and_then(|s| s.ending) {
+                let at = [
+                    e.quiet_at,
+                    e.barrier.map(|(_, by)| by),
+                    Some(e.forced_by.unwrap_or(e.asked + l.end_timeout)),
+                ]
+                .into_iter()
+                .flatten()
+                .min();
+                next = next.into_iter().chain(at).min();
+            }
+        }
+        next
+    }
+
+    /// The application's connection is gone: every open stream gets the
+    /// retryable end it can still get, and the client a GOAWAY.
+    pub(super) fn app_lost(&mut self) {
+        tracing::debug!(peer = %self.info.peer, conn = self.info.id, streams = self.streams.len(), "guard: the application closed its connection");
+        let ids: Vec<u32> = self.streams.keys().copied().collect();
+        for id in ids {
+            let Some(s) = self.streams.get(&id) else {
+                continue;
+            };
+            let block = if !s.answered() {
+                trailers_only(s.kind, grpc::UPSTREAM_LOST_MESSAGE)
+            } else if s.endable() && s.at_boundary() {
+                match s
+                    .bounds
+                    .as_ref()
+                    .and_then(|b| b.ending(grpc::UPSTREAM_LOST_MESSAGE))
+                {
+                    Some(End::Trailers(_)) => Some(unavailable_block(grpc::UPSTREAM_LOST_MESSAGE)),
+                    _ => None,
+                }
+            } else {
+                None
+            };
+            let grpc = s.grpc();
+            match block {
+                Some(b) => self.own_block(id, &b, true),
+                None => wire::rst(
+                    &mut self.to_client,
+                    id,
+                    if grpc {
+                        wire::REFUSED_STREAM
+                    } else {
+                        wire::CANCEL
+                    },
+                ),
+            }
+            if let Some(mut s) = self.streams.remove(&id) {
+                s.resp_done = true;
+                if let Some(sig) = s.sig.as_mut() {
+                    record_outcome(sig, grpc, &Outcome::UpstreamFailed);
+                }
+            }
+        }
+        self.to_app.clear();
+        self.close_with(self.app_goaway_code);
+    }
+
+    /// A connection error: GOAWAY with its code, then close.
+    pub(super) fn fail(&mut self, f: Failure) {
+        let code = match f {
+            Failure::Protocol(_) => wire::PROTOCOL_ERROR,
+            Failure::Compression => wire::COMPRESSION_ERROR,
+            Failure::Calm => wire::ENHANCE_YOUR_CALM,
+            Failure::FrameSize(_) => wire::FRAME_SIZE_ERROR,
+            Failure::FlowControl => wire::FLOW_CONTROL_ERROR,
+            Failure::AppProtocol | Failure::NotHttp2 => {
+                // The application broke the protocol: like losing it.
+                return self.app_lost();
+            }
+        };
+        let ids: Vec<u32> = self.streams.keys().copied().collect();
+        for id in ids {
+            if let Some(s) = self.streams.remove(&id) {
+                self.finish(s, Outcome::ClientGone);
+            }
+        }
+        self.close_with(code);
+    }
+
+    pub(super) fn close_with(&mut self, code: u32) {
+        if !self.closing && self.handshake {
+            // Nothing from the application yet: the guard's own (empty)
+            // SETTINGS are the server's preface before its GOAWAY.
+            wire::put(&mut self.to_client, wire::SETTINGS, 0, 0, &[]);
+            self.replay = None;
+        }
+        if !self.closing {
+            self.goaway_to_client(self.last_id, code);
+            self.closing = true;
+            self.closing_by = Some(Instant::now() + self.inner.config.limits.shutdown_timeout);
+        }
+    }
+
+    /// A GOAWAY to the client naming `last`, or the lowest id named before
+    /// (and never above the application's): a last-stream id never grows.
+    pub(super) fn goaway_to_client(&mut self, last: u32, code: u32) {
+        let last = [Some(last), self.sent_last, self.app_last]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(last);
+        wire::goaway(&mut self.to_client, last, code);
+        self.sent_last = Some(last);
+    }
+
+    /// The first GOAWAY of the guard's sequence: every stream id (once
+    /// nothing lower was sent), and the PING whose ack sends the final one.
+    pub(super) fn first_goaway(&mut self) {
+        self.goaway_to_client(wire::MAX_STREAM_ID, wire::NO_ERROR);
+        wire::ping(&mut self.to_client, false, GOAWAY_PING);
+        self.probe_out = true;
+    }
+
+    /// The application sent GOAWAY: no stream above `last` reaches it, and
+    /// it is on its way out (a graceful stop, as gRPC servers do on
+    /// SIGTERM: GOAWAY(2^31-1), PING, GOAWAY(last), then the grace). Never
+    /// relayed as it is: the client gets the guard's own sequence, whose
+    /// last-stream ids never grow. Streams above `last` are refused
+    /// retryably; the long-lived ones are ended gracefully over
+    /// `app_shutdown_spread`, before the application's grace cuts them;
+    /// short calls finish.
+    pub(super) fn app_goaway(&mut self, last: u32, code: u32, now: Instant) {
+        let first = self.app_last.is_none();
+        let last = self.app_last.map_or(last, |l| l.min(last));
+        self.app_last = Some(last);
+        self.app_goaway_code = code;
+        let mut above: Vec<u32> = self
+            .streams
+            .keys()
+            .copied()
+            .filter(|&id| id > last)
+            .collect();
+        above.sort_unstable();
+        for id in above {
+            // The application never processed it: safe to retry anywhere.
+            wire::rst(&mut self.to_client, id, wire::REFUSED_STREAM);
+            if let Some(s) = self.streams.remove(&id) {
+                self.finish(s, Outcome::Refused);
+            }
+        }
+        if !first {
+            return;
+        }
+        let inner = self.inner;
+        tracing::info!(peer = %self.info.peer, conn = self.info.id, last, code,
+            "guard: the application sent GOAWAY; ending this connection's long-lived streams gracefully");
+        self.step(Input::AppGoaway, now);
+        self.end_long_lived(inner.config.app_shutdown_spread, now);
+    }
+
+    /// After the application's GOAWAY: the streams long-lived by now (and
+    /// not already asked to end) are ended over `spread`; the next look is
+    /// one spread later, for as long as streams are open.
+    pub(super) fn end_long_lived(&mut self, spread: std::time::Duration, now: Instant) {
+        let inner = self.inner;
+        let long_after = inner.config.long_stream_age;
+        let long: Vec<_> = inner
+            .registry
+            .connection_streams(self.info.id, now, long_after)
+            .into_iter()
+            .filter(|s| s.is_long_lived_at(now, long_after))
+            .collect();
+        inner.end_spread(long, spread, Reason::app_shutdown);
+        let period = inner
+            .config
+            .app_shutdown_spread
+            .max(std::time::Duration::from_secs(1));
+        self.app_sweep_at = (!self.streams.is_empty()).then_some(now + period);
+    }
+
+    pub(super) fn count_changed(&mut self, now: Instant) {
+        let n = self.streams.len() + self.locals.len();
+        if self.told_empty != (n == 0) {
+            self.told_empty = n == 0;
+            self.step(Input::Streams(n), now);
+        }
+    }
+
+    pub(super) fn step(&mut self, input: Input, now: Instant) {
+        if matches!(input, Input::Acked) {
+            // The client has the first GOAWAY: the final one names the last
+            // stream the application will see.
+            self.goaway_to_client(self.last_id, wire::NO_ERROR);
+        }
+        if matches!(input, Input::AckTimedOut) {
+            tracing::info!(peer = %self.info.peer, conn = self.info.id,
+                "guard: no PING ack after GOAWAY; refusing new streams and sending the final GOAWAY once idle");
+        }
+        match self.life.step(input, now) {
+            None => {}
+            Some(Action::Goaway(cause)) => {
+                tracing::debug!(peer = %self.info.peer, conn = self.info.id, ?cause, "guard: GOAWAY");
+                if self.handshake {
+                    // The server's SETTINGS come first: after the application's.
+                    self.goaway_held = true;
+                } else {
+                    self.first_goaway();
+                }
+                if let Some(reason) = metric_reason(cause) {
+                    self.inner.record_goaway(reason);
+                }
+            }
+            Some(Action::EndStreams) => {
+                let inner = self.inner;
+                let streams = inner.registry.connection_streams(
+                    self.info.id,
+                    now,
+                    inner.config.long_stream_age,
+                );
+                inner.end_spread(streams, self.life.spread(), Reason::max_age);
+            }
+            Some(Action::Close) => self.close_with(wire::NO_ERROR),
+        }
+    }
+}
+
+/// The metrics label, for the causes the contract counts.
+pub(super) fn metric_reason(cause: Cause) -> Option<Reason> {
+    match cause {
+        Cause::MaxAge => Some(Reason::max_age),
+        Cause::Drain => Some(Reason::drain),
+        Cause::App => Some(Reason::app_shutdown),
+        Cause::Idle => None,
+    }
+}

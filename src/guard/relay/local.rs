@@ -1,0 +1,223 @@
+//! WebSockets over extended CONNECT (RFC 8441) the guard serves itself: each
+//! is a task ([`super::connect::proxy`]) that speaks HTTP/1.1 to the
+//! application, and the relay moves its bytes as DATA frames within the
+//! client's windows.
+
+use super::*;
+
+/// A WebSocket over HTTP/2 the guard serves itself: `io` is its task's
+/// view of the stream (the task runs [`super::connect::proxy`]).
+pub(super) struct Local {
+    pub(super) io: tokio::io::DuplexStream,
+    /// The task's answer, until it came.
+    pub(super) answer: Option<tokio::sync::oneshot::Receiver<super::connect::Answer>>,
+    pub(super) answered: bool,
+    /// The client's window for this stream.
+    pub(super) window: i64,
+    /// The client's DATA not yet handed to the task.
+    pub(super) to_task: BytesMut,
+    /// The client ended its side; once `to_task` is handed over, the task
+    /// sees the end (`shut`).
+    pub(super) client_eof: bool,
+    pub(super) shut: bool,
+    /// The task ended its side: END_STREAM went to the client.
+    pub(super) task_eof: bool,
+}
+
+impl Relay<'_> {
+    /// Starts the task that serves a WebSocket over HTTP/2 (RFC 8441).
+    pub(super) fn websocket(&mut self, id: u32, end_stream: bool, fields: &[wire::Field]) {
+        let inner = self.inner;
+        let reg = match inner.registry.try_register(self.info.id, false) {
+            Ok(r) => r,
+            Err(_) => return self.refuse(id, end_stream, Refusal::Reset),
+        };
+        let Some(head) = connect_head(fields) else {
+            wire::rst(&mut self.to_client, id, wire::PROTOCOL_ERROR);
+            return;
+        };
+        let (task_io, io) = tokio::io::duplex(4 * LOCAL_CHUNK);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        inner.tasks.spawn(super::connect::proxy(
+            inner.clone(),
+            reg,
+            head,
+            task_io,
+            tx,
+            self.info,
+        ));
+        self.locals.insert(
+            id,
+            Local {
+                io,
+                answer: Some(rx),
+                answered: false,
+                window: self.client_window,
+                to_task: BytesMut::new(),
+                client_eof: end_stream,
+                shut: false,
+                task_eof: false,
+            },
+        );
+    }
+
+    /// Moves the local streams on: their answers, the client's data to
+    /// their tasks, and theirs to the client within its windows. True if
+    /// anything moved.
+    pub(super) fn poll_locals(&mut self, cx: &mut Context<'_>) -> bool {
+        let Relay {
+            locals,
+            to_client,
+            conn_window,
+            debt,
+            client_frame,
+            client_update_due,
+            ..
+        } = self;
+        let mut moved = false;
+        let mut done = Vec::new();
+        let mut chunk = [0u8; LOCAL_CHUNK];
+        for (&id, l) in locals.iter_mut() {
+            if let Some(rx) = l.answer.as_mut() {
+                match Pin::new(rx).poll(cx) {
+                    Poll::Ready(Ok((head, end))) => {
+                        moved = true;
+                        l.answer = None;
+                        let mut block = Vec::new();
+                        if let Some(size) = client_update_due.take() {
+                            // See `own_block`.
+                            wire::put_size_update(&mut block, size);
+                        }
+                        block.extend_from_slice(&head_block(&head));
+                        put_block(to_client, id, end, &block, *client_frame);
+                        if end {
+                            if !l.client_eof {
+                                wire::rst(to_client, id, wire::NO_ERROR);
+                            }
+                            done.push(id);
+                            continue;
+                        }
+                        l.answered = true;
+                    }
+                    Poll::Ready(Err(_)) => {
+                        wire::rst(to_client, id, wire::CANCEL);
+                        done.push(id);
+                        continue;
+                    }
+                    Poll::Pending => {}
+                }
+            }
+            while !l.to_task.is_empty() {
+                match Pin::new(&mut l.io).poll_write(cx, &l.to_task) {
+                    Poll::Ready(Ok(n)) if n > 0 => {
+                        l.to_task.advance(n);
+                        wire::window_update(to_client, id, n as u32);
+                        wire::window_update(to_client, 0, n as u32);
+                        moved = true;
+                    }
+                    // The task is gone: nothing takes the data any more,
+                    // and the connection window it took is given back.
+                    Poll::Ready(_) => {
+                        wire::window_update(to_client, 0, l.to_task.len() as u32);
+                        l.to_task.clear();
+                    }
+                    Poll::Pending => break,
+                }
+            }
+            if l.to_task.is_empty()
+                && l.client_eof
+                && !l.shut
+                && Pin::new(&mut l.io).poll_shutdown(cx).is_ready()
+            {
+                l.shut = true;
+                moved = true;
+            }
+            // The connection window is charged when `to_client` is written
+            // (`clear_gate`); what waits for it is bounded by the high-water mark.
+            while l.answered
+                && !l.task_eof
+                && l.window > 0
+                && *conn_window > 0
+                && to_client.len() < HIGH_WATER
+            {
+                let max = (l.window.min(*conn_window) as usize)
+                    .min(*client_frame)
+                    .min(LOCAL_CHUNK);
+                let mut rb = ReadBuf::new(&mut chunk[..max]);
+                match Pin::new(&mut l.io).poll_read(cx, &mut rb) {
+                    Poll::Ready(Ok(())) if rb.filled().is_empty() => {
+                        wire::put(to_client, wire::DATA, wire::END_STREAM, id, &[]);
+                        l.task_eof = true;
+                        moved = true;
+                    }
+                    Poll::Ready(Ok(())) => {
+                        let n = rb.filled().len();
+                        wire::put(to_client, wire::DATA, 0, id, rb.filled());
+                        l.window -= n as i64;
+                        *debt += n as i64;
+                        moved = true;
+                    }
+                    Poll::Ready(Err(_)) => {
+                        wire::rst(to_client, id, wire::CANCEL);
+                        l.task_eof = true;
+                        l.client_eof = true;
+                        moved = true;
+                    }
+                    Poll::Pending => break,
+                }
+            }
+            if l.task_eof && l.client_eof {
+                done.push(id);
+            }
+        }
+        for id in done {
+            locals.remove(&id);
+        }
+        moved
+    }
+}
+
+/// The request head of an extended CONNECT, from its fields.
+pub(super) fn connect_head(fields: &[wire::Field]) -> Option<http::request::Parts> {
+    let (mut scheme, mut authority, mut path) = ("http".to_string(), None, "/".to_string());
+    let mut headers = http::HeaderMap::new();
+    for wire::Field { name, value, .. } in fields {
+        let text = || String::from_utf8(value.clone()).ok();
+        match name.as_slice() {
+            b":scheme" => scheme = text()?,
+            b":authority" => authority = Some(text()?),
+            b":path" => path = text()?,
+            n if n.starts_with(b":") => {}
+            n => {
+                headers.append(
+                    http::HeaderName::from_bytes(n).ok()?,
+                    http::HeaderValue::from_bytes(value).ok()?,
+                );
+            }
+        }
+    }
+    let uri = match authority {
+        Some(a) => format!("{scheme}://{a}{path}"),
+        None => path,
+    };
+    let (mut head, ()) = http::Request::builder()
+        .method(http::Method::CONNECT)
+        .uri(uri)
+        .body(())
+        .ok()?
+        .into_parts();
+    head.headers = headers;
+    Some(head)
+}
+
+/// A response head as literals.
+pub(super) fn head_block(head: &http::Response<()>) -> Vec<u8> {
+    let status = head.status().as_u16().to_string();
+    let mut fields = vec![(":status", status.as_str())];
+    for (name, value) in head.headers() {
+        if let Ok(v) = value.to_str() {
+            fields.push((name.as_str(), v));
+        }
+    }
+    wire::literal_block(&fields)
+}

@@ -1,0 +1,697 @@
+//! The guard's HTTP/2 path: a frame relay (docs/design.md, "Cost").
+//!
+//! Each downstream connection gets one application connection, and frames
+//! pass between them whole and unchanged, with the same stream ids, in the
+//! batches they arrived in. Flow control is the peers' own, end to end. On
+//! the way the relay reads what a guard needs and nothing more:
+//! - every header block, HPACK-decoded in each direction with that
+//!   direction's dynamic table, for the request's kind and path and the
+//!   response's status;
+//! - each response's message (or event) boundaries, across DATA frames;
+//! - a table of open streams, each registered with the guard's registry.
+//!
+//! It writes frames of its own only to end or refuse something, and encodes
+//! every header block it writes as literals without indexing, which change
+//! neither peer's dynamic table. A graceful end ([`stream_end`], by the
+//! rules in [`crate::guard::ending`]) comes at a boundary, in the
+//! application's first pause, after a PING round trip to the application
+//! (its ack follows everything the application had queued): trailers
+//! `grpc-status: 14` to the client and RST_STREAM(CANCEL) to the
+//! application. Whatever the application still sends for that stream is
+//! dropped, and the connection window its DATA took is given back to it.
+//!
+//! A block the guard does not pass on would leave the receiver's HPACK
+//! table behind the sender's if it changed it. Two kinds are never passed:
+//! - a request the guard refuses (draining, over a limit, or reset by the
+//!   client before it left): the application never sees it, so the
+//!   client may retry it anywhere;
+//! - an application block for a stream the client already saw end (the
+//!   client would fail the connection over it).
+//!
+//! When such a block changed the table, the relay re-encodes that
+//! direction's blocks as literals from then on, the first one clearing the
+//! receiver's table (two size updates, to 0 and back).
+//!
+//! SETTINGS pass through, lowered to the guard's limits: the application's
+//! stream limit so reaches the client, and one application connection is
+//! enough. The GOAWAY sequence is the relay's own: the application never
+//! sees it. WebSockets over extended CONNECT are served beside the relayed
+//! streams, over HTTP/1.1 to the application ([`local`], [`connect`]).
+//!
+//! A connection whose application cannot be reached, or does not answer
+//! HTTP/2 before anything reached the client, is served by the relay alone
+//! ([`Relay::alone`]): the guard is then the client's server, and answers
+//! every stream retryably itself.
+//!
+//! Where each part is:
+//!
+//! | file | what it does |
+//! |---|---|
+//! | `mod.rs` | [`serve`], the relay's state and its loop (I/O turn, backpressure) |
+//! | `client.rs` | the client's frames; each new stream decided |
+//! | `admit.rs` | admission, and the answers of streams not let through |
+//! | `app.rs` | the application's frames, SETTINGS and GOAWAY |
+//! | `blocks.rs` | header blocks: gathered, passed on, re-encoded, the guard's own |
+//! | `flow.rs` | the client's connection window; socket reads and writes |
+//! | `stream_end.rs` | the graceful end of a stream, and its outcome |
+//! | `goaway.rs` | the connection's lifecycle: GOAWAY, timers, failure, close |
+//! | `local.rs`, `connect.rs` | WebSockets the guard serves itself |
+//! | `wire.rs`, `hpack.rs` | the frame and header codecs |
+//! | `flood.rs`, `rapid.rs` | control-frame rates, rapid reset |
+
+mod admit;
+mod app;
+mod blocks;
+mod client;
+mod connect;
+mod flood;
+mod flow;
+mod goaway;
+mod hpack;
+mod local;
+mod rapid;
+mod stream_end;
+#[cfg(test)]
+mod tests;
+// Public for the `hpack` fuzz target; nothing outside the guard uses it.
+#[doc(hidden)]
+pub mod wire;
+
+use std::collections::HashMap;
+use std::future::poll_fn;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, BytesMut};
+use http::StatusCode;
+use std::future::Future;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_util::io::poll_read_buf;
+
+use crate::guard::body::{request_kind_of, response_kind_of, Boundaries, End, Kind};
+use crate::guard::conn::ConnInfo;
+use crate::guard::ending::{record_outcome, Outcome, BARRIER_WAIT, BURST_GAP};
+use crate::guard::grpc;
+use crate::guard::lifecycle::{Action, Cause, Input, Lifecycle};
+use crate::guard::registry::{EndQueue, Refused, Registered};
+use crate::guard::signals;
+use crate::guard::sniff::{linger, Prefixed, H2_PREFACE};
+use crate::guard::upstream::connect_tcp;
+use crate::guard::Inner;
+use crate::metrics::{Limit, Reason, StreamProtocol};
+
+use admit::Refusal;
+use blocks::{put_block, trailers_only, unavailable_block, Block};
+use client::settings_size_ok;
+use flood::Buckets;
+use flow::{flush, keep_rest, read_some, write_cleared, write_some};
+use local::Local;
+use rapid::{PrematureResets, PREMATURE_LIFETIME};
+use stream_end::{Barrier, Stream};
+use wire::Head;
+
+/// Room made for each read.
+const READ_BUF: usize = 64 * 1024;
+/// A side is not read while this much waits to be written to the other.
+const HIGH_WATER: usize = 256 * 1024;
+/// Most client bytes kept while the application's SETTINGS are awaited.
+const REPLAY_MAX: usize = 64 * 1024;
+/// The largest frame relayed; both peers' SETTINGS_MAX_FRAME_SIZE are
+/// lowered to it, so the relay never holds more than this for one frame.
+const MAX_FRAME: u32 = 1 << 20;
+/// The default SETTINGS_MAX_FRAME_SIZE (RFC 9113 §6.5.2).
+const DEFAULT_FRAME: usize = 16_384;
+/// The initial flow-control window (RFC 9113 §6.9.2).
+const DEFAULT_WINDOW: u32 = 65_535;
+/// While the guard cannot write for want of the client's connection window,
+/// it still reads the client (for its WINDOW_UPDATEs) until this much waits.
+const BLOCKED_HIGH_WATER: usize = 4 * HIGH_WATER;
+/// A decoded application header block past this is broken (or an HPACK bomb).
+const APP_BLOCK_MAX: usize = 1 << 20;
+/// The largest flow-control window (RFC 9113 §6.9.1).
+const MAX_WINDOW: i64 = (1 << 31) - 1;
+/// Most bytes buffered for a local stream's task, and read from it at once.
+const LOCAL_CHUNK: usize = 16 * 1024;
+/// The default SETTINGS_HEADER_TABLE_SIZE.
+const DEFAULT_TABLE: u32 = 4_096;
+/// A decoded header block this many times the header list limit is an
+/// attack (an HPACK bomb): the connection is closed.
+const BOMB_FACTOR: usize = 16;
+/// More CONTINUATION frames than this in one block is a flood.
+const MAX_CONTINUATIONS: usize = 64;
+/// The first bytes of the guard's own PINGs' opaque data: a PING barrier
+/// to the application, and the GOAWAY probe to the client.
+const BARRIER_PING: [u8; 4] = *b"dsb\0";
+const GOAWAY_PING: [u8; 8] = *b"dsgoaway";
+
+/// Serves one HTTP/2 connection by relaying its frames to the application,
+/// or, when the application cannot be reached or does not answer HTTP/2,
+/// by answering the client itself (see [`Relay::alone`]).
+pub async fn serve(inner: Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
+    let l = inner.config.limits;
+    let app = match connect_tcp(
+        &inner.connector,
+        inner.config.upstream,
+        l.upstream_connect_timeout,
+    )
+    .await
+    {
+        Ok(app) => Some(app),
+        Err(e) => {
+            tracing::warn!(peer = %info.peer, error = %e, "guard: cannot reach the application; answering this connection's streams retryably");
+            None
+        }
+    };
+    let mut client = io;
+    let mut reclaim = client.reclaim();
+    let mut relay = Relay::new(&inner, info, app.is_none());
+    let fallback = relay.run(&mut client, app).await;
+    drop(relay);
+    if let Some(replay) = fallback {
+        // The application does not speak HTTP/2 (or closed before its
+        // SETTINGS): nothing reached the client yet, so the guard serves
+        // the connection alone from its first byte (a WebSocket over
+        // extended CONNECT still reaches the application over HTTP/1.1;
+        // other streams get their retryable answer).
+        let (_, Some(tcp)) = client.into_parts() else {
+            return;
+        };
+        tracing::debug!(peer = %info.peer, conn = info.id, replayed = replay.len(), "guard: the application did not answer HTTP/2; answering this connection's streams itself");
+        client = Prefixed::new(replay.freeze(), tcp);
+        reclaim = client.reclaim();
+        let mut relay = Relay::new(&inner, info, true);
+        relay.run(&mut client, None).await;
+    }
+    drop(client);
+    if let Some(tcp) = reclaim.take() {
+        linger(tcp, l.shutdown_timeout).await;
+    }
+    tracing::debug!(peer = %info.peer, conn = info.id, "guard: HTTP/2 connection closed");
+}
+
+/// Feeds one connection's bytes to a relay with no sockets: each chunk as
+/// read from the client (true) or the application (false), then the timers;
+/// what the relay writes is dropped. For the fuzz target: whatever the
+/// peers send, the relay must neither panic nor hold more than its bounds.
+/// Runs inside a tokio runtime (a WebSocket over HTTP/2 starts a task).
+/// `alone`: the relay has no application, and the application's chunks
+/// are dropped.
+pub fn feed(inner: &Arc<Inner>, chunks: &[(bool, &[u8])], alone: bool) {
+    let info = ConnInfo {
+        id: u64::MAX,
+        peer: std::net::SocketAddr::from(([127, 0, 0, 1], 1)),
+        accepted_at: Instant::now(),
+    };
+    let mut relay = Relay::new(inner, info, alone);
+    for &(from_client, bytes) in chunks {
+        if alone && !from_client {
+            continue;
+        }
+        let now = Instant::now();
+        let result = if from_client {
+            if relay.closing || relay.from_client.len() > READ_BUF + MAX_FRAME as usize {
+                continue;
+            }
+            relay.from_client.extend_from_slice(bytes);
+            if let Some(r) = relay.replay.as_mut() {
+                r.extend_from_slice(bytes);
+            }
+            relay.client_frames(now)
+        } else {
+            relay.from_app.extend_from_slice(bytes);
+            relay.app_frames(now)
+        };
+        match result {
+            Err(Failure::NotHttp2) if relay.handshake => return,
+            Err(e) => relay.fail(e),
+            Ok(()) => {}
+        }
+        // Endings asked meanwhile (a drain, the app's GOAWAY), as `run` takes them.
+        for id in relay.queue.take() {
+            relay.begin_end(id, now);
+        }
+        let _ = relay.timers(now);
+        relay.count_changed(now);
+        relay.clear_gate();
+        relay.to_app.clear();
+        relay.to_client.clear();
+        relay.cleared = 0;
+        assert!(relay.from_app.len() <= READ_BUF + MAX_FRAME as usize + bytes.len());
+    }
+}
+
+/// What woke the relay.
+enum Event {
+    FromClient,
+    /// A local stream moved (its frames wait in `to_client`).
+    Local,
+    /// Everything for the client is written, and the connection waits for that.
+    Flushed,
+    FromApp,
+    ClientGone,
+    AppGone,
+    Timer,
+    Ended,
+    Input(Input),
+}
+
+/// One connection's state (the sockets are the `run` loop's).
+struct Relay<'a> {
+    inner: &'a Arc<Inner>,
+    info: ConnInfo,
+    streams: HashMap<u32, Stream>,
+    /// Highest stream id the client opened.
+    last_id: u32,
+    /// Lowest last-stream id the client was sent in a GOAWAY: newer streams
+    /// are refused, and no later GOAWAY may name a higher one (RFC 9113
+    /// §6.8: a peer treats a growing last-stream id as a connection error).
+    sent_last: Option<u32>,
+    /// Lowest last-stream id the application sent in a GOAWAY: it will
+    /// never process a stream above it, so those are refused retryably.
+    app_last: Option<u32>,
+    from_client: BytesMut,
+    from_app: BytesMut,
+    to_app: BytesMut,
+    to_client: BytesMut,
+    /// The client's preface is still to come.
+    preface: bool,
+    /// The application's first frame (its SETTINGS) has not come yet:
+    /// only the client's preface went on, and every client byte is kept
+    /// in `replay` (up to `REPLAY_MAX`), in case it does not speak HTTP/2.
+    handshake: bool,
+    replay: Option<BytesMut>,
+    /// A GOAWAY asked during the handshake, sent after the SETTINGS.
+    goaway_held: bool,
+    /// Each direction's HPACK decoder.
+    client_hpack: wire::Hpack,
+    app_hpack: wire::Hpack,
+    client_block: Option<Block>,
+    app_block: Option<Block>,
+    /// The application's blocks are re-encoded (see the module doc); the
+    /// first one clears the client's table.
+    translate: Option<bool>,
+    /// The same for the client's blocks, which the application gets
+    /// re-encoded once the guard dropped one that changed the table.
+    to_app_translate: Option<bool>,
+    /// The application's SETTINGS_HEADER_TABLE_SIZE and MAX_FRAME_SIZE.
+    app_table: u32,
+    app_frame: usize,
+    /// The last request forwarded, while still unwritten and last in
+    /// `to_app`: its stream, where it starts and ends, and whether it
+    /// changed the table.
+    unsent: Option<(u32, usize, usize, bool)>,
+    /// The error code of the application's last GOAWAY: the client's
+    /// GOAWAY when the application's connection then closes.
+    app_goaway_code: u32,
+    /// The client's SETTINGS_HEADER_TABLE_SIZE and MAX_FRAME_SIZE.
+    client_table: u32,
+    /// HEADER_TABLE_SIZE of each client SETTINGS the application has not
+    /// acked yet, oldest first (None: the frame did not set it).
+    client_tables_unacked: std::collections::VecDeque<Option<u32>>,
+    /// The client's table size the application acked last.
+    client_table_acked: u32,
+    /// The client lowered its table size and no block since told its
+    /// decoder so: the next block to the client must start with a size
+    /// update to this (RFC 7541 §4.2). The application's next block does;
+    /// the guard's own puts one in front if it goes first.
+    client_update_due: Option<u32>,
+    /// Streams the client reset lately (bounded): the application's header
+    /// blocks for them still go on (the client must decode them for its
+    /// table, RFC 9113 §5.1), so dropping them needs no re-encoding.
+    client_reset: std::collections::VecDeque<u32>,
+    client_frame: usize,
+    /// The largest MAX_FRAME_SIZE the client ever announced: an application
+    /// frame above it is the application's error, never passed on.
+    client_frame_max: usize,
+    /// The application's SETTINGS have been seen (the first gets the
+    /// guard's limits added).
+    app_settings: bool,
+    queue: Arc<EndQueue>,
+    /// Streams being ended.
+    ending: Vec<u32>,
+    /// Streams whose client window was shut (some may have opened since).
+    stalled: Vec<u32>,
+    barrier: Barrier,
+    life: Lifecycle,
+    told_empty: bool,
+    resets: PrematureResets,
+    calmed: bool,
+    /// The connection is closing: stop reading, flush (until the
+    /// instant at most), then close.
+    closing: bool,
+    closing_by: Option<Instant>,
+    /// The client's `x-forwarded-for` entry, as a CONTINUATION's block.
+    forwarded: Vec<u8>,
+    scratch: Vec<u8>,
+    /// The client's control-frame rates, and until when reading it is
+    /// paused because one ran out.
+    buckets: Buckets,
+    throttled_until: Option<Instant>,
+    /// The fields of the last client block (kept to be reused).
+    all: Vec<wire::Field>,
+    /// WebSockets over HTTP/2 the guard serves itself, by stream id.
+    locals: HashMap<u32, Local>,
+    /// The client's connection window for DATA from this side (the
+    /// application's and the guard's own): charged as `to_client` is cleared
+    /// for writing (see [`Relay::clear_gate`]).
+    conn_window: i64,
+    /// The front of `to_client` already charged to `conn_window`: only that
+    /// much may be written.
+    cleared: usize,
+    /// The guard's own DATA bytes the application's view of the window does
+    /// not know of yet: withheld from the client's next WINDOW_UPDATEs.
+    debt: i64,
+    /// The GOAWAY probe PING went to the client and is not acked yet.
+    probe_out: bool,
+    /// After the application's GOAWAY: when streams that have become
+    /// long-lived since are looked for next (a stream young at the GOAWAY
+    /// would otherwise run into the application's grace).
+    app_sweep_at: Option<Instant>,
+    /// The client's SETTINGS_INITIAL_WINDOW_SIZE: each local stream's
+    /// window for the guard's DATA starts there.
+    client_window: i64,
+    /// No application connection: the guard is the client's server (see
+    /// [`Relay::alone`]); what would go to the application is dropped.
+    alone: bool,
+}
+
+impl<'a> Relay<'a> {
+    /// A relay for one connection; `alone` when there is no application
+    /// connection (see [`Relay::alone`]).
+    fn new(inner: &'a Arc<Inner>, info: ConnInfo, alone: bool) -> Self {
+        let l = inner.config.limits;
+        let life = inner.lifecycle(&info);
+        let peer = info.peer.ip().to_string();
+        let mut relay = Self {
+            inner,
+            info,
+            streams: HashMap::new(),
+            last_id: 0,
+            sent_last: None,
+            app_last: None,
+            from_client: BytesMut::with_capacity(READ_BUF),
+            from_app: BytesMut::with_capacity(READ_BUF),
+            to_app: BytesMut::new(),
+            to_client: BytesMut::new(),
+            preface: true,
+            handshake: true,
+            replay: Some(BytesMut::new()),
+            goaway_held: false,
+            client_hpack: wire::Hpack::new(DEFAULT_TABLE as usize),
+            app_hpack: wire::Hpack::new(DEFAULT_TABLE as usize),
+            client_block: None,
+            app_block: None,
+            translate: None,
+            to_app_translate: None,
+            app_table: DEFAULT_TABLE,
+            app_frame: DEFAULT_FRAME,
+            unsent: None,
+            app_goaway_code: wire::NO_ERROR,
+            client_table: DEFAULT_TABLE,
+            client_tables_unacked: std::collections::VecDeque::new(),
+            client_table_acked: DEFAULT_TABLE,
+            client_update_due: None,
+            client_reset: std::collections::VecDeque::new(),
+            client_frame: DEFAULT_FRAME,
+            client_frame_max: DEFAULT_FRAME,
+            app_settings: false,
+            queue: Arc::new(EndQueue::default()),
+            ending: Vec::new(),
+            stalled: Vec::new(),
+            barrier: Barrier::default(),
+            life,
+            told_empty: true,
+            resets: PrematureResets::new(l.max_pending_accept_reset_streams),
+            calmed: false,
+            closing: false,
+            closing_by: None,
+            forwarded: wire::literal_block(&[("x-forwarded-for", &peer)]),
+            scratch: Vec::new(),
+            buckets: Buckets::new(l.flood, &inner.metrics, Instant::now()),
+            throttled_until: None,
+            all: Vec::new(),
+            locals: HashMap::new(),
+            conn_window: i64::from(DEFAULT_WINDOW),
+            cleared: 0,
+            debt: 0,
+            probe_out: false,
+            app_sweep_at: None,
+            client_window: i64::from(DEFAULT_WINDOW),
+            alone: false,
+        };
+        if alone {
+            relay.alone();
+        }
+        relay
+    }
+
+    /// Serves the client without an application connection (the application
+    /// cannot be reached, or does not answer HTTP/2): the guard's own
+    /// SETTINGS (its limits, extended CONNECT) are the server's preface, and
+    /// the guard acks the client's SETTINGS and PINGs. WebSockets over
+    /// extended CONNECT still reach the application over HTTP/1.1; every
+    /// other stream gets a retryable answer ([`Relay::unavailable`]). The
+    /// lifecycle (max age, drain, idle) is the relayed connection's.
+    fn alone(&mut self) {
+        self.alone = true;
+        self.handshake = false;
+        self.replay = None;
+        self.app_settings(0, &[]);
+    }
+
+    /// Relays until the connection is over. Returns every byte the client
+    /// sent when the application turned out not to speak HTTP/2 before
+    /// anything reached the client (the caller then serves it otherwise).
+    async fn run(
+        &mut self,
+        client: &mut Prefixed<TcpStream>,
+        mut app: Option<TcpStream>,
+    ) -> Option<BytesMut> {
+        let inner = self.inner;
+        let terminate = inner.terminate.cancelled();
+        let goaway = inner.goaway.cancelled();
+        let queue = self.queue.clone();
+        let ended = queue.ready();
+        let timer = tokio::time::sleep_until(Instant::now());
+        tokio::pin!(terminate, goaway, ended, timer);
+        let mut timer_at: Option<Instant> = None;
+        // Which side is read first; alternated so neither starves the other.
+        let mut client_first = true;
+        let info = self.info;
+        tracing::debug!(peer = %info.peer, conn = info.id, "guard: HTTP/2 connection (frame relay)");
+        loop {
+            let now = Instant::now();
+            self.count_changed(now);
+            if self.life.wants_quiet()
+                && self.streams.is_empty()
+                && self.locals.is_empty()
+                && self.to_client.is_empty()
+            {
+                self.step(Input::Quiet, now);
+            }
+            if self.closing && self.to_client.is_empty() {
+                break;
+            }
+            let next = self.next_deadline();
+            if next != timer_at {
+                timer_at = next;
+                if let Some(at) = next {
+                    timer.as_mut().reset(at);
+                }
+            }
+            client_first = !client_first;
+            tracing::trace!(
+                conn = info.id,
+                to_app = self.to_app.len(),
+                to_client = self.to_client.len(),
+                cleared = self.cleared,
+                conn_window = self.conn_window,
+                debt = self.debt,
+                from_client = self.from_client.len(),
+                from_app = self.from_app.len(),
+                "guard: relay turn"
+            );
+            let event = tokio::select! {
+                biased;
+                _ = &mut timer, if timer_at.is_some() => { timer_at = None; Event::Timer }
+                _ = &mut terminate, if self.life.watches_terminate() => Event::Input(Input::Terminate),
+                _ = &mut goaway, if self.life.watches_goaway() => Event::Input(Input::GoawayAll),
+                _ = &mut ended => {
+                    ended.set(queue.ready());
+                    Event::Ended
+                }
+                e = poll_fn(|cx| self.poll_io(cx, client, &mut app, client_first)) => e,
+            };
+            let now = Instant::now();
+            let result = match event {
+                Event::FromClient => self.client_frames(now),
+                Event::FromApp => self.app_frames(now),
+                Event::ClientGone => break,
+                Event::Flushed | Event::Local => Ok(()),
+                Event::AppGone if self.handshake => return self.replay.take(),
+                Event::AppGone => {
+                    self.app_lost();
+                    Ok(())
+                }
+                Event::Timer => self.timers(now),
+                Event::Ended => {
+                    for id in self.queue.take() {
+                        self.begin_end(id, now);
+                    }
+                    Ok(())
+                }
+                Event::Input(input) => {
+                    self.step(input, now);
+                    Ok(())
+                }
+            };
+            if matches!(result, Err(Failure::NotHttp2)) {
+                return self.replay.take();
+            }
+            if let Err(e) = result {
+                tracing::debug!(peer = %info.peer, conn = info.id, error = %e, "guard: HTTP/2 connection failed");
+                self.fail(e);
+            }
+            if self.resets.is_tripped() && !self.calmed {
+                tracing::warn!(peer = %info.peer, conn = info.id, premature = self.resets.count(),
+                    "guard: most streams on this connection were reset before they were answered (rapid reset); GOAWAY(ENHANCE_YOUR_CALM)");
+                inner.metrics.guard_limited(Limit::rapid_reset).inc();
+                self.calmed = true;
+                self.fail(Failure::Calm);
+            }
+            let now = Instant::now();
+            if [self.life.deadlines().close_by, self.closing_by]
+                .into_iter()
+                .flatten()
+                .any(|at| now >= at)
+            {
+                tracing::debug!(peer = %info.peer, conn = info.id, "guard: closing deadline reached; dropping the connection");
+                break;
+            }
+        }
+        // Whatever is still open is dropped with the connection; only what
+        // the client's window allows is written.
+        self.clear_gate();
+        self.to_client.truncate(self.cleared);
+        let _ = flush(client, &mut self.to_client).await;
+        None
+    }
+
+    /// Writes what is queued, then reads the side(s) there is room for.
+    fn poll_io(
+        &mut self,
+        cx: &mut Context<'_>,
+        client: &mut Prefixed<TcpStream>,
+        app: &mut Option<TcpStream>,
+        client_first: bool,
+    ) -> Poll<Event> {
+        match app.as_mut() {
+            Some(app) => {
+                if write_some(cx, app, &mut self.to_app).is_err() {
+                    return Poll::Ready(Event::AppGone);
+                }
+            }
+            None => self.to_app.clear(),
+        }
+        let had = !self.to_client.is_empty();
+        self.clear_gate();
+        if write_cleared(cx, client, &mut self.to_client, &mut self.cleared).is_err() {
+            return Poll::Ready(Event::ClientGone);
+        }
+        if had && self.to_client.is_empty() && (self.closing || self.life.wants_quiet()) {
+            // What the loop waits for before it closes.
+            return Poll::Ready(Event::Flushed);
+        }
+        // Which sides to read, from the buffers as the writes left them: this
+        // poll repeats (on each socket wake) until an event, so wants fixed
+        // before it would never see a full buffer drain, and with both sides
+        // unread the connection would hang.
+        let (want_client, want_app) = self.wants();
+        // Local streams move first, but never instead of the reads: a busy
+        // WebSocket must not starve the relayed streams beside it.
+        let moved = !self.locals.is_empty() && self.poll_locals(cx);
+        for client_turn in [client_first, !client_first] {
+            if client_turn && want_client {
+                let before = self.from_client.len();
+                match read_some(cx, client, &mut self.from_client) {
+                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
+                        return Poll::Ready(Event::ClientGone)
+                    }
+                    Poll::Ready(Ok(_)) => {
+                        if let Some(r) = self.replay.as_mut() {
+                            r.extend_from_slice(&self.from_client[before..]);
+                        }
+                        return Poll::Ready(Event::FromClient);
+                    }
+                    Poll::Pending => {}
+                }
+            }
+            if let (false, true, Some(app)) = (client_turn, want_app, app.as_mut()) {
+                match read_some(cx, app, &mut self.from_app) {
+                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(Event::AppGone),
+                    Poll::Ready(Ok(_)) => return Poll::Ready(Event::FromApp),
+                    Poll::Pending => {}
+                }
+            }
+        }
+        if moved {
+            return Poll::Ready(Event::Local);
+        }
+        Poll::Pending
+    }
+
+    /// Whether to read the client and the application now. A side is not
+    /// read while what waits for the other side passes the high-water mark.
+    /// The guard's own answers to the client (refusals, window returns) wait
+    /// in `to_client` too: a client that does not read is not read either;
+    /// but while the client's window holds `to_client` back, the client is
+    /// read further, for its WINDOW_UPDATEs.
+    fn wants(&self) -> (bool, bool) {
+        let client_room = if self.cleared < self.to_client.len() {
+            BLOCKED_HIGH_WATER
+        } else {
+            HIGH_WATER
+        };
+        (
+            !self.closing
+                && self.to_app.len() < HIGH_WATER
+                && self.to_client.len() < client_room
+                && self.throttled_until.is_none()
+                && !(self.handshake && self.from_client.len() >= REPLAY_MAX),
+            !self.closing && self.to_client.len() < HIGH_WATER,
+        )
+    }
+}
+
+/// Why the connection is closed.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error("{0}")]
+    Protocol(&'static str),
+    #[error("HPACK: the client's header block cannot be decoded")]
+    Compression,
+    #[error("the client's header blocks are too large (an HPACK bomb or CONTINUATION flood)")]
+    Calm,
+    #[error("the application broke the protocol")]
+    AppProtocol,
+    #[error("the application does not speak HTTP/2")]
+    NotHttp2,
+    #[error("{0}: wrong frame size")]
+    FrameSize(&'static str),
+    #[error("the client's WINDOW_UPDATEs overflowed the connection window")]
+    FlowControl,
+}
+
+impl From<wire::Malformed> for Failure {
+    fn from(m: wire::Malformed) -> Self {
+        Self::Protocol(if m.0 == "DATA" {
+            "malformed DATA frame"
+        } else {
+            "malformed HEADERS frame"
+        })
+    }
+}

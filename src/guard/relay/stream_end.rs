@@ -1,0 +1,313 @@
+//! The graceful end of a relayed stream, by the rules in
+//! [`crate::guard::ending`]: at a message boundary, in the application's
+//! first pause, after the PING barrier to the application; then trailers
+//! `grpc-status: 14` (or the kind's own end) to the client and
+//! RST_STREAM(CANCEL) to the application. And how a stream is counted once
+//! it is over.
+
+use super::*;
+
+/// One relayed stream.
+pub(super) struct Stream {
+    /// Its entry in the guard's registry (dropped: removed).
+    pub(super) reg: Registered,
+    /// The request's kind, by its content type.
+    pub(super) kind: Kind,
+    /// The response's boundaries, once its head arrived.
+    pub(super) bounds: Option<Boundaries>,
+    /// The client ended its request (END_STREAM).
+    pub(super) req_done: bool,
+    /// The application ended its response (END_STREAM).
+    pub(super) resp_done: bool,
+    pub(super) started: Instant,
+    /// Response messages (or events) so far.
+    pub(super) messages: u64,
+    /// When the application last sent data on it.
+    pub(super) last_data: Option<Instant>,
+    pub(super) ending: Option<Ending>,
+    pub(super) sig: Option<signals::Request>,
+    /// The client's window for this stream's response data, and since when
+    /// it has been shut (the client takes nothing: `write_stall_timeout`).
+    pub(super) window: i64,
+    pub(super) shut_since: Option<Instant>,
+}
+
+impl Stream {
+    pub(super) fn answered(&self) -> bool {
+        self.bounds.is_some()
+    }
+
+    pub(super) fn at_boundary(&self) -> bool {
+        self.bounds.as_ref().is_some_and(Boundaries::at_boundary)
+    }
+
+    pub(super) fn endable(&self) -> bool {
+        self.bounds.as_ref().is_some_and(Boundaries::endable)
+    }
+
+    pub(super) fn grpc(&self) -> bool {
+        self.reg.ctl.grpc
+    }
+
+    pub(super) fn protocol(&self) -> StreamProtocol {
+        if self.grpc() {
+            StreamProtocol::grpc
+        } else {
+            StreamProtocol::http
+        }
+    }
+}
+
+/// A stream being ended, and how far it got.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Ending {
+    pub(super) reason: Reason,
+    /// When the end was asked: `end_timeout` counts from here.
+    pub(super) asked: Instant,
+    /// At a boundary: the PING barrier starts then, unless data comes first.
+    pub(super) quiet_at: Option<Instant>,
+    /// Waiting for the ack of this barrier PING, at most until the instant.
+    pub(super) barrier: Option<(u64, Instant)>,
+    /// Past `end_timeout` mid-message: the next boundary ends it, but no
+    /// later than this.
+    pub(super) forced_by: Option<Instant>,
+}
+
+/// The PING barrier on the application connection: one PING in flight at a
+/// time, shared by every stream waiting for one. A stream waits for two
+/// round trips, the second PING sent on the first one's ack: an app's
+/// HTTP/2 stack may write a PING's ack ahead of DATA it already queued (h2
+/// does, so a tonic app under load did, and a message was lost), but it
+/// writes that DATA before it has even read the next PING.
+#[derive(Debug, Default)]
+pub(super) struct Barrier {
+    /// PINGs sent, and the highest one acked.
+    pub(super) sent: u64,
+    pub(super) acked: u64,
+    /// The highest PING a waiting stream needs acked; another is sent on
+    /// each ack until it has been.
+    pub(super) wanted: u64,
+}
+
+impl Relay<'_> {
+    /// Stream `id` was asked to end (by a drain, or its connection's age).
+    pub(super) fn begin_end(&mut self, id: u32, now: Instant) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        let Some(reason) = s.reg.ctl.reason() else {
+            return;
+        };
+        if s.ending.is_some() || s.resp_done {
+            return;
+        }
+        s.ending = Some(Ending {
+            reason,
+            asked: now,
+            quiet_at: None,
+            barrier: None,
+            forced_by: None,
+        });
+        self.ending.push(id);
+        self.advance(id, now);
+    }
+
+    /// Moves stream `id`'s ending on as far as it can go now.
+    pub(super) fn advance(&mut self, id: u32, now: Instant) {
+        let l = self.inner.config.limits;
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        let Some(mut e) = s.ending else {
+            return;
+        };
+        if !s.answered() {
+            // Nothing of the response went out: a retryable answer of the
+            // guard's own, for the kinds that have one.
+            if let Some(block) = trailers_only(s.kind, grpc::end_message(e.reason)) {
+                self.own_block(id, &block, true);
+                self.end_here(id, Outcome::Ended(e.reason));
+            }
+            return;
+        }
+        if !s.endable() {
+            // Left to finish until the bound (`timers`).
+            return;
+        }
+        if !s.at_boundary() {
+            e.quiet_at = None;
+            e.barrier = None;
+        } else if let Some((seq, by)) = e.barrier {
+            if (self.barrier.acked >= seq || now >= by) && self.end_gracefully(id, e.reason) {
+                return;
+            }
+        } else if e.quiet_at.is_none() {
+            e.quiet_at = Some(match s.last_data {
+                // It just wrote: end in its pause.
+                Some(t) if now.saturating_duration_since(t) < BURST_GAP => t + BURST_GAP,
+                // Quiet already: give it a moment to write once more.
+                _ => now + l.end_settle,
+            });
+        }
+        if e.quiet_at.is_some_and(|at| now >= at) {
+            e.quiet_at = None;
+            e.barrier = Some((self.barrier_target(), now + BARRIER_WAIT));
+        }
+        if let Some(s) = self.streams.get_mut(&id) {
+            s.ending = Some(e);
+        }
+    }
+
+    /// Data arrived on a stream being ended: its pause starts again.
+    pub(super) fn data_while_ending(&mut self, id: u32, now: Instant) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        let at_boundary = s.at_boundary();
+        let Some(e) = s.ending.as_mut() else {
+            return;
+        };
+        e.barrier = None;
+        e.quiet_at = at_boundary.then_some(now + BURST_GAP);
+        if e.forced_by.is_some() && at_boundary {
+            // Forced: this data completed a message; end right after it.
+            let reason = e.reason;
+            // If it must wait for the client's window, the forced bound holds.
+            let _ = self.end_gracefully(id, reason);
+        }
+    }
+
+    /// The barrier PING a stream asking now must wait for: the second one
+    /// sent from now on (see [`Barrier`]).
+    pub(super) fn barrier_target(&mut self) -> u64 {
+        let target = if self.barrier.acked >= self.barrier.sent {
+            self.send_barrier();
+            self.barrier.sent + 1
+        } else {
+            // One is in flight: the next two count.
+            self.barrier.sent + 2
+        };
+        self.barrier.wanted = self.barrier.wanted.max(target);
+        target
+    }
+
+    pub(super) fn send_barrier(&mut self) {
+        self.barrier.sent += 1;
+        let mut opaque = [0u8; 8];
+        opaque[..4].copy_from_slice(&BARRIER_PING);
+        opaque[4..].copy_from_slice(&(self.barrier.sent as u32).to_be_bytes());
+        wire::ping(&mut self.to_app, false, opaque);
+    }
+
+    pub(super) fn check_endings(&mut self, now: Instant) {
+        for id in self.ending.clone() {
+            self.advance(id, now);
+        }
+        self.ending
+            .retain(|id| self.streams.get(id).is_some_and(|s| s.ending.is_some()));
+    }
+
+    /// The guard's own end at a boundary: trailers for gRPC, the trailer
+    /// frame for gRPC-Web, the body's end for SSE. False when it has to wait
+    /// for the client's stream window (gRPC-Web's trailer frame is DATA).
+    pub(super) fn end_gracefully(&mut self, id: u32, reason: Reason) -> bool {
+        let Some(s) = self.streams.get(&id) else {
+            return true;
+        };
+        match s
+            .bounds
+            .as_ref()
+            .and_then(|b| b.ending(grpc::end_message(reason)))
+        {
+            Some(End::Trailers(t)) => {
+                let fields: Vec<(&str, &str)> = t
+                    .iter()
+                    .filter_map(|(k, v)| Some((k.as_str(), v.to_str().ok()?)))
+                    .collect();
+                let block = wire::literal_block(&fields);
+                self.own_block(id, &block, true);
+            }
+            Some(End::Last(data)) => {
+                if data.len() as i64 > s.window {
+                    // The client's window for this stream cannot take it yet:
+                    // its WINDOW_UPDATE moves the end on; the bound resets it.
+                    return false;
+                }
+                if let Some(s) = self.streams.get_mut(&id) {
+                    s.window -= data.len() as i64;
+                }
+                self.own_data(id, &data, true);
+            }
+            None => {
+                self.reset_here(id);
+                return true;
+            }
+        }
+        self.end_here(id, Outcome::Ended(reason));
+        true
+    }
+
+    /// No safe end point in time: REFUSED_STREAM for gRPC (retryable),
+    /// CANCEL otherwise (an aborted response, never one that looks whole).
+    pub(super) fn reset_here(&mut self, id: u32) {
+        let Some(s) = self.streams.get(&id) else {
+            return;
+        };
+        let code = if s.grpc() {
+            wire::REFUSED_STREAM
+        } else {
+            wire::CANCEL
+        };
+        tracing::warn!(peer = %self.info.peer, stream = id,
+            "guard: stream could not reach a safe end point in time; reset (REFUSED_STREAM for gRPC: retryable)");
+        wire::rst(&mut self.to_client, id, code);
+        self.end_here(id, Outcome::Reset);
+    }
+
+    /// The client got the guard's end of stream `id`: the application's
+    /// stream is cancelled, and the client's request stopped if unfinished.
+    pub(super) fn end_here(&mut self, id: u32, outcome: Outcome) {
+        let Some(s) = self.streams.remove(&id) else {
+            return;
+        };
+        if !s.resp_done {
+            wire::rst(&mut self.to_app, id, wire::CANCEL);
+        }
+        if !s.req_done && outcome != Outcome::Reset {
+            wire::rst(&mut self.to_client, id, wire::NO_ERROR);
+        }
+        self.finish(s, outcome);
+    }
+
+    /// A stream is over for the guard: metrics, signals, registry.
+    pub(super) fn finish(&mut self, mut s: Stream, outcome: Outcome) {
+        let inner = self.inner;
+        let protocol = s.protocol();
+        match outcome {
+            Outcome::Ended(reason) => inner.record_termination(reason, protocol),
+            Outcome::Reset => {
+                if let Some(reason) = s.reg.ctl.reason() {
+                    inner.record_ungraceful(reason, protocol);
+                }
+            }
+            _ => {}
+        }
+        let grpc = s.grpc();
+        if let Some(sig) = s.sig.as_mut() {
+            record_outcome(sig, grpc, &outcome);
+        }
+    }
+
+    /// Removes stream `id` once both its directions are over.
+    pub(super) fn maybe_done(&mut self, id: u32) {
+        if self
+            .streams
+            .get(&id)
+            .is_some_and(|s| s.req_done && s.resp_done)
+        {
+            if let Some(s) = self.streams.remove(&id) {
+                self.finish(s, Outcome::Completed);
+            }
+        }
+    }
+}
