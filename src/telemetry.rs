@@ -28,20 +28,7 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::sync::Mutex;
 
 use crate::envoy::{AdminClient, InboundScope, Stat};
-use crate::metrics::{ConfigLabels, KindLabels, Metrics, VersionLabels};
-
-/// Kernel counters worth watching for resets, by file and section.
-pub const TCP_RESET_KINDS: &[(&str, &str, &str)] = &[
-    ("snmp", "Tcp", "EstabResets"),
-    ("snmp", "Tcp", "OutRsts"),
-    ("snmp", "Tcp", "AttemptFails"),
-    ("netstat", "TcpExt", "TCPAbortOnClose"),
-    ("netstat", "TcpExt", "TCPAbortOnData"),
-    ("netstat", "TcpExt", "TCPAbortOnTimeout"),
-    ("netstat", "TcpExt", "TCPAbortOnLinger"),
-    ("netstat", "TcpExt", "TCPAbortOnMemory"),
-    ("netstat", "TcpExt", "TCPAbortFailed"),
-];
+use crate::metrics::{ConfigLabels, KindLabels, Metrics, VersionLabels, TCP_RESET_KINDS};
 
 /// One RE2 filter for every Envoy counter mirrored here.
 const ENVOY_FILTER: &str = r"^(listener_manager\.lds|cluster_manager\.cds|http\..+\.rds\..+|cluster\..+)\.update_(success|rejected|failure)$|^cluster\..+\.upstream_rq_retry$";

@@ -1,5 +1,6 @@
-//! Names (after the `drainshim_` prefix) and help texts, shared by
-//! `Metrics::register` and node mode's per-pod encoder so both stay identical.
+//! Names (after the `drainshim_` prefix) and help texts: of the families in
+//! `families::FAMILIES`, which `Metrics::register` and node mode's per-pod
+//! collector both read, and of `SidecarMetrics`.
 
 pub const DRAINS: (&str, &str) = ("drains", "Drains finished, by outcome");
 pub const DRAINED_CONNECTIONS: (&str, &str) = (

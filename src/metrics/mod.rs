@@ -1,5 +1,6 @@
-//! The one `Metrics` struct, registered once; the names are the contract in
-//! docs/design.md and must not change.
+//! The one `Metrics` struct, registered once from the table of its
+//! families in `families.rs`; the names are the contract in docs/design.md
+//! and must not change.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -131,6 +132,18 @@ pub enum Limit {
     /// A connection sent GOAWAY(ENHANCE_YOUR_CALM): most of its streams
     /// were reset before they were answered (rapid reset).
     rapid_reset,
+}
+
+impl Limit {
+    /// Every limit, for node mode.
+    pub const ALL: [Limit; 6] = [
+        Limit::connections,
+        Limit::streams,
+        Limit::ping,
+        Limit::settings,
+        Limit::rst_stream,
+        Limit::rapid_reset,
+    ];
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -361,12 +374,27 @@ pub struct VersionLabels {
 }
 
 /// A kernel TCP counter name, e.g. `EstabResets` or `TCPAbortOnData`.
+/// Kernel counters worth watching for resets, by file and section of
+/// `/proc/net` (telemetry reads them there); the last is the `kind` label.
+pub const TCP_RESET_KINDS: &[(&str, &str, &str)] = &[
+    ("snmp", "Tcp", "EstabResets"),
+    ("snmp", "Tcp", "OutRsts"),
+    ("snmp", "Tcp", "AttemptFails"),
+    ("netstat", "TcpExt", "TCPAbortOnClose"),
+    ("netstat", "TcpExt", "TCPAbortOnData"),
+    ("netstat", "TcpExt", "TCPAbortOnTimeout"),
+    ("netstat", "TcpExt", "TCPAbortOnLinger"),
+    ("netstat", "TcpExt", "TCPAbortOnMemory"),
+    ("netstat", "TcpExt", "TCPAbortFailed"),
+];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {
     /// The counter, as `/proc/net/netstat` names it.
     pub kind: String,
 }
 
+pub mod families;
 pub mod help;
 
 /// Every metric the shim exports. Cheap to clone: each field is an `Arc` inside.
@@ -453,7 +481,9 @@ impl Metrics {
         Self::register(&mut Registry::default())
     }
 
-    /// Creates the metrics and registers them under the `drainshim_` prefix.
+    /// Creates the metrics and registers each family of
+    /// [`families::FAMILIES`] under the `drainshim_` prefix, its known
+    /// series created at 0 where the table says so.
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self {
             drains: Family::default(),
@@ -483,132 +513,27 @@ impl Metrics {
             versions_seen: Arc::default(),
         };
         let r = registry.sub_registry_with_prefix("drainshim");
-        m.zero_known_series();
-        r.register(help::DRAINS.0, help::DRAINS.1, m.drains.clone());
-        r.register(
-            help::DRAINED_CONNECTIONS.0,
-            help::DRAINED_CONNECTIONS.1,
-            m.drained_connections.clone(),
-        );
-        r.register(
-            help::DRAINED_STREAMS.0,
-            help::DRAINED_STREAMS.1,
-            m.drained_streams.clone(),
-        );
-        r.register(
-            help::DRAIN_DURATION.0,
-            help::DRAIN_DURATION.1,
-            m.drain_duration.clone(),
-        );
-        r.register(help::DRAINING.0, help::DRAINING.1, m.draining.clone());
-        r.register(
-            help::ENVOY_ACTIVE_CONNECTIONS.0,
-            help::ENVOY_ACTIVE_CONNECTIONS.1,
-            m.envoy_active_connections.clone(),
-        );
-        r.register(
-            help::ENVOY_ACTIVE_STREAMS.0,
-            help::ENVOY_ACTIVE_STREAMS.1,
-            m.envoy_active_streams.clone(),
-        );
-        r.register(
-            help::FAILOPEN_ACTIVE.0,
-            help::FAILOPEN_ACTIVE.1,
-            m.failopen_active.clone(),
-        );
-        r.register(help::PROXY_INFO.0, help::PROXY_INFO.1, m.proxy_info.clone());
-        r.register(help::GOAWAYS.0, help::GOAWAYS.1, m.goaways.clone());
-        r.register(
-            help::STREAMS_TERMINATED.0,
-            help::STREAMS_TERMINATED.1,
-            m.streams_terminated.clone(),
-        );
-        r.register(
-            help::STREAMS_UNGRACEFUL.0,
-            help::STREAMS_UNGRACEFUL.1,
-            m.streams_ungraceful.clone(),
-        );
-        r.register(
-            help::ENVOY_CONFIG_UPDATES.0,
-            help::ENVOY_CONFIG_UPDATES.1,
-            m.envoy_config_updates.clone(),
-        );
-        r.register(
-            help::ENVOY_UPSTREAM_RETRIES.0,
-            help::ENVOY_UPSTREAM_RETRIES.1,
-            m.envoy_upstream_retries.clone(),
-        );
-        r.register(
-            help::ENVOY_DOWNSTREAM_REQUESTS.0,
-            help::ENVOY_DOWNSTREAM_REQUESTS.1,
-            m.envoy_downstream_requests.clone(),
-        );
-        r.register(
-            help::GUARD_REQUESTS.0,
-            help::GUARD_REQUESTS.1,
-            m.guard_requests.clone(),
-        );
-        r.register(
-            help::GUARD_REQUEST_DURATION.0,
-            help::GUARD_REQUEST_DURATION.1,
-            m.guard_request_duration.clone(),
-        );
-        r.register(
-            help::GUARD_STREAMS_OPENED.0,
-            help::GUARD_STREAMS_OPENED.1,
-            m.guard_streams_opened.clone(),
-        );
-        r.register(
-            help::GUARD_STREAM_LIFETIME.0,
-            help::GUARD_STREAM_LIFETIME.1,
-            m.guard_stream_lifetime.clone(),
-        );
-        r.register(help::TCP_RESETS.0, help::TCP_RESETS.1, m.tcp_resets.clone());
-        r.register(
-            help::GUARD_MAX_CONNECTION_AGE.0,
-            help::GUARD_MAX_CONNECTION_AGE.1,
-            m.guard_max_connection_age.clone(),
-        );
-        r.register(
-            help::GUARD_LIMITED.0,
-            help::GUARD_LIMITED.1,
-            m.guard_limited.clone(),
-        );
+        for def in &families::FAMILIES {
+            def.reach.zero(&m);
+            def.reach.register(&m, r, def.desc);
+        }
         m
     }
 
-    /// Creates every known label set at 0, so the series exist before the
-    /// first drain: `increase()` and alerts then see the first cut too.
-    fn zero_known_series(&self) {
-        for outcome in DRAIN_OUTCOMES {
-            let _ = self.drains.get_or_create(&OutcomeLabels { outcome });
-        }
-        for outcome in [Ending::closed, Ending::idle_at_exit, Ending::cut] {
-            let _ = self
-                .drained_connections
-                .get_or_create(&EndingLabels { outcome });
-        }
-        for outcome in [
-            Ending::completed,
-            Ending::terminated,
-            Ending::cut,
-            Ending::bypassed,
-        ] {
-            let _ = self
-                .drained_streams
-                .get_or_create(&EndingLabels { outcome });
-        }
-        for kind in FailopenKind::ALL {
-            let _ = self.failopen_active.get_or_create(&FailopenLabels { kind });
-        }
-        for reason in Reason::ALL {
-            let _ = self.goaways.get_or_create(&ReasonLabels { reason });
-            for protocol in STREAM_PROTOCOLS {
-                let l = TerminatedLabels { reason, protocol };
-                let _ = self.streams_terminated.get_or_create(&l);
-                let _ = self.streams_ungraceful.get_or_create(&l);
-            }
-        }
+    /// The guard's service keys with series (bounded by its cardinality cap).
+    pub fn guard_services(&self) -> Vec<ServiceKey> {
+        self.guard_services_seen
+            .lock()
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The Envoy versions passed to `set_proxy`.
+    pub fn versions(&self) -> Vec<String> {
+        self.versions_seen
+            .lock()
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Counts one finished drain.

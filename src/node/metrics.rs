@@ -11,24 +11,25 @@
 //! `drainshim_proxy_info` already carries `namespace` and `pod`, so it is
 //! emitted as is. Each metric family is written once, with every pod's
 //! series under it: one const-label sub-registry per pod would repeat each
-//! family's HELP/TYPE per pod, which OpenMetrics forbids. prometheus-client
-//! cannot list a Family's label sets, so the known ones are enumerated: the
-//! contract's closed label values, the kernel counter kinds, and the Envoy
-//! versions recorded by `Metrics::set_proxy`.
+//! family's HELP/TYPE per pod, which OpenMetrics forbids. So this collector
+//! walks the families of `metrics::families::FAMILIES`, the table
+//! `Metrics::register` registers from, and writes each pod's series of each.
+//! prometheus-client cannot list a Family's label sets, so the table
+//! enumerates the known ones: the contract's closed label values, the
+//! kernel counter kinds, and the Envoy versions and guard services that
+//! `Metrics` records as seen. A departed pod keeps its counters and
+//! histograms but not its gauges. `drainshim_guard_limited_total` is the
+//! one family the table leaves out of node mode (`Node::Omitted`).
 
 use std::sync::Arc;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::MetricType;
 
-use crate::metrics::{
-    help, ConfigLabels, Ending, EndingLabels, FailopenKind, FailopenLabels, GuardRequestLabels,
-    GuardStreamLabels, KindLabels, Metrics, OutcomeLabels, ProtocolLabels, ProxyLabels, Reason,
-    ReasonLabels, ServiceKey, TerminatedLabels, VersionLabels, CODES, DRAIN_OUTCOMES,
-    STREAM_PROTOCOLS,
-};
-use crate::telemetry::TCP_RESET_KINDS;
+use crate::metrics::families::{Labels, Node, FAMILIES};
+use crate::metrics::{Metrics, ProxyLabels};
 
 /// The two labels node mode adds to every per-pod series.
 #[derive(
@@ -71,336 +72,45 @@ impl std::fmt::Debug for PodCollector {
     }
 }
 
-const ENDINGS: [Ending; 6] = [
-    Ending::closed,
-    Ending::idle_at_exit,
-    Ending::completed,
-    Ending::terminated,
-    Ending::cut,
-    Ending::bypassed,
-];
-const REASONS: [Reason; 3] = Reason::ALL;
-const RESOURCES: [&str; 4] = ["lds", "cds", "rds", "eds"];
-const RESULTS: [&str; 3] = ["success", "rejected", "failure"];
-
-/// Writes one family: the descriptor once, then `each` pod's series.
-fn family(
-    enc: &mut DescriptorEncoder,
-    (name, help): (&str, &str),
-    ty: MetricType,
-    pods: &[PodSeries],
-    mut each: impl FnMut(&PodSeries, &mut MetricEncoder) -> std::fmt::Result,
-) -> std::fmt::Result {
-    // The registry ends every help text with a period; so do we.
-    let help = format!("{help}.");
-    let mut me = enc.encode_descriptor(name, &help, None, ty)?;
-    for p in pods {
-        each(p, &mut me)?;
-    }
-    Ok(())
-}
-
 /// One series of a pod: the pod labels, then the metric's own.
-fn series<S: EncodeLabelSet, M: EncodeMetric>(
+fn series<S: EncodeLabelSet, M: EncodeMetric + ?Sized>(
     me: &mut MetricEncoder,
     pod: &PodLabels,
     labels: S,
     metric: &M,
 ) -> std::fmt::Result {
-    let all = (pod.clone(), labels);
+    let all = (Labels(pod), labels);
     metric.encode(me.encode_family(&all)?)
-}
-
-fn plain<M: EncodeMetric>(me: &mut MetricEncoder, pod: &PodLabels, metric: &M) -> std::fmt::Result {
-    metric.encode(me.encode_family(pod)?)
 }
 
 impl Collector for PodCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
         let mut pods = (self.source)();
         pods.sort_by(|a, b| a.labels.cmp(&b.labels));
-        let enc = &mut enc;
-        family(enc, help::DRAINS, MetricType::Counter, &pods, |p, me| {
-            for outcome in DRAIN_OUTCOMES {
-                if let Some(c) = p.metrics.drains.get(&OutcomeLabels { outcome }) {
-                    series(me, &p.labels, OutcomeLabels { outcome }, &*c)?;
+        let one = Gauge::<i64>::default();
+        one.set(1);
+        for def in &FAMILIES {
+            if def.node == Node::Omitted {
+                continue;
+            }
+            let ty = def.reach.metric_type();
+            // The registry ends every help text with a period; so do we.
+            let (name, help) = def.desc;
+            let help = format!("{help}.");
+            let mut me = enc.encode_descriptor(name, &help, None, ty)?;
+            // A departed pod's gauges are live values no longer measured.
+            for p in pods.iter().filter(|p| p.live || ty != MetricType::Gauge) {
+                match (def.node, &p.proxy) {
+                    (Node::Inventory, Some(proxy)) => one.encode(me.encode_family(proxy)?)?,
+                    (Node::Inventory, None) | (Node::Omitted, _) => {}
+                    (Node::PerPod, _) => def.reach.series(&p.metrics, &mut |labels, metric| {
+                        series(&mut me, &p.labels, Labels(labels), metric)
+                    })?,
                 }
             }
-            Ok(())
-        })?;
-        for (desc, fam) in [
-            (
-                help::DRAINED_CONNECTIONS,
-                (|m: &Metrics| m.drained_connections.clone()) as fn(&Metrics) -> _,
-            ),
-            (help::DRAINED_STREAMS, |m: &Metrics| {
-                m.drained_streams.clone()
-            }),
-        ] {
-            family(enc, desc, MetricType::Counter, &pods, |p, me| {
-                let f = fam(&p.metrics);
-                for outcome in ENDINGS {
-                    let l = EndingLabels { outcome };
-                    if let Some(c) = f.get(&l) {
-                        series(me, &p.labels, l.clone(), &*c)?;
-                    }
-                }
-                Ok(())
-            })?;
         }
-        family(
-            enc,
-            help::DRAIN_DURATION,
-            MetricType::Histogram,
-            &pods,
-            |p, me| plain(me, &p.labels, &p.metrics.drain_duration),
-        )?;
-        let live: Vec<PodSeries> = pods.iter().filter(|p| p.live).cloned().collect();
-        family(enc, help::DRAINING, MetricType::Gauge, &live, |p, me| {
-            plain(me, &p.labels, &p.metrics.draining)
-        })?;
-        family(
-            enc,
-            help::ENVOY_ACTIVE_CONNECTIONS,
-            MetricType::Gauge,
-            &live,
-            |p, me| plain(me, &p.labels, &p.metrics.envoy_active_connections),
-        )?;
-        family(
-            enc,
-            help::ENVOY_ACTIVE_STREAMS,
-            MetricType::Gauge,
-            &live,
-            |p, me| plain(me, &p.labels, &p.metrics.envoy_active_streams),
-        )?;
-        family(
-            enc,
-            help::FAILOPEN_ACTIVE,
-            MetricType::Gauge,
-            &live,
-            |p, me| {
-                for kind in FailopenKind::ALL {
-                    let l = FailopenLabels { kind };
-                    if let Some(g) = p.metrics.failopen_active.get(&l) {
-                        series(me, &p.labels, l.clone(), &*g)?;
-                    }
-                }
-                Ok(())
-            },
-        )?;
-        family(
-            enc,
-            help::PROXY_INFO,
-            MetricType::Gauge,
-            &live,
-            |p, me| match &p.proxy {
-                Some(proxy) => {
-                    let one = prometheus_client::metrics::gauge::Gauge::<i64>::default();
-                    one.set(1);
-                    one.encode(me.encode_family(proxy)?)
-                }
-                None => Ok(()),
-            },
-        )?;
-        family(enc, help::GOAWAYS, MetricType::Counter, &pods, |p, me| {
-            for reason in REASONS {
-                if let Some(c) = p.metrics.goaways.get(&ReasonLabels { reason }) {
-                    series(me, &p.labels, ReasonLabels { reason }, &*c)?;
-                }
-            }
-            Ok(())
-        })?;
-        for (desc, fam) in [
-            (
-                help::STREAMS_TERMINATED,
-                (|m: &Metrics| m.streams_terminated.clone()) as fn(&Metrics) -> _,
-            ),
-            (help::STREAMS_UNGRACEFUL, |m: &Metrics| {
-                m.streams_ungraceful.clone()
-            }),
-        ] {
-            family(enc, desc, MetricType::Counter, &pods, |p, me| {
-                let f = fam(&p.metrics);
-                for reason in REASONS {
-                    for protocol in STREAM_PROTOCOLS {
-                        let l = TerminatedLabels { reason, protocol };
-                        if let Some(c) = f.get(&l) {
-                            series(me, &p.labels, l.clone(), &*c)?;
-                        }
-                    }
-                }
-                Ok(())
-            })?;
-        }
-        family(
-            enc,
-            help::ENVOY_CONFIG_UPDATES,
-            MetricType::Counter,
-            &pods,
-            |p, me| {
-                for version in versions(&p.metrics) {
-                    for resource in RESOURCES {
-                        for result in RESULTS {
-                            let l = ConfigLabels {
-                                resource: resource.to_string(),
-                                result: result.to_string(),
-                                version: version.clone(),
-                            };
-                            if let Some(c) = p.metrics.envoy_config_updates.get(&l) {
-                                series(me, &p.labels, l.clone(), &*c)?;
-                            }
-                        }
-                    }
-                }
-                Ok(())
-            },
-        )?;
-        family(
-            enc,
-            help::ENVOY_UPSTREAM_RETRIES,
-            MetricType::Counter,
-            &pods,
-            |p, me| {
-                for version in versions(&p.metrics) {
-                    let l = VersionLabels { version };
-                    if let Some(c) = p.metrics.envoy_upstream_retries.get(&l) {
-                        series(me, &p.labels, l.clone(), &*c)?;
-                    }
-                }
-                Ok(())
-            },
-        )?;
-        family(
-            enc,
-            help::ENVOY_DOWNSTREAM_REQUESTS,
-            MetricType::Counter,
-            &pods,
-            |p, me| {
-                for version in versions(&p.metrics) {
-                    let l = VersionLabels { version };
-                    if let Some(c) = p.metrics.envoy_downstream_requests.get(&l) {
-                        series(me, &p.labels, l.clone(), &*c)?;
-                    }
-                }
-                Ok(())
-            },
-        )?;
-        family(
-            enc,
-            help::GUARD_REQUESTS,
-            MetricType::Counter,
-            &pods,
-            |p, me| {
-                for key in guard_services(&p.metrics) {
-                    for protocol in STREAM_PROTOCOLS {
-                        for code in CODES {
-                            let l = GuardRequestLabels {
-                                key: key.clone(),
-                                code,
-                                protocol,
-                            };
-                            if let Some(c) = p.metrics.guard_requests.get(&l) {
-                                series(me, &p.labels, l.clone(), &*c)?;
-                            }
-                        }
-                    }
-                }
-                Ok(())
-            },
-        )?;
-        family(
-            enc,
-            help::GUARD_REQUEST_DURATION,
-            MetricType::Histogram,
-            &pods,
-            |p, me| {
-                for key in guard_services(&p.metrics) {
-                    if let Some(h) = p.metrics.guard_request_duration.get(&key) {
-                        series(me, &p.labels, key.clone(), &*h)?;
-                    }
-                }
-                Ok(())
-            },
-        )?;
-        family(
-            enc,
-            help::GUARD_STREAMS_OPENED,
-            MetricType::Counter,
-            &pods,
-            |p, me| {
-                for key in guard_services(&p.metrics) {
-                    for protocol in STREAM_PROTOCOLS {
-                        let l = GuardStreamLabels {
-                            key: key.clone(),
-                            protocol,
-                        };
-                        if let Some(c) = p.metrics.guard_streams_opened.get(&l) {
-                            series(me, &p.labels, l.clone(), &*c)?;
-                        }
-                    }
-                }
-                Ok(())
-            },
-        )?;
-        family(
-            enc,
-            help::GUARD_STREAM_LIFETIME,
-            MetricType::Histogram,
-            &pods,
-            |p, me| {
-                for protocol in STREAM_PROTOCOLS {
-                    let l = ProtocolLabels { protocol };
-                    if let Some(h) = p.metrics.guard_stream_lifetime.get(&l) {
-                        series(me, &p.labels, l.clone(), &*h)?;
-                    }
-                }
-                Ok(())
-            },
-        )?;
-        family(
-            enc,
-            help::TCP_RESETS,
-            MetricType::Counter,
-            &pods,
-            |p, me| {
-                for (_, _, kind) in TCP_RESET_KINDS {
-                    let l = KindLabels {
-                        kind: kind.to_string(),
-                    };
-                    if let Some(c) = p.metrics.tcp_resets.get(&l) {
-                        series(me, &p.labels, l.clone(), &*c)?;
-                    }
-                }
-                Ok(())
-            },
-        )?;
-        family(
-            enc,
-            help::GUARD_MAX_CONNECTION_AGE,
-            MetricType::Gauge,
-            &live,
-            |p, me| match p.metrics.guard_max_connection_age.get(&Vec::new()) {
-                Some(g) => plain(me, &p.labels, &*g),
-                None => Ok(()),
-            },
-        )?;
         Ok(())
     }
-}
-
-/// The guard's service keys with series (bounded by its cardinality cap).
-fn guard_services(m: &Metrics) -> Vec<ServiceKey> {
-    m.guard_services_seen
-        .lock()
-        .map(|s| s.iter().cloned().collect())
-        .unwrap_or_default()
-}
-
-fn versions(m: &Metrics) -> Vec<String> {
-    m.versions_seen
-        .lock()
-        .map(|s| s.iter().cloned().collect())
-        .unwrap_or_default()
 }
 
 /// `drainshim_node_pod_timers_invalid{namespace,pod,reason}`: node mode's
@@ -441,7 +151,7 @@ impl Collector for TimersCollector {
         let (name, help) = TIMERS_INVALID;
         let help = format!("{help}.");
         let mut me = enc.encode_descriptor(name, &help, None, MetricType::Gauge)?;
-        let one = prometheus_client::metrics::gauge::Gauge::<i64>::default();
+        let one = Gauge::<i64>::default();
         one.set(1);
         for (pod, reasons) in &pods {
             for reason in reasons {
@@ -460,6 +170,10 @@ mod tests {
     use super::*;
     use crate::drain::report::{Connections, EnvoyReport, Streams};
     use crate::drain::{Outcome, Phase, Report, Trigger};
+    use crate::metrics::{
+        ConfigLabels, GuardRequestLabels, GuardStreamLabels, KindLabels, ProtocolLabels,
+        ServiceKey, VersionLabels, TCP_RESET_KINDS,
+    };
     use prometheus_client::registry::Registry;
     use std::collections::BTreeSet;
 
