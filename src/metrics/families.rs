@@ -41,9 +41,6 @@ pub enum Node {
     /// Each live pod's inventory entry as is (`proxy_info`: its labels
     /// already name the pod).
     Inventory,
-    /// Nothing. Only `guard_limited`: node mode's guards count it in their
-    /// pod's `Metrics`, but the agent has never exported it.
-    Omitted,
 }
 
 /// A family's place in a [`Metrics`], for registering it and for reading
@@ -414,7 +411,7 @@ pub static FAMILIES: [Def; 22] = [
     },
     Def {
         desc: help::GUARD_LIMITED,
-        node: Node::Omitted,
+        node: Node::PerPod,
         reach: &Labeled {
             family: |m: &Metrics| &m.guard_limited,
             known: |_| Limit::ALL.map(|limit| LimitLabels { limit }).to_vec(),

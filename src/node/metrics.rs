@@ -18,8 +18,7 @@
 //! enumerates the known ones: the contract's closed label values, the
 //! kernel counter kinds, and the Envoy versions and guard services that
 //! `Metrics` records as seen. A departed pod keeps its counters and
-//! histograms but not its gauges. `drainshim_guard_limited_total` is the
-//! one family the table leaves out of node mode (`Node::Omitted`).
+//! histograms but not its gauges.
 
 use std::sync::Arc;
 
@@ -90,9 +89,6 @@ impl Collector for PodCollector {
         let one = Gauge::<i64>::default();
         one.set(1);
         for def in &FAMILIES {
-            if def.node == Node::Omitted {
-                continue;
-            }
             let ty = def.reach.metric_type();
             // The registry ends every help text with a period; so do we.
             let (name, help) = def.desc;
@@ -102,7 +98,7 @@ impl Collector for PodCollector {
             for p in pods.iter().filter(|p| p.live || ty != MetricType::Gauge) {
                 match (def.node, &p.proxy) {
                     (Node::Inventory, Some(proxy)) => one.encode(me.encode_family(proxy)?)?,
-                    (Node::Inventory, None) | (Node::Omitted, _) => {}
+                    (Node::Inventory, None) => {}
                     (Node::PerPod, _) => def.reach.series(&p.metrics, &mut |labels, metric| {
                         series(&mut me, &p.labels, Labels(labels), metric)
                     })?,
@@ -180,6 +176,8 @@ mod tests {
     /// A Metrics with every family holding at least one series.
     fn busy_metrics(registry: &mut Registry) -> Metrics {
         let m = Metrics::register(registry);
+        // As a guard at a limit counts it (node mode once left it out).
+        m.guard_limited(crate::metrics::Limit::rst_stream).inc();
         // As a guard with a max connection age sets it.
         m.guard_max_connection_age
             .get_or_create(&Vec::new())
