@@ -51,8 +51,8 @@ pub async fn run(opts: DemoOptions) -> Result<(), String> {
                 .find(|r| r.mode == m.name() && r.protocol == p)
         };
         let signal = match kind {
-            super::population::Kind::Grpc => "a retryable grpc-status 14",
-            super::population::Kind::Websocket => "a WebSocket Close 1012 (service restart)",
+            super::population::StreamKind::Grpc => "a retryable grpc-status 14",
+            super::population::StreamKind::Websocket => "a WebSocket Close 1012 (service restart)",
         };
         if let (Some(base), Some(ds)) = (by(Mode::EnvoySigterm), by(Mode::Drainshim)) {
             println!(

@@ -10,7 +10,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::client::Ending;
-use super::population::{Kind, Session};
+use super::population::{Session, StreamKind};
 use super::server::Ledger;
 
 /// CPU time (user + system, all threads) that process `pid` used so far,
@@ -77,7 +77,7 @@ pub struct ModeResult {
 pub struct Observed<'a> {
     pub mode: &'a str,
     /// Only sessions of this kind are counted.
-    pub kind: Kind,
+    pub kind: StreamKind,
     pub streams: usize,
     pub sessions: &'a [Session],
     /// Which endpoint index was restarted.

@@ -38,18 +38,18 @@ pub enum Protocol {
 
 /// One stream's kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Kind {
+pub enum StreamKind {
     Grpc,
     Websocket,
 }
 
-// === impl Kind ===
+// === impl StreamKind ===
 
-impl Kind {
+impl StreamKind {
     pub fn name(self) -> &'static str {
         match self {
-            Kind::Grpc => "grpc",
-            Kind::Websocket => "websocket",
+            StreamKind::Grpc => "grpc",
+            StreamKind::Websocket => "websocket",
         }
     }
 }
@@ -58,21 +58,21 @@ impl Kind {
 
 impl Protocol {
     /// The kind of stream client `c` holds.
-    pub fn kind_of(self, c: usize) -> Kind {
+    pub fn kind_of(self, c: usize) -> StreamKind {
         match self {
-            Protocol::Grpc => Kind::Grpc,
-            Protocol::Websocket => Kind::Websocket,
-            Protocol::Mixed if (c / 2).is_multiple_of(2) => Kind::Grpc,
-            Protocol::Mixed => Kind::Websocket,
+            Protocol::Grpc => StreamKind::Grpc,
+            Protocol::Websocket => StreamKind::Websocket,
+            Protocol::Mixed if (c / 2).is_multiple_of(2) => StreamKind::Grpc,
+            Protocol::Mixed => StreamKind::Websocket,
         }
     }
 
     /// The kinds present.
-    pub fn kinds(self) -> Vec<Kind> {
+    pub fn kinds(self) -> Vec<StreamKind> {
         match self {
-            Protocol::Grpc => vec![Kind::Grpc],
-            Protocol::Websocket => vec![Kind::Websocket],
-            Protocol::Mixed => vec![Kind::Grpc, Kind::Websocket],
+            Protocol::Grpc => vec![StreamKind::Grpc],
+            Protocol::Websocket => vec![StreamKind::Websocket],
+            Protocol::Mixed => vec![StreamKind::Grpc, StreamKind::Websocket],
         }
     }
 }
@@ -82,7 +82,7 @@ impl Protocol {
 pub struct Session {
     pub client: usize,
     /// gRPC stream or WebSocket.
-    pub kind: Kind,
+    pub kind: StreamKind,
     /// Index into the endpoint list.
     pub endpoint: usize,
     pub stream_id: String,
@@ -212,7 +212,7 @@ impl Population {
 
 struct ClientCtx {
     client: usize,
-    kind: Kind,
+    kind: StreamKind,
     /// Bytes of padding per message on this client's streams.
     payload: u32,
     prefix: String,
@@ -287,8 +287,8 @@ impl ClientCtx {
         last_end: Option<Instant>,
     ) -> Option<Session> {
         match self.kind {
-            Kind::Grpc => self.grpc_session(endpoint, addr, stream_id, last_end).await,
-            Kind::Websocket => self.ws_session(endpoint, addr, stream_id, last_end).await,
+            StreamKind::Grpc => self.grpc_session(endpoint, addr, stream_id, last_end).await,
+            StreamKind::Websocket => self.ws_session(endpoint, addr, stream_id, last_end).await,
         }
     }
 
@@ -357,7 +357,7 @@ impl ClientCtx {
         };
         Some(Session {
             client: self.client,
-            kind: Kind::Websocket,
+            kind: StreamKind::Websocket,
             endpoint,
             stream_id: stream_id.to_string(),
             started,
@@ -414,7 +414,7 @@ impl ClientCtx {
         };
         Some(Session {
             client: self.client,
-            kind: Kind::Grpc,
+            kind: StreamKind::Grpc,
             endpoint,
             stream_id: stream_id.to_string(),
             started,

@@ -314,10 +314,10 @@ pub async fn run_mode(opts: &ReconnectOptions, mode: Mode) -> Result<Vec<ModeRes
 /// How many of the population's `total` streams are of `kind`.
 fn sessions_of(
     sessions: &[super::population::Session],
-    kind: super::population::Kind,
+    kind: super::population::StreamKind,
     total: usize,
 ) -> usize {
-    let kinds: std::collections::HashMap<usize, super::population::Kind> =
+    let kinds: std::collections::HashMap<usize, super::population::StreamKind> =
         sessions.iter().map(|s| (s.client, s.kind)).collect();
     if kinds.is_empty() {
         return total;

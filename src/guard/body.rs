@@ -24,7 +24,7 @@ use super::grpc::{self, Framer};
 
 /// What a request or response speaks, as far as ending it goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub enum BodyKind {
     /// gRPC over HTTP/2.
     Grpc,
     /// gRPC-Web; `text`: base64 bodies.
@@ -43,28 +43,28 @@ fn content_type(headers: &HeaderMap) -> &str {
 }
 
 /// The gRPC flavour of a request (Opaque when it is not gRPC at all).
-pub fn request_kind(headers: &HeaderMap) -> Kind {
+pub fn request_kind(headers: &HeaderMap) -> BodyKind {
     request_kind_of(content_type(headers))
 }
 
 /// [`request_kind`] of a `content-type` value.
-pub fn request_kind_of(ct: &str) -> Kind {
+pub fn request_kind_of(ct: &str) -> BodyKind {
     if grpc::is_grpc_type(ct) {
-        Kind::Grpc
+        BodyKind::Grpc
     } else if let Some(rest) = ct.strip_prefix("application/grpc-web-text") {
         if web_suffix(rest) {
-            Kind::GrpcWeb { text: true }
+            BodyKind::GrpcWeb { text: true }
         } else {
-            Kind::Opaque
+            BodyKind::Opaque
         }
     } else if let Some(rest) = ct.strip_prefix("application/grpc-web") {
         if web_suffix(rest) {
-            Kind::GrpcWeb { text: false }
+            BodyKind::GrpcWeb { text: false }
         } else {
-            Kind::Opaque
+            BodyKind::Opaque
         }
     } else {
-        Kind::Opaque
+        BodyKind::Opaque
     }
 }
 
@@ -74,21 +74,21 @@ fn web_suffix(rest: &str) -> bool {
 
 /// The kind of a response to a request of kind `request`, by the
 /// response's `content-type`: framing is only trusted where both sides agree.
-pub fn response_kind_of(request: Kind, ct: &str) -> Kind {
+pub fn response_kind_of(request: BodyKind, ct: &str) -> BodyKind {
     match request {
-        Kind::Grpc if grpc::is_grpc_type(ct) => Kind::Grpc,
-        Kind::GrpcWeb { .. } => match request_kind_of(ct) {
-            k @ Kind::GrpcWeb { .. } => k,
-            _ => Kind::Opaque,
+        BodyKind::Grpc if grpc::is_grpc_type(ct) => BodyKind::Grpc,
+        BodyKind::GrpcWeb { .. } => match request_kind_of(ct) {
+            k @ BodyKind::GrpcWeb { .. } => k,
+            _ => BodyKind::Opaque,
         },
         _ if ct
             .split(';')
             .next()
             .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream")) =>
         {
-            Kind::Sse
+            BodyKind::Sse
         }
-        _ => Kind::Opaque,
+        _ => BodyKind::Opaque,
     }
 }
 
@@ -142,7 +142,7 @@ impl Sse {
 /// Follows one response body's boundaries.
 #[derive(Debug)]
 pub struct Boundaries {
-    kind: Kind,
+    kind: BodyKind,
     /// gRPC and gRPC-Web message framing (on decoded bytes for -text).
     framer: Framer,
     /// gRPC-Web-text: base64 characters not yet forming a whole quad.
@@ -152,7 +152,7 @@ pub struct Boundaries {
 }
 
 impl Boundaries {
-    pub fn new(kind: Kind) -> Self {
+    pub fn new(kind: BodyKind) -> Self {
         Self {
             kind,
             framer: Framer::default(),
@@ -163,14 +163,16 @@ impl Boundaries {
 
     /// Whether the guard can end this body in-protocol.
     pub fn endable(&self) -> bool {
-        self.kind != Kind::Opaque
+        self.kind != BodyKind::Opaque
     }
 
     /// Accounts for `chunk` and returns the messages or events it completed.
     pub fn consume(&mut self, chunk: &[u8]) -> u64 {
         match self.kind {
-            Kind::Grpc | Kind::GrpcWeb { text: false } => self.framer.consume_messages(chunk),
-            Kind::GrpcWeb { text: true } => {
+            BodyKind::Grpc | BodyKind::GrpcWeb { text: false } => {
+                self.framer.consume_messages(chunk)
+            }
+            BodyKind::GrpcWeb { text: true } => {
                 let mut done = 0;
                 for &c in chunk.iter().filter(|c| !c.is_ascii_whitespace()) {
                     self.pending.push(c);
@@ -186,18 +188,20 @@ impl Boundaries {
                 }
                 done
             }
-            Kind::Sse => self.sse.consume(chunk),
-            Kind::Opaque => 0,
+            BodyKind::Sse => self.sse.consume(chunk),
+            BodyKind::Opaque => 0,
         }
     }
 
     /// Between two messages or events: ending here cuts nothing.
     pub fn at_boundary(&self) -> bool {
         match self.kind {
-            Kind::Grpc | Kind::GrpcWeb { text: false } => self.framer.at_boundary(),
-            Kind::GrpcWeb { text: true } => self.framer.at_boundary() && self.pending.is_empty(),
-            Kind::Sse => self.sse.at_boundary(),
-            Kind::Opaque => false,
+            BodyKind::Grpc | BodyKind::GrpcWeb { text: false } => self.framer.at_boundary(),
+            BodyKind::GrpcWeb { text: true } => {
+                self.framer.at_boundary() && self.pending.is_empty()
+            }
+            BodyKind::Sse => self.sse.at_boundary(),
+            BodyKind::Opaque => false,
         }
     }
 
@@ -206,10 +210,10 @@ impl Boundaries {
     /// for SSE). None for opaque bodies.
     pub fn ending(&self, message: &'static str) -> Option<End> {
         match self.kind {
-            Kind::Grpc => Some(End::Trailers(grpc::unavailable_trailers(message))),
-            Kind::GrpcWeb { text } => Some(End::Last(web_trailer_frame(message, text))),
-            Kind::Sse => Some(End::Last(Bytes::new())),
-            Kind::Opaque => None,
+            BodyKind::Grpc => Some(End::Trailers(grpc::unavailable_trailers(message))),
+            BodyKind::GrpcWeb { text } => Some(End::Last(web_trailer_frame(message, text))),
+            BodyKind::Sse => Some(End::Last(Bytes::new())),
+            BodyKind::Opaque => None,
         }
     }
 }
@@ -255,33 +259,33 @@ mod tests {
 
     #[test]
     fn kinds_follow_the_content_types() {
-        assert_eq!(request_kind(&headers("application/grpc")), Kind::Grpc);
+        assert_eq!(request_kind(&headers("application/grpc")), BodyKind::Grpc);
         assert_eq!(
             request_kind(&headers("application/grpc-web+proto")),
-            Kind::GrpcWeb { text: false }
+            BodyKind::GrpcWeb { text: false }
         );
         assert_eq!(
             request_kind(&headers("application/grpc-web-text")),
-            Kind::GrpcWeb { text: true }
+            BodyKind::GrpcWeb { text: true }
         );
         assert_eq!(
             request_kind(&headers("application/grpc-webby")),
-            Kind::Opaque
+            BodyKind::Opaque
         );
         assert_eq!(
-            response_kind_of(Kind::Opaque, "text/event-stream; charset=utf-8"),
-            Kind::Sse
+            response_kind_of(BodyKind::Opaque, "text/event-stream; charset=utf-8"),
+            BodyKind::Sse
         );
         assert_eq!(
-            response_kind_of(Kind::Grpc, "text/plain"),
-            Kind::Opaque,
+            response_kind_of(BodyKind::Grpc, "text/plain"),
+            BodyKind::Opaque,
             "a gRPC request answered with something else is not framed"
         );
     }
 
     #[test]
     fn sse_boundaries_are_blank_lines_with_any_line_ending() {
-        let mut b = Boundaries::new(Kind::Sse);
+        let mut b = Boundaries::new(BodyKind::Sse);
         assert!(b.at_boundary(), "nothing sent yet");
         assert_eq!(b.consume(b"data: one\n"), 0);
         assert!(!b.at_boundary(), "an event without its blank line");
@@ -300,7 +304,7 @@ mod tests {
         let mut frame = vec![0u8, 0, 0, 0, 3];
         frame.extend_from_slice(b"abc");
         let text = base64::engine::general_purpose::STANDARD.encode(&frame);
-        let mut b = Boundaries::new(Kind::GrpcWeb { text: true });
+        let mut b = Boundaries::new(BodyKind::GrpcWeb { text: true });
         let (head, tail) = text.as_bytes().split_at(5);
         assert_eq!(b.consume(head), 0);
         assert!(!b.at_boundary(), "a quad half-received");

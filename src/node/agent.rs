@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::binding::adopt;
-use super::handover::{self, Kind, Offer};
+use super::handover::{self, ListenerKind, Offer};
 use super::metrics::{PodCollector, PodSeries, PodSource, TimersCollector, TimersSource};
 use super::netns::Netns;
 use super::pod::{HostAddrs, Pod};
@@ -50,13 +50,13 @@ impl handover::Donor for Arc<Shared> {
                 fd,
             })
         };
-        let mut offers: Vec<Offer> = dup(Kind::Api, self.own_netns, self.api_fd.as_ref())
+        let mut offers: Vec<Offer> = dup(ListenerKind::Api, self.own_netns, self.api_fd.as_ref())
             .into_iter()
             .collect();
         if let Ok(pods) = self.pods.lock() {
             for (k, p) in pods.iter() {
-                offers.extend(dup(Kind::Prestop, *k, p.listener_fd.as_ref()));
-                offers.extend(dup(Kind::Guard, *k, p.guard_fd.as_ref()));
+                offers.extend(dup(ListenerKind::Prestop, *k, p.listener_fd.as_ref()));
+                offers.extend(dup(ListenerKind::Guard, *k, p.guard_fd.as_ref()));
             }
         }
         // Not claimed yet here (a pod not identified since): passed on too.
@@ -101,7 +101,7 @@ impl NodeAgent {
             Some(path) => handover::take(path).await,
             None => handover::Inherited::default(),
         };
-        let listener = match handover::claim(&mut offers, Kind::Api, own_netns)
+        let listener = match handover::claim(&mut offers, ListenerKind::Api, own_netns)
             .filter(|o| o.addr == listen || listen.port() == 0)
             .and_then(|o| adopt(o.fd).ok())
         {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 
 use super::guard::{self, GuardSpec, NetnsConnect, PodGuard};
-use super::handover::{self, Kind};
+use super::handover::{self, ListenerKind};
 use super::netns::Netns;
 use super::pod::{GuardState, ListenerState, Pod, PodEndpoint};
 use super::shared::Shared;
@@ -75,7 +75,7 @@ impl Shared {
             .inherited
             .lock()
             .ok()
-            .and_then(|mut o| handover::claim(&mut o, Kind::Prestop, ns.inode()));
+            .and_then(|mut o| handover::claim(&mut o, ListenerKind::Prestop, ns.inode()));
         match offered.filter(|o| o.addr.port() == port) {
             Some(o) => adopt(o.fd),
             None => ns.listen(port).await,
@@ -92,7 +92,7 @@ impl Shared {
             .inherited
             .lock()
             .ok()
-            .and_then(|mut o| handover::claim(&mut o, Kind::Guard, ns.inode()));
+            .and_then(|mut o| handover::claim(&mut o, ListenerKind::Guard, ns.inode()));
         match offered.filter(|o| o.addr == spec.listen) {
             Some(o) => adopt(o.fd),
             None => guard::bind_in(ns, spec.listen).await,
@@ -245,7 +245,7 @@ impl Shared {
             .map(|offers| {
                 offers
                     .iter()
-                    .filter(|o| o.kind == Kind::Guard)
+                    .filter(|o| o.kind == ListenerKind::Guard)
                     .filter(|o| pods.get(&o.netns).is_some_and(|p| p.envoy_state.is_err()))
                     .count()
             })
@@ -264,7 +264,7 @@ impl Shared {
             }
         }
         if let Ok(mut offers) = self.inherited.lock() {
-            offers.retain(|o| o.kind != Kind::Guard);
+            offers.retain(|o| o.kind != ListenerKind::Guard);
         }
     }
 }

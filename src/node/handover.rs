@@ -54,7 +54,7 @@ const MAX_LISTENERS: usize = 10_000;
 /// What a handed-over listener is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Kind {
+pub enum ListenerKind {
     /// The agent's own `--listen`, on the node.
     Api,
     /// A pod's preStop listener.
@@ -70,7 +70,7 @@ enum Message {
         version: u32,
     },
     Listener {
-        kind: Kind,
+        kind: ListenerKind,
         /// The pod's network namespace inode (the node's for `api`).
         netns: u64,
         addr: SocketAddr,
@@ -84,7 +84,7 @@ enum Message {
 /// One listening socket, with what it is for.
 #[derive(Debug)]
 pub struct Offer {
-    pub kind: Kind,
+    pub kind: ListenerKind,
     pub netns: u64,
     pub addr: SocketAddr,
     /// A duplicate of the listening socket's descriptor.
@@ -166,7 +166,7 @@ pub struct Inherited {
 }
 
 /// Takes the listener for (`kind`, `netns`) out of `offers`, if one was handed over.
-pub fn claim(offers: &mut Vec<Offer>, kind: Kind, netns: u64) -> Option<Offer> {
+pub fn claim(offers: &mut Vec<Offer>, kind: ListenerKind, netns: u64) -> Option<Offer> {
     let i = offers
         .iter()
         .position(|o| o.kind == kind && o.netns == netns)?;
@@ -457,7 +457,7 @@ mod tests {
     impl Donor for OneListener {
         async fn offer(&self) -> Vec<Offer> {
             vec![Offer {
-                kind: Kind::Guard,
+                kind: ListenerKind::Guard,
                 netns: 7,
                 addr: self.listener.local_addr().unwrap(),
                 fd: self.listener.as_fd().try_clone_to_owned().unwrap(),
@@ -488,7 +488,7 @@ mod tests {
         let client = async {
             let mut got = take(&path).await;
             assert!(got.adoption.from_old_agent());
-            let offer = claim(&mut got.offers, Kind::Guard, 7).expect("the guard listener");
+            let offer = claim(&mut got.offers, ListenerKind::Guard, 7).expect("the guard listener");
             assert_eq!(offer.addr, addr);
             got.adoption.adopted().await;
             offer

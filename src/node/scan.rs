@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::guard::{self, PodGuardSlot};
-use super::handover::Kind;
+use super::handover::ListenerKind;
 use super::metrics::PodLabels;
 use super::netns::{self, Netns, NetnsDial};
 use super::pod::{self, GuardState, ListenerState, Pod};
@@ -392,7 +392,7 @@ impl Shared {
         // Listeners handed over for pods that are gone are closed (the pod
         // is gone, nobody connects there any more).
         if let Ok(mut offers) = self.inherited.lock() {
-            offers.retain(|o| o.kind == Kind::Api || pods.contains_key(&o.netns));
+            offers.retain(|o| o.kind == ListenerKind::Api || pods.contains_key(&o.netns));
         }
         drop(pods);
         self.scans

@@ -47,7 +47,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::guard::body::{Boundaries, Kind};
+use crate::guard::body::{BodyKind, Boundaries};
 use crate::guard::conn::ConnInfo;
 use crate::guard::headers::{
     append_forwarded_for, forwarded_for, is_websocket, strip_hop_by_hop,
@@ -132,7 +132,7 @@ impl H1Body {
             end: Some(Box::pin(async move { ctl.ended().await.0 })),
             abort_at: None,
             guard: Some(inner),
-            sse: sse.then(|| Boundaries::new(Kind::Sse)),
+            sse: sse.then(|| Boundaries::new(BodyKind::Sse)),
             sse_ending: None,
             settle: None,
             end_now: None,
@@ -382,7 +382,7 @@ async fn handle(
         return Ok(answer(StatusCode::SERVICE_UNAVAILABLE, true));
     };
     append_forwarded_for(req.headers_mut(), &forwarded_for(info.peer.ip()));
-    let grpc = super::body::request_kind(req.headers()) != Kind::Opaque;
+    let grpc = super::body::request_kind(req.headers()) != BodyKind::Opaque;
     let upgrading = upgrade_requested(req.headers());
     let protocol = match &upgrading {
         Some(p) if is_websocket(p) => StreamProtocol::websocket,

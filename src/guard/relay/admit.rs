@@ -10,7 +10,7 @@ pub(super) enum Refusal {
     /// Not processed, safe to retry (REFUSED_STREAM).
     Reset,
     /// The drain refuses new streams: trailers-only UNAVAILABLE for gRPC.
-    Draining(Kind),
+    Draining(BodyKind),
 }
 
 impl Relay<'_> {
@@ -38,7 +38,7 @@ impl Relay<'_> {
         let inner = self.inner;
         let ct = fields.content_type.as_deref().unwrap_or("");
         let kind = request_kind_of(ct);
-        let grpc = kind != Kind::Opaque;
+        let grpc = kind != BodyKind::Opaque;
         self.resets.accepted();
         let reg = match inner
             .registry

@@ -141,12 +141,12 @@ impl Relay<'_> {
 }
 
 /// A trailers-only UNAVAILABLE block for the gRPC kinds, as literals.
-pub(super) fn trailers_only(kind: Kind, message: &'static str) -> Option<Vec<u8>> {
+pub(super) fn trailers_only(kind: BodyKind, message: &'static str) -> Option<Vec<u8>> {
     let ct = match kind {
-        Kind::Grpc => "application/grpc",
-        Kind::GrpcWeb { text: false } => "application/grpc-web+proto",
-        Kind::GrpcWeb { text: true } => "application/grpc-web-text+proto",
-        Kind::Sse | Kind::Opaque => return None,
+        BodyKind::Grpc => "application/grpc",
+        BodyKind::GrpcWeb { text: false } => "application/grpc-web+proto",
+        BodyKind::GrpcWeb { text: true } => "application/grpc-web-text+proto",
+        BodyKind::Sse | BodyKind::Opaque => return None,
     };
     Some(wire::literal_block(&[
         (":status", "200"),

@@ -92,7 +92,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::io::poll_read_buf;
 
-use crate::guard::body::{request_kind_of, response_kind_of, Boundaries, End, Kind};
+use crate::guard::body::{request_kind_of, response_kind_of, BodyKind, Boundaries, End};
 use crate::guard::conn::ConnInfo;
 use crate::guard::ending::{record_outcome, Outcome, BARRIER_WAIT, BURST_GAP};
 use crate::guard::grpc;
@@ -245,7 +245,7 @@ pub fn feed(inner: &Arc<Inner>, chunks: &[(bool, &[u8])], alone: bool) {
 }
 
 /// What woke the relay.
-enum Event {
+enum Wake {
     FromClient,
     /// A local stream moved (its frames wait in `to_client`).
     Local,
@@ -517,34 +517,34 @@ impl<'a> Relay<'a> {
             );
             let event = tokio::select! {
                 biased;
-                _ = &mut timer, if timer_at.is_some() => { timer_at = None; Event::Timer }
-                _ = &mut terminate, if self.life.watches_terminate() => Event::Input(Input::Terminate),
-                _ = &mut goaway, if self.life.watches_goaway() => Event::Input(Input::GoawayAll),
+                _ = &mut timer, if timer_at.is_some() => { timer_at = None; Wake::Timer }
+                _ = &mut terminate, if self.life.watches_terminate() => Wake::Input(Input::Terminate),
+                _ = &mut goaway, if self.life.watches_goaway() => Wake::Input(Input::GoawayAll),
                 _ = &mut ended => {
                     ended.set(queue.ready());
-                    Event::Ended
+                    Wake::Ended
                 }
                 e = poll_fn(|cx| self.poll_io(cx, client, &mut app, client_first)) => e,
             };
             let now = Instant::now();
             let result = match event {
-                Event::FromClient => self.client_frames(now),
-                Event::FromApp => self.app_frames(now),
-                Event::ClientGone => break,
-                Event::Flushed | Event::Local => Ok(()),
-                Event::AppGone if self.handshake => return self.replay.take(),
-                Event::AppGone => {
+                Wake::FromClient => self.client_frames(now),
+                Wake::FromApp => self.app_frames(now),
+                Wake::ClientGone => break,
+                Wake::Flushed | Wake::Local => Ok(()),
+                Wake::AppGone if self.handshake => return self.replay.take(),
+                Wake::AppGone => {
                     self.app_lost();
                     Ok(())
                 }
-                Event::Timer => self.timers(now),
-                Event::Ended => {
+                Wake::Timer => self.timers(now),
+                Wake::Ended => {
                     for id in self.queue.take() {
                         self.begin_end(id, now);
                     }
                     Ok(())
                 }
-                Event::Input(input) => {
+                Wake::Input(input) => {
                     self.step(input, now);
                     Ok(())
                 }
@@ -588,11 +588,11 @@ impl<'a> Relay<'a> {
         client: &mut Prefixed<TcpStream>,
         app: &mut Option<TcpStream>,
         client_first: bool,
-    ) -> Poll<Event> {
+    ) -> Poll<Wake> {
         match app.as_mut() {
             Some(app) => {
                 if write_some(cx, app, &mut self.to_app).is_err() {
-                    return Poll::Ready(Event::AppGone);
+                    return Poll::Ready(Wake::AppGone);
                 }
             }
             None => self.to_app.clear(),
@@ -600,11 +600,11 @@ impl<'a> Relay<'a> {
         let had = !self.to_client.is_empty();
         self.clear_gate();
         if write_cleared(cx, client, &mut self.to_client, &mut self.cleared).is_err() {
-            return Poll::Ready(Event::ClientGone);
+            return Poll::Ready(Wake::ClientGone);
         }
         if had && self.to_client.is_empty() && (self.closing || self.life.wants_quiet()) {
             // What the loop waits for before it closes.
-            return Poll::Ready(Event::Flushed);
+            return Poll::Ready(Wake::Flushed);
         }
         // Which sides to read, from the buffers as the writes left them: this
         // poll repeats (on each socket wake) until an event, so wants fixed
@@ -619,27 +619,27 @@ impl<'a> Relay<'a> {
                 let before = self.from_client.len();
                 match read_some(cx, client, &mut self.from_client) {
                     Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
-                        return Poll::Ready(Event::ClientGone)
+                        return Poll::Ready(Wake::ClientGone)
                     }
                     Poll::Ready(Ok(_)) => {
                         if let Some(r) = self.replay.as_mut() {
                             r.extend_from_slice(&self.from_client[before..]);
                         }
-                        return Poll::Ready(Event::FromClient);
+                        return Poll::Ready(Wake::FromClient);
                     }
                     Poll::Pending => {}
                 }
             }
             if let (false, true, Some(app)) = (client_turn, want_app, app.as_mut()) {
                 match read_some(cx, app, &mut self.from_app) {
-                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(Event::AppGone),
-                    Poll::Ready(Ok(_)) => return Poll::Ready(Event::FromApp),
+                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(Wake::AppGone),
+                    Poll::Ready(Ok(_)) => return Poll::Ready(Wake::FromApp),
                     Poll::Pending => {}
                 }
             }
         }
         if moved {
-            return Poll::Ready(Event::Local);
+            return Poll::Ready(Wake::Local);
         }
         Poll::Pending
     }

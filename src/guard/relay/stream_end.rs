@@ -12,7 +12,7 @@ pub(super) struct Stream {
     /// Its entry in the guard's registry (dropped: removed).
     pub(super) reg: Registered,
     /// The request's kind, by its content type.
-    pub(super) kind: Kind,
+    pub(super) kind: BodyKind,
     /// The response's boundaries, once its head arrived.
     pub(super) bounds: Option<Boundaries>,
     /// The client ended its request (END_STREAM).
