@@ -105,15 +105,15 @@ impl Relay<'_> {
                 let block = wire::literal_block(&[(":status", "431")]);
                 self.own_block(id, &block, true);
             }
-            Refusal::Reset => wire::rst(&mut self.to_client, id, wire::REFUSED_STREAM),
+            Refusal::Reset => wire::rst(&mut self.client.write, id, wire::REFUSED_STREAM),
             Refusal::Draining(kind) => match trailers_only(kind, grpc::REFUSED_MESSAGE) {
                 Some(block) => self.own_block(id, &block, true),
-                None => wire::rst(&mut self.to_client, id, wire::REFUSED_STREAM),
+                None => wire::rst(&mut self.client.write, id, wire::REFUSED_STREAM),
             },
         }
         if !end_stream && !matches!(refusal, Refusal::Reset) {
             // Answered in full before the request's end: stop it, no error.
-            wire::rst(&mut self.to_client, id, wire::NO_ERROR);
+            wire::rst(&mut self.client.write, id, wire::NO_ERROR);
         }
     }
 }

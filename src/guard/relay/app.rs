@@ -9,7 +9,7 @@ impl Relay<'_> {
     pub(super) fn app_frames(&mut self, now: Instant) -> Result<(), Failure> {
         let mut released = false;
         if self.handshake {
-            match wire::head(&self.from_app) {
+            match wire::head(&self.app.read) {
                 Some(h) if h.kind == wire::SETTINGS && h.flags & wire::ACK == 0 => {
                     // It speaks HTTP/2: the client's frames held so far go
                     // on, after its SETTINGS (the server's preface comes first).
@@ -18,11 +18,11 @@ impl Relay<'_> {
                     released = true;
                 }
                 Some(_) => return Err(Failure::NotHttp2),
-                None if self.from_app.len() >= wire::FRAME_HEADER => return Err(Failure::NotHttp2),
+                None if self.app.read.len() >= wire::FRAME_HEADER => return Err(Failure::NotHttp2),
                 None => return Ok(()),
             }
         }
-        let buf = std::mem::take(&mut self.from_app);
+        let buf = std::mem::take(&mut self.app.read);
         // Frames go on whole: one larger than the client ever allowed is the
         // application's error (its streams end retryably), not the client's.
         let max = self.client_frame_max;
@@ -33,7 +33,7 @@ impl Relay<'_> {
             Failure::FrameSize(_) => Failure::AppProtocol,
             e => e,
         });
-        self.from_app = keep_rest(buf, result?);
+        self.app.read = keep_rest(buf, result?);
         if released && std::mem::take(&mut self.goaway_held) {
             self.first_goaway();
         }
@@ -45,7 +45,7 @@ impl Relay<'_> {
 
     pub(super) fn app_frame(&mut self, h: Head, frame: &[u8], now: Instant) -> Result<(), Failure> {
         let payload = &frame[wire::FRAME_HEADER..];
-        if self.app_block.is_some() && h.kind != wire::CONTINUATION {
+        if self.app.block.is_some() && h.kind != wire::CONTINUATION {
             return Err(Failure::AppProtocol);
         }
         match h.kind {
@@ -65,7 +65,8 @@ impl Relay<'_> {
             }
             wire::CONTINUATION => {
                 let block = self
-                    .app_block
+                    .app
+                    .block
                     .take()
                     .filter(|b| b.id == h.id)
                     .ok_or(Failure::AppProtocol)?;
@@ -74,10 +75,10 @@ impl Relay<'_> {
             wire::DATA => {
                 let Some(s) = self.streams.get_mut(&h.id) else {
                     // Ended by the guard: give the application its window back.
-                    wire::window_update(&mut self.to_app, 0, h.len as u32);
+                    wire::window_update(&mut self.app.write, 0, h.len as u32);
                     return Ok(());
                 };
-                self.to_client.extend_from_slice(frame);
+                self.client.write.extend_from_slice(frame);
                 let data = wire::content(h, payload).map_err(|_| Failure::AppProtocol)?;
                 if !data.is_empty() {
                     s.last_data = Some(now);
@@ -113,7 +114,7 @@ impl Relay<'_> {
             wire::GOAWAY if h.len < 8 => Err(Failure::AppProtocol),
             wire::RST_STREAM => {
                 if let Some(mut s) = self.streams.remove(&h.id) {
-                    self.to_client.extend_from_slice(frame);
+                    self.client.write.extend_from_slice(frame);
                     if let (Some(sig), Ok(code)) = (s.sig.as_mut(), <[u8; 4]>::try_from(payload)) {
                         sig.reset(h2::Reason::from(u32::from_be_bytes(code)));
                     }
@@ -151,7 +152,7 @@ impl Relay<'_> {
             }
             wire::WINDOW_UPDATE if h.id != 0 && !self.streams.contains_key(&h.id) => Ok(()),
             _ => {
-                self.to_client.extend_from_slice(frame);
+                self.client.write.extend_from_slice(frame);
                 Ok(())
             }
         }
@@ -167,8 +168,8 @@ impl Relay<'_> {
         let (mut streams_seen, mut list_seen, mut connect_seen) = (false, false, false);
         wire::rewrite_settings(&mut payload, |id, v| match id {
             wire::HEADER_TABLE_SIZE => {
-                self.app_table = v;
-                self.client_hpack.allow(v);
+                self.app.table = v;
+                self.client.hpack.allow(v);
                 v
             }
             wire::MAX_CONCURRENT_STREAMS => {
@@ -186,7 +187,7 @@ impl Relay<'_> {
             }
             wire::MAX_FRAME_SIZE => {
                 let v = v.min(MAX_FRAME);
-                self.app_frame = v as usize;
+                self.app.frame = v as usize;
                 v
             }
             _ => v,
@@ -212,7 +213,7 @@ impl Relay<'_> {
                 }
             }
         }
-        wire::put(&mut self.to_client, wire::SETTINGS, flags, 0, &payload);
+        wire::put(&mut self.client.write, wire::SETTINGS, flags, 0, &payload);
     }
 
     /// The application acked a client SETTINGS (alone: the guard does). A
@@ -224,7 +225,7 @@ impl Relay<'_> {
             }
             self.client_table_acked = v;
         }
-        wire::put(&mut self.to_client, wire::SETTINGS, wire::ACK, 0, &[]);
+        wire::put(&mut self.client.write, wire::SETTINGS, wire::ACK, 0, &[]);
     }
 
     pub(super) fn app_fragment(
@@ -240,7 +241,7 @@ impl Relay<'_> {
             if block.fragment.len() > MAX_FRAME as usize * 4 {
                 return Err(Failure::AppProtocol);
             }
-            self.app_block = Some(block);
+            self.app.block = Some(block);
             return Ok(());
         }
         let mut encoded = std::mem::take(&mut self.scratch);
@@ -250,9 +251,9 @@ impl Relay<'_> {
         // a PUSH_PROMISE as a connection error.
         let forward = block.promised.is_none()
             && (self.streams.contains_key(&block.id) || self.client_reset.contains(&block.id));
-        let mut all = (forward && self.translate.is_some()).then(Vec::new);
+        let mut all = (forward && self.client.translate.is_some()).then(Vec::new);
         let decoded = wire::decode(
-            &mut self.app_hpack,
+            &mut self.app.hpack,
             &mut encoded,
             APP_BLOCK_MAX,
             all.as_mut(),
@@ -266,15 +267,15 @@ impl Relay<'_> {
                 promised,
                 "guard: the application pushed; refusing the pushed stream"
             );
-            wire::rst(&mut self.to_app, promised, wire::REFUSED_STREAM);
+            wire::rst(&mut self.app.write, promised, wire::REFUSED_STREAM);
         }
         if !forward {
             // The client saw this stream end (or it is a push). Dropped; if
             // the block changed the application's table, the client's no
             // longer follows it.
-            if fields.indexed && self.translate.is_none() {
+            if fields.indexed && self.client.translate.is_none() {
                 tracing::debug!(conn = self.info.id, stream = block.id, "guard: an application header block the client does not get changed its HPACK table; re-encoding its blocks from now on");
-                self.translate = Some(true);
+                self.client.translate = Some(true);
             }
             return Ok(());
         }
@@ -284,8 +285,8 @@ impl Relay<'_> {
                 // It starts with the size update that may be due (the
                 // application's encoder owes it too).
                 self.client_update_due = None;
-                self.to_client.extend_from_slice(&block.frames);
-                self.to_client.extend_from_slice(frame);
+                self.client.write.extend_from_slice(&block.frames);
+                self.client.write.extend_from_slice(frame);
             }
         }
         self.app_head(block.id, block.end_stream, &fields, now);

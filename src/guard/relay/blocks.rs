@@ -60,30 +60,30 @@ impl Relay<'_> {
     ) {
         match all {
             Some(all) => {
-                let clear = (self.to_app_translate == Some(true)).then_some(self.app_table);
-                self.to_app_translate = Some(false);
+                let clear = (self.app.translate == Some(true)).then_some(self.app.table);
+                self.app.translate = Some(false);
                 let mut encoded = literals(clear, all);
                 if request {
                     encoded.extend_from_slice(&self.forwarded);
                 }
                 put_block(
-                    &mut self.to_app,
+                    &mut self.app.write,
                     block.id,
                     block.end_stream,
                     &encoded,
-                    self.app_frame,
+                    self.app.frame,
                 );
             }
             None => {
-                self.to_app.extend_from_slice(&block.frames);
-                let at = self.to_app.len();
-                self.to_app.extend_from_slice(last);
+                self.app.write.extend_from_slice(&block.frames);
+                let at = self.app.write.len();
+                self.app.write.extend_from_slice(last);
                 if request {
                     // The client's address, in a CONTINUATION of its own:
                     // the last frame's END_HEADERS moves to it.
-                    self.to_app[at + 4] &= !wire::END_HEADERS;
+                    self.app.write[at + 4] &= !wire::END_HEADERS;
                     wire::put(
-                        &mut self.to_app,
+                        &mut self.app.write,
                         wire::CONTINUATION,
                         wire::END_HEADERS,
                         block.id,
@@ -98,17 +98,17 @@ impl Relay<'_> {
     /// client's table, the application's no longer follows it, and the
     /// guard re-encodes from now on.
     pub(super) fn dropped_block(&mut self, fields: &wire::Fields) {
-        if fields.indexed && self.to_app_translate.is_none() {
+        if fields.indexed && self.app.translate.is_none() {
             tracing::debug!(conn = self.info.id, "guard: a client header block the application did not get changed its HPACK table; re-encoding the client's blocks from now on");
-            self.to_app_translate = Some(true);
+            self.app.translate = Some(true);
         }
     }
 
     /// A block re-encoded as literals (see the module doc), the first one
     /// after clearing the client's table.
     pub(super) fn put_translated(&mut self, block: &Block, all: &[wire::Field]) {
-        let clear = (self.translate == Some(true)).then_some(self.client_table);
-        self.translate = Some(false);
+        let clear = (self.client.translate == Some(true)).then_some(self.client.table);
+        self.client.translate = Some(false);
         let encoded = literals(clear, all);
         self.own_block(block.id, &encoded, block.end_stream);
     }
@@ -118,22 +118,22 @@ impl Relay<'_> {
     pub(super) fn own_block(&mut self, id: u32, block: &[u8], end_stream: bool) {
         match self.client_update_due.take() {
             None => put_block(
-                &mut self.to_client,
+                &mut self.client.write,
                 id,
                 end_stream,
                 block,
-                self.client_frame,
+                self.client.frame,
             ),
             Some(size) => {
                 let mut encoded = Vec::with_capacity(block.len() + 6);
                 wire::put_size_update(&mut encoded, size);
                 encoded.extend_from_slice(block);
                 put_block(
-                    &mut self.to_client,
+                    &mut self.client.write,
                     id,
                     end_stream,
                     &encoded,
-                    self.client_frame,
+                    self.client.frame,
                 );
             }
         }

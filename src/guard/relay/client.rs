@@ -9,8 +9,8 @@ impl Relay<'_> {
         // Offsets into `to_app` from before its last write are stale.
         self.unsent = None;
         if self.preface {
-            let n = self.from_client.len().min(H2_PREFACE.len());
-            if self.from_client[..n] != H2_PREFACE[..n] {
+            let n = self.client.read.len().min(H2_PREFACE.len());
+            if self.client.read[..n] != H2_PREFACE[..n] {
                 return Err(Failure::Protocol(
                     "the client did not start with the HTTP/2 preface",
                 ));
@@ -18,15 +18,15 @@ impl Relay<'_> {
             if n < H2_PREFACE.len() {
                 return Ok(());
             }
-            self.to_app.extend_from_slice(H2_PREFACE);
+            self.app.write.extend_from_slice(H2_PREFACE);
             self.preface = false;
-            self.from_client.advance(H2_PREFACE.len());
+            self.client.read.advance(H2_PREFACE.len());
         }
         if self.handshake {
             // Held until the application shows it speaks HTTP/2.
             return Ok(());
         }
-        let buf = std::mem::take(&mut self.from_client);
+        let buf = std::mem::take(&mut self.client.read);
         let result = self.each_frame(&buf, MAX_FRAME as usize, |relay, h, frame| {
             // PING, SETTINGS and RST_STREAM cost the application work for
             // free: past their rate the relay stops reading the client
@@ -37,7 +37,7 @@ impl Relay<'_> {
             }
             relay.client_frame(h, frame, now).map(|()| true)
         });
-        self.from_client = keep_rest(buf, result?);
+        self.client.read = keep_rest(buf, result?);
         Ok(())
     }
 
@@ -76,7 +76,7 @@ impl Relay<'_> {
         now: Instant,
     ) -> Result<(), Failure> {
         let payload = &frame[wire::FRAME_HEADER..];
-        if self.client_block.is_some() && h.kind != wire::CONTINUATION {
+        if self.client.block.is_some() && h.kind != wire::CONTINUATION {
             return Err(Failure::Protocol(
                 "a header block was interrupted by another frame",
             ));
@@ -88,7 +88,8 @@ impl Relay<'_> {
             }
             wire::CONTINUATION => {
                 let block = self
-                    .client_block
+                    .client
+                    .block
                     .take()
                     .filter(|b| b.id == h.id)
                     .ok_or(Failure::Protocol("CONTINUATION without its HEADERS"))?;
@@ -98,8 +99,8 @@ impl Relay<'_> {
                 let data = wire::content(h, payload)?;
                 // Padding is given back at once, the data as the task takes it.
                 let padding = (h.len - data.len()) as u32;
-                wire::window_update(&mut self.to_client, h.id, padding);
-                wire::window_update(&mut self.to_client, 0, padding);
+                wire::window_update(&mut self.client.write, h.id, padding);
+                wire::window_update(&mut self.client.write, 0, padding);
                 if let Some(l) = self.locals.get_mut(&h.id) {
                     l.to_task.extend_from_slice(data);
                     l.client_eof |= h.flags & wire::END_STREAM != 0;
@@ -109,7 +110,7 @@ impl Relay<'_> {
             wire::DATA => {
                 match self.streams.get_mut(&h.id) {
                     Some(s) => {
-                        self.to_app.extend_from_slice(frame);
+                        self.app.write.extend_from_slice(frame);
                         if h.flags & wire::END_STREAM != 0 {
                             s.req_done = true;
                             self.maybe_done(h.id);
@@ -119,13 +120,13 @@ impl Relay<'_> {
                     // never sees this data, so the connection window it took
                     // is given back here.
                     None if h.id <= self.last_id => {
-                        wire::window_update(&mut self.to_client, 0, h.len as u32)
+                        wire::window_update(&mut self.client.write, 0, h.len as u32)
                     }
                     // Alone, the guard is the server that judges it.
                     None if self.alone => {
                         return Err(Failure::Protocol("DATA on an idle stream"));
                     }
-                    None => self.to_app.extend_from_slice(frame),
+                    None => self.app.write.extend_from_slice(frame),
                 }
                 Ok(())
             }
@@ -141,15 +142,15 @@ impl Relay<'_> {
                         // never gets it (as the h2 path never forwards a
                         // stream the client reset before it was taken).
                         Some((id, start, end, indexed))
-                            if id == h.id && end == self.to_app.len() =>
+                            if id == h.id && end == self.app.write.len() =>
                         {
-                            self.to_app.truncate(start);
+                            self.app.write.truncate(start);
                             self.dropped_block(&wire::Fields {
                                 indexed,
                                 ..wire::Fields::default()
                             });
                         }
-                        _ => self.to_app.extend_from_slice(frame),
+                        _ => self.app.write.extend_from_slice(frame),
                     }
                     if !s.answered()
                         && now.saturating_duration_since(s.started) < PREMATURE_LIFETIME
@@ -172,13 +173,13 @@ impl Relay<'_> {
                     wire::HEADER_TABLE_SIZE => {
                         // The application's encoder may use up to this.
                         table = Some(v);
-                        self.client_table = v;
-                        self.app_hpack.allow(v);
+                        self.client.table = v;
+                        self.app.hpack.allow(v);
                         v
                     }
                     wire::MAX_FRAME_SIZE => {
                         let v = v.min(MAX_FRAME);
-                        self.client_frame = v as usize;
+                        self.client.frame = v as usize;
                         self.client_frame_max = self.client_frame_max.max(v as usize);
                         v
                     }
@@ -195,7 +196,7 @@ impl Relay<'_> {
                     }
                     _ => v,
                 });
-                wire::put(&mut self.to_app, wire::SETTINGS, h.flags, 0, &payload);
+                wire::put(&mut self.app.write, wire::SETTINGS, h.flags, 0, &payload);
                 if self.client_tables_unacked.len() < 64 {
                     self.client_tables_unacked.push_back(table);
                 }
@@ -207,7 +208,7 @@ impl Relay<'_> {
             wire::PING if self.alone && h.flags & wire::ACK == 0 => {
                 let mut opaque = [0u8; 8];
                 opaque.copy_from_slice(payload);
-                wire::ping(&mut self.to_client, true, opaque);
+                wire::ping(&mut self.client.write, true, opaque);
                 Ok(())
             }
             wire::PING if h.flags & wire::ACK != 0 && payload == GOAWAY_PING && self.probe_out => {
@@ -234,7 +235,7 @@ impl Relay<'_> {
                         s.shut_since = None;
                     }
                     let ending = s.ending.is_some();
-                    self.to_app.extend_from_slice(frame);
+                    self.app.write.extend_from_slice(frame);
                     if ending {
                         // An end of the guard's own may have waited for it.
                         self.advance(h.id, now);
@@ -243,7 +244,7 @@ impl Relay<'_> {
                 Ok(())
             }
             _ => {
-                self.to_app.extend_from_slice(frame);
+                self.app.write.extend_from_slice(frame);
                 Ok(())
             }
         }
@@ -269,7 +270,7 @@ impl Relay<'_> {
             {
                 return Err(Failure::Calm);
             }
-            self.client_block = Some(block);
+            self.client.block = Some(block);
             return Ok(());
         }
         // Whole: decode it (the application's table follows the client's).
@@ -280,7 +281,7 @@ impl Relay<'_> {
         let mut all = std::mem::take(&mut self.all);
         all.clear();
         let fields = wire::decode(
-            &mut self.client_hpack,
+            &mut self.client.hpack,
             &mut encoded,
             limit * BOMB_FACTOR,
             Some(&mut all),
@@ -301,7 +302,7 @@ impl Relay<'_> {
         limit: usize,
         now: Instant,
     ) -> Result<(), Failure> {
-        let all = self.to_app_translate.is_some().then_some(all_fields);
+        let all = self.app.translate.is_some().then_some(all_fields);
         let fields = fields.map_err(|e| match e {
             wire::BlockError::Compression => Failure::Compression,
             wire::BlockError::TooLarge => Failure::Calm,
@@ -364,13 +365,13 @@ impl Relay<'_> {
             }
             return Ok(());
         }
-        let start = self.to_app.len();
+        let start = self.app.write.len();
         self.forward_block(&block, frame, all, true);
         if self.admit(id, block.end_stream, &fields, now) {
-            self.unsent = Some((id, start, self.to_app.len(), fields.indexed));
+            self.unsent = Some((id, start, self.app.write.len(), fields.indexed));
         } else {
             // Refused by the registry: take the request back.
-            self.to_app.truncate(start);
+            self.app.write.truncate(start);
             self.dropped_block(&fields);
         }
         Ok(())

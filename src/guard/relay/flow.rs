@@ -29,7 +29,7 @@ impl Relay<'_> {
         }
         let repaid = self.debt.min(credit);
         self.debt -= repaid;
-        wire::window_update(&mut self.to_app, 0, (credit - repaid) as u32);
+        wire::window_update(&mut self.app.write, 0, (credit - repaid) as u32);
         Ok(())
     }
 
@@ -39,7 +39,7 @@ impl Relay<'_> {
     /// application), so the window is always used up: a client may wait for
     /// it to run dry before it sends a WINDOW_UPDATE.
     pub(super) fn clear_gate(&mut self) {
-        while let Some(h) = wire::head(&self.to_client[self.cleared..]) {
+        while let Some(h) = wire::head(&self.client.write[self.cleared..]) {
             let len = h.len as i64;
             if h.kind != wire::DATA || len <= self.conn_window {
                 if h.kind == wire::DATA {
@@ -59,14 +59,14 @@ impl Relay<'_> {
     /// `room` bytes of window; padding goes (window given back to the app).
     pub(super) fn split_data(&mut self, h: Head, room: usize) {
         let at = self.cleared;
-        let rest = self.to_client.split_off(at);
+        let rest = self.client.write.split_off(at);
         let frame_end = wire::FRAME_HEADER + h.len;
         // Frames in `to_client` were checked when they came in.
         let data = wire::content(h, &rest[wire::FRAME_HEADER..frame_end]).unwrap_or(&[]);
         let padding = (h.len - data.len()) as u32;
         if padding > 0 {
-            wire::window_update(&mut self.to_app, 0, padding);
-            wire::window_update(&mut self.to_app, h.id, padding);
+            wire::window_update(&mut self.app.write, 0, padding);
+            wire::window_update(&mut self.app.write, h.id, padding);
             if let Some(s) = self.streams.get_mut(&h.id) {
                 s.window += i64::from(padding);
             }
@@ -74,18 +74,30 @@ impl Relay<'_> {
         let flags = h.flags & wire::END_STREAM;
         let first = room.min(data.len());
         if first == data.len() {
-            wire::put(&mut self.to_client, wire::DATA, flags, h.id, data);
+            wire::put(&mut self.client.write, wire::DATA, flags, h.id, data);
         } else {
-            wire::put(&mut self.to_client, wire::DATA, 0, h.id, &data[..first]);
-            wire::put(&mut self.to_client, wire::DATA, flags, h.id, &data[first..]);
+            wire::put(&mut self.client.write, wire::DATA, 0, h.id, &data[..first]);
+            wire::put(
+                &mut self.client.write,
+                wire::DATA,
+                flags,
+                h.id,
+                &data[first..],
+            );
         }
-        self.to_client.extend_from_slice(&rest[frame_end..]);
+        self.client.write.extend_from_slice(&rest[frame_end..]);
     }
 
     /// DATA of the guard's own to the client, in frames the client takes;
     /// the application's view of the connection window does not know of it.
     pub(super) fn own_data(&mut self, id: u32, data: &[u8], end_stream: bool) {
-        put_data(&mut self.to_client, id, data, end_stream, self.client_frame);
+        put_data(
+            &mut self.client.write,
+            id,
+            data,
+            end_stream,
+            self.client.frame,
+        );
         self.debt += data.len() as i64;
     }
 }

@@ -13,8 +13,8 @@ impl Relay<'_> {
                 Some(at) if now >= at + l.write_stall_timeout => {
                     tracing::info!(peer = %self.info.peer, stream = id, timeout = ?l.write_stall_timeout,
                         "guard: the client took no data; resetting its stream");
-                    wire::rst(&mut self.to_client, id, wire::CANCEL);
-                    wire::rst(&mut self.to_app, id, wire::CANCEL);
+                    wire::rst(&mut self.client.write, id, wire::CANCEL);
+                    wire::rst(&mut self.app.write, id, wire::CANCEL);
                     if let Some(s) = self.streams.remove(&id) {
                         self.finish(s, Outcome::ClientGone);
                     }
@@ -147,7 +147,7 @@ impl Relay<'_> {
             match block {
                 Some(b) => self.own_block(id, &b, true),
                 None => wire::rst(
-                    &mut self.to_client,
+                    &mut self.client.write,
                     id,
                     if grpc {
                         wire::REFUSED_STREAM
@@ -163,7 +163,7 @@ impl Relay<'_> {
                 }
             }
         }
-        self.to_app.clear();
+        self.app.write.clear();
         self.close_with(self.app_goaway_code);
     }
 
@@ -193,7 +193,7 @@ impl Relay<'_> {
         if !self.closing && self.handshake {
             // Nothing from the application yet: the guard's own (empty)
             // SETTINGS are the server's preface before its GOAWAY.
-            wire::put(&mut self.to_client, wire::SETTINGS, 0, 0, &[]);
+            wire::put(&mut self.client.write, wire::SETTINGS, 0, 0, &[]);
             self.replay = None;
         }
         if !self.closing {
@@ -211,7 +211,7 @@ impl Relay<'_> {
             .flatten()
             .min()
             .unwrap_or(last);
-        wire::goaway(&mut self.to_client, last, code);
+        wire::goaway(&mut self.client.write, last, code);
         self.sent_last = Some(last);
     }
 
@@ -219,7 +219,7 @@ impl Relay<'_> {
     /// nothing lower was sent), and the PING whose ack sends the final one.
     pub(super) fn first_goaway(&mut self) {
         self.goaway_to_client(wire::MAX_STREAM_ID, wire::NO_ERROR);
-        wire::ping(&mut self.to_client, false, GOAWAY_PING);
+        wire::ping(&mut self.client.write, false, GOAWAY_PING);
         self.probe_out = true;
     }
 
@@ -245,7 +245,7 @@ impl Relay<'_> {
         above.sort_unstable();
         for id in above {
             // The application never processed it: safe to retry anywhere.
-            wire::rst(&mut self.to_client, id, wire::REFUSED_STREAM);
+            wire::rst(&mut self.client.write, id, wire::REFUSED_STREAM);
             if let Some(s) = self.streams.remove(&id) {
                 self.finish(s, Outcome::Refused);
             }

@@ -33,7 +33,7 @@ impl Relay<'_> {
             Err(_) => return self.refuse(id, end_stream, Refusal::Reset),
         };
         let Some(head) = connect_head(fields) else {
-            wire::rst(&mut self.to_client, id, wire::PROTOCOL_ERROR);
+            wire::rst(&mut self.client.write, id, wire::PROTOCOL_ERROR);
             return;
         };
         let (task_io, io) = tokio::io::duplex(4 * LOCAL_CHUNK);
@@ -67,13 +67,17 @@ impl Relay<'_> {
     pub(super) fn poll_locals(&mut self, cx: &mut Context<'_>) -> bool {
         let Relay {
             locals,
-            to_client,
+            client,
             conn_window,
             debt,
-            client_frame,
             client_update_due,
             ..
         } = self;
+        let Side {
+            write: to_client,
+            frame: client_frame,
+            ..
+        } = client;
         let mut moved = false;
         let mut done = Vec::new();
         let mut chunk = [0u8; LOCAL_CHUNK];

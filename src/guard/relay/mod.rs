@@ -213,16 +213,16 @@ pub fn feed(inner: &Arc<Inner>, chunks: &[(bool, &[u8])], alone: bool) {
         }
         let now = Instant::now();
         let result = if from_client {
-            if relay.closing || relay.from_client.len() > READ_BUF + MAX_FRAME as usize {
+            if relay.closing || relay.client.read.len() > READ_BUF + MAX_FRAME as usize {
                 continue;
             }
-            relay.from_client.extend_from_slice(bytes);
+            relay.client.read.extend_from_slice(bytes);
             if let Some(r) = relay.replay.as_mut() {
                 r.extend_from_slice(bytes);
             }
             relay.client_frames(now)
         } else {
-            relay.from_app.extend_from_slice(bytes);
+            relay.app.read.extend_from_slice(bytes);
             relay.app_frames(now)
         };
         match result {
@@ -237,10 +237,10 @@ pub fn feed(inner: &Arc<Inner>, chunks: &[(bool, &[u8])], alone: bool) {
         let _ = relay.timers(now);
         relay.count_changed(now);
         relay.clear_gate();
-        relay.to_app.clear();
-        relay.to_client.clear();
+        relay.app.write.clear();
+        relay.client.write.clear();
         relay.cleared = 0;
-        assert!(relay.from_app.len() <= READ_BUF + MAX_FRAME as usize + bytes.len());
+        assert!(relay.app.read.len() <= READ_BUF + MAX_FRAME as usize + bytes.len());
     }
 }
 
@@ -259,10 +259,52 @@ enum Wake {
     Input(Input),
 }
 
+/// One peer of the relay, the client or the application, as the relay
+/// sees it: the bytes each way, and the HTTP/2 state of that peer that the
+/// relay follows (h2 splits a connection the same way, into its receiving
+/// and its sending half).
+struct Side {
+    /// Read from this peer and not handled yet (a frame in part stays).
+    read: BytesMut,
+    /// To be written to this peer: the other peer's frames and the guard's
+    /// own.
+    write: BytesMut,
+    /// Decodes this peer's header blocks: its encoder's dynamic table.
+    hpack: wire::Hpack,
+    /// This peer's header block being gathered over CONTINUATION frames.
+    block: Option<Block>,
+    /// This peer's SETTINGS_HEADER_TABLE_SIZE: the table blocks to it use.
+    table: u32,
+    /// This peer's SETTINGS_MAX_FRAME_SIZE: the largest frame written to it.
+    frame: usize,
+    /// Blocks to this peer are re-encoded as literals (see the module doc):
+    /// set once the guard dropped a block that changed the other peer's
+    /// table; `Some(true)` until the first, which clears this peer's table.
+    translate: Option<bool>,
+}
+
+impl Side {
+    /// A peer at the start: nothing read, the RFC's default SETTINGS.
+    fn new() -> Self {
+        Self {
+            read: BytesMut::with_capacity(READ_BUF),
+            write: BytesMut::new(),
+            hpack: wire::Hpack::new(DEFAULT_TABLE as usize),
+            block: None,
+            table: DEFAULT_TABLE,
+            frame: DEFAULT_FRAME,
+            translate: None,
+        }
+    }
+}
+
 /// One connection's state (the sockets are the `run` loop's).
 struct Relay<'a> {
+    /// The guard: its settings, registry, metrics and shutdown tokens.
     inner: &'a Arc<Inner>,
+    /// Who the client is, for logs and the registry.
     info: ConnInfo,
+    /// The relayed streams still open, by id.
     streams: HashMap<u32, Stream>,
     /// Highest stream id the client opened.
     last_id: u32,
@@ -273,10 +315,10 @@ struct Relay<'a> {
     /// Lowest last-stream id the application sent in a GOAWAY: it will
     /// never process a stream above it, so those are refused retryably.
     app_last: Option<u32>,
-    from_client: BytesMut,
-    from_app: BytesMut,
-    to_app: BytesMut,
-    to_client: BytesMut,
+    /// The two peers: what the relay reads from and writes to each, and
+    /// what it knows of each one's HPACK table and SETTINGS.
+    client: Side,
+    app: Side,
     /// The client's preface is still to come.
     preface: bool,
     /// The application's first frame (its SETTINGS) has not come yet:
@@ -286,20 +328,6 @@ struct Relay<'a> {
     replay: Option<BytesMut>,
     /// A GOAWAY asked during the handshake, sent after the SETTINGS.
     goaway_held: bool,
-    /// Each direction's HPACK decoder.
-    client_hpack: wire::Hpack,
-    app_hpack: wire::Hpack,
-    client_block: Option<Block>,
-    app_block: Option<Block>,
-    /// The application's blocks are re-encoded (see the module doc); the
-    /// first one clears the client's table.
-    translate: Option<bool>,
-    /// The same for the client's blocks, which the application gets
-    /// re-encoded once the guard dropped one that changed the table.
-    to_app_translate: Option<bool>,
-    /// The application's SETTINGS_HEADER_TABLE_SIZE and MAX_FRAME_SIZE.
-    app_table: u32,
-    app_frame: usize,
     /// The last request forwarded, while still unwritten and last in
     /// `to_app`: its stream, where it starts and ends, and whether it
     /// changed the table.
@@ -307,8 +335,6 @@ struct Relay<'a> {
     /// The error code of the application's last GOAWAY: the client's
     /// GOAWAY when the application's connection then closes.
     app_goaway_code: u32,
-    /// The client's SETTINGS_HEADER_TABLE_SIZE and MAX_FRAME_SIZE.
-    client_table: u32,
     /// HEADER_TABLE_SIZE of each client SETTINGS the application has not
     /// acked yet, oldest first (None: the frame did not set it).
     client_tables_unacked: std::collections::VecDeque<Option<u32>>,
@@ -323,22 +349,28 @@ struct Relay<'a> {
     /// blocks for them still go on (the client must decode them for its
     /// table, RFC 9113 §5.1), so dropping them needs no re-encoding.
     client_reset: std::collections::VecDeque<u32>,
-    client_frame: usize,
     /// The largest MAX_FRAME_SIZE the client ever announced: an application
     /// frame above it is the application's error, never passed on.
     client_frame_max: usize,
     /// The application's SETTINGS have been seen (the first gets the
     /// guard's limits added).
     app_settings: bool,
+    /// Where the registry puts the ids of this connection's streams a
+    /// drain or the max age asks to end.
     queue: Arc<EndQueue>,
     /// Streams being ended.
     ending: Vec<u32>,
     /// Streams whose client window was shut (some may have opened since).
     stalled: Vec<u32>,
+    /// The PING barrier on the application connection.
     barrier: Barrier,
+    /// When the connection goes away (max age, drain, idle): a pure machine.
     life: Lifecycle,
+    /// The lifecycle was last told the connection has no streams.
     told_empty: bool,
+    /// Streams the client reset before they were answered (rapid reset).
     resets: PrematureResets,
+    /// GOAWAY(ENHANCE_YOUR_CALM) was sent for rapid reset (once).
     calmed: bool,
     /// The connection is closing: stop reading, flush (until the
     /// instant at most), then close.
@@ -346,6 +378,7 @@ struct Relay<'a> {
     closing_by: Option<Instant>,
     /// The client's `x-forwarded-for` entry, as a CONTINUATION's block.
     forwarded: Vec<u8>,
+    /// A header block's bytes, kept between blocks to reuse the allocation.
     scratch: Vec<u8>,
     /// The client's control-frame rates, and until when reading it is
     /// paused because one ran out.
@@ -393,30 +426,18 @@ impl<'a> Relay<'a> {
             last_id: 0,
             sent_last: None,
             app_last: None,
-            from_client: BytesMut::with_capacity(READ_BUF),
-            from_app: BytesMut::with_capacity(READ_BUF),
-            to_app: BytesMut::new(),
-            to_client: BytesMut::new(),
+            client: Side::new(),
+            app: Side::new(),
             preface: true,
             handshake: true,
             replay: Some(BytesMut::new()),
             goaway_held: false,
-            client_hpack: wire::Hpack::new(DEFAULT_TABLE as usize),
-            app_hpack: wire::Hpack::new(DEFAULT_TABLE as usize),
-            client_block: None,
-            app_block: None,
-            translate: None,
-            to_app_translate: None,
-            app_table: DEFAULT_TABLE,
-            app_frame: DEFAULT_FRAME,
             unsent: None,
             app_goaway_code: wire::NO_ERROR,
-            client_table: DEFAULT_TABLE,
             client_tables_unacked: std::collections::VecDeque::new(),
             client_table_acked: DEFAULT_TABLE,
             client_update_due: None,
             client_reset: std::collections::VecDeque::new(),
-            client_frame: DEFAULT_FRAME,
             client_frame_max: DEFAULT_FRAME,
             app_settings: false,
             queue: Arc::new(EndQueue::default()),
@@ -489,11 +510,11 @@ impl<'a> Relay<'a> {
             if self.life.wants_quiet()
                 && self.streams.is_empty()
                 && self.locals.is_empty()
-                && self.to_client.is_empty()
+                && self.client.write.is_empty()
             {
                 self.step(Input::Quiet, now);
             }
-            if self.closing && self.to_client.is_empty() {
+            if self.closing && self.client.write.is_empty() {
                 break;
             }
             let next = self.next_deadline();
@@ -506,13 +527,13 @@ impl<'a> Relay<'a> {
             client_first = !client_first;
             tracing::trace!(
                 conn = info.id,
-                to_app = self.to_app.len(),
-                to_client = self.to_client.len(),
+                to_app = self.app.write.len(),
+                to_client = self.client.write.len(),
                 cleared = self.cleared,
                 conn_window = self.conn_window,
                 debt = self.debt,
-                from_client = self.from_client.len(),
-                from_app = self.from_app.len(),
+                from_client = self.client.read.len(),
+                from_app = self.app.read.len(),
                 "guard: relay turn"
             );
             let event = tokio::select! {
@@ -576,8 +597,8 @@ impl<'a> Relay<'a> {
         // Whatever is still open is dropped with the connection; only what
         // the client's window allows is written.
         self.clear_gate();
-        self.to_client.truncate(self.cleared);
-        let _ = flush(client, &mut self.to_client).await;
+        self.client.write.truncate(self.cleared);
+        let _ = flush(client, &mut self.client.write).await;
         None
     }
 
@@ -591,18 +612,18 @@ impl<'a> Relay<'a> {
     ) -> Poll<Wake> {
         match app.as_mut() {
             Some(app) => {
-                if write_some(cx, app, &mut self.to_app).is_err() {
+                if write_some(cx, app, &mut self.app.write).is_err() {
                     return Poll::Ready(Wake::AppGone);
                 }
             }
-            None => self.to_app.clear(),
+            None => self.app.write.clear(),
         }
-        let had = !self.to_client.is_empty();
+        let had = !self.client.write.is_empty();
         self.clear_gate();
-        if write_cleared(cx, client, &mut self.to_client, &mut self.cleared).is_err() {
+        if write_cleared(cx, client, &mut self.client.write, &mut self.cleared).is_err() {
             return Poll::Ready(Wake::ClientGone);
         }
-        if had && self.to_client.is_empty() && (self.closing || self.life.wants_quiet()) {
+        if had && self.client.write.is_empty() && (self.closing || self.life.wants_quiet()) {
             // What the loop waits for before it closes.
             return Poll::Ready(Wake::Flushed);
         }
@@ -616,14 +637,14 @@ impl<'a> Relay<'a> {
         let moved = !self.locals.is_empty() && self.poll_locals(cx);
         for client_turn in [client_first, !client_first] {
             if client_turn && want_client {
-                let before = self.from_client.len();
-                match read_some(cx, client, &mut self.from_client) {
+                let before = self.client.read.len();
+                match read_some(cx, client, &mut self.client.read) {
                     Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
                         return Poll::Ready(Wake::ClientGone)
                     }
                     Poll::Ready(Ok(_)) => {
                         if let Some(r) = self.replay.as_mut() {
-                            r.extend_from_slice(&self.from_client[before..]);
+                            r.extend_from_slice(&self.client.read[before..]);
                         }
                         return Poll::Ready(Wake::FromClient);
                     }
@@ -631,7 +652,7 @@ impl<'a> Relay<'a> {
                 }
             }
             if let (false, true, Some(app)) = (client_turn, want_app, app.as_mut()) {
-                match read_some(cx, app, &mut self.from_app) {
+                match read_some(cx, app, &mut self.app.read) {
                     Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(Wake::AppGone),
                     Poll::Ready(Ok(_)) => return Poll::Ready(Wake::FromApp),
                     Poll::Pending => {}
@@ -651,18 +672,18 @@ impl<'a> Relay<'a> {
     /// but while the client's window holds `to_client` back, the client is
     /// read further, for its WINDOW_UPDATEs.
     fn wants(&self) -> (bool, bool) {
-        let client_room = if self.cleared < self.to_client.len() {
+        let client_room = if self.cleared < self.client.write.len() {
             BLOCKED_HIGH_WATER
         } else {
             HIGH_WATER
         };
         (
             !self.closing
-                && self.to_app.len() < HIGH_WATER
-                && self.to_client.len() < client_room
+                && self.app.write.len() < HIGH_WATER
+                && self.client.write.len() < client_room
                 && self.throttled_until.is_none()
-                && !(self.handshake && self.from_client.len() >= REPLAY_MAX),
-            !self.closing && self.to_client.len() < HIGH_WATER,
+                && !(self.handshake && self.client.read.len() >= REPLAY_MAX),
+            !self.closing && self.client.write.len() < HIGH_WATER,
         )
     }
 }

@@ -196,7 +196,7 @@ impl Relay<'_> {
         let mut opaque = [0u8; 8];
         opaque[..4].copy_from_slice(&BARRIER_PING);
         opaque[4..].copy_from_slice(&(self.barrier.sent as u32).to_be_bytes());
-        wire::ping(&mut self.to_app, false, opaque);
+        wire::ping(&mut self.app.write, false, opaque);
     }
 
     pub(super) fn check_endings(&mut self, now: Instant) {
@@ -260,7 +260,7 @@ impl Relay<'_> {
         };
         tracing::warn!(peer = %self.info.peer, stream = id,
             "guard: stream could not reach a safe end point in time; reset (REFUSED_STREAM for gRPC: retryable)");
-        wire::rst(&mut self.to_client, id, code);
+        wire::rst(&mut self.client.write, id, code);
         self.end_here(id, Outcome::Reset);
     }
 
@@ -271,10 +271,10 @@ impl Relay<'_> {
             return;
         };
         if !s.resp_done {
-            wire::rst(&mut self.to_app, id, wire::CANCEL);
+            wire::rst(&mut self.app.write, id, wire::CANCEL);
         }
         if !s.req_done && outcome != Outcome::Reset {
-            wire::rst(&mut self.to_client, id, wire::NO_ERROR);
+            wire::rst(&mut self.client.write, id, wire::NO_ERROR);
         }
         self.finish(s, outcome);
     }

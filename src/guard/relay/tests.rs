@@ -57,17 +57,23 @@ async fn the_client_window_pays_for_every_data_byte_and_credit_passes_on_once() 
     let app: Vec<u8> = (0..5 * 16_384u32).map(|i| i as u8).collect();
     let chunks: Vec<&[u8]> = app.chunks(16_384).collect();
     for chunk in &chunks[..3] {
-        wire::put(&mut r.to_client, wire::DATA, 0, 1, chunk);
+        wire::put(&mut r.client.write, wire::DATA, 0, 1, chunk);
     }
     // The fourth crosses the window's end: it is split.
     let mut padded = vec![10u8];
     padded.extend_from_slice(chunks[3]);
     padded.extend_from_slice(&[0u8; 10]);
-    wire::put(&mut r.to_client, wire::DATA, wire::PADDED, 1, &padded);
-    wire::put(&mut r.to_client, wire::DATA, wire::END_STREAM, 1, chunks[4]);
+    wire::put(&mut r.client.write, wire::DATA, wire::PADDED, 1, &padded);
+    wire::put(
+        &mut r.client.write,
+        wire::DATA,
+        wire::END_STREAM,
+        1,
+        chunks[4],
+    );
     r.own_data(3, &[9u8; 1_000], true);
     r.clear_gate();
-    let cleared: usize = frames_in(&r.to_client[..r.cleared])
+    let cleared: usize = frames_in(&r.client.write[..r.cleared])
         .iter()
         .filter(|f| f.0 == wire::DATA)
         .map(|f| f.3.len())
@@ -75,17 +81,17 @@ async fn the_client_window_pays_for_every_data_byte_and_credit_passes_on_once() 
     assert_eq!(cleared, 65_535, "the window is used up, never exceeded");
     assert_eq!(r.conn_window, 0);
     // The split dropped the padding (11 bytes): given back to the app.
-    assert_eq!(credit_in(&r.to_app, 0), 11);
-    assert_eq!(credit_in(&r.to_app, 1), 11);
+    assert_eq!(credit_in(&r.app.write, 0), 11);
+    assert_eq!(credit_in(&r.app.write, 1), 11);
     // The client's credit: the guard's own 1,000 bytes are withheld from
     // the application (its view never counted them), the rest passes on.
     r.client_credit(20_000).expect("credit");
-    assert_eq!(credit_in(&r.to_app, 0), 11 + 19_000);
+    assert_eq!(credit_in(&r.app.write, 0), 11 + 19_000);
     assert_eq!(r.debt, 0);
     r.clear_gate();
-    assert_eq!(r.cleared, r.to_client.len(), "everything fits now");
+    assert_eq!(r.cleared, r.client.write.len(), "everything fits now");
     // Both streams arrive whole, in order, ended once.
-    let frames = frames_in(&r.to_client);
+    let frames = frames_in(&r.client.write);
     for (id, want) in [(1, app.clone()), (3, vec![9u8; 1_000])] {
         let got: Vec<u8> = frames
             .iter()
@@ -120,7 +126,7 @@ async fn a_growing_goaway_is_never_sent() {
     r.app_goaway(5, wire::NO_ERROR, Instant::now());
     r.goaway_to_client(wire::MAX_STREAM_ID, wire::NO_ERROR);
     r.goaway_to_client(r.last_id, wire::NO_ERROR);
-    let lasts: Vec<u32> = frames_in(&r.to_client)
+    let lasts: Vec<u32> = frames_in(&r.client.write)
         .iter()
         .filter(|f| f.0 == wire::GOAWAY)
         .map(|f| u32::from_be_bytes(f.3[..4].try_into().unwrap()))
