@@ -2,7 +2,6 @@
 //! connection to the HTTP/2 or HTTP/1.1 driver.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
@@ -10,23 +9,15 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::conn::ConnInfo;
+use super::handle::Handle;
 use super::sniff::{sniff, Protocol, MAX_LINGER};
-use super::{h1, relay, Guard, Inner};
+use super::{h1, relay, Guard};
 use crate::drain::StreamGuard;
 use crate::metrics::Limit;
 
 /// Pause after a failed accept (typically EMFILE), so the loop does not spin
 /// while descriptors are exhausted.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
-
-/// Keeps `active_connections` right however a connection task ends.
-struct Live(Arc<Inner>);
-
-impl Drop for Live {
-    fn drop(&mut self) {
-        self.0.connections.fetch_sub(1, Ordering::Relaxed);
-    }
-}
 
 /// Accepts until `accepting` is cancelled; then, once `shutdown` is (at
 /// once when both are the same token), ends what is left and waits for it.
@@ -78,11 +69,10 @@ pub async fn serve(
             peer,
             accepted_at: Instant::now(),
         };
-        inner.connections.fetch_add(1, Ordering::Relaxed);
-        let live = Live(inner.clone());
+        let handle = guard.handle();
+        let live = handle.count_connection();
         inner.tasks.spawn(async move {
-            let inner = live.0.clone();
-            connection(inner, tcp, info).await;
+            connection(handle, tcp, info).await;
             drop(live);
         });
     }
@@ -113,13 +103,13 @@ pub async fn serve(
 }
 
 /// Serves one connection with the protocol its first bytes announce.
-async fn connection(inner: Arc<Inner>, tcp: TcpStream, info: ConnInfo) {
+async fn connection(handle: Handle, tcp: TcpStream, info: ConnInfo) {
     // gRPC messages are small and latency matters more than packet count.
     let _ = tcp.set_nodelay(true);
-    let deadline = info.accepted_at + inner.config.limits.header_read_timeout;
+    let deadline = info.accepted_at + handle.config().limits.header_read_timeout;
     match sniff(tcp, deadline).await {
-        Ok((Protocol::Http2, io)) => relay::serve(inner, io, info).await,
-        Ok((Protocol::Http1, io)) => h1::serve(inner, io, info).await,
+        Ok((Protocol::Http2, io)) => relay::serve(handle, io, info).await,
+        Ok((Protocol::Http1, io)) => h1::serve(handle, io, info).await,
         Err(e) => {
             tracing::debug!(peer = %info.peer, error = %e, "guard: connection closed before a request")
         }

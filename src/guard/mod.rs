@@ -36,7 +36,9 @@
 //!   its outcomes), body and grpc (message boundaries), websocket (a
 //!   WebSocket's two byte streams and their Close), signals, limits,
 //!   schedule (spreads, jitter), sniff, upstream (connecting to the app),
-//!   conn, headers, keepalive, passthrough
+//!   conn, headers, keepalive, passthrough; and handle: all a driver is
+//!   given of the guard (config, registry, tasks, the drain's signals,
+//!   counters), never its whole state
 //! ```
 //!
 //! Which file serves an HTTP/2 request: `relay/client.rs` reads it and
@@ -49,6 +51,7 @@ mod conn;
 mod ending;
 mod grpc;
 mod h1;
+mod handle;
 mod headers;
 mod keepalive;
 mod lifecycle;
@@ -76,7 +79,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::drain::StreamGuard;
-use crate::metrics::{Metrics, Reason, StreamProtocol, TerminatedLabels};
+use crate::metrics::{Metrics, Reason};
 
 pub use grpc::{end_message, Framer, REFUSED_MESSAGE};
 pub use limits::{FloodLimits, Rate};
@@ -168,108 +171,6 @@ struct Inner {
     terminated_by_drain: AtomicU64,
     /// Per-request signals: outcome, latency and streams per service.
     signals: signals::Signals,
-}
-
-impl Inner {
-    /// Ends `streams` one by one, evenly over `window` (all at once when the
-    /// window is zero or the guard is shutting down).
-    pub(crate) fn end_spread(
-        &self,
-        streams: Vec<Arc<registry::StreamCtl>>,
-        window: Duration,
-        reason: Reason,
-    ) {
-        let n = streams.len();
-        let handle = match tokio::runtime::Handle::try_current() {
-            Ok(h) if !window.is_zero() && n > 0 => h,
-            // Nothing to pace (or no runtime to pace with): end them all now.
-            _ => {
-                for s in streams {
-                    s.end(reason);
-                }
-                return;
-            }
-        };
-        let closing = self.closing.clone();
-        let start = Instant::now();
-        self.tasks.spawn_on(
-            async move {
-                let mut schedule = streams.into_iter().zip(spread_offsets(n, window));
-                while let Some((s, offset)) = schedule.next() {
-                    tokio::select! {
-                        biased;
-                        // Shutdown: no more pacing, end the rest now.
-                        _ = closing.cancelled() => {
-                            s.end(reason);
-                            schedule.for_each(|(s, _)| s.end(reason));
-                            return;
-                        }
-                        _ = tokio::time::sleep_until(start + offset) => s.end(reason),
-                    }
-                }
-            },
-            &handle,
-        );
-    }
-
-    /// When a connection accepted at `accepted_at` reaches its max age,
-    /// jittered ±10% per connection (every path, HTTP/1.1 included).
-    fn age_at(&self, accepted_at: Instant) -> Option<Instant> {
-        self.config
-            .max_connection_age
-            .map(|age| accepted_at + jittered_age(age, fastrand::f64()))
-    }
-
-    /// A new HTTP/2 connection's lifecycle (both HTTP/2 paths): its
-    /// jittered max age, the grace and spread, the limits' timers, and
-    /// whether a drain already began when it was accepted.
-    fn lifecycle(&self, info: &conn::ConnInfo) -> lifecycle::Lifecycle {
-        let l = self.config.limits;
-        let age_at = self.age_at(info.accepted_at);
-        lifecycle::Lifecycle::new(
-            lifecycle::Settings {
-                age_at,
-                grace: self.config.max_connection_age_grace,
-                spread: self.config.max_connection_age_spread,
-                ack_timeout: l.goaway_ack_timeout,
-                idle_timeout: l.idle_timeout,
-                end_timeout: l.end_timeout,
-                shutdown_timeout: l.shutdown_timeout,
-                first_stream_by: info.accepted_at + l.header_read_timeout,
-                watch_goaway: !self.goaway.is_cancelled(),
-                defer_goaway: self.terminate.is_cancelled(),
-            },
-            Instant::now(),
-        )
-    }
-
-    /// Counts one graceful stream end, once its goodbye was written.
-    fn record_termination(&self, reason: Reason, protocol: StreamProtocol) {
-        self.metrics
-            .streams_terminated
-            .get_or_create(&TerminatedLabels { reason, protocol })
-            .inc();
-        if reason == Reason::drain {
-            self.terminated_by_drain.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    /// Counts one stream the guard closed without an in-protocol goodbye
-    /// (the caller logs why).
-    fn record_ungraceful(&self, reason: Reason, protocol: StreamProtocol) {
-        self.metrics
-            .streams_ungraceful
-            .get_or_create(&TerminatedLabels { reason, protocol })
-            .inc();
-    }
-
-    /// Counts one GOAWAY sequence started.
-    fn record_goaway(&self, reason: Reason) {
-        self.metrics
-            .goaways
-            .get_or_create(&crate::metrics::ReasonLabels { reason })
-            .inc();
-    }
 }
 
 /// How often a drain looks for streams that became long-lived since it
@@ -413,7 +314,12 @@ impl Guard {
     /// a tokio runtime.
     #[doc(hidden)]
     pub fn fuzz_frame_relay(&self, chunks: &[(bool, &[u8])], alone: bool) {
-        relay::feed(&self.inner, chunks, alone);
+        relay::feed(&self.handle(), chunks, alone);
+    }
+
+    /// What a connection driver is given of this guard.
+    fn handle(&self) -> handle::Handle {
+        handle::Handle::new(self.inner.clone())
     }
 
     /// Downstream connections open right now.

@@ -238,6 +238,45 @@ fn the_guard_wings_import_the_core_never_each_other() {
     );
 }
 
+/// The connection drivers (both wings and the WebSocket relay) are given
+/// the narrow `Handle` of `src/guard/handle.rs`, never the guard's whole
+/// state: none of their files names `Inner`.
+#[test]
+fn the_drivers_see_the_guard_through_its_handle_only() {
+    let guard = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/guard");
+    let mut checked = 0;
+    for dir in ["relay", "h1", "websocket"] {
+        let mut files = Vec::new();
+        rust_files(&guard.join(dir), &mut files);
+        for file in files {
+            let text = std::fs::read_to_string(&file).expect("read");
+            let code = production_code(&text);
+            assert!(
+                !names_word(&code, "Inner"),
+                "{} reaches past the handle into Inner",
+                file.display()
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 15, "too few driver files: {checked}");
+    assert!(!names_word(
+        "struct InnerCount; let x: MyInner = y;",
+        "Inner"
+    ));
+    assert!(names_word("fn f(g: &Arc<Inner>) {}", "Inner"));
+}
+
+/// Whether `code` holds `word` as a whole identifier.
+fn names_word(code: &str, word: &str) -> bool {
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    code.match_indices(word).any(|(i, _)| {
+        let before = code[..i].chars().next_back();
+        let after = code[i + word.len()..].chars().next();
+        !before.is_some_and(ident) && !after.is_some_and(ident)
+    })
+}
+
 #[test]
 fn the_layering_rule_sees_a_wing_importing_the_other() {
     let guard = Path::new("/x/src/guard");

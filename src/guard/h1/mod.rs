@@ -49,6 +49,7 @@ use tokio::time::Instant;
 
 use crate::guard::body::{BodyKind, Boundaries};
 use crate::guard::conn::ConnInfo;
+use crate::guard::handle::Handle;
 use crate::guard::headers::{
     append_forwarded_for, forwarded_for, is_websocket, strip_hop_by_hop,
     strip_hop_by_hop_keep_upgrade, upgrade_requested,
@@ -57,7 +58,7 @@ use crate::guard::keepalive::{Activity, Counted, HeadTimer, H1_IDLE_TIMEOUT};
 use crate::guard::registry::Registered;
 use crate::guard::signals;
 use crate::guard::sniff::{linger, Prefixed};
-use crate::guard::{websocket, Inner};
+use crate::guard::websocket;
 use crate::metrics::{Reason, StreamProtocol};
 use upstream::{H1Upstream, MIN_H1_BUF_SIZE};
 
@@ -84,7 +85,7 @@ pub struct H1Body {
     /// A short response asked to end: when it is aborted if still running.
     abort_at: Option<(Pin<Box<tokio::time::Sleep>>, Reason)>,
     /// Where to count an abort; None for the guard's own answers.
-    guard: Option<Arc<Inner>>,
+    guard: Option<Handle>,
     /// Server-Sent Events: event boundaries, so an ending lands between two
     /// events and the body ends cleanly (EventSource reconnects on its own).
     sse: Option<Boundaries>,
@@ -119,7 +120,7 @@ impl H1Body {
     }
 
     fn proxied(
-        inner: Arc<Inner>,
+        guard: Handle,
         body: Incoming,
         registered: Registered,
         sse: bool,
@@ -131,7 +132,7 @@ impl H1Body {
             registered: Some(registered),
             end: Some(Box::pin(async move { ctl.ended().await.0 })),
             abort_at: None,
-            guard: Some(inner),
+            guard: Some(guard),
             sse: sse.then(|| Boundaries::new(BodyKind::Sse)),
             sse_ending: None,
             settle: None,
@@ -184,7 +185,7 @@ impl Body for H1Body {
                         let settle = this
                             .guard
                             .as_ref()
-                            .map_or(std::time::Duration::ZERO, |g| g.config.limits.end_settle);
+                            .map_or(std::time::Duration::ZERO, |g| g.config().limits.end_settle);
                         this.settle = Some(Box::pin(tokio::time::sleep(settle)));
                     }
                 }
@@ -196,9 +197,9 @@ impl Body for H1Body {
                     .as_ref()
                     .is_some_and(|r| r.ctl.is_long_lived());
                 let after = match (&this.guard, long || this.sse_ending.is_some()) {
-                    (Some(g), false) => g.config.limits.end_timeout,
+                    (Some(g), false) => g.config().limits.end_timeout,
                     // An event stream gets the bound to finish its event.
-                    (Some(g), true) if this.sse_ending.is_some() => g.config.limits.end_timeout,
+                    (Some(g), true) if this.sse_ending.is_some() => g.config().limits.end_timeout,
                     _ => std::time::Duration::ZERO,
                 };
                 this.abort_at = Some((Box::pin(tokio::time::sleep(after)), reason));
@@ -267,31 +268,31 @@ impl Body for H1Body {
     }
 }
 
-pub async fn serve(inner: Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
+pub async fn serve(guard: Handle, io: Prefixed<TcpStream>, info: ConnInfo) {
     let reclaim = io.reclaim();
-    drive(&inner, io, info).await;
+    drive(&guard, io, info).await;
     // hyper dropped the connection: close the socket without an RST.
     if let Some(tcp) = reclaim.take() {
-        linger(tcp, inner.config.limits.shutdown_timeout).await;
+        linger(tcp, guard.config().limits.shutdown_timeout).await;
     }
 }
 
-async fn drive(inner: &Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
-    let l = inner.config.limits;
+async fn drive(guard: &Handle, io: Prefixed<TcpStream>, info: ConnInfo) {
+    let l = guard.config().limits;
     let upstream = Arc::new(H1Upstream::new(
-        inner.config.upstream,
-        inner.connector.clone(),
+        guard.config().upstream,
+        guard.connector().clone(),
         l,
-        inner.tasks.clone(),
+        guard.tasks().clone(),
     ));
-    let age_at = inner.age_at(info.accepted_at);
+    let age_at = guard.age_at(info.accepted_at);
     // At age + grace the response in flight is asked to end (and aborted),
     // so age x (1 +- 10%) + grace + the close bounds the connection's life.
-    let grace_end = age_at.map(|at| at + inner.config.max_connection_age_grace);
+    let grace_end = age_at.map(|at| at + guard.config().max_connection_age_grace);
     let service = {
-        let inner = inner.clone();
+        let guard = guard.clone();
         let upstream = upstream.clone();
-        service_fn(move |req| handle(inner.clone(), upstream.clone(), info, grace_end, req))
+        service_fn(move |req| handle(guard.clone(), upstream.clone(), info, grace_end, req))
     };
     let activity = Arc::new(Activity::default());
     let mut builder = hyper::server::conn::http1::Builder::new();
@@ -314,8 +315,8 @@ async fn drive(inner: &Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
     // A connection accepted while draining is served (one request, answered
     // with `Connection: close`); only connections that were open when the
     // drain began are wound down from here.
-    let watch_goaway = !inner.goaway.is_cancelled();
-    let watch_terminate = !inner.terminate.is_cancelled();
+    let watch_goaway = !guard.goaway_all_asked();
+    let watch_terminate = !guard.terminating();
     let mut winding_down = false;
     let mut grace_over = false;
     // Only the guard's own shutdown closes connections by a fixed deadline;
@@ -332,19 +333,19 @@ async fn drive(inner: &Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
                 tracing::debug!(peer = %info.peer, conn = info.id, "guard: HTTP/1.1 closing deadline reached");
                 break;
             }
-            _ = inner.closing.cancelled(), if close_by.is_none() => {
+            _ = guard.closing(), if close_by.is_none() => {
                 if !winding_down {
                     conn.as_mut().graceful_shutdown();
                     winding_down = true;
                 }
-                let l = &inner.config.limits;
+                let l = &guard.config().limits;
                 close_by = Some(Instant::now() + l.end_timeout + l.shutdown_timeout);
             }
-            _ = inner.terminate.cancelled(), if watch_terminate && !winding_down => {
+            _ = guard.terminate_all(), if watch_terminate && !winding_down => {
                 conn.as_mut().graceful_shutdown();
                 winding_down = true;
             }
-            _ = inner.goaway.cancelled(), if watch_goaway && !winding_down => {
+            _ = guard.goaway_all(), if watch_goaway && !winding_down => {
                 conn.as_mut().graceful_shutdown();
                 winding_down = true;
             }
@@ -354,8 +355,8 @@ async fn drive(inner: &Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
             }
             _ = sleep_until_opt(grace_end), if !grace_over => {
                 grace_over = true;
-                let long_after = inner.config.long_stream_age;
-                for s in inner.registry.connection_streams(info.id, Instant::now(), long_after) {
+                let long_after = guard.config().long_stream_age;
+                for s in guard.registry().connection_streams(info.id, Instant::now(), long_after) {
                     s.end(Reason::max_age);
                 }
             }
@@ -372,13 +373,13 @@ async fn drive(inner: &Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
 
 /// Proxies one request.
 async fn handle(
-    inner: Arc<Inner>,
+    guard: Handle,
     upstream: Arc<H1Upstream>,
     info: ConnInfo,
     grace_end: Option<Instant>,
     mut req: Request<Incoming>,
 ) -> Result<Response<H1Body>, Infallible> {
-    let Some(registered) = inner.registry.register(info.id, false) else {
+    let Some(registered) = guard.registry().register(info.id, false) else {
         return Ok(answer(StatusCode::SERVICE_UNAVAILABLE, true));
     };
     append_forwarded_for(req.headers_mut(), &forwarded_for(info.peer.ip()));
@@ -390,10 +391,10 @@ async fn handle(
         None if grpc => StreamProtocol::grpc,
         None => StreamProtocol::http,
     };
-    let mut sig = inner.signals.start(grpc, req.uri().path(), protocol);
+    let mut sig = guard.signals().start(grpc, req.uri().path(), protocol);
     if let Some(protocol) = upgrading {
         return Ok(upgrade(
-            inner, upstream, info, grace_end, req, registered, protocol, sig,
+            guard, upstream, info, grace_end, req, registered, protocol, sig,
         )
         .await);
     }
@@ -406,15 +407,15 @@ async fn handle(
             if let Some(s) = sig.as_mut() {
                 s.status_if_unset(StatusCode::BAD_GATEWAY);
             }
-            return Ok(answer(StatusCode::BAD_GATEWAY, draining(&inner)));
+            return Ok(answer(StatusCode::BAD_GATEWAY, draining(&guard)));
         }
     };
-    Ok(respond(inner, resp, registered, head_only, sig))
+    Ok(respond(guard, resp, registered, head_only, sig))
 }
 
 /// Forwards the application's response.
 fn respond(
-    inner: Arc<Inner>,
+    guard: Handle,
     resp: Response<Incoming>,
     registered: Registered,
     head_only: bool,
@@ -441,7 +442,7 @@ fn respond(
     strip_hop_by_hop(&mut parts.headers);
     // Decided when the response starts, so requests that began before the
     // drain also close their connection.
-    if draining(&inner) {
+    if draining(&guard) {
         parts
             .headers
             .insert(CONNECTION, HeaderValue::from_static("close"));
@@ -452,7 +453,7 @@ fn respond(
         .and_then(|v| v.to_str().ok())
         .and_then(|ct| ct.split(';').next())
         .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"));
-    Response::from_parts(parts, H1Body::proxied(inner, body, registered, sse, sig))
+    Response::from_parts(parts, H1Body::proxied(guard, body, registered, sse, sig))
 }
 
 /// Proxies an upgrade request. On the application's 101 the upgraded
@@ -461,7 +462,7 @@ fn respond(
 /// ([`websocket::tunnel`]). Any other answer is an ordinary response.
 #[allow(clippy::too_many_arguments)]
 async fn upgrade(
-    inner: Arc<Inner>,
+    guard: Handle,
     upstream: Arc<H1Upstream>,
     info: ConnInfo,
     grace_end: Option<Instant>,
@@ -483,7 +484,7 @@ async fn upgrade(
         }
     };
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
-        return respond(inner, resp, registered, false, sig);
+        return respond(guard, resp, registered, false, sig);
     }
     // Upgraded: a stream from here, recorded when its relay ends.
     if let Some(s) = sig.as_mut() {
@@ -502,7 +503,7 @@ async fn upgrade(
     // ended like a drain ends them.
     if let Some(at) = grace_end {
         let ctl = registered.ctl.clone();
-        inner.tasks.spawn(async move {
+        guard.spawn(async move {
             tokio::select! {
                 _ = tokio::time::sleep_until(at) => ctl.end(Reason::max_age),
                 _ = ctl.ended() => {}
@@ -510,8 +511,8 @@ async fn upgrade(
         });
     }
     if websocket {
-        let relay = websocket::relay(inner.clone(), client, app, registered, info);
-        inner.tasks.spawn(async move {
+        let relay = websocket::relay(guard.clone(), client, app, registered, info);
+        guard.spawn(async move {
             let mut sig = sig;
             if relay.await {
                 if let Some(s) = sig.as_mut() {
@@ -527,8 +528,8 @@ async fn upgrade(
             .and_then(|v| v.to_str().ok())
             .unwrap_or("?")
             .to_string();
-        let tunnel = websocket::tunnel(inner.clone(), client, app, registered, info, name);
-        inner.tasks.spawn(async move {
+        let tunnel = websocket::tunnel(guard.clone(), client, app, registered, info, name);
+        guard.spawn(async move {
             let mut sig = sig;
             if tunnel.await {
                 if let Some(s) = sig.as_mut() {
@@ -541,8 +542,8 @@ async fn upgrade(
     Response::from_parts(parts, H1Body::empty())
 }
 
-fn draining(inner: &Inner) -> bool {
-    inner.goaway.is_cancelled() || inner.terminate.is_cancelled()
+fn draining(guard: &Handle) -> bool {
+    guard.goaway_all_asked() || guard.terminating()
 }
 
 /// The guard's own answer: an empty body, closing the connection if asked.

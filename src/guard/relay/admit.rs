@@ -16,7 +16,7 @@ pub(super) enum Refusal {
 impl Relay<'_> {
     /// Why a new stream is not admitted, if it is not.
     pub(super) fn admission(&self, fields: &wire::Fields, limit: usize) -> Option<Refusal> {
-        let l = &self.inner.config.limits;
+        let l = &self.guard.config().limits;
         if fields.list_size > limit {
             return Some(Refusal::TooLarge);
         }
@@ -35,13 +35,13 @@ impl Relay<'_> {
         fields: &wire::Fields,
         now: Instant,
     ) -> bool {
-        let inner = self.inner;
+        let guard = self.guard;
         let ct = fields.content_type.as_deref().unwrap_or("");
         let kind = request_kind_of(ct);
         let grpc = kind != BodyKind::Opaque;
         self.resets.accepted();
-        let reg = match inner
-            .registry
+        let reg = match guard
+            .registry()
             .try_register_relayed(self.info.id, grpc, &self.queue, id)
         {
             Ok(r) => r,
@@ -59,8 +59,8 @@ impl Relay<'_> {
         } else {
             StreamProtocol::http
         };
-        let sig = inner
-            .signals
+        let sig = guard
+            .signals()
             .start(grpc, fields.path.as_deref().unwrap_or("/"), protocol);
         self.streams.insert(
             id,

@@ -163,7 +163,7 @@ impl Relay<'_> {
     /// guard's limits where the application set none, and extended CONNECT
     /// (the guard serves WebSockets over HTTP/2 itself).
     pub(super) fn app_settings(&mut self, flags: u8, payload: &[u8]) {
-        let l = self.inner.config.limits;
+        let l = self.guard.config().limits;
         let mut payload = payload.to_vec();
         let (mut streams_seen, mut list_seen, mut connect_seen) = (false, false, false);
         wire::rewrite_settings(&mut payload, |id, v| match id {

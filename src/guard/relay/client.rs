@@ -260,7 +260,7 @@ impl Relay<'_> {
         fragment: &[u8],
         now: Instant,
     ) -> Result<(), Failure> {
-        let limit = self.inner.config.limits.max_header_list_size as usize;
+        let limit = self.guard.config().limits.max_header_list_size as usize;
         if h.flags & wire::END_HEADERS == 0 {
             block.gather(frame, fragment);
             // A block this large, or in this many pieces, is a flood: h2

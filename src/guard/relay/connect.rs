@@ -12,7 +12,6 @@
 //! client). Any other answer is passed to the client as it is.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use base64::Engine;
 use bytes::Bytes;
@@ -24,10 +23,9 @@ use http_body_util::Empty;
 use hyper_util::rt::TokioIo;
 
 use crate::guard::conn::ConnInfo;
+use crate::guard::handle::Handle;
 use crate::guard::headers::{append_forwarded_for, forwarded_for, strip_hop_by_hop};
 use crate::guard::registry::Registered;
-use crate::guard::upstream::connect_tcp;
-use crate::guard::Inner;
 
 /// The answer the frame relay sends for a WebSocket it serves itself: the
 /// head, and whether it ends the stream (a refusal).
@@ -38,7 +36,7 @@ pub type Answer = (Response<()>, bool);
 /// `client` (its DATA both ways), and the head of the answer goes to
 /// `answer`.
 pub async fn proxy<C>(
-    inner: Arc<Inner>,
+    guard: Handle,
     registered: Registered,
     head: http::request::Parts,
     client: C,
@@ -47,7 +45,7 @@ pub async fn proxy<C>(
 ) where
     C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
-    let (ok, app_upgrade) = match upgrade(&inner, &head, info).await {
+    let (ok, app_upgrade) = match upgrade(&guard, &head, info).await {
         Ok(pair) => pair,
         Err(status) => {
             let mut r = Response::new(());
@@ -66,28 +64,26 @@ pub async fn proxy<C>(
             return;
         }
     };
-    crate::guard::websocket::relay_streams(inner, client, app_io, registered, info).await;
+    crate::guard::websocket::relay_streams(guard, client, app_io, registered, info).await;
 }
 
 /// Asks the application for the WebSocket upgrade over HTTP/1.1: the head
 /// for the client (200 with the application's headers) and the upgrade to
 /// await, or the status the client gets instead.
 async fn upgrade(
-    inner: &Arc<Inner>,
+    guard: &Handle,
     head: &http::request::Parts,
     info: ConnInfo,
 ) -> Result<(Response<()>, hyper::upgrade::OnUpgrade), StatusCode> {
-    let l = inner.config.limits;
-    let app = inner.config.upstream;
+    let l = guard.config().limits;
+    let app = guard.config().upstream;
     let upgrade = async {
-        let tcp = connect_tcp(&inner.connector, app, l.upstream_connect_timeout)
-            .await
-            .map_err(|e| e.to_string())?;
+        let tcp = guard.connect_app().await.map_err(|e| e.to_string())?;
         let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
             .handshake::<_, Empty<Bytes>>(TokioIo::new(tcp))
             .await
             .map_err(|e| format!("upstream {app}: HTTP/1.1 handshake: {e}"))?;
-        inner.tasks.spawn(async move {
+        guard.spawn(async move {
             let _ = conn.with_upgrades().await;
         });
         let up = upgrade_request(head, app, info.peer)?;

@@ -31,7 +31,7 @@ use tokio::time::Instant;
 
 use super::wire::{PING, RST_STREAM, SETTINGS};
 use crate::guard::limits::{FloodLimits, Rate};
-use crate::metrics::{Limit, Metrics};
+use crate::metrics::Limit;
 
 #[derive(Debug)]
 struct Bucket {
@@ -82,15 +82,11 @@ pub struct Buckets {
 
 impl Buckets {
     /// Full buckets; each pause is counted in `metrics`.
-    pub fn new(limits: FloodLimits, metrics: &Metrics, now: Instant) -> Self {
+    pub fn new(limits: FloodLimits, counter: impl Fn(Limit) -> Counter, now: Instant) -> Self {
         Self {
-            ping: Bucket::new(limits.ping, now, metrics.guard_limited(Limit::ping)),
-            settings: Bucket::new(limits.settings, now, metrics.guard_limited(Limit::settings)),
-            rst_stream: Bucket::new(
-                limits.rst_stream,
-                now,
-                metrics.guard_limited(Limit::rst_stream),
-            ),
+            ping: Bucket::new(limits.ping, now, counter(Limit::ping)),
+            settings: Bucket::new(limits.settings, now, counter(Limit::settings)),
+            rst_stream: Bucket::new(limits.rst_stream, now, counter(Limit::rst_stream)),
         }
     }
 
@@ -110,6 +106,7 @@ impl Buckets {
 mod tests {
     use super::*;
     use crate::guard::limits::DEFAULT_FLOOD_LIMITS;
+    use crate::metrics::Metrics;
 
     fn slow_pings() -> FloodLimits {
         FloodLimits {
@@ -125,7 +122,7 @@ mod tests {
     fn pings_past_the_burst_wait_for_their_tokens() {
         let metrics = Metrics::new();
         let start = Instant::now();
-        let mut b = Buckets::new(slow_pings(), &metrics, start);
+        let mut b = Buckets::new(slow_pings(), |k| metrics.guard_limited(k), start);
         for _ in 0..5 {
             assert_eq!(b.take(PING, start), Ok(()));
         }
@@ -146,7 +143,7 @@ mod tests {
     fn other_frames_are_not_held_by_an_empty_bucket() {
         let metrics = Metrics::new();
         let now = Instant::now();
-        let mut b = Buckets::new(slow_pings(), &metrics, now);
+        let mut b = Buckets::new(slow_pings(), |k| metrics.guard_limited(k), now);
         while b.take(PING, now).is_ok() {}
         for kind in [0x0, 0x1, 0x8, SETTINGS, RST_STREAM] {
             assert_eq!(b.take(kind, now), Ok(()), "frame type {kind}");
@@ -164,7 +161,7 @@ mod tests {
             },
             ..DEFAULT_FLOOD_LIMITS
         };
-        let mut b = Buckets::new(limits, &metrics, now);
+        let mut b = Buckets::new(limits, |k| metrics.guard_limited(k), now);
         assert_eq!(b.take(SETTINGS, now), Ok(()));
         assert_eq!(b.take(SETTINGS, now), Err(now + Duration::from_secs(3600)));
     }

@@ -7,7 +7,7 @@ use super::*;
 impl Relay<'_> {
     /// The timers: endings past their bounds, and the lifecycle's.
     pub(super) fn timers(&mut self, now: Instant) -> Result<(), Failure> {
-        let l = self.inner.config.limits;
+        let l = self.guard.config().limits;
         for id in std::mem::take(&mut self.stalled) {
             match self.streams.get(&id).and_then(|s| s.shut_since) {
                 Some(at) if now >= at + l.write_stall_timeout => {
@@ -83,7 +83,7 @@ impl Relay<'_> {
     }
 
     pub(super) fn next_deadline(&self) -> Option<Instant> {
-        let l = self.inner.config.limits;
+        let l = self.guard.config().limits;
         let d = self.life.deadlines();
         let mut next = [
             self.throttled_until,
@@ -199,7 +199,7 @@ impl Relay<'_> {
         if !self.closing {
             self.goaway_to_client(self.last_id, code);
             self.closing = true;
-            self.closing_by = Some(Instant::now() + self.inner.config.limits.shutdown_timeout);
+            self.closing_by = Some(Instant::now() + self.guard.config().limits.shutdown_timeout);
         }
     }
 
@@ -253,28 +253,28 @@ impl Relay<'_> {
         if !first {
             return;
         }
-        let inner = self.inner;
+        let guard = self.guard;
         tracing::info!(peer = %self.info.peer, conn = self.info.id, last, code,
             "guard: the application sent GOAWAY; ending this connection's long-lived streams gracefully");
         self.step(Input::AppGoaway, now);
-        self.end_long_lived(inner.config.app_shutdown_spread, now);
+        self.end_long_lived(guard.config().app_shutdown_spread, now);
     }
 
     /// After the application's GOAWAY: the streams long-lived by now (and
     /// not already asked to end) are ended over `spread`; the next look is
     /// one spread later, for as long as streams are open.
     pub(super) fn end_long_lived(&mut self, spread: std::time::Duration, now: Instant) {
-        let inner = self.inner;
-        let long_after = inner.config.long_stream_age;
-        let long: Vec<_> = inner
-            .registry
+        let guard = self.guard;
+        let long_after = guard.config().long_stream_age;
+        let long: Vec<_> = guard
+            .registry()
             .connection_streams(self.info.id, now, long_after)
             .into_iter()
             .filter(|s| s.is_long_lived_at(now, long_after))
             .collect();
-        inner.end_spread(long, spread, Reason::app_shutdown);
-        let period = inner
-            .config
+        guard.end_spread(long, spread, Reason::app_shutdown);
+        let period = guard
+            .config()
             .app_shutdown_spread
             .max(std::time::Duration::from_secs(1));
         self.app_sweep_at = (!self.streams.is_empty()).then_some(now + period);
@@ -309,17 +309,17 @@ impl Relay<'_> {
                     self.first_goaway();
                 }
                 if let Some(reason) = metric_reason(cause) {
-                    self.inner.record_goaway(reason);
+                    self.guard.record_goaway(reason);
                 }
             }
             Some(Action::EndStreams) => {
-                let inner = self.inner;
-                let streams = inner.registry.connection_streams(
+                let guard = self.guard;
+                let streams = guard.registry().connection_streams(
                     self.info.id,
                     now,
-                    inner.config.long_stream_age,
+                    guard.config().long_stream_age,
                 );
-                inner.end_spread(streams, self.life.spread(), Reason::max_age);
+                guard.end_spread(streams, self.life.spread(), Reason::max_age);
             }
             Some(Action::Close) => self.close_with(wire::NO_ERROR),
         }

@@ -27,8 +27,8 @@ pub(super) struct Local {
 impl Relay<'_> {
     /// Starts the task that serves a WebSocket over HTTP/2 (RFC 8441).
     pub(super) fn websocket(&mut self, id: u32, end_stream: bool, fields: &[wire::Field]) {
-        let inner = self.inner;
-        let reg = match inner.registry.try_register(self.info.id, false) {
+        let guard = self.guard;
+        let reg = match guard.registry().try_register(self.info.id, false) {
             Ok(r) => r,
             Err(_) => return self.refuse(id, end_stream, Refusal::Reset),
         };
@@ -38,8 +38,8 @@ impl Relay<'_> {
         };
         let (task_io, io) = tokio::io::duplex(4 * LOCAL_CHUNK);
         let (tx, rx) = tokio::sync::oneshot::channel();
-        inner.tasks.spawn(super::connect::proxy(
-            inner.clone(),
+        guard.spawn(super::connect::proxy(
+            guard.clone(),
             reg,
             head,
             task_io,

@@ -96,12 +96,11 @@ use crate::guard::body::{request_kind_of, response_kind_of, BodyKind, Boundaries
 use crate::guard::conn::ConnInfo;
 use crate::guard::ending::{record_outcome, Outcome, BARRIER_WAIT, BURST_GAP};
 use crate::guard::grpc;
+use crate::guard::handle::Handle;
 use crate::guard::lifecycle::{Action, Cause, Input, Lifecycle};
 use crate::guard::registry::{EndQueue, Refused, Registered};
 use crate::guard::signals;
 use crate::guard::sniff::{linger, Prefixed, H2_PREFACE};
-use crate::guard::upstream::connect_tcp;
-use crate::guard::Inner;
 use crate::metrics::{Limit, Reason, StreamProtocol};
 
 use admit::Refusal;
@@ -151,15 +150,9 @@ const GOAWAY_PING: [u8; 8] = *b"dsgoaway";
 /// Serves one HTTP/2 connection by relaying its frames to the application,
 /// or, when the application cannot be reached or does not answer HTTP/2,
 /// by answering the client itself (see [`Relay::alone`]).
-pub async fn serve(inner: Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
-    let l = inner.config.limits;
-    let app = match connect_tcp(
-        &inner.connector,
-        inner.config.upstream,
-        l.upstream_connect_timeout,
-    )
-    .await
-    {
+pub async fn serve(guard: Handle, io: Prefixed<TcpStream>, info: ConnInfo) {
+    let l = guard.config().limits;
+    let app = match guard.connect_app().await {
         Ok(app) => Some(app),
         Err(e) => {
             tracing::warn!(peer = %info.peer, error = %e, "guard: cannot reach the application; answering this connection's streams retryably");
@@ -168,7 +161,7 @@ pub async fn serve(inner: Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
     };
     let mut client = io;
     let mut reclaim = client.reclaim();
-    let mut relay = Relay::new(&inner, info, app.is_none());
+    let mut relay = Relay::new(&guard, info, app.is_none());
     let fallback = relay.run(&mut client, app).await;
     drop(relay);
     if let Some(replay) = fallback {
@@ -183,7 +176,7 @@ pub async fn serve(inner: Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
         tracing::debug!(peer = %info.peer, conn = info.id, replayed = replay.len(), "guard: the application did not answer HTTP/2; answering this connection's streams itself");
         client = Prefixed::new(replay.freeze(), tcp);
         reclaim = client.reclaim();
-        let mut relay = Relay::new(&inner, info, true);
+        let mut relay = Relay::new(&guard, info, true);
         relay.run(&mut client, None).await;
     }
     drop(client);
@@ -200,13 +193,13 @@ pub async fn serve(inner: Arc<Inner>, io: Prefixed<TcpStream>, info: ConnInfo) {
 /// Runs inside a tokio runtime (a WebSocket over HTTP/2 starts a task).
 /// `alone`: the relay has no application, and the application's chunks
 /// are dropped.
-pub fn feed(inner: &Arc<Inner>, chunks: &[(bool, &[u8])], alone: bool) {
+pub fn feed(guard: &Handle, chunks: &[(bool, &[u8])], alone: bool) {
     let info = ConnInfo {
         id: u64::MAX,
         peer: std::net::SocketAddr::from(([127, 0, 0, 1], 1)),
         accepted_at: Instant::now(),
     };
-    let mut relay = Relay::new(inner, info, alone);
+    let mut relay = Relay::new(guard, info, alone);
     for &(from_client, bytes) in chunks {
         if alone && !from_client {
             continue;
@@ -301,7 +294,7 @@ impl Side {
 /// One connection's state (the sockets are the `run` loop's).
 struct Relay<'a> {
     /// The guard: its settings, registry, metrics and shutdown tokens.
-    inner: &'a Arc<Inner>,
+    guard: &'a Handle,
     /// Who the client is, for logs and the registry.
     info: ConnInfo,
     /// The relayed streams still open, by id.
@@ -415,12 +408,12 @@ struct Relay<'a> {
 impl<'a> Relay<'a> {
     /// A relay for one connection; `alone` when there is no application
     /// connection (see [`Relay::alone`]).
-    fn new(inner: &'a Arc<Inner>, info: ConnInfo, alone: bool) -> Self {
-        let l = inner.config.limits;
-        let life = inner.lifecycle(&info);
+    fn new(guard: &'a Handle, info: ConnInfo, alone: bool) -> Self {
+        let l = guard.config().limits;
+        let life = guard.lifecycle(&info);
         let peer = info.peer.ip().to_string();
         let mut relay = Self {
-            inner,
+            guard,
             info,
             streams: HashMap::new(),
             last_id: 0,
@@ -452,7 +445,7 @@ impl<'a> Relay<'a> {
             closing_by: None,
             forwarded: wire::literal_block(&[("x-forwarded-for", &peer)]),
             scratch: Vec::new(),
-            buckets: Buckets::new(l.flood, &inner.metrics, Instant::now()),
+            buckets: Buckets::new(l.flood, |k| guard.limited(k), Instant::now()),
             throttled_until: None,
             all: Vec::new(),
             locals: HashMap::new(),
@@ -492,9 +485,9 @@ impl<'a> Relay<'a> {
         client: &mut Prefixed<TcpStream>,
         mut app: Option<TcpStream>,
     ) -> Option<BytesMut> {
-        let inner = self.inner;
-        let terminate = inner.terminate.cancelled();
-        let goaway = inner.goaway.cancelled();
+        let guard = self.guard;
+        let terminate = guard.terminate_all();
+        let goaway = guard.goaway_all();
         let queue = self.queue.clone();
         let ended = queue.ready();
         let timer = tokio::time::sleep_until(Instant::now());
@@ -580,7 +573,7 @@ impl<'a> Relay<'a> {
             if self.resets.is_tripped() && !self.calmed {
                 tracing::warn!(peer = %info.peer, conn = info.id, premature = self.resets.count(),
                     "guard: most streams on this connection were reset before they were answered (rapid reset); GOAWAY(ENHANCE_YOUR_CALM)");
-                inner.metrics.guard_limited(Limit::rapid_reset).inc();
+                guard.limited(Limit::rapid_reset).inc();
                 self.calmed = true;
                 self.fail(Failure::Calm);
             }

@@ -114,7 +114,7 @@ impl Relay<'_> {
 
     /// Moves stream `id`'s ending on as far as it can go now.
     pub(super) fn advance(&mut self, id: u32, now: Instant) {
-        let l = self.inner.config.limits;
+        let l = self.guard.config().limits;
         let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
@@ -281,13 +281,13 @@ impl Relay<'_> {
 
     /// A stream is over for the guard: metrics, signals, registry.
     pub(super) fn finish(&mut self, mut s: Stream, outcome: Outcome) {
-        let inner = self.inner;
+        let guard = self.guard;
         let protocol = s.protocol();
         match outcome {
-            Outcome::Ended(reason) => inner.record_termination(reason, protocol),
+            Outcome::Ended(reason) => guard.record_termination(reason, protocol),
             Outcome::Reset => {
                 if let Some(reason) = s.reg.ctl.reason() {
-                    inner.record_ungraceful(reason, protocol);
+                    guard.record_ungraceful(reason, protocol);
                 }
             }
             _ => {}

@@ -30,22 +30,23 @@ fn credit_in(buf: &[u8], stream: u32) -> u64 {
         .sum()
 }
 
-fn test_relay(guard: &super::super::Guard) -> Relay<'_> {
+fn test_relay(guard: &Handle) -> Relay<'_> {
     let info = ConnInfo {
         id: 1,
         peer: std::net::SocketAddr::from(([127, 0, 0, 1], 1)),
         accepted_at: Instant::now(),
     };
-    Relay::new(&guard.inner, info, false)
+    Relay::new(guard, info, false)
 }
 
-fn test_guard() -> super::super::Guard {
+fn test_guard() -> Handle {
     let metrics =
         crate::metrics::Metrics::register(&mut prometheus_client::registry::Registry::default());
     super::super::Guard::new(
         super::super::GuardConfig::new(([127, 0, 0, 1], 9).into()),
         metrics,
     )
+    .handle()
 }
 
 #[tokio::test]

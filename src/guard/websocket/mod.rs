@@ -52,8 +52,6 @@ mod frames;
 
 use crate::timer::sleep_until_opt;
 use std::io::{self};
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
@@ -69,10 +67,10 @@ use tungstenite::protocol::frame::coding::CloseCode;
 use frames::{close_code, close_frame, Scanner, Stop};
 
 use crate::guard::conn::ConnInfo;
+use crate::guard::handle::Handle;
 use crate::guard::keepalive::Counted;
 use crate::guard::registry::Registered;
 use crate::guard::sniff::{Prefixed, MAX_LINGER};
-use crate::guard::Inner;
 use crate::metrics::StreamProtocol;
 
 /// Bytes read from a socket at a time while data flows; a WebSocket with
@@ -115,22 +113,6 @@ fn sockets(client: Upgraded, app: Upgraded) -> Result<Sockets, &'static str> {
     })
 }
 
-/// Counts a relayed connection in `active_connections` while it lives.
-struct LiveConn(Arc<Inner>);
-
-impl LiveConn {
-    fn new(inner: &Arc<Inner>) -> Self {
-        inner.connections.fetch_add(1, Ordering::Relaxed);
-        Self(inner.clone())
-    }
-}
-
-impl Drop for LiveConn {
-    fn drop(&mut self) {
-        self.0.connections.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 /// What both directions share.
 struct Shared {
     /// The stream's registration: `ended()` says when the guard wants it to end.
@@ -159,14 +141,14 @@ impl Shared {
 /// guard ends it gracefully. True when the guard ended it (see
 /// [`relay_sides`]).
 pub async fn relay(
-    inner: Arc<Inner>,
+    guard: Handle,
     client: OnUpgrade,
     app: OnUpgrade,
     registered: Registered,
     info: ConnInfo,
 ) -> bool {
-    let _live = LiveConn::new(&inner);
-    let limit = inner.config.limits.end_timeout;
+    let _live = guard.count_connection();
+    let limit = guard.config().limits.end_timeout;
     // Both upgrades complete as soon as the 101 is written and read.
     let pair = tokio::time::timeout(limit, async { tokio::try_join!(client, app) }).await;
     let (client, app) = match pair {
@@ -201,7 +183,7 @@ pub async fn relay(
         wr: app_wr,
         early: BytesMut::from(&s.app_early[..]),
     };
-    relay_sides(&inner, client, app, registered, info).await
+    relay_sides(&guard, client, app, registered, info).await
 }
 
 /// One end of a relayed WebSocket: its two directions and what was already
@@ -216,7 +198,7 @@ struct Side<R, W> {
 /// CONNECT; `client` is that stream) to the application's HTTP/1.1
 /// upgraded connection, with the same graceful end.
 pub async fn relay_streams<C>(
-    inner: Arc<Inner>,
+    guard: Handle,
     client: C,
     app: Upgraded,
     registered: Registered,
@@ -224,7 +206,7 @@ pub async fn relay_streams<C>(
 ) where
     C: tokio::io::AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let _live = LiveConn::new(&inner);
+    let _live = guard.count_connection();
     let app = match app.downcast::<TokioIo<TcpStream>>() {
         Ok(parts) => parts,
         Err(_) => {
@@ -247,14 +229,14 @@ pub async fn relay_streams<C>(
         wr: app_wr,
         early: app_early,
     };
-    relay_sides(&inner, client, app, registered, info).await;
+    relay_sides(&guard, client, app, registered, info).await;
 }
 
 /// The relay itself, whatever carries each side. True when the guard ended
 /// the WebSocket (gracefully or not): then it is counted as terminated or
 /// ungraceful, and it is not one of the application's outcomes.
 async fn relay_sides<CR, CW, AR, AW>(
-    inner: &Arc<Inner>,
+    guard: &Handle,
     client: Side<CR, CW>,
     app: Side<AR, AW>,
     registered: Registered,
@@ -266,7 +248,7 @@ where
     AR: ReadSome,
     AW: AsyncWrite + Unpin,
 {
-    let limit = inner.config.limits.end_timeout;
+    let limit = guard.config().limits.end_timeout;
     registered.ctl.set_long_lived();
     let (client_rd, client_wr) = (client.rd, client.wr);
     let (app_rd, app_wr) = (app.rd, app.wr);
@@ -316,15 +298,15 @@ where
         "the application side did not finish within its bound",
     )));
     match outcome {
-        Ok(Down::Graceful) => inner.record_termination(reason, StreamProtocol::websocket),
+        Ok(Down::Graceful) => guard.record_termination(reason, StreamProtocol::websocket),
         Ok(Down::Passed) => return false,
         Ok(Down::Abrupt(why)) => {
             tracing::warn!(peer = %info.peer, ?reason, why, "guard: WebSocket closed without a Close frame to the client");
-            inner.record_ungraceful(reason, StreamProtocol::websocket);
+            guard.record_ungraceful(reason, StreamProtocol::websocket);
         }
         Err(e) => {
             tracing::warn!(peer = %info.peer, ?reason, error = %e, "guard: WebSocket failed while ending");
-            inner.record_ungraceful(reason, StreamProtocol::websocket);
+            guard.record_ungraceful(reason, StreamProtocol::websocket);
         }
     }
     true
@@ -575,15 +557,15 @@ fn proto(e: tungstenite::Error) -> io::Error {
 /// WebSocket) as raw bytes. At the end it closes both connections, logs it
 /// and counts it as ungraceful. True when the guard ended it.
 pub async fn tunnel(
-    inner: Arc<Inner>,
+    guard: Handle,
     client: OnUpgrade,
     app: OnUpgrade,
     registered: Registered,
     info: ConnInfo,
     protocol: String,
 ) -> bool {
-    let _live = LiveConn::new(&inner);
-    let limit = inner.config.limits.end_timeout;
+    let _live = guard.count_connection();
+    let limit = guard.config().limits.end_timeout;
     let Ok(Ok((client, app))) =
         tokio::time::timeout(limit, async { tokio::try_join!(client, app) }).await
     else {
@@ -602,7 +584,7 @@ pub async fn tunnel(
         }
         (reason, _) = registered.ctl.ended() => {
             tracing::warn!(peer = %info.peer, protocol, ?reason, "guard: closing an upgraded connection it cannot end gracefully");
-            inner.record_ungraceful(reason, StreamProtocol::other);
+            guard.record_ungraceful(reason, StreamProtocol::other);
             let _ = tokio::time::timeout(MAX_LINGER, async {
                 let _ = client.shutdown().await;
                 let _ = app.shutdown().await;

@@ -1,0 +1,228 @@
+//! What a connection driver may use of the guard: the wings (`relay/`,
+//! `h1/`) and the WebSocket relay are given a [`Handle`], never the guard's
+//! whole state. Through it they read the configuration, reach the
+//! application, register streams, spawn tasks, watch the drain, and count
+//! what they did; the accept loop's counters, the shutdown token and the
+//! metrics registry stay behind it.
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_util::sync::WaitForCancellationFuture;
+use tokio_util::task::TaskTracker;
+
+use super::conn::ConnInfo;
+use super::registry::{Registry, StreamCtl};
+use super::schedule::{jittered_age, spread_offsets};
+use super::upstream::{connect_tcp, Connector, UpstreamError};
+use super::{lifecycle, signals, GuardConfig, Inner};
+use crate::metrics::{Limit, Reason, ReasonLabels, StreamProtocol, TerminatedLabels};
+
+/// A driver's view of the guard. Cheap to clone; every clone is the same
+/// guard.
+#[derive(Clone, Debug)]
+pub(crate) struct Handle {
+    /// Private: a driver sees only the methods below.
+    inner: Arc<Inner>,
+}
+
+impl Handle {
+    /// The handle the accept loop gives each connection it serves.
+    pub(super) fn new(inner: Arc<Inner>) -> Self {
+        Self { inner }
+    }
+
+    /// What to proxy to and the limits.
+    pub fn config(&self) -> &GuardConfig {
+        &self.inner.config
+    }
+
+    /// A new TCP connection to the application, within the connect timeout.
+    pub async fn connect_app(&self) -> Result<TcpStream, UpstreamError> {
+        let c = &self.inner.config;
+        connect_tcp(
+            &self.inner.connector,
+            c.upstream,
+            c.limits.upstream_connect_timeout,
+        )
+        .await
+    }
+
+    /// How the application is reached (the HTTP/1.1 wing's own pool).
+    pub fn connector(&self) -> &Connector {
+        &self.inner.connector
+    }
+
+    /// Every open stream, and whether new ones are admitted.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.inner.registry
+    }
+
+    /// The per-request signals.
+    pub fn signals(&self) -> &signals::Signals {
+        &self.inner.signals
+    }
+
+    /// The tracker shutdown waits on; everything a driver spawns goes here.
+    pub fn tasks(&self) -> &TaskTracker {
+        &self.inner.tasks
+    }
+
+    /// Runs `task` on the tracker shutdown waits on.
+    pub fn spawn<F>(&self, task: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.inner.tasks.spawn(task);
+    }
+
+    /// Counts a connection in `active_connections` while the value lives.
+    pub fn count_connection(&self) -> Live {
+        self.inner.connections.fetch_add(1, Ordering::Relaxed);
+        Live(self.clone())
+    }
+
+    /// Resolves once the drain asked every connection to go away.
+    pub fn goaway_all(&self) -> WaitForCancellationFuture<'_> {
+        self.inner.goaway.cancelled()
+    }
+
+    /// Resolves once the drain began ending every stream.
+    pub fn terminate_all(&self) -> WaitForCancellationFuture<'_> {
+        self.inner.terminate.cancelled()
+    }
+
+    /// Resolves once a `serve` loop shuts down: end what is left now.
+    pub fn closing(&self) -> WaitForCancellationFuture<'_> {
+        self.inner.closing.cancelled()
+    }
+
+    /// Whether the drain already asked connections to go away.
+    pub fn goaway_all_asked(&self) -> bool {
+        self.inner.goaway.is_cancelled()
+    }
+
+    /// Whether the drain already began ending every stream.
+    pub fn terminating(&self) -> bool {
+        self.inner.terminate.is_cancelled()
+    }
+
+    /// When a connection accepted at `accepted_at` reaches its max age,
+    /// jittered ±10% per connection (every path, HTTP/1.1 included).
+    pub fn age_at(&self, accepted_at: Instant) -> Option<Instant> {
+        self.inner
+            .config
+            .max_connection_age
+            .map(|age| accepted_at + jittered_age(age, fastrand::f64()))
+    }
+
+    /// A new HTTP/2 connection's lifecycle: its jittered max age, the grace
+    /// and spread, the limits' timers, and whether a drain already began
+    /// when it was accepted.
+    pub fn lifecycle(&self, info: &ConnInfo) -> lifecycle::Lifecycle {
+        let c = &self.inner.config;
+        let l = c.limits;
+        lifecycle::Lifecycle::new(
+            lifecycle::Settings {
+                age_at: self.age_at(info.accepted_at),
+                grace: c.max_connection_age_grace,
+                spread: c.max_connection_age_spread,
+                ack_timeout: l.goaway_ack_timeout,
+                idle_timeout: l.idle_timeout,
+                end_timeout: l.end_timeout,
+                shutdown_timeout: l.shutdown_timeout,
+                first_stream_by: info.accepted_at + l.header_read_timeout,
+                watch_goaway: !self.goaway_all_asked(),
+                defer_goaway: self.terminating(),
+            },
+            Instant::now(),
+        )
+    }
+
+    /// Ends `streams` one by one, evenly over `window` (all at once when the
+    /// window is zero or the guard is shutting down).
+    pub fn end_spread(&self, streams: Vec<Arc<StreamCtl>>, window: Duration, reason: Reason) {
+        let n = streams.len();
+        let handle = match tokio::runtime::Handle::try_current() {
+            Ok(h) if !window.is_zero() && n > 0 => h,
+            // Nothing to pace (or no runtime to pace with): end them all now.
+            _ => {
+                for s in streams {
+                    s.end(reason);
+                }
+                return;
+            }
+        };
+        let closing = self.inner.closing.clone();
+        let start = Instant::now();
+        self.inner.tasks.spawn_on(
+            async move {
+                let mut schedule = streams.into_iter().zip(spread_offsets(n, window));
+                while let Some((s, offset)) = schedule.next() {
+                    tokio::select! {
+                        biased;
+                        // Shutdown: no more pacing, end the rest now.
+                        _ = closing.cancelled() => {
+                            s.end(reason);
+                            schedule.for_each(|(s, _)| s.end(reason));
+                            return;
+                        }
+                        _ = tokio::time::sleep_until(start + offset) => s.end(reason),
+                    }
+                }
+            },
+            &handle,
+        );
+    }
+
+    /// Counts one graceful stream end, once its goodbye was written.
+    pub fn record_termination(&self, reason: Reason, protocol: StreamProtocol) {
+        self.inner
+            .metrics
+            .streams_terminated
+            .get_or_create(&TerminatedLabels { reason, protocol })
+            .inc();
+        if reason == Reason::drain {
+            self.inner
+                .terminated_by_drain
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts one stream the guard closed without an in-protocol goodbye
+    /// (the caller logs why).
+    pub fn record_ungraceful(&self, reason: Reason, protocol: StreamProtocol) {
+        self.inner
+            .metrics
+            .streams_ungraceful
+            .get_or_create(&TerminatedLabels { reason, protocol })
+            .inc();
+    }
+
+    /// Counts one GOAWAY sequence started.
+    pub fn record_goaway(&self, reason: Reason) {
+        self.inner
+            .metrics
+            .goaways
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// The counter of what `limit` refused or closed.
+    pub fn limited(&self, limit: Limit) -> prometheus_client::metrics::counter::Counter {
+        self.inner.metrics.guard_limited(limit)
+    }
+}
+
+/// Keeps `active_connections` right however a connection ends.
+pub(crate) struct Live(Handle);
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.0.inner.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
