@@ -113,11 +113,23 @@ impl Handle {
 
     /// When a connection accepted at `accepted_at` reaches its max age,
     /// jittered ±10% per connection (every path, HTTP/1.1 included).
-    pub fn age_at(&self, accepted_at: Instant) -> Option<Instant> {
+    fn age_at(&self, accepted_at: Instant) -> Option<Instant> {
         self.inner
             .config
             .max_connection_age
             .map(|age| accepted_at + jittered_age(age, fastrand::f64()))
+    }
+
+    /// A new HTTP/1.1 connection's max-age deadlines: when it stops taking
+    /// requests (its jittered age) and when what is still open is ended
+    /// (the grace counts from the age, as it does in [`lifecycle`]), so
+    /// age × (1 ± 10%) + grace + the close bounds its life on either path.
+    pub fn max_age(&self, accepted_at: Instant) -> Option<MaxAge> {
+        let grace = self.inner.config.max_connection_age_grace;
+        self.age_at(accepted_at).map(|at| MaxAge {
+            at,
+            grace_end: at + grace,
+        })
     }
 
     /// A new HTTP/2 connection's lifecycle: its jittered max age, the grace
@@ -216,6 +228,15 @@ impl Handle {
     pub fn limited(&self, limit: Limit) -> prometheus_client::metrics::counter::Counter {
         self.inner.metrics.guard_limited(limit)
     }
+}
+
+/// An HTTP/1.1 connection's max-age deadlines (see [`Handle::max_age`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MaxAge {
+    /// No new request after this; the connection winds down.
+    pub at: Instant,
+    /// The streams still open are ended here.
+    pub grace_end: Instant,
 }
 
 /// Keeps `active_connections` right however a connection ends.

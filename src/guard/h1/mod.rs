@@ -285,10 +285,9 @@ async fn drive(guard: &Handle, io: Prefixed<TcpStream>, info: ConnInfo) {
         l,
         guard.tasks().clone(),
     ));
-    let age_at = guard.age_at(info.accepted_at);
-    // At age + grace the response in flight is asked to end (and aborted),
-    // so age x (1 +- 10%) + grace + the close bounds the connection's life.
-    let grace_end = age_at.map(|at| at + guard.config().max_connection_age_grace);
+    // At age + grace the response in flight is asked to end (and aborted).
+    let max_age = guard.max_age(info.accepted_at);
+    let (age_at, grace_end) = (max_age.map(|m| m.at), max_age.map(|m| m.grace_end));
     let service = {
         let guard = guard.clone();
         let upstream = upstream.clone();
