@@ -293,7 +293,8 @@ impl Side {
 
 /// One connection's state (the sockets are the `run` loop's).
 struct Relay<'a> {
-    /// The guard: its settings, registry, metrics and shutdown tokens.
+    /// What the relay may use of the guard (settings, registry, the drain's
+    /// signals, its counters).
     guard: &'a Handle,
     /// Who the client is, for logs and the registry.
     info: ConnInfo,
