@@ -224,6 +224,11 @@ impl Handle {
             .inc();
     }
 
+    /// Counts one GOAWAY frame from an application, by its error code.
+    pub fn record_app_goaway(&self, code: u32) {
+        self.inner.metrics.guard_app_goaway(code).inc();
+    }
+
     /// The counter of what `limit` refused or closed.
     pub fn limited(&self, limit: Limit) -> prometheus_client::metrics::counter::Counter {
         self.inner.metrics.guard_limited(limit)

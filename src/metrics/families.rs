@@ -17,10 +17,10 @@ use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Metric, Registry};
 
 use super::{
-    help, ConfigLabels, Ending, EndingLabels, FailopenKind, FailopenLabels, GuardRequestLabels,
-    GuardStreamLabels, KindLabels, Limit, LimitLabels, Metrics, OutcomeLabels, ProtocolLabels,
-    Reason, ReasonLabels, TerminatedLabels, VersionLabels, CODES, DRAIN_OUTCOMES, STREAM_PROTOCOLS,
-    TCP_RESET_KINDS,
+    help, CodeLabels, ConfigLabels, Ending, EndingLabels, FailopenKind, FailopenLabels,
+    GuardRequestLabels, GuardStreamLabels, H2Code, KindLabels, Limit, LimitLabels, Metrics,
+    OutcomeLabels, ProtocolLabels, Reason, ReasonLabels, TerminatedLabels, VersionLabels, CODES,
+    DRAIN_OUTCOMES, STREAM_PROTOCOLS, TCP_RESET_KINDS,
 };
 
 /// One metric family of [`Metrics`].
@@ -157,7 +157,7 @@ fn version_labels(m: &Metrics) -> Vec<VersionLabels> {
 }
 
 /// Every family of `Metrics`, in the exposition's order.
-pub static FAMILIES: [Def; 22] = [
+pub static FAMILIES: [Def; 23] = [
     Def {
         desc: help::DRAINS,
         node: Node::PerPod,
@@ -415,6 +415,16 @@ pub static FAMILIES: [Def; 22] = [
         reach: &Labeled {
             family: |m: &Metrics| &m.guard_limited,
             known: |_| Limit::ALL.map(|limit| LimitLabels { limit }).to_vec(),
+            zeroed: false,
+        },
+    },
+    Def {
+        desc: help::GUARD_APP_GOAWAYS,
+        node: Node::PerPod,
+        reach: &Labeled {
+            family: |m: &Metrics| &m.guard_app_goaways,
+            known: |_| H2Code::ALL.map(|code| CodeLabels { code }).to_vec(),
+            // A series appears with its first GOAWAY: alert on `> 0`.
             zeroed: false,
         },
     },

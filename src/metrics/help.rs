@@ -64,6 +64,11 @@ pub const GUARD_LIMITED: (&str, &str) = (
     "guard_limited",
     "Stream guard limits at work: connections closed at accept, streams refused (retryably), and connection reads paused by a PING, SETTINGS or RST_STREAM rate limit",
 );
+/// Contract extension (guard): see `guard::relay`'s barrier.
+pub const GUARD_APP_GOAWAYS: (&str, &str) = (
+    "guard_app_goaways",
+    "GOAWAY frames the applications sent the stream guard, by HTTP/2 error code: NO_ERROR is an app's graceful stop; any other code means the app closed the guard's connection over an error (ENHANCE_YOUR_CALM: it found the guard's frames abusive, for example too many PINGs)",
+);
 pub const ENVOY_DOWNSTREAM_REQUESTS: (&str, &str) = (
     "envoy_downstream_requests",
     "Requests callers sent to Envoy's inbound listeners, per Envoy version (mirrored from Envoy): the callers' load, which no retry policy changes",

@@ -146,6 +146,64 @@ impl Limit {
     ];
 }
 
+/// An HTTP/2 error code by its RFC 9113 name (§7), for
+/// `drainshim_guard_app_goaways_total{code}`; `unknown` for a code the RFC
+/// does not name (a peer may send any, and the label set stays closed).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+pub enum H2Code {
+    NO_ERROR,
+    PROTOCOL_ERROR,
+    INTERNAL_ERROR,
+    FLOW_CONTROL_ERROR,
+    SETTINGS_TIMEOUT,
+    STREAM_CLOSED,
+    FRAME_SIZE_ERROR,
+    REFUSED_STREAM,
+    CANCEL,
+    COMPRESSION_ERROR,
+    CONNECT_ERROR,
+    ENHANCE_YOUR_CALM,
+    INADEQUATE_SECURITY,
+    HTTP_1_1_REQUIRED,
+    unknown,
+}
+
+impl H2Code {
+    /// Every code, in the RFC's order (the wire value is the index), then `unknown`.
+    pub const ALL: [H2Code; 15] = [
+        H2Code::NO_ERROR,
+        H2Code::PROTOCOL_ERROR,
+        H2Code::INTERNAL_ERROR,
+        H2Code::FLOW_CONTROL_ERROR,
+        H2Code::SETTINGS_TIMEOUT,
+        H2Code::STREAM_CLOSED,
+        H2Code::FRAME_SIZE_ERROR,
+        H2Code::REFUSED_STREAM,
+        H2Code::CANCEL,
+        H2Code::COMPRESSION_ERROR,
+        H2Code::CONNECT_ERROR,
+        H2Code::ENHANCE_YOUR_CALM,
+        H2Code::INADEQUATE_SECURITY,
+        H2Code::HTTP_1_1_REQUIRED,
+        H2Code::unknown,
+    ];
+
+    /// The name of the code on the wire.
+    pub fn of(code: u32) -> Self {
+        usize::try_from(code)
+            .ok()
+            .filter(|&i| i < Self::ALL.len() - 1)
+            .map_or(H2Code::unknown, |i| Self::ALL[i])
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabels {
+    /// The GOAWAY's error code.
+    pub code: H2Code,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LimitLabels {
     /// Which limit.
@@ -436,6 +494,10 @@ pub struct Metrics {
     pub tcp_resets: Family<KindLabels, Counter>,
     /// The stream guard's process caps and frame rate limits at work.
     pub guard_limited: Family<LimitLabels, Counter>,
+    /// `drainshim_guard_app_goaways_total{code}`: GOAWAY frames the
+    /// applications sent the guard, by error code (ENHANCE_YOUR_CALM: the
+    /// app found the guard abusive and dropped its connection).
+    pub guard_app_goaways: Family<CodeLabels, Counter>,
     /// Inbound requests callers sent to Envoy, per version: the denominator
     /// that exposes retries in the guard's request count.
     pub envoy_downstream_requests: Family<VersionLabels, Counter>,
@@ -475,6 +537,15 @@ impl Metrics {
             .clone()
     }
 
+    /// The counter of the applications' GOAWAYs with `code` on the wire.
+    pub fn guard_app_goaway(&self, code: u32) -> Counter {
+        self.guard_app_goaways
+            .get_or_create(&CodeLabels {
+                code: H2Code::of(code),
+            })
+            .clone()
+    }
+
     /// Metrics registered nowhere: node mode keeps one set per pod and
     /// encodes them itself, with pod labels.
     pub fn new() -> Self {
@@ -504,6 +575,7 @@ impl Metrics {
             envoy_upstream_retries: Family::default(),
             tcp_resets: Family::default(),
             guard_limited: Family::default(),
+            guard_app_goaways: Family::default(),
             envoy_downstream_requests: Family::default(),
             guard_requests: Family::default(),
             guard_request_duration: Family::new_with_constructor(rpc_latency_histogram),

@@ -127,26 +127,19 @@ impl Relay<'_> {
                 Ok(())
             }
             wire::SETTINGS => {
-                self.settings_acked();
-                Ok(())
-            }
-            wire::PING if h.flags & wire::ACK != 0 && payload.starts_with(&BARRIER_PING) => {
-                let seq = u64::from(u32::from_be_bytes([
-                    payload[4], payload[5], payload[6], payload[7],
-                ]));
-                self.barrier.acked = self.barrier.acked.max(seq);
-                if self.barrier.wanted > self.barrier.sent
-                    && self.barrier.acked >= self.barrier.sent
-                {
-                    self.send_barrier();
-                }
-                self.check_endings(now);
+                self.settings_acked(now);
                 Ok(())
             }
             wire::GOAWAY => {
                 let last = u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]])
                     & wire::MAX_STREAM_ID;
                 let code = u32::from_be_bytes([payload[4], payload[5], payload[6], payload[7]]);
+                self.guard.record_app_goaway(code);
+                if code != wire::NO_ERROR {
+                    tracing::warn!(peer = %self.info.peer, conn = self.info.id, code = ?h2::Reason::from(code),
+                        debug = %String::from_utf8_lossy(&payload[8..]),
+                        "guard: the application sent GOAWAY with an error; it is closing the guard's connection");
+                }
                 self.app_goaway(last, code, now);
                 Ok(())
             }
@@ -216,16 +209,32 @@ impl Relay<'_> {
         wire::put(&mut self.client.write, wire::SETTINGS, flags, 0, &payload);
     }
 
-    /// The application acked a client SETTINGS (alone: the guard does). A
-    /// lower table size now binds, and the next block must say so.
-    pub(super) fn settings_acked(&mut self) {
-        if let Some(Some(v)) = self.client_tables_unacked.pop_front() {
-            if v < self.client_table_acked {
-                self.client_update_due = Some(self.client_update_due.map_or(v, |d| d.min(v)));
+    /// The application acked the oldest SETTINGS it had from the relay
+    /// (alone: the guard acks the client's itself). A barrier round trip
+    /// moves endings on; a client's goes back to the client, and a lower
+    /// table size now binds, so the next block must say so.
+    pub(super) fn settings_acked(&mut self, now: Instant) {
+        match self.settings_unacked.pop_front() {
+            Some(Unacked::Barrier(n)) => self.barrier_acked(n, now),
+            Some(Unacked::Client(table)) => {
+                if let Some(v) = table {
+                    if v < self.client_table_acked {
+                        self.client_update_due =
+                            Some(self.client_update_due.map_or(v, |d| d.min(v)));
+                    }
+                    self.client_table_acked = v;
+                }
+                wire::put(&mut self.client.write, wire::SETTINGS, wire::ACK, 0, &[]);
             }
-            self.client_table_acked = v;
+            None => {
+                // Nothing was sent to ack: the application's error, and
+                // nothing the client asked for.
+                tracing::debug!(
+                    conn = self.info.id,
+                    "guard: the application acked SETTINGS it was never sent; dropped"
+                );
+            }
         }
-        wire::put(&mut self.client.write, wire::SETTINGS, wire::ACK, 0, &[]);
     }
 
     pub(super) fn app_fragment(

@@ -196,12 +196,13 @@ impl Relay<'_> {
                     }
                     _ => v,
                 });
-                wire::put(&mut self.app.write, wire::SETTINGS, h.flags, 0, &payload);
-                if self.client_tables_unacked.len() < 64 {
-                    self.client_tables_unacked.push_back(table);
+                if self.settings_unacked.len() >= SETTINGS_UNACKED_MAX {
+                    return Err(Failure::Calm);
                 }
+                wire::put(&mut self.app.write, wire::SETTINGS, h.flags, 0, &payload);
+                self.settings_unacked.push_back(Unacked::Client(table));
                 if self.alone {
-                    self.settings_acked();
+                    self.settings_acked(now);
                 }
                 Ok(())
             }
@@ -211,7 +212,7 @@ impl Relay<'_> {
                 wire::ping(&mut self.client.write, true, opaque);
                 Ok(())
             }
-            wire::PING if h.flags & wire::ACK != 0 && payload == GOAWAY_PING && self.probe_out => {
+            wire::PING if h.flags & wire::ACK != 0 && payload == self.probe && self.probe_out => {
                 self.probe_out = false;
                 self.step(Input::Acked, now);
                 Ok(())

@@ -219,7 +219,7 @@ impl Relay<'_> {
     /// nothing lower was sent), and the PING whose ack sends the final one.
     pub(super) fn first_goaway(&mut self) {
         self.goaway_to_client(wire::MAX_STREAM_ID, wire::NO_ERROR);
-        wire::ping(&mut self.client.write, false, GOAWAY_PING);
+        wire::ping(&mut self.client.write, false, self.probe);
         self.probe_out = true;
     }
 

@@ -142,10 +142,12 @@ const DEFAULT_TABLE: u32 = 4_096;
 const BOMB_FACTOR: usize = 16;
 /// More CONTINUATION frames than this in one block is a flood.
 const MAX_CONTINUATIONS: usize = 64;
-/// The first bytes of the guard's own PINGs' opaque data: a PING barrier
-/// to the application, and the GOAWAY probe to the client.
-const BARRIER_PING: [u8; 4] = *b"dsb\0";
-const GOAWAY_PING: [u8; 8] = *b"dsgoaway";
+/// Most SETTINGS frames the application may leave unacked (the client's,
+/// passed on, and the guard's barrier round trips). The client's SETTINGS
+/// rate is limited (`Buckets`), so past this the application has stopped
+/// acking: the connection is failed rather than the queue grown, or acks
+/// paired with the wrong frames.
+const SETTINGS_UNACKED_MAX: usize = 256;
 
 /// Serves one HTTP/2 connection by relaying its frames to the application,
 /// or, when the application cannot be reached or does not answer HTTP/2,
@@ -291,6 +293,26 @@ impl Side {
     }
 }
 
+/// A SETTINGS frame the relay sent the application, as its ack will say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Unacked {
+    /// The client's, passed on, with the HEADER_TABLE_SIZE it set (if any):
+    /// the ack goes back to the client, and a lower table size then binds.
+    Client(Option<u32>),
+    /// The guard's own empty SETTINGS, barrier round trip `n` (see [`Barrier`]).
+    Barrier(u64),
+}
+
+/// Eight bytes no peer can guess (std's per-process random hash keys,
+/// mixed with a per-call counter): the guard's own PING data.
+fn random_opaque() -> [u8; 8] {
+    use std::hash::{BuildHasher, Hasher};
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    h.finish().to_be_bytes()
+}
+
 /// One connection's state (the sockets are the `run` loop's).
 struct Relay<'a> {
     /// What the relay may use of the guard (settings, registry, the drain's
@@ -329,9 +351,9 @@ struct Relay<'a> {
     /// The error code of the application's last GOAWAY: the client's
     /// GOAWAY when the application's connection then closes.
     app_goaway_code: u32,
-    /// HEADER_TABLE_SIZE of each client SETTINGS the application has not
-    /// acked yet, oldest first (None: the frame did not set it).
-    client_tables_unacked: std::collections::VecDeque<Option<u32>>,
+    /// Each SETTINGS frame the application has not acked yet, oldest first:
+    /// its acks come in this order.
+    settings_unacked: std::collections::VecDeque<Unacked>,
     /// The client's table size the application acked last.
     client_table_acked: u32,
     /// The client lowered its table size and no block since told its
@@ -356,7 +378,7 @@ struct Relay<'a> {
     ending: Vec<u32>,
     /// Streams whose client window was shut (some may have opened since).
     stalled: Vec<u32>,
-    /// The PING barrier on the application connection.
+    /// The barrier on the application connection (SETTINGS round trips).
     barrier: Barrier,
     /// When the connection goes away (max age, drain, idle): a pure machine.
     life: Lifecycle,
@@ -394,6 +416,9 @@ struct Relay<'a> {
     debt: i64,
     /// The GOAWAY probe PING went to the client and is not acked yet.
     probe_out: bool,
+    /// The probe's opaque data: random per connection, so no PING of the
+    /// application's that the client acks is ever taken for it.
+    probe: [u8; 8],
     /// After the application's GOAWAY: when streams that have become
     /// long-lived since are looked for next (a stream young at the GOAWAY
     /// would otherwise run into the application's grace).
@@ -428,7 +453,7 @@ impl<'a> Relay<'a> {
             goaway_held: false,
             unsent: None,
             app_goaway_code: wire::NO_ERROR,
-            client_tables_unacked: std::collections::VecDeque::new(),
+            settings_unacked: std::collections::VecDeque::new(),
             client_table_acked: DEFAULT_TABLE,
             client_update_due: None,
             client_reset: std::collections::VecDeque::new(),
@@ -454,6 +479,7 @@ impl<'a> Relay<'a> {
             cleared: 0,
             debt: 0,
             probe_out: false,
+            probe: random_opaque(),
             app_sweep_at: None,
             client_window: i64::from(DEFAULT_WINDOW),
             alone: false,

@@ -1,6 +1,7 @@
 //! The graceful end of a relayed stream, by the rules in
 //! [`crate::guard::ending`]: at a message boundary, in the application's
-//! first pause, after the PING barrier to the application; then trailers
+//! first pause, after the barrier to the application (two SETTINGS round
+//! trips, see [`Barrier`]); then trailers
 //! `grpc-status: 14` (or the kind's own end) to the client and
 //! RST_STREAM(CANCEL) to the application. And how a stream is counted once
 //! it is over.
@@ -64,29 +65,43 @@ pub(super) struct Ending {
     pub(super) reason: Reason,
     /// When the end was asked: `end_timeout` counts from here.
     pub(super) asked: Instant,
-    /// At a boundary: the PING barrier starts then, unless data comes first.
+    /// At a boundary: the barrier starts then, unless data comes first.
     pub(super) quiet_at: Option<Instant>,
-    /// Waiting for the ack of this barrier PING, at most until the instant.
+    /// Waiting for the ack of this barrier round trip, at most until the instant.
     pub(super) barrier: Option<(u64, Instant)>,
     /// Past `end_timeout` mid-message: the next boundary ends it, but no
     /// later than this.
     pub(super) forced_by: Option<Instant>,
 }
 
-/// The PING barrier on the application connection: one PING in flight at a
-/// time, shared by every stream waiting for one. A stream waits for two
-/// round trips, the second PING sent on the first one's ack: an app's
-/// HTTP/2 stack may write a PING's ack ahead of DATA it already queued (h2
-/// does, so a tonic app under load did, and a message was lost), but it
-/// writes that DATA before it has even read the next PING.
+/// The barrier on the application connection: round trips of empty
+/// SETTINGS frames, one in flight at a time, shared by every stream waiting
+/// for one. A SETTINGS ack, like a PING ack, follows what the application
+/// had written before it, but an application's HTTP/2 stack may write an
+/// ack ahead of DATA it already queued (h2 does, so a tonic app under load
+/// did, and a message was lost); it writes that DATA before it has even
+/// read the next frame. So a stream waits for two round trips, the second
+/// sent on the first one's ack.
+///
+/// SETTINGS, not PING: every gRPC server counts a PING that comes less than
+/// five minutes after the last one, with no DATA or HEADERS written since,
+/// as a strike, and closes the connection at the third (grpc-go, grpc-java,
+/// C-core: GOAWAY(ENHANCE_YOUR_CALM, "too_many_pings")). A quiet stream's
+/// ending would spend that budget at once. No server limits SETTINGS so
+/// (RFC 9113 §6.5: an empty SETTINGS frame changes nothing and must be
+/// acked), and the acks come in order, in the queue of what the relay sent
+/// (`settings_unacked`). The guard sends no PING to the application.
 #[derive(Debug, Default)]
 pub(super) struct Barrier {
-    /// PINGs sent, and the highest one acked.
+    /// Round trips started, and the highest one acked.
     pub(super) sent: u64,
     pub(super) acked: u64,
-    /// The highest PING a waiting stream needs acked; another is sent on
-    /// each ack until it has been.
+    /// The highest round trip a waiting stream needs acked; another is
+    /// started on each ack until it has been.
     pub(super) wanted: u64,
+    /// When the last one started: one started in the same turn as a
+    /// stream's ask counts as started after it.
+    pub(super) started_at: Option<Instant>,
 }
 
 impl Relay<'_> {
@@ -151,7 +166,7 @@ impl Relay<'_> {
         }
         if e.quiet_at.is_some_and(|at| now >= at) {
             e.quiet_at = None;
-            e.barrier = Some((self.barrier_target(), now + BARRIER_WAIT));
+            e.barrier = Some((self.barrier_target(now), now + BARRIER_WAIT));
         }
         if let Some(s) = self.streams.get_mut(&id) {
             s.ending = Some(e);
@@ -177,11 +192,14 @@ impl Relay<'_> {
         }
     }
 
-    /// The barrier PING a stream asking now must wait for: the second one
-    /// sent from now on (see [`Barrier`]).
-    pub(super) fn barrier_target(&mut self) -> u64 {
+    /// The barrier round trip a stream asking now must wait for: the second
+    /// one started from now on (see [`Barrier`]).
+    pub(super) fn barrier_target(&mut self, now: Instant) -> u64 {
         let target = if self.barrier.acked >= self.barrier.sent {
-            self.send_barrier();
+            self.send_barrier(now);
+            self.barrier.sent + 1
+        } else if self.barrier.started_at == Some(now) {
+            // The one in flight started in this turn, after the ask.
             self.barrier.sent + 1
         } else {
             // One is in flight: the next two count.
@@ -191,12 +209,23 @@ impl Relay<'_> {
         target
     }
 
-    pub(super) fn send_barrier(&mut self) {
+    /// Starts a barrier round trip: an empty SETTINGS frame to the application.
+    pub(super) fn send_barrier(&mut self, now: Instant) {
         self.barrier.sent += 1;
-        let mut opaque = [0u8; 8];
-        opaque[..4].copy_from_slice(&BARRIER_PING);
-        opaque[4..].copy_from_slice(&(self.barrier.sent as u32).to_be_bytes());
-        wire::ping(&mut self.app.write, false, opaque);
+        self.barrier.started_at = Some(now);
+        wire::put(&mut self.app.write, wire::SETTINGS, 0, 0, &[]);
+        self.settings_unacked
+            .push_back(Unacked::Barrier(self.barrier.sent));
+    }
+
+    /// The application acked barrier round trip `seq`: the next one starts
+    /// if a stream still waits for a later one, and endings move on.
+    pub(super) fn barrier_acked(&mut self, seq: u64, now: Instant) {
+        self.barrier.acked = self.barrier.acked.max(seq);
+        if self.barrier.wanted > self.barrier.sent && self.barrier.acked >= self.barrier.sent {
+            self.send_barrier(now);
+        }
+        self.check_endings(now);
     }
 
     pub(super) fn check_endings(&mut self, now: Instant) {

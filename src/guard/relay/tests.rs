@@ -220,3 +220,233 @@ fn an_extended_connect_becomes_a_request_head() {
         "a name h2 would refuse"
     );
 }
+
+/// A relay past its handshake with `n` gRPC server streams open (ids 1, 3,
+/// ...), each answered with two messages, so each is long-lived, at a
+/// boundary and endable; what either side was sent so far is cleared.
+fn streams_open<'a>(guard: &'a Handle, n: u32, now: Instant) -> Relay<'a> {
+    let mut r = test_relay(guard);
+    r.client.read.extend_from_slice(H2_PREFACE);
+    wire::put(&mut r.client.read, wire::SETTINGS, 0, 0, &[]);
+    wire::put(&mut r.app.read, wire::SETTINGS, 0, 0, &[]);
+    r.app_frames(now).expect("the app's SETTINGS");
+    r.client_frames(now).expect("the client's preface");
+    let request = wire::literal_block(&[
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/x.Y/Z"),
+        (":authority", "app"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ]);
+    let head = wire::literal_block(&[(":status", "200"), ("content-type", "application/grpc")]);
+    let message = [0u8, 0, 0, 0, 1, 7];
+    for id in (1..2 * n).step_by(2) {
+        wire::put(
+            &mut r.client.read,
+            wire::HEADERS,
+            wire::END_HEADERS,
+            id,
+            &request,
+        );
+        r.client_frames(now).expect("a request");
+        wire::put(&mut r.app.read, wire::HEADERS, wire::END_HEADERS, id, &head);
+        wire::put(&mut r.app.read, wire::DATA, 0, id, &message);
+        wire::put(&mut r.app.read, wire::DATA, 0, id, &message);
+    }
+    // The ack of the client's SETTINGS.
+    wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
+    r.app_frames(now).expect("the answers");
+    assert_eq!(r.streams.len(), n as usize);
+    r.app.write.clear();
+    r.client.write.clear();
+    r.cleared = 0;
+    r
+}
+
+/// Frames of `kind` in `buf`, and of those how many carry the ACK flag.
+fn count(buf: &[u8], kind: u8) -> (usize, usize) {
+    let f: Vec<_> = frames_in(buf).into_iter().filter(|f| f.0 == kind).collect();
+    let acks = f.iter().filter(|f| f.1 & wire::ACK != 0).count();
+    (f.len(), acks)
+}
+
+/// The streams the client got `grpc-status: 14` trailers for.
+fn ended_gracefully(r: &Relay<'_>) -> usize {
+    frames_in(&r.client.write)
+        .iter()
+        .filter(|f| f.0 == wire::HEADERS && f.1 & wire::END_STREAM != 0)
+        .count()
+}
+
+/// Acks every barrier SETTINGS the app was sent (as its stack would), with
+/// the clock at `now`, until no more are sent. Returns how many.
+fn ack_barriers(r: &mut Relay<'_>, now: Instant) -> usize {
+    let mut acked = 0;
+    for _ in 0..100 {
+        let (settings, _) = count(&r.app.write, wire::SETTINGS);
+        if settings == acked {
+            break;
+        }
+        for _ in acked..settings {
+            wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
+        }
+        acked = settings;
+        r.app_frames(now).expect("the acks");
+    }
+    acked
+}
+
+/// Issue 39: every gRPC server strikes a PING that comes within 5 minutes
+/// of the last one with no DATA or HEADERS written since, and drops the
+/// connection at the third. Twenty quiet streams ended one by one over a
+/// drain window, with the application silent throughout, must cost the
+/// application connection no PING at all; the barrier is SETTINGS round
+/// trips, two per ending that asks alone, and each stream still waits for
+/// two of them started after it asked.
+#[tokio::test]
+async fn quiet_endings_spread_over_a_drain_send_the_app_no_ping() {
+    let guard = test_guard();
+    let start = Instant::now();
+    let mut r = streams_open(&guard, 20, start);
+    let settle = guard.config().limits.end_settle;
+    let ctls = guard.registry().open_streams();
+    assert_eq!(ctls.len(), 20);
+    let mut now = start;
+    for (i, ctl) in ctls.iter().enumerate() {
+        now += std::time::Duration::from_millis(400);
+        ctl.end(Reason::drain);
+        for id in r.queue.take() {
+            r.begin_end(id, now);
+        }
+        // Its quiet moment passes; the barrier starts.
+        now += settle + BURST_GAP;
+        r.timers(now).expect("timers");
+        let before = ended_gracefully(&r);
+        assert_eq!(before, i, "no stream ends before its barrier is acked");
+        ack_barriers(&mut r, now);
+        assert_eq!(
+            ended_gracefully(&r),
+            i + 1,
+            "stream {i} ends on the second ack"
+        );
+    }
+    let (pings, _) = count(&r.app.write, wire::PING);
+    assert_eq!(pings, 0, "no PING to the application");
+    let (settings, acks) = count(&r.app.write, wire::SETTINGS);
+    assert_eq!(
+        (settings, acks),
+        (40, 0),
+        "two empty SETTINGS per lone ending"
+    );
+    assert!(frames_in(&r.app.write)
+        .iter()
+        .filter(|f| f.0 == wire::SETTINGS)
+        .all(|f| f.3.is_empty()));
+    // Every ack was the guard's own: none reached the client.
+    assert_eq!(count(&r.client.write, wire::SETTINGS), (0, 0));
+    assert!(r.streams.is_empty());
+}
+
+/// Endings asked together share the barrier: one pair of round trips for
+/// the whole wave.
+#[tokio::test]
+async fn endings_asked_together_share_two_round_trips() {
+    let guard = test_guard();
+    let start = Instant::now();
+    let mut r = streams_open(&guard, 20, start);
+    for ctl in guard.registry().open_streams() {
+        ctl.end(Reason::max_age);
+    }
+    for id in r.queue.take() {
+        r.begin_end(id, start);
+    }
+    let now = start + guard.config().limits.end_settle + BURST_GAP;
+    r.timers(now).expect("timers");
+    assert_eq!(ack_barriers(&mut r, now), 2);
+    assert_eq!(ended_gracefully(&r), 20);
+    assert_eq!(count(&r.app.write, wire::PING), (0, 0));
+}
+
+/// A client SETTINGS and the guard's barrier in flight together: each ack
+/// goes to what it acknowledges, in order (the client gets exactly one ack,
+/// for its own), and a table size the client lowered binds only on its ack.
+#[tokio::test]
+async fn settings_acks_pair_with_what_they_acknowledge() {
+    let guard = test_guard();
+    let now = Instant::now();
+    let mut r = streams_open(&guard, 1, now);
+    for ctl in guard.registry().open_streams() {
+        ctl.end(Reason::drain);
+    }
+    for id in r.queue.take() {
+        r.begin_end(id, now);
+    }
+    let later = now + guard.config().limits.end_settle + BURST_GAP;
+    r.timers(later).expect("timers");
+    // The client lowers its table while the first barrier is in flight.
+    let mut lower = Vec::new();
+    lower.extend_from_slice(&wire::HEADER_TABLE_SIZE.to_be_bytes());
+    lower.extend_from_slice(&0u32.to_be_bytes());
+    wire::put(&mut r.client.read, wire::SETTINGS, 0, 0, &lower);
+    r.client_frames(later).expect("the client's SETTINGS");
+    // The app acks the barrier: not the client's.
+    wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
+    r.app_frames(later).expect("ack 1");
+    assert_eq!(count(&r.client.write, wire::SETTINGS), (0, 0));
+    assert_eq!(r.client_table_acked, DEFAULT_TABLE, "not acked yet");
+    // The client's, then the second barrier's.
+    wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
+    r.app_frames(later).expect("ack 2");
+    assert_eq!(count(&r.client.write, wire::SETTINGS), (1, 1));
+    assert_eq!(r.client_table_acked, 0);
+    assert_eq!(
+        ended_gracefully(&r),
+        0,
+        "the second round trip is still out"
+    );
+    wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
+    r.app_frames(later).expect("ack 3");
+    assert_eq!(ended_gracefully(&r), 1);
+    assert_eq!(count(&r.client.write, wire::SETTINGS), (1, 1));
+}
+
+/// Issue 39 review, item 2: a client PING whose data looks like the
+/// guard's own is the client's, and its ack reaches it; an app PING with
+/// the old fixed probe data is acked to the app, not taken as the probe.
+#[tokio::test]
+async fn a_peers_ping_is_never_taken_for_the_guards_own() {
+    let guard = test_guard();
+    let now = Instant::now();
+    let mut r = streams_open(&guard, 1, now);
+    let lookalike = *b"dsb\0\xff\xff\xff\xff";
+    wire::ping(&mut r.client.read, false, lookalike);
+    r.client_frames(now).expect("the client's PING");
+    assert!(frames_in(&r.app.write)
+        .iter()
+        .any(|f| f.0 == wire::PING && f.1 == 0 && f.3 == lookalike));
+    wire::ping(&mut r.app.read, true, lookalike);
+    r.app_frames(now).expect("the app's ack");
+    assert!(
+        frames_in(&r.client.write)
+            .iter()
+            .any(|f| f.0 == wire::PING && f.1 == wire::ACK && f.3 == lookalike),
+        "the client gets the ack of its PING"
+    );
+    // The guard's GOAWAY probe is out; the client acks the app's PING
+    // that carries the old fixed probe data: it goes to the app.
+    r.client.write.clear();
+    r.app.write.clear();
+    r.first_goaway();
+    assert!(r.probe_out);
+    wire::ping(&mut r.client.read, true, *b"dsgoaway");
+    r.client_frames(now).expect("the client's ack");
+    assert!(r.probe_out, "not the probe's ack");
+    assert!(frames_in(&r.app.write)
+        .iter()
+        .any(|f| f.0 == wire::PING && f.1 == wire::ACK && &f.3[..] == b"dsgoaway"));
+    let probe = r.probe;
+    wire::ping(&mut r.client.read, true, probe);
+    r.client_frames(now).expect("the probe's ack");
+    assert!(!r.probe_out);
+}
