@@ -78,8 +78,10 @@ impl Relay<'_> {
                     wire::window_update(&mut self.app.write, 0, h.len as u32);
                     return Ok(());
                 };
-                self.client.write.extend_from_slice(frame);
+                // Checked before it goes on: padding longer than the frame
+                // is the application's error, never the client's to see.
                 let data = wire::content(h, payload).map_err(|_| Failure::AppProtocol)?;
+                self.client.write.extend_from_slice(frame);
                 if !data.is_empty() {
                     s.last_data = Some(now);
                 }
@@ -161,7 +163,6 @@ impl Relay<'_> {
         let (mut streams_seen, mut list_seen, mut connect_seen) = (false, false, false);
         wire::rewrite_settings(&mut payload, |id, v| match id {
             wire::HEADER_TABLE_SIZE => {
-                self.app.table = v;
                 self.client.hpack.allow(v);
                 v
             }

@@ -60,7 +60,7 @@ impl Relay<'_> {
     ) {
         match all {
             Some(all) => {
-                let clear = (self.app.translate == Some(true)).then_some(self.app.table);
+                let clear = self.app.translate == Some(true);
                 self.app.translate = Some(false);
                 let mut encoded = literals(clear, all);
                 if request {
@@ -107,8 +107,13 @@ impl Relay<'_> {
     /// A block re-encoded as literals (see the module doc), the first one
     /// after clearing the client's table.
     pub(super) fn put_translated(&mut self, block: &Block, all: &[wire::Field]) {
-        let clear = (self.client.translate == Some(true)).then_some(self.client.table);
+        let clear = self.client.translate == Some(true);
         self.client.translate = Some(false);
+        if clear {
+            // The update to 0 is below any size the client may have
+            // lowered its table to: it is the one update that is due.
+            self.client_update_due = None;
+        }
         let encoded = literals(clear, all);
         self.own_block(block.id, &encoded, block.end_stream);
     }
@@ -164,13 +169,16 @@ pub(super) fn unavailable_block(message: &'static str) -> Vec<u8> {
     ])
 }
 
-/// `fields` as literals without indexing; with `clear`, first two table
-/// size updates (to 0, evicting every entry, then back to the size).
-pub(super) fn literals(clear: Option<u32>, fields: &[wire::Field]) -> Vec<u8> {
+/// `fields` as literals without indexing; with `clear`, first one table
+/// size update to 0, which evicts every entry. The table stays at 0: every
+/// later block this way is literals too, which need none, and a size is
+/// never raised to one the receiver has not acked (RFC 7541 §4.2, §6.3).
+/// So a block carries at most one size update (some decoders take no more
+/// than two).
+pub(super) fn literals(clear: bool, fields: &[wire::Field]) -> Vec<u8> {
     let mut out = Vec::new();
-    if let Some(size) = clear {
+    if clear {
         wire::put_size_update(&mut out, 0);
-        wire::put_size_update(&mut out, size);
     }
     for f in fields {
         // A field sent never-indexed stays so (RFC 7541 §6.2.3).

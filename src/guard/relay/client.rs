@@ -173,7 +173,6 @@ impl Relay<'_> {
                     wire::HEADER_TABLE_SIZE => {
                         // The application's encoder may use up to this.
                         table = Some(v);
-                        self.client.table = v;
                         self.app.hpack.allow(v);
                         v
                     }

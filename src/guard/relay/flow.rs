@@ -37,7 +37,9 @@ impl Relay<'_> {
     /// the client's connection window as far as it goes. A frame larger than
     /// what is left is split (its padding dropped and given back to the
     /// application), so the window is always used up: a client may wait for
-    /// it to run dry before it sends a WINDOW_UPDATE.
+    /// it to run dry before it sends a WINDOW_UPDATE. Once a DATA frame must
+    /// wait, the frames behind it that do not depend on it go ahead of it
+    /// ([`Relay::pass_held`]).
     pub(super) fn clear_gate(&mut self) {
         while let Some(h) = wire::head(&self.client.write[self.cleared..]) {
             let len = h.len as i64;
@@ -49,10 +51,83 @@ impl Relay<'_> {
                 continue;
             }
             if self.conn_window <= 0 {
-                return;
+                return self.pass_held();
             }
             self.split_data(h, self.conn_window as usize);
         }
+    }
+
+    /// `to_client` is held at `cleared` by DATA the client's window cannot
+    /// take: the frames behind it that need not wait go first, and are
+    /// cleared. Those are the connection's own (SETTINGS and PING acks,
+    /// GOAWAY, the connection's WINDOW_UPDATEs) and other streams' frames,
+    /// but never a stream's frame behind one of its own that waits (its
+    /// trailers behind its DATA), nor a header block behind one that waits
+    /// (HPACK decodes blocks in the order they were encoded). Without this,
+    /// a client that waits for a PING or SETTINGS ack before it sends
+    /// credit, or a GOAWAY held at the close, would wait for good.
+    pub(super) fn pass_held(&mut self) {
+        let queued = &self.client.write[self.cleared..];
+        let mut waiting: Vec<u32> = Vec::new();
+        let mut block_waits = false;
+        // Each frame behind the gate: (start, end, goes now).
+        let mut frames = Vec::new();
+        let mut at = 0;
+        while let Some(h) = wire::head(&queued[at..]) {
+            let end = at + wire::FRAME_HEADER + h.len;
+            let header_block = matches!(
+                h.kind,
+                wire::HEADERS | wire::CONTINUATION | wire::PUSH_PROMISE
+            );
+            let waits = h.kind == wire::DATA
+                || (h.id != 0 && waiting.contains(&h.id))
+                || (header_block && block_waits);
+            if waits {
+                if h.id != 0 && !waiting.contains(&h.id) {
+                    waiting.push(h.id);
+                }
+                block_waits |= header_block;
+            }
+            frames.push((at, end, !waits));
+            at = end;
+        }
+        if !frames.iter().any(|f| f.2) {
+            return;
+        }
+        let mut order = BytesMut::with_capacity(queued.len());
+        for &(from, to, _) in frames.iter().filter(|f| f.2) {
+            order.extend_from_slice(&queued[from..to]);
+        }
+        let passed = order.len();
+        for &(from, to, _) in frames.iter().filter(|f| !f.2) {
+            order.extend_from_slice(&queued[from..to]);
+        }
+        // An incomplete frame never waits here, but keep any tail as it is.
+        order.extend_from_slice(&queued[at..]);
+        self.client.write.truncate(self.cleared);
+        self.client.write.extend_from_slice(&order);
+        self.cleared += passed;
+    }
+
+    /// While closing, the client is read for its connection WINDOW_UPDATEs
+    /// alone: what waits for its window (the last DATA, trailers behind it)
+    /// can still go out before the close. Every other frame is dropped.
+    pub(super) fn credit_while_closing(&mut self) {
+        let buf = std::mem::take(&mut self.client.read);
+        let mut at = 0;
+        while let Some(h) = wire::head(&buf[at..]) {
+            let end = at + wire::FRAME_HEADER + h.len;
+            if buf.len() < end {
+                break;
+            }
+            if h.kind == wire::WINDOW_UPDATE && h.id == 0 && h.len == 4 {
+                let b = [buf[at + 9], buf[at + 10], buf[at + 11], buf[at + 12]];
+                let credit = i64::from(u32::from_be_bytes(b) & wire::MAX_STREAM_ID);
+                self.conn_window = (self.conn_window + credit).min(MAX_WINDOW);
+            }
+            at = end;
+        }
+        self.client.read = keep_rest(buf, at);
     }
 
     /// Splits the DATA frame at `cleared` so its first piece takes at most

@@ -268,8 +268,6 @@ struct Side {
     hpack: wire::Hpack,
     /// This peer's header block being gathered over CONTINUATION frames.
     block: Option<Block>,
-    /// This peer's SETTINGS_HEADER_TABLE_SIZE: the table blocks to it use.
-    table: u32,
     /// This peer's SETTINGS_MAX_FRAME_SIZE: the largest frame written to it.
     frame: usize,
     /// Blocks to this peer are re-encoded as literals (see the module doc):
@@ -286,7 +284,6 @@ impl Side {
             write: BytesMut::new(),
             hpack: wire::Hpack::new(DEFAULT_TABLE as usize),
             block: None,
-            table: DEFAULT_TABLE,
             frame: DEFAULT_FRAME,
             translate: None,
         }
@@ -569,6 +566,10 @@ impl<'a> Relay<'a> {
             };
             let now = Instant::now();
             let result = match event {
+                Wake::FromClient if self.closing => {
+                    self.credit_while_closing();
+                    Ok(())
+                }
                 Wake::FromClient => self.client_frames(now),
                 Wake::FromApp => self.app_frames(now),
                 Wake::ClientGone => break,
@@ -697,6 +698,14 @@ impl<'a> Relay<'a> {
         } else {
             HIGH_WATER
         };
+        if self.closing {
+            // Only for the WINDOW_UPDATEs what waits at the gate needs.
+            return (
+                self.cleared < self.client.write.len()
+                    && self.client.read.len() < READ_BUF + MAX_FRAME as usize,
+                false,
+            );
+        }
         (
             !self.closing
                 && self.app.write.len() < HIGH_WATER

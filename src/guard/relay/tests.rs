@@ -153,7 +153,7 @@ fn a_re_encoded_block_clears_the_table_then_decodes_alone() {
         field("grpc-status", "0", false),
         field("authorization", "Bearer s3cret", true),
     ];
-    let block = literals(Some(4096), &fields);
+    let block = literals(true, &fields);
     // A decoder that holds an entry (`a: b`, literal with indexing).
     let mut dec = wire::Hpack::new(4096);
     let mut seed = vec![0x40, 1, b'a', 1, b'b'];
@@ -449,4 +449,141 @@ async fn a_peers_ping_is_never_taken_for_the_guards_own() {
     wire::ping(&mut r.client.read, true, probe);
     r.client_frames(now).expect("the probe's ack");
     assert!(!r.probe_out);
+}
+
+/// Issue 39 review, item 3: DATA that waits for the client's connection
+/// window holds back nothing that does not depend on it. Acks, GOAWAY and
+/// other streams' frames go first; a stream's trailers stay behind its
+/// DATA, and a header block behind a waiting one (HPACK order).
+#[tokio::test]
+async fn control_frames_pass_data_that_waits_for_window() {
+    let guard = test_guard();
+    let mut r = test_relay(&guard);
+    r.conn_window = 0;
+    let trailers = wire::literal_block(&[("grpc-status", "0")]);
+    let head = wire::literal_block(&[(":status", "200")]);
+    let w = &mut r.client.write;
+    wire::put(w, wire::DATA, 0, 1, &[1u8; 100]);
+    wire::ping(w, true, [7; 8]);
+    wire::put(w, wire::SETTINGS, wire::ACK, 0, &[]);
+    wire::put(w, wire::HEADERS, wire::END_HEADERS, 3, &head);
+    wire::put(
+        w,
+        wire::HEADERS,
+        wire::END_HEADERS | wire::END_STREAM,
+        1,
+        &trailers,
+    );
+    wire::put(w, wire::HEADERS, wire::END_HEADERS, 5, &head);
+    wire::rst(w, 7, wire::CANCEL);
+    wire::put(w, wire::DATA, 0, 3, &[3u8; 10]);
+    wire::put(w, wire::GOAWAY, 0, 0, &[0, 0, 0, 7, 0, 0, 0, 0]);
+    r.clear_gate();
+    let shape =
+        |buf: &[u8]| -> Vec<(u8, u32)> { frames_in(buf).iter().map(|f| (f.0, f.2)).collect() };
+    assert_eq!(
+        shape(&r.client.write[..r.cleared]),
+        [
+            (wire::PING, 0),
+            (wire::SETTINGS, 0),
+            (wire::HEADERS, 3),
+            (wire::RST_STREAM, 7),
+            (wire::GOAWAY, 0),
+        ],
+        "what may go now"
+    );
+    assert_eq!(
+        shape(&r.client.write[r.cleared..]),
+        [
+            (wire::DATA, 1),
+            (wire::HEADERS, 1),
+            (wire::HEADERS, 5),
+            (wire::DATA, 3),
+        ],
+        "what waits, in its order"
+    );
+    assert_eq!(r.conn_window, 0, "nothing charged");
+    // Credit comes: the rest goes, in order, charged once.
+    r.client_credit(110).expect("credit");
+    r.clear_gate();
+    assert_eq!(r.cleared, r.client.write.len());
+    assert_eq!(r.conn_window, 0);
+}
+
+/// Item 3, at the close: the client is still read for its connection
+/// WINDOW_UPDATE, so the last DATA and the trailers behind it go out
+/// before the connection closes (not a bare TCP close); nothing else the
+/// client sends is acted on.
+#[tokio::test]
+async fn a_closing_connection_still_takes_window_updates() {
+    let guard = test_guard();
+    let mut r = test_relay(&guard);
+    r.handshake = false;
+    r.conn_window = 0;
+    let trailers = wire::literal_block(&[("grpc-status", "0")]);
+    wire::put(&mut r.client.write, wire::DATA, 0, 1, &[1u8; 100]);
+    wire::put(
+        &mut r.client.write,
+        wire::HEADERS,
+        wire::END_HEADERS | wire::END_STREAM,
+        1,
+        &trailers,
+    );
+    r.close_with(wire::NO_ERROR);
+    r.clear_gate();
+    assert!(r.closing);
+    let (want_client, want_app) = r.wants();
+    assert!(want_client && !want_app, "reads the client for its credit");
+    wire::put(&mut r.client.read, wire::SETTINGS, 0, 0, &[]);
+    wire::window_update(&mut r.client.read, 0, 100);
+    r.credit_while_closing();
+    assert!(r.app.write.is_empty(), "nothing goes on to the app");
+    r.clear_gate();
+    assert_eq!(r.cleared, r.client.write.len(), "everything may go");
+    let (want_client, _) = r.wants();
+    assert!(!want_client, "nothing left to wait for");
+}
+
+/// Issue 39 review, item 6: an application DATA frame whose padding is as
+/// long as its payload is the application's protocol error, and never
+/// reaches the client (which would fail the connection over it).
+#[tokio::test]
+async fn malformed_app_data_is_checked_before_it_goes_on() {
+    let guard = test_guard();
+    let now = Instant::now();
+    let mut r = streams_open(&guard, 1, now);
+    wire::put(&mut r.app.read, wire::DATA, wire::PADDED, 1, &[200, 1, 2]);
+    assert!(matches!(r.app_frames(now), Err(Failure::AppProtocol)));
+    assert!(r.client.write.is_empty(), "nothing of it went on");
+}
+
+/// Issue 39 review, item 5: the first re-encoded block to the client, when
+/// the client had also lowered its table, starts with ONE size update (to
+/// 0: below any size it set), not three; the table is never raised again
+/// (every later block is literals).
+#[tokio::test]
+async fn a_re_encoded_block_carries_one_size_update() {
+    let guard = test_guard();
+    let mut r = test_relay(&guard);
+    r.client.translate = Some(true);
+    r.client_update_due = Some(100);
+    let block = Block::start(wire::Head {
+        len: 0,
+        kind: wire::HEADERS,
+        flags: wire::END_HEADERS,
+        id: 1,
+    });
+    let fields = [wire::Field {
+        name: b"grpc-status".to_vec(),
+        value: b"0".to_vec(),
+        never_indexed: false,
+    }];
+    let size_updates = |block: &[u8]| block.iter().take_while(|b| *b & 0xE0 == 0x20).count();
+    r.put_translated(&block, &fields);
+    let frames = frames_in(&r.client.write);
+    assert_eq!(frames[0].3[0], 0x20, "an update to 0 first");
+    assert_eq!(size_updates(&frames[0].3), 1);
+    r.client.write.clear();
+    r.put_translated(&block, &fields);
+    assert_eq!(size_updates(&frames_in(&r.client.write)[0].3), 0);
 }
