@@ -178,6 +178,8 @@ mod tests {
         let m = Metrics::register(registry);
         // As a guard at a limit counts it (node mode once left it out).
         m.guard_limited(crate::metrics::Limit::rst_stream).inc();
+        // As a guard whose app stopped (GOAWAY NO_ERROR) counts it.
+        m.guard_app_goaway(0).inc();
         // As a guard with a max connection age sets it.
         m.guard_max_connection_age
             .get_or_create(&Vec::new())

@@ -58,6 +58,7 @@ fn registered() -> BTreeSet<String> {
             version: "1.40.0".into(),
         });
     m.guard_limited(metrics::Limit::streams);
+    m.guard_app_goaway(0);
     let key = metrics::ServiceKey {
         service: "shop.Cart".into(),
         method: None,
