@@ -29,9 +29,12 @@
 //! application's GOAWAY, the client's connection window (`clear_gate`,
 //! `split_data`) and the refusal of a PUSH_PROMISE are reached.
 //!
-//! Out of reach: the guard's own graceful ends (`feed` never takes the
-//! connection's end queue, which a drain or the application's GOAWAY fills)
-//! and the relay's timers (the clock stands still during a run).
+//! Two steps are not frames: a drain (every stream of the connection is
+//! asked to end, so the guard's own graceful ends and its SETTINGS barrier
+//! to the application are reached, and the application's SETTINGS acks pair
+//! with them) and a wait (the relay's clock moves on, so quiet moments,
+//! the barrier's bound, `end_timeout` and the GOAWAY timers fire; the
+//! runtime's clock itself stands still).
 //!
 //! Each run starts with a well-formed client preface and both (empty)
 //! SETTINGS frames, or with the preface alone, or with nothing; or with the
@@ -48,7 +51,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use arbitrary::{Arbitrary, Unstructured};
-use drainshim::guard::{Guard, GuardConfig};
+use drainshim::guard::{FeedStep, Guard, GuardConfig};
 use drainshim::metrics::Metrics;
 use libfuzzer_sys::fuzz_target;
 
@@ -89,6 +92,12 @@ enum Step {
     Repeat(Frame, u8),
     /// A read of raw bytes from the client (true) or the application.
     Raw(bool, Vec<u8>),
+    /// A drain asks every stream of the connection to end: the guard's own
+    /// graceful ends, and its SETTINGS barrier to the application.
+    Drain,
+    /// The clock moves on `n` ms (a stream's quiet moment, the barrier's
+    /// wait, `end_timeout`, the GOAWAY timers).
+    Wait(u16),
 }
 
 impl<'a> Arbitrary<'a> for Step {
@@ -99,6 +108,8 @@ impl<'a> Arbitrary<'a> for Step {
             140..=184 => Step::Batched(u.arbitrary()?),
             185..=209 => Step::Split(u.arbitrary()?, u.arbitrary()?),
             210..=229 => Step::Repeat(u.arbitrary()?, u.arbitrary()?),
+            230..=239 => Step::Drain,
+            240..=244 => Step::Wait(u.arbitrary()?),
             _ => Step::Raw(u.arbitrary()?, u.arbitrary()?),
         })
     }
@@ -222,7 +233,8 @@ enum Body {
 enum Ping {
     /// Any 8 bytes.
     Opaque([u8; 8]),
-    /// The ack of the relay's barrier PING number `seq` to the application.
+    /// An ack with the data the relay's PING barrier once used (`dsb\0`
+    /// and a number): the app's or the client's, never the guard's own now.
     BarrierAck(u32),
     /// The ack of the relay's GOAWAY probe to the client.
     ProbeAck,
@@ -674,45 +686,58 @@ impl Frame {
     }
 }
 
-/// The reads the relay gets: from the client (true) or the application.
-fn reads(input: &Input) -> Vec<(bool, Vec<u8>)> {
+/// One step of the relay's input, owned.
+enum Read {
+    Bytes(bool, Vec<u8>),
+    Drain,
+    Wait(u16),
+}
+
+/// The steps the relay gets: reads from the client (true) or the
+/// application, drains, and the clock moving on.
+fn reads(input: &Input) -> Vec<Read> {
     const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
     // An empty SETTINGS frame from each side.
     const SETTINGS_FRAME: &[u8] = &[0, 0, 0, 4, 0, 0, 0, 0, 0];
-    let mut reads: Vec<(bool, Vec<u8>)> = Vec::new();
+    let mut reads: Vec<Read> = Vec::new();
     match input.prelude {
         Prelude::Handshake => {
-            reads.push((true, PREFACE.to_vec()));
-            reads.push((true, SETTINGS_FRAME.to_vec()));
-            reads.push((false, SETTINGS_FRAME.to_vec()));
+            reads.push(Read::Bytes(true, PREFACE.to_vec()));
+            reads.push(Read::Bytes(true, SETTINGS_FRAME.to_vec()));
+            reads.push(Read::Bytes(false, SETTINGS_FRAME.to_vec()));
         }
-        Prelude::Preface => reads.push((true, PREFACE.to_vec())),
+        Prelude::Preface => reads.push(Read::Bytes(true, PREFACE.to_vec())),
         Prelude::Alone => {
-            reads.push((true, PREFACE.to_vec()));
-            reads.push((true, SETTINGS_FRAME.to_vec()));
+            reads.push(Read::Bytes(true, PREFACE.to_vec()));
+            reads.push(Read::Bytes(true, SETTINGS_FRAME.to_vec()));
         }
         Prelude::Nothing => {}
     }
     for step in &input.steps {
         match step {
-            Step::Frame(f) => reads.push((f.from_client, f.encode())),
+            Step::Frame(f) => reads.push(Read::Bytes(f.from_client, f.encode())),
             Step::Batched(f) => match reads.last_mut() {
-                Some((side, bytes)) if *side == f.from_client => {
+                Some(Read::Bytes(side, bytes)) if *side == f.from_client => {
                     bytes.extend_from_slice(&f.encode())
                 }
-                _ => reads.push((f.from_client, f.encode())),
+                _ => reads.push(Read::Bytes(f.from_client, f.encode())),
             },
             Step::Split(f, at) => {
                 let mut first = f.encode();
                 let second = first.split_off(usize::from(*at) % (first.len() + 1));
-                reads.push((f.from_client, first));
-                reads.push((f.from_client, second));
+                reads.push(Read::Bytes(f.from_client, first));
+                reads.push(Read::Bytes(f.from_client, second));
             }
             Step::Repeat(f, n) => {
                 let frame = f.encode();
-                reads.push((f.from_client, frame.repeat(2 + usize::from(n % 15))));
+                reads.push(Read::Bytes(
+                    f.from_client,
+                    frame.repeat(2 + usize::from(n % 15)),
+                ));
             }
-            Step::Raw(side, bytes) => reads.push((*side, bytes.clone())),
+            Step::Raw(side, bytes) => reads.push(Read::Bytes(*side, bytes.clone())),
+            Step::Drain => reads.push(Read::Drain),
+            Step::Wait(ms) => reads.push(Read::Wait(*ms)),
         }
     }
     reads
@@ -739,9 +764,16 @@ fn guard() -> &'static (tokio::runtime::Runtime, Guard) {
 fuzz_target!(|input: Input| {
     let (rt, guard) = guard();
     let reads = reads(&input);
-    let chunks: Vec<(bool, &[u8])> = reads.iter().map(|(c, b)| (*c, b.as_slice())).collect();
+    let steps: Vec<FeedStep<'_>> = reads
+        .iter()
+        .map(|r| match r {
+            Read::Bytes(c, b) => FeedStep::Read(*c, b.as_slice()),
+            Read::Drain => FeedStep::EndAll,
+            Read::Wait(ms) => FeedStep::Wait(Duration::from_millis(u64::from(*ms))),
+        })
+        .collect();
     rt.block_on(async {
-        guard.fuzz_frame_relay(&chunks, matches!(input.prelude, Prelude::Alone));
+        guard.fuzz_frame_relay(&steps, matches!(input.prelude, Prelude::Alone));
         // The relay is gone: what it spawned runs out (the guard's spreads
         // and connect timeouts are seconds), so nothing piles up run after run.
         tokio::time::sleep(Duration::from_secs(60)).await;

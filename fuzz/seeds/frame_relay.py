@@ -63,7 +63,7 @@ def option(encoded):
 HANDSHAKE, PREFACE, NOTHING, ALONE = (variant(i, 4) for i in range(4))
 
 # Step selectors (one byte; see `impl Arbitrary for Step`).
-FRAME, BATCHED, SPLIT, REPEAT, RAW = 0, 140, 185, 210, 230
+FRAME, BATCHED, SPLIT, REPEAT, DRAIN, WAIT, RAW = 0, 140, 185, 210, 230, 240, 245
 
 # Flags
 END_STREAM = ACK = 0x1
@@ -333,6 +333,32 @@ SEEDS = {
         step(FRAME, frame(A, 0, 3, rst_stream(7))),
         step(FRAME, frame(C, 0, 1, window_update(False, small(100)))),
         step(FRAME, frame(A, 0, 0, ping(ping_opaque(b"12345678")))),
+    ),
+    # Three quiet long-lived streams (two messages each), a drain: each ends
+    # after its quiet moment and two SETTINGS round trips to the application
+    # (its acks: first the client's SETTINGS, then the barrier's), while the
+    # client lowers its table and the application pings.
+    "quiet_drain": seed(
+        HANDSHAKE,
+        step(FRAME, frame(C, END_HEADERS, 1, headers(head(GRPC_REQUEST)))),
+        step(FRAME, frame(C, END_HEADERS, 3, headers(head(GRPC_REQUEST)))),
+        step(FRAME, frame(C, END_HEADERS, 5, headers(head(GRPC_REQUEST)))),
+        step(FRAME, frame(A, END_HEADERS, 1, headers(head(GRPC_RESPONSE)))),
+        step(BATCHED, frame(A, 0, 1, data(grpc(MSG, MSG)))),
+        step(BATCHED, frame(A, END_HEADERS, 3, headers(head(GRPC_RESPONSE)))),
+        step(BATCHED, frame(A, 0, 3, data(grpc(MSG, MSG)))),
+        step(BATCHED, frame(A, END_HEADERS, 5, headers(head(GRPC_RESPONSE)))),
+        step(BATCHED, frame(A, 0, 5, data(grpc(MSG, MSG)))),
+        step(DRAIN),
+        step(WAIT, u16(600)),
+        step(FRAME, frame(C, 0, 0, settings([(HEADER_TABLE_SIZE, raw_value(0))]))),
+        step(FRAME, frame(A, ACK, 0, settings([]))),
+        step(FRAME, frame(A, ACK, 0, settings([]))),
+        step(FRAME, frame(A, 0, 0, ping(ping_opaque(b"12345678")))),
+        step(FRAME, frame(A, ACK, 0, settings([]))),
+        step(FRAME, frame(A, ACK, 0, settings([]))),
+        step(WAIT, u16(100)),
+        step(FRAME, frame(C, 0, 0, window_update(True, small(1000)))),
     ),
     # No application: the guard answers a gRPC call and a GET itself, acks
     # a PING and a SETTINGS, takes an upload's DATA, serves a WebSocket.

@@ -21,8 +21,9 @@
 //! in the application's first pause: at a message boundary, when nothing
 //! more has arrived for [`BURST_GAP`] after a message (a producer that just
 //! wrote is between writes, so the cancel that follows cannot catch a
-//! message on its way), and after a PING round trip to the application
-//! ([`BARRIER_WAIT`] at most), whose ack follows everything it had queued.
+//! message on its way), and after the barrier: two round trips of an empty
+//! SETTINGS frame to the application ([`BARRIER_WAIT`] at most for each),
+//! whose acks follow everything it had queued.
 //! An application that was already quiet gets up to `end_settle` to write
 //! once more, so the end lands right after a write rather than at a random
 //! moment that may meet one. Past `end_timeout` a stream at a boundary is
@@ -41,13 +42,13 @@ use super::signals;
 use crate::metrics::{Code, Reason};
 
 /// After a message, this long without more data means the application
-/// paused between writes: the stream may end there (after the PING round
-/// trip, which collects whatever it had already queued). Short, because the
+/// paused between writes: the stream may end there (after the barrier's
+/// round trips, which collect whatever it had already queued). Short, because the
 /// end should come as soon after a write as possible: a producer's next
 /// write is then furthest away.
 pub(super) const BURST_GAP: Duration = Duration::from_millis(2);
 
-/// Longest wait for the PING round trip before an ending goes ahead anyway.
+/// Longest wait for the barrier's round trip before an ending goes ahead anyway.
 pub(super) const BARRIER_WAIT: Duration = Duration::from_millis(50);
 
 /// How a stream ended, for metrics and logs.

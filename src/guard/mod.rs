@@ -67,6 +67,8 @@ mod websocket;
 // Public for the `hpack` fuzz target; nothing outside the guard uses it.
 #[doc(hidden)]
 pub use relay::wire;
+#[doc(hidden)]
+pub use relay::FeedStep;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -308,13 +310,13 @@ impl Guard {
         accept::serve(self.clone(), listener, accepting, shutdown).await;
     }
 
-    /// The HTTP/2 frame relay fed `chunks` without sockets (true: from the
-    /// client, false: from the application; `alone`: with no application,
-    /// whose chunks are then dropped), for the fuzz target. Call it inside
-    /// a tokio runtime.
+    /// The HTTP/2 frame relay fed `steps` without sockets (reads from
+    /// either peer, a drain's ask to end every stream, the clock moved on;
+    /// `alone`: with no application, whose reads are then dropped), for the
+    /// fuzz target. Call it inside a tokio runtime.
     #[doc(hidden)]
-    pub fn fuzz_frame_relay(&self, chunks: &[(bool, &[u8])], alone: bool) {
-        relay::feed(&self.handle(), chunks, alone);
+    pub fn fuzz_frame_relay(&self, steps: &[FeedStep<'_>], alone: bool) {
+        relay::feed(&self.handle(), steps, alone);
     }
 
     /// What a connection driver is given of this guard.

@@ -14,8 +14,9 @@
 //! every header block it writes as literals without indexing, which change
 //! neither peer's dynamic table. A graceful end ([`stream_end`], by the
 //! rules in [`crate::guard::ending`]) comes at a boundary, in the
-//! application's first pause, after a PING round trip to the application
-//! (its ack follows everything the application had queued): trailers
+//! application's first pause, after a barrier of two empty-SETTINGS round
+//! trips to the application (their acks follow everything it had queued;
+//! SETTINGS, because gRPC servers punish PINGs on a quiet connection): trailers
 //! `grpc-status: 14` to the client and RST_STREAM(CANCEL) to the
 //! application. Whatever the application still sends for that stream is
 //! dropped, and the connection window its DATA took is given back to it.
@@ -188,37 +189,77 @@ pub async fn serve(guard: Handle, io: Prefixed<TcpStream>, info: ConnInfo) {
     tracing::debug!(peer = %info.peer, conn = info.id, "guard: HTTP/2 connection closed");
 }
 
-/// Feeds one connection's bytes to a relay with no sockets: each chunk as
-/// read from the client (true) or the application (false), then the timers;
-/// what the relay writes is dropped. For the fuzz target: whatever the
-/// peers send, the relay must neither panic nor hold more than its bounds.
-/// Runs inside a tokio runtime (a WebSocket over HTTP/2 starts a task).
-/// `alone`: the relay has no application, and the application's chunks
-/// are dropped.
-pub fn feed(guard: &Handle, chunks: &[(bool, &[u8])], alone: bool) {
+/// One step of [`feed`].
+#[doc(hidden)]
+pub enum FeedStep<'a> {
+    /// Bytes read from the client (true) or the application (false).
+    Read(bool, &'a [u8]),
+    /// A drain asks every stream of the connection to end.
+    EndAll,
+    /// The clock moves on this long, and the relay's timers run.
+    Wait(std::time::Duration),
+}
+
+/// The GOAWAY probe's data in [`feed`]: fixed, so a fuzzer can ack it.
+const FEED_PROBE: [u8; 8] = *b"dsgoaway";
+
+/// Feeds one connection's steps to a relay with no sockets: reads from the
+/// client or the application, a drain's ask to end every stream, the clock
+/// moved on; what the relay writes is dropped. For the fuzz target:
+/// whatever the peers send, the relay must neither panic nor hold more
+/// than its bounds. Runs inside a tokio runtime (a WebSocket over HTTP/2
+/// starts a task). `alone`: the relay has no application, and the
+/// application's reads are dropped.
+pub fn feed(guard: &Handle, steps: &[FeedStep<'_>], alone: bool) {
     let info = ConnInfo {
         id: u64::MAX,
         peer: std::net::SocketAddr::from(([127, 0, 0, 1], 1)),
         accepted_at: Instant::now(),
     };
     let mut relay = Relay::new(guard, info, alone);
-    for &(from_client, bytes) in chunks {
-        if alone && !from_client {
-            continue;
-        }
-        let now = Instant::now();
-        let result = if from_client {
-            if relay.closing || relay.client.read.len() > READ_BUF + MAX_FRAME as usize {
-                continue;
+    relay.probe = FEED_PROBE;
+    let mut now = Instant::now();
+    for step in steps {
+        let mut read = 0;
+        let result = match *step {
+            FeedStep::Read(false, _) if alone => continue,
+            FeedStep::Read(true, bytes) if relay.closing => {
+                if relay.client.read.len() > READ_BUF + MAX_FRAME as usize {
+                    continue;
+                }
+                relay.client.read.extend_from_slice(bytes);
+                relay.credit_while_closing();
+                Ok(())
             }
-            relay.client.read.extend_from_slice(bytes);
-            if let Some(r) = relay.replay.as_mut() {
-                r.extend_from_slice(bytes);
+            FeedStep::Read(true, bytes) => {
+                if relay.client.read.len() > READ_BUF + MAX_FRAME as usize {
+                    continue;
+                }
+                relay.client.read.extend_from_slice(bytes);
+                if let Some(r) = relay.replay.as_mut() {
+                    r.extend_from_slice(bytes);
+                }
+                relay.client_frames(now)
             }
-            relay.client_frames(now)
-        } else {
-            relay.app.read.extend_from_slice(bytes);
-            relay.app_frames(now)
+            FeedStep::Read(false, bytes) => {
+                read = bytes.len();
+                relay.app.read.extend_from_slice(bytes);
+                relay.app_frames(now)
+            }
+            FeedStep::EndAll => {
+                let long_after = guard.config().long_stream_age;
+                for ctl in guard
+                    .registry()
+                    .connection_streams(info.id, now, long_after)
+                {
+                    ctl.end(crate::metrics::Reason::drain);
+                }
+                Ok(())
+            }
+            FeedStep::Wait(d) => {
+                now += d;
+                Ok(())
+            }
         };
         match result {
             Err(Failure::NotHttp2) if relay.handshake => return,
@@ -235,7 +276,8 @@ pub fn feed(guard: &Handle, chunks: &[(bool, &[u8])], alone: bool) {
         relay.app.write.clear();
         relay.client.write.clear();
         relay.cleared = 0;
-        assert!(relay.app.read.len() <= READ_BUF + MAX_FRAME as usize + bytes.len());
+        assert!(relay.app.read.len() <= READ_BUF + MAX_FRAME as usize + read);
+        assert!(relay.settings_unacked.len() <= SETTINGS_UNACKED_MAX + 1);
     }
 }
 
