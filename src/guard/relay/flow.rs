@@ -68,7 +68,7 @@ impl Relay<'_> {
     /// credit, or a GOAWAY held at the close, would wait for good.
     pub(super) fn pass_held(&mut self) {
         let queued = &self.client.write[self.cleared..];
-        let mut waiting: Vec<u32> = Vec::new();
+        let mut waiting = std::collections::HashSet::new();
         let mut block_waits = false;
         // Each frame behind the gate: (start, end, goes now).
         let mut frames = Vec::new();
@@ -83,8 +83,8 @@ impl Relay<'_> {
                 || (h.id != 0 && waiting.contains(&h.id))
                 || (header_block && block_waits);
             if waits {
-                if h.id != 0 && !waiting.contains(&h.id) {
-                    waiting.push(h.id);
+                if h.id != 0 {
+                    waiting.insert(h.id);
                 }
                 block_waits |= header_block;
             }
