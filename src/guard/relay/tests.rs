@@ -587,3 +587,63 @@ async fn a_re_encoded_block_carries_one_size_update() {
     r.put_translated(&block, &fields);
     assert_eq!(size_updates(&frames_in(&r.client.write)[0].3), 0);
 }
+
+/// The fuzz target's harness reaches the guard's own endings: a drain, the
+/// clock past the quiet moment, the app's acks of the barrier, and every
+/// quiet stream is ended gracefully (none by the barrier's bound).
+#[tokio::test]
+async fn feed_reaches_the_barrier_and_the_endings() {
+    let metrics =
+        crate::metrics::Metrics::register(&mut prometheus_client::registry::Registry::default());
+    let g = super::super::Guard::new(
+        super::super::GuardConfig::new(([127, 0, 0, 1], 9).into()),
+        metrics.clone(),
+    );
+    let guard = g.handle();
+    let mut client = BytesMut::new();
+    client.extend_from_slice(H2_PREFACE);
+    wire::put(&mut client, wire::SETTINGS, 0, 0, &[]);
+    let request = wire::literal_block(&[
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/x.Y/Z"),
+        (":authority", "app"),
+        ("content-type", "application/grpc"),
+    ]);
+    let head = wire::literal_block(&[(":status", "200"), ("content-type", "application/grpc")]);
+    let mut app = BytesMut::new();
+    wire::put(&mut app, wire::SETTINGS, 0, 0, &[]);
+    for id in [1, 3, 5] {
+        wire::put(&mut client, wire::HEADERS, wire::END_HEADERS, id, &request);
+        wire::put(&mut app, wire::HEADERS, wire::END_HEADERS, id, &head);
+        wire::put(
+            &mut app,
+            wire::DATA,
+            0,
+            id,
+            &[0, 0, 0, 0, 1, 7, 0, 0, 0, 0, 1, 7],
+        );
+    }
+    // The ack of the client's SETTINGS, then of the barrier's two.
+    let mut acks = BytesMut::new();
+    for _ in 0..3 {
+        wire::put(&mut acks, wire::SETTINGS, wire::ACK, 0, &[]);
+    }
+    let wait = guard.config().limits.end_settle + std::time::Duration::from_millis(5);
+    let steps = [
+        FeedStep::Read(true, &client),
+        FeedStep::Read(false, &app),
+        FeedStep::EndAll,
+        FeedStep::Wait(wait),
+        FeedStep::Read(false, &acks),
+    ];
+    feed(&guard, &steps, false);
+    let ended = metrics
+        .streams_terminated
+        .get_or_create(&crate::metrics::TerminatedLabels {
+            reason: Reason::drain,
+            protocol: StreamProtocol::grpc,
+        })
+        .get();
+    assert_eq!(ended, 3);
+}
