@@ -42,7 +42,8 @@
 //! serves the client alone (as when the application cannot be reached or
 //! does not speak HTTP/2). The seeds
 //! (fuzz/seeds/frame_relay/: a unary call, the application's GOAWAY, the
-//! connection window run dry, a push, SSE, a WebSocket) are written by
+//! connection window run dry, a push, SSE, a WebSocket, the client's errors
+//! the guard answers itself, a WebSocket past its window) are written by
 //! fuzz/seeds/frame_relay.py, which encodes `Input` as `arbitrary` reads
 //! it: change both together.
 #![no_main]

@@ -97,6 +97,10 @@ def headers(block, padding=None, priority=None, continuations=0):
     )
 
 
+def priority(fields):
+    return variant(2, KINDS) + fields
+
+
 def rst_stream(code):
     return variant(3, KINDS) + u32(code)
 
@@ -158,6 +162,15 @@ def dynamic(n):
 
 def head(which, reprs=()):
     return u8(0) + variant(which, 10) + vec(list(reprs))
+
+
+def fields(indices):
+    """Block::Fields: FIELDS entries by index, each as `Repr::Static`."""
+    return u8(192) + vec([u8(i) + STATIC for i in indices])
+
+
+# FIELDS indices (fuzz_targets/frame_relay.rs).
+F_POST, F_SCHEME, F_PATH, F_X_FUZZ = 0, 3, 4, 17
 
 
 # Ping
@@ -359,6 +372,35 @@ SEEDS = {
         step(FRAME, frame(A, ACK, 0, settings([]))),
         step(WAIT, u16(100)),
         step(FRAME, frame(C, 0, 0, window_update(True, small(1000)))),
+    ),
+    # What the guard answers itself (RFC 9113): a stream depending on
+    # itself, a WINDOW_UPDATE of 0, DATA after the client's END_STREAM,
+    # trailers without END_STREAM, a pseudo-header after a regular field,
+    # content-length against the DATA; then a MAX_FRAME_SIZE below 2^14
+    # (a connection error, last).
+    "client_errors": seed(
+        HANDSHAKE,
+        step(FRAME, frame(C, END_HEADERS, 1, headers(head(GRPC_REQUEST)))),
+        step(FRAME, frame(C, 0, 1, priority(b"\0\0\0\x01\x10"))),
+        step(FRAME, frame(C, END_HEADERS, 3, headers(head(GRPC_REQUEST)))),
+        step(BATCHED, frame(C, 0, 3, window_update(False, INCREMENT_ZERO))),
+        step(FRAME, frame(C, END_HEADERS | END_STREAM, 5, headers(head(GET_REQUEST)))),
+        step(BATCHED, frame(C, 0, 5, data(grpc(MSG)))),
+        step(FRAME, frame(C, END_HEADERS, 7, headers(head(GRPC_REQUEST)))),
+        step(FRAME, frame(C, END_HEADERS, 7, headers(head(TRAILERS)))),
+        step(FRAME, frame(C, END_HEADERS, 9, headers(fields([F_X_FUZZ, F_POST, F_SCHEME, F_PATH])))),
+        step(FRAME, frame(C, 0, 11, settings([(MAX_FRAME_SIZE, raw_value(16383))]))),
+    ),
+    # A WebSocket whose client sends past the window the guard granted
+    # (FLOW_CONTROL_ERROR, its data given back), and one it resets.
+    "websocket_window": seed(
+        HANDSHAKE,
+        step(FRAME, frame(C, END_HEADERS, 1, headers(head(WEBSOCKET)))),
+        step(REPEAT, frame(C, 0, 1, data(zeros(16384))), u8(2)),
+        step(FRAME, frame(C, 0, 1, data(zeros(16384)))),
+        step(FRAME, frame(C, END_HEADERS, 3, headers(head(WEBSOCKET)))),
+        step(FRAME, frame(C, 0, 3, data(zeros(100)))),
+        step(FRAME, frame(C, 0, 3, rst_stream(8))),
     ),
     # No application: the guard answers a gRPC call and a GET itself, acks
     # a PING and a SETTINGS, takes an upload's DATA, serves a WebSocket.

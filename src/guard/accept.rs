@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::conn::ConnInfo;
 use super::handle::Handle;
-use super::sniff::{sniff, Protocol, MAX_LINGER};
+use super::sniff::{refuse_preface, sniff, Protocol, MAX_LINGER};
 use super::{h1, relay, Guard};
 use crate::drain::StreamGuard;
 use crate::metrics::Limit;
@@ -110,6 +110,10 @@ async fn connection(handle: Handle, tcp: TcpStream, info: ConnInfo) {
     match sniff(tcp, deadline).await {
         Ok((Protocol::Http2, io)) => relay::serve(handle, io, info).await,
         Ok((Protocol::Http1, io)) => h1::serve(handle, io, info).await,
+        Ok((Protocol::BadPreface, io)) => {
+            tracing::debug!(peer = %info.peer, "guard: an invalid HTTP/2 preface; GOAWAY(PROTOCOL_ERROR)");
+            refuse_preface(io, handle.config().limits.shutdown_timeout).await
+        }
         Err(e) => {
             tracing::debug!(peer = %info.peer, error = %e, "guard: connection closed before a request")
         }

@@ -1,5 +1,9 @@
 //! Tells HTTP/2 with prior knowledge (h2c) from HTTP/1.1 by the first bytes
 //! of a connection, and hands the bytes read back to the protocol driver.
+//! A client whose bytes began as the HTTP/2 preface and then diverged is an
+//! HTTP/2 client with an invalid preface: it gets the server's SETTINGS and
+//! GOAWAY(PROTOCOL_ERROR) before the close (RFC 9113 §3.4), not an
+//! HTTP/1.1 answer.
 
 use std::io;
 use std::pin::Pin;
@@ -14,11 +18,25 @@ use tokio::time::Instant;
 /// The HTTP/2 connection preface (RFC 9113 §3.4).
 pub const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
+/// The preface's request line: no HTTP/1.x request starts with
+/// `PRI * HTTP/2.0\r\n`, so a client that sent it meant HTTP/2.
+const H2_PREFACE_LINE: usize = 16;
+
+/// The answer to an invalid HTTP/2 preface: an empty SETTINGS (the server's
+/// preface, RFC 9113 §3.4), then GOAWAY(last stream 0, PROTOCOL_ERROR).
+const BAD_PREFACE_ANSWER: [u8; 26] = [
+    0, 0, 0, 0x4, 0, 0, 0, 0, 0, // SETTINGS
+    0, 0, 8, 0x7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x1, // GOAWAY
+];
+
 /// What a connection speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Protocol {
     Http1,
     Http2,
+    /// HTTP/2 with an invalid preface: its request line, then something
+    /// else (answer with [`refuse_preface`]).
+    BadPreface,
 }
 
 /// Why sniffing failed.
@@ -42,6 +60,10 @@ where
     let mut have = 0;
     let protocol = loop {
         if buf[..have] != H2_PREFACE[..have] {
+            let line = H2_PREFACE_LINE.min(have);
+            if have > H2_PREFACE_LINE && buf[..line] == H2_PREFACE[..line] {
+                break Protocol::BadPreface;
+            }
             break Protocol::Http1;
         }
         if have == H2_PREFACE.len() {
@@ -87,6 +109,16 @@ impl<T> Reclaim<T> {
     /// The connection, once the driver dropped it.
     pub fn take(&self) -> Option<T> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+}
+
+/// Answers an HTTP/2 client whose preface is invalid (RFC 9113 §3.4: a
+/// connection error PROTOCOL_ERROR): the server's SETTINGS and GOAWAY, then
+/// a lingering close bounded by `bound`.
+pub async fn refuse_preface<T: AsyncRead + AsyncWrite + Unpin>(mut io: T, bound: Duration) {
+    let sent = tokio::time::timeout(bound.min(MAX_LINGER), io.write_all(&BAD_PREFACE_ANSWER));
+    if matches!(sent.await, Ok(Ok(()))) {
+        linger(io, bound).await;
     }
 }
 
@@ -247,6 +279,20 @@ mod tests {
         assert_eq!(sniffed(input).await, (Protocol::Http1, input.to_vec()));
         let input = b"PRI * HTTP/1.1\r\n\r\n";
         assert_eq!(sniffed(input).await.0, Protocol::Http1);
+    }
+
+    #[tokio::test]
+    async fn a_diverging_preface_is_http2_gone_wrong() {
+        let input = b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n";
+        assert_eq!(sniffed(input).await, (Protocol::BadPreface, input.to_vec()));
+        // The request line cut short is not enough to tell.
+        let input = b"PRI * HTTP/2.0\r\r";
+        assert_eq!(sniffed(input).await.0, Protocol::Http1);
+        let (mut client, server) = tokio::io::duplex(64);
+        refuse_preface(server, Duration::from_millis(100)).await;
+        let mut answer = Vec::new();
+        client.read_to_end(&mut answer).await.expect("read");
+        assert_eq!(answer, BAD_PREFACE_ANSWER);
     }
 
     #[tokio::test]

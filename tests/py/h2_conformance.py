@@ -18,16 +18,19 @@ import pytest
 from hyperframe.frame import PriorityFrame, PushPromiseFrame
 
 from h2peer import (
-    ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, MAX_STREAM_ID,
-    PADDED, PING, PREFACE, PRIORITY_FLAG, PUSH_PROMISE, RST_STREAM, SETTINGS, App, Client,
-    Deadline, E, Guard, Http1App, NoApp, S, assert_bytes, err_name, grpc_message, grpc_tick, pattern,
-    ping_frame, raw_frame, split_grpc,
+    ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, MAX_STREAM_ID,
+    PADDED, PING, PREFACE, PRIORITY, PRIORITY_FLAG, PUSH_PROMISE, RST_STREAM, SETTINGS,
+    WINDOW_UPDATE, App, Client, Deadline, E, Guard, Http1App, NoApp, RawClient, S,
+    assert_bytes, err_name, grpc_message, grpc_tick, hpack_int, literal_block, pattern,
+    ping_frame, raw_frame, request_fields, split_grpc,
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.environ.get("DRAINSHIM_BIN") or os.path.join(ROOT, "target", "debug", "drainshim")
 MB = 1 << 20
 
+# Seconds the guard has to answer a frame it must refuse, and to close.
+DEADLINE = 5
 # RST_STREAM codes a client may get without anything having gone wrong.
 GRACEFUL_RST = {E.NO_ERROR, E.REFUSED_STREAM, E.CANCEL}
 # Connection error codes that would blame the client for the app's fault.
@@ -42,6 +45,7 @@ class Rig:
         self.app = None
         self.guard = None
         self.clients = []
+        self.raws = []
 
     def start(self, app=None, guard_args=(), log=Guard.LOG):
         self.app = (app or App()).start()
@@ -53,8 +57,19 @@ class Rig:
         self.clients.append(c)
         return c
 
+    def raw(self, settings=None, preface=True, handshake=True):
+        """A client of raw frames (h2peer.RawClient); with `handshake`, once
+        the guard's SETTINGS came and the client's were acked."""
+        c = RawClient(self.guard.addr, settings=settings, preface=preface,
+                      name=f"raw-{len(self.raws) + 1}")
+        self.raws.append(c)
+        if handshake:
+            c.wait(lambda: c.frames(SETTINGS) and any(f.ack for f in c.frames(SETTINGS)),
+                   DEADLINE, "the guard's SETTINGS and its ack of the client's")
+        return c
+
     def close(self):
-        for c in self.clients:
+        for c in self.clients + self.raws:
             c.close()
         if self.guard is not None:
             self.guard.stop()   # kills it and waits for the exit
@@ -62,7 +77,7 @@ class Rig:
             self.app.close()
 
     def describe(self):
-        parts = [c.describe() for c in self.clients]
+        parts = [c.describe() for c in self.clients + self.raws]
         if self.app is not None:
             parts.append(self.app.describe())
         if self.guard is not None:
@@ -824,3 +839,741 @@ def test_guard_alone_holds_the_client_to_the_rfc(rig, absent):
         c.wait(lambda: c.eof, 10, "the connection closed")
     assert rig.guard.alive(), rig.guard.log()
 
+
+
+# --- 23-: what the guard answers itself (RFC 9113 §3-§8.1, RFC 7541) -------
+#
+# The guard is the client's server: a frame that breaks a MUST of RFC 9113
+# is answered by the guard with the code the RFC names, and never passed on.
+# The app behind it (python-h2) would answer many of these itself, but with
+# its own connection to the guard (every other stream on it cut, a GOAWAY
+# the client gets as the guard's), or not at all for frames the guard
+# swallowed. Each case: raw frames from a hyperframe client, the exact code
+# (GOAWAY's for a connection error, RST_STREAM's for a stream error) within
+# DEADLINE seconds, and the app never saw the offending frame. A case that
+# lets the guard pass something on says why in its docstring.
+
+def app_frames(app):
+    """Every frame the app received, on every connection."""
+    return [f for k in list(app.all_conns) for f in list(k.frames_in)]
+
+
+def assert_connection_error(rig, c, code, offending, what):
+    """`what` is a connection error of type `code` (RFC 9113 §5.4.1): one
+    GOAWAY with that code, then the close, within DEADLINE; the app's
+    connection is closed too, and none of the frames it got matches
+    `offending`."""
+    c.wait(lambda: c.goaways() and c.eof, DEADLINE, f"GOAWAY({err_name(code)}) and the close")
+    codes = [err_name(x) for _, x, _ in c.goaways()]
+    assert codes == [err_name(code)], f"{what}: want GOAWAY({err_name(code)}), got {codes}"
+    rig.app.wait(lambda: all(k.eof or k.closed for k in list(rig.app.all_conns)), DEADLINE,
+                 "the guard to close the app's connection")
+    assert_app_never_saw(rig, offending, what)
+
+
+def assert_stream_error(rig, c, sid, code, offending, what, probe_sid, connection_ok=False):
+    """`what` is a stream error of type `code` on `sid` (RFC 9113 §5.4.2):
+    RST_STREAM with that code within DEADLINE (or, where §5.1 lets it be a
+    connection error and `connection_ok`, GOAWAY with it). The connection
+    then still serves a request on `probe_sid`; the app got that request
+    after anything sent before it, and none of its frames matches
+    `offending`."""
+    c.wait(lambda: c.resets(sid) or c.goaways(), DEADLINE,
+           f"RST_STREAM({err_name(code)}) on stream {sid}")
+    if connection_ok and c.goaways():
+        return assert_connection_error(rig, c, code, offending, what)
+    assert not c.goaways(), f"{what}: a stream error, not GOAWAY {c.goaways()}"
+    got = [err_name(x) for x in c.resets(sid)]
+    assert got == [err_name(code)], f"{what}: want RST_STREAM({err_name(code)}) on {sid}, got {got}"
+    probe(c, probe_sid)
+    assert_app_never_saw(rig, offending, what)
+
+
+def probe(c, sid):
+    """A request on stream `sid`: the connection still serves."""
+    c.send(c.request(sid, "/bytes?n=10&seed=1"))
+    c.wait(lambda: c.ended(sid), DEADLINE, f"the answer to probe stream {sid}")
+    assert c.status(sid) == "200" and c.data.get(sid) == pattern(10, 1), (
+        f"probe stream {sid}: {c.heads.get(sid)} {c.data.get(sid)!r}\n{c.describe()}")
+
+
+def assert_app_never_saw(rig, offending, what):
+    got = [f for f in app_frames(rig.app) if offending(f)]
+    assert not got, f"{what}: the app got the offending frame(s) {got}"
+
+
+def held(rig, c, sid, end_stream=False):
+    """Opens stream `sid` on GET /hold (the app holds it, unanswered) and
+    waits until the app has it."""
+    c.send(c.request(sid, "/hold", end_stream=end_stream))
+    rig.app.wait(lambda: any(r.sid == sid for r in rig.app.find(path="/hold")), DEADLINE,
+                 f"stream {sid} at the app")
+
+
+def answered(c, sid):
+    """Stream `sid` asked for 1 byte and answered in full (closed both ways)."""
+    c.send(c.request(sid, "/bytes?n=1"))
+    c.wait(lambda: c.ended(sid), DEADLINE, f"the answer on stream {sid}")
+
+
+def is_frame(ftype, sid, marker=None):
+    def match(f):
+        return f.type == ftype and f.stream == sid and (marker is None or marker in f.payload)
+    return match
+
+
+def rst(sid, code=E.CANCEL):
+    return raw_frame(RST_STREAM, 0, sid, struct.pack(">I", code))
+
+
+def window_update(sid, increment):
+    return raw_frame(WINDOW_UPDATE, 0, sid, struct.pack(">I", increment))
+
+
+def settings(pairs, flags=0):
+    return raw_frame(SETTINGS, flags, 0, b"".join(struct.pack(">HI", k, v) for k, v in pairs))
+
+
+def priority(sid, depends_on, weight=16, length=5):
+    return raw_frame(PRIORITY, 0, sid, (struct.pack(">IB", depends_on, weight))[:length])
+
+
+def reserved_bit(frame):
+    """`frame` with the reserved bit of its stream id set (RFC 9113 §4.1)."""
+    return frame[:5] + bytes([frame[5] | 0x80]) + frame[6:]
+
+
+MARK = b"x-offending"
+BLOCK = literal_block(request_fields("/bytes?n=1") + [(MARK.decode(), "1")])
+
+
+@pytest.mark.parametrize("kind,frame,section", [
+    ("DATA", raw_frame(DATA, 0, 0, MARK), "§6.1"),
+    ("HEADERS", raw_frame(HEADERS, END_HEADERS | END_STREAM, 0, BLOCK), "§6.2"),
+    ("PRIORITY", priority(0, 1), "§6.3"),
+    ("RST_STREAM", rst(0), "§6.4"),
+    ("PUSH_PROMISE", raw_frame(PUSH_PROMISE, END_HEADERS, 0, struct.pack(">I", 2) + BLOCK), "§6.6"),
+    ("CONTINUATION", raw_frame(CONTINUATION, END_HEADERS, 0, BLOCK), "§6.10"),
+], ids=["DATA", "HEADERS", "PRIORITY", "RST_STREAM", "PUSH_PROMISE", "CONTINUATION"])
+def test_a_stream_frame_on_stream_zero(rig, kind, frame, section):
+    """RFC 9113 §6.1-§6.4, §6.6, §6.10: DATA, HEADERS, PRIORITY, RST_STREAM,
+    PUSH_PROMISE and CONTINUATION belong to a stream; on stream 0 each is a
+    connection error PROTOCOL_ERROR. The guard answers it: stream 0 is the
+    connection, which the guard terminates (the app's would be another)."""
+    rig.start()
+    c = rig.raw()
+    c.send(frame)
+    ftype = frame[3]
+    assert_connection_error(rig, c, E.PROTOCOL_ERROR, lambda f: f.type == ftype and f.stream == 0,
+                            f"{kind} on stream 0 ({section})")
+
+
+@pytest.mark.parametrize("kind", ["DATA", "RST_STREAM", "WINDOW_UPDATE", "CONTINUATION"])
+@pytest.mark.parametrize("sid", [9, 2], ids=["above-the-last", "even"])
+def test_a_frame_on_an_idle_stream(rig, kind, sid):
+    """RFC 9113 §5.1 (idle): a frame other than HEADERS or PRIORITY on an
+    idle stream is a connection error PROTOCOL_ERROR (§6.1, §6.4, §6.9,
+    §6.10 repeat it for DATA, RST_STREAM, WINDOW_UPDATE, CONTINUATION). The
+    client opened stream 1; 9 is above it, and an even stream is one only
+    the server may open, which the guard never does (it passes no push on):
+    both are idle, and the guard, which knows which streams the client
+    opened, answers itself."""
+    rig.start()
+    c = rig.raw()
+    answered(c, 1)
+    frame = {
+        "DATA": raw_frame(DATA, 0, sid, MARK),
+        "RST_STREAM": rst(sid),
+        "WINDOW_UPDATE": window_update(sid, 100),
+        "CONTINUATION": raw_frame(CONTINUATION, END_HEADERS, sid, BLOCK),
+    }[kind]
+    c.send(frame)
+    ftype = frame[3]
+    assert_connection_error(rig, c, E.PROTOCOL_ERROR, is_frame(ftype, sid),
+                            f"{kind} on idle stream {sid} (§5.1)")
+
+
+@pytest.mark.parametrize("kind", ["DATA", "HEADERS"])
+@pytest.mark.parametrize("state", ["half-closed", "closed", "reset"])
+def test_a_frame_after_the_clients_end(rig, kind, state):
+    """RFC 9113 §5.1, §6.1: DATA or HEADERS from the client after it ended
+    its side of a stream is STREAM_CLOSED. Half-closed (remote) (its
+    END_STREAM sent, the app still answering): a stream error (§5.1). Closed
+    (both sides ended): a stream error for DATA (§6.1), and for HEADERS a
+    stream error or a connection error (§5.1 allows both). After the
+    client's own RST_STREAM: a stream error (§5.1). The guard answers each
+    itself and passes nothing on: the app's stream is over, or cancelled
+    with it. (A stream the *guard* or the app reset may still get frames
+    the client sent before it saw the reset: those are dropped silently.)"""
+    rig.start()
+    c = rig.raw()
+    if state == "half-closed":
+        held(rig, c, 1, end_stream=True)
+    elif state == "closed":
+        answered(c, 1)
+    else:
+        held(rig, c, 1)
+        c.send(rst(1))
+    if kind == "DATA":
+        c.send(raw_frame(DATA, END_STREAM, 1, MARK))
+        offending = is_frame(DATA, 1, MARK)
+    else:
+        c.send(raw_frame(HEADERS, END_HEADERS | END_STREAM, 1, literal_block([(MARK, "trailer")])))
+        offending = is_frame(HEADERS, 1, MARK)
+    assert_stream_error(rig, c, 1, E.STREAM_CLOSED, offending,
+                        f"{kind} on a {state} stream (§5.1)", probe_sid=3, connection_ok=True)
+
+
+@pytest.mark.parametrize("length", [3, 5])
+def test_rst_stream_of_the_wrong_length(rig, length):
+    """RFC 9113 §6.4: a RST_STREAM whose length is not 4 is a connection
+    error FRAME_SIZE_ERROR. Answered by the guard: the frame would also end
+    the app's stream, which it must not be shown."""
+    rig.start()
+    c = rig.raw()
+    held(rig, c, 1)
+    c.send(raw_frame(RST_STREAM, 0, 1, b"\0" * length))
+    assert_connection_error(rig, c, E.FRAME_SIZE_ERROR, is_frame(RST_STREAM, 1),
+                            f"RST_STREAM of {length} bytes (§6.4)")
+
+
+@pytest.mark.parametrize("sid", [0, 1], ids=["connection", "stream"])
+def test_window_update_of_the_wrong_length(rig, sid):
+    """RFC 9113 §6.9: a WINDOW_UPDATE whose length is not 4 is a connection
+    error FRAME_SIZE_ERROR (on the connection and on a stream alike). The
+    guard owns the client's connection window and reads every stream's, so
+    it answers itself."""
+    rig.start()
+    c = rig.raw()
+    held(rig, c, 1)
+    c.send(raw_frame(WINDOW_UPDATE, 0, sid, b"\0\0\x01\0\0"))
+    assert_connection_error(rig, c, E.FRAME_SIZE_ERROR,
+                            lambda f: f.type == WINDOW_UPDATE and f.length != 4,
+                            "WINDOW_UPDATE of 5 bytes (§6.9)")
+
+
+@pytest.mark.parametrize("setting,value,code", [
+    (S.MAX_FRAME_SIZE, (1 << 14) - 1, E.PROTOCOL_ERROR),
+    (S.MAX_FRAME_SIZE, 1 << 24, E.PROTOCOL_ERROR),
+    (S.INITIAL_WINDOW_SIZE, 1 << 31, E.FLOW_CONTROL_ERROR),
+    (S.ENABLE_PUSH, 2, E.PROTOCOL_ERROR),
+    (S.ENABLE_CONNECT_PROTOCOL, 2, E.PROTOCOL_ERROR),
+    (0x9, 2, E.PROTOCOL_ERROR),
+], ids=["max-frame-size-below-2^14", "max-frame-size-above-2^24-1",
+        "initial-window-above-2^31-1", "enable-push-2", "enable-connect-protocol-2",
+        "no-rfc7540-priorities-2"])
+def test_a_setting_out_of_its_range(rig, setting, value, code):
+    """RFC 9113 §6.5.2: SETTINGS_MAX_FRAME_SIZE outside 2^14..2^24-1 and
+    SETTINGS_ENABLE_PUSH other than 0 or 1 are connection errors
+    PROTOCOL_ERROR; SETTINGS_INITIAL_WINDOW_SIZE above 2^31-1 is
+    FLOW_CONTROL_ERROR. RFC 8441 §3: SETTINGS_ENABLE_CONNECT_PROTOCOL other
+    than 0 or 1, PROTOCOL_ERROR; RFC 9218 §2.1: the same for
+    SETTINGS_NO_RFC7540_PRIORITIES (0x9). The guard rewrites the client's SETTINGS
+    on their way and acts on them itself (frame size, windows), so it judges
+    them before: a bad one never reaches the app."""
+    rig.start()
+    c = rig.raw()
+    payload = struct.pack(">HI", setting, value)
+    c.send(settings([(setting, value)]))
+    assert_connection_error(rig, c, code, lambda f: f.type == SETTINGS and payload in f.payload,
+                            f"SETTINGS 0x{setting:x}={value} (§6.5.2)")
+
+
+@pytest.mark.parametrize("frame", [raw_frame(SETTINGS, 0, 0, b"\0" * 5),
+                                   settings([(S.MAX_CONCURRENT_STREAMS, 5)], flags=ACK)],
+                         ids=["length-not-a-multiple-of-6", "ack-with-a-payload"])
+def test_settings_of_the_wrong_length(rig, frame):
+    """RFC 9113 §6.5: a SETTINGS whose length is not a multiple of 6, or an
+    ACK with a payload, is a connection error FRAME_SIZE_ERROR. Judged by
+    the guard, which reads every SETTINGS (see above)."""
+    rig.start()
+    c = rig.raw()
+    c.send(frame)
+    assert_connection_error(rig, c, E.FRAME_SIZE_ERROR,
+                            lambda f: f.type == SETTINGS and f.payload == frame[9:] and f.length,
+                            "a SETTINGS of a wrong length (§6.5)")
+
+
+@pytest.mark.parametrize("case", ["skipped", "reused"])
+def test_a_stream_id_smaller_than_a_previous_one(rig, case):
+    """RFC 9113 §5.1.1: a new stream's id must be greater than every id the
+    client opened before, and is never reused; an unexpected id is a
+    connection error PROTOCOL_ERROR. Skipped: HEADERS on 3 after 5 opened
+    (which closed 1 and 3 unused, §5.1). Reused: a request's HEADERS (no
+    END_STREAM, so not trailers) on 1, which the app reset. The guard knows
+    which ids the client opened and answers itself. (Trailers, with
+    END_STREAM, on a stream the guard or app reset are legal: the client
+    may not have seen the reset; they are dropped.)"""
+    app = rig.start()
+    app.route("/reset", lambda k, req, event, data:
+              event == "headers" and (k.conn.reset_stream(req.sid, E.CANCEL), k.flush()))
+    c = rig.raw()
+    if case == "skipped":
+        answered(c, 5)
+        c.send(raw_frame(HEADERS, END_HEADERS | END_STREAM, 3, BLOCK))
+        sid = 3
+    else:
+        c.send(c.request(1, "/reset", end_stream=False))
+        c.wait(lambda: c.resets(1), DEADLINE, "the app's reset of stream 1")
+        c.send(raw_frame(HEADERS, END_HEADERS, 1, BLOCK))
+        sid = 1
+    assert_connection_error(rig, c, E.PROTOCOL_ERROR,
+                            lambda f: f.type == HEADERS and f.stream == sid and MARK in f.payload,
+                            f"HEADERS on stream {sid}, {case} (§5.1.1)")
+
+
+def test_an_even_stream_id_from_the_client(rig):
+    """RFC 9113 §5.1.1: streams a client opens have odd ids; HEADERS on an
+    even one is a connection error PROTOCOL_ERROR. Answered by the guard."""
+    rig.start()
+    c = rig.raw()
+    c.send(raw_frame(HEADERS, END_HEADERS | END_STREAM, 2, BLOCK))
+    assert_connection_error(rig, c, E.PROTOCOL_ERROR, is_frame(HEADERS, 2),
+                            "HEADERS on stream 2 (§5.1.1)")
+
+
+@pytest.mark.parametrize("hello", [
+    b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n" + settings([]),
+    PREFACE + ping_frame(b"12345678"),
+], ids=["preface-diverges", "no-settings-first"])
+def test_an_invalid_connection_preface(rig, hello):
+    """RFC 9113 §3.4: the client's preface is the string
+    `PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n` and a SETTINGS frame; an invalid
+    one is a connection error PROTOCOL_ERROR, which the guard signals with
+    its SETTINGS and a GOAWAY before it closes, not a bare close (nor an
+    HTTP/1.1 answer: the request line `PRI * HTTP/2.0` says HTTP/2). The app
+    never sees the client's frames."""
+    rig.start()
+    c = rig.raw(preface=False, handshake=False)
+    c.send(hello)
+    assert_connection_error(rig, c, E.PROTOCOL_ERROR, lambda f: f.type == PING,
+                            "an invalid preface (§3.4)")
+    assert not c.rbytes.startswith(b"HTTP/"), bytes(c.rbytes[:80])
+
+
+def test_an_http1_request_line_is_not_an_http2_preface(rig):
+    """RFC 9113 §3.4, the other side: `PRI * HTTP/1.1` is HTTP/1.1 (it
+    diverges from the preface before its request line is whole). The guard
+    answers it as HTTP/1.1, never with HTTP/2 frames."""
+    rig.start()
+    c = rig.raw(preface=False, handshake=False)
+    c.send(b"PRI * HTTP/1.1\r\nhost: guard.test\r\n\r\n")
+    c.wait(lambda: c.rbytes or c.eof, DEADLINE, "an answer")
+    assert c.rbytes.startswith(b"HTTP/1.1"), bytes(c.rbytes[:80])
+
+
+@pytest.mark.parametrize("kind", ["DATA", "HEADERS"])
+def test_a_frame_over_the_advertised_max_frame_size(rig, kind):
+    """RFC 9113 §4.2: a frame larger than the SETTINGS_MAX_FRAME_SIZE the
+    receiver advertised is FRAME_SIZE_ERROR; a connection error for any
+    frame carrying a field block (and the guard makes DATA one too, §5.4.1
+    allows it). The guard advertised the app's (python-h2: the default
+    16,384), and checks the client against it rather than against its own
+    buffer limit (1 MiB)."""
+    rig.start()
+    c = rig.raw()
+    held(rig, c, 1)
+    if kind == "DATA":
+        frame = raw_frame(DATA, 0, 1, MARK + b"\0" * (16385 - len(MARK)))
+    else:
+        fields = request_fields("/bytes?n=1") + [(MARK.decode(), "v" * 16400)]
+        frame = raw_frame(HEADERS, END_HEADERS | END_STREAM, 3, literal_block(fields))
+    assert len(frame) - 9 > 16384
+    c.send(frame)
+    assert_connection_error(rig, c, E.FRAME_SIZE_ERROR, lambda f: f.length > 16384,
+                            f"a {len(frame) - 9}-byte {kind} frame (§4.2)")
+
+
+def test_a_frame_of_the_advertised_max_frame_size_passes(rig):
+    """RFC 9113 §4.2, the other side: a DATA frame of exactly
+    SETTINGS_MAX_FRAME_SIZE (16,384) is legal and reaches the app."""
+    rig.start()
+    c = rig.raw()
+    body = pattern(16384, 2)
+    c.send(c.request(1, "/sha", method="POST", end_stream=False),
+           raw_frame(DATA, END_STREAM, 1, body))
+    c.wait(lambda: c.ended(1), DEADLINE, "the answer")
+    assert json.loads(c.data[1]) == {"len": 16384, "sha256": hashlib.sha256(body).hexdigest()}
+    assert not c.goaways() and not c.resets(1), c.describe()
+
+
+@pytest.mark.parametrize("interruption", [
+    priority(1, 0),
+    raw_frame(DATA, 0, 1, MARK),
+    raw_frame(HEADERS, END_HEADERS, 3, BLOCK),
+    raw_frame(0x20, 0, 0, MARK),
+    raw_frame(CONTINUATION, END_HEADERS, 3, BLOCK),
+], ids=["PRIORITY", "DATA", "HEADERS-of-another-stream", "unknown-type",
+        "CONTINUATION-of-another-stream"])
+def test_a_header_block_interrupted(rig, interruption):
+    """RFC 9113 §4.3, §6.2, §6.10: a field block is a contiguous sequence of
+    frames (HEADERS then CONTINUATIONs of the same stream); any other frame
+    (an unknown type too), or a CONTINUATION of another stream, in between
+    is a connection error PROTOCOL_ERROR. The guard decodes every block, so
+    it judges this itself; the app never sees the block."""
+    rig.start()
+    c = rig.raw()
+    c.send(raw_frame(HEADERS, 0, 1, literal_block(request_fields("/hold"))), interruption)
+    assert_connection_error(rig, c, E.PROTOCOL_ERROR,
+                            lambda f: f.type in (HEADERS, CONTINUATION) and f.stream in (1, 3),
+                            "an interrupted header block (§4.3)")
+
+
+@pytest.mark.parametrize("case", ["after-END_HEADERS", "after-DATA", "idle-stream"])
+def test_continuation_without_its_headers(rig, case):
+    """RFC 9113 §6.10: a CONTINUATION not preceded by a HEADERS, PUSH_PROMISE
+    or CONTINUATION without END_HEADERS on its stream is a connection error
+    PROTOCOL_ERROR. Answered by the guard (it gathers every block)."""
+    rig.start()
+    c = rig.raw()
+    before = []
+    if case != "idle-stream":
+        held(rig, c, 1)
+    if case == "after-DATA":
+        before.append(raw_frame(DATA, 0, 1, b"body"))
+    sid = 7 if case == "idle-stream" else 1
+    c.send(*before, raw_frame(CONTINUATION, END_HEADERS, sid, literal_block([(MARK.decode(), "1")])))
+    assert_connection_error(rig, c, E.PROTOCOL_ERROR, is_frame(CONTINUATION, sid, MARK),
+                            f"CONTINUATION {case} (§6.10)")
+
+
+@pytest.mark.parametrize("block", [
+    b"\x82\x86\x84" + hpack_int(70, 7, 0x80),
+    b"\x82\x86\x84" + hpack_int(62, 4) + b"\x01a",
+    hpack_int(8192, 5, 0x20) + b"\x82\x86\x84",
+    b"\x82" + hpack_int(0, 5, 0x20) + b"\x86\x84",
+    b"\x82\x86\x84\x41\x84\xff\xff\xff\xff",
+], ids=["index-past-the-tables", "name-index-past-the-tables", "size-update-above-the-setting",
+        "size-update-after-a-field", "huffman-eos"])
+def test_a_header_block_that_does_not_decode(rig, block):
+    """RFC 7541 §2.3.3 (an index past both tables), §4.2 and §6.3 (a table
+    size update above SETTINGS_HEADER_TABLE_SIZE, or after the block's first
+    field), §5.2 (EOS in a Huffman string): decoding errors, which RFC 9113
+    §4.3 makes a connection error COMPRESSION_ERROR. The guard decodes every
+    client block (to follow the table), so it fails first; the app never
+    sees the block."""
+    rig.start()
+    c = rig.raw()
+    c.send(raw_frame(HEADERS, END_HEADERS | END_STREAM, 1, block))
+    assert_connection_error(rig, c, E.COMPRESSION_ERROR, is_frame(HEADERS, 1),
+                            "an undecodable header block")
+
+
+@pytest.mark.parametrize("kind", ["DATA", "HEADERS"])
+def test_padding_as_long_as_the_payload(rig, kind):
+    """RFC 9113 §6.1, §6.2: padding whose length is at least the frame
+    payload's is a connection error PROTOCOL_ERROR. The guard reads every
+    DATA and HEADERS frame's padding (it gives a dropped frame's window
+    back, and decodes every block), so it answers itself."""
+    rig.start()
+    c = rig.raw()
+    held(rig, c, 1)
+    if kind == "DATA":
+        frame = raw_frame(DATA, PADDED, 1, bytes([len(MARK) + 1]) + MARK)
+        sid = 1
+    else:
+        frame = raw_frame(HEADERS, PADDED | END_HEADERS | END_STREAM, 3, bytes([len(BLOCK) + 1]) + BLOCK)
+        sid = 3
+    c.send(frame)
+    assert_connection_error(rig, c, E.PROTOCOL_ERROR,
+                            lambda f: f.type == frame[3] and f.stream == sid and f.flags & PADDED,
+                            f"{kind} with too much padding (§6.1, §6.2)")
+
+
+@pytest.mark.parametrize("sid", [0, 1], ids=["connection", "stream"])
+def test_window_update_of_zero(rig, sid):
+    """RFC 9113 §6.9: a WINDOW_UPDATE increment of 0 is a stream error
+    PROTOCOL_ERROR on a stream, a connection error on the connection. The
+    guard tracks both windows (they bound what it writes), so it answers;
+    on a stream, the app's stream is cancelled with it."""
+    rig.start()
+    c = rig.raw()
+    held(rig, c, 1)
+    c.send(window_update(sid, 0))
+    offending = lambda f: f.type == WINDOW_UPDATE and f.payload == b"\0\0\0\0"  # noqa: E731
+    if sid == 0:
+        assert_connection_error(rig, c, E.PROTOCOL_ERROR, offending, "WINDOW_UPDATE 0 (§6.9)")
+    else:
+        assert_stream_error(rig, c, 1, E.PROTOCOL_ERROR, offending, "WINDOW_UPDATE 0 (§6.9)",
+                            probe_sid=3)
+
+
+@pytest.mark.parametrize("sid", [0, 1], ids=["connection", "stream"])
+def test_a_window_over_2_31_minus_1(rig, sid):
+    """RFC 9113 §6.9.1: a WINDOW_UPDATE that takes a window past 2^31-1 is
+    FLOW_CONTROL_ERROR: a connection error on the connection's window, a
+    stream error on a stream's. The guard holds both windows (see above)."""
+    rig.start()
+    c = rig.raw()
+    held(rig, c, 1)
+    c.send(window_update(sid, MAX_STREAM_ID))
+    offending = lambda f: f.type == WINDOW_UPDATE and f.payload == struct.pack(">I", MAX_STREAM_ID)  # noqa: E731
+    if sid == 0:
+        assert_connection_error(rig, c, E.FLOW_CONTROL_ERROR, offending, "connection window overflow")
+    else:
+        assert_stream_error(rig, c, 1, E.FLOW_CONTROL_ERROR, offending, "stream window overflow",
+                            probe_sid=3)
+
+
+def test_an_initial_window_change_that_overflows_a_stream(rig):
+    """RFC 9113 §6.9.2: a SETTINGS_INITIAL_WINDOW_SIZE change that takes any
+    stream's window past 2^31-1 is a connection error FLOW_CONTROL_ERROR.
+    The guard applies the change to the windows it holds, and answers."""
+    rig.start()
+    c = rig.raw()
+    held(rig, c, 1)
+    c.send(window_update(1, MAX_STREAM_ID - 65535), settings([(S.INITIAL_WINDOW_SIZE, 65536)]))
+    payload = struct.pack(">HI", S.INITIAL_WINDOW_SIZE, 65536)
+    assert_connection_error(rig, c, E.FLOW_CONTROL_ERROR,
+                            lambda f: f.type == SETTINGS and payload in f.payload,
+                            "an INITIAL_WINDOW_SIZE that overflows a stream (§6.9.2)")
+
+
+@pytest.mark.parametrize("case", ["PRIORITY-on-an-open-stream", "HEADERS-opening-a-stream",
+                                  "PRIORITY-on-an-idle-stream"])
+def test_a_stream_that_depends_on_itself(rig, case):
+    """RFC 9113 §5.3.1 (RFC 7540 §5.3.1's rule, kept for the PRIORITY frame
+    and HEADERS' priority fields, §6.2, §6.3): a stream cannot depend on
+    itself; a stream error PROTOCOL_ERROR. On an idle stream no RST_STREAM
+    may be sent (§6.4), so the guard makes it a connection error (§5.4.1
+    allows that). The guard answers: a HEADERS that opens a stream this
+    way is refused before the app sees it."""
+    rig.start()
+    c = rig.raw()
+    if case == "PRIORITY-on-an-open-stream":
+        held(rig, c, 1)
+        c.send(priority(1, 1))
+        assert_stream_error(rig, c, 1, E.PROTOCOL_ERROR, lambda f: f.type == PRIORITY,
+                            case, probe_sid=3)
+    elif case == "HEADERS-opening-a-stream":
+        c.send(raw_frame(HEADERS, END_HEADERS | END_STREAM | PRIORITY_FLAG, 1,
+                         struct.pack(">IB", 1, 16) + BLOCK))
+        assert_stream_error(rig, c, 1, E.PROTOCOL_ERROR, is_frame(HEADERS, 1), case, probe_sid=3)
+    else:
+        c.send(priority(9, 9))
+        assert_connection_error(rig, c, E.PROTOCOL_ERROR, lambda f: f.type == PRIORITY, case)
+
+
+def test_priority_of_the_wrong_length(rig):
+    """RFC 9113 §6.3: a PRIORITY frame whose length is not 5 is a stream
+    error FRAME_SIZE_ERROR. Answered by the guard on the open stream (the
+    app's is cancelled)."""
+    rig.start()
+    c = rig.raw()
+    held(rig, c, 1)
+    c.send(priority(1, 0, length=4))
+    assert_stream_error(rig, c, 1, E.FRAME_SIZE_ERROR, lambda f: f.type == PRIORITY,
+                        "PRIORITY of 4 bytes (§6.3)", probe_sid=3)
+
+
+def test_push_promise_from_the_client(rig):
+    """RFC 9113 §8.4 (and §6.6): a client cannot push; a server MUST treat a
+    PUSH_PROMISE as a connection error PROTOCOL_ERROR. The guard is the
+    client's server and answers it."""
+    rig.start()
+    c = rig.raw()
+    held(rig, c, 1)
+    c.send(raw_frame(PUSH_PROMISE, END_HEADERS, 1, struct.pack(">I", 2) + BLOCK))
+    assert_connection_error(rig, c, E.PROTOCOL_ERROR, lambda f: f.type == PUSH_PROMISE,
+                            "PUSH_PROMISE from the client (§8.4)")
+
+
+@pytest.mark.parametrize("frame,code", [
+    (raw_frame(PING, 0, 0, b"1234567"), E.FRAME_SIZE_ERROR),
+    (raw_frame(PING, 0, 1, b"12345678"), E.PROTOCOL_ERROR),
+    (raw_frame(GOAWAY, 0, 1, struct.pack(">II", 0, 0)), E.PROTOCOL_ERROR),
+    (raw_frame(GOAWAY, 0, 0, b"\0\0\0\0"), E.FRAME_SIZE_ERROR),
+], ids=["PING-of-7-bytes", "PING-on-a-stream", "GOAWAY-on-a-stream", "GOAWAY-of-4-bytes"])
+def test_a_connection_frame_malformed(rig, frame, code):
+    """RFC 9113 §6.7: a PING whose length is not 8 is a connection error
+    FRAME_SIZE_ERROR, one on a stream PROTOCOL_ERROR; §6.8: a GOAWAY on a
+    stream, PROTOCOL_ERROR; §4.2: a frame too short for its fields (a
+    4-byte GOAWAY), FRAME_SIZE_ERROR. Connection frames are the guard's
+    (it acks PINGs alone, and runs its own GOAWAY sequence): it answers."""
+    rig.start()
+    c = rig.raw()
+    c.send(frame)
+    assert_connection_error(rig, c, code, lambda f: f.type == frame[3] and f.payload == frame[9:]
+                            and not f.ack, "a malformed PING or GOAWAY")
+
+
+def test_the_concurrent_stream_limit(rig):
+    """RFC 9113 §5.1.2: a HEADERS that takes the client past the
+    SETTINGS_MAX_CONCURRENT_STREAMS it was sent is a stream error
+    PROTOCOL_ERROR or REFUSED_STREAM. The guard advertises the app's limit
+    (here 2; lowered to its own when that is lower) and refuses the third
+    stream itself, REFUSED_STREAM: never processed, safe to retry (§8.7).
+    The app, whose limit it is, never sees the stream."""
+    app = rig.start(App(settings={S.MAX_CONCURRENT_STREAMS: 2}))
+    c = rig.raw()
+
+    def limits():
+        return [struct.unpack(">I", f.payload[i + 2:i + 6])[0] for f in c.frames(SETTINGS)
+                for i in range(0, f.length, 6)
+                if struct.unpack(">H", f.payload[i:i + 2])[0] == S.MAX_CONCURRENT_STREAMS]
+    c.wait(lambda: limits()[-1:] == [2], DEADLINE, "SETTINGS_MAX_CONCURRENT_STREAMS 2")
+    held(rig, c, 1)
+    held(rig, c, 3)
+    c.send(c.request(5, "/hold"))
+    c.wait(lambda: c.resets(5), DEADLINE, "RST_STREAM on stream 5")
+    assert c.resets(5) == [E.REFUSED_STREAM], c.describe()
+    c.send(rst(1))
+    c.wait(lambda: app.find(path="/hold")[0].reset is not None, DEADLINE, "the reset at the app")
+    probe(c, 7)
+    assert not [f for f in app_frames(app) if f.stream == 5], "the app saw the refused stream"
+
+
+@pytest.mark.parametrize("fields", [
+    request_fields("/bytes?n=1", extra=[("X-Upper", "1")]),
+    request_fields("/bytes?n=1", extra=[("connection", "keep-alive")]),
+    request_fields("/bytes?n=1", extra=[("keep-alive", "timeout=5")]),
+    request_fields("/bytes?n=1", extra=[("proxy-connection", "keep-alive")]),
+    request_fields("/bytes?n=1", extra=[("transfer-encoding", "chunked")]),
+    request_fields("/bytes?n=1", extra=[("upgrade", "websocket")]),
+    request_fields("/bytes?n=1", extra=[("te", "gzip")]),
+    request_fields("/bytes?n=1", extra=[(":foo", "bar")]),
+    request_fields("/bytes?n=1", extra=[(":status", "200")]),
+    [(":method", "GET"), (":scheme", "http"), ("x-a", "1"), (":path", "/bytes?n=1")],
+    request_fields("/bytes?n=1", extra=[(":path", "/bytes?n=2")]),
+    request_fields("/bytes?n=1", extra=[(":method", "POST")]),
+    [(":scheme", "http"), (":path", "/bytes?n=1")],
+    [(":method", "GET"), (":path", "/bytes?n=1")],
+    [(":method", "GET"), (":scheme", "http")],
+    request_fields(""),
+    [(":method", "CONNECT"), (":authority", "guard.test:443"), (":path", "/")],
+    [(":method", "CONNECT")],
+    request_fields("/bytes?n=1", extra=[(":protocol", "websocket")]),
+    request_fields("/bytes?n=1", extra=[("x-bad name", "1")]),
+    request_fields("/bytes?n=1", extra=[("x-a", "1\r\nx-b: 2")]),
+], ids=["uppercase-name", "connection", "keep-alive", "proxy-connection", "transfer-encoding",
+        "upgrade", "te-not-trailers", "unknown-pseudo-header", "response-pseudo-header",
+        "pseudo-header-after-a-field", "path-twice", "method-twice", "no-method", "no-scheme",
+        "no-path", "empty-path", "connect-with-a-path", "connect-without-authority",
+        "protocol-without-connect", "space-in-a-name", "newline-in-a-value"])
+def test_a_malformed_request(rig, fields):
+    """RFC 9113 §8.1.1: a malformed request is a stream error PROTOCOL_ERROR,
+    and an intermediary MUST NOT forward it. Malformed: an uppercase field
+    name (§8.2); a connection-specific field, or TE other than `trailers`
+    (§8.2.2); an unknown or response pseudo-header, one after a regular
+    field, or one twice; :method, :scheme or :path missing, or :path empty
+    (§8.3, §8.3.1); a CONNECT with :path or without :authority (§8.5);
+    :protocol on anything but CONNECT (RFC 8441 §4). And, as §8.2.1 says
+    implementations SHOULD check, a name with a space, a value with CR/LF.
+    The guard refuses the stream itself: the app never sees it."""
+    rig.start()
+    c = rig.raw()
+    c.send(raw_frame(HEADERS, END_HEADERS | END_STREAM, 1, literal_block(fields)))
+    assert_stream_error(rig, c, 1, E.PROTOCOL_ERROR, is_frame(HEADERS, 1),
+                        f"a malformed request {fields}", probe_sid=3)
+
+
+@pytest.mark.parametrize("case", ["data-beyond-it", "data-short-of-it", "no-data",
+                                  "trailers-short-of-it"])
+def test_content_length_and_the_data(rig, case):
+    """RFC 9113 §8.1.1: a request whose content-length is not the sum of its
+    DATA frames' payloads is malformed: a stream error PROTOCOL_ERROR, and
+    not forwarded. The guard counts the request's DATA against it; the
+    frame that proves it wrong never reaches the app (which gets RST_STREAM
+    CANCEL for the part it already has)."""
+    rig.start()
+    c = rig.raw()
+    cl = [("content-length", "10")]
+    if case == "no-data":
+        c.send(c.request(1, "/sha", method="POST", extra=cl, end_stream=True))
+        offending = is_frame(HEADERS, 1)
+    else:
+        c.send(c.request(1, "/sha", method="POST", extra=cl, end_stream=False))
+        if case == "data-beyond-it":
+            frames = [raw_frame(DATA, 0, 1, b"12345"), raw_frame(DATA, 0, 1, b"67890" + MARK)]
+            offending = is_frame(DATA, 1, MARK)
+        elif case == "data-short-of-it":
+            frames = [raw_frame(DATA, 0, 1, b"12345"), raw_frame(DATA, END_STREAM, 1, MARK[:4])]
+            offending = lambda f: f.type == DATA and f.stream == 1 and f.end_stream  # noqa: E731
+        else:
+            frames = [raw_frame(DATA, 0, 1, b"12345"), c.headers(1, [("x-trailer", "1")])]
+            offending = lambda f: f.type == HEADERS and f.stream == 1 and f.end_stream  # noqa: E731
+        c.send(*frames)
+    assert_stream_error(rig, c, 1, E.PROTOCOL_ERROR, offending,
+                        f"content-length 10, {case} (§8.1.1)", probe_sid=3)
+
+
+@pytest.mark.parametrize("case", ["without-END_STREAM", "with-a-pseudo-header"])
+def test_malformed_trailers(rig, case):
+    """RFC 9113 §8.1: a HEADERS after the request's head without END_STREAM
+    (trailers must end the stream), or trailers with a pseudo-header
+    (§8.1, §8.3), make the request malformed: a stream error PROTOCOL_ERROR
+    (§8.1.1). The guard answers; the app's stream is cancelled and never
+    gets the block."""
+    rig.start()
+    c = rig.raw()
+    held(rig, c, 1)
+    if case == "without-END_STREAM":
+        block = literal_block([(MARK.decode(), "1")])
+        c.send(raw_frame(HEADERS, END_HEADERS, 1, block))
+    else:
+        block = literal_block([(":path", "/again"), (MARK.decode(), "1")])
+        c.send(raw_frame(HEADERS, END_HEADERS | END_STREAM, 1, block))
+    assert_stream_error(rig, c, 1, E.PROTOCOL_ERROR, is_frame(HEADERS, 1, MARK),
+                        f"trailers {case} (§8.1)", probe_sid=3)
+
+
+def test_unknown_types_flags_and_the_reserved_bit_are_ignored(rig):
+    """RFC 9113 §4.1, §5.5: unknown frame types (outside a header block),
+    flags a frame type does not define, and the reserved bit of the stream
+    id are ignored; an unknown setting too (§6.5.2). Nothing here is an
+    error: the request is answered, the connection stays up. (Unknown frames
+    pass on to the app, which ignores them as well: extensions are end to
+    end.)"""
+    rig.start()
+    c = rig.raw()
+    c.send(raw_frame(0x20, 0xff, 0, b"unknown on the connection"),
+           settings([(0x4242, 7)]),
+           c.request(1, "/sha", method="POST", end_stream=False),
+           raw_frame(0x21, 0, 1, b"unknown on a stream"),
+           raw_frame(DATA, 0xf0 | 0x02, 1, b"odd flags"),
+           reserved_bit(raw_frame(DATA, END_STREAM, 1, b"; reserved bit")))
+    c.wait(lambda: c.ended(1), DEADLINE, "the answer")
+    body = b"odd flags; reserved bit"
+    assert json.loads(c.data[1]) == {"len": len(body), "sha256": hashlib.sha256(body).hexdigest()}
+    assert not c.goaways() and not c.resets(1), c.describe()
+    assert not rig.app.h2_errors(), rig.app.h2_errors()
+
+
+def test_frames_a_stream_still_takes_as_it_closes(rig):
+    """RFC 9113 §5.1, the frames that are not errors, so the guard's rules
+    above stop where the RFC's do: on a half-closed (remote) stream,
+    WINDOW_UPDATE, PRIORITY and RST_STREAM; on a half-closed (local) one
+    (answered before its request ended), DATA; on a closed one, PRIORITY,
+    and WINDOW_UPDATE and RST_STREAM for a while after it ended; and no
+    RST_STREAM answers a RST_STREAM (§5.4.2). Each is passed on or dropped,
+    none is answered."""
+    app = rig.start()
+    app.route("/early", lambda k, req, event, data:
+              event == "headers" and k.respond(req, [(":status", "200")], b"early"))
+    c = rig.raw()
+    held(rig, c, 1, end_stream=True)
+    c.send(window_update(1, 100), priority(1, 0), rst(1))
+    c.send(c.request(3, "/early", end_stream=False))
+    c.wait(lambda: c.ended(3), DEADLINE, "the early answer")
+    c.send(raw_frame(DATA, END_STREAM, 3, b"after the answer"))
+    answered(c, 5)
+    c.send(priority(5, 0), window_update(5, 100), rst(5), rst(5), rst(1))
+    app.wait(lambda: [r.body for r in app.find(path="/early")] == [b"after the answer"], DEADLINE,
+             "the request body after its answer at the app")
+    probe(c, 7)
+    assert not c.goaways(), c.describe()
+    got = {sid: c.resets(sid) for sid in (1, 3, 5, 7)}
+    assert all(not codes for codes in got.values()), f"RST_STREAM from the guard: {got}"
+    assert not app.h2_errors(), app.h2_errors()
+
+
+def test_a_ping_is_acked(rig):
+    """RFC 9113 §6.7: a PING without ACK is answered with a PING with ACK and
+    the same payload (here by the app, through the guard; alone, by the
+    guard: test_guard_alone_is_a_conformant_server)."""
+    rig.start()
+    c = rig.raw()
+    c.send(ping_frame(b"conform!"))
+    c.wait(lambda: any(f.ack and f.payload == b"conform!" for f in c.frames(PING)), DEADLINE,
+           "the PING's ack")
+    assert not c.goaways(), c.describe()

@@ -41,7 +41,8 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
-from hyperframe.frame import GoAwayFrame, PingFrame
+import hpack
+from hyperframe.frame import DataFrame, GoAwayFrame, HeadersFrame, PingFrame
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -640,6 +641,194 @@ class Client(Endpoint):
         tail = self.frames_in[-frames:]
         lines.append(f"  last {len(tail)} of {len(self.frames_in)} frames received: {tail}")
         return "\n".join(lines)
+
+
+# --- a client of raw frames ------------------------------------------------
+
+def hpack_int(value, prefix, mask=0):
+    """An HPACK integer with a `prefix`-bit prefix (RFC 7541 §5.1)."""
+    top = (1 << prefix) - 1
+    if value < top:
+        return bytes([mask | value])
+    out, value = bytearray([mask | top]), value - top
+    while value >= 128:
+        out.append(value % 128 | 0x80)
+        value //= 128
+    return bytes(out + bytes([value]))
+
+
+def hpack_literal(name, value):
+    """One field as an HPACK literal without indexing, name and value as
+    plain strings (RFC 7541 §6.2.2): it touches no dynamic table, so a test
+    can put any bytes in a header block (an uppercase name, a second
+    `:path`) without the encoder's validation or state."""
+    name = name.encode() if isinstance(name, str) else name
+    value = value.encode() if isinstance(value, str) else value
+    return b"\x00" + hpack_int(len(name), 7) + name + hpack_int(len(value), 7) + value
+
+
+def literal_block(fields):
+    return b"".join(hpack_literal(n, v) for n, v in fields)
+
+
+def request_fields(path, method="GET", extra=()):
+    return [(":method", method), (":scheme", "http"), (":authority", "guard.test"),
+            (":path", path), *extra]
+
+
+class RawClient:
+    """A client that writes frames by hand (hyperframe, or raw bytes where a
+    frame must be wrong) and records every frame the guard sends, exactly as
+    it came. Nothing it receives is validated: a test sends what no
+    conformant client would and asserts on the exact answer. It acks the
+    guard's SETTINGS and PINGs, decodes the response header blocks (RFC 7541,
+    the `hpack` package) and never sends WINDOW_UPDATE: its answers are
+    small."""
+
+    def __init__(self, addr, settings=None, preface=True, name="raw"):
+        self.name = name
+        self.sock = socket.create_connection(addr, timeout=5)
+        self.sock.setblocking(False)
+        self.sniffer = Sniffer(server=False)
+        self.frames_in = []
+        self.wbuf = bytearray()
+        self.rbytes = bytearray()   # everything received, for a non-HTTP/2 answer
+        self.eof = False
+        self.encoder = hpack.Encoder()
+        self.decoder = hpack.Decoder()
+        self.block = None           # (stream, fragments) of a header block in progress
+        self.heads = {}             # stream -> [header list, ...]
+        self.data = {}              # stream -> bytes
+        if preface:
+            payload = b"".join(struct.pack(">HI", k, v) for k, v in (settings or {}).items())
+            self.send(PREFACE + raw_frame(SETTINGS, 0, 0, payload))
+
+    # Sending ---------------------------------------------------------------
+
+    def send(self, *chunks):
+        for c in chunks:
+            self.wbuf += c
+        self._flush()
+
+    def _flush(self):
+        while self.wbuf and not self.eof:
+            try:
+                n = self.sock.send(self.wbuf)
+            except BlockingIOError:
+                return
+            except OSError:
+                self.eof = True
+                return
+            del self.wbuf[:n]
+
+    def headers(self, sid, fields, end_stream=True, end_headers=True, block=None, flags=0):
+        """A HEADERS frame: `fields` encoded by the client's HPACK encoder
+        (it indexes, as clients do), or `block` as it is."""
+        block = self.encoder.encode(fields) if block is None else block
+        flags |= (END_STREAM if end_stream else 0) | (END_HEADERS if end_headers else 0)
+        return HeadersFrame(sid, data=block, flags=frame_flags(flags)).serialize()
+
+    def request(self, sid, path, method="GET", extra=(), end_stream=True):
+        return self.headers(sid, request_fields(path, method, extra), end_stream=end_stream)
+
+    def data_frame(self, sid, data, end_stream=False):
+        return DataFrame(sid, data=data, flags=["END_STREAM"] if end_stream else []).serialize()
+
+    # Receiving -------------------------------------------------------------
+
+    def step(self, timeout):
+        self._flush()
+        if self.eof:
+            threading.Event().wait(timeout)
+            return
+        w = [self.sock] if self.wbuf else []
+        r, ww, _ = select.select([self.sock], w, [], timeout)
+        if ww:
+            self._flush()
+        if not r:
+            return
+        for _ in range(16):
+            try:
+                data = self.sock.recv(1 << 16)
+            except BlockingIOError:
+                return
+            except OSError:
+                self.eof = True
+                return
+            if not data:
+                self.eof = True
+                return
+            self.rbytes += data
+            if self.rbytes.startswith(b"HTTP/"):
+                continue   # an HTTP/1.1 answer: not frames
+            for seen, _ in self.sniffer.feed(data):
+                self.frames_in.append(seen)
+                self._on_frame(seen)
+
+    def _on_frame(self, f):
+        if f.type == SETTINGS and not f.ack:
+            self.send(raw_frame(SETTINGS, ACK, 0))
+        elif f.type == PING and not f.ack and f.length == 8:
+            self.send(raw_frame(PING, ACK, 0, f.payload))
+        elif f.type in (HEADERS, CONTINUATION):
+            block = f.payload
+            if f.type == HEADERS:
+                if f.flags & PADDED:
+                    block = block[1:len(block) - block[0]]
+                if f.flags & PRIORITY_FLAG:
+                    block = block[5:]
+                self.block = (f.stream, bytearray())
+            if self.block is None:
+                return
+            self.block[1].extend(block)
+            if f.flags & END_HEADERS:
+                sid, whole = self.block
+                self.block = None
+                self.heads.setdefault(sid, []).append(self.decoder.decode(bytes(whole)))
+        elif f.type == DATA:
+            body = f.payload
+            if f.flags & PADDED:
+                body = body[1:len(body) - body[0]]
+            self.data[f.stream] = self.data.get(f.stream, b"") + body
+
+    def wait(self, pred, timeout, what):
+        wait_until(pred, timeout, what, step=self.step, describe=self.describe)
+
+    def frames(self, ftype, sid=None):
+        return [f for f in self.frames_in if f.type == ftype and (sid is None or f.stream == sid)]
+
+    def goaways(self):
+        return [f.goaway() for f in self.frames(GOAWAY) if f.length >= 8]
+
+    def resets(self, sid):
+        return [f.rst_code() for f in self.frames(RST_STREAM, sid) if f.length == 4]
+
+    def ended(self, sid):
+        """The guard ended stream `sid` (END_STREAM or RST_STREAM)."""
+        return any(f.stream == sid and (f.end_stream or f.type == RST_STREAM)
+                   for f in self.frames_in)
+
+    def status(self, sid):
+        heads = self.heads.get(sid) or [[]]
+        return dict(heads[0]).get(":status")
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def describe(self):
+        return (f"{self.name}: eof={self.eof} GOAWAYs {[(l, err_name(c)) for l, c, _ in self.goaways()]}\n"
+                f"  frames received: {self.frames_in[-40:]}\n"
+                f"  bytes received: {bytes(self.rbytes[:120])!r}")
+
+
+def frame_flags(bits):
+    """hyperframe's flag names for a HEADERS frame's flag bits."""
+    names = {END_STREAM: "END_STREAM", END_HEADERS: "END_HEADERS", PADDED: "PADDED",
+             PRIORITY_FLAG: "PRIORITY"}
+    return [n for b, n in names.items() if bits & b]
 
 
 # --- the application -----------------------------------------------------

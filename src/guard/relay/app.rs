@@ -168,7 +168,8 @@ impl Relay<'_> {
             }
             wire::MAX_CONCURRENT_STREAMS => {
                 streams_seen = true;
-                v.min(l.max_concurrent_streams)
+                self.streams_told = v.min(l.max_concurrent_streams);
+                self.streams_told
             }
             wire::MAX_HEADER_LIST_SIZE => {
                 list_seen = true;
@@ -182,6 +183,12 @@ impl Relay<'_> {
             wire::MAX_FRAME_SIZE => {
                 let v = v.min(MAX_FRAME);
                 self.app.frame = v as usize;
+                self.frame_told = self.frame_told.max(v as usize);
+                v
+            }
+            // Passed on as it is: what the client may send a local stream.
+            wire::INITIAL_WINDOW_SIZE => {
+                self.window_told_is(v);
                 v
             }
             _ => v,
@@ -248,7 +255,10 @@ impl Relay<'_> {
     ) -> Result<(), Failure> {
         if h.flags & wire::END_HEADERS == 0 {
             block.gather(frame, fragment);
-            if block.fragment.len() > MAX_FRAME as usize * 4 {
+            // Endless (empty) CONTINUATIONs are a flood, as the client's.
+            if block.fragment.len() > MAX_FRAME as usize * 4
+                || block.continuations > MAX_CONTINUATIONS
+            {
                 return Err(Failure::AppProtocol);
             }
             self.app.block = Some(block);

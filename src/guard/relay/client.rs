@@ -1,6 +1,15 @@
 //! The client's frames, on their way to the application: the preface, each
 //! frame by type, header blocks gathered and decoded, and each new stream
 //! decided (forwarded, refused, answered alone, or a WebSocket served here).
+//!
+//! The guard is the client's server, so what RFC 9113 makes an error of the
+//! client's it answers itself, with the code the RFC names, and never
+//! passes on: a frame on the wrong stream or of the wrong size, one on an
+//! idle stream or after the client ended its side (§5.1), a setting out of
+//! its range, a window past 2^31-1, a malformed request (§8.1, see
+//! `super::admit`). A connection error is a GOAWAY (`Failure`); a stream
+//! error a RST_STREAM to the client, with the application's stream, if it
+//! had one, cancelled ([`Relay::stream_error`]).
 
 use super::*;
 
@@ -27,7 +36,11 @@ impl Relay<'_> {
             return Ok(());
         }
         let buf = std::mem::take(&mut self.client.read);
-        let result = self.each_frame(&buf, MAX_FRAME as usize, |relay, h, frame| {
+        let max = self.frame_told;
+        let result = self.each_frame(&buf, max, |relay, h, frame| {
+            if relay.settings_waits(h, now) {
+                return Ok(false);
+            }
             // PING, SETTINGS and RST_STREAM cost the application work for
             // free: past their rate the relay stops reading the client
             // until the next token is due (see `super::flood`).
@@ -39,6 +52,19 @@ impl Relay<'_> {
         });
         self.client.read = keep_rest(buf, result?);
         Ok(())
+    }
+
+    /// A client SETTINGS waits while `MAX_UNACKED_SETTINGS` of its SETTINGS
+    /// are unacked: reading the client pauses, as for a flood bucket, and
+    /// is tried again shortly (the application's acks do not wake it).
+    fn settings_waits(&mut self, h: Head, now: Instant) -> bool {
+        let waits = h.kind == wire::SETTINGS
+            && h.flags & wire::ACK == 0
+            && self.settings_unacked.len() >= MAX_UNACKED_SETTINGS;
+        if waits {
+            self.throttled_until = Some(now + UNACKED_RETRY);
+        }
+        waits
     }
 
     /// Calls `f` on each whole frame of `buf`; returns where the first
@@ -81,9 +107,20 @@ impl Relay<'_> {
                 "a header block was interrupted by another frame",
             ));
         }
+        if std::mem::take(&mut self.settings_due)
+            && (h.kind != wire::SETTINGS || h.flags & wire::ACK != 0)
+        {
+            return Err(Failure::Protocol(
+                "the client's preface did not end with its SETTINGS",
+            ));
+        }
+        if h.id == 0 && wire::needs_stream(h.kind) {
+            return Err(Failure::Protocol("a stream's frame on stream 0"));
+        }
         match h.kind {
             wire::HEADERS => {
                 let fragment = wire::content(h, payload)?;
+                self.self_dependent = wire::headers_dependency(h, payload) == Some(h.id);
                 self.client_fragment(Block::start(h), h, frame, fragment, now)
             }
             wire::CONTINUATION => {
@@ -95,116 +132,19 @@ impl Relay<'_> {
                     .ok_or(Failure::Protocol("CONTINUATION without its HEADERS"))?;
                 self.client_fragment(block, h, frame, payload, now)
             }
-            wire::DATA if self.locals.contains_key(&h.id) => {
-                let data = wire::content(h, payload)?;
-                // Padding is given back at once, the data as the task takes it.
-                let padding = (h.len - data.len()) as u32;
-                wire::window_update(&mut self.client.write, h.id, padding);
-                wire::window_update(&mut self.client.write, 0, padding);
-                if let Some(l) = self.locals.get_mut(&h.id) {
-                    l.to_task.extend_from_slice(data);
-                    l.client_eof |= h.flags & wire::END_STREAM != 0;
-                }
-                Ok(())
-            }
-            wire::DATA => {
-                match self.streams.get_mut(&h.id) {
-                    Some(s) => {
-                        self.app.write.extend_from_slice(frame);
-                        if h.flags & wire::END_STREAM != 0 {
-                            s.req_done = true;
-                            self.maybe_done(h.id);
-                        }
-                    }
-                    // A stream the guard ended or refused: the application
-                    // never sees this data, so the connection window it took
-                    // is given back here.
-                    None if h.id <= self.last_id => {
-                        wire::window_update(&mut self.client.write, 0, h.len as u32)
-                    }
-                    // Alone, the guard is the server that judges it.
-                    None if self.alone => {
-                        return Err(Failure::Protocol("DATA on an idle stream"));
-                    }
-                    None => self.app.write.extend_from_slice(frame),
-                }
-                Ok(())
-            }
-            wire::RST_STREAM if self.locals.remove(&h.id).is_some() => Ok(()),
-            wire::RST_STREAM => {
-                if let Some(s) = self.streams.remove(&h.id) {
-                    if self.client_reset.len() >= 64 {
-                        self.client_reset.pop_front();
-                    }
-                    self.client_reset.push_back(h.id);
-                    match self.unsent.take() {
-                        // Reset before its request left: the application
-                        // never gets it (as the h2 path never forwards a
-                        // stream the client reset before it was taken).
-                        Some((id, start, end, indexed))
-                            if id == h.id && end == self.app.write.len() =>
-                        {
-                            self.app.write.truncate(start);
-                            self.dropped_block(&wire::Fields {
-                                indexed,
-                                ..wire::Fields::default()
-                            });
-                        }
-                        _ => self.app.write.extend_from_slice(frame),
-                    }
-                    if !s.answered()
-                        && now.saturating_duration_since(s.started) < PREMATURE_LIFETIME
-                    {
-                        self.resets.premature();
-                    }
-                    self.finish(s, Outcome::ClientGone);
-                }
-                Ok(())
-            }
+            wire::DATA => self.client_data(h, frame, now),
+            wire::RST_STREAM => self.client_reset(h, frame, now),
+            wire::PRIORITY_FRAME => self.client_priority(h, frame, now),
+            // RFC 9113 §8.4: a client cannot push.
+            wire::PUSH_PROMISE => Err(Failure::Protocol("a PUSH_PROMISE from the client")),
             wire::SETTINGS | wire::PING | wire::GOAWAY if h.id != 0 => Err(Failure::Protocol(
                 "a connection-level frame (SETTINGS, PING or GOAWAY) on a stream",
             )),
             wire::SETTINGS if !settings_size_ok(h) => Err(Failure::FrameSize("SETTINGS")),
             wire::PING if h.len != 8 => Err(Failure::FrameSize("PING")),
-            wire::SETTINGS if h.flags & wire::ACK == 0 => {
-                let mut payload = payload.to_vec();
-                let mut table = None;
-                wire::rewrite_settings(&mut payload, |id, v| match id {
-                    wire::HEADER_TABLE_SIZE => {
-                        // The application's encoder may use up to this.
-                        table = Some(v);
-                        self.app.hpack.allow(v);
-                        v
-                    }
-                    wire::MAX_FRAME_SIZE => {
-                        let v = v.min(MAX_FRAME);
-                        self.client.frame = v as usize;
-                        self.client_frame_max = self.client_frame_max.max(v as usize);
-                        v
-                    }
-                    wire::INITIAL_WINDOW_SIZE => {
-                        let delta = i64::from(v) - self.client_window;
-                        self.client_window = i64::from(v);
-                        for l in self.locals.values_mut() {
-                            l.window += delta;
-                        }
-                        for s in self.streams.values_mut() {
-                            s.window += delta;
-                        }
-                        v
-                    }
-                    _ => v,
-                });
-                if self.settings_unacked.len() >= SETTINGS_UNACKED_MAX {
-                    return Err(Failure::Calm);
-                }
-                wire::put(&mut self.app.write, wire::SETTINGS, h.flags, 0, &payload);
-                self.settings_unacked.push_back(Unacked::Client(table));
-                if self.alone {
-                    self.settings_acked(now);
-                }
-                Ok(())
-            }
+            // Too short for its last stream and error code (RFC 9113 §4.2).
+            wire::GOAWAY if h.len < 8 => Err(Failure::FrameSize("GOAWAY")),
+            wire::SETTINGS if h.flags & wire::ACK == 0 => self.client_settings(h, payload, now),
             wire::PING if self.alone && h.flags & wire::ACK == 0 => {
                 let mut opaque = [0u8; 8];
                 opaque.copy_from_slice(payload);
@@ -216,38 +156,250 @@ impl Relay<'_> {
                 self.step(Input::Acked, now);
                 Ok(())
             }
-            wire::WINDOW_UPDATE if h.id == 0 => {
-                let credit = window_increment(payload)?;
-                self.client_credit(credit)
-            }
-            wire::WINDOW_UPDATE if self.locals.contains_key(&h.id) => {
-                let credit = window_increment(payload)?;
-                if let Some(l) = self.locals.get_mut(&h.id) {
-                    l.window += i64::from(credit);
-                }
-                Ok(())
-            }
-            wire::WINDOW_UPDATE if h.id != 0 => {
-                let credit = window_increment(payload)?;
-                if let Some(s) = self.streams.get_mut(&h.id) {
-                    s.window += i64::from(credit);
-                    if s.window > 0 {
-                        s.shut_since = None;
-                    }
-                    let ending = s.ending.is_some();
-                    self.app.write.extend_from_slice(frame);
-                    if ending {
-                        // An end of the guard's own may have waited for it.
-                        self.advance(h.id, now);
-                    }
-                }
-                Ok(())
-            }
+            wire::WINDOW_UPDATE => self.client_window_update(h, frame, now),
             _ => {
                 self.app.write.extend_from_slice(frame);
                 Ok(())
             }
         }
+    }
+
+    /// A client DATA frame: to its relayed stream or its local one, or,
+    /// on a stream that is over, its connection window given back.
+    fn client_data(&mut self, h: Head, frame: &[u8], now: Instant) -> Result<(), Failure> {
+        // Padding longer than the frame is PROTOCOL_ERROR (RFC 9113 §6.1),
+        // whatever the stream.
+        let data = wire::content(h, &frame[wire::FRAME_HEADER..])?;
+        let end = h.flags & wire::END_STREAM != 0;
+        if self.locals.contains_key(&h.id) {
+            return self.local_data(h, data, now);
+        }
+        if let Some(req_done) = self.streams.get(&h.id).map(|s| s.req_done) {
+            let error = if req_done {
+                // Half-closed (remote): RFC 9113 §5.1.
+                Some(wire::STREAM_CLOSED)
+            } else if !self.body_data(h.id, data.len(), end) {
+                Some(wire::PROTOCOL_ERROR)
+            } else {
+                None
+            };
+            if let Some(code) = error {
+                self.give_back(h);
+                self.stream_error(h.id, code, now);
+                return Ok(());
+            }
+            self.app.write.extend_from_slice(frame);
+            if end {
+                self.client_closed(h.id);
+                if let Some(s) = self.streams.get_mut(&h.id) {
+                    s.req_done = true;
+                }
+                self.maybe_done(h.id);
+            }
+            return Ok(());
+        }
+        if self.idle(h.id) {
+            return Err(Failure::Protocol("DATA on an idle stream"));
+        }
+        // A stream that is over: the application never sees this data, so
+        // the connection window it took is given back here.
+        self.give_back(h);
+        if self.ended_by_client(h.id) {
+            wire::rst(&mut self.client.write, h.id, wire::STREAM_CLOSED);
+        }
+        Ok(())
+    }
+
+    /// The connection window a client DATA frame took, given back: the
+    /// application never sees the frame.
+    fn give_back(&mut self, h: Head) {
+        wire::window_update(&mut self.client.write, 0, h.len as u32);
+    }
+
+    /// A client RST_STREAM: its relayed stream reset at the application
+    /// (or, not sent yet, taken back), its local stream dropped.
+    fn client_reset(&mut self, h: Head, frame: &[u8], now: Instant) -> Result<(), Failure> {
+        if h.len != 4 {
+            return Err(Failure::FrameSize("RST_STREAM"));
+        }
+        if self.idle(h.id) {
+            return Err(Failure::Protocol("RST_STREAM on an idle stream"));
+        }
+        self.client_closed(h.id);
+        self.body_left.remove(&h.id);
+        if self.locals.contains_key(&h.id) {
+            self.drop_local(h.id);
+            return Ok(());
+        }
+        let Some(s) = self.streams.remove(&h.id) else {
+            return Ok(());
+        };
+        if self.client_reset.len() >= 64 {
+            self.client_reset.pop_front();
+        }
+        self.client_reset.push_back(h.id);
+        if !self.take_back(h.id) {
+            self.app.write.extend_from_slice(frame);
+        }
+        if !s.answered() && now.saturating_duration_since(s.started) < PREMATURE_LIFETIME {
+            self.resets.premature();
+        }
+        self.finish(s, Outcome::ClientGone);
+        Ok(())
+    }
+
+    /// Takes back stream `id`'s request if it is the last thing in `to_app`
+    /// and not written yet: the application never gets it (as the h2 path
+    /// never forwarded a stream reset before it was taken). True if it was.
+    fn take_back(&mut self, id: u32) -> bool {
+        match self.unsent {
+            Some((unsent, start, end, indexed)) if unsent == id && end == self.app.write.len() => {
+                self.unsent = None;
+                self.app.write.truncate(start);
+                self.dropped_block(&wire::Fields {
+                    indexed,
+                    ..wire::Fields::default()
+                });
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// A client PRIORITY frame: passed on (the application may use it),
+    /// unless it is of the wrong size or makes its stream depend on itself
+    /// (RFC 9113 §6.3, §5.3.1): a stream error on an open stream, a
+    /// connection error where no RST_STREAM may go (idle, closed).
+    fn client_priority(&mut self, h: Head, frame: &[u8], now: Instant) -> Result<(), Failure> {
+        let payload = &frame[wire::FRAME_HEADER..];
+        let (code, failure) = if h.len != 5 {
+            (wire::FRAME_SIZE_ERROR, Failure::FrameSize("PRIORITY"))
+        } else if wire::dependency(payload) == Some(h.id) {
+            (
+                wire::PROTOCOL_ERROR,
+                Failure::Protocol("a stream that depends on itself"),
+            )
+        } else {
+            self.app.write.extend_from_slice(frame);
+            return Ok(());
+        };
+        if !self.open(h.id) {
+            return Err(failure);
+        }
+        self.stream_error(h.id, code, now);
+        Ok(())
+    }
+
+    /// A client WINDOW_UPDATE: the connection's (the guard owns that
+    /// window), a local stream's, or a relayed stream's, passed on.
+    fn client_window_update(&mut self, h: Head, frame: &[u8], now: Instant) -> Result<(), Failure> {
+        let credit = window_increment(&frame[wire::FRAME_HEADER..])?;
+        if h.id == 0 {
+            return self.client_credit(credit);
+        }
+        if self.idle(h.id) {
+            return Err(Failure::Protocol("WINDOW_UPDATE on an idle stream"));
+        }
+        let window = if let Some(l) = self.locals.get_mut(&h.id) {
+            &mut l.window
+        } else if let Some(s) = self.streams.get_mut(&h.id) {
+            &mut s.window
+        } else {
+            // A stream that is over: a WINDOW_UPDATE may still come (§5.1).
+            return Ok(());
+        };
+        *window += i64::from(credit);
+        let error = if credit == 0 {
+            // RFC 9113 §6.9: a stream error on a stream.
+            Some(wire::PROTOCOL_ERROR)
+        } else if *window > MAX_WINDOW {
+            // RFC 9113 §6.9.1.
+            Some(wire::FLOW_CONTROL_ERROR)
+        } else {
+            None
+        };
+        if let Some(code) = error {
+            self.stream_error(h.id, code, now);
+            return Ok(());
+        }
+        if let Some(s) = self.streams.get_mut(&h.id) {
+            if s.window > 0 {
+                s.shut_since = None;
+            }
+            let ending = s.ending.is_some();
+            self.app.write.extend_from_slice(frame);
+            if ending {
+                // An end of the guard's own may have waited for it.
+                self.advance(h.id, now);
+            }
+        }
+        Ok(())
+    }
+
+    /// A client SETTINGS (not an ack): judged, applied to what the guard
+    /// keeps of the client, and passed on lowered to the guard's limits.
+    fn client_settings(&mut self, h: Head, payload: &[u8], now: Instant) -> Result<(), Failure> {
+        for (id, v) in wire::settings(payload) {
+            match wire::setting_error(id, v) {
+                None => {}
+                Some(wire::FLOW_CONTROL_ERROR) => {
+                    tracing::debug!(
+                        conn = self.info.id,
+                        value = v,
+                        "guard: the client's SETTINGS_INITIAL_WINDOW_SIZE is above 2^31-1"
+                    );
+                    return Err(Failure::FlowControl);
+                }
+                Some(_) => return Err(Failure::Protocol("a SETTINGS value out of its range")),
+            }
+        }
+        let mut payload = payload.to_vec();
+        let mut table = None;
+        let mut grew = false;
+        wire::rewrite_settings(&mut payload, |id, v| match id {
+            wire::HEADER_TABLE_SIZE => {
+                // The application's encoder may use up to this.
+                table = Some(v);
+                self.app.hpack.allow(v);
+                v
+            }
+            wire::MAX_FRAME_SIZE => {
+                let v = v.min(MAX_FRAME);
+                self.client.frame = v as usize;
+                self.client_frame_max = self.client_frame_max.max(v as usize);
+                v
+            }
+            wire::INITIAL_WINDOW_SIZE => {
+                let delta = i64::from(v) - self.client_window;
+                grew |= delta > 0;
+                self.client_window = i64::from(v);
+                for l in self.locals.values_mut() {
+                    l.window += delta;
+                }
+                for s in self.streams.values_mut() {
+                    s.window += delta;
+                }
+                v
+            }
+            _ => v,
+        });
+        let past_max = |w: i64| w > MAX_WINDOW;
+        if grew
+            && (self.streams.values().any(|s| past_max(s.window))
+                || self.locals.values().any(|l| past_max(l.window)))
+        {
+            // RFC 9113 §6.9.2: a connection error.
+            tracing::debug!(conn = self.info.id, "guard: the client's SETTINGS_INITIAL_WINDOW_SIZE took a stream's window past 2^31-1");
+            return Err(Failure::FlowControl);
+        }
+        wire::put(&mut self.app.write, wire::SETTINGS, h.flags, 0, &payload);
+        // Every one is kept (`settings_waits` bounds them): each ack of the
+        // application's pairs with its own frame.
+        self.settings_unacked.push_back(Unacked::Client(table));
+        if self.alone {
+            self.settings_acked(now);
+        }
+        Ok(())
     }
 
     /// One fragment of a client header block; the block is read, and its
@@ -308,31 +460,20 @@ impl Relay<'_> {
             wire::BlockError::TooLarge => Failure::Calm,
         })?;
         let id = block.id;
-        let fresh = id > self.last_id && id % 2 == 1;
-        if self.alone && !fresh && id > self.last_id {
+        let self_dependent = std::mem::take(&mut self.self_dependent);
+        if id.is_multiple_of(2) {
+            // Only the server opens even streams, and the guard passes no
+            // push on (RFC 9113 §5.1.1).
             return Err(Failure::Protocol("a stream id the client may not open"));
         }
-        if !fresh {
-            // Trailers (or a bad block, which the application judges).
-            match self.streams.get_mut(&id) {
-                Some(s) => {
-                    if block.end_stream {
-                        s.req_done = true;
-                    }
-                    self.forward_block(&block, frame, all, false);
-                    self.maybe_done(id);
-                }
-                None if id <= self.last_id => {
-                    if let Some(l) = self.locals.get_mut(&id) {
-                        l.client_eof |= block.end_stream;
-                    }
-                    self.dropped_block(&fields)
-                }
-                None => self.forward_block(&block, frame, all, false),
-            }
-            return Ok(());
+        if id <= self.last_id {
+            let trailers = Trailers {
+                fields: &fields,
+                bad: self_dependent || !super::admit::trailers_ok(all_fields),
+            };
+            return self.client_trailers(&block, frame, trailers, all, now);
         }
-        self.last_id = id;
+        self.opened(id);
         self.step(Input::StreamAccepted, now);
         if self.told_empty {
             // Busy again (the idle timer stops), even if this stream ends
@@ -340,7 +481,24 @@ impl Relay<'_> {
             self.told_empty = false;
             self.step(Input::Streams(1), now);
         }
-        if let Some(refusal) = self.admission(&fields, limit) {
+        if block.end_stream {
+            self.client_closed(id);
+        }
+        let malformed = super::admit::malformed_request(all_fields, block.end_stream)
+            .or(self_dependent.then_some("a stream that depends on itself"));
+        let refusal = match malformed {
+            Some(why) => {
+                tracing::debug!(
+                    conn = self.info.id,
+                    stream = id,
+                    why,
+                    "guard: a malformed request; RST_STREAM(PROTOCOL_ERROR)"
+                );
+                Some(Refusal::Malformed)
+            }
+            None => self.admission(&fields, limit),
+        };
+        if let Some(refusal) = refusal {
             // Never forwarded: a refused stream is one the application
             // never saw, so the client may retry it anywhere.
             self.dropped_block(&fields);
@@ -369,6 +527,7 @@ impl Relay<'_> {
         self.forward_block(&block, frame, all, true);
         if self.admit(id, block.end_stream, &fields, now) {
             self.unsent = Some((id, start, self.app.write.len(), fields.indexed));
+            self.body_start(id, all_fields, block.end_stream);
         } else {
             // Refused by the registry: take the request back.
             self.app.write.truncate(start);
@@ -376,6 +535,159 @@ impl Relay<'_> {
         }
         Ok(())
     }
+
+    /// A block on a stream the client opened before: trailers (passed on if
+    /// they end a request properly), or an error of the client's.
+    fn client_trailers(
+        &mut self,
+        block: &Block,
+        frame: &[u8],
+        t: Trailers<'_>,
+        all: Option<&[wire::Field]>,
+        now: Instant,
+    ) -> Result<(), Failure> {
+        let id = block.id;
+        let open = self
+            .streams
+            .get(&id)
+            .map(|s| s.req_done)
+            .or(self.locals.get(&id).map(|l| l.client_eof));
+        let error = match open {
+            // Half-closed (remote): RFC 9113 §5.1.
+            Some(true) => Some(wire::STREAM_CLOSED),
+            // Trailers end the stream and carry no pseudo-header (§8.1),
+            // and the request's DATA added up to its content-length.
+            Some(false) if t.bad || !block.end_stream || !self.body_data(id, 0, true) => {
+                Some(wire::PROTOCOL_ERROR)
+            }
+            Some(false) => None,
+            None => {
+                self.dropped_block(t.fields);
+                if self.skipped_id(id) {
+                    return Err(Failure::Protocol(
+                        "a stream id lower than one the client opened",
+                    ));
+                }
+                if self.ended_by_client(id) {
+                    wire::rst(&mut self.client.write, id, wire::STREAM_CLOSED);
+                } else if !block.end_stream {
+                    // Not trailers (they end the stream): a request on an
+                    // id used before (RFC 9113 §5.1.1).
+                    return Err(Failure::Protocol("a stream id used before"));
+                }
+                // Otherwise trailers on a stream the guard (or the
+                // application) reset, which the client may not have seen
+                // yet: dropped.
+                return Ok(());
+            }
+        };
+        if block.end_stream {
+            self.client_closed(id);
+        }
+        if let Some(code) = error {
+            self.dropped_block(t.fields);
+            self.stream_error(id, code, now);
+            return Ok(());
+        }
+        if let Some(l) = self.locals.get_mut(&id) {
+            // The guard's own stream: its trailers go nowhere.
+            l.client_eof = true;
+            self.dropped_block(t.fields);
+            return Ok(());
+        }
+        if let Some(s) = self.streams.get_mut(&id) {
+            s.req_done = true;
+        }
+        self.forward_block(block, frame, all, false);
+        self.maybe_done(id);
+        Ok(())
+    }
+
+    /// A stream error of the client's (RFC 9113 §5.4.2): RST_STREAM `code`
+    /// to it, and its stream is over here. A relayed stream is cancelled at
+    /// the application (or taken back, not sent yet) and counted as the
+    /// client's, a local one dropped.
+    pub(super) fn stream_error(&mut self, id: u32, code: u32, now: Instant) {
+        tracing::debug!(
+            conn = self.info.id,
+            stream = id,
+            code,
+            "guard: a stream error of the client's; RST_STREAM"
+        );
+        wire::rst(&mut self.client.write, id, code);
+        self.body_left.remove(&id);
+        if self.locals.contains_key(&id) {
+            self.drop_local(id);
+        }
+        let Some(s) = self.streams.remove(&id) else {
+            return;
+        };
+        if !self.take_back(id) {
+            wire::rst(&mut self.app.write, id, wire::CANCEL);
+        }
+        // The application got a request and its reset: as a client's
+        // reset would, it counts for rapid reset.
+        if !s.answered() && now.saturating_duration_since(s.started) < PREMATURE_LIFETIME {
+            self.resets.premature();
+        }
+        self.finish(s, Outcome::ClientGone);
+    }
+
+    /// Whether stream `id` is idle for the client (RFC 9113 §5.1): one it
+    /// has not opened, or an even one, which only a server opens and the
+    /// guard never does.
+    pub(super) fn idle(&self, id: u32) -> bool {
+        id.is_multiple_of(2) || id > self.last_id
+    }
+
+    /// Whether stream `id` is open here (relayed, or a local one).
+    fn open(&self, id: u32) -> bool {
+        self.streams.contains_key(&id) || self.locals.contains_key(&id)
+    }
+
+    /// The client opens stream `id`, above `last_id`: the ids it skipped
+    /// are closed unused (RFC 9113 §5.1), and remembered.
+    fn opened(&mut self, id: u32) {
+        let first = if self.last_id == 0 {
+            1
+        } else {
+            self.last_id + 2
+        };
+        if id > first {
+            if self.skipped.len() >= SKIPS_KEPT {
+                self.skipped.pop_front();
+            }
+            self.skipped.push_back((first, id - 2));
+        }
+        self.last_id = id;
+    }
+
+    /// Whether stream `id` is one the client skipped (never opened).
+    fn skipped_id(&self, id: u32) -> bool {
+        self.skipped.iter().any(|&(a, b)| (a..=b).contains(&id))
+    }
+
+    /// The client ended its side of stream `id` (END_STREAM or RST_STREAM).
+    pub(super) fn client_closed(&mut self, id: u32) {
+        if self.closed_by_client.len() >= CLOSED_KEPT {
+            self.closed_by_client.pop_front();
+        }
+        self.closed_by_client.push_back(id);
+    }
+
+    /// Whether the client ended stream `id` (lately), or never opened it:
+    /// its DATA or HEADERS there is STREAM_CLOSED (RFC 9113 §5.1, §6.1).
+    fn ended_by_client(&self, id: u32) -> bool {
+        self.closed_by_client.contains(&id) || self.skipped_id(id)
+    }
+}
+
+/// A decoded block on a stream the client opened before.
+struct Trailers<'f> {
+    fields: &'f wire::Fields,
+    /// Malformed as trailers (a pseudo-header, RFC 9113 §8.1), or its
+    /// HEADERS made the stream depend on itself.
+    bad: bool,
 }
 
 /// A SETTINGS frame's length: a multiple of 6, and 0 for an ack (RFC 9113 §6.5).
@@ -387,10 +699,11 @@ pub(super) fn settings_size_ok(h: Head) -> bool {
     }
 }
 
-/// A WINDOW_UPDATE's increment.
+/// A WINDOW_UPDATE's increment; any length but 4 is FRAME_SIZE_ERROR
+/// (RFC 9113 §6.9).
 pub(super) fn window_increment(payload: &[u8]) -> Result<u32, Failure> {
     let b: [u8; 4] = payload
         .try_into()
-        .map_err(|_| Failure::Protocol("malformed WINDOW_UPDATE frame"))?;
+        .map_err(|_| Failure::FrameSize("WINDOW_UPDATE"))?;
     Ok(u32::from_be_bytes(b) & wire::MAX_STREAM_ID)
 }

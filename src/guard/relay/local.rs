@@ -1,7 +1,11 @@
 //! WebSockets over extended CONNECT (RFC 8441) the guard serves itself: each
 //! is a task ([`super::connect::proxy`]) that speaks HTTP/1.1 to the
 //! application, and the relay moves its bytes as DATA frames within the
-//! client's windows.
+//! client's windows. The client's DATA is held for the task within the
+//! window the guard granted it (the initial window the client was told,
+//! topped up as the task takes the data); whatever is held when the stream
+//! goes, by any way, is given back to the client's connection window
+//! ([`Relay::drop_local`]).
 
 use super::*;
 
@@ -14,6 +18,10 @@ pub(super) struct Local {
     pub(super) answered: bool,
     /// The client's window for this stream.
     pub(super) window: i64,
+    /// The window the guard granted the client for its DATA on this stream
+    /// (RFC 9113 §6.9): DATA past it is FLOW_CONTROL_ERROR, so `to_task`
+    /// never holds more.
+    pub(super) recv_window: i64,
     /// The client's DATA not yet handed to the task.
     pub(super) to_task: BytesMut,
     /// The client ended its side; once `to_task` is handed over, the task
@@ -53,6 +61,7 @@ impl Relay<'_> {
                 answer: Some(rx),
                 answered: false,
                 window: self.client_window,
+                recv_window: self.window_told,
                 to_task: BytesMut::new(),
                 client_eof: end_stream,
                 shut: false,
@@ -115,6 +124,7 @@ impl Relay<'_> {
                 match Pin::new(&mut l.io).poll_write(cx, &l.to_task) {
                     Poll::Ready(Ok(n)) if n > 0 => {
                         l.to_task.advance(n);
+                        l.recv_window += n as i64;
                         wire::window_update(to_client, id, n as u32);
                         wire::window_update(to_client, 0, n as u32);
                         moved = true;
@@ -175,9 +185,65 @@ impl Relay<'_> {
             }
         }
         for id in done {
-            locals.remove(&id);
+            self.drop_local(id);
         }
         moved
+    }
+
+    /// Client DATA on local stream `id`: held for its task within the
+    /// window the guard granted; its padding given back at once.
+    pub(super) fn local_data(&mut self, h: Head, data: &[u8], now: Instant) -> Result<(), Failure> {
+        let Some(l) = self.locals.get_mut(&h.id) else {
+            return Ok(());
+        };
+        let error = if l.client_eof {
+            // Half-closed (remote): RFC 9113 §5.1.
+            Some(wire::STREAM_CLOSED)
+        } else if h.len as i64 > l.recv_window {
+            Some(wire::FLOW_CONTROL_ERROR)
+        } else {
+            None
+        };
+        if let Some(code) = error {
+            wire::window_update(&mut self.client.write, 0, h.len as u32);
+            self.stream_error(h.id, code, now);
+            return Ok(());
+        }
+        let padding = h.len - data.len();
+        l.recv_window -= data.len() as i64;
+        l.to_task.extend_from_slice(data);
+        let end = h.flags & wire::END_STREAM != 0;
+        l.client_eof |= end;
+        wire::window_update(&mut self.client.write, h.id, padding as u32);
+        wire::window_update(&mut self.client.write, 0, padding as u32);
+        if end {
+            self.client_closed(h.id);
+        }
+        Ok(())
+    }
+
+    /// Drops local stream `id`, however it ends (the client's RST_STREAM, a
+    /// refused upgrade, its task gone, both sides over, a stream error):
+    /// the client's DATA still held for the task is given back to the
+    /// client's connection window, as the task would have taken it.
+    pub(super) fn drop_local(&mut self, id: u32) {
+        if let Some(l) = self.locals.remove(&id) {
+            wire::window_update(&mut self.client.write, 0, l.to_task.len() as u32);
+        }
+    }
+
+    /// The client was told SETTINGS_INITIAL_WINDOW_SIZE `v`: local streams'
+    /// windows for its DATA grow with it. A lower one is not applied to
+    /// open streams (the client may have sent under the old one); new
+    /// streams start at it.
+    pub(super) fn window_told_is(&mut self, v: u32) {
+        let delta = i64::from(v) - self.window_told;
+        self.window_told = i64::from(v);
+        if delta > 0 {
+            for l in self.locals.values_mut() {
+                l.recv_window += delta;
+            }
+        }
     }
 }
 

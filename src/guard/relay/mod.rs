@@ -44,13 +44,35 @@
 //! ([`Relay::alone`]): the guard is then the client's server, and answers
 //! every stream retryably itself.
 //!
+//! To the client the guard *is* the server, so it holds the client to RFC
+//! 9113 itself and answers what breaks a MUST with the code the RFC names;
+//! the frame is never passed on (the application would answer it on its
+//! own connection, with every other stream on it, or never see a frame the
+//! guard swallowed). Connection errors (GOAWAY, then close): a bad preface
+//! (also one that diverges after `PRI * HTTP/2.0`, in `sniff`), a stream
+//! frame on stream 0, a frame on an idle stream, a stream id lower than one
+//! opened or an even one, a frame over the SETTINGS_MAX_FRAME_SIZE the
+//! client was told, a wrong length, a setting out of its range, a window
+//! past 2^31-1 on the connection (or by an INITIAL_WINDOW_SIZE change), an
+//! undecodable or interrupted header block, a PUSH_PROMISE. Stream errors
+//! (RST_STREAM, the application's stream cancelled): DATA or HEADERS after
+//! the client ended its side (STREAM_CLOSED), a stream window past 2^31-1,
+//! an increment of 0, a PRIORITY of the wrong size or on itself, a
+//! malformed request (RFC 9113 §8.1: its pseudo-headers, uppercase or
+//! connection-specific fields, content-length against its DATA, trailers
+//! without END_STREAM), a stream past the MAX_CONCURRENT_STREAMS the client
+//! was told (REFUSED_STREAM). Frames that are legal go on as they came,
+//! unknown types and settings too; frames on a stream the guard or the
+//! application reset are dropped, as the client may not have seen the
+//! reset yet.
+//!
 //! Where each part is:
 //!
 //! | file | what it does |
 //! |---|---|
 //! | `mod.rs` | [`serve`], the relay's state and its loop (I/O turn, backpressure) |
-//! | `client.rs` | the client's frames; each new stream decided |
-//! | `admit.rs` | admission, and the answers of streams not let through |
+//! | `client.rs` | the client's frames, held to RFC 9113; each new stream decided |
+//! | `admit.rs` | admission, the answers of streams not let through, §8.1's message rules |
 //! | `app.rs` | the application's frames, SETTINGS and GOAWAY |
 //! | `blocks.rs` | header blocks: gathered, passed on, re-encoded, the guard's own |
 //! | `flow.rs` | the client's connection window; socket reads and writes |
@@ -143,12 +165,20 @@ const DEFAULT_TABLE: u32 = 4_096;
 const BOMB_FACTOR: usize = 16;
 /// More CONTINUATION frames than this in one block is a flood.
 const MAX_CONTINUATIONS: usize = 64;
-/// Most SETTINGS frames the application may leave unacked (the client's,
-/// passed on, and the guard's barrier round trips). The client's SETTINGS
-/// rate is limited (`Buckets`), so past this the application has stopped
-/// acking: the connection is failed rather than the queue grown, or acks
-/// paired with the wrong frames.
-const SETTINGS_UNACKED_MAX: usize = 256;
+/// Most SETTINGS the application has not acked yet (the client's, and the
+/// guard's barrier round trip): the client's next one waits (the client is
+/// not read) until an ack comes, so every ack pairs with its own frame's
+/// entry in `settings_unacked`.
+const MAX_UNACKED_SETTINGS: usize = 64;
+/// How soon a SETTINGS held back by `MAX_UNACKED_SETTINGS` is tried again.
+const UNACKED_RETRY: std::time::Duration = std::time::Duration::from_millis(10);
+/// Streams the client ended (END_STREAM or RST_STREAM) remembered: its DATA
+/// or HEADERS on one is STREAM_CLOSED (RFC 9113 §5.1). On a stream it ended
+/// longer ago they are dropped like those for a stream the guard reset.
+const CLOSED_KEPT: usize = 128;
+/// Ranges of stream ids the client skipped remembered: HEADERS on one is
+/// a stream id lower than one it opened (RFC 9113 §5.1.1).
+const SKIPS_KEPT: usize = 16;
 
 /// Serves one HTTP/2 connection by relaying its frames to the application,
 /// or, when the application cannot be reached or does not answer HTTP/2,
@@ -277,7 +307,7 @@ pub fn feed(guard: &Handle, steps: &[FeedStep<'_>], alone: bool) {
         relay.client.write.clear();
         relay.cleared = 0;
         assert!(relay.app.read.len() <= READ_BUF + MAX_FRAME as usize + read);
-        assert!(relay.settings_unacked.len() <= SETTINGS_UNACKED_MAX + 1);
+        assert!(relay.settings_unacked.len() <= MAX_UNACKED_SETTINGS + 1);
     }
 }
 
@@ -468,6 +498,34 @@ struct Relay<'a> {
     /// No application connection: the guard is the client's server (see
     /// [`Relay::alone`]); what would go to the application is dropped.
     alone: bool,
+    /// The client's preface still lacks its SETTINGS frame, which must be
+    /// its first frame (RFC 9113 §3.4).
+    settings_due: bool,
+    /// The client's header block in progress came in a HEADERS whose
+    /// priority makes its stream depend on itself (RFC 9113 §5.3.1).
+    self_dependent: bool,
+    /// Streams the client ended lately (END_STREAM or RST_STREAM, at most
+    /// `CLOSED_KEPT`), whether or not they are still open: its DATA or
+    /// HEADERS on them is STREAM_CLOSED (RFC 9113 §5.1).
+    closed_by_client: std::collections::VecDeque<u32>,
+    /// Ranges of stream ids the client skipped (closed unused, RFC 9113
+    /// §5.1), the last `SKIPS_KEPT`: HEADERS on one is a PROTOCOL_ERROR.
+    skipped: std::collections::VecDeque<(u32, u32)>,
+    /// For each relayed request with a content-length, the bytes of it
+    /// still to come: its DATA must add up to it (RFC 9113 §8.1.1).
+    body_left: HashMap<u32, u64>,
+    /// The largest SETTINGS_MAX_FRAME_SIZE the client was told (the
+    /// application's, lowered to `MAX_FRAME`): a larger client frame is a
+    /// FRAME_SIZE_ERROR (RFC 9113 §4.2).
+    frame_told: usize,
+    /// The SETTINGS_MAX_CONCURRENT_STREAMS the client was last told (the
+    /// application's, lowered to the guard's limit): a stream past it is
+    /// refused here (RFC 9113 §5.1.2), never passed on.
+    streams_told: u32,
+    /// The SETTINGS_INITIAL_WINDOW_SIZE the client was last told (the
+    /// application's, passed on): a local stream's window for the client's
+    /// DATA starts there.
+    window_told: i64,
 }
 
 impl<'a> Relay<'a> {
@@ -522,6 +580,14 @@ impl<'a> Relay<'a> {
             app_sweep_at: None,
             client_window: i64::from(DEFAULT_WINDOW),
             alone: false,
+            settings_due: true,
+            self_dependent: false,
+            closed_by_client: std::collections::VecDeque::new(),
+            skipped: std::collections::VecDeque::new(),
+            body_left: HashMap::new(),
+            frame_told: DEFAULT_FRAME,
+            streams_told: l.max_concurrent_streams,
+            window_told: i64::from(DEFAULT_WINDOW),
         };
         if alone {
             relay.alone();

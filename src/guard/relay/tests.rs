@@ -1,7 +1,7 @@
 //! Unit tests of the relay's own decisions, without sockets.
 
 use super::blocks::literals;
-use super::local::connect_head;
+use super::local::{connect_head, Local};
 use super::*;
 
 /// Every frame in `buf`: (kind, flags, stream, data without padding).
@@ -646,4 +646,276 @@ async fn feed_reaches_the_barrier_and_the_endings() {
         })
         .get();
     assert_eq!(ended, 3);
+}
+
+/// A relay past its handshake, its client's preface and SETTINGS taken.
+fn open_relay(guard: &Handle) -> Relay<'_> {
+    let mut r = test_relay(guard);
+    r.handshake = false;
+    r.replay = None;
+    r.preface = false;
+    r.settings_due = false;
+    r
+}
+
+/// A local stream `id` as the relay holds it once answered: its task's end
+/// of the stream is a duplex of 16 bytes (kept, so writes do not fail),
+/// and the client's DATA not yet taken is `held` bytes.
+fn local(r: &mut Relay<'_>, id: u32, held: usize) -> tokio::io::DuplexStream {
+    let (task_io, io) = tokio::io::duplex(16);
+    r.last_id = r.last_id.max(id);
+    r.locals.insert(
+        id,
+        Local {
+            io,
+            answer: None,
+            answered: true,
+            window: r.client_window,
+            recv_window: r.window_told - held as i64,
+            to_task: BytesMut::from(&vec![7u8; held][..]),
+            client_eof: false,
+            shut: false,
+            task_eof: false,
+        },
+    );
+    task_io
+}
+
+fn frame(kind: u8, flags: u8, id: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = BytesMut::new();
+    wire::put(&mut out, kind, flags, id, payload);
+    out.to_vec()
+}
+
+/// Feeds `bytes` as read from the client.
+fn from_client(r: &mut Relay<'_>, bytes: &[u8]) -> Result<(), Failure> {
+    r.client.read.extend_from_slice(bytes);
+    r.client_frames(Instant::now())
+}
+
+/// Polls the local streams once, with a waker that does nothing.
+fn poll_locals_once(r: &mut Relay<'_>) {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    r.poll_locals(&mut cx);
+}
+
+#[tokio::test]
+async fn a_local_stream_gives_back_what_it_held_however_it_ends() {
+    // Every byte of the client's DATA is given back to its connection
+    // window exactly once: as the task takes it (16 bytes fit the duplex),
+    // or when the stream goes with the rest still held.
+    type Ending = fn(&mut Relay<'_>);
+    let endings: [(&str, Ending); 5] = [
+        ("the client's RST_STREAM", |r| {
+            from_client(r, &frame(wire::RST_STREAM, 0, 1, &[0, 0, 0, 8])).expect("reset");
+        }),
+        ("a refused upgrade", |r| {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let l = r.locals.get_mut(&1).unwrap();
+            (l.answer, l.answered) = (Some(rx), false);
+            let mut no = http::Response::new(());
+            *no.status_mut() = StatusCode::UNAUTHORIZED;
+            tx.send((no, true)).ok();
+        }),
+        ("its task gone before it answered", |r| {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let l = r.locals.get_mut(&1).unwrap();
+            (l.answer, l.answered) = (Some(rx), false);
+            drop(tx);
+        }),
+        ("both sides over", |r| {
+            let l = r.locals.get_mut(&1).unwrap();
+            (l.task_eof, l.client_eof) = (true, true);
+        }),
+        ("a stream error", |r| {
+            let update = frame(wire::WINDOW_UPDATE, 0, 1, &0u32.to_be_bytes());
+            from_client(r, &update).expect("a stream error, not the connection's");
+        }),
+    ];
+    for (what, end) in endings {
+        let guard = test_guard();
+        let mut r = open_relay(&guard);
+        let _task = local(&mut r, 1, 1_000);
+        end(&mut r);
+        poll_locals_once(&mut r);
+        poll_locals_once(&mut r);
+        assert!(r.locals.is_empty(), "{what}: the stream is gone");
+        assert_eq!(credit_in(&r.client.write, 0), 1_000, "{what}");
+    }
+}
+
+#[tokio::test]
+async fn client_data_for_a_local_stream_stays_within_the_window_granted() {
+    let guard = test_guard();
+    let mut r = open_relay(&guard);
+    let _task = local(&mut r, 1, 0);
+    // 65,535 bytes (the default window the client was told) are taken; the
+    // task takes 16 of them, and the window grows by those.
+    for _ in 0..3 {
+        from_client(&mut r, &frame(wire::DATA, 0, 1, &[1u8; 16_384])).expect("within");
+    }
+    from_client(&mut r, &frame(wire::DATA, 0, 1, &[1u8; 16_383])).expect("within");
+    poll_locals_once(&mut r);
+    assert_eq!(r.locals[&1].to_task.len(), 65_535 - 16);
+    from_client(&mut r, &frame(wire::DATA, 0, 1, &[1u8; 16])).expect("topped up");
+    // One byte more than the window is FLOW_CONTROL_ERROR on the stream,
+    // and everything held is given back.
+    from_client(&mut r, &frame(wire::DATA, 0, 1, &[1u8; 1])).expect("a stream error");
+    assert!(r.locals.is_empty());
+    let resets: Vec<_> = frames_in(&r.client.write)
+        .into_iter()
+        .filter(|f| f.0 == wire::RST_STREAM)
+        .collect();
+    assert_eq!(resets.len(), 1);
+    assert_eq!(resets[0].3, wire::FLOW_CONTROL_ERROR.to_be_bytes());
+    assert_eq!(credit_in(&r.client.write, 0), 65_535 + 16 + 1);
+}
+
+#[tokio::test]
+async fn a_local_window_update_of_zero_or_past_the_maximum_is_a_stream_error() {
+    for (increment, code) in [
+        (0, wire::PROTOCOL_ERROR),
+        (wire::MAX_STREAM_ID, wire::FLOW_CONTROL_ERROR),
+    ] {
+        let guard = test_guard();
+        let mut r = open_relay(&guard);
+        let _task = local(&mut r, 1, 0);
+        let update = frame(wire::WINDOW_UPDATE, 0, 1, &increment.to_be_bytes());
+        from_client(&mut r, &update).expect("a stream error, not the connection's");
+        assert!(r.locals.is_empty(), "increment {increment}");
+        let reset = frames_in(&r.client.write)
+            .into_iter()
+            .find(|f| f.0 == wire::RST_STREAM)
+            .expect("RST_STREAM");
+        assert_eq!((reset.2, reset.3), (1, code.to_be_bytes().to_vec()));
+    }
+}
+
+#[tokio::test]
+async fn endless_app_continuations_are_the_apps_error() {
+    let guard = test_guard();
+    let mut r = open_relay(&guard);
+    let mut bytes = frame(wire::HEADERS, 0, 1, &[0x88]);
+    for _ in 0..=MAX_CONTINUATIONS {
+        bytes.extend(frame(wire::CONTINUATION, 0, 1, &[]));
+    }
+    r.app.read.extend_from_slice(&bytes);
+    assert!(matches!(
+        r.app_frames(Instant::now()),
+        Err(Failure::AppProtocol)
+    ));
+}
+
+#[tokio::test]
+async fn client_frames_are_held_to_the_frame_size_the_client_was_told() {
+    let guard = test_guard();
+    let mut r = open_relay(&guard);
+    let get = wire::literal_block(&[
+        (":method", "GET"),
+        (":scheme", "http"),
+        (":path", "/"),
+        ("x-big", &"v".repeat(16_400)),
+    ]);
+    let big = frame(wire::HEADERS, wire::END_HEADERS | wire::END_STREAM, 1, &get);
+    assert!(matches!(
+        from_client(&mut r, &big),
+        Err(Failure::FrameSize(_))
+    ));
+    // Once the application allows 32 KiB (and the client was told), it fits.
+    let mut r = open_relay(&guard);
+    let mut allow = Vec::new();
+    allow.extend_from_slice(&wire::MAX_FRAME_SIZE.to_be_bytes());
+    allow.extend_from_slice(&32_768u32.to_be_bytes());
+    r.app_settings(0, &allow);
+    from_client(&mut r, &big).expect("within the told size");
+}
+
+#[tokio::test]
+async fn every_settings_ack_pairs_with_its_own_frame() {
+    // 65 SETTINGS unacked, the last lowering the table size; then 65 acks.
+    // The last ack is the one for the lowered size: the next block to the
+    // client must start with a size update (RFC 7541 §4.2).
+    let guard = test_guard();
+    let mut r = open_relay(&guard);
+    let mut lower = Vec::new();
+    lower.extend_from_slice(&wire::HEADER_TABLE_SIZE.to_be_bytes());
+    lower.extend_from_slice(&0u32.to_be_bytes());
+    let mut bytes = Vec::new();
+    for _ in 0..MAX_UNACKED_SETTINGS {
+        bytes.extend(frame(wire::SETTINGS, 0, 0, &[]));
+    }
+    bytes.extend(frame(wire::SETTINGS, 0, 0, &lower));
+    from_client(&mut r, &bytes).expect("settings");
+    let ack = frame(wire::SETTINGS, wire::ACK, 0, &[]);
+    for _ in 0..=MAX_UNACKED_SETTINGS {
+        r.app.read.extend_from_slice(&ack);
+        r.app_frames(Instant::now()).expect("ack");
+        // The timer of a SETTINGS held back (`settings_waits`).
+        if r.throttled_until.take().is_some() {
+            r.client_frames(Instant::now()).expect("the held SETTINGS");
+        }
+    }
+    assert!(r.settings_unacked.is_empty());
+    assert_eq!(r.client_table_acked, 0);
+    assert_eq!(r.client_update_due, Some(0));
+    let sent = frames_in(&r.app.write)
+        .iter()
+        .filter(|f| f.0 == wire::SETTINGS)
+        .count();
+    assert_eq!(sent, MAX_UNACKED_SETTINGS + 1, "every SETTINGS went on");
+}
+
+#[test]
+fn malformed_requests_are_told_apart() {
+    let f = |n: &str, v: &str| wire::Field {
+        name: n.as_bytes().to_vec(),
+        value: v.as_bytes().to_vec(),
+        never_indexed: false,
+    };
+    let get = |extra: &[(&str, &str)]| {
+        let mut all = vec![f(":method", "GET"), f(":scheme", "http"), f(":path", "/")];
+        all.extend(extra.iter().map(|(n, v)| f(n, v)));
+        all
+    };
+    use super::admit::{malformed_request, trailers_ok};
+    assert_eq!(malformed_request(&get(&[("te", "trailers")]), true), None);
+    assert_eq!(
+        malformed_request(&get(&[("content-length", "0")]), true),
+        None
+    );
+    assert_eq!(
+        malformed_request(&get(&[("content-length", "5, 5")]), false),
+        None
+    );
+    for (extra, end) in [
+        (&[("X-Up", "1")][..], true),
+        (&[("te", "gzip")], true),
+        (&[("connection", "close")], true),
+        (&[(":status", "200")], true),
+        (&[("content-length", "5")], true),
+        (&[("content-length", "5, 6")], false),
+        (&[("content-length", "-1")], false),
+        (&[("x-a", "a\0b")], true),
+    ] {
+        assert!(
+            malformed_request(&get(extra), end).is_some(),
+            "{extra:?} {end}"
+        );
+    }
+    let ws = [
+        f(":method", "CONNECT"),
+        f(":protocol", "websocket"),
+        f(":scheme", "http"),
+        f(":path", "/ws"),
+        f(":authority", "a"),
+    ];
+    assert_eq!(malformed_request(&ws, false), None);
+    assert!(
+        malformed_request(&ws[..4], false).is_some(),
+        "no :authority"
+    );
+    let tunnel = [f(":method", "CONNECT"), f(":authority", "a:443")];
+    assert_eq!(malformed_request(&tunnel, false), None);
+    assert!(trailers_ok(&[f("grpc-status", "0")]));
+    assert!(!trailers_ok(&[f(":path", "/")]));
 }
