@@ -11,9 +11,9 @@ demo: envoy
 
 test: tools lint deploy-check
 	# One test at a time: several tests measure timing against real Envoy.
-	# tests/it/peer_matrix.rs is among them: grpc-go, grpc-java (Netty),
-	# grpcio and tonic servers behind real Envoy and the guard, with their
-	# default keepalive enforcement (`make peers`).
+	# Among them the peer matrix (tests/it/peer_matrix/): grpc-go, grpc-java
+	# (Netty), grpcio and tonic servers behind real Envoy and the guard, on
+	# their default keepalive enforcement (built by `make peers`).
 	RUST_TEST_THREADS=1 $(CARGO) test --locked
 	$(MAKE) conformance
 	$(MAKE) bench
