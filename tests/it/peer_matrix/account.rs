@@ -78,29 +78,61 @@ fn tick(head: &[u8]) -> Option<(&str, u64)> {
     None
 }
 
-/// For a call that lost messages: its messages on the wire between the
-/// app and the guard, the guard's SETTINGS round trips just before, and the
-/// guard's RST_STREAM to the app, in milliseconds from that RST_STREAM.
-pub fn timeline(tap: &Tap, id: &str) -> String {
+/// Where a message the app handed its transport and the client never got
+/// went, by the tap between the guard and the app.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Fate {
+    /// It reached the guard before the guard reset the stream at the app,
+    /// and was not forwarded: the guard dropped what it had received.
+    DroppedByGuard,
+    /// It reached the guard after the guard reset the stream at the app.
+    AfterReset,
+    /// It never left the app: its transport took it during the ending and
+    /// dropped it with the stream.
+    NeverSent,
+}
+
+/// For a call whose messages `lost` never reached its client: where each
+/// went, and the frames of its ending (its last message, the guard's
+/// SETTINGS round trips, the guard's RST_STREAM to the app), in
+/// milliseconds from that RST_STREAM.
+pub fn lost_fates(tap: &Tap, id: &str, lost: std::ops::RangeInclusive<u64>) -> (Vec<Fate>, String) {
     let events = tap.events();
-    let carried = events.iter().find_map(|e| match &e.what {
+    let seen = |e: &crate::support::guard::Event| match &e.what {
         What::Frame(f) if e.dir == Dir::Down && f.ty == DATA => tick(&f.head)
             .filter(|(i, _)| *i == id)
-            .map(|_| (e.conn, f.stream)),
+            .map(|(_, seq)| (e.conn, f.stream, seq)),
         _ => None,
-    });
-    let Some((conn, stream)) = carried else {
-        return format!("{id}: none of its messages was on the wire");
     };
-    let mine = |e: &&crate::support::guard::Event| e.conn == conn;
-    let reset = events.iter().filter(mine).find_map(|e| match &e.what {
-        What::Frame(f) if e.dir == Dir::Up && f.ty == RST_STREAM && f.stream == stream => {
+    let Some((conn, stream, _)) = events.iter().find_map(seen) else {
+        return (
+            lost.map(|_| Fate::NeverSent).collect(),
+            format!("{id}: none of its messages was on the wire"),
+        );
+    };
+    let reset = events.iter().find_map(|e| match &e.what {
+        What::Frame(f)
+            if e.conn == conn && e.dir == Dir::Up && f.ty == RST_STREAM && f.stream == stream =>
+        {
             Some(e.at)
         }
         _ => None,
     });
+    let arrived = |seq: u64| {
+        events
+            .iter()
+            .find_map(|e| seen(e).filter(|t| t.2 == seq).map(|_| e.at))
+    };
+    let fates = lost
+        .clone()
+        .map(|seq| match (arrived(seq), reset) {
+            (None, _) => Fate::NeverSent,
+            (Some(at), Some(r)) if at > r => Fate::AfterReset,
+            (Some(_), _) => Fate::DroppedByGuard,
+        })
+        .collect();
     let Some(reset) = reset else {
-        return format!("{id}: the guard never reset it at the app");
+        return (fates, format!("{id}: the guard never reset it at the app"));
     };
     let ms = |at: tokio::time::Instant| {
         let (sign, d) = if at >= reset {
@@ -108,31 +140,40 @@ pub fn timeline(tap: &Tap, id: &str) -> String {
         } else {
             ("-", reset - at)
         };
-        format!("{sign}{:.1}", d.as_secs_f64() * 1e3)
+        format!("{sign}{:.1} ms", d.as_secs_f64() * 1e3)
     };
-    let near =
-        |at: tokio::time::Instant| reset.saturating_duration_since(at) < Duration::from_millis(50);
+    // The ending: from the last message the client got on.
+    let from = arrived(lost.start().saturating_sub(1)).unwrap_or(reset);
     let mut out = Vec::new();
-    for e in events.iter().filter(mine) {
+    for e in events.iter().filter(|e| e.conn == conn && e.at >= from) {
         let What::Frame(f) = &e.what else { continue };
         let what = match (e.dir, f.ty) {
             (Dir::Down, DATA) if f.stream == stream => {
                 tick(&f.head).map(|(_, seq)| format!("tick {seq}"))
             }
             (Dir::Up, RST_STREAM) if f.stream == stream => Some("guard's RST_STREAM".into()),
-            (Dir::Up, SETTINGS) if f.flags & ACK == 0 && near(e.at) => {
+            (Dir::Up, SETTINGS) if f.flags & ACK == 0 && e.at <= reset => {
                 Some("guard's SETTINGS".into())
             }
-            (Dir::Down, SETTINGS) if f.flags & ACK != 0 && near(e.at) => {
+            (Dir::Down, SETTINGS) if f.flags & ACK != 0 && e.at <= reset => {
                 Some("app's SETTINGS ack".into())
             }
             _ => None,
         };
         if let Some(w) = what {
-            out.push(format!("{w} {} ms", ms(e.at)));
+            out.push(format!("{w} {}", ms(e.at)));
         }
     }
-    format!("{id} on the wire (h2 stream {stream}): {}", out.join(", "))
+    let fate_of: Vec<String> = lost
+        .zip(&fates)
+        .map(|(seq, f)| format!("tick {seq}: {f:?}"))
+        .collect();
+    let ending = format!(
+        "{id} ({}) on the wire: {}",
+        fate_of.join(", "),
+        out.join(", ")
+    );
+    (fates, ending)
 }
 
 /// RFC 9113 §7's name of an error code.
@@ -196,6 +237,8 @@ pub struct Row {
     pub ends: BTreeMap<End, usize>,
     /// Messages the app handed its transport that no client received.
     pub lost: u64,
+    /// Where those went.
+    pub lost_fates: BTreeMap<Fate, u64>,
     /// Calls per app connection (by the app's view of its peers), most first.
     pub per_conn: Vec<usize>,
     pub wire: Wire,
@@ -233,6 +276,16 @@ impl Row {
             None => self.case.scenario.name().to_string(),
         };
         let per_conn: Vec<String> = self.per_conn.iter().map(usize::to_string).collect();
+        let lost = if self.lost_fates.is_empty() {
+            self.lost.to_string()
+        } else {
+            let fates: Vec<String> = self
+                .lost_fates
+                .iter()
+                .map(|(f, n)| format!("{f:?} {n}"))
+                .collect();
+            format!("{} ({})", self.lost, fates.join(", "))
+        };
         format!(
             "| {} | {scenario} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} | {:.1} s |",
             self.case.server.name(),
@@ -243,7 +296,7 @@ impl Row {
             n(End::AppConnLost),
             n(End::Calm),
             n(End::Cut),
-            self.lost,
+            lost,
             self.per_conn.len(),
             per_conn.join(", "),
             self.wire.pings_to_app,
@@ -287,6 +340,71 @@ impl Row {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::support::guard::{encode_frame, PREFACE};
+    use tokio::io::AsyncWriteExt;
+
+    /// A DATA frame of stream 1 carrying tick `seq` of stream `id`.
+    fn tick_frame(id: &str, seq: u8) -> Vec<u8> {
+        let mut msg = vec![0x0a, id.len() as u8];
+        msg.extend_from_slice(id.as_bytes());
+        msg.extend_from_slice(&[0x10, seq]);
+        let mut data = vec![0, 0, 0, 0, msg.len() as u8];
+        data.extend_from_slice(&msg);
+        encode_frame(DATA, 0, 1, &data)
+    }
+
+    #[tokio::test]
+    async fn tells_where_each_lost_message_went() {
+        let app = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let tap = Tap::start(app.local_addr().expect("addr")).await;
+        let mut guard = tokio::net::TcpStream::connect(tap.addr)
+            .await
+            .expect("connect");
+        let (mut app, _) = app.accept().await.expect("accept");
+        let frames = |n: usize| {
+            move |e: &[crate::support::guard::Event]| {
+                (e.iter()
+                    .filter(|e| matches!(e.what, What::Frame(_)))
+                    .count()
+                    >= n)
+                    .then_some(())
+            }
+        };
+        // Ticks 1 and 2 reach the client; 3 reaches the guard before its
+        // RST_STREAM, 4 after it, 5 never leaves the app.
+        app.write_all(
+            &[
+                tick_frame("q-1", 1),
+                tick_frame("q-1", 2),
+                tick_frame("q-1", 3),
+            ]
+            .concat(),
+        )
+        .await
+        .expect("ticks");
+        tap.wait_for("ticks 1-3", frames(3)).await;
+        guard.write_all(PREFACE).await.expect("preface");
+        guard
+            .write_all(&encode_frame(RST_STREAM, 0, 1, &8u32.to_be_bytes()))
+            .await
+            .expect("reset");
+        tap.wait_for("the reset", frames(4)).await;
+        app.write_all(&tick_frame("q-1", 4)).await.expect("tick 4");
+        tap.wait_for("tick 4", frames(5)).await;
+
+        let (fates, ending) = lost_fates(&tap, "q-1", 3..=5);
+        assert_eq!(
+            fates,
+            [Fate::DroppedByGuard, Fate::AfterReset, Fate::NeverSent],
+            "{ending}"
+        );
+        assert!(ending.contains("tick 2 -"), "{ending}");
+        assert!(ending.contains("guard's RST_STREAM +0.0 ms"), "{ending}");
+        let (fates, ending) = lost_fates(&tap, "q-2", 1..=1);
+        assert_eq!(fates, [Fate::NeverSent], "{ending}");
+    }
 
     #[test]
     fn reads_the_app_goaways_family() {

@@ -70,7 +70,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use account::{app_goaways_metric, timeline, Row, Wire, APP_GOAWAYS};
+use account::{app_goaways_metric, lost_fates, Row, Wire, APP_GOAWAYS};
 use clients::{classify, client, describe, End, Sub};
 use drainshim::bench::envoy::{shipped_bootstrap, EnvoyProcess};
 use drainshim::drain::Report;
@@ -485,7 +485,11 @@ fn judge_calls(run: &Run, row: &mut Row) {
                 let what =
                     format!("lost: the app handed its transport {written}, the client got {got}");
                 broken.entry(what).or_default().push(&s.id);
-                row.failures.push(timeline(&run.tap, &s.id));
+                let (fates, ending) = lost_fates(&run.tap, &s.id, got + 1..=written);
+                for f in fates {
+                    *row.lost_fates.entry(f).or_default() += 1;
+                }
+                row.failures.push(ending);
             }
         }
     }
@@ -636,6 +640,7 @@ fn judge(run: Run) -> Row {
         calls: run.subs.len(),
         ends: BTreeMap::new(),
         lost: 0,
+        lost_fates: BTreeMap::new(),
         per_conn: Vec::new(),
         wire: Wire::default(),
         metric: run.metric.clone(),
