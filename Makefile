@@ -4,13 +4,16 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: demo test conformance shipped bench bench-allocator bench-reconnect bench-node envoy prometheus h2load pytools lint tools deploy-check deploy-tools deploy-rules fuzz-ci
+.PHONY: demo test conformance shipped bench bench-allocator bench-reconnect bench-node envoy prometheus h2load pytools peers lint tools deploy-check deploy-tools deploy-rules fuzz-ci
 
 demo: envoy
 	$(CARGO) run --release --locked --quiet -- demo
 
 test: tools lint deploy-check
 	# One test at a time: several tests measure timing against real Envoy.
+	# Among them the peer matrix (tests/it/peer_matrix/): grpc-go, grpc-java
+	# (Netty), grpcio and tonic servers behind real Envoy and the guard, on
+	# their default keepalive enforcement (built by `make peers`).
 	RUST_TEST_THREADS=1 $(CARGO) test --locked
 	$(MAKE) conformance
 	$(MAKE) bench
@@ -57,8 +60,9 @@ bench-reconnect: envoy
 
 # Everything the tests run against. Envoy, Prometheus and the deploy tools
 # (kubectl if absent, kubernetes-validate, hadolint, promtool) go into .cache/;
-# h2load links system libraries, so it is the one apt install (as root).
-tools: envoy prometheus h2load pytools deploy-tools
+# h2load and the peer servers' toolchains link or build against system
+# packages, so they are apt installs (as root).
+tools: envoy prometheus h2load pytools peers deploy-tools
 
 envoy:
 	scripts/fetch-envoy.sh
@@ -72,6 +76,11 @@ h2load:
 # Independent Python clients for the tests (websockets) in .cache/py-venv.
 pytools:
 	scripts/fetch-pytools.sh
+
+# The gRPC servers of the peer matrix that need a build, into .cache/peers/:
+# grpc-go and grpc-java on Netty, from Debian's packages (apt, as root).
+peers:
+	scripts/fetch-peers.sh
 
 lint:
 	$(CARGO) fmt --check

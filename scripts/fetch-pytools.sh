@@ -3,7 +3,8 @@
 # cache ($DRAINSHIM_CACHE, default .cache/py-venv):
 #   - websockets (PyPI): the WebSocket client of tests/it/guard_websocket_python.rs
 #   - grpcio (PyPI): the gRPC application of tests/it/guard_app_shutdown.rs
-#     (tests/py/grpc_app.py), a server whose graceful stop nobody here wrote
+#     and tests/it/peer_matrix/ (tests/py/grpc_app.py), a server whose
+#     graceful stop and keepalive enforcement nobody here wrote
 #   - pytest, h2, hyperframe, hpack (PyPI): the HTTP/2 conformance suite
 #     tests/py/h2_conformance.py (`make conformance`), whose app and client
 #     on either side of the guard are python-h2 connections and hyperframe frames

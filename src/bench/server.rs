@@ -71,6 +71,7 @@ impl Stream for BenchService {
         &self,
         req: Request<SubscribeRequest>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let peer = req.remote_addr();
         let r = req.into_inner();
         if r.payload_bytes > MAX_PAYLOAD_BYTES {
             return Err(Status::invalid_argument(format!(
@@ -83,6 +84,12 @@ impl Stream for BenchService {
         let burst = u64::from(r.burst.clamp(1, MAX_BURST));
         let (tx, rx) = tokio::sync::mpsc::channel(4.max(burst as usize));
         let interval = Duration::from_millis(u64::from(r.interval_ms));
+        // A test waits on this line; the peer tells which connection carries it.
+        tracing::debug!(stream_id = %r.stream_id, peer = %peer.map_or("unknown".into(), |p| p.to_string()), "bench server: subscribe");
+        let note = EndNote {
+            ledger: self.ledger.clone(),
+            stream_id: r.stream_id.clone(),
+        };
         tokio::spawn(async move {
             let payload = vec![0u8; r.payload_bytes as usize];
             let mut seq = 0u64;
@@ -103,16 +110,20 @@ impl Stream for BenchService {
                     }
                 }
                 if !interval.is_zero() {
-                    tokio::time::sleep(interval).await;
+                    // A quiet stream's pause ends with the call, not minutes later.
+                    tokio::select! {
+                        _ = tokio::time::sleep(interval) => {}
+                        _ = tx.closed() => return,
+                    }
                 }
             }
         });
         // A message counts as written once tonic takes it for encoding: from
-        // then on only the transport can lose it.
-        let ledger = self.ledger.clone();
+        // then on only the transport can lose it. The note goes with the
+        // stream, and speaks when the call is over.
         let stream = ReceiverStream::new(rx).inspect(move |item| {
             if let Ok(tick) = item {
-                ledger.record(&tick.stream_id, tick.seq);
+                note.ledger.record(&tick.stream_id, tick.seq);
             }
         });
         Ok(Response::new(Box::pin(stream)))
@@ -136,6 +147,21 @@ impl Stream for BenchService {
             tokio::time::sleep(delay).await;
         }
         Ok(Response::new(EchoReply { body: r.body }))
+    }
+}
+
+/// Says, when a Subscribe call's response stream is dropped (the call
+/// is over: completed, cancelled, or its connection gone), the last message
+/// tonic took: a test compares it with what its client received.
+struct EndNote {
+    ledger: Ledger,
+    stream_id: String,
+}
+
+impl Drop for EndNote {
+    fn drop(&mut self) {
+        let last = self.ledger.last_written(&self.stream_id).unwrap_or(0);
+        tracing::debug!(stream_id = %self.stream_id, last_written = last, "bench server: stream ended");
     }
 }
 

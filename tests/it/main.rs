@@ -44,6 +44,7 @@ mod node_handover;
 mod node_pods;
 mod node_scale;
 mod node_timers;
+mod peer_matrix;
 mod plan;
 mod prometheus;
 mod prometheus_reach;

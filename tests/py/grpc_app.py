@@ -1,11 +1,17 @@
-"""A gRPC application written with grpcio (PyPI), for tests/it/guard_app_shutdown.rs.
+"""A gRPC application written with grpcio (PyPI), for tests/it/guard_app_shutdown.rs
+and tests/it/peer_matrix.rs.
 
 It serves the bench protocol (proto/drainshim/bench/v1/stream.proto) without
 generated stubs: a generic handler with identity (bytes) serializers, and the
-few protobuf fields it needs encoded by hand.
+few protobuf fields it needs encoded by hand. The server has grpcio's default
+options (one is changed: no SO_REUSEPORT), so gRPC C-core's keepalive
+enforcement is the default one: a PING less than 5 minutes after the previous
+one, with no DATA or HEADERS sent in between, is a strike, and past 2 strikes
+(grpc.http2.max_ping_strikes) the connection gets GOAWAY(ENHANCE_YOUR_CALM,
+"too_many_pings") and is closed.
 
   Subscribe  a Tick (stream id, sequence number 1, 2, ...) every
-             `interval_ms` (100 ms when 0), forever.
+             `interval_ms` (100 ms when 0); `count` of them, or forever when 0.
   Echo       answers with the request's body after `delay_ms` (3 s when 0).
 
 On SIGTERM, SIGINT or a line `stop` on stdin it stops gracefully with
@@ -14,7 +20,9 @@ seconds to finish, then grpcio cancels what is left. Then it exits 0.
 
 Stdout, one line each, flushed at once (the test waits on them):
   listening 127.0.0.1:PORT
-  subscribe ID           a Subscribe call started
+  subscribe ID PEER      a Subscribe call started; PEER is the client's address
+  ended ID LAST HOW      a Subscribe call is over: the last sequence number
+                         handed to grpcio, and how it ended
   echo BODY              an Echo call started
   stopping               the graceful stop began
   report {json}          once stopped: per stream, the last sequence number
@@ -32,8 +40,9 @@ import grpc
 
 SERVICE = "drainshim.bench.v1.Stream"
 GRACE = 20.0
-# Most calls in flight at once: each takes a worker thread.
-WORKERS = 64
+# Most calls in flight at once: each takes a worker thread (the peer matrix
+# holds about a hundred streams on one app).
+WORKERS = 256
 
 
 SAY = threading.Lock()
@@ -107,6 +116,10 @@ class Ledger:
         with self.lock:
             self.streams.setdefault(sid, {"last_written": 0, "ended": None}).update(kv)
 
+    def last_written(self, sid):
+        with self.lock:
+            return self.streams.get(sid, {}).get("last_written", 0)
+
     def snapshot(self):
         with self.lock:
             return json.loads(json.dumps(self.streams))
@@ -118,26 +131,44 @@ LEDGER = Ledger()
 def subscribe(request, context):
     f = fields(request)
     sid = f.get(1, b"").decode()
+    count = f.get(2, 0)
     interval = (f.get(3, 0) or 100) / 1000.0
     payload = b"\0" * f.get(4, 0)
     LEDGER.set(sid)
-    context.add_callback(lambda: LEDGER.set(sid, ended=ended(context)))
-    say(f"subscribe {sid}")
+    # Set when the call is over, so a quiet stream's wait ends with it (a
+    # worker asleep for minutes would hold the process's exit).
+    over = threading.Event()
+    done = []
+
+    def at_end():
+        over.set()
+        how = ended(context, done)
+        LEDGER.set(sid, ended=how)
+        say(f"ended {sid} {LEDGER.last_written(sid)} {how}")
+
+    context.add_callback(at_end)
+    say(f"subscribe {sid} {context.peer().removeprefix('ipv4:')}")
     seq = 0
-    while context.is_active():
+    while context.is_active() and (count == 0 or seq < count):
         seq += 1
         yield field_bytes(1, sid.encode()) + field_varint(2, seq) + field_bytes(3, payload)
         # grpcio took it: from here only the transport can lose it.
         LEDGER.set(sid, last_written=seq)
+        if count and seq >= count:
+            break
         # The application's own cadence, not a synchronisation.
-        time.sleep(interval)
+        over.wait(interval)
+    done.append(True)
 
 
-def ended(context):
+def ended(context, done):
     # The callback runs when the call is over; `code()` is what the server
-    # set, None when it never set one (cancelled by the peer or at the grace).
+    # set, None when it never set one: OK when the handler returned, else
+    # cancelled (by the peer, or at the grace).
     code = context.code()
-    return "active" if context.is_active() else (code.name if code else "cancelled")
+    if code:
+        return code.name
+    return "OK" if done else "cancelled"
 
 
 def echo(request, context):

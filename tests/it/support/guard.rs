@@ -229,7 +229,7 @@ pub const REFUSED_STREAM: u32 = 0x7;
 pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// One frame as seen on the wire: the 9-byte header, plus the fields of
-/// GOAWAY and RST_STREAM payloads.
+/// GOAWAY and RST_STREAM payloads and the start of a DATA payload.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Frame {
     /// Payload length.
@@ -244,7 +244,13 @@ pub struct Frame {
     pub goaway: Option<(u32, u32)>,
     /// RST_STREAM: error code.
     pub rst: Option<u32>,
+    /// DATA: the first [`DATA_HEAD`] bytes of its payload (whose message
+    /// it carries); empty for other frames.
+    pub head: Vec<u8>,
 }
+
+/// Bytes of a DATA frame's payload a [`Frame`] keeps.
+pub const DATA_HEAD: usize = 64;
 
 fn u32_at(b: &[u8]) -> u32 {
     u32::from_be_bytes([b[0], b[1], b[2], b[3]])
@@ -270,6 +276,11 @@ pub fn parse_frame(buf: &[u8]) -> Option<(Frame, usize)> {
         goaway: (ty == GOAWAY && payload.len() >= 8)
             .then(|| (u32_at(payload) & 0x7fff_ffff, u32_at(&payload[4..]))),
         rst: (ty == RST_STREAM && payload.len() >= 4).then(|| u32_at(payload)),
+        head: if ty == DATA {
+            payload[..payload.len().min(DATA_HEAD)].to_vec()
+        } else {
+            Vec::new()
+        },
     };
     Some((frame, total))
 }
@@ -425,6 +436,8 @@ pub struct Tap {
     events: Arc<Mutex<Vec<Event>>>,
     /// Bumped on every event, so waiters wake instead of polling.
     changed: watch::Sender<usize>,
+    /// Ends the accept loop ([`Tap::stop`]); connections already piped run on.
+    accepting: CancellationToken,
 }
 
 impl Tap {
@@ -436,11 +449,17 @@ impl Tap {
             addr,
             events: Arc::default(),
             changed,
+            accepting: CancellationToken::new(),
         };
         let t = tap.clone();
         tokio::spawn(async move {
             let mut conn = 0;
-            while let Ok((client, _)) = listener.accept().await {
+            loop {
+                let accepted = tokio::select! {
+                    a = listener.accept() => a,
+                    _ = t.accepting.cancelled() => break,
+                };
+                let Ok((client, _)) = accepted else { break };
                 let Ok(server) = TcpStream::connect(target).await else {
                     continue;
                 };
@@ -455,6 +474,12 @@ impl Tap {
             }
         });
         tap
+    }
+
+    /// Stops accepting (the listener closes); what was accepted runs on
+    /// until its peers close it.
+    pub fn stop(&self) {
+        self.accepting.cancel();
     }
 
     fn record(&self, conn: usize, dir: Dir, what: What) {

@@ -8,6 +8,7 @@
 pub mod abuse;
 pub mod guard;
 pub mod node;
+pub mod peers;
 pub mod podapp;
 pub mod promreach;
 pub mod ws;
