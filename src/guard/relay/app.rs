@@ -34,6 +34,9 @@ impl Relay<'_> {
             e => e,
         });
         self.app.read = keep_rest(buf, result?);
+        if std::mem::take(&mut self.barrier.moved) {
+            self.check_endings(now);
+        }
         if released && std::mem::take(&mut self.goaway_held) {
             self.first_goaway();
         }

@@ -188,7 +188,13 @@ impl Relay<'_> {
                 self.stream_error(h.id, code, now);
                 return Ok(());
             }
-            self.app.write.extend_from_slice(frame);
+            if self.app_cancelled(h.id) {
+                // The guard is ending it and cancelled the application's
+                // stream: there this would be DATA on a closed stream.
+                self.give_back(h);
+            } else {
+                self.app.write.extend_from_slice(frame);
+            }
             if end {
                 self.client_closed(h.id);
                 if let Some(s) = self.streams.get_mut(&h.id) {

@@ -14,12 +14,13 @@
 //! every header block it writes as literals without indexing, which change
 //! neither peer's dynamic table. A graceful end ([`stream_end`], by the
 //! rules in [`crate::guard::ending`]) comes at a boundary, in the
-//! application's first pause, after a barrier of two empty-SETTINGS round
-//! trips to the application (their acks follow everything it had queued;
-//! SETTINGS, because gRPC servers punish PINGs on a quiet connection): trailers
-//! `grpc-status: 14` to the client and RST_STREAM(CANCEL) to the
-//! application. Whatever the application still sends for that stream is
-//! dropped, and the connection window its DATA took is given back to it.
+//! application's first pause: RST_STREAM(CANCEL) to the application, then
+//! a barrier of two empty-SETTINGS round trips (their acks follow
+//! everything it wrote before it read the cancel, which is forwarded;
+//! SETTINGS, because gRPC servers punish PINGs on a quiet connection), then
+//! trailers `grpc-status: 14` to the client. Whatever the application
+//! still sends for that stream is dropped, and the connection window its
+//! DATA took is given back to it.
 //!
 //! A block the guard does not pass on would leave the receiver's HPACK
 //! table behind the sender's if it changed it. Two kinds are never passed:

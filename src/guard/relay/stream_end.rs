@@ -1,10 +1,10 @@
 //! The graceful end of a relayed stream, by the rules in
 //! [`crate::guard::ending`]: at a message boundary, in the application's
-//! first pause, after the barrier to the application (two SETTINGS round
-//! trips, see [`Barrier`]); then trailers
-//! `grpc-status: 14` (or the kind's own end) to the client and
-//! RST_STREAM(CANCEL) to the application. And how a stream is counted once
-//! it is over.
+//! first pause, its stream is cancelled (RST_STREAM(CANCEL)) and the
+//! barrier started behind the cancel (two SETTINGS round trips, see
+//! [`Barrier`]); what the application wrote before it read the cancel is
+//! forwarded, then trailers `grpc-status: 14` (or the kind's own end) to
+//! the client. And how a stream is counted once it is over.
 
 use super::*;
 
@@ -72,6 +72,10 @@ pub(super) struct Ending {
     /// Past `end_timeout` mid-message: the next boundary ends it, but no
     /// later than this.
     pub(super) forced_by: Option<Instant>,
+    /// RST_STREAM(CANCEL) went to the application, ahead of the barrier:
+    /// what it wrote before it read the cancel is still forwarded, and the
+    /// client's end comes once the barrier is acked.
+    pub(super) cancelled: bool,
 }
 
 /// The barrier on the application connection: round trips of empty
@@ -102,6 +106,9 @@ pub(super) struct Barrier {
     /// When the last one started: one started in the same turn as a
     /// stream's ask counts as started after it.
     pub(super) started_at: Option<Instant>,
+    /// An ack came in the read being handled: the endings move on once all
+    /// of that read is (a frame behind the ack is forwarded first).
+    pub(super) moved: bool,
 }
 
 impl Relay<'_> {
@@ -122,6 +129,7 @@ impl Relay<'_> {
             quiet_at: None,
             barrier: None,
             forced_by: None,
+            cancelled: false,
         });
         self.ending.push(id);
         self.advance(id, now);
@@ -149,6 +157,23 @@ impl Relay<'_> {
             // Left to finish until the bound (`timers`).
             return;
         }
+        if e.cancelled {
+            // The application was told to stop; what it wrote before it read
+            // that arrives before the barrier's acks, and is forwarded. Then
+            // the client's end: graceful at a boundary (or, waiting for the
+            // client's window, within `timers`' bound), or, a message its
+            // transport cut short, a retryable reset.
+            let at_boundary = s.at_boundary();
+            let acked = e
+                .barrier
+                .is_some_and(|(seq, by)| self.barrier.acked >= seq || now >= by);
+            if acked && at_boundary {
+                let _ = self.end_gracefully(id, e.reason);
+            } else if acked {
+                self.reset_here(id);
+            }
+            return;
+        }
         if !s.at_boundary() {
             e.quiet_at = None;
             e.barrier = None;
@@ -165,12 +190,26 @@ impl Relay<'_> {
             });
         }
         if e.quiet_at.is_some_and(|at| now >= at) {
+            // The application's pause: it is told to stop this stream first,
+            // then the barrier, whose round trips start after the cancel, so
+            // their acks follow everything it wrote before it read it.
             e.quiet_at = None;
+            e.cancelled = true;
+            wire::rst(&mut self.app.write, id, wire::CANCEL);
             e.barrier = Some((self.barrier_target(now), now + BARRIER_WAIT));
         }
         if let Some(s) = self.streams.get_mut(&id) {
             s.ending = Some(e);
         }
+    }
+
+    /// Whether the guard cancelled the application's side of stream `id`
+    /// while it ends it (its client's frames no longer go there).
+    pub(super) fn app_cancelled(&self, id: u32) -> bool {
+        self.streams
+            .get(&id)
+            .and_then(|s| s.ending)
+            .is_some_and(|e| e.cancelled)
     }
 
     /// Data arrived on a stream being ended: its pause starts again.
@@ -182,6 +221,11 @@ impl Relay<'_> {
         let Some(e) = s.ending.as_mut() else {
             return;
         };
+        if e.cancelled {
+            // Written before the application read the cancel: forwarded; the
+            // barrier already under way collects the rest.
+            return;
+        }
         e.barrier = None;
         e.quiet_at = at_boundary.then_some(now + BURST_GAP);
         if e.forced_by.is_some() && at_boundary {
@@ -219,13 +263,14 @@ impl Relay<'_> {
     }
 
     /// The application acked barrier round trip `seq`: the next one starts
-    /// if a stream still waits for a later one, and endings move on.
+    /// if a stream still waits for a later one, and endings move on once
+    /// the whole read is handled (`app_frames`).
     pub(super) fn barrier_acked(&mut self, seq: u64, now: Instant) {
         self.barrier.acked = self.barrier.acked.max(seq);
         if self.barrier.wanted > self.barrier.sent && self.barrier.acked >= self.barrier.sent {
             self.send_barrier(now);
         }
-        self.check_endings(now);
+        self.barrier.moved = true;
     }
 
     pub(super) fn check_endings(&mut self, now: Instant) {
@@ -299,7 +344,8 @@ impl Relay<'_> {
         let Some(s) = self.streams.remove(&id) else {
             return;
         };
-        if !s.resp_done {
+        let cancelled = s.ending.is_some_and(|e| e.cancelled);
+        if !s.resp_done && !cancelled {
             wire::rst(&mut self.app.write, id, wire::CANCEL);
         }
         if !s.req_done && outcome != Outcome::Reset {

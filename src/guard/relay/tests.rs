@@ -919,3 +919,57 @@ fn malformed_requests_are_told_apart() {
     assert!(trailers_ok(&[f("grpc-status", "0")]));
     assert!(!trailers_ok(&[f(":path", "/")]));
 }
+
+/// Issue 39, nothing lost: at the application's pause the guard cancels
+/// its stream first (RST_STREAM ahead of the barrier's SETTINGS), so a
+/// message it hands its transport until it reads the cancel is forwarded:
+/// every DATA that arrives before the barrier's acks, and one in the same
+/// read as the last ack, reaches the client ahead of the trailers.
+#[tokio::test]
+async fn the_app_is_cancelled_first_and_what_it_wrote_meanwhile_goes_on() {
+    let guard = test_guard();
+    let now = Instant::now();
+    let mut r = streams_open(&guard, 1, now);
+    for ctl in guard.registry().open_streams() {
+        ctl.end(Reason::drain);
+    }
+    for id in r.queue.take() {
+        r.begin_end(id, now);
+    }
+    let later = now + guard.config().limits.end_settle + BURST_GAP;
+    r.timers(later).expect("timers");
+    let to_app: Vec<(u8, u32)> = frames_in(&r.app.write).iter().map(|f| (f.0, f.2)).collect();
+    assert_eq!(
+        to_app,
+        [(wire::RST_STREAM, 1), (wire::SETTINGS, 0)],
+        "the cancel, then the barrier"
+    );
+    let message = [0u8, 0, 0, 0, 1, 9];
+    // Written before the app read the cancel; then the first ack.
+    wire::put(&mut r.app.read, wire::DATA, 0, 1, &message);
+    wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
+    r.app_frames(later).expect("data, ack 1");
+    // The second ack, with one more message behind it in the same read.
+    wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
+    wire::put(&mut r.app.read, wire::DATA, 0, 1, &message);
+    r.app_frames(later).expect("ack 2, data");
+    let to_client: Vec<(u8, u32, bool)> = frames_in(&r.client.write)
+        .iter()
+        .map(|f| (f.0, f.2, f.1 & wire::END_STREAM != 0))
+        .collect();
+    assert_eq!(
+        to_client,
+        [
+            (wire::DATA, 1, false),
+            (wire::DATA, 1, false),
+            (wire::HEADERS, 1, true),
+            (wire::RST_STREAM, 1, false),
+        ],
+        "both messages, then the trailers (and the request's end)"
+    );
+    let cancels = frames_in(&r.app.write)
+        .iter()
+        .filter(|f| f.0 == wire::RST_STREAM)
+        .count();
+    assert_eq!(cancels, 1, "the app's stream is cancelled once");
+}
