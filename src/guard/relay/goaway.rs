@@ -129,6 +129,18 @@ impl Relay<'_> {
             let Some(s) = self.streams.get(&id) else {
                 continue;
             };
+            if let Some(e) = s.ending.filter(|e| e.cancelled) {
+                // Being ended, its cancel sent: an app in its graceful stop
+                // closes once its last stream is cancelled, without acking
+                // the barrier. Its close follows everything it wrote, so at
+                // a boundary this is the guard's graceful end after all.
+                if s.endable() && s.at_boundary() && self.end_gracefully(id, e.reason) {
+                    continue;
+                }
+            }
+            let Some(s) = self.streams.get(&id) else {
+                continue;
+            };
             let block = if !s.answered() {
                 trailers_only(s.kind, grpc::UPSTREAM_LOST_MESSAGE)
             } else if s.endable() && s.at_boundary() {

@@ -973,3 +973,33 @@ async fn the_app_is_cancelled_first_and_what_it_wrote_meanwhile_goes_on() {
         .count();
     assert_eq!(cancels, 1, "the app's stream is cancelled once");
 }
+
+/// An app in its graceful stop closes its connection once its last stream
+/// is cancelled, before it acks the barrier: its close follows all it
+/// wrote, so a stream at a boundary still gets the guard's graceful end
+/// (the drain's message), not "the connection to the application was lost".
+#[tokio::test]
+async fn an_app_that_closes_after_the_cancel_still_gets_a_graceful_end() {
+    let guard = test_guard();
+    let now = Instant::now();
+    let mut r = streams_open(&guard, 1, now);
+    for ctl in guard.registry().open_streams() {
+        ctl.end(Reason::drain);
+    }
+    for id in r.queue.take() {
+        r.begin_end(id, now);
+    }
+    r.timers(now + guard.config().limits.end_settle + BURST_GAP)
+        .expect("timers");
+    assert!(r.app_cancelled(1));
+    r.app_lost();
+    let has = |needle: &str| {
+        r.client
+            .write
+            .windows(needle.len())
+            .any(|w| w == needle.as_bytes())
+    };
+    assert!(has(grpc::end_message(Reason::drain)), "the drain's own end");
+    assert!(!has(grpc::UPSTREAM_LOST_MESSAGE));
+    assert!(r.streams.is_empty());
+}
