@@ -72,6 +72,9 @@ pub(super) struct Ending {
     /// Past `end_timeout` mid-message: the next boundary ends it, but no
     /// later than this.
     pub(super) forced_by: Option<Instant>,
+    /// The stream was quiet when asked, and wrote nothing during its
+    /// `end_settle`: its end may meet its next message at any moment.
+    pub(super) quiet: bool,
     /// RST_STREAM(CANCEL) went to the application, ahead of the barrier:
     /// what it wrote before it read the cancel is still forwarded, and the
     /// client's end comes once the barrier is acked.
@@ -129,6 +132,7 @@ impl Relay<'_> {
             quiet_at: None,
             barrier: None,
             forced_by: None,
+            quiet: false,
             cancelled: false,
         });
         self.ending.push(id);
@@ -157,6 +161,8 @@ impl Relay<'_> {
             // Left to finish until the bound (`timers`).
             return;
         }
+        // Nothing the application writes for it waits for window.
+        let open = s.window > 0 && s.shut_since.is_none() && self.conn_window > 0;
         if e.cancelled {
             // The application was told to stop; what it wrote before it read
             // that arrives before the barrier's acks, and is forwarded. Then
@@ -186,16 +192,25 @@ impl Relay<'_> {
                 // It just wrote: end in its pause.
                 Some(t) if now.saturating_duration_since(t) < BURST_GAP => t + BURST_GAP,
                 // Quiet already: give it a moment to write once more.
-                _ => now + l.end_settle,
+                _ => {
+                    e.quiet = true;
+                    now + l.end_settle
+                }
             });
         }
         if e.quiet_at.is_some_and(|at| now >= at) {
-            // The application's pause: it is told to stop this stream first,
-            // then the barrier, whose round trips start after the cancel, so
-            // their acks follow everything it wrote before it read it.
             e.quiet_at = None;
-            e.cancelled = true;
-            wire::rst(&mut self.app.write, id, wire::CANCEL);
+            if e.quiet && open {
+                // A quiet stream's end lands at a random moment that may meet
+                // its next message: the application is told to stop it first,
+                // then the barrier, whose round trips start after the cancel,
+                // so their acks follow everything it wrote before it read it.
+                e.cancelled = true;
+                wire::rst(&mut self.app.write, id, wire::CANCEL);
+            }
+            // (A producer that just wrote is in its pause, and one held back
+            // by the client's window may have a message half sent: for those
+            // the barrier goes first, and the cancel with the trailers.)
             e.barrier = Some((self.barrier_target(now), now + BARRIER_WAIT));
         }
         if let Some(s) = self.streams.get_mut(&id) {
@@ -226,6 +241,8 @@ impl Relay<'_> {
             // barrier already under way collects the rest.
             return;
         }
+        // It writes: no longer a quiet stream, it ends in its next pause.
+        e.quiet = false;
         e.barrier = None;
         e.quiet_at = at_boundary.then_some(now + BURST_GAP);
         if e.forced_by.is_some() && at_boundary {

@@ -920,9 +920,10 @@ fn malformed_requests_are_told_apart() {
     assert!(!trailers_ok(&[f(":path", "/")]));
 }
 
-/// Issue 39, nothing lost: at the application's pause the guard cancels
-/// its stream first (RST_STREAM ahead of the barrier's SETTINGS), so a
-/// message it hands its transport until it reads the cancel is forwarded:
+/// Issue 39, nothing lost: a quiet stream's end lands at a random moment,
+/// so the guard cancels the application's stream first (RST_STREAM ahead
+/// of the barrier's SETTINGS), and a message it hands its transport until
+/// it reads the cancel is forwarded:
 /// every DATA that arrives before the barrier's acks, and one in the same
 /// read as the last ack, reaches the client ahead of the trailers.
 #[tokio::test]
@@ -933,10 +934,12 @@ async fn the_app_is_cancelled_first_and_what_it_wrote_meanwhile_goes_on() {
     for ctl in guard.registry().open_streams() {
         ctl.end(Reason::drain);
     }
+    // Asked a second after its last message: a quiet stream.
+    let asked = now + std::time::Duration::from_secs(1);
     for id in r.queue.take() {
-        r.begin_end(id, now);
+        r.begin_end(id, asked);
     }
-    let later = now + guard.config().limits.end_settle + BURST_GAP;
+    let later = asked + guard.config().limits.end_settle + BURST_GAP;
     r.timers(later).expect("timers");
     let to_app: Vec<(u8, u32)> = frames_in(&r.app.write).iter().map(|f| (f.0, f.2)).collect();
     assert_eq!(
@@ -986,10 +989,11 @@ async fn an_app_that_closes_after_the_cancel_still_gets_a_graceful_end() {
     for ctl in guard.registry().open_streams() {
         ctl.end(Reason::drain);
     }
+    let asked = now + std::time::Duration::from_secs(1);
     for id in r.queue.take() {
-        r.begin_end(id, now);
+        r.begin_end(id, asked);
     }
-    r.timers(now + guard.config().limits.end_settle + BURST_GAP)
+    r.timers(asked + guard.config().limits.end_settle + BURST_GAP)
         .expect("timers");
     assert!(r.app_cancelled(1));
     r.app_lost();
@@ -1002,4 +1006,30 @@ async fn an_app_that_closes_after_the_cancel_still_gets_a_graceful_end() {
     assert!(has(grpc::end_message(Reason::drain)), "the drain's own end");
     assert!(!has(grpc::UPSTREAM_LOST_MESSAGE));
     assert!(r.streams.is_empty());
+}
+
+/// A stream that just wrote (a producer in its pause, perhaps at full
+/// speed with large messages) keeps the barrier first and the cancel with
+/// the trailers: a cancel in its pause could cut its next message short.
+#[tokio::test]
+async fn a_stream_that_just_wrote_gets_the_barrier_before_the_cancel() {
+    let guard = test_guard();
+    let now = Instant::now();
+    let mut r = streams_open(&guard, 1, now);
+    for ctl in guard.registry().open_streams() {
+        ctl.end(Reason::drain);
+    }
+    for id in r.queue.take() {
+        r.begin_end(id, now);
+    }
+    r.timers(now + BURST_GAP).expect("timers");
+    let to_app: Vec<u8> = frames_in(&r.app.write).iter().map(|f| f.0).collect();
+    assert_eq!(to_app, [wire::SETTINGS], "the barrier alone");
+    ack_barriers(&mut r, now + BURST_GAP);
+    assert_eq!(ended_gracefully(&r), 1);
+    let cancels = frames_in(&r.app.write)
+        .iter()
+        .filter(|f| f.0 == wire::RST_STREAM)
+        .count();
+    assert_eq!(cancels, 1, "cancelled with the trailers");
 }
