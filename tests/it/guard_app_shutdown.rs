@@ -41,8 +41,8 @@ use drainshim::proto::bench::stream_client::StreamClient;
 use drainshim::proto::bench::{EchoRequest, SubscribeRequest};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use support::peers::collect;
 use support::*;
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -134,21 +134,6 @@ struct AppProc {
     _stdin: Option<tokio::process::ChildStdin>,
     /// The readers of stdout and stderr; they end at the pipes' EOF.
     readers: Vec<JoinHandle<()>>,
-}
-
-fn collect(
-    from: impl AsyncRead + Unpin + Send + 'static,
-    log: Arc<Mutex<String>>,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut lines = BufReader::new(from).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Ok(mut l) = log.lock() {
-                l.push_str(&line);
-                l.push('\n');
-            }
-        }
-    })
 }
 
 impl AppProc {

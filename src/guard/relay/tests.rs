@@ -264,6 +264,17 @@ fn streams_open<'a>(guard: &'a Handle, n: u32, now: Instant) -> Relay<'a> {
     r
 }
 
+/// Every open stream is asked to end (by a drain or the max age), and the
+/// relay takes the asks at `at`.
+fn ask_all(guard: &Handle, r: &mut Relay<'_>, reason: Reason, at: Instant) {
+    for ctl in guard.registry().open_streams() {
+        ctl.end(reason);
+    }
+    for id in r.queue.take() {
+        r.begin_end(id, at);
+    }
+}
+
 /// Frames of `kind` in `buf`, and of those how many carry the ACK flag.
 fn count(buf: &[u8], kind: u8) -> (usize, usize) {
     let f: Vec<_> = frames_in(buf).into_iter().filter(|f| f.0 == kind).collect();
@@ -355,12 +366,7 @@ async fn endings_asked_together_share_two_round_trips() {
     let guard = test_guard();
     let start = Instant::now();
     let mut r = streams_open(&guard, 20, start);
-    for ctl in guard.registry().open_streams() {
-        ctl.end(Reason::max_age);
-    }
-    for id in r.queue.take() {
-        r.begin_end(id, start);
-    }
+    ask_all(&guard, &mut r, Reason::max_age, start);
     let now = start + guard.config().limits.end_settle + BURST_GAP;
     r.timers(now).expect("timers");
     assert_eq!(ack_barriers(&mut r, now), 2);
@@ -376,12 +382,7 @@ async fn settings_acks_pair_with_what_they_acknowledge() {
     let guard = test_guard();
     let now = Instant::now();
     let mut r = streams_open(&guard, 1, now);
-    for ctl in guard.registry().open_streams() {
-        ctl.end(Reason::drain);
-    }
-    for id in r.queue.take() {
-        r.begin_end(id, now);
-    }
+    ask_all(&guard, &mut r, Reason::drain, now);
     let later = now + guard.config().limits.end_settle + BURST_GAP;
     r.timers(later).expect("timers");
     // The client lowers its table while the first barrier is in flight.
@@ -931,14 +932,9 @@ async fn the_app_is_cancelled_first_and_what_it_wrote_meanwhile_goes_on() {
     let guard = test_guard();
     let now = Instant::now();
     let mut r = streams_open(&guard, 1, now);
-    for ctl in guard.registry().open_streams() {
-        ctl.end(Reason::drain);
-    }
     // Asked a second after its last message: a quiet stream.
     let asked = now + std::time::Duration::from_secs(1);
-    for id in r.queue.take() {
-        r.begin_end(id, asked);
-    }
+    ask_all(&guard, &mut r, Reason::drain, asked);
     let later = asked + guard.config().limits.end_settle + BURST_GAP;
     r.timers(later).expect("timers");
     let to_app: Vec<(u8, u32)> = frames_in(&r.app.write).iter().map(|f| (f.0, f.2)).collect();
@@ -986,13 +982,8 @@ async fn an_app_that_closes_after_the_cancel_still_gets_a_graceful_end() {
     let guard = test_guard();
     let now = Instant::now();
     let mut r = streams_open(&guard, 1, now);
-    for ctl in guard.registry().open_streams() {
-        ctl.end(Reason::drain);
-    }
     let asked = now + std::time::Duration::from_secs(1);
-    for id in r.queue.take() {
-        r.begin_end(id, asked);
-    }
+    ask_all(&guard, &mut r, Reason::drain, asked);
     r.timers(asked + guard.config().limits.end_settle + BURST_GAP)
         .expect("timers");
     assert!(r.app_cancelled(1));
@@ -1016,12 +1007,7 @@ async fn a_stream_that_just_wrote_gets_the_barrier_before_the_cancel() {
     let guard = test_guard();
     let now = Instant::now();
     let mut r = streams_open(&guard, 1, now);
-    for ctl in guard.registry().open_streams() {
-        ctl.end(Reason::drain);
-    }
-    for id in r.queue.take() {
-        r.begin_end(id, now);
-    }
+    ask_all(&guard, &mut r, Reason::drain, now);
     r.timers(now + BURST_GAP).expect("timers");
     let to_app: Vec<u8> = frames_in(&r.app.write).iter().map(|f| f.0).collect();
     assert_eq!(to_app, [wire::SETTINGS], "the barrier alone");

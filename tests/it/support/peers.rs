@@ -176,7 +176,8 @@ pub struct PeerApp {
     readers: Vec<JoinHandle<()>>,
 }
 
-fn collect(
+/// Collects a child's output, line by line, into `log` until its EOF.
+pub fn collect(
     from: impl AsyncRead + Unpin + Send + 'static,
     log: Arc<Mutex<String>>,
 ) -> JoinHandle<()> {
