@@ -626,33 +626,47 @@ impl SidecarBin {
 /// A pod whose shim is the real binary: Envoy 1.40 -> `drainshim sidecar`
 /// with its guard on a free port -> `app`. `extra` goes to the sidecar,
 /// `tweak` to Envoy's options. Returns Envoy, the shim and the guard address.
+///
+/// The shim must know Envoy's admin address before Envoy starts, so that
+/// port is picked free and bound by Envoy a moment later; in between, a
+/// connection of the tests running beside may take it as its source port.
+/// Envoy then exits with "Address already in use", and the pod is started
+/// again on new ports (a test-harness race, not the guard's: at most 3 times).
 pub async fn guard_bin_pod(
     app: SocketAddr,
     extra: &[&str],
-    tweak: impl FnOnce(&mut EnvoyOptions),
+    tweak: impl Fn(&mut EnvoyOptions),
 ) -> (EnvoyProcess, SidecarBin, SocketAddr) {
-    let admin_port = free_port();
-    let guard: SocketAddr = format!("127.0.0.1:{}", free_port())
-        .parse()
-        .expect("address");
-    let admin = format!("http://127.0.0.1:{admin_port}");
-    let (guard_s, app_s) = (guard.to_string(), app.to_string());
-    let mut args = vec![
-        "--envoy-admin",
-        admin.as_str(),
-        "--guard-listen",
-        guard_s.as_str(),
-        "--guard-upstream",
-        app_s.as_str(),
-    ];
-    args.extend_from_slice(extra);
-    let shim = sidecar_bin(&args).await;
-    let envoy = envoy_with("1.40.0", guard, |o| {
-        o.admin_port = admin_port;
-        tweak(o);
-    })
-    .await;
-    (envoy, shim, guard)
+    const ATTEMPTS: usize = 3;
+    for attempt in 1..=ATTEMPTS {
+        let admin_port = free_port();
+        let guard: SocketAddr = format!("127.0.0.1:{}", free_port())
+            .parse()
+            .expect("address");
+        let admin = format!("http://127.0.0.1:{admin_port}");
+        let (guard_s, app_s) = (guard.to_string(), app.to_string());
+        let mut args = vec![
+            "--envoy-admin",
+            admin.as_str(),
+            "--guard-listen",
+            guard_s.as_str(),
+            "--guard-upstream",
+            app_s.as_str(),
+        ];
+        args.extend_from_slice(extra);
+        let shim = sidecar_bin(&args).await;
+        let mut opts = EnvoyOptions::new(envoy_binary("1.40.0"), guard);
+        opts.admin_port = admin_port;
+        tweak(&mut opts);
+        match EnvoyProcess::start(&opts).await {
+            Ok(envoy) => return (envoy, shim, guard),
+            Err(e) if attempt < ATTEMPTS && e.to_string().contains("Address already in use") => {
+                eprintln!("guard_bin_pod: Envoy's port was taken meanwhile ({attempt} of {ATTEMPTS}); new ports");
+            }
+            Err(e) => panic!("start envoy 1.40.0: {e}"),
+        }
+    }
+    unreachable!("the last attempt returns or panics")
 }
 
 /// `drainshim sidecar --listen 127.0.0.1:0 --linger 0s <args>`.
