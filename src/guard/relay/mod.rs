@@ -81,6 +81,7 @@
 //! | `goaway.rs` | the connection's lifecycle: GOAWAY, timers, failure, close |
 //! | `local.rs`, `connect.rs` | WebSockets the guard serves itself |
 //! | `wire.rs`, `hpack.rs` | the frame and header codecs |
+//! | `feed.rs` | the relay without sockets, for the fuzz target |
 //! | `flood.rs`, `rapid.rs` | control-frame rates, rapid reset |
 
 mod admit;
@@ -88,6 +89,7 @@ mod app;
 mod blocks;
 mod client;
 mod connect;
+mod feed;
 mod flood;
 mod flow;
 mod goaway;
@@ -100,6 +102,9 @@ mod tests;
 // Public for the `hpack` fuzz target; nothing outside the guard uses it.
 #[doc(hidden)]
 pub mod wire;
+
+#[doc(hidden)]
+pub use feed::{feed, FeedStep};
 
 use std::collections::HashMap;
 use std::future::poll_fn;
@@ -218,98 +223,6 @@ pub async fn serve(guard: Handle, io: Prefixed<TcpStream>, info: ConnInfo) {
         linger(tcp, l.shutdown_timeout).await;
     }
     tracing::debug!(peer = %info.peer, conn = info.id, "guard: HTTP/2 connection closed");
-}
-
-/// One step of [`feed`].
-#[doc(hidden)]
-pub enum FeedStep<'a> {
-    /// Bytes read from the client (true) or the application (false).
-    Read(bool, &'a [u8]),
-    /// A drain asks every stream of the connection to end.
-    EndAll,
-    /// The clock moves on this long, and the relay's timers run.
-    Wait(std::time::Duration),
-}
-
-/// The GOAWAY probe's data in [`feed`]: fixed, so a fuzzer can ack it.
-const FEED_PROBE: [u8; 8] = *b"dsgoaway";
-
-/// Feeds one connection's steps to a relay with no sockets: reads from the
-/// client or the application, a drain's ask to end every stream, the clock
-/// moved on; what the relay writes is dropped. For the fuzz target:
-/// whatever the peers send, the relay must neither panic nor hold more
-/// than its bounds. Runs inside a tokio runtime (a WebSocket over HTTP/2
-/// starts a task). `alone`: the relay has no application, and the
-/// application's reads are dropped.
-pub fn feed(guard: &Handle, steps: &[FeedStep<'_>], alone: bool) {
-    let info = ConnInfo {
-        id: u64::MAX,
-        peer: std::net::SocketAddr::from(([127, 0, 0, 1], 1)),
-        accepted_at: Instant::now(),
-    };
-    let mut relay = Relay::new(guard, info, alone);
-    relay.probe = FEED_PROBE;
-    let mut now = Instant::now();
-    for step in steps {
-        let mut read = 0;
-        let result = match *step {
-            FeedStep::Read(false, _) if alone => continue,
-            FeedStep::Read(true, bytes) if relay.closing => {
-                if relay.client.read.len() > READ_BUF + MAX_FRAME as usize {
-                    continue;
-                }
-                relay.client.read.extend_from_slice(bytes);
-                relay.credit_while_closing();
-                Ok(())
-            }
-            FeedStep::Read(true, bytes) => {
-                if relay.client.read.len() > READ_BUF + MAX_FRAME as usize {
-                    continue;
-                }
-                relay.client.read.extend_from_slice(bytes);
-                if let Some(r) = relay.replay.as_mut() {
-                    r.extend_from_slice(bytes);
-                }
-                relay.client_frames(now)
-            }
-            FeedStep::Read(false, bytes) => {
-                read = bytes.len();
-                relay.app.read.extend_from_slice(bytes);
-                relay.app_frames(now)
-            }
-            FeedStep::EndAll => {
-                let long_after = guard.config().long_stream_age;
-                for ctl in guard
-                    .registry()
-                    .connection_streams(info.id, now, long_after)
-                {
-                    ctl.end(crate::metrics::Reason::drain);
-                }
-                Ok(())
-            }
-            FeedStep::Wait(d) => {
-                now += d;
-                Ok(())
-            }
-        };
-        match result {
-            Err(Failure::NotHttp2) if relay.handshake => return,
-            Err(e) => relay.fail(e),
-            Ok(()) => {}
-        }
-        // Endings asked meanwhile (a drain, the app's GOAWAY), as `run` takes them.
-        for id in relay.queue.take() {
-            relay.begin_end(id, now);
-        }
-        let _ = relay.timers(now);
-        relay.count_changed(now);
-        relay.clear_gate();
-        relay.app.write.clear();
-        relay.client.write.clear();
-        relay.cleared = 0;
-        assert!(relay.app.read.len() <= READ_BUF + MAX_FRAME as usize + read);
-        assert!(relay.settings_unacked.len() <= MAX_UNACKED_SETTINGS + 1);
-    }
 }
 
 /// What woke the relay.
