@@ -80,6 +80,7 @@ impl Relay<'_> {
                 started: now,
                 messages: 0,
                 last_data: None,
+                split: false,
                 ending: None,
                 sig,
                 window: self.client_window,

@@ -96,6 +96,7 @@ impl Relay<'_> {
                 if let Some(b) = s.bounds.as_mut() {
                     if b.endable() && !data.is_empty() {
                         s.messages += b.consume(data);
+                        s.split |= !b.at_boundary();
                         if s.messages >= 2 {
                             s.reg.ctl.set_long_lived();
                         }

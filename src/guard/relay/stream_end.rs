@@ -31,6 +31,9 @@ pub(super) struct Stream {
     /// it has been shut (the client takes nothing: `write_stall_timeout`).
     pub(super) window: i64,
     pub(super) shut_since: Option<Instant>,
+    /// A message of its response spanned DATA frames: one could be half
+    /// on its way when the application reads a cancel.
+    pub(super) split: bool,
 }
 
 impl Stream {
@@ -72,8 +75,9 @@ pub(super) struct Ending {
     /// Past `end_timeout` mid-message: the next boundary ends it, but no
     /// later than this.
     pub(super) forced_by: Option<Instant>,
-    /// The stream was quiet when asked, and wrote nothing during its
-    /// `end_settle`: its end may meet its next message at any moment.
+    /// The stream was quiet when asked (and, its messages spanning frames,
+    /// wrote nothing during its `end_settle`): its end may meet its next
+    /// message at any moment.
     pub(super) quiet: bool,
     /// RST_STREAM(CANCEL) went to the application, ahead of the barrier:
     /// what it wrote before it read the cancel is still forwarded, and the
@@ -163,6 +167,7 @@ impl Relay<'_> {
         }
         // Nothing the application writes for it waits for window.
         let open = s.window > 0 && s.shut_since.is_none() && self.conn_window > 0;
+        let split = s.split;
         if e.cancelled {
             // The application was told to stop; what it wrote before it read
             // that arrives before the barrier's acks, and is forwarded. Then
@@ -200,7 +205,7 @@ impl Relay<'_> {
         }
         if e.quiet_at.is_some_and(|at| now >= at) {
             e.quiet_at = None;
-            if e.quiet && open {
+            if open && (e.quiet || !split) {
                 // A quiet stream's end lands at a random moment that may meet
                 // its next message: the application is told to stop it first,
                 // then the barrier, whose round trips start after the cancel,
@@ -208,8 +213,8 @@ impl Relay<'_> {
                 e.cancelled = true;
                 wire::rst(&mut self.app.write, id, wire::CANCEL);
             }
-            // (A producer that just wrote is in its pause, and one held back
-            // by the client's window may have a message half sent: for those
+            // (A producer whose messages span frames, and one held back by
+            // the client's window, may have a message half sent: for those
             // the barrier goes first, and the cancel with the trailers.)
             e.barrier = Some((self.barrier_target(now), now + BARRIER_WAIT));
         }

@@ -999,14 +999,20 @@ async fn an_app_that_closes_after_the_cancel_still_gets_a_graceful_end() {
     assert!(r.streams.is_empty());
 }
 
-/// A stream that just wrote (a producer in its pause, perhaps at full
-/// speed with large messages) keeps the barrier first and the cancel with
-/// the trailers: a cancel in its pause could cut its next message short.
+/// A stream that just wrote and whose messages span frames (a producer of
+/// large messages, perhaps at full speed) keeps the barrier first and the
+/// cancel with the trailers: a cancel in its pause could cut its next
+/// message short.
 #[tokio::test]
-async fn a_stream_that_just_wrote_gets_the_barrier_before_the_cancel() {
+async fn a_stream_of_split_messages_gets_the_barrier_before_the_cancel() {
     let guard = test_guard();
     let now = Instant::now();
     let mut r = streams_open(&guard, 1, now);
+    // A message of 3 bytes in two frames.
+    wire::put(&mut r.app.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 3, 1]);
+    wire::put(&mut r.app.read, wire::DATA, 0, 1, &[2, 3]);
+    r.app_frames(now).expect("a split message");
+    r.app.write.clear();
     ask_all(&guard, &mut r, Reason::drain, now);
     r.timers(now + BURST_GAP).expect("timers");
     let to_app: Vec<u8> = frames_in(&r.app.write).iter().map(|f| f.0).collect();
@@ -1018,4 +1024,40 @@ async fn a_stream_that_just_wrote_gets_the_barrier_before_the_cancel() {
         .filter(|f| f.0 == wire::RST_STREAM)
         .count();
     assert_eq!(cancels, 1, "cancelled with the trailers");
+}
+
+/// A stream that just wrote, its messages each in one frame, is cancelled
+/// in its pause, ahead of the barrier: a message it hands its transport
+/// before it reads the cancel arrives whole, before the acks, and goes on.
+#[tokio::test]
+async fn a_stream_that_just_wrote_whole_messages_is_cancelled_in_its_pause() {
+    let guard = test_guard();
+    let now = Instant::now();
+    let mut r = streams_open(&guard, 1, now);
+    ask_all(&guard, &mut r, Reason::drain, now);
+    assert!(
+        frames_in(&r.app.write).is_empty(),
+        "nothing before the pause"
+    );
+    r.timers(now + BURST_GAP).expect("timers");
+    let to_app: Vec<u8> = frames_in(&r.app.write).iter().map(|f| f.0).collect();
+    assert_eq!(
+        to_app,
+        [wire::RST_STREAM, wire::SETTINGS],
+        "the cancel, then the barrier"
+    );
+    wire::put(&mut r.app.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 9]);
+    r.app_frames(now + BURST_GAP).expect("a message on its way");
+    ack_barriers(&mut r, now + BURST_GAP);
+    assert_eq!(ended_gracefully(&r), 1);
+    let to_client: Vec<(u8, bool)> = frames_in(&r.client.write)
+        .iter()
+        .map(|f| (f.0, f.1 & wire::END_STREAM != 0))
+        .collect();
+    assert_eq!(
+        to_client.first(),
+        Some(&(wire::DATA, false)),
+        "the message on its way, before the trailers"
+    );
+    assert!(to_client.contains(&(wire::HEADERS, true)));
 }

@@ -483,19 +483,16 @@ fn judge_calls(run: &Run, row: &mut Row) {
             if written > got {
                 row.lost += written - got;
                 let (fates, ending) = lost_fates(&run.tap, &s.id, got + 1..=written);
-                // A chatty producer's stream ends in its pause with the
-                // barrier first and the cancel with the trailers (a cancel in
-                // the pause could cut its next message short). A message it
-                // hands its transport after the barrier, before it reads the
-                // cancel, is lost: the limit design §3 names for producers
-                // ("what it handed its transport after the cancel left").
-                // Shown in the table, not a failure; a message the guard
-                // received and dropped always is, and so is any loss on the
+                // A chatty producer's stream is cancelled in its pause, and
+                // what it wrote before it read the cancel is forwarded. A
+                // message its own transport took and then dropped on reading
+                // the cancel never reached the wire (NeverSent): the limit
+                // design §3 names for producers, shown in the table, not
+                // failed. Anything that reached the guard and was not
+                // forwarded always fails, and so does any loss on the
                 // quiet, silent, max-age and app-stop streams.
                 let producer_race = run.case.scenario == Scenario::Chatty
-                    && fates
-                        .iter()
-                        .all(|f| matches!(f, Fate::AfterReset | Fate::NeverSent));
+                    && fates.iter().all(|f| *f == Fate::NeverSent);
                 for f in fates {
                     *row.lost_fates.entry(f).or_default() += 1;
                 }
