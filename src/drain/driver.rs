@@ -35,8 +35,12 @@ pub trait StreamGuard: Send + Sync + 'static {
     }
     /// Streams open through the guard right now.
     fn active_streams(&self) -> u64;
-    /// Streams the guard ended because of the drain.
+    /// Streams the guard ended gracefully because of the drain.
     fn terminated_by_drain(&self) -> u64;
+    /// Streams the guard has ended without its graceful end since it
+    /// started (the application's connection lost, or no message boundary
+    /// in time). The drain reports those since its trigger.
+    fn failed_total(&self) -> u64;
 }
 
 /// Everything one drain needs.
@@ -165,7 +169,9 @@ async fn run(
         state: State::default(),
         acc: Accounting::default(),
         envoy: EnvoyStatus::default(),
+        failed_before: 0,
     };
+    d.failed_before = d.settings.guard.as_ref().map_or(0, |g| g.failed_total());
     d.apply(Event::Trigger(trigger));
 
     let mut commands_open = true;
@@ -228,6 +234,8 @@ struct Drive {
     acc: Accounting,
     /// What Envoy last said of itself (reachable, version, restarts).
     envoy: EnvoyStatus,
+    /// The guard's failed streams at the trigger.
+    failed_before: u64,
 }
 
 // === impl Drive ===
@@ -347,12 +355,13 @@ impl Drive {
     }
 
     fn report(&self, outcome: Outcome) -> Report {
-        let terminated = self
-            .settings
-            .guard
-            .as_ref()
-            .map_or(0, |g| g.terminated_by_drain());
-        let (connections, streams) = self.acc.outcomes(outcome, terminated);
+        let guard = self.settings.guard.as_ref();
+        let terminated = guard.map_or(0, |g| g.terminated_by_drain());
+        // (A node agent's guard can be replaced meanwhile: never below 0.)
+        let failed = guard
+            .map_or(0, |g| g.failed_total())
+            .saturating_sub(self.failed_before);
+        let (connections, streams) = self.acc.outcomes(outcome, terminated, failed);
         Report {
             phase: Phase::Done,
             outcome,

@@ -41,6 +41,7 @@ impl Report {
             connections_cut: self.connections.cut,
             streams_completed: self.streams.completed,
             streams_terminated: self.streams.terminated,
+            streams_failed: self.streams.failed,
             streams_cut: self.streams.cut,
             streams_bypassed: self.streams.bypassed,
             duration_seconds: self.duration_seconds,
@@ -71,6 +72,14 @@ pub struct Streams {
     pub completed: u64,
     /// Ended gracefully by the guard (grpc-status 14 trailers).
     pub terminated: u64,
+    /// Ended by the guard during the drain without its graceful end: the
+    /// connection to the application was lost (the client got UNAVAILABLE,
+    /// or a reset mid-message), or no message boundary came in time
+    /// (RST_STREAM(REFUSED_STREAM)). Retryable for gRPC, but not graceful:
+    /// like `cut`, it should be 0. Envoy's counters see these end, so
+    /// without the guard's count they would look completed.
+    #[serde(default)]
+    pub failed: u64,
     /// Still active at the deadline. The mission is `cut == 0`.
     pub cut: u64,
     /// Still active at the deadline on the fail-open path (the app reached
@@ -176,7 +185,14 @@ impl Accounting {
     /// definition; on a deadline (or unreachable at the end) every stream
     /// Envoy last saw active is cut, or `bypassed` when it was on the
     /// fail-open path. Streams lost in a restart are cut either way.
-    pub fn outcomes(&self, outcome: Outcome, terminated: u64) -> (Connections, Streams) {
+    /// `terminated` and `failed` are the guard's own counts of the streams
+    /// it ended during the drain (see [`Streams`]).
+    pub fn outcomes(
+        &self,
+        outcome: Outcome,
+        terminated: u64,
+        failed: u64,
+    ) -> (Connections, Streams) {
         let first = self.first.unwrap_or_default();
         let last = self.last.unwrap_or_default();
         let rq_end = if outcome == Outcome::Quiesced {
@@ -199,8 +215,10 @@ impl Accounting {
             completed: (first.rq_active + self.opened_rq)
                 .saturating_sub(rq_end)
                 .saturating_sub(terminated)
+                .saturating_sub(failed)
                 .saturating_sub(self.lost_rq),
             terminated,
+            failed,
             cut: rq_end - bypassed + self.lost_rq,
             bypassed,
         };
@@ -345,7 +363,7 @@ mod tests {
         let mut a = Accounting::default();
         a.observe(counts(4, 10, 6, 50), false);
         a.observe(counts(5, 12, 5, 53), false); // 2 new connections, 3 new streams
-        let (c, s) = a.outcomes(Outcome::Deadline, 1);
+        let (c, s) = a.outcomes(Outcome::Deadline, 1, 0);
         assert_eq!(
             c,
             Connections {
@@ -361,6 +379,7 @@ mod tests {
                 at_start: 6,
                 completed: 3,
                 terminated: 1,
+                failed: 0,
                 cut: 5,
                 bypassed: 0
             }
@@ -376,17 +395,17 @@ mod tests {
             connections: 1,
         });
         a.observe(counts(3, 3, 6, 7), false);
-        let (_, s) = a.outcomes(Outcome::Deadline, 0);
+        let (_, s) = a.outcomes(Outcome::Deadline, 0, 0);
         assert_eq!((s.completed, s.cut, s.bypassed), (1, 2, 4));
         // Never more bypassed than Envoy has open.
         a.observe_failopen(FailOpen {
             requests: 9,
             connections: 1,
         });
-        let (_, s) = a.outcomes(Outcome::Deadline, 0);
+        let (_, s) = a.outcomes(Outcome::Deadline, 0, 0);
         assert_eq!((s.cut, s.bypassed), (0, 6));
         // A drain that quiesced left nothing behind.
-        let (_, s) = a.outcomes(Outcome::Quiesced, 0);
+        let (_, s) = a.outcomes(Outcome::Quiesced, 0, 0);
         assert_eq!((s.cut, s.bypassed), (0, 0));
     }
 
@@ -395,9 +414,27 @@ mod tests {
         let mut a = Accounting::default();
         a.observe(counts(3, 3, 2, 2), false);
         a.observe(counts(1, 3, 0, 2), false);
-        let (c, s) = a.outcomes(Outcome::Quiesced, 0);
+        let (c, s) = a.outcomes(Outcome::Quiesced, 0, 0);
         assert_eq!((c.closed, c.idle_at_exit, c.cut), (2, 1, 0));
         assert_eq!((s.completed, s.cut), (2, 0));
+    }
+
+    #[test]
+    fn streams_the_guard_failed_are_not_completed() {
+        // 5 streams; the app's connection was lost under 2 of them, the
+        // guard ended 3 gracefully: Envoy saw all 5 end.
+        let mut a = Accounting::default();
+        a.observe(counts(1, 1, 5, 5), false);
+        a.observe(counts(0, 1, 0, 5), false);
+        let (_, s) = a.outcomes(Outcome::Quiesced, 3, 2);
+        assert_eq!((s.completed, s.terminated, s.failed, s.cut), (0, 3, 2, 0));
+        let json = serde_json::to_string(&s).expect("serialize");
+        assert!(json.contains("\"failed\":2"), "{json}");
+        // A report from before the field reads as none failed.
+        let old: Streams =
+            serde_json::from_str(r#"{"at_start":1,"completed":1,"terminated":0,"cut":0}"#)
+                .expect("an older report");
+        assert_eq!(old.failed, 0);
     }
 
     #[test]
@@ -406,7 +443,7 @@ mod tests {
         a.observe(counts(2, 100, 2, 100), false);
         a.observe(counts(1, 1, 1, 1), false); // counters reset: a new process
         assert_eq!(a.restarts(), 1);
-        let (c, s) = a.outcomes(Outcome::Deadline, 0);
+        let (c, s) = a.outcomes(Outcome::Deadline, 0, 0);
         // The 2 old streams (on 2 connections) were lost; 1 new one is still open.
         assert_eq!((c.at_start, c.closed, c.idle_at_exit, c.cut), (2, 0, 0, 3));
         assert_eq!((s.at_start, s.completed, s.cut), (2, 0, 3));
@@ -419,7 +456,7 @@ mod tests {
         a.observe(counts(3, 3, 3, 3), false);
         a.observe(counts(0, 5, 0, 5), true);
         assert_eq!(a.restarts(), 1);
-        let (c, s) = a.outcomes(Outcome::Quiesced, 0);
+        let (c, s) = a.outcomes(Outcome::Quiesced, 0, 0);
         assert_eq!((c.closed, c.cut), (5, 3));
         assert_eq!((s.completed, s.cut), (5, 3));
     }
@@ -429,7 +466,7 @@ mod tests {
         let mut a = Accounting::default();
         a.observe(counts(1, 9, 0, 9), false);
         a.observe(counts(0, 0, 0, 0), true);
-        let (c, s) = a.outcomes(Outcome::Quiesced, 0);
+        let (c, s) = a.outcomes(Outcome::Quiesced, 0, 0);
         assert_eq!((c.closed, c.idle_at_exit, c.cut), (1, 0, 0));
         assert_eq!((s.completed, s.cut), (0, 0));
     }
@@ -448,7 +485,7 @@ mod tests {
 
     #[test]
     fn never_reached_reports_zeros() {
-        let (c, s) = Accounting::default().outcomes(Outcome::EnvoyUnreachable, 0);
+        let (c, s) = Accounting::default().outcomes(Outcome::EnvoyUnreachable, 0, 0);
         assert_eq!((c, s), (Connections::default(), Streams::default()));
     }
 }

@@ -24,8 +24,10 @@
 //! message on its way), and after the barrier: two round trips of an empty
 //! SETTINGS frame to the application ([`BARRIER_WAIT`] at most for each),
 //! whose acks follow everything it had queued.
-//! An application that was already quiet gets up to `end_settle` to write
-//! once more, so the end lands right after a write rather than at a random
+//! A stream of the HTTP/2 relay asked between two writes ends at once when
+//! its learned cadence puts the next write well off (`relay::cadence`);
+//! any other application that was already quiet gets up to `end_settle` to
+//! write once more, so the end lands right after a write rather than at a
 //! moment that may meet one. Past `end_timeout` a stream at a boundary is
 //! ended there (a producer that never pauses for 2 ms: what it handed its
 //! transport after the cancel left is lost, which no proxy can avoid

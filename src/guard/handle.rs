@@ -213,6 +213,19 @@ impl Handle {
             .streams_ungraceful
             .get_or_create(&TerminatedLabels { reason, protocol })
             .inc();
+        self.count_failed();
+    }
+
+    /// Counts one stream the guard had to end because the connection to
+    /// the application was lost (its client got UNAVAILABLE or a reset).
+    pub fn record_app_lost(&self) {
+        self.count_failed();
+    }
+
+    /// A stream without the guard's graceful end: a drain's report counts
+    /// it `failed`, not `completed`.
+    fn count_failed(&self) {
+        self.inner.failed.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts one GOAWAY sequence started.

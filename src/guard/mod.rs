@@ -171,6 +171,8 @@ struct Inner {
     next_connection: AtomicU64,
     /// Streams ended gracefully because of the drain.
     terminated_by_drain: AtomicU64,
+    /// Streams ended without the guard's graceful end (the drain report's `failed`).
+    failed: AtomicU64,
     /// Per-request signals: outcome, latency and streams per service.
     signals: signals::Signals,
 }
@@ -286,6 +288,7 @@ impl Guard {
                 connections: AtomicU64::new(0),
                 next_connection: AtomicU64::new(0),
                 terminated_by_drain: AtomicU64::new(0),
+                failed: AtomicU64::new(0),
             }),
         }
     }
@@ -402,5 +405,9 @@ impl StreamGuard for Guard {
 
     fn terminated_by_drain(&self) -> u64 {
         self.inner.terminated_by_drain.load(Ordering::Relaxed)
+    }
+
+    fn failed_total(&self) -> u64 {
+        self.inner.failed.load(Ordering::Relaxed)
     }
 }

@@ -193,6 +193,7 @@ pub static FAMILIES: [Def; 23] = [
                 [
                     Ending::completed,
                     Ending::terminated,
+                    Ending::failed,
                     Ending::cut,
                     Ending::bypassed,
                 ]

@@ -50,6 +50,7 @@ pub struct DrainCounts {
     /// Streams by how they ended.
     pub streams_completed: u64,
     pub streams_terminated: u64,
+    pub streams_failed: u64,
     pub streams_cut: u64,
     pub streams_bypassed: u64,
     /// From the trigger to the report.
@@ -64,6 +65,9 @@ pub enum Ending {
     idle_at_exit,
     completed,
     terminated,
+    /// Ended by the guard without its graceful end (the application's
+    /// connection lost, or no message boundary in time).
+    failed,
     cut,
     /// On the fail-open path at the deadline: the guard was bypassed, so
     /// nothing could end it gracefully, and the restart cuts it.
@@ -625,6 +629,7 @@ impl Metrics {
         for (outcome, n) in [
             (Ending::completed, d.streams_completed),
             (Ending::terminated, d.streams_terminated),
+            (Ending::failed, d.streams_failed),
             (Ending::cut, d.streams_cut),
             (Ending::bypassed, d.streams_bypassed),
         ] {

@@ -136,6 +136,10 @@ impl StreamGuard for PodGuardSlot {
     fn terminated_by_drain(&self) -> u64 {
         self.with(|g| g.terminated_by_drain()).unwrap_or(0)
     }
+
+    fn failed_total(&self) -> u64 {
+        self.with(|g| g.failed_total()).unwrap_or(0)
+    }
 }
 
 #[cfg(test)]

@@ -200,6 +200,7 @@ mod tests {
                     at_start: 3,
                     completed: 1,
                     terminated: 1,
+                    failed: 0,
                     cut: 1,
                     bypassed: 1,
                 },

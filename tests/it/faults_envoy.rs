@@ -35,12 +35,13 @@ const SLACK: f64 = 5.0;
 
 fn table_line(fault: &str, r: &Report) {
     eprintln!(
-        "FAULT | {fault} | outcome={:?} streams(at_start={} completed={} terminated={} cut={}) \
+        "FAULT | {fault} | outcome={:?} streams(at_start={} completed={} terminated={} failed={} cut={}) \
          connections(cut={}) envoy(reachable={} restarts={} error={:?}) duration={:.2}s",
         r.outcome,
         r.streams.at_start,
         r.streams.completed,
         r.streams.terminated,
+        r.streams.failed,
         r.streams.cut,
         r.connections.cut,
         r.envoy.reachable,
@@ -489,6 +490,11 @@ async fn application_dies_behind_the_guard() {
     assert_eq!(r.streams.cut, 0, "{r:?}");
     assert_eq!(r.streams.at_start, N as u64, "{r:?}");
     assert!(r.duration_seconds < 8.0 + SLACK, "{r:?}");
-    // The guard's drain had nothing left to end: the streams ended when the app died.
+    // The guard's drain had nothing left to end: the streams ended when the
+    // app died, and the report says so (failed), not completed. The one
+    // completed is the new call, answered UNAVAILABLE at once: it never
+    // reached an application, so nothing of it was under way to fail.
     assert_eq!(r.streams.terminated, 0, "{r:?}");
+    assert_eq!(r.streams.failed, N as u64, "{r:?}");
+    assert_eq!(r.streams.completed, 1, "{r:?}");
 }

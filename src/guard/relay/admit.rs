@@ -79,7 +79,7 @@ impl Relay<'_> {
                 resp_done: false,
                 started: now,
                 messages: 0,
-                last_data: None,
+                cadence: Cadence::default(),
                 split: false,
                 ending: None,
                 sig,

@@ -86,7 +86,7 @@ impl Relay<'_> {
                 let data = wire::content(h, payload).map_err(|_| Failure::AppProtocol)?;
                 self.client.write.extend_from_slice(frame);
                 if !data.is_empty() {
-                    s.last_data = Some(now);
+                    s.cadence.data(now);
                 }
                 s.window -= h.len as i64;
                 if s.window <= 0 && s.shut_since.is_none() && h.len > 0 {

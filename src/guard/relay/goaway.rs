@@ -173,6 +173,7 @@ impl Relay<'_> {
                 if let Some(sig) = s.sig.as_mut() {
                     record_outcome(sig, grpc, &Outcome::UpstreamFailed);
                 }
+                self.guard.record_app_lost();
             }
         }
         self.app.write.clear();

@@ -87,6 +87,7 @@
 mod admit;
 mod app;
 mod blocks;
+mod cadence;
 mod client;
 mod connect;
 mod feed;
@@ -134,6 +135,7 @@ use crate::metrics::{Limit, Reason, StreamProtocol};
 
 use admit::Refusal;
 use blocks::{put_block, trailers_only, unavailable_block, Block};
+use cadence::Cadence;
 use client::settings_size_ok;
 use flood::Buckets;
 use flow::{flush, keep_rest, read_some, write_cleared, write_some};

@@ -23,8 +23,8 @@ pub(super) struct Stream {
     pub(super) started: Instant,
     /// Response messages (or events) so far.
     pub(super) messages: u64,
-    /// When the application last sent data on it.
-    pub(super) last_data: Option<Instant>,
+    /// When the application sends data on it.
+    pub(super) cadence: Cadence,
     pub(super) ending: Option<Ending>,
     pub(super) sig: Option<signals::Request>,
     /// The client's window for this stream's response data, and since when
@@ -193,9 +193,15 @@ impl Relay<'_> {
                 return;
             }
         } else if e.quiet_at.is_none() {
-            e.quiet_at = Some(match s.last_data {
+            e.quiet_at = Some(match s.cadence.last() {
                 // It just wrote: end in its pause.
                 Some(t) if now.saturating_duration_since(t) < BURST_GAP => t + BURST_GAP,
+                // Between two writes of a steady producer, the next one well
+                // off: end now, on the schedule.
+                _ if !split && s.cadence.far_from_next(now) => {
+                    e.quiet = true;
+                    now
+                }
                 // Quiet already: give it a moment to write once more.
                 _ => {
                     e.quiet = true;
@@ -206,10 +212,11 @@ impl Relay<'_> {
         if e.quiet_at.is_some_and(|at| now >= at) {
             e.quiet_at = None;
             if open && (e.quiet || !split) {
-                // A quiet stream's end lands at a random moment that may meet
-                // its next message: the application is told to stop it first,
-                // then the barrier, whose round trips start after the cancel,
-                // so their acks follow everything it wrote before it read it.
+                // The application is told to stop the stream first, then the
+                // barrier, whose round trips start after the cancel, so their
+                // acks follow everything it wrote before it read it: a
+                // message on its way (the next tick of a quiet stream, or a
+                // producer's write right after its pause) is still forwarded.
                 e.cancelled = true;
                 wire::rst(&mut self.app.write, id, wire::CANCEL);
             }

@@ -1061,3 +1061,50 @@ async fn a_stream_that_just_wrote_whole_messages_is_cancelled_in_its_pause() {
     );
     assert!(to_client.contains(&(wire::HEADERS, true)));
 }
+
+/// A producer that writes one message every 100 ms, asked to end 10 ms
+/// after its last write: its next one is far off, so the cancel and the
+/// barrier go at once, on the schedule, rather than after its next write.
+#[tokio::test]
+async fn a_steady_producer_asked_between_writes_is_cancelled_at_once() {
+    let guard = test_guard();
+    let start = Instant::now();
+    let mut r = streams_open(&guard, 1, start);
+    let every = std::time::Duration::from_millis(100);
+    let mut last = start;
+    for i in 1..=20u32 {
+        last = start + every * i;
+        wire::put(&mut r.app.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 7]);
+        r.app_frames(last).expect("a message");
+    }
+    r.app.write.clear();
+    let asked = last + std::time::Duration::from_millis(10);
+    ask_all(&guard, &mut r, Reason::drain, asked);
+    let to_app: Vec<u8> = frames_in(&r.app.write).iter().map(|f| f.0).collect();
+    assert_eq!(
+        to_app,
+        [wire::RST_STREAM, wire::SETTINGS],
+        "the cancel, then the barrier, with no wait for the next write"
+    );
+    ack_barriers(&mut r, asked);
+    assert_eq!(ended_gracefully(&r), 1);
+
+    // Asked late in its pause, its next write due within the margin: it
+    // waits for that write, as a stream without a cadence does.
+    let mut r = streams_open(&guard, 1, start);
+    for i in 1..=20u32 {
+        wire::put(&mut r.app.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 7]);
+        r.app_frames(start + every * i).expect("a message");
+    }
+    r.app.write.clear();
+    ask_all(
+        &guard,
+        &mut r,
+        Reason::drain,
+        last + std::time::Duration::from_millis(90),
+    );
+    assert!(
+        frames_in(&r.app.write).is_empty(),
+        "nothing while its next write is due"
+    );
+}

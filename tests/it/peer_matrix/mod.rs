@@ -598,9 +598,11 @@ fn judge_drain(run: &Run, row: &mut Row) {
     };
     let s = &r.streams;
     row.report = Some(format!("{} / {} / {}", s.terminated, s.completed, s.cut));
-    if s.cut != 0 {
-        row.failures
-            .push(format!("the drain report says cut {}: {s:?}", s.cut));
+    if s.cut != 0 || s.failed != 0 {
+        row.failures.push(format!(
+            "the drain report says cut {}, failed {}: {s:?}",
+            s.cut, s.failed
+        ));
     }
     // In the app-stop case the app's own GOAWAY ends some (completed).
     if run.case.scenario != Scenario::AppStop && s.terminated != STREAMS as u64 {
