@@ -52,11 +52,15 @@ bench-allocator: envoy h2load
 	CARGO="$(CARGO)" scripts/build-shipped.sh --allocator mimalloc
 	$(CARGO) bench --locked --bench allocator
 
-# The restarted pod's 500 gRPC streams through real Envoy: graceful, cut,
-# lost, reconnect success.
+# The restarted pod's 500 gRPC streams, then 500 WebSockets (each its own
+# connection through Envoy to the guard, opened in one burst), through real
+# Envoy: graceful, cut, bypassed, lost, reconnect success, storm. Exits 1 if
+# drainshim mode cut, bypassed or lost anything.
 bench-reconnect: envoy
 	$(CARGO) run --release --locked --quiet -- bench reconnect --mode drainshim \
 	  --protocol grpc --streams 1000
+	$(CARGO) run --release --locked --quiet -- bench reconnect --mode drainshim \
+	  --protocol websocket --streams 1000
 
 # Everything the tests run against. Envoy, Prometheus and the deploy tools
 # (kubectl if absent, kubernetes-validate, hadolint, promtool) go into .cache/;

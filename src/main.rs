@@ -142,7 +142,7 @@ async fn run(command: Command) -> Result<ExitCode, Error> {
         #[cfg(feature = "bench")]
         Command::Demo(a) => a.run().await?,
         #[cfg(feature = "bench")]
-        Command::Bench(b) => b.run().await?,
+        Command::Bench(b) => return Ok(verdict(b.run().await?)),
     }
     Ok(ExitCode::SUCCESS)
 }

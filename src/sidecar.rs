@@ -73,8 +73,7 @@ pub async fn start(settings: SidecarSettings) -> Result<Sidecar, SidecarError> {
         None => None,
         Some(gs) => {
             let (addr, config) = (gs.listen, gs.config);
-            let gl = TcpListener::bind(addr)
-                .await
+            let gl = crate::guard::bind_listener(addr)
                 .map_err(|source| SidecarError::Bind { addr, source })?;
             guard_addr = Some(gl.local_addr().unwrap_or(addr));
             tracing::info!(guard_listen = ?guard_addr, upstream = %config.upstream,

@@ -57,6 +57,11 @@ pub struct ModeResult {
     pub graceful: usize,
     /// Of those: ended by a transport error or reset.
     pub cut: usize,
+    /// Streams (of every protocol) the restarted pod's drain found on
+    /// Envoy's fail-open path at its deadline: they had gone around the
+    /// guard, so nothing could end them gracefully (drainshim mode; 0
+    /// otherwise).
+    pub bypassed: u64,
     /// Messages the backend handed to its transport that the client never got.
     pub lost_messages: u64,
     pub reconnect_p50_ms: f64,
@@ -163,6 +168,7 @@ pub fn summarize(o: &Observed) -> ModeResult {
         streams_on_restarted_pod: victims.len(),
         graceful,
         cut,
+        bypassed: 0,
         lost_messages,
         reconnect_p50_ms: percentile(&latencies, 0.50),
         reconnect_p99_ms: percentile(&latencies, 0.99),
@@ -171,6 +177,23 @@ pub fn summarize(o: &Observed) -> ModeResult {
         restart_seconds: o.done.saturating_duration_since(o.trigger).as_secs_f64(),
         timeline,
     }
+}
+
+/// What drainshim mode must never do, one line per row that did it: cut a
+/// stream, let one go around the guard, or lose a message. Empty when
+/// every drainshim row is clean (the baselines cut by design).
+pub fn drainshim_failures(results: &[ModeResult]) -> Vec<String> {
+    results
+        .iter()
+        .filter(|r| r.mode == "drainshim")
+        .filter(|r| r.cut > 0 || r.bypassed > 0 || r.lost_messages > 0)
+        .map(|r| {
+            format!(
+                "drainshim mode, {}: {} cut, {} bypassed the guard, {} messages lost (want 0 each)",
+                r.protocol, r.cut, r.bypassed, r.lost_messages
+            )
+        })
+        .collect()
 }
 
 /// Nearest-rank percentile of sorted values; 0 when empty.
@@ -216,6 +239,7 @@ pub fn render_table(results: &[ModeResult]) -> String {
                 r.streams_on_restarted_pod.to_string(),
                 r.graceful.to_string(),
                 r.cut.to_string(),
+                r.bypassed.to_string(),
                 r.lost_messages.to_string(),
                 format!("{:.0}", r.reconnect_p50_ms),
                 format!("{:.0}", r.reconnect_p99_ms),
@@ -232,6 +256,7 @@ pub fn render_table(results: &[ModeResult]) -> String {
             "STREAMS_ON_POD",
             "GRACEFUL",
             "CUT",
+            "BYPASSED",
             "LOST_MSGS",
             "RECONNECT_P50_MS",
             "RECONNECT_P99_MS",

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Serialize;
-use tokio::net::TcpListener;
+use std::net::SocketAddr;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -161,8 +161,9 @@ fn free_port() -> Result<u16, String> {
 }
 
 async fn start_pod(opts: &ReconnectOptions, ledger: &Ledger, guard: bool) -> Result<Pod, String> {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
+    // The app's accept queue as a Go or Java server's (net.core.somaxconn),
+    // not tokio's 128: a burst of WebSockets must not overflow it either.
+    let listener = crate::guard::bind_listener(SocketAddr::from(([127, 0, 0, 1], 0)))
         .map_err(|e| format!("bind backend: {e}"))?;
     let app = listener.local_addr().map_err(|e| e.to_string())?;
     let stop = CancellationToken::new();
@@ -250,6 +251,7 @@ pub async fn run_mode(opts: &ReconnectOptions, mode: Mode) -> Result<Vec<ModeRes
     let trigger = Instant::now();
     // Deregistration: callers stop picking pod A.
     endpoints.remove(0);
+    let mut bypassed = 0;
     match mode {
         Mode::Drainshim => {
             let drain = a
@@ -259,12 +261,14 @@ pub async fn run_mode(opts: &ReconnectOptions, mode: Mode) -> Result<Vec<ModeRes
             drain.trigger(Trigger::Prestop).await;
             let report = drain.report().await.ok_or("the drain driver stopped")?;
             opts.say(&format!(
-                "[{}] drain report: outcome {:?}, terminated {}, cut {}",
+                "[{}] drain report: outcome {:?}, terminated {}, cut {}, bypassed {}",
                 mode.name(),
                 report.outcome,
                 report.streams.terminated,
-                report.streams.cut
+                report.streams.cut,
+                report.streams.bypassed
             ));
+            bypassed = report.streams.bypassed;
             a.envoy.sigterm();
         }
         Mode::EnvoySigterm => a.envoy.sigterm(),
@@ -286,7 +290,7 @@ pub async fn run_mode(opts: &ReconnectOptions, mode: Mode) -> Result<Vec<ModeRes
     drop(b);
     let mut results = Vec::new();
     for kind in opts.protocol.kinds() {
-        let result = measure::summarize(&Observed {
+        let mut result = measure::summarize(&Observed {
             mode: mode.name(),
             kind,
             streams: sessions_of(&sessions, kind, opts.streams),
@@ -298,6 +302,7 @@ pub async fn run_mode(opts: &ReconnectOptions, mode: Mode) -> Result<Vec<ModeRes
             attempts_at_trigger,
             attempts_at_end,
         });
+        result.bypassed = bypassed;
         opts.say(&format!(
             "[{}] {} {} streams on pod A: {} graceful, {} cut",
             mode.name(),

@@ -1,6 +1,7 @@
 //! The accept loop, raced against shutdown, and the hand-off of each
 //! connection to the HTTP/2 or HTTP/1.1 driver.
 
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -18,6 +19,32 @@ use crate::metrics::Limit;
 /// Pause after a failed accept (typically EMFILE), so the loop does not spin
 /// while descriptors are exhausted.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Pending connections on a guard listener. Envoy opens one upstream
+/// connection per WebSocket (and per HTTP/1.1 request in flight), so a
+/// burst of reconnects arrives as hundreds of connects at once. Where the
+/// accept queue is full the kernel drops the SYN, the client's retry comes
+/// a second later, the connect misses Envoy's `connect_timeout` (1 s), and
+/// the route's retry fails open: the stream goes around the guard. tokio's
+/// default is 128, which a burst of 500 WebSockets overflowed (`bench
+/// reconnect --protocol websocket`). The kernel caps this at
+/// `net.core.somaxconn` (4,096 by default since Linux 5.4), as it does for
+/// Go's and Envoy's listeners.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds a listener for the guard (or an application standing in for one,
+/// in the benches) with [`LISTEN_BACKLOG`] and SO_REUSEADDR, as
+/// `TcpListener::bind` does but for the backlog. Needs a tokio runtime.
+pub fn bind_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv6() {
+        tokio::net::TcpSocket::new_v6()?
+    } else {
+        tokio::net::TcpSocket::new_v4()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
 
 /// Accepts until `accepting` is cancelled; then, once `shutdown` is (at
 /// once when both are the same token), ends what is left and waits for it.
@@ -59,7 +86,7 @@ pub async fn serve(
             inner.metrics.guard_limited(Limit::connections).inc();
             if refused == 1 || refused.is_multiple_of(1_000) {
                 tracing::warn!(%peer, open, refused, max = inner.config.limits.max_connections,
-                    "guard: connection limit reached; closing new connections");
+                    "guard: connection limit reached; closing new connections: Envoy retries them on the app directly (fail open), so their streams are not guarded and a restart will cut them; raise --guard-max-connections");
             }
             drop(tcp);
             continue;
@@ -117,5 +144,35 @@ async fn connection(handle: Handle, tcp: TcpStream, info: ConnInfo) {
         Err(e) => {
             tracing::debug!(peer = %info.peer, error = %e, "guard: connection closed before a request")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A burst of connects to a guard listener nobody accepts from yet (its
+    /// accept loop starved by the burst itself) all complete: with tokio's
+    /// default backlog of 128 the ones past it wait for a SYN retry, which
+    /// misses Envoy's 1 s connect timeout.
+    #[tokio::test]
+    async fn a_burst_of_connects_waits_in_the_backlog() {
+        let somaxconn: usize = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(4096);
+        let burst = 1_000.min(somaxconn);
+        let listener = bind_listener(SocketAddr::from(([127, 0, 0, 1], 0))).expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let mut open = Vec::with_capacity(burst);
+        for i in 0..burst {
+            let tcp = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(addr))
+                .await
+                .unwrap_or_else(|_| panic!("connect {i} of {burst} waited past 5 s"))
+                .expect("connect");
+            open.push(tcp);
+        }
+        assert_eq!(open.len(), burst);
+        drop(listener);
     }
 }

@@ -7,11 +7,14 @@
 use std::time::Duration;
 
 /// Default for [`Limits::max_connections`]. Behind Envoy the guard sees one
-/// connection per Envoy worker plus a health check now and then; HTTP/1.1
-/// clients (WebSocket) take one each. Sized with [`DEFAULT_MAX_STREAMS`] so
-/// the shim's peak stays under its 128 MiB container limit under every attack
-/// in tests/guard_abuse.rs.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// connection per Envoy worker plus a health check now and then, but each
+/// WebSocket (an HTTP/1.1 upgrade) takes one: twice the 1,024 that Envoy's
+/// default circuit breaker lets a cluster open, so a pod can take a drained
+/// neighbour's WebSockets on top of its own (512 could not, and the rest
+/// went around the guard). Sized with [`DEFAULT_MAX_STREAMS`] so the shim's
+/// peak stays under its 128 MiB container limit under every attack in
+/// tests/guard_abuse.rs (2,048 connections with a stream each: 62 MiB).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 2048;
 /// Default for [`Limits::max_streams`]. An idle stream costs the guard about
 /// 6 KiB (docs/benchmarks.md); a stream whose client opened its windows and
 /// never reads holds up to one send buffer (16 KiB) more. Measured

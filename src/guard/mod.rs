@@ -83,6 +83,7 @@ use tokio_util::task::TaskTracker;
 use crate::drain::StreamGuard;
 use crate::metrics::{Metrics, Reason};
 
+pub use accept::{bind_listener, LISTEN_BACKLOG};
 pub use grpc::{end_message, Framer, REFUSED_MESSAGE};
 pub use limits::{FloodLimits, Rate};
 pub use limits::{Limits, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS};

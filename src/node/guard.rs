@@ -29,10 +29,10 @@ pub use crate::settings::GuardSpec;
 /// The node metadata key a pod opts in with.
 pub const METADATA_KEY: &str = "DRAINSHIM_GUARD";
 
-/// Pending connections on a guard listener: Envoy opens few, but during a
-/// hand-over new ones wait here until the next agent accepts them, and a
-/// full queue would refuse them.
-pub const GUARD_BACKLOG: i32 = 1024;
+/// Pending connections on a guard listener: bursts of Envoy's connects
+/// (see [`crate::guard::LISTEN_BACKLOG`]), and during a hand-over the new
+/// ones that wait here until the next agent accepts them.
+pub const GUARD_BACKLOG: i32 = crate::guard::LISTEN_BACKLOG as i32;
 
 /// What a pod's Envoy asks for: its metadata key, else the node default.
 /// A malformed key is an error (logged per pod), not a silent default.
