@@ -83,8 +83,7 @@ pub const FAILOPEN_RETRY: &str = ", retry_policy: { retry_on: \"connect-failure,
     host_selection_retry_max_attempts: 3, retry_back_off: { base_interval: 0.001s, max_interval: 0.01s } }";
 
 /// The fail-open cluster settings of the shipped bootstrap.
-const FAILOPEN_CLUSTER: &str = "    circuit_breakers: { thresholds: [ { max_retries: 1024 } ] }
-    health_checks:
+const FAILOPEN_CLUSTER: &str = "    health_checks:
     - { timeout: 1s, interval: 1s, no_traffic_interval: 1s, unhealthy_threshold: 1, healthy_threshold: 1, tcp_health_check: {} }
     outlier_detection:
       split_external_local_origin_errors: true
@@ -288,8 +287,11 @@ admin:
     connect_timeout: 1s
     # Envoy's default circuit breakers allow 1,024 upstream connections and
     # requests; a WebSocket holds one of each, and the benchmarks hold more.
+    # One mapping: a second `circuit_breakers` key (the fail-open settings
+    # once had one) silently replaced this one. max_retries as the shipped
+    # bootstrap's fail open needs it.
     circuit_breakers:
-      thresholds: [{{ max_connections: 100000, max_pending_requests: 100000, max_requests: 100000 }}]
+      thresholds: [{{ max_connections: 100000, max_pending_requests: 100000, max_requests: 100000, max_retries: 1024 }}]
     typed_extension_protocol_options:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
