@@ -1,9 +1,11 @@
 //! What a connection driver may use of the guard: the wings (`relay/`,
 //! `h1/`) and the WebSocket relay are given a [`Handle`], never the guard's
 //! whole state. Through it they read the configuration, reach the
-//! application, register streams, spawn tasks, watch the drain, and count
-//! what they did; the accept loop's counters, the shutdown token and the
-//! metrics registry stay behind it.
+//! application, register streams and read their connection's, spawn
+//! tasks, watch the drain, and count what they did. Nothing here starts or
+//! ends a drain or hands out the task tracker: the stream registry, the
+//! accept loop's counters, the shutdown token and the metrics registry stay
+//! behind it (`tests/it/layering.rs` holds what a driver may call).
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -13,10 +15,9 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::WaitForCancellationFuture;
-use tokio_util::task::TaskTracker;
 
 use super::conn::ConnInfo;
-use super::registry::{Registry, StreamCtl};
+use super::registry::{EndQueue, Refused, Registered, StreamCtl};
 use super::schedule::{jittered_age, spread_offsets};
 use super::upstream::{connect_tcp, Connector, UpstreamError};
 use super::{lifecycle, signals, GuardConfig, Inner};
@@ -57,19 +58,54 @@ impl Handle {
         &self.inner.connector
     }
 
-    /// Every open stream, and whether new ones are admitted.
-    pub fn registry(&self) -> &Arc<Registry> {
-        &self.inner.registry
+    /// Registers a stream of connection `conn`; `None` once the drain
+    /// refuses new streams.
+    pub fn register(&self, conn: u64, grpc: bool) -> Option<Registered> {
+        self.inner.registry.register(conn, grpc)
+    }
+
+    /// Registers a stream of connection `conn`, or says why not (draining,
+    /// or the process-wide stream cap).
+    pub fn try_register(&self, conn: u64, grpc: bool) -> Result<Registered, Refused> {
+        self.inner.registry.try_register(conn, grpc)
+    }
+
+    /// As [`Handle::try_register`], for a stream of the HTTP/2 relay: its
+    /// end is asked through the connection's `queue`, as stream `id`.
+    pub fn try_register_relayed(
+        &self,
+        conn: u64,
+        grpc: bool,
+        queue: &Arc<EndQueue>,
+        id: u32,
+    ) -> Result<Registered, Refused> {
+        self.inner
+            .registry
+            .try_register_relayed(conn, grpc, queue, id)
+    }
+
+    /// The open streams of connection `conn`, long-lived ones first (by
+    /// `long_after`).
+    pub fn connection_streams(
+        &self,
+        conn: u64,
+        now: Instant,
+        long_after: Duration,
+    ) -> Vec<Arc<StreamCtl>> {
+        self.inner
+            .registry
+            .connection_streams(conn, now, long_after)
+    }
+
+    /// Every open stream, for the relay's unit tests.
+    #[cfg(test)]
+    pub fn open_streams(&self) -> Vec<Arc<StreamCtl>> {
+        self.inner.registry.open_streams()
     }
 
     /// The per-request signals.
     pub fn signals(&self) -> &signals::Signals {
         &self.inner.signals
-    }
-
-    /// The tracker shutdown waits on; everything a driver spawns goes here.
-    pub fn tasks(&self) -> &TaskTracker {
-        &self.inner.tasks
     }
 
     /// Runs `task` on the tracker shutdown waits on.

@@ -267,6 +267,98 @@ fn the_drivers_see_the_guard_through_its_handle_only() {
     assert!(names_word("fn f(g: &Arc<Inner>) {}", "Inner"));
 }
 
+/// What a driver may call is the handle's methods, exactly: adding one is
+/// a decision made here. None of them starts or ends a drain, or hands out
+/// the stream registry or the task tracker, and no driver names those.
+#[test]
+fn the_handle_offers_a_driver_only_what_it_may_call() {
+    let guard = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/guard");
+    let text = std::fs::read_to_string(guard.join("handle.rs")).expect("read handle.rs");
+    let code = production_code(&text);
+    let start = code.find("impl Handle {").expect("impl Handle");
+    let end = code[start..]
+        .find("\n}\n")
+        .map_or(code.len(), |e| start + e);
+    let mut methods = Vec::new();
+    let mut test_only = false;
+    for line in code[start..end].lines().map(str::trim_start) {
+        if let Some(rest) = line
+            .strip_prefix("pub fn ")
+            .or_else(|| line.strip_prefix("pub async fn "))
+        {
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            if !test_only {
+                methods.push(name);
+            }
+        }
+        if !line.is_empty() {
+            test_only = line == "#[cfg(test)]";
+        }
+    }
+    methods.sort();
+    let mut allowed = vec![
+        // What to reach and how.
+        "config",
+        "connector",
+        "connect_app",
+        // Streams: register one, read and end its connection's.
+        "register",
+        "try_register",
+        "try_register_relayed",
+        "connection_streams",
+        "end_spread",
+        // Tasks and connections.
+        "spawn",
+        "count_connection",
+        // Watch the drain (never start it).
+        "goaway_all",
+        "terminate_all",
+        "closing",
+        "goaway_all_asked",
+        "terminating",
+        // A connection's own age.
+        "max_age",
+        "lifecycle",
+        // Counting what it did.
+        "signals",
+        "record_termination",
+        "record_ungraceful",
+        "record_app_lost",
+        "record_goaway",
+        "record_app_goaway",
+        "limited",
+    ];
+    allowed.sort_unstable();
+    assert_eq!(
+        methods, allowed,
+        "the handle's methods changed: decide here"
+    );
+
+    for dir in ["relay", "h1", "websocket"] {
+        let mut files = Vec::new();
+        rust_files(&guard.join(dir), &mut files);
+        // (A wing's unit tests, in its tests.rs, build a metrics registry.)
+        for file in files.into_iter().filter(|f| !f.ends_with("tests.rs")) {
+            let code = production_code(&std::fs::read_to_string(&file).expect("read"));
+            for word in [
+                "Registry",
+                "TaskTracker",
+                "begin_terminating",
+                "terminate_within",
+            ] {
+                assert!(
+                    !names_word(&code, word),
+                    "{} names {word}: a driver must not reach the registry, the tracker or the drain",
+                    file.display()
+                );
+            }
+        }
+    }
+}
+
 /// Whether `code` holds `word` as a whole identifier.
 fn names_word(code: &str, word: &str) -> bool {
     let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';

@@ -283,7 +283,7 @@ async fn drive(guard: &Handle, io: Prefixed<TcpStream>, info: ConnInfo) {
         guard.config().upstream,
         guard.connector().clone(),
         l,
-        guard.tasks().clone(),
+        guard.clone(),
     ));
     // At age + grace the response in flight is asked to end (and aborted).
     let max_age = guard.max_age(info.accepted_at);
@@ -355,7 +355,7 @@ async fn drive(guard: &Handle, io: Prefixed<TcpStream>, info: ConnInfo) {
             _ = sleep_until_opt(grace_end), if !grace_over => {
                 grace_over = true;
                 let long_after = guard.config().long_stream_age;
-                for s in guard.registry().connection_streams(info.id, Instant::now(), long_after) {
+                for s in guard.connection_streams(info.id, Instant::now(), long_after) {
                     s.end(Reason::max_age);
                 }
             }
@@ -378,7 +378,7 @@ async fn handle(
     grace_end: Option<Instant>,
     mut req: Request<Incoming>,
 ) -> Result<Response<H1Body>, Infallible> {
-    let Some(registered) = guard.registry().register(info.id, false) else {
+    let Some(registered) = guard.register(info.id, false) else {
         return Ok(answer(StatusCode::SERVICE_UNAVAILABLE, true));
     };
     append_forwarded_for(req.headers_mut(), &forwarded_for(info.peer.ip()));

@@ -13,8 +13,8 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
+use crate::guard::handle::Handle;
 use crate::guard::limits::Limits;
 use crate::guard::upstream::{connect_tcp, Connector, UpstreamError};
 
@@ -43,8 +43,8 @@ pub struct H1Upstream {
     sender: Mutex<Option<H1Sender>>,
     /// Cancelled when the downstream connection ends; stops the driver task.
     closed: CancellationToken,
-    /// Where the driver task runs.
-    tasks: TaskTracker,
+    /// Where the driver task runs: the guard's tracker, through its handle.
+    guard: Handle,
 }
 
 type H1Sender = hyper::client::conn::http1::SendRequest<H1ReqBody>;
@@ -64,14 +64,14 @@ fn idempotent(m: &http::Method) -> bool {
 }
 
 impl H1Upstream {
-    pub fn new(addr: SocketAddr, via: Connector, limits: Limits, tasks: TaskTracker) -> Self {
+    pub fn new(addr: SocketAddr, via: Connector, limits: Limits, guard: Handle) -> Self {
         Self {
             addr,
             via,
             limits,
             sender: Mutex::new(None),
             closed: CancellationToken::new(),
-            tasks,
+            guard,
         }
     }
 
@@ -185,7 +185,7 @@ impl H1Upstream {
             .await
             .map_err(|source| UpstreamError::H1Handshake { addr, source })?;
         if upgrade {
-            self.tasks.spawn(async move {
+            self.guard.spawn(async move {
                 if let Err(e) = conn.with_upgrades().await {
                     tracing::debug!(upstream = %addr, error = %e, "upstream HTTP/1.1 upgrade connection ended");
                 }
@@ -193,7 +193,7 @@ impl H1Upstream {
             return Ok(sender);
         }
         let closed = self.closed.clone();
-        self.tasks.spawn(async move {
+        self.guard.spawn(async move {
             tokio::select! {
                 r = conn => if let Err(e) = r {
                     tracing::debug!(upstream = %addr, error = %e, "upstream HTTP/1.1 connection ended");

@@ -47,10 +47,7 @@ impl Relay<'_> {
         let kind = request_kind_of(ct);
         let grpc = kind != BodyKind::Opaque;
         self.resets.accepted();
-        let reg = match guard
-            .registry()
-            .try_register_relayed(self.info.id, grpc, &self.queue, id)
-        {
+        let reg = match guard.try_register_relayed(self.info.id, grpc, &self.queue, id) {
             Ok(r) => r,
             Err(Refused::Terminating) => {
                 self.refuse(id, end_stream, Refusal::Draining(kind));

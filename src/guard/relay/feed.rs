@@ -63,10 +63,7 @@ pub fn feed(guard: &Handle, steps: &[FeedStep<'_>], alone: bool) {
             }
             FeedStep::EndAll => {
                 let long_after = guard.config().long_stream_age;
-                for ctl in guard
-                    .registry()
-                    .connection_streams(info.id, now, long_after)
-                {
+                for ctl in guard.connection_streams(info.id, now, long_after) {
                     ctl.end(crate::metrics::Reason::drain);
                 }
                 Ok(())

@@ -280,7 +280,6 @@ impl Relay<'_> {
         let guard = self.guard;
         let long_after = guard.config().long_stream_age;
         let long: Vec<_> = guard
-            .registry()
             .connection_streams(self.info.id, now, long_after)
             .into_iter()
             .filter(|s| s.is_long_lived_at(now, long_after))
@@ -327,11 +326,8 @@ impl Relay<'_> {
             }
             Some(Action::EndStreams) => {
                 let guard = self.guard;
-                let streams = guard.registry().connection_streams(
-                    self.info.id,
-                    now,
-                    guard.config().long_stream_age,
-                );
+                let streams =
+                    guard.connection_streams(self.info.id, now, guard.config().long_stream_age);
                 guard.end_spread(streams, self.life.spread(), Reason::max_age);
             }
             Some(Action::Close) => self.close_with(wire::NO_ERROR),

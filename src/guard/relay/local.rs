@@ -36,7 +36,7 @@ impl Relay<'_> {
     /// Starts the task that serves a WebSocket over HTTP/2 (RFC 8441).
     pub(super) fn websocket(&mut self, id: u32, end_stream: bool, fields: &[wire::Field]) {
         let guard = self.guard;
-        let reg = match guard.registry().try_register(self.info.id, false) {
+        let reg = match guard.try_register(self.info.id, false) {
             Ok(r) => r,
             Err(_) => return self.refuse(id, end_stream, Refusal::Reset),
         };

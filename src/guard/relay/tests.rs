@@ -267,7 +267,7 @@ fn streams_open<'a>(guard: &'a Handle, n: u32, now: Instant) -> Relay<'a> {
 /// Every open stream is asked to end (by a drain or the max age), and the
 /// relay takes the asks at `at`.
 fn ask_all(guard: &Handle, r: &mut Relay<'_>, reason: Reason, at: Instant) {
-    for ctl in guard.registry().open_streams() {
+    for ctl in guard.open_streams() {
         ctl.end(reason);
     }
     for id in r.queue.take() {
@@ -321,7 +321,7 @@ async fn quiet_endings_spread_over_a_drain_send_the_app_no_ping() {
     let start = Instant::now();
     let mut r = streams_open(&guard, 20, start);
     let settle = guard.config().limits.end_settle;
-    let ctls = guard.registry().open_streams();
+    let ctls = guard.open_streams();
     assert_eq!(ctls.len(), 20);
     let mut now = start;
     for (i, ctl) in ctls.iter().enumerate() {
