@@ -329,6 +329,65 @@ mod tests {
         );
     }
 
+    /// One namespace of the second tier relabelled early: a proxy on 1.40
+    /// while the control plane runs 1.39. `skew --control-plane 1.39` calls
+    /// it a violation, and so does the plan: stop (exit 1), naming it, at
+    /// whatever step the fleet is.
+    #[test]
+    fn a_proxy_outside_the_control_planes_skew_stops_the_plan() {
+        let mut o = opts(2);
+        o.lifetime_soak = Duration::from_secs(3600);
+        let times: Vec<f64> = (0..10).map(|i| i as f64 * HOUR).collect();
+        let tl = fleet(
+            &times,
+            |_| {
+                vec![
+                    ("ns0", "1.39.3", 2),
+                    ("ns1", "1.38.3", 2),
+                    ("ns1", "1.40.0", 1),
+                ]
+            },
+            |_| vec![("ns0", 1800.0), ("ns1", 1800.0)],
+        );
+        let plan = derived(&tl, &o);
+        assert_eq!(plan.verdict, Verdict::Stop, "{:?}", plan.next);
+        assert_eq!(plan.verdict.exit_code(), 1);
+        assert_eq!(plan.next.row, Some(0), "the inventory row: {:?}", plan.next);
+        let action = &plan.next.action;
+        assert!(
+            action.contains("1 proxy is outside the skew of the control plane 1.39"),
+            "{action}"
+        );
+        assert!(
+            action.contains("ns1 on 1.40.0: newer than the control plane"),
+            "{action}"
+        );
+        assert!(
+            crate::inventory::skew_violation("1.40.0", o.control_plane, o.max_skew).is_some(),
+            "skew agrees"
+        );
+
+        // Rolled back: the plan goes on (tier 1's restart to 1.39 next).
+        let tl = fleet(
+            &times,
+            |_| vec![("ns0", "1.39.3", 2), ("ns1", "1.38.3", 3)],
+            |_| vec![("ns0", 1800.0), ("ns1", 1800.0)],
+        );
+        let plan = derived(&tl, &o);
+        assert_ne!(plan.verdict, Verdict::Stop, "{:?}", plan.next);
+
+        // Two behind, once the control plane moved to 1.40: stop too.
+        let mut moved = o.clone();
+        moved.control_plane = "1.40".parse().unwrap();
+        let plan = derived(&tl, &moved);
+        assert_eq!(plan.verdict, Verdict::Stop, "{:?}", plan.next);
+        assert!(
+            plan.next.action.contains("2 minor versions behind 1.40"),
+            "{}",
+            plan.next.action
+        );
+    }
+
     #[test]
     fn a_wave_before_the_history_is_done_but_not_verified_again() {
         let mut o = opts(2);

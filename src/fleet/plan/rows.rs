@@ -226,10 +226,55 @@ impl Derivation<'_> {
                 State::NotStarted,
                 Gate::fails(format!("{unknown} proxies report no version")),
             )
+        } else if let Some(offenders) = self.outside_skew() {
+            (State::Done, Gate::fails(offenders))
         } else {
             (State::Done, Gate::open("every proxy reports its version"))
         };
         r
+    }
+
+    /// The proxies outside the skew the control plane supports now (the
+    /// `--control-plane` it runs, whatever the target), named by namespace
+    /// and version, as `skew` names them; None when there are none. A proxy
+    /// ahead of the control plane (a namespace relabelled early) or too far
+    /// behind it is unsupported at every step, not only at the point of no
+    /// return.
+    fn outside_skew(&self) -> Option<String> {
+        const NAMED: usize = 10;
+        let (cp, skew) = (self.v.control_plane, self.v.max_skew);
+        let offenders: Vec<(String, u64)> = self
+            .current
+            .iter()
+            .filter(|((_, ver), n)| **n > 0 && ver.parse::<Release>().is_ok())
+            .filter_map(|((ns, ver), n)| {
+                skew_violation(ver, cp, skew).map(|why| (format!("{ns} on {ver}: {why}"), *n))
+            })
+            .collect();
+        if offenders.is_empty() {
+            return None;
+        }
+        let total: u64 = offenders.iter().map(|(_, n)| n).sum();
+        let mut named: Vec<String> = offenders
+            .iter()
+            .take(NAMED)
+            .map(|(what, n)| format!("{n} in {what}"))
+            .collect();
+        if offenders.len() > NAMED {
+            named.push(format!("and {} more namespaces", offenders.len() - NAMED));
+        }
+        let (proxies, are) = if total == 1 {
+            ("proxy", "is")
+        } else {
+            ("proxies", "are")
+        };
+        Some(format!(
+            "{total} {proxies} {are} outside the skew of the control plane {} (at most {skew} minor behind, never ahead): {}; \
+             roll back or move the control plane first (drainshim skew --control-plane {} lists each)",
+            mm(cp),
+            named.join("; "),
+            mm(cp)
+        ))
     }
 
     /// Step 2 for a tier: every guard has a max connection age, for
