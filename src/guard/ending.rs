@@ -1,5 +1,6 @@
-//! How a stream through the guard ends: the rules both wings keep, and the
-//! outcome each ending is counted as.
+//! How a stream through the HTTP/2 relay ends: its rules, and the outcome
+//! each ending is counted as. (Only `relay/` uses this module; the
+//! HTTP/1.1 wing's endings are in `h1/`.)
 //!
 //! Invariants, whatever ends a stream:
 //! - **Nothing received is dropped.** Every byte the application sent and

@@ -35,7 +35,9 @@ pub enum Phase {
     /// GOAWAY(2^31-1) and PING sent; waiting for the ack until `until`.
     AwaitingAck { until: Instant },
     /// No new stream should arrive; open ones run on, and the connection
-    /// closes once they are done. `acked`: h2 sent the final GOAWAY itself.
+    /// closes once they are done. `acked`: the PING was acked, and the
+    /// connection's driver sent the final GOAWAY (the last stream id the
+    /// application will see) on that ack.
     Closing { acked: bool },
 }
 
@@ -64,7 +66,7 @@ pub enum Input {
     HeaderTimedOut,
     /// No stream for `idle_timeout`.
     IdleTimedOut,
-    /// Closing, and h2 holds no stream either: nothing is left to flush.
+    /// Closing, and the driver holds no stream either: nothing is left to flush.
     Quiet,
 }
 
@@ -220,7 +222,7 @@ impl Lifecycle {
         self.phase == (Phase::Closing { acked: false })
     }
 
-    /// Whether the loop should report [`Input::Quiet`] when h2 holds no stream.
+    /// Whether the loop should report [`Input::Quiet`] when it holds no stream.
     pub fn wants_quiet(&self) -> bool {
         matches!(self.phase, Phase::Closing { .. }) && !self.close_sent && self.streams == 0
     }
