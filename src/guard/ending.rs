@@ -56,7 +56,7 @@ pub(super) const BARRIER_WAIT: Duration = Duration::from_millis(50);
 
 /// How a stream ended, for metrics and logs.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Outcome {
+pub(super) enum StreamOutcome {
     /// The application finished the response (its own status, whatever it is).
     Completed,
     /// The guard ended it gracefully (trailers or trailers-only).
@@ -76,16 +76,18 @@ pub(super) enum Outcome {
 /// the guard ended itself, gracefully or by a reset, is not the
 /// application's outcome: it is left out of the request counter (the
 /// ending is counted by `record_termination` or `record_ungraceful`).
-pub(super) fn record_outcome(s: &mut signals::Request, grpc: bool, outcome: &Outcome) {
+pub(super) fn record_outcome(s: &mut signals::Request, grpc: bool, outcome: &StreamOutcome) {
     match outcome {
-        Outcome::Completed => {}
+        StreamOutcome::Completed => {}
         // gRPC: the guard's `grpc-status: 14`; SSE: a clean end of the body.
         // REFUSED_STREAM: the ending found no safe point in time.
-        Outcome::Ended(_) | Outcome::Reset => s.ended_by_guard(),
-        Outcome::Refused => s.answered_by_guard(Code::UNAVAILABLE, StatusCode::SERVICE_UNAVAILABLE),
-        Outcome::UpstreamFailed if grpc => s.code_if_unset(Code::UNAVAILABLE),
-        Outcome::UpstreamFailed => s.status_if_unset(StatusCode::BAD_GATEWAY),
-        Outcome::ClientGone if grpc => s.code_if_unset(Code::CANCELLED),
-        Outcome::ClientGone => {}
+        StreamOutcome::Ended(_) | StreamOutcome::Reset => s.ended_by_guard(),
+        StreamOutcome::Refused => {
+            s.answered_by_guard(Code::UNAVAILABLE, StatusCode::SERVICE_UNAVAILABLE)
+        }
+        StreamOutcome::UpstreamFailed if grpc => s.code_if_unset(Code::UNAVAILABLE),
+        StreamOutcome::UpstreamFailed => s.status_if_unset(StatusCode::BAD_GATEWAY),
+        StreamOutcome::ClientGone if grpc => s.code_if_unset(Code::CANCELLED),
+        StreamOutcome::ClientGone => {}
     }
 }

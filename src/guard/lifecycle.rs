@@ -29,7 +29,7 @@ pub enum Cause {
 
 /// Where the connection is in its shutdown sequence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
+pub enum ConnPhase {
     /// Accepting streams.
     Serving,
     /// GOAWAY(2^31-1) and PING sent; waiting for the ack until `until`.
@@ -72,7 +72,7 @@ pub enum Input {
 
 /// What the connection loop must do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Action {
+pub enum ConnAction {
     /// GOAWAY(2^31-1) + PING (and count the GOAWAY when the cause is counted).
     Goaway(Cause),
     /// End this connection's streams gracefully: the max-age grace is over.
@@ -128,8 +128,8 @@ pub struct Deadlines {
 pub struct Lifecycle {
     /// Fixed at accept.
     settings: Settings,
-    /// See [`Phase`].
-    phase: Phase,
+    /// See [`ConnPhase`].
+    phase: ConnPhase,
     /// Why the GOAWAY was sent, once it was.
     cause: Option<Cause>,
     /// The age passed, even if a drain GOAWAY came first: the grace applies.
@@ -156,7 +156,7 @@ impl Lifecycle {
     pub fn new(settings: Settings, now: Instant) -> Self {
         Self {
             settings,
-            phase: Phase::Serving,
+            phase: ConnPhase::Serving,
             cause: None,
             max_age_reached: false,
             grace_until: None,
@@ -171,7 +171,7 @@ impl Lifecycle {
     }
 
     #[cfg(test)]
-    pub fn phase(&self) -> Phase {
+    pub fn phase(&self) -> ConnPhase {
         self.phase
     }
 
@@ -181,7 +181,7 @@ impl Lifecycle {
             close_by: self.close_by,
             age: self.settings.age_at.filter(|_| !self.max_age_reached),
             ack: match self.phase {
-                Phase::AwaitingAck { until } => Some(until),
+                ConnPhase::AwaitingAck { until } => Some(until),
                 _ => None,
             },
             grace: self
@@ -190,7 +190,7 @@ impl Lifecycle {
                 .map(|until| until.checked_sub(self.spread()).unwrap_or(until)),
             first_stream: self.first_stream_by,
             idle: match self.phase {
-                Phase::Serving => self.idle_since.map(|t| t + self.settings.idle_timeout),
+                ConnPhase::Serving => self.idle_since.map(|t| t + self.settings.idle_timeout),
                 _ => None,
             },
         }
@@ -213,31 +213,31 @@ impl Lifecycle {
 
     /// Whether the PING ack is awaited.
     pub fn awaits_ack(&self) -> bool {
-        matches!(self.phase, Phase::AwaitingAck { .. })
+        matches!(self.phase, ConnPhase::AwaitingAck { .. })
     }
 
     /// New streams are refused with REFUSED_STREAM: the client ignored
     /// GOAWAY(2^31-1) and no final GOAWAY told it where the cut is.
     pub fn refuses_streams(&self) -> bool {
-        self.phase == (Phase::Closing { acked: false })
+        self.phase == (ConnPhase::Closing { acked: false })
     }
 
     /// Whether the loop should report [`Input::Quiet`] when it holds no stream.
     pub fn wants_quiet(&self) -> bool {
-        matches!(self.phase, Phase::Closing { .. }) && !self.close_sent && self.streams == 0
+        matches!(self.phase, ConnPhase::Closing { .. }) && !self.close_sent && self.streams == 0
     }
 
     /// Advances the machine.
-    pub fn step(&mut self, input: Input, now: Instant) -> Option<Action> {
+    pub fn step(&mut self, input: Input, now: Instant) -> Option<ConnAction> {
         let action = self.transition(input, now);
-        if matches!(self.phase, Phase::Closing { .. }) && self.streams == 0 {
+        if matches!(self.phase, ConnPhase::Closing { .. }) && self.streams == 0 {
             // Nothing left to serve: flush and close within the bound.
             self.close_by_at_most(now + self.settings.shutdown_timeout);
         }
         action
     }
 
-    fn transition(&mut self, input: Input, now: Instant) -> Option<Action> {
+    fn transition(&mut self, input: Input, now: Instant) -> Option<ConnAction> {
         match input {
             Input::StreamAccepted => {
                 self.first_stream_by = None;
@@ -281,27 +281,27 @@ impl Lifecycle {
                 let s = self.settings;
                 let until = self.grace_until.unwrap_or(now).max(now);
                 self.close_by_at_most(until + s.end_timeout + s.shutdown_timeout);
-                Some(Action::EndStreams)
+                Some(ConnAction::EndStreams)
             }
             Input::HeaderTimedOut => {
                 self.first_stream_by = None;
-                self.phase = Phase::Closing { acked: false };
+                self.phase = ConnPhase::Closing { acked: false };
                 self.close_sent = true;
-                Some(Action::Close)
+                Some(ConnAction::Close)
             }
             Input::Quiet => {
                 self.close_sent = true;
-                Some(Action::Close)
+                Some(ConnAction::Close)
             }
         }
     }
 
-    fn start_goaway(&mut self, cause: Cause, now: Instant) -> Action {
+    fn start_goaway(&mut self, cause: Cause, now: Instant) -> ConnAction {
         self.cause = Some(cause);
-        self.phase = Phase::AwaitingAck {
+        self.phase = ConnPhase::AwaitingAck {
             until: now + self.settings.ack_timeout,
         };
-        Action::Goaway(cause)
+        ConnAction::Goaway(cause)
     }
 
     fn enter_closing(&mut self, acked: bool, now: Instant) {
@@ -309,7 +309,7 @@ impl Lifecycle {
             return;
         }
         let _ = now;
-        self.phase = Phase::Closing { acked };
+        self.phase = ConnPhase::Closing { acked };
     }
 
     /// The grace counts from the age itself (a late timer does not stretch it).
@@ -349,7 +349,11 @@ mod tests {
     }
 
     /// Runs `(at, input, expected action)` steps and returns the machine.
-    fn run(settings: Settings, t0: Instant, steps: &[(u64, Input, Option<Action>)]) -> Lifecycle {
+    fn run(
+        settings: Settings,
+        t0: Instant,
+        steps: &[(u64, Input, Option<ConnAction>)],
+    ) -> Lifecycle {
         let mut m = Lifecycle::new(settings, t0);
         for (i, (at, input, expected)) in steps.iter().enumerate() {
             let got = m.step(*input, t0 + s(*at));
@@ -367,11 +371,15 @@ mod tests {
             &[
                 (1, Input::StreamAccepted, None),
                 (1, Input::Streams(1), None),
-                (100, Input::AgeReached, Some(Action::Goaway(Cause::MaxAge))),
+                (
+                    100,
+                    Input::AgeReached,
+                    Some(ConnAction::Goaway(Cause::MaxAge)),
+                ),
                 (101, Input::Acked, None),
             ],
         );
-        assert_eq!(m.phase(), Phase::Closing { acked: true });
+        assert_eq!(m.phase(), ConnPhase::Closing { acked: true });
         assert_eq!(
             m.deadlines().grace,
             Some(t0 + s(120)),
@@ -382,7 +390,7 @@ mod tests {
         let mut m = m;
         assert_eq!(
             m.step(Input::GraceOver, t0 + s(120)),
-            Some(Action::EndStreams)
+            Some(ConnAction::EndStreams)
         );
         assert_eq!(
             m.deadlines().close_by,
@@ -392,7 +400,7 @@ mod tests {
         assert_eq!(m.step(Input::Streams(0), t0 + s(132)), None);
         assert_eq!(m.deadlines().close_by, Some(t0 + s(142)));
         assert!(m.wants_quiet());
-        assert_eq!(m.step(Input::Quiet, t0 + s(132)), Some(Action::Close));
+        assert_eq!(m.step(Input::Quiet, t0 + s(132)), Some(ConnAction::Close));
         assert!(!m.wants_quiet());
     }
 
@@ -410,14 +418,18 @@ mod tests {
             &[
                 (1, Input::Streams(2), None),
                 // The age timer fires late (a loaded machine): still age + grace.
-                (103, Input::AgeReached, Some(Action::Goaway(Cause::MaxAge))),
+                (
+                    103,
+                    Input::AgeReached,
+                    Some(ConnAction::Goaway(Cause::MaxAge)),
+                ),
             ],
         );
         assert_eq!(m.spread(), s(1));
         assert_eq!(m.deadlines().grace, Some(t0 + s(100)), "(age + 1s) - 1s");
         assert_eq!(
             m.step(Input::GraceOver, t0 + s(103)),
-            Some(Action::EndStreams)
+            Some(ConnAction::EndStreams)
         );
         assert_eq!(
             m.deadlines().close_by,
@@ -435,13 +447,17 @@ mod tests {
             &[
                 (1, Input::StreamAccepted, None),
                 (1, Input::Streams(1), None),
-                (100, Input::AgeReached, Some(Action::Goaway(Cause::MaxAge))),
+                (
+                    100,
+                    Input::AgeReached,
+                    Some(ConnAction::Goaway(Cause::MaxAge)),
+                ),
                 (105, Input::AckTimedOut, None),
                 // A late ack changes nothing.
                 (106, Input::Acked, None),
             ],
         );
-        assert_eq!(m.phase(), Phase::Closing { acked: false });
+        assert_eq!(m.phase(), ConnPhase::Closing { acked: false });
         assert!(m.refuses_streams());
         assert_eq!(
             m.deadlines().grace,
@@ -458,7 +474,7 @@ mod tests {
             t0,
             &[
                 (1, Input::Streams(1), None),
-                (50, Input::GoawayAll, Some(Action::Goaway(Cause::Drain))),
+                (50, Input::GoawayAll, Some(ConnAction::Goaway(Cause::Drain))),
                 (51, Input::Acked, None),
                 (60, Input::GoawayAll, None),
                 (100, Input::AgeReached, None),
@@ -474,7 +490,7 @@ mod tests {
         run(
             settings(t0),
             t0,
-            &[(1, Input::Terminate, Some(Action::Goaway(Cause::Drain)))],
+            &[(1, Input::Terminate, Some(ConnAction::Goaway(Cause::Drain)))],
         );
         let late = Settings {
             defer_goaway: true,
@@ -487,7 +503,11 @@ mod tests {
             &[
                 (0, Input::Terminate, None),
                 (0, Input::GoawayAll, None),
-                (1, Input::StreamAccepted, Some(Action::Goaway(Cause::Drain))),
+                (
+                    1,
+                    Input::StreamAccepted,
+                    Some(ConnAction::Goaway(Cause::Drain)),
+                ),
                 (1, Input::StreamAccepted, None),
             ],
         );
@@ -500,7 +520,7 @@ mod tests {
         let m = run(
             settings(t0),
             t0,
-            &[(10, Input::HeaderTimedOut, Some(Action::Close))],
+            &[(10, Input::HeaderTimedOut, Some(ConnAction::Close))],
         );
         assert_eq!(m.deadlines().close_by, Some(t0 + s(20)));
         assert!(!m.wants_quiet(), "the close was already asked");
@@ -519,7 +539,7 @@ mod tests {
         let mut m = m;
         assert_eq!(
             m.step(Input::IdleTimedOut, t0 + s(302)),
-            Some(Action::Goaway(Cause::Idle))
+            Some(ConnAction::Goaway(Cause::Idle))
         );
         assert_eq!(m.deadlines().idle, None);
         m.step(Input::Acked, t0 + s(303));

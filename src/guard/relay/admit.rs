@@ -100,7 +100,7 @@ impl Relay<'_> {
         if let Some(s) = self.streams.get_mut(&id) {
             s.resp_done = true;
         }
-        self.end_here(id, Outcome::UpstreamFailed);
+        self.end_here(id, StreamOutcome::UpstreamFailed);
     }
 
     /// A stream the application never sees, answered here.

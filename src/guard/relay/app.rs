@@ -124,7 +124,7 @@ impl Relay<'_> {
                     if let (Some(sig), Ok(code)) = (s.sig.as_mut(), <[u8; 4]>::try_from(payload)) {
                         sig.reset(h2::Reason::from(u32::from_be_bytes(code)));
                     }
-                    self.finish(s, Outcome::UpstreamFailed);
+                    self.finish(s, StreamOutcome::UpstreamFailed);
                 }
                 Ok(())
             }

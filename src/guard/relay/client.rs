@@ -250,7 +250,7 @@ impl Relay<'_> {
         if !s.answered() && now.saturating_duration_since(s.started) < PREMATURE_LIFETIME {
             self.resets.premature();
         }
-        self.finish(s, Outcome::ClientGone);
+        self.finish(s, StreamOutcome::ClientGone);
         Ok(())
     }
 
@@ -636,7 +636,7 @@ impl Relay<'_> {
         if !s.answered() && now.saturating_duration_since(s.started) < PREMATURE_LIFETIME {
             self.resets.premature();
         }
-        self.finish(s, Outcome::ClientGone);
+        self.finish(s, StreamOutcome::ClientGone);
     }
 
     /// Whether stream `id` is idle for the client (RFC 9113 §5.1): one it

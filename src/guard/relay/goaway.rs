@@ -16,7 +16,7 @@ impl Relay<'_> {
                     wire::rst(&mut self.client.write, id, wire::CANCEL);
                     wire::rst(&mut self.app.write, id, wire::CANCEL);
                     if let Some(s) = self.streams.remove(&id) {
-                        self.finish(s, Outcome::ClientGone);
+                        self.finish(s, StreamOutcome::ClientGone);
                     }
                 }
                 Some(_) => self.stalled.push(id),
@@ -171,7 +171,7 @@ impl Relay<'_> {
             if let Some(mut s) = self.streams.remove(&id) {
                 s.resp_done = true;
                 if let Some(sig) = s.sig.as_mut() {
-                    record_outcome(sig, grpc, &Outcome::UpstreamFailed);
+                    record_outcome(sig, grpc, &StreamOutcome::UpstreamFailed);
                 }
                 self.guard.record_app_lost();
             }
@@ -196,7 +196,7 @@ impl Relay<'_> {
         let ids: Vec<u32> = self.streams.keys().copied().collect();
         for id in ids {
             if let Some(s) = self.streams.remove(&id) {
-                self.finish(s, Outcome::ClientGone);
+                self.finish(s, StreamOutcome::ClientGone);
             }
         }
         self.close_with(code);
@@ -260,7 +260,7 @@ impl Relay<'_> {
             // The application never processed it: safe to retry anywhere.
             wire::rst(&mut self.client.write, id, wire::REFUSED_STREAM);
             if let Some(s) = self.streams.remove(&id) {
-                self.finish(s, Outcome::Refused);
+                self.finish(s, StreamOutcome::Refused);
             }
         }
         if !first {
@@ -312,7 +312,7 @@ impl Relay<'_> {
         }
         match self.life.step(input, now) {
             None => {}
-            Some(Action::Goaway(cause)) => {
+            Some(ConnAction::Goaway(cause)) => {
                 tracing::debug!(peer = %self.info.peer, conn = self.info.id, ?cause, "guard: GOAWAY");
                 if self.handshake {
                     // The server's SETTINGS come first: after the application's.
@@ -324,13 +324,13 @@ impl Relay<'_> {
                     self.guard.record_goaway(reason);
                 }
             }
-            Some(Action::EndStreams) => {
+            Some(ConnAction::EndStreams) => {
                 let guard = self.guard;
                 let streams =
                     guard.connection_streams(self.info.id, now, guard.config().long_stream_age);
                 guard.end_spread(streams, self.life.spread(), Reason::max_age);
             }
-            Some(Action::Close) => self.close_with(wire::NO_ERROR),
+            Some(ConnAction::Close) => self.close_with(wire::NO_ERROR),
         }
     }
 }

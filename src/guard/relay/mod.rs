@@ -124,10 +124,10 @@ use tokio_util::io::poll_read_buf;
 
 use crate::guard::body::{request_kind_of, response_kind_of, BodyKind, Boundaries, End};
 use crate::guard::conn::ConnInfo;
-use crate::guard::ending::{record_outcome, Outcome, BARRIER_WAIT, BURST_GAP};
+use crate::guard::ending::{record_outcome, StreamOutcome, BARRIER_WAIT, BURST_GAP};
 use crate::guard::grpc;
 use crate::guard::handle::Handle;
-use crate::guard::lifecycle::{Action, Cause, Input, Lifecycle};
+use crate::guard::lifecycle::{Cause, ConnAction, Input, Lifecycle};
 use crate::guard::registry::{EndQueue, Refused, Registered};
 use crate::guard::signals;
 use crate::guard::sniff::{linger, Prefixed, H2_PREFACE};

@@ -157,7 +157,7 @@ impl Relay<'_> {
             // guard's own, for the kinds that have one.
             if let Some(block) = trailers_only(s.kind, grpc::end_message(e.reason)) {
                 self.own_block(id, &block, true);
-                self.end_here(id, Outcome::Ended(e.reason));
+                self.end_here(id, StreamOutcome::Ended(e.reason));
             }
             return;
         }
@@ -346,7 +346,7 @@ impl Relay<'_> {
                 return true;
             }
         }
-        self.end_here(id, Outcome::Ended(reason));
+        self.end_here(id, StreamOutcome::Ended(reason));
         true
     }
 
@@ -364,12 +364,12 @@ impl Relay<'_> {
         tracing::warn!(peer = %self.info.peer, stream = id,
             "guard: stream could not reach a safe end point in time; reset (REFUSED_STREAM for gRPC: retryable)");
         wire::rst(&mut self.client.write, id, code);
-        self.end_here(id, Outcome::Reset);
+        self.end_here(id, StreamOutcome::Reset);
     }
 
     /// The client got the guard's end of stream `id`: the application's
     /// stream is cancelled, and the client's request stopped if unfinished.
-    pub(super) fn end_here(&mut self, id: u32, outcome: Outcome) {
+    pub(super) fn end_here(&mut self, id: u32, outcome: StreamOutcome) {
         let Some(s) = self.streams.remove(&id) else {
             return;
         };
@@ -377,19 +377,19 @@ impl Relay<'_> {
         if !s.resp_done && !cancelled {
             wire::rst(&mut self.app.write, id, wire::CANCEL);
         }
-        if !s.req_done && outcome != Outcome::Reset {
+        if !s.req_done && outcome != StreamOutcome::Reset {
             wire::rst(&mut self.client.write, id, wire::NO_ERROR);
         }
         self.finish(s, outcome);
     }
 
     /// A stream is over for the guard: metrics, signals, registry.
-    pub(super) fn finish(&mut self, mut s: Stream, outcome: Outcome) {
+    pub(super) fn finish(&mut self, mut s: Stream, outcome: StreamOutcome) {
         let guard = self.guard;
         let protocol = s.protocol();
         match outcome {
-            Outcome::Ended(reason) => guard.record_termination(reason, protocol),
-            Outcome::Reset => {
+            StreamOutcome::Ended(reason) => guard.record_termination(reason, protocol),
+            StreamOutcome::Reset => {
                 if let Some(reason) = s.reg.ctl.reason() {
                     guard.record_ungraceful(reason, protocol);
                 }
@@ -410,7 +410,7 @@ impl Relay<'_> {
             .is_some_and(|s| s.req_done && s.resp_done)
         {
             if let Some(s) = self.streams.remove(&id) {
-                self.finish(s, Outcome::Completed);
+                self.finish(s, StreamOutcome::Completed);
             }
         }
     }
