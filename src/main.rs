@@ -98,6 +98,10 @@ async fn run(command: Command) -> Result<ExitCode, Error> {
             let signals = sigterms()?;
             node::NodeAgent::start(settings).await?.run(signals).await;
         }
+        Command::Prestop(a) if a.check => print_json(&serde_json::json!({
+            "shim": a.shim.to_string(),
+            "timeout": humantime::format_duration(a.timeout.get()).to_string(),
+        })),
         Command::Prestop(a) => print_json(&prestop::run(&a.shim, a.timeout.get()).await?),
         Command::Drain(a) => {
             let settings = DrainOnceSettings::try_from(&a)?;

@@ -409,6 +409,11 @@ pub struct SidecarArgs {
 
 #[derive(Debug, Args)]
 pub struct PrestopArgs {
+    /// Print the effective settings (the shim's address and the timeout,
+    /// defaults included) as JSON and exit 0, without calling the shim.
+    #[arg(long)]
+    pub check: bool,
+
     /// The local shim's control address.
     #[arg(long, env = "DRAINSHIM_SHIM", default_value = "http://127.0.0.1:15099")]
     pub shim: Endpoint,

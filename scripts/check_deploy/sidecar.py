@@ -1,0 +1,200 @@
+"""The sidecar Component (deploy/components/sidecar, and its native-sidecar
+variant) on workloads written outside the repo (ADOPTER_WORKLOADS): rendered
+with one `components:` line, they pass every per-pod check.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from .config import DEPLOY, POD_TEMPLATE_KINDS, ROOT
+from .checker import Checker
+from .pods import all_containers, pod_specs
+from .pod_checks import (
+    base_app_containers, check_pod, check_services, check_services_reach_proxy, pod_app_port,
+)
+from .node import check_no_privileged
+from .rollout import check_rollout
+from .schema import check_schema
+from .scrapes import ScrapePod
+
+
+SIDECAR_COMPONENT = DEPLOY / "components" / "sidecar"
+# The same on native sidecars (Kubernetes >= 1.29); it includes ../sidecar/app.
+NATIVE_SIDECAR_COMPONENT = DEPLOY / "components" / "native-sidecar"
+
+# Workloads from outside the repo, as someone adopting drainshim has them:
+# their own names, images, ports, volumes; nothing of deploy/base. Two opt in
+# (a Deployment and a StatefulSet, on different ports), one does not. The
+# Service points at Envoy, as deploy/README.md tells adopters to.
+ADOPTER_WORKLOADS = """\
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: orders
+  labels: {app.kubernetes.io/name: orders, drainshim.io/inject: "true"}
+spec:
+  replicas: 2
+  selector:
+    matchLabels: {app.kubernetes.io/name: orders}
+  template:
+    metadata:
+      labels: {app.kubernetes.io/name: orders}
+      annotations: {drainshim.io/app-port: "9090"}
+    spec:
+      containers:
+      - name: server
+        image: registry.example.com/shop/orders:4.2.1
+        args: [--port=9090, --metrics-port=9464]
+        ports:
+        - {name: http, containerPort: 9090}
+        - {name: metrics, containerPort: 9464}
+        volumeMounts:
+        - {name: cache, mountPath: /var/cache/orders}
+      volumes:
+      - name: cache
+        emptyDir: {}
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata:
+  name: ledger
+  labels: {app.kubernetes.io/name: ledger, drainshim.io/inject: "true"}
+spec:
+  serviceName: ledger
+  selector:
+    matchLabels: {app.kubernetes.io/name: ledger}
+  template:
+    metadata:
+      labels: {app.kubernetes.io/name: ledger}
+      annotations: {drainshim.io/app-port: "7070"}
+    spec:
+      containers:
+      - name: ledger
+        image: registry.example.com/shop/ledger:1.0.3
+        ports:
+        - {name: grpc, containerPort: 7070}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: mailer
+  labels: {app.kubernetes.io/name: mailer}
+spec:
+  selector:
+    matchLabels: {app.kubernetes.io/name: mailer}
+  template:
+    metadata:
+      labels: {app.kubernetes.io/name: mailer}
+    spec:
+      containers:
+      - name: mailer
+        image: registry.example.com/shop/mailer:2.0.0
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: orders
+spec:
+  selector: {app.kubernetes.io/name: orders}
+  ports:
+  - {name: http, port: 80, targetPort: envoy-inbound}
+"""
+ADOPTERS_OPTED_IN = {"Deployment/orders", "StatefulSet/ledger"}
+
+
+def render_adopter(kubectl: str, component: Path | None, workloads: str = ADOPTER_WORKLOADS) -> tuple[list[dict] | None, str]:
+    """The adopter's kustomization, in a directory of its own outside the
+    repo: `resources: [deployment.yaml]` and, with a component, the one
+    `components:` line (kustomize takes a relative path only). Returns the
+    rendered objects, or None and kustomize's error."""
+    with tempfile.TemporaryDirectory(prefix="drainshim-adopter-") as tmp:
+        (Path(tmp) / "deployment.yaml").write_text(workloads)
+        k = "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- deployment.yaml\n"
+        if component is not None:
+            k += f"components:\n- {os.path.relpath(component, tmp)}\n"
+        (Path(tmp) / "kustomization.yaml").write_text(k)
+        r = subprocess.run([kubectl, "kustomize", tmp], capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        return None, r.stderr.strip()
+    return [d for d in yaml.safe_load_all(r.stdout) if d], ""
+
+
+def check_bootstrap_alike(ck: Checker, component: Path) -> None:
+    """The Component's inline Envoy bootstrap is components/envoy/envoy.yaml
+    with the app's port from the pod: the same object once $(APP_PORT) is
+    that file's priority 1 port. One may not drift from the other."""
+    shared = yaml.safe_load((DEPLOY / "components" / "envoy" / "envoy.yaml").read_text())
+    patch = yaml.safe_load((component / "pod-patch.yaml").read_text())
+    pod = patch["spec"]["template"]["spec"]
+    envoy = next((c for c in (pod.get("containers") or []) + (pod.get("initContainers") or []) if c.get("name") == "envoy"), {})
+    args = [str(a) for a in envoy.get("args") or []]
+    if not ck.check("adopt", "--config-yaml" in args[:-1], f"{component.name}/pod-patch.yaml: Envoy has no inline --config-yaml bootstrap"):
+        return
+    port = next(ep["endpoint"]["address"]["socket_address"]["port_value"]
+                for cl in shared["static_resources"]["clusters"] for grp in cl["load_assignment"]["endpoints"]
+                if grp.get("priority") == 1 for ep in grp["lb_endpoints"])
+    inline = yaml.safe_load(args[args.index("--config-yaml") + 1].replace("$(APP_PORT)", str(port)))
+    ck.check("adopt", inline == shared,
+             f"{component.name}/pod-patch.yaml: Envoy's inline bootstrap differs from components/envoy/envoy.yaml (with $(APP_PORT) = {port}): change both alike")
+
+
+def check_adoption(ck: Checker, kubectl: str, component: Path, envoy_cache: Path, versions: list[str],
+                   workloads: str = ADOPTER_WORKLOADS) -> list[ScrapePod]:
+    """The sidecar Component on workloads it has never seen: the opted-in
+    pods pass every per-pod check the shipped overlays pass (budget, hooks,
+    install, guard -> the pod's own app port, Envoy's fail-open bootstrap
+    validated by the real Envoy, probes), every object the schemas, the
+    Service reaches Envoy; the app containers keep their image, args, ports
+    and mounts; a workload without the label is not touched. Returns the
+    rendered pods for the scrape checks."""
+    area = "adopt"
+    before, err = render_adopter(kubectl, None, workloads)
+    if not ck.check(area, before is not None, f"the adopter's workloads alone do not render: {err}"):
+        return []
+    after, err = render_adopter(kubectl, component, workloads)
+    if not ck.check(area, after is not None, f"{component.relative_to(ROOT) if component.is_relative_to(ROOT) else component}: "
+                                             f"the adopter's kustomization with the Component does not render: {err}"):
+        return []
+    overlay = "adopter"
+    check_schema(ck, overlay, after, versions)
+    check_services(ck, overlay, after)
+    check_services_reach_proxy(ck, overlay, after)
+    check_bootstrap_alike(ck, component)
+    configmaps = {d["metadata"]["name"]: d for d in after if d.get("kind") == "ConfigMap"}
+    by_id = {f"{d.get('kind')}/{d['metadata']['name']}": d for d in before}
+    pods: list[ScrapePod] = []
+    listen_ports: dict[str, int] = {}
+    for d in after:
+        rid = f"{d.get('kind')}/{(d.get('metadata') or {}).get('name')}"
+        if d.get("kind") not in POD_TEMPLATE_KINDS:
+            continue
+        old = by_id.get(rid)
+        if rid not in ADOPTERS_OPTED_IN:
+            ck.check(area, d == old, f"{overlay}: {rid} has no drainshim.io/inject label, yet the Component changed it")
+            pods += [ScrapePod(f"{overlay}: {n}", "", m, sp, None) for n, m, sp in pod_specs(d)]
+            continue
+        check_rollout(ck, overlay, d)
+        apps = base_app_containers([old]) if old else {}
+        for name, meta, spec in pod_specs(d):
+            where = f"{overlay}: {name}"
+            check_no_privileged(ck, overlay, name, spec)
+            if not ck.check(area, check_pod(ck, overlay, name, meta, spec, configmaps, envoy_cache, apps, listen_ports),
+                            f"{where}: no drainshim sidecar: the Component did not patch it"):
+                continue
+            pods.append(ScrapePod(where, "", meta, spec, listen_ports.get(where), judge=where in listen_ports))
+            now = {c.get("name"): c for c, _, _ in all_containers(spec)}
+            for cname, c in apps.items():
+                got = now.get(cname) or {}
+                ck.check(area, got.get("ports") == c.get("ports"),
+                         f"{where}: {cname}: ports {got.get('ports')} differ from the workload's own {c.get('ports')}")
+                kept = [m for m in got.get("volumeMounts") or [] if m.get("name") != "drainshim-bin"]
+                ck.check(area, kept == (c.get("volumeMounts") or []),
+                         f"{where}: {cname}: volumeMounts {kept} (besides drainshim-bin) differ from the workload's own {c.get('volumeMounts')}")
+            print(f"  {where}: adopted through the Component (app {next(iter(apps), None)!r} on :{pod_app_port(Checker(), where, meta, apps)})")
+    return pods
