@@ -1,0 +1,355 @@
+//! The relay's stream endings, unit by unit: the SETTINGS barrier and its
+//! acks, cancel first or barrier first, a stream's cadence, and the fuzz
+//! harness reaching them (helpers in the parent module).
+
+use super::*;
+
+/// Issue 39: every gRPC server strikes a PING that comes within 5 minutes
+/// of the last one with no DATA or HEADERS written since, and drops the
+/// connection at the third. Twenty quiet streams ended one by one over a
+/// drain window, with the application silent throughout, must cost the
+/// application connection no PING at all; the barrier is SETTINGS round
+/// trips, two per ending that asks alone, and each stream still waits for
+/// two of them started after it asked.
+#[tokio::test]
+async fn quiet_endings_spread_over_a_drain_send_the_app_no_ping() {
+    let guard = test_guard();
+    let start = Instant::now();
+    let mut r = streams_open(&guard, 20, start);
+    let settle = guard.config().limits.end_settle;
+    let ctls = guard.open_streams();
+    assert_eq!(ctls.len(), 20);
+    let mut now = start;
+    for (i, ctl) in ctls.iter().enumerate() {
+        now += std::time::Duration::from_millis(400);
+        ctl.end(Reason::drain);
+        for id in r.queue.take() {
+            r.begin_end(id, now);
+        }
+        // Its quiet moment passes; the barrier starts.
+        now += settle + BURST_GAP;
+        r.timers(now).expect("timers");
+        let before = ended_gracefully(&r);
+        assert_eq!(before, i, "no stream ends before its barrier is acked");
+        ack_barriers(&mut r, now);
+        assert_eq!(
+            ended_gracefully(&r),
+            i + 1,
+            "stream {i} ends on the second ack"
+        );
+    }
+    let (pings, _) = count(&r.app.write, wire::PING);
+    assert_eq!(pings, 0, "no PING to the application");
+    let (settings, acks) = count(&r.app.write, wire::SETTINGS);
+    assert_eq!(
+        (settings, acks),
+        (40, 0),
+        "two empty SETTINGS per lone ending"
+    );
+    assert!(frames_in(&r.app.write)
+        .iter()
+        .filter(|f| f.0 == wire::SETTINGS)
+        .all(|f| f.3.is_empty()));
+    // Every ack was the guard's own: none reached the client.
+    assert_eq!(count(&r.client.write, wire::SETTINGS), (0, 0));
+    assert!(r.streams.is_empty());
+}
+
+/// Endings asked together share the barrier: one pair of round trips for
+/// the whole wave.
+#[tokio::test]
+async fn endings_asked_together_share_two_round_trips() {
+    let guard = test_guard();
+    let start = Instant::now();
+    let mut r = streams_open(&guard, 20, start);
+    ask_all(&guard, &mut r, Reason::max_age, start);
+    let now = start + guard.config().limits.end_settle + BURST_GAP;
+    r.timers(now).expect("timers");
+    assert_eq!(ack_barriers(&mut r, now), 2);
+    assert_eq!(ended_gracefully(&r), 20);
+    assert_eq!(count(&r.app.write, wire::PING), (0, 0));
+}
+
+/// A client SETTINGS and the guard's barrier in flight together: each ack
+/// goes to what it acknowledges, in order (the client gets exactly one ack,
+/// for its own), and a table size the client lowered binds only on its ack.
+#[tokio::test]
+async fn settings_acks_pair_with_what_they_acknowledge() {
+    let guard = test_guard();
+    let now = Instant::now();
+    let mut r = streams_open(&guard, 1, now);
+    ask_all(&guard, &mut r, Reason::drain, now);
+    let later = now + guard.config().limits.end_settle + BURST_GAP;
+    r.timers(later).expect("timers");
+    // The client lowers its table while the first barrier is in flight.
+    let mut lower = Vec::new();
+    lower.extend_from_slice(&wire::HEADER_TABLE_SIZE.to_be_bytes());
+    lower.extend_from_slice(&0u32.to_be_bytes());
+    wire::put(&mut r.client.read, wire::SETTINGS, 0, 0, &lower);
+    r.client_frames(later).expect("the client's SETTINGS");
+    // The app acks the barrier: not the client's.
+    wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
+    r.app_frames(later).expect("ack 1");
+    assert_eq!(count(&r.client.write, wire::SETTINGS), (0, 0));
+    assert_eq!(r.client_table_acked, DEFAULT_TABLE, "not acked yet");
+    // The client's, then the second barrier's.
+    wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
+    r.app_frames(later).expect("ack 2");
+    assert_eq!(count(&r.client.write, wire::SETTINGS), (1, 1));
+    assert_eq!(r.client_table_acked, 0);
+    assert_eq!(
+        ended_gracefully(&r),
+        0,
+        "the second round trip is still out"
+    );
+    wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
+    r.app_frames(later).expect("ack 3");
+    assert_eq!(ended_gracefully(&r), 1);
+    assert_eq!(count(&r.client.write, wire::SETTINGS), (1, 1));
+}
+/// The fuzz target's harness reaches the guard's own endings: a drain, the
+/// clock past the quiet moment, the app's acks of the barrier, and every
+/// quiet stream is ended gracefully (none by the barrier's bound).
+#[tokio::test]
+async fn feed_reaches_the_barrier_and_the_endings() {
+    let metrics =
+        crate::metrics::Metrics::register(&mut prometheus_client::registry::Registry::default());
+    let g = crate::guard::Guard::new(
+        crate::guard::GuardConfig::new(([127, 0, 0, 1], 9).into()),
+        metrics.clone(),
+    );
+    let guard = g.handle();
+    let mut client = BytesMut::new();
+    client.extend_from_slice(H2_PREFACE);
+    wire::put(&mut client, wire::SETTINGS, 0, 0, &[]);
+    let request = wire::literal_block(&[
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/x.Y/Z"),
+        (":authority", "app"),
+        ("content-type", "application/grpc"),
+    ]);
+    let head = wire::literal_block(&[(":status", "200"), ("content-type", "application/grpc")]);
+    let mut app = BytesMut::new();
+    wire::put(&mut app, wire::SETTINGS, 0, 0, &[]);
+    for id in [1, 3, 5] {
+        wire::put(&mut client, wire::HEADERS, wire::END_HEADERS, id, &request);
+        wire::put(&mut app, wire::HEADERS, wire::END_HEADERS, id, &head);
+        wire::put(
+            &mut app,
+            wire::DATA,
+            0,
+            id,
+            &[0, 0, 0, 0, 1, 7, 0, 0, 0, 0, 1, 7],
+        );
+    }
+    // The ack of the client's SETTINGS, then of the barrier's two.
+    let mut acks = BytesMut::new();
+    for _ in 0..3 {
+        wire::put(&mut acks, wire::SETTINGS, wire::ACK, 0, &[]);
+    }
+    let wait = guard.config().limits.end_settle + std::time::Duration::from_millis(5);
+    let steps = [
+        FeedStep::Read(true, &client),
+        FeedStep::Read(false, &app),
+        FeedStep::EndAll,
+        FeedStep::Wait(wait),
+        FeedStep::Read(false, &acks),
+    ];
+    feed(&guard, &steps, false);
+    let ended = metrics
+        .streams_terminated
+        .get_or_create(&crate::metrics::TerminatedLabels {
+            reason: Reason::drain,
+            protocol: StreamProtocol::grpc,
+        })
+        .get();
+    assert_eq!(ended, 3);
+}
+/// Issue 39, nothing lost: a quiet stream's end lands at a random moment,
+/// so the guard cancels the application's stream first (RST_STREAM ahead
+/// of the barrier's SETTINGS), and a message it hands its transport until
+/// it reads the cancel is forwarded:
+/// every DATA that arrives before the barrier's acks, and one in the same
+/// read as the last ack, reaches the client ahead of the trailers.
+#[tokio::test]
+async fn the_app_is_cancelled_first_and_what_it_wrote_meanwhile_goes_on() {
+    let guard = test_guard();
+    let now = Instant::now();
+    let mut r = streams_open(&guard, 1, now);
+    // Asked a second after its last message: a quiet stream.
+    let asked = now + std::time::Duration::from_secs(1);
+    ask_all(&guard, &mut r, Reason::drain, asked);
+    let later = asked + guard.config().limits.end_settle + BURST_GAP;
+    r.timers(later).expect("timers");
+    let to_app: Vec<(u8, u32)> = frames_in(&r.app.write).iter().map(|f| (f.0, f.2)).collect();
+    assert_eq!(
+        to_app,
+        [(wire::RST_STREAM, 1), (wire::SETTINGS, 0)],
+        "the cancel, then the barrier"
+    );
+    let message = [0u8, 0, 0, 0, 1, 9];
+    // Written before the app read the cancel; then the first ack.
+    wire::put(&mut r.app.read, wire::DATA, 0, 1, &message);
+    wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
+    r.app_frames(later).expect("data, ack 1");
+    // The second ack, with one more message behind it in the same read.
+    wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
+    wire::put(&mut r.app.read, wire::DATA, 0, 1, &message);
+    r.app_frames(later).expect("ack 2, data");
+    let to_client: Vec<(u8, u32, bool)> = frames_in(&r.client.write)
+        .iter()
+        .map(|f| (f.0, f.2, f.1 & wire::END_STREAM != 0))
+        .collect();
+    assert_eq!(
+        to_client,
+        [
+            (wire::DATA, 1, false),
+            (wire::DATA, 1, false),
+            (wire::HEADERS, 1, true),
+            (wire::RST_STREAM, 1, false),
+        ],
+        "both messages, then the trailers (and the request's end)"
+    );
+    let cancels = frames_in(&r.app.write)
+        .iter()
+        .filter(|f| f.0 == wire::RST_STREAM)
+        .count();
+    assert_eq!(cancels, 1, "the app's stream is cancelled once");
+}
+
+/// An app in its graceful stop closes its connection once its last stream
+/// is cancelled, before it acks the barrier: its close follows all it
+/// wrote, so a stream at a boundary still gets the guard's graceful end
+/// (the drain's message), not "the connection to the application was lost".
+#[tokio::test]
+async fn an_app_that_closes_after_the_cancel_still_gets_a_graceful_end() {
+    let guard = test_guard();
+    let now = Instant::now();
+    let mut r = streams_open(&guard, 1, now);
+    let asked = now + std::time::Duration::from_secs(1);
+    ask_all(&guard, &mut r, Reason::drain, asked);
+    r.timers(asked + guard.config().limits.end_settle + BURST_GAP)
+        .expect("timers");
+    assert!(r.app_cancelled(1));
+    r.app_lost();
+    let has = |needle: &str| {
+        r.client
+            .write
+            .windows(needle.len())
+            .any(|w| w == needle.as_bytes())
+    };
+    assert!(has(grpc::end_message(Reason::drain)), "the drain's own end");
+    assert!(!has(grpc::UPSTREAM_LOST_MESSAGE));
+    assert!(r.streams.is_empty());
+}
+
+/// A stream that just wrote and whose messages span frames (a producer of
+/// large messages, perhaps at full speed) keeps the barrier first and the
+/// cancel with the trailers: a cancel in its pause could cut its next
+/// message short.
+#[tokio::test]
+async fn a_stream_of_split_messages_gets_the_barrier_before_the_cancel() {
+    let guard = test_guard();
+    let now = Instant::now();
+    let mut r = streams_open(&guard, 1, now);
+    // A message of 3 bytes in two frames.
+    wire::put(&mut r.app.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 3, 1]);
+    wire::put(&mut r.app.read, wire::DATA, 0, 1, &[2, 3]);
+    r.app_frames(now).expect("a split message");
+    r.app.write.clear();
+    ask_all(&guard, &mut r, Reason::drain, now);
+    r.timers(now + BURST_GAP).expect("timers");
+    let to_app: Vec<u8> = frames_in(&r.app.write).iter().map(|f| f.0).collect();
+    assert_eq!(to_app, [wire::SETTINGS], "the barrier alone");
+    ack_barriers(&mut r, now + BURST_GAP);
+    assert_eq!(ended_gracefully(&r), 1);
+    let cancels = frames_in(&r.app.write)
+        .iter()
+        .filter(|f| f.0 == wire::RST_STREAM)
+        .count();
+    assert_eq!(cancels, 1, "cancelled with the trailers");
+}
+
+/// A stream that just wrote, its messages each in one frame, is cancelled
+/// in its pause, ahead of the barrier: a message it hands its transport
+/// before it reads the cancel arrives whole, before the acks, and goes on.
+#[tokio::test]
+async fn a_stream_that_just_wrote_whole_messages_is_cancelled_in_its_pause() {
+    let guard = test_guard();
+    let now = Instant::now();
+    let mut r = streams_open(&guard, 1, now);
+    ask_all(&guard, &mut r, Reason::drain, now);
+    assert!(
+        frames_in(&r.app.write).is_empty(),
+        "nothing before the pause"
+    );
+    r.timers(now + BURST_GAP).expect("timers");
+    let to_app: Vec<u8> = frames_in(&r.app.write).iter().map(|f| f.0).collect();
+    assert_eq!(
+        to_app,
+        [wire::RST_STREAM, wire::SETTINGS],
+        "the cancel, then the barrier"
+    );
+    wire::put(&mut r.app.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 9]);
+    r.app_frames(now + BURST_GAP).expect("a message on its way");
+    ack_barriers(&mut r, now + BURST_GAP);
+    assert_eq!(ended_gracefully(&r), 1);
+    let to_client: Vec<(u8, bool)> = frames_in(&r.client.write)
+        .iter()
+        .map(|f| (f.0, f.1 & wire::END_STREAM != 0))
+        .collect();
+    assert_eq!(
+        to_client.first(),
+        Some(&(wire::DATA, false)),
+        "the message on its way, before the trailers"
+    );
+    assert!(to_client.contains(&(wire::HEADERS, true)));
+}
+
+/// A producer that writes one message every 100 ms, asked to end 10 ms
+/// after its last write: its next one is far off, so the cancel and the
+/// barrier go at once, on the schedule, rather than after its next write.
+#[tokio::test]
+async fn a_steady_producer_asked_between_writes_is_cancelled_at_once() {
+    let guard = test_guard();
+    let start = Instant::now();
+    let mut r = streams_open(&guard, 1, start);
+    let every = std::time::Duration::from_millis(100);
+    let mut last = start;
+    for i in 1..=20u32 {
+        last = start + every * i;
+        wire::put(&mut r.app.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 7]);
+        r.app_frames(last).expect("a message");
+    }
+    r.app.write.clear();
+    let asked = last + std::time::Duration::from_millis(10);
+    ask_all(&guard, &mut r, Reason::drain, asked);
+    let to_app: Vec<u8> = frames_in(&r.app.write).iter().map(|f| f.0).collect();
+    assert_eq!(
+        to_app,
+        [wire::RST_STREAM, wire::SETTINGS],
+        "the cancel, then the barrier, with no wait for the next write"
+    );
+    ack_barriers(&mut r, asked);
+    assert_eq!(ended_gracefully(&r), 1);
+
+    // Asked late in its pause, its next write due within the margin: it
+    // waits for that write, as a stream without a cadence does.
+    let mut r = streams_open(&guard, 1, start);
+    for i in 1..=20u32 {
+        wire::put(&mut r.app.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 7]);
+        r.app_frames(start + every * i).expect("a message");
+    }
+    r.app.write.clear();
+    ask_all(
+        &guard,
+        &mut r,
+        Reason::drain,
+        last + std::time::Duration::from_millis(90),
+    );
+    assert!(
+        frames_in(&r.app.write).is_empty(),
+        "nothing while its next write is due"
+    );
+}
