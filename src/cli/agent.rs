@@ -46,8 +46,8 @@ Drain timers per pod (opt in):
 
 Rolling update (--handover-socket on a hostPath, DaemonSet maxSurge 1):
   the new agent takes every listener (node API, preStop, guards) from the old one:
-  nothing is refused; the old one ends its guarded streams over --handover-window
-  and exits at SIGTERM. No agent on the socket: bind everything.
+  nothing is refused; the old one ends its guarded streams over --handover-window,
+  lets short calls finish (up to 30 s more) and exits at SIGTERM. No agent on the socket: bind everything.
 
 Exit codes:
   0   stopped by SIGTERM (after drains in progress finished)
@@ -171,7 +171,8 @@ pub struct NodeGuardArgs {
     pub handover_socket: Option<std::path::PathBuf>,
 
     /// After handing its listeners over, the old agent ends the guarded
-    /// streams it still carries spread over this window, then exits at SIGTERM.
+    /// streams it still carries spread over this window (short calls get up
+    /// to 30 s more to finish), then exits at SIGTERM.
     #[arg(long, env = "DRAINSHIM_HANDOVER_WINDOW", default_value_t = config::DEFAULT_HANDOVER_WINDOW)]
     pub handover_window: Span,
 }

@@ -186,6 +186,12 @@ const RECHECK: Duration = Duration::from_millis(250);
 /// this long before `deadline - end_timeout`, for the trailers to flush.
 const SWEEP_MARGIN: Duration = Duration::from_secs(1);
 
+/// How long a short call still open at the end of a hand-off's window may
+/// go on before it is ended: a unary call the application is still working
+/// on has nothing graceful to end it with (an answer of the guard's own
+/// fails it), so it is left to finish, as in a drain, up to its deadline.
+pub const HAND_OFF_CALL_GRACE: Duration = Duration::from_secs(30);
+
 /// The drain's stream endings. Long-lived streams are ended one by one,
 /// evenly over `window` (streams that become long-lived later join the rest
 /// of the window); everything else is left to finish on its own until
@@ -204,8 +210,21 @@ async fn terminator(inner: Arc<Inner>, window: Duration, deadline: Duration) {
     // Due endings, in time order.
     let mut due: std::collections::VecDeque<(Instant, Arc<registry::StreamCtl>)> =
         std::collections::VecDeque::new();
+    // The window's end was logged (the calls left open then).
+    let mut window_over = false;
     loop {
         let now = Instant::now();
+        if !window_over && now >= window_end && now < sweep_at {
+            window_over = true;
+            let open = inner.registry.len();
+            if open > 0 {
+                tracing::info!(
+                    streams = open,
+                    left = ?sweep_at.saturating_duration_since(now),
+                    "guard: window over; the calls still open are left to finish"
+                );
+            }
+        }
         if now >= sweep_at {
             let rest = inner.registry.open_streams();
             if !rest.is_empty() {
@@ -339,11 +358,12 @@ impl Guard {
     }
 
     /// Ends every stream the way a drain does (long-lived ones spread over
-    /// `window`, the rest swept at its end) and closes the connections,
-    /// while the listener is served by another process: new streams on
-    /// these connections are refused with REFUSED_STREAM after the GOAWAY,
-    /// which a client retries on a new connection, never with the drain's
-    /// UNAVAILABLE, which fails the call.
+    /// `window`, short calls left to finish until [`HAND_OFF_CALL_GRACE`]
+    /// after it, then swept) and closes the connections, while the listener
+    /// is served by another process: new streams on these connections are
+    /// refused with REFUSED_STREAM after the GOAWAY, which a client retries
+    /// on a new connection, never with the drain's UNAVAILABLE, which fails
+    /// the call.
     pub fn hand_off(&self, window: Duration) {
         self.inner.terminate.cancel();
         tracing::info!(
@@ -353,10 +373,17 @@ impl Guard {
         );
         let inner = self.inner.clone();
         if let Ok(h) = tokio::runtime::Handle::try_current() {
+            let deadline = self.hand_off_deadline(window);
             self.inner
                 .tasks
-                .spawn_on(terminator(inner, window, window), &h);
+                .spawn_on(terminator(inner, window, deadline), &h);
         }
+    }
+
+    /// How long after [`Guard::hand_off`] its last stream has ended at the
+    /// latest: the short calls' grace after the window, then one ending.
+    pub fn hand_off_deadline(&self, window: Duration) -> Duration {
+        window + HAND_OFF_CALL_GRACE + self.inner.config.limits.end_timeout + SWEEP_MARGIN
     }
 }
 

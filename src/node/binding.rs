@@ -212,8 +212,13 @@ impl Shared {
             // instead of queueing where nobody accepts them.
             self.close_guard_listeners();
         }
-        // The window, plus what one ending and the close may take.
-        let bound = window + GUARD_STOP_SLACK;
+        // The window and the short calls' grace after it, then the close.
+        let bound = guards
+            .iter()
+            .map(|g| g.guard.hand_off_deadline(window))
+            .max()
+            .unwrap_or(window)
+            + GUARD_STOP_SLACK;
         let all_closed = async {
             loop {
                 if guards.iter().all(|g| g.guard.active_connections() == 0) {

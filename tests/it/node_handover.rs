@@ -427,6 +427,11 @@ mod no_retry {
         /// listeners (the rollout's readiness probe on the shared node port
         /// may be answered by the old agent), not once the new one is ready.
         early_sigterm: bool,
+        /// One more call, sent to the old agent before the new one starts,
+        /// that the app answers after this long: still in flight when the
+        /// old agent's window ends (the slow worker's calls may or may not
+        /// be, by chance).
+        outlasting_call: Option<Duration>,
     }
 
     async fn run(case: Case) {
@@ -447,6 +452,16 @@ mod no_retry {
         let mut old = agent_bin(&lab, listen, &flags).await;
         wait_guards(listen, &[&name]).await;
         // Envoy sends to the guard now (no fallback: it has nothing else).
+        let before = pod_host_requests(&pod, GUARD_LISTEN).await.unwrap_or(0);
+        let outlasting = case.outlasting_call.map(|delay| {
+            let call = tokio::spawn(one_call(pod.inbound(), delay));
+            (call, before)
+        });
+        if let Some((_, before)) = outlasting {
+            // The only call yet: through the old agent's guard, before a new
+            // agent exists.
+            wait_pod_host(&pod, GUARD_LISTEN, before).await;
+        }
         let before = pod_host_requests(&pod, GUARD_LISTEN).await.unwrap_or(0);
         let load = Unary::start(pod.inbound(), case.slow_ms);
         wait_pod_host(&pod, GUARD_LISTEN, before).await;
@@ -495,7 +510,11 @@ mod no_retry {
         let exited = Instant::now();
         load.wait_more(CALLS_PER_STEP, "after the old agent exited")
             .await;
-        let calls = load.finish().await;
+        let mut calls = load.finish().await;
+        let outlasted = outlasting.is_some();
+        if let Some((call, _)) = outlasting {
+            calls.push(call.await.expect("outlasting call"));
+        }
 
         let mut graceful = 0;
         let mut cut = Vec::new();
@@ -542,6 +561,16 @@ mod no_retry {
             "cut streams: {cut:?}\nold agent:\n{}",
             old.log()
         );
+        // The outlasting call finished (above), and was open at the old
+        // agent's window's end.
+        assert!(
+            !outlasted
+                || old
+                    .log()
+                    .contains("window over; the calls still open are left to finish"),
+            "the outlasting call was not open at the window's end:\n{}",
+            old.log()
+        );
         assert_eq!(graceful, LONG);
 
         // The new agent carries the pod's guarded traffic, and drains with it.
@@ -578,6 +607,7 @@ mod no_retry {
             window: "5s",
             slow_ms: 200,
             early_sigterm: false,
+            outlasting_call: None,
         }
     }
 
@@ -588,6 +618,9 @@ mod no_retry {
             window: "1s",
             slow_ms: 1_500,
             early_sigterm: false,
+            // Sent before the streams open and the calls flow: well past
+            // that, the new agent's start and the window, on a loaded machine.
+            outlasting_call: Some(Duration::from_secs(15)),
         }
     }
 
@@ -614,6 +647,27 @@ mod no_retry {
     async fn a_call_that_outlasts_the_window_finishes() {
         run(outlasting()).await;
     }
+}
+
+/// One unary call on a channel of its own, answered by the app after
+/// `delay`, with a deadline a little later.
+async fn one_call(addr: SocketAddr, delay: Duration) -> Call {
+    let endpoint =
+        tonic::transport::Endpoint::from_shared(format!("http://{addr}")).expect("endpoint");
+    let mut client = StreamClient::new(endpoint.connect_lazy());
+    let mut req = tonic::Request::new(EchoRequest {
+        body: "outlasting".into(),
+        delay_ms: u32::try_from(delay.as_millis()).expect("delay in ms"),
+    });
+    let deadline = delay + DEADLINE;
+    req.set_timeout(deadline);
+    let start = Instant::now();
+    let outcome = match tokio::time::timeout(deadline, client.echo(req)).await {
+        Ok(Ok(_)) => Outcome::Ok,
+        Ok(Err(s)) => Outcome::Failed(format!("outlasting call: {:?} {:?}", s.code(), s.message())),
+        Err(_) => Outcome::Hung("outlasting call: no answer by the deadline".into()),
+    };
+    Call { start, outcome }
 }
 
 /// Failed and hung calls, each with when it was sent (from `t0`).
