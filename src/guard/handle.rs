@@ -252,6 +252,16 @@ impl Handle {
         self.count_failed();
     }
 
+    /// Counts one ending begun at a moment no write of the application
+    /// timed (see `Limits::end_settle`).
+    pub fn record_blind_ending(&self, reason: Reason, protocol: StreamProtocol) {
+        self.inner
+            .metrics
+            .streams_blind_ended
+            .get_or_create(&TerminatedLabels { reason, protocol })
+            .inc();
+    }
+
     /// Counts one stream the guard had to end because the connection to
     /// the application was lost (its client got UNAVAILABLE or a reset).
     pub fn record_app_lost(&self) {

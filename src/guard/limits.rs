@@ -48,7 +48,7 @@ pub const DEFAULT_GOAWAY_ACK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default for [`Limits::end_timeout`].
 pub const DEFAULT_END_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default for [`Limits::end_settle`].
-pub const DEFAULT_END_SETTLE: Duration = Duration::from_millis(500);
+pub const DEFAULT_END_SETTLE: Duration = Duration::from_secs(4);
 /// Default for [`Limits::shutdown_timeout`].
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default for [`Limits::upstream_connect_timeout`].
@@ -110,13 +110,15 @@ pub struct Limits {
     /// gRPC message boundary, or the natural end of a non-gRPC body) before it
     /// is reset instead; bounds endings against stalled upstreams and clients.
     pub end_timeout: Duration,
-    /// An ending that finds the application quiet waits up to this long for
+    /// An ending that finds the application quiet, with no learned cadence
+    /// to time it by (or its next write due soon), waits up to this long for
     /// its next write, forwards it, and ends in the pause right after it: a
     /// producer that writes at least this often is then between writes when
     /// the cancel reaches it, so nothing it handed to its transport is lost.
-    /// Ending at a random moment of a quiet period instead risks meeting a
-    /// write that is on its way. Short enough that streams ticking in step
-    /// are not bunched onto one instant.
+    /// Ending at a moment no write timed instead may meet a write on its way
+    /// (counted in `drainshim_streams_blind_ended_total`). Streams with a
+    /// cadence end at their own slot, so waiting here does not bunch them;
+    /// below `end_timeout`, which bounds the whole ending.
     pub end_settle: Duration,
     /// How long a connection that has nothing left to serve is still polled
     /// (to flush trailers and GOAWAY) before it is dropped.

@@ -157,7 +157,7 @@ fn version_labels(m: &Metrics) -> Vec<VersionLabels> {
 }
 
 /// Every family of `Metrics`, in the exposition's order.
-pub static FAMILIES: [Def; 23] = [
+pub static FAMILIES: [Def; 24] = [
     Def {
         desc: help::DRAINS,
         node: Node::PerPod,
@@ -277,6 +277,15 @@ pub static FAMILIES: [Def; 23] = [
         node: Node::PerPod,
         reach: &Labeled {
             family: |m: &Metrics| &m.streams_ungraceful,
+            known: terminated_labels,
+            zeroed: true,
+        },
+    },
+    Def {
+        desc: help::STREAMS_BLIND_ENDED,
+        node: Node::PerPod,
+        reach: &Labeled {
+            family: |m: &Metrics| &m.streams_blind_ended,
             known: terminated_labels,
             zeroed: true,
         },

@@ -41,6 +41,11 @@ pub const STREAMS_UNGRACEFUL: (&str, &str) = (
     "streams_ungraceful",
     "Streams the stream guard had to close without an in-protocol goodbye (an upgrade it cannot end gracefully, or an ending that found no safe point in time), by reason and protocol",
 );
+/// Contract extension (guard): see `guard::ending`.
+pub const STREAMS_BLIND_ENDED: (&str, &str) = (
+    "streams_blind_ended",
+    "Stream endings the stream guard had to begin at a moment no write of the application timed (quiet for all of end_settle, 4 s, with no learned cadence): a message the application handed its transport at that very instant would be lost. 0 for streams that write at least every 4 s; silent streams count here",
+);
 pub const ENVOY_CONFIG_UPDATES: (&str, &str) = (
     "envoy_config_updates",
     "xDS updates by resource and result, per Envoy version (mirrored from Envoy)",

@@ -490,6 +490,9 @@ pub struct Metrics {
     pub streams_terminated: Family<TerminatedLabels, Counter>,
     /// `drainshim_streams_ungraceful_total{reason,protocol}`: streams it could only reset or close.
     pub streams_ungraceful: Family<TerminatedLabels, Counter>,
+    /// `drainshim_streams_blind_ended_total{reason,protocol}`: endings begun
+    /// at a moment no write of the application timed.
+    pub streams_blind_ended: Family<TerminatedLabels, Counter>,
     /// `drainshim_envoy_config_updates_total`: xDS acceptance per proxy version, mirrored from Envoy.
     pub envoy_config_updates: Family<ConfigLabels, Counter>,
     /// `drainshim_envoy_upstream_retries_total{version}`: Envoy's retry volume per version.
@@ -575,6 +578,7 @@ impl Metrics {
             goaways: Family::default(),
             streams_terminated: Family::default(),
             streams_ungraceful: Family::default(),
+            streams_blind_ended: Family::default(),
             envoy_config_updates: Family::default(),
             envoy_upstream_retries: Family::default(),
             tcp_resets: Family::default(),

@@ -210,6 +210,10 @@ impl Body for H1Body {
                 this.settle = None;
                 let quiet = this.sse.as_ref().is_some_and(|s| s.at_boundary());
                 if let Some(reason) = this.sse_ending.filter(|_| quiet) {
+                    // No event came to time the end by.
+                    if let Some(g) = &this.guard {
+                        g.record_blind_ending(reason, StreamProtocol::http);
+                    }
                     return this.end_events(reason);
                 }
             }

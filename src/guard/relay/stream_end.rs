@@ -79,6 +79,9 @@ pub(super) struct Ending {
     /// wrote nothing during its `end_settle`): its end may meet its next
     /// message at any moment.
     pub(super) quiet: bool,
+    /// Waiting `end_settle` for a write that would time the end: if none
+    /// comes, the end begins at a moment nothing timed (counted).
+    pub(super) settling: bool,
     /// RST_STREAM(CANCEL) went to the application, ahead of the barrier:
     /// what it wrote before it read the cancel is still forwarded, and the
     /// client's end comes once the barrier is acked.
@@ -137,6 +140,7 @@ impl Relay<'_> {
             barrier: None,
             forced_by: None,
             quiet: false,
+            settling: false,
             cancelled: false,
         });
         self.ending.push(id);
@@ -168,6 +172,7 @@ impl Relay<'_> {
         // Nothing the application writes for it waits for window.
         let open = s.window > 0 && s.shut_since.is_none() && self.conn_window > 0;
         let split = s.split;
+        let protocol = s.protocol();
         if e.cancelled {
             // The application was told to stop; what it wrote before it read
             // that arrives before the barrier's acks, and is forwarded. Then
@@ -205,12 +210,17 @@ impl Relay<'_> {
                 // Quiet already: give it a moment to write once more.
                 _ => {
                     e.quiet = true;
+                    e.settling = true;
                     now + l.end_settle
                 }
             });
         }
         if e.quiet_at.is_some_and(|at| now >= at) {
             e.quiet_at = None;
+            if std::mem::take(&mut e.settling) {
+                // No write came to time it by.
+                self.guard.record_blind_ending(e.reason, protocol);
+            }
             if open && (e.quiet || !split) {
                 // The application is told to stop the stream first, then the
                 // barrier, whose round trips start after the cancel, so their
@@ -255,6 +265,7 @@ impl Relay<'_> {
         }
         // It writes: no longer a quiet stream, it ends in its next pause.
         e.quiet = false;
+        e.settling = false;
         e.barrier = None;
         e.quiet_at = at_boundary.then_some(now + BURST_GAP);
         if e.forced_by.is_some() && at_boundary {

@@ -229,6 +229,19 @@ pub fn app_goaways_metric(metrics: &str) -> Option<BTreeMap<String, u64>> {
     Some(out)
 }
 
+/// The guard's count of endings begun at a moment no write timed.
+pub const BLIND_ENDED: &str = "drainshim_streams_blind_ended";
+
+/// The sum of every series of counter family `family` in /metrics text.
+pub fn series_sum(metrics: &str, family: &str) -> u64 {
+    let series = format!("{family}_total{{");
+    metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix(&series)?.split_once("} "))
+        .map(|(_, v)| v.trim().parse::<f64>().unwrap_or(0.0) as u64)
+        .sum()
+}
+
 /// One case's outcome: its row of the table, and what broke the promise.
 pub struct Row {
     pub case: Case,
@@ -418,6 +431,10 @@ mod tests {
         assert_eq!(m.get("ENHANCE_YOUR_CALM"), Some(&1));
         assert_eq!(m.len(), 2);
         assert_eq!(app_goaways_metric("drainshim_goaways_total 1\n"), None);
+        let blind = "drainshim_streams_blind_ended_total{reason=\"drain\",protocol=\"grpc\"} 3\n\
+                     drainshim_streams_blind_ended_total{reason=\"max_age\",protocol=\"http\"} 1\n\
+                     drainshim_streams_terminated_total{reason=\"drain\",protocol=\"grpc\"} 9\n";
+        assert_eq!(series_sum(blind, BLIND_ENDED), 4);
         assert_eq!(h2_error(11), "ENHANCE_YOUR_CALM");
         // A Tick as grpc_app.py writes it: id "q-1", seq 300, 8 bytes of padding.
         let mut data = vec![0, 0, 0, 0, 17, 0x0a, 3];

@@ -70,7 +70,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use account::{app_goaways_metric, lost_fates, Fate, Row, Wire, APP_GOAWAYS};
+use account::{
+    app_goaways_metric, lost_fates, series_sum, Fate, Row, Wire, APP_GOAWAYS, BLIND_ENDED,
+};
 use clients::{classify, client, describe, End, Sub};
 use drainshim::bench::envoy::{shipped_bootstrap, EnvoyProcess};
 use drainshim::drain::Report;
@@ -301,6 +303,9 @@ struct Run {
     /// What passed between the guard and the app.
     tap: Tap,
     metric: Option<BTreeMap<String, u64>>,
+    /// Endings the guard begun at a moment no write timed (its metric;
+    /// None: the family is missing from /metrics).
+    blind: Option<u64>,
     shim_log: String,
     /// The drain's start (or, for max age, the case's).
     trigger: Instant,
@@ -447,6 +452,9 @@ async fn drive(case: Case, app: &PeerApp) -> Run {
         report,
         tap,
         metric: app_goaways_metric(&metrics),
+        blind: metrics
+            .contains(BLIND_ENDED)
+            .then(|| series_sum(&metrics, BLIND_ENDED)),
         shim_log,
         trigger,
         took: begun.elapsed(),
@@ -611,10 +619,32 @@ fn judge_drain(run: &Run, row: &mut Row) {
             s.terminated
         ));
     }
+    blind_endings(run, row);
     if run.shim_log.contains(SWEEP_LOG) {
         row.failures.push(
             "the drain's deadline sweep ended streams: they were not ended as long-lived".into(),
         );
+    }
+}
+
+/// Streams that write at least every `end_settle` (4 s) end right after a
+/// write, at a moment the guard chose: none at a moment no write timed,
+/// where a message the app was handing its transport could be lost (a
+/// race too rare to show as a loss in one run, so counted instead).
+/// Silent streams never write again, and a stopping app stops writing.
+fn blind_endings(run: &Run, row: &mut Row) {
+    let timed = matches!(
+        run.case.scenario,
+        Scenario::Chatty | Scenario::Quiet | Scenario::MaxAge
+    );
+    match run.blind {
+        None => row
+            .failures
+            .push(format!("{BLIND_ENDED}_total is missing from /metrics")),
+        Some(n) if timed && n != 0 => row.failures.push(format!(
+            "{BLIND_ENDED}_total is {n}: an ending began at a moment no write timed"
+        )),
+        Some(_) => {}
     }
 }
 
