@@ -319,9 +319,14 @@ struct Unary {
 impl Unary {
     /// Worker 0's calls take `slow_ms` in the app, the others' 1 ms.
     fn start(addr: SocketAddr, slow_ms: u32) -> Self {
+        Self::with_workers(addr, WORKERS, slow_ms)
+    }
+
+    /// [`Unary::start`] with `workers` workers.
+    fn with_workers(addr: SocketAddr, workers: usize, slow_ms: u32) -> Self {
         let stop = CancellationToken::new();
         let done = Arc::new(AtomicU64::new(0));
-        let workers = (0..WORKERS)
+        let workers = (0..workers)
             .map(|w| {
                 let (stop, done) = (stop.clone(), done.clone());
                 tokio::spawn(async move {
@@ -647,6 +652,173 @@ mod no_retry {
     async fn a_call_that_outlasts_the_window_finishes() {
         run(outlasting()).await;
     }
+
+    /// Hand-overs in a row, each agent handing to the next.
+    const ROUNDS: usize = 5;
+    /// Workers of the heavy load, back to back: as many calls as the
+    /// machine carries through Envoy and the guard.
+    const HEAVY_WORKERS: usize = 16;
+    /// Calls between two steps of a hand-over under the heavy load: about
+    /// 10 s of calls over the five at the issue's 1,000 calls/s and more.
+    const HEAVY_STEP: u64 = 2_500;
+
+    /// When an old agent gets its SIGTERM, round by round.
+    #[derive(Clone, Copy, Debug)]
+    enum Sigterm {
+        /// While the new agent asks for the listeners.
+        Asking,
+        /// The moment it handed them over.
+        Adopted,
+        /// After `HEAVY_STEP` more calls.
+        Later,
+    }
+    const SIGTERMS: [Sigterm; ROUNDS] = [
+        Sigterm::Later,
+        Sigterm::Adopted,
+        Sigterm::Asking,
+        Sigterm::Later,
+        Sigterm::Adopted,
+    ];
+
+    /// Five hand-overs in a row under the heaviest load the test makes:
+    /// every agent takes the listeners from the one before, which gets
+    /// SIGTERM (while it hands them over, the moment it did, or later) and
+    /// exits, while calls go on at full speed: not one fails or hangs. The
+    /// rate is printed (never asserted: `bench` holds speed).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn five_hand_overs_in_a_row_at_load_fail_nothing() {
+        let lab = Lab::new("f");
+        let pod = no_retry_pod(&lab, "solo", "1.40.0").await;
+        let name = pod.name.clone();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("handover.sock");
+        let socket_s = socket.to_string_lossy().into_owned();
+        let listen = SocketAddr::from(([127, 0, 0, 1], support::free_port()));
+        let flags = ["--handover-socket", &socket_s, "--handover-window", "2s"];
+
+        let mut old = agent_bin(&lab, listen, &flags).await;
+        wait_guards(listen, &[&name]).await;
+        let before = pod_host_requests(&pod, GUARD_LISTEN).await.unwrap_or(0);
+        let load = Unary::with_workers(pod.inbound(), HEAVY_WORKERS, 200);
+        wait_pod_host(&pod, GUARD_LISTEN, before).await;
+        let streams = open_streams(pod.inbound(), LONG, &name, Duration::from_secs(120))
+            .await
+            .expect("streams open");
+        load.wait_more(CALLS_PER_STEP, "before the hand-overs")
+            .await;
+
+        let (start, made) = (Instant::now(), load.made());
+        let mut sigterms = Vec::new();
+        let mut logs = Vec::new();
+        for (round, when) in (1..=ROUNDS).zip(SIGTERMS) {
+            let new = agent_bin_started(&lab, listen, &flags);
+            let sigterm = |old: &AgentBin| {
+                nix::sys::signal::kill(old.pid(), nix::sys::signal::Signal::SIGTERM)
+                    .expect("SIGTERM");
+                Instant::now()
+            };
+            if let Sigterm::Asking = when {
+                old.wait_log("a new agent asks for the listeners").await;
+                sigterms.push(sigterm(&old));
+            }
+            old.wait_log("the new agent serves every listener now")
+                .await;
+            match when {
+                Sigterm::Asking => {}
+                Sigterm::Adopted => sigterms.push(sigterm(&old)),
+                Sigterm::Later => {
+                    load.wait_more(HEAVY_STEP, &format!("hand-over {round}: both agents run"))
+                        .await;
+                    sigterms.push(sigterm(&old));
+                }
+            }
+            let status = tokio::time::timeout(NODE_WAIT, old.child.wait())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "hand-over {round}: the old agent did not exit:\n{}",
+                        old.log()
+                    )
+                })
+                .expect("reap the old agent");
+            assert!(
+                status.success(),
+                "hand-over {round}: old agent: {status}\n{}",
+                old.log()
+            );
+            new.wait_log("node agent ready").await;
+            load.wait_more(
+                HEAVY_STEP,
+                &format!("hand-over {round}: after the old agent exited"),
+            )
+            .await;
+            logs.push(old.log());
+            old = new;
+        }
+        let (took, n) = (start.elapsed(), load.made() - made);
+        let calls = load.finish().await;
+
+        let mut cut = Vec::new();
+        for h in streams {
+            let e = tokio::time::timeout(NODE_WAIT, h)
+                .await
+                .expect("stream ended")
+                .expect("stream task");
+            if e.ending() != Ending::Graceful {
+                cut.push(format!("{}: {:?} {:?}", e.id, e.ending(), e.status));
+            }
+            assert!(e.gapless(), "{}: a message was lost", e.id);
+        }
+        // Each call against the SIGTERM nearest to it.
+        let mut failed = Vec::new();
+        let mut hung = Vec::new();
+        for (i, t) in sigterms.iter().enumerate() {
+            let mine: Vec<&Call> = calls
+                .iter()
+                .filter(|c| {
+                    let nearest = sigterms
+                        .iter()
+                        .enumerate()
+                        .min_by_key(|(_, s)| {
+                            if c.start >= **s {
+                                c.start - **s
+                            } else {
+                                **s - c.start
+                            }
+                        })
+                        .map(|(j, _)| j);
+                    nearest == Some(i)
+                })
+                .collect();
+            let (f, h) = outcomes_of(&mine, *t, &format!("SIGTERM {}", i + 1));
+            failed.extend(f);
+            hung.extend(h);
+        }
+        eprintln!(
+            "{ROUNDS} hand-overs in a row without retries ({HEAVY_WORKERS} workers): {} unary calls, \
+             {n} in {:.1} s of hand-overs ({:.0} calls/s), {} failed, {} hung; {} of {LONG} long streams cut",
+            calls.len(),
+            took.as_secs_f64(),
+            n as f64 / took.as_secs_f64().max(0.001),
+            failed.len(),
+            hung.len(),
+            cut.len(),
+        );
+        for f in failed.iter().chain(hung.iter()).take(30) {
+            eprintln!("  {f}");
+        }
+        assert!(
+            failed.is_empty() && hung.is_empty(),
+            "{} failed, {} hung of {} calls: {:?}\n{:?}\nthe old agents' logs:\n{}",
+            failed.len(),
+            hung.len(),
+            calls.len(),
+            failed.iter().take(10).collect::<Vec<_>>(),
+            hung.iter().take(10).collect::<Vec<_>>(),
+            logs.join("\n-----\n")
+        );
+        assert!(cut.is_empty(), "cut streams: {cut:?}");
+    }
 }
 
 /// One unary call on a channel of its own, answered by the app after
@@ -672,6 +844,11 @@ async fn one_call(addr: SocketAddr, delay: Duration) -> Call {
 
 /// Failed and hung calls, each with when it was sent (from `t0`).
 fn outcomes(calls: &[Call], t0: Instant, what: &str) -> (Vec<String>, Vec<String>) {
+    outcomes_of(&calls.iter().collect::<Vec<_>>(), t0, what)
+}
+
+/// [`outcomes`] of some of the calls.
+fn outcomes_of(calls: &[&Call], t0: Instant, what: &str) -> (Vec<String>, Vec<String>) {
     let mut failed = Vec::new();
     let mut hung = Vec::new();
     for c in calls {
