@@ -146,6 +146,51 @@ struct Pod {
     /// dropping this ends the sidecar with the pod.
     _sigterm: Option<tokio::sync::mpsc::UnboundedSender<()>>,
     stop: CancellationToken,
+    /// The app's and the sidecar's runtimes (dropped last).
+    _app_rt: OwnRuntime,
+    _shim_rt: Option<OwnRuntime>,
+}
+
+/// A tokio runtime of its own for one container of a pod (the app, the
+/// sidecar), as that container's process would have. On the bench's
+/// runtime, the app's HTTP/2 connection tasks waited behind thousands of
+/// client tasks: a message it had handed its transport stayed queued for
+/// longer than the stream's tick, so the guard's cancel, timed by what had
+/// arrived, met it (234 ticks lost at 2,000 streams per pod on a loaded
+/// machine), a delay no app in a container of its own has.
+struct OwnRuntime(Option<tokio::runtime::Runtime>);
+
+impl OwnRuntime {
+    fn new(name: &str) -> Result<Self, String> {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name(name)
+            .enable_all()
+            .build()
+            .map(|rt| Self(Some(rt)))
+            .map_err(|e| format!("start the {name} runtime: {e}"))
+    }
+
+    /// Runs `fut` on this runtime; awaitable from any other.
+    fn spawn<F>(&self, fut: F) -> Result<JoinHandle<F::Output>, String>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.0
+            .as_ref()
+            .map(|rt| rt.spawn(fut))
+            .ok_or_else(|| "internal: the runtime is gone".to_string())
+    }
+}
+
+impl Drop for OwnRuntime {
+    fn drop(&mut self) {
+        // Dropping a runtime blocks, which an async context forbids.
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 // === impl Pod ===
@@ -161,21 +206,31 @@ fn free_port() -> Result<u16, String> {
 }
 
 async fn start_pod(opts: &ReconnectOptions, ledger: &Ledger, guard: bool) -> Result<Pod, String> {
-    // The app's accept queue as a Go or Java server's (net.core.somaxconn),
-    // not tokio's 128: a burst of WebSockets must not overflow it either.
-    let listener = crate::guard::bind_listener(SocketAddr::from(([127, 0, 0, 1], 0)))
-        .map_err(|e| format!("bind backend: {e}"))?;
-    let app = listener.local_addr().map_err(|e| e.to_string())?;
+    let app_rt = OwnRuntime::new("bench-app")?;
     let stop = CancellationToken::new();
-    // The app serves both populations on one port: gRPC and WebSocket.
-    tokio::spawn(super::ws::serve_mixed(
-        listener,
-        ledger.clone(),
-        stop.clone().cancelled_owned(),
-    ));
+    let (ledger, app_stop) = (ledger.clone(), stop.clone());
+    let app = app_rt
+        .spawn(async move {
+            // The app's accept queue as a Go or Java server's
+            // (net.core.somaxconn), not tokio's 128: a burst of WebSockets
+            // must not overflow it either.
+            let listener = crate::guard::bind_listener(SocketAddr::from(([127, 0, 0, 1], 0)))
+                .map_err(|e| format!("bind backend: {e}"))?;
+            let app = listener.local_addr().map_err(|e| e.to_string())?;
+            // The app serves both populations on one port: gRPC and WebSocket.
+            tokio::spawn(super::ws::serve_mixed(
+                listener,
+                ledger,
+                app_stop.cancelled_owned(),
+            ));
+            Ok::<_, String>(app)
+        })?
+        .await
+        .map_err(|e| format!("start the app: {e}"))??;
 
     let admin_port = free_port()?;
-    let (upstream, shim, shim_task, sigterm) = if guard {
+    let shim_rt = guard.then(|| OwnRuntime::new("drainshim")).transpose()?;
+    let (upstream, shim, shim_task, sigterm) = if let Some(rt) = &shim_rt {
         let admin: Endpoint = format!("http://127.0.0.1:{admin_port}")
             .parse()
             .map_err(|e: UrlError| e.to_string())?;
@@ -189,13 +244,16 @@ async fn start_pod(opts: &ReconnectOptions, ledger: &Ledger, guard: bool) -> Res
         g.config.max_connection_age_spread = opts.max_connection_age_spread;
         settings.guard = Some(g);
         settings.validate().map_err(|e| e.to_string())?;
-        let sc = sidecar::start(settings).await.map_err(|e| e.to_string())?;
+        let sc = rt
+            .spawn(async move { sidecar::start(settings).await.map_err(|e| e.to_string()) })?
+            .await
+            .map_err(|e| format!("start the sidecar: {e}"))??;
         let guard_addr = sc
             .guard_addr()
             .ok_or("internal: the sidecar started without its guard")?;
         let drain = sc.drain().clone();
         let (sigterm, rx) = tokio::sync::mpsc::unbounded_channel();
-        let task = tokio::spawn(sc.run(rx));
+        let task = rt.spawn(sc.run(rx))?;
         (guard_addr, Some(drain), Some(task), Some(sigterm))
     } else {
         (app, None, None, None)
@@ -215,6 +273,8 @@ async fn start_pod(opts: &ReconnectOptions, ledger: &Ledger, guard: bool) -> Res
         _shim_task: shim_task,
         _sigterm: sigterm,
         stop,
+        _app_rt: app_rt,
+        _shim_rt: shim_rt,
     })
 }
 
