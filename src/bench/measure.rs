@@ -62,6 +62,12 @@ pub struct ModeResult {
     /// guard, so nothing could end them gracefully (drainshim mode; 0
     /// otherwise).
     pub bypassed: u64,
+    /// Connections Envoy failed to make to its upstreams (the guard, or
+    /// the app behind it), both pods, over the run: each one a call that
+    /// went around a live guard if its retry found the app.
+    pub envoy_connect_failures: u64,
+    /// Envoy's failed health checks of its upstreams, both pods.
+    pub envoy_health_check_failures: u64,
     /// Messages the backend handed to its transport that the client never got.
     pub lost_messages: u64,
     pub reconnect_p50_ms: f64,
@@ -169,6 +175,8 @@ pub fn summarize(o: &Observed) -> ModeResult {
         graceful,
         cut,
         bypassed: 0,
+        envoy_connect_failures: 0,
+        envoy_health_check_failures: 0,
         lost_messages,
         reconnect_p50_ms: percentile(&latencies, 0.50),
         reconnect_p99_ms: percentile(&latencies, 0.99),

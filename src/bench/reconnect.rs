@@ -278,6 +278,28 @@ async fn start_pod(opts: &ReconnectOptions, ledger: &Ledger, guard: bool) -> Res
     })
 }
 
+/// Envoy's connect failures and failed health checks to the `app` cluster
+/// (the guard, and the app behind it), as its admin counts them; 0 for a
+/// counter it does not report.
+async fn envoy_failures(envoy: &EnvoyProcess) -> (u64, u64) {
+    let stats = envoy
+        .admin_client()
+        .stats(r"^cluster\.app\.(upstream_cx_connect_fail|health_check\.failure)$")
+        .await
+        .unwrap_or_default();
+    let of = |name: &str| {
+        stats
+            .iter()
+            .filter(|s| s.name == name)
+            .map(|s| s.value)
+            .sum::<u64>()
+    };
+    (
+        of("cluster.app.upstream_cx_connect_fail"),
+        of("cluster.app.health_check.failure"),
+    )
+}
+
 /// Runs one mode end to end and measures it.
 pub async fn run_mode(opts: &ReconnectOptions, mode: Mode) -> Result<Vec<ModeResult>, String> {
     let guard = mode == Mode::Drainshim;
@@ -312,6 +334,9 @@ pub async fn run_mode(opts: &ReconnectOptions, mode: Mode) -> Result<Vec<ModeRes
     // Deregistration: callers stop picking pod A.
     endpoints.remove(0);
     let mut bypassed = 0;
+    // Pod A's Envoy is read before it exits (drainshim mode only: the
+    // baselines have no guard to go around).
+    let mut failures_a = (0, 0);
     match mode {
         Mode::Drainshim => {
             let drain = a
@@ -329,6 +354,7 @@ pub async fn run_mode(opts: &ReconnectOptions, mode: Mode) -> Result<Vec<ModeRes
                 report.streams.bypassed
             ));
             bypassed = report.streams.bypassed;
+            failures_a = envoy_failures(&a.envoy).await;
             a.envoy.sigterm();
         }
         Mode::EnvoySigterm => a.envoy.sigterm(),
@@ -347,6 +373,19 @@ pub async fn run_mode(opts: &ReconnectOptions, mode: Mode) -> Result<Vec<ModeRes
     tokio::time::sleep(SETTLE).await;
     let attempts_at_end = population.attempts.lock().map(|a| *a).unwrap_or_default();
     let sessions = population.stop().await;
+    let failures_b = if guard {
+        envoy_failures(&b.envoy).await
+    } else {
+        (0, 0)
+    };
+    let (connect_failures, health_check_failures) =
+        (failures_a.0 + failures_b.0, failures_a.1 + failures_b.1);
+    if guard {
+        opts.say(&format!(
+            "[{}] Envoy, both pods: {connect_failures} connect failures, {health_check_failures} failed health checks (to the guard or the app behind it; each connect failure is a call that went around a live guard if a retry found the app)",
+            mode.name()
+        ));
+    }
     drop(b);
     let mut results = Vec::new();
     for kind in opts.protocol.kinds() {
@@ -363,6 +402,8 @@ pub async fn run_mode(opts: &ReconnectOptions, mode: Mode) -> Result<Vec<ModeRes
             attempts_at_end,
         });
         result.bypassed = bypassed;
+        result.envoy_connect_failures = connect_failures;
+        result.envoy_health_check_failures = health_check_failures;
         opts.say(&format!(
             "[{}] {} {} streams on pod A: {} graceful, {} cut",
             mode.name(),
