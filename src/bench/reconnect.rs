@@ -242,6 +242,14 @@ async fn start_pod(opts: &ReconnectOptions, ledger: &Ledger, guard: bool) -> Res
         g.config.max_connection_age = opts.max_connection_age;
         g.config.max_connection_age_grace = opts.max_connection_age_grace;
         g.config.max_connection_age_spread = opts.max_connection_age_spread;
+        // The bench's Envoy admits 100,000 upstream connections (its circuit
+        // breakers raised for the population, as an operator running
+        // thousands of WebSockets per pod must); the guard's cap is raised
+        // with it, as that operator would with --guard-max-connections:
+        // every stream of the population may land on one pod, a WebSocket
+        // holds a connection of its own, and half again is headroom.
+        let population = opts.streams.saturating_mul(3) / 2;
+        g.config.limits.max_connections = g.config.limits.max_connections.max(population);
         settings.guard = Some(g);
         settings.validate().map_err(|e| e.to_string())?;
         let sc = rt
