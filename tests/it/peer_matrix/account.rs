@@ -265,6 +265,8 @@ pub struct Row {
     pub endings: BTreeMap<String, usize>,
     /// The drain's report: streams terminated / completed / cut.
     pub report: Option<String>,
+    /// Endings begun at a moment no write timed ([`BLIND_ENDED`]).
+    pub blind: Option<u64>,
     pub time: Duration,
     pub failures: Vec<String>,
 }
@@ -280,7 +282,7 @@ fn codes<T: std::fmt::Display>(m: &BTreeMap<String, T>) -> String {
 }
 
 impl Row {
-    pub const HEADER: &'static str = "| server | scenario | bootstrap | calls | graceful | app's own end | cut: app conn lost | cut: too many pings | cut: other | lost msgs | app conns (calls each) | PINGs to app | app GOAWAYs (wire) | app GOAWAYs (metric) | drain report: terminated / completed / cut | ends after trigger | time |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";
+    pub const HEADER: &'static str = "| server | scenario | bootstrap | calls | graceful | app's own end | cut: app conn lost | cut: too many pings | cut: other | lost msgs | app conns (calls each) | PINGs to app | app GOAWAYs (wire) | app GOAWAYs (metric) | drain report: terminated / completed / cut | blind endings | ends after trigger | time |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";
 
     pub fn line(&self) -> String {
         let n = |e: End| self.ends.get(&e).copied().unwrap_or(0);
@@ -300,7 +302,7 @@ impl Row {
             format!("{} ({})", self.lost, fates.join(", "))
         };
         format!(
-            "| {} | {scenario} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} | {:.1} s |",
+            "| {} | {scenario} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} | {} | {:.1} s |",
             self.case.server.name(),
             self.case.boot.name(),
             self.calls,
@@ -316,6 +318,7 @@ impl Row {
             codes(&self.wire.app_goaways),
             self.metric.as_ref().map_or("absent".into(), codes),
             self.report.as_deref().unwrap_or("-"),
+            self.blind.map_or("absent".into(), |n| n.to_string()),
             self.ends_after.map_or("-".into(), |(a, b)| format!(
                 "{:.1}-{:.1} s",
                 a.as_secs_f64(),

@@ -693,6 +693,7 @@ fn judge(run: Run) -> Row {
         ends_after: None,
         endings: BTreeMap::new(),
         report: None,
+        blind: run.blind,
         time: run.took,
         failures: run.failures.clone(),
     };
