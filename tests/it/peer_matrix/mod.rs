@@ -627,11 +627,10 @@ fn judge_drain(run: &Run, row: &mut Row) {
     }
 }
 
-/// Streams that write at least every `end_settle` (4 s) end right after a
-/// write, at a moment the guard chose: none at a moment no write timed,
-/// where a message the app was handing its transport could be lost (a
-/// race too rare to show as a loss in one run, so counted instead).
-/// Silent streams never write again, and a stopping app stops writing.
+/// Streams writing at least every `end_settle` (4 s) end right after a
+/// write, never at a moment no write timed, where a message on its way
+/// could be lost (too rare to show as a loss; counted instead). Silent
+/// streams never write again, and a stopping app stops writing.
 fn blind_endings(run: &Run, row: &mut Row) {
     let timed = matches!(
         run.case.scenario,
