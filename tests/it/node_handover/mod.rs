@@ -207,29 +207,13 @@ async fn the_agent_hands_over_without_a_cut_stream_or_a_refused_connection() {
     let during = made(&probes);
     // ...and once it is ready, the old one gets SIGTERM and exits.
     nix::sys::signal::kill(old.pid(), nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
-    let status = tokio::time::timeout(NODE_WAIT, old.child.wait())
-        .await
-        .unwrap_or_else(|_| panic!("the old agent did not exit:\n{}", old.log()))
-        .expect("reap the old agent");
-    assert!(status.success(), "old agent: {status}\n{}", old.log());
+    reap(&mut old, "the old agent").await;
     let exited = started.elapsed();
     wait_probes(&probes, during + 20, "after the old agent exited").await;
     stop.cancel();
 
     // Every stream the old agent carried ended gracefully; none was cut.
-    let mut graceful = 0;
-    let mut cut = Vec::new();
-    for h in streams {
-        let e = tokio::time::timeout(NODE_WAIT, h)
-            .await
-            .expect("stream ended")
-            .expect("stream task");
-        match e.ending() {
-            Ending::Graceful => graceful += 1,
-            other => cut.push(format!("{}: {other:?} {:?}", e.id, e.status)),
-        }
-        assert!(e.gapless(), "{}: a message was lost", e.id);
-    }
+    let (graceful, cut) = stream_ends(streams).await;
     let mut failed_calls = 0;
     let mut calls = 0;
     for l in unary {
@@ -407,6 +391,36 @@ impl Unary {
         all.sort_by_key(|c| c.start);
         all
     }
+}
+
+/// Waits (bounded) until `agent`, sent SIGTERM, has exited, and exited 0.
+async fn reap(agent: &mut AgentBin, what: &str) {
+    let status = tokio::time::timeout(NODE_WAIT, agent.child.wait())
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not exit:\n{}", agent.log()))
+        .expect("reap the agent");
+    assert!(status.success(), "{what}: {status}\n{}", agent.log());
+}
+
+/// How each long stream ended (each waited for, bounded): how many ended
+/// gracefully, and the others described. A lost message fails at once.
+async fn stream_ends(
+    streams: Vec<tokio::task::JoinHandle<drainshim::bench::client::StreamEnd>>,
+) -> (usize, Vec<String>) {
+    let mut graceful = 0;
+    let mut cut = Vec::new();
+    for h in streams {
+        let e = tokio::time::timeout(NODE_WAIT, h)
+            .await
+            .expect("stream ended")
+            .expect("stream task");
+        match e.ending() {
+            Ending::Graceful => graceful += 1,
+            other => cut.push(format!("{}: {other:?} {:?}", e.id, e.status)),
+        }
+        assert!(e.gapless(), "{}: a message was lost", e.id);
+    }
+    (graceful, cut)
 }
 
 fn at(t: Instant, since: Instant) -> String {

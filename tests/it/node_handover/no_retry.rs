@@ -90,11 +90,7 @@ async fn run(case: Case) {
             old.log().contains("SIGTERM during a hand-over")
         );
     }
-    let status = tokio::time::timeout(NODE_WAIT, old.child.wait())
-        .await
-        .unwrap_or_else(|_| panic!("the old agent did not exit:\n{}", old.log()))
-        .expect("reap the old agent");
-    assert!(status.success(), "old agent: {status}\n{}", old.log());
+    reap(&mut old, "the old agent").await;
     let exited = Instant::now();
     load.wait_more(CALLS_PER_STEP, "after the old agent exited")
         .await;
@@ -104,19 +100,7 @@ async fn run(case: Case) {
         calls.push(call.await.expect("outlasting call"));
     }
 
-    let mut graceful = 0;
-    let mut cut = Vec::new();
-    for h in streams {
-        let e = tokio::time::timeout(NODE_WAIT, h)
-            .await
-            .expect("stream ended")
-            .expect("stream task");
-        match e.ending() {
-            Ending::Graceful => graceful += 1,
-            other => cut.push(format!("{}: {other:?} {:?}", e.id, e.status)),
-        }
-        assert!(e.gapless(), "{}: a message was lost", e.id);
-    }
+    let (graceful, cut) = stream_ends(streams).await;
     let (failed, hung) = outcomes(&calls, sigterm, "SIGTERM");
     eprintln!(
         "hand-over without retries (window {}, slow calls {} ms): {} unary calls, {} failed, {} hung; \
@@ -314,20 +298,7 @@ async fn five_hand_overs_in_a_row_at_load_fail_nothing() {
                 sigterms.push(sigterm(&old));
             }
         }
-        let status = tokio::time::timeout(NODE_WAIT, old.child.wait())
-            .await
-            .unwrap_or_else(|_| {
-                panic!(
-                    "hand-over {round}: the old agent did not exit:\n{}",
-                    old.log()
-                )
-            })
-            .expect("reap the old agent");
-        assert!(
-            status.success(),
-            "hand-over {round}: old agent: {status}\n{}",
-            old.log()
-        );
+        reap(&mut old, &format!("hand-over {round}: the old agent")).await;
         new.wait_log("node agent ready").await;
         load.wait_more(
             HEAVY_STEP,
@@ -340,17 +311,7 @@ async fn five_hand_overs_in_a_row_at_load_fail_nothing() {
     let (took, n) = (start.elapsed(), load.made() - made);
     let calls = load.finish().await;
 
-    let mut cut = Vec::new();
-    for h in streams {
-        let e = tokio::time::timeout(NODE_WAIT, h)
-            .await
-            .expect("stream ended")
-            .expect("stream task");
-        if e.ending() != Ending::Graceful {
-            cut.push(format!("{}: {:?} {:?}", e.id, e.ending(), e.status));
-        }
-        assert!(e.gapless(), "{}: a message was lost", e.id);
-    }
+    let (_, cut) = stream_ends(streams).await;
     // Each call against the SIGTERM nearest to it.
     let mut failed = Vec::new();
     let mut hung = Vec::new();
