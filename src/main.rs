@@ -61,7 +61,10 @@ fn main() -> ExitCode {
         );
     }
     let json_logs = cli.log_format == LogFormat::Json;
-    match runtime.block_on(run(cli.command)) {
+    let result = runtime.block_on(run(cli.command));
+    // What the command cost at its peak, for `bench fleet` (debug only).
+    tracing::debug!(target: "drainshim::exit", peak_rss_kib = peak_rss_kib(), "exit");
+    match result {
         Ok(code) => code,
         Err(e) => {
             // A log pipeline reading JSON lines gets the failure as one too.
@@ -73,6 +76,18 @@ fn main() -> ExitCode {
             ExitCode::from(e.exit_code())
         }
     }
+}
+
+/// This process's peak resident set (VmHWM), in KiB; 0 where /proc has none.
+fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 /// Runs one command; `Ok` carries the exit code of a command whose verdict

@@ -5,6 +5,7 @@ pub mod client;
 pub mod demo;
 pub mod envoy;
 pub mod failopen;
+pub mod fleet;
 pub mod measure;
 pub mod node_guard;
 pub mod node_scale;

@@ -86,6 +86,63 @@ pub enum BenchCommand {
         after_help = EXIT_CODES
     )]
     Relay(BenchRelayArgs),
+
+    /// The fleet tools against a simulated fleet's ten weeks of history,
+    /// on Prometheus and VictoriaMetrics.
+    #[command(
+        long_about = "The fleet tools against a simulated fleet's ten weeks of history, on \
+            Prometheus and on VictoriaMetrics.\n\n\
+            Writes the series the shims export for --pods pods of --services services in \
+            --namespaces namespaces over a ten-week migration (four tiers; a max connection age \
+            per tier; a restart to 1.39 in which one tier's wave stalls for three days; the \
+            control plane to 1.40; a restart to 1.40 in which the last tier's wave cuts streams), \
+            loads it into a real Prometheus (promtool's backfill) and a real VictoriaMetrics (its \
+            import), then runs inventory, skew, verify and plan (at three moments) against each \
+            store. Per command and store it reports wall time, peak RSS, queries and bytes \
+            answered.\n\n\
+            Exits 1 when a command's JSON differs between the stores, or the plan does not name \
+            the stalled wave, the control plane's point of no return and the failed verify at \
+            their moments. Needs the stores from `make tools`; several GB of disk at 2,400 pods.",
+        after_help = "Exit codes:\n  0   measured, and every judgement held\n  1   a judgement failed (printed)\n  64  usage error\n  69  a store could not be started or loaded"
+    )]
+    Fleet(FleetArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct FleetArgs {
+    /// Pods in the fleet (each a sidecar shim, scraped as its own instance).
+    #[arg(long, env = "DRAINSHIM_PODS", default_value_t = 2400,
+          value_parser = clap::value_parser!(u64).range(8..=100_000))]
+    pub pods: u64,
+
+    /// Services, spread over the namespaces; each pod serves one.
+    #[arg(long, env = "DRAINSHIM_SERVICES", default_value_t = 500,
+          value_parser = clap::value_parser!(u64).range(4..=100_000))]
+    pub services: u64,
+
+    /// Namespaces, in four tiers (2%, 18%, 40%, 40%; at least one each).
+    #[arg(long, env = "DRAINSHIM_NAMESPACES", default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(4..=10_000))]
+    pub namespaces: u64,
+
+    /// Time between the history's samples (1m to 30m). The stores look back
+    /// one and a half of it for a series' last sample.
+    #[arg(long, env = "DRAINSHIM_INTERVAL", default_value = "10m")]
+    pub interval: Span,
+
+    /// The stores to load; repeatable (default: both).
+    #[arg(long, env = "DRAINSHIM_STORE", value_enum, value_delimiter = ',',
+          default_values_t = [bench::fleet::store::StoreKind::Prometheus, bench::fleet::store::StoreKind::VictoriaMetrics])]
+    pub store: Vec<bench::fleet::store::StoreKind>,
+
+    /// Keep the history, the stores' data and their logs in this directory
+    /// (default: a temporary one, removed at the end).
+    #[arg(long, env = "DRAINSHIM_KEEP", value_name = "DIR")]
+    pub keep: Option<PathBuf>,
+
+    /// Output: `table` for people, `json` (on one line) for scripts.
+    #[arg(short = 'o', long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
+    pub format: Format,
 }
 
 impl BenchCommand {
@@ -374,6 +431,22 @@ impl BenchCommand {
                 let listener = bind(a.listen).await?;
                 bench::relay::serve(listener, a.upstream, first_signal()?).await;
                 Ok(true)
+            }
+            BenchCommand::Fleet(a) => {
+                let binary = std::env::current_exe()
+                    .map_err(|e| Error::Internal(format!("finding this executable: {e}")))?;
+                let opts = bench::fleet::FleetBenchOptions {
+                    pods: a.pods as usize,
+                    services: a.services as usize,
+                    namespaces: a.namespaces as usize,
+                    interval: a.interval.get(),
+                    stores: a.store.clone(),
+                    binary,
+                    keep: a.keep.clone(),
+                };
+                let report = bench::fleet::run(opts).await.map_err(unavailable)?;
+                emit(a.format, &report, || report.render());
+                Ok(report.ok())
             }
             BenchCommand::Server(a) => bench::server::run(a.listen, first_signal()?)
                 .await

@@ -228,11 +228,32 @@ fn verdict(name: &'static str, unit: Unit, deltas: Vec<ServiceDelta>, what: &str
 pub struct Queries<'a> {
     /// The namespace regex (already escaped).
     pub ns: &'a str,
-    /// The window, as a PromQL duration.
-    pub w: &'a str,
+    /// The window, in seconds.
+    pub secs: u64,
+}
+
+/// A counter's increase per second over `[w]` (ending `offset` back), the
+/// same on every store that speaks PromQL: the highest sample in the window
+/// less the lowest, over the window's length. `rate()` is not: Prometheus
+/// divides a series' increase by the whole window, VictoriaMetrics by the
+/// part of it the series has samples in, so a pod that started or ended in
+/// the window (every pod of a wave) counts up to the window over its life
+/// there; and Prometheus extrapolates to the window's edges, which
+/// VictoriaMetrics does not. A series whose counter reset in the window
+/// (the shim restarted in its pod) falls back to `increase()`.
+pub fn per_second(selector: &str, w: u64, offset: &str) -> String {
+    let r = format!("{selector}[{w}s]{offset}");
+    format!(
+        "((((max_over_time({r}) - min_over_time({r})) unless (resets({r}) > 0)) or increase({r})) / {w})"
+    )
 }
 
 impl Queries<'_> {
+    /// The window as a PromQL duration.
+    pub fn w(&self) -> String {
+        format!("{}s", self.secs.max(1))
+    }
+
     /// `f(selector)` over the wave's series: those that carry a `namespace`
     /// label themselves (node mode's per-pod series, and sidecars scraped
     /// with their pod's labels) directly, and those of shims that export none
@@ -240,7 +261,7 @@ impl Queries<'_> {
     /// An instance with proxies in several namespaces is a node agent, whose
     /// series carry their own labels; it is left out of the join.
     pub fn in_wave(&self, f: impl Fn(&str) -> String, offset: &str) -> String {
-        let (ns, w) = (self.ns, self.w);
+        let (ns, w) = (self.ns, self.w());
         let members = format!(
             "max by (instance, namespace) (max_over_time(drainshim_proxy_info{{namespace=~\"{ns}\"}}[{w}]{offset}))"
         );
@@ -252,9 +273,8 @@ impl Queries<'_> {
     }
 
     fn rate(&self, metric: &str, extra: &str, offset: &str) -> String {
-        let w = self.w;
         self.in_wave(
-            |sel| format!("rate({metric}{{{sel}{extra}}}[{w}]{offset})"),
+            |sel| per_second(&format!("{metric}{{{sel}{extra}}}"), self.secs.max(1), offset),
             offset,
         )
     }
@@ -638,17 +658,31 @@ mod tests {
     fn the_wave_join_reads_both_label_styles() {
         let q = Queries {
             ns: "shop",
-            w: "1m",
+            secs: 60,
         };
-        let text = q.requests("", " offset 1m");
+        let text = q.requests("", " offset 60s");
         assert!(
-            text.contains(r#"drainshim_guard_requests_total{namespace=~"shop"}[1m] offset 1m"#),
+            text.contains(r#"drainshim_guard_requests_total{namespace=~"shop"}[60s] offset 60s"#),
             "{text}"
         );
         assert!(
-            text.contains(r#"drainshim_guard_requests_total{namespace=""}[1m] offset 1m"#),
+            text.contains(r#"drainshim_guard_requests_total{namespace=""}[60s] offset 60s"#),
             "{text}"
         );
         assert!(text.contains("group_left(namespace)"), "{text}");
+    }
+
+    /// The increase per second that both stores compute alike: no `rate()`
+    /// (its window differs between them), a counter reset falls back to
+    /// `increase()`.
+    #[test]
+    fn counters_are_read_the_same_way_on_every_store() {
+        let text = per_second("m{a=\"b\"}", 600, " offset 600s");
+        assert_eq!(
+            text,
+            "((((max_over_time(m{a=\"b\"}[600s] offset 600s) - min_over_time(m{a=\"b\"}[600s] offset 600s)) \
+             unless (resets(m{a=\"b\"}[600s] offset 600s) > 0)) or increase(m{a=\"b\"}[600s] offset 600s)) / 600)"
+        );
+        assert!(!Queries { ns: "x", secs: 60 }.requests("", "").contains("rate("));
     }
 }

@@ -182,6 +182,9 @@ impl PromClient {
                     what,
                 },
             })?;
+        // What each answer cost, for `bench fleet` (and anyone tuning a
+        // slow store): one line per query at debug.
+        tracing::debug!(bytes = body.len(), "prometheus: answered");
         if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
             return Err(PromError::Refused {
                 url: self.url(),

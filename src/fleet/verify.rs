@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::golden::{self, GoldenThresholds, Queries, ServiceDelta, Window};
+use super::golden::{self, per_second, GoldenThresholds, Queries, ServiceDelta, Window};
 use super::prometheus::{regex_alternation, PromClient};
 use super::{scrape_target, table, FleetError, Proxy, CALL_TIMEOUT};
 
@@ -253,9 +253,12 @@ async fn from_prometheus(
     opts: &VerifyOptions,
 ) -> Result<Vec<Check>, FleetError> {
     let ns = regex_alternation(&opts.namespaces);
-    let w = format!("{}s", opts.window.as_secs().max(1));
+    let q = Queries {
+        ns: &ns,
+        secs: opts.window.as_secs().max(1),
+    };
+    let w = q.w();
     let v = version_matcher(&opts.expect_version);
-    let q = Queries { ns: &ns, w: &w };
 
     let proxies: Vec<Proxy> = prom
         .query(&format!("drainshim_proxy_info{{namespace=~\"{ns}\"}} == 1"))
@@ -319,7 +322,7 @@ async fn from_prometheus(
             format!(
                 "sum({})",
                 q.in_wave(
-                    |sel| format!("rate({metric}{{{sel}}}[{w}]{offset})"),
+                    |sel| per_second(&format!("{metric}{{{sel}}}"), q.secs, offset),
                     offset
                 )
             )

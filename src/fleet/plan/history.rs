@@ -49,52 +49,62 @@ impl PlanOptions {
 }
 
 /// Reads the timelines from Prometheus.
+///
+/// The range queries run on multiples of the step, as stores that align
+/// range queries for their caches (VictoriaMetrics, a Thanos or Mimir query
+/// frontend) would move them there anyway and answer at other times than
+/// asked; the end itself, when it is between two multiples, is one more
+/// instant query of each, so the last point is still "now".
 pub async fn read(prom: &PromClient, opts: &PlanOptions) -> Result<Timelines, FleetError> {
-    let end = opts.at.unwrap_or_else(SystemTime::now);
+    let end = unix(opts.at.unwrap_or_else(SystemTime::now));
     let step = opts.step();
-    // Whole steps back from the end, so the last point is the end itself.
+    let s = step.as_secs().max(1) as f64;
+    let last = (end / s).floor() * s;
     let steps = opts.history.as_secs().div_ceil(step.as_secs().max(1));
-    let start = u32::try_from(steps)
-        .ok()
-        .and_then(|n| step.checked_mul(n))
-        .and_then(|back| end.checked_sub(back))
-        .unwrap_or(UNIX_EPOCH);
+    let start = (last - steps as f64 * s).max(0.0);
+    let at = |t: f64| UNIX_EPOCH + Duration::from_secs_f64(t);
     let label = match opts.version_label {
         VersionLabel::Version => "version",
         VersionLabel::MeshVersion => "mesh_version",
     };
-    let versions = prom
-        .query_range(
-            &format!("count by (namespace, {label}) (drainshim_proxy_info == 1)"),
-            start,
-            end,
-            step,
-        )
-        .await?;
+    let versions_q = format!("count by (namespace, {label}) (drainshim_proxy_info == 1)");
     // A guard's gauge carries no namespace in sidecar mode: join it to its
     // shim's proxy_info on the instance (node agents label their own).
-    let w = format!("{}s", (step.as_secs() * 2).max(30));
-    let q = crate::fleet::golden::Queries { ns: ".+", w: &w };
+    let q = crate::fleet::golden::Queries {
+        ns: ".+",
+        secs: (step.as_secs() * 2).max(30),
+    };
     let joined = q.in_wave(
         |sel| format!("drainshim_guard_max_connection_age_seconds{{{sel}}}"),
         "",
     );
-    let max_age = prom
-        .query_range(&format!("min by (namespace) ({joined})"), start, end, step)
+    let max_age_q = format!("min by (namespace) ({joined})");
+    let mut versions = prom
+        .query_range(&versions_q, at(start), at(last), step)
         .await?;
-
-    let mut times: BTreeSet<i64> = BTreeSet::new();
-    let key = |t: f64| (t * 1000.0).round() as i64;
-    let mut at = start;
-    while at <= end {
-        times.insert(key(unix(at)));
-        at += step;
+    let mut max_age = prom
+        .query_range(&max_age_q, at(start), at(last), step)
+        .await?;
+    let mut times: Vec<f64> = (0..=steps).map(|k| start + k as f64 * s).collect();
+    if end > last + 0.0005 {
+        let now = prom.clone().at(Some(at(end)));
+        let point = |samples: Vec<crate::fleet::prometheus::Sample>| {
+            samples.into_iter().map(move |x| crate::fleet::prometheus::Series {
+                labels: x.labels,
+                points: vec![(end, x.value)],
+            })
+        };
+        versions.extend(point(now.query(&versions_q).await?));
+        max_age.extend(point(now.query(&max_age_q).await?));
+        times.push(end);
     }
-    let index: BTreeMap<i64, usize> = times.iter().enumerate().map(|(i, t)| (*t, i)).collect();
+
+    let key = |t: f64| (t * 1000.0).round() as i64;
+    let index: BTreeMap<i64, usize> = times.iter().enumerate().map(|(i, t)| (key(*t), i)).collect();
     let mut tl = Timelines {
-        times: times.iter().map(|t| *t as f64 / 1000.0).collect(),
-        versions: vec![BTreeMap::new(); times.len()],
-        max_age: vec![BTreeMap::new(); times.len()],
+        times,
+        versions: vec![BTreeMap::new(); index.len()],
+        max_age: vec![BTreeMap::new(); index.len()],
         namespaces: BTreeSet::new(),
     };
     for s in &versions {
