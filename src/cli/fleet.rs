@@ -104,6 +104,12 @@ pub struct PromAccessArgs {
         hide_env_values = true
     )]
     pub prometheus_header: Vec<String>,
+
+    /// Bound of each query to Prometheus. A store answering weeks of
+    /// history for thousands of pods takes seconds; a query past this fails
+    /// the command (69).
+    #[arg(long, env = "DRAINSHIM_PROMETHEUS_TIMEOUT", default_value_t = crate::fleet::reach::DEFAULT_QUERY_TIMEOUT)]
+    pub prometheus_timeout: Span,
 }
 
 impl PromAccessArgs {
@@ -164,7 +170,9 @@ impl PromAccessArgs {
             return Err(invalid);
         };
         match Reach::new(url, &access) {
-            Ok(reach) => invalid.into_result().map(|()| reach),
+            Ok(reach) => invalid
+                .into_result()
+                .map(|()| reach.with_timeout(self.prometheus_timeout.get())),
             Err(e) => {
                 invalid.0.push(e.to_string());
                 Err(invalid)

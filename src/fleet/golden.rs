@@ -257,14 +257,29 @@ impl Queries<'_> {
     /// `f(selector)` over the wave's series: those that carry a `namespace`
     /// label themselves (node mode's per-pod series, and sidecars scraped
     /// with their pod's labels) directly, and those of shims that export none
-    /// joined on `instance` to the namespace of their `drainshim_proxy_info`.
+    /// joined on `instance` to the namespace of their `drainshim_proxy_info`
+    /// at any time in the window (the wave's pods are gone at its end).
     /// An instance with proxies in several namespaces is a node agent, whose
     /// series carry their own labels; it is left out of the join.
     pub fn in_wave(&self, f: impl Fn(&str) -> String, offset: &str) -> String {
         let (ns, w) = (self.ns, self.w());
-        let members = format!(
-            "max by (instance, namespace) (max_over_time(drainshim_proxy_info{{namespace=~\"{ns}\"}}[{w}]{offset}))"
-        );
+        self.join(
+            f,
+            &format!("max_over_time(drainshim_proxy_info{{namespace=~\"{ns}\"}}[{w}]{offset})"),
+        )
+    }
+
+    /// [`Queries::in_wave`] with each instance's namespace as it is at the
+    /// evaluation time: for a range query over the fleet's history, where a
+    /// window per point would read every sample many times over.
+    pub fn in_fleet(&self, f: impl Fn(&str) -> String) -> String {
+        let ns = self.ns;
+        self.join(f, &format!("drainshim_proxy_info{{namespace=~\"{ns}\"}}"))
+    }
+
+    fn join(&self, f: impl Fn(&str) -> String, info: &str) -> String {
+        let ns = self.ns;
+        let members = format!("max by (instance, namespace) ({info})");
         format!(
             "({} or ({} * on(instance) group_left(namespace) ({members} unless on(instance) (count by (instance) ({members}) > 1))))",
             f(&format!("namespace=~\"{ns}\"")),
@@ -359,29 +374,36 @@ pub struct Window {
 }
 
 impl Window {
+    /// The window's numbers, its queries asked at once (a store runs them
+    /// side by side).
     pub async fn read(prom: &PromClient, q: &Queries<'_>, offset: &str) -> Result<Self, PromError> {
+        let failed = format!(",code=~\"{FAILURE_CODES}\"");
+        let asked = [
+            q.requests("", offset),
+            q.requests(&failed, offset),
+            q.p99(offset),
+            q.callers(offset),
+            q.reopens(offset),
+        ];
+        let ended = q.endings("drainshim_streams_terminated_total", offset);
+        let reset = q.endings("drainshim_streams_ungraceful_total", offset);
+        let (per, ended, reset) = tokio::try_join!(
+            futures_util::future::try_join_all(asked.iter().map(|x| per_service(prom, x))),
+            per_label(prom, &ended, "reason"),
+            per_label(prom, &reset, "reason"),
+        )?;
+        // One answer per query, in order.
+        let mut per = per.into_iter();
+        let mut next = || per.next().unwrap_or_default();
+        let (requests, failures, p99, callers, reopens) = (next(), next(), next(), next(), next());
         Ok(Self {
-            requests: per_service(prom, &q.requests("", offset)).await?,
-            failures: per_service(
-                prom,
-                &q.requests(&format!(",code=~\"{FAILURE_CODES}\""), offset),
-            )
-            .await?,
-            p99: per_service(prom, &q.p99(offset)).await?,
-            callers: per_service(prom, &q.callers(offset)).await?,
-            reopens: per_service(prom, &q.reopens(offset)).await?,
-            ended: per_label(
-                prom,
-                &q.endings("drainshim_streams_terminated_total", offset),
-                "reason",
-            )
-            .await?,
-            reset: per_label(
-                prom,
-                &q.endings("drainshim_streams_ungraceful_total", offset),
-                "reason",
-            )
-            .await?,
+            requests,
+            failures,
+            p99,
+            callers,
+            reopens,
+            ended,
+            reset,
         })
     }
 

@@ -80,7 +80,7 @@ pub async fn proxies(source: &Source) -> Result<Vec<Proxy>, FleetError> {
             all
         }
         Source::Prometheus(reach) => {
-            from_prometheus(&PromClient::from_reach((**reach).clone(), CALL_TIMEOUT)).await?
+            from_prometheus(&PromClient::from_reach((**reach).clone(), reach.timeout())).await?
         }
     };
     out.sort();

@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::config::Span;
+
 use base64::Engine as _;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, AUTHORIZATION};
@@ -205,7 +207,12 @@ pub struct Reach {
     credentials: Credentials,
     /// The extra headers, already checked.
     headers: HeaderMap,
+    /// Bound of each query.
+    timeout: Duration,
 }
+
+/// Bound of each query unless `--prometheus-timeout` says otherwise.
+pub const DEFAULT_QUERY_TIMEOUT: Span = Span::secs(30);
 
 impl fmt::Debug for Reach {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -264,9 +271,21 @@ impl Reach {
             tls,
             credentials: access.credentials.clone(),
             headers,
+            timeout: DEFAULT_QUERY_TIMEOUT.get(),
         };
         reach.authorization()?;
         Ok(reach)
+    }
+
+    /// The same reach, each query bounded by `timeout`.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Bound of each query.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     pub fn url(&self) -> &PromUrl {

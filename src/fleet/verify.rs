@@ -21,9 +21,11 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use futures_util::future::try_join_all;
+
 use super::golden::{self, per_second, GoldenThresholds, Queries, ServiceDelta, Window};
 use super::prometheus::{regex_alternation, PromClient};
-use super::{scrape_target, table, FleetError, Proxy, CALL_TIMEOUT};
+use super::{scrape_target, table, FleetError, Proxy};
 
 /// Where verify reads from.
 #[derive(Clone, Debug)]
@@ -126,7 +128,7 @@ pub async fn verify(source: &VerifySource, opts: &VerifyOptions) -> Result<Vec<C
                     "--namespace is required with --prometheus (the wave's namespaces)".into(),
                 ));
             }
-            let prom = PromClient::from_reach((**reach).clone(), CALL_TIMEOUT).at(opts.at);
+            let prom = PromClient::from_reach((**reach).clone(), reach.timeout()).at(opts.at);
             from_prometheus(&prom, opts).await
         }
         VerifySource::Targets(urls) => from_targets(urls, opts).await,
@@ -260,9 +262,66 @@ async fn from_prometheus(
     let w = q.w();
     let v = version_matcher(&opts.expect_version);
 
-    let proxies: Vec<Proxy> = prom
-        .query(&format!("drainshim_proxy_info{{namespace=~\"{ns}\"}} == 1"))
-        .await?
+    let ended_q: Vec<String> = ENDED_BADLY
+        .iter()
+        .map(|(_, outcome, _)| {
+            format!(
+                "sum({})",
+                q.in_wave(
+                    |sel| format!(
+                        "max_over_time(drainshim_drained_streams_total{{{sel},outcome=\"{outcome}\"}}[{w}])"
+                    ),
+                    ""
+                )
+            )
+        })
+        .collect();
+    let rejected_q = format!(
+        "sum({})",
+        q.in_wave(
+            |sel| format!("max_over_time(drainshim_envoy_config_updates_total{{{sel},result=\"rejected\",{v}}}[{w}])"),
+            ""
+        )
+    );
+    let before = format!(" offset {w}");
+    let rate_gates = [
+        (
+            "retry volume within threshold",
+            "drainshim_envoy_upstream_retries_total",
+            opts.thresholds.max_retry_increase,
+        ),
+        (
+            "reset rate within threshold",
+            "drainshim_tcp_resets_total",
+            opts.thresholds.max_reset_increase,
+        ),
+    ];
+    let rate_q: Vec<String> = rate_gates
+        .iter()
+        .flat_map(|(_, metric, _)| {
+            ["", before.as_str()].map(|offset| {
+                format!(
+                    "sum({})",
+                    q.in_wave(
+                        |sel| per_second(&format!("{metric}{{{sel}}}"), q.secs, offset),
+                        offset
+                    )
+                )
+            })
+        })
+        .collect();
+    let info_q = format!("drainshim_proxy_info{{namespace=~\"{ns}\"}} == 1");
+    // Every query at once: a store runs them side by side.
+    let (info, ended, rejected, rates, now, before) = tokio::try_join!(
+        prom.query(&info_q),
+        try_join_all(ended_q.iter().map(|x| prom.scalar(x))),
+        prom.scalar(&rejected_q),
+        try_join_all(rate_q.iter().map(|x| prom.query(x))),
+        Window::read(prom, &q, ""),
+        Window::read(prom, &q, &before),
+    )?;
+
+    let proxies: Vec<Proxy> = info
         .iter()
         .map(|s| Proxy {
             namespace: s.label("namespace").into(),
@@ -274,75 +333,25 @@ async fn from_prometheus(
         })
         .collect();
     let mut checks = vec![versions_check(&proxies, opts)];
-
     let since = format!("in the last {}", humantime::format_duration(opts.window));
-    for (name, outcome, what) in ENDED_BADLY {
-        let n = prom
-            .scalar(&format!(
-                "sum({})",
-                q.in_wave(
-                    |sel| format!(
-                        "max_over_time(drainshim_drained_streams_total{{{sel},outcome=\"{outcome}\"}}[{w}])"
-                    ),
-                    ""
-                )
-            ))
-            .await?;
+    for ((name, _, what), n) in ENDED_BADLY.iter().zip(ended) {
         checks.push(count_check(name, n, &format!("{what} {since}")));
     }
-
-    let rejected = prom
-        .scalar(&format!(
-            "sum({})",
-            q.in_wave(
-                |sel| format!("max_over_time(drainshim_envoy_config_updates_total{{{sel},result=\"rejected\",{v}}}[{w}])"),
-                ""
-            )
-        ))
-        .await?;
     checks.push(count_check(
         "no config rejections on the new version",
         rejected,
         &format!("xDS updates rejected by Envoy {}", opts.expect_version),
     ));
-
-    for (name, metric, max_increase) in [
-        (
-            "retry volume within threshold",
-            "drainshim_envoy_upstream_retries_total",
-            opts.thresholds.max_retry_increase,
-        ),
-        (
-            "reset rate within threshold",
-            "drainshim_tcp_resets_total",
-            opts.thresholds.max_reset_increase,
-        ),
-    ] {
-        let rate = |offset: &str| {
-            format!(
-                "sum({})",
-                q.in_wave(
-                    |sel| per_second(&format!("{metric}{{{sel}}}"), q.secs, offset),
-                    offset
-                )
-            )
-        };
-        let now = prom.query(&rate("")).await?.first().map(|s| s.value);
-        let before = prom
-            .query(&rate(&format!(" offset {w}")))
-            .await?
-            .first()
-            .map(|s| s.value);
+    for ((name, _, max_increase), pair) in rate_gates.iter().zip(rates.chunks(2)) {
+        let first = |k: usize| pair.get(k).and_then(|s| s.first()).map(|s| s.value);
         checks.push(rate_check(
             name,
-            now,
-            before,
-            max_increase,
+            first(0),
+            first(1),
+            *max_increase,
             opts.thresholds.rate_floor,
         ));
     }
-    let now = Window::read(prom, &q, "").await?;
-    let before = Window::read(prom, &q, &format!(" offset {w}")).await?;
     checks.extend(
         golden::judge(&before, &now, &opts.thresholds.golden)
             .into_iter()

@@ -18,6 +18,7 @@ mod faults_envoy;
 mod faults_recovery;
 mod faults_security;
 mod fleet;
+mod fleet_scale;
 mod golden_endings;
 mod golden_signals;
 mod guard_abuse;

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::PlanOptions;
-use crate::fleet::prometheus::PromClient;
+use crate::fleet::prometheus::{PromClient, Series};
 use crate::fleet::{FleetError, VersionLabel};
 
 /// The timelines the plan is derived from: one point per step over the
@@ -23,9 +23,11 @@ pub struct Timelines {
 }
 
 /// The step between points: a tenth of the shortest rule (stall, soaks)
-/// and at most a thousandth of the history, so every rule is judged on
-/// several points; but no finer than a second, and coarse enough to stay
-/// under Prometheus' 11,000 points per series.
+/// and at most a hundredth of the history, so every rule is judged on
+/// several points; but no finer than a second, and no more than 2,000
+/// points over the history. The points bound the cost: a range query costs
+/// the store (series x points), and at 2,400 pods over ten weeks a point a
+/// minute would take it minutes. A stall is then seen up to one step late.
 pub fn step_for(history: Duration, rules: &[Duration]) -> Duration {
     let shortest = rules
         .iter()
@@ -34,35 +36,71 @@ pub fn step_for(history: Duration, rules: &[Duration]) -> Duration {
         .min()
         .unwrap_or(history);
     let fine = Duration::from_secs((shortest / 10).as_secs().max(1));
-    let coarsest = Duration::from_secs(history.as_secs().div_ceil(10_000));
+    let coarsest = Duration::from_secs(history.as_secs().div_ceil(MAX_POINTS));
     fine.max(coarsest)
 }
 
+/// The most points a timeline has over the history.
+pub const MAX_POINTS: u64 = 2_000;
+
 impl PlanOptions {
-    /// The step the timelines are read at.
+    /// The step the versions are read at.
     pub fn step(&self) -> Duration {
         step_for(
             self.history,
             &[self.stall_after, self.soak, self.lifetime_soak],
         )
     }
+
+    /// The step the guards' max connection age is read at: a tenth of the
+    /// lifetime soak, which is all it gates (a lifetime is seen set up to
+    /// one step late, so its soak ends late, never early), and never finer
+    /// than the versions' step.
+    pub fn max_age_step(&self) -> Duration {
+        self.step().max(Duration::from_secs(
+            (self.lifetime_soak / 10).as_secs().max(1),
+        ))
+    }
 }
 
-/// Reads the timelines from Prometheus.
-///
-/// The range queries run on multiples of the step, as stores that align
-/// range queries for their caches (VictoriaMetrics, a Thanos or Mimir query
-/// frontend) would move them there anyway and answer at other times than
-/// asked; the end itself, when it is between two multiples, is one more
-/// instant query of each, so the last point is still "now".
-pub async fn read(prom: &PromClient, opts: &PlanOptions) -> Result<Timelines, FleetError> {
-    let end = unix(opts.at.unwrap_or_else(SystemTime::now));
-    let step = opts.step();
+/// `query` over the history at `step`, on multiples of the step, as stores
+/// that align range queries for their caches (VictoriaMetrics, a Thanos or
+/// Mimir query frontend) would move it there anyway and answer at other
+/// times than asked; and at `end` itself, one more instant query, when it
+/// is between two multiples, so the last point is still "now".
+async fn history_of(
+    prom: &PromClient,
+    query: &str,
+    history: Duration,
+    step: Duration,
+    end: f64,
+) -> Result<(Vec<f64>, Vec<Series>), FleetError> {
     let s = step.as_secs().max(1) as f64;
     let last = (end / s).floor() * s;
-    let steps = opts.history.as_secs().div_ceil(step.as_secs().max(1));
+    let steps = history.as_secs().div_ceil(step.as_secs().max(1));
     let start = (last - steps as f64 * s).max(0.0);
     let at = |t: f64| UNIX_EPOCH + Duration::from_secs_f64(t);
+    let mut series = prom.query_range(query, at(start), at(last), step).await?;
+    let mut times: Vec<f64> = (0..=steps)
+        .map(|k| start + k as f64 * s)
+        .filter(|t| *t <= last)
+        .collect();
+    if end > last + 0.0005 {
+        let now = prom.clone().at(Some(at(end)));
+        series.extend(now.query(query).await?.into_iter().map(|x| Series {
+            labels: x.labels,
+            points: vec![(end, x.value)],
+        }));
+        times.push(end);
+    }
+    Ok((times, series))
+}
+
+/// Reads the timelines from Prometheus: the versions at the plan's step,
+/// the max connection age at its own coarser one, mapped onto the same
+/// points (each point takes the last max-age reading at or before it).
+pub async fn read(prom: &PromClient, opts: &PlanOptions) -> Result<Timelines, FleetError> {
+    let end = unix(opts.at.unwrap_or_else(SystemTime::now));
     let label = match opts.version_label {
         VersionLabel::Version => "version",
         VersionLabel::MeshVersion => "mesh_version",
@@ -70,34 +108,12 @@ pub async fn read(prom: &PromClient, opts: &PlanOptions) -> Result<Timelines, Fl
     let versions_q = format!("count by (namespace, {label}) (drainshim_proxy_info == 1)");
     // A guard's gauge carries no namespace in sidecar mode: join it to its
     // shim's proxy_info on the instance (node agents label their own).
-    let q = crate::fleet::golden::Queries {
-        ns: ".+",
-        secs: (step.as_secs() * 2).max(30),
-    };
-    let joined = q.in_wave(
-        |sel| format!("drainshim_guard_max_connection_age_seconds{{{sel}}}"),
-        "",
-    );
+    let q = crate::fleet::golden::Queries { ns: ".+", secs: 0 };
+    let joined = q.in_fleet(|sel| format!("drainshim_guard_max_connection_age_seconds{{{sel}}}"));
     let max_age_q = format!("min by (namespace) ({joined})");
-    let mut versions = prom
-        .query_range(&versions_q, at(start), at(last), step)
-        .await?;
-    let mut max_age = prom
-        .query_range(&max_age_q, at(start), at(last), step)
-        .await?;
-    let mut times: Vec<f64> = (0..=steps).map(|k| start + k as f64 * s).collect();
-    if end > last + 0.0005 {
-        let now = prom.clone().at(Some(at(end)));
-        let point = |samples: Vec<crate::fleet::prometheus::Sample>| {
-            samples.into_iter().map(move |x| crate::fleet::prometheus::Series {
-                labels: x.labels,
-                points: vec![(end, x.value)],
-            })
-        };
-        versions.extend(point(now.query(&versions_q).await?));
-        max_age.extend(point(now.query(&max_age_q).await?));
-        times.push(end);
-    }
+    let (times, versions) = history_of(prom, &versions_q, opts.history, opts.step(), end).await?;
+    let (age_times, max_age) =
+        history_of(prom, &max_age_q, opts.history, opts.max_age_step(), end).await?;
 
     let key = |t: f64| (t * 1000.0).round() as i64;
     let index: BTreeMap<i64, usize> = times.iter().enumerate().map(|(i, t)| (key(*t), i)).collect();
@@ -117,12 +133,19 @@ pub async fn read(prom: &PromClient, opts: &PlanOptions) -> Result<Timelines, Fl
             }
         }
     }
+    // The max-age readings by time, then each point takes the last one at
+    // or before it.
+    let mut readings: BTreeMap<i64, BTreeMap<String, f64>> =
+        age_times.iter().map(|t| (key(*t), BTreeMap::new())).collect();
     for s in &max_age {
         let ns = s.label("namespace").to_string();
         for (t, v) in &s.points {
-            if let Some(i) = nearest(&index, key(*t)) {
-                tl.max_age[i].insert(ns.clone(), *v);
-            }
+            readings.entry(key(*t)).or_default().insert(ns.clone(), *v);
+        }
+    }
+    for (i, t) in tl.times.iter().enumerate() {
+        if let Some((_, m)) = readings.range(..=key(*t) + 500).next_back() {
+            tl.max_age[i] = m.clone();
         }
     }
     Ok(tl)
@@ -148,8 +171,8 @@ mod tests {
     fn steps_stay_under_the_point_limit() {
         let day = Duration::from_secs(86_400);
         let s = step_for(90 * day, &[Duration::from_secs(3600), day, 7 * day]);
-        assert!((90 * day).as_secs() / s.as_secs() <= 10_000);
-        assert_eq!(s, Duration::from_secs(778));
+        assert!((90 * day).as_secs() / s.as_secs() <= MAX_POINTS);
+        assert_eq!(s, Duration::from_secs(3888));
         let s = step_for(Duration::from_secs(900), &[Duration::from_secs(7200), day]);
         assert_eq!(s, Duration::from_secs(1), "a short history is read finely");
         let s = step_for(day, &[Duration::from_secs(3600)]);

@@ -28,7 +28,7 @@ use serde::Serialize;
 
 use super::prometheus::PromClient;
 use super::verify::{self, Thresholds, VerifyOptions, VerifySource};
-use super::{FleetError, VersionLabel, CALL_TIMEOUT};
+use super::{FleetError, VersionLabel};
 use crate::inventory::Release;
 
 pub use history::{read, step_for, Timelines};
@@ -179,7 +179,7 @@ pub async fn plan(
 ) -> Result<Plan, FleetError> {
     let v =
         Versions::new(opts.control_plane, opts.target, opts.max_skew).map_err(FleetError::Input)?;
-    let prom = PromClient::from_reach(reach.clone(), CALL_TIMEOUT);
+    let prom = PromClient::from_reach(reach.clone(), reach.timeout());
     let tl = read(&prom, opts).await?;
     if tl.namespaces.is_empty() {
         return Err(FleetError::Empty(format!(
