@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: demo test conformance shipped bench bench-allocator bench-reconnect bench-node envoy prometheus h2load pytools peers lint tools deploy-check deploy-tools deploy-rules fuzz-ci
+.PHONY: demo test conformance shipped bench bench-allocator bench-reconnect bench-node bench-fleet envoy prometheus h2load pytools peers lint tools deploy-check deploy-tools deploy-rules fuzz-ci
 
 demo: envoy
 	$(CARGO) run --release --locked --quiet -- demo
@@ -43,6 +43,7 @@ bench: tools shipped
 	$(CARGO) bench --locked --bench websocket
 	$(MAKE) bench-reconnect
 	$(MAKE) bench-node
+	$(MAKE) bench-fleet
 
 # The production binary's allocator, by measurement: the shipped build with
 # the system allocator and with mimalloc as guards side by side, beside direct
@@ -61,6 +62,15 @@ bench-reconnect: envoy
 	  --protocol grpc --streams 1000
 	$(CARGO) run --release --locked --quiet -- bench reconnect --mode drainshim \
 	  --protocol websocket --streams 1000
+
+# The fleet tools at the mission's scale: 2,400 pods, 500 services, 100
+# namespaces and ten weeks of a migration, simulated, backfilled into a real
+# Prometheus (promtool) and imported into a real VictoriaMetrics; inventory,
+# skew, verify and plan against both: wall time, peak RSS, queries, bytes.
+# Exits 1 if the stores' answers differ or the plan misreads the history.
+# About 9 GB of scratch files in $TMPDIR while it runs.
+bench-fleet: prometheus
+	$(CARGO) run --release --locked --quiet -- bench fleet
 
 # Everything the tests run against. Envoy, Prometheus and the deploy tools
 # (kubectl if absent, kubernetes-validate, hadolint, promtool) go into .cache/;

@@ -180,10 +180,15 @@ fn verdict(name: &'static str, unit: Unit, deltas: Vec<ServiceDelta>, what: &str
     }
     let failed: Vec<&ServiceDelta> = deltas.iter().filter(|d| !d.ok).collect();
     let describe = |d: &ServiceDelta| {
+        // Rounded as shown first: a change of -1e-16 reads +0.0, not -0.0.
+        let at = |x: f64, digits: i32| {
+            let k = 10f64.powi(digits);
+            (x * k).round() / k + 0.0
+        };
         let change = match unit {
-            Unit::Percent => format!("{:+.2} points", d.change),
+            Unit::Percent => format!("{:+.2} points", at(d.change, 2)),
             _ if d.change.is_infinite() => "from zero".to_string(),
-            _ => format!("{:+.1}%", d.change * 100.0),
+            _ => format!("{:+.1}%", at(d.change * 100.0, 1)),
         };
         let limit = match unit {
             Unit::Percent => format!("at least {}", shown(d.limit, unit)),
@@ -199,12 +204,15 @@ fn verdict(name: &'static str, unit: Unit, deltas: Vec<ServiceDelta>, what: &str
     };
     let detail = if failed.is_empty() {
         let n = deltas.len();
-        // The service that moved most, for the record.
+        // The service that moved most, for the record. Changes equal but for
+        // float rounding (stores sum in different orders) are a tie, which
+        // the last in name order wins, so every store names the same one.
+        let q = |x: f64| (x * 1e9).round() + 0.0; // -0.0 is 0.0
         let most = deltas
             .iter()
             .max_by(|a, b| match unit {
-                Unit::Percent => b.change.total_cmp(&a.change),
-                _ => a.change.total_cmp(&b.change),
+                Unit::Percent => q(b.change).total_cmp(&q(a.change)),
+                _ => q(a.change).total_cmp(&q(b.change)),
             })
             .map(describe)
             .unwrap_or_default();
@@ -289,7 +297,13 @@ impl Queries<'_> {
 
     fn rate(&self, metric: &str, extra: &str, offset: &str) -> String {
         self.in_wave(
-            |sel| per_second(&format!("{metric}{{{sel}{extra}}}"), self.secs.max(1), offset),
+            |sel| {
+                per_second(
+                    &format!("{metric}{{{sel}{extra}}}"),
+                    self.secs.max(1),
+                    offset,
+                )
+            },
             offset,
         )
     }
@@ -302,12 +316,22 @@ impl Queries<'_> {
         )
     }
 
+    /// p99 latency by (namespace, service). Only the buckets' shares count,
+    /// so each bucket series' growth is its highest sample less its lowest,
+    /// without [`per_second`]'s reset fallback: the histogram is 14 series
+    /// per pod, the costliest query of a wave, and a shim that restarted in
+    /// its pod resets all its buckets together, which keeps their shares.
     pub fn p99(&self, offset: &str) -> String {
+        let w = self.w();
         format!(
             "histogram_quantile(0.99, sum by (namespace, service, le) ({}))",
-            self.rate(
-                "drainshim_guard_request_duration_seconds_bucket",
-                "",
+            self.in_wave(
+                |sel| {
+                    let r = format!(
+                        "drainshim_guard_request_duration_seconds_bucket{{{sel}}}[{w}]{offset}"
+                    );
+                    format!("(max_over_time({r}) - min_over_time({r}))")
+                },
                 offset
             )
         )
@@ -705,6 +729,8 @@ mod tests {
             "((((max_over_time(m{a=\"b\"}[600s] offset 600s) - min_over_time(m{a=\"b\"}[600s] offset 600s)) \
              unless (resets(m{a=\"b\"}[600s] offset 600s) > 0)) or increase(m{a=\"b\"}[600s] offset 600s)) / 600)"
         );
-        assert!(!Queries { ns: "x", secs: 60 }.requests("", "").contains("rate("));
+        assert!(!Queries { ns: "x", secs: 60 }
+            .requests("", "")
+            .contains("rate("));
     }
 }

@@ -171,6 +171,7 @@ impl PromClient {
     /// GETs an API path; a refusal (401, 403) is its own error, any other
     /// status is left to the decoder, which reports Prometheus' own error.
     async fn get(&self, path: &str) -> Result<(StatusCode, bytes::Bytes), PromError> {
+        let asked = std::time::Instant::now();
         let (status, body) = self
             .reach
             .get(path, self.timeout)
@@ -184,7 +185,11 @@ impl PromClient {
             })?;
         // What each answer cost, for `bench fleet` (and anyone tuning a
         // slow store): one line per query at debug.
-        tracing::debug!(bytes = body.len(), "prometheus: answered");
+        tracing::debug!(
+            bytes = body.len(),
+            ms = asked.elapsed().as_millis() as u64,
+            "prometheus: answered"
+        );
         if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
             return Err(PromError::Refused {
                 url: self.url(),

@@ -49,7 +49,10 @@ async fn plan_reads_ten_weeks_alike_on_prometheus_and_victoria_metrics() {
         let row = next_row(&r.output);
         assert_eq!(r.exit_code, 1, "{store:?}: {}", r.output);
         assert_eq!(r.output["verdict"], "stop");
-        assert_eq!((row["step"].as_u64(), row["tier"].as_str()), (Some(3), Some("main")));
+        assert_eq!(
+            (row["step"].as_u64(), row["tier"].as_str()),
+            (Some(3), Some("main"))
+        );
         assert_eq!(row["state"], "stalled");
         assert!(
             r.output["next"]["action"]
@@ -64,7 +67,10 @@ async fn plan_reads_ten_weeks_alike_on_prometheus_and_victoria_metrics() {
         let row = next_row(&r.output);
         assert_eq!(r.exit_code, 0, "{store:?}: {}", r.output["next"]);
         assert_eq!(r.output["verdict"], "go");
-        assert_eq!((row["step"].as_u64(), row["kind"].as_str()), (Some(4), Some("control_plane")));
+        assert_eq!(
+            (row["step"].as_u64(), row["kind"].as_str()),
+            (Some(4), Some("control_plane"))
+        );
         assert!(r.output["next"]["action"]
             .as_str()
             .is_some_and(|a| a.contains("point of no return")));
@@ -84,7 +90,10 @@ async fn plan_reads_ten_weeks_alike_on_prometheus_and_victoria_metrics() {
         let r = output(&report.runs, "plan (day 70", store);
         let row = next_row(&r.output);
         assert_eq!(r.exit_code, 1);
-        assert_eq!((row["step"].as_u64(), row["tier"].as_str()), (Some(5), Some("late")));
+        assert_eq!(
+            (row["step"].as_u64(), row["tier"].as_str()),
+            (Some(5), Some("late"))
+        );
         assert_eq!(row["verify"]["failed"], true);
         let why = row["verify"]["detail"].as_str().unwrap_or_default();
         assert!(why.contains("no stream cut by a drain"), "{why}");
@@ -134,7 +143,11 @@ async fn plan_reads_ten_weeks_alike_on_prometheus_and_victoria_metrics() {
         .count();
     assert_eq!(agreed, 6, "every command compared");
     for r in &report.runs {
-        assert!(r.queries > 0 && r.bytes > 0, "{} measured: {r:?}", r.command);
+        assert!(
+            r.queries > 0 && r.bytes > 0,
+            "{} measured: {r:?}",
+            r.command
+        );
         assert!(r.peak_rss_mib > 1.0, "{} measured: {r:?}", r.command);
     }
 }

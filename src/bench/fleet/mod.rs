@@ -67,11 +67,22 @@ pub struct FleetReport {
     pub generate_seconds: f64,
     /// Per store, the seconds its load took.
     pub loads: Vec<(StoreKind, f64)>,
+    /// Per store, the baseline: one range query of the whole history
+    /// (`count(drainshim_proxy_info)` at the plan's step), asked in-process,
+    /// the median of three, seconds.
+    pub baselines: Vec<(StoreKind, f64)>,
     pub runs: Vec<Run>,
     pub judgements: Vec<Judgement>,
 }
 
 impl FleetReport {
+    fn baseline(&self, kind: StoreKind) -> f64 {
+        self.baselines
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map_or(0.0, |(_, s)| *s)
+    }
+
     pub fn ok(&self) -> bool {
         self.judgements.iter().all(|j| j.ok)
     }
@@ -91,7 +102,12 @@ impl FleetReport {
             self.generate_seconds
         );
         for (kind, secs) in &self.loads {
-            let _ = writeln!(out, "Loaded into {} in {secs:.1} s", kind.name());
+            let base = self.baseline(*kind);
+            let _ = writeln!(
+                out,
+                "Loaded into {} in {secs:.1} s; baseline (one range query of the whole history): {base:.3} s",
+                kind.name()
+            );
         }
         out.push('\n');
         let rows: Vec<Vec<String>> = self
@@ -103,6 +119,7 @@ impl FleetReport {
                     r.store.name().to_string(),
                     r.exit_code.to_string(),
                     format!("{:.2}", r.seconds),
+                    format!("{:.1}", r.seconds / self.baseline(r.store).max(1e-3)),
                     format!("{:.1}", r.peak_rss_mib),
                     r.queries.to_string(),
                     format!("{:.1}", r.bytes as f64 / 1024.0),
@@ -110,7 +127,16 @@ impl FleetReport {
             })
             .collect();
         out.push_str(&crate::fleet::table(
-            &["COMMAND", "STORE", "EXIT", "SECONDS", "PEAK_RSS_MIB", "QUERIES", "KIB_ANSWERED"],
+            &[
+                "COMMAND",
+                "STORE",
+                "EXIT",
+                "SECONDS",
+                "X_BASELINE",
+                "PEAK_RSS_MIB",
+                "QUERIES",
+                "KIB_ANSWERED",
+            ],
             &rows,
         ));
         out.push('\n');
@@ -238,11 +264,19 @@ fn stats(stderr: &str) -> (u64, u64, f64) {
 
 async fn run_one(binary: &Path, store: &Store, c: &Command) -> Result<Run, String> {
     let mut args = c.args.clone();
-    args.extend(["--prometheus".into(), store.url.clone(), "-o".into(), "json".into()]);
+    args.extend([
+        "--prometheus".into(),
+        store.url.clone(),
+        "-o".into(),
+        "json".into(),
+    ]);
     let started = Instant::now();
     let out = tokio::process::Command::new(binary)
         .args(&args)
-        .env("DRAINSHIM_LOG", "warn,drainshim::fleet::prometheus=debug,drainshim::exit=debug")
+        .env(
+            "DRAINSHIM_LOG",
+            "warn,drainshim::fleet::prometheus=debug,drainshim::exit=debug",
+        )
         .env("DRAINSHIM_LOG_FORMAT", "json")
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
@@ -283,7 +317,10 @@ fn difference(a: &Value, b: &Value, path: &str) -> Option<String> {
     match (a, b) {
         (Value::Object(x), Value::Object(y)) => {
             for k in x.keys().chain(y.keys()) {
-                let (va, vb) = (x.get(k).unwrap_or(&Value::Null), y.get(k).unwrap_or(&Value::Null));
+                let (va, vb) = (
+                    x.get(k).unwrap_or(&Value::Null),
+                    y.get(k).unwrap_or(&Value::Null),
+                );
                 if let Some(d) = difference(va, vb, &format!("{path}.{k}")) {
                     return Some(d);
                 }
@@ -297,9 +334,9 @@ fn difference(a: &Value, b: &Value, path: &str) -> Option<String> {
             .find_map(|(i, (va, vb))| difference(va, vb, &format!("{path}[{i}]"))),
         // The stores sum in different orders: equal up to float rounding.
         (Value::Number(x), Value::Number(y))
-            if x.as_f64().zip(y.as_f64()).is_some_and(|(x, y)| {
-                (x - y).abs() <= 1e-9 * x.abs().max(y.abs()).max(1.0)
-            }) =>
+            if x.as_f64()
+                .zip(y.as_f64())
+                .is_some_and(|(x, y)| (x - y).abs() <= 1e-9 * x.abs().max(y.abs()).max(1.0)) =>
         {
             None
         }
@@ -406,7 +443,13 @@ pub async fn run(opts: FleetBenchOptions) -> Result<FleetReport, String> {
         .duration_since(std::time::UNIX_EPOCH)
         .map_err(|e| e.to_string())?
         .as_secs() as i64;
-    let shape = Shape::new(opts.pods, opts.services, opts.namespaces, opts.interval, now)?;
+    let shape = Shape::new(
+        opts.pods,
+        opts.services,
+        opts.namespaces,
+        opts.interval,
+        now,
+    )?;
     let temp;
     let work: PathBuf = match &opts.keep {
         Some(dir) => {
@@ -441,6 +484,7 @@ pub async fn run(opts: FleetBenchOptions) -> Result<FleetReport, String> {
 
     let lookback = Duration::from_secs((shape.interval * 3 / 2) as u64);
     let mut loads = Vec::new();
+    let mut baselines = Vec::new();
     let mut runs = Vec::new();
     let cmds = commands(&fleet, &tiers_file);
     for kind in &opts.stores {
@@ -465,6 +509,13 @@ pub async fn run(opts: FleetBenchOptions) -> Result<FleetReport, String> {
             kind.name(),
             started.elapsed().as_secs_f64()
         ));
+        match baseline(&store, &shape).await {
+            Ok(secs) => baselines.push((*kind, secs)),
+            Err(e) => {
+                store.stop().await;
+                return Err(e);
+            }
+        }
         for c in &cmds {
             let r = run_one(&opts.binary, &store, c).await;
             let r = match r {
@@ -494,9 +545,39 @@ pub async fn run(opts: FleetBenchOptions) -> Result<FleetReport, String> {
         history_bytes,
         generate_seconds,
         loads,
+        baselines,
         runs,
         judgements,
     })
+}
+
+/// The baseline: the store reading every proxy's series over the whole
+/// history once, at the step the plan reads versions at (the median of
+/// three).
+async fn baseline(store: &Store, shape: &Shape) -> Result<f64, String> {
+    use crate::fleet::plan::step_for;
+    use crate::fleet::prometheus::PromClient;
+    let prom = PromClient::new(&store.url, Duration::from_secs(300)).map_err(|e| e.to_string())?;
+    let history = Duration::from_secs((TIMELINE.history_days * sim::DAY) as u64);
+    let step = step_for(history, &[Duration::from_secs(12 * 3600)]);
+    let s = step.as_secs() as i64;
+    let end = shape.end - shape.end % s;
+    let at = |t: i64| std::time::UNIX_EPOCH + Duration::from_secs(t as u64);
+    let mut times = Vec::new();
+    for _ in 0..3 {
+        let started = Instant::now();
+        prom.query_range(
+            "count(drainshim_proxy_info == 1)",
+            at(end - history.as_secs() as i64 / s * s),
+            at(end),
+            step,
+        )
+        .await
+        .map_err(|e| format!("baseline on {}: {e}", store.kind.name()))?;
+        times.push(started.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[1])
 }
 
 /// `dir`, emptied: a kept directory's earlier run must not add its data.

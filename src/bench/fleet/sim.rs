@@ -208,7 +208,10 @@ impl Fleet {
                     .max(1)
                     .min(shape.namespaces - next - left_for_others)
             };
-            tiers.push((name.to_string(), (next..next + n).map(namespace_name).collect::<Vec<_>>()));
+            tiers.push((
+                name.to_string(),
+                (next..next + n).map(namespace_name).collect::<Vec<_>>(),
+            ));
             tier_first.push(next);
             tier_of_ns.extend(std::iter::repeat_n(k, n));
             next += n;
@@ -382,7 +385,14 @@ impl Fleet {
                         points.clear();
                         points.extend(times.iter().map(|&x| {
                             let drained = l.until <= self.shape.end && x == last;
-                            (x, value.at(Moment { life: l, t: x, drained }))
+                            (
+                                x,
+                                value.at(Moment {
+                                    life: l,
+                                    t: x,
+                                    drained,
+                                }),
+                            )
                         }));
                         let mut all: Vec<(&str, &str)> =
                             vec![("instance", &l.instance), ("job", "drainshim")];
@@ -517,10 +527,9 @@ fn traffic(family: &str, life: &Life, svc: &str) -> Vec<(Labels, Value)> {
             Value::PerSecond(0.0),
         )],
         "drainshim_envoy_upstream_retries_total" => vec![(Vec::new(), Value::Requests(0.002))],
-        "drainshim_tcp_resets_total" => vec![(
-            labels(&[("kind", "EstabResets")]),
-            Value::PerSecond(0.001),
-        )],
+        "drainshim_tcp_resets_total" => {
+            vec![(labels(&[("kind", "EstabResets")]), Value::PerSecond(0.001))]
+        }
         "drainshim_drained_streams_total" => vec![
             (labels(&[("outcome", "drained")]), Value::Drained(12.0)),
             (
@@ -538,8 +547,12 @@ pub trait Sink {
     /// together).
     fn family(&mut self, name: &str) -> io::Result<()>;
     /// One series and its points (Unix seconds, value), in time order.
-    fn series(&mut self, name: &str, labels: &[(&str, &str)], points: &[(i64, f64)])
-        -> io::Result<()>;
+    fn series(
+        &mut self,
+        name: &str,
+        labels: &[(&str, &str)],
+        points: &[(i64, f64)],
+    ) -> io::Result<()>;
     /// Ends the output; the number of samples written.
     fn finish(&mut self) -> io::Result<u64>;
 }
@@ -663,9 +676,17 @@ mod tests {
     #[test]
     fn the_stalled_wave_is_half_done_for_days() {
         let f = small();
-        let main = f.waves.iter().find(|w| w.tier == "main" && w.step == 3).unwrap();
+        let main = f
+            .waves
+            .iter()
+            .find(|w| w.tier == "main" && w.step == 3)
+            .unwrap();
         assert!(main.end - main.start > 2 * DAY, "{main:?}");
-        let late = f.waves.iter().find(|w| w.tier == "late" && w.step == 5).unwrap();
+        let late = f
+            .waves
+            .iter()
+            .find(|w| w.tier == "late" && w.step == 5)
+            .unwrap();
         assert!(late.end - late.start <= TIMELINE.wave, "{late:?}");
     }
 
@@ -701,6 +722,9 @@ mod tests {
         assert_eq!(a, b);
         let text = String::from_utf8(om).unwrap();
         assert!(text.ends_with("# EOF\n"));
-        assert_eq!(text.lines().filter(|l| !l.starts_with('#')).count() as u64, a);
+        assert_eq!(
+            text.lines().filter(|l| !l.starts_with('#')).count() as u64,
+            a
+        );
     }
 }

@@ -160,7 +160,11 @@ impl Store {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             if let Ok(Some(status)) = store.child.try_wait() {
-                return Err(format!("{} exited: {status}\n{}", kind.name(), store.log_tail()));
+                return Err(format!(
+                    "{} exited: {status}\n{}",
+                    kind.name(),
+                    store.log_tail()
+                ));
             }
             if let Ok((StatusCode::OK, _)) = store.call(Method::GET, ready, Bytes::new()).await {
                 return Ok(store);

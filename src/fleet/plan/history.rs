@@ -111,12 +111,17 @@ pub async fn read(prom: &PromClient, opts: &PlanOptions) -> Result<Timelines, Fl
     let q = crate::fleet::golden::Queries { ns: ".+", secs: 0 };
     let joined = q.in_fleet(|sel| format!("drainshim_guard_max_connection_age_seconds{{{sel}}}"));
     let max_age_q = format!("min by (namespace) ({joined})");
-    let (times, versions) = history_of(prom, &versions_q, opts.history, opts.step(), end).await?;
-    let (age_times, max_age) =
-        history_of(prom, &max_age_q, opts.history, opts.max_age_step(), end).await?;
+    let ((times, versions), (age_times, max_age)) = tokio::try_join!(
+        history_of(prom, &versions_q, opts.history, opts.step(), end),
+        history_of(prom, &max_age_q, opts.history, opts.max_age_step(), end),
+    )?;
 
     let key = |t: f64| (t * 1000.0).round() as i64;
-    let index: BTreeMap<i64, usize> = times.iter().enumerate().map(|(i, t)| (key(*t), i)).collect();
+    let index: BTreeMap<i64, usize> = times
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (key(*t), i))
+        .collect();
     let mut tl = Timelines {
         times,
         versions: vec![BTreeMap::new(); index.len()],
@@ -135,8 +140,10 @@ pub async fn read(prom: &PromClient, opts: &PlanOptions) -> Result<Timelines, Fl
     }
     // The max-age readings by time, then each point takes the last one at
     // or before it.
-    let mut readings: BTreeMap<i64, BTreeMap<String, f64>> =
-        age_times.iter().map(|t| (key(*t), BTreeMap::new())).collect();
+    let mut readings: BTreeMap<i64, BTreeMap<String, f64>> = age_times
+        .iter()
+        .map(|t| (key(*t), BTreeMap::new()))
+        .collect();
     for s in &max_age {
         let ns = s.label("namespace").to_string();
         for (t, v) in &s.points {
@@ -154,7 +161,11 @@ pub async fn read(prom: &PromClient, opts: &PlanOptions) -> Result<Timelines, Fl
 /// The step a point Prometheus returned belongs to (it answers at exactly
 /// the times asked; this tolerates rounding).
 fn nearest(index: &BTreeMap<i64, usize>, t: i64) -> Option<usize> {
-    index.range(t - 500..=t + 500).next().map(|(_, i)| *i)
+    // The closest: "now" can be less than half a second after a step.
+    index
+        .range(t - 500..=t + 500)
+        .min_by_key(|(k, _)| (**k - t).abs())
+        .map(|(_, i)| *i)
 }
 
 fn unix(t: SystemTime) -> f64 {
@@ -166,6 +177,14 @@ fn unix(t: SystemTime) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_point_goes_to_the_closest_step() {
+        let index: BTreeMap<i64, usize> = [(1_000, 0), (1_300, 1)].into();
+        assert_eq!(nearest(&index, 1_290), Some(1));
+        assert_eq!(nearest(&index, 1_100), Some(0));
+        assert_eq!(nearest(&index, 2_000), None);
+    }
 
     #[test]
     fn steps_stay_under_the_point_limit() {
