@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::prometheus::{PromClient, PromError};
+use super::prometheus::{PromClient, PromError, Sample};
 
 /// Codes counted as failures in the success rate: the server's failures,
 /// not the caller's own (a NOT_FOUND or a 4xx is an answer).
@@ -238,7 +238,63 @@ pub struct Queries<'a> {
     pub ns: &'a str,
     /// The window, in seconds.
     pub secs: u64,
+    /// Whether some counter reset in the windows (see [`COUNTERS`]): only
+    /// then do per-second figures take the reset-aware form.
+    pub resets: bool,
 }
+
+/// The counters read per second over a window: what [`resets_probe`] asks.
+pub const COUNTERS: [&str; 7] = [
+    "drainshim_guard_requests_total",
+    "drainshim_envoy_downstream_requests_total",
+    "drainshim_guard_streams_opened_total",
+    "drainshim_streams_terminated_total",
+    "drainshim_streams_ungraceful_total",
+    "drainshim_envoy_upstream_retries_total",
+    "drainshim_tcp_resets_total",
+];
+
+/// The instances with a series of [`COUNTERS`] that reset in the `secs`
+/// before the evaluation time, fleet-wide: one query over every counter, so
+/// that a wave with none (the usual case: a reset is a shim restarting in
+/// its pod) is read with two functions per series instead of four.
+pub fn resets_probe(secs: u64) -> String {
+    // One `resets()` per counter: it drops the metric's name, so one over
+    // them all would hold series with the same labels.
+    let each: Vec<String> = COUNTERS
+        .iter()
+        .map(|c| format!("(resets({c}[{}s]) > 0)", secs.max(1)))
+        .collect();
+    format!("count by (instance) ({})", each.join(" or "))
+}
+
+/// Whether a counter of the wave's namespaces `ns` reset in the `secs`
+/// before the evaluation time: [`resets_probe`], then whether any instance
+/// it names was in the wave. Past [`RESET_INSTANCES`] instances it answers
+/// yes without asking.
+pub async fn resets_in_wave(prom: &PromClient, ns: &str, secs: u64) -> Result<bool, PromError> {
+    let reset: Vec<String> = prom
+        .query(&resets_probe(secs))
+        .await?
+        .iter()
+        .map(|s| s.label("instance").to_string())
+        .collect();
+    if reset.is_empty() {
+        return Ok(false);
+    }
+    if reset.len() > RESET_INSTANCES {
+        return Ok(true);
+    }
+    let instances = super::prometheus::regex_alternation(&reset);
+    let q = format!(
+        "count(max_over_time(drainshim_proxy_info{{namespace=~\"{ns}\",instance=~\"{instances}\"}}[{}s]))",
+        secs.max(1)
+    );
+    Ok(prom.scalar(&q).await? > 0.0)
+}
+
+/// The most reset instances [`resets_in_wave`] looks up one by one.
+pub const RESET_INSTANCES: usize = 200;
 
 /// A counter's increase per second over `[w]` (ending `offset` back), the
 /// same on every store that speaks PromQL: the highest sample in the window
@@ -247,13 +303,21 @@ pub struct Queries<'a> {
 /// part of it the series has samples in, so a pod that started or ended in
 /// the window (every pod of a wave) counts up to the window over its life
 /// there; and Prometheus extrapolates to the window's edges, which
-/// VictoriaMetrics does not. A series whose counter reset in the window
-/// (the shim restarted in its pod) falls back to `increase()`.
-pub fn per_second(selector: &str, w: u64, offset: &str) -> String {
+/// VictoriaMetrics does not. With `resets` (some counter reset in the
+/// window: the shim restarted in its pod), a series that reset is read with
+/// the store's own `increase()`, which counts both sides of the reset: the
+/// one place where the two stores' figures can differ in the last digits,
+/// since the subset they share has no exact reset-aware increase
+/// (Prometheus 2 has no `first_over_time`).
+pub fn per_second(selector: &str, w: u64, offset: &str, resets: bool) -> String {
     let r = format!("{selector}[{w}s]{offset}");
-    format!(
-        "((((max_over_time({r}) - min_over_time({r})) unless (resets({r}) > 0)) or increase({r})) / {w})"
-    )
+    if resets {
+        format!(
+            "((((max_over_time({r}) - min_over_time({r})) unless (resets({r}) > 0)) or increase({r})) / {w})"
+        )
+    } else {
+        format!("((max_over_time({r}) - min_over_time({r})) / {w})")
+    }
 }
 
 impl Queries<'_> {
@@ -302,6 +366,7 @@ impl Queries<'_> {
                     &format!("{metric}{{{sel}{extra}}}"),
                     self.secs.max(1),
                     offset,
+                    self.resets,
                 )
             },
             offset,
@@ -309,6 +374,15 @@ impl Queries<'_> {
     }
 
     /// Requests per second by (namespace, service); `extra` adds matchers.
+    /// Requests per second by (namespace, service, code): the requests and
+    /// the failures of a window in one query (see [`requests_and_failures`]).
+    pub fn requests_by_code(&self, offset: &str) -> String {
+        format!(
+            "sum by (namespace, service, code) ({})",
+            self.rate("drainshim_guard_requests_total", "", offset)
+        )
+    }
+
     pub fn requests(&self, extra: &str, offset: &str) -> String {
         format!(
             "sum by (namespace, service) ({})",
@@ -363,6 +437,34 @@ impl Queries<'_> {
     }
 }
 
+/// Requests and failures ([`FAILURE_CODES`], matched whole as PromQL does)
+/// per (namespace, service) from the per-code rates; summed in label order,
+/// so every store's answer, in whatever order it comes, adds up alike.
+pub fn requests_and_failures(samples: &[Sample]) -> (PerService, PerService) {
+    static FAILURE: std::sync::LazyLock<Option<regex::Regex>> =
+        std::sync::LazyLock::new(|| regex::Regex::new(&format!("^(?:{FAILURE_CODES})$")).ok());
+    let by_code: BTreeMap<(String, String, String), f64> = samples
+        .iter()
+        .map(|s| {
+            let key = (
+                s.label("namespace").to_string(),
+                s.label("service").to_string(),
+                s.label("code").to_string(),
+            );
+            (key, s.value)
+        })
+        .collect();
+    let (mut requests, mut failures) = (PerService::new(), PerService::new());
+    for ((ns, svc, code), v) in by_code {
+        let key = (ns, svc);
+        if FAILURE.as_ref().is_some_and(|r| r.is_match(&code)) {
+            *failures.entry(key.clone()).or_default() += v;
+        }
+        *requests.entry(key).or_default() += v;
+    }
+    (requests, failures)
+}
+
 async fn per_service(prom: &PromClient, q: &str) -> Result<PerService, PromError> {
     per_label(prom, q, "service").await
 }
@@ -401,25 +503,21 @@ impl Window {
     /// The window's numbers, its queries asked at once (a store runs them
     /// side by side).
     pub async fn read(prom: &PromClient, q: &Queries<'_>, offset: &str) -> Result<Self, PromError> {
-        let failed = format!(",code=~\"{FAILURE_CODES}\"");
-        let asked = [
-            q.requests("", offset),
-            q.requests(&failed, offset),
-            q.p99(offset),
-            q.callers(offset),
-            q.reopens(offset),
-        ];
+        let asked = [q.p99(offset), q.callers(offset), q.reopens(offset)];
+        let by_code = q.requests_by_code(offset);
         let ended = q.endings("drainshim_streams_terminated_total", offset);
         let reset = q.endings("drainshim_streams_ungraceful_total", offset);
-        let (per, ended, reset) = tokio::try_join!(
+        let (per, codes, ended, reset) = tokio::try_join!(
             futures_util::future::try_join_all(asked.iter().map(|x| per_service(prom, x))),
+            prom.query(&by_code),
             per_label(prom, &ended, "reason"),
             per_label(prom, &reset, "reason"),
         )?;
         // One answer per query, in order.
         let mut per = per.into_iter();
         let mut next = || per.next().unwrap_or_default();
-        let (requests, failures, p99, callers, reopens) = (next(), next(), next(), next(), next());
+        let (p99, callers, reopens) = (next(), next(), next());
+        let (requests, failures) = requests_and_failures(&codes);
         Ok(Self {
             requests,
             failures,
@@ -701,10 +799,35 @@ mod tests {
     }
 
     #[test]
+    fn failures_are_the_failure_codes_matched_whole() {
+        let sample = |svc: &str, code: &str, value: f64| Sample {
+            labels: [("namespace", "shop"), ("service", svc), ("code", code)]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            value,
+        };
+        let (requests, failures) = requests_and_failures(&[
+            sample("a", "OK", 9.0),
+            sample("a", "UNAVAILABLE", 1.0),
+            sample("a", "5xx", 2.0),
+            sample("a", "4xx", 3.0),
+            sample("b", "OK", 5.0),
+            sample("b", "NOT_UNAVAILABLE", 5.0),
+        ]);
+        let k = |s: &str| ("shop".to_string(), s.to_string());
+        assert_eq!(requests[&k("a")], 15.0);
+        assert_eq!(failures[&k("a")], 3.0);
+        assert_eq!(requests[&k("b")], 10.0);
+        assert!(!failures.contains_key(&k("b")));
+    }
+
+    #[test]
     fn the_wave_join_reads_both_label_styles() {
         let q = Queries {
             ns: "shop",
             secs: 60,
+            resets: false,
         };
         let text = q.requests("", " offset 60s");
         assert!(
@@ -719,18 +842,31 @@ mod tests {
     }
 
     /// The increase per second that both stores compute alike: no `rate()`
-    /// (its window differs between them), a counter reset falls back to
-    /// `increase()`.
+    /// (its window differs between them); where a counter reset in the
+    /// window, a series that reset falls back to `increase()`.
     #[test]
     fn counters_are_read_the_same_way_on_every_store() {
-        let text = per_second("m{a=\"b\"}", 600, " offset 600s");
+        let text = per_second("m{a=\"b\"}", 600, " offset 600s", true);
         assert_eq!(
             text,
             "((((max_over_time(m{a=\"b\"}[600s] offset 600s) - min_over_time(m{a=\"b\"}[600s] offset 600s)) \
              unless (resets(m{a=\"b\"}[600s] offset 600s) > 0)) or increase(m{a=\"b\"}[600s] offset 600s)) / 600)"
         );
-        assert!(!Queries { ns: "x", secs: 60 }
-            .requests("", "")
-            .contains("rate("));
+        assert_eq!(
+            per_second("m", 60, "", false),
+            "((max_over_time(m[60s]) - min_over_time(m[60s])) / 60)"
+        );
+        let q = |resets| Queries {
+            ns: "x",
+            secs: 60,
+            resets,
+        };
+        assert!(!q(false).requests("", "").contains("rate("));
+        assert!(!q(false).requests("", "").contains("resets("));
+        assert!(q(true).requests("", "").contains("resets("));
+        assert!(resets_probe(120).contains("[120s]"));
+        for c in COUNTERS {
+            assert!(resets_probe(120).contains(c));
+        }
     }
 }

@@ -255,9 +255,14 @@ async fn from_prometheus(
     opts: &VerifyOptions,
 ) -> Result<Vec<Check>, FleetError> {
     let ns = regex_alternation(&opts.namespaces);
+    let secs = opts.window.as_secs().max(1);
+    // Did a counter of the wave reset in the two windows? Rarely: else every
+    // per-second figure is read with two functions instead of four.
+    let resets = golden::resets_in_wave(prom, &ns, 2 * secs).await?;
     let q = Queries {
         ns: &ns,
-        secs: opts.window.as_secs().max(1),
+        secs,
+        resets,
     };
     let w = q.w();
     let v = version_matcher(&opts.expect_version);
@@ -303,7 +308,7 @@ async fn from_prometheus(
                 format!(
                     "sum({})",
                     q.in_wave(
-                        |sel| per_second(&format!("{metric}{{{sel}}}"), q.secs, offset),
+                        |sel| per_second(&format!("{metric}{{{sel}}}"), q.secs, offset, q.resets),
                         offset
                     )
                 )

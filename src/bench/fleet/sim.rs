@@ -12,8 +12,10 @@
 //! - the first restart, 1.38 -> 1.39, one four-hour wave per tier; the main
 //!   tier's wave stalls half-way (d24) and is finished three days later;
 //! - the control plane moves to 1.40 (d38), the point of no return;
-//! - the second restart, 1.39 -> 1.40; the late tier's wave cuts streams on
-//!   its drains (d62), so it fails `verify`.
+//! - the second restart, 1.39 -> 1.40; a shim of the early tier restarts
+//!   in its pod two hours before that tier's wave (its counters reset in the
+//!   wave's window, and the wave must still pass); the late tier's wave cuts
+//!   streams on its drains (d62), so it fails `verify`.
 //!
 //! A restart replaces a namespace's pods (new names, new instances) at its
 //! moment in the wave, namespace after namespace.
@@ -59,6 +61,9 @@ pub struct Timeline {
     pub to_n: [i64; 4],
     /// The tier whose restart to n cuts streams (and so fails verify).
     pub cuts: usize,
+    /// The tier one of whose shims restarts in its pod just before its
+    /// restart to n (a counter reset in that wave's window).
+    pub shim_restart: usize,
     /// How long a wave takes.
     pub wave: i64,
     /// The max connection age the lifetime step sets, seconds.
@@ -79,6 +84,7 @@ pub const TIMELINE: Timeline = Timeline {
     control_plane: 38,
     to_n: [44, 50, 56, 62],
     cuts: 3,
+    shim_restart: 1,
     wave: 4 * HOUR,
     max_age: 1800.0,
 };
@@ -159,6 +165,8 @@ struct Life {
     until: i64,
     /// Whether this life ended in a drain that cut streams.
     cut: bool,
+    /// When its shim restarted in the pod (its counters start again from 0).
+    restart: Option<i64>,
 }
 
 /// A wave as it happened: the tier, its step (3 or 5), start and end.
@@ -255,6 +263,11 @@ impl Fleet {
                 });
             }
         }
+        // The first pod of each tier.
+        let mut first_pod_of = vec![usize::MAX; tiers.len()];
+        for p in (0..shape.pods).rev() {
+            first_pod_of[tier_of_ns[(p % shape.services) % shape.namespaces]] = p;
+        }
         // Every pod's three lives.
         let mut lives = Vec::with_capacity(shape.pods * 3);
         for p in 0..shape.pods {
@@ -279,6 +292,11 @@ impl Fleet {
                     from: bounds[gen],
                     until: bounds[gen + 1],
                     cut: gen == 1 && tier == t.cuts,
+                    // One shim restarts in its pod two hours before its
+                    // tier's restart to n: `verify` of that wave meets a
+                    // counter reset, and must still pass.
+                    restart: (gen == 1 && tier == t.shim_restart && p == first_pod_of[tier])
+                        .then(|| bounds[2] - 2 * HOUR),
                 });
             }
         }
@@ -431,7 +449,11 @@ enum Value {
 
 impl Value {
     fn at(self, m: Moment<'_>) -> f64 {
-        let up = (m.t - m.life.from) as f64;
+        let since = match m.life.restart {
+            Some(r) if m.t >= r => r,
+            _ => m.life.from,
+        };
+        let up = (m.t - since) as f64;
         // Each pod serves 2 to 8 requests a second.
         let rps = 2.0 + (m.life.service % 7) as f64;
         match self {

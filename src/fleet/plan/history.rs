@@ -108,7 +108,11 @@ pub async fn read(prom: &PromClient, opts: &PlanOptions) -> Result<Timelines, Fl
     let versions_q = format!("count by (namespace, {label}) (drainshim_proxy_info == 1)");
     // A guard's gauge carries no namespace in sidecar mode: join it to its
     // shim's proxy_info on the instance (node agents label their own).
-    let q = crate::fleet::golden::Queries { ns: ".+", secs: 0 };
+    let q = crate::fleet::golden::Queries {
+        ns: ".+",
+        secs: 0,
+        resets: false,
+    };
     let joined = q.in_fleet(|sel| format!("drainshim_guard_max_connection_age_seconds{{{sel}}}"));
     let max_age_q = format!("min by (namespace) ({joined})");
     let ((times, versions), (age_times, max_age)) = tokio::try_join!(
