@@ -104,7 +104,7 @@ async fn plan_reads_ten_weeks_alike_on_prometheus_and_victoria_metrics() {
             .expect("a control plane row");
         assert_eq!(cp["state"], "done");
         assert_eq!(cp["rollback"]["possible"], false);
-        // The other waves to 1.40 passed, the early tier's too, although one
+        // The other waves to 1.40 passed, the main tier's too, although one
         // of its shims restarted in its pod inside the wave's window (its
         // counters reset: read with the reset-aware form, not as a jump).
         let passed = r.output["rows"]

@@ -12,9 +12,9 @@
 //! - the first restart, 1.38 -> 1.39, one four-hour wave per tier; the main
 //!   tier's wave stalls half-way (d24) and is finished three days later;
 //! - the control plane moves to 1.40 (d38), the point of no return;
-//! - the second restart, 1.39 -> 1.40; a shim of the early tier restarts
-//!   in its pod two hours before that tier's wave (its counters reset in the
-//!   wave's window, and the wave must still pass); the late tier's wave cuts
+//! - the second restart, 1.39 -> 1.40; a shim of the main tier restarts in
+//!   its pod during that tier's wave (its counters reset in the wave's
+//!   window, and the wave must still pass); the late tier's wave cuts
 //!   streams on its drains (d62), so it fails `verify`.
 //!
 //! A restart replaces a namespace's pods (new names, new instances) at its
@@ -84,7 +84,7 @@ pub const TIMELINE: Timeline = Timeline {
     control_plane: 38,
     to_n: [44, 50, 56, 62],
     cuts: 3,
-    shim_restart: 1,
+    shim_restart: 2,
     wave: 4 * HOUR,
     max_age: 1800.0,
 };
@@ -263,11 +263,11 @@ impl Fleet {
                 });
             }
         }
-        // The first pod of each tier.
-        let mut first_pod_of = vec![usize::MAX; tiers.len()];
-        for p in (0..shape.pods).rev() {
-            first_pod_of[tier_of_ns[(p % shape.services) % shape.namespaces]] = p;
-        }
+        // The pod whose shim restarts: the first of the last namespace of
+        // its tier, which that tier's restart to n reaches last.
+        let restarting_ns = tier_first[t.shim_restart] + tiers[t.shim_restart].1.len() - 1;
+        let restarting_pod =
+            (0..shape.pods).find(|p| (p % shape.services) % shape.namespaces == restarting_ns);
         // Every pod's three lives.
         let mut lives = Vec::with_capacity(shape.pods * 3);
         for p in 0..shape.pods {
@@ -292,11 +292,11 @@ impl Fleet {
                     from: bounds[gen],
                     until: bounds[gen + 1],
                     cut: gen == 1 && tier == t.cuts,
-                    // One shim restarts in its pod two hours before its
-                    // tier's restart to n: `verify` of that wave meets a
-                    // counter reset, and must still pass.
-                    restart: (gen == 1 && tier == t.shim_restart && p == first_pod_of[tier])
-                        .then(|| bounds[2] - 2 * HOUR),
+                    // One shim restarts in its pod an hour before the pod
+                    // is replaced, inside its tier's wave to n: `verify` of
+                    // that wave meets a counter reset (weeks of counts back
+                    // to 0), and must still pass.
+                    restart: (gen == 1 && Some(p) == restarting_pod).then(|| bounds[2] - HOUR),
                 });
             }
         }
