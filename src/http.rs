@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, StatusCode};
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -174,18 +174,27 @@ pub async fn request(
     path: &str,
 ) -> Result<(StatusCode, Bytes), RequestError> {
     let _ = stream.set_nodelay(true);
-    request_with(stream, authority, method, path, &HeaderMap::new()).await
+    request_with(
+        stream,
+        authority,
+        method,
+        path,
+        &HeaderMap::new(),
+        Bytes::new(),
+    )
+    .await
 }
 
 /// [`request`] on any connection (a TLS stream to a Prometheus), with
-/// `headers` added (credentials, a tenant's header). The caller bounds it
-/// in time.
+/// `headers` added (credentials, a tenant's header) and `body` sent (empty
+/// for a GET). The caller bounds it in time.
 pub async fn request_with<S>(
     stream: S,
     authority: &str,
     method: Method,
     path: &str,
     headers: &HeaderMap,
+    body: Bytes,
 ) -> Result<(StatusCode, Bytes), RequestError>
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
@@ -199,7 +208,7 @@ where
             .uri(path)
             .header(http::header::HOST, authority)
             .header(http::header::CONNECTION, "close")
-            .body(Empty::<Bytes>::new())
+            .body(Full::new(body))
             .map_err(|_| RequestError::BadPath(path.to_string()))?;
         req.headers_mut()
             .extend(headers.iter().map(|(k, v)| (k.clone(), v.clone())));

@@ -132,11 +132,11 @@ impl PromClient {
 
     /// Runs an instant query; only vector results are accepted.
     pub async fn query(&self, query: &str) -> Result<Vec<Sample>, PromError> {
-        let mut path = format!("/api/v1/query?query={}", crate::http::encode_query(query));
+        let mut form = format!("query={}", crate::http::encode_query(query));
         if let Some(at) = self.at {
-            path.push_str(&format!("&time={:.3}", unix(at)));
+            form.push_str(&format!("&time={:.3}", unix(at)));
         }
-        let (status, body) = self.get(&path).await?;
+        let (status, body) = self.post("/api/v1/query", form).await?;
         decode_answer(status, &body).map_err(|what| PromError::Query {
             url: self.url(),
             query: query.to_string(),
@@ -153,14 +153,14 @@ impl PromClient {
         end: SystemTime,
         step: Duration,
     ) -> Result<Vec<Series>, PromError> {
-        let path = format!(
-            "/api/v1/query_range?query={}&start={:.3}&end={:.3}&step={:.3}",
+        let form = format!(
+            "query={}&start={:.3}&end={:.3}&step={:.3}",
             crate::http::encode_query(query),
             unix(start),
             unix(end),
             step.as_secs_f64().max(0.001)
         );
-        let (status, body) = self.get(&path).await?;
+        let (status, body) = self.post("/api/v1/query_range", form).await?;
         decode_matrix(status, &body).map_err(|what| PromError::Query {
             url: self.url(),
             query: query.to_string(),
@@ -168,13 +168,18 @@ impl PromClient {
         })
     }
 
-    /// GETs an API path; a refusal (401, 403) is its own error, any other
-    /// status is left to the decoder, which reports Prometheus' own error.
-    async fn get(&self, path: &str) -> Result<(StatusCode, bytes::Bytes), PromError> {
+    /// Posts a query form to an API path; a refusal (401, 403) is its own
+    /// error, any other status is left to the decoder, which reports
+    /// Prometheus' own error.
+    async fn post(
+        &self,
+        path: &str,
+        form: String,
+    ) -> Result<(StatusCode, bytes::Bytes), PromError> {
         let asked = std::time::Instant::now();
         let (status, body) = self
             .reach
-            .get(path, self.timeout)
+            .post_form(path, form, self.timeout)
             .await
             .map_err(|e| match e {
                 ReachError::Setup(what) => PromError::Setup(what),

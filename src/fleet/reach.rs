@@ -14,10 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Span;
+use crate::http::request_with;
 
 use base64::Engine as _;
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, AUTHORIZATION};
+use http::header::{HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use http::{HeaderMap, Method, StatusCode};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
@@ -292,27 +293,36 @@ impl Reach {
         &self.url
     }
 
-    /// `GET prefix+path` on a fresh connection, within `timeout` (connect
-    /// and TLS handshake included), with the credentials as the files hold
-    /// them now.
-    pub async fn get(
+    /// `POST prefix+path` with `form` as its url-encoded body, on a fresh
+    /// connection, within `timeout` (connect and TLS handshake included),
+    /// with the credentials as the files hold them now. A form, not a URL:
+    /// a wave's query names every namespace of its tier, longer than the
+    /// URL a proxy in front of a store may accept.
+    pub async fn post_form(
         &self,
         path: &str,
+        form: String,
         timeout: Duration,
     ) -> Result<(StatusCode, Bytes), ReachError> {
         let mut headers = self.headers.clone();
         if let Some(auth) = self.authorization()? {
             headers.insert(AUTHORIZATION, auth);
         }
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/x-www-form-urlencoded"),
+        );
         let path = format!("{}{path}", self.url.prefix);
         let authority = self.url.authority.as_str();
         // Names only: the values may be secrets.
         tracing::debug!(
             prometheus = %self.url,
             path,
+            form_bytes = form.len(),
             headers = ?headers.keys().map(|k| k.as_str()).collect::<Vec<_>>(),
             "prometheus request"
         );
+        let body = Bytes::from(form);
         let exchange = async {
             let tcp = TcpStream::connect(authority)
                 .await
@@ -324,11 +334,9 @@ impl Reach {
                         .connect(name.clone(), tcp)
                         .await
                         .map_err(|e| tls_failure(&e))?;
-                    crate::http::request_with(stream, authority, Method::GET, &path, &headers).await
+                    request_with(stream, authority, Method::POST, &path, &headers, body).await
                 }
-                None => {
-                    crate::http::request_with(tcp, authority, Method::GET, &path, &headers).await
-                }
+                None => request_with(tcp, authority, Method::POST, &path, &headers, body).await,
             };
             answer.map_err(|e| e.to_string())
         };

@@ -21,9 +21,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use futures_util::future::try_join_all;
-
-use super::golden::{self, per_second, GoldenThresholds, Queries, ServiceDelta, Window};
+use super::golden::{self, GoldenThresholds, Part, Queries, Read, ServiceDelta, Window};
 use super::prometheus::{regex_alternation, PromClient};
 use super::{scrape_target, table, FleetError, Proxy};
 
@@ -206,6 +204,9 @@ fn versions_check(proxies: &[Proxy], opts: &VerifyOptions) -> Check {
     }
 }
 
+/// The part of a wave's window that counts Envoy's config rejections.
+const REJECTED: &str = "rejected";
+
 /// The drain outcomes a wave must not have: (check, outcome, what it counts).
 /// `bypassed` streams were on the fail-open path at the deadline, around a
 /// guard that was down when they opened: the restart cut them too.
@@ -256,74 +257,37 @@ async fn from_prometheus(
 ) -> Result<Vec<Check>, FleetError> {
     let ns = regex_alternation(&opts.namespaces);
     let secs = opts.window.as_secs().max(1);
-    // Did a counter of the wave reset in the two windows? Rarely: else every
-    // per-second figure is read with two functions instead of four.
-    let resets = golden::resets_in_wave(prom, &ns, 2 * secs).await?;
     let q = Queries {
         ns: &ns,
         secs,
-        resets,
+        resets: false,
     };
-    let w = q.w();
     let v = version_matcher(&opts.expect_version);
 
-    let ended_q: Vec<String> = ENDED_BADLY
+    // What only the wave's own window is judged on, beside every window's
+    // counters: the drain outcomes it must not have, and config rejections.
+    let mut extra: Vec<Part> = ENDED_BADLY
         .iter()
-        .map(|(_, outcome, _)| {
-            format!(
-                "sum({})",
-                q.in_wave(
-                    |sel| format!(
-                        "max_over_time(drainshim_drained_streams_total{{{sel},outcome=\"{outcome}\"}}[{w}])"
-                    ),
-                    ""
-                )
-            )
+        .map(|(_, outcome, _)| Part {
+            name: outcome,
+            metric: "drainshim_drained_streams_total",
+            matchers: format!(",outcome=\"{outcome}\""),
+            read: Read::Highest,
         })
         .collect();
-    let rejected_q = format!(
-        "sum({})",
-        q.in_wave(
-            |sel| format!("max_over_time(drainshim_envoy_config_updates_total{{{sel},result=\"rejected\",{v}}}[{w}])"),
-            ""
-        )
-    );
-    let before = format!(" offset {w}");
-    let rate_gates = [
-        (
-            "retry volume within threshold",
-            "drainshim_envoy_upstream_retries_total",
-            opts.thresholds.max_retry_increase,
-        ),
-        (
-            "reset rate within threshold",
-            "drainshim_tcp_resets_total",
-            opts.thresholds.max_reset_increase,
-        ),
-    ];
-    let rate_q: Vec<String> = rate_gates
-        .iter()
-        .flat_map(|(_, metric, _)| {
-            ["", before.as_str()].map(|offset| {
-                format!(
-                    "sum({})",
-                    q.in_wave(
-                        |sel| per_second(&format!("{metric}{{{sel}}}"), q.secs, offset, q.resets),
-                        offset
-                    )
-                )
-            })
-        })
-        .collect();
+    extra.push(Part {
+        name: REJECTED,
+        metric: "drainshim_envoy_config_updates_total",
+        matchers: format!(",result=\"rejected\",{v}"),
+        read: Read::Highest,
+    });
+    let before = format!(" offset {}", q.w());
     let info_q = format!("drainshim_proxy_info{{namespace=~\"{ns}\"}} == 1");
     // Every query at once: a store runs them side by side.
-    let (info, ended, rejected, rates, now, before) = tokio::try_join!(
+    let (info, now, before) = tokio::try_join!(
         prom.query(&info_q),
-        try_join_all(ended_q.iter().map(|x| prom.scalar(x))),
-        prom.scalar(&rejected_q),
-        try_join_all(rate_q.iter().map(|x| prom.query(x))),
-        Window::read(prom, &q, ""),
-        Window::read(prom, &q, &before),
+        Window::read(prom, &q, "", &extra),
+        Window::read(prom, &q, &before, &[]),
     )?;
 
     let proxies: Vec<Proxy> = info
@@ -339,21 +303,37 @@ async fn from_prometheus(
         .collect();
     let mut checks = vec![versions_check(&proxies, opts)];
     let since = format!("in the last {}", humantime::format_duration(opts.window));
-    for ((name, _, what), n) in ENDED_BADLY.iter().zip(ended) {
-        checks.push(count_check(name, n, &format!("{what} {since}")));
+    let total = |part: &str| now.totals.get(part).copied().unwrap_or(0.0);
+    for (name, outcome, what) in ENDED_BADLY {
+        checks.push(count_check(
+            name,
+            total(outcome),
+            &format!("{what} {since}"),
+        ));
     }
     checks.push(count_check(
         "no config rejections on the new version",
-        rejected,
+        total(REJECTED),
         &format!("xDS updates rejected by Envoy {}", opts.expect_version),
     ));
-    for ((name, _, max_increase), pair) in rate_gates.iter().zip(rates.chunks(2)) {
-        let first = |k: usize| pair.get(k).and_then(|s| s.first()).map(|s| s.value);
+    let rate_gates = [
+        (
+            "retry volume within threshold",
+            "retries",
+            opts.thresholds.max_retry_increase,
+        ),
+        (
+            "reset rate within threshold",
+            "tcp_resets",
+            opts.thresholds.max_reset_increase,
+        ),
+    ];
+    for (name, part, max_increase) in rate_gates {
         checks.push(rate_check(
             name,
-            first(0),
-            first(1),
-            *max_increase,
+            now.totals.get(part).copied(),
+            before.totals.get(part).copied(),
+            max_increase,
             opts.thresholds.rate_floor,
         ));
     }

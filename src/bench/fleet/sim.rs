@@ -385,7 +385,7 @@ impl Fleet {
             )?;
         }
         // The traffic around each wave.
-        for family in TRAFFIC {
+        for family in traffic_families() {
             sink.family(family)?;
             for w in &self.waves {
                 let dur = w.end - w.start;
@@ -486,20 +486,19 @@ const LATENCY: [(&str, f64); 14] = [
 
 /// The traffic families, as a sidecar shim exports them (no namespace
 /// label: the fleet tools join them to `drainshim_proxy_info` on
-/// `instance`).
-const TRAFFIC: [&str; 11] = [
-    "drainshim_guard_requests_total",
-    "drainshim_guard_request_duration_seconds_bucket",
-    "drainshim_guard_request_duration_seconds_count",
-    "drainshim_guard_request_duration_seconds_sum",
-    "drainshim_envoy_downstream_requests_total",
-    "drainshim_guard_streams_opened_total",
-    "drainshim_streams_terminated_total",
-    "drainshim_streams_ungraceful_total",
-    "drainshim_envoy_upstream_retries_total",
-    "drainshim_tcp_resets_total",
-    "drainshim_drained_streams_total",
-];
+/// `instance`): every counter the fleet tools read, the request-duration
+/// histogram and the drain report.
+fn traffic_families() -> impl Iterator<Item = &'static str> {
+    crate::fleet::golden::COUNTERS
+        .into_iter()
+        .map(|(_, metric)| metric)
+        .chain([
+            "drainshim_guard_request_duration_seconds_bucket",
+            "drainshim_guard_request_duration_seconds_count",
+            "drainshim_guard_request_duration_seconds_sum",
+            "drainshim_drained_streams_total",
+        ])
+}
 
 type Labels = Vec<(&'static str, String)>;
 

@@ -18,9 +18,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
+use http::{HeaderMap, Method, StatusCode};
 use serde::Serialize;
 use tokio::io::AsyncBufReadExt;
 use tokio::process::{Child, Command};
@@ -232,29 +230,9 @@ impl Store {
             let stream = tokio::net::TcpStream::connect(&authority)
                 .await
                 .map_err(|e| e.to_string())?;
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            crate::http::request_with(stream, &authority, method, path, &HeaderMap::new(), body)
                 .await
-                .map_err(|e| e.to_string())?;
-            let conn = tokio::spawn(conn);
-            let req = Request::builder()
-                .method(method)
-                .uri(path)
-                .header(http::header::HOST, &authority)
-                .body(Full::new(body))
-                .map_err(|e| e.to_string())?;
-            let result = async {
-                let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
-                let status = resp.status();
-                let body = resp
-                    .into_body()
-                    .collect()
-                    .await
-                    .map_err(|e| e.to_string())?;
-                Ok((status, body.to_bytes()))
-            }
-            .await;
-            conn.abort();
-            result
+                .map_err(|e| e.to_string())
         };
         tokio::time::timeout(Duration::from_secs(60), exchange)
             .await

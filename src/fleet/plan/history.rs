@@ -96,36 +96,19 @@ async fn history_of(
     Ok((times, series))
 }
 
-/// Reads the timelines from Prometheus: the versions at the plan's step,
-/// the max connection age at its own coarser one, mapped onto the same
-/// points (each point takes the last max-age reading at or before it).
-pub async fn read(prom: &PromClient, opts: &PlanOptions) -> Result<Timelines, FleetError> {
+/// Reads the versions timeline from Prometheus at the plan's step; the
+/// max age is left unknown at every point, for [`read_max_age`] to fill.
+/// Every proxy's `drainshim_proxy_info` is 1, so it is counted as it is: a
+/// filter (`== 1`) at each of 2,000 points costs the store as much again.
+pub async fn read_versions(prom: &PromClient, opts: &PlanOptions) -> Result<Timelines, FleetError> {
     let end = unix(opts.at.unwrap_or_else(SystemTime::now));
     let label = match opts.version_label {
         VersionLabel::Version => "version",
         VersionLabel::MeshVersion => "mesh_version",
     };
-    let versions_q = format!("count by (namespace, {label}) (drainshim_proxy_info == 1)");
-    // A guard's gauge carries no namespace in sidecar mode: join it to its
-    // shim's proxy_info on the instance (node agents label their own).
-    let q = crate::fleet::golden::Queries {
-        ns: ".+",
-        secs: 0,
-        resets: false,
-    };
-    let joined = q.in_fleet(|sel| format!("drainshim_guard_max_connection_age_seconds{{{sel}}}"));
-    let max_age_q = format!("min by (namespace) ({joined})");
-    let ((times, versions), (age_times, max_age)) = tokio::try_join!(
-        history_of(prom, &versions_q, opts.history, opts.step(), end),
-        history_of(prom, &max_age_q, opts.history, opts.max_age_step(), end),
-    )?;
-
-    let key = |t: f64| (t * 1000.0).round() as i64;
-    let index: BTreeMap<i64, usize> = times
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (key(*t), i))
-        .collect();
+    let versions_q = format!("count by (namespace, {label}) (drainshim_proxy_info)");
+    let (times, versions) = history_of(prom, &versions_q, opts.history, opts.step(), end).await?;
+    let index = index_of(&times);
     let mut tl = Timelines {
         times,
         versions: vec![BTreeMap::new(); index.len()],
@@ -142,8 +125,29 @@ pub async fn read(prom: &PromClient, opts: &PlanOptions) -> Result<Timelines, Fl
             }
         }
     }
-    // The max-age readings by time, then each point takes the last one at
-    // or before it.
+    Ok(tl)
+}
+
+/// The guards' max connection age per namespace, read at its own coarser
+/// step and mapped onto the versions' points: each point takes the last
+/// reading at or before it.
+pub async fn read_max_age(
+    prom: &PromClient,
+    opts: &PlanOptions,
+    times: &[f64],
+) -> Result<Vec<BTreeMap<String, f64>>, FleetError> {
+    let end = unix(opts.at.unwrap_or_else(SystemTime::now));
+    // A guard's gauge carries no namespace in sidecar mode: join it to its
+    // shim's proxy_info on the instance (node agents label their own).
+    let q = crate::fleet::golden::Queries {
+        ns: ".+",
+        secs: 0,
+        resets: false,
+    };
+    let joined = q.in_fleet(|sel| format!("drainshim_guard_max_connection_age_seconds{{{sel}}}"));
+    let max_age_q = format!("min by (namespace) ({joined})");
+    let (age_times, max_age) =
+        history_of(prom, &max_age_q, opts.history, opts.max_age_step(), end).await?;
     let mut readings: BTreeMap<i64, BTreeMap<String, f64>> = age_times
         .iter()
         .map(|t| (key(*t), BTreeMap::new()))
@@ -154,12 +158,29 @@ pub async fn read(prom: &PromClient, opts: &PlanOptions) -> Result<Timelines, Fl
             readings.entry(key(*t)).or_default().insert(ns.clone(), *v);
         }
     }
-    for (i, t) in tl.times.iter().enumerate() {
-        if let Some((_, m)) = readings.range(..=key(*t) + 500).next_back() {
-            tl.max_age[i] = m.clone();
-        }
-    }
-    Ok(tl)
+    Ok(times
+        .iter()
+        .map(|t| {
+            readings
+                .range(..=key(*t) + 500)
+                .next_back()
+                .map(|(_, m)| m.clone())
+                .unwrap_or_default()
+        })
+        .collect())
+}
+
+/// A time as the milliseconds the points are matched by.
+fn key(t: f64) -> i64 {
+    (t * 1000.0).round() as i64
+}
+
+fn index_of(times: &[f64]) -> BTreeMap<i64, usize> {
+    times
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (key(*t), i))
+        .collect()
 }
 
 /// The step a point Prometheus returned belongs to (it answers at exactly

@@ -32,7 +32,7 @@ use super::verify::{self, Thresholds, VerifyOptions, VerifySource};
 use super::{FleetError, VersionLabel};
 use crate::inventory::Release;
 
-pub use history::{read, step_for, Timelines};
+pub use history::{read_max_age, read_versions, step_for, Timelines};
 use next::wave_window;
 pub use next::{estimate_of, Estimate, Next, Verdict};
 pub use render::{human, render, when};
@@ -106,6 +106,7 @@ const VERIFY_CONCURRENCY: usize = 2;
 pub type WaveVerify = Option<Result<Vec<verify::Check>, FleetError>>;
 
 /// A finished wave to verify: where, on what, over which window.
+#[derive(Clone, Debug, PartialEq)]
 pub struct WaveCheck {
     pub namespaces: Vec<String>,
     pub version: String,
@@ -184,7 +185,7 @@ pub async fn plan(
     let v =
         Versions::new(opts.control_plane, opts.target, opts.max_skew).map_err(FleetError::Input)?;
     let prom = PromClient::from_reach(reach.clone(), reach.timeout());
-    let tl = read(&prom, opts).await?;
+    let mut tl = read_versions(&prom, opts).await?;
     if tl.namespaces.is_empty() {
         return Err(FleetError::Empty(format!(
             "Prometheus at {} has no drainshim_proxy_info in the last {}: are the shims scraped?",
@@ -193,27 +194,51 @@ pub async fn plan(
         )));
     }
     let tiers = resolve(&opts.tiers, &tl.namespaces, opts.history).map_err(FleetError::Input)?;
-    let first = derive(&tl, &tiers, v, opts, &BTreeMap::new());
-    let step = opts.step();
-    // The finished waves' verifies, two at a time (each asks its queries at
-    // once): a store with cores to spare runs them side by side.
+    // A wave's edges are in the versions alone: its verify runs while the
+    // store reads the max age, the other history query.
     let source = VerifySource::Prometheus(Box::new(reach.clone()));
-    let checks = futures_util::stream::iter(waves_to_verify(&first))
-        .map(|(key, wave)| {
-            let source = &source;
-            async move {
-                let Some(w) = wave else {
-                    return (key, None);
-                };
-                let vo = VerifyOptions {
-                    namespaces: w.namespaces,
-                    expect_version: w.version,
-                    window: w.window + step,
-                    at: Some(UNIX_EPOCH + Duration::from_secs_f64(w.end) + step),
-                    thresholds: opts.thresholds.clone(),
-                };
-                (key, Some(verify::verify(source, &vo).await))
-            }
+    let early = waves_to_verify(&derive(&tl, &tiers, v, opts, &BTreeMap::new()));
+    let (max_age, verified) = tokio::join!(
+        read_max_age(&prom, opts, &tl.times),
+        verify_waves(&source, early.clone(), opts),
+    );
+    tl.max_age = max_age?;
+    let mut verified = verified?;
+    // Should the max age change which waves finished, or when, those are
+    // verified now.
+    let again: Vec<_> = waves_to_verify(&derive(&tl, &tiers, v, opts, &BTreeMap::new()))
+        .into_iter()
+        .filter(|wave| !early.contains(wave))
+        .collect();
+    verified.extend(verify_waves(&source, again, opts).await?);
+    let mut plan = derive(&tl, &tiers, v, opts, &verified);
+    if estimate {
+        plan.estimate = Some(estimate_of(&plan, opts));
+    }
+    Ok(plan)
+}
+
+/// Verifies `waves`, two at a time (each asks its queries at once): a
+/// store with cores to spare runs them side by side.
+async fn verify_waves(
+    source: &VerifySource,
+    waves: Vec<((u8, usize), Option<WaveCheck>)>,
+    opts: &PlanOptions,
+) -> Result<BTreeMap<(u8, usize), Gate>, FleetError> {
+    let step = opts.step();
+    let checks = futures_util::stream::iter(waves)
+        .map(|(key, wave)| async move {
+            let Some(w) = wave else {
+                return (key, None);
+            };
+            let vo = VerifyOptions {
+                namespaces: w.namespaces,
+                expect_version: w.version,
+                window: w.window + step,
+                at: Some(UNIX_EPOCH + Duration::from_secs_f64(w.end) + step),
+                thresholds: opts.thresholds.clone(),
+            };
+            (key, Some(verify::verify(source, &vo).await))
         })
         .buffered(VERIFY_CONCURRENCY)
         .collect::<Vec<_>>()
@@ -230,11 +255,7 @@ pub async fn plan(
             result => verified.insert(key, verify_gate(result)),
         };
     }
-    let mut plan = derive(&tl, &tiers, v, opts, &verified);
-    if estimate {
-        plan.estimate = Some(estimate_of(&plan, opts));
-    }
-    Ok(plan)
+    Ok(verified)
 }
 
 #[cfg(test)]

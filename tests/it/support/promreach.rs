@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -190,8 +190,21 @@ async fn gate(
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_string();
+    // Forwarded as asked: the method, the body's type, the body (a query
+    // form).
+    let method = req.method().clone();
+    let mut headers = http::HeaderMap::new();
+    if let Some(ct) = req.headers().get(http::header::CONTENT_TYPE) {
+        headers.insert(http::header::CONTENT_TYPE, ct.clone());
+    }
+    let Ok(body) = req.into_body().collect().await.map(|b| b.to_bytes()) else {
+        let mut resp = Response::new(Full::new(Bytes::from_static(b"body not read\n")));
+        *resp.status_mut() = StatusCode::BAD_REQUEST;
+        return resp;
+    };
+    let authority = prometheus.to_string();
     let answer = match TcpStream::connect(prometheus).await {
-        Ok(s) => drainshim::http::request(s, &prometheus.to_string(), http::Method::GET, &path)
+        Ok(s) => drainshim::http::request_with(s, &authority, method, &path, &headers, body)
             .await
             .ok(),
         Err(_) => None,

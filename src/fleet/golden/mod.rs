@@ -30,6 +30,9 @@ use serde::Serialize;
 
 use super::prometheus::{PromClient, PromError, Sample};
 
+mod queries;
+pub use queries::{per_second, Part, Queries, Read, COUNTERS, MAX_QUERY_LEN, PART, RESETS};
+
 /// Codes counted as failures in the success rate: the server's failures,
 /// not the caller's own (a NOT_FOUND or a 4xx is an answer).
 pub const FAILURE_CODES: &str =
@@ -232,219 +235,16 @@ fn verdict(name: &'static str, unit: Unit, deltas: Vec<ServiceDelta>, what: &str
     }
 }
 
-/// Builds the queries over the wave's series.
-pub struct Queries<'a> {
-    /// The namespace regex (already escaped).
-    pub ns: &'a str,
-    /// The window, in seconds.
-    pub secs: u64,
-    /// Whether some counter reset in the windows (see [`COUNTERS`]): only
-    /// then do per-second figures take the reset-aware form.
-    pub resets: bool,
-}
-
-/// The counters read per second over a window: what [`resets_probe`] asks.
-pub const COUNTERS: [&str; 7] = [
-    "drainshim_guard_requests_total",
-    "drainshim_envoy_downstream_requests_total",
-    "drainshim_guard_streams_opened_total",
-    "drainshim_streams_terminated_total",
-    "drainshim_streams_ungraceful_total",
-    "drainshim_envoy_upstream_retries_total",
-    "drainshim_tcp_resets_total",
-];
-
-/// The instances with a series of [`COUNTERS`] that reset in the `secs`
-/// before the evaluation time, fleet-wide: one query over every counter, so
-/// that a wave with none (the usual case: a reset is a shim restarting in
-/// its pod) is read with two functions per series instead of four.
-pub fn resets_probe(secs: u64) -> String {
-    // One `resets()` per counter: it drops the metric's name, so one over
-    // them all would hold series with the same labels.
-    let each: Vec<String> = COUNTERS
-        .iter()
-        .map(|c| format!("(resets({c}[{}s]) > 0)", secs.max(1)))
-        .collect();
-    format!("count by (instance) ({})", each.join(" or "))
-}
-
-/// Whether a counter of the wave's namespaces `ns` reset in the `secs`
-/// before the evaluation time: [`resets_probe`], then whether any instance
-/// it names was in the wave. Past [`RESET_INSTANCES`] instances it answers
-/// yes without asking.
-pub async fn resets_in_wave(prom: &PromClient, ns: &str, secs: u64) -> Result<bool, PromError> {
-    let reset: Vec<String> = prom
-        .query(&resets_probe(secs))
-        .await?
-        .iter()
-        .map(|s| s.label("instance").to_string())
-        .collect();
-    if reset.is_empty() {
-        return Ok(false);
-    }
-    if reset.len() > RESET_INSTANCES {
-        return Ok(true);
-    }
-    let instances = super::prometheus::regex_alternation(&reset);
-    let q = format!(
-        "count(max_over_time(drainshim_proxy_info{{namespace=~\"{ns}\",instance=~\"{instances}\"}}[{}s]))",
-        secs.max(1)
-    );
-    Ok(prom.scalar(&q).await? > 0.0)
-}
-
-/// The most reset instances [`resets_in_wave`] looks up one by one.
-pub const RESET_INSTANCES: usize = 200;
-
-/// A counter's increase per second over `[w]` (ending `offset` back), the
-/// same on every store that speaks PromQL: the highest sample in the window
-/// less the lowest, over the window's length. `rate()` is not: Prometheus
-/// divides a series' increase by the whole window, VictoriaMetrics by the
-/// part of it the series has samples in, so a pod that started or ended in
-/// the window (every pod of a wave) counts up to the window over its life
-/// there; and Prometheus extrapolates to the window's edges, which
-/// VictoriaMetrics does not. With `resets` (some counter reset in the
-/// window: the shim restarted in its pod), a series that reset is read with
-/// the store's own `increase()`, which counts both sides of the reset: the
-/// one place where the two stores' figures can differ in the last digits,
-/// since the subset they share has no exact reset-aware increase
-/// (Prometheus 2 has no `first_over_time`).
-pub fn per_second(selector: &str, w: u64, offset: &str, resets: bool) -> String {
-    let r = format!("{selector}[{w}s]{offset}");
-    if resets {
-        format!(
-            "((((max_over_time({r}) - min_over_time({r})) unless (resets({r}) > 0)) or increase({r})) / {w})"
-        )
-    } else {
-        format!("((max_over_time({r}) - min_over_time({r})) / {w})")
-    }
-}
-
-impl Queries<'_> {
-    /// The window as a PromQL duration.
-    pub fn w(&self) -> String {
-        format!("{}s", self.secs.max(1))
-    }
-
-    /// `f(selector)` over the wave's series: those that carry a `namespace`
-    /// label themselves (node mode's per-pod series, and sidecars scraped
-    /// with their pod's labels) directly, and those of shims that export none
-    /// joined on `instance` to the namespace of their `drainshim_proxy_info`
-    /// at any time in the window (the wave's pods are gone at its end).
-    /// An instance with proxies in several namespaces is a node agent, whose
-    /// series carry their own labels; it is left out of the join.
-    pub fn in_wave(&self, f: impl Fn(&str) -> String, offset: &str) -> String {
-        let (ns, w) = (self.ns, self.w());
-        self.join(
-            f,
-            &format!("max_over_time(drainshim_proxy_info{{namespace=~\"{ns}\"}}[{w}]{offset})"),
-        )
-    }
-
-    /// [`Queries::in_wave`] with each instance's namespace as it is at the
-    /// evaluation time: for a range query over the fleet's history, where a
-    /// window per point would read every sample many times over.
-    pub fn in_fleet(&self, f: impl Fn(&str) -> String) -> String {
-        let ns = self.ns;
-        self.join(f, &format!("drainshim_proxy_info{{namespace=~\"{ns}\"}}"))
-    }
-
-    fn join(&self, f: impl Fn(&str) -> String, info: &str) -> String {
-        let ns = self.ns;
-        let members = format!("max by (instance, namespace) ({info})");
-        format!(
-            "({} or ({} * on(instance) group_left(namespace) ({members} unless on(instance) (count by (instance) ({members}) > 1))))",
-            f(&format!("namespace=~\"{ns}\"")),
-            f("namespace=\"\"")
-        )
-    }
-
-    fn rate(&self, metric: &str, extra: &str, offset: &str) -> String {
-        self.in_wave(
-            |sel| {
-                per_second(
-                    &format!("{metric}{{{sel}{extra}}}"),
-                    self.secs.max(1),
-                    offset,
-                    self.resets,
-                )
-            },
-            offset,
-        )
-    }
-
-    /// Requests per second by (namespace, service); `extra` adds matchers.
-    /// Requests per second by (namespace, service, code): the requests and
-    /// the failures of a window in one query (see [`requests_and_failures`]).
-    pub fn requests_by_code(&self, offset: &str) -> String {
-        format!(
-            "sum by (namespace, service, code) ({})",
-            self.rate("drainshim_guard_requests_total", "", offset)
-        )
-    }
-
-    pub fn requests(&self, extra: &str, offset: &str) -> String {
-        format!(
-            "sum by (namespace, service) ({})",
-            self.rate("drainshim_guard_requests_total", extra, offset)
-        )
-    }
-
-    /// p99 latency by (namespace, service). Only the buckets' shares count,
-    /// so each bucket series' growth is its highest sample less its lowest,
-    /// without [`per_second`]'s reset fallback: the histogram is 14 series
-    /// per pod, the costliest query of a wave, and a shim that restarted in
-    /// its pod resets all its buckets together, which keeps their shares.
-    pub fn p99(&self, offset: &str) -> String {
-        let w = self.w();
-        format!(
-            "histogram_quantile(0.99, sum by (namespace, service, le) ({}))",
-            self.in_wave(
-                |sel| {
-                    let r = format!(
-                        "drainshim_guard_request_duration_seconds_bucket{{{sel}}}[{w}]{offset}"
-                    );
-                    format!("(max_over_time({r}) - min_over_time({r}))")
-                },
-                offset
-            )
-        )
-    }
-
-    /// The callers' load per namespace.
-    pub fn callers(&self, offset: &str) -> String {
-        format!(
-            "sum by (namespace) ({})",
-            self.rate("drainshim_envoy_downstream_requests_total", "", offset)
-        )
-    }
-
-    /// The streams the guard ended itself per second, by (namespace,
-    /// reason): `metric` is `drainshim_streams_terminated_total` (gracefully)
-    /// or `drainshim_streams_ungraceful_total` (reset).
-    pub fn endings(&self, metric: &str, offset: &str) -> String {
-        format!(
-            "sum by (namespace, reason) ({})",
-            self.rate(metric, "", offset)
-        )
-    }
-
-    pub fn reopens(&self, offset: &str) -> String {
-        format!(
-            "sum by (namespace, service) ({})",
-            self.rate("drainshim_guard_streams_opened_total", "", offset)
-        )
-    }
-}
-
 /// Requests and failures ([`FAILURE_CODES`], matched whole as PromQL does)
 /// per (namespace, service) from the per-code rates; summed in label order,
 /// so every store's answer, in whatever order it comes, adds up alike.
-pub fn requests_and_failures(samples: &[Sample]) -> (PerService, PerService) {
+pub fn requests_and_failures<'a>(
+    samples: impl IntoIterator<Item = &'a Sample>,
+) -> (PerService, PerService) {
     static FAILURE: std::sync::LazyLock<Option<regex::Regex>> =
         std::sync::LazyLock::new(|| regex::Regex::new(&format!("^(?:{FAILURE_CODES})$")).ok());
     let by_code: BTreeMap<(String, String, String), f64> = samples
-        .iter()
+        .into_iter()
         .map(|s| {
             let key = (
                 s.label("namespace").to_string(),
@@ -465,23 +265,18 @@ pub fn requests_and_failures(samples: &[Sample]) -> (PerService, PerService) {
     (requests, failures)
 }
 
-async fn per_service(prom: &PromClient, q: &str) -> Result<PerService, PromError> {
-    per_label(prom, q, "service").await
-}
-
-/// (namespace, `label`) -> value.
-async fn per_label(prom: &PromClient, q: &str, label: &str) -> Result<PerService, PromError> {
-    Ok(prom
-        .query(q)
-        .await?
-        .into_iter()
-        .map(|s| {
-            (
-                (s.label("namespace").to_string(), s.label(label).to_string()),
-                s.value,
-            )
-        })
-        .collect())
+/// (namespace, `label`) -> the sum of `samples`, added in the order of
+/// their labels: every store's answer, in whatever order it comes, adds up
+/// alike.
+fn sum_by<'a>(samples: impl IntoIterator<Item = &'a Sample>, label: &str) -> PerService {
+    let mut sorted: Vec<&Sample> = samples.into_iter().collect();
+    sorted.sort_by(|a, b| a.labels.cmp(&b.labels));
+    let mut out = PerService::new();
+    for s in sorted {
+        let key = (s.label("namespace").to_string(), s.label(label).to_string());
+        *out.entry(key).or_default() += s.value;
+    }
+    out
 }
 
 /// One window's numbers.
@@ -497,36 +292,70 @@ pub struct Window {
     pub ended: PerService,
     /// The guard's endings by a reset per (namespace, reason).
     pub reset: PerService,
+    /// Per part that had series in the window, the sum over the wave
+    /// (retries and kernel resets per second, the extra parts asked).
+    pub totals: BTreeMap<&'static str, f64>,
 }
 
 impl Window {
-    /// The window's numbers, its queries asked at once (a store runs them
-    /// side by side).
-    pub async fn read(prom: &PromClient, q: &Queries<'_>, offset: &str) -> Result<Self, PromError> {
-        let asked = [q.p99(offset), q.callers(offset), q.reopens(offset)];
-        let by_code = q.requests_by_code(offset);
-        let ended = q.endings("drainshim_streams_terminated_total", offset);
-        let reset = q.endings("drainshim_streams_ungraceful_total", offset);
-        let (per, codes, ended, reset) = tokio::try_join!(
-            futures_util::future::try_join_all(asked.iter().map(|x| per_service(prom, x))),
-            prom.query(&by_code),
-            per_label(prom, &ended, "reason"),
-            per_label(prom, &reset, "reason"),
-        )?;
-        // One answer per query, in order.
-        let mut per = per.into_iter();
-        let mut next = || per.next().unwrap_or_default();
-        let (p99, callers, reopens) = (next(), next(), next());
-        let (requests, failures) = requests_and_failures(&codes);
+    /// The window's numbers: [`COUNTERS`] and the `extra` parts in as few
+    /// queries as fit ([`Queries::window`]), and p99, asked at once (a
+    /// store runs them side by side). Each counter is read with two
+    /// functions, and asked whether it reset; only when one of the wave's
+    /// series did (a shim restarted in its pod: rare) is the window asked
+    /// again, with the reset-aware form.
+    pub async fn read(
+        prom: &PromClient,
+        q: &Queries<'_>,
+        offset: &str,
+        extra: &[Part],
+    ) -> Result<Self, PromError> {
+        let mut parts = Part::counters();
+        parts.extend(extra.iter().cloned());
+        let mut probed = parts.clone();
+        if !q.resets {
+            probed.extend(Part::resets());
+        }
+        let p99 = q.p99(offset);
+        let (mut samples, p99) =
+            tokio::try_join!(Self::ask(prom, q, offset, &probed), prom.query(&p99))?;
+        if !q.resets && samples.iter().any(|s| s.label(PART) == RESETS) {
+            let q = Queries { resets: true, ..*q };
+            samples = Self::ask(prom, &q, offset, &parts).await?;
+        }
+        let of = |name: &str| {
+            let name = name.to_string();
+            samples.iter().filter(move |s| s.label(PART) == name)
+        };
+        let (requests, failures) = requests_and_failures(of("requests"));
+        let totals = parts
+            .iter()
+            .filter(|p| of(p.name).next().is_some())
+            .map(|p| (p.name, sum_by(of(p.name), "").values().sum()))
+            .collect();
         Ok(Self {
             requests,
             failures,
-            p99,
-            callers,
-            reopens,
-            ended,
-            reset,
+            p99: sum_by(&p99, "service"),
+            callers: sum_by(of("callers"), ""),
+            reopens: sum_by(of("reopens"), "service"),
+            ended: sum_by(of("ended"), "reason"),
+            reset: sum_by(of("reset"), "reason"),
+            totals,
         })
+    }
+
+    /// The window's `parts`, every query at once.
+    async fn ask(
+        prom: &PromClient,
+        q: &Queries<'_>,
+        offset: &str,
+        parts: &[Part],
+    ) -> Result<Vec<Sample>, PromError> {
+        let asked = q.window(parts, offset);
+        let answers =
+            futures_util::future::try_join_all(asked.iter().map(|x| prom.query(x))).await?;
+        Ok(answers.into_iter().flatten().collect())
     }
 
     /// Success rate in percent per service.
@@ -820,53 +649,5 @@ mod tests {
         assert_eq!(failures[&k("a")], 3.0);
         assert_eq!(requests[&k("b")], 10.0);
         assert!(!failures.contains_key(&k("b")));
-    }
-
-    #[test]
-    fn the_wave_join_reads_both_label_styles() {
-        let q = Queries {
-            ns: "shop",
-            secs: 60,
-            resets: false,
-        };
-        let text = q.requests("", " offset 60s");
-        assert!(
-            text.contains(r#"drainshim_guard_requests_total{namespace=~"shop"}[60s] offset 60s"#),
-            "{text}"
-        );
-        assert!(
-            text.contains(r#"drainshim_guard_requests_total{namespace=""}[60s] offset 60s"#),
-            "{text}"
-        );
-        assert!(text.contains("group_left(namespace)"), "{text}");
-    }
-
-    /// The increase per second that both stores compute alike: no `rate()`
-    /// (its window differs between them); where a counter reset in the
-    /// window, a series that reset falls back to `increase()`.
-    #[test]
-    fn counters_are_read_the_same_way_on_every_store() {
-        let text = per_second("m{a=\"b\"}", 600, " offset 600s", true);
-        assert_eq!(
-            text,
-            "((((max_over_time(m{a=\"b\"}[600s] offset 600s) - min_over_time(m{a=\"b\"}[600s] offset 600s)) \
-             unless (resets(m{a=\"b\"}[600s] offset 600s) > 0)) or increase(m{a=\"b\"}[600s] offset 600s)) / 600)"
-        );
-        assert_eq!(
-            per_second("m", 60, "", false),
-            "((max_over_time(m[60s]) - min_over_time(m[60s])) / 60)"
-        );
-        let q = |resets| Queries {
-            ns: "x",
-            secs: 60,
-            resets,
-        };
-        assert!(!q(false).requests("", "").contains("rate("));
-        assert!(!q(false).requests("", "").contains("resets("));
-        assert!(q(true).requests("", "").contains("resets("));
-        assert!(resets_probe(120).contains("[120s]"));
-        for c in COUNTERS {
-            assert!(resets_probe(120).contains(c));
-        }
     }
 }
