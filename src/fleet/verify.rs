@@ -9,8 +9,9 @@
 //! by it; series of shims that export none are joined on `instance` to
 //! `drainshim_proxy_info` over the whole window (`max_over_time`): the pods
 //! that drained in this wave are gone at query time, but their cut streams
-//! still count. A node agent's instance carries many pods, so it is never
-//! joined on (see [`golden::Queries::in_wave`]).
+//! still count. Only series with neither `namespace` nor `pod` are joined: a
+//! node agent's instance carries many pods, and it labels each pod's series
+//! (see [`golden::Queries::in_wave`]).
 //!
 //! The guard's golden signals (success rate, p99, requests per caller
 //! request, stream re-opens) are gated per namespace and service in
