@@ -15,19 +15,11 @@ pub mod error;
 pub mod fleet;
 pub mod guard;
 pub mod http;
-pub mod install;
 pub mod inventory;
-pub mod logging;
 pub mod metrics;
 pub mod node;
-pub mod oneshot;
-pub mod prestop;
-pub mod readiness;
-pub mod recovery;
 pub mod settings;
 pub mod sidecar;
-pub mod sigterm;
-pub mod telemetry;
 pub mod timer;
 
 /// Generated protobuf and gRPC types of the bench protocol.

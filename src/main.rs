@@ -8,12 +8,14 @@ use std::process::ExitCode;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
+use drainshim::cli::install;
+use drainshim::cli::logging::LogFormat;
 use drainshim::cli::{emit, print_json, Cli, Command};
 use drainshim::error::{Error, EX_SOFTWARE, EX_USAGE};
-use drainshim::logging::LogFormat;
 use drainshim::settings::{DrainOnceSettings, NodeSettings, SidecarSettings};
-use drainshim::sigterm::sigterms;
-use drainshim::{fleet, install, node, oneshot, prestop, sidecar};
+use drainshim::sidecar::sigterm::sigterms;
+use drainshim::sidecar::{oneshot, prestop};
+use drainshim::{fleet, node, sidecar};
 
 /// With the `mimalloc` feature, mimalloc serves every allocation instead of
 /// the system's malloc; it exists to measure the two against each other
@@ -46,7 +48,7 @@ fn main() -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
-    drainshim::logging::init(cli.log_format, filter);
+    drainshim::cli::logging::init(cli.log_format, filter);
     let runtime = match cli.command.runtime() {
         Ok(rt) => rt,
         Err(e) => {

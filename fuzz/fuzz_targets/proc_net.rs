@@ -3,7 +3,7 @@
 //! classified as xDS update counters.
 #![no_main]
 
-use drainshim::telemetry::{classify_update, parse_proc_net};
+use drainshim::control::telemetry::{classify_update, parse_proc_net};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -10,7 +10,7 @@ use super::{emit, Format, EXIT_CODES};
 use crate::bench::{self, reconnect};
 use crate::config::Span;
 use crate::error::Error;
-use crate::sigterm::sigterms;
+use crate::sidecar::sigterm::sigterms;
 
 #[derive(Debug, Args)]
 pub struct DemoArgs {

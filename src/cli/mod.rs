@@ -7,6 +7,8 @@ mod agent;
 #[cfg(feature = "bench")]
 mod bench;
 mod fleet;
+pub mod install;
+pub mod logging;
 mod plan;
 pub use agent::*;
 #[cfg(feature = "bench")]
@@ -55,8 +57,8 @@ pub struct Cli {
     /// pipeline (timestamp, level, target, message and the event's fields;
     /// the drain report is a nested object, not a string).
     #[arg(long, env = "DRAINSHIM_LOG_FORMAT", global = true, value_enum,
-          default_value_t = crate::logging::LogFormat::Text)]
-    pub log_format: crate::logging::LogFormat,
+          default_value_t = crate::cli::logging::LogFormat::Text)]
+    pub log_format: crate::cli::logging::LogFormat,
 
     #[command(subcommand)]
     pub command: Command,

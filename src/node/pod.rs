@@ -29,11 +29,11 @@ use super::metrics::{PodLabels, PodSeries};
 use super::netns::Netns;
 use super::proc::ProcIdentity;
 use super::timers::{PodDrain, TimersStatus};
+use crate::control::telemetry::Telemetry;
 use crate::control::{drain_response, may_mutate, parse_wait, text};
 use crate::drain::{Status, Trigger};
 use crate::envoy::{AdminClient, ServerInfo};
 use crate::metrics::{Metrics, ProxyLabels};
-use crate::telemetry::Telemetry;
 
 /// The node's own addresses, shared by every pod listener and refreshed at
 /// each scan (an interface may come or go).

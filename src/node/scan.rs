@@ -19,10 +19,10 @@ use super::pod::{self, GuardState, ListenerState, Pod};
 use super::proc;
 use super::shared::{Departed, Shared, SCAN_CONCURRENCY};
 use super::timers::{self, PodDrain, PodTimers};
+use crate::control::telemetry::Telemetry;
 use crate::drain::{DrainSettings, Phase};
 use crate::envoy::AdminClient;
 use crate::metrics::Metrics;
-use crate::telemetry::Telemetry;
 
 /// Pods asked `/server_info` at once in each scan's recurring identify step.
 /// Each ask is a fresh thread entering a pod's namespace: with guards

@@ -18,8 +18,8 @@ use super::metrics::PodSeries;
 use super::pod::{HostAddrs, Pod, PodStatus};
 use super::timers::PodDrain;
 use super::{NodeSettings, NodeStatus};
+use crate::control::telemetry::Telemetry;
 use crate::drain::Phase;
-use crate::telemetry::Telemetry;
 
 /// New pods set up and identified at once per scan; bounds threads in flight.
 pub(super) const SCAN_CONCURRENCY: usize = 32;

@@ -1,7 +1,8 @@
 //! The library's layering (docs/design.md, "The parts"), held against the
 //! code: top-level modules of `src/` import each other without cycles, only
 //! `main` and `cli` name `cli`, `metrics` and the leaves import nothing of
-//! the crate above them, and nothing but `cli` needs the bench feature.
+//! the crate above them, nothing but `cli` needs the bench feature, and
+//! `src/` keeps its parts in rooms (the two modes apart, few files loose).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -131,6 +132,29 @@ fn metrics_and_the_leaves_stand_alone() {
         let above: Vec<_> = deps.iter().filter(|d| *d != "config").collect();
         assert!(above.is_empty(), "{leaf} imports {above:?}");
     }
+}
+
+/// The sidecar and the node agent are two rooms of the same kind: what
+/// both use lives in a room of its own (`control`, `drain`, `guard`), so
+/// neither imports the other; and `src/` holds at most eight loose files
+/// (the crate's root, the binary, the settings and the leaves).
+#[test]
+fn src_keeps_its_parts_in_rooms() {
+    let g = graph();
+    assert!(!g["sidecar"].contains("node"), "sidecar imports node");
+    assert!(!g["node"].contains("sidecar"), "node imports sidecar");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let loose: Vec<String> = std::fs::read_dir(&src)
+        .expect("read src/")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "rs"))
+        .map(|p| p.file_name().expect("name").to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        loose.len() <= 8,
+        "{} loose files in src/: {loose:?}",
+        loose.len()
+    );
 }
 
 /// The guard modules a file names: `guard::x`, `super::x` (resolved from

@@ -4,6 +4,10 @@
 //! The first SIGTERM starts (or joins) the drain; the process exits once the
 //! report is out. A second SIGTERM skips to the deadline.
 
+pub mod oneshot;
+pub mod prestop;
+pub mod sigterm;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,15 +16,15 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::control::readiness::{self, DataPath};
+use crate::control::recovery;
+use crate::control::telemetry::Telemetry;
 use crate::control::{self, Control};
 use crate::drain::{self, DrainSettings, Report, StreamGuard, Trigger};
 use crate::envoy::AdminClient;
 use crate::guard::Guard;
 use crate::metrics::{Metrics, SidecarMetrics};
-use crate::readiness::{self, DataPath};
-use crate::recovery;
 use crate::settings::SidecarSettings;
-use crate::telemetry::Telemetry;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SidecarError {

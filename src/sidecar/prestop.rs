@@ -95,8 +95,8 @@ pub async fn run(shim: &Endpoint, timeout: Duration) -> Result<Report, PrestopEr
     }
 }
 
-impl From<crate::prestop::PrestopError> for crate::error::Error {
-    fn from(e: crate::prestop::PrestopError) -> Self {
+impl From<crate::sidecar::prestop::PrestopError> for crate::error::Error {
+    fn from(e: crate::sidecar::prestop::PrestopError) -> Self {
         use crate::error::Error;
         Error::Unavailable(e.to_string())
     }

@@ -12,6 +12,10 @@
 //! Mutating calls are accepted only from the pod's own loopback addresses
 //! (127.0.0.1, ::1) or `--allow-drain-from`.
 
+pub mod readiness;
+pub mod recovery;
+pub mod telemetry;
+
 use std::convert::Infallible;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
@@ -48,13 +52,13 @@ pub struct Control {
     /// Besides loopback, who may start a drain.
     pub allow_drain_from: Vec<IpNet>,
     /// Read fresh at each scrape; None when there is no Envoy to read.
-    pub telemetry: Option<Arc<crate::telemetry::Telemetry>>,
+    pub telemetry: Option<Arc<crate::control::telemetry::Telemetry>>,
     /// The watcher of a stuck or half-drained Envoy; `/readyz` is 503 while
     /// it says so. None when nothing watches (node mode has its own view).
-    pub envoy_health: Option<crate::recovery::EnvoyHealth>,
+    pub envoy_health: Option<crate::control::recovery::EnvoyHealth>,
     /// Whether the guard accepts and the app answers (`--ready-failures`
     /// rule); `/readyz` is 503 while it says no. None without a guard.
-    pub data_path: Option<crate::readiness::DataPath>,
+    pub data_path: Option<crate::control::readiness::DataPath>,
 }
 
 /// 127.0.0.1 or ::1, or inside one of the allowed networks. IPv4-mapped
