@@ -36,8 +36,9 @@ pub enum ConnPhase {
     AwaitingAck { until: Instant },
     /// No new stream should arrive; open ones run on, and the connection
     /// closes once they are done. `acked`: the PING was acked, and the
-    /// connection's driver sent the final GOAWAY (the last stream id the
-    /// application will see) on that ack.
+    /// connection's driver, the HTTP/2 relay (`relay/goaway.rs`, not the h2
+    /// crate), sent the final GOAWAY (the last stream id the application
+    /// will see) on that ack.
     Closing { acked: bool },
 }
 
@@ -66,7 +67,7 @@ pub enum Input {
     HeaderTimedOut,
     /// No stream for `idle_timeout`.
     IdleTimedOut,
-    /// Closing, and the driver holds no stream either: nothing is left to flush.
+    /// Closing, and the relay holds no stream either: nothing is left to flush.
     Quiet,
 }
 

@@ -33,8 +33,8 @@
 //!                   \                                     /
 //!   core: lifecycle (when a connection goes away), registry (every stream,
 //!   and the ends a drain asks), ending (the rules of a graceful end and
-//!   its outcomes), body and grpc (message boundaries), websocket (a
-//!   WebSocket's two byte streams and their Close), signals, limits,
+//!   its outcomes; the relay's alone), body and grpc (message boundaries),
+//!   websocket (a WebSocket's two byte streams and their Close), signals, limits,
 //!   schedule (spreads, jitter), sniff, upstream (connecting to the app),
 //!   conn, headers, keepalive, passthrough; and handle: all a driver is
 //!   given of the guard (config, registry, tasks, the drain's signals,

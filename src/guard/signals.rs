@@ -119,6 +119,11 @@ pub fn grpc_code_for_http(status: StatusCode) -> Code {
 }
 
 /// What a gRPC client makes of an RST_STREAM it gets instead of trailers.
+///
+/// The code is an `h2::Reason`, not one of `relay::wire`'s numbers: this is
+/// the core, which imports neither wing (`tests/it/layering.rs`), and
+/// `h2::Reason` is a name for an RFC 9113 error code that both can use. The
+/// h2 crate is otherwise only a test peer; nothing here runs h2.
 pub fn grpc_code_for_reset(reason: h2::Reason) -> Code {
     match reason {
         h2::Reason::CANCEL => Code::CANCELLED,

@@ -2,9 +2,10 @@
 //!
 //! `connect_tcp` opens them (through the node agent's [`Connect`] when
 //! there is one). The frame relay holds its one HTTP/2 connection itself;
-//! an HTTP/1.1 downstream connection gets one `H1Upstream` (in the `h1`
-//! wing). Nothing is shared across downstream connections, which keeps
-//! flow control end to end: one slow client never stalls another's streams.
+//! an HTTP/1.1 downstream connection gets one `H1Upstream` (the `h1`
+//! wing's client to the application, `h1/app.rs`). Nothing is shared
+//! across downstream connections, which keeps flow control end to end: one
+//! slow client never stalls another's streams.
 
 use std::io;
 use std::net::SocketAddr;

@@ -25,10 +25,10 @@
 //! Idle keep-alive connections are kept longer than Envoy keeps its pooled
 //! ones (see [`super::keepalive`]); a request that meets a stale upstream
 //! keep-alive connection is retried when that is safe (see
-//! [`upstream::H1Upstream`]). The application gets the peer's
+//! [`app::H1Upstream`]). The application gets the peer's
 //! address appended to `X-Forwarded-For`.
 
-mod upstream;
+mod app;
 
 use crate::timer::sleep_until_opt;
 use std::convert::Infallible;
@@ -60,7 +60,7 @@ use crate::guard::signals;
 use crate::guard::sniff::{linger, Prefixed};
 use crate::guard::websocket;
 use crate::metrics::{Reason, StreamProtocol};
-use upstream::{H1Upstream, MIN_H1_BUF_SIZE};
+use app::{H1Upstream, MIN_H1_BUF_SIZE};
 
 /// Errors a response body can end with.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;

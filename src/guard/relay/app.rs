@@ -122,6 +122,8 @@ impl Relay<'_> {
                 if let Some(mut s) = self.streams.remove(&h.id) {
                     self.client.write.extend_from_slice(frame);
                     if let (Some(sig), Ok(code)) = (s.sig.as_mut(), <[u8; 4]>::try_from(payload)) {
+                        // The core's signals take an `h2::Reason` (they
+                        // cannot name `wire`: see `signals::grpc_code_for_reset`).
                         sig.reset(h2::Reason::from(u32::from_be_bytes(code)));
                     }
                     self.finish(s, StreamOutcome::UpstreamFailed);
@@ -142,6 +144,8 @@ impl Relay<'_> {
                 let code = u32::from_be_bytes([payload[4], payload[5], payload[6], payload[7]]);
                 self.guard.record_app_goaway(code);
                 if code != wire::NO_ERROR {
+                    // `h2::Reason`'s Debug names the code (PROTOCOL_ERROR,
+                    // ...); `wire` keeps only the numbers it sends.
                     tracing::warn!(peer = %self.info.peer, conn = self.info.id, code = ?h2::Reason::from(code),
                         debug = %String::from_utf8_lossy(&payload[8..]),
                         "guard: the application sent GOAWAY with an error; it is closing the guard's connection");

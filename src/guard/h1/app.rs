@@ -1,7 +1,8 @@
-//! The application side of one HTTP/1.1 downstream connection: one
-//! HTTP/1.1 connection, so an application that only speaks HTTP/1.1 keeps
-//! working and HTTP/1.1 semantics (framing, trailers, `Expect`) pass
-//! through untouched. It connects lazily and reconnects when the
+//! The application side of one HTTP/1.1 downstream connection: the wing's
+//! HTTP/1.1 client to the application, over one HTTP/1.1 connection
+//! (opened by [`crate::guard::upstream`]), so an application that only
+//! speaks HTTP/1.1 keeps working and HTTP/1.1 semantics (framing, trailers,
+//! `Expect`) pass through untouched. It connects lazily and reconnects when the
 //! application closed the previous connection.
 
 use std::net::SocketAddr;
