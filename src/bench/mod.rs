@@ -13,6 +13,7 @@ pub mod population;
 pub mod reconnect;
 pub mod relay;
 pub mod server;
+pub mod soak;
 pub mod ws;
 
 /// A free TCP port on loopback, bound and released: for a process (Envoy, a

@@ -158,7 +158,7 @@ struct Pod {
 /// longer than the stream's tick, so the guard's cancel, timed by what had
 /// arrived, met it (234 ticks lost at 2,000 streams per pod on a loaded
 /// machine), a delay no app in a container of its own has.
-struct OwnRuntime(Option<tokio::runtime::Runtime>);
+pub(super) struct OwnRuntime(Option<tokio::runtime::Runtime>);
 
 impl OwnRuntime {
     fn new(name: &str) -> Result<Self, String> {
@@ -205,9 +205,14 @@ fn free_port() -> Result<u16, String> {
     super::free_port().map_err(|e| format!("pick a free port: {e}"))
 }
 
-async fn start_pod(opts: &ReconnectOptions, ledger: &Ledger, guard: bool) -> Result<Pod, String> {
+/// The app of a pod, on a runtime of its own as its container would be:
+/// gRPC and WebSocket on one port, every message handed to the transport
+/// written in `ledger`. Stops when `stop` is cancelled.
+pub(super) async fn start_app(
+    ledger: &Ledger,
+    stop: &CancellationToken,
+) -> Result<(OwnRuntime, SocketAddr), String> {
     let app_rt = OwnRuntime::new("bench-app")?;
-    let stop = CancellationToken::new();
     let (ledger, app_stop) = (ledger.clone(), stop.clone());
     let app = app_rt
         .spawn(async move {
@@ -227,6 +232,12 @@ async fn start_pod(opts: &ReconnectOptions, ledger: &Ledger, guard: bool) -> Res
         })?
         .await
         .map_err(|e| format!("start the app: {e}"))??;
+    Ok((app_rt, app))
+}
+
+async fn start_pod(opts: &ReconnectOptions, ledger: &Ledger, guard: bool) -> Result<Pod, String> {
+    let stop = CancellationToken::new();
+    let (app_rt, app) = start_app(ledger, &stop).await?;
 
     let admin_port = free_port()?;
     let shim_rt = guard.then(|| OwnRuntime::new("drainshim")).transpose()?;
