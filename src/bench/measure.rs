@@ -118,13 +118,7 @@ pub fn summarize(o: &Observed) -> ModeResult {
         .filter(|s| matches!(s.ending, Ending::Graceful | Ending::Completed))
         .count();
     let cut = victims.iter().filter(|s| s.ending == Ending::Cut).count();
-    let lost_messages = victims
-        .iter()
-        .map(|s| {
-            let written = o.ledger.last_written(&s.stream_id).unwrap_or(s.last_seq);
-            written.saturating_sub(s.last_seq) + u64::from(s.gap)
-        })
-        .sum();
+    let lost_messages = o.ledger.lost(victims.iter().copied());
 
     // Reconnects caused by the restart: new sessions of the victims' clients.
     let victim_clients: std::collections::HashSet<usize> =

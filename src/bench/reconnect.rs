@@ -548,16 +548,7 @@ pub async fn soak(opts: &ReconnectOptions, duration: Duration) -> Result<SoakRes
         .iter()
         .filter(|s| s.ending == super::client::Ending::Cut)
         .count();
-    let lost_messages = during
-        .iter()
-        .map(|s| {
-            ledger
-                .last_written(&s.stream_id)
-                .unwrap_or(s.last_seq)
-                .saturating_sub(s.last_seq)
-                + u64::from(s.gap)
-        })
-        .sum();
+    let lost_messages = ledger.lost(during.iter().copied());
     let starts: Vec<Instant> = sessions
         .iter()
         .filter(|s| s.reconnect.is_some() && s.started < end)

@@ -39,6 +39,21 @@ impl Ledger {
     pub fn last_written(&self, stream_id: &str) -> Option<u64> {
         self.0.lock().ok()?.get(stream_id).copied()
     }
+
+    /// Messages the app handed its transport on `sessions`' streams that
+    /// their clients never got, plus one for each session that saw a gap.
+    pub fn lost<'a>(
+        &self,
+        sessions: impl IntoIterator<Item = &'a super::population::Session>,
+    ) -> u64 {
+        sessions
+            .into_iter()
+            .map(|s| {
+                let written = self.last_written(&s.stream_id).unwrap_or(s.last_seq);
+                written.saturating_sub(s.last_seq) + u64::from(s.gap)
+            })
+            .sum()
+    }
 }
 
 /// The service. `Subscribe` sends `count` ticks (0 = until cancelled).

@@ -359,16 +359,7 @@ pub async fn run(opts: &SoakOptions) -> Result<SoakReport, String> {
         .filter(|s| matches!(s.ending, Ending::Graceful))
         .count() as u64;
     let cut = during.iter().filter(|s| s.ending == Ending::Cut).count() as u64;
-    let lost_messages = during
-        .iter()
-        .map(|s| {
-            ledger
-                .last_written(&s.stream_id)
-                .unwrap_or(s.last_seq)
-                .saturating_sub(s.last_seq)
-                + u64::from(s.gap)
-        })
-        .sum();
+    let lost_messages = ledger.lost(during.iter().copied());
     let warm_from = samples.len() / 5;
     let loaded_part = &samples[warm_from.min(samples.len())..];
     let per_1e5 = |f: fn(&Sample) -> u64| {
