@@ -201,7 +201,7 @@ impl Drop for Pod {
     }
 }
 
-fn free_port() -> Result<u16, String> {
+pub(super) fn free_port() -> Result<u16, String> {
     super::free_port().map_err(|e| format!("pick a free port: {e}"))
 }
 

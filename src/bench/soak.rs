@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use super::client::Ending;
 use super::envoy::{EnvoyOptions, EnvoyProcess};
 use super::population::{Endpoints, Population, Protocol};
-use super::reconnect::start_app;
+use super::reconnect::{free_port, start_app};
 use super::server::Ledger;
 
 /// What a run asks.
@@ -206,10 +206,6 @@ impl Shim {
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
-}
-
-fn free_port() -> Result<u16, String> {
-    super::free_port().map_err(|e| format!("pick a free port: {e}"))
 }
 
 /// Least-squares slope of `y` over `x`; 0 with fewer than two distinct x.

@@ -130,13 +130,18 @@ pub async fn read_versions(prom: &PromClient, opts: &PlanOptions) -> Result<Time
 
 /// The guards' max connection age per namespace, read at its own coarser
 /// step and mapped onto the versions' points: each point takes the last
-/// reading at or before it.
+/// reading at or before it. The history ends where the versions' does (its
+/// last point), so "now" is one moment for both, however long the versions
+/// took to read.
 pub async fn read_max_age(
     prom: &PromClient,
     opts: &PlanOptions,
     times: &[f64],
 ) -> Result<Vec<BTreeMap<String, f64>>, FleetError> {
-    let end = unix(opts.at.unwrap_or_else(SystemTime::now));
+    let end = match times.last() {
+        Some(t) => *t,
+        None => unix(opts.at.unwrap_or_else(SystemTime::now)),
+    };
     // A guard's gauge carries no namespace in sidecar mode: join it to its
     // shim's proxy_info on the instance (node agents label their own).
     let q = crate::fleet::golden::Queries {
