@@ -17,6 +17,8 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto ./proto
 COPY src ./src
+# The sidecar Components' pod patches: drainshim inject and webhook embed them.
+COPY deploy/components ./deploy/components
 # The bench targets are declared in Cargo.toml, so cargo wants their files;
 # they are not built (no default features, only the binary).
 COPY benches ./benches

@@ -15,6 +15,7 @@ pub mod error;
 pub mod fleet;
 pub mod guard;
 pub mod http;
+pub mod inject;
 pub mod inventory;
 pub mod metrics;
 pub mod node;

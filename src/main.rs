@@ -160,6 +160,8 @@ async fn run(command: Command) -> Result<ExitCode, Error> {
             let dest = install::install(dir)?;
             eprintln!("drainshim install: copied to {}", dest.display());
         }
+        Command::Inject(a) => a.run()?,
+        Command::Webhook(a) => a.run().await?,
         #[cfg(feature = "bench")]
         Command::Demo(a) => a.run().await?,
         #[cfg(feature = "bench")]

@@ -7,6 +7,7 @@ mod agent;
 #[cfg(feature = "bench")]
 mod bench;
 mod fleet;
+mod inject;
 pub mod install;
 pub mod logging;
 mod plan;
@@ -17,6 +18,7 @@ pub use fleet::{
     Format, InventoryArgs, PromAccessArgs, SkewArgs, SourceArgs, VerifyArgs, WaveThresholdArgs,
     FLEET_EXIT_CODES,
 };
+pub use inject::{InjectArgs, WebhookArgs};
 pub use plan::PlanArgs;
 
 /// What `--version` prints after the name: the crate version, the git commit
@@ -187,6 +189,16 @@ pub enum Command {
     )]
     Node(NodeArgs),
 
+    /// Add drainshim to the pods of Kubernetes manifests, offline (or
+    /// `--uninject`): what the sidecar Components add, for GitOps pipelines.
+    #[command(long_about = inject::INJECT_LONG_ABOUT, after_help = inject::INJECT_EXIT_CODES)]
+    Inject(InjectArgs),
+
+    /// The mutating admission webhook: adds drainshim to pods as they are
+    /// created, in namespaces labelled drainshim.io/inject=enabled.
+    #[command(long_about = inject::WEBHOOK_LONG_ABOUT, after_help = EXIT_CODES)]
+    Webhook(WebhookArgs),
+
     /// Benchmark helpers.
     #[cfg(feature = "bench")]
     #[command(subcommand)]
@@ -225,6 +237,8 @@ impl Command {
             Command::Plan(_) => "plan",
             Command::Node(_) => "node",
             Command::Install(_) => "install",
+            Command::Inject(_) => "inject",
+            Command::Webhook(_) => "webhook",
             #[cfg(feature = "bench")]
             Command::Bench(_) => "bench",
             #[cfg(feature = "bench")]

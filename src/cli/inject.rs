@@ -1,0 +1,238 @@
+//! `drainshim inject` and `drainshim webhook`: the sidecar Components' change
+//! to a pod, offline on manifests or online as a mutating admission webhook.
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::Span;
+use crate::error::Error;
+use crate::inject::manifest::{self, Action};
+use crate::inject::{webhook, Mode, Settings, DEFAULT_IMAGE};
+
+pub const INJECT_LONG_ABOUT: &str = "Add drainshim to the pods of Kubernetes manifests, offline.\n\n\
+    Reads multi-document YAML or a List (a file, or stdin) and writes it to stdout with every pod \
+    template of a Deployment, StatefulSet, DaemonSet, ReplicaSet or ReplicationController, and every \
+    bare Pod, given what the sidecar Component of --mode gives it (deploy/components/sidecar or \
+    native-sidecar): the install init container and its volume, the drainshim container, Envoy with \
+    its fail-open bootstrap, both preStop hooks, the grace period. Other objects pass through; Jobs \
+    and CronJobs are not injected (their pods run to completion).\n\n\
+    The app is the pod's first container. Its port comes from the pod annotation \
+    drainshim.io/app-port, else from the container's one TCP port. A workload or pod labelled or \
+    annotated drainshim.io/inject: \"false\" is left as it is.\n\n\
+    Injecting twice gives what injecting once gives; the pod records what it replaced in the \
+    annotation drainshim.io/injected, and --uninject puts it back. A pod that cannot be injected \
+    safely (no single app port, a preStop of the app's own, a name or port drainshim's containers \
+    take, Istio's proxy already in the pod) is refused: every refusal is printed, naming its object, \
+    nothing is written, and the exit code is 64.\n\n\
+    What was done to each workload is printed on stderr. Point each Service at Envoy \
+    (targetPort: envoy-inbound).";
+
+pub const INJECT_EXIT_CODES: &str = "\
+Exit codes:
+  0   written to stdout
+  64  bad input, or a pod that cannot be injected safely (each named on stderr; nothing written)";
+
+#[derive(Debug, clap::Args)]
+pub struct InjectArgs {
+    /// The manifests: a file, or `-` for stdin.
+    #[arg(
+        short = 'f',
+        long = "filename",
+        default_value = "-",
+        value_name = "FILE"
+    )]
+    pub filename: PathBuf,
+
+    /// Which sidecar Component's change to make: `sidecar` (containers, any
+    /// Kubernetes) or `native-sidecar` (restartable init containers, 1.29+).
+    #[arg(long, env = "DRAINSHIM_MODE", value_enum, default_value_t = Mode::Sidecar)]
+    pub mode: Mode,
+
+    /// The drainshim image the pods get.
+    #[arg(long, env = "DRAINSHIM_IMAGE", default_value = DEFAULT_IMAGE)]
+    pub image: String,
+
+    /// Envoy's image (default: the Component's).
+    #[arg(long, env = "DRAINSHIM_ENVOY_IMAGE")]
+    pub envoy_image: Option<String>,
+
+    /// Undo: remove what an injection added and restore what it replaced.
+    #[arg(long)]
+    pub uninject: bool,
+}
+
+impl InjectArgs {
+    fn settings(&self) -> Settings {
+        Settings {
+            mode: self.mode,
+            image: self.image.clone(),
+            envoy_image: self.envoy_image.clone(),
+        }
+    }
+
+    /// Reads, transforms, writes; prints one line per workload on stderr.
+    pub fn run(&self) -> Result<(), Error> {
+        let mut input = String::new();
+        let read = if self.filename.as_os_str() == "-" {
+            std::io::stdin().read_to_string(&mut input).map(|_| ())
+        } else {
+            std::fs::read_to_string(&self.filename).map(|s| input = s)
+        };
+        read.map_err(|e| Error::Usage(format!("reading {}: {e}", self.filename.display())))?;
+        let action = if self.uninject {
+            Action::Uninject
+        } else {
+            Action::Inject
+        };
+        match manifest::transform(&input, &self.settings(), action) {
+            Ok((out, lines)) => {
+                for l in &lines {
+                    eprintln!("drainshim inject: {}: {}", l.object, l.what);
+                }
+                print!("{out}");
+                Ok(())
+            }
+            Err(errors) => {
+                for e in &errors {
+                    eprintln!("drainshim inject: {e}");
+                }
+                Err(Error::Usage(format!(
+                    "{} refused; nothing written",
+                    if errors.len() == 1 {
+                        "1 object".to_string()
+                    } else {
+                        format!("{} objects", errors.len())
+                    }
+                )))
+            }
+        }
+    }
+}
+
+pub const WEBHOOK_LONG_ABOUT: &str =
+    "A mutating admission webhook that adds drainshim to pods as they are created.\n\n\
+    Serves AdmissionReview v1 on POST /inject over HTTPS (--listen), with the change `drainshim \
+    inject --mode` makes, as a JSON Patch. It never blocks a pod: a review it cannot read, a kind \
+    other than Pod, or a pod it cannot inject safely is allowed unchanged, with a warning in the \
+    response (kubectl prints it), a log line, and drainshim_webhook_reviews_total{outcome}.\n\n\
+    The certificate and key are read again when the files change (cert-manager's Secret, mounted), \
+    and a pair that does not load leaves the previous one serving. Plain HTTP on --metrics-listen: \
+    GET /metrics, /healthz, /readyz (503 once SIGTERM arrived). On SIGTERM it keeps answering for \
+    --shutdown-delay, while the API server stops calling this replica, then exits 0.\n\n\
+    Which namespaces and pods it sees is the MutatingWebhookConfiguration's (deploy/webhook): \
+    drainshim.io/inject=enabled on a namespace, or drainshim.io/rev=<--revision>, and not pods \
+    labelled drainshim.io/inject: \"false\".";
+
+#[derive(Debug, clap::Args)]
+pub struct WebhookArgs {
+    /// HTTPS: the API server's admission reviews (POST /inject).
+    #[arg(long, env = "DRAINSHIM_LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+
+    /// The serving certificate chain (PEM).
+    #[arg(
+        long,
+        env = "DRAINSHIM_TLS_CERT",
+        default_value = "/etc/drainshim/webhook/tls.crt"
+    )]
+    pub tls_cert: PathBuf,
+
+    /// The serving certificate's private key (PEM).
+    #[arg(
+        long,
+        env = "DRAINSHIM_TLS_KEY",
+        default_value = "/etc/drainshim/webhook/tls.key"
+    )]
+    pub tls_key: PathBuf,
+
+    /// How often the certificate files are checked for a change.
+    #[arg(long, env = "DRAINSHIM_TLS_RELOAD_INTERVAL", default_value = "5s")]
+    pub tls_reload_interval: Span,
+
+    /// Plain HTTP: /metrics, /healthz, /readyz.
+    #[arg(
+        long,
+        env = "DRAINSHIM_METRICS_LISTEN",
+        default_value = "0.0.0.0:15090"
+    )]
+    pub metrics_listen: SocketAddr,
+
+    /// Which sidecar Component's change to make (as `drainshim inject --mode`).
+    #[arg(long, env = "DRAINSHIM_MODE", value_enum, default_value_t = Mode::Sidecar)]
+    pub mode: Mode,
+
+    /// The drainshim image injected pods get.
+    #[arg(long, env = "DRAINSHIM_IMAGE", default_value = DEFAULT_IMAGE)]
+    pub image: String,
+
+    /// Envoy's image (default: the Component's).
+    #[arg(long, env = "DRAINSHIM_ENVOY_IMAGE")]
+    pub envoy_image: Option<String>,
+
+    /// The revision this webhook serves (drainshim.io/rev=<name> on a
+    /// namespace); a label on its metrics.
+    #[arg(long, env = "DRAINSHIM_REVISION", default_value = "default")]
+    pub revision: String,
+
+    /// After SIGTERM, how long to keep answering before exiting.
+    #[arg(long, env = "DRAINSHIM_SHUTDOWN_DELAY", default_value = "5s")]
+    pub shutdown_delay: Span,
+}
+
+impl WebhookArgs {
+    /// Serves until SIGTERM (or Ctrl-C), then `--shutdown-delay` more.
+    pub async fn run(&self) -> Result<(), Error> {
+        if self.tls_reload_interval.get() < Duration::from_millis(100) {
+            return Err(Error::Usage("--tls-reload-interval: at least 100ms".into()));
+        }
+        let settings = Settings {
+            mode: self.mode,
+            image: self.image.clone(),
+            envoy_image: self.envoy_image.clone(),
+        };
+        let cert = webhook::Certificate::load(&self.tls_cert, &self.tls_key)
+            .map(Arc::new)
+            .map_err(|e| Error::Usage(format!("the serving certificate: {e}")))?;
+        let tls = webhook::tls_config(cert.clone()).map_err(Error::Internal)?;
+        let bind = |addr: SocketAddr, flag: &str| {
+            let flag = flag.to_owned();
+            async move {
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| Error::Unavailable(format!("{flag} {addr}: {e}")))
+            }
+        };
+        let https = bind(self.listen, "--listen").await?;
+        let metrics = bind(self.metrics_listen, "--metrics-listen").await?;
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| Error::Os(format!("installing the SIGTERM handler: {e}")))?;
+        let hook = Arc::new(webhook::Webhook::new(settings, self.revision.clone()));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let serving = tokio::spawn(webhook::serve(https, tls, hook.clone(), stop.clone()));
+        let metrics = tokio::spawn(webhook::serve_metrics(metrics, hook.clone(), stop.clone()));
+        tokio::spawn(webhook::watch(
+            cert,
+            hook.clone(),
+            self.tls_reload_interval.get(),
+            stop.clone(),
+        ));
+        tracing::info!(
+            listen = %self.listen, metrics = %self.metrics_listen, mode = self.mode.name(),
+            image = %self.image, revision = %self.revision, "webhook: ready"
+        );
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        hook.set_draining();
+        tracing::info!(delay = ?self.shutdown_delay.get(), "webhook: SIGTERM: answering until the delay is over, then exiting");
+        tokio::time::sleep(self.shutdown_delay.get()).await;
+        stop.cancel();
+        let _ = serving.await;
+        let _ = metrics.await;
+        Ok(())
+    }
+}

@@ -1,0 +1,124 @@
+//! The Components' pod patches, embedded at build time and parsed once: what
+//! `inject` adds is what `deploy/components/` adds, from the same files.
+
+use std::sync::LazyLock;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{LifecycleHandler, PodSpec, VolumeMount};
+use serde::Deserialize;
+
+use super::Mode;
+
+const SIDECAR: &str = include_str!("../../deploy/components/sidecar/pod-patch.yaml");
+const NATIVE_SIDECAR: &str = include_str!("../../deploy/components/native-sidecar/pod-patch.yaml");
+/// What the app's container gets (both Components include it).
+const APP_CONTAINER: &str = include_str!("../../deploy/components/sidecar/app/app-container.yaml");
+
+/// The image name the patches give drainshim's containers, which kustomize's
+/// `images:` (and `inject --image`) replace.
+pub const DRAINSHIM_IMAGE: &str = "drainshim";
+/// Envoy's container, whose image `inject --envoy-image` replaces.
+pub const ENVOY: &str = "envoy";
+/// The shim's flag that must equal the pod's grace period.
+pub const GRACE_FLAG: &str = "--termination-grace-period=";
+
+/// One mode's patch.
+pub struct Pod {
+    pub spec: PodSpec,
+    /// The patch's terminationGracePeriodSeconds.
+    pub grace: i64,
+    pub app_pre_stop: LifecycleHandler,
+    pub app_mount: VolumeMount,
+}
+
+/// The names drainshim's parts take in a pod, in either mode.
+pub struct Names {
+    pub containers: Vec<&'static str>,
+    pub volumes: Vec<&'static str>,
+}
+
+#[derive(Deserialize)]
+struct AppContainer {
+    spec: AppContainerSpec,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AppContainerSpec {
+    lifecycle: AppLifecycle,
+    volume_mount: VolumeMount,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AppLifecycle {
+    pre_stop: LifecycleHandler,
+}
+
+fn parse(file: &str, yaml: &str) -> Result<Pod, String> {
+    let bad =
+        |e: &dyn std::fmt::Display| format!("the built-in pod patch {file} does not parse: {e}");
+    let deployment: Deployment = serde_yaml_ng::from_str(yaml).map_err(|e| bad(&e))?;
+    let spec = deployment
+        .spec
+        .template
+        .spec
+        .ok_or_else(|| bad(&"no spec.template.spec"))?;
+    let grace = spec
+        .termination_grace_period_seconds
+        .ok_or_else(|| bad(&"no terminationGracePeriodSeconds"))?;
+    let app: AppContainer = serde_yaml_ng::from_str(APP_CONTAINER).map_err(|e| bad(&e))?;
+    Ok(Pod {
+        spec,
+        grace,
+        app_pre_stop: app.spec.lifecycle.pre_stop,
+        app_mount: app.spec.volume_mount,
+    })
+}
+
+static PODS: LazyLock<[Result<Pod, String>; 2]> = LazyLock::new(|| {
+    [
+        parse("sidecar", SIDECAR),
+        parse("native-sidecar", NATIVE_SIDECAR),
+    ]
+});
+
+/// The patch for `mode`; an error only if the build embedded a broken file
+/// (the unit tests parse both).
+pub fn pod(mode: Mode) -> Result<&'static Pod, String> {
+    let i = match mode {
+        Mode::Sidecar => 0,
+        Mode::NativeSidecar => 1,
+    };
+    PODS[i].as_ref().map_err(Clone::clone)
+}
+
+static NAMES: LazyLock<Result<Names, String>> = LazyLock::new(|| {
+    let mut names = Names {
+        containers: Vec::new(),
+        volumes: Vec::new(),
+    };
+    for mode in [Mode::Sidecar, Mode::NativeSidecar] {
+        let spec = &pod(mode)?.spec;
+        for c in spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+        {
+            if !names.containers.contains(&c.name.as_str()) {
+                names.containers.push(c.name.as_str());
+            }
+        }
+        for v in spec.volumes.iter().flatten() {
+            if !names.volumes.contains(&v.name.as_str()) {
+                names.volumes.push(v.name.as_str());
+            }
+        }
+    }
+    Ok(names)
+});
+
+/// Every container and volume name a patch adds.
+pub fn owned_names() -> Result<&'static Names, String> {
+    NAMES.as_ref().map_err(Clone::clone)
+}

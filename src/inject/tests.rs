@@ -1,0 +1,265 @@
+use super::manifest::{transform, Action};
+use super::*;
+use serde_json::Value;
+
+fn docs(yaml: &str) -> Vec<Value> {
+    use serde::Deserialize;
+    serde_yaml_ng::Deserializer::from_str(yaml)
+        .map(|d| Value::deserialize(d).expect("yaml"))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn deployment(pod: &str) -> String {
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: orders}}\nspec:\n  selector: {{matchLabels: {{app: orders}}}}\n  template:\n{pod}"
+    )
+}
+
+const ONE_PORT: &str = "    metadata: {labels: {app: orders}}
+    spec:
+      containers:
+      - name: server
+        image: orders:1
+        ports: [{name: grpc, containerPort: 7070}]
+      - name: logs
+        image: shipper:2
+        lifecycle: {preStop: {exec: {command: [flush]}}}
+      initContainers:
+      - {name: migrate, image: orders:1}
+";
+
+fn inject(yaml: &str, mode: Mode) -> Result<String, Vec<String>> {
+    let settings = Settings {
+        mode,
+        ..Settings::default()
+    };
+    transform(yaml, &settings, Action::Inject).map(|(out, _)| out)
+}
+
+fn pod_of(doc: &Value) -> &Value {
+    doc.pointer("/spec/template/spec").expect("pod spec")
+}
+
+fn names(list: &Value) -> Vec<&str> {
+    list.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["name"].as_str())
+        .collect()
+}
+
+#[test]
+fn the_embedded_patches_parse() {
+    for mode in [Mode::Sidecar, Mode::NativeSidecar] {
+        let p = patch::pod(mode).expect("patch");
+        assert_eq!(p.grace, 120, "{mode:?}");
+        let flag = p
+            .spec
+            .containers
+            .iter()
+            .chain(p.spec.init_containers.iter().flatten())
+            .flat_map(|c| c.args.iter().flatten())
+            .find(|a| a.starts_with(patch::GRACE_FLAG));
+        assert_eq!(
+            flag.map(String::as_str),
+            Some("--termination-grace-period=120s"),
+            "{mode:?}"
+        );
+    }
+    let n = patch::owned_names().expect("names");
+    assert_eq!(n.containers, ["envoy", "drainshim", "drainshim-install"]);
+    assert_eq!(n.volumes, ["drainshim-bin"]);
+    // The reserved ports are the patch's own.
+    for port in RESERVED_PORTS {
+        assert!(
+            include_str!("../../deploy/components/sidecar/pod-patch.yaml")
+                .contains(&port.to_string()),
+            "{port}"
+        );
+    }
+}
+
+#[test]
+fn classic_sidecars_follow_the_app_and_keep_every_container_of_the_pod() {
+    let out = docs(&inject(&deployment(ONE_PORT), Mode::Sidecar).expect("injected"));
+    let pod = pod_of(&out[0]);
+    assert_eq!(
+        names(&pod["containers"]),
+        ["server", "logs", "envoy", "drainshim"]
+    );
+    assert_eq!(
+        names(&pod["initContainers"]),
+        ["drainshim-install", "migrate"]
+    );
+    assert_eq!(pod["terminationGracePeriodSeconds"], 120);
+    let server = &pod["containers"][0];
+    assert_eq!(
+        server["lifecycle"]["preStop"]["exec"]["command"][1],
+        "prestop"
+    );
+    assert_eq!(server["volumeMounts"][0]["name"], "drainshim-bin");
+    // Another container's own preStop is not the app's: kept.
+    assert_eq!(
+        pod["containers"][1]["lifecycle"]["preStop"]["exec"]["command"][0],
+        "flush"
+    );
+    let meta = out[0]
+        .pointer("/spec/template/metadata/annotations")
+        .expect("annotations");
+    assert_eq!(meta[APP_PORT], "7070");
+    assert_eq!(pod["containers"][3]["image"], DEFAULT_IMAGE);
+}
+
+#[test]
+fn native_sidecars_start_before_the_pods_own_init_containers() {
+    let out = docs(&inject(&deployment(ONE_PORT), Mode::NativeSidecar).expect("injected"));
+    let pod = pod_of(&out[0]);
+    assert_eq!(names(&pod["containers"]), ["server", "logs"]);
+    assert_eq!(
+        names(&pod["initContainers"]),
+        ["drainshim-install", "drainshim", "envoy", "migrate"]
+    );
+    assert_eq!(pod["initContainers"][1]["restartPolicy"], "Always");
+}
+
+#[test]
+fn injecting_twice_is_injecting_once_and_uninject_restores_the_original() {
+    let original = deployment(ONE_PORT);
+    for mode in [Mode::Sidecar, Mode::NativeSidecar] {
+        let once = inject(&original, mode).expect("once");
+        assert_eq!(inject(&once, mode).expect("twice"), once, "{mode:?}");
+        // Switching modes re-injects from the original.
+        let other = if mode == Mode::Sidecar {
+            Mode::NativeSidecar
+        } else {
+            Mode::Sidecar
+        };
+        assert_eq!(
+            inject(&inject(&once, other).expect("other"), mode).expect("back"),
+            once
+        );
+        let (undone, _) =
+            transform(&once, &Settings::default(), Action::Uninject).expect("uninject");
+        assert_eq!(docs(&undone), docs(&original), "{mode:?}");
+    }
+}
+
+#[test]
+fn a_longer_grace_period_is_kept_and_the_shim_told() {
+    let pod = ONE_PORT.replace(
+        "    spec:\n",
+        "    spec:\n      terminationGracePeriodSeconds: 300\n",
+    );
+    let out = docs(&inject(&deployment(&pod), Mode::Sidecar).expect("injected"));
+    let spec = pod_of(&out[0]);
+    assert_eq!(spec["terminationGracePeriodSeconds"], 300);
+    let args = &spec["containers"][3]["args"];
+    assert!(
+        args.as_array()
+            .expect("args")
+            .iter()
+            .any(|a| a == "--termination-grace-period=300s"),
+        "{args}"
+    );
+    let (undone, _) = transform(
+        &serde_yaml_ng::to_string(&out[0]).expect("yaml"),
+        &Settings::default(),
+        Action::Uninject,
+    )
+    .expect("uninject");
+    assert_eq!(
+        docs(&undone)[0].pointer("/spec/template/spec/terminationGracePeriodSeconds"),
+        Some(&Value::from(300))
+    );
+}
+
+#[test]
+fn what_cannot_be_injected_safely_is_refused_naming_the_object_and_nothing_is_written() {
+    let cases = [
+        (ONE_PORT.replace("ports: [{name: grpc, containerPort: 7070}]", "ports: [{containerPort: 80}, {containerPort: 9464}]"), "ambiguous"),
+        (ONE_PORT.replace("        ports: [{name: grpc, containerPort: 7070}]\n", ""), "declares no TCP port"),
+        (ONE_PORT.replace("image: orders:1\n        ports", "image: orders:1\n        lifecycle: {preStop: {exec: {command: [sleep, '5']}}}\n        ports"), "preStop hook of its own"),
+        (ONE_PORT.replace("name: logs", "name: envoy"), "container named \"envoy\""),
+        (ONE_PORT.replace("name: logs", "name: istio-proxy"), "Istio"),
+        (ONE_PORT.replace("containerPort: 7070", "containerPort: 15000"), "drainshim's containers take"),
+        (ONE_PORT.replace("{labels: {app: orders}}", "{annotations: {drainshim.io/app-port: http}}"), "is not a port"),
+    ];
+    for (pod, why) in cases {
+        let input = format!(
+            "{}\n---\n{}",
+            deployment(ONE_PORT).replace("name: orders}", "name: fine}"),
+            deployment(&pod)
+        );
+        let errors = inject(&input, Mode::Sidecar).expect_err(why);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with("document 2: Deployment/orders: not injected: "),
+            "{errors:?}"
+        );
+        assert!(errors[0].contains(why), "{why}: {errors:?}");
+    }
+    let bad = inject("kind: Deployment\nspec: [1, 2]\n", Mode::Sidecar).expect_err("no template");
+    assert!(bad[0].contains("no pod template"), "{bad:?}");
+    let bad = inject("a: [\n", Mode::Sidecar).expect_err("yaml");
+    assert!(bad[0].starts_with("document 1: not YAML"), "{bad:?}");
+}
+
+#[test]
+fn opted_out_batch_and_other_objects_pass_through() {
+    let opted = deployment(ONE_PORT).replace(
+        "{labels: {app: orders}}",
+        "{labels: {app: orders, drainshim.io/inject: \"false\"}}",
+    );
+    let job = "apiVersion: batch/v1\nkind: Job\nmetadata: {name: once}\nspec: {template: {spec: {containers: [{name: a, image: a}]}}}\n";
+    let svc = "apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec: {ports: [{port: 80}]}\n";
+    let input = format!("{opted}---\n{job}---\n{svc}");
+    let (out, lines) = transform(&input, &Settings::default(), Action::Inject).expect("passes");
+    assert_eq!(docs(&out), docs(&input));
+    let what: Vec<_> = lines
+        .iter()
+        .map(|l| format!("{}: {}", l.object, l.what))
+        .collect();
+    assert!(
+        what[0].starts_with("Deployment/orders: opted out"),
+        "{what:?}"
+    );
+    assert!(what[1].starts_with("Job/once: not injected"), "{what:?}");
+    assert_eq!(what.len(), 2);
+}
+
+#[test]
+fn lists_and_bare_pods_are_injected() {
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: a, image: a, ports: [{containerPort: 8080}]}]}\n";
+    let list = format!(
+        "apiVersion: v1\nkind: List\nitems:\n- {}",
+        serde_json::to_string(&docs(pod)[0]).expect("json")
+    );
+    for input in [pod.to_string(), list] {
+        let out = docs(&inject(&input, Mode::Sidecar).expect("injected"));
+        let pod = out[0].get("items").map_or(&out[0], |items| &items[0]);
+        assert_eq!(
+            names(&pod["spec"]["containers"]),
+            ["a", "envoy", "drainshim"],
+            "{input}"
+        );
+    }
+}
+
+#[test]
+fn uninject_refuses_what_a_component_added() {
+    let rendered = deployment(ONE_PORT).replace("name: logs", "name: drainshim");
+    let errors = transform(&rendered, &Settings::default(), Action::Uninject).expect_err("refused");
+    assert!(
+        errors[0].contains("was not added by `drainshim inject`"),
+        "{errors:?}"
+    );
+    let (out, lines) = transform(
+        &deployment(ONE_PORT),
+        &Settings::default(),
+        Action::Uninject,
+    )
+    .expect("nothing to do");
+    assert_eq!(docs(&out), docs(&deployment(ONE_PORT)));
+    assert_eq!(lines[0].what, "nothing injected: unchanged");
+}

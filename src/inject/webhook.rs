@@ -1,0 +1,515 @@
+//! `drainshim webhook`: a mutating admission webhook that injects pods as
+//! they are created, with the transform `drainshim inject` applies offline.
+//!
+//! It never blocks a pod. Whatever it cannot handle (a malformed review, a
+//! kind other than Pod, a pod it cannot inject safely) is allowed unchanged,
+//! with a warning the API server passes on to the client (`kubectl` prints
+//! it), a log line and `drainshim_webhook_reviews_total{outcome}`. The
+//! MutatingWebhookConfiguration adds the rest (deploy/webhook): failurePolicy
+//! Ignore, a short timeout, the namespace and object selectors.
+//!
+//! HTTPS with rustls; the certificate and key are read again whenever the
+//! files change (cert-manager rotates the Secret; the kubelet swaps the
+//! mounted files), and a pair that does not load keeps the previous one.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use kube_core::admission::{AdmissionResponse, AdmissionReview, Operation};
+use kube_core::DynamicObject;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::manifest::{pod_patch, Action};
+use super::{Outcome, Refusal, Settings};
+
+/// The path the MutatingWebhookConfiguration calls.
+pub const PATH: &str = "/inject";
+/// An AdmissionReview of a Pod is a few KiB; the API server caps requests at 3 MiB.
+const MAX_REVIEW_BYTES: usize = 3 << 20;
+/// A client that opens a connection and says nothing is dropped after this.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the webhook did with one review.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum ReviewOutcome {
+    /// drainshim added; the response carries the patch.
+    injected,
+    /// Allowed as it was: already injected, or not a Pod CREATE.
+    unchanged,
+    /// The pod opted out (`drainshim.io/inject: "false"`).
+    opted_out,
+    /// The pod cannot be injected safely: allowed without drainshim, with a warning.
+    refused,
+    /// Not an AdmissionReview this webhook can read: allowed, with a warning.
+    malformed,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReviewLabels {
+    revision: String,
+    outcome: ReviewOutcome,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabels {
+    result: &'static str,
+}
+
+/// The webhook's metrics.
+pub struct Metrics {
+    reviews: Family<ReviewLabels, Counter>,
+    latency: Histogram,
+    reloads: Family<ReloadLabels, Counter>,
+    registry: Registry,
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let reviews = Family::<ReviewLabels, Counter>::default();
+        let latency = Histogram::new([
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+        ]);
+        let reloads = Family::<ReloadLabels, Counter>::default();
+        let mut registry = Registry::with_prefix("drainshim_webhook");
+        registry.register(
+            "reviews",
+            "Admission reviews answered, by revision and outcome (injected, unchanged, opted_out, refused, malformed); every one is allowed",
+            reviews.clone(),
+        );
+        registry.register(
+            "review_duration_seconds",
+            "Time to answer one admission review, from its first byte read to the answer",
+            latency.clone(),
+        );
+        registry.register(
+            "certificate_reloads",
+            "Serving certificate reloads after the files changed, by result (ok, failed: the previous pair is kept)",
+            reloads.clone(),
+        );
+        Metrics {
+            reviews,
+            latency,
+            reloads,
+            registry,
+        }
+    }
+}
+
+/// One webhook: the injection settings and the revision it serves.
+pub struct Webhook {
+    pub settings: Settings,
+    pub revision: String,
+    pub metrics: Metrics,
+    /// SIGTERM arrived: /readyz says 503 while reviews are still answered.
+    draining: std::sync::atomic::AtomicBool,
+}
+
+impl Webhook {
+    pub fn new(settings: Settings, revision: String) -> Self {
+        Webhook {
+            settings,
+            revision,
+            metrics: Metrics::new(),
+            draining: Default::default(),
+        }
+    }
+
+    /// From now on /readyz is 503.
+    pub fn set_draining(&self) {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn count(&self, outcome: ReviewOutcome) {
+        self.metrics
+            .reviews
+            .get_or_create(&ReviewLabels {
+                revision: self.revision.clone(),
+                outcome,
+            })
+            .inc();
+    }
+
+    /// The answer to one AdmissionReview body: always `allowed`, with a patch
+    /// when drainshim was added, and a warning when it could not be.
+    pub fn review(&self, body: &[u8]) -> (Value, ReviewOutcome) {
+        let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
+            Ok(r) => r,
+            Err(e) => return self.malformed(body, format!("not an AdmissionReview v1: {e}")),
+        };
+        let request = match review.try_into() {
+            Ok(r) => r,
+            Err(_) => return self.malformed(body, "an AdmissionReview with no request".into()),
+        };
+        let request: kube_core::admission::AdmissionRequest<DynamicObject> = request;
+        let response = AdmissionResponse::from(&request);
+        let who = format!(
+            "{}/{}",
+            request.namespace.as_deref().unwrap_or("-"),
+            pod_name(request.object.as_ref())
+        );
+        if request.kind.kind != "Pod"
+            || !request.kind.group.is_empty()
+            || request.operation != Operation::Create
+        {
+            let why = format!(
+                "drainshim injects Pods on CREATE; this is {} {} {}",
+                request.kind.kind,
+                format!("{:?}", request.operation).to_uppercase(),
+                who
+            );
+            tracing::warn!(review = %request.uid, "webhook: {why}: allowed unchanged");
+            return self.answer(warn(response, why), ReviewOutcome::malformed);
+        }
+        let Some(pod) = request
+            .object
+            .as_ref()
+            .and_then(|o| serde_json::to_value(o).ok())
+        else {
+            return self.answer(
+                warn(response, "the review carries no pod".into()),
+                ReviewOutcome::malformed,
+            );
+        };
+        match pod_patch(&pod, &self.settings, Action::Inject) {
+            Ok((_, Outcome::OptedOut)) => {
+                tracing::info!(pod = %who, "webhook: opted out");
+                self.answer(response, ReviewOutcome::opted_out)
+            }
+            Ok((patch, _)) if patch.0.is_empty() => self.answer(response, ReviewOutcome::unchanged),
+            Ok((patch, outcome)) => match response.clone().with_patch(patch) {
+                Ok(r) => {
+                    if let Outcome::Injected { app, port } = &outcome {
+                        tracing::info!(pod = %who, app = %app, port, mode = self.settings.mode.name(), "webhook: injected");
+                    }
+                    self.answer(r, ReviewOutcome::injected)
+                }
+                Err(e) => {
+                    let why = format!("drainshim could not encode its patch ({e}); the pod runs without drainshim");
+                    self.answer(warn(response, why), ReviewOutcome::refused)
+                }
+            },
+            Err(Refusal(why)) => {
+                tracing::warn!(pod = %who, reason = %why, "webhook: not injected; the pod runs without drainshim");
+                let why = format!("drainshim not injected into {who}: {why}");
+                self.answer(warn(response, why), ReviewOutcome::refused)
+            }
+        }
+    }
+
+    fn answer(
+        &self,
+        response: AdmissionResponse,
+        outcome: ReviewOutcome,
+    ) -> (Value, ReviewOutcome) {
+        self.count(outcome);
+        let review = response.into_review();
+        (
+            serde_json::to_value(&review).unwrap_or(Value::Null),
+            outcome,
+        )
+    }
+
+    /// A body that is not a review: answered as one if it carries a uid (the
+    /// API server then allows the pod, with the warning), else the caller
+    /// gets a 400 (`Value::Null`).
+    fn malformed(&self, body: &[u8], why: String) -> (Value, ReviewOutcome) {
+        tracing::warn!(reason = %why, "webhook: malformed review: allowed unchanged");
+        self.count(ReviewOutcome::malformed);
+        let uid = serde_json::from_slice::<Value>(body).ok().and_then(|v| {
+            v.pointer("/request/uid")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        });
+        let Some(uid) = uid else {
+            return (Value::Null, ReviewOutcome::malformed);
+        };
+        let answer = serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "response": {"uid": uid, "allowed": true, "warnings": [format!("drainshim: {why}")]},
+        });
+        (answer, ReviewOutcome::malformed)
+    }
+}
+
+fn warn(mut response: AdmissionResponse, why: String) -> AdmissionResponse {
+    response.warnings.get_or_insert_with(Vec::new).push(why);
+    response
+}
+
+/// A pod at admission often has no name yet: its generateName then.
+fn pod_name(pod: Option<&DynamicObject>) -> String {
+    let meta = pod.map(|p| &p.metadata);
+    match (
+        meta.and_then(|m| m.name.as_deref()),
+        meta.and_then(|m| m.generate_name.as_deref()),
+    ) {
+        (Some(n), _) => n.to_owned(),
+        (None, Some(g)) => format!("{g}*"),
+        (None, None) => "(no name)".into(),
+    }
+}
+
+// === the serving certificate ===
+
+/// The certificate and key as last loaded, read again when the files change.
+#[derive(Debug)]
+pub struct Certificate {
+    cert: PathBuf,
+    key: PathBuf,
+    current: RwLock<(Vec<u8>, Arc<CertifiedKey>)>,
+}
+
+impl Certificate {
+    /// Loads the pair; an error names the file and what is wrong with it.
+    pub fn load(cert: &Path, key: &Path) -> Result<Self, String> {
+        let (bytes, loaded) = read_pair(cert, key)?;
+        Ok(Certificate {
+            cert: cert.into(),
+            key: key.into(),
+            current: RwLock::new((bytes, Arc::new(loaded))),
+        })
+    }
+
+    /// Reads the files again; when they changed and load, serves them from
+    /// the next handshake on. `Ok(true)` when the pair was replaced.
+    pub fn reload(&self) -> Result<bool, String> {
+        let bytes = raw_pair(&self.cert, &self.key)?;
+        if self.current.read().map(|c| c.0 == bytes).unwrap_or(false) {
+            return Ok(false);
+        }
+        let (bytes, loaded) = read_pair(&self.cert, &self.key)?;
+        if let Ok(mut c) = self.current.write() {
+            *c = (bytes, Arc::new(loaded));
+        }
+        Ok(true)
+    }
+}
+
+impl ResolvesServerCert for Certificate {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.current.read().ok().map(|c| c.1.clone())
+    }
+}
+
+fn raw_pair(cert: &Path, key: &Path) -> Result<Vec<u8>, String> {
+    let read = |p: &Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+    let mut bytes = read(cert)?;
+    bytes.extend(read(key)?);
+    Ok(bytes)
+}
+
+fn read_pair(cert: &Path, key: &Path) -> Result<(Vec<u8>, CertifiedKey), String> {
+    let bytes = raw_pair(cert, key)?;
+    let pem = std::fs::read(cert).map_err(|e| format!("{}: {e}", cert.display()))?;
+    let chain = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{}: not PEM: {e}", cert.display()))?;
+    if chain.is_empty() {
+        return Err(format!("{}: no CERTIFICATE in the file", cert.display()));
+    }
+    let private = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| format!("{}: no private key: {e}", key.display()))?;
+    let provider = rustls::crypto::ring::default_provider();
+    let loaded = CertifiedKey::from_der(chain, private, &provider).map_err(|e| {
+        format!(
+            "{} and {}: not a usable pair: {e}",
+            cert.display(),
+            key.display()
+        )
+    })?;
+    Ok((bytes, loaded))
+}
+
+/// Checks the files every `every` and counts each reload.
+pub async fn watch(
+    cert: Arc<Certificate>,
+    metrics: Arc<Webhook>,
+    every: Duration,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let c = cert.clone();
+        let result = tokio::task::spawn_blocking(move || c.reload()).await;
+        let result = match result {
+            Ok(Ok(false)) => continue,
+            Ok(Ok(true)) => {
+                tracing::info!(cert = %cert.cert.display(), "webhook: serving certificate reloaded");
+                "ok"
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "webhook: the certificate files changed but do not load; serving the previous pair");
+                "failed"
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "webhook: reloading the certificate failed");
+                "failed"
+            }
+        };
+        metrics
+            .metrics
+            .reloads
+            .get_or_create(&ReloadLabels { result })
+            .inc();
+    }
+}
+
+/// The TLS settings: the reloading certificate, HTTP/1.1 (what the API
+/// server speaks to webhooks without HTTP/2 negotiated).
+pub fn tls_config(cert: Arc<Certificate>) -> Result<rustls::ServerConfig, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS settings: {e}"))?
+        .with_no_client_auth()
+        .with_cert_resolver(cert);
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+// === serving ===
+
+/// Serves `POST /inject` over TLS on `listener` until `stop`.
+pub async fn serve(
+    listener: TcpListener,
+    tls: rustls::ServerConfig,
+    hook: Arc<Webhook>,
+    stop: CancellationToken,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let tracker = TaskTracker::new();
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "webhook: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let (acceptor, hook, stop) = (acceptor.clone(), hook.clone(), stop.clone());
+        tracker.spawn(async move {
+            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    return tracing::debug!(%peer, error = %e, "webhook: TLS handshake failed")
+                }
+                Err(_) => return tracing::debug!(%peer, "webhook: TLS handshake timed out"),
+            };
+            let svc = service_fn(move |req| {
+                let hook = hook.clone();
+                async move { Ok::<_, Infallible>(handle(&hook, req).await) }
+            });
+            let conn = crate::control::http1_builder().serve_connection(TokioIo::new(stream), svc);
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                res = conn.as_mut() => if let Err(e) = res {
+                    tracing::debug!(%peer, error = %e, "webhook: connection ended with an error");
+                },
+                _ = stop.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(Duration::from_secs(1), conn).await;
+                }
+            }
+        });
+    }
+    drop(listener);
+    tracker.close();
+    let _ = tokio::time::timeout(Duration::from_secs(2), tracker.wait()).await;
+}
+
+async fn handle(hook: &Webhook, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    use crate::control::{json, not_allowed, text};
+    if req.uri().path() != PATH {
+        return text(
+            StatusCode::NOT_FOUND,
+            format!("not found; admission reviews go to POST {PATH}\n"),
+        );
+    }
+    if req.method() != Method::POST {
+        return not_allowed("POST");
+    }
+    let start = Instant::now();
+    let body = match Limited::new(req.into_body(), MAX_REVIEW_BYTES)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                format!("reading the review: {e}\n"),
+            )
+        }
+    };
+    let (answer, _) = hook.review(&body);
+    hook.metrics.latency.observe(start.elapsed().as_secs_f64());
+    if answer.is_null() {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "not an AdmissionReview v1 with a request uid\n",
+        );
+    }
+    json(StatusCode::OK, &answer)
+}
+
+/// `GET /metrics`, `/healthz`, `/readyz` on the plain-HTTP port.
+pub async fn serve_metrics(listener: TcpListener, hook: Arc<Webhook>, stop: CancellationToken) {
+    crate::control::serve_fn(
+        listener,
+        stop,
+        move |_peer: SocketAddr, req: Request<Incoming>| {
+            let hook = hook.clone();
+            async move {
+                use crate::control::{metrics_response, text};
+                match (req.method(), req.uri().path()) {
+                    (&Method::GET, "/metrics") => metrics_response(&hook.metrics.registry),
+                    (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
+                    (&Method::GET, "/readyz")
+                        if hook.draining.load(std::sync::atomic::Ordering::Relaxed) =>
+                    {
+                        text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
+                    }
+                    (&Method::GET, "/readyz") => text(StatusCode::OK, "ok\n"),
+                    _ => text(
+                        StatusCode::NOT_FOUND,
+                        "not found; GET /metrics, /healthz or /readyz\n",
+                    ),
+                }
+            }
+        },
+    )
+    .await
+}
