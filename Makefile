@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: demo test conformance shipped bench bench-allocator bench-reconnect bench-node bench-fleet envoy prometheus h2load pytools peers lint tools deploy-check deploy-tools deploy-rules fuzz-ci
+.PHONY: demo test conformance webhook-test shipped bench bench-allocator bench-reconnect bench-node bench-fleet envoy prometheus h2load pytools peers lint tools deploy-check deploy-tools deploy-rules fuzz-ci
 
 demo: envoy
 	$(CARGO) run --release --locked --quiet -- demo
@@ -16,6 +16,7 @@ test: tools lint deploy-check
 	# their default keepalive enforcement (built by `make peers`).
 	RUST_TEST_THREADS=1 $(CARGO) test --locked
 	$(MAKE) conformance
+	$(MAKE) webhook-test
 	$(MAKE) bench
 	$(MAKE) fuzz-ci
 
@@ -26,6 +27,14 @@ test: tools lint deploy-check
 conformance: pytools
 	$(CARGO) build --locked
 	DRAINSHIM_BIN=$(CURDIR)/target/debug/drainshim .cache/py-venv/bin/python -m pytest -q -p no:cacheprovider tests/py/h2_conformance.py
+
+# drainshim webhook, the real binary over HTTPS, in both modes
+# (tests/py/webhook_test.py): its JSON Patches applied by Python's jsonpatch
+# give what drainshim inject writes; reviews it cannot handle are allowed
+# unchanged with a warning; a rotated certificate is served; SIGTERM.
+webhook-test: pytools
+	$(CARGO) build --locked
+	DRAINSHIM_BIN=$(CURDIR)/target/debug/drainshim .cache/py-venv/bin/python -m pytest -q -s -p no:cacheprovider tests/py/webhook_test.py
 
 # The production binary, as the image ships it (release, --no-default-features,
 # static glibc, the system allocator): target/shipped/drainshim.

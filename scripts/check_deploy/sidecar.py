@@ -1,10 +1,13 @@
 """The sidecar Component (deploy/components/sidecar, and its native-sidecar
 variant) on workloads written outside the repo (ADOPTER_WORKLOADS): rendered
-with one `components:` line, they pass every per-pod check.
+with one `components:` line, they pass every per-pod check. `drainshim
+inject` on the same workloads: every per-pod check too, and the pods the
+Component renders (check_inject).
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import tempfile
@@ -12,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from .config import DEPLOY, POD_TEMPLATE_KINDS, ROOT
+from .config import DEPLOY, DRAINSHIM_BIN, POD_TEMPLATE_KINDS, ROOT
 from .checker import Checker
 from .pods import all_containers, pod_specs
 from .pod_checks import (
@@ -108,6 +111,59 @@ spec:
 ADOPTERS_OPTED_IN = {"Deployment/orders", "StatefulSet/ledger"}
 
 
+# The same workloads for `drainshim inject`, which takes every workload it is
+# given: the one that does not opt in says so (drainshim.io/inject: "false").
+INJECT_WORKLOADS = ADOPTER_WORKLOADS.replace(
+    "labels: {app.kubernetes.io/name: mailer}", 'labels: {app.kubernetes.io/name: mailer, drainshim.io/inject: "false"}', 1)
+
+
+def run_inject(docs: list[dict], mode: str) -> tuple[list[dict] | None, str]:
+    """`drainshim inject --mode` on the objects: the objects it writes, or
+    None and its error."""
+    try:
+        r = subprocess.run([str(DRAINSHIM_BIN), "inject", "--mode", mode], input=yaml.safe_dump_all(docs),
+                           capture_output=True, text=True, timeout=120)
+    except OSError as e:
+        raise SystemExit(f"check_deploy: cannot run {DRAINSHIM_BIN} ({e}): build it first (cargo build)")
+    if r.returncode != 0:
+        return None, r.stderr.strip()
+    return [d for d in yaml.safe_load_all(r.stdout) if d], ""
+
+
+def comparable_pod(template: dict) -> dict:
+    """A pod template as inject and the Component may each write it: inject's
+    record of what it replaced left out, the containers and volumes in name
+    order (the Component puts the new ones first, inject after the pod's own;
+    init containers keep their order, which is their start order)."""
+    t = copy.deepcopy(template)
+    annotations = (t.get("metadata") or {}).get("annotations") or {}
+    annotations.pop("drainshim.io/injected", None)
+    if not annotations:
+        (t.get("metadata") or {}).pop("annotations", None)
+    spec = t.get("spec") or {}
+    for key in ("containers", "volumes"):
+        if key in spec:
+            spec[key] = sorted(spec[key] or [], key=lambda c: c.get("name", ""))
+    return t
+
+
+def check_inject_matches(ck: Checker, where: str, injected: list[dict], rendered: list[dict], ids: set[str]) -> None:
+    """The pods `drainshim inject` writes are the pods the Component renders."""
+    by_id = {f"{d.get('kind')}/{d['metadata']['name']}": d for d in rendered}
+    for d in injected:
+        rid = f"{d.get('kind')}/{d['metadata']['name']}"
+        if rid not in ids:
+            continue
+        other = by_id.get(rid)
+        if not ck.check("inject", other is not None, f"{where}: {rid} is not in the Component's rendering"):
+            continue
+        got, want = comparable_pod(d["spec"]["template"]), comparable_pod(other["spec"]["template"])
+        diff = sorted(k for k in set(got["spec"]) | set(want["spec"]) if got["spec"].get(k) != want["spec"].get(k))
+        if got.get("metadata") != want.get("metadata"):
+            diff.append("metadata")
+        ck.check("inject", got == want, f"{where}: {rid}: drainshim inject and the Component differ in {diff}")
+
+
 def render_adopter(kubectl: str, component: Path | None, workloads: str = ADOPTER_WORKLOADS) -> tuple[list[dict] | None, str]:
     """The adopter's kustomization, in a directory of its own outside the
     repo: `resources: [deployment.yaml]` and, with a component, the one
@@ -145,23 +201,36 @@ def check_bootstrap_alike(ck: Checker, component: Path) -> None:
 
 
 def check_adoption(ck: Checker, kubectl: str, component: Path, envoy_cache: Path, versions: list[str],
-                   workloads: str = ADOPTER_WORKLOADS) -> list[ScrapePod]:
+                   workloads: str = ADOPTER_WORKLOADS, inject_mode: str | None = None) -> list[ScrapePod]:
     """The sidecar Component on workloads it has never seen: the opted-in
     pods pass every per-pod check the shipped overlays pass (budget, hooks,
     install, guard -> the pod's own app port, Envoy's fail-open bootstrap
     validated by the real Envoy, probes), every object the schemas, the
     Service reaches Envoy; the app containers keep their image, args, ports
     and mounts; a workload without the label is not touched. Returns the
-    rendered pods for the scrape checks."""
+    rendered pods for the scrape checks.
+
+    With `inject_mode`, the pods are `drainshim inject --mode`'s instead of
+    the Component's (on INJECT_WORKLOADS), and each must also be the pod the
+    Component renders."""
     area = "adopt"
+    if inject_mode is not None:
+        workloads = INJECT_WORKLOADS
     before, err = render_adopter(kubectl, None, workloads)
     if not ck.check(area, before is not None, f"the adopter's workloads alone do not render: {err}"):
         return []
-    after, err = render_adopter(kubectl, component, workloads)
-    if not ck.check(area, after is not None, f"{component.relative_to(ROOT) if component.is_relative_to(ROOT) else component}: "
-                                             f"the adopter's kustomization with the Component does not render: {err}"):
+    rendered, err = render_adopter(kubectl, component, workloads)
+    if not ck.check(area, rendered is not None, f"{component.relative_to(ROOT) if component.is_relative_to(ROOT) else component}: "
+                                                f"the adopter's kustomization with the Component does not render: {err}"):
         return []
+    after = rendered
     overlay = "adopter"
+    if inject_mode is not None:
+        overlay = f"inject --mode {inject_mode}"
+        after, err = run_inject(before, inject_mode)
+        if not ck.check("inject", after is not None, f"{overlay}: refused the adopter's workloads: {err}"):
+            return []
+        check_inject_matches(ck, overlay, after, rendered, ADOPTERS_OPTED_IN)
     check_schema(ck, overlay, after, versions)
     check_services(ck, overlay, after)
     check_services_reach_proxy(ck, overlay, after)
@@ -196,5 +265,22 @@ def check_adoption(ck: Checker, kubectl: str, component: Path, envoy_cache: Path
                 kept = [m for m in got.get("volumeMounts") or [] if m.get("name") != "drainshim-bin"]
                 ck.check(area, kept == (c.get("volumeMounts") or []),
                          f"{where}: {cname}: volumeMounts {kept} (besides drainshim-bin) differ from the workload's own {c.get('volumeMounts')}")
-            print(f"  {where}: adopted through the Component (app {next(iter(apps), None)!r} on :{pod_app_port(Checker(), where, meta, apps)})")
+            how = "drainshim inject" if inject_mode else "the Component"
+            print(f"  {where}: adopted through {how} (app {next(iter(apps), None)!r} on :{pod_app_port(Checker(), where, meta, apps)})")
     return pods
+
+
+def check_inject_base(ck: Checker, rendered_docs: dict[str, list[dict]]) -> None:
+    """`drainshim inject` on deploy/base gives the pods of deploy/sidecar
+    (base with the sidecar Component), the app's port found from its only
+    port instead of the annotation workload/ adds."""
+    base, sidecar = rendered_docs.get("base"), rendered_docs.get("sidecar")
+    if not ck.check("inject", bool(base) and bool(sidecar), "deploy/base or deploy/sidecar rendered nothing"):
+        return
+    injected, err = run_inject(base, "sidecar")
+    if not ck.check("inject", injected is not None, f"inject refused deploy/base: {err}"):
+        return
+    ids = {f"{d.get('kind')}/{d['metadata']['name']}" for d in base if d.get("kind") in POD_TEMPLATE_KINDS}
+    ck.check("inject", bool(ids), "deploy/base has no workload")
+    check_inject_matches(ck, "inject deploy/base", injected, sidecar, ids)
+    print(f"  inject deploy/base: {sorted(ids)} as deploy/sidecar renders them")

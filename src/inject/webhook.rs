@@ -221,15 +221,19 @@ impl Webhook {
 
     fn answer(
         &self,
-        response: AdmissionResponse,
+        mut response: AdmissionResponse,
         outcome: ReviewOutcome,
     ) -> (Value, ReviewOutcome) {
         self.count(outcome);
-        let review = response.into_review();
-        (
-            serde_json::to_value(&review).unwrap_or(Value::Null),
-            outcome,
-        )
+        // kube-core writes the patch's bytes as a JSON array of numbers; the
+        // API's documented form (and what Go writes for []byte) is base64.
+        let patch = response.patch.take();
+        let mut review = serde_json::to_value(response.into_review()).unwrap_or(Value::Null);
+        if let (Some(patch), Some(r)) = (patch, review.get_mut("response").and_then(Value::as_object_mut)) {
+            use base64::Engine;
+            r.insert("patch".into(), base64::engine::general_purpose::STANDARD.encode(patch).into());
+        }
+        (review, outcome)
     }
 
     /// A body that is not a review: answered as one if it carries a uid (the

@@ -1,0 +1,339 @@
+"""`drainshim webhook`, the real binary, over real HTTPS: AdmissionReviews
+built from workloads written outside the project, posted by Python's own
+HTTP and TLS clients; the JSON Patch it answers applied by an independent
+implementation (the `jsonpatch` package) must give exactly the pod
+`drainshim inject` writes. Reviews it cannot handle are allowed unchanged
+with a warning; its certificate is rotated while it serves; SIGTERM keeps
+it answering for the shutdown delay with /readyz 503.
+
+Run: `make webhook-test` (DRAINSHIM_BIN names the binary).
+"""
+
+import copy
+import http.client
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+import jsonpatch
+import pytest
+import trustme
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.environ.get("DRAINSHIM_BIN") or os.path.join(ROOT, "target", "debug", "drainshim")
+# Seconds a condition gets (start, reload, shutdown) on a loaded machine.
+DEADLINE = 20
+
+# Workloads as teams outside the project write them: several containers,
+# named ports, a preStop of a helper's own, init containers, a StatefulSet,
+# a pod that already runs a native sidecar of its own.
+WORKLOADS = """\
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: orders, namespace: shop}
+spec:
+  selector: {matchLabels: {app: orders}}
+  template:
+    metadata:
+      labels: {app: orders}
+      annotations: {drainshim.io/app-port: "9090"}
+    spec:
+      containers:
+      - name: server
+        image: registry.example.com/shop/orders:4.2.1
+        ports: [{name: http, containerPort: 9090}, {name: metrics, containerPort: 9464}]
+        volumeMounts: [{name: cache, mountPath: /var/cache/orders}]
+      - name: log-shipper
+        image: registry.example.com/infra/shipper:7
+        lifecycle: {preStop: {exec: {command: [/bin/flush, --all]}}}
+      initContainers:
+      - {name: migrate, image: registry.example.com/shop/orders:4.2.1, args: [migrate]}
+      volumes: [{name: cache, emptyDir: {}}]
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: ledger, namespace: shop}
+spec:
+  serviceName: ledger
+  selector: {matchLabels: {app: ledger}}
+  template:
+    metadata: {labels: {app: ledger}}
+    spec:
+      terminationGracePeriodSeconds: 200
+      containers:
+      - name: ledger
+        image: registry.example.com/shop/ledger:1.0.3
+        ports: [{name: grpc, containerPort: 7070}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: chat, namespace: shop}
+spec:
+  selector: {matchLabels: {app: chat}}
+  template:
+    metadata: {labels: {app: chat}}
+    spec:
+      initContainers:
+      - name: vault-agent
+        image: registry.example.com/infra/vault-agent:1.18
+        restartPolicy: Always
+      containers:
+      - name: chat
+        image: registry.example.com/shop/chat:3
+        ports: [{name: ws, containerPort: 8080}]
+"""
+
+
+def workload_pods():
+    """Each workload's pod as the API server sees it at CREATE: its
+    template's metadata and spec, a generateName and no name yet."""
+    pods = []
+    for d in yaml.safe_load_all(WORKLOADS):
+        t = d["spec"]["template"]
+        meta = copy.deepcopy(t["metadata"])
+        meta["generateName"] = d["metadata"]["name"] + "-"
+        meta["namespace"] = "shop"
+        pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": copy.deepcopy(t["spec"])})
+    return pods
+
+
+def review(obj, uid="u-1", operation="CREATE", kind="Pod", group=""):
+    resource = {"group": group, "version": "v1", "resource": kind.lower() + "s"}
+    gvk = {"group": group, "version": "v1", "kind": kind}
+    return {
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": uid, "kind": gvk, "resource": resource, "requestKind": gvk, "requestResource": resource,
+            "namespace": "shop", "operation": operation, "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+            "object": obj, "oldObject": None, "dryRun": False,
+        },
+    }
+
+
+def inject(pod, mode):
+    """What `drainshim inject` writes for the pod."""
+    r = subprocess.run([BIN, "inject", "--mode", mode], input=yaml.safe_dump(pod), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return yaml.safe_load(r.stdout)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_pair(ca, directory):
+    """A serving certificate from `ca`, written as the kubelet updates a
+    mounted Secret: new files, then renamed over the old ones."""
+    cert = ca.issue_cert("127.0.0.1", "drainshim-webhook.drainshim-system.svc")
+    crt, key = os.path.join(directory, "tls.crt"), os.path.join(directory, "tls.key")
+    for path, blob in ((crt, b"".join(p.bytes() for p in cert.cert_chain_pems)), (key, cert.private_key_pem.bytes())):
+        with open(path + ".new", "wb") as f:
+            f.write(blob)
+        os.replace(path + ".new", path)
+    return crt, key
+
+
+def wait(cond, what, deadline=DEADLINE):
+    end = time.monotonic() + deadline
+    last = None
+    while time.monotonic() < end:
+        try:
+            if cond():
+                return
+        except Exception as e:  # not up yet: retry until the deadline
+            last = e
+        time.sleep(0.05)
+    raise AssertionError(f"{what}: not within {deadline}s (last error: {last})")
+
+
+class Webhook:
+    """The real binary, on ports of its own, with a certificate of a CA
+    made for the test."""
+
+    def __init__(self, mode):
+        self.dir = tempfile.mkdtemp(prefix="drainshim-webhook-")
+        self.ca = trustme.CA()
+        self.crt, self.key = write_pair(self.ca, self.dir)
+        self.port, self.metrics_port = free_port(), free_port()
+        self.log = open(os.path.join(self.dir, "log"), "w+")
+        self.proc = subprocess.Popen(
+            [BIN, "webhook", "--listen", f"127.0.0.1:{self.port}", "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
+             "--tls-cert", self.crt, "--tls-key", self.key, "--tls-reload-interval", "200ms",
+             "--mode", mode, "--revision", "canary", "--shutdown-delay", "2s"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        wait(lambda: self.get("/healthz")[0] == 200, "the webhook's /healthz")
+
+    def get(self, path):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+
+    def context(self, ca=None):
+        ctx = ssl.create_default_context()
+        (ca or self.ca).configure_trust(ctx)
+        return ctx
+
+    def connect(self, ca=None):
+        return http.client.HTTPSConnection("127.0.0.1", self.port, context=self.context(ca), timeout=10)
+
+    def post(self, body, conn=None):
+        c = conn or self.connect()
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        c.request("POST", "/inject", body=raw, headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        data = r.read()
+        if conn is None:
+            c.close()
+        return r.status, (json.loads(data) if r.status == 200 else data.decode())
+
+    def counts(self):
+        _, text = self.get("/metrics")
+        out = {}
+        for line in text.splitlines():
+            if line.startswith("drainshim_webhook_reviews_total{"):
+                labels, value = line.rsplit(" ", 1)
+                out[labels[labels.index("{"):]] = float(value)
+        return out
+
+    def output(self):
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=DEADLINE)
+
+
+@pytest.fixture(params=["sidecar", "native-sidecar"])
+def hook(request):
+    assert os.access(BIN, os.X_OK), f"no drainshim binary at {BIN}: run `cargo build --locked` or set DRAINSHIM_BIN"
+    w = Webhook(request.param)
+    w.mode = request.param
+    yield w
+    w.stop()
+    print(w.output())
+
+
+def outcome(labels):
+    return f'{{revision="canary",outcome="{labels}"}}'
+
+
+def test_the_patch_gives_the_pod_inject_writes(hook):
+    for pod in workload_pods():
+        status, answer = hook.post(review(pod, uid="uid-" + pod["metadata"]["generateName"]))
+        assert status == 200, answer
+        r = answer["response"]
+        assert r["uid"] == "uid-" + pod["metadata"]["generateName"] and r["allowed"] is True, r
+        assert r.get("patchType") == "JSONPatch", r
+        import base64
+        patch = jsonpatch.JsonPatch(json.loads(base64.b64decode(r["patch"])))
+        got = patch.apply(pod)
+        want = inject(pod, hook.mode)
+        assert got == want, f"{pod['metadata']['generateName']}: the webhook's patch and inject differ:\n" \
+                            f"{json.dumps(jsonpatch.make_patch(want, got).patch, indent=1)}"
+        # Its own answer to the pod it injected: nothing more to do (the
+        # API server reinvokes it after later webhooks, as under Istio).
+        status, again = hook.post(review(got))
+        assert status == 200 and "patch" not in again["response"], again
+    counts = hook.counts()
+    assert counts.get(outcome("injected")) == 3, counts
+    assert counts.get(outcome("unchanged")) == 3, counts
+
+
+def test_what_it_cannot_handle_is_allowed_unchanged_with_a_warning(hook):
+    orders = workload_pods()[0]
+    ambiguous = copy.deepcopy(orders)
+    del ambiguous["metadata"]["annotations"]
+    opted_out = copy.deepcopy(orders)
+    opted_out["metadata"]["labels"]["drainshim.io/inject"] = "false"
+    cases = [
+        (review(ambiguous), "refused", "ambiguous"),
+        (review({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}}, kind="Deployment",
+                group="apps"), "malformed", "injects Pods on CREATE"),
+        (review(orders, operation="UPDATE"), "malformed", "injects Pods on CREATE"),
+        (review({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": "none"}}),
+         "refused", "not a valid Kubernetes pod"),
+        ({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u-9", "object": 7}},
+         "malformed", "not an AdmissionReview"),
+        (review(opted_out), "opted_out", None),
+    ]
+    for body, result, warning in cases:
+        status, answer = hook.post(body)
+        assert status == 200, (result, answer)
+        r = answer["response"]
+        assert r["allowed"] is True and "patch" not in r, (result, r)
+        if warning is None:
+            assert not r.get("warnings"), r
+        else:
+            assert any(warning in w for w in r.get("warnings") or []), (warning, r)
+    # No uid to answer to: not a review at all.
+    status, text = hook.post(b"{not json")
+    assert status == 400, text
+    counts = hook.counts()
+    assert counts.get(outcome("refused")) == 2, counts
+    assert counts.get(outcome("malformed")) == 4, counts
+    assert counts.get(outcome("opted_out")) == 1, counts
+    assert "pod=shop/orders-*" in hook.output() or "shop/orders-*" in hook.output()
+
+
+def test_a_rotated_certificate_is_served_and_a_broken_one_is_not(hook):
+    status, _ = hook.post(review(workload_pods()[0]))
+    assert status == 200
+    old_ca = hook.ca
+    new_ca = trustme.CA()
+    write_pair(new_ca, hook.dir)
+
+    def served_by_new():
+        status, _ = hook.post(review(workload_pods()[0]), conn=hook.connect(new_ca))
+        return status == 200
+    wait(served_by_new, "the rotated certificate being served")
+    with pytest.raises(ssl.SSLError):
+        hook.post(review(workload_pods()[0]), conn=hook.connect(old_ca))
+    # A half-written pair (key of another certificate) keeps the last good one.
+    with open(hook.key, "wb") as f:
+        f.write(trustme.CA().issue_cert("x").private_key_pem.bytes())
+    wait(lambda: 'result="failed"' in hook.get("/metrics")[1], "the failed reload counted")
+    assert hook.post(review(workload_pods()[0]), conn=hook.connect(new_ca))[0] == 200
+    assert 'drainshim_webhook_certificate_reloads_total{result="ok"} 1' in hook.get("/metrics")[1]
+
+
+def test_latency_per_review(hook):
+    """Not asserted (tests never assert speed): printed for the record."""
+    pod = workload_pods()[0]
+    conn = hook.connect()
+    times = []
+    for i in range(300):
+        t = time.perf_counter()
+        status, _ = hook.post(review(pod, uid=f"l-{i}"), conn=conn)
+        times.append(time.perf_counter() - t)
+        assert status == 200
+    conn.close()
+    times.sort()
+    p50, p99 = times[len(times) // 2], times[int(len(times) * 0.99)]
+    print(f"webhook {hook.mode}: {len(times)} reviews on one connection, p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms")
+
+
+def test_sigterm_keeps_answering_for_the_delay_then_exits_0(hook):
+    hook.proc.send_signal(signal.SIGTERM)
+
+    def not_ready():
+        try:
+            hook.get("/readyz")
+            return False
+        except urllib.error.HTTPError as e:
+            return e.code == 503
+    wait(not_ready, "/readyz 503 after SIGTERM")
+    status, answer = hook.post(review(workload_pods()[0]))
+    assert status == 200 and answer["response"]["allowed"], answer
+    assert hook.proc.wait(timeout=DEADLINE) == 0, hook.output()
