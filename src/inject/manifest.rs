@@ -182,6 +182,10 @@ fn describe(outcome: &Outcome, settings: &Settings, unchanged: bool) -> String {
             settings.mode.name()
         ),
         Outcome::OptedOut => format!("opted out ({}: \"false\"): not touched", super::INJECT),
+        Outcome::RunsToCompletion => {
+            "not injected: its pods run to completion (restartPolicy), not long-lived streams"
+                .into()
+        }
         Outcome::Uninjected => "uninjected".into(),
         Outcome::NotInjected => "nothing injected: unchanged".into(),
     }

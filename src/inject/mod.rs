@@ -82,6 +82,10 @@ pub enum Outcome {
     Injected { app: String, port: u16 },
     /// Opted out with `drainshim.io/inject: "false"`: not touched.
     OptedOut,
+    /// A pod that runs to completion (restartPolicy Never or OnFailure: a
+    /// Job's): no long-lived streams, and a classic sidecar would keep it
+    /// from ever completing. Not touched.
+    RunsToCompletion,
     /// `--uninject`: drainshim's parts removed, what they replaced restored.
     Uninjected,
     /// `--uninject` on a pod with nothing injected: not touched.
@@ -129,6 +133,15 @@ pub fn inject(
 ) -> Result<Outcome, Refusal> {
     if opted_out(meta) {
         return Ok(Outcome::OptedOut);
+    }
+    if matches!(spec.restart_policy.as_deref(), Some("Never" | "OnFailure")) {
+        return Ok(Outcome::RunsToCompletion);
+    }
+    if spec.host_network == Some(true) {
+        return refuse(
+            "it uses the node's network (hostNetwork): Envoy and drainshim would take ports 10000, 15000, \
+             15097 and 15099 on the node itself",
+        );
     }
     let (mut meta2, mut spec2) = (meta.clone(), spec.clone());
     uninject(&mut meta2, &mut spec2)?;

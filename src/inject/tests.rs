@@ -183,6 +183,7 @@ fn what_cannot_be_injected_safely_is_refused_naming_the_object_and_nothing_is_wr
         (ONE_PORT.replace("name: logs", "name: envoy"), "container named \"envoy\""),
         (ONE_PORT.replace("name: logs", "name: istio-proxy"), "Istio"),
         (ONE_PORT.replace("containerPort: 7070", "containerPort: 15000"), "drainshim's containers take"),
+        (ONE_PORT.replace("    spec:\n", "    spec:\n      hostNetwork: true\n"), "node's network"),
         (ONE_PORT.replace("{labels: {app: orders}}", "{annotations: {drainshim.io/app-port: http}}"), "is not a port"),
     ];
     for (pod, why) in cases {
@@ -212,8 +213,9 @@ fn opted_out_batch_and_other_objects_pass_through() {
         "{labels: {app: orders, drainshim.io/inject: \"false\"}}",
     );
     let job = "apiVersion: batch/v1\nkind: Job\nmetadata: {name: once}\nspec: {template: {spec: {containers: [{name: a, image: a}]}}}\n";
+    let job_pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: job-x}\nspec: {restartPolicy: Never, containers: [{name: a, image: a, ports: [{containerPort: 80}]}]}\n";
     let svc = "apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec: {ports: [{port: 80}]}\n";
-    let input = format!("{opted}---\n{job}---\n{svc}");
+    let input = format!("{opted}---\n{job}---\n{job_pod}---\n{svc}");
     let (out, lines) = transform(&input, &Settings::default(), Action::Inject).expect("passes");
     assert_eq!(docs(&out), docs(&input));
     let what: Vec<_> = lines
@@ -225,7 +227,11 @@ fn opted_out_batch_and_other_objects_pass_through() {
         "{what:?}"
     );
     assert!(what[1].starts_with("Job/once: not injected"), "{what:?}");
-    assert_eq!(what.len(), 2);
+    assert!(
+        what[2].starts_with("Pod/job-x: not injected: its pods run to completion"),
+        "{what:?}"
+    );
+    assert_eq!(what.len(), 3);
 }
 
 #[test]

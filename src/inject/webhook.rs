@@ -198,6 +198,10 @@ impl Webhook {
                 tracing::info!(pod = %who, "webhook: opted out");
                 self.answer(response, ReviewOutcome::opted_out)
             }
+            Ok((_, Outcome::RunsToCompletion)) => {
+                tracing::info!(pod = %who, "webhook: not injected: the pod runs to completion (restartPolicy)");
+                self.answer(response, ReviewOutcome::unchanged)
+            }
             Ok((patch, _)) if patch.0.is_empty() => self.answer(response, ReviewOutcome::unchanged),
             Ok((patch, outcome)) => match response.clone().with_patch(patch) {
                 Ok(r) => {
@@ -229,9 +233,17 @@ impl Webhook {
         // API's documented form (and what Go writes for []byte) is base64.
         let patch = response.patch.take();
         let mut review = serde_json::to_value(response.into_review()).unwrap_or(Value::Null);
-        if let (Some(patch), Some(r)) = (patch, review.get_mut("response").and_then(Value::as_object_mut)) {
+        if let (Some(patch), Some(r)) = (
+            patch,
+            review.get_mut("response").and_then(Value::as_object_mut),
+        ) {
             use base64::Engine;
-            r.insert("patch".into(), base64::engine::general_purpose::STANDARD.encode(patch).into());
+            r.insert(
+                "patch".into(),
+                base64::engine::general_purpose::STANDARD
+                    .encode(patch)
+                    .into(),
+            );
         }
         (review, outcome)
     }

@@ -267,6 +267,8 @@ def test_what_it_cannot_handle_is_allowed_unchanged_with_a_warning(hook):
         ({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u-9", "object": 7}},
          "malformed", "not an AdmissionReview"),
         (review(opted_out), "opted_out", None),
+        # A Job's pod: runs to completion, a classic sidecar would keep it up forever.
+        (review(dict(orders, spec=dict(orders["spec"], restartPolicy="Never"))), "unchanged", None),
     ]
     for body, result, warning in cases:
         status, answer = hook.post(body)
@@ -284,6 +286,7 @@ def test_what_it_cannot_handle_is_allowed_unchanged_with_a_warning(hook):
     assert counts.get(outcome("refused")) == 2, counts
     assert counts.get(outcome("malformed")) == 4, counts
     assert counts.get(outcome("opted_out")) == 1, counts
+    assert counts.get(outcome("unchanged")) == 1, counts
     assert "pod=shop/orders-*" in hook.output() or "shop/orders-*" in hook.output()
 
 
