@@ -218,6 +218,20 @@ impl Webhook {
             Err(Refusal(why)) => {
                 tracing::warn!(pod = %who, reason = %why, "webhook: not injected; the pod runs without drainshim");
                 let why = format!("drainshim not injected into {who}: {why}");
+                // Reinvoked after a later webhook made the pod one it cannot
+                // inject (Istio's injector added istio-proxy, whose admin port
+                // is Envoy's): what it added on the first call comes out again.
+                match pod_patch(&pod, &self.settings, Action::Uninject) {
+                    Ok((patch, Outcome::Uninjected)) if !patch.0.is_empty() => {
+                        match response.clone().with_patch(patch) {
+                            Ok(r) => return self.answer(warn(r, why), ReviewOutcome::refused),
+                            Err(e) => {
+                                tracing::warn!(pod = %who, error = %e, "webhook: encoding the removal")
+                            }
+                        }
+                    }
+                    _ => {}
+                }
                 self.answer(warn(response, why), ReviewOutcome::refused)
             }
         }

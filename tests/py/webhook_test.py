@@ -290,6 +290,25 @@ def test_what_it_cannot_handle_is_allowed_unchanged_with_a_warning(hook):
     assert "pod=shop/orders-*" in hook.output() or "shop/orders-*" in hook.output()
 
 
+def test_a_pod_istio_injected_after_it_loses_what_the_first_call_added(hook):
+    """Reinvoked (reinvocationPolicy IfNeeded) after Istio's injector added
+    istio-proxy: the webhook takes its own parts out again, with a warning,
+    rather than leave two Envoys on one admin port."""
+    import base64
+    pod = workload_pods()[2]
+    _, first = hook.post(review(pod))
+    injected = jsonpatch.JsonPatch(json.loads(base64.b64decode(first["response"]["patch"]))).apply(pod)
+    istio = copy.deepcopy(injected)
+    istio["spec"]["containers"].append({"name": "istio-proxy", "image": "auto"})
+    status, answer = hook.post(review(istio))
+    r = answer["response"]
+    assert status == 200 and r["allowed"] and any("Istio" in w for w in r.get("warnings") or []), r
+    back = jsonpatch.JsonPatch(json.loads(base64.b64decode(r["patch"]))).apply(istio)
+    want = copy.deepcopy(pod)
+    want["spec"]["containers"].append({"name": "istio-proxy", "image": "auto"})
+    assert back == want, json.dumps(jsonpatch.make_patch(want, back).patch)
+
+
 def test_a_rotated_certificate_is_served_and_a_broken_one_is_not(hook):
     status, _ = hook.post(review(workload_pods()[0]))
     assert status == 200
