@@ -19,8 +19,14 @@
 #      contract, the dashboard parses, the node-mode docs do not contradict
 #      the manifests or `drainshim node --help`; workloads written outside the
 #      repo adopt the sidecar Components (components/sidecar, sidecar-istio)
-#      in one `components:` line and pass the same pod checks, and a
-#      workload Sidecar keeps its namespace default's egress (scripts/check_deploy.py)
+#      in one `components:` line and pass the same pod checks, a
+#      workload Sidecar keeps its namespace default's egress; the admission
+#      webhook (webhook/, webhook/canary/) fails open, sees Pod CREATEs only,
+#      reinvokes, spares opted-out pods and its own namespace, serves one
+#      revision per namespace, has its certificate wired (CA annotation,
+#      DNS name, mounted Secret), two replicas and a budget, Pod Security
+#      restricted, args that `drainshim webhook --help` lists, and a
+#      NetworkPolicy (scripts/check_deploy.py)
 #   3. promtool check rules + promtool test rules on deploy/monitoring
 #   4. hadolint on the Dockerfile
 #
@@ -97,7 +103,7 @@ while IFS= read -r k; do
   echo "  $name: $n objects"
   built=$((built + 1))
 done < <(find "$root/deploy" -name kustomization.yaml | sort)
-[[ $built -ge 7 ]] || die "expected at least 7 kustomizations (base, sidecar, native-sidecar, istio, monitoring, daemonset, daemonset-workload), built $built"
+[[ $built -ge 9 ]] || die "expected at least 9 kustomizations (base, sidecar, native-sidecar, istio, monitoring, daemonset, daemonset-workload, webhook, webhook/canary), built $built"
 
 # --- 2. schemas, budgets, wiring, envoy, rules sync, metrics, dashboard -------
 say "drainshim (each manifest's drainshim container is run with --check)"

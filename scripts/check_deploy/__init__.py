@@ -4,13 +4,15 @@
         Every check below on the kustomize output in DIR (one NAME.yaml per
         base or overlay). Prints what it checked; exits 1 on any failure.
     check_deploy.py selftest --rendered DIR --prometheus BIN --envoy-cache DIR --kubectl BIN
-        Proves the rollout, scrape, label, docs and adoption rules fire: on the rendered
+        Proves the rollout, scrape, label, docs, adoption and webhook rules
+        fire: on the rendered
         DaemonSet as shipped (accepted) and as it was before issue 29, with
         its port declared (rejected), on the sidecar PodMonitor as shipped
         and as it was before issue 30, honouring labels (rejected, also by a
-        real Prometheus), on the docs' old wording, and on broken copies of
+        real Prometheus), on the docs' old wording, on broken copies of
         the sidecar Components (ADOPTION_CASES, NATIVE_ADOPTION_CASES,
-        ISTIO_ADOPTION_CASES).
+        ISTIO_ADOPTION_CASES), and on broken copies of the rendered webhook
+        (WEBHOOK_CASES).
     check_deploy.py sync-rules
         Rewrites deploy/monitoring/prometheusrule.yaml from rules.yaml.
 
@@ -33,8 +35,8 @@ Checks:
              in node metadata. Scrapes: the PodMonitors are run on every
              rendered pod (Prometheus' pod discovery, the operator's port
              filter, the relabelings): each drainshim scraped exactly once at
-             its --listen port, nothing else scraped, the agent with
-             honorLabels. Labels: no sidecar scraped with honorLabels, its
+             its --listen port (the webhook at --metrics-listen), nothing
+             else scraped, the agent with honorLabels. Labels: no sidecar scraped with honorLabels, its
              monitor's own relabelings set namespace/pod from the pod's
              metadata, honorLabels only on monitors confined to the agents'
              namespaces; and a real Prometheus, configured from each sidecar
@@ -67,9 +69,33 @@ Checks:
              workload-selected Sidecar carries its namespace default
              Sidecar's egress hosts and outboundTrafficPolicy (merged, not
              replaced). The selftest breaks copies of both Components
+  webhook    the admission webhook (webhook/, its revisions such as
+             webhook/canary/): each drainshim MutatingWebhookConfiguration's
+             webhooks have failurePolicy Ignore, sideEffects None,
+             timeoutSeconds <= 5, AdmissionReview v1, Pod CREATE only,
+             reinvocationPolicy IfNeeded, matchPolicy Equivalent, no written
+             caBundle; the objectSelector sends every pod but those labelled
+             drainshim.io/inject: "false", and not the webhook's own; the
+             namespaceSelector serves its revision (drainshim.io/inject=
+             enabled without drainshim.io/rev for the default one,
+             drainshim.io/rev=<name> otherwise), never kube-system or its own
+             namespace, and no namespace is served by two revisions. Behind
+             each: the Service (port -> --listen), the Certificate named by
+             cert-manager.io/inject-ca-from (the Service's DNS name, its
+             Secret the one mounted whole and read-only at --tls-cert's
+             directory, its Issuer and CA rendered), two replicas spread over
+             nodes, a budget allowing one disruption, a rollout keeping one,
+             the opt-out label on its pods, no token, Pod Security
+             "restricted", probes on --metrics-listen, --shutdown-delay within
+             the grace period, args that `drainshim webhook --help` lists
+             (REQUIRED_FLAGS written out) with --image its own image, a
+             NetworkPolicy letting everyone reach --listen and denying all
+             egress; no object rendered by two revisions
   rules      prometheusrule.yaml carries exactly the groups of rules.yaml
   metrics    every metric queried by the rules and the dashboard is in the
-             contract (docs/design.md), or recorded by rules.yaml
+             contract (docs/design.md), or recorded by rules.yaml; the rules
+             may also read RULE_METRICS_BEYOND_CONTRACT (the API server's
+             fail-open count of webhooks)
   dashboard  the dashboard JSON parses and every panel has a query
   docs       the node-mode prose (DOC_FILES) against the rendered agent and
              `drainshim node --help`: a short list of known contradictions

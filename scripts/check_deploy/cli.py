@@ -14,7 +14,7 @@ import yaml
 from . import __doc__ as PACKAGE_DOC
 from .config import (
     MONITORING, OVERLAYS_WITH_AGENT, OVERLAYS_WITH_ISTIO_FAILOPEN, OVERLAYS_WITH_NODE_WORKLOAD,
-    OVERLAYS_WITH_SHIM, ROOT, SCHEMA_VERSIONS,
+    OVERLAYS_WITH_SHIM, ROOT, RULE_METRICS_BEYOND_CONTRACT, SCHEMA_VERSIONS,
 )
 from .checker import Checker
 from .pods import all_containers, is_drainshim, pod_specs
@@ -23,7 +23,7 @@ from .pod_checks import (
 )
 from .node import Agent, check_agent, check_no_privileged, check_node_workload
 from .rollout import check_rollout
-from .sidecar import NATIVE_SIDECAR_COMPONENT, SIDECAR_COMPONENT, check_adoption
+from .sidecar import NATIVE_SIDECAR_COMPONENT, SIDECAR_COMPONENT, check_adoption, check_inject_base
 from .istio import SIDECAR_ISTIO_COMPONENT, check_istio_adoption, check_sidecar_merge
 from .schema import check_schema
 from .metrics import check_dashboard, check_metrics, contract_metrics, dashboard_panels
@@ -33,6 +33,7 @@ from .scrapes import (
     podmonitor_scrapes,
 )
 from .docs import check_docs
+from .webhook import check_webhooks, webhook_metrics_port
 from .selftest import run_selftest
 
 
@@ -81,6 +82,10 @@ def run_check(rendered: Path, envoy_cache: Path, design: Path | None, prometheus
                     scrape_pods.append(ScrapePod(where, ns, meta, spec, agent.listen_port, agent=True))
                 elif any(is_drainshim(c, "node") for c, _, _ in all_containers(spec)):
                     scrape_pods.append(ScrapePod(where, ns, meta, spec, None, judge=False))  # its own check failed
+                elif webhook_metrics_port(spec) is not None:
+                    # The admission webhook: scraped once at --metrics-listen,
+                    # trusted no more than a sidecar (check_webhooks below).
+                    scrape_pods.append(ScrapePod(where, ns, meta, spec, webhook_metrics_port(spec)))
                 else:
                     if check_node_workload(ck, overlay, name, meta, spec, agents, configmaps, envoy_cache, base_apps):
                         with_node += 1
@@ -97,10 +102,17 @@ def run_check(rendered: Path, envoy_cache: Path, design: Path | None, prometheus
         if overlay == "monitoring":
             monitoring_docs = docs
 
+    print("== the admission webhook (deploy/webhook and its revisions)")
+    check_webhooks(ck, rendered_docs)
+
     print("== the sidecar Component on workloads from outside the repo (deploy/components/sidecar)")
     scrape_pods += check_adoption(ck, kubectl, SIDECAR_COMPONENT, envoy_cache, versions)
     print("== its native-sidecar variant on the same workloads (deploy/components/native-sidecar)")
     scrape_pods += check_adoption(ck, kubectl, NATIVE_SIDECAR_COMPONENT, envoy_cache, versions)
+    print("== drainshim inject on the same workloads, in both modes: every pod check, and the Components' pods")
+    check_adoption(ck, kubectl, SIDECAR_COMPONENT, envoy_cache, versions, inject_mode="sidecar")
+    check_adoption(ck, kubectl, NATIVE_SIDECAR_COMPONENT, envoy_cache, versions, inject_mode="native-sidecar")
+    check_inject_base(ck, rendered_docs)
     print("== its Istio variant on a workload from outside the repo, in a namespace with a default Sidecar (deploy/components/sidecar-istio)")
     check_istio_adoption(ck, kubectl, SIDECAR_ISTIO_COMPONENT, envoy_cache, versions)
 
@@ -127,11 +139,13 @@ def run_check(rendered: Path, envoy_cache: Path, design: Path | None, prometheus
     ck.check("dashboard", len(rendered_dash) == 1, "the dashboard ConfigMap is not rendered by deploy/monitoring")
     # What the binary registers is checked against docs/design.md by a Rust
     # test (tests/it/contract.rs); here rules and dashboards are checked
-    # against the document.
+    # against the document (the rules may also read the webhook's and the API
+    # server's RULE_METRICS_BEYOND_CONTRACT).
     contract = contract_metrics(design)
-    print(f"  contract: {len(contract)} metric series names from {design}")
+    print(f"  contract: {len(contract)} metric series names from {design}; "
+          f"for the rules also {', '.join(sorted(RULE_METRICS_BEYOND_CONTRACT))}")
     if dashboard is not None:
-        check_metrics(ck, rules, dashboard, contract, contract)
+        check_metrics(ck, rules, dashboard, contract, contract | set(RULE_METRICS_BEYOND_CONTRACT))
         n = sum(len(p.get("targets", [])) for p in dashboard_panels(dashboard))
         print(f"  dashboard.json: {len(list(dashboard_panels(dashboard)))} panels, {n} queries")
 
@@ -140,9 +154,10 @@ def run_check(rendered: Path, envoy_cache: Path, design: Path | None, prometheus
 
     print("== summary")
     print(f"  schema versions: {', '.join(versions)} (strict)")
-    for area in ("schema", "budget", "wiring", "node", "rollout", "envoy", "adopt", "rules", "metrics", "dashboard", "docs"):
+    for area in ("schema", "budget", "wiring", "node", "rollout", "envoy", "adopt", "webhook", "rules", "metrics", "dashboard", "docs"):
         print(f"  {area:9} {ck.counts.get(area, 0)} passed")
-    print(f"  skipped (CRDs, no schema in kubernetes-validate; checked via rules.yaml, the PodMonitors run on the rendered pods, the Istio checks): {len(skipped)}")
+    print(f"  skipped (CRDs, no schema in kubernetes-validate; checked via rules.yaml, the PodMonitors run on the rendered pods, "
+          f"the Istio checks, the webhook checks): {len(skipped)}")
     for s in skipped:
         print(f"    - {s}")
     if ck.failures:

@@ -1,8 +1,9 @@
 """Constants shared by the checks: the repository's paths (ROOT, DEPLOY,
 MONITORING), the overlays each kind of check must find something in, the
 CRD kinds without a schema, the drainshim binary that `--check` runs, the
-timer defaults, the node agent's capabilities, the guard's port and
-Envoy's HTTP/2 window bounds.
+timer defaults, the node agent's capabilities, the guard's port, Envoy's
+HTTP/2 window bounds, and the metrics the alert rules may read beyond the
+contract.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ OVERLAYS_WITH_SHIM = {"sidecar", "native-sidecar", "istio"}
 # run on every rendered pod as prometheus-operator and Prometheus would
 # (check_scrapes): each drainshim scraped once, at its --listen port.
 # Istio's Sidecar and EnvoyFilter (istio/) are checked by check_istio_failopen.
-CRD_KINDS = {"PodMonitor", "PrometheusRule", "Sidecar", "EnvoyFilter"}
+# cert-manager's Certificate and Issuer (webhook/) by check_webhooks: the
+# webhook's CA annotation names the Certificate, its dnsNames hold the
+# Service's name, its Secret is the one mounted, its issuer is rendered.
+CRD_KINDS = {"PodMonitor", "PrometheusRule", "Sidecar", "EnvoyFilter", "Certificate", "Issuer"}
 SCHEMA_VERSIONS = ["1.30.0"]  # the oldest supported; the latest is added at run time
 
 # drainshim's own rules and defaults are not copied here: each manifest's
@@ -45,6 +49,12 @@ AGENT_CAPABILITIES = {"SYS_ADMIN", "SYS_PTRACE"}
 OVERLAYS_WITH_AGENT = {"daemonset"}
 OVERLAYS_WITH_NODE_WORKLOAD = {"daemonset-workload"}
 
+# Overlays that must render the admission webhook, each exactly one revision
+# of it (the name its --revision serves), so the webhook checks can never pass
+# by finding nothing to check: deploy/webhook (the default revision) and the
+# example of a named one, deploy/webhook/canary.
+OVERLAYS_WITH_WEBHOOK = {"webhook": "default", "webhook-canary": "canary"}
+
 # Adopting the guard changes no app: the guard listens on its own port and
 # forwards to the app's own, unchanged one (the port the app declares in
 # deploy/base). Envoy's inbound cluster sends to the guard with the app as
@@ -58,3 +68,12 @@ MAX_STREAM_WINDOW = 1024 * 1024
 MAX_CONNECTION_WINDOW = 4 * 1024 * 1024
 
 POD_TEMPLATE_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"}
+
+# Metrics the alert rules may read beyond docs/design.md's contract (which is
+# drainshim's own, tests/it/contract.rs), with who exports them: the API
+# server counts the calls of a failurePolicy Ignore webhook that it gave up on
+# (the pod was created without it).
+RULE_METRICS_BEYOND_CONTRACT = {
+    "apiserver_admission_webhook_fail_open_count": "kube-apiserver >= 1.24 (ALPHA): calls of a failurePolicy "
+                                                   "Ignore webhook that failed, by webhook name and type",
+}

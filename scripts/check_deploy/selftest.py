@@ -1,7 +1,8 @@
-"""The selftest: proves the rollout, scrape, label, docs and adoption rules
-fire, on the shipped manifests (accepted) and on copies broken as they were
-before issues 29 and 30 or as an adopter might break the Components
-(ADOPTION_CASES, NATIVE_ADOPTION_CASES, ISTIO_ADOPTION_CASES).
+"""The selftest: proves the rollout, scrape, label, docs, adoption and
+webhook rules fire, on the shipped manifests (accepted) and on copies broken
+as they were before issues 29 and 30, as an adopter might break the
+Components (ADOPTION_CASES, NATIVE_ADOPTION_CASES, ISTIO_ADOPTION_CASES), or
+as the webhook's manifests could be broken (WEBHOOK_CASES).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .sidecar import ADOPTER_WORKLOADS, NATIVE_SIDECAR_COMPONENT, SIDECAR_COMPON
 from .istio import ADOPTER_ISTIO, SIDECAR_ISTIO_COMPONENT, check_istio_adoption
 from .scrapes import FORGED, ScrapePod, check_label_trust, check_scrapes, forged_label_run
 from .docs import DocFacts, doc_contradictions, guard_documented, node_help
+from .webhook import check_webhooks
 
 
 def _edit(rel: str, old: str, new: str):
@@ -83,6 +85,76 @@ ISTIO_ADOPTION_CASES = [
      "the EnvoyFilter adds priority 1 endpoints [0]", _edit("kustomization.yaml",
                                                             "    - spec.configPatches.0.patch.value.load_assignment.endpoints.0.lb_endpoints.0.endpoint.address.socket_address.port_value\n", ""),
      ADOPTER_ISTIO),
+]
+
+
+def _obj(docs: list[dict], kind: str) -> dict:
+    return next(d for d in docs if d.get("kind") == kind and (kind != "Certificate" or not d["spec"].get("isCA")))
+
+
+def _hook(docs: list[dict]) -> dict:
+    return _obj(docs, "MutatingWebhookConfiguration")["webhooks"][0]
+
+
+def _webhook_container(docs: list[dict]) -> dict:
+    return _obj(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+
+
+# The rendered webhook (overlay webhook, and webhook-canary for the cases
+# across revisions), edited: (what, a failure message that must appear (None:
+# no failure may), the overlay edited, the edit).
+WEBHOOK_CASES = [
+    ("the shipped default revision and canary: accepted", None, "webhook", lambda docs: None),
+    ("failurePolicy Fail (a webhook that is down blocks every pod): rejected",
+     "failurePolicy Fail", "webhook", lambda docs: _hook(docs).__setitem__("failurePolicy", "Fail")),
+    ("no timeoutSeconds (the API's default, 10 s): rejected",
+     "timeoutSeconds 10 (the default)", "webhook", lambda docs: _hook(docs).pop("timeoutSeconds")),
+    ("operations CREATE and UPDATE: rejected",
+     "Pod CREATE only", "webhook", lambda docs: _hook(docs)["rules"][0].__setitem__("operations", ["CREATE", "UPDATE"])),
+    ("reinvocationPolicy Never (Istio's injector runs after it, unseen): rejected",
+     "reinvocationPolicy Never", "webhook", lambda docs: _hook(docs).__setitem__("reinvocationPolicy", "Never")),
+    ("the webhook's pods without drainshim.io/inject: \"false\": rejected",
+     "lack the label drainshim.io/inject", "webhook",
+     lambda docs: _obj(docs, "Deployment")["spec"]["template"]["metadata"]["labels"].pop("drainshim.io/inject")),
+    ("a namespaceSelector that does not exclude kube-system and its own namespace: rejected",
+     "never kube-system nor its own namespace", "webhook",
+     lambda docs: _hook(docs)["namespaceSelector"]["matchExpressions"].pop()),
+    ("no objectSelector (opted-out pods sent too): rejected",
+     "every pod but those labelled", "webhook", lambda docs: _hook(docs).pop("objectSelector")),
+    ("the Certificate's Secret is not the one mounted: rejected",
+     "writes Secret 'other-tls', but", "webhook", lambda docs: _obj(docs, "Certificate")["spec"].__setitem__("secretName", "other-tls")),
+    ("cert-manager.io/inject-ca-from names a Certificate that does not exist: rejected",
+     "names no Certificate rendered", "webhook",
+     lambda docs: _obj(docs, "MutatingWebhookConfiguration")["metadata"]["annotations"].__setitem__(
+         "cert-manager.io/inject-ca-from", "drainshim-system/missing")),
+    ("a Certificate without the Service's DNS name: rejected",
+     "without drainshim-webhook.drainshim-system.svc", "webhook",
+     lambda docs: _obj(docs, "Certificate")["spec"].__setitem__("dnsNames", ["drainshim-webhook.default.svc"])),
+    ("the TLS Secret mounted by subPath (never updated on renewal): rejected",
+     "subPath", "webhook", lambda docs: _webhook_container(docs)["volumeMounts"][0].__setitem__("subPath", "tls.crt")),
+    ("one replica: rejected", "replicas 1", "webhook", lambda docs: _obj(docs, "Deployment")["spec"].__setitem__("replicas", 1)),
+    ("a PodDisruptionBudget of minAvailable 2 (no node drain can proceed): rejected",
+     "keeps 2 of 2", "webhook", lambda docs: _obj(docs, "PodDisruptionBudget")["spec"].__setitem__("minAvailable", 2)),
+    ("a flag `drainshim webhook` does not have (--port): rejected",
+     "not a flag of `drainshim webhook --help`", "webhook", lambda docs: _webhook_container(docs)["args"].append("--port=8443")),
+    ("--shutdown-delay 40s, past terminationGracePeriodSeconds 30: rejected",
+     "must be below terminationGracePeriodSeconds", "webhook",
+     lambda docs: _webhook_container(docs)["args"].__setitem__(8, "--shutdown-delay=40s")),
+    ("--image other than the webhook's own: rejected",
+     "differs from the webhook's own image", "webhook",
+     lambda docs: _webhook_container(docs)["args"].__setitem__(6, "--image=drainshim:0.3.0")),
+    ("allowPrivilegeEscalation left unset: rejected",
+     'not Pod Security "restricted"', "webhook", lambda docs: _webhook_container(docs)["securityContext"].pop("allowPrivilegeEscalation")),
+    ("the Service's targetPort on the metrics port: rejected",
+     "which is not --listen's port", "webhook", lambda docs: _obj(docs, "Service")["spec"]["ports"][0].__setitem__("targetPort", "metrics")),
+    ("the NetworkPolicy allowing all egress: rejected",
+     "egress must be denied", "webhook", lambda docs: _obj(docs, "NetworkPolicy")["spec"].__setitem__("egress", [{}])),
+    ("canary also selecting drainshim.io/inject=enabled namespaces: rejected (served by two webhooks)",
+     "is served by 2 webhooks", "webhook-canary",
+     lambda docs: _hook(docs)["namespaceSelector"]["matchExpressions"].__setitem__(
+         0, {"key": "drainshim.io/inject", "operator": "In", "values": ["enabled"]})),
+    ("canary's Deployment without its name suffix (it would replace the default's): rejected",
+     "is also rendered by", "webhook-canary", lambda docs: _obj(docs, "Deployment")["metadata"].__setitem__("name", "drainshim-webhook")),
 ]
 
 
@@ -320,6 +392,19 @@ def run_selftest(rendered: Path, prometheus: Path, envoy_cache: Path, kubectl: s
                 run(ck, kubectl, component, envoy_cache, SCHEMA_VERSIONS, workloads)
         if detail is None:
             expect(not ck.failures, what, "\n".join(ck.failures))
+        else:
+            expect(any(detail in f for f in ck.failures), what, "\n".join(ck.failures) or "no failure")
+
+    print("== webhook: the rendered deploy/webhook and deploy/webhook/canary, and broken copies of them")
+    shipped = {o: load(o) for o in ("webhook", "webhook-canary")}
+    for what, detail, overlay, edit in WEBHOOK_CASES:
+        rendered_copy = copy.deepcopy(shipped)
+        edit(rendered_copy[overlay])
+        ck = Checker()
+        with contextlib.redirect_stdout(io.StringIO()):
+            check_webhooks(ck, rendered_copy)
+        if detail is None:
+            expect(not ck.failures and ck.counts.get("webhook", 0) > 0, what, "\n".join(ck.failures))
         else:
             expect(any(detail in f for f in ck.failures), what, "\n".join(ck.failures) or "no failure")
 

@@ -117,6 +117,13 @@ impl Metrics {
     }
 }
 
+impl Metrics {
+    /// The webhook's series in the text format (what `GET /metrics` serves).
+    pub fn render(&self) -> String {
+        crate::metrics::render(&self.registry)
+    }
+}
+
 /// One webhook: the injection settings and the revision it serves.
 pub struct Webhook {
     pub settings: Settings,
@@ -128,10 +135,23 @@ pub struct Webhook {
 
 impl Webhook {
     pub fn new(settings: Settings, revision: String) -> Self {
+        let metrics = Metrics::new();
+        // Every series from the start, at 0: an alert on `increase()` sees
+        // the first refusal, and a dashboard every outcome.
+        use ReviewOutcome::*;
+        for outcome in [injected, unchanged, opted_out, refused, malformed] {
+            let _ = metrics.reviews.get_or_create(&ReviewLabels {
+                revision: revision.clone(),
+                outcome,
+            });
+        }
+        for result in ["ok", "failed"] {
+            let _ = metrics.reloads.get_or_create(&ReloadLabels { result });
+        }
         Webhook {
             settings,
             revision,
-            metrics: Metrics::new(),
+            metrics,
             draining: Default::default(),
         }
     }
