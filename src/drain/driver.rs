@@ -1,8 +1,12 @@
 //! The one task that drives a drain: it feeds the pure machine with triggers,
-//! timer ticks and Envoy observations, and carries out its actions.
+//! timer ticks and Envoy observations, and carries out every action the
+//! machine emits, so a test of the machine is a test of the drain.
 //!
 //! Envoy is talked to from a separate task, so a hung admin API delays only
-//! the next observation, never the deadline.
+//! the next observation, never the deadline. The machine's Envoy actions
+//! (fail the health check, drain the listeners) are handed to that task,
+//! which carries them out at once and again on an Envoy that restarted or
+//! passes its health check again, until they hold on the Envoy it counts.
 
 use crate::timer::sleep_until_opt;
 use std::sync::Arc;
@@ -154,11 +158,8 @@ async fn run(
     metrics.draining.set(1);
 
     let (envoy_tx, mut envoy_rx) = mpsc::channel(16);
-    let envoy_task = tokio::spawn(envoy_side(
-        settings.admin.clone(),
-        settings.timers.poll_interval,
-        envoy_tx,
-    ));
+    let (wanted, wanted_rx) = watch::channel(Wanted::default());
+    let (admin, poll) = (settings.admin.clone(), settings.timers.poll_interval);
 
     let mut d = Drive {
         machine,
@@ -170,9 +171,13 @@ async fn run(
         acc: Accounting::default(),
         envoy: EnvoyStatus::default(),
         failed_before: 0,
+        wanted,
     };
     d.failed_before = d.settings.guard.as_ref().map_or(0, |g| g.failed_total());
+    // The trigger's actions first: the Envoy task's first round carries out
+    // the Envoy steps they ask for.
     d.apply(Event::Trigger(trigger));
+    let envoy_task = tokio::spawn(envoy_side(admin, poll, envoy_tx, wanted_rx));
 
     let mut commands_open = true;
     let mut envoy_open = true;
@@ -236,6 +241,15 @@ struct Drive {
     envoy: EnvoyStatus,
     /// The guard's failed streams at the trigger.
     failed_before: u64,
+    /// The Envoy steps the machine asked for, for the Envoy task.
+    wanted: watch::Sender<Wanted>,
+}
+
+/// The Envoy steps the machine has asked for so far.
+#[derive(Clone, Copy, Debug, Default)]
+struct Wanted {
+    fail_healthcheck: bool,
+    drain_listeners: bool,
 }
 
 // === impl Drive ===
@@ -316,8 +330,10 @@ impl Drive {
         let mut report = None;
         for action in actions {
             match action {
-                // The Envoy task performs the admin calls.
-                Action::FailHealthcheck | Action::DrainListeners => {}
+                // Admin calls, made by the Envoy task (so a hung admin API
+                // never holds the deadline), which retries them each round.
+                Action::FailHealthcheck => self.wanted.send_modify(|w| w.fail_healthcheck = true),
+                Action::DrainListeners => self.wanted.send_modify(|w| w.drain_listeners = true),
                 Action::GoawayAll => {
                     if let Some(g) = &self.settings.guard {
                         g.goaway_all();
@@ -402,22 +418,29 @@ struct Steps {
 
 /// Talks to Envoy for the drain. Each round reads `/server_info` (version,
 /// state, uptime), counts the inbound listeners' connections and streams
-/// (the first round is the baseline), carries out the steps not yet done
-/// on this Envoy (fail the health check, drain the inbound listeners), and
-/// only then reports the counts, so the drain never ends before its steps
-/// reached the Envoy it counted.
+/// (the first round is the baseline), carries out the steps the machine
+/// asked for (`wanted`) and not yet done on this Envoy (fail the health
+/// check, drain the inbound listeners), and only then reports the counts,
+/// so the drain never ends before its steps reached the Envoy it counted.
+/// A step asked for between rounds starts the next round at once.
 ///
 /// A failed step is retried next round. An Envoy that restarted under the
 /// drain (its uptime went back), or whose health check passes again, gets
 /// the steps again: the new process is drained too.
-async fn envoy_side(admin: AdminClient, poll: Duration, tx: mpsc::Sender<EnvoyMsg>) {
+async fn envoy_side(
+    admin: AdminClient,
+    poll: Duration,
+    tx: mpsc::Sender<EnvoyMsg>,
+    mut wanted: watch::Receiver<Wanted>,
+) {
     let mut scope: Option<InboundScope> = None;
     let mut steps = Steps::default();
     // (version, estimated start) of the Envoy process last seen.
     let mut seen: Option<(String, Instant)> = None;
     let mut next = Instant::now();
     loop {
-        let round = envoy_round(&admin, &mut scope, &mut steps, &mut seen).await;
+        let want = *wanted.borrow_and_update();
+        let round = envoy_round(&admin, want, &mut scope, &mut steps, &mut seen).await;
         let msgs = match round {
             Ok(msgs) => msgs,
             Err(e) => {
@@ -438,13 +461,18 @@ async fn envoy_side(admin: AdminClient, poll: Duration, tx: mpsc::Sender<EnvoyMs
             // rather than burst.
             next = now + poll;
         }
-        tokio::time::sleep_until(next).await;
+        tokio::select! {
+            _ = tokio::time::sleep_until(next) => {}
+            // A closed channel (the drive is gone) waits for the sleep.
+            Ok(()) = wanted.changed() => next = Instant::now(),
+        }
     }
 }
 
 /// One poll round; the messages to send, in order.
 async fn envoy_round(
     admin: &AdminClient,
+    want: Wanted,
     scope: &mut Option<InboundScope>,
     steps: &mut Steps,
     seen: &mut Option<(String, Instant)>,
@@ -499,13 +527,13 @@ async fn envoy_round(
             None
         }
     };
-    if !steps.healthcheck_failed {
+    if want.fail_healthcheck && !steps.healthcheck_failed {
         match admin.healthcheck_fail().await {
             Ok(()) => steps.healthcheck_failed = true,
             Err(e) => msgs.push(EnvoyMsg::Failed(e)),
         }
     }
-    if steps.healthcheck_failed && !steps.listeners_drained {
+    if want.drain_listeners && steps.healthcheck_failed && !steps.listeners_drained {
         // A second graceful drain on the same Envoy is ignored by Envoy.
         match admin.drain_listeners(true, !s.all_listeners).await {
             Ok(()) => steps.listeners_drained = true,
