@@ -14,18 +14,18 @@
 
 use crate::support;
 
-use std::collections::BTreeMap;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use drainshim::bench::envoy::EnvoyProcess;
-use drainshim::fleet::prometheus::PromClient;
 use drainshim::proto::bench::stream_client::StreamClient;
 use drainshim::proto::bench::{EchoRequest, SubscribeRequest};
-use drainshim::settings::GuardSettings;
+use support::prom::{self, check, passed_but_resets, wait_for_scrape_past};
 use support::*;
 use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
 
 /// The gate's window in seconds; the test needs two of them.
 const WINDOW_SECS: u64 = 10;
@@ -43,60 +43,54 @@ struct Pod {
 /// backend <- guard (max connection age 1 s) <- Envoy 1.40.0, with the
 /// sidecar in-process and Envoy's node metadata naming the namespace.
 async fn pod(ns: &'static str) -> Pod {
-    let backend = backend().await;
-    let admin_port = free_port();
-    let admin = format!("http://127.0.0.1:{admin_port}");
-    let upstream = backend.addr;
-    let settings = sidecar_settings(&admin, |s| {
-        let mut g = GuardSettings::new("127.0.0.1:0".parse().expect("address"), upstream);
+    let s = prom::sidecar(backend().await, |g| {
         g.config.max_connection_age = Some(Duration::from_secs(1));
         g.config.max_connection_age_grace = Duration::from_millis(200);
-        s.guard = Some(g);
-    });
-    let s = drainshim::sidecar::start(settings)
-        .await
-        .expect("start sidecar");
-    let (shim, guard) = (s.local_addr(), s.guard_addr().expect("guard"));
-    let (sigterm, rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(s.run(rx));
-    let envoy = envoy_with("1.40.0", guard, |o| {
-        o.admin_port = admin_port;
-        o.metadata = BTreeMap::from([
-            ("NAMESPACE".into(), ns.into()),
-            ("NAME".into(), format!("{ns}-0")),
-        ]);
     })
     .await;
+    let envoy = prom::envoy(&s, ns, "1.40.0", None).await;
     Pod {
-        backend,
-        shim,
+        backend: s.backend,
+        shim: s.shim,
         envoy,
-        _sigterm: sigterm,
+        _sigterm: s.sigterm,
     }
+}
+
+/// A client connected to `target` (again 20 ms after a failed connect),
+/// handed to `calls` until `stop`, and connected again when `calls` returns.
+fn reconnecting<F, Fut>(target: SocketAddr, stop: CancellationToken, mut calls: F)
+where
+    F: FnMut(StreamClient<Channel>, CancellationToken) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    tokio::spawn(async move {
+        while !stop.is_cancelled() {
+            let Ok(client) = StreamClient::connect(format!("http://{target}")).await else {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            };
+            calls(client, stop.clone()).await;
+        }
+    });
 }
 
 /// Unary Echo calls, one after another with a short pause, until `stop`.
 fn unary_load(target: SocketAddr, stop: CancellationToken) {
-    tokio::spawn(async move {
+    reconnecting(target, stop, |mut client, stop| async move {
         while !stop.is_cancelled() {
-            let Ok(mut client) = StreamClient::connect(format!("http://{target}")).await else {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                continue;
-            };
-            while !stop.is_cancelled() {
-                let call = client.echo(EchoRequest {
-                    body: "x".into(),
-                    ..Default::default()
-                });
-                // Bounded: a call that hangs does not hold the load.
-                if tokio::time::timeout(Duration::from_secs(5), call)
-                    .await
-                    .is_err()
-                {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
+            let call = client.echo(EchoRequest {
+                body: "x".into(),
+                ..Default::default()
+            });
+            // Bounded: a call that hangs does not hold the load.
+            if tokio::time::timeout(Duration::from_secs(5), call)
+                .await
+                .is_err()
+            {
+                break;
             }
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     });
 }
@@ -104,29 +98,23 @@ fn unary_load(target: SocketAddr, stop: CancellationToken) {
 /// One Subscribe stream at a time (a tick every 50 ms, no end of its own),
 /// subscribed again whenever it ends, until `stop`.
 fn stream_load(target: SocketAddr, stop: CancellationToken) {
-    tokio::spawn(async move {
+    reconnecting(target, stop, |mut client, stop| async move {
         while !stop.is_cancelled() {
-            let Ok(mut client) = StreamClient::connect(format!("http://{target}")).await else {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                continue;
+            let sub = client.subscribe(SubscribeRequest {
+                stream_id: "endings".into(),
+                interval_ms: 50,
+                ..Default::default()
+            });
+            let Ok(Ok(resp)) = tokio::time::timeout(Duration::from_secs(5), sub).await else {
+                break;
             };
-            while !stop.is_cancelled() {
-                let sub = client.subscribe(SubscribeRequest {
-                    stream_id: "endings".into(),
-                    interval_ms: 50,
-                    ..Default::default()
-                });
-                let Ok(Ok(resp)) = tokio::time::timeout(Duration::from_secs(5), sub).await else {
-                    break;
-                };
-                let mut s = resp.into_inner();
-                loop {
-                    tokio::select! {
-                        _ = stop.cancelled() => return,
-                        m = tokio::time::timeout(Duration::from_secs(5), s.message()) => {
-                            if !matches!(m, Ok(Ok(Some(_)))) {
-                                break;
-                            }
+            let mut s = resp.into_inner();
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    m = tokio::time::timeout(Duration::from_secs(5), s.message()) => {
+                        if !matches!(m, Ok(Ok(Some(_)))) {
+                            break;
                         }
                     }
                 }
@@ -135,42 +123,11 @@ fn stream_load(target: SocketAddr, stop: CancellationToken) {
     });
 }
 
+/// `verify` with the p99 given room: a millisecond-scale p99 on a loaded
+/// 2-core machine is noise here, and not what this test is about.
 async fn verify(url: &str, ns: &str, at: SystemTime) -> (i32, Vec<serde_json::Value>) {
-    let at = format!(
-        "{:.3}",
-        at.duration_since(UNIX_EPOCH).expect("clock").as_secs_f64()
-    );
-    let window = format!("{WINDOW_SECS}s");
-    // The p99 is given room: a millisecond-scale p99 on a loaded 2-core
-    // machine is noise here, and not what this test is about.
-    let args = [
-        "verify",
-        "--prometheus",
-        url,
-        "--namespace",
-        ns,
-        "--expect-version",
-        "1.40.0",
-        "--window",
-        &window,
-        "--at",
-        &at,
-        "--max-p99-increase",
-        "3",
-        "--format",
-        "json",
-    ];
-    let (code, out, err) = run_bin(&args).await;
-    let checks: Vec<serde_json::Value> =
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
-    (code.expect("exit code"), checks)
-}
-
-fn check<'a>(checks: &'a [serde_json::Value], name: &str) -> &'a serde_json::Value {
-    checks
-        .iter()
-        .find(|c| c["check"].as_str().is_some_and(|n| n.starts_with(name)))
-        .unwrap_or_else(|| panic!("no check {name:?} in {checks:?}"))
+    let extra = ["--max-p99-increase", "3"];
+    prom::verify(url, (ns, "1.40.0"), (WINDOW_SECS, at), &extra).await
 }
 
 /// The Echo service's success rate (before, now) on the success gate.
@@ -200,33 +157,19 @@ async fn max_age_endings_are_shown_apart_and_an_app_failing_5_percent_is_flagged
             stream_load(p.envoy.inbound, stop.clone());
         }
     }
-    let prom = prometheus(&[aging.shim, failing.shim]).await;
-    let client = PromClient::new(&prom.url(), Duration::from_secs(5)).expect("client");
-    let url = prom.url();
-
     // Two windows of history, with the guard ending streams at max age in
     // both pods all along.
-    wait_for(
+    let (prom, client) = prom::with_history(
+        &[aging.shim, failing.shim],
         "two windows of guard history with max-age endings",
         Duration::from_secs(90),
-        || async {
-            let q = |m: &str| format!("min(count_over_time({m}[21s]))");
-            let ok = |v: Result<f64, _>| v.is_ok_and(|n| n >= 20.0);
-            ok(client
-                .scalar(&q("drainshim_guard_requests_total{code=\"OK\"}"))
-                .await)
-                && ok(client
-                    .scalar(&q("drainshim_envoy_downstream_requests_total"))
-                    .await)
-                && client
-                    .scalar(
-                        "count(increase(drainshim_streams_terminated_total{reason=\"max_age\",protocol=\"grpc\"}[21s]) > 0)",
-                    )
-                    .await
-                    .is_ok_and(|n| n == 2.0)
-        },
+        (
+            "count(increase(drainshim_streams_terminated_total{reason=\"max_age\",protocol=\"grpc\"}[21s]) > 0)",
+            2.0,
+        ),
     )
     .await;
+    let url = prom.url();
 
     // The wave: one application starts failing 1 call in 20.
     failing
@@ -236,18 +179,7 @@ async fn max_age_endings_are_shown_apart_and_an_app_failing_5_percent_is_flagged
         .store(20, Ordering::Relaxed);
     let wave = SystemTime::now();
     let end = wave + Duration::from_secs(WINDOW_SECS);
-    wait_for(
-        "every shim scraped past the window's end",
-        Duration::from_secs(60),
-        || async {
-            let end = end.duration_since(UNIX_EPOCH).expect("clock").as_secs_f64();
-            client
-                .scalar("min(timestamp(up))")
-                .await
-                .is_ok_and(|t| t > end + 1.0)
-        },
-    )
-    .await;
+    wait_for_scrape_past(&client, "every shim scraped past the window's end", end).await;
 
     // The healthy application: 100% in both windows, however many streams
     // the guard ended; the endings are on their own line.
@@ -271,13 +203,7 @@ async fn max_age_endings_are_shown_apart_and_an_app_failing_5_percent_is_flagged
         .expect("query");
     assert!(unavailable.is_empty(), "{unavailable:?}");
     // The kernel's reset counters are the host's, which other tests move.
-    assert!(
-        checks
-            .iter()
-            .filter(|c| c["check"] != "reset rate within threshold")
-            .all(|c| c["ok"] != false),
-        "{checks:#?}"
-    );
+    assert!(passed_but_resets(&checks), "{checks:#?}");
     assert!(
         code == 0 || check(&checks, "reset rate")["ok"] == false,
         "{checks:#?}"

@@ -14,16 +14,14 @@
 
 use crate::support;
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use drainshim::bench::envoy::EnvoyProcess;
-use drainshim::fleet::prometheus::PromClient;
 use drainshim::proto::bench::stream_client::StreamClient;
 use drainshim::proto::bench::EchoRequest;
-use drainshim::settings::GuardSettings;
+use support::prom::{self, check, passed_but_resets, wait_for_scrape_past};
 use support::*;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -37,56 +35,26 @@ const WINDOW_SECS: u64 = 10;
 
 struct Pod {
     ns: &'static str,
-    backend: Backend,
-    shim: SocketAddr,
-    guard: SocketAddr,
-    admin_port: u16,
+    /// The backend, the sidecar and its guard.
+    sidecar: prom::Sidecar,
     envoy: Option<EnvoyProcess>,
     /// Where the load goes: Envoy's inbound address, changed on a restart.
     target: watch::Sender<SocketAddr>,
-    _sigterm: tokio::sync::mpsc::UnboundedSender<()>,
 }
 
 async fn start_envoy(pod: &Pod, version: &str, retry: Option<&str>) -> EnvoyProcess {
-    let (ns, admin_port, guard) = (pod.ns, pod.admin_port, pod.guard);
-    envoy_with(version, guard, |o| {
-        o.admin_port = admin_port;
-        o.metadata = BTreeMap::from([
-            ("NAMESPACE".into(), ns.into()),
-            ("NAME".into(), format!("{ns}-0")),
-        ]);
-        o.route_retry = retry.map(str::to_string);
-    })
-    .await
+    prom::envoy(&pod.sidecar, pod.ns, version, retry).await
 }
 
 async fn pod(ns: &'static str, version: &str) -> Pod {
     let backend = backend().await;
     backend.faults.unavailable_every.store(4, Ordering::Relaxed);
-    let admin_port = free_port();
-    let admin = format!("http://127.0.0.1:{admin_port}");
-    let upstream = backend.addr;
-    let settings = sidecar_settings(&admin, |s| {
-        s.guard = Some(GuardSettings::new(
-            "127.0.0.1:0".parse().expect("address"),
-            upstream,
-        ));
-    });
-    let s = drainshim::sidecar::start(settings)
-        .await
-        .expect("start sidecar");
-    let (shim, guard) = (s.local_addr(), s.guard_addr().expect("guard"));
-    let (sigterm, rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(s.run(rx));
+    let sidecar = prom::sidecar(backend, |_| {}).await;
     let mut p = Pod {
         ns,
-        backend,
-        shim,
-        guard,
-        admin_port,
+        target: watch::channel(sidecar.guard).0,
+        sidecar,
         envoy: None,
-        target: watch::channel(guard).0,
-        _sigterm: sigterm,
     };
     let envoy = start_envoy(&p, version, None).await;
     p.target.send_replace(envoy.inbound);
@@ -124,47 +92,7 @@ async fn verify(
     at: SystemTime,
     extra: &[&str],
 ) -> (i32, Vec<serde_json::Value>) {
-    let at = format!(
-        "{:.3}",
-        at.duration_since(UNIX_EPOCH).expect("clock").as_secs_f64()
-    );
-    let window = format!("{WINDOW_SECS}s");
-    let mut args = vec![
-        "verify",
-        "--prometheus",
-        url,
-        "--namespace",
-        ns,
-        "--expect-version",
-        version,
-        "--window",
-        &window,
-        "--at",
-        &at,
-        "--format",
-        "json",
-    ];
-    args.extend_from_slice(extra);
-    let (code, out, err) = run_bin(&args).await;
-    let checks: Vec<serde_json::Value> =
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
-    (code.expect("exit code"), checks)
-}
-
-fn check<'a>(checks: &'a [serde_json::Value], name: &str) -> &'a serde_json::Value {
-    checks
-        .iter()
-        .find(|c| c["check"].as_str().is_some_and(|n| n.starts_with(name)))
-        .unwrap_or_else(|| panic!("no check {name:?} in {checks:?}"))
-}
-
-/// Every check passed, except the kernel reset rate: the in-process shims
-/// read the host's counters, which other tests move.
-fn passed_but_resets(checks: &[serde_json::Value]) -> bool {
-    checks
-        .iter()
-        .filter(|c| c["check"] != "reset rate within threshold")
-        .all(|c| c["ok"] != false)
+    prom::verify(url, (ns, version), (WINDOW_SECS, at), extra).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -176,31 +104,20 @@ async fn verify_flags_retries_and_latency_by_the_guards_count() {
     for p in [&retrying, &steady, &slow] {
         load(p.target.subscribe(), stop.clone());
     }
-    let prom = prometheus(&[retrying.shim, steady.shim, slow.shim]).await;
-    let client = PromClient::new(&prom.url(), Duration::from_secs(5)).expect("client");
-    let url = prom.url();
-
     // Two windows of history before the wave: the "before" window must be
     // whole (the guard's requests and Envoy's inbound count in each pod).
-    wait_for(
+    let (prom, client) = prom::with_history(
+        &[
+            retrying.sidecar.shim,
+            steady.sidecar.shim,
+            slow.sidecar.shim,
+        ],
         "two windows of guard and Envoy history",
         Duration::from_secs(60),
-        || async {
-            let q = |m: &str| format!("min(count_over_time({m}[21s]))");
-            let ok = |v: Result<f64, _>| v.is_ok_and(|n| n >= 20.0);
-            ok(client
-                .scalar(&q("drainshim_guard_requests_total{code=\"OK\"}"))
-                .await)
-                && ok(client
-                    .scalar(&q("drainshim_envoy_downstream_requests_total"))
-                    .await)
-                && client
-                    .scalar("count(drainshim_guard_requests_total{code=\"OK\"})")
-                    .await
-                    .is_ok_and(|n| n == 3.0)
-        },
+        ("count(drainshim_guard_requests_total{code=\"OK\"})", 3.0),
     )
     .await;
+    let url = prom.url();
 
     // The wave. Each namespace's windows are pinned to the moment its
     // change took effect (`verify --at`), so how late `verify` runs on a
@@ -216,26 +133,16 @@ async fn verify_flags_retries_and_latency_by_the_guards_count() {
     steady.envoy = Some(envoy);
     let steady_at = SystemTime::now();
     let slow_at = SystemTime::now();
-    slow.backend.faults.delay_ms.store(40, Ordering::Relaxed);
+    slow.sidecar
+        .backend
+        .faults
+        .delay_ms
+        .store(40, Ordering::Relaxed);
     let ends = |from: SystemTime| from + Duration::from_secs(WINDOW_SECS);
     let last = ends(retrying_at).max(ends(steady_at)).max(ends(slow_at));
 
     // Prometheus has scraped every shim past the last window's end.
-    wait_for(
-        "every shim scraped past the windows' end",
-        Duration::from_secs(60),
-        || async {
-            let last = last
-                .duration_since(UNIX_EPOCH)
-                .expect("clock")
-                .as_secs_f64();
-            client
-                .scalar("min(timestamp(up))")
-                .await
-                .is_ok_and(|t| t > last + 1.0)
-        },
-    )
-    .await;
+    wait_for_scrape_past(&client, "every shim scraped past the windows' end", last).await;
 
     let (code, checks) = verify(&url, "retrying", "1.40.0", ends(retrying_at), &[]).await;
     let retries = check(&checks, "guard requests per caller request");

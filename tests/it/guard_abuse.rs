@@ -12,7 +12,7 @@ use crate::support::guard as guard_support;
 use crate::support::abuse as abuse_support;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -521,35 +521,62 @@ fn hpack_bomb(frames: usize) -> Vec<Vec<u8>> {
     out
 }
 
+/// Frames sent `FLOOD_BATCH` at a time (`batch(sent)`) until `max` are sent,
+/// the attack limit from `start` passes, the guard closes, a write blocks, or
+/// `stop(sent)`; in full swing after ten batches. Returns (sent, blocked).
+async fn flood(
+    a: &mut Attacker,
+    swing: &Swing,
+    (start, max): (Instant, u64),
+    mut batch: impl FnMut(u64) -> Vec<u8>,
+    mut stop: impl FnMut(u64) -> bool,
+) -> (u64, bool) {
+    let mut sent = 0u64;
+    while sent < max && start.elapsed() < ATTACK_LIMIT {
+        match a.send(&batch(sent), WRITE_LIMIT).await {
+            Ok(()) => sent += FLOOD_BATCH,
+            Err(WriteStop::Closed) => break,
+            Err(WriteStop::Blocked) => return (sent, true),
+        }
+        if sent == 10 * FLOOD_BATCH {
+            swing.in_full_swing();
+        }
+        if stop(sent) {
+            break;
+        }
+    }
+    (sent, false)
+}
+
+/// The acks counted in `counter` once all `sent` are acked, a GOAWAY came,
+/// or twice the write limit passed.
+async fn acked(seen: &Seen, counter: &AtomicU64, sent: u64) -> u64 {
+    let deadline = Instant::now() + WRITE_LIMIT * 2;
+    while seen.get(counter) < sent && seen.goaway_code().is_none() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    seen.get(counter)
+}
+
+const FLOOD_BATCH: u64 = 1_000;
+
 /// PINGs as fast as the guard takes them; `read`: the attacker reads the
 /// acks, else it never reads and the guard must stop reading too.
 async fn ping_flood(ctx: &Ctx, swing: Swing, read: bool) -> Report {
-    const BATCH: u64 = 1_000;
     const MAX_PINGS: u64 = 2_000_000;
     const MIN_PINGS: u64 = 100_000;
     let mut a = Attacker::connect(ctx.guard.addr, &[], read).await;
     let start = Instant::now();
-    let mut sent = 0u64;
-    let mut blocked = false;
-    while sent < MAX_PINGS && start.elapsed() < ATTACK_LIMIT {
-        let batch: Vec<u8> = (sent..sent + BATCH).flat_map(ping).collect();
-        match a.send(&batch, WRITE_LIMIT).await {
-            Ok(()) => sent += BATCH,
-            Err(WriteStop::Closed) => break,
-            Err(WriteStop::Blocked) => {
-                blocked = true;
-                break;
-            }
-        }
-        if sent == 10 * BATCH {
-            swing.in_full_swing();
-        }
-        // Reading, it stops once the client was probed; not reading, it
-        // goes on until the guard stops taking PINGs.
-        if read && sent >= MIN_PINGS && swing.probed() {
-            break;
-        }
-    }
+    // Reading, it stops once the client was probed; not reading, it goes on
+    // until the guard stops taking PINGs.
+    let (sent, blocked) = flood(
+        &mut a,
+        &swing,
+        (start, MAX_PINGS),
+        |sent| (sent..sent + FLOOD_BATCH).flat_map(ping).collect(),
+        |sent| read && sent >= MIN_PINGS && swing.probed(),
+    )
+    .await;
     let took = start.elapsed();
     swing.in_full_swing();
     if blocked {
@@ -560,14 +587,7 @@ async fn ping_flood(ctx: &Ctx, swing: Swing, read: bool) -> Report {
     let mut failures = Vec::new();
     let outcome = if read {
         // Every PING sent is answered, unless the guard closed first.
-        let deadline = Instant::now() + WRITE_LIMIT * 2;
-        while a.seen.get(&a.seen.pongs) < sent
-            && a.seen.goaway_code().is_none()
-            && Instant::now() < deadline
-        {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let pongs = a.seen.get(&a.seen.pongs);
+        let pongs = acked(&a.seen, &a.seen.pongs, sent).await;
         format!(
             "{pongs} acked at {:.0}k/s, GOAWAY {:?}",
             pongs as f64 / took.as_secs_f64() / 1000.0,
@@ -595,7 +615,6 @@ async fn ping_flood(ctx: &Ctx, swing: Swing, read: bool) -> Report {
 /// attacker already reset (legal, and ignored by h2): only the rate limit on
 /// RST_STREAM (guard/relay/flood.rs) stands between it and the guard's CPU.
 async fn rst_flood(ctx: &Ctx, swing: Swing) -> Report {
-    const BATCH: u64 = 1_000;
     const MAX_RESETS: u64 = 2_000_000;
     let mut a = Attacker::connect(ctx.guard.addr, &[], true).await;
     let mut opening = open_subscribe(1, "rst-flood", 1000, 0);
@@ -605,22 +624,18 @@ async fn rst_flood(ctx: &Ctx, swing: Swing) -> Report {
         failures.push("rst flood: the stream was not taken".into());
     }
     let start = Instant::now();
-    let mut sent = 0u64;
-    let mut blocked = false;
-    while sent < MAX_RESETS && start.elapsed() < ATTACK_LIMIT {
-        let batch: Vec<u8> = (0..BATCH).flat_map(|_| rst_stream(1, CANCEL)).collect();
-        match a.send(&batch, WRITE_LIMIT).await {
-            Ok(()) => sent += BATCH,
-            Err(WriteStop::Closed) => break,
-            Err(WriteStop::Blocked) => {
-                blocked = true;
-                break;
-            }
-        }
-        if sent == 10 * BATCH {
-            swing.in_full_swing();
-        }
-    }
+    let (sent, blocked) = flood(
+        &mut a,
+        &swing,
+        (start, MAX_RESETS),
+        |_| {
+            (0..FLOOD_BATCH)
+                .flat_map(|_| rst_stream(1, CANCEL))
+                .collect()
+        },
+        |_| false,
+    )
+    .await;
     swing.in_full_swing();
     if blocked {
         swing.hold().await;
@@ -687,14 +702,7 @@ async fn settings_flood(ctx: &Ctx, swing: Swing) -> Report {
     }
     let took = start.elapsed();
     swing.in_full_swing();
-    let deadline = Instant::now() + WRITE_LIMIT * 2;
-    while a.seen.get(&a.seen.settings_acks) < sent
-        && a.seen.goaway_code().is_none()
-        && Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let acks = a.seen.get(&a.seen.settings_acks);
+    let acks = acked(&a.seen, &a.seen.settings_acks, sent).await;
     Report {
         frames: sent + u64::from(STREAMS) * 2,
         outcome: format!(
@@ -841,84 +849,51 @@ async fn every_attack_is_bounded_and_the_guard_keeps_serving() {
         failures.extend(f);
     };
 
-    record(
-        run(&ctx, "rapid reset (HEADERS+RST_STREAM)", |s| {
-            rapid_reset(&ctx, s)
-        })
-        .await,
-    );
-    record(
-        run(&ctx, "streams over max_concurrent x4 conns", |s| {
-            many_streams(&ctx, s)
-        })
-        .await,
-    );
-    record(
-        run(&ctx, "3,000 small headers (> 64 KiB)", |s| {
-            bad_headers(
-                &ctx,
-                s,
-                "small headers",
-                header_frames(&small_headers(3000), 16 * 1024),
-                false,
-            )
-        })
-        .await,
-    );
-    record(
-        run(&ctx, "3,000 CONTINUATION frames", |s| {
-            bad_headers(
-                &ctx,
-                s,
-                "continuations",
-                header_frames(&small_headers(3000), 12),
-                true,
-            )
-        })
-        .await,
-    );
-    record(
-        run(&ctx, "HPACK bomb (64 MB/frame decoded)", |s| {
-            bad_headers(&ctx, s, "hpack bomb", hpack_bomb(4), true)
-        })
-        .await,
-    );
-    record(
-        run(&ctx, "PING flood, attacker reads", |s| {
-            ping_flood(&ctx, s, true)
-        })
-        .await,
-    );
-    record(
-        run(&ctx, "PING flood, attacker never reads", |s| {
-            ping_flood(&ctx, s, false)
-        })
-        .await,
-    );
-    record(
-        run(&ctx, "RST_STREAM flood (a closed stream)", |s| {
-            rst_flood(&ctx, s)
-        })
-        .await,
-    );
-    record(
-        run(&ctx, "SETTINGS flood (100 open streams)", |s| {
-            settings_flood(&ctx, s)
-        })
-        .await,
-    );
-    record(
-        run(&ctx, "window kept at zero (200 streams)", |s| {
-            zero_window(&ctx, s)
-        })
-        .await,
-    );
-    record(
-        run(&ctx, "never reads, max windows, 2 conns", |s| {
-            never_reads(&ctx, s, 2)
-        })
-        .await,
-    );
+    // Each attack, measured by `run` and recorded in the table.
+    macro_rules! attack {
+        ($name:expr, |$s:ident| $body:expr) => {
+            record(run(&ctx, $name, |$s| $body).await)
+        };
+    }
+    attack!("rapid reset (HEADERS+RST_STREAM)", |s| rapid_reset(&ctx, s));
+    attack!("streams over max_concurrent x4 conns", |s| many_streams(
+        &ctx, s
+    ));
+    attack!("3,000 small headers (> 64 KiB)", |s| bad_headers(
+        &ctx,
+        s,
+        "small headers",
+        header_frames(&small_headers(3000), 16 * 1024),
+        false,
+    ));
+    attack!("3,000 CONTINUATION frames", |s| bad_headers(
+        &ctx,
+        s,
+        "continuations",
+        header_frames(&small_headers(3000), 12),
+        true,
+    ));
+    attack!("HPACK bomb (64 MB/frame decoded)", |s| bad_headers(
+        &ctx,
+        s,
+        "hpack bomb",
+        hpack_bomb(4),
+        true
+    ));
+    attack!("PING flood, attacker reads", |s| ping_flood(&ctx, s, true));
+    attack!("PING flood, attacker never reads", |s| ping_flood(
+        &ctx, s, false
+    ));
+    attack!("RST_STREAM flood (a closed stream)", |s| rst_flood(&ctx, s));
+    attack!("SETTINGS flood (100 open streams)", |s| settings_flood(
+        &ctx, s
+    ));
+    attack!("window kept at zero (200 streams)", |s| zero_window(
+        &ctx, s
+    ));
+    attack!("never reads, max windows, 2 conns", |s| never_reads(
+        &ctx, s, 2
+    ));
 
     print_table(baseline, &rows);
     assert!(failures.is_empty(), "{failures:#?}");
@@ -929,13 +904,19 @@ async fn every_attack_is_bounded_and_the_guard_keeps_serving() {
 /// connection is closed once it has been idle for `idle_timeout` (unary
 /// calls), or at max connection age once its streams could not be ended
 /// within `end_timeout` (streams). Other clients are served meanwhile.
+/// The guard's GOAWAY ack and shutdown waits are 300 ms; `configure` sets
+/// the rest.
 async fn never_reading_client_is_closed(
-    backend: &Backend,
     streams: u32,
     unary: u32,
-    config: GuardConfig,
+    configure: impl FnOnce(&mut GuardConfig),
 ) {
-    let g = start_guard(config).await;
+    let (backend, g) = guarded(|config| {
+        config.limits.goaway_ack_timeout = Duration::from_millis(300);
+        config.limits.shutdown_timeout = Duration::from_millis(300);
+        configure(config);
+    })
+    .await;
     let mut a = Attacker::connect(g.addr, &[(INITIAL_WINDOW_SIZE, MAX_WINDOW)], false).await;
     let mut bytes = window_update(0, MAX_WINDOW - 65_535);
     for i in 0..streams {
@@ -969,30 +950,20 @@ async fn never_reading_client_is_closed(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_reads_its_answers_is_closed_when_idle() {
-    let backend = start_backend().await;
-    let mut config = GuardConfig::new(backend.addr);
-    config.limits = Limits {
-        idle_timeout: Duration::from_millis(300),
-        goaway_ack_timeout: Duration::from_millis(300),
-        shutdown_timeout: Duration::from_millis(300),
-        ..Limits::default()
-    };
-    never_reading_client_is_closed(&backend, 0, 100, config).await;
+    never_reading_client_is_closed(0, 100, |c| {
+        c.limits.idle_timeout = Duration::from_millis(300)
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_reads_its_streams_is_closed_at_max_age() {
-    let backend = start_backend().await;
-    let mut config = GuardConfig::new(backend.addr);
-    config.max_connection_age = Some(Duration::from_secs(1));
-    config.max_connection_age_grace = Duration::from_millis(300);
-    config.limits = Limits {
-        goaway_ack_timeout: Duration::from_millis(300),
-        end_timeout: Duration::from_millis(300),
-        shutdown_timeout: Duration::from_millis(300),
-        ..Limits::default()
-    };
-    never_reading_client_is_closed(&backend, 50, 10, config).await;
+    never_reading_client_is_closed(50, 10, |c| {
+        c.max_connection_age = Some(Duration::from_secs(1));
+        c.max_connection_age_grace = Duration::from_millis(300);
+        c.limits.end_timeout = Duration::from_millis(300);
+    })
+    .await;
 }
 
 /// The process-wide caps, exhausted at their defaults by the worst clients

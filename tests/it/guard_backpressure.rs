@@ -6,7 +6,7 @@ use crate::support::guard as guard_support;
 
 use std::time::Duration;
 
-use drainshim::guard::{GuardConfig, Limits};
+use drainshim::guard::Limits;
 use drainshim::proto::bench::SubscribeRequest;
 use guard_support::*;
 
@@ -20,25 +20,8 @@ const BOUND: u64 = 100;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_client_stalls_the_application_without_loss() {
-    let backend = start_backend().await;
-    let g = start_guard(GuardConfig::new(backend.addr)).await;
-    let mut client = connect_client(g.addr).await;
-    let req = SubscribeRequest {
-        stream_id: "stalled".to_string(),
-        count: 0,
-        interval_ms: 0,
-        payload_bytes: PAYLOAD,
-        ..Default::default()
-    };
-    let mut stream = within("subscribe", client.subscribe(req))
-        .await
-        .expect("subscribe")
-        .into_inner();
-    let first = within("first message", stream.message())
-        .await
-        .expect("message")
-        .expect("not ended");
-    assert_eq!(first.seq, 1);
+    let (backend, g) = guarded(|_| {}).await;
+    let mut stream = stalled_stream(&g, "stalled").await;
 
     // The client reads nothing now. The application fills the windows and
     // buffers in between and then waits; watch it for a while.
@@ -73,13 +56,13 @@ async fn a_stalled_client_stalls_the_application_without_loss() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_are_closed() {
-    let backend = start_backend().await;
-    let mut config = GuardConfig::new(backend.addr);
-    config.limits = Limits {
-        idle_timeout: Duration::from_millis(300),
-        ..Limits::default()
-    };
-    let g = start_guard(config).await;
+    let (_backend, g) = guarded(|config| {
+        config.limits = Limits {
+            idle_timeout: Duration::from_millis(300),
+            ..Limits::default()
+        };
+    })
+    .await;
     let mut c = connect_client(g.addr).await;
     let answer = within("echo", echo(&mut c, "once")).await;
     assert_eq!(answer.expect("echo"), "once");
@@ -142,8 +125,7 @@ async fn read_to_end(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ending_a_stalled_stream_waits_for_the_client_to_read() {
-    let backend = start_backend().await;
-    let g = start_guard(GuardConfig::new(backend.addr)).await;
+    let (backend, g) = guarded(|_| {}).await;
     let mut stream = stalled_stream(&g, "stalled").await;
     let ledger = backend.service.ledger.clone();
     wait_until("the application to fill the windows", || {
@@ -167,13 +149,13 @@ async fn ending_a_stalled_stream_waits_for_the_client_to_read() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_reads_is_reset_after_the_end_timeout() {
-    let backend = start_backend().await;
-    let mut config = GuardConfig::new(backend.addr);
-    config.limits = Limits {
-        end_timeout: Duration::from_millis(300),
-        ..Limits::default()
-    };
-    let g = start_guard(config).await;
+    let (backend, g) = guarded(|config| {
+        config.limits = Limits {
+            end_timeout: Duration::from_millis(300),
+            ..Limits::default()
+        };
+    })
+    .await;
     let mut stream = stalled_stream(&g, "stuck").await;
     let ledger = backend.service.ledger.clone();
     // Every window and buffer is full once the application stops producing.

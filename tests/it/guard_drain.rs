@@ -8,7 +8,7 @@ use crate::support::guard as guard_support;
 use std::time::Duration;
 
 use drainshim::drain::StreamGuard;
-use drainshim::guard::{end_message, GuardConfig, REFUSED_MESSAGE};
+use drainshim::guard::{end_message, REFUSED_MESSAGE};
 use drainshim::metrics::Reason;
 use guard_support::*;
 use tonic::Code;
@@ -17,8 +17,7 @@ const N: usize = 20;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminate_all_ends_every_stream_gracefully_and_refuses_new_ones() {
-    let backend = start_backend().await;
-    let g = start_guard(GuardConfig::new(backend.addr)).await;
+    let (_backend, g) = guarded(|_| {}).await;
     let client = connect_client(g.addr).await;
 
     let mut subs: Vec<Sub> = (0..N)
@@ -91,8 +90,7 @@ async fn terminate_all_ends_every_stream_gracefully_and_refuses_new_ones() {
 /// fail the stream with a decode error instead of the guard's status.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn big_messages_at_full_speed_end_on_a_message_boundary() {
-    let backend = start_backend().await;
-    let g = start_guard(GuardConfig::new(backend.addr)).await;
+    let (_backend, g) = guarded(|_| {}).await;
     let client = connect_client(g.addr).await;
     let mut subs: Vec<Sub> = (0..3)
         .map(|i| subscribe(&client, &format!("big{i}"), 0, 300_000))
@@ -119,8 +117,7 @@ async fn big_messages_at_full_speed_end_on_a_message_boundary() {
 /// `serve` returns once the connections are closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_ends_streams_gracefully_and_serve_returns() {
-    let backend = start_backend().await;
-    let mut g = start_guard(GuardConfig::new(backend.addr)).await;
+    let (_backend, mut g) = guarded(|_| {}).await;
     let client = connect_client(g.addr).await;
     let mut sub = subscribe(&client, "s", 10, 0);
     wait_until("the stream to flow", || sub.received() > 0).await;

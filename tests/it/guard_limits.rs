@@ -5,7 +5,7 @@ use crate::support::guard as guard_support;
 
 use std::time::Duration;
 
-use drainshim::guard::{GuardConfig, Limits};
+use drainshim::guard::Limits;
 use drainshim::metrics::Limit;
 use guard_support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -27,15 +27,15 @@ struct Setup {
 }
 
 async fn setup() -> Setup {
-    let backend = start_backend().await;
-    let mut config = GuardConfig::new(backend.addr);
-    config.limits = Limits {
-        max_concurrent_streams: MAX_STREAMS,
-        max_header_list_size: 8 * 1024,
-        header_read_timeout: HEADER_READ_TIMEOUT,
-        ..Limits::default()
-    };
-    let g = start_guard(config).await;
+    let (backend, g) = guarded(|config| {
+        config.limits = Limits {
+            max_concurrent_streams: MAX_STREAMS,
+            max_header_list_size: 8 * 1024,
+            header_read_timeout: HEADER_READ_TIMEOUT,
+            ..Limits::default()
+        };
+    })
+    .await;
     let client = connect_client(g.addr).await;
     let legit = subscribe(&client, "legit", 10, 0);
     wait_until("the legitimate stream to flow", || legit.received() > 0).await;
@@ -260,15 +260,14 @@ async fn a_trickled_http1_head_is_cut() {
 
 /// A guard whose process-wide caps are small enough to reach.
 async fn capped(max_connections: usize, max_streams: usize) -> (Backend, RunningGuard) {
-    let backend = start_backend().await;
-    let mut config = GuardConfig::new(backend.addr);
-    config.limits = Limits {
-        max_connections,
-        max_streams,
-        ..Limits::default()
-    };
-    let g = start_guard(config).await;
-    (backend, g)
+    guarded(|config| {
+        config.limits = Limits {
+            max_connections,
+            max_streams,
+            ..Limits::default()
+        };
+    })
+    .await
 }
 
 /// Streams over all connections are capped: the one past the cap is refused

@@ -5,7 +5,7 @@ use crate::support::guard as guard_support;
 
 use std::time::Duration;
 
-use drainshim::guard::{end_message, GuardConfig, AGE_JITTER};
+use drainshim::guard::{end_message, AGE_JITTER};
 use drainshim::metrics::Reason;
 use guard_support::*;
 use tonic::Code;
@@ -27,11 +27,11 @@ fn min_age(age: Duration) -> Duration {
 async fn max_age_goaway_ping_goaway_grace_trailers_close() {
     let age = Duration::from_secs(2);
     let grace = Duration::from_secs(1);
-    let backend = start_backend().await;
-    let mut config = GuardConfig::new(backend.addr);
-    config.max_connection_age = Some(age);
-    config.max_connection_age_grace = grace;
-    let g = start_guard(config).await;
+    let (_backend, g) = guarded(|config| {
+        config.max_connection_age = Some(age);
+        config.max_connection_age_grace = grace;
+    })
+    .await;
     let tap = Tap::start(g.addr).await;
     let client = connect_client(tap.addr).await;
     let mut sub = subscribe(&client, "aged", 20, 32);
@@ -131,10 +131,10 @@ async fn max_age_goaway_ping_goaway_grace_trailers_close() {
 async fn connections_of_the_same_age_go_away_at_different_times() {
     const CONNECTIONS: usize = 10;
     let age = Duration::from_secs(3);
-    let backend = start_backend().await;
-    let mut config = GuardConfig::new(backend.addr);
-    config.max_connection_age = Some(age);
-    let g = start_guard(config).await;
+    let (_backend, g) = guarded(|config| {
+        config.max_connection_age = Some(age);
+    })
+    .await;
     let tap = Tap::start(g.addr).await;
 
     let mut clients = Vec::new();
@@ -188,17 +188,17 @@ async fn a_client_that_never_acks_the_ping_is_bounded() {
     use drainshim::guard::Limits;
     use prost::Message;
 
-    let backend = start_backend().await;
-    let mut config = GuardConfig::new(backend.addr);
-    config.max_connection_age = Some(Duration::from_millis(500));
-    // Long enough that the stream (ended mid-spread, at age + 1 s) outlives
-    // the ack timeout and the refusal can be seen.
-    config.max_connection_age_grace = Duration::from_secs(2);
-    config.limits = Limits {
-        goaway_ack_timeout: Duration::from_millis(300),
-        ..Limits::default()
-    };
-    let g = start_guard(config).await;
+    let (_backend, g) = guarded(|config| {
+        config.max_connection_age = Some(Duration::from_millis(500));
+        // Long enough that the stream (ended mid-spread, at age + 1 s) outlives
+        // the ack timeout and the refusal can be seen.
+        config.max_connection_age_grace = Duration::from_secs(2);
+        config.limits = Limits {
+            goaway_ack_timeout: Duration::from_millis(300),
+            ..Limits::default()
+        };
+    })
+    .await;
     let mut raw = RawH2::connect(g.addr).await;
     let path = "/drainshim.bench.v1.Stream/Subscribe";
     let request = drainshim::proto::bench::SubscribeRequest {

@@ -6,7 +6,7 @@ use crate::support::guard as guard_support;
 use std::time::Duration;
 
 use drainshim::drain::StreamGuard;
-use drainshim::guard::{end_message, GuardConfig};
+use drainshim::guard::end_message;
 use drainshim::metrics::Reason;
 use guard_support::*;
 use tokio::time::Instant;
@@ -22,8 +22,7 @@ const BUCKET: Duration = Duration::from_millis(100);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn endings_are_spread_evenly_over_the_window() {
     let window = Duration::from_secs(2);
-    let backend = start_backend().await;
-    let g = start_guard(GuardConfig::new(backend.addr)).await;
+    let (_backend, g) = guarded(|_| {}).await;
     let mut clients = Vec::new();
     for _ in 0..CONNECTIONS {
         clients.push(connect_client(g.addr).await);

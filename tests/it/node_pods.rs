@@ -404,13 +404,9 @@ async fn verify_judges_each_namespace_of_a_node_agent_by_its_pods() {
     let prom = support::prometheus(&[api]).await;
     let client = drainshim::fleet::prometheus::PromClient::new(&prom.url(), Duration::from_secs(5))
         .expect("client");
-    wait_for("prometheus has scraped the agent", NODE_WAIT, || async {
-        client
-            .scalar("count(drainshim_proxy_info == 1)")
-            .await
-            .is_ok_and(|n| n == 3.0)
-    })
-    .await;
+    let query = "count(drainshim_proxy_info == 1)";
+    let what = "prometheus has scraped the agent";
+    support::prom::wait_for_scalar(&client, what, NODE_WAIT, query, |n| n == 3.0).await;
     let url = prom.url();
     let verify = |ns: &'static str| {
         let url = url.clone();

@@ -15,6 +15,7 @@ use drainshim::bench::envoy::EnvoyProcess;
 use drainshim::fleet::prometheus::PromClient;
 use drainshim::settings::GuardSettings;
 use serde_json::Value;
+use support::prom::wait_for_scalar;
 use support::*;
 
 const N2: &str = "1.38.3";
@@ -246,12 +247,13 @@ async fn plan_follows_a_migration_from_the_fleet_alone() {
     for ns in ["t1", "t2", "t3"] {
         wait_versions(&client, ns, &[(N2, 2.0)]).await;
     }
-    wait_for("every guard's max age is scraped", WAIT, || async {
-        client
-            .scalar("count(drainshim_guard_max_connection_age_seconds == 3600)")
-            .await
-            .is_ok_and(|n| n == 6.0)
-    })
+    wait_for_scalar(
+        &client,
+        "every guard's max age is scraped",
+        WAIT,
+        "count(drainshim_guard_max_connection_age_seconds == 3600)",
+        |n| n == 6.0,
+    )
     .await;
 
     // Bad input: a clear error, exit 64, and no plan.
@@ -535,14 +537,13 @@ async fn plan_follows_a_migration_from_the_fleet_alone() {
     let drained = prestop(fleet.pods["t1-b2"].shim).await;
     assert_eq!(drained.report().streams.cut, 2);
     let shim = fleet.pods["t1-b2"].shim;
-    wait_for("Prometheus has the cut streams", WAIT, || async {
-        client
-            .scalar(&format!(
-                "drainshim_drained_streams_total{{instance=\"{shim}\",outcome=\"cut\"}}"
-            ))
-            .await
-            .is_ok_and(|n| n == 2.0)
-    })
+    wait_for_scalar(
+        &client,
+        "Prometheus has the cut streams",
+        WAIT,
+        &format!("drainshim_drained_streams_total{{instance=\"{shim}\",outcome=\"cut\"}}"),
+        |n| n == 2.0,
+    )
     .await;
     fleet.remove("t1-b2");
     fleet.replace("t1-a2", "t1", "t1-d", N, true).await;

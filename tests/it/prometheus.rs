@@ -7,7 +7,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use drainshim::fleet::prometheus::PromClient;
+use support::prom::wait_for_scalar;
 use support::*;
+
+/// `verify` on namespace `ns` expecting 1.40.0, then `extra`.
+async fn verify(url: &str, ns: &str, extra: &[&str]) -> (Option<i32>, String, String) {
+    support::prom::run_verify(url, ns, "1.40.0", extra).await
+}
 
 #[tokio::test]
 async fn verify_passes_and_fails_on_the_right_conditions() {
@@ -38,61 +44,29 @@ async fn verify_passes_and_fails_on_the_right_conditions() {
     let targets: Vec<_> = shims.iter().map(|s| s.0).collect();
     let prom = prometheus(&targets).await;
     let client = PromClient::new(&prom.url(), Duration::from_secs(5)).expect("client");
-    wait_for("prometheus has scraped every shim", WAIT, || async {
-        client
-            .scalar("count(drainshim_proxy_info == 1)")
-            .await
-            .is_ok_and(|n| n == 4.0)
-    })
+    wait_for_scalar(
+        &client,
+        "prometheus has scraped every shim",
+        WAIT,
+        "count(drainshim_proxy_info == 1)",
+        |n| n == 4.0,
+    )
     .await;
     let url = prom.url();
 
     // The good wave passes.
-    let (code, out, err) = run_bin(&[
-        "verify",
-        "--prometheus",
-        &url,
-        "--namespace",
-        "wave",
-        "--expect-version",
-        "1.40.0",
-        "--window",
-        "1m",
-    ])
-    .await;
+    let (code, out, err) = verify(&url, "wave", &["--window", "1m"]).await;
     assert_eq!(code, Some(0), "{out}{err}");
     assert!(out.contains("2 of 2 proxies on 1.40.0"), "{out}");
     assert!(out.contains("verify: PASS"), "{out}");
 
     // A pod on the wrong version fails, and is named.
-    let (code, out, _) = run_bin(&[
-        "verify",
-        "--prometheus",
-        &url,
-        "--namespace",
-        "mixed",
-        "--expect-version",
-        "1.40.0",
-        "--window",
-        "1m",
-    ])
-    .await;
+    let (code, out, _) = verify(&url, "mixed", &["--window", "1m"]).await;
     assert_eq!(code, Some(1), "{out}");
     assert!(out.contains("mixed/c on 1.39.3"), "{out}");
 
     // A cut stream fails the wave.
-    let (code, out, _) = run_bin(&[
-        "verify",
-        "--prometheus",
-        &url,
-        "--namespace",
-        "cutns",
-        "--expect-version",
-        "1.40.0",
-        "--window",
-        "1m",
-    ])
-    .await;
+    let (code, out, _) = verify(&url, "cutns", &["--window", "1m"]).await;
     assert_eq!(code, Some(1), "{out}");
     assert!(
         out.contains("no stream cut by a drain") && out.contains("2 streams cut"),
@@ -100,42 +74,19 @@ async fn verify_passes_and_fails_on_the_right_conditions() {
     );
 
     // Several namespaces at once: both failures show.
-    let (code, out, _) = run_bin(&[
-        "verify",
-        "--prometheus",
-        &url,
-        "--namespace",
-        "wave,mixed,cutns",
-        "--expect-version",
-        "1.40.0",
-        "--window",
-        "1m",
-    ])
-    .await;
+    let (code, out, _) = verify(&url, "wave,mixed,cutns", &["--window", "1m"]).await;
     assert_eq!(code, Some(1), "{out}");
 
     // The rate checks judge once there is a window before to compare with.
-    wait_for("12 s of history", Duration::from_secs(40), || async {
-        client
-            .scalar("count_over_time(drainshim_proxy_info{namespace=\"wave\",pod=\"a\"}[12s])")
-            .await
-            .is_ok_and(|n| n >= 10.0)
-    })
+    wait_for_scalar(
+        &client,
+        "12 s of history",
+        Duration::from_secs(40),
+        "count_over_time(drainshim_proxy_info{namespace=\"wave\",pod=\"a\"}[12s])",
+        |n| n >= 10.0,
+    )
     .await;
-    let (code, out, err) = run_bin(&[
-        "verify",
-        "--prometheus",
-        &url,
-        "--namespace",
-        "wave",
-        "--expect-version",
-        "1.40.0",
-        "--window",
-        "5s",
-        "--format",
-        "json",
-    ])
-    .await;
+    let (code, out, err) = verify(&url, "wave", &["--window", "5s", "--format", "json"]).await;
     let checks: Vec<serde_json::Value> =
         serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
     let retry = checks
@@ -190,16 +141,7 @@ async fn verify_passes_and_fails_on_the_right_conditions() {
     // An unreachable Prometheus is a clear error, not a pass. Wait for the
     // process to be gone first: while it exits it may still accept.
     prom.stop().await;
-    let (code, _, err) = run_bin(&[
-        "verify",
-        "--prometheus",
-        &url,
-        "--namespace",
-        "wave",
-        "--expect-version",
-        "1.40.0",
-    ])
-    .await;
+    let (code, _, err) = verify(&url, "wave", &[]).await;
     assert_eq!(code, Some(69), "{err}");
     assert!(
         err.contains("prometheus") && err.contains("connect"),

@@ -14,6 +14,7 @@ use base64::Engine as _;
 use drainshim::bench::envoy::EnvoyProcess;
 use drainshim::fleet::prometheus::PromClient;
 use drainshim::fleet::reach::{Access, Credentials, Header, Reach};
+use support::prom::wait_for_scalar;
 use support::promreach::{prom_gate, test_tls, web_config};
 use support::*;
 
@@ -47,12 +48,13 @@ async fn pod() -> Pod {
 /// Waits until Prometheus, reached as `reach` says, has scraped the shim.
 async fn scraped(reach: Reach) {
     let client = PromClient::from_reach(reach, WAIT);
-    wait_for("prometheus has scraped the shim", WAIT, || async {
-        client
-            .scalar("count(drainshim_proxy_info{namespace=\"reach\"} == 1)")
-            .await
-            .is_ok_and(|n| n == 1.0)
-    })
+    wait_for_scalar(
+        &client,
+        "prometheus has scraped the shim",
+        WAIT,
+        "count(drainshim_proxy_info{namespace=\"reach\"} == 1)",
+        |n| n == 1.0,
+    )
     .await;
 }
 

@@ -116,6 +116,15 @@ impl Drop for RunningGuard {
     }
 }
 
+/// The bench backend and a guard in front of it, its config set by
+/// `configure`.
+pub async fn guarded(configure: impl FnOnce(&mut GuardConfig)) -> (Backend, RunningGuard) {
+    let backend = start_backend().await;
+    let mut config = GuardConfig::new(backend.addr);
+    configure(&mut config);
+    (backend, start_guard(config).await)
+}
+
 pub async fn start_guard(config: GuardConfig) -> RunningGuard {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind guard");
     let addr = listener.local_addr().expect("guard addr");

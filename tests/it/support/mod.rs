@@ -10,6 +10,7 @@ pub mod guard;
 pub mod node;
 pub mod peers;
 pub mod podapp;
+pub mod prom;
 pub mod promreach;
 pub mod ws;
 
