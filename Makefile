@@ -77,10 +77,13 @@ bench-reconnect: envoy
 # second by max age (over 10^5 streams, each a new connection through Envoy
 # and the guard): RSS, descriptors and threads sampled. Exits 1 if a stream
 # was cut, a message lost, RSS grew over 8 MiB per 10^5 streams, or
-# descriptors stayed open after the clients left. Longer: `cargo run
-# --release -- bench soak --duration 24h`.
+# descriptors stayed open after the clients left. Then the node agent (root):
+# four pods in network namespaces, the same streams through the agent's
+# guards, and every minute one pod drained through the agent and replaced.
+# Longer: `cargo run --release -- bench soak [--node] --duration 24h`.
 bench-soak: envoy
 	$(CARGO) run --release --locked --quiet -- bench soak --streams 1000 --duration 4m
+	$(CARGO) run --release --locked --quiet -- bench soak --node --streams 1000 --duration 4m
 
 # The fleet tools at the mission's scale: 2,400 pods, 500 services, 100
 # namespaces and ten weeks of a migration, simulated, backfilled into a real

@@ -14,6 +14,7 @@ pub mod reconnect;
 pub mod relay;
 pub mod server;
 pub mod soak;
+pub mod soak_node;
 pub mod ws;
 
 /// A free TCP port on loopback, bound and released: for a process (Envoy, a

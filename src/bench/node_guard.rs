@@ -178,7 +178,7 @@ fn failed(what: impl Into<String>) -> NodeScaleError {
 }
 
 /// A free /30 in 198.18.0.0/15 not on any host interface: (host, pod).
-fn slash30(i: usize, taken: &[Ipv4Addr]) -> Option<(Ipv4Addr, Ipv4Addr)> {
+pub(super) fn slash30(i: usize, taken: &[Ipv4Addr]) -> Option<(Ipv4Addr, Ipv4Addr)> {
     let base = u32::from(Ipv4Addr::new(198, 18, 0, 0));
     let start = (std::process::id() as usize * 131) % 32768;
     (0..32768)

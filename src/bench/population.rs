@@ -122,6 +122,11 @@ impl Endpoints {
         self.live.send_modify(|l| l[i] = false);
     }
 
+    /// Puts an endpoint back into rotation (a new pod at its address).
+    pub fn restore(&self, i: usize) {
+        self.live.send_modify(|l| l[i] = true);
+    }
+
     /// A live endpoint, spreading clients by their index.
     fn pick(&self, client: usize, attempt: usize) -> Option<(usize, SocketAddr)> {
         let live = self.live.borrow();

@@ -12,6 +12,11 @@
 //! far. A leak shows as growth per recycled stream: the report gives the
 //! slope per 10^5 streams over the loaded part of the run, and the
 //! descriptors once the clients left, against the idle shim's.
+//!
+//! `--node` soaks the node agent instead (`soak_node.rs`): pods in network
+//! namespaces, the streams through the agent's guards, and every
+//! `--drain-every` one pod drained through the agent and replaced by a new
+//! one, as a rollout does.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -40,6 +45,10 @@ pub struct SoakOptions {
     /// Time between two samples of the shim's `/proc`.
     pub sample_every: Duration,
     pub progress: bool,
+    /// Node mode: pods served by one agent (none: the sidecar).
+    pub node_pods: Option<usize>,
+    /// Node mode: one pod drained and replaced this often.
+    pub drain_every: Duration,
 }
 
 /// The shim's process at one moment.
@@ -52,6 +61,8 @@ pub struct Sample {
     pub rss_kib: u64,
     pub fds: u64,
     pub threads: u64,
+    /// Tasks alive on its runtime (its `/status`).
+    pub tasks: u64,
 }
 
 /// Growth limits the run is judged by: generous against an allocator's
@@ -60,12 +71,16 @@ pub struct Sample {
 pub const MAX_RSS_KIB_PER_1E5: f64 = 8.0 * 1024.0;
 /// Descriptors the shim may hold past its idle count once the clients left.
 pub const MAX_FDS_LEFT: u64 = 4;
+/// Tasks it may run past its idle count once the clients left.
+pub const MAX_TASKS_LEFT: u64 = 4;
 /// The fewest recycled streams the slope is judged over: on fewer, an
 /// allocator's few hundred KiB of noise reads as a growth per 10^5.
 pub const MIN_JUDGED: u64 = 50_000;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct SoakReport {
+    /// `sidecar`, or `node agent` (the process sampled).
+    pub subject: String,
     pub streams: usize,
     pub max_connection_age_seconds: f64,
     pub seconds: f64,
@@ -87,6 +102,11 @@ pub struct SoakReport {
     /// The streams recycled over the samples the slopes are read from.
     pub judged_streams: u64,
     pub fds_per_1e5: f64,
+    pub tasks_per_1e5: f64,
+    /// Node mode: pods drained through the agent and replaced meanwhile.
+    pub drains: u64,
+    /// Node mode: drains that reported a stream cut or bypassed.
+    pub drains_cut: u64,
     pub samples: Vec<Sample>,
 }
 
@@ -105,10 +125,22 @@ impl SoakReport {
         if self.lost_messages > 0 {
             out.push(format!("{} messages lost", self.lost_messages));
         }
+        if self.drains_cut > 0 {
+            out.push(format!(
+                "{} of {} drains cut or bypassed streams",
+                self.drains_cut, self.drains
+            ));
+        }
         if self.judged_streams >= MIN_JUDGED && self.rss_kib_per_1e5 > MAX_RSS_KIB_PER_1E5 {
             out.push(format!(
                 "RSS grew {:.0} KiB per 10^5 streams (limit {MAX_RSS_KIB_PER_1E5:.0})",
                 self.rss_kib_per_1e5
+            ));
+        }
+        if self.after.tasks > self.idle.tasks + MAX_TASKS_LEFT {
+            out.push(format!(
+                "{} tasks alive after the clients left, {} idle",
+                self.after.tasks, self.idle.tasks
             ));
         }
         if self.after.fds > self.idle.fds + MAX_FDS_LEFT {
@@ -122,8 +154,13 @@ impl SoakReport {
 
     pub fn render(&self) -> String {
         let mib = |k: u64| k as f64 / 1024.0;
+        let through = if self.subject == "sidecar" {
+            "Envoy and the sidecar binary"
+        } else {
+            "the node agent's guards"
+        };
         let mut out = format!(
-            "soak: {} WebSockets through Envoy and the sidecar binary for {:.0} s, max connection age {:.1} s: \
+            "soak: {} WebSockets through {through} for {:.0} s, max connection age {:.1} s: \
              {} streams recycled (each a new connection), {} graceful, {} cut, {} messages lost\n",
             self.streams,
             self.seconds,
@@ -141,8 +178,15 @@ impl SoakReport {
                 self.judged_streams
             )
         };
+        if self.drains > 0 {
+            out.push_str(&format!(
+                "pods drained through the agent and replaced: {}, {} with a stream cut or bypassed\n",
+                self.drains, self.drains_cut
+            ));
+        }
         out.push_str(&format!(
-            "shim RSS: idle {:.1} MiB, warm {:.1} MiB, loaded {:.1} MiB, after {:.1} MiB; growth {:+.0} KiB per 10^5 streams ({judged})\n",
+            "{} RSS: idle {:.1} MiB, warm {:.1} MiB, loaded {:.1} MiB, after {:.1} MiB; growth {:+.0} KiB per 10^5 streams ({judged})\n",
+            self.subject,
             mib(self.idle.rss_kib),
             mib(self.warm.rss_kib),
             mib(self.loaded.rss_kib),
@@ -150,7 +194,8 @@ impl SoakReport {
             self.rss_kib_per_1e5,
         ));
         out.push_str(&format!(
-            "shim descriptors: idle {}, warm {}, loaded {}, after {} (at most {} more than idle); growth {:+.1} per 10^5 streams; threads {} -> {}\n",
+            "{} descriptors: idle {}, warm {}, loaded {}, after {} (at most {} more than idle); growth {:+.1} per 10^5 streams; threads {} -> {}\n",
+            self.subject,
             self.idle.fds,
             self.warm.fds,
             self.loaded.fds,
@@ -159,6 +204,16 @@ impl SoakReport {
             self.fds_per_1e5,
             self.idle.threads,
             self.loaded.threads
+        ));
+        out.push_str(&format!(
+            "{} tasks: idle {}, warm {}, loaded {}, after {} (at most {} more than idle); growth {:+.1} per 10^5 streams\n",
+            self.subject,
+            self.idle.tasks,
+            self.warm.tasks,
+            self.loaded.tasks,
+            self.after.tasks,
+            MAX_TASKS_LEFT,
+            self.tasks_per_1e5
         ));
         let failures = self.failures();
         if failures.is_empty() {
@@ -175,37 +230,103 @@ struct Shim {
     child: Child,
     pid: u32,
     log: PathBuf,
+    control: std::net::SocketAddr,
 }
 
-impl Shim {
-    fn sample(&self, seconds: f64, recycled: u64) -> Result<Sample, String> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid))
-            .map_err(|e| format!("read the shim's /proc status: {e}"))?;
-        let field = |name: &str| -> u64 {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        };
-        let fds = std::fs::read_dir(format!("/proc/{}/fd", self.pid))
-            .map_err(|e| format!("list the shim's descriptors: {e}"))?
-            .count() as u64;
-        Ok(Sample {
-            seconds,
-            recycled,
-            rss_kib: field("VmRSS:"),
-            fds,
-            threads: field("Threads:"),
-        })
-    }
+/// What a soak holds load against: the process sampled, and what it does
+/// between two samples (node mode drains and replaces pods).
+pub(super) trait Subject {
+    /// `sidecar`, `node agent`.
+    fn name(&self) -> &'static str;
+    fn pid(&self) -> u32;
+    /// An error once the process exited, with its log's tail.
+    fn alive(&mut self) -> Result<(), String>;
+    /// Called after each sample under load, `elapsed` since it started.
+    async fn between(&mut self, elapsed: Duration) -> Result<(), String>;
+    /// Drains so far, and those that cut or bypassed a stream.
+    fn drains(&self) -> (u64, u64);
+    /// Where its `/status` answers (with `tasks`).
+    fn status(&self) -> std::net::SocketAddr;
+}
 
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
+impl Subject for Shim {
+    fn name(&self) -> &'static str {
+        "sidecar"
     }
+    fn pid(&self) -> u32 {
+        self.pid
+    }
+    fn alive(&mut self) -> Result<(), String> {
+        match self.child.try_wait() {
+            Ok(Some(status)) => Err(format!(
+                "the sidecar exited ({status}):\n{}",
+                log_tail(&self.log)
+            )),
+            _ => Ok(()),
+        }
+    }
+    async fn between(&mut self, _elapsed: Duration) -> Result<(), String> {
+        Ok(())
+    }
+    fn drains(&self) -> (u64, u64) {
+        (0, 0)
+    }
+    fn status(&self) -> std::net::SocketAddr {
+        self.control
+    }
+}
+
+/// A process at one moment, from its `/proc`.
+pub(super) fn sample(pid: u32, seconds: f64, recycled: u64) -> Result<Sample, String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|e| format!("read /proc/{pid}/status: {e}"))?;
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map_err(|e| format!("list /proc/{pid}/fd: {e}"))?
+        .count() as u64;
+    Ok(Sample {
+        seconds,
+        recycled,
+        rss_kib: field("VmRSS:"),
+        fds,
+        threads: field("Threads:"),
+        tasks: 0,
+    })
+}
+
+/// A sample with the tasks from the process's `/status` (0 when it does
+/// not answer within a few seconds).
+async fn sample_all(subject: &impl Subject, seconds: f64, recycled: u64) -> Result<Sample, String> {
+    let mut s = sample(subject.pid(), seconds, recycled)?;
+    let addr = subject.status();
+    let asked = async {
+        let tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let authority = addr.to_string();
+        let (_, body) = crate::http::request(tcp, &authority, http::Method::GET, "/status")
+            .await
+            .ok()?;
+        serde_json::from_slice::<serde_json::Value>(&body).ok()?["tasks"].as_u64()
+    };
+    s.tasks = tokio::time::timeout(Duration::from_secs(5), asked)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(0);
+    Ok(s)
+}
+
+/// The last lines of a log file.
+pub(super) fn log_tail(log: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
 /// Least-squares slope of `y` over `x`; 0 with fewer than two distinct x.
@@ -235,6 +356,9 @@ pub async fn run(opts: &SoakOptions) -> Result<SoakReport, String> {
             eprintln!("bench soak: {m}");
         }
     };
+    if let Some(pods) = opts.node_pods {
+        return super::soak_node::run(opts, pods).await;
+    }
     let dir = tempfile::Builder::new()
         .prefix("drainshim-soak-")
         .tempdir()
@@ -277,14 +401,45 @@ pub async fn run(opts: &SoakOptions) -> Result<SoakReport, String> {
         .spawn()
         .map_err(|e| format!("start {}: {e}", opts.binary.display()))?;
     let pid = child.id().ok_or("the sidecar exited at once")?;
-    let mut shim = Shim { child, pid, log };
+    let control = std::net::SocketAddr::from(([127, 0, 0, 1], control_port));
+    let mut shim = Shim {
+        child,
+        pid,
+        log,
+        control,
+    };
     wait_ready(&mut shim, control_port).await?;
 
-    let idle = shim.sample(0.0, 0)?;
-    say(format!(
-        "sidecar up (pid {pid}); opening {} WebSockets through Envoy",
-        opts.streams
-    ));
+    say(format!("sidecar up (pid {pid})"));
+    let report = soak(
+        opts,
+        &mut shim,
+        Endpoints::new(vec![envoy.inbound]),
+        &ledger,
+    )
+    .await;
+    stop.cancel();
+    drop(envoy);
+    report
+}
+
+/// Holds `opts.streams` WebSockets on `endpoints`, recycled by max age, and
+/// samples `subject` until `opts.duration` is over; then the clients leave
+/// and the report judges what the process kept.
+pub(super) async fn soak(
+    opts: &SoakOptions,
+    subject: &mut impl Subject,
+    endpoints: Endpoints,
+    ledger: &Ledger,
+) -> Result<SoakReport, String> {
+    let say = |m: String| {
+        if opts.progress {
+            eprintln!("bench soak: {m}");
+        }
+    };
+    let age = opts.max_connection_age;
+    let idle = sample_all(subject, 0.0, 0).await?;
+    say(format!("opening {} WebSockets", opts.streams));
     // Opened in ten groups over one max age, so that the streams' ages
     // spread as they do in a pod that has run for a while, not in one wave.
     let groups = opts.streams.clamp(1, 10);
@@ -294,7 +449,7 @@ pub async fn run(opts: &SoakOptions) -> Result<SoakReport, String> {
         populations.push(
             Population::start(
                 n,
-                Endpoints::new(vec![envoy.inbound]),
+                endpoints.clone(),
                 &format!("soak{g}"),
                 Protocol::Websocket,
                 &[64],
@@ -313,23 +468,25 @@ pub async fn run(opts: &SoakOptions) -> Result<SoakReport, String> {
     while start.elapsed() < opts.duration {
         let left = opts.duration.saturating_sub(start.elapsed());
         tokio::time::sleep(opts.sample_every.min(left)).await;
-        if let Ok(Some(status)) = shim.child.try_wait() {
-            return Err(format!(
-                "the sidecar exited ({status}):\n{}",
-                shim.log_tail()
-            ));
-        }
-        let s = shim.sample(start.elapsed().as_secs_f64(), recycled(&populations))?;
+        subject.alive()?;
+        let s = sample_all(
+            subject,
+            start.elapsed().as_secs_f64(),
+            recycled(&populations),
+        )
+        .await?;
         say(format!(
-            "{:>5.0} s of {}: {} streams recycled, RSS {:.1} MiB, {} descriptors, {} threads",
+            "{:>5.0} s of {}: {} streams recycled, RSS {:.1} MiB, {} descriptors, {} threads, {} tasks",
             s.seconds,
             humantime::format_duration(opts.duration),
             s.recycled,
             s.rss_kib as f64 / 1024.0,
             s.fds,
-            s.threads
+            s.threads,
+            s.tasks
         ));
         samples.push(s);
+        subject.between(start.elapsed()).await?;
     }
     let seconds = start.elapsed().as_secs_f64();
     // Streams the stop itself ends are not judged.
@@ -338,16 +495,22 @@ pub async fn run(opts: &SoakOptions) -> Result<SoakReport, String> {
     for p in populations {
         sessions.extend(p.stop().await);
     }
-    // The clients are gone: wait (bounded) for the shim to close what they
-    // held.
+    // The clients are gone: wait (bounded) for the process to close what
+    // they held.
     let settled = Instant::now() + Duration::from_secs(30);
-    let mut after = shim.sample(seconds, sessions.len() as u64)?;
-    while after.fds > idle.fds + MAX_FDS_LEFT && Instant::now() < settled {
+    let mut after = sample_all(subject, seconds, sessions.len() as u64).await?;
+    while (after.fds > idle.fds + MAX_FDS_LEFT || after.tasks > idle.tasks + MAX_TASKS_LEFT)
+        && Instant::now() < settled
+    {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        after = shim.sample(start.elapsed().as_secs_f64(), sessions.len() as u64)?;
+        after = sample_all(
+            subject,
+            start.elapsed().as_secs_f64(),
+            sessions.len() as u64,
+        )
+        .await?;
     }
-    stop.cancel();
-    drop(envoy);
+    let (drains, drains_cut) = subject.drains();
 
     let during: Vec<_> = sessions.iter().filter(|s| s.ended < end).collect();
     let graceful = during
@@ -366,6 +529,7 @@ pub async fn run(opts: &SoakOptions) -> Result<SoakReport, String> {
         slope(&points)
     };
     Ok(SoakReport {
+        subject: subject.name().into(),
         streams: opts.streams,
         max_connection_age_seconds: age.as_secs_f64(),
         seconds,
@@ -383,6 +547,9 @@ pub async fn run(opts: &SoakOptions) -> Result<SoakReport, String> {
             _ => 0,
         },
         fds_per_1e5: per_1e5(|s| s.fds),
+        tasks_per_1e5: per_1e5(|s| s.tasks),
+        drains,
+        drains_cut,
         samples,
     })
 }
@@ -391,12 +558,7 @@ pub async fn run(opts: &SoakOptions) -> Result<SoakReport, String> {
 async fn wait_ready(shim: &mut Shim, port: u16) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if let Ok(Some(status)) = shim.child.try_wait() {
-            return Err(format!(
-                "the sidecar exited ({status}):\n{}",
-                shim.log_tail()
-            ));
-        }
+        shim.alive()?;
         if let Ok(tcp) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
             let authority = format!("127.0.0.1:{port}");
             let asked = crate::http::request(tcp, &authority, http::Method::GET, "/healthz");
@@ -409,7 +571,7 @@ async fn wait_ready(shim: &mut Shim, port: u16) -> Result<(), String> {
         if Instant::now() > deadline {
             return Err(format!(
                 "the sidecar did not answer /healthz within 30 s:\n{}",
-                shim.log_tail()
+                log_tail(&shim.log)
             ));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -438,9 +600,11 @@ mod tests {
         let s = |rss_kib, fds| Sample {
             rss_kib,
             fds,
+            tasks: fds,
             ..Sample::default()
         };
         let r = SoakReport {
+            subject: "sidecar".into(),
             streams: 10,
             max_connection_age_seconds: 1.0,
             seconds: 1.0,
@@ -455,6 +619,9 @@ mod tests {
             rss_kib_per_1e5: 100.0,
             judged_streams: MIN_JUDGED,
             fds_per_1e5: 0.0,
+            tasks_per_1e5: 0.0,
+            drains: 0,
+            drains_cut: 0,
             samples: Vec::new(),
         };
         assert!(r.ok(), "{:?}", r.failures());
@@ -464,7 +631,8 @@ mod tests {
             cut: 1,
             ..r.clone()
         };
-        assert_eq!(leak.failures().len(), 3, "{:?}", leak.failures());
+        // RSS, the cut, descriptors and tasks left.
+        assert_eq!(leak.failures().len(), 4, "{:?}", leak.failures());
         // Too few streams to read a slope from: the growth is shown, not judged.
         let short = SoakReport {
             judged_streams: MIN_JUDGED - 1,

@@ -122,7 +122,14 @@ pub enum BenchCommand {
             the descriptors once the clients left against the idle sidecar's.\n\n\
             Exits 1 when a stream was cut or a message lost, RSS grew more than 8 MiB per 10^5 \
             streams, or more than 4 descriptors stayed open. `bench reconnect --soak` instead \
-            measures the reconnect rate and storm of an in-process sidecar.",
+            measures the reconnect rate and storm of an in-process sidecar.\n\n\
+            --node soaks the node agent instead (root: it makes network namespaces): --pods pods, \
+            each a network namespace with the bench app and an admin stand-in for Envoy, their \
+            guards served by one `drainshim node` agent with the same max connection age, the \
+            clients at the pods' addresses. Every --drain-every one pod in turn is taken out of \
+            the clients' rotation, drained through the agent's API, removed and replaced by a new \
+            pod, as a rollout does; a drain that cut or bypassed a stream fails the run. The \
+            agent's /proc is sampled.",
         after_help = "Exit codes:\n  0   measured, and the run held\n  1   a stream was cut, a message lost, or the sidecar grew (printed)\n  64  usage error\n  69  Envoy or the sidecar could not be started"
     )]
     Soak(SoakArgs),
@@ -151,6 +158,24 @@ pub struct SoakArgs {
     /// Time between two samples of the sidecar's /proc.
     #[arg(long, env = "DRAINSHIM_SAMPLE_EVERY", default_value = "5s")]
     pub sample_every: Span,
+
+    /// Soak the node agent instead of the sidecar (root).
+    #[arg(long)]
+    pub node: bool,
+
+    /// With --node: pods served by the agent.
+    #[arg(long, env = "DRAINSHIM_PODS", default_value_t = 4, requires = "node",
+          value_parser = clap::value_parser!(u64).range(2..=64))]
+    pub pods: u64,
+
+    /// With --node: one pod drained and replaced this often.
+    #[arg(
+        long,
+        env = "DRAINSHIM_DRAIN_EVERY",
+        default_value = "1m",
+        requires = "node"
+    )]
+    pub drain_every: Span,
 
     /// Output: `table` for people, `json` (on one line) for scripts.
     #[arg(short = 'o', long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
@@ -513,7 +538,14 @@ impl BenchCommand {
                     max_connection_age: a.max_connection_age.get(),
                     sample_every: a.sample_every.get(),
                     progress: true,
+                    node_pods: a.node.then_some(a.pods as usize),
+                    drain_every: a.drain_every.get(),
                 };
+                if a.drain_every.get() < std::time::Duration::from_secs(5) {
+                    return Err(Error::Usage(
+                        "--drain-every: at least 5s (a drain and a new pod take seconds)".into(),
+                    ));
+                }
                 let report = bench::soak::run(&opts).await.map_err(unavailable)?;
                 emit(a.format, &report, || report.render());
                 Ok(report.ok())

@@ -166,6 +166,12 @@ pub async fn drain_response(
     }
 }
 
+/// Tasks alive on this runtime (`/status`'s `tasks`): a task left behind per
+/// connection or pod shows as growth over a soak.
+pub fn alive_tasks() -> usize {
+    tokio::runtime::Handle::try_current().map_or(0, |h| h.metrics().num_alive_tasks())
+}
+
 /// `GET /metrics`: the registry in the OpenMetrics text format.
 pub fn metrics_response(registry: &Registry) -> Response<Full<Bytes>> {
     let mut r = text(StatusCode::OK, crate::metrics::render(registry));
@@ -222,7 +228,14 @@ impl Control {
                 metrics_response(&self.registry)
             }
             Route::Healthz => text(StatusCode::OK, "ok\n"),
-            Route::Status => json(StatusCode::OK, &self.drain.status()),
+            Route::Status => {
+                // The drain's status, and the tasks alive on the runtime.
+                let mut status = serde_json::to_value(self.drain.status()).unwrap_or_default();
+                if let Some(map) = status.as_object_mut() {
+                    map.insert("tasks".into(), alive_tasks().into());
+                }
+                json(StatusCode::OK, &status)
+            }
             Route::Readyz => self.readyz().await,
             Route::Drain { wait } => self.drain(wait, peer).await,
             Route::Refused(refusal) => {

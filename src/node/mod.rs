@@ -96,6 +96,8 @@ pub struct NodeStatus {
     pub host_addresses: Vec<String>,
     /// Scans done since start: a stuck scanner shows here.
     pub scans: u64,
+    /// Tasks alive on the agent's runtime: what a soak watches for a leak.
+    pub tasks: usize,
 }
 
 impl From<crate::node::NodeError> for crate::error::Error {

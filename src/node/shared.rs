@@ -89,6 +89,7 @@ impl Shared {
             departed,
             host_addresses,
             scans: self.scans.load(std::sync::atomic::Ordering::Relaxed),
+            tasks: crate::control::alive_tasks(),
         }
     }
 
