@@ -53,14 +53,12 @@ pub const DEFAULT_END_SETTLE: Duration = Duration::from_secs(4);
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default for [`Limits::upstream_connect_timeout`].
 pub const DEFAULT_UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Default for [`Limits::max_pending_accept_reset_streams`]. h2's own default
-/// (20) is made for a connection per client; behind Envoy one connection
-/// carries a whole worker's callers, and one caller's burst of cancelled
-/// requests would tear it down for everyone. The guard accepts every stream
-/// h2 has ready on each turn, so this only bounds what one read can queue.
+/// Default for [`Limits::max_pending_accept_reset_streams`]. The h2 crate's
+/// default (20) is made for a connection per client; behind Envoy one
+/// connection carries a whole worker's callers, and one caller's burst of
+/// cancelled requests would tear it down for everyone (the relay's `rapid`
+/// module counts them).
 pub const DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 1_000;
-/// Default for [`Limits::max_local_error_reset_streams`] (h2's own default).
-pub const DEFAULT_MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
 
 /// Limits applied to every connection the guard accepts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,15 +94,17 @@ pub struct Limits {
     /// Per-connection flow-control window, both directions; bounds what one
     /// connection can make the guard buffer in total.
     pub connection_window: u32,
-    /// Most bytes h2 buffers per stream while waiting for the peer to take
-    /// them (its window, or its socket); times `max_concurrent_streams`, it
-    /// bounds what a peer that never reads can make one connection hold.
+    /// The per-stream allowance the guard's abuse test holds a never-reading
+    /// client to (`tests/it/guard_abuse.rs`: times `max_concurrent_streams`,
+    /// plus the connection window). No relay code reads it: the relay bounds
+    /// what it holds for the client by the flow-control windows and the
+    /// high-water mark of its queue to the client (`relay/flow.rs`).
     pub max_send_buffer_size: usize,
     /// Largest HTTP/1.1 read buffer (request head included); a bigger head is
     /// rejected with 431.
     pub max_h1_buf_size: usize,
     /// How long to wait for the PING ack after GOAWAY(2^31-1) before moving
-    /// on; h2 itself would wait forever for a peer that never answers.
+    /// on, so a peer that never answers cannot hold the connection's end.
     pub goaway_ack_timeout: Duration,
     /// How long a stream being ended may take to reach a safe end point (a
     /// gRPC message boundary, or the natural end of a non-gRPC body) before it
@@ -127,11 +127,8 @@ pub struct Limits {
     /// so a slow connect means it is not listening.
     pub upstream_connect_timeout: Duration,
     /// Streams a client may open and reset before the guard accepts them
-    /// (h2's rapid-reset protection, CVE-2023-44487); kept on.
+    /// (rapid reset, CVE-2023-44487; the relay's `rapid` module).
     pub max_pending_accept_reset_streams: usize,
-    /// Streams the guard may reset for protocol errors before it closes the
-    /// connection (h2's protection against provoked-reset floods); kept on.
-    pub max_local_error_reset_streams: usize,
     /// A stream whose client takes no response data for this long (its
     /// window stays shut) is reset, so a peer that stopped reading does not
     /// hold the stream and its buffers until max age.
@@ -158,7 +155,6 @@ impl Default for Limits {
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             upstream_connect_timeout: DEFAULT_UPSTREAM_CONNECT_TIMEOUT,
             max_pending_accept_reset_streams: DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS,
-            max_local_error_reset_streams: DEFAULT_MAX_LOCAL_ERROR_RESET_STREAMS,
             write_stall_timeout: crate::config::DEFAULT_WRITE_STALL_TIMEOUT.get(),
         }
     }

@@ -255,8 +255,8 @@ impl Relay<'_> {
     }
 
     /// Takes back stream `id`'s request if it is the last thing in `to_app`
-    /// and not written yet: the application never gets it (as the h2 path
-    /// never forwarded a stream reset before it was taken). True if it was.
+    /// and not written yet: the application never gets a stream the client
+    /// reset before it was sent on. True if it was.
     fn take_back(&mut self, id: u32) -> bool {
         match self.unsent {
             Some((unsent, start, end, indexed)) if unsent == id && end == self.app.write.len() => {
@@ -421,8 +421,8 @@ impl Relay<'_> {
         let limit = self.guard.config().limits.max_header_list_size as usize;
         if h.flags & wire::END_HEADERS == 0 {
             block.gather(frame, fragment);
-            // A block this large, or in this many pieces, is a flood: h2
-            // stacks buffer it whole before they can refuse it.
+            // A block this large, or in this many pieces, is a flood: an
+            // HTTP/2 stack would buffer it whole before it could refuse it.
             if block.fragment.len() > 2 * limit + DEFAULT_FRAME
                 || block.continuations > MAX_CONTINUATIONS
             {
@@ -517,8 +517,8 @@ impl Relay<'_> {
                 .as_deref()
                 .is_some_and(|p| p.eq_ignore_ascii_case("websocket"))
         {
-            // RFC 8441: served here over HTTP/1.1 to the application, as
-            // the h2 path does (see `super::connect`).
+            // RFC 8441: served here over HTTP/1.1 to the application
+            // (see `super::connect`).
             self.dropped_block(&fields);
             self.websocket(id, block.end_stream, all_fields);
             return Ok(());
