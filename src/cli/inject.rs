@@ -17,15 +17,15 @@ pub const INJECT_LONG_ABOUT: &str = "Add drainshim to the pods of Kubernetes man
     template of a Deployment, StatefulSet, DaemonSet, ReplicaSet or ReplicationController, and every \
     bare Pod, given what the sidecar Component of --mode gives it (deploy/components/sidecar or \
     native-sidecar): the install init container and its volume, the drainshim container, Envoy with \
-    its fail-open bootstrap, both preStop hooks, the grace period. Other objects pass through; Jobs \
-    and CronJobs are not injected (their pods run to completion).\n\n\
+    its fail-open bootstrap, both preStop hooks, the grace period. Other objects pass through; Jobs, \
+    CronJobs and pods with restartPolicy Never or OnFailure are not injected (they run to completion).\n\n\
     The app is the pod's first container. Its port comes from the pod annotation \
     drainshim.io/app-port, else from the container's one TCP port. A workload or pod labelled or \
     annotated drainshim.io/inject: \"false\" is left as it is.\n\n\
     Injecting twice gives what injecting once gives; the pod records what it replaced in the \
     annotation drainshim.io/injected, and --uninject puts it back. A pod that cannot be injected \
     safely (no single app port, a preStop of the app's own, a name or port drainshim's containers \
-    take, Istio's proxy already in the pod) is refused: every refusal is printed, naming its object, \
+    take, the node's network, Istio's proxy already in the pod) is refused: every refusal is printed, naming its object, \
     nothing is written, and the exit code is 64.\n\n\
     What was done to each workload is printed on stderr. Point each Service at Envoy \
     (targetPort: envoy-inbound).";
@@ -35,17 +35,9 @@ Exit codes:
   0   written to stdout
   64  bad input, or a pod that cannot be injected safely (each named on stderr; nothing written)";
 
+/// What an injection adds, for `inject` and `webhook` alike.
 #[derive(Debug, clap::Args)]
-pub struct InjectArgs {
-    /// The manifests: a file, or `-` for stdin.
-    #[arg(
-        short = 'f',
-        long = "filename",
-        default_value = "-",
-        value_name = "FILE"
-    )]
-    pub filename: PathBuf,
-
+pub struct InjectionArgs {
     /// Which sidecar Component's change to make: `sidecar` (containers, any
     /// Kubernetes) or `native-sidecar` (restartable init containers, 1.29+).
     #[arg(long, env = "DRAINSHIM_MODE", value_enum, default_value_t = Mode::Sidecar)]
@@ -58,13 +50,9 @@ pub struct InjectArgs {
     /// Envoy's image (default: the Component's).
     #[arg(long, env = "DRAINSHIM_ENVOY_IMAGE")]
     pub envoy_image: Option<String>,
-
-    /// Undo: remove what an injection added and restore what it replaced.
-    #[arg(long)]
-    pub uninject: bool,
 }
 
-impl InjectArgs {
+impl InjectionArgs {
     fn settings(&self) -> Settings {
         Settings {
             mode: self.mode,
@@ -72,7 +60,28 @@ impl InjectArgs {
             envoy_image: self.envoy_image.clone(),
         }
     }
+}
 
+#[derive(Debug, clap::Args)]
+pub struct InjectArgs {
+    /// The manifests: a file, or `-` for stdin.
+    #[arg(
+        short = 'f',
+        long = "filename",
+        default_value = "-",
+        value_name = "FILE"
+    )]
+    pub filename: PathBuf,
+
+    #[command(flatten)]
+    pub injection: InjectionArgs,
+
+    /// Undo: remove what an injection added and restore what it replaced.
+    #[arg(long)]
+    pub uninject: bool,
+}
+
+impl InjectArgs {
     /// Reads, transforms, writes; prints one line per workload on stderr.
     pub fn run(&self) -> Result<(), Error> {
         let mut input = String::new();
@@ -87,7 +96,7 @@ impl InjectArgs {
         } else {
             Action::Inject
         };
-        match manifest::transform(&input, &self.settings(), action) {
+        match manifest::transform(&input, &self.injection.settings(), action) {
             Ok((out, lines)) => {
                 for l in &lines {
                     eprintln!("drainshim inject: {}: {}", l.object, l.what);
@@ -160,17 +169,8 @@ pub struct WebhookArgs {
     )]
     pub metrics_listen: SocketAddr,
 
-    /// Which sidecar Component's change to make (as `drainshim inject --mode`).
-    #[arg(long, env = "DRAINSHIM_MODE", value_enum, default_value_t = Mode::Sidecar)]
-    pub mode: Mode,
-
-    /// The drainshim image injected pods get.
-    #[arg(long, env = "DRAINSHIM_IMAGE", default_value = DEFAULT_IMAGE)]
-    pub image: String,
-
-    /// Envoy's image (default: the Component's).
-    #[arg(long, env = "DRAINSHIM_ENVOY_IMAGE")]
-    pub envoy_image: Option<String>,
+    #[command(flatten)]
+    pub injection: InjectionArgs,
 
     /// The revision this webhook serves (drainshim.io/rev=<name> on a
     /// namespace); a label on its metrics.
@@ -188,11 +188,7 @@ impl WebhookArgs {
         if self.tls_reload_interval.get() < Duration::from_millis(100) {
             return Err(Error::Usage("--tls-reload-interval: at least 100ms".into()));
         }
-        let settings = Settings {
-            mode: self.mode,
-            image: self.image.clone(),
-            envoy_image: self.envoy_image.clone(),
-        };
+        let settings = self.injection.settings();
         let cert = webhook::Certificate::load(&self.tls_cert, &self.tls_key)
             .map(Arc::new)
             .map_err(|e| Error::Usage(format!("the serving certificate: {e}")))?;
@@ -220,8 +216,8 @@ impl WebhookArgs {
             stop.clone(),
         ));
         tracing::info!(
-            listen = %self.listen, metrics = %self.metrics_listen, mode = self.mode.name(),
-            image = %self.image, revision = %self.revision, "webhook: ready"
+            listen = %self.listen, metrics = %self.metrics_listen, mode = hook.settings.mode.name(),
+            image = %hook.settings.image, revision = %self.revision, "webhook: ready"
         );
         tokio::select! {
             _ = term.recv() => {}
