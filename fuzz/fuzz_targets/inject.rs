@@ -1,0 +1,32 @@
+//! `drainshim inject` and `drainshim webhook` on input nobody checked: the
+//! first byte picks manifests (YAML, injected then uninjected) or an
+//! AdmissionReview body; the rest is the input.
+#![no_main]
+
+use drainshim::inject::manifest::{transform, Action};
+use drainshim::inject::webhook::Webhook;
+use drainshim::inject::Settings;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&which, body)) = data.split_first() else {
+        return;
+    };
+    let settings = Settings::default();
+    if which % 2 == 0 {
+        let Ok(text) = std::str::from_utf8(body) else {
+            return;
+        };
+        if let Ok((once, _)) = transform(text, &settings, Action::Inject) {
+            // Injecting twice is injecting once, and undoing it is accepted.
+            let (twice, _) = transform(&once, &settings, Action::Inject).expect("its own output injects");
+            assert_eq!(once, twice);
+            transform(&once, &settings, Action::Uninject).expect("its own output uninjects");
+        }
+    } else {
+        // Every answer allows the pod.
+        let hook = Webhook::new(settings, "default".into());
+        let (answer, _) = hook.review(body);
+        assert!(answer.is_null() || answer["response"]["allowed"] == true);
+    }
+});
