@@ -113,15 +113,18 @@ ADOPTERS_OPTED_IN = {"Deployment/orders", "StatefulSet/ledger"}
 
 # The same workloads for `drainshim inject`, which takes every workload it is
 # given: the one that does not opt in says so (drainshim.io/inject: "false").
+# Their Service still targets the app's port by name: `inject --services`
+# must point it at Envoy (check_services_reach_proxy).
 INJECT_WORKLOADS = ADOPTER_WORKLOADS.replace(
-    "labels: {app.kubernetes.io/name: mailer}", 'labels: {app.kubernetes.io/name: mailer, drainshim.io/inject: "false"}', 1)
+    "labels: {app.kubernetes.io/name: mailer}", 'labels: {app.kubernetes.io/name: mailer, drainshim.io/inject: "false"}', 1
+).replace("targetPort: envoy-inbound}", "targetPort: http}")
 
 
 def run_inject(docs: list[dict], mode: str) -> tuple[list[dict] | None, str]:
-    """`drainshim inject --mode` on the objects: the objects it writes, or
-    None and its error."""
+    """`drainshim inject --services --mode` on the objects: the objects it
+    writes, or None and its error."""
     try:
-        r = subprocess.run([str(DRAINSHIM_BIN), "inject", "--mode", mode], input=yaml.safe_dump_all(docs),
+        r = subprocess.run([str(DRAINSHIM_BIN), "inject", "--services", "--mode", mode], input=yaml.safe_dump_all(docs),
                            capture_output=True, text=True, timeout=120)
     except OSError as e:
         raise SystemExit(f"check_deploy: cannot run {DRAINSHIM_BIN} ({e}): build it first (cargo build)")

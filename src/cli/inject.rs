@@ -58,6 +58,7 @@ impl InjectionArgs {
             mode: self.mode,
             image: self.image.clone(),
             envoy_image: self.envoy_image.clone(),
+            services: false,
         }
     }
 }
@@ -79,6 +80,14 @@ pub struct InjectArgs {
     /// Undo: remove what an injection added and restore what it replaced.
     #[arg(long)]
     pub uninject: bool,
+
+    /// Also point the Services of the same manifests at Envoy: each port
+    /// that targets the app's port (by number or name) of the injected pods
+    /// it selects gets `targetPort: envoy-inbound`. A Service that also
+    /// selects pods without drainshim is left as it is. With --uninject,
+    /// they point back.
+    #[arg(long)]
+    pub services: bool,
 }
 
 impl InjectArgs {
@@ -96,7 +105,14 @@ impl InjectArgs {
         } else {
             Action::Inject
         };
-        match manifest::transform(&input, &self.injection.settings(), action) {
+        match manifest::transform(
+            &input,
+            &Settings {
+                services: self.services,
+                ..self.injection.settings()
+            },
+            action,
+        ) {
             Ok((out, lines)) => {
                 for l in &lines {
                     eprintln!("drainshim inject: {}: {}", l.object, l.what);

@@ -58,6 +58,12 @@ pub fn transform(
     if !errors.is_empty() {
         return Err(errors);
     }
+    if settings.services {
+        match action {
+            Action::Inject => super::services::retarget(&mut docs, &mut lines),
+            Action::Uninject => super::services::restore(&mut docs, &mut lines),
+        }
+    }
     let mut out = String::new();
     for doc in &docs {
         if !out.is_empty() {

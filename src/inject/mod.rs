@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod manifest;
 mod patch;
+pub mod services;
 pub mod webhook;
 
 /// Label or annotation on a workload or its pods: `"false"` opts out.
@@ -63,6 +64,8 @@ pub struct Settings {
     pub image: String,
     /// Envoy's image; `None` keeps the Component's.
     pub envoy_image: Option<String>,
+    /// `inject --services`: point the manifests' Services at Envoy too.
+    pub services: bool,
 }
 
 impl Default for Settings {
@@ -71,6 +74,7 @@ impl Default for Settings {
             mode: Mode::Sidecar,
             image: DEFAULT_IMAGE.into(),
             envoy_image: None,
+            services: false,
         }
     }
 }

@@ -269,3 +269,53 @@ fn uninject_refuses_what_a_component_added() {
     assert_eq!(docs(&out), docs(&deployment(ONE_PORT)));
     assert_eq!(lines[0].what, "nothing injected: unchanged");
 }
+
+#[test]
+fn services_that_select_only_injected_pods_point_at_envoy_and_back() {
+    let workload = deployment(ONE_PORT);
+    let svc = |name: &str, selector: &str, target: &str| {
+        format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\nspec:\n  selector: {selector}\n  ports: [{{port: 80, targetPort: {target}}}, {{port: 9464, targetPort: 9464}}]\n")
+    };
+    let batch = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: batch}\nspec:\n  selector: {matchLabels: {role: batch}}\n  template:\n    metadata: {labels: {app: orders, role: batch, drainshim.io/inject: \"false\"}}\n    spec: {containers: [{name: b, image: b}]}\n";
+    let input = format!(
+        "{workload}---\n{}---\n{}---\n{}---\n{batch}",
+        svc("by-name", "{app: orders}", "grpc"),
+        svc("by-number", "{app: orders, role: web}", "7070"),
+        svc("elsewhere", "{app: other}", "7070"),
+    )
+    .replace(
+        "metadata: {labels: {app: orders}}",
+        "metadata: {labels: {app: orders, role: web}}",
+    );
+    let settings = Settings {
+        services: true,
+        ..Settings::default()
+    };
+    let (out, lines) = transform(&input, &settings, Action::Inject).expect("injected");
+    let out = docs(&out);
+    let target = |i: usize, p: usize| {
+        out[i]
+            .pointer(&format!("/spec/ports/{p}/targetPort"))
+            .cloned()
+    };
+    // Also selects the batch pods, which have no Envoy: left alone.
+    assert_eq!(target(1, 0), Some(Value::from("grpc")));
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.object == "Service/by-name" && l.what.contains("Deployment/batch")),
+        "{lines:?}"
+    );
+    // Only the app's port moves to Envoy; the metrics port stays.
+    assert_eq!(target(2, 0), Some(Value::from("envoy-inbound")));
+    assert_eq!(target(2, 1), Some(Value::from(9464)));
+    assert_eq!(target(3, 0), Some(Value::from(7070)));
+    let injected: String = out
+        .iter()
+        .map(|d| serde_yaml_ng::to_string(d).expect("yaml") + "---\n")
+        .collect();
+    let (twice, _) = transform(&injected, &settings, Action::Inject).expect("twice");
+    assert_eq!(docs(&twice), out);
+    let (undone, _) = transform(&injected, &settings, Action::Uninject).expect("uninjected");
+    assert_eq!(docs(&undone), docs(&input));
+}

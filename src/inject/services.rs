@@ -1,0 +1,248 @@
+//! `inject --services`: the Services of the same manifests that select an
+//! injected workload's pods are pointed at Envoy's port (`envoy-inbound`)
+//! instead of the app's, the one step deploy/README.md otherwise leaves to
+//! the adopter; `--uninject --services` points them back.
+//!
+//! A Service changes only when every workload of the manifests it selects
+//! is injected (a pod without Envoy has no `envoy-inbound` port, and a named
+//! target port it lacks takes it out of the endpoints), and only the ports
+//! that target the app's port, by number or by name. What each port
+//! targeted before is recorded in the annotation `TARGETS`.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Map, Value};
+
+use super::manifest::Line;
+use super::{APP_PORT, INJECTED};
+
+/// Service annotation: each changed port's index and its target before.
+pub const TARGETS: &str = "drainshim.io/injected-target-ports";
+/// Envoy's inbound port, by its name in the pod patch.
+pub const ENVOY_PORT: &str = "envoy-inbound";
+
+/// A workload of the manifests, as a Service's selector sees it.
+struct Workload {
+    id: String,
+    namespace: Option<String>,
+    labels: Map<String, Value>,
+    /// Injected: its app's port, by number and by name.
+    app: Option<(i64, Option<String>)>,
+}
+
+/// Calls `f` on every object, a List's items included.
+fn each(v: &mut Value, f: &mut dyn FnMut(&mut Value)) {
+    let kind = v.get("kind").and_then(Value::as_str).unwrap_or_default();
+    if kind.ends_with("List") {
+        for item in v
+            .get_mut("items")
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            each(item, f);
+        }
+    } else {
+        f(v);
+    }
+}
+
+fn id(v: &Value) -> String {
+    let kind = v.get("kind").and_then(Value::as_str).unwrap_or_default();
+    let name = v
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("(no name)");
+    format!("{kind}/{name}")
+}
+
+fn namespace(v: &Value) -> Option<String> {
+    v.pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}
+
+fn workloads(docs: &mut [Value]) -> Vec<Workload> {
+    let mut out = Vec::new();
+    for doc in docs.iter_mut() {
+        each(doc, &mut |v| {
+            let pod = match v.get("kind").and_then(Value::as_str) {
+                Some("Pod") => Some(&*v),
+                Some(_) => v.pointer("/spec/template"),
+                None => None,
+            };
+            let Some(pod) = pod.filter(|p| p.pointer("/spec/containers").is_some()) else {
+                return;
+            };
+            let annotations = pod.pointer("/metadata/annotations");
+            let injected = annotations.and_then(|a| a.get(INJECTED)).is_some();
+            let port = annotations
+                .and_then(|a| a.get(APP_PORT))
+                .and_then(Value::as_str)
+                .and_then(|p| p.parse().ok());
+            let app = match (injected, port) {
+                (true, Some(port)) => {
+                    let name = pod
+                        .pointer("/spec/containers/0/ports")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                        .find(|p| p.get("containerPort").and_then(Value::as_i64) == Some(port))
+                        .and_then(|p| p.get("name").and_then(Value::as_str))
+                        .map(str::to_owned);
+                    Some((port, name))
+                }
+                _ => None,
+            };
+            out.push(Workload {
+                id: id(v),
+                namespace: namespace(v),
+                labels: pod
+                    .pointer("/metadata/labels")
+                    .and_then(Value::as_object)
+                    .cloned()
+                    .unwrap_or_default(),
+                app,
+            });
+        });
+    }
+    out
+}
+
+/// Points the Services that select only injected pods at Envoy.
+pub fn retarget(docs: &mut [Value], lines: &mut Vec<Line>) {
+    let workloads = workloads(docs);
+    for doc in docs.iter_mut() {
+        each(doc, &mut |svc| {
+            if svc.get("kind").and_then(Value::as_str) != Some("Service") {
+                return;
+            }
+            let Some(selector) = svc
+                .pointer("/spec/selector")
+                .and_then(Value::as_object)
+                .filter(|s| !s.is_empty())
+            else {
+                return;
+            };
+            let ns = namespace(svc);
+            let selected: Vec<&Workload> = workloads
+                .iter()
+                .filter(|w| {
+                    w.namespace == ns && selector.iter().all(|(k, v)| w.labels.get(k) == Some(v))
+                })
+                .collect();
+            if selected.is_empty() {
+                return;
+            }
+            let object = id(svc);
+            if let Some(w) = selected.iter().find(|w| w.app.is_none()) {
+                lines.push(Line {
+                    object,
+                    what: format!(
+                        "left as is: it also selects {}, which has no drainshim",
+                        w.id
+                    ),
+                });
+                return;
+            }
+            let apps: Vec<&(i64, Option<String>)> =
+                selected.iter().filter_map(|w| w.app.as_ref()).collect();
+            let mut changed = BTreeMap::new();
+            for (i, port) in svc
+                .pointer_mut("/spec/ports")
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                let target = port.get("targetPort").cloned();
+                let effective = target
+                    .clone()
+                    .or_else(|| port.get("port").cloned())
+                    .unwrap_or(Value::Null);
+                let to_app = apps.iter().all(|(num, name)| {
+                    effective.as_i64() == Some(*num)
+                        || (effective.is_string() && name.as_deref() == effective.as_str())
+                        || effective.as_str().and_then(|s| s.parse::<i64>().ok()) == Some(*num)
+                });
+                if to_app {
+                    changed.insert(i.to_string(), target.unwrap_or(Value::Null));
+                    port["targetPort"] = json!(ENVOY_PORT);
+                }
+            }
+            let already = svc
+                .pointer("/spec/ports")
+                .and_then(Value::as_array)
+                .is_some_and(|ps| {
+                    ps.iter()
+                        .any(|p| p.get("targetPort") == Some(&json!(ENVOY_PORT)))
+                });
+            let what = if changed.is_empty() && already {
+                format!("already targets {ENVOY_PORT}: unchanged")
+            } else if changed.is_empty() {
+                "no port targets the app's port: unchanged".to_string()
+            } else {
+                format!(
+                    "{} port(s) now target {ENVOY_PORT} (Envoy in the pods it selects)",
+                    changed.len()
+                )
+            };
+            if !changed.is_empty() {
+                let record = serde_json::to_string(&changed).unwrap_or_default();
+                if let Some(meta) = svc.get_mut("metadata").and_then(Value::as_object_mut) {
+                    let annotations = meta.entry("annotations").or_insert_with(|| json!({}));
+                    if let Some(a) = annotations.as_object_mut() {
+                        // A second injection keeps the first record: the target before drainshim.
+                        a.entry(TARGETS).or_insert(json!(record));
+                    }
+                }
+            }
+            lines.push(Line { object, what });
+        });
+    }
+}
+
+/// Points the Services `retarget` changed back at what they targeted.
+pub fn restore(docs: &mut [Value], lines: &mut Vec<Line>) {
+    for doc in docs.iter_mut() {
+        each(doc, &mut |svc| {
+            if svc.get("kind").and_then(Value::as_str) != Some("Service") {
+                return;
+            }
+            let Some(record) = svc.pointer(&format!(
+                "/metadata/annotations/{}",
+                TARGETS.replace('/', "~1")
+            )) else {
+                return;
+            };
+            let record: BTreeMap<String, Value> = record
+                .as_str()
+                .and_then(|r| serde_json::from_str(r).ok())
+                .unwrap_or_default();
+            let ports = svc.pointer_mut("/spec/ports").and_then(Value::as_array_mut);
+            for (i, port) in ports.into_iter().flatten().enumerate() {
+                match record.get(&i.to_string()) {
+                    Some(Value::Null) => {
+                        if let Some(p) = port.as_object_mut() {
+                            p.remove("targetPort");
+                        }
+                    }
+                    Some(before) => port["targetPort"] = before.clone(),
+                    None => {}
+                }
+            }
+            if let Some(meta) = svc.get_mut("metadata").and_then(Value::as_object_mut) {
+                if let Some(a) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+                    a.remove(TARGETS);
+                    if a.is_empty() {
+                        meta.remove("annotations");
+                    }
+                }
+            }
+            lines.push(Line {
+                object: id(svc),
+                what: "points at the app's port again".into(),
+            });
+        });
+    }
+}
