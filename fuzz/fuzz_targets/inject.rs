@@ -12,7 +12,8 @@ fuzz_target!(|data: &[u8]| {
     let Some((&which, body)) = data.split_first() else {
         return;
     };
-    let settings = Settings::default();
+    // Even: manifests (with --services when the second bit is set).
+    let settings = Settings { services: which & 2 != 0, ..Settings::default() };
     if which % 2 == 0 {
         let Ok(text) = std::str::from_utf8(body) else {
             return;
