@@ -2,13 +2,11 @@
 
 use crate::support;
 
-use std::process::Stdio;
-
 use drainshim::drain::{Outcome, Phase, Report, Status, Trigger};
 use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use support::proc::metrics_showing_cut;
 use support::*;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 
 /// The real binary gets SIGTERM: it drains; a second SIGTERM skips to the
@@ -19,48 +17,26 @@ async fn sigterm_drains_and_a_second_sigterm_skips_to_the_deadline() {
     let backend = backend().await;
     let envoy = envoy("1.40.0", backend.addr).await;
     let streams = open_streams(envoy.inbound, N, "sig").await;
-    let mut child = Command::new(drainshim_bin())
-        .args([
-            "sidecar",
-            "--listen",
-            "127.0.0.1:0",
-            "--envoy-admin",
-            &envoy.admin_url(),
-        ])
-        .args([
-            "--drain-time",
-            "40s",
-            "--parent-shutdown-time",
-            "60s",
-            "--poll-interval",
-            "200ms",
-            "--linger",
-            "50s",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn sidecar");
-    let pid = Pid::from_raw(child.id().expect("pid") as i32);
+    let admin = envoy.admin_url();
+    let (mut child, pid, mut stderr) = support::proc::spawn_bin(&[
+        "sidecar",
+        "--listen",
+        "127.0.0.1:0",
+        "--envoy-admin",
+        &admin,
+        "--drain-time",
+        "40s",
+        "--parent-shutdown-time",
+        "60s",
+        "--poll-interval",
+        "200ms",
+        "--linger",
+        "50s",
+    ]);
 
     // Learn the bound address from the startup log line.
-    let mut stderr = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let shim: std::net::SocketAddr = tokio::time::timeout(WAIT, async {
-        while let Some(line) = stderr.next_line().await.expect("read stderr") {
-            if let Some(rest) = line.split("listen=").nth(1) {
-                return rest
-                    .split_whitespace()
-                    .next()
-                    .expect("addr")
-                    .parse()
-                    .expect("socket addr");
-            }
-        }
-        panic!("sidecar exited before it was ready");
-    })
-    .await
-    .expect("sidecar ready in time");
+    let shim: std::net::SocketAddr =
+        support::proc::logged_listen_addr(&mut stderr, "the sidecar").await;
     let log = tokio::spawn(async move {
         let mut all = String::new();
         while let Ok(Some(line)) = stderr.next_line().await {
@@ -95,14 +71,7 @@ async fn sigterm_drains_and_a_second_sigterm_skips_to_the_deadline() {
         serde_json::from_str::<Status>(&body).is_ok_and(|s| s.report.is_some())
     })
     .await;
-    let (code, metrics) = http(shim, "GET", "/metrics").await;
-    assert_eq!(code, 200);
-    assert!(
-        metrics.contains(&format!(
-            "drainshim_drained_streams_total{{outcome=\"cut\"}} {N}"
-        )),
-        "{metrics}"
-    );
+    metrics_showing_cut(shim, N).await;
     // A third SIGTERM ends the linger.
     kill(pid, Signal::SIGTERM).expect("third SIGTERM");
     let status = tokio::time::timeout(WAIT, child.wait())

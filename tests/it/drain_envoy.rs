@@ -6,6 +6,7 @@ use crate::support;
 use std::time::Duration;
 
 use drainshim::drain::{Outcome, Phase, Trigger};
+use support::proc::metrics_showing_cut;
 use support::*;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -51,14 +52,7 @@ async fn long_streams_are_cut_at_the_deadline(version: &str) {
 
     // Envoy really did keep the streams: nothing was ended behind our back.
     assert_eq!(envoy_streams(&envoy).await, N as u64);
-    let (code, metrics) = http(shim, "GET", "/metrics").await;
-    assert_eq!(code, 200);
-    assert!(
-        metrics.contains(&format!(
-            "drainshim_drained_streams_total{{outcome=\"cut\"}} {N}"
-        )),
-        "{metrics}"
-    );
+    let metrics = metrics_showing_cut(shim, N).await;
     assert!(
         metrics.contains("drainshim_drains_total{outcome=\"deadline\"} 1"),
         "{metrics}"

@@ -130,37 +130,8 @@ async fn the_guard_ends_long_streams(version: &str) {
             .await
             .expect("stream ends")
             .expect("join");
-        let status = end.status.as_ref().expect("a status");
-        assert_eq!(
-            end.ending(),
-            Ending::Graceful,
-            "{version} {}: {status:?}",
-            end.id
-        );
-        assert_eq!(status.code(), tonic::Code::Unavailable, "{version}");
-        assert!(
-            status.message().contains("drain"),
-            "{version} {}: {:?}",
-            end.id,
-            status.message()
-        );
-        assert!(
-            end.gapless(),
-            "{version} {}: gaps in {:?}",
-            end.id,
-            end.seqs
-        );
-        let written = pod
-            .backend
-            .ledger
-            .last_written(&end.id)
-            .expect("ledger entry");
-        assert_eq!(
-            written,
-            *end.seqs.last().expect("some messages"),
-            "{version} {}: lost messages",
-            end.id
-        );
+        let at = format!("{version} ");
+        support::ends::assert_drained_gracefully(&end, &pod.backend.ledger, &at);
     }
     pod.envoy.kill().await;
 }

@@ -15,8 +15,9 @@ use crate::support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use drainshim::bench::envoy::shipped_bootstrap;
+use drainshim::bench::envoy::{shipped_bootstrap, EnvoyProcess};
 use drainshim::bench::failopen::{host_requests, wait_host_traffic, Load, Summary};
+use support::proc::sigkill;
 use support::*;
 use tokio::time::Instant;
 
@@ -30,21 +31,7 @@ async fn shim_with(
     app: SocketAddr,
     extra: &[&str],
 ) -> SidecarBin {
-    let (admin, guard, app) = (
-        format!("http://127.0.0.1:{admin_port}"),
-        guard.to_string(),
-        app.to_string(),
-    );
-    let mut args = vec![
-        "--envoy-admin",
-        admin.as_str(),
-        "--guard-listen",
-        guard.as_str(),
-        "--guard-upstream",
-        app.as_str(),
-    ];
-    args.extend_from_slice(extra);
-    sidecar_bin(&args).await
+    guard_sidecar_bin(admin_port, guard, app, extra).await
 }
 
 /// Envoy's `/clusters` as text, or "" if the admin did not answer.
@@ -78,18 +65,28 @@ async fn sample(shim: SocketAddr, series: &str) -> Option<f64> {
     })
 }
 
-#[tokio::test]
-async fn requests_survive_a_sigkill_of_the_shim_and_return_to_the_guard() {
+/// The app, the guard's address, Envoy's admin port, the real shim binary
+/// serving the guard, and Envoy 1.40.0 on the shipped bootstrap (the guard
+/// first, the app as the fallback).
+type Pod = (Backend, SocketAddr, u16, SidecarBin, EnvoyProcess);
+
+async fn pod() -> Pod {
     let app = backend().await;
     let guard: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
     let admin_port = free_port();
-    let mut first = shim(admin_port, guard, app.addr).await;
+    let first = shim(admin_port, guard, app.addr).await;
     let bootstrap = shipped_bootstrap(guard, app.addr, admin_port).expect("shipped bootstrap");
     let envoy = envoy_with("1.40.0", guard, |o| {
         o.admin_port = admin_port;
         o.custom_bootstrap = Some(bootstrap);
     })
     .await;
+    (app, guard, admin_port, first, envoy)
+}
+
+#[tokio::test]
+async fn requests_survive_a_sigkill_of_the_shim_and_return_to_the_guard() {
+    let (app, guard, admin_port, mut first, envoy) = pod().await;
 
     let load = Load::start(envoy.inbound, 4, Duration::from_millis(5), 1_000_000);
     // Steady state: traffic goes through the guard.
@@ -99,12 +96,7 @@ async fn requests_survive_a_sigkill_of_the_shim_and_return_to_the_guard() {
     let direct_before = host_requests(envoy.admin, app.addr).await.unwrap_or(0);
 
     // SIGKILL the real binary, and wait until it is gone.
-    first.child.start_kill().expect("SIGKILL the shim");
-    let killed = Instant::now();
-    tokio::time::timeout(WAIT, first.child.wait())
-        .await
-        .expect("the shim exits after SIGKILL")
-        .expect("reap the shim");
+    let killed = sigkill(&mut first.child, "the shim", WAIT).await;
 
     // While it is dead, Envoy sends the calls to the app directly.
     wait_host_traffic(envoy.admin, app.addr, direct_before + 200, WAIT)
@@ -160,23 +152,10 @@ async fn requests_survive_a_sigkill_of_the_shim_and_return_to_the_guard() {
 
 #[tokio::test]
 async fn streams_opened_while_the_guard_was_dead_are_shown_and_counted_bypassed() {
-    let app = backend().await;
-    let guard: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let admin_port = free_port();
-    let mut first = shim(admin_port, guard, app.addr).await;
-    let bootstrap = shipped_bootstrap(guard, app.addr, admin_port).expect("shipped bootstrap");
-    let envoy = envoy_with("1.40.0", guard, |o| {
-        o.admin_port = admin_port;
-        o.custom_bootstrap = Some(bootstrap);
-    })
-    .await;
+    let (app, guard, admin_port, mut first, envoy) = pod().await;
 
     // The guard dies (SIGKILL, reaped); streams opened now go to the app.
-    first.child.start_kill().expect("SIGKILL the shim");
-    tokio::time::timeout(WAIT, first.child.wait())
-        .await
-        .expect("the shim exits after SIGKILL")
-        .expect("reap the shim");
+    sigkill(&mut first.child, "the shim", WAIT).await;
     wait_for("Envoy's health check sees the guard gone", WAIT, || async {
         host_value(&clusters(envoy.admin).await, guard, "health_flags")
             .is_some_and(|f| f.contains("failed_active_hc"))
@@ -274,45 +253,20 @@ async fn streams_opened_while_the_guard_was_dead_are_shown_and_counted_bypassed(
     let target = format!("http://{}", second.addr);
     let (code, out, err) =
         run_bin(&["verify", "--targets", &target, "--expect-version", "1.40.0"]).await;
-    assert_eq!(code, Some(1), "{out}{err}");
-    let bypassed_line = line_of(&out, BYPASSED_CHECK);
-    assert!(bypassed_line.contains("FAIL"), "{out}");
-    assert!(
-        bypassed_line.contains("3 streams around the guard"),
-        "{out}"
-    );
+    fails_on_3_bypassed((code, &out, &err));
     assert!(
         line_of(&out, "no stream cut by a drain").contains("PASS"),
         "{out}"
     );
     let prom = prometheus(&[second.addr]).await;
     let client = drainshim::fleet::prometheus::PromClient::new(&prom.url(), WAIT).expect("client");
-    wait_for("Prometheus has the bypassed streams", WAIT, || async {
-        client
-            .scalar(r#"sum(drainshim_drained_streams_total{outcome="bypassed"})"#)
-            .await
-            .is_ok_and(|n| n == 3.0)
-    })
-    .await;
-    let (code, out, err) = run_bin(&[
-        "verify",
-        "--prometheus",
-        &prom.url(),
-        "--namespace",
-        "shop",
-        "--expect-version",
-        "1.40.0",
-        "--window",
-        "1m",
-    ])
-    .await;
-    assert_eq!(code, Some(1), "{out}{err}");
-    let bypassed_line = line_of(&out, BYPASSED_CHECK);
-    assert!(bypassed_line.contains("FAIL"), "{out}");
-    assert!(
-        bypassed_line.contains("3 streams around the guard"),
-        "{out}"
-    );
+    let query = r#"sum(drainshim_drained_streams_total{outcome="bypassed"})"#;
+    let what = "Prometheus has the bypassed streams";
+    support::prom::wait_for_scalar(&client, what, WAIT, query, |n| n == 3.0).await;
+    let url = prom.url();
+    let (code, out, err) =
+        support::prom::run_verify(&url, "shop", "1.40.0", &["--window", "1m"]).await;
+    let bypassed_line = fails_on_3_bypassed((code, &out, &err));
     eprintln!("verify (Prometheus): {bypassed_line}");
     prom.stop().await;
     drop(bypassing);
@@ -320,6 +274,19 @@ async fn streams_opened_while_the_guard_was_dead_are_shown_and_counted_bypassed(
 
 /// verify's check for streams bypassed at a drain deadline.
 const BYPASSED_CHECK: &str = "no bypassed stream cut by a restart";
+
+/// `verify` (its exit code, stdout, stderr) failed on 3 bypassed streams:
+/// the bypassed check's line.
+fn fails_on_3_bypassed<'a>((code, out, err): (Option<i32>, &'a str, &str)) -> &'a str {
+    assert_eq!(code, Some(1), "{out}{err}");
+    let bypassed_line = line_of(out, BYPASSED_CHECK);
+    assert!(bypassed_line.contains("FAIL"), "{out}");
+    assert!(
+        bypassed_line.contains("3 streams around the guard"),
+        "{out}"
+    );
+    bypassed_line
+}
 
 /// The line of `out` for `check`, or "" when it has none.
 fn line_of<'a>(out: &'a str, check: &str) -> &'a str {

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use drainshim::bench::envoy::EnvoyProcess;
 use drainshim::drain::Outcome;
+use drainshim::envoy::AdminClient;
 use support::*;
 
 /// Envoy's `--drain-time-s` in these tests: the shim waits this (+2 s)
@@ -27,10 +28,42 @@ async fn envoy_1_40() -> (Backend, EnvoyProcess) {
     (backend, envoy)
 }
 
+/// Envoy 1.40 with its health check failed, and its admin client.
+async fn envoy_failing_its_health_check() -> (Backend, EnvoyProcess, AdminClient) {
+    let (backend, envoy) = envoy_1_40().await;
+    let admin = envoy.admin_client();
+    admin
+        .healthcheck_fail()
+        .await
+        .expect("fail the health check");
+    (backend, envoy, admin)
+}
+
 async fn metric(shim: std::net::SocketAddr, name: &str) -> Option<f64> {
     let (_, body) = http(shim, "GET", "/metrics").await;
     body.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// The real shim binary for `envoy`, polling every 100 ms, with `extra`
+/// flags.
+async fn shim_for(envoy: &EnvoyProcess, extra: &[&str]) -> SidecarBin {
+    let admin = envoy.admin_url();
+    let mut args = vec!["--envoy-admin", &admin, "--poll-interval", "100ms"];
+    args.extend_from_slice(extra);
+    sidecar_bin(&args).await
+}
+
+/// The shim's recoveries and its stuck-draining flag read these.
+async fn assert_recoveries_and_stuck(shim: &SidecarBin, recoveries: f64, stuck: f64) {
+    assert_eq!(
+        metric(shim.addr, "drainshim_envoy_recoveries_total").await,
+        Some(recoveries)
+    );
+    assert_eq!(
+        metric(shim.addr, "drainshim_envoy_stuck_draining").await,
+        Some(stuck)
+    );
 }
 
 /// (a) The health check was failed (an earlier drain that died before it
@@ -41,21 +74,10 @@ async fn metric(shim: std::net::SocketAddr, name: &str) -> Option<f64> {
 /// drain afterwards works as usual.
 #[tokio::test]
 async fn a_failed_health_check_with_listeners_up_is_recovered() {
-    let (_backend, envoy) = envoy_1_40().await;
-    let admin = envoy.admin_client();
-    admin
-        .healthcheck_fail()
-        .await
-        .expect("fail the health check");
+    let (_backend, envoy, admin) = envoy_failing_its_health_check().await;
     assert_eq!(admin.ready().await.ok(), Some(false));
 
-    let shim = sidecar_bin(&[
-        "--envoy-admin",
-        &envoy.admin_url(),
-        "--poll-interval",
-        "100ms",
-    ])
-    .await;
+    let shim = shim_for(&envoy, &[]).await;
     // First the wait, with its reason.
     wait_for("/readyz explains the wait", WAIT, || async {
         let (code, body) = http(shim.addr, "GET", "/readyz").await;
@@ -74,14 +96,7 @@ async fn a_failed_health_check_with_listeners_up_is_recovered() {
         http(shim.addr, "GET", "/readyz").await.0 == 200
     })
     .await;
-    assert_eq!(
-        metric(shim.addr, "drainshim_envoy_recoveries_total").await,
-        Some(1.0)
-    );
-    assert_eq!(
-        metric(shim.addr, "drainshim_envoy_stuck_draining").await,
-        Some(0.0)
-    );
+    assert_recoveries_and_stuck(&shim, 1.0, 0.0).await;
     shim.wait_log("recovered envoy from an earlier drain").await;
     assert!(
         shim.log().contains("POST /healthcheck/ok"),
@@ -105,24 +120,13 @@ async fn a_failed_health_check_with_listeners_up_is_recovered() {
 /// Envoy's health check is never restored.
 #[tokio::test]
 async fn a_drain_running_at_start_is_never_undone() {
-    let (_backend, envoy) = envoy_1_40().await;
-    let admin = envoy.admin_client();
-    admin
-        .healthcheck_fail()
-        .await
-        .expect("fail the health check");
+    let (_backend, envoy, admin) = envoy_failing_its_health_check().await;
     admin
         .drain_listeners(true, true)
         .await
         .expect("graceful inbound drain");
 
-    let shim = sidecar_bin(&[
-        "--envoy-admin",
-        &envoy.admin_url(),
-        "--poll-interval",
-        "100ms",
-    ])
-    .await;
+    let shim = shim_for(&envoy, &[]).await;
     // Watch Envoy's health check until the shim has reached its verdict: it
     // must stay failed the whole time.
     let deadline = tokio::time::Instant::now() + WAIT;
@@ -141,14 +145,7 @@ async fn a_drain_running_at_start_is_never_undone() {
         assert!(tokio::time::Instant::now() < deadline, "no verdict: {body}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(
-        metric(shim.addr, "drainshim_envoy_stuck_draining").await,
-        Some(1.0)
-    );
-    assert_eq!(
-        metric(shim.addr, "drainshim_envoy_recoveries_total").await,
-        Some(0.0)
-    );
+    assert_recoveries_and_stuck(&shim, 0.0, 1.0).await;
     // Stopped listeners never reopen, so this verdict is final: the health
     // check stays failed, as the drain left it.
     shim.wait_log("replace the pod").await;
@@ -182,17 +179,7 @@ async fn stopped_listeners_are_made_loud() {
         "the inbound listener is closed"
     );
 
-    let shim = sidecar_bin(&[
-        "--envoy-admin",
-        &envoy.admin_url(),
-        "--poll-interval",
-        "100ms",
-        "--pod-namespace",
-        "shop",
-        "--pod-name",
-        "web-a",
-    ])
-    .await;
+    let shim = shim_for(&envoy, &["--pod-namespace", "shop", "--pod-name", "web-a"]).await;
     wait_for("/readyz says the pod is stuck", WAIT, || async {
         let (code, body) = http(shim.addr, "GET", "/readyz").await;
         code == 503 && body.contains("stopped") && body.contains("replace it")

@@ -15,6 +15,18 @@ use tonic::Code;
 
 const N: usize = 20;
 
+/// Every stream of `subs` ended by the guard's drain (`ended`: the failure
+/// if one was not), gracefully and without a gap.
+async fn all_ended_by_the_drain(subs: &mut [Sub], ended: &str) {
+    for s in subs {
+        let (result, _) = s.finish().await;
+        let status = result.expect_err(ended);
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert_eq!(status.message(), end_message(Reason::drain), "{status:?}");
+        s.assert_no_gaps();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminate_all_ends_every_stream_gracefully_and_refuses_new_ones() {
     let (_backend, g) = guarded(|_| {}).await;
@@ -47,13 +59,7 @@ async fn terminate_all_ends_every_stream_gracefully_and_refuses_new_ones() {
     );
 
     g.guard.terminate_all(Duration::from_millis(500));
-    for s in &mut subs {
-        let (result, _) = s.finish().await;
-        let status = result.expect_err("the guard ends the stream");
-        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
-        assert_eq!(status.message(), end_message(Reason::drain), "{status:?}");
-        s.assert_no_gaps();
-    }
+    all_ended_by_the_drain(&mut subs, "the guard ends the stream").await;
     // The guard counts a termination right after the trailers are handed
     // to h2, so the client may see the end first.
     wait_until("every termination to be counted", || {
@@ -100,13 +106,7 @@ async fn big_messages_at_full_speed_end_on_a_message_boundary() {
     })
     .await;
     g.guard.terminate_all(Duration::ZERO);
-    for s in &mut subs {
-        let (result, _) = s.finish().await;
-        let status = result.expect_err("ended by the guard");
-        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
-        assert_eq!(status.message(), end_message(Reason::drain), "{status:?}");
-        s.assert_no_gaps();
-    }
+    all_ended_by_the_drain(&mut subs, "ended by the guard").await;
     wait_until("every termination to be counted", || {
         g.guard.terminated_by_drain() == 3
     })

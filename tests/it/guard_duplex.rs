@@ -53,6 +53,16 @@ struct Call {
     body: h2::RecvStream,
 }
 
+/// A call on `addr` that sent `first` (5 bytes) and read its echo.
+async fn echoed(addr: SocketAddr, first: &'static [u8; 5]) -> Call {
+    let mut call = open(addr).await;
+    call.send
+        .send_data(Bytes::from_static(first), false)
+        .expect("send");
+    assert_eq!(call.read(5).await, first);
+    call
+}
+
 async fn open(addr: SocketAddr) -> Call {
     let tcp = TcpStream::connect(addr).await.expect("connect");
     let (sender, conn) = h2::client::handshake(tcp).await.expect("handshake");
@@ -116,11 +126,7 @@ async fn full_duplex_with_trailers_both_ways() {
 async fn a_non_grpc_stream_that_finishes_in_time_completes() {
     let app = start_echo_app().await;
     let g = start_guard(GuardConfig::new(app)).await;
-    let mut call = open(g.addr).await;
-    call.send
-        .send_data(Bytes::from_static(b"first"), false)
-        .expect("send");
-    assert_eq!(call.read(5).await, b"first");
+    let mut call = echoed(g.addr, b"first").await;
     g.guard.terminate_all(Duration::ZERO);
     // Within `end_timeout` (5 s by default) the client finishes normally.
     call.send
@@ -147,11 +153,7 @@ async fn a_non_grpc_stream_that_cannot_finish_is_reset_not_truncated() {
         ..Limits::default()
     };
     let g = start_guard(config).await;
-    let mut call = open(g.addr).await;
-    call.send
-        .send_data(Bytes::from_static(b"hello"), false)
-        .expect("send");
-    assert_eq!(call.read(5).await, b"hello");
+    let mut call = echoed(g.addr, b"hello").await;
     g.guard.terminate_all(Duration::ZERO);
     // The client never finishes its request: after `end_timeout` the guard
     // resets the stream. A clean END_STREAM would pass a cut body as whole.

@@ -39,28 +39,7 @@ async fn prestop_ends_every_stream_gracefully_through_envoy() {
             .await
             .expect("stream ends")
             .expect("join");
-        let status = end.status.as_ref().expect("a status");
-        assert_eq!(end.ending(), Ending::Graceful, "{}: {status:?}", end.id);
-        assert_eq!(status.code(), tonic::Code::Unavailable);
-        assert!(
-            status.message().contains("drain"),
-            "{}: {:?}",
-            end.id,
-            status.message()
-        );
-        assert!(end.gapless(), "{}: gaps in {:?}", end.id, end.seqs);
-        // Nothing the backend handed to its transport was lost.
-        let written = pod
-            .backend
-            .ledger
-            .last_written(&end.id)
-            .expect("ledger entry");
-        assert_eq!(
-            written,
-            *end.seqs.last().expect("some messages"),
-            "{}: lost messages",
-            end.id
-        );
+        support::ends::assert_drained_gracefully(&end, &pod.backend.ledger, "");
     }
     let (_, metrics) = http(pod.shim, "GET", "/metrics").await;
     assert!(

@@ -3,9 +3,9 @@
 
 use crate::support::guard as guard_support;
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 
+use crate::support::h1::{h1_client, serve_h1, Sender};
 use bytes::Bytes;
 use drainshim::drain::StreamGuard;
 use drainshim::guard::GuardConfig;
@@ -14,43 +14,18 @@ use http::header::CONNECTION;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
-use tokio::net::{TcpListener, TcpStream};
 
 /// An HTTP/1.1-only application: answers `<method> <path> <body>`.
 async fn start_h1_app() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind app");
-    let addr = listener.local_addr().expect("app addr");
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let svc = service_fn(|req: Request<Incoming>| async move {
-                    let head = format!("{} {} ", req.method(), req.uri().path());
-                    let body = req.into_body().collect().await?.to_bytes();
-                    let mut out = head.into_bytes();
-                    out.extend_from_slice(&body);
-                    Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::from(out))))
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tcp), svc)
-                    .await;
-            });
-        }
-        Ok::<_, Infallible>(())
-    });
+    let (addr, _serving) = serve_h1(|req: Request<Incoming>| async move {
+        let head = format!("{} {} ", req.method(), req.uri().path());
+        let body = req.into_body().collect().await?.to_bytes();
+        let mut out = head.into_bytes();
+        out.extend_from_slice(&body);
+        Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::from(out))))
+    })
+    .await;
     addr
-}
-
-type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
-
-async fn h1_client(addr: SocketAddr) -> Sender {
-    let tcp = TcpStream::connect(addr).await.expect("connect");
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-        .await
-        .expect("handshake");
-    tokio::spawn(conn);
-    sender
 }
 
 async fn call(sender: &mut Sender, path: &str, body: &str) -> Response<Bytes> {

@@ -16,8 +16,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use support::h1::{h1_client, serve_h1, Sender};
 use support::ws::WS_TIMERS;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -32,61 +31,40 @@ type AppBody = http_body_util::Either<
 /// `/xff`: the X-Forwarded-For it got. `/stream`: a chunk every 50 ms, no
 /// length, for up to 2 minutes. `/slow`: "done" after 1.5 s, with a length.
 async fn h1_app() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind app");
-    let addr = listener.local_addr().expect("app addr");
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let svc = service_fn(|req: Request<Incoming>| async move {
-                    let body: AppBody = match req.uri().path() {
-                        "/xff" => {
-                            let xff = req
-                                .headers()
-                                .get("x-forwarded-for")
-                                .map(|v| v.as_bytes().to_vec())
-                                .unwrap_or_default();
-                            http_body_util::Either::Left(Full::new(Bytes::from(xff)))
+    let (addr, _serving) = serve_h1(|req: Request<Incoming>| async move {
+        let body: AppBody = match req.uri().path() {
+            "/xff" => {
+                let xff = req
+                    .headers()
+                    .get("x-forwarded-for")
+                    .map(|v| v.as_bytes().to_vec())
+                    .unwrap_or_default();
+                http_body_util::Either::Left(Full::new(Bytes::from(xff)))
+            }
+            "/stream" => {
+                let (tx, rx) = tokio::sync::mpsc::channel(4);
+                tokio::spawn(async move {
+                    for i in 0..2400u32 {
+                        let chunk = Bytes::from(format!("tick {i}\n"));
+                        if tx.send(Ok(Frame::data(chunk))).await.is_err() {
+                            return;
                         }
-                        "/stream" => {
-                            let (tx, rx) = tokio::sync::mpsc::channel(4);
-                            tokio::spawn(async move {
-                                for i in 0..2400u32 {
-                                    let chunk = Bytes::from(format!("tick {i}\n"));
-                                    if tx.send(Ok(Frame::data(chunk))).await.is_err() {
-                                        return;
-                                    }
-                                    tokio::time::sleep(Duration::from_millis(50)).await;
-                                }
-                            });
-                            http_body_util::Either::Right(StreamBody::new(
-                                tokio_stream::wrappers::ReceiverStream::new(rx),
-                            ))
-                        }
-                        _ => {
-                            tokio::time::sleep(Duration::from_millis(1500)).await;
-                            http_body_util::Either::Left(Full::new(Bytes::from_static(b"done")))
-                        }
-                    };
-                    Ok::<_, Infallible>(Response::new(body))
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
                 });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tcp), svc)
-                    .await;
-            });
-        }
-    });
+                http_body_util::Either::Right(StreamBody::new(
+                    tokio_stream::wrappers::ReceiverStream::new(rx),
+                ))
+            }
+            _ => {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                http_body_util::Either::Left(Full::new(Bytes::from_static(b"done")))
+            }
+        };
+        Ok::<_, Infallible>(Response::new(body))
+    })
+    .await;
     addr
-}
-
-type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
-
-async fn h1_client(addr: SocketAddr) -> Sender {
-    let tcp = TcpStream::connect(addr).await.expect("connect");
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-        .await
-        .expect("handshake");
-    tokio::spawn(conn);
-    sender
 }
 
 async fn get(sender: &mut Sender, path: &str, headers: &[(&str, &str)]) -> (u16, Bytes) {
@@ -325,16 +303,7 @@ async fn a_drain_ends_long_responses_spread_over_its_window_and_lets_short_ones_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_age_bounds_an_http1_connection_by_age_and_grace() {
     let app = h1_app().await;
-    let (_envoy, _shim, guard) = pod(
-        app,
-        &[
-            "--max-connection-age",
-            "2s",
-            "--max-connection-age-grace",
-            "1s",
-        ],
-    )
-    .await;
+    let (_envoy, _shim, guard) = pod(app, MAX_AGE_2S).await;
     let opened = Instant::now();
     let (n, clean, at) = read_stream(guard, "/stream").await;
     let lived = at - opened;

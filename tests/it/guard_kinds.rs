@@ -180,20 +180,7 @@ async fn sse_drain(http1_upstream: bool) {
         (0, 1),
         "{report:?}"
     );
-    // The guard's ending is not the app's outcome: once the request's
-    // signals are recorded (its lifetime), it is in no request series.
-    let text = support::ws::wait_metric(
-        &shim,
-        "drainshim_guard_stream_lifetime_seconds_count{protocol=\"http\"} 1",
-    )
-    .await;
-    assert!(
-        !text
-            .lines()
-            .any(|l| l.starts_with("drainshim_guard_requests_total{")
-                && l.contains("protocol=\"http\"")),
-        "{text}"
-    );
+    support::ws::assert_ended_in_no_request_series(&shim, "http").await;
 }
 
 /// The bench service, also speaking gRPC-Web (tonic-web), on an h2c port.

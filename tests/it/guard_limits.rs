@@ -7,10 +7,12 @@ use std::time::Duration;
 
 use drainshim::guard::Limits;
 use drainshim::metrics::Limit;
+use drainshim::proto::bench::stream_client::StreamClient;
 use guard_support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+use tonic::transport::Channel;
 
 const MAX_STREAMS: u32 = 4;
 const HEADER_READ_TIMEOUT: Duration = Duration::from_millis(500);
@@ -59,6 +61,11 @@ impl Setup {
         assert_eq!(answer.expect("echo"), "legit");
         self.legit.assert_no_gaps();
     }
+}
+
+/// `c` echoes `body` within [`PATIENCE`] (`what` names the call).
+async fn echoes(c: &mut StreamClient<Channel>, what: &str, body: &str) {
+    assert_eq!(within(what, echo(c, body)).await.expect("echo"), body);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -345,16 +352,8 @@ async fn connections_past_the_cap_are_closed() {
     let (_backend, g) = capped(CAP, 100).await;
     let mut first = connect_client(g.addr).await;
     let mut second = connect_client(g.addr).await;
-    assert_eq!(
-        within("echo 1", echo(&mut first, "a")).await.expect("echo"),
-        "a"
-    );
-    assert_eq!(
-        within("echo 2", echo(&mut second, "b"))
-            .await
-            .expect("echo"),
-        "b"
-    );
+    echoes(&mut first, "echo 1", "a").await;
+    echoes(&mut second, "echo 2", "b").await;
     wait_until("both connections counted", || {
         g.guard.active_connections() == CAP as u64
     })
@@ -369,12 +368,7 @@ async fn connections_past_the_cap_are_closed() {
         matches!(read, Ok(0) | Err(_)),
         "the connection past the cap was not closed: {read:?}"
     );
-    assert_eq!(
-        within("echo 1 again", echo(&mut first, "c"))
-            .await
-            .expect("echo"),
-        "c"
-    );
+    echoes(&mut first, "echo 1 again", "c").await;
     assert!(g.metrics.guard_limited(Limit::connections).get() >= 1);
 
     drop(second);
@@ -383,10 +377,5 @@ async fn connections_past_the_cap_are_closed() {
     })
     .await;
     let mut fourth = connect_client(g.addr).await;
-    assert_eq!(
-        within("echo 4", echo(&mut fourth, "d"))
-            .await
-            .expect("echo"),
-        "d"
-    );
+    echoes(&mut fourth, "echo 4", "d").await;
 }

@@ -57,6 +57,27 @@ struct Received {
     status: Option<tonic::Status>,
 }
 
+/// `n` streams `{prefix}{i}`, one after another, each a message every
+/// `interval_ms` of `payload_bytes`.
+async fn subscribe_n(
+    addr: SocketAddr,
+    n: usize,
+    prefix: &str,
+    (interval_ms, payload_bytes): (u32, u32),
+) -> Vec<JoinHandle<Received>> {
+    let mut streams = Vec::new();
+    for i in 0..n {
+        let req = SubscribeRequest {
+            stream_id: format!("{prefix}{i}"),
+            interval_ms,
+            payload_bytes,
+            ..Default::default()
+        };
+        streams.push(subscribe(addr, req).await);
+    }
+    streams
+}
+
 /// Starts a Subscribe stream on its own connection and returns once its
 /// first message arrived.
 async fn subscribe(addr: SocketAddr, req: SubscribeRequest) -> JoinHandle<Received> {
@@ -80,6 +101,22 @@ async fn subscribe(addr: SocketAddr, req: SubscribeRequest) -> JoinHandle<Receiv
         };
         Received { id, seqs, status }
     })
+}
+
+/// Every stream of `streams` ended (each within [`WAIT`]) gracefully and
+/// lossless ([`assert_graceful_and_lossless`]).
+async fn all_graceful_and_lossless(
+    streams: Vec<JoinHandle<Received>>,
+    backend: &Backend,
+    what: &str,
+) {
+    for s in streams {
+        let r = tokio::time::timeout(WAIT, s)
+            .await
+            .expect("ends")
+            .expect("join");
+        assert_graceful_and_lossless(&r, backend, what);
+    }
 }
 
 fn assert_graceful_and_lossless(r: &Received, backend: &Backend, reason: &str) {
@@ -135,21 +172,7 @@ async fn a_drain_ends_streams_and_lets_unary_calls_in_flight_finish() {
     )
     .await;
     let addr = pod.envoy.inbound;
-    let mut streams = Vec::new();
-    for i in 0..STREAMS {
-        streams.push(
-            subscribe(
-                addr,
-                SubscribeRequest {
-                    stream_id: format!("s{i}"),
-                    interval_ms: 100,
-                    payload_bytes: 64,
-                    ..Default::default()
-                },
-            )
-            .await,
-        );
-    }
+    let streams = subscribe_n(addr, STREAMS, "s", (100, 64)).await;
     // Each unary call takes 4 s of work: all are in flight when the drain starts.
     let mut unary = Vec::new();
     for i in 0..UNARY {
@@ -182,13 +205,7 @@ async fn a_drain_ends_streams_and_lets_unary_calls_in_flight_finish() {
             "unary call {i} in flight was not let finish: {answer:?}"
         );
     }
-    for s in streams {
-        let r = tokio::time::timeout(WAIT, s)
-            .await
-            .expect("ends")
-            .expect("join");
-        assert_graceful_and_lossless(&r, &pod.backend, "draining");
-    }
+    all_graceful_and_lossless(streams, &pod.backend, "draining").await;
     assert_eq!(report.outcome, Outcome::Quiesced, "{report:?}");
     assert_eq!(report.streams.cut, 0, "{report:?}");
     assert_eq!(report.streams.terminated, STREAMS as u64, "{report:?}");
@@ -300,22 +317,7 @@ async fn max_connection_age_plus_grace_bounds_a_connection() {
     .await;
     let tap = Tap::start(guard).await;
     let envoy = envoy_with("1.40.0", tap.addr, |o| o.admin_port = admin_port).await;
-    let mut streams = Vec::new();
-    for i in 0..6 {
-        streams.push(
-            subscribe(
-                envoy.inbound,
-                SubscribeRequest {
-                    stream_id: format!("aged{i}"),
-                    count: 0,
-                    interval_ms: 100,
-                    payload_bytes: 32,
-                    ..Default::default()
-                },
-            )
-            .await,
-        );
-    }
+    let streams = subscribe_n(envoy.inbound, 6, "aged", (100, 32)).await;
     for s in streams {
         let r = tokio::time::timeout(WAIT, s)
             .await
@@ -513,20 +515,7 @@ async fn a_burst_of_cancelled_calls_leaves_the_shared_connection_alone() {
 async fn sigterm_ends_open_streams_gracefully_before_the_binary_exits() {
     let mut pod = bin_pod(backend().await, SHORT_TIMERS).await;
     let addr = pod.envoy.inbound;
-    let mut streams = Vec::new();
-    for i in 0..4 {
-        streams.push(
-            subscribe(
-                addr,
-                SubscribeRequest {
-                    stream_id: format!("t{i}"),
-                    interval_ms: 100,
-                    ..Default::default()
-                },
-            )
-            .await,
-        );
-    }
+    let streams = subscribe_n(addr, 4, "t", (100, 0)).await;
     let pid = pod.shim.child.id().expect("pid");
     kill(Pid::from_raw(pid as i32), Signal::SIGTERM).expect("SIGTERM");
     let status = tokio::time::timeout(WAIT, pod.shim.child.wait())
@@ -534,13 +523,7 @@ async fn sigterm_ends_open_streams_gracefully_before_the_binary_exits() {
         .expect("the binary exits")
         .expect("wait");
     assert_eq!(status.code(), Some(0), "{}", pod.shim.log());
-    for s in streams {
-        let r = tokio::time::timeout(WAIT, s)
-            .await
-            .expect("ends")
-            .expect("join");
-        assert_graceful_and_lossless(&r, &pod.backend, "draining");
-    }
+    all_graceful_and_lossless(streams, &pod.backend, "draining").await;
 }
 
 /// The application process dies (SIGKILL) with streams open: each client
@@ -562,21 +545,7 @@ async fn the_application_dying_gives_clients_a_retryable_status() {
     })
     .await;
     let (envoy, _shim) = bin_pod_to(app, &[]).await;
-    let mut streams = Vec::new();
-    for i in 0..4 {
-        streams.push(
-            subscribe(
-                envoy.inbound,
-                SubscribeRequest {
-                    stream_id: format!("d{i}"),
-                    interval_ms: 20,
-                    payload_bytes: 100,
-                    ..Default::default()
-                },
-            )
-            .await,
-        );
-    }
+    let streams = subscribe_n(envoy.inbound, 4, "d", (20, 100)).await;
     server.start_kill().expect("SIGKILL the application");
     tokio::time::timeout(WAIT, server.wait())
         .await

@@ -102,13 +102,7 @@ async fn plain_envoy_sigterm_cuts_every_websocket_without_a_close_frame() {
 async fn max_connection_age_ends_a_websocket_with_1012_within_its_bound() {
     let age = Duration::from_secs(2);
     let grace = Duration::from_secs(1);
-    let pod = ws_pod(&[
-        "--max-connection-age",
-        "2s",
-        "--max-connection-age-grace",
-        "1s",
-    ])
-    .await;
+    let pod = ws_pod(MAX_AGE_2S).await;
     let opened = Instant::now();
     let (task, _) = ws_ticker(pod.envoy.inbound, "aged", 20, 10).await;
     let end = within_wait(task).await;
@@ -131,20 +125,7 @@ async fn max_connection_age_ends_a_websocket_with_1012_within_its_bound() {
         "drainshim_streams_terminated_total{reason=\"max_age\",protocol=\"websocket\"} 1",
     )
     .await;
-    // The guard's ending is not the app's outcome: once the request's
-    // signals are recorded (its lifetime), it is in no request series.
-    let text = wait_metric(
-        &pod.shim,
-        "drainshim_guard_stream_lifetime_seconds_count{protocol=\"websocket\"} 1",
-    )
-    .await;
-    assert!(
-        !text
-            .lines()
-            .any(|l| l.starts_with("drainshim_guard_requests_total{")
-                && l.contains("protocol=\"websocket\"")),
-        "{text}"
-    );
+    assert_ended_in_no_request_series(&pod.shim, "websocket").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -242,20 +223,9 @@ async fn raw_upgrade_app() -> std::net::SocketAddr {
 async fn an_upgrade_the_guard_cannot_end_gracefully_is_relayed_then_closed_loudly() {
     let app = raw_upgrade_app().await;
     let admin_port = free_port();
-    let guard = format!("127.0.0.1:{}", free_port());
-    let admin = format!("http://127.0.0.1:{admin_port}");
-    let app_s = app.to_string();
-    let mut args = vec![
-        "--envoy-admin",
-        admin.as_str(),
-        "--guard-listen",
-        guard.as_str(),
-        "--guard-upstream",
-        app_s.as_str(),
-    ];
-    args.extend_from_slice(WS_TIMERS);
-    let shim = sidecar_bin(&args).await;
-    let guard_addr: std::net::SocketAddr = guard.parse().expect("addr");
+    let guard_addr: std::net::SocketAddr =
+        format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let shim = guard_sidecar_bin(admin_port, guard_addr, app, WS_TIMERS).await;
     let _envoy = ws_envoy(guard_addr, admin_port).await;
 
     let mut tcp = tokio::net::TcpStream::connect(guard_addr)

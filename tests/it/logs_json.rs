@@ -4,14 +4,10 @@
 
 use crate::support;
 
-use std::process::Stdio;
-
 use drainshim::drain::{Phase, Report, Trigger};
 use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 use support::*;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
-use tokio::process::Command;
+use tokio::io::AsyncReadExt;
 
 /// Parses one stderr line, failing the test with the line when it is not a
 /// JSON object.
@@ -26,17 +22,11 @@ fn object(line: &str) -> serde_json::Map<String, serde_json::Value> {
 async fn json_logs_carry_the_drain_report_as_an_object() {
     let backend = backend().await;
     let envoy = envoy("1.40.0", backend.addr).await;
-    let mut child = Command::new(drainshim_bin())
-        .args(["--log-format", "json", "sidecar", "--listen", "127.0.0.1:0"])
-        .args(["--envoy-admin", &envoy.admin_url(), "--linger", "0s"])
-        .args(SHORT_TIMERS)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn sidecar");
-    let pid = Pid::from_raw(child.id().expect("pid") as i32);
-    let mut stderr = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let admin = envoy.admin_url();
+    let mut args = vec!["--log-format", "json", "sidecar", "--listen", "127.0.0.1:0"];
+    args.extend(["--envoy-admin", &admin, "--linger", "0s"]);
+    args.extend_from_slice(SHORT_TIMERS);
+    let (mut child, pid, mut stderr) = support::proc::spawn_bin(&args);
     let mut lines = Vec::new();
 
     // Ready, said as JSON: the message and the address as fields.

@@ -67,21 +67,8 @@ async fn sigterm_stops_the_agent() {
         .spawn()
         .expect("spawn");
     let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let api: std::net::SocketAddr = tokio::time::timeout(WAIT, async {
-        while let Some(line) = lines.next_line().await.expect("stderr") {
-            if let Some(rest) = line.split("listen=").nth(1) {
-                return rest
-                    .split_whitespace()
-                    .next()
-                    .expect("addr")
-                    .parse()
-                    .expect("socket addr");
-            }
-        }
-        panic!("the agent exited before it was ready");
-    })
-    .await
-    .expect("agent ready");
+    let api: std::net::SocketAddr =
+        support::proc::logged_listen_addr(&mut lines, "the agent").await;
     let (code, _) = http(api, "GET", "/readyz").await;
     assert_eq!(code, 200);
     let (code, body) = http(api, "GET", "/status").await;

@@ -132,12 +132,7 @@ async fn requests_survive_a_sigkill_of_the_agent() {
     wait_pod_host(&pod, GUARD_LISTEN, through_guard + 50).await;
     let direct_before = pod_host_requests(&pod, APP).await.unwrap_or(0);
 
-    agent.child.start_kill().expect("SIGKILL the agent");
-    let killed = Instant::now();
-    tokio::time::timeout(NODE_WAIT, agent.child.wait())
-        .await
-        .expect("the agent exits after SIGKILL")
-        .expect("reap the agent");
+    let killed = support::proc::sigkill(&mut agent.child, "the agent", NODE_WAIT).await;
     // Envoy sends the calls to the app directly now.
     wait_pod_host(&pod, APP, direct_before + 200).await;
     let calls = load.finish().await;

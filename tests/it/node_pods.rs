@@ -38,6 +38,22 @@ async fn wait_metrics(agent: SocketAddr, what: &str, pred: impl Fn(&str) -> bool
     .await
 }
 
+/// Envoy `version` in `ns`, as pod batch/job-1.
+async fn job_1_envoy(lab: &Lab, ns: &Ns, version: &str) -> PodEnvoy {
+    lab.envoy(ns, version, |o| {
+        o.metadata.insert("NAMESPACE".into(), "batch".into());
+        o.metadata.insert("NAME".into(), "job-1".into());
+    })
+    .await
+}
+
+/// Waits until the agent at `api` exports batch/job-1 on `version`.
+async fn wait_job_1_on(api: SocketAddr, what: &str, version: &str) {
+    let info =
+        format!(r#"drainshim_proxy_info{{namespace="batch",pod="job-1",version="{version}""#);
+    wait_metrics(api, what, |m| m.contains(&info)).await;
+}
+
 async fn wait_listening(agent: SocketAddr, pods: &[&str]) {
     wait_for("every pod has its preStop listener", NODE_WAIT, || async {
         let status = agent_pods(agent).await;
@@ -292,16 +308,8 @@ async fn pods_come_and_go_without_leaks() {
 
     let ns = lab.netns("p");
     let (_, ip) = lab.link_host(&ns);
-    let mut e = lab
-        .envoy(&ns, "1.40.0", |o| {
-            o.metadata.insert("NAMESPACE".into(), "batch".into());
-            o.metadata.insert("NAME".into(), "job-1".into());
-        })
-        .await;
-    wait_metrics(api, "job-1 appears", |m| {
-        m.contains(r#"drainshim_proxy_info{namespace="batch",pod="job-1",version="1.40.0""#)
-    })
-    .await;
+    let mut e = job_1_envoy(&lab, &ns, "1.40.0").await;
+    wait_job_1_on(api, "job-1 appears", "1.40.0").await;
     wait_listening(api, &["job-1"]).await;
     assert!(agent.pod_tasks() > 0);
     let (code, _) = http_in(None, pod_addr(ip), "GET", "/healthz")
@@ -334,26 +342,13 @@ async fn pods_come_and_go_without_leaks() {
     );
 
     // A new Envoy in the same namespace (a container restart) is a pod again.
-    let _e2 = lab
-        .envoy(&ns, "1.39.3", |o| {
-            o.metadata.insert("NAMESPACE".into(), "batch".into());
-            o.metadata.insert("NAME".into(), "job-1".into());
-        })
-        .await;
-    wait_metrics(api, "job-1 is back on 1.39.3", |m| {
-        m.contains(r#"drainshim_proxy_info{namespace="batch",pod="job-1",version="1.39.3""#)
-    })
-    .await;
+    let _e2 = job_1_envoy(&lab, &ns, "1.39.3").await;
+    wait_job_1_on(api, "job-1 is back on 1.39.3", "1.39.3").await;
 
     // A second namespace claiming the same pod never exports one label set
     // twice: it is told apart by its namespace inode.
     let twin = lab.netns("t");
-    let _e3 = lab
-        .envoy(&twin, "1.40.0", |o| {
-            o.metadata.insert("NAMESPACE".into(), "batch".into());
-            o.metadata.insert("NAME".into(), "job-1".into());
-        })
-        .await;
+    let _e3 = job_1_envoy(&lab, &twin, "1.40.0").await;
     let twin_pod = format!("job-1@netns-{}", twin.inode);
     let m = wait_metrics(api, "both claimants are listed apart", |m| {
         m.contains(&format!(

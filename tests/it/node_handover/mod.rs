@@ -130,10 +130,7 @@ async fn the_agent_hands_over_without_a_cut_stream_or_a_refused_connection() {
     }
     let names: Vec<String> = pods.iter().map(|p| p.name.clone()).collect();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("handover.sock");
-    let socket_s = socket.to_string_lossy().into_owned();
-    let listen = SocketAddr::from(([127, 0, 0, 1], support::free_port()));
+    let (_dir, socket_s, listen) = handover_setup();
     let flags = ["--handover-socket", &socket_s, "--handover-window", "3s"];
 
     let mut old = agent_bin(&lab, listen, &flags).await;
@@ -246,27 +243,7 @@ async fn the_agent_hands_over_without_a_cut_stream_or_a_refused_connection() {
     assert_eq!(failed_calls, 0, "unary calls failed through Envoy");
 
     // The new agent carries the guarded traffic now, and drains with it.
-    wait_guards(listen, &names).await;
-    let p = &pods[0];
-    let fresh = open_streams(p.inbound(), 4, "after", Duration::from_secs(60))
-        .await
-        .expect("streams after the hand-over");
-    let (code, body) = http_in(None, p.prestop(), "GET", "/drain?wait=true")
-        .await
-        .expect("preStop to the new agent");
-    assert_eq!(code, 200, "{body}");
-    let report: Report = serde_json::from_str(&body).expect("report");
-    assert_eq!(report.streams.cut, 0, "{body}");
-    assert_eq!(
-        report.streams.terminated,
-        4,
-        "{body}\nnew agent:\n{}",
-        new.log()
-    );
-    for h in fresh {
-        let e = h.await.expect("stream task");
-        assert_eq!(e.ending(), Ending::Graceful, "{}: {:?}", e.id, e.status);
-    }
+    new_agent_drains(listen, &names, &pods[0], &new, "hand-over").await;
 }
 
 /// Long streams through the pod (the figure).
@@ -423,6 +400,67 @@ async fn stream_ends(
     (graceful, cut)
 }
 
+/// Once the new agent (`listen`) guards `names`, it drains 4 fresh streams
+/// through `pod` on its preStop: every one ended gracefully, none cut.
+async fn new_agent_drains(
+    listen: SocketAddr,
+    names: &[&str],
+    pod: &GuardedNodePod,
+    new: &AgentBin,
+    what: &str,
+) {
+    wait_guards(listen, names).await;
+    let fresh = open_streams(pod.inbound(), 4, "after", Duration::from_secs(60))
+        .await
+        .expect("streams after the hand-over");
+    let (code, body) = http_in(None, pod.prestop(), "GET", "/drain?wait=true")
+        .await
+        .expect("preStop to the new agent");
+    assert_eq!(code, 200, "{body}");
+    let report: Report = serde_json::from_str(&body).expect("report");
+    eprintln!(
+        "{what}: the new agent's drain: {} terminated, {} cut",
+        report.streams.terminated, report.streams.cut
+    );
+    assert_eq!(report.streams.cut, 0, "{body}");
+    assert_eq!(
+        report.streams.terminated,
+        4,
+        "{body}\nnew agent:\n{}",
+        new.log()
+    );
+    for h in fresh {
+        let e = h.await.expect("stream task");
+        assert_eq!(e.ending(), Ending::Graceful, "{}: {:?}", e.id, e.status);
+    }
+}
+
+/// No call failed or hung: the first 30 of them printed, 10 of each in the
+/// failure with `logs`.
+fn assert_no_failed_or_hung(calls: usize, (failed, hung): (&[String], &[String]), logs: &str) {
+    for f in failed.iter().chain(hung.iter()).take(30) {
+        eprintln!("  {f}");
+    }
+    assert!(
+        failed.is_empty() && hung.is_empty(),
+        "{} failed, {} hung of {calls} calls: {:?}\n{:?}\n{logs}",
+        failed.len(),
+        hung.len(),
+        failed.iter().take(10).collect::<Vec<_>>(),
+        hung.iter().take(10).collect::<Vec<_>>(),
+    );
+}
+
+/// A hand-over socket in a fresh directory (kept while the `TempDir`
+/// lives), and a free loopback address for the agents' API.
+fn handover_setup() -> (tempfile::TempDir, String, SocketAddr) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("handover.sock");
+    let socket = socket.to_string_lossy().into_owned();
+    let listen = SocketAddr::from(([127, 0, 0, 1], support::free_port()));
+    (dir, socket, listen)
+}
+
 fn at(t: Instant, since: Instant) -> String {
     let (a, b) = (t.max(since), t.min(since));
     let sign = if t >= since { "+" } else { "-" };
@@ -483,10 +521,7 @@ fn outcomes_of(calls: &[&Call], t0: Instant, what: &str) -> (Vec<String>, Vec<St
 async fn sigterm_without_a_successor_closes_the_guard_listener() {
     let lab = Lab::new("t");
     let pod = guarded_pod(&lab, "alone", "1.40.0", Some(GUARD_SPEC)).await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("handover.sock");
-    let socket_s = socket.to_string_lossy().into_owned();
-    let listen = SocketAddr::from(([127, 0, 0, 1], support::free_port()));
+    let (_dir, socket_s, listen) = handover_setup();
     let flags = ["--handover-socket", &socket_s, "--handover-window", "3s"];
     let mut agent = agent_bin(&lab, listen, &flags).await;
     wait_guards(listen, &[&pod.name]).await;
@@ -527,15 +562,7 @@ async fn sigterm_without_a_successor_closes_the_guard_listener() {
         hung.len(),
         cut.len()
     );
-    for f in failed.iter().chain(hung.iter()).take(20) {
-        eprintln!("  {f}");
-    }
-    assert!(
-        failed.is_empty() && hung.is_empty(),
-        "{} failed, {} hung\nagent:\n{}",
-        failed.len(),
-        hung.len(),
-        agent.log()
-    );
+    let logs = format!("agent:\n{}", agent.log());
+    assert_no_failed_or_hung(calls.len(), (&failed, &hung), &logs);
     assert!(cut.is_empty(), "cut streams: {cut:?}");
 }

@@ -26,10 +26,7 @@ async fn run(case: Case) {
     let lab = Lab::new("n");
     let pod = no_retry_pod(&lab, "solo", "1.40.0").await;
     let name = pod.name.clone();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("handover.sock");
-    let socket_s = socket.to_string_lossy().into_owned();
-    let listen = SocketAddr::from(([127, 0, 0, 1], support::free_port()));
+    let (_dir, socket_s, listen) = handover_setup();
     let flags = [
         "--handover-socket",
         &socket_s,
@@ -115,19 +112,8 @@ async fn run(case: Case) {
         at(exited, sigterm),
         at(exited, adopted),
     );
-    for f in failed.iter().chain(hung.iter()).take(30) {
-        eprintln!("  {f}");
-    }
-    assert!(
-        failed.is_empty() && hung.is_empty(),
-        "{} failed, {} hung of {} calls: {:?}\n{:?}\nold agent:\n{}",
-        failed.len(),
-        hung.len(),
-        calls.len(),
-        failed.iter().take(10).collect::<Vec<_>>(),
-        hung.iter().take(10).collect::<Vec<_>>(),
-        old.log()
-    );
+    let logs = format!("old agent:\n{}", old.log());
+    assert_no_failed_or_hung(calls.len(), (&failed, &hung), &logs);
     assert!(
         cut.is_empty(),
         "cut streams: {cut:?}\nold agent:\n{}",
@@ -146,30 +132,7 @@ async fn run(case: Case) {
     assert_eq!(graceful, LONG);
 
     // The new agent carries the pod's guarded traffic, and drains with it.
-    wait_guards(listen, &[&name]).await;
-    let fresh = open_streams(pod.inbound(), 4, "after", Duration::from_secs(60))
-        .await
-        .expect("streams after the hand-over");
-    let (code, body) = http_in(None, pod.prestop(), "GET", "/drain?wait=true")
-        .await
-        .expect("preStop to the new agent");
-    assert_eq!(code, 200, "{body}");
-    let report: Report = serde_json::from_str(&body).expect("report");
-    eprintln!(
-        "hand-over without retries: the new agent's drain: {} terminated, {} cut",
-        report.streams.terminated, report.streams.cut
-    );
-    assert_eq!(report.streams.cut, 0, "{body}");
-    assert_eq!(
-        report.streams.terminated,
-        4,
-        "{body}\nnew agent:\n{}",
-        new.log()
-    );
-    for h in fresh {
-        let e = h.await.expect("stream task");
-        assert_eq!(e.ending(), Ending::Graceful, "{}: {:?}", e.id, e.status);
-    }
+    new_agent_drains(listen, &[&name], &pod, &new, "hand-over without retries").await;
 }
 
 /// The setup: long streams over a 5 s window, calls of
@@ -257,10 +220,7 @@ async fn five_hand_overs_in_a_row_at_load_fail_nothing() {
     let lab = Lab::new("f");
     let pod = no_retry_pod(&lab, "solo", "1.40.0").await;
     let name = pod.name.clone();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("handover.sock");
-    let socket_s = socket.to_string_lossy().into_owned();
-    let listen = SocketAddr::from(([127, 0, 0, 1], support::free_port()));
+    let (_dir, socket_s, listen) = handover_setup();
     let flags = ["--handover-socket", &socket_s, "--handover-window", "2s"];
 
     let mut old = agent_bin(&lab, listen, &flags).await;
@@ -347,18 +307,7 @@ async fn five_hand_overs_in_a_row_at_load_fail_nothing() {
         hung.len(),
         cut.len(),
     );
-    for f in failed.iter().chain(hung.iter()).take(30) {
-        eprintln!("  {f}");
-    }
-    assert!(
-        failed.is_empty() && hung.is_empty(),
-        "{} failed, {} hung of {} calls: {:?}\n{:?}\nthe old agents' logs:\n{}",
-        failed.len(),
-        hung.len(),
-        calls.len(),
-        failed.iter().take(10).collect::<Vec<_>>(),
-        hung.iter().take(10).collect::<Vec<_>>(),
-        logs.join("\n-----\n")
-    );
+    let logs = format!("the old agents' logs:\n{}", logs.join("\n-----\n"));
+    assert_no_failed_or_hung(calls.len(), (&failed, &hung), &logs);
     assert!(cut.is_empty(), "cut streams: {cut:?}");
 }

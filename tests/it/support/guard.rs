@@ -10,7 +10,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use drainshim::bench::server::{serve as serve_bench, BenchService};
 use drainshim::guard::{Guard, GuardConfig};
 use drainshim::metrics::Metrics;
 use drainshim::proto::bench::stream_client::StreamClient;
@@ -40,38 +39,11 @@ pub async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
         .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
 }
 
-/// The bench backend on 127.0.0.1:0.
-pub struct Backend {
-    /// Where the guard forwards to.
-    pub addr: SocketAddr,
-    /// Holds the ledger of what the application wrote.
-    pub service: BenchService,
-    /// Stops the backend when the test ends.
-    stop: CancellationToken,
-}
+pub use super::Backend;
 
-impl Drop for Backend {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
+/// The harness's one bench backend ([`super::backend`]).
 pub async fn start_backend() -> Backend {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind backend");
-    let addr = listener.local_addr().expect("backend addr");
-    let service = BenchService::default();
-    let stop = CancellationToken::new();
-    let (svc, s) = (service.clone(), stop.clone());
-    tokio::spawn(async move {
-        let _ = serve_bench(listener, svc, s.cancelled_owned()).await;
-    });
-    Backend {
-        addr,
-        service,
-        stop,
-    }
+    super::backend().await
 }
 
 /// A guard serving on 127.0.0.1:0.

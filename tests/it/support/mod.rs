@@ -6,10 +6,13 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod abuse;
+pub mod ends;
 pub mod guard;
+pub mod h1;
 pub mod node;
 pub mod peers;
 pub mod podapp;
+pub mod proc;
 pub mod prom;
 pub mod promreach;
 pub mod ws;
@@ -92,6 +95,8 @@ where
 /// The bench backend on an ephemeral port; stops when the token is dropped or cancelled.
 pub struct Backend {
     pub addr: SocketAddr,
+    /// The application: its ledger of what it wrote, and its faults.
+    pub service: BenchService,
     pub ledger: Ledger,
     /// Faults injected into `Echo` (failures, latency), changeable while serving.
     pub faults: drainshim::bench::server::Faults,
@@ -114,11 +119,13 @@ pub async fn backend() -> Backend {
     let faults = service.faults.clone();
     let stop = CancellationToken::new();
     let s = stop.clone();
+    let svc = service.clone();
     tokio::spawn(async move {
-        let _ = drainshim::bench::server::serve(listener, service, s.cancelled_owned()).await;
+        let _ = drainshim::bench::server::serve(listener, svc, s.cancelled_owned()).await;
     });
     Backend {
         addr,
+        service,
         ledger,
         faults,
         stop,
@@ -287,6 +294,14 @@ pub const SHORT_TIMERS: &[&str] = &[
     "500ms",
 ];
 
+/// Max connection age 2 s with a 1 s grace, as flags for the real binary.
+pub const MAX_AGE_2S: &[&str] = &[
+    "--max-connection-age",
+    "2s",
+    "--max-connection-age-grace",
+    "1s",
+];
+
 /// The drainshim binary built for this test run.
 pub fn drainshim_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_drainshim"))
@@ -295,21 +310,7 @@ pub fn drainshim_bin() -> PathBuf {
 /// Runs the real binary with `args` (bounded by [`WAIT`]) and returns
 /// (exit code, stdout, stderr).
 pub async fn run_bin<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (Option<i32>, String, String) {
-    let out = tokio::time::timeout(
-        WAIT,
-        tokio::process::Command::new(drainshim_bin())
-            .args(args)
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("finishes")
-    .expect("runs");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    run_bin_env(args, &[]).await
 }
 
 /// [`run_bin`] with `envs` added to its environment.
@@ -670,6 +671,31 @@ pub async fn guard_bin_pod(
     unreachable!("the last attempt returns or panics")
 }
 
+/// The real `drainshim sidecar` binary for Envoy's admin on `admin_port`,
+/// guarding `app` on `guard`, with `extra` flags.
+pub async fn guard_sidecar_bin(
+    admin_port: u16,
+    guard: SocketAddr,
+    app: SocketAddr,
+    extra: &[&str],
+) -> SidecarBin {
+    let (admin, guard, app) = (
+        format!("http://127.0.0.1:{admin_port}"),
+        guard.to_string(),
+        app.to_string(),
+    );
+    let mut args = vec![
+        "--envoy-admin",
+        admin.as_str(),
+        "--guard-listen",
+        guard.as_str(),
+        "--guard-upstream",
+        app.as_str(),
+    ];
+    args.extend_from_slice(extra);
+    sidecar_bin(&args).await
+}
+
 /// `drainshim sidecar --listen 127.0.0.1:0 --linger 0s <args>`.
 pub async fn sidecar_bin(args: &[&str]) -> SidecarBin {
     let mut cmd = tokio::process::Command::new(drainshim_bin());
@@ -712,15 +738,7 @@ pub async fn sidecar_bin_cmd(mut cmd: tokio::process::Command) -> SidecarBin {
     })
     .await
     .expect("sidecar ready in time");
-    let sink = log.clone();
-    tokio::spawn(async move {
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Ok(mut l) = sink.lock() {
-                l.push_str(&line);
-                l.push('\n');
-            }
-        }
-    });
+    peers::collect(lines.into_inner(), log.clone());
     SidecarBin { child, addr, log }
 }
 

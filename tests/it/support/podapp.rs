@@ -8,6 +8,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use drainshim::bench::envoy::EnvoyOptions;
 use drainshim::bench::envoy::SHIPPED_BOOTSTRAP;
 use drainshim::bench::server::BenchService;
 use tokio_util::sync::CancellationToken;
@@ -74,6 +75,27 @@ pub async fn app_in(ns: &Ns) -> CancellationToken {
     stop
 }
 
+/// A pod named `name`: its namespace linked to the host, the app in it,
+/// and Envoy `version` as `tweak` sets it.
+async fn node_pod(
+    lab: &Lab,
+    name: &str,
+    version: &str,
+    tweak: impl FnOnce(&mut EnvoyOptions),
+) -> GuardedNodePod {
+    let ns = lab.netns(name);
+    let (_host, ip) = lab.link_host(&ns);
+    let app = app_in(&ns).await;
+    let envoy = lab.envoy(&ns, version, tweak).await;
+    GuardedNodePod {
+        name: name.to_string(),
+        ns,
+        ip,
+        envoy,
+        app,
+    }
+}
+
 /// A pod named `name` with Envoy `version`; `guard` is its DRAINSHIM_GUARD
 /// metadata (None: no key).
 pub async fn guarded_pod(
@@ -82,9 +104,6 @@ pub async fn guarded_pod(
     version: &str,
     guard: Option<&str>,
 ) -> GuardedNodePod {
-    let ns = lab.netns(name);
-    let (_host, ip) = lab.link_host(&ns);
-    let app = app_in(&ns).await;
     let mut metadata = serde_json::Map::new();
     metadata.insert("NAMESPACE".into(), "shop".into());
     metadata.insert("NAME".into(), name.into());
@@ -95,16 +114,7 @@ pub async fn guarded_pod(
     // --config-yaml); the same metadata goes first here.
     let node = serde_json::json!({ "id": name, "cluster": "drainshim", "metadata": metadata });
     let bootstrap = format!("node: {node}\n{SHIPPED_BOOTSTRAP}");
-    let envoy = lab
-        .envoy(&ns, version, |o| o.custom_bootstrap = Some(bootstrap))
-        .await;
-    GuardedNodePod {
-        name: name.to_string(),
-        ns,
-        ip,
-        envoy,
-        app,
-    }
+    node_pod(lab, name, version, |o| o.custom_bootstrap = Some(bootstrap)).await
 }
 
 /// Requests Envoy inside `pod` sent to `host` of cluster `app` (`/clusters`).
@@ -140,21 +150,14 @@ pub async fn wait_pod_host(pod: &GuardedNodePod, host: &str, before: u64) {
 
 /// The agent binary's flags in these tests: short drain timers (a drain
 /// with nothing open quiesces in ~200 ms) and a scan every 200 ms.
-pub const AGENT_FLAGS: &[&str] = &[
-    "--deregistration-delay",
-    "200ms",
-    "--min-drain-time",
-    "200ms",
-    "--drain-time",
-    "1s",
-    "--parent-shutdown-time",
-    "2s",
-    "--poll-interval",
-    "100ms",
-    "--admin-timeout",
-    "1s",
-    "--scan-interval",
-    "200ms",
+pub const AGENT_FLAGS: &[(&str, &str)] = &[
+    ("--deregistration-delay", "200ms"),
+    ("--min-drain-time", "200ms"),
+    ("--drain-time", "1s"),
+    ("--parent-shutdown-time", "2s"),
+    ("--poll-interval", "100ms"),
+    ("--admin-timeout", "1s"),
+    ("--scan-interval", "200ms"),
 ];
 
 /// The real `drainshim node` binary, with its stderr collected.
@@ -196,7 +199,6 @@ pub async fn agent_bin(lab: &Lab, listen: SocketAddr, extra: &[&str]) -> AgentBi
 
 /// [`agent_bin`], returned at once, while it starts.
 pub fn agent_bin_started(lab: &Lab, listen: SocketAddr, extra: &[&str]) -> AgentBin {
-    use tokio::io::AsyncBufReadExt;
     let farm = lab.farm.path().to_string_lossy().into_owned();
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_drainshim"));
     cmd.args([
@@ -206,24 +208,15 @@ pub fn agent_bin_started(lab: &Lab, listen: SocketAddr, extra: &[&str]) -> Agent
         "--proc-root",
         &farm,
     ])
-    .args(AGENT_FLAGS)
+    .args(AGENT_FLAGS.iter().flat_map(|&(flag, value)| [flag, value]))
     .args(extra)
     .env("RUST_LOG", "info")
     .stdout(std::process::Stdio::null())
     .stderr(std::process::Stdio::piped())
     .kill_on_drop(true);
     let mut child = cmd.spawn().expect("spawn drainshim node");
-    let mut lines = tokio::io::BufReader::new(child.stderr.take().expect("stderr")).lines();
     let log = Arc::new(Mutex::new(String::new()));
-    let sink = log.clone();
-    tokio::spawn(async move {
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Ok(mut l) = sink.lock() {
-                l.push_str(&line);
-                l.push('\n');
-            }
-        }
-    });
+    super::peers::collect(child.stderr.take().expect("stderr"), log.clone());
     AgentBin { child, log }
 }
 
@@ -261,39 +254,28 @@ pub async fn wait_guards(api: SocketAddr, pods: &[&str]) {
 /// `fallback`/`route_retry` None, its inbound listener on 0.0.0.0:10000).
 /// Nothing is retried, so whatever the guard fails, a caller sees.
 pub async fn no_retry_pod(lab: &Lab, name: &str, version: &str) -> GuardedNodePod {
-    let ns = lab.netns(name);
-    let (_host, ip) = lab.link_host(&ns);
-    let app = app_in(&ns).await;
-    let envoy = lab
-        .envoy(&ns, version, |o| {
-            o.upstream = GUARD_LISTEN.parse().expect("guard address");
-            o.fallback = None;
-            o.route_retry = None;
-            o.node_id = name.to_string();
-            o.metadata.insert("NAMESPACE".into(), "shop".into());
-            o.metadata.insert("NAME".into(), name.into());
-            o.metadata
-                .insert("DRAINSHIM_GUARD".into(), GUARD_SPEC.into());
-            let generated = o.bootstrap();
-            assert!(
-                !generated.contains("retry_policy") && !generated.contains("priority: 1"),
-                "{generated}"
-            );
-            // The inbound listener is the first 127.0.0.1:0 (the outbound one follows).
-            let ephemeral = "socket_address: { address: 127.0.0.1, port_value: 0 }";
-            assert!(generated.contains(ephemeral), "{generated}");
-            o.custom_bootstrap = Some(generated.replacen(
-                ephemeral,
-                &format!("socket_address: {{ address: 0.0.0.0, port_value: {INBOUND_PORT} }}"),
-                1,
-            ));
-        })
-        .await;
-    GuardedNodePod {
-        name: name.to_string(),
-        ns,
-        ip,
-        envoy,
-        app,
-    }
+    node_pod(lab, name, version, |o| {
+        o.upstream = GUARD_LISTEN.parse().expect("guard address");
+        o.fallback = None;
+        o.route_retry = None;
+        o.node_id = name.to_string();
+        o.metadata.insert("NAMESPACE".into(), "shop".into());
+        o.metadata.insert("NAME".into(), name.into());
+        o.metadata
+            .insert("DRAINSHIM_GUARD".into(), GUARD_SPEC.into());
+        let generated = o.bootstrap();
+        assert!(
+            !generated.contains("retry_policy") && !generated.contains("priority: 1"),
+            "{generated}"
+        );
+        // The inbound listener is the first 127.0.0.1:0 (the outbound one follows).
+        let ephemeral = "socket_address: { address: 127.0.0.1, port_value: 0 }";
+        assert!(generated.contains(ephemeral), "{generated}");
+        o.custom_bootstrap = Some(generated.replacen(
+            ephemeral,
+            &format!("socket_address: {{ address: 0.0.0.0, port_value: {INBOUND_PORT} }}"),
+            1,
+        ));
+    })
+    .await
 }

@@ -128,8 +128,6 @@ impl Drop for PromGate {
 }
 
 pub async fn prom_gate(prometheus: SocketAddr, token: &str, tenant: &str) -> PromGate {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind gate");
-    let addr = listener.local_addr().expect("gate addr");
     let state = Arc::new(Mutex::new(GateState {
         authorization: format!("Bearer {token}"),
         tenant: tenant.to_string(),
@@ -137,20 +135,11 @@ pub async fn prom_gate(prometheus: SocketAddr, token: &str, tenant: &str) -> Pro
     }));
     let shared = state.clone();
     // Ends when the gate is dropped (the task is aborted).
-    let task = tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let state = shared.clone();
-            tokio::spawn(async move {
-                let svc = service_fn(move |req: Request<Incoming>| {
-                    let state = state.clone();
-                    async move { Ok::<_, Infallible>(gate(req, &state, prometheus).await) }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tcp), svc)
-                    .await;
-            });
-        }
-    });
+    let (addr, task) = super::h1::serve_h1(move |req: Request<Incoming>| {
+        let state = shared.clone();
+        async move { Ok::<_, Infallible>(gate(req, &state, prometheus).await) }
+    })
+    .await;
     PromGate { addr, state, task }
 }
 

@@ -214,6 +214,22 @@ pub async fn wait_metric(shim: &SidecarBin, needle: &str) -> String {
     super::http(addr, "GET", "/metrics").await.1
 }
 
+/// The guard's ending is not the app's outcome: once the one `protocol`
+/// request's signals are recorded (its lifetime), it is in no request
+/// series of `shim`.
+pub async fn assert_ended_in_no_request_series(shim: &SidecarBin, protocol: &str) {
+    let lifetime =
+        format!("drainshim_guard_stream_lifetime_seconds_count{{protocol=\"{protocol}\"}} 1");
+    let text = wait_metric(shim, &lifetime).await;
+    let label = format!("protocol=\"{protocol}\"");
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.starts_with("drainshim_guard_requests_total{") && l.contains(&label)),
+        "{text}"
+    );
+}
+
 /// Sends `msg` and returns the echo (ticks in between are passed over).
 pub async fn echo<S>(ws: &mut S, msg: Message) -> Message
 where
