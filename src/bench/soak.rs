@@ -13,7 +13,7 @@
 //! slope per 10^5 streams over the loaded part of the run, and the
 //! descriptors once the clients left, against the idle shim's.
 //!
-//! `--node` soaks the node agent instead (`soak_node.rs`): pods in network
+//! `--node` soaks the node agent instead, on this file's loop: pods in network
 //! namespaces, the streams through the agent's guards, and every
 //! `--drain-every` one pod drained through the agent and replaced by a new
 //! one, as a rollout does.
@@ -45,9 +45,7 @@ pub struct SoakOptions {
     /// Time between two samples of the shim's `/proc`.
     pub sample_every: Duration,
     pub progress: bool,
-    /// Node mode: pods served by one agent (none: the sidecar).
-    pub node_pods: Option<usize>,
-    /// Node mode: one pod drained and replaced this often.
+    /// Node mode (`bench soak --node`): one pod drained and replaced this often.
     pub drain_every: Duration,
 }
 
@@ -356,9 +354,6 @@ pub async fn run(opts: &SoakOptions) -> Result<SoakReport, String> {
             eprintln!("bench soak: {m}");
         }
     };
-    if let Some(pods) = opts.node_pods {
-        return super::soak_node::run(opts, pods).await;
-    }
     let dir = tempfile::Builder::new()
         .prefix("drainshim-soak-")
         .tempdir()

@@ -538,7 +538,6 @@ impl BenchCommand {
                     max_connection_age: a.max_connection_age.get(),
                     sample_every: a.sample_every.get(),
                     progress: true,
-                    node_pods: a.node.then_some(a.pods as usize),
                     drain_every: a.drain_every.get(),
                 };
                 if a.drain_every.get() < std::time::Duration::from_secs(5) {
@@ -546,7 +545,12 @@ impl BenchCommand {
                         "--drain-every: at least 5s (a drain and a new pod take seconds)".into(),
                     ));
                 }
-                let report = bench::soak::run(&opts).await.map_err(unavailable)?;
+                let report = if a.node {
+                    bench::soak_node::run(&opts, a.pods as usize).await
+                } else {
+                    bench::soak::run(&opts).await
+                }
+                .map_err(unavailable)?;
                 emit(a.format, &report, || report.render());
                 Ok(report.ok())
             }

@@ -11,21 +11,13 @@ use k8s_openapi::api::core::v1::PodTemplateSpec;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{Outcome, Refusal, Settings};
+use super::{Line, Outcome, Refusal, Settings};
 
 /// Inject or undo.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
     Inject,
     Uninject,
-}
-
-/// What was done to one object, for the summary on stderr.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Line {
-    /// `Deployment/orders`.
-    pub object: String,
-    pub what: String,
 }
 
 /// The manifests with every pod template changed, and one line per workload;

@@ -96,6 +96,14 @@ pub enum Outcome {
     NotInjected,
 }
 
+/// What was done to one object, for the summary on stderr.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Line {
+    /// `Deployment/orders`.
+    pub object: String,
+    pub what: String,
+}
+
 /// Why a pod cannot be injected (or uninjected) safely; the pod is left as it was.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]

@@ -13,8 +13,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Map, Value};
 
-use super::manifest::Line;
-use super::{APP_PORT, INJECTED};
+use super::{Line, APP_PORT, INJECTED};
 
 /// Service annotation: each changed port's index and its target before.
 pub const TARGETS: &str = "drainshim.io/injected-target-ports";
