@@ -17,8 +17,10 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto ./proto
 COPY src ./src
-# The sidecar Components' pod patches: drainshim inject and webhook embed them.
+# The sidecar Components' pod patches: drainshim inject and webhook embed them,
+# and istio-routing its template.
 COPY deploy/components ./deploy/components
+COPY deploy/istio-routing/template.yaml ./deploy/istio-routing/
 # The bench targets are declared in Cargo.toml, so cargo wants their files;
 # they are not built (no default features, only the binary).
 COPY benches ./benches

@@ -162,6 +162,7 @@ async fn run(command: Command) -> Result<ExitCode, Error> {
         }
         Command::Inject(a) => a.run()?,
         Command::Webhook(a) => a.run().await?,
+        Command::IstioRouting(a) => a.run()?,
         #[cfg(feature = "bench")]
         Command::Demo(a) => a.run().await?,
         #[cfg(feature = "bench")]

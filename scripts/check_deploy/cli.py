@@ -24,7 +24,7 @@ from .pod_checks import (
 from .node import Agent, check_agent, check_no_privileged, check_node_workload
 from .rollout import check_rollout
 from .sidecar import NATIVE_SIDECAR_COMPONENT, SIDECAR_COMPONENT, check_adoption, check_inject_base
-from .istio import SIDECAR_ISTIO_COMPONENT, check_istio_adoption, check_sidecar_merge
+from .istio import SIDECAR_ISTIO_COMPONENT, check_istio_adoption, check_istio_inject, check_sidecar_merge
 from .schema import check_schema
 from .metrics import check_dashboard, check_metrics, contract_metrics, dashboard_panels
 from .rules import check_rules_sync, sync_rules
@@ -115,6 +115,8 @@ def run_check(rendered: Path, envoy_cache: Path, design: Path | None, prometheus
     check_inject_base(ck, rendered_docs)
     print("== its Istio variant on a workload from outside the repo, in a namespace with a default Sidecar (deploy/components/sidecar-istio)")
     check_istio_adoption(ck, kubectl, SIDECAR_ISTIO_COMPONENT, envoy_cache, versions)
+    print("== drainshim inject --mode istio on the same workload, and the mesh's routing (drainshim istio-routing, deploy/istio-routing)")
+    check_istio_inject(ck, kubectl, SIDECAR_ISTIO_COMPONENT, envoy_cache, versions)
 
     print("== monitoring")
     ck.check("rules", bool(monitoring_docs), "deploy/monitoring rendered nothing")

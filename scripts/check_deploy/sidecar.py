@@ -121,10 +121,12 @@ INJECT_WORKLOADS = ADOPTER_WORKLOADS.replace(
 
 
 def run_inject(docs: list[dict], mode: str) -> tuple[list[dict] | None, str]:
-    """`drainshim inject --services --mode` on the objects: the objects it
+    """`drainshim inject --services --mode` on the objects (under Istio
+    without --services: the Services keep the app's port): the objects it
     writes, or None and its error."""
+    services = [] if mode == "istio" else ["--services"]
     try:
-        r = subprocess.run([str(DRAINSHIM_BIN), "inject", "--services", "--mode", mode], input=yaml.safe_dump_all(docs),
+        r = subprocess.run([str(DRAINSHIM_BIN), "inject", *services, "--mode", mode], input=yaml.safe_dump_all(docs),
                            capture_output=True, text=True, timeout=120)
     except OSError as e:
         raise SystemExit(f"check_deploy: cannot run {DRAINSHIM_BIN} ({e}): build it first (cargo build)")

@@ -37,6 +37,9 @@ from .scrapes import selects
 REQUIRED_FLAGS = {"listen", "tls-cert", "tls-key", "metrics-listen", "mode", "image", "revision", "shutdown-delay"}
 DEFAULT_REVISION = "default"
 INJECT_PATH = "/inject"
+# The path of the webhooks for namespaces Istio injects (`drainshim webhook`
+# answers there in its Istio mode).
+ISTIO_PATH = "/inject/istio"
 MAX_TIMEOUT_SECONDS = 5
 
 INJECT = "drainshim.io/inject"  # namespace: "enabled" opts in; pod: "false" opts out
@@ -67,6 +70,7 @@ class Revision:
     revision: str | None  # --revision, None when the instance was not found
     namespace: str  # the webhook's own namespace
     namespace_selector: dict
+    istio: bool = False  # its path is ISTIO_PATH: the namespaces Istio injects
 
 
 def is_drainshim_config(doc: dict) -> bool:
@@ -421,7 +425,9 @@ def namespace_cases(revisions: list[str], own: str) -> list[dict]:
     for name in ("shop", "kube-system", own):
         for inject in (None, "enabled", "disabled"):
             for rev in [None, "unknown", *revisions]:
-                for istio in ({}, {"istio-injection": "enabled"}, {"istio.io/rev": "stable"}, {"istio-injection": "disabled"}):
+                for istio in ({}, {"istio-injection": "enabled"}, {"istio.io/rev": "stable"}, {"istio-injection": "disabled"},
+                              {"istio-injection": "enabled", "istio.io/rev": "stable"},
+                              {"istio-injection": "disabled", "istio.io/rev": "stable"}):
                     labels = {NS_NAME: name, **istio}
                     if inject:
                         labels[INJECT] = inject
@@ -431,14 +437,26 @@ def namespace_cases(revisions: list[str], own: str) -> list[dict]:
     return out
 
 
-def wanted(labels: dict, revision: str, own: str) -> bool:
-    """Which namespaces a revision must serve: its drainshim.io/rev, or (the
-    default revision) drainshim.io/inject=enabled without a revision; never
-    kube-system or the webhook's own namespace, nor a namespace Istio injects
-    (the webhook's plain Envoy and istio-proxy take the same admin port)."""
+def istio_injects(labels: dict) -> bool:
+    """A namespace whose pods Istio's injector gets: istio-injection=enabled,
+    or istio.io/rev without an istio-injection label (which takes
+    precedence)."""
+    return labels.get("istio-injection") == "enabled" or ("istio.io/rev" in labels and "istio-injection" not in labels)
+
+
+def wanted(labels: dict, revision: str, own: str, istio: bool) -> bool:
+    """Which namespaces a revision's webhook must serve: its drainshim.io/rev,
+    or (the default revision) drainshim.io/inject=enabled without a revision;
+    never kube-system or the webhook's own namespace. The plain path only
+    namespaces Istio leaves alone (its Envoy and istio-proxy take the same
+    admin port), the Istio path only those Istio injects. A namespace with
+    istio.io/rev and istio-injection=disabled gets neither: which one holds
+    is not said."""
     if labels[NS_NAME] in ("kube-system", own):
         return False
-    if labels.get("istio-injection") == "enabled" or "istio.io/rev" in labels:
+    if istio != istio_injects(labels):
+        return False
+    if not istio and "istio.io/rev" in labels:
         return False
     if revision == DEFAULT_REVISION:
         return labels.get(INJECT) == "enabled" and REV not in labels
@@ -484,8 +502,10 @@ def check_config(ck: Checker, overlay: str, cfg: dict, docs: list[dict], shared:
         check_entry(ck, where, w)
         svc_ref = (w.get("clientConfig") or {}).get("service") or {}
         ns, port = svc_ref.get("namespace") or "", int(svc_ref.get("port", 443))
-        ck.check(AREA, svc_ref.get("path") == INJECT_PATH, f"{where}: clientConfig.service.path {svc_ref.get('path')!r}, want {INJECT_PATH}")
-        rev = Revision(overlay, where, _name(cfg), str(w.get("name")), None, ns, w.get("namespaceSelector") or {})
+        ck.check(AREA, svc_ref.get("path") in (INJECT_PATH, ISTIO_PATH),
+                 f"{where}: clientConfig.service.path {svc_ref.get('path')!r}, want {INJECT_PATH} (or {ISTIO_PATH} for namespaces Istio injects)")
+        rev = Revision(overlay, where, _name(cfg), str(w.get("name")), None, ns, w.get("namespaceSelector") or {},
+                       svc_ref.get("path") == ISTIO_PATH)
         out.append(rev)
         svc = _find(docs, "Service", ns, svc_ref.get("name", ""))
         if not ck.check(AREA, svc is not None, f"{where}: clientConfig names Service {ns}/{svc_ref.get('name')}, which is not rendered with it"):
@@ -513,13 +533,14 @@ def check_config(ck: Checker, overlay: str, cfg: dict, docs: list[dict], shared:
                  f"{where}: its objectSelector sends the webhook's own pods ({own}) to it")
 
         # The namespaces it serves: its revision's, never its own or kube-system.
-        wrong = [("selects " if selects(rev.namespace_selector, lab) else "skips ") + str(lab)
-                 for lab in namespace_cases([rev.revision], ns)
-                 if selects(rev.namespace_selector, lab) != wanted(lab, rev.revision, ns)]
+        # (That its webhooks together serve all of them: check_webhooks.)
+        wrong = [str(lab) for lab in namespace_cases([rev.revision], ns)
+                 if selects(rev.namespace_selector, lab) and not wanted(lab, rev.revision, ns, rev.istio)]
         ck.check(AREA, not wrong,
-                 f"{where}: namespaceSelector {rev.namespace_selector} for revision {rev.revision!r}: want namespaces labelled "
+                 f"{where}: namespaceSelector {rev.namespace_selector} for revision {rev.revision!r}: want only namespaces labelled "
                  + (f"{INJECT}=enabled without {REV}" if rev.revision == DEFAULT_REVISION else f"{REV}={rev.revision}")
-                 + f", never kube-system nor its own namespace {ns}; it " + "; ".join(wrong[:3]))
+                 + (", that Istio injects" if rev.istio else ", that Istio does not inject")
+                 + f", never kube-system nor its own namespace {ns}; it selects " + "; ".join(wrong[:3]))
 
         # TLS: the CA annotation names a Certificate for this Service, whose Secret is mounted.
         cns, _, cname = ann.partition("/")
@@ -562,8 +583,14 @@ def check_webhooks(ck: Checker, rendered: dict[str, list[dict]]) -> list[Revisio
             found += check_config(ck, overlay, cfg, docs, shared)
         if overlay in OVERLAYS_WITH_WEBHOOK:
             want = OVERLAYS_WITH_WEBHOOK[overlay]
-            got = [r.revision for r in found]
+            got = sorted({r.revision or "?" for r in found})
             ck.check(AREA, got == [want], f"{overlay}: renders webhook revisions {got}, want exactly [{want!r}]")
+            # Every namespace a revision may serve has its webhook: with
+            # Istio's injection and without.
+            ck.check(AREA, {r.istio for r in found} == {False, True},
+                     f"{overlay}: its webhooks' paths cover {'only' if found else 'no'} "
+                     f"{' and '.join(sorted({ISTIO_PATH if r.istio else INJECT_PATH for r in found}))}: want {INJECT_PATH} "
+                     f"(namespaces Istio does not inject) and {ISTIO_PATH} (those it does)")
         revisions += found
     for overlay in OVERLAYS_WITH_WEBHOOK:
         ck.check(AREA, overlay in overlays, f"{overlay}: renders no drainshim MutatingWebhookConfiguration")
@@ -593,7 +620,23 @@ def check_webhooks(ck: Checker, rendered: dict[str, list[dict]]) -> list[Revisio
         serving = [r.webhook for r in revisions if selects(r.namespace_selector, lab)]
         ck.check(AREA, len(serving) <= 1,
                  f"a namespace labelled {lab} is served by {len(serving)} webhooks {serving}: each pod would get drainshim twice")
-    ck.check(AREA, sum(r.revision == DEFAULT_REVISION for r in revisions) == 1,
-             f"want exactly one default revision (drainshim.io/inject=enabled), found {[r.where for r in revisions if r.revision == DEFAULT_REVISION]}")
+    # Each revision's webhooks together serve every namespace it must: the
+    # plain path those Istio leaves alone, the Istio path those it injects.
+    for key in sorted({(r.overlay, r.config) for r in revisions}):
+        mine = [r for r in revisions if (r.overlay, r.config) == key]
+        rev_name = next((r.revision for r in mine if r.revision), None)
+        if rev_name is None:
+            continue
+        for istio in (False, True):
+            sels = [r.namespace_selector for r in mine if r.istio == istio]
+            missed = [str(lab) for lab in namespace_cases([rev_name], mine[0].namespace)
+                      if wanted(lab, rev_name, mine[0].namespace, istio) and not any(selects(sel, lab) for sel in sels)]
+            ck.check(AREA, not missed,
+                     f"{key[0]}: MutatingWebhookConfiguration/{key[1]}: no webhook on {ISTIO_PATH if istio else INJECT_PATH} serves "
+                     f"namespaces of revision {rev_name!r} that Istio {'injects' if istio else 'does not inject'}: "
+                     + "; ".join(missed[:3]))
+    defaults = sorted({(r.overlay, r.config) for r in revisions if r.revision == DEFAULT_REVISION})
+    ck.check(AREA, len(defaults) == 1,
+             f"want exactly one default revision (drainshim.io/inject=enabled), found {defaults}")
     return revisions
 

@@ -25,10 +25,14 @@ pub const INJECT_LONG_ABOUT: &str = "Add drainshim to the pods of Kubernetes man
     Injecting twice gives what injecting once gives; the pod records what it replaced in the \
     annotation drainshim.io/injected, and --uninject puts it back. A pod that cannot be injected \
     safely (no single app port, a preStop of the app's own, a name or port drainshim's containers \
-    take, the node's network, Istio's proxy already in the pod) is refused: every refusal is printed, naming its object, \
-    nothing is written, and the exit code is 64.\n\n\
+    take, the node's network, Istio's proxy in the pod outside --mode istio) is refused: every refusal is \
+    printed, naming its object, nothing is written, and the exit code is 64.\n\n\
     What was done to each workload is printed on stderr. Point each Service at Envoy \
-    (targetPort: envoy-inbound).";
+    (targetPort: envoy-inbound), or let --services do it.\n\n\
+    Under Istio (--mode istio), istio-proxy gets the preStop and the pod Istio's injection label, \
+    proxy settings and excluded port; the Services keep the app's port. The pod's label \
+    drainshim.io/app-port selects the mesh's routing objects (`drainshim istio-routing`), which send \
+    Istio's inbound traffic for that port through the guard.";
 
 pub const INJECT_EXIT_CODES: &str = "\
 Exit codes:
@@ -39,7 +43,9 @@ Exit codes:
 #[derive(Debug, clap::Args)]
 pub struct InjectionArgs {
     /// Which sidecar Component's change to make: `sidecar` (containers, any
-    /// Kubernetes) or `native-sidecar` (restartable init containers, 1.29+).
+    /// Kubernetes), `native-sidecar` (restartable init containers, 1.29+) or
+    /// `istio` (beside Istio's injected proxy). The webhook uses `istio` for
+    /// its Istio path and for pods Istio injects, whatever this says.
     #[arg(long, env = "DRAINSHIM_MODE", value_enum, default_value_t = Mode::Sidecar)]
     pub mode: Mode,
 
@@ -100,6 +106,13 @@ impl InjectArgs {
             std::fs::read_to_string(&self.filename).map(|s| input = s)
         };
         read.map_err(|e| Error::Usage(format!("reading {}: {e}", self.filename.display())))?;
+        if self.services && self.injection.mode == Mode::Istio {
+            return Err(Error::Usage(
+                "--services does not apply to --mode istio: under Istio the Services keep the app's port, \
+                 which Istio's inbound listener captures (drainshim istio-routing sends it through the guard)"
+                    .into(),
+            ));
+        }
         let action = if self.uninject {
             Action::Uninject
         } else {
@@ -245,6 +258,41 @@ impl WebhookArgs {
         stop.cancel();
         let _ = serving.await;
         let _ = metrics.await;
+        Ok(())
+    }
+}
+
+pub const ISTIO_ROUTING_LONG_ABOUT: &str = "\
+Writes the Istio objects that send each app port's inbound traffic through drainshim's guard, \
+for every pod injected with --mode istio (or by the webhook in a namespace Istio injects): one \
+EnvoyFilter per port, selecting pods by their label drainshim.io/app-port. None names a \
+workload, so a namespace adopts drainshim with its label alone, and its default Sidecar keeps \
+scoping its pods' egress.\n\n\
+Each EnvoyFilter makes Istio's inbound cluster of that port two priorities, the guard and then \
+the app itself, with a health check, outlier detection and a retry that fail open to the app \
+within a second while the guard is down (deploy/istio-routing/template.yaml says what it relies \
+on). Apply the output once per mesh, in Istio's root namespace, and again whenever a port is \
+added: a pod whose app port has no object here is injected, but Istio sends its traffic \
+straight to the app, so its streams are not ended gracefully.";
+
+#[derive(Debug, clap::Args)]
+pub struct IstioRoutingArgs {
+    /// The app ports of the workloads to inject, comma-separated (each pod's
+    /// drainshim.io/app-port).
+    #[arg(long, value_delimiter = ',', required = true, value_name = "PORT,...")]
+    pub ports: Vec<u16>,
+
+    /// The namespace of the objects: Istio's root namespace applies them to
+    /// pods of every namespace; any other namespace, to its own pods only.
+    #[arg(long, default_value = "istio-system")]
+    pub namespace: String,
+}
+
+impl IstioRoutingArgs {
+    pub fn run(&self) -> Result<(), Error> {
+        let out = crate::inject::routing::render(&self.ports, &self.namespace)
+            .map_err(|e| Error::Usage(format!("--ports: {e}")))?;
+        print!("{out}");
         Ok(())
     }
 }

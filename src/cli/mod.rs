@@ -18,7 +18,7 @@ pub use fleet::{
     Format, InventoryArgs, PromAccessArgs, SkewArgs, SourceArgs, VerifyArgs, WaveThresholdArgs,
     FLEET_EXIT_CODES,
 };
-pub use inject::{InjectArgs, WebhookArgs};
+pub use inject::{InjectArgs, IstioRoutingArgs, WebhookArgs};
 pub use plan::PlanArgs;
 
 /// What `--version` prints after the name: the crate version, the git commit
@@ -199,6 +199,11 @@ pub enum Command {
     #[command(long_about = inject::WEBHOOK_LONG_ABOUT, after_help = EXIT_CODES)]
     Webhook(WebhookArgs),
 
+    /// Under Istio: the mesh objects (one EnvoyFilter per app port) that send
+    /// inbound traffic through the guard of every pod injected in Istio mode.
+    #[command(long_about = inject::ISTIO_ROUTING_LONG_ABOUT, after_help = EXIT_CODES)]
+    IstioRouting(IstioRoutingArgs),
+
     /// Benchmark helpers.
     #[cfg(feature = "bench")]
     #[command(subcommand)]
@@ -239,6 +244,7 @@ impl Command {
             Command::Install(_) => "install",
             Command::Inject(_) => "inject",
             Command::Webhook(_) => "webhook",
+            Command::IstioRouting(_) => "istio-routing",
             #[cfg(feature = "bench")]
             Command::Bench(_) => "bench",
             #[cfg(feature = "bench")]

@@ -16,18 +16,20 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, PodSpec};
+use k8s_openapi::api::core::v1::{Container, LifecycleHandler, PodSpec, VolumeMount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
 pub mod manifest;
 mod patch;
+pub mod routing;
 pub mod services;
 pub mod webhook;
 
 /// Label or annotation on a workload or its pods: `"false"` opts out.
 pub const INJECT: &str = "drainshim.io/inject";
 /// Pod annotation: the port the app serves on (the Components read it too).
+/// Under Istio also a pod label, which the routing objects select on.
 pub const APP_PORT: &str = "drainshim.io/app-port";
 /// Pod annotation written by the injection: what it changed, for `--uninject`.
 pub const INJECTED: &str = "drainshim.io/injected";
@@ -45,6 +47,12 @@ pub enum Mode {
     /// drainshim and Envoy as native sidecars, init containers that keep
     /// running (`deploy/components/native-sidecar`): Kubernetes 1.29 and later.
     NativeSidecar,
+    /// drainshim beside Istio's injected proxy (`deploy/components/sidecar-istio`):
+    /// istio-proxy gets the preStop, the pod the label and annotations Istio's
+    /// injector reads; the routing through the guard comes from the mesh-wide
+    /// objects of `drainshim istio-routing`, selected by the pod label
+    /// `drainshim.io/app-port`.
+    Istio,
 }
 
 impl Mode {
@@ -52,6 +60,7 @@ impl Mode {
         match self {
             Mode::Sidecar => "sidecar",
             Mode::NativeSidecar => "native-sidecar",
+            Mode::Istio => "istio",
         }
     }
 }
@@ -116,10 +125,16 @@ fn refuse<T>(why: impl Into<String>) -> Result<T, Refusal> {
 /// Ports drainshim's containers take in the pod's network namespace (the
 /// Component's pod patch): Envoy's inbound listener and admin API, the guard,
 /// the shim's control port. The app may not serve on them.
-const RESERVED_PORTS: [u16; 4] = [10000, 15000, 15097, 15099];
+pub(crate) const RESERVED_PORTS: [u16; 4] = [10000, 15000, 15097, 15099];
 
-/// Istio's injected proxy: a pod with it needs the Istio variant.
-const ISTIO_PROXY: &str = "istio-proxy";
+use patch::ISTIO_PROXY;
+
+/// Istio's per-pod switch for its injector (label or annotation).
+pub const ISTIO_INJECT: &str = "sidecar.istio.io/inject";
+/// Istio's per-pod proxy settings, a YAML map of ProxyConfig fields.
+const ISTIO_PROXY_CONFIG: &str = "proxy.istio.io/config";
+/// Istio's per-pod list of inbound ports its iptables rules leave alone.
+const ISTIO_EXCLUDE_INBOUND: &str = "traffic.sidecar.istio.io/excludeInboundPorts";
 
 /// What `--uninject` needs to put the pod back as it was.
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
@@ -132,6 +147,16 @@ struct Marker {
     port_added: bool,
     /// The pod's own terminationGracePeriodSeconds (none: the default).
     grace: Option<i64>,
+    /// Labels and annotations the injection set, each with its value before
+    /// (none: absent). Istio mode only.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    labels: BTreeMap<String, Option<String>>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    annotations: BTreeMap<String, Option<String>>,
+    /// The injection added istio-proxy as an injection customization (Istio
+    /// not yet run on the pod), rather than changing the injected proxy.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    proxy_added: bool,
 }
 
 /// Adds drainshim to the pod: the Component's patch for `settings.mode`, the
@@ -158,22 +183,26 @@ pub fn inject(
     let (mut meta2, mut spec2) = (meta.clone(), spec.clone());
     uninject(&mut meta2, &mut spec2)?;
     let patch = patch::pod(settings.mode).map_err(Refusal)?;
-    let app = check_fits(&spec2, patch)?;
+    let app = check_fits(&meta2, &spec2, patch, settings.mode)?;
     let port = app_port(&meta2, &spec2.containers[app])?;
     let grace = spec2.termination_grace_period_seconds;
     let annotations = meta2.annotations.get_or_insert_with(BTreeMap::new);
-    let port_added = !annotations.contains_key(APP_PORT);
-    annotations.insert(APP_PORT.into(), port.to_string());
+    let port_added = annotations
+        .insert(APP_PORT.into(), port.to_string())
+        .is_none();
     let app_name = spec2.containers[app].name.clone();
-    let marker = Marker {
+    let mut marker = Marker {
         mode: settings.mode,
         app: app_name.clone(),
         port_added,
         grace,
+        labels: BTreeMap::new(),
+        annotations: BTreeMap::new(),
+        proxy_added: false,
     };
-    let marker = serde_json::to_string(&marker)
-        .map_err(|e| Refusal(format!("encoding the {INJECTED} annotation: {e}")))?;
-    annotations.insert(INJECTED.into(), marker);
+    if settings.mode == Mode::Istio {
+        istio_meta(&mut meta2, patch, port, &mut marker)?;
+    }
 
     // The patch's grace period covers its drain; a longer one of the pod's own
     // is kept, and the shim is told (it checks its budget against it).
@@ -208,9 +237,14 @@ pub fn inject(
     spec2.init_containers = Some(init);
     // Containers after the pod's own: the app stays first, the one `kubectl
     // logs` and `exec` pick, and the one a later injection finds.
-    spec2
-        .containers
-        .extend(patch.spec.containers.iter().map(ours));
+    spec2.containers.extend(
+        patch
+            .spec
+            .containers
+            .iter()
+            .filter(|c| c.name != ISTIO_PROXY)
+            .map(ours),
+    );
     spec2
         .volumes
         .get_or_insert_with(Vec::new)
@@ -220,6 +254,15 @@ pub fn inject(
     app.volume_mounts
         .get_or_insert_with(Vec::new)
         .push(patch.app_mount.clone());
+    if settings.mode == Mode::Istio {
+        marker.proxy_added = istio_proxy(&mut spec2, patch)?;
+    }
+    let marker = serde_json::to_string(&marker)
+        .map_err(|e| Refusal(format!("encoding the {INJECTED} annotation: {e}")))?;
+    meta2
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(INJECTED.into(), marker);
 
     (*meta, *spec) = (meta2, spec2);
     Ok(Outcome::Injected {
@@ -273,23 +316,28 @@ pub fn uninject(meta: &mut ObjectMeta, spec: &mut PodSpec) -> Result<Outcome, Re
         }
     }
     spec.termination_grace_period_seconds = marker.grace;
-    let app = spec.containers.iter_mut().find(|c| c.name == marker.app);
-    if let Some(app) = app {
-        if let Some(lifecycle) = &mut app.lifecycle {
-            if lifecycle.pre_stop.as_ref() == Some(&patch.app_pre_stop) {
-                lifecycle.pre_stop = None;
-            }
-            if *lifecycle == Default::default() {
-                app.lifecycle = None;
-            }
-        }
-        if let Some(mounts) = &mut app.volume_mounts {
-            mounts.retain(|m| m != &patch.app_mount);
-            if mounts.is_empty() {
-                app.volume_mounts = None;
+    if let Some(app) = spec.containers.iter_mut().find(|c| c.name == marker.app) {
+        take_hook(app, &patch.app_pre_stop, &patch.app_mount);
+    }
+    if marker.mode == Mode::Istio {
+        if let (Some(i), Some(ours)) = (
+            spec.containers.iter().position(|c| c.name == ISTIO_PROXY),
+            patch.spec.containers.iter().find(|c| c.name == ISTIO_PROXY),
+        ) {
+            // The customization it added, not yet merged by Istio's injector,
+            // goes; a proxy Istio injected stays, without drainshim's parts.
+            if marker.proxy_added && spec.containers[i].image == ours.image {
+                spec.containers.remove(i);
+            } else if let (Some(hook), Some(mount)) = (
+                ours.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()),
+                ours.volume_mounts.iter().flatten().next(),
+            ) {
+                take_hook(&mut spec.containers[i], hook, mount);
             }
         }
     }
+    restore(&mut meta.labels, &marker.labels);
+    restore(&mut meta.annotations, &marker.annotations);
     if let Some(annotations) = &mut meta.annotations {
         annotations.remove(INJECTED);
         if marker.port_added {
@@ -300,6 +348,141 @@ pub fn uninject(meta: &mut ObjectMeta, spec: &mut PodSpec) -> Result<Outcome, Re
         }
     }
     Ok(Outcome::Uninjected)
+}
+
+/// Removes a preStop and a mount drainshim gave a container (if still its own).
+fn take_hook(c: &mut Container, hook: &LifecycleHandler, mount: &VolumeMount) {
+    if let Some(lifecycle) = &mut c.lifecycle {
+        if lifecycle.pre_stop.as_ref() == Some(hook) {
+            lifecycle.pre_stop = None;
+        }
+        if *lifecycle == Default::default() {
+            c.lifecycle = None;
+        }
+    }
+    if let Some(mounts) = &mut c.volume_mounts {
+        mounts.retain(|m| m != mount);
+        if mounts.is_empty() {
+            c.volume_mounts = None;
+        }
+    }
+}
+
+/// Puts back the values the marker recorded (removing what was absent).
+fn restore(map: &mut Option<BTreeMap<String, String>>, before: &BTreeMap<String, Option<String>>) {
+    if before.is_empty() {
+        return;
+    }
+    let m = map.get_or_insert_with(BTreeMap::new);
+    for (k, v) in before {
+        match v {
+            Some(v) => m.insert(k.clone(), v.clone()),
+            None => m.remove(k),
+        };
+    }
+    if m.is_empty() {
+        *map = None;
+    }
+}
+
+/// Sets one label or annotation, recording its value before (the first time).
+fn set(
+    map: &mut Option<BTreeMap<String, String>>,
+    record: &mut BTreeMap<String, Option<String>>,
+    key: &str,
+    value: String,
+) {
+    let m = map.get_or_insert_with(BTreeMap::new);
+    let before = m.insert(key.to_owned(), value);
+    record.entry(key.to_owned()).or_insert(before);
+}
+
+/// The Istio patch's labels and annotations, merged into the pod's own: the
+/// ports Istio must not capture are added to the pod's list, the proxy
+/// settings to its ProxyConfig; and the label the routing objects select.
+fn istio_meta(
+    meta: &mut ObjectMeta,
+    patch: &patch::Pod,
+    port: u16,
+    marker: &mut Marker,
+) -> Result<(), Refusal> {
+    for (k, v) in patch.meta.labels.iter().flatten() {
+        set(&mut meta.labels, &mut marker.labels, k, v.clone());
+    }
+    set(
+        &mut meta.labels,
+        &mut marker.labels,
+        APP_PORT,
+        port.to_string(),
+    );
+    for (k, v) in patch.meta.annotations.iter().flatten() {
+        let own = meta.annotations.as_ref().and_then(|a| a.get(k)).cloned();
+        let value = match (k.as_str(), own) {
+            (ISTIO_EXCLUDE_INBOUND, Some(own)) => {
+                let mut ports: Vec<&str> = own
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|p| !p.is_empty())
+                    .collect();
+                for p in v.split(',') {
+                    if !ports.contains(&p) {
+                        ports.push(p);
+                    }
+                }
+                ports.join(",")
+            }
+            (ISTIO_PROXY_CONFIG, Some(own)) => merge_proxy_config(&own, v)?,
+            _ => v.clone(),
+        };
+        set(&mut meta.annotations, &mut marker.annotations, k, value);
+    }
+    Ok(())
+}
+
+/// The pod's ProxyConfig with the patch's fields set over it.
+fn merge_proxy_config(own: &str, ours: &str) -> Result<String, Refusal> {
+    let bad = |e: &dyn std::fmt::Display| {
+        Refusal(format!(
+            "its annotation {ISTIO_PROXY_CONFIG} is not a YAML map of ProxyConfig fields ({e})"
+        ))
+    };
+    let mut own: serde_yaml_ng::Mapping = serde_yaml_ng::from_str(own).map_err(|e| bad(&e))?;
+    let ours: serde_yaml_ng::Mapping = serde_yaml_ng::from_str(ours).map_err(|e| {
+        Refusal(format!(
+            "the built-in Istio patch's {ISTIO_PROXY_CONFIG}: {e}"
+        ))
+    })?;
+    own.extend(ours);
+    serde_yaml_ng::to_string(&own).map_err(|e| bad(&e))
+}
+
+/// istio-proxy gets drainshim's preStop and the binary's mount: the proxy
+/// Istio already injected, or else the patch's injection customization, which
+/// Istio's injector merges over the proxy it adds. True when it was added.
+fn istio_proxy(spec: &mut PodSpec, patch: &patch::Pod) -> Result<bool, Refusal> {
+    let Some(ours) = patch.spec.containers.iter().find(|c| c.name == ISTIO_PROXY) else {
+        return refuse("the built-in Istio patch has no istio-proxy container");
+    };
+    let Some(proxy) = spec.containers.iter_mut().find(|c| c.name == ISTIO_PROXY) else {
+        spec.containers.push(ours.clone());
+        return Ok(true);
+    };
+    let hook = ours.lifecycle.as_ref().and_then(|l| l.pre_stop.clone());
+    let lifecycle = proxy.lifecycle.get_or_insert_with(Default::default);
+    if lifecycle.pre_stop.is_some() && lifecycle.pre_stop != hook {
+        return refuse(
+            "istio-proxy already has a preStop hook (Istio's global.proxy.lifecycle or the pod's own), which \
+             drainshim's (wait for the drain) would replace; remove it, since drainshim's preStop does its job",
+        );
+    }
+    lifecycle.pre_stop = hook;
+    let mounts = proxy.volume_mounts.get_or_insert_with(Vec::new);
+    for m in ours.volume_mounts.iter().flatten() {
+        if !mounts.contains(m) {
+            mounts.push(m.clone());
+        }
+    }
+    Ok(false)
 }
 
 /// `drainshim.io/inject: "false"` as a label or an annotation.
@@ -320,13 +503,31 @@ fn all_containers(spec: &PodSpec) -> impl Iterator<Item = &Container> {
 
 /// The app's container (the first), once nothing of the pod collides with
 /// what the patch adds.
-fn check_fits(spec: &PodSpec, patch: &patch::Pod) -> Result<usize, Refusal> {
+fn check_fits(
+    meta: &ObjectMeta,
+    spec: &PodSpec,
+    patch: &patch::Pod,
+    mode: Mode,
+) -> Result<usize, Refusal> {
     let names = patch::owned_names().map_err(Refusal)?;
+    if mode == Mode::Istio {
+        let off = |m: &Option<BTreeMap<String, String>>| {
+            m.as_ref()
+                .and_then(|m| m.get(ISTIO_INJECT))
+                .is_some_and(|v| v == "false")
+        };
+        if off(&meta.labels) || off(&meta.annotations) {
+            return refuse(format!(
+                "it opts out of Istio's injection ({ISTIO_INJECT}: \"false\"), and the Istio mode adds \
+                 drainshim beside Istio's proxy"
+            ));
+        }
+    }
     for c in all_containers(spec) {
-        if c.name == ISTIO_PROXY {
+        if c.name == ISTIO_PROXY && mode != Mode::Istio {
             return refuse(
-                "Istio's proxy (istio-proxy) is in the pod: inject and the webhook add a plain Envoy; \
-                 beside Istio use deploy/components/sidecar-istio",
+                "Istio's proxy (istio-proxy) is in the pod: this mode adds a plain Envoy, whose admin port is \
+                 istio-proxy's; inject it with --mode istio",
             );
         }
         if names.containers.contains(&c.name.as_str()) {

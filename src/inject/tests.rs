@@ -51,7 +51,7 @@ fn names(list: &Value) -> Vec<&str> {
 
 #[test]
 fn the_embedded_patches_parse() {
-    for mode in [Mode::Sidecar, Mode::NativeSidecar] {
+    for mode in [Mode::Sidecar, Mode::NativeSidecar, Mode::Istio] {
         let p = patch::pod(mode).expect("patch");
         assert_eq!(p.grace, 120, "{mode:?}");
         let flag = p
@@ -318,4 +318,180 @@ fn services_that_select_only_injected_pods_point_at_envoy_and_back() {
     assert_eq!(docs(&twice), out);
     let (undone, _) = transform(&injected, &settings, Action::Uninject).expect("uninjected");
     assert_eq!(docs(&undone), docs(&input));
+}
+
+const ISTIO_POD: &str = "    metadata:
+      labels: {app: orders}
+      annotations:
+        traffic.sidecar.istio.io/excludeInboundPorts: \"9000\"
+        proxy.istio.io/config: \"holdApplicationUntilProxyStarts: true\\n\"
+    spec:
+      containers:
+      - name: server
+        image: orders:1
+        ports: [{name: grpc, containerPort: 7070}]
+";
+
+fn labels_and_annotations(doc: &Value) -> (&Value, &Value) {
+    (
+        doc.pointer("/spec/template/metadata/labels")
+            .expect("labels"),
+        doc.pointer("/spec/template/metadata/annotations")
+            .expect("annotations"),
+    )
+}
+
+#[test]
+fn istio_mode_gives_istio_proxy_the_prestop_and_merges_istios_own_settings() {
+    let original = deployment(ISTIO_POD);
+    let once = inject(&original, Mode::Istio).expect("injected");
+    let out = docs(&once);
+    let pod = pod_of(&out[0]);
+    // Istio's injector fills in the customization it finds by name.
+    assert_eq!(
+        names(&pod["containers"]),
+        ["server", "drainshim", "istio-proxy"]
+    );
+    let proxy = &pod["containers"][2];
+    assert_eq!(proxy["image"], "auto");
+    assert_eq!(
+        proxy["lifecycle"]["preStop"]["exec"]["command"][1],
+        "prestop"
+    );
+    assert_eq!(names(&pod["initContainers"]), ["drainshim-install"]);
+    let (labels, annotations) = labels_and_annotations(&out[0]);
+    assert_eq!(labels["sidecar.istio.io/inject"], "true");
+    // The label the mesh's routing objects select.
+    assert_eq!(labels[APP_PORT], "7070");
+    assert_eq!(
+        annotations["traffic.sidecar.istio.io/excludeInboundPorts"],
+        "9000,15099"
+    );
+    let config = annotations["proxy.istio.io/config"]
+        .as_str()
+        .expect("config");
+    for field in [
+        "holdApplicationUntilProxyStarts: true",
+        "drainDuration: 60s",
+        "terminationDrainDuration: 5s",
+    ] {
+        assert!(config.contains(field), "{config}");
+    }
+    assert_eq!(inject(&once, Mode::Istio).expect("twice"), once);
+    let (undone, _) = transform(&once, &Settings::default(), Action::Uninject).expect("uninject");
+    assert_eq!(docs(&undone), docs(&original));
+}
+
+#[test]
+fn istio_mode_on_a_pod_istio_already_injected_keeps_its_proxy() {
+    // What Istio's injector has written by the time the webhook is called again.
+    let injected_by_istio = ISTIO_POD.replace(
+        "        ports: [{name: grpc, containerPort: 7070}]\n",
+        "        ports: [{name: grpc, containerPort: 7070}]
+      - name: istio-proxy
+        image: docker.io/istio/proxyv2:1.28.0
+        args: [proxy, sidecar]
+        volumeMounts: [{name: istio-envoy, mountPath: /etc/istio/proxy}]
+      initContainers:
+      - {name: istio-init, image: docker.io/istio/proxyv2:1.28.0}
+      volumes:
+      - {name: istio-envoy, emptyDir: {}}
+",
+    );
+    let original = deployment(&injected_by_istio);
+    let once = inject(&original, Mode::Istio).expect("injected");
+    let out = docs(&once);
+    let pod = pod_of(&out[0]);
+    assert_eq!(
+        names(&pod["containers"]),
+        ["server", "istio-proxy", "drainshim"]
+    );
+    let proxy = &pod["containers"][1];
+    assert_eq!(proxy["image"], "docker.io/istio/proxyv2:1.28.0");
+    assert_eq!(proxy["args"][0], "proxy");
+    assert_eq!(
+        proxy["lifecycle"]["preStop"]["exec"]["command"][1],
+        "prestop"
+    );
+    assert_eq!(
+        names(&proxy["volumeMounts"]),
+        ["istio-envoy", "drainshim-bin"]
+    );
+    assert_eq!(
+        names(&pod["initContainers"]),
+        ["drainshim-install", "istio-init"]
+    );
+    assert_eq!(inject(&once, Mode::Istio).expect("twice"), once);
+    let (undone, _) = transform(&once, &Settings::default(), Action::Uninject).expect("uninject");
+    assert_eq!(docs(&undone), docs(&original));
+
+    // The webhook's second call, after Istio merged its proxy over the
+    // customization the first call added: the proxy is Istio's now, kept,
+    // with drainshim's preStop, and uninject leaves it.
+    let first = inject(&deployment(ISTIO_POD), Mode::Istio).expect("first");
+    let merged = first.replace("image: auto", "image: docker.io/istio/proxyv2:1.28.0");
+    let second = docs(&inject(&merged, Mode::Istio).expect("second"));
+    let pod = pod_of(&second[0]);
+    assert_eq!(
+        names(&pod["containers"]),
+        ["server", "istio-proxy", "drainshim"]
+    );
+    let proxy = &pod["containers"][1];
+    assert_eq!(proxy["image"], "docker.io/istio/proxyv2:1.28.0");
+    assert_eq!(
+        proxy["lifecycle"]["preStop"]["exec"]["command"][1],
+        "prestop"
+    );
+    let (undone, _) = transform(
+        &serde_yaml_ng::to_string(&second[0]).expect("yaml"),
+        &Settings::default(),
+        Action::Uninject,
+    )
+    .expect("uninject");
+    let undone = docs(&undone);
+    let pod = pod_of(&undone[0]);
+    assert_eq!(names(&pod["containers"]), ["server", "istio-proxy"]);
+    assert!(pod["containers"][1].get("lifecycle").is_none(), "{pod}");
+}
+
+#[test]
+fn istio_mode_refuses_what_it_cannot_do_safely() {
+    let cases = [
+        (
+            ISTIO_POD.replace(
+                "labels: {app: orders}",
+                "labels: {app: orders, sidecar.istio.io/inject: \"false\"}",
+            ),
+            "opts out of Istio's injection",
+        ),
+        (
+            ISTIO_POD.replace(
+                "        ports: [{name: grpc, containerPort: 7070}]\n",
+                "        ports: [{name: grpc, containerPort: 7070}]
+      - name: istio-proxy
+        image: proxyv2
+        lifecycle: {preStop: {exec: {command: [sleep, '20']}}}
+",
+            ),
+            "istio-proxy already has a preStop",
+        ),
+        (
+            ISTIO_POD.replace(
+                "proxy.istio.io/config: \"holdApplicationUntilProxyStarts: true\\n\"",
+                "proxy.istio.io/config: \"[not, a, map]\"",
+            ),
+            "not a YAML map",
+        ),
+    ];
+    for (pod, why) in cases {
+        let errors = inject(&deployment(&pod), Mode::Istio).expect_err(why);
+        assert!(errors[0].contains(why), "{errors:?}");
+    }
+    // Outside the Istio mode, istio-proxy is refused, naming the mode to use.
+    let with_proxy = ISTIO_POD.replace(
+        "        ports: [{name: grpc, containerPort: 7070}]\n",
+        "        ports: [{name: grpc, containerPort: 7070}]\n      - {name: istio-proxy, image: proxyv2}\n",
+    );
+    let errors = inject(&deployment(&with_proxy), Mode::Sidecar).expect_err("sidecar");
+    assert!(errors[0].contains("--mode istio"), "{errors:?}");
 }

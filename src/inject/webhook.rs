@@ -41,10 +41,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::manifest::{pod_patch, Action};
-use super::{Outcome, Refusal, Settings};
+use super::{Mode, Outcome, Refusal, Settings};
 
 /// The path the MutatingWebhookConfiguration calls.
 pub const PATH: &str = "/inject";
+/// The path of its webhooks for namespaces Istio injects: the Istio mode
+/// (which a pod with istio-proxy, or Istio's injection label, gets on either).
+pub const PATH_ISTIO: &str = "/inject/istio";
 /// An AdmissionReview of a Pod is a few KiB; the API server caps requests at 3 MiB.
 const MAX_REVIEW_BYTES: usize = 3 << 20;
 /// A client that opens a connection and says nothing is dropped after this.
@@ -174,7 +177,7 @@ impl Webhook {
 
     /// The answer to one AdmissionReview body: always `allowed`, with a patch
     /// when drainshim was added, and a warning when it could not be.
-    pub fn review(&self, body: &[u8]) -> (Value, ReviewOutcome) {
+    pub fn review(&self, body: &[u8], istio: bool) -> (Value, ReviewOutcome) {
         let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
             Ok(r) => r,
             Err(e) => return self.malformed(body, format!("not an AdmissionReview v1: {e}")),
@@ -213,7 +216,15 @@ impl Webhook {
                 ReviewOutcome::malformed,
             );
         };
-        match pod_patch(&pod, &self.settings, Action::Inject) {
+        let settings = if istio || istio_pod(&pod) {
+            &Settings {
+                mode: Mode::Istio,
+                ..self.settings.clone()
+            }
+        } else {
+            &self.settings
+        };
+        match pod_patch(&pod, settings, Action::Inject) {
             Ok((_, Outcome::OptedOut)) => {
                 tracing::info!(pod = %who, "webhook: opted out");
                 self.answer(response, ReviewOutcome::opted_out)
@@ -226,7 +237,7 @@ impl Webhook {
             Ok((patch, outcome)) => match response.clone().with_patch(patch) {
                 Ok(r) => {
                     if let Outcome::Injected { app, port } = &outcome {
-                        tracing::info!(pod = %who, app = %app, port, mode = self.settings.mode.name(), "webhook: injected");
+                        tracing::info!(pod = %who, app = %app, port, mode = settings.mode.name(), "webhook: injected");
                     }
                     self.answer(r, ReviewOutcome::injected)
                 }
@@ -241,7 +252,7 @@ impl Webhook {
                 // Reinvoked after a later webhook made the pod one it cannot
                 // inject (Istio's injector added istio-proxy, whose admin port
                 // is Envoy's): what it added on the first call comes out again.
-                match pod_patch(&pod, &self.settings, Action::Uninject) {
+                match pod_patch(&pod, settings, Action::Uninject) {
                     Ok((patch, Outcome::Uninjected)) if !patch.0.is_empty() => {
                         match response.clone().with_patch(patch) {
                             Ok(r) => return self.answer(warn(r, why), ReviewOutcome::refused),
@@ -303,6 +314,21 @@ impl Webhook {
         });
         (answer, ReviewOutcome::malformed)
     }
+}
+
+/// A pod Istio injects: istio-proxy is in it (Istio's injector ran first), or
+/// it asks for Istio's injection itself.
+fn istio_pod(pod: &Value) -> bool {
+    let proxy = pod
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .is_some_and(|cs| cs.iter().any(|c| c["name"] == super::patch::ISTIO_PROXY));
+    let asks = ["labels", "annotations"].iter().any(|m| {
+        pod.pointer(&format!("/metadata/{m}"))
+            .and_then(|m| m.get(super::ISTIO_INJECT))
+            .is_some_and(|v| v == "true")
+    });
+    proxy || asks
 }
 
 fn warn(mut response: AdmissionResponse, why: String) -> AdmissionResponse {
@@ -502,12 +528,16 @@ pub async fn serve(
 
 async fn handle(hook: &Webhook, req: Request<Incoming>) -> Response<Full<Bytes>> {
     use crate::control::{json, not_allowed, text};
-    if req.uri().path() != PATH {
-        return text(
-            StatusCode::NOT_FOUND,
-            format!("not found; admission reviews go to POST {PATH}\n"),
-        );
-    }
+    let istio = match req.uri().path() {
+        PATH => false,
+        PATH_ISTIO => true,
+        _ => {
+            return text(
+                StatusCode::NOT_FOUND,
+                format!("not found; admission reviews go to POST {PATH} (or {PATH_ISTIO})\n"),
+            )
+        }
+    };
     if req.method() != Method::POST {
         return not_allowed("POST");
     }
@@ -524,7 +554,7 @@ async fn handle(hook: &Webhook, req: Request<Incoming>) -> Response<Full<Bytes>>
             )
         }
     };
-    let (answer, _) = hook.review(&body);
+    let (answer, _) = hook.review(&body, istio);
     hook.metrics.latency.observe(start.elapsed().as_secs_f64());
     if answer.is_null() {
         return text(

@@ -185,10 +185,10 @@ class Webhook:
     def connect(self, ca=None):
         return http.client.HTTPSConnection("127.0.0.1", self.port, context=self.context(ca), timeout=10)
 
-    def post(self, body, conn=None):
+    def post(self, body, conn=None, path="/inject"):
         c = conn or self.connect()
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-        c.request("POST", "/inject", body=raw, headers={"Content-Type": "application/json"})
+        c.request("POST", path, body=raw, headers={"Content-Type": "application/json"})
         r = c.getresponse()
         data = r.read()
         if conn is None:
@@ -290,23 +290,70 @@ def test_what_it_cannot_handle_is_allowed_unchanged_with_a_warning(hook):
     assert "pod=shop/orders-*" in hook.output() or "shop/orders-*" in hook.output()
 
 
-def test_a_pod_istio_injected_after_it_loses_what_the_first_call_added(hook):
-    """Reinvoked (reinvocationPolicy IfNeeded) after Istio's injector added
-    istio-proxy: the webhook takes its own parts out again, with a warning,
-    rather than leave two Envoys on one admin port."""
+def patched(pod, answer):
     import base64
+    r = answer["response"]
+    assert r["allowed"] is True, r
+    if "patch" not in r:
+        return pod
+    return jsonpatch.JsonPatch(json.loads(base64.b64decode(r["patch"]))).apply(pod)
+
+
+ISTIO_PROXY = {"name": "istio-proxy", "image": "docker.io/istio/proxyv2:1.28.0", "args": ["proxy", "sidecar"]}
+
+
+def test_a_pod_istio_injected_after_the_first_call_gets_the_istio_mode(hook):
+    """Reinvoked (reinvocationPolicy IfNeeded) after Istio's injector added
+    istio-proxy to a pod the plain path injected: the webhook's own parts
+    give way to the Istio mode's, the pod `inject --mode istio` writes for
+    the pod with Istio's proxy."""
     pod = workload_pods()[2]
     _, first = hook.post(review(pod))
-    injected = jsonpatch.JsonPatch(json.loads(base64.b64decode(first["response"]["patch"]))).apply(pod)
-    istio = copy.deepcopy(injected)
-    istio["spec"]["containers"].append({"name": "istio-proxy", "image": "auto"})
+    istio = patched(pod, first)
+    istio["spec"]["containers"].append(copy.deepcopy(ISTIO_PROXY))
     status, answer = hook.post(review(istio))
+    assert status == 200 and not answer["response"].get("warnings"), answer
+    with_proxy = copy.deepcopy(pod)
+    with_proxy["spec"]["containers"].append(copy.deepcopy(ISTIO_PROXY))
+    got, want = patched(istio, answer), inject(with_proxy, "istio")
+    assert got == want, json.dumps(jsonpatch.make_patch(want, got).patch)
+
+
+def test_the_istio_path_gives_the_pod_inject_writes_in_istio_mode(hook):
+    """/inject/istio (the webhooks for namespaces Istio injects), whatever
+    --mode says; on /inject too for a pod that asks for Istio's injection.
+    Then Istio's injector merges its proxy over the customization, and the
+    second call leaves Istio's proxy with drainshim's preStop."""
+    orders = workload_pods()[0]
+    asks = copy.deepcopy(orders)
+    asks["metadata"]["labels"]["sidecar.istio.io/inject"] = "true"
+    for pod, path in ((orders, "/inject/istio"), (asks, "/inject")):
+        status, answer = hook.post(review(pod), path=path)
+        assert status == 200, answer
+        got, want = patched(pod, answer), inject(pod, "istio")
+        assert got == want, f"{path}: " + json.dumps(jsonpatch.make_patch(want, got).patch)
+        labels = got["metadata"]["labels"]
+        assert labels["drainshim.io/app-port"] == "9090" and labels["sidecar.istio.io/inject"] == "true", labels
+        status, again = hook.post(review(got), path=path)
+        assert status == 200 and "patch" not in again["response"], again
+        # Istio's injector: its proxy, by name, over the customization.
+        merged = copy.deepcopy(got)
+        for c in merged["spec"]["containers"]:
+            if c["name"] == "istio-proxy":
+                c.update({k: v for k, v in ISTIO_PROXY.items() if k != "name"})
+        status, third = hook.post(review(merged), path=path)
+        assert status == 200, third
+        final = patched(merged, third)
+        proxy = next(c for c in final["spec"]["containers"] if c["name"] == "istio-proxy")
+        assert proxy["image"] == ISTIO_PROXY["image"] and proxy["args"] == ISTIO_PROXY["args"], proxy
+        assert proxy["lifecycle"]["preStop"]["exec"]["command"] == ["/drainshim/drainshim", "prestop"], proxy
+        assert [c["name"] for c in final["spec"]["containers"]].count("drainshim") == 1, final
+    # An Istio pod that opts out of Istio's injection is not Istio's to get.
+    off = copy.deepcopy(orders)
+    off["metadata"]["labels"]["sidecar.istio.io/inject"] = "false"
+    status, answer = hook.post(review(off), path="/inject/istio")
     r = answer["response"]
-    assert status == 200 and r["allowed"] and any("Istio" in w for w in r.get("warnings") or []), r
-    back = jsonpatch.JsonPatch(json.loads(base64.b64decode(r["patch"]))).apply(istio)
-    want = copy.deepcopy(pod)
-    want["spec"]["containers"].append({"name": "istio-proxy", "image": "auto"})
-    assert back == want, json.dumps(jsonpatch.make_patch(want, back).patch)
+    assert status == 200 and "patch" not in r and any("opts out of Istio" in w for w in r.get("warnings") or []), r
 
 
 def test_a_rotated_certificate_is_served_and_a_broken_one_is_not(hook):
