@@ -6,6 +6,9 @@
 //! started again. Where each call went is what Envoy itself counts per
 //! upstream host (`/clusters`): the shim only counts streams during a drain.
 //!
+//! The same under Istio: Istio's own inbound cluster with the routing of
+//! `drainshim istio-routing` merged into it as istiod merges an EnvoyFilter.
+//!
 //! Streams opened while the guard is dead stay on the app's connection when
 //! it is back. The restarted shim shows them (`drainshim_failopen_active`),
 //! and a drain counts those still open at its deadline as `bypassed`.
@@ -84,10 +87,110 @@ async fn pod() -> Pod {
     (app, guard, admin_port, first, envoy)
 }
 
+/// The same pod under Istio's routing: Envoy's inbound cluster is Istio's
+/// (ORIGINAL_DST, CLUSTER_PROVIDED, bound to 127.0.0.6, Istio's circuit
+/// breakers) with `drainshim istio-routing`'s patch merged as Istio merges an
+/// EnvoyFilter (proto merge: messages merged, lists appended, scalars and
+/// oneofs replaced), and the route's retry is the patch's alone. Named `app`
+/// for the stats helpers; the guard's port is the test's.
+async fn istio_pod() -> Pod {
+    let app = backend().await;
+    let guard: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let admin_port = free_port();
+    let first = shim(admin_port, guard, app.addr).await;
+    let bootstrap = istio_bootstrap(guard, app.addr, admin_port).await;
+    let envoy = envoy_with("1.40.0", guard, |o| {
+        o.admin_port = admin_port;
+        o.custom_bootstrap = Some(bootstrap);
+    })
+    .await;
+    (app, guard, admin_port, first, envoy)
+}
+
+/// What a MERGE patch does to a message, in JSON.
+fn proto_merge(dst: &mut serde_json::Value, src: &serde_json::Value) {
+    use serde_json::Value;
+    match (dst, src) {
+        (Value::Object(d), Value::Object(s)) => {
+            for (k, v) in s {
+                match d.get_mut(k) {
+                    Some(slot @ (Value::Object(_) | Value::Array(_)))
+                        if slot.is_object() == v.is_object() =>
+                    {
+                        proto_merge(slot, v)
+                    }
+                    _ => {
+                        d.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (Value::Array(d), Value::Array(s)) => d.extend(s.iter().cloned()),
+        (d, s) => *d = s.clone(),
+    }
+}
+
+async fn istio_bootstrap(guard: SocketAddr, app: SocketAddr, admin_port: u16) -> String {
+    use serde_json::{json, Value};
+    let (code, out, err) = run_bin(&["istio-routing", "--ports", &app.port().to_string()]).await;
+    assert_eq!(code, Some(0), "drainshim istio-routing: {err}");
+    let routing: Value = serde_yaml_ng::from_str(&out).expect("routing yaml");
+    let patch = |applies: &str| {
+        routing["spec"]["configPatches"]
+            .as_array()
+            .expect("configPatches")
+            .iter()
+            .find(|p| p["applyTo"] == applies)
+            .map(|p| p["patch"]["value"].clone())
+            .expect(applies)
+    };
+    let mut cluster_patch = patch("CLUSTER");
+    let guard_port = cluster_patch
+        .pointer_mut("/load_assignment/endpoints/0/lb_endpoints/0/endpoint/address/socket_address/port_value")
+        .expect("the guard's endpoint");
+    assert_eq!(*guard_port, 15097);
+    *guard_port = guard.port().into();
+    let max = u32::MAX;
+    let mut cluster = json!({
+        "name": "app",
+        "type": "ORIGINAL_DST",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "connect_timeout": "10s",
+        "cleanup_interval": "315360000s",
+        "common_lb_config": {},
+        "upstream_bind_config": {"source_address": {"address": "127.0.0.6", "port_value": 0}},
+        "circuit_breakers": {"thresholds": [{"max_connections": max, "max_pending_requests": max,
+                                             "max_requests": max, "max_retries": max}]},
+        "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}}}},
+    });
+    proto_merge(&mut cluster, &cluster_patch);
+    let text = shipped_bootstrap(guard, app, admin_port).expect("shipped bootstrap");
+    let mut boot: Value = serde_yaml_ng::from_str(&text).expect("bootstrap yaml");
+    boot["static_resources"]["clusters"] = json!([cluster]);
+    let route = boot
+        .pointer_mut("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/route_config/virtual_hosts/0/routes/0")
+        .expect("the inbound route");
+    route["route"]
+        .as_object_mut()
+        .expect("route action")
+        .remove("retry_policy");
+    proto_merge(route, &patch("HTTP_ROUTE"));
+    serde_json::to_string(&boot).expect("json")
+}
+
 #[tokio::test]
 async fn requests_survive_a_sigkill_of_the_shim_and_return_to_the_guard() {
-    let (app, guard, admin_port, mut first, envoy) = pod().await;
+    survives_a_sigkill(pod().await).await;
+}
 
+#[tokio::test]
+async fn under_istios_routing_requests_survive_a_sigkill_of_the_shim_and_return_to_the_guard() {
+    survives_a_sigkill(istio_pod().await).await;
+}
+
+async fn survives_a_sigkill((app, guard, admin_port, mut first, envoy): Pod) {
     let load = Load::start(envoy.inbound, 4, Duration::from_millis(5), 1_000_000);
     // Steady state: traffic goes through the guard.
     wait_host_traffic(envoy.admin, guard, 50, WAIT)
