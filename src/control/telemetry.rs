@@ -13,6 +13,7 @@
 //!   count by it);
 //! - what bypasses the stream guard (`drainshim_failopen_active{kind}`)
 //!   from `/clusters`: the fail-open hosts' live requests and connections;
+//!   and how many clusters send to the guard first (`drainshim_guard_paths`);
 //! - kernel TCP resets (`drainshim_tcp_resets_total`) from the network
 //!   namespace's `/proc/net/snmp` and `/proc/net/netstat`.
 //!
@@ -129,7 +130,8 @@ impl Telemetry {
                     });
             seen.mirror(format!("downstream/{version}"), c.rq_total, &callers);
             let f = self.admin.failopen().await?;
-            self.metrics.set_failopen(f.requests, f.connections);
+            self.metrics
+                .set_failopen(f.requests, f.connections, f.paths);
         }
         Ok(())
     }

@@ -276,7 +276,8 @@ impl Drive {
                 self.acc.observe(c, restarted);
                 if let Some(f) = failopen {
                     self.acc.observe_failopen(f);
-                    self.metrics.set_failopen(f.requests, f.connections);
+                    self.metrics
+                        .set_failopen(f.requests, f.connections, f.paths);
                 }
                 if self.acc.restarts() > self.envoy.restarts {
                     tracing::warn!(

@@ -393,6 +393,7 @@ mod tests {
         a.observe_failopen(FailOpen {
             requests: 4,
             connections: 1,
+            paths: 1,
         });
         a.observe(counts(3, 3, 6, 7), false);
         let (_, s) = a.outcomes(Outcome::Deadline, 0, 0);
@@ -401,6 +402,7 @@ mod tests {
         a.observe_failopen(FailOpen {
             requests: 9,
             connections: 1,
+            paths: 1,
         });
         let (_, s) = a.outcomes(Outcome::Deadline, 0, 0);
         assert_eq!((s.cut, s.bypassed), (0, 6));

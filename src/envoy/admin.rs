@@ -94,6 +94,10 @@ pub struct FailOpen {
     pub requests: u64,
     /// `cx_active` summed over them: Envoy's connections to the app directly.
     pub connections: u64,
+    /// Clusters of that shape: the paths that send to the guard first. None
+    /// while a guard runs means Envoy sends nothing through it (under Istio:
+    /// no routing object for the pod's app port).
+    pub paths: u64,
 }
 
 // === impl FailOpen ===
@@ -106,9 +110,10 @@ impl FailOpen {
             let mut guards = c.hosts.iter().filter(|h| h.priority == 0).peekable();
             let guarded =
                 guards.peek().is_some() && guards.all(|h| h.ip.is_some_and(|ip| ip.is_loopback()));
-            if !guarded {
+            if !guarded || c.hosts.iter().all(|h| h.priority == 0) {
                 continue;
             }
+            f.paths += 1;
             for h in c.hosts.iter().filter(|h| h.priority > 0) {
                 f.requests += h.rq_active;
                 f.connections += h.cx_active;
@@ -453,7 +458,8 @@ mod tests {
             FailOpen::of(&clusters),
             FailOpen {
                 requests: 3,
-                connections: 1
+                connections: 1,
+                paths: 1
             }
         );
         assert_eq!(FailOpen::of(&[]), FailOpen::default());

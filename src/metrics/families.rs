@@ -157,7 +157,7 @@ fn version_labels(m: &Metrics) -> Vec<VersionLabels> {
 }
 
 /// Every family of `Metrics`, in the exposition's order.
-pub static FAMILIES: [Def; 24] = [
+pub static FAMILIES: [Def; 25] = [
     Def {
         desc: help::DRAINS,
         node: Node::PerPod,
@@ -242,6 +242,13 @@ pub static FAMILIES: [Def; 24] = [
                     .to_vec()
             },
             zeroed: true,
+        },
+    },
+    Def {
+        desc: help::GUARD_PATHS,
+        node: Node::PerPod,
+        reach: &One {
+            metric: |m: &Metrics| &m.guard_paths,
         },
     },
     Def {

@@ -28,6 +28,10 @@ pub const FAILOPEN_ACTIVE: (&str, &str) = (
     "failopen_active",
     "Requests and connections Envoy has active on the fail-open path (the app reached directly while the stream guard was down): no drain can end them gracefully",
 );
+pub const GUARD_PATHS: (&str, &str) = (
+    "guard_paths",
+    "Envoy clusters that send to the stream guard first, with the app as fallback, as last polled; 0 while a guard runs means its pod's traffic goes around it",
+);
 pub const PROXY_INFO: (&str, &str) = ("proxy_info", "The proxy's identity and version; always 1");
 pub const GOAWAYS: (&str, &str) = (
     "goaways",

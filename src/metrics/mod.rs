@@ -478,6 +478,8 @@ pub struct Metrics {
     pub envoy_active_streams: Gauge,
     /// `drainshim_failopen_active{kind}`: what bypasses the guard, as last polled.
     pub failopen_active: Family<FailopenLabels, Gauge>,
+    /// `drainshim_guard_paths`: Envoy's clusters with the guard first, as last polled.
+    pub guard_paths: Gauge,
     /// `drainshim_guard_max_connection_age_seconds`: the guard's configured
     /// max age; `plan` reads how long a tier has had one. A family with no
     /// labels (the empty set), so a shim without a guard exports no sample.
@@ -573,6 +575,7 @@ impl Metrics {
             envoy_active_connections: Gauge::default(),
             envoy_active_streams: Gauge::default(),
             failopen_active: Family::default(),
+            guard_paths: Gauge::default(),
             guard_max_connection_age: Family::default(),
             proxy_info: Family::default(),
             goaways: Family::default(),
@@ -644,8 +647,10 @@ impl Metrics {
         self.drain_duration.observe(d.duration_seconds);
     }
 
-    /// Sets the fail-open gauge from one poll.
-    pub fn set_failopen(&self, requests: u64, connections: u64) {
+    /// Sets the fail-open gauges from one poll.
+    pub fn set_failopen(&self, requests: u64, connections: u64, paths: u64) {
+        self.guard_paths
+            .set(i64::try_from(paths).unwrap_or(i64::MAX));
         for (kind, n) in [
             (FailopenKind::requests, requests),
             (FailopenKind::connections, connections),

@@ -219,7 +219,7 @@ mod tests {
             mesh_version: "1.24.1".into(),
         });
         m.envoy_active_streams.set(4);
-        m.set_failopen(2, 1);
+        m.set_failopen(2, 1, 1);
         m.draining.set(1);
         for (_, _, kind) in TCP_RESET_KINDS {
             m.tcp_resets

@@ -197,6 +197,12 @@ async fn survives_a_sigkill((app, guard, admin_port, mut first, envoy): Pod) {
         .await
         .expect("traffic flows through the guard before the kill");
     let direct_before = host_requests(envoy.admin, app.addr).await.unwrap_or(0);
+    // The shim sees the path through its guard (one cluster, guard first).
+    assert_eq!(
+        sample(first.addr, "drainshim_guard_paths").await,
+        Some(1.0),
+        "drainshim_guard_paths"
+    );
 
     // SIGKILL the real binary, and wait until it is gone.
     let killed = sigkill(&mut first.child, "the shim", WAIT).await;
