@@ -1,19 +1,26 @@
 //! `drainshim inject` and `drainshim webhook` on input nobody checked: the
 //! first byte picks manifests (YAML, injected then uninjected) or an
-//! AdmissionReview body; the rest is the input.
+//! AdmissionReview body, the mode (Istio or not) and the path; the rest is
+//! the input.
 #![no_main]
 
 use drainshim::inject::manifest::{transform, Action};
 use drainshim::inject::webhook::Webhook;
-use drainshim::inject::Settings;
+use drainshim::inject::{Mode, Settings};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&which, body)) = data.split_first() else {
         return;
     };
-    // Even: manifests (with --services when the second bit is set).
-    let settings = Settings { services: which & 2 != 0, ..Settings::default() };
+    // Even: manifests (with --services when the second bit is set, in the
+    // Istio mode when the third is).
+    let istio = which & 4 != 0;
+    let settings = Settings {
+        services: which & 2 != 0 && !istio,
+        mode: if istio { Mode::Istio } else { Mode::Sidecar },
+        ..Settings::default()
+    };
     if which % 2 == 0 {
         let Ok(text) = std::str::from_utf8(body) else {
             return;
@@ -27,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
     } else {
         // Every answer allows the pod.
         let hook = Webhook::new(settings, "default".into());
-        let (answer, _) = hook.review(body);
+        let (answer, _) = hook.review(body, istio);
         assert!(answer.is_null() || answer["response"]["allowed"] == true);
     }
 });
