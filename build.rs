@@ -1,37 +1,14 @@
-//! Generates the gRPC types of the bench protocol (feature `bench` only), and
-//! names the build for `--version`: the git commit and the enabled features.
-//!
-//! protoc comes from the `protoc-bin-vendored` crate so a fresh machine needs
-//! nothing beyond cargo.
+//! Names the build for `--version`: the git commit and the enabled features.
 use std::process::Command;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=build.rs");
-    println!("cargo:rerun-if-changed=proto");
     println!(
         "cargo:rustc-env=DRAINSHIM_VERSION={} (commit {}, features: {})",
         std::env::var("CARGO_PKG_VERSION")?,
         commit(),
         features()
     );
-    bench_proto()
-}
-
-/// The bench protocol's gRPC types (src/lib.rs `proto`).
-#[cfg(feature = "bench")]
-fn bench_proto() -> Result<(), Box<dyn std::error::Error>> {
-    let protoc = protoc_bin_vendored::protoc_bin_path()?;
-    // Build scripts are single threaded, so setting the variable is sound here.
-    std::env::set_var("PROTOC", protoc);
-    tonic_prost_build::configure()
-        .compile_protos(&["proto/drainshim/bench/v1/stream.proto"], &["proto"])?;
-    Ok(())
-}
-
-/// The production build (--no-default-features) compiles no bench proto, and
-/// neither protoc nor its code generator.
-#[cfg(not(feature = "bench"))]
-fn bench_proto() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
@@ -76,7 +53,7 @@ fn git(args: &[&str]) -> Option<String> {
     (out.status.success() && !text.is_empty()).then(|| text.to_string())
 }
 
-/// The enabled features, `bench` or `none` (cargo sets CARGO_FEATURE_<NAME>
+/// The enabled features, `mimalloc` or `none` (cargo sets CARGO_FEATURE_<NAME>
 /// for each; `default` only turns others on).
 fn features() -> String {
     let mut on: Vec<String> = std::env::vars()

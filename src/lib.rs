@@ -4,8 +4,6 @@
 //! report -> metrics and control endpoints. See docs/design.md.
 #![forbid(unsafe_code)]
 
-#[cfg(feature = "bench")]
-pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod control;
@@ -22,11 +20,3 @@ pub mod node;
 pub mod settings;
 pub mod sidecar;
 pub mod timer;
-
-/// Generated protobuf and gRPC types of the bench protocol.
-#[cfg(feature = "bench")]
-pub mod proto {
-    pub mod bench {
-        tonic::include_proto!("drainshim.bench.v1");
-    }
-}

@@ -4,16 +4,13 @@
 use clap::{Parser, Subcommand};
 
 mod agent;
-#[cfg(feature = "bench")]
-mod bench;
 mod fleet;
+pub mod harness;
 mod inject;
 pub mod install;
 pub mod logging;
 mod plan;
 pub use agent::*;
-#[cfg(feature = "bench")]
-pub use bench::*;
 pub use fleet::{
     Format, InventoryArgs, PromAccessArgs, SkewArgs, SourceArgs, VerifyArgs, WaveThresholdArgs,
     FLEET_EXIT_CODES,
@@ -23,7 +20,7 @@ pub use plan::PlanArgs;
 
 /// What `--version` prints after the name: the crate version, the git commit
 /// it was built from (`unknown` without git) and the enabled features
-/// (`bench`, or `none` for the production build), from build.rs.
+/// (`none`, or `mimalloc`), from build.rs.
 pub const VERSION: &str = env!("DRAINSHIM_VERSION");
 
 /// Exit codes, shared by every subcommand (sysexits.h).
@@ -204,10 +201,14 @@ pub enum Command {
     #[command(long_about = inject::ISTIO_ROUTING_LONG_ABOUT, after_help = EXIT_CODES)]
     IstioRouting(IstioRoutingArgs),
 
-    /// Benchmark helpers.
-    #[cfg(feature = "bench")]
-    #[command(subcommand)]
-    Bench(BenchCommand),
+    /// Benchmark helpers (needs drainshim-bench, a separate binary:
+    /// `cargo install --path bench` from a checkout).
+    #[command(
+        long_about = harness::BENCH_LONG_ABOUT,
+        disable_help_flag = true,
+        after_help = EXIT_CODES
+    )]
+    Bench(harness::HarnessArgs),
 
     /// Copy this binary into a shared volume, so another container (Envoy's)
     /// can exec `drainshim prestop` without a shell or a second image.
@@ -221,10 +222,13 @@ pub enum Command {
     Install(InstallArgs),
 
     /// Run the main job end to end on this machine: real Envoy, gRPC streams,
-    /// a drain, then the restart.
-    #[cfg(feature = "bench")]
-    #[command(after_help = EXIT_CODES)]
-    Demo(DemoArgs),
+    /// a drain, then the restart (needs drainshim-bench; `make demo` builds it).
+    #[command(
+        long_about = harness::DEMO_LONG_ABOUT,
+        disable_help_flag = true,
+        after_help = EXIT_CODES
+    )]
+    Demo(harness::HarnessArgs),
 }
 
 // === impl Command ===
@@ -245,15 +249,13 @@ impl Command {
             Command::Inject(_) => "inject",
             Command::Webhook(_) => "webhook",
             Command::IstioRouting(_) => "istio-routing",
-            #[cfg(feature = "bench")]
             Command::Bench(_) => "bench",
-            #[cfg(feature = "bench")]
             Command::Demo(_) => "demo",
         }
     }
 
     /// The runtime the command runs on: the sidecar's worker threads are a
-    /// setting (`--worker-threads`); `bench relay` gets one; others one per core. One
+    /// setting (`--worker-threads`); others one per core. One
     /// thread is tokio's current-thread scheduler, which runs woken tasks in
     /// turn: a stream that queues a frame does not switch straight to the
     /// connection's task (the multi-thread scheduler's LIFO slot does), so
@@ -269,23 +271,15 @@ impl Command {
                 b.worker_threads(a.worker_threads);
                 b
             }
-            #[cfg(feature = "bench")]
-            Command::Bench(b) if b.single_threaded() => {
-                tokio::runtime::Builder::new_current_thread()
-            }
             _ => tokio::runtime::Builder::new_multi_thread(),
         };
         builder.enable_all().build()
     }
 
-    /// The log filter without `--log`: the demo talks to a person, so only
-    /// warnings from the library.
+    /// The log filter without `--log` (drainshim-bench picks its own for
+    /// `bench` and `demo`).
     pub fn default_log(&self) -> &'static str {
-        match self {
-            #[cfg(feature = "bench")]
-            Command::Demo(_) => "warn",
-            _ => "info",
-        }
+        "info"
     }
 }
 

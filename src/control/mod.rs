@@ -330,7 +330,9 @@ pub fn parse_wait(query: &str) -> Result<bool, String> {
     Ok(wait)
 }
 
-pub(crate) fn text(status: StatusCode, body: impl Into<String>) -> Response<Full<Bytes>> {
+/// A plain-text answer with `status` (the control endpoints, the node
+/// agent's, the bench's admin stand-in).
+pub fn text(status: StatusCode, body: impl Into<String>) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::from(body.into())));
     *r.status_mut() = status;
     r.headers_mut().insert(

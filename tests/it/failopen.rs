@@ -18,8 +18,8 @@ use crate::support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use drainshim::bench::envoy::{shipped_bootstrap, EnvoyProcess};
-use drainshim::bench::failopen::{host_requests, wait_host_traffic, Load, Summary};
+use drainshim_bench::envoy::{shipped_bootstrap, EnvoyProcess};
+use drainshim_bench::failopen::{host_requests, wait_host_traffic, Load, Summary};
 use support::proc::sigkill;
 use support::*;
 use tokio::time::Instant;

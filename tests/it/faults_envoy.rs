@@ -18,10 +18,10 @@ use crate::support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use drainshim::bench::client::classify;
 use drainshim::drain::{Outcome, Report, Status, Trigger};
-use drainshim::proto::bench::stream_client::StreamClient;
-use drainshim::proto::bench::EchoRequest;
+use drainshim_bench::client::classify;
+use drainshim_bench::proto::bench::stream_client::StreamClient;
+use drainshim_bench::proto::bench::EchoRequest;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -131,7 +131,7 @@ async fn envoy_restarted_under_the_drain() {
     const N: usize = 3;
     let backend = backend().await;
     let admin_port = free_port();
-    let tweak = |o: &mut drainshim::bench::envoy::EnvoyOptions| {
+    let tweak = |o: &mut drainshim_bench::envoy::EnvoyOptions| {
         o.admin_port = admin_port;
         o.drain_time = Duration::from_secs(1);
     };

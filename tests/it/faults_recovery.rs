@@ -13,9 +13,9 @@ use crate::support;
 
 use std::time::Duration;
 
-use drainshim::bench::envoy::EnvoyProcess;
 use drainshim::drain::Outcome;
 use drainshim::envoy::AdminClient;
+use drainshim_bench::envoy::EnvoyProcess;
 use support::*;
 
 /// Envoy's `--drain-time-s` in these tests: the shim waits this (+2 s)

@@ -15,8 +15,8 @@ use crate::support::node as node_support;
 
 use std::net::{Ipv4Addr, SocketAddr};
 
-use drainshim::bench::envoy::EnvoyProcess;
 use drainshim::drain::{Outcome, Phase, Report, Status, Trigger};
+use drainshim_bench::envoy::EnvoyProcess;
 use node_support::{http_in, Lab};
 use support::*;
 

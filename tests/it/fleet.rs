@@ -5,11 +5,11 @@ use crate::support;
 
 use std::collections::BTreeMap;
 
-use drainshim::bench::envoy::EnvoyProcess;
+use drainshim_bench::envoy::EnvoyProcess;
 use support::*;
 
 fn istio_node(
-    opts: &mut drainshim::bench::envoy::EnvoyOptions,
+    opts: &mut drainshim_bench::envoy::EnvoyOptions,
     ns: &str,
     pod: &str,
     metadata: bool,

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use drainshim::bench::fleet::store::StoreKind;
-use drainshim::bench::fleet::{run, FleetBenchOptions, Run};
+use drainshim_bench::fleet::store::StoreKind;
+use drainshim_bench::fleet::{run, FleetBenchOptions, Run};
 
 fn output<'a>(runs: &'a [Run], command: &str, store: StoreKind) -> &'a Run {
     runs.iter()

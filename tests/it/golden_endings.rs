@@ -19,9 +19,9 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
-use drainshim::bench::envoy::EnvoyProcess;
-use drainshim::proto::bench::stream_client::StreamClient;
-use drainshim::proto::bench::{EchoRequest, SubscribeRequest};
+use drainshim_bench::envoy::EnvoyProcess;
+use drainshim_bench::proto::bench::stream_client::StreamClient;
+use drainshim_bench::proto::bench::{EchoRequest, SubscribeRequest};
 use support::prom::{self, check, passed_but_resets, wait_for_scrape_past};
 use support::*;
 use tokio_util::sync::CancellationToken;

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use abuse_support::*;
 use drainshim::guard::{GuardConfig, Limits};
-use drainshim::proto::bench::{EchoRequest, SubscribeRequest};
+use drainshim_bench::proto::bench::{EchoRequest, SubscribeRequest};
 use guard_support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;

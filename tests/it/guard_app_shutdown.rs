@@ -36,9 +36,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use drainshim::bench::envoy::shipped_bootstrap;
-use drainshim::proto::bench::stream_client::StreamClient;
-use drainshim::proto::bench::{EchoRequest, SubscribeRequest};
+use drainshim_bench::envoy::shipped_bootstrap;
+use drainshim_bench::proto::bench::stream_client::StreamClient;
+use drainshim_bench::proto::bench::{EchoRequest, SubscribeRequest};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use support::peers::collect;
@@ -147,7 +147,7 @@ impl AppProc {
             App::Tonic => {
                 let mut c = tokio::process::Command::new(drainshim_bin());
                 c.args(["bench", "server", "--listen", "127.0.0.1:0"])
-                    .args(["--log", "info,drainshim::bench::server=debug"]);
+                    .args(["--log", "info,drainshim_bench::server=debug"]);
                 c
             }
         };
@@ -240,7 +240,7 @@ fn long_stream(addr: SocketAddr, id: String) -> LongStream {
                 .subscribe(SubscribeRequest {
                     stream_id: id.clone(),
                     count: 0,
-                    interval_ms: drainshim::bench::client::TICK_INTERVAL_MS,
+                    interval_ms: drainshim_bench::client::TICK_INTERVAL_MS,
                     payload_bytes: 64,
                     ..Default::default()
                 })

@@ -7,7 +7,7 @@ use crate::support::guard as guard_support;
 use std::time::Duration;
 
 use drainshim::guard::Limits;
-use drainshim::proto::bench::SubscribeRequest;
+use drainshim_bench::proto::bench::SubscribeRequest;
 use guard_support::*;
 
 const PAYLOAD: u32 = 64 * 1024;
@@ -84,7 +84,7 @@ async fn idle_connections_are_closed() {
 async fn stalled_stream(
     g: &RunningGuard,
     id: &str,
-) -> tonic::Streaming<drainshim::proto::bench::Tick> {
+) -> tonic::Streaming<drainshim_bench::proto::bench::Tick> {
     let mut client = connect_client(g.addr).await;
     let req = SubscribeRequest {
         stream_id: id.to_string(),
@@ -108,7 +108,7 @@ async fn stalled_stream(
 /// Reads the rest of a stream: the sequence numbers must continue from 2
 /// without gaps. Returns the final status and the last sequence number.
 async fn read_to_end(
-    stream: &mut tonic::Streaming<drainshim::proto::bench::Tick>,
+    stream: &mut tonic::Streaming<drainshim_bench::proto::bench::Tick>,
 ) -> (tonic::Status, u64) {
     let mut last = 1;
     loop {

@@ -88,11 +88,7 @@ async fn get(sender: &mut Sender, path: &str, headers: &[(&str, &str)]) -> (u16,
 async fn pod(
     app: SocketAddr,
     extra: &[&str],
-) -> (
-    drainshim::bench::envoy::EnvoyProcess,
-    SidecarBin,
-    SocketAddr,
-) {
+) -> (drainshim_bench::envoy::EnvoyProcess, SidecarBin, SocketAddr) {
     let admin_port = free_port();
     let guard: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
     let admin = format!("http://127.0.0.1:{admin_port}");

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use drainshim::bench::envoy::EnvoyProcess;
+use drainshim_bench::envoy::EnvoyProcess;
 use http_body_util::StreamBody;
 use hyper::body::Frame;
 use prost::Message;
@@ -184,20 +184,18 @@ async fn sse_drain(http1_upstream: bool) {
 }
 
 /// The bench service, also speaking gRPC-Web (tonic-web), on an h2c port.
-async fn grpc_web_app() -> (SocketAddr, drainshim::bench::server::Ledger) {
+async fn grpc_web_app() -> (SocketAddr, drainshim_bench::server::Ledger) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let service = drainshim::bench::server::BenchService::default();
+    let service = drainshim_bench::server::BenchService::default();
     let ledger = service.ledger.clone();
     tokio::spawn(async move {
         tonic::transport::Server::builder()
             .accept_http1(true)
             .layer(tonic_web::GrpcWebLayer::new())
-            .add_service(drainshim::proto::bench::stream_server::StreamServer::new(
-                service,
-            ))
+            .add_service(drainshim_bench::proto::bench::stream_server::StreamServer::new(service))
             .serve_with_incoming(
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             )
@@ -229,7 +227,7 @@ fn web_frames(mut body: &[u8]) -> Vec<(u8, Vec<u8>)> {
 async fn grpc_web_streams_end_with_the_trailer_frame() {
     let (app, ledger) = grpc_web_app().await;
     let (envoy, shim) = pod_in_front_of(app).await;
-    let req = drainshim::proto::bench::SubscribeRequest {
+    let req = drainshim_bench::proto::bench::SubscribeRequest {
         stream_id: "web".into(),
         interval_ms: 100,
         payload_bytes: 300,
@@ -281,7 +279,7 @@ async fn grpc_web_streams_end_with_the_trailer_frame() {
         .iter()
         .map(|(flag, m)| {
             assert_eq!(*flag, 0, "a data frame");
-            drainshim::proto::bench::Tick::decode(m.as_slice())
+            drainshim_bench::proto::bench::Tick::decode(m.as_slice())
                 .expect("a whole Tick")
                 .seq
         })

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use drainshim::guard::Limits;
 use drainshim::metrics::Limit;
-use drainshim::proto::bench::stream_client::StreamClient;
+use drainshim_bench::proto::bench::stream_client::StreamClient;
 use guard_support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -201,7 +201,7 @@ async fn a_client_that_never_acks_the_ping_is_bounded() {
     .await;
     let mut raw = RawH2::connect(g.addr).await;
     let path = "/drainshim.bench.v1.Stream/Subscribe";
-    let request = drainshim::proto::bench::SubscribeRequest {
+    let request = drainshim_bench::proto::bench::SubscribeRequest {
         stream_id: "no-ack".to_string(),
         count: 0,
         interval_ms: 50,

@@ -14,10 +14,10 @@ use crate::support::guard as guard_support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use drainshim::bench::envoy::EnvoyProcess;
 use drainshim::drain::Outcome;
-use drainshim::proto::bench::stream_client::StreamClient;
-use drainshim::proto::bench::{EchoRequest, SubscribeRequest};
+use drainshim_bench::envoy::EnvoyProcess;
+use drainshim_bench::proto::bench::stream_client::StreamClient;
+use drainshim_bench::proto::bench::{EchoRequest, SubscribeRequest};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use support::*;
@@ -398,14 +398,14 @@ async fn app_with(
     tweak: impl FnOnce(tonic::transport::Server) -> tonic::transport::Server,
 ) -> (
     SocketAddr,
-    drainshim::bench::server::Ledger,
+    drainshim_bench::server::Ledger,
     tokio_util::sync::CancellationToken,
 ) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let service = drainshim::bench::server::BenchService::default();
+    let service = drainshim_bench::server::BenchService::default();
     let ledger = service.ledger.clone();
     let stop = tokio_util::sync::CancellationToken::new();
     let s = stop.clone();
@@ -413,9 +413,7 @@ async fn app_with(
     tokio::spawn(async move {
         let mut server = server;
         server
-            .add_service(drainshim::proto::bench::stream_server::StreamServer::new(
-                service,
-            ))
+            .add_service(drainshim_bench::proto::bench::stream_server::StreamServer::new(service))
             .serve_with_incoming_shutdown(
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
                 s.cancelled_owned(),

@@ -1,7 +1,8 @@
 //! The library's layering (docs/design.md, "The parts"), held against the
 //! code: top-level modules of `src/` import each other without cycles, only
 //! `main` and `cli` name `cli`, `metrics` and the leaves import nothing of
-//! the crate above them, nothing but `cli` needs the bench feature, and
+//! the crate above them, nothing in `src/` reaches for the bench (it is a
+//! crate of its own, drainshim-bench, on top of this one), and
 //! `src/` keeps its parts in rooms (the two modes apart, few files loose).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -118,9 +119,29 @@ fn the_library_takes_settings_not_flags() {
         if module != "main" && module != "cli" {
             assert!(!deps.contains("cli"), "{module} imports cli");
         }
-        if !matches!(module.as_str(), "main" | "cli" | "lib" | "bench") {
-            assert!(!deps.contains("bench"), "{module} needs the bench feature");
-        }
+        assert!(!deps.contains("bench"), "{module} imports a bench module");
+    }
+    assert!(
+        !g.contains_key("bench"),
+        "src/bench/ is back in the product"
+    );
+}
+
+/// The product does not know its harness: no file of `src/` names
+/// drainshim-bench's crate (the `bench` and `demo` subcommands run its
+/// binary, by name).
+#[test]
+fn the_product_does_not_link_the_bench() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    for file in files {
+        let code = production_code(&std::fs::read_to_string(&file).expect("read"));
+        assert!(
+            !code.contains("drainshim_bench"),
+            "{} uses the drainshim_bench crate",
+            file.display()
+        );
     }
 }
 

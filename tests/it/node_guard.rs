@@ -13,9 +13,9 @@ use crate::support::podapp;
 
 use std::time::Duration;
 
-use drainshim::bench::client::{open_streams, Ending};
-use drainshim::bench::failopen::{Load, Summary};
 use drainshim::drain::{Outcome, Report};
+use drainshim_bench::client::{open_streams, Ending};
+use drainshim_bench::failopen::{Load, Summary};
 use node_support::*;
 use podapp::*;
 use tokio::time::Instant;

@@ -11,9 +11,9 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use drainshim::bench::envoy::EnvoyProcess;
 use drainshim::fleet::prometheus::PromClient;
 use drainshim::settings::GuardSettings;
+use drainshim_bench::envoy::EnvoyProcess;
 use serde_json::Value;
 use support::prom::wait_for_scalar;
 use support::*;

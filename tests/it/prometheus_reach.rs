@@ -11,9 +11,9 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use base64::Engine as _;
-use drainshim::bench::envoy::EnvoyProcess;
 use drainshim::fleet::prometheus::PromClient;
 use drainshim::fleet::reach::{Access, Credentials, Header, Reach};
+use drainshim_bench::envoy::EnvoyProcess;
 use support::prom::wait_for_scalar;
 use support::promreach::{prom_gate, test_tls, web_config};
 use support::*;

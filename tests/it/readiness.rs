@@ -6,8 +6,8 @@ use crate::support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use drainshim::bench::envoy::shipped_bootstrap;
-use drainshim::bench::server::{serve, BenchService};
+use drainshim_bench::envoy::shipped_bootstrap;
+use drainshim_bench::server::{serve, BenchService};
 use support::*;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;

@@ -7,9 +7,9 @@ use crate::support;
 
 use std::time::Duration;
 
-use drainshim::bench::measure::ModeResult;
-use drainshim::bench::population::Protocol;
-use drainshim::bench::reconnect::{run_mode, Mode, ReconnectOptions};
+use drainshim_bench::measure::ModeResult;
+use drainshim_bench::population::Protocol;
+use drainshim_bench::reconnect::{run_mode, Mode, ReconnectOptions};
 use support::envoy_binary;
 
 fn small() -> ReconnectOptions {
@@ -100,7 +100,7 @@ async fn soak_under_max_connection_age_recycles_streams_gracefully() {
     // Envoy pools its upstream connections: one connection carries many
     // streams, and the spread keeps them from reconnecting together.
     o.max_connection_age_spread = Duration::from_secs(1);
-    let r = drainshim::bench::reconnect::soak(&o, Duration::from_secs(8))
+    let r = drainshim_bench::reconnect::soak(&o, Duration::from_secs(8))
         .await
         .expect("soak");
     eprintln!("{r:?}");

@@ -1,6 +1,7 @@
 //! What ships and how it introduces itself: `--version` names the commit and
-//! the features, the production build's dependency graph leaves out the
-//! bench's, `-o` is `--format`, and `install` reads `DRAINSHIM_TO` (and its
+//! the features, the default build's dependency graph leaves out the
+//! bench's, `bench` and `demo` say how to get drainshim-bench when it is
+//! missing, `-o` is `--format`, and `install` reads `DRAINSHIM_TO` (and its
 //! old name, with a warning). All on the real binary or the real manifest.
 
 use crate::support;
@@ -27,7 +28,7 @@ async fn output(program: &str, args: &[&str]) -> Output {
     .unwrap_or_else(|e| panic!("{program} {args:?}: {e}"))
 }
 
-/// `drainshim 0.1.0 (commit abc1234, features: bench)`: the commit is the
+/// `drainshim 0.1.0 (commit abc1234, features: none)`: the commit is the
 /// checkout's. Other commits may land in the tree between the build and this
 /// test, so the one named must be HEAD or one of its ancestors, never a
 /// commit the checkout does not have; without git it is `unknown`.
@@ -35,8 +36,8 @@ async fn output(program: &str, args: &[&str]) -> Output {
 async fn version_names_the_commit_and_the_features() {
     let (code, out, err) = run_bin(&["--version"]).await;
     assert_eq!(code, Some(0), "{err}");
-    let features = if cfg!(feature = "bench") {
-        "bench"
+    let features = if cfg!(feature = "mimalloc") {
+        "mimalloc"
     } else {
         "none"
     };
@@ -69,11 +70,12 @@ async fn version_names_the_commit_and_the_features() {
     );
 }
 
-/// `cargo build --no-default-features` (the image's build) compiles no bench
-/// proto and none of the bench's crates: the normal and build dependency
-/// graph the resolver gives that feature set, walked from drainshim.
-/// envoy-types (src/envoy's enums) still depends on tonic and prost; it is
-/// left out of the walk so the assertion is about drainshim's own edges.
+/// `cargo build` (the default build, the image's) compiles no bench proto
+/// and none of the bench's crates: they are drainshim-bench's (bench/), a
+/// dev-dependency here, and drainshim has no feature that brings them. The
+/// normal and build dependency graph, walked from drainshim. envoy-types
+/// (src/envoy's enums) still depends on tonic and prost; it is left out of
+/// the walk so the assertion is about drainshim's own edges.
 #[tokio::test]
 async fn the_production_build_compiles_no_bench_dependencies() {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
@@ -82,7 +84,6 @@ async fn the_production_build_compiles_no_bench_dependencies() {
         &[
             "metadata",
             "--locked",
-            "--no-default-features",
             "--format-version",
             "1",
             "--manifest-path",
@@ -115,6 +116,20 @@ async fn the_production_build_compiles_no_bench_dependencies() {
         .collect();
     let root = meta["resolve"]["root"].as_str().expect("resolve.root");
     assert_eq!(names[root], "drainshim");
+    // The default build is the product: no default features, none for the bench.
+    let package = meta["packages"]
+        .as_array()
+        .expect("packages")
+        .iter()
+        .find(|p| p["id"] == root)
+        .expect("drainshim's package");
+    let features: BTreeSet<&str> = package["features"]
+        .as_object()
+        .expect("features")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(features, BTreeSet::from(["mimalloc"]), "{features:?}");
 
     // Every crate the build compiles, but for dev-dependencies (tests, benches).
     let mut compiled = BTreeSet::new();
@@ -140,6 +155,7 @@ async fn the_production_build_compiles_no_bench_dependencies() {
         assert!(compiled.contains(needed), "{needed} missing: {compiled:?}");
     }
     for bench_only in [
+        "drainshim-bench",
         "tonic",
         "tonic-prost",
         "tonic-prost-build",
@@ -150,7 +166,47 @@ async fn the_production_build_compiles_no_bench_dependencies() {
     ] {
         assert!(
             !compiled.contains(bench_only),
-            "the production build compiles {bench_only}"
+            "the default build compiles {bench_only}"
+        );
+    }
+}
+
+/// `drainshim bench` and `drainshim demo` run drainshim-bench; where there is
+/// none (a copy of drainshim alone, nothing on PATH) they exit 69 and say how
+/// to get it, and `--help` says they need it.
+#[tokio::test]
+async fn bench_and_demo_say_how_to_get_drainshim_bench() {
+    let (code, help, _) = run_bin(&["--help"]).await;
+    assert_eq!(code, Some(0));
+    for line in ["bench", "demo"].map(|c| {
+        help.lines()
+            .find(|l| l.trim_start().starts_with(c))
+            .unwrap_or_else(|| panic!("--help lists no {c}: {help}"))
+            .to_string()
+    }) {
+        assert!(line.contains("drainshim-bench"), "{line}");
+    }
+
+    let alone = tempfile::tempdir().expect("tempdir");
+    let copy = alone.path().join("drainshim");
+    std::fs::copy(drainshim_bin(), &copy).expect("copy the binary");
+    for args in [&["bench", "server", "--help"][..], &["demo"], &["bench"]] {
+        let out = tokio::time::timeout(
+            WAIT,
+            tokio::process::Command::new(&copy)
+                .args(args)
+                .env("PATH", "")
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .expect("finishes")
+        .expect("runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(69), "{args:?}: {err}");
+        assert!(
+            err.contains("drainshim-bench not found") && err.contains("cargo install --path bench"),
+            "{args:?}: {err}"
         );
     }
 }

@@ -25,12 +25,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use drainshim::bench::client::{open_streams, Ending};
-use drainshim::bench::failopen::Load;
 use drainshim::drain::Report;
 use drainshim::node::netns::Netns;
-use drainshim::proto::bench::stream_client::StreamClient;
-use drainshim::proto::bench::EchoRequest;
+use drainshim_bench::client::{open_streams, Ending};
+use drainshim_bench::failopen::Load;
+use drainshim_bench::proto::bench::stream_client::StreamClient;
+use drainshim_bench::proto::bench::EchoRequest;
 use node_support::*;
 use podapp::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -382,7 +382,7 @@ async fn reap(agent: &mut AgentBin, what: &str) {
 /// How each long stream ended (each waited for, bounded): how many ended
 /// gracefully, and the others described. A lost message fails at once.
 async fn stream_ends(
-    streams: Vec<tokio::task::JoinHandle<drainshim::bench::client::StreamEnd>>,
+    streams: Vec<tokio::task::JoinHandle<drainshim_bench::client::StreamEnd>>,
 ) -> (usize, Vec<String>) {
     let mut graceful = 0;
     let mut cut = Vec::new();

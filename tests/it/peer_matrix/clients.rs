@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use drainshim::proto::bench::stream_client::StreamClient;
-use drainshim::proto::bench::SubscribeRequest;
+use drainshim_bench::proto::bench::stream_client::StreamClient;
+use drainshim_bench::proto::bench::SubscribeRequest;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 

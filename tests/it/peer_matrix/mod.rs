@@ -74,10 +74,10 @@ use account::{
     app_goaways_metric, lost_fates, series_sum, Fate, Row, Wire, APP_GOAWAYS, BLIND_ENDED,
 };
 use clients::{classify, client, describe, End, Sub};
-use drainshim::bench::envoy::{shipped_bootstrap, EnvoyProcess};
 use drainshim::drain::Report;
 use drainshim::guard::end_message;
 use drainshim::metrics::Reason;
+use drainshim_bench::envoy::{shipped_bootstrap, EnvoyProcess};
 use support::guard::Tap;
 use support::peers::{tail, AppStream, PeerApp, Server};
 use support::{guard_bin_pod, http, prestop, SidecarBin, WAIT};

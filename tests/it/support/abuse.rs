@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use drainshim::proto::bench::stream_client::StreamClient;
+use drainshim_bench::proto::bench::stream_client::StreamClient;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
@@ -138,7 +138,7 @@ impl GuardProcess {
 
     /// CPU time (user + system) the guard used so far.
     pub fn cpu(&self) -> Duration {
-        drainshim::bench::measure::cpu_time(self.pid)
+        drainshim_bench::measure::cpu_time(self.pid)
             .unwrap_or_else(|e| panic!("CPU time of the guard ({}): {e}", self.pid))
     }
 

@@ -1,7 +1,7 @@
 //! How a stream through a drain ended.
 
-use drainshim::bench::client::{Ending, StreamEnd};
-use drainshim::bench::server::Ledger;
+use drainshim_bench::client::{Ending, StreamEnd};
+use drainshim_bench::server::Ledger;
 
 /// `end` was ended by a drain, gracefully (UNAVAILABLE saying "drain"),
 /// with no gap and nothing lost of what the backend (`ledger`) wrote.

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use drainshim::guard::{Guard, GuardConfig};
 use drainshim::metrics::Metrics;
-use drainshim::proto::bench::stream_client::StreamClient;
-use drainshim::proto::bench::{EchoRequest, SubscribeRequest};
+use drainshim_bench::proto::bench::stream_client::StreamClient;
+use drainshim_bench::proto::bench::{EchoRequest, SubscribeRequest};
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

@@ -22,14 +22,14 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use drainshim::bench::envoy::{self, EnvoyOptions, EnvoyProcess};
-use drainshim::bench::server::{BenchService, Ledger};
 use drainshim::config::Timers;
 use drainshim::drain::Report;
-use drainshim::proto::bench::stream_client::StreamClient;
-use drainshim::proto::bench::{EchoRequest, SubscribeRequest};
 use drainshim::settings::{GuardSettings, SidecarSettings};
 use drainshim::sidecar::{self, Sidecar};
+use drainshim_bench::envoy::{self, EnvoyOptions, EnvoyProcess};
+use drainshim_bench::proto::bench::stream_client::StreamClient;
+use drainshim_bench::proto::bench::{EchoRequest, SubscribeRequest};
+use drainshim_bench::server::{BenchService, Ledger};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -99,7 +99,7 @@ pub struct Backend {
     pub service: BenchService,
     pub ledger: Ledger,
     /// Faults injected into `Echo` (failures, latency), changeable while serving.
-    pub faults: drainshim::bench::server::Faults,
+    pub faults: drainshim_bench::server::Faults,
     stop: CancellationToken,
 }
 
@@ -121,7 +121,7 @@ pub async fn backend() -> Backend {
     let s = stop.clone();
     let svc = service.clone();
     tokio::spawn(async move {
-        let _ = drainshim::bench::server::serve(listener, svc, s.cancelled_owned()).await;
+        let _ = drainshim_bench::server::serve(listener, svc, s.cancelled_owned()).await;
     });
     Backend {
         addr,
@@ -149,12 +149,12 @@ pub async fn envoy(version: &str, upstream: SocketAddr) -> EnvoyProcess {
     envoy_with(version, upstream, |_| {}).await
 }
 
-pub use drainshim::bench::client::{Ending, StreamEnd};
+pub use drainshim_bench::client::{Ending, StreamEnd};
 
 /// Opens `n` long-lived Subscribe streams to `addr`, each on its own
 /// connection, and returns once all have received their first message.
 pub async fn open_streams(addr: SocketAddr, n: usize, prefix: &str) -> Vec<JoinHandle<StreamEnd>> {
-    drainshim::bench::client::open_streams(addr, n, prefix, Duration::from_secs(120))
+    drainshim_bench::client::open_streams(addr, n, prefix, Duration::from_secs(120))
         .await
         .unwrap_or_else(|e| panic!("open streams: {e}"))
 }
@@ -441,7 +441,7 @@ pub async fn prometheus(targets: &[SocketAddr]) -> Prometheus {
 /// basic auth), when given: ready once its log says so, since its own
 /// readiness endpoint then wants the TLS and the password too.
 pub async fn prometheus_with(targets: &[SocketAddr], web_config: Option<&str>) -> Prometheus {
-    let bin = drainshim::bench::envoy::cache_dir().join("prometheus/usr/bin/prometheus");
+    let bin = drainshim_bench::envoy::cache_dir().join("prometheus/usr/bin/prometheus");
     assert!(
         bin.is_file(),
         "Prometheus is missing at {}: run `make tools` (scripts/fetch-prometheus.sh). Tests never skip for it.",
@@ -599,7 +599,7 @@ pub async fn guard_in_front_of(
 /// A free TCP port on loopback (bound and released: good enough for tests
 /// that hand it to a process which binds it at once).
 pub fn free_port() -> u16 {
-    drainshim::bench::free_port().expect("a free loopback port")
+    drainshim_bench::free_port().expect("a free loopback port")
 }
 
 /// The real `drainshim sidecar` binary, its control address learned from

@@ -21,9 +21,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use drainshim::bench::envoy::{cache_dir, cached, EnvoyOptions};
 use drainshim::envoy::AdminClient;
 use drainshim::node::netns::{Netns, NetnsDial};
+use drainshim_bench::envoy::{cache_dir, cached, EnvoyOptions};
 use tokio::process::{Child, Command};
 
 /// Every Lab, link and namespace of this process gets the next number.

@@ -1,6 +1,6 @@
 //! The gRPC servers of the peer matrix (tests/it/peer_matrix.rs), each a
 //! separate process serving the bench protocol
-//! (proto/drainshim/bench/v1/stream.proto) with its own HTTP/2 stack and
+//! (bench/proto/drainshim/bench/v1/stream.proto) with its own HTTP/2 stack and
 //! that stack's default keepalive enforcement:
 //!
 //! | server | what runs | built by |
@@ -56,7 +56,7 @@ impl Server {
 
     fn command(self) -> Command {
         let built = |name: &str| {
-            let p = drainshim::bench::envoy::cache_dir()
+            let p = drainshim_bench::envoy::cache_dir()
                 .join("peers")
                 .join(name)
                 .join("app");
@@ -78,7 +78,7 @@ impl Server {
             Server::Tonic => {
                 let mut c = Command::new(drainshim_bin());
                 c.args(["bench", "server", "--listen", "127.0.0.1:0"])
-                    .args(["--log", "info,drainshim::bench::server=debug"])
+                    .args(["--log", "info,drainshim_bench::server=debug"])
                     .args(["--log-format", "json"]);
                 c
             }
@@ -327,7 +327,7 @@ mod tests {
             ]
         );
         let json = [
-            r#"{"timestamp":"t","level":"INFO","message":"bench server listening","addr":"127.0.0.1:4000","target":"drainshim::bench::server"}"#,
+            r#"{"timestamp":"t","level":"INFO","message":"bench server listening","addr":"127.0.0.1:4000","target":"drainshim_bench::server"}"#,
             r#"{"level":"DEBUG","message":"bench server: subscribe","stream_id":"q-1","peer":"127.0.0.1:5000"}"#,
             r#"{"level":"DEBUG","message":"bench server: stream ended","stream_id":"q-1","last_written":7}"#,
         ];

@@ -8,9 +8,9 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use drainshim::bench::envoy::EnvoyOptions;
-use drainshim::bench::envoy::SHIPPED_BOOTSTRAP;
-use drainshim::bench::server::BenchService;
+use drainshim_bench::envoy::EnvoyOptions;
+use drainshim_bench::envoy::SHIPPED_BOOTSTRAP;
+use drainshim_bench::server::BenchService;
 use tokio_util::sync::CancellationToken;
 
 use super::node::*;
@@ -69,7 +69,7 @@ pub async fn app_in(ns: &Ns) -> CancellationToken {
     let s = stop.clone();
     tokio::spawn(async move {
         let _ =
-            drainshim::bench::server::serve(listener, BenchService::default(), s.cancelled_owned())
+            drainshim_bench::server::serve(listener, BenchService::default(), s.cancelled_owned())
                 .await;
     });
     stop

@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use drainshim::bench::envoy::EnvoyProcess;
 use drainshim::fleet::prometheus::PromClient;
 use drainshim::settings::GuardSettings;
+use drainshim_bench::envoy::EnvoyProcess;
 
 use super::{
     envoy_with, free_port, prometheus, run_bin, sidecar_settings, wait_for, Backend, Prometheus,

@@ -8,8 +8,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use drainshim::bench::envoy::EnvoyProcess;
-use drainshim::bench::ws::WsLedger;
+use drainshim_bench::envoy::EnvoyProcess;
+use drainshim_bench::ws::WsLedger;
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -37,9 +37,7 @@ pub async fn ws_app() -> WsApp {
     let ledger = WsLedger::default();
     let stop = CancellationToken::new();
     let (l, s) = (ledger.clone(), stop.clone());
-    tokio::spawn(
-        async move { drainshim::bench::ws::serve(listener, l, s.cancelled_owned()).await },
-    );
+    tokio::spawn(async move { drainshim_bench::ws::serve(listener, l, s.cancelled_owned()).await });
     WsApp { addr, ledger, stop }
 }
 
@@ -56,7 +54,7 @@ pub async fn mixed_app() -> WsApp {
     let stop = CancellationToken::new();
     let (l, s) = (ledger.clone(), stop.clone());
     tokio::spawn(async move {
-        drainshim::bench::ws::serve_mixed(listener, l, s.cancelled_owned()).await
+        drainshim_bench::ws::serve_mixed(listener, l, s.cancelled_owned()).await
     });
     WsApp { addr, ledger, stop }
 }

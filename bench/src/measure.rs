@@ -251,7 +251,7 @@ pub fn render_table(results: &[ModeResult]) -> String {
             ]
         })
         .collect();
-    crate::fleet::table(
+    drainshim::fleet::table(
         &[
             "MODE",
             "PROTOCOL",

@@ -141,7 +141,7 @@ pub async fn host_requests(admin: SocketAddr, host: SocketAddr) -> Option<u64> {
     .ok()?;
     let (status, body) = tokio::time::timeout(
         Duration::from_secs(2),
-        crate::http::request(tcp, &admin.to_string(), http::Method::GET, "/clusters"),
+        drainshim::http::request(tcp, &admin.to_string(), http::Method::GET, "/clusters"),
     )
     .await
     .ok()?

@@ -38,9 +38,9 @@ use tokio_util::sync::CancellationToken;
 use super::node_scale::{
     cpu_seconds, get, io, ip, rss_mib, wait_stub, Fixture, NodeScaleError, ADMIN_PORT, WAIT,
 };
-use crate::node::netns::Netns;
 use crate::proto::bench::stream_client::StreamClient;
 use crate::proto::bench::EchoRequest;
+use drainshim::node::netns::Netns;
 
 /// The app inside each pod (all addresses: the baseline calls it directly).
 const APP_PORT: u16 = 8080;
@@ -59,7 +59,10 @@ const FLOOD_WORKERS: usize = 32;
 pub struct NodeGuardOptions {
     pub pods: usize,
     pub idle_window: Duration,
+    /// The drainshim binary, run as the agent and the per-pod sidecars.
     pub binary: PathBuf,
+    /// The drainshim-bench binary, run as the admin stand-ins (`admin-stub`).
+    pub stub: PathBuf,
     /// Offered unary calls per second, over all pods.
     pub rate: f64,
     /// How long each load phase runs.
@@ -401,7 +404,7 @@ async fn measured(
 }
 
 pub async fn run(opts: NodeGuardOptions) -> Result<NodeGuardReport, NodeScaleError> {
-    let (mut fx, farm, envoy) = Fixture::new("drainshim-node-guard-", &opts.binary)?;
+    let (mut fx, farm, envoy) = Fixture::new("drainshim-node-guard-", &opts.stub)?;
     let apps = CancellationToken::new();
     let _apps_stop = apps.clone().drop_guard();
 
@@ -409,7 +412,7 @@ pub async fn run(opts: NodeGuardOptions) -> Result<NodeGuardReport, NodeScaleErr
         "node-scale --guards: creating {} pods (namespace, veth, app, admin stand-in)",
         opts.pods
     );
-    let mut taken: Vec<Ipv4Addr> = crate::node::netns::host_addresses()
+    let mut taken: Vec<Ipv4Addr> = drainshim::node::netns::host_addresses()
         .map_err(io("list host addresses"))?
         .into_iter()
         .filter_map(|a| match a {
@@ -442,7 +445,7 @@ pub async fn run(opts: NodeGuardOptions) -> Result<NodeGuardReport, NodeScaleErr
         let stub = Command::new("ip")
             .args(["netns", "exec", &name])
             .arg(&envoy)
-            .args(["--log", "warn", "bench", "admin-stub"])
+            .args(["--log", "warn", "admin-stub"])
             .args(["--listen", &format!("127.0.0.1:{ADMIN_PORT}")])
             .args(["--namespace", "bench", "--pod", &format!("pod-{i}")])
             .stdin(Stdio::null())

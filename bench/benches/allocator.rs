@@ -18,9 +18,7 @@ mod common;
 use common::load::*;
 use common::*;
 
-use std::path::PathBuf;
-
-use drainshim::bench::envoy::{self, EnvoyOptions, EnvoyProcess};
+use drainshim_bench::envoy::{self, EnvoyOptions, EnvoyProcess};
 
 /// Rounds, and seconds of load per path and round (after a 1 s warm-up).
 const ROUNDS: usize = 6;
@@ -66,7 +64,7 @@ async fn main() {
     // The guards' processes live until the end of main.
     let mut guards = Vec::new();
     for (name, relative, flag) in CANDIDATES {
-        let binary = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(relative);
+        let binary = drainshim_bench::source_root().join(relative);
         assert!(
             binary.is_file(),
             "{}: missing; build it with scripts/build-shipped.sh{flag} (make bench-allocator does)",

@@ -489,7 +489,7 @@ const LATENCY: [(&str, f64); 14] = [
 /// `instance`): every counter the fleet tools read, the request-duration
 /// histogram and the drain report.
 fn traffic_families() -> impl Iterator<Item = &'static str> {
-    crate::fleet::golden::COUNTERS
+    drainshim::fleet::golden::COUNTERS
         .into_iter()
         .map(|(_, metric)| metric)
         .chain([
@@ -690,8 +690,8 @@ mod tests {
         assert!(parse(&f.tiers_toml()).is_ok());
     }
 
-    fn parse(s: &str) -> Result<Vec<crate::fleet::plan::TierSpec>, String> {
-        crate::fleet::plan::parse_tiers(s)
+    fn parse(s: &str) -> Result<Vec<drainshim::fleet::plan::TierSpec>, String> {
+        drainshim::fleet::plan::parse_tiers(s)
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! history, on Prometheus and on VictoriaMetrics.
 //!
 //! It writes the history ([`sim`]), loads it into each store ([`store`]),
-//! then runs `inventory`, `skew`, `verify` and `plan` as this binary's own
-//! subcommands against each, and reports per command and store the wall
+//! then runs `inventory`, `skew`, `verify` and `plan` (the `drainshim`
+//! binary's subcommands) against each, and reports per command and store the wall
 //! time, the peak RSS, the queries asked and the bytes the store answered.
 //! It also judges: every command's JSON must be the same on both stores,
 //! and `plan` must name the stalled wave, the point of no return and the
@@ -30,7 +30,7 @@ pub struct FleetBenchOptions {
     /// Seconds between the history's samples.
     pub interval: Duration,
     pub stores: Vec<StoreKind>,
-    /// This binary: the commands are run as its subcommands.
+    /// The `drainshim` binary: the commands are run as its subcommands.
     pub binary: PathBuf,
     /// Keep the history, blocks and logs here instead of a temporary
     /// directory removed at the end.
@@ -126,7 +126,7 @@ impl FleetReport {
                 ]
             })
             .collect();
-        out.push_str(&crate::fleet::table(
+        out.push_str(&drainshim::fleet::table(
             &[
                 "COMMAND",
                 "STORE",
@@ -241,7 +241,7 @@ fn plan_moments(shape: &Shape) -> [(&'static str, &'static str, i64); 3] {
     ]
 }
 
-/// What one run of this binary said about itself in its debug lines.
+/// What one run of the drainshim binary said about itself in its debug lines.
 fn stats(stderr: &str) -> (u64, u64, f64) {
     let (mut queries, mut bytes, mut rss) = (0, 0, 0.0);
     for line in stderr.lines() {
@@ -555,8 +555,8 @@ pub async fn run(opts: FleetBenchOptions) -> Result<FleetReport, String> {
 /// history once, at the step the plan reads versions at (the median of
 /// three).
 async fn baseline(store: &Store, shape: &Shape) -> Result<f64, String> {
-    use crate::fleet::plan::step_for;
-    use crate::fleet::prometheus::PromClient;
+    use drainshim::fleet::plan::step_for;
+    use drainshim::fleet::prometheus::PromClient;
     let prom = PromClient::new(&store.url, Duration::from_secs(300)).map_err(|e| e.to_string())?;
     let history = Duration::from_secs((TIMELINE.history_days * sim::DAY) as u64);
     let step = step_for(history, &[Duration::from_secs(12 * 3600)]);

@@ -9,8 +9,8 @@ mod common;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use drainshim::bench::envoy::{self, EnvoyOptions, EnvoyProcess};
-use drainshim::bench::server::{serve, BenchService};
+use drainshim_bench::envoy::{self, EnvoyOptions, EnvoyProcess};
+use drainshim_bench::server::{serve, BenchService};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// How long each phase is sampled.

@@ -1,7 +1,7 @@
 //! `drainshim bench node-scale`: the node agent with N pods.
 //!
 //! It creates N network namespaces (loopback only), runs in each one a light
-//! admin stand-in (`drainshim bench admin-stub`, started through a link named
+//! admin stand-in (`drainshim-bench admin-stub`, started through a link named
 //! `envoy` so its process name is the one the agent looks for) on
 //! 127.0.0.1:15000, then starts the real `drainshim node` binary on a private
 //! view of `/proc` holding just those processes, and measures:
@@ -25,7 +25,7 @@ use serde::Serialize;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-use crate::node::netns::Netns;
+use drainshim::node::netns::Netns;
 
 /// Envoy's admin port inside a pod, as the agent expects by default.
 pub(crate) const ADMIN_PORT: u16 = 15000;
@@ -57,8 +57,10 @@ pub struct NodeScaleOptions {
     pub pods: usize,
     /// How long to watch the idle agent's CPU.
     pub idle_window: Duration,
-    /// The drainshim binary to run as agent and stubs.
+    /// The drainshim binary to run as the agent.
     pub binary: PathBuf,
+    /// The drainshim-bench binary, run as the admin stand-ins (`admin-stub`).
+    pub stub: PathBuf,
 }
 
 /// The figures.
@@ -122,11 +124,12 @@ pub(crate) struct Fixture {
 
 impl Fixture {
     /// Checks for root, then makes the temporary directory with an empty
-    /// /proc view (`farm`, returned first) and `envoy`, a link to `binary`
-    /// under the process name the agent looks for (returned second).
+    /// /proc view (`farm`, returned first) and `envoy`, a link to `stub`
+    /// (drainshim-bench, run as `admin-stub`) under the process name the
+    /// agent looks for (returned second).
     pub(crate) fn new(
         prefix: &str,
-        binary: &std::path::Path,
+        stub: &std::path::Path,
     ) -> Result<(Self, PathBuf, PathBuf), NodeScaleError> {
         if !nix::unistd::geteuid().is_root() {
             return Err(NodeScaleError::NotRoot);
@@ -138,7 +141,7 @@ impl Fixture {
         let farm = dir.path().join("proc");
         std::fs::create_dir(&farm).map_err(io("create the /proc view"))?;
         let envoy = dir.path().join("envoy");
-        std::os::unix::fs::symlink(binary, &envoy).map_err(io("link the stub as envoy"))?;
+        std::os::unix::fs::symlink(stub, &envoy).map_err(io("link the stub as envoy"))?;
         let fx = Fixture {
             namespaces: Vec::new(),
             children: Vec::new(),
@@ -180,7 +183,7 @@ pub(crate) async fn ip(args: &[&str]) -> Result<(), NodeScaleError> {
 }
 
 pub async fn run(opts: NodeScaleOptions) -> Result<NodeScaleReport, NodeScaleError> {
-    let (mut fx, farm, envoy) = Fixture::new("drainshim-node-scale-", &opts.binary)?;
+    let (mut fx, farm, envoy) = Fixture::new("drainshim-node-scale-", &opts.stub)?;
 
     eprintln!("node-scale: creating {} pod namespaces", opts.pods);
     let tag = std::process::id();
@@ -193,7 +196,7 @@ pub async fn run(opts: NodeScaleOptions) -> Result<NodeScaleReport, NodeScaleErr
         let child = Command::new("ip")
             .args(["netns", "exec", &name])
             .arg(&envoy)
-            .args(["--log", "warn", "bench", "admin-stub"])
+            .args(["--log", "warn", "admin-stub"])
             .args(["--listen", &format!("127.0.0.1:{ADMIN_PORT}")])
             .args(["--namespace", "bench", "--pod", &format!("pod-{i}")])
             .args(["--version", "1.40.0"])
@@ -306,7 +309,7 @@ pub(crate) async fn get(addr: SocketAddr, path: &str) -> Result<(u16, String), S
         .map_err(|e| e.to_string())?;
     let (status, body) = tokio::time::timeout(
         WAIT,
-        crate::http::request(s, &addr.to_string(), http::Method::GET, path),
+        drainshim::http::request(s, &addr.to_string(), http::Method::GET, path),
     )
     .await
     .map_err(|_| "no answer".to_string())?

@@ -37,8 +37,10 @@ use super::server::Ledger;
 #[derive(Clone, Debug)]
 pub struct SoakOptions {
     pub envoy: PathBuf,
-    /// The `drainshim` binary run as the sidecar (this one).
+    /// The `drainshim` binary run as the sidecar (or the node agent).
     pub binary: PathBuf,
+    /// The drainshim-bench binary, run as the node soak's admin stand-ins.
+    pub stub: PathBuf,
     pub streams: usize,
     pub duration: Duration,
     pub max_connection_age: Duration,
@@ -307,7 +309,7 @@ async fn sample_all(subject: &impl Subject, seconds: f64, recycled: u64) -> Resu
     let asked = async {
         let tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
         let authority = addr.to_string();
-        let (_, body) = crate::http::request(tcp, &authority, http::Method::GET, "/status")
+        let (_, body) = drainshim::http::request(tcp, &authority, http::Method::GET, "/status")
             .await
             .ok()?;
         serde_json::from_slice::<serde_json::Value>(&body).ok()?["tasks"].as_u64()
@@ -556,7 +558,7 @@ async fn wait_ready(shim: &mut Shim, port: u16) -> Result<(), String> {
         shim.alive()?;
         if let Ok(tcp) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
             let authority = format!("127.0.0.1:{port}");
-            let asked = crate::http::request(tcp, &authority, http::Method::GET, "/healthz");
+            let asked = drainshim::http::request(tcp, &authority, http::Method::GET, "/healthz");
             if let Ok(Ok((status, _))) = tokio::time::timeout(Duration::from_secs(2), asked).await {
                 if status.is_success() {
                     return Ok(());

@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 
-use drainshim::bench::measure;
+use drainshim_bench::measure;
 use tokio::process::Command;
 
 /// One h2load run.
@@ -94,7 +94,7 @@ pub async fn h2load(
         .map(|us| us / 1000.0)
         .collect();
     lat.sort_by(f64::total_cmp);
-    let p99 = drainshim::bench::measure::percentile(&lat, 0.99);
+    let p99 = drainshim_bench::measure::percentile(&lat, 0.99);
     let cpu_us = cpu.map(|s| s * 1e6 / succeeded.max(1.0));
     eprintln!(
         "  {} {tag}: {rps:.0} req/s, p99 {p99:.2} ms{}",

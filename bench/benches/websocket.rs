@@ -21,7 +21,7 @@ use common::*;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use drainshim::bench::envoy::{self, EnvoyOptions, EnvoyProcess};
+use drainshim_bench::envoy::{self, EnvoyOptions, EnvoyProcess};
 use futures_util::{SinkExt, StreamExt};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;

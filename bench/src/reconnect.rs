@@ -22,11 +22,11 @@ use super::envoy::{EnvoyOptions, EnvoyProcess};
 use super::measure::{self, ModeResult, Observed};
 use super::population::{Endpoints, Population, Protocol};
 use super::server::Ledger;
-use crate::config::{self, Invalid, Span, Timers};
-use crate::drain::{DrainHandle, Report, Trigger};
-use crate::http::{Endpoint, UrlError};
-use crate::settings::{GuardSettings, SidecarSettings};
-use crate::sidecar;
+use drainshim::config::{self, Invalid, Span, Timers};
+use drainshim::drain::{DrainHandle, Report, Trigger};
+use drainshim::http::{Endpoint, UrlError};
+use drainshim::settings::{GuardSettings, SidecarSettings};
+use drainshim::sidecar;
 
 /// How pod A is restarted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -219,7 +219,7 @@ pub(super) async fn start_app(
             // The app's accept queue as a Go or Java server's
             // (net.core.somaxconn), not tokio's 128: a burst of WebSockets
             // must not overflow it either.
-            let listener = crate::guard::bind_listener(SocketAddr::from(([127, 0, 0, 1], 0)))
+            let listener = drainshim::guard::bind_listener(SocketAddr::from(([127, 0, 0, 1], 0)))
                 .map_err(|e| format!("bind backend: {e}"))?;
             let app = listener.local_addr().map_err(|e| e.to_string())?;
             // The app serves both populations on one port: gRPC and WebSocket.

@@ -1,4 +1,4 @@
-//! What the benchmarks share: the real `drainshim` binary started as the
+//! What the benchmarks share: the `drainshim-bench` binary started as the
 //! bench backend or app, the production binary as a guard-only sidecar,
 //! free ports, and RSS. Each bench includes it with `mod common;` and uses
 //! what it needs.
@@ -14,25 +14,36 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-/// The release binary built for this bench run, with the `bench` feature:
-/// the helpers (`bench server`, `bench app`, `bench relay`), never the
-/// process being measured.
+/// The release drainshim-bench binary built for this bench run: the
+/// helpers (`server`, `app`, `relay`), never the process being measured.
 pub fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_drainshim"))
+    PathBuf::from(env!("CARGO_BIN_EXE_drainshim-bench"))
+}
+
+/// The release `drainshim` beside [`bin`] (target/release/drainshim; `cargo
+/// bench -p drainshim-bench` does not build it, `make bench` does).
+pub fn drainshim() -> PathBuf {
+    let path = bin().with_file_name("drainshim");
+    assert!(
+        path.is_file(),
+        "{}: missing; build it with `cargo build --release -p drainshim` (make bench does)",
+        path.display()
+    );
+    path
 }
 
 /// Where scripts/build-shipped.sh puts the production binary.
 const SHIPPED: &str = "target/shipped/drainshim";
 
 /// The production binary, the one the image ships (scripts/build-shipped.sh:
-/// release, `--no-default-features`, static, the shipped allocator; `make
+/// release, static, the shipped allocator; `make
 /// bench` builds it first): the guard and the shim are measured as it.
 /// `DRAINSHIM_SHIPPED_BIN` names another build of it, e.g.
 /// `target/shipped-mimalloc/drainshim` to compare allocators.
 pub fn shipped() -> PathBuf {
     let path = std::env::var_os("DRAINSHIM_SHIPPED_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(SHIPPED));
+        .unwrap_or_else(|| drainshim_bench::source_root().join(SHIPPED));
     assert!(
         path.is_file(),
         "{}: no production binary; build it with scripts/build-shipped.sh (make bench does)",
@@ -79,7 +90,7 @@ pub fn announce_measured() -> PathBuf {
 
 /// A free loopback address (bound and released).
 pub fn free_addr() -> SocketAddr {
-    let port = drainshim::bench::free_port().expect("a free loopback port");
+    let port = drainshim_bench::free_port().expect("a free loopback port");
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
@@ -94,7 +105,7 @@ pub async fn wait_listening(addr: SocketAddr) {
     panic!("nothing listens on {addr}");
 }
 
-/// `drainshim bench <what> --listen ADDR`: `server` (the tonic backend) or
+/// `drainshim-bench <what> --listen ADDR`: `server` (the tonic backend) or
 /// `app` (gRPC and WebSocket on one port), once it listens.
 pub async fn bench_process(what: &str) -> (Child, SocketAddr) {
     bench_process_with(what, &[]).await
@@ -104,18 +115,11 @@ pub async fn bench_process(what: &str) -> (Child, SocketAddr) {
 pub async fn bench_process_with(what: &str, extra: &[&str]) -> (Child, SocketAddr) {
     let addr = free_addr();
     let child = Command::new(bin())
-        .args([
-            "bench",
-            what,
-            "--listen",
-            &addr.to_string(),
-            "--log",
-            "warn",
-        ])
+        .args([what, "--listen", &addr.to_string(), "--log", "warn"])
         .args(extra)
         .kill_on_drop(true)
         .spawn()
-        .unwrap_or_else(|e| panic!("drainshim bench {what}: {e}"));
+        .unwrap_or_else(|e| panic!("drainshim-bench {what}: {e}"));
     wait_listening(addr).await;
     (child, addr)
 }

@@ -203,8 +203,8 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     // The accept queue of a Go or Java server (net.core.somaxconn), not tokio's 128.
-    let listener =
-        crate::guard::bind_listener(addr).map_err(|e| format!("bench server: bind {addr}: {e}"))?;
+    let listener = drainshim::guard::bind_listener(addr)
+        .map_err(|e| format!("bench server: bind {addr}: {e}"))?;
     tracing::info!(addr = %listener.local_addr()?, "bench server listening");
     let shutdown = async {
         shutdown.await;

@@ -1,16 +1,97 @@
-//! The benchmark and demo subcommands (cargo feature `bench`, on by
-//! default; production images build without it).
+//! The command line of drainshim-bench: the benchmark subcommands and the
+//! demo. `drainshim bench <command>` and `drainshim demo` run this binary
+//! with the same arguments (`bench` left out), so flags, help and exit codes
+//! are the ones users know.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::{Args, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
-use super::{emit, Format, EXIT_CODES};
-use crate::bench::{self, reconnect};
-use crate::config::Span;
-use crate::error::Error;
-use crate::sidecar::sigterm::sigterms;
+use crate::reconnect;
+use drainshim::cli::logging::LogFormat;
+use drainshim::cli::{emit, Format, MaxAgeArgs, EXIT_CODES};
+use drainshim::config::Span;
+use drainshim::error::Error;
+use drainshim::sidecar::sigterm::sigterms;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "drainshim-bench",
+    // The drainshim library it was built with: its version, commit and features.
+    version = drainshim::cli::VERSION,
+    about = "drainshim's benchmarks and demo (run as `drainshim bench <command>` and `drainshim demo`)",
+    after_help = EXIT_CODES
+)]
+pub struct Cli {
+    /// Log filter (tracing-subscriber syntax), e.g. `info` or `drainshim=debug`.
+    /// Default: `info` (`warn` for the demo).
+    #[arg(long, env = "DRAINSHIM_LOG", global = true)]
+    pub log: Option<String>,
+
+    /// How log lines on stderr are written: `text` for people, or `json`,
+    /// one JSON object per line.
+    #[arg(long, env = "DRAINSHIM_LOG_FORMAT", global = true, value_enum,
+          default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+// Parsed once at start: the size of the biggest variant does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    #[command(flatten)]
+    Bench(BenchCommand),
+
+    /// Run the main job end to end on this machine: real Envoy, gRPC streams,
+    /// a drain, then the restart.
+    #[command(after_help = EXIT_CODES)]
+    Demo(DemoArgs),
+}
+
+// === impl Command ===
+
+impl Command {
+    /// The name `drainshim` gives the command, for error messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Bench(_) => "bench",
+            Command::Demo(_) => "demo",
+        }
+    }
+
+    /// The runtime the command runs on: `bench relay` gets one thread (the
+    /// guard's default, to compare with); others one per core.
+    pub fn runtime(&self) -> std::io::Result<tokio::runtime::Runtime> {
+        let mut builder = match self {
+            Command::Bench(b) if b.single_threaded() => {
+                tokio::runtime::Builder::new_current_thread()
+            }
+            _ => tokio::runtime::Builder::new_multi_thread(),
+        };
+        builder.enable_all().build()
+    }
+
+    /// The log filter without `--log`: the demo talks to a person, so only
+    /// warnings from the library.
+    pub fn default_log(&self) -> &'static str {
+        match self {
+            Command::Demo(_) => "warn",
+            Command::Bench(_) => "info",
+        }
+    }
+
+    /// False when a benchmark that judges found what it must not (exit 1).
+    pub async fn run(self) -> Result<bool, Error> {
+        match self {
+            Command::Bench(b) => b.run().await,
+            Command::Demo(a) => a.run().await.map(|()| true),
+        }
+    }
+}
 
 #[derive(Debug, Args)]
 pub struct DemoArgs {
@@ -29,7 +110,7 @@ pub struct DemoArgs {
 
     /// The long-lived streams: gRPC, WebSockets, or half of each.
     #[arg(long, env = "DRAINSHIM_PROTOCOL", value_enum, default_value = "mixed")]
-    pub protocol: bench::population::Protocol,
+    pub protocol: crate::population::Protocol,
 }
 
 #[derive(Debug, Subcommand)]
@@ -112,7 +193,7 @@ pub enum BenchCommand {
     #[command(
         long_about = "The sidecar binary under streams recycled by max age, its memory and \
             descriptors sampled over time.\n\n\
-            One pod: a real Envoy in front, this binary run as `drainshim sidecar` with its \
+            One pod: a real Envoy in front, the drainshim binary beside this one run as `drainshim sidecar` with its \
             stream guard and --max-connection-age, the bench app behind it, no fail-open path and \
             no retry. --streams WebSockets are held through Envoy; each is ended gracefully at \
             its connection's max age and reconnects at once, so every recycled stream is a new \
@@ -206,8 +287,8 @@ pub struct FleetArgs {
 
     /// The stores to load; repeatable (default: both).
     #[arg(long, env = "DRAINSHIM_STORE", value_enum, value_delimiter = ',',
-          default_values_t = [bench::fleet::store::StoreKind::Prometheus, bench::fleet::store::StoreKind::VictoriaMetrics])]
-    pub store: Vec<bench::fleet::store::StoreKind>,
+          default_values_t = [crate::fleet::store::StoreKind::Prometheus, crate::fleet::store::StoreKind::VictoriaMetrics])]
+    pub store: Vec<crate::fleet::store::StoreKind>,
 
     /// Keep the history, the stores' data and their logs in this directory
     /// (default: a temporary one, removed at the end).
@@ -246,7 +327,7 @@ pub struct ReconnectArgs {
     /// Upgrade; the guard ends them with Close 1012), or half of each. Each
     /// kind gets its own result row.
     #[arg(long, env = "DRAINSHIM_PROTOCOL", value_enum, default_value = "grpc")]
-    pub protocol: bench::population::Protocol,
+    pub protocol: crate::population::Protocol,
 
     /// drainshim mode: time for callers to drop the endpoint.
     #[arg(long, env = "DRAINSHIM_DEREGISTRATION_DELAY", default_value_t = reconnect::DEFAULT_DEREGISTRATION_DELAY)]
@@ -262,7 +343,7 @@ pub struct ReconnectArgs {
 
     /// The guard's max connection age, grace and spread (drainshim mode and --soak).
     #[command(flatten)]
-    pub max_age: super::MaxAgeArgs,
+    pub max_age: MaxAgeArgs,
 
     /// Instead of a restart, hold the population this long under
     /// --max-connection-age and report the steady-state reconnect rate.
@@ -383,21 +464,33 @@ fn first_signal() -> Result<impl std::future::Future<Output = ()>, Error> {
     })
 }
 
+/// The `drainshim` binary beside this one: the sidecar, the agent and the
+/// fleet commands the benchmarks measure.
+fn drainshim_binary() -> Result<PathBuf, Error> {
+    crate::drainshim_binary().map_err(Error::Unavailable)
+}
+
+/// This binary, linked as `envoy` to run the admin stand-ins (`admin-stub`)
+/// under the process name the node agent looks for.
+fn this_binary() -> Result<PathBuf, Error> {
+    std::env::current_exe().map_err(|e| Error::Internal(format!("finding this executable: {e}")))
+}
+
 fn envoy_binary(given: Option<PathBuf>) -> Result<PathBuf, Error> {
     given
-        .map_or_else(bench::envoy::default_binary, Ok)
+        .map_or_else(crate::envoy::default_binary, Ok)
         .map_err(unavailable)
 }
 
 impl DemoArgs {
     pub async fn run(self) -> Result<(), Error> {
-        let opts = bench::demo::DemoOptions {
+        let opts = crate::demo::DemoOptions {
             envoy: envoy_binary(self.envoy)?,
             streams: self.streams as usize,
             plot: self.plot,
             protocol: self.protocol,
         };
-        bench::demo::run(opts).await.map_err(unavailable)
+        crate::demo::run(opts).await.map_err(unavailable)
     }
 }
 
@@ -430,16 +523,16 @@ impl ReconnectArgs {
         }
         let results = reconnect::run(&opts).await.map_err(unavailable)?;
         emit(self.format, &results, || {
-            bench::measure::render_table(&results)
+            crate::measure::render_table(&results)
         });
         if let Some(path) = self.plot {
-            bench::measure::plot(&results, &path).map_err(unavailable)?;
+            crate::measure::plot(&results, &path).map_err(unavailable)?;
             eprintln!(
                 "drainshim bench reconnect: plot written to {}",
                 path.display()
             );
         }
-        let failures = bench::measure::drainshim_failures(&results);
+        let failures = crate::measure::drainshim_failures(&results);
         for f in &failures {
             eprintln!("drainshim bench reconnect: FAILED: {f}");
         }
@@ -453,40 +546,40 @@ impl BenchCommand {
         match self {
             BenchCommand::Reconnect(a) => a.run().await,
             BenchCommand::NodeScale(a) if a.guards => {
-                let binary = std::env::current_exe()
-                    .map_err(|e| Error::Internal(format!("finding this executable: {e}")))?;
-                let opts = bench::node_guard::NodeGuardOptions {
+                let binary = drainshim_binary()?;
+                let opts = crate::node_guard::NodeGuardOptions {
                     pods: a.pods as usize,
                     idle_window: a.idle_window.get(),
                     binary,
+                    stub: this_binary()?,
                     rate: a.rate,
                     load_duration: a.load_duration.get(),
                 };
-                let report = bench::node_guard::run(opts).await.map_err(unavailable)?;
+                let report = crate::node_guard::run(opts).await.map_err(unavailable)?;
                 emit(a.format, &report, || report.render());
                 Ok(true)
             }
             BenchCommand::NodeScale(a) => {
-                let binary = std::env::current_exe()
-                    .map_err(|e| Error::Internal(format!("finding this executable: {e}")))?;
-                let opts = bench::node_scale::NodeScaleOptions {
+                let binary = drainshim_binary()?;
+                let opts = crate::node_scale::NodeScaleOptions {
                     pods: a.pods as usize,
                     idle_window: a.idle_window.get(),
                     binary,
+                    stub: this_binary()?,
                 };
-                let report = bench::node_scale::run(opts).await.map_err(unavailable)?;
+                let report = crate::node_scale::run(opts).await.map_err(unavailable)?;
                 emit(a.format, &report, || report.render());
                 Ok(true)
             }
             BenchCommand::App(a) => {
                 let listener = bind(a.listen).await?;
-                let ledger = bench::ws::WsLedger::default();
-                bench::ws::serve_mixed(listener, ledger, first_signal()?).await;
+                let ledger = crate::ws::WsLedger::default();
+                crate::ws::serve_mixed(listener, ledger, first_signal()?).await;
                 Ok(true)
             }
             BenchCommand::AdminStub(a) => {
                 let listener = bind(a.listen).await?;
-                let id = bench::admin_stub::StubIdentity {
+                let id = crate::admin_stub::StubIdentity {
                     version: a.version,
                     namespace: a.namespace,
                     pod: a.pod,
@@ -498,18 +591,17 @@ impl BenchCommand {
                     signal.await;
                     s.cancel();
                 });
-                bench::admin_stub::serve(listener, id, stop).await;
+                crate::admin_stub::serve(listener, id, stop).await;
                 Ok(true)
             }
             BenchCommand::Relay(a) => {
                 let listener = bind(a.listen).await?;
-                bench::relay::serve(listener, a.upstream, first_signal()?).await;
+                crate::relay::serve(listener, a.upstream, first_signal()?).await;
                 Ok(true)
             }
             BenchCommand::Fleet(a) => {
-                let binary = std::env::current_exe()
-                    .map_err(|e| Error::Internal(format!("finding this executable: {e}")))?;
-                let opts = bench::fleet::FleetBenchOptions {
+                let binary = drainshim_binary()?;
+                let opts = crate::fleet::FleetBenchOptions {
                     pods: a.pods as usize,
                     services: a.services as usize,
                     namespaces: a.namespaces as usize,
@@ -518,21 +610,21 @@ impl BenchCommand {
                     binary,
                     keep: a.keep.clone(),
                 };
-                let report = bench::fleet::run(opts).await.map_err(unavailable)?;
+                let report = crate::fleet::run(opts).await.map_err(unavailable)?;
                 emit(a.format, &report, || report.render());
                 Ok(report.ok())
             }
             BenchCommand::Soak(a) => {
-                let binary = std::env::current_exe()
-                    .map_err(|e| Error::Internal(format!("finding this executable: {e}")))?;
+                let binary = drainshim_binary()?;
                 if a.max_connection_age.get().is_zero() || a.sample_every.get().is_zero() {
                     return Err(Error::Usage(
                         "--max-connection-age and --sample-every must be greater than zero".into(),
                     ));
                 }
-                let opts = bench::soak::SoakOptions {
+                let opts = crate::soak::SoakOptions {
                     envoy: envoy_binary(a.envoy.clone())?,
                     binary,
+                    stub: this_binary()?,
                     streams: a.streams as usize,
                     duration: a.duration.get(),
                     max_connection_age: a.max_connection_age.get(),
@@ -546,15 +638,15 @@ impl BenchCommand {
                     ));
                 }
                 let report = if a.node {
-                    bench::soak_node::run(&opts, a.pods as usize).await
+                    crate::soak_node::run(&opts, a.pods as usize).await
                 } else {
-                    bench::soak::run(&opts).await
+                    crate::soak::run(&opts).await
                 }
                 .map_err(unavailable)?;
                 emit(a.format, &report, || report.render());
                 Ok(report.ok())
             }
-            BenchCommand::Server(a) => bench::server::run(a.listen, first_signal()?)
+            BenchCommand::Server(a) => crate::server::run(a.listen, first_signal()?)
                 .await
                 .map(|()| true)
                 .map_err(unavailable),
@@ -565,5 +657,6 @@ impl BenchCommand {
 /// The benches' stand-in apps listen as a Go or Java server does, with the
 /// backlog of `net.core.somaxconn`, not tokio's 128.
 async fn bind(addr: std::net::SocketAddr) -> Result<tokio::net::TcpListener, Error> {
-    crate::guard::bind_listener(addr).map_err(|e| Error::Unavailable(format!("bind {addr}: {e}")))
+    drainshim::guard::bind_listener(addr)
+        .map_err(|e| Error::Unavailable(format!("bind {addr}: {e}")))
 }

@@ -27,8 +27,8 @@ use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::Duration;
 
-use drainshim::bench::envoy::{self, shipped_bootstrap, EnvoyOptions, EnvoyProcess};
-use drainshim::bench::failopen::{host_requests, wait_host_traffic, Load, Summary};
+use drainshim_bench::envoy::{self, shipped_bootstrap, EnvoyOptions, EnvoyProcess};
+use drainshim_bench::failopen::{host_requests, wait_host_traffic, Load, Summary};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
@@ -47,7 +47,7 @@ const PAUSE: Duration = Duration::from_millis(2);
 
 /// The real shim with its guard on `guard`; returns once it logged that it is ready.
 async fn shim(admin_port: u16, guard: SocketAddr, app: SocketAddr) -> Child {
-    let mut child = Command::new(bin())
+    let mut child = Command::new(drainshim())
         .args(["sidecar", "--listen", "127.0.0.1:0", "--linger", "0s"])
         .args(["--envoy-admin", &format!("http://127.0.0.1:{admin_port}")])
         .args(["--guard-listen", &guard.to_string()])

@@ -49,7 +49,7 @@ impl StoreKind {
             StoreKind::Prometheus => "prometheus/usr/bin/prometheus",
             StoreKind::VictoriaMetrics => "victoria-metrics/usr/bin/victoria-metrics",
         };
-        crate::bench::envoy::cache_dir().join(bin)
+        crate::envoy::cache_dir().join(bin)
     }
 }
 
@@ -70,7 +70,7 @@ fn missing(bin: &Path) -> String {
 
 /// Builds Prometheus TSDB blocks from `openmetrics` in `dir` with promtool.
 pub async fn backfill(openmetrics: &Path, dir: &Path) -> Result<(), String> {
-    let promtool = crate::bench::envoy::cache_dir().join("prometheus/usr/bin/promtool");
+    let promtool = crate::envoy::cache_dir().join("prometheus/usr/bin/promtool");
     if !promtool.exists() {
         return Err(missing(&promtool));
     }
@@ -101,7 +101,7 @@ impl Store {
         let config = work.join("prometheus.yml");
         std::fs::write(&config, "global: {}\nscrape_configs: []\n")
             .map_err(|e| format!("write {}: {e}", config.display()))?;
-        let port = crate::bench::free_port().map_err(|e| e.to_string())?;
+        let port = crate::free_port().map_err(|e| e.to_string())?;
         let args = vec![
             format!("--config.file={}", config.display()),
             format!("--storage.tsdb.path={}", data.display()),
@@ -114,7 +114,7 @@ impl Store {
 
     /// VictoriaMetrics, empty; [`Store::import`] loads it.
     pub async fn victoria_metrics(work: &Path, lookback: Duration) -> Result<Self, String> {
-        let port = crate::bench::free_port().map_err(|e| e.to_string())?;
+        let port = crate::free_port().map_err(|e| e.to_string())?;
         let args = vec![
             format!("-storageDataPath={}", work.join("vm-data").display()),
             "-retentionPeriod=10y".into(),
@@ -230,7 +230,7 @@ impl Store {
             let stream = tokio::net::TcpStream::connect(&authority)
                 .await
                 .map_err(|e| e.to_string())?;
-            crate::http::request_with(stream, &authority, method, path, &HeaderMap::new(), body)
+            drainshim::http::request_with(stream, &authority, method, path, &HeaderMap::new(), body)
                 .await
                 .map_err(|e| e.to_string())
         };

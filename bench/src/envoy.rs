@@ -21,7 +21,7 @@ use tokio::time::Instant;
 
 use envoy_types::pb::envoy::admin::v3::server_info::State;
 
-use crate::envoy::AdminClient;
+use drainshim::envoy::AdminClient;
 
 /// The Envoy releases the project tests against; the first is the default.
 pub const ENVOY_VERSIONS: [&str; 5] = ["1.40.0", "1.39.3", "1.38.3", "1.37.0", "1.36.4"];
@@ -48,7 +48,7 @@ pub enum EnvoyError {
 pub fn cache_dir() -> PathBuf {
     std::env::var_os("DRAINSHIM_CACHE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache"))
+        .unwrap_or_else(|| crate::source_root().join(".cache"))
 }
 
 /// The cached binary of one release, if it was fetched.

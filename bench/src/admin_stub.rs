@@ -24,7 +24,7 @@ use hyper::body::Incoming;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::control::text;
+use drainshim::control::text;
 
 /// Who the stub says it is.
 #[derive(Clone, Debug)]
@@ -61,7 +61,7 @@ pub async fn serve(listener: TcpListener, id: StubIdentity, shutdown: Cancellati
         server_info,
         failed: AtomicBool::new(false),
     });
-    crate::control::serve_fn(listener, shutdown, move |_peer: SocketAddr, req| {
+    drainshim::control::serve_fn(listener, shutdown, move |_peer: SocketAddr, req| {
         let stub = stub.clone();
         async move { stub.handle(req) }
     })

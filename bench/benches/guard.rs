@@ -37,9 +37,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use drainshim::bench::envoy::{self, EnvoyOptions, EnvoyProcess};
-use drainshim::proto::bench::stream_client::StreamClient;
-use drainshim::proto::bench::SubscribeRequest;
+use drainshim_bench::envoy::{self, EnvoyOptions, EnvoyProcess};
+use drainshim_bench::proto::bench::stream_client::StreamClient;
+use drainshim_bench::proto::bench::SubscribeRequest;
 
 /// Seconds of measured load per path and repetition (after a 1 s warm-up run).
 const LOAD_SECONDS: u32 = 5;

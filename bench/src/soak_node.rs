@@ -31,7 +31,7 @@ use super::node_scale::{io, ip, wait_stub, Fixture, NodeScaleError, ADMIN_PORT, 
 use super::population::Endpoints;
 use super::server::Ledger;
 use super::soak::{log_tail, soak, SoakOptions, SoakReport, Subject};
-use crate::node::netns::Netns;
+use drainshim::node::netns::Netns;
 
 /// The app inside each pod.
 const APP_PORT: u16 = 8080;
@@ -75,9 +75,9 @@ struct Node {
 }
 
 pub async fn run(opts: &SoakOptions, pods: usize) -> Result<SoakReport, String> {
-    let (fx, farm, envoy) = Fixture::new("drainshim-node-soak-", &opts.binary).map_err(err)?;
+    let (fx, farm, envoy) = Fixture::new("drainshim-node-soak-", &opts.stub).map_err(err)?;
     let ledger = Ledger::default();
-    let taken: Vec<Ipv4Addr> = crate::node::netns::host_addresses()
+    let taken: Vec<Ipv4Addr> = drainshim::node::netns::host_addresses()
         .map_err(|e| format!("list host addresses: {e}"))?
         .into_iter()
         .filter_map(|a| match a {
@@ -227,7 +227,7 @@ impl Node {
         let stub = Command::new("ip")
             .args(["netns", "exec", &netns])
             .arg(&self.envoy)
-            .args(["--log", "warn", "bench", "admin-stub"])
+            .args(["--log", "warn", "admin-stub"])
             .args(["--listen", &format!("127.0.0.1:{ADMIN_PORT}")])
             .args(["--namespace", NAMESPACE, "--pod", &name])
             .stdin(Stdio::null())
@@ -308,7 +308,7 @@ impl Node {
             .await
             .map_err(|e| format!("the agent's API: {e}"))?;
         let authority = self.api.to_string();
-        let asked = crate::http::request(tcp, &authority, http::Method::POST, &path);
+        let asked = drainshim::http::request(tcp, &authority, http::Method::POST, &path);
         let (status, body) = tokio::time::timeout(WAIT, asked)
             .await
             .map_err(|_| format!("drain of {name}: no report within {WAIT:?}"))?
