@@ -15,21 +15,21 @@ FROM rust:1-bookworm AS build
 
 WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
-COPY proto ./proto
 COPY src ./src
 # The sidecar Components' pod patches: drainshim inject and webhook embed them,
 # and istio-routing its template.
 COPY deploy/components ./deploy/components
 COPY deploy/istio-routing/template.yaml ./deploy/istio-routing/
-# The bench targets are declared in Cargo.toml, so cargo wants their files;
-# they are not built (no default features, only the binary).
-COPY benches ./benches
+# drainshim-bench is a member of the workspace, so cargo reads its manifest
+# and targets; it is not built (the script builds only drainshim's binary).
+COPY bench ./bench
 COPY scripts/build-shipped.sh ./scripts/
 
 # scripts/build-shipped.sh is the one recipe for the production binary, here
 # and in `make bench` (whose guard and footprint figures are of it):
-# release, --no-default-features (no benchmarks, demo, bench proto, tonic or
-# WebSocket client), x86_64-unknown-linux-gnu linked fully static
+# release, drainshim's default features (none: no benchmarks, demo, bench
+# proto, tonic or WebSocket client, which are drainshim-bench's),
+# x86_64-unknown-linux-gnu linked fully static
 # (crt-static: a static-pie with glibc inside, no loader, no shared library;
 # the script checks it with readelf), glibc's malloc. Static is what lets it
 # run in `scratch` and lets `drainshim install` copy it into another

@@ -3,18 +3,25 @@
 #   make test   install what the tests need, then lint and run every test
 SHELL := /bin/bash
 CARGO ?= cargo
+# The benchmarks and the demo: drainshim-bench (bench/), release build. The
+# soaks, node-scale and the fleet bench run the release drainshim beside it
+# (release-bin builds it).
+BENCH = $(CARGO) run --release --locked --quiet -p drainshim-bench --
 
-.PHONY: demo test conformance webhook-test shipped bench bench-allocator bench-reconnect bench-node bench-fleet envoy prometheus h2load pytools peers lint tools deploy-check deploy-tools deploy-rules fuzz-ci
+.PHONY: demo test conformance webhook-test shipped release-bin bench bench-allocator bench-reconnect bench-node bench-fleet envoy prometheus h2load pytools peers lint tools deploy-check deploy-tools deploy-rules fuzz-ci
 
 demo: envoy
-	$(CARGO) run --release --locked --quiet -- demo
+	$(BENCH) demo
 
 test: tools lint deploy-check
 	# One test at a time: several tests measure timing against real Envoy.
 	# Among them the peer matrix (tests/it/peer_matrix/): grpc-go, grpc-java
 	# (Netty), grpcio and tonic servers behind real Envoy and the guard, on
 	# their default keepalive enforcement (built by `make peers`).
-	RUST_TEST_THREADS=1 $(CARGO) test --locked
+	# drainshim-bench beside target/debug/drainshim: tests run `drainshim
+	# bench server`, which execs it.
+	$(CARGO) build --locked --workspace
+	RUST_TEST_THREADS=1 $(CARGO) test --locked --workspace
 	$(MAKE) conformance
 	$(MAKE) webhook-test
 	$(MAKE) bench
@@ -36,20 +43,20 @@ webhook-test: pytools
 	$(CARGO) build --locked
 	DRAINSHIM_BIN=$(CURDIR)/target/debug/drainshim .cache/py-venv/bin/python -m pytest -q -s -p no:cacheprovider tests/py/webhook_test.py
 
-# The production binary, as the image ships it (release, --no-default-features,
-# static glibc, the system allocator): target/shipped/drainshim.
+# The production binary, as the image ships it (release, static glibc, the
+# system allocator): target/shipped/drainshim.
 shipped:
 	CARGO="$(CARGO)" scripts/build-shipped.sh
 
 # Benchmarks report ratios against a baseline measured in the same run; they
 # assert nothing about speed. Release build. The guard and the shim they
 # measure are the production binary (shipped); the backends and the relay are
-# the bench build's.
-bench: tools shipped
-	$(CARGO) bench --locked --bench footprint
-	$(CARGO) bench --locked --bench guard
-	$(CARGO) bench --locked --bench failopen
-	$(CARGO) bench --locked --bench websocket
+# drainshim-bench's, and failopen's shim the release drainshim (release-bin).
+bench: tools shipped release-bin
+	$(CARGO) bench --locked -p drainshim-bench --bench footprint
+	$(CARGO) bench --locked -p drainshim-bench --bench guard
+	$(CARGO) bench --locked -p drainshim-bench --bench failopen
+	$(CARGO) bench --locked -p drainshim-bench --bench websocket
 	$(MAKE) bench-reconnect
 	$(MAKE) bench-node
 	$(MAKE) bench-fleet
@@ -57,21 +64,24 @@ bench: tools shipped
 
 # The production binary's allocator, by measurement: the shipped build with
 # the system allocator and with mimalloc as guards side by side, beside direct
-# and an Envoy hop, in one run (benches/allocator.rs). Not part of make bench.
+# and an Envoy hop, in one run (bench/benches/allocator.rs). Not part of make bench.
 bench-allocator: envoy h2load
 	CARGO="$(CARGO)" scripts/build-shipped.sh
 	CARGO="$(CARGO)" scripts/build-shipped.sh --allocator mimalloc
-	$(CARGO) bench --locked --bench allocator
+	$(CARGO) bench --locked -p drainshim-bench --bench allocator
+
+# The release drainshim, beside the release drainshim-bench in
+# target/release/: what the soaks, node-scale, the fleet bench and failopen run.
+release-bin:
+	$(CARGO) build --release --locked -p drainshim
 
 # The restarted pod's 500 gRPC streams, then 500 WebSockets (each its own
 # connection through Envoy to the guard, opened in one burst), through real
 # Envoy: graceful, cut, bypassed, lost, reconnect success, storm. Exits 1 if
 # drainshim mode cut, bypassed or lost anything.
 bench-reconnect: envoy
-	$(CARGO) run --release --locked --quiet -- bench reconnect --mode drainshim \
-	  --protocol grpc --streams 1000
-	$(CARGO) run --release --locked --quiet -- bench reconnect --mode drainshim \
-	  --protocol websocket --streams 1000
+	$(BENCH) reconnect --mode drainshim --protocol grpc --streams 1000
+	$(BENCH) reconnect --mode drainshim --protocol websocket --streams 1000
 
 # The sidecar binary for four minutes under 1,000 WebSockets recycled every
 # second by max age (over 10^5 streams, each a new connection through Envoy
@@ -80,10 +90,10 @@ bench-reconnect: envoy
 # descriptors stayed open after the clients left. Then the node agent (root):
 # four pods in network namespaces, the same streams through the agent's
 # guards, and every minute one pod drained through the agent and replaced.
-# Longer: `cargo run --release -- bench soak [--node] --duration 24h`.
-bench-soak: envoy
-	$(CARGO) run --release --locked --quiet -- bench soak --streams 1000 --duration 4m
-	$(CARGO) run --release --locked --quiet -- bench soak --node --streams 1000 --duration 4m
+# Longer: `drainshim bench soak [--node] --duration 24h`.
+bench-soak: envoy release-bin
+	$(BENCH) soak --streams 1000 --duration 4m
+	$(BENCH) soak --node --streams 1000 --duration 4m
 
 # The fleet tools at the mission's scale: 2,400 pods, 500 services, 100
 # namespaces and ten weeks of a migration, simulated, backfilled into a real
@@ -91,8 +101,8 @@ bench-soak: envoy
 # skew, verify and plan against both: wall time, peak RSS, queries, bytes.
 # Exits 1 if the stores' answers differ or the plan misreads the history.
 # About 9 GB of scratch files in $TMPDIR while it runs.
-bench-fleet: prometheus
-	$(CARGO) run --release --locked --quiet -- bench fleet
+bench-fleet: prometheus release-bin
+	$(BENCH) fleet
 
 # Everything the tests run against. Envoy, Prometheus and the deploy tools
 # (kubectl if absent, kubernetes-validate, hadolint, promtool) go into .cache/;
@@ -119,10 +129,8 @@ peers:
 	scripts/fetch-peers.sh
 
 lint:
-	$(CARGO) fmt --check
-	$(CARGO) clippy --all-targets --locked -- -D warnings
-	# The production build (the image's): no bench feature, no bench crates.
-	$(CARGO) clippy --locked --no-default-features -- -D warnings
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	scripts/deny.sh
 
 # Every libFuzzer target in fuzz/ for 20 s each (cargo-fuzz, installed into
@@ -145,6 +153,6 @@ deploy-rules: deploy-tools
 
 # Node mode at scale (root): 100 pod namespaces, discovery time, RSS, idle CPU;
 # then 100 guarded pods: the agent's guards against one sidecar guard per pod.
-bench-node:
-	$(CARGO) run --release --locked --quiet -- bench node-scale --pods 100
-	$(CARGO) run --release --locked --quiet -- bench node-scale --pods 100 --guards
+bench-node: release-bin
+	$(BENCH) node-scale --pods 100
+	$(BENCH) node-scale --pods 100 --guards

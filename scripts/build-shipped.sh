@@ -3,8 +3,9 @@
 # one the guard and footprint benchmarks measure (make bench). One script, so
 # the two cannot drift apart:
 #
-#   release profile, --no-default-features (no bench, demo, bench proto,
-#   tonic or WebSocket client), x86_64-unknown-linux-gnu linked fully static
+#   release profile, drainshim's default features (none: the bench, the
+#   demo, the bench proto, tonic and the WebSocket client are drainshim-bench's,
+#   not built here), x86_64-unknown-linux-gnu linked fully static
 #   (crt-static: glibc and every C object inside the binary, no loader, no
 #   shared library), and the allocator chosen below.
 #
@@ -57,7 +58,7 @@ build_dir=$root/target/shipped-build
 # the variable scoped to the target adds them to whatever RUSTFLAGS says.
 export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static"
 CARGO_TARGET_DIR=$build_dir "$cargo" build --locked --profile "$profile" \
-  --no-default-features "${features[@]}" --target "$target" --bin drainshim \
+  "${features[@]}" --target "$target" -p drainshim --bin drainshim \
   --manifest-path "$root/Cargo.toml"
 
 case $profile in

@@ -17,7 +17,7 @@
 //! every call succeeds again, and the time from the restart until Envoy sends
 //! traffic through the guard again (Envoy's own per-host `rq_total`). Figures
 //! and ratios against the baseline; nothing is asserted about them (the
-//! property is asserted in tests/failopen.rs). `cargo bench --bench failopen`;
+//! property is asserted in tests/failopen.rs). `cargo bench -p drainshim-bench --bench failopen`;
 //! `make bench` runs it.
 
 mod common;

@@ -2,7 +2,7 @@
 //! a quiet period, then with a Prometheus-like scrape every second. The shim
 //! is the production binary the image ships (`target/shipped/drainshim`,
 //! scripts/build-shipped.sh); the backend runs in this process.
-//! Run with `cargo bench --bench footprint` (release build); `make bench` does.
+//! Run with `cargo bench -p drainshim-bench --bench footprint` (release build); `make bench` does.
 
 mod common;
 

@@ -26,7 +26,7 @@
 //! binary the image ships, `target/shipped/drainshim`: see
 //! scripts/build-shipped.sh), Envoy 1.40, and h2load.
 //! It asserts nothing about speed: it prints ratios against the baselines.
-//! Run with `cargo bench --bench guard`; `make bench` does.
+//! Run with `cargo bench -p drainshim-bench --bench guard`; `make bench` does.
 
 mod common;
 use common::load::*;

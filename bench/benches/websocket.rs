@@ -12,7 +12,7 @@
 //! ships: scripts/build-shipped.sh), Envoy, and tokio-tungstenite
 //! clients. `OPEN` is 9,000, not 10,000: each proxied WebSocket holds two
 //! descriptors in the proxy (client and app side), and this machine's hard
-//! limit is 20,000 per process. Run with `cargo bench --bench websocket`;
+//! limit is 20,000 per process. Run with `cargo bench -p drainshim-bench --bench websocket`;
 //! `make bench` does.
 
 mod common;

@@ -249,7 +249,7 @@ async fn survives_a_sigkill((app, guard, admin_port, mut first, envoy): Pod) {
     // replays both on priority 1, the app, which answers on loopback. Only if
     // both tries failed would a call fail: measured 0 of ~900 in most runs
     // and 1 of 757 once (the share against the 0.1% goal is measured over
-    // ~6,000 calls by `cargo bench --bench failopen`). Without the fallback
+    // ~6,000 calls by `cargo bench -p drainshim-bench --bench failopen`). Without the fallback
     // about a third of the calls fail.
     assert!(
         s.failed <= 1,
