@@ -178,13 +178,20 @@ async fn the_production_build_compiles_no_bench_dependencies() {
 async fn bench_and_demo_say_how_to_get_drainshim_bench() {
     let (code, help, _) = run_bin(&["--help"]).await;
     assert_eq!(code, Some(0));
-    for line in ["bench", "demo"].map(|c| {
-        help.lines()
-            .find(|l| l.trim_start().starts_with(c))
-            .unwrap_or_else(|| panic!("--help lists no {c}: {help}"))
-            .to_string()
-    }) {
-        assert!(line.contains("drainshim-bench"), "{line}");
+    for command in ["bench", "demo"] {
+        // The command's line and the lines its text wraps onto.
+        let mut lines = help
+            .lines()
+            .skip_while(|l| !l.starts_with(&format!("  {command} ")));
+        let first = lines
+            .next()
+            .unwrap_or_else(|| panic!("--help lists no {command}: {help}"));
+        let text: Vec<&str> = std::iter::once(first)
+            .chain(lines.take_while(|l| l.starts_with("    ")))
+            .map(str::trim)
+            .collect();
+        let text = text.join(" ");
+        assert!(text.contains("needs drainshim-bench"), "{text}");
     }
 
     let alone = tempfile::tempdir().expect("tempdir");
