@@ -1,6 +1,6 @@
 //! Fail-open measurement: steady unary gRPC load through Envoy while the
 //! shim is killed and started again, and what Envoy says about where each
-//! request went. Shared by `benches/failopen.rs` (the figures) and
+//! request went. Shared by `bench/benches/failopen.rs` (the figures) and
 //! `tests/failopen.rs` (the property).
 
 use std::net::SocketAddr;
