@@ -273,7 +273,8 @@ the app itself, with a health check, outlier detection and a retry that fail ope
 within a second while the guard is down (deploy/istio-routing/template.yaml says what it relies \
 on). Apply the output once per mesh, in Istio's root namespace, and again whenever a port is \
 added: a pod whose app port has no object here is injected, but Istio sends its traffic \
-straight to the app, so its streams are not ended gracefully.";
+straight to the app, so its streams are not ended gracefully (its shim shows drainshim_guard_paths \
+0, and the alert DrainshimGuardNotInPath fires).";
 
 #[derive(Debug, clap::Args)]
 pub struct IstioRoutingArgs {
