@@ -6,7 +6,6 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use tracing_subscriber::EnvFilter;
 
 use drainshim::cli::logging::LogFormat;
 use drainshim::cli::{emit, print_json, Cli, Command};
@@ -44,18 +43,14 @@ fn main() -> ExitCode {
         eprintln!("drainshim {}: {e}", cli.command.name());
         return ExitCode::from(e.exit_code());
     }
-    let log = cli
-        .log
-        .clone()
-        .unwrap_or_else(|| cli.command.default_log().into());
-    let filter = match EnvFilter::try_new(&log) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("drainshim: invalid --log {log:?}: {e}");
-            return ExitCode::from(EX_USAGE);
-        }
-    };
-    drainshim::cli::logging::init(cli.log_format, filter);
+    if let Err(e) = drainshim::cli::logging::init_from(
+        cli.log.as_deref(),
+        cli.command.default_log(),
+        cli.log_format,
+    ) {
+        eprintln!("drainshim: {e}");
+        return ExitCode::from(EX_USAGE);
+    }
     let runtime = match cli.command.runtime() {
         Ok(rt) => rt,
         Err(e) => {

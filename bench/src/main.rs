@@ -7,7 +7,6 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use tracing_subscriber::EnvFilter;
 
 use drainshim::error::{EX_SOFTWARE, EX_USAGE};
 use drainshim_bench::cli::Cli;
@@ -21,18 +20,14 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    let log = cli
-        .log
-        .clone()
-        .unwrap_or_else(|| cli.command.default_log().into());
-    let filter = match EnvFilter::try_new(&log) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("drainshim: invalid --log {log:?}: {e}");
-            return ExitCode::from(EX_USAGE);
-        }
-    };
-    drainshim::cli::logging::init(cli.log_format, filter);
+    if let Err(e) = drainshim::cli::logging::init_from(
+        cli.log.as_deref(),
+        cli.command.default_log(),
+        cli.log_format,
+    ) {
+        eprintln!("drainshim: {e}");
+        return ExitCode::from(EX_USAGE);
+    }
     let runtime = match cli.command.runtime() {
         Ok(rt) => rt,
         Err(e) => {

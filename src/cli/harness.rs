@@ -15,17 +15,24 @@ use crate::error::Error;
 /// The harness binary.
 pub const BENCH_BIN: &str = "drainshim-bench";
 
-/// How to get it, for the help and the error when it is missing.
-const HOW_TO_GET_IT: &str = "From a checkout: `cargo install --path bench` (puts it on PATH), \
-    `cargo build --workspace` (builds it beside target/<profile>/drainshim), or `make demo`.";
+/// How to get it, for the help and the error when it is missing (a macro,
+/// so `concat!` can put it into the help's constant).
+macro_rules! how_to_get_it {
+    () => {
+        "From a checkout: `cargo install --path bench` (puts it on PATH), \
+         `cargo build --workspace` (builds it beside target/<profile>/drainshim), or `make demo`."
+    };
+}
+const HOW_TO_GET_IT: &str = how_to_get_it!();
 
-pub const BENCH_LONG_ABOUT: &str = "Benchmark helpers: the reconnect benchmark, the soaks, node \
+pub const BENCH_LONG_ABOUT: &str = concat!(
+    "Benchmark helpers: the reconnect benchmark, the soaks, node \
     scale, the fleet tools at scale, and the backends, relay and admin stand-in they run.\n\n\
     They are in drainshim-bench, a separate binary, found beside this one, then on PATH; \
     `drainshim bench <command> ...` runs `drainshim-bench <command> ...`, and \
-    `drainshim bench --help` lists the commands. From a checkout: `cargo install --path bench` \
-    (puts it on PATH), `cargo build --workspace` (builds it beside target/<profile>/drainshim), \
-    or `make demo`.";
+    `drainshim bench --help` lists the commands. ",
+    how_to_get_it!()
+);
 
 pub const DEMO_LONG_ABOUT: &str = "Run the main job end to end on this machine: real Envoy, gRPC \
     streams, a drain, then the restart.\n\n\

@@ -31,6 +31,15 @@ pub enum LogFormat {
     Json,
 }
 
+/// Installs the global subscriber from `--log` (else `default`) and
+/// `--log-format`; a filter that does not parse is the error, for exit 64.
+pub fn init_from(log: Option<&str>, default: &str, format: LogFormat) -> Result<(), String> {
+    let log = log.unwrap_or(default);
+    let filter = EnvFilter::try_new(log).map_err(|e| format!("invalid --log {log:?}: {e}"))?;
+    init(format, filter);
+    Ok(())
+}
+
 /// Installs the global subscriber: events that pass `filter`, written to
 /// stderr in `format`.
 pub fn init(format: LogFormat, filter: EnvFilter) {

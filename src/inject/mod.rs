@@ -130,7 +130,7 @@ pub(crate) const RESERVED_PORTS: [u16; 4] = [10000, 15000, 15097, 15099];
 use patch::ISTIO_PROXY;
 
 /// Istio's per-pod switch for its injector (label or annotation).
-pub const ISTIO_INJECT: &str = "sidecar.istio.io/inject";
+const ISTIO_INJECT: &str = "sidecar.istio.io/inject";
 /// Istio's per-pod proxy settings, a YAML map of ProxyConfig fields.
 const ISTIO_PROXY_CONFIG: &str = "proxy.istio.io/config";
 /// Istio's per-pod list of inbound ports its iptables rules leave alone.
@@ -446,7 +446,12 @@ fn merge_proxy_config(own: &str, ours: &str) -> Result<String, Refusal> {
             "its annotation {ISTIO_PROXY_CONFIG} is not a YAML map of ProxyConfig fields ({e})"
         ))
     };
-    let mut own: serde_yaml_ng::Mapping = serde_yaml_ng::from_str(own).map_err(|e| bad(&e))?;
+    // An empty annotation is no fields, not a broken map.
+    let mut own: serde_yaml_ng::Mapping = if own.trim().is_empty() {
+        serde_yaml_ng::Mapping::new()
+    } else {
+        serde_yaml_ng::from_str(own).map_err(|e| bad(&e))?
+    };
     let ours: serde_yaml_ng::Mapping = serde_yaml_ng::from_str(ours).map_err(|e| {
         Refusal(format!(
             "the built-in Istio patch's {ISTIO_PROXY_CONFIG}: {e}"
@@ -487,12 +492,21 @@ fn istio_proxy(spec: &mut PodSpec, patch: &patch::Pod) -> Result<bool, Refusal> 
 
 /// `drainshim.io/inject: "false"` as a label or an annotation.
 pub fn opted_out(meta: &ObjectMeta) -> bool {
-    let no = |m: &Option<BTreeMap<String, String>>| {
-        m.as_ref()
-            .and_then(|m| m.get(INJECT))
-            .is_some_and(|v| v == "false")
-    };
-    no(&meta.labels) || no(&meta.annotations)
+    says(meta, INJECT, "false")
+}
+
+/// `sidecar.istio.io/inject: "true"` as a label or an annotation: the pod
+/// asks for Istio's proxy itself.
+pub fn asks_for_istio(meta: &ObjectMeta) -> bool {
+    says(meta, ISTIO_INJECT, "true")
+}
+
+/// A label or an annotation `key` with the value `value`.
+fn says(meta: &ObjectMeta, key: &str, value: &str) -> bool {
+    [&meta.labels, &meta.annotations]
+        .into_iter()
+        .flatten()
+        .any(|m| m.get(key).is_some_and(|v| v == value))
 }
 
 fn all_containers(spec: &PodSpec) -> impl Iterator<Item = &Container> {
@@ -510,18 +524,11 @@ fn check_fits(
     mode: Mode,
 ) -> Result<usize, Refusal> {
     let names = patch::owned_names().map_err(Refusal)?;
-    if mode == Mode::Istio {
-        let off = |m: &Option<BTreeMap<String, String>>| {
-            m.as_ref()
-                .and_then(|m| m.get(ISTIO_INJECT))
-                .is_some_and(|v| v == "false")
-        };
-        if off(&meta.labels) || off(&meta.annotations) {
-            return refuse(format!(
-                "it opts out of Istio's injection ({ISTIO_INJECT}: \"false\"), and the Istio mode adds \
-                 drainshim beside Istio's proxy"
-            ));
-        }
+    if mode == Mode::Istio && says(meta, ISTIO_INJECT, "false") {
+        return refuse(format!(
+            "it opts out of Istio's injection ({ISTIO_INJECT}: \"false\"), and the Istio mode adds \
+             drainshim beside Istio's proxy"
+        ));
     }
     for c in all_containers(spec) {
         if c.name == ISTIO_PROXY && mode != Mode::Istio {

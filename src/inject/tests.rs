@@ -495,3 +495,21 @@ fn istio_mode_refuses_what_it_cannot_do_safely() {
     let errors = inject(&deployment(&with_proxy), Mode::Sidecar).expect_err("sidecar");
     assert!(errors[0].contains("--mode istio"), "{errors:?}");
 }
+
+#[test]
+fn an_empty_proxy_config_is_no_fields() {
+    let pod = ISTIO_POD.replace(
+        "proxy.istio.io/config: \"holdApplicationUntilProxyStarts: true\\n\"",
+        "proxy.istio.io/config: \"\"",
+    );
+    let original = deployment(&pod);
+    let once = inject(&original, Mode::Istio).expect("injected");
+    let out = docs(&once);
+    let (_, annotations) = labels_and_annotations(&out[0]);
+    let config = annotations["proxy.istio.io/config"]
+        .as_str()
+        .expect("config");
+    assert!(config.contains("drainDuration: 60s"), "{config}");
+    let (undone, _) = transform(&once, &Settings::default(), Action::Uninject).expect("uninject");
+    assert_eq!(docs(&undone), docs(&original));
+}

@@ -323,12 +323,11 @@ fn istio_pod(pod: &Value) -> bool {
         .pointer("/spec/containers")
         .and_then(Value::as_array)
         .is_some_and(|cs| cs.iter().any(|c| c["name"] == super::patch::ISTIO_PROXY));
-    let asks = ["labels", "annotations"].iter().any(|m| {
-        pod.pointer(&format!("/metadata/{m}"))
-            .and_then(|m| m.get(super::ISTIO_INJECT))
-            .is_some_and(|v| v == "true")
-    });
-    proxy || asks
+    proxy
+        || pod
+            .get("metadata")
+            .and_then(|m| serde_json::from_value(m.clone()).ok())
+            .is_some_and(|m| super::asks_for_istio(&m))
 }
 
 fn warn(mut response: AdmissionResponse, why: String) -> AdmissionResponse {
