@@ -4,14 +4,20 @@ use crate::support;
 
 use drainshim::drain::{Outcome, Phase, Report, Status, Trigger};
 use nix::sys::signal::{kill, Signal};
+use support::load::{Seen, Unary, CALLS_PER_STEP, SLOW_MS};
 use support::proc::metrics_showing_cut;
 use support::*;
 use tokio::io::AsyncReadExt;
 use tokio::process::Command;
+use tokio::time::Instant;
 
 /// The real binary gets SIGTERM: it drains; a second SIGTERM skips to the
 /// deadline, and the report (all streams cut, no guard) is printed on exit.
-#[tokio::test]
+/// Unary calls run through Envoy all along. The shim never stops Envoy: no
+/// call fails before the second SIGTERM (but for those whose connection
+/// Envoy's own drain closed before they were sent), and Envoy answers on
+/// after it, while the shim lingers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_and_a_second_sigterm_skips_to_the_deadline() {
     const N: usize = 3;
     let backend = backend().await;
@@ -47,6 +53,9 @@ async fn sigterm_drains_and_a_second_sigterm_skips_to_the_deadline() {
     });
     assert_eq!(http(shim, "GET", "/healthz").await.0, 200);
     assert_eq!(http(shim, "GET", "/readyz").await.0, 200);
+    let load = Unary::start(envoy.inbound, SLOW_MS);
+    let workers = load.workers();
+    load.wait_more(CALLS_PER_STEP, "before SIGTERM").await;
 
     kill(pid, Signal::SIGTERM).expect("SIGTERM");
     wait_for("the drain starts on SIGTERM", WAIT, || async {
@@ -56,22 +65,41 @@ async fn sigterm_drains_and_a_second_sigterm_skips_to_the_deadline() {
     })
     .await;
     assert_eq!(http(shim, "GET", "/readyz").await.0, 503);
-    // Still draining: the first SIGTERM alone waits for streams.
+    // Still draining: the first SIGTERM alone waits for streams (and
+    // Envoy counts each worker's open call beside them).
     wait_for("envoy counters observed", WAIT, || async {
         let (_, body) = http(shim, "GET", "/status").await;
-        serde_json::from_str::<Status>(&body).is_ok_and(|s| s.active.streams == N as u64)
+        serde_json::from_str::<Status>(&body).is_ok_and(|s| s.active.streams >= N as u64)
     })
     .await;
+    load.wait_more(CALLS_PER_STEP, "draining, before the second SIGTERM")
+        .await;
 
+    let fault = Instant::now();
     kill(pid, Signal::SIGTERM).expect("second SIGTERM");
     // The drain ends now, well before its 60 s deadline; the sidecar lingers
     // so Prometheus can scrape the final counts.
-    wait_for("the report after the second SIGTERM", WAIT, || async {
+    let reported = wait_for_ok("the report after the second SIGTERM", WAIT, || async {
         let (_, body) = http(shim, "GET", "/status").await;
-        serde_json::from_str::<Status>(&body).is_ok_and(|s| s.report.is_some())
+        serde_json::from_str::<Status>(&body)
+            .map_err(|e| e.to_string())?
+            .report
+            .ok_or_else(|| "no report yet".to_string())
     })
     .await;
-    metrics_showing_cut(shim, N).await;
+    let report_after = fault.elapsed();
+    load.wait_more(CALLS_PER_STEP, "after the second SIGTERM")
+        .await;
+    let calls = load.finish().await;
+    let seen = Seen::of(&calls, workers, fault);
+    // The streams, and each call open at the last poll (at most one per
+    // worker), are cut.
+    let cut = reported.streams.cut;
+    assert!(
+        (N as u64..=(N + workers) as u64).contains(&cut),
+        "{reported:?}"
+    );
+    metrics_showing_cut(shim, cut as usize).await;
     // A third SIGTERM ends the linger.
     kill(pid, Signal::SIGTERM).expect("third SIGTERM");
     let status = tokio::time::timeout(WAIT, child.wait())
@@ -89,11 +117,23 @@ async fn sigterm_drains_and_a_second_sigterm_skips_to_the_deadline() {
         .expect("read stdout");
     let report: Report = serde_json::from_str(out.trim())
         .unwrap_or_else(|e| panic!("report on stdout ({e}): {out:?}"));
+    let log = log.await.expect("log");
+    seen.table_line(
+        "SIGTERM twice",
+        &format!("{N} of {N} long streams (the report's {cut} include the calls open at its last poll)"),
+        &format!(
+            "the drain ends at the second SIGTERM: report {:.2} s after it ({:.2} s into the drain); \
+             Envoy is never stopped by the shim",
+            report_after.as_secs_f64(),
+            report.duration_seconds
+        ),
+        &format!("outcome={:?}", report.outcome),
+    );
+    seen.assert_none_failed_before(&log);
     assert_eq!(report.trigger, Trigger::Sigterm);
     assert_eq!(report.outcome, Outcome::Deadline);
-    assert_eq!(report.streams.cut, N as u64);
+    assert_eq!(report.streams.cut, cut);
     assert!(report.duration_seconds < 40.0, "{report:?}");
-    let log = log.await.expect("log");
     assert!(log.contains("second SIGTERM"), "{log}");
     assert!(log.contains("SIGTERM: exiting now"), "{log}");
     drop(envoy);

@@ -6,12 +6,14 @@
 //! |---|---|
 //! | Envoy killed mid-drain, streams open | real Envoy, SIGKILL |
 //! | Envoy restarted under the drain | real Envoy, SIGKILL, a new one on the same admin port |
-//! | admin hung | a listener that accepts and never answers |
+//! | admin hung | a relay to the real Envoy's admin that stops answering: accepts and never replies |
 //! | admin garbage, truncated or wrong JSON, HTTP errors, an endless body | a small fault-injecting HTTP server (real Envoy cannot be made to do this) |
 //! | the application dies mid-stream behind the guard | real Envoy, the real bench server binary, SIGKILL |
 //!
 //! The clock jumping is in `faults_clock.rs` (paused tokio time).
 //! Each test prints one `FAULT` line: the table in the report is made of them.
+//! Where a real Envoy serves, unary calls run through it across the fault
+//! (`support::load`), and the line says what those callers saw.
 
 use crate::support;
 
@@ -22,9 +24,11 @@ use drainshim::drain::{Outcome, Report, Status, Trigger};
 use drainshim_bench::client::classify;
 use drainshim_bench::proto::bench::stream_client::StreamClient;
 use drainshim_bench::proto::bench::EchoRequest;
+use support::load::{Seen, Unary, CALLS_IN_A_DRAIN, CALLS_PER_STEP, SLOW_MS};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// The hard deadline used with `SHORT_TIMERS`.
@@ -34,8 +38,13 @@ const SHORT_DEADLINE: f64 = 2.0;
 const SLACK: f64 = 5.0;
 
 fn table_line(fault: &str, r: &Report) {
-    eprintln!(
-        "FAULT | {fault} | outcome={:?} streams(at_start={} completed={} terminated={} failed={} cut={}) \
+    eprintln!("FAULT | {fault} | {}", report_line(r));
+}
+
+/// The report's figures, on one line.
+fn report_line(r: &Report) -> String {
+    format!(
+        "outcome={:?} streams(at_start={} completed={} terminated={} failed={} cut={}) \
          connections(cut={}) envoy(reachable={} restarts={} error={:?}) duration={:.2}s",
         r.outcome,
         r.streams.at_start,
@@ -48,7 +57,7 @@ fn table_line(fault: &str, r: &Report) {
         r.envoy.restarts,
         r.envoy.error,
         r.duration_seconds
-    );
+    )
 }
 
 async fn status(shim: SocketAddr) -> Option<Status> {
@@ -56,12 +65,16 @@ async fn status(shim: SocketAddr) -> Option<Status> {
     serde_json::from_str(&body).ok()
 }
 
-/// Envoy is SIGKILLed while the drain waits on open streams: Envoy cannot be
-/// asked any more, so the drain runs to its deadline, says
-/// `envoy_unreachable` with the admin error, and counts what Envoy last had
-/// open as cut (the kill closed those connections without a goodbye). The
-/// report says when the counts were last read.
-#[tokio::test]
+/// Envoy is SIGKILLed while the drain waits on open streams, unary calls
+/// running through it all along: Envoy cannot be asked any more, so the
+/// drain runs to its deadline, says `envoy_unreachable` with the admin
+/// error, and counts what Envoy last had open as cut (the kill closed those
+/// connections without a goodbye). The report says when the counts were
+/// last read. No call fails before the kill, but for those whose
+/// connection Envoy's own drain closed before they were sent
+/// (`support::load::Outcome::Unsent`); after it, with nothing to restart
+/// Envoy, the calls fail (counted and printed, not asserted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_killed_mid_drain() {
     const N: usize = 3;
     let backend = backend().await;
@@ -71,6 +84,9 @@ async fn envoy_killed_mid_drain() {
         envoy_streams(&envoy).await == N as u64
     })
     .await;
+    let load = Unary::start(envoy.inbound, SLOW_MS);
+    let workers = load.workers();
+    load.wait_more(CALLS_PER_STEP, "before the drain").await;
     // A deadline long enough that the kill surely comes before it on a
     // loaded machine.
     const DEADLINE: f64 = 5.0;
@@ -80,32 +96,60 @@ async fn envoy_killed_mid_drain() {
     })
     .await;
     let run = tokio::spawn(prestop(shim));
+    // Each worker has at most one call open: Envoy counts those beside
+    // the streams.
     wait_for("the drain has counted the streams", WAIT, || async {
         status(shim)
             .await
-            .is_some_and(|s| s.active.streams == N as u64 && s.envoy.reachable)
+            .is_some_and(|s| s.active.streams >= N as u64 && s.envoy.reachable)
     })
     .await;
+    load.wait_more(CALLS_IN_A_DRAIN, "the drain running, before the kill")
+        .await;
     assert!(drain.status().report.is_none(), "ended too early");
+    let fault = Instant::now();
     envoy.kill().await;
+    let gone = Instant::now();
+    load.wait_more(CALLS_PER_STEP, "after the kill").await;
+    let calls = load.finish().await;
+    let seen = Seen::of(&calls, workers, fault);
+    let sent_after: Vec<_> = calls.iter().filter(|c| c.start >= gone).collect();
+    let answered_after = sent_after
+        .iter()
+        .filter(|c| matches!(c.outcome, support::load::Outcome::Ok))
+        .count();
 
     let run = run.await.expect("prestop task");
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let r = run.report();
-    table_line("envoy killed mid-drain", &r);
+    let cut = r.streams.cut;
+    seen.table_line(
+        "envoy killed mid-drain",
+        &format!("{N} of {N} long streams (the report's {cut} include the calls open at its last poll)"),
+        &format!(
+            "never in the test (nothing restarts Envoy): {answered_after} of {} calls sent once it was gone answered; \
+             the drain ends at its deadline, {:.2} s",
+            sent_after.len(),
+            r.duration_seconds
+        ),
+        &report_line(&r),
+    );
+    seen.assert_none_failed_before(&run.stderr);
     assert_eq!(r.outcome, Outcome::EnvoyUnreachable, "{r:?}");
     assert!(r.duration_seconds >= DEADLINE, "{r:?}");
     assert!(r.duration_seconds < DEADLINE + SLACK, "{r:?}");
-    assert_eq!(
-        (r.streams.at_start, r.streams.completed, r.streams.cut),
-        (N as u64, 0, N as u64)
-    );
-    assert_eq!(r.connections.cut, N as u64, "{r:?}");
+    // Every long stream was open at the start and cut; so was each call
+    // open at the last poll (at most one per worker). The calls that ended
+    // during the drain are its completed streams.
+    let (n, most) = (N as u64, (N + workers) as u64);
+    assert!((n..=most).contains(&r.streams.at_start), "{r:?}");
+    assert!((n..=most).contains(&r.streams.cut), "{r:?}");
+    assert!((n..=r.streams.cut).contains(&r.connections.cut), "{r:?}");
     assert!(!r.envoy.reachable);
     let err = r.envoy.error.as_deref().unwrap_or_default();
     assert!(err.contains("connect"), "the report names the cause: {r:?}");
-    let seen = r.envoy.last_seen_seconds.expect("counts were read once");
-    assert!(seen < r.duration_seconds, "{r:?}");
+    let seen_at = r.envoy.last_seen_seconds.expect("counts were read once");
+    assert!(seen_at < r.duration_seconds, "{r:?}");
     assert!(
         run.stderr.contains("unreachable"),
         "progress says why: {}",
@@ -198,33 +242,95 @@ async fn envoy_restarted_under_the_drain() {
     }
 }
 
-/// Envoy's admin accepts connections and never answers: every admin call
-/// has a deadline and the drain's deadline does not wait on them.
-#[tokio::test]
-async fn admin_hung() {
-    let hung = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = hung.local_addr().expect("addr");
-    let held = tokio::spawn(async move {
-        // Accept and hold every connection without a byte in reply (bounded).
-        let mut conns = Vec::new();
-        for _ in 0..1_000 {
-            match hung.accept().await {
-                Ok((c, _)) => conns.push(c),
-                Err(_) => break,
-            }
+/// A relay to a real Envoy's admin that, once told to hang, stops
+/// answering: connections open then stall, new ones are accepted and held
+/// without a byte in reply. Stops when dropped.
+struct HangingAdmin {
+    addr: SocketAddr,
+    hang: CancellationToken,
+    stop: CancellationToken,
+}
+
+impl Drop for HangingAdmin {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn hanging_admin(admin: SocketAddr) -> HangingAdmin {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (hang, stop) = (CancellationToken::new(), CancellationToken::new());
+    let (h, s) = (hang.clone(), stop.clone());
+    tokio::spawn(async move {
+        loop {
+            let (mut conn, _) = tokio::select! {
+                _ = s.cancelled() => return,
+                a = listener.accept() => match a { Ok(a) => a, Err(_) => return },
+            };
+            let (h, s) = (h.clone(), s.clone());
+            tokio::spawn(async move {
+                let relay = async {
+                    if h.is_cancelled() {
+                        return std::future::pending().await;
+                    }
+                    if let Ok(mut up) = TcpStream::connect(admin).await {
+                        let _ = tokio::io::copy_bidirectional(&mut conn, &mut up).await;
+                    }
+                };
+                tokio::select! {
+                    _ = relay => {}
+                    // The relay is dropped; `conn` is held, silent.
+                    _ = h.cancelled() => s.cancelled().await,
+                    _ = s.cancelled() => {}
+                }
+            });
         }
     });
-    let (shim, _drain, _sig, _task) = start_sidecar(&format!("http://{addr}"), short_timers).await;
+    HangingAdmin { addr, hang, stop }
+}
+
+/// Envoy's admin stops answering (accepts, never replies) while unary calls
+/// run through Envoy: every admin call has a deadline and the drain's
+/// deadline does not wait on them. The shim cannot fail Envoy's health
+/// check, and the data path is Envoy's alone: not one call fails or hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_hung() {
+    let backend = backend().await;
+    let envoy = envoy("1.40.0", backend.addr).await;
+    let admin = hanging_admin(envoy.admin).await;
+    let (shim, _drain, _sig, _task) =
+        start_sidecar(&format!("http://{}", admin.addr), short_timers).await;
+    let load = Unary::start(envoy.inbound, SLOW_MS);
+    let workers = load.workers();
+    load.wait_more(CALLS_PER_STEP, "before the hang").await;
+    let fault = Instant::now();
+    admin.hang.cancel();
+    load.wait_more(CALLS_PER_STEP, "the admin hung, before the drain")
+        .await;
     let run = prestop(shim).await;
+    load.wait_more(CALLS_PER_STEP, "after the drain").await;
+    let calls = load.finish().await;
+    let seen = Seen::of(&calls, workers, fault);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let r = run.report();
-    table_line("admin hung", &r);
+    seen.table_line(
+        "admin hung",
+        "0 (none held)",
+        &format!(
+            "no outage; the drain ends at its deadline, {:.2} s",
+            r.duration_seconds
+        ),
+        &report_line(&r),
+    );
+    seen.assert_none_failed(&run.stderr);
     assert_eq!(r.outcome, Outcome::EnvoyUnreachable);
     assert!(r.duration_seconds < SHORT_DEADLINE + SLACK, "{r:?}");
     let err = r.envoy.error.as_deref().unwrap_or_default();
     assert!(err.contains("no answer within"), "{r:?}");
     assert_eq!(r.envoy.last_seen_seconds, None, "{r:?}");
-    held.abort();
+    // Why nothing failed: Envoy never heard of the drain.
+    assert_eq!(envoy.admin_client().ready().await.ok(), Some(true));
 }
 
 /// What the fault-injecting admin answers, to every request.
@@ -423,11 +529,13 @@ async fn app_process() -> App {
 }
 
 /// The application behind the guard dies (SIGKILL) with streams open, during
-/// a drain: each client gets a clean, retryable gRPC status from the guard
-/// (UNAVAILABLE in trailers, the stream ended between messages), not a
-/// hang; a new call fails fast with UNAVAILABLE; the drain still completes,
-/// with nothing cut.
-#[tokio::test]
+/// a drain, unary calls running through Envoy and the guard all along: each
+/// client gets a clean, retryable gRPC status from the guard (UNAVAILABLE in
+/// trailers, the stream ended between messages), not a hang; a new call
+/// fails fast with UNAVAILABLE; no call fails before the kill (but for
+/// those whose connection Envoy's own drain closed before they were sent),
+/// none hangs after it; the drain still completes, with nothing cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn application_dies_behind_the_guard() {
     const N: usize = 4;
     let mut app = app_process().await;
@@ -442,13 +550,21 @@ async fn application_dies_behind_the_guard() {
         envoy_streams(&pod.envoy).await == N as u64
     })
     .await;
+    let load = Unary::start(pod.envoy.inbound, SLOW_MS);
+    let workers = load.workers();
+    load.wait_more(CALLS_PER_STEP, "before the drain").await;
     let run = tokio::spawn(prestop(pod.shim));
+    // Each worker has at most one call open: Envoy counts those beside
+    // the streams.
     wait_for("the drain has counted the streams", WAIT, || async {
         status(pod.shim)
             .await
-            .is_some_and(|s| s.active.streams == N as u64 && s.envoy.reachable)
+            .is_some_and(|s| s.active.streams >= N as u64 && s.envoy.reachable)
     })
     .await;
+    load.wait_more(CALLS_IN_A_DRAIN, "the drain running, before the kill")
+        .await;
+    let fault = Instant::now();
     app.child.kill().await.expect("kill the application");
 
     for s in streams {
@@ -466,6 +582,10 @@ async fn application_dies_behind_the_guard() {
         );
         assert!(end.gapless(), "{}: gaps in {:?}", end.id, end.seqs);
     }
+    let streams_ended = fault.elapsed();
+    load.wait_more(CALLS_PER_STEP, "after the kill").await;
+    let calls = load.finish().await;
+    let seen = Seen::of(&calls, workers, fault);
     // A new call through the whole chain fails fast and cleanly.
     let mut client = StreamClient::connect(format!("http://{}", pod.envoy.inbound))
         .await
@@ -485,16 +605,37 @@ async fn application_dies_behind_the_guard() {
     let run = run.await.expect("prestop task");
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let r = run.report();
-    table_line("application killed behind the guard", &r);
+    seen.table_line(
+        "application killed behind the guard",
+        &format!("0 ({N} long streams and the calls open ended UNAVAILABLE, retryable)"),
+        &format!(
+            "never in the test (nothing restarts the app); every stream ended {:.2} s after the kill, \
+             the drain quiesced at {:.2} s",
+            streams_ended.as_secs_f64(),
+            r.duration_seconds
+        ),
+        &report_line(&r),
+    );
+    seen.assert_none_failed_before(&run.stderr);
+    assert!(
+        seen.after.hung.is_empty(),
+        "calls hung after the kill: {:?}",
+        seen.after.hung
+    );
     assert_eq!(r.outcome, Outcome::Quiesced, "{r:?}");
     assert_eq!(r.streams.cut, 0, "{r:?}");
-    assert_eq!(r.streams.at_start, N as u64, "{r:?}");
+    let (n, most) = (N as u64, (N + workers) as u64);
+    assert!((n..=most).contains(&r.streams.at_start), "{r:?}");
     assert!(r.duration_seconds < 8.0 + SLACK, "{r:?}");
     // The guard's drain had nothing left to end: the streams ended when the
-    // app died, and the report says so (failed), not completed. The one
-    // completed is the new call, answered UNAVAILABLE at once: it never
-    // reached an application, so nothing of it was under way to fail.
+    // app died, and the report says so (failed), not completed, with the
+    // calls it had under way to the app then (each one a call that failed
+    // after the kill). The calls answered UNAVAILABLE at once after it
+    // never reached an application, so nothing of them was under way to
+    // fail: they are completed, with the new call and those answered
+    // before the kill.
     assert_eq!(r.streams.terminated, 0, "{r:?}");
-    assert_eq!(r.streams.failed, N as u64, "{r:?}");
-    assert_eq!(r.streams.completed, 1, "{r:?}");
+    let failed_calls = (seen.after.failed.len() + seen.after.unsent.len()) as u64;
+    assert!((n..=n + failed_calls).contains(&r.streams.failed), "{r:?}");
+    assert!(r.streams.completed >= 1, "{r:?}");
 }

@@ -16,11 +16,16 @@ use std::time::Duration;
 use drainshim::drain::Outcome;
 use drainshim::envoy::AdminClient;
 use drainshim_bench::envoy::EnvoyProcess;
+use support::load::{at, Seen, Unary, CALLS_PER_STEP, SLOW_MS};
 use support::*;
+use tokio::time::Instant;
 
 /// Envoy's `--drain-time-s` in these tests: the shim waits this (+2 s)
 /// before it restores a failed health check.
 const ENVOY_DRAIN_TIME: Duration = Duration::from_secs(1);
+/// Envoy's `--drain-time-s` for the drain the shim restarts into: long
+/// enough that calls are seen flowing on both sides of the restart.
+const RUNNING_DRAIN_TIME: Duration = Duration::from_secs(4);
 
 async fn envoy_1_40() -> (Backend, EnvoyProcess) {
     let backend = backend().await;
@@ -117,20 +122,49 @@ async fn a_failed_health_check_with_listeners_up_is_recovered() {
 /// makes it: health check failed, then `drain_listeners?graceful&inboundonly`.
 /// The fresh shim waits; the listeners stop at Envoy's drain time, before the
 /// shim would restore anything; from then on the pod is flagged as stuck and
-/// Envoy's health check is never restored.
-#[tokio::test]
+/// Envoy's health check is never restored. Unary calls run through Envoy
+/// from before the drain: the shim's restart touches nothing of the data
+/// path, and no call fails or hangs while Envoy's inbound listener is up,
+/// but for those whose connection Envoy's own drain closed before they were
+/// sent (`support::load::Outcome::Unsent`). Once the drain has stopped the
+/// listener, new calls are refused (counted and printed, not asserted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_running_at_start_is_never_undone() {
-    let (_backend, envoy, admin) = envoy_failing_its_health_check().await;
+    let backend = backend().await;
+    let envoy = envoy_with("1.40.0", backend.addr, |o| {
+        o.drain_time = RUNNING_DRAIN_TIME
+    })
+    .await;
+    let admin = envoy.admin_client();
+    let load = Unary::start(envoy.inbound, SLOW_MS);
+    let workers = load.workers();
+    load.wait_more(CALLS_PER_STEP, "before the drain").await;
+    admin
+        .healthcheck_fail()
+        .await
+        .expect("fail the health check");
     admin
         .drain_listeners(true, true)
         .await
         .expect("graceful inbound drain");
+    // Envoy's inbound listener is up at least until now; each poll that
+    // finds it up moves this on (it stops once, at Envoy's drain time).
+    let mut up_until = Instant::now();
+    load.wait_more(CALLS_PER_STEP, "the drain running").await;
 
+    let fault = Instant::now();
     let shim = shim_for(&envoy, &[]).await;
+    let started = fault.elapsed();
+    load.wait_more(CALLS_PER_STEP, "after the shim restarted")
+        .await;
     // Watch Envoy's health check until the shim has reached its verdict: it
     // must stay failed the whole time.
-    let deadline = tokio::time::Instant::now() + WAIT;
+    let deadline = Instant::now() + WAIT;
     loop {
+        let asked = Instant::now();
+        if admin.listeners_stopped().await.ok() == Some(0) {
+            up_until = asked;
+        }
         assert_eq!(
             admin.ready().await.ok(),
             Some(false),
@@ -142,9 +176,31 @@ async fn a_drain_running_at_start_is_never_undone() {
         if body.contains("cannot serve again") {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "no verdict: {body}");
+        assert!(Instant::now() < deadline, "no verdict: {body}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let verdict = fault.elapsed();
+    load.wait_more(CALLS_PER_STEP, "after the verdict").await;
+    let calls = load.finish().await;
+    let seen = Seen::of(&calls, workers, fault);
+    // The same calls against the end of Envoy's drain: its listener stopped.
+    let up = Seen::of(&calls, workers, up_until);
+    seen.table_line(
+        "the shim restarted mid-drain",
+        "0 (none held)",
+        &format!(
+            "nothing to recover from: the new shim was up {:.2} s after it started, its verdict at {:.2} s",
+            started.as_secs_f64(),
+            verdict.as_secs_f64()
+        ),
+        &format!(
+            "Envoy's listener up until {}: {} before it stopped, {} after",
+            at(up_until, fault),
+            up.before.line(),
+            up.after.line(),
+        ),
+    );
+    up.assert_none_failed_before(&shim.log());
     assert_recoveries_and_stuck(&shim, 0.0, 1.0).await;
     // Stopped listeners never reopen, so this verdict is final: the health
     // check stays failed, as the drain left it.

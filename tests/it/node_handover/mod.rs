@@ -17,6 +17,9 @@
 //! Needs root; fails (never skips) without it or without the cached Envoys.
 
 use crate::support;
+use crate::support::load::{
+    assert_no_failed_or_hung, at, outcomes, outcomes_of, Call, Outcome, Unary, DEADLINE,
+};
 use crate::support::node as node_support;
 use crate::support::podapp;
 
@@ -248,127 +251,9 @@ async fn the_agent_hands_over_without_a_cut_stream_or_a_refused_connection() {
 
 /// Long streams through the pod (the figure).
 const LONG: usize = 10;
-/// Workers of back-to-back unary calls, each on its own channel.
-const WORKERS: usize = 4;
-/// Each call's deadline: later than this is a hung call.
-const DEADLINE: Duration = Duration::from_secs(2);
 /// Calls made between two steps of the test (the overlap of both agents,
 /// the old one's exit, after it): a count, so the load is seen flowing.
 const CALLS_PER_STEP: u64 = 400;
-/// Most calls one worker makes (bounds its loop in count).
-const MAX_CALLS: u64 = 200_000;
-
-/// How one unary call ended.
-enum Outcome {
-    Ok,
-    Failed(String),
-    Hung(String),
-}
-
-struct Call {
-    start: Instant,
-    outcome: Outcome,
-}
-
-/// Back-to-back unary calls through Envoy.
-struct Unary {
-    stop: CancellationToken,
-    done: Arc<AtomicU64>,
-    workers: Vec<tokio::task::JoinHandle<Vec<Call>>>,
-}
-
-impl Unary {
-    /// Worker 0's calls take `slow_ms` in the app, the others' 1 ms.
-    fn start(addr: SocketAddr, slow_ms: u32) -> Self {
-        Self::with_workers(addr, WORKERS, slow_ms)
-    }
-
-    /// [`Unary::start`] with `workers` workers.
-    fn with_workers(addr: SocketAddr, workers: usize, slow_ms: u32) -> Self {
-        let stop = CancellationToken::new();
-        let done = Arc::new(AtomicU64::new(0));
-        let workers = (0..workers)
-            .map(|w| {
-                let (stop, done) = (stop.clone(), done.clone());
-                tokio::spawn(async move {
-                    let mut calls = Vec::new();
-                    let endpoint =
-                        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-                            .expect("endpoint");
-                    let mut client = StreamClient::new(endpoint.connect_lazy());
-                    for i in 0..MAX_CALLS {
-                        if stop.is_cancelled() {
-                            break;
-                        }
-                        let mut req = tonic::Request::new(EchoRequest {
-                            body: format!("w{w}-{i}"),
-                            // One worker's calls take a while: one is
-                            // always in flight when a GOAWAY goes out.
-                            delay_ms: if w == 0 { slow_ms } else { 1 },
-                        });
-                        req.set_timeout(DEADLINE);
-                        let start = Instant::now();
-                        let outcome = match tokio::time::timeout(DEADLINE, client.echo(req)).await {
-                            Ok(Ok(_)) => Outcome::Ok,
-                            // The deadline passed: the server's DEADLINE_EXCEEDED,
-                            // or tonic's own timer (CANCELLED "Timeout expired").
-                            Ok(Err(s))
-                                if s.code() == tonic::Code::DeadlineExceeded
-                                    || (s.code() == tonic::Code::Cancelled
-                                        && s.message().contains("Timeout expired")) =>
-                            {
-                                Outcome::Hung(format!("{:?} {:?}", s.code(), s.message()))
-                            }
-                            Ok(Err(s)) => Outcome::Failed(format!(
-                                "{:?} {:?} ({:?})",
-                                s.code(),
-                                s.message(),
-                                std::error::Error::source(&s).map(|e| e.to_string())
-                            )),
-                            Err(_) => Outcome::Hung("no answer by the deadline".into()),
-                        };
-                        calls.push(Call { start, outcome });
-                        done.fetch_add(1, Ordering::Relaxed);
-                    }
-                    calls
-                })
-            })
-            .collect();
-        Self {
-            stop,
-            done,
-            workers,
-        }
-    }
-
-    fn made(&self) -> u64 {
-        self.done.load(Ordering::Relaxed)
-    }
-
-    /// Waits (bounded) until `n` more calls ended, whatever their outcome.
-    async fn wait_more(&self, n: u64, what: &str) {
-        let want = self.made() + n;
-        let deadline = Instant::now() + NODE_WAIT;
-        while self.made() < want {
-            assert!(
-                Instant::now() < deadline,
-                "unary calls stalled ({} of {want}): {what}",
-                self.made()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    async fn finish(self) -> Vec<Call> {
-        self.stop.cancel();
-        let mut all = Vec::new();
-        for w in self.workers {
-            all.extend(w.await.expect("unary worker"));
-        }
-        all.sort_by_key(|c| c.start);
-        all
-    }
-}
 
 /// Waits (bounded) until `agent`, sent SIGTERM, has exited, and exited 0.
 async fn reap(agent: &mut AgentBin, what: &str) {
@@ -435,22 +320,6 @@ async fn new_agent_drains(
     }
 }
 
-/// No call failed or hung: the first 30 of them printed, 10 of each in the
-/// failure with `logs`.
-fn assert_no_failed_or_hung(calls: usize, (failed, hung): (&[String], &[String]), logs: &str) {
-    for f in failed.iter().chain(hung.iter()).take(30) {
-        eprintln!("  {f}");
-    }
-    assert!(
-        failed.is_empty() && hung.is_empty(),
-        "{} failed, {} hung of {calls} calls: {:?}\n{:?}\n{logs}",
-        failed.len(),
-        hung.len(),
-        failed.iter().take(10).collect::<Vec<_>>(),
-        hung.iter().take(10).collect::<Vec<_>>(),
-    );
-}
-
 /// A hand-over socket in a fresh directory (kept while the `TempDir`
 /// lives), and a free loopback address for the agents' API.
 fn handover_setup() -> (tempfile::TempDir, String, SocketAddr) {
@@ -459,12 +328,6 @@ fn handover_setup() -> (tempfile::TempDir, String, SocketAddr) {
     let socket = socket.to_string_lossy().into_owned();
     let listen = SocketAddr::from(([127, 0, 0, 1], support::free_port()));
     (dir, socket, listen)
-}
-
-fn at(t: Instant, since: Instant) -> String {
-    let (a, b) = (t.max(since), t.min(since));
-    let sign = if t >= since { "+" } else { "-" };
-    format!("{sign}{:.2} s", (a - b).as_secs_f64())
 }
 
 /// The rolling update through an Envoy with no retry policy, at load.
@@ -488,27 +351,11 @@ async fn one_call(addr: SocketAddr, delay: Duration) -> Call {
         Ok(Err(s)) => Outcome::Failed(format!("outlasting call: {:?} {:?}", s.code(), s.message())),
         Err(_) => Outcome::Hung("outlasting call: no answer by the deadline".into()),
     };
-    Call { start, outcome }
-}
-
-/// Failed and hung calls, each with when it was sent (from `t0`).
-fn outcomes(calls: &[Call], t0: Instant, what: &str) -> (Vec<String>, Vec<String>) {
-    outcomes_of(&calls.iter().collect::<Vec<_>>(), t0, what)
-}
-
-/// [`outcomes`] of some of the calls.
-fn outcomes_of(calls: &[&Call], t0: Instant, what: &str) -> (Vec<String>, Vec<String>) {
-    let mut failed = Vec::new();
-    let mut hung = Vec::new();
-    for c in calls {
-        let when = format!("sent {} from {what}", at(c.start, t0));
-        match &c.outcome {
-            Outcome::Ok => {}
-            Outcome::Failed(e) => failed.push(format!("{when}: {e}")),
-            Outcome::Hung(e) => hung.push(format!("{when}: {e}")),
-        }
+    Call {
+        start,
+        end: Instant::now(),
+        outcome,
     }
-    (failed, hung)
 }
 
 /// SIGTERM with no successor (the DaemonSet deleted, or the next agent

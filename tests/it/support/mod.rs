@@ -9,6 +9,7 @@ pub mod abuse;
 pub mod ends;
 pub mod guard;
 pub mod h1;
+pub mod load;
 pub mod node;
 pub mod peers;
 pub mod podapp;
