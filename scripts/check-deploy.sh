@@ -107,7 +107,8 @@ done < <(find "$root/deploy" -name kustomization.yaml | sort)
 
 # --- 2. schemas, budgets, wiring, envoy, rules sync, metrics, dashboard -------
 say "drainshim (each manifest's drainshim container is run with --check)"
-${CARGO:-cargo} build --locked --quiet --bin drainshim || die "cargo build failed"
+# --workspace: the features make test's own build resolves, so that build reuses this one.
+${CARGO:-cargo} build --locked --quiet --workspace --bin drainshim || die "cargo build failed"
 
 say "the checker's own rules, on known-bad input (scripts/check_deploy.py selftest)"
 "$py" "$root/scripts/check_deploy.py" selftest --rendered "$out" --prometheus "$prometheus" \

@@ -357,6 +357,23 @@ pub struct ReconnectArgs {
           value_parser = clap::value_parser!(u32).range(0..=1_048_576))]
     pub payload_bytes: Vec<u32>,
 
+    /// How often each stream's server sends a message (1ms to 1m). The
+    /// whole population carries streams / tick messages per second through
+    /// both pods: when that saturates the machine, the table's CPU_BUSY
+    /// column says so, and reconnect times and the storm measure the
+    /// machine rather than the restart. Quiet streams (e.g. `--tick 1s`)
+    /// let one machine hold thousands.
+    #[arg(long, env = "DRAINSHIM_TICK", default_value_t = reconnect::DEFAULT_TICK)]
+    pub tick: Span,
+
+    /// How long the streams run before the restart [default: 20 ticks, at
+    /// least 1s]. The guard ends a quiet stream between two of its writes
+    /// once it has learned the stream's cadence (about fifteen steady
+    /// gaps), and right after its next write until then: young streams
+    /// that write in step end in step.
+    #[arg(long, env = "DRAINSHIM_WARMUP")]
+    pub warmup: Option<Span>,
+
     /// Output: `table` for people, `json` (on one line) for scripts.
     #[arg(short = 'o', long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
     pub format: Format,
@@ -509,6 +526,8 @@ impl ReconnectArgs {
         opts.max_connection_age_grace = self.max_age.max_connection_age_grace.get();
         opts.max_connection_age_spread = self.max_age.max_connection_age_spread.get();
         opts.payload_bytes = self.payload_bytes.clone();
+        opts.tick = self.tick.get();
+        opts.warmup = self.warmup.map(Span::get);
         opts.validate()?;
         Ok(opts)
     }
@@ -531,6 +550,9 @@ impl ReconnectArgs {
                 "drainshim bench reconnect: plot written to {}",
                 path.display()
             );
+        }
+        for w in crate::measure::saturation_warnings(&results) {
+            eprintln!("drainshim bench reconnect: warning: {w}");
         }
         let failures = crate::measure::drainshim_failures(&results);
         for f in &failures {

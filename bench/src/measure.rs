@@ -40,6 +40,59 @@ pub fn cpu_time(pid: u32) -> io::Result<Duration> {
     Ok(Duration::from_secs_f64((user + system) as f64 / hz))
 }
 
+/// The whole machine's CPU counters, every core, from `/proc/stat`: two
+/// readings tell how busy the machine was between them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MachineCpu {
+    busy: u64,
+    total: u64,
+}
+
+// === impl MachineCpu ===
+
+impl MachineCpu {
+    pub fn now() -> io::Result<Self> {
+        Self::parse(&std::fs::read_to_string("/proc/stat")?).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                "unexpected format of /proc/stat",
+            )
+        })
+    }
+
+    /// The `cpu` line: user nice system idle iowait irq softirq steal, in
+    /// clock ticks (the guest columns are already inside user and nice).
+    fn parse(stat: &str) -> Option<Self> {
+        let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+        let ticks: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .take(8)
+            .map(|f| f.parse().ok())
+            .collect::<Option<_>>()?;
+        if ticks.len() < 5 {
+            return None;
+        }
+        let total: u64 = ticks.iter().sum();
+        Some(Self {
+            busy: total - ticks[3] - ticks[4],
+            total,
+        })
+    }
+
+    /// The share of the machine in use from `self` to `later`, 0 to 1.
+    pub fn busy_until(self, later: MachineCpu) -> f64 {
+        let total = later.total.saturating_sub(self.total);
+        if total == 0 {
+            return 0.0;
+        }
+        later.busy.saturating_sub(self.busy) as f64 / total as f64
+    }
+}
+
+/// Above this share of the machine in use, a row's times measure the machine.
+pub const SATURATED: f64 = 0.95;
+
 /// The storm is measured in buckets of this width (docs/design.md).
 pub const BUCKET: Duration = Duration::from_millis(100);
 
@@ -79,6 +132,10 @@ pub struct ModeResult {
     pub success_rate: f64,
     /// From the start of the restart to the old pod's exit.
     pub restart_seconds: f64,
+    /// The machine's CPU in use over that time, every core, 0 to 1. At
+    /// [`SATURATED`] and above, reconnect times and the storm measure the
+    /// machine that runs both pods and every client, not the restart.
+    pub machine_cpu_busy: f64,
     /// Reconnects per 100 ms bucket from one second before the restart, for the plot.
     #[serde(skip)]
     pub timeline: Vec<u32>,
@@ -177,6 +234,7 @@ pub fn summarize(o: &Observed) -> ModeResult {
         storm_peak_to_mean,
         success_rate,
         restart_seconds: o.done.saturating_duration_since(o.trigger).as_secs_f64(),
+        machine_cpu_busy: 0.0,
         timeline,
     }
 }
@@ -193,6 +251,24 @@ pub fn drainshim_failures(results: &[ModeResult]) -> Vec<String> {
             format!(
                 "drainshim mode, {}: {} cut, {} bypassed the guard, {} messages lost (want 0 each)",
                 r.protocol, r.cut, r.bypassed, r.lost_messages
+            )
+        })
+        .collect()
+}
+
+/// One warning per row measured on a saturated machine.
+pub fn saturation_warnings(results: &[ModeResult]) -> Vec<String> {
+    results
+        .iter()
+        .filter(|r| r.machine_cpu_busy >= SATURATED)
+        .map(|r| {
+            format!(
+                "{} mode, {}: the machine was {:.0}% busy during the restart, so its reconnect \
+                 times and storm measure this machine, not the restart; fewer --streams or a \
+                 longer --tick leave it room",
+                r.mode,
+                r.protocol,
+                r.machine_cpu_busy * 100.0
             )
         })
         .collect()
@@ -248,6 +324,7 @@ pub fn render_table(results: &[ModeResult]) -> String {
                 format!("{:.2}", r.storm_peak_to_mean),
                 format!("{:.3}", r.success_rate),
                 format!("{:.1}", r.restart_seconds),
+                format!("{:.0}%", r.machine_cpu_busy * 100.0),
             ]
         })
         .collect();
@@ -265,6 +342,7 @@ pub fn render_table(results: &[ModeResult]) -> String {
             "STORM_PEAK/MEAN",
             "SUCCESS",
             "RESTART_S",
+            "CPU_BUSY",
         ],
         &rows,
     )
@@ -346,6 +424,39 @@ mod tests {
         // Above any pid_max (at most 2^22): no such process.
         let e = cpu_time(u32::MAX).expect_err("no process has this pid");
         assert_eq!(e.kind(), io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn machine_cpu_is_busy_share_between_two_readings() {
+        let a = MachineCpu::parse("cpu  100 0 100 700 100 0 0 0 0 0\ncpu0 1 2 3 4 5\n")
+            .expect("a cpu line");
+        // 300 more busy ticks (user, system, softirq), 100 idle, 0 iowait.
+        let b = MachineCpu::parse("cpu  250 0 200 800 100 0 50 0 0 0\n").expect("a cpu line");
+        assert!((a.busy_until(b) - 0.75).abs() < 1e-9);
+        assert_eq!(b.busy_until(b), 0.0);
+        assert!(MachineCpu::parse("cpu0 1 2 3 4 5\n").is_none());
+        assert!(MachineCpu::parse("cpu  1 x 3 4 5\n").is_none());
+        MachineCpu::now().expect("this machine's /proc/stat");
+        let busy = |b| ModeResult {
+            mode: "drainshim".into(),
+            protocol: "websocket".into(),
+            streams: 2,
+            streams_on_restarted_pod: 1,
+            graceful: 1,
+            cut: 0,
+            bypassed: 0,
+            envoy_connect_failures: 0,
+            envoy_health_check_failures: 0,
+            lost_messages: 0,
+            reconnect_p50_ms: 1.0,
+            reconnect_p99_ms: 1.0,
+            storm_peak_to_mean: 1.0,
+            success_rate: 1.0,
+            restart_seconds: 1.0,
+            machine_cpu_busy: b,
+            timeline: Vec::new(),
+        };
+        assert_eq!(saturation_warnings(&[busy(0.5), busy(0.97)]).len(), 1);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::client::{classify, Ending, TICK_INTERVAL_MS};
+use super::client::{classify, Ending};
 use crate::proto::bench::stream_client::StreamClient;
 use crate::proto::bench::SubscribeRequest;
 
@@ -152,13 +152,18 @@ pub struct Population {
 
 impl Population {
     /// Starts `n` clients; returns once every one holds a live stream.
+    /// Each stream's server sends a message every `tick`.
     pub async fn start(
         n: usize,
         endpoints: Endpoints,
         prefix: &str,
         protocol: Protocol,
         payload_bytes: &[u32],
+        tick: Duration,
     ) -> Result<Self, String> {
+        let tick_ms = u32::try_from(tick.as_millis())
+            .map_err(|_| format!("a tick of {tick:?} is too long"))?
+            .max(1);
         let sessions = Arc::new(Mutex::new(Vec::new()));
         let attempts = Arc::new(Mutex::new((0u64, 0u64)));
         let stop = CancellationToken::new();
@@ -173,6 +178,7 @@ impl Population {
                     } else {
                         payload_bytes[c % payload_bytes.len()]
                     },
+                    tick_ms,
                     prefix: prefix.to_string(),
                     endpoints: endpoints.clone(),
                     sessions: sessions.clone(),
@@ -220,6 +226,8 @@ struct ClientCtx {
     kind: StreamKind,
     /// Bytes of padding per message on this client's streams.
     payload: u32,
+    /// Between two of the server's messages on this client's streams.
+    tick_ms: u32,
     prefix: String,
     endpoints: Endpoints,
     sessions: Arc<Mutex<Vec<Session>>>,
@@ -310,8 +318,8 @@ impl ClientCtx {
         use futures_util::StreamExt;
         use tokio_tungstenite::tungstenite::Message;
         let url = format!(
-            "ws://{addr}/tick?id={stream_id}&interval_ms={TICK_INTERVAL_MS}&size={}",
-            self.payload
+            "ws://{addr}/tick?id={stream_id}&interval_ms={}&size={}",
+            self.tick_ms, self.payload
         );
         let seq_of = |m: &Message| -> Option<u64> {
             let Message::Text(t) = m else { return None };
@@ -388,7 +396,7 @@ impl ClientCtx {
             let req = SubscribeRequest {
                 stream_id: stream_id.to_string(),
                 count: 0,
-                interval_ms: TICK_INTERVAL_MS,
+                interval_ms: self.tick_ms,
                 payload_bytes: self.payload,
                 ..Default::default()
             };

@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::client::TICK_INTERVAL_MS;
 use super::envoy::{EnvoyOptions, EnvoyProcess};
 use super::measure::{self, ModeResult, Observed};
 use super::population::{Endpoints, Population, Protocol};
@@ -62,6 +63,18 @@ const SETTLE: Duration = Duration::from_secs(2);
 pub const DEFAULT_DEREGISTRATION_DELAY: Span = Span::secs(2);
 pub const DEFAULT_DRAIN_TIME: Span = Span::secs(12);
 pub const DEFAULT_PARENT_SHUTDOWN_TIME: Span = Span::secs(20);
+/// How long the streams run before the restart, by default: this many
+/// ticks, and at least [`MIN_DEFAULT_WARMUP`]. The guard needs about fifteen
+/// steady gaps to learn a stream's cadence; a long-lived stream has them.
+pub const WARMUP_TICKS: u32 = 20;
+pub const MIN_DEFAULT_WARMUP: Duration = Duration::from_secs(1);
+/// Between two messages on a stream, by default.
+pub const DEFAULT_TICK: Span = Span::millis(TICK_INTERVAL_MS as u64);
+
+/// The bounds of `--tick`: a message per millisecond per stream at most,
+/// and a stream quiet for a minute at least once a minute.
+pub const MIN_TICK: Duration = Duration::from_millis(1);
+pub const MAX_TICK: Duration = Duration::from_secs(60);
 
 /// Bench settings.
 #[derive(Clone, Debug)]
@@ -82,6 +95,11 @@ pub struct ReconnectOptions {
     pub protocol: Protocol,
     /// Message sizes; stream i gets the i-th in turn.
     pub payload_bytes: Vec<u32>,
+    /// Between two of the server's messages on a stream.
+    pub tick: Duration,
+    /// How long the population runs before the restart: the guard learns a
+    /// stream's cadence from its history. None: [`WARMUP_TICKS`] ticks.
+    pub warmup: Option<Duration>,
     /// Print progress lines to stderr.
     pub progress: bool,
 }
@@ -102,8 +120,16 @@ impl ReconnectOptions {
             max_connection_age_spread: config::DEFAULT_MAX_CONNECTION_AGE_SPREAD.get(),
             protocol: Protocol::Grpc,
             payload_bytes: vec![64],
+            tick: DEFAULT_TICK.get(),
+            warmup: None,
             progress: true,
         }
+    }
+
+    /// How long the streams run before the restart.
+    pub fn warmup(&self) -> Duration {
+        self.warmup
+            .unwrap_or((self.tick * WARMUP_TICKS).max(MIN_DEFAULT_WARMUP))
     }
 
     /// The drainshim sidecar's timers in `drainshim` mode.
@@ -124,6 +150,13 @@ impl ReconnectOptions {
             errs.merge(self.timers().validate(None));
         }
         errs.check(self.streams >= 2, || "--streams must be at least 2".into());
+        errs.check((MIN_TICK..=MAX_TICK).contains(&self.tick), || {
+            format!(
+                "--tick must be between {} and {}",
+                humantime::format_duration(MIN_TICK),
+                humantime::format_duration(MAX_TICK)
+            )
+        });
         errs.check(!self.modes.is_empty(), || {
             "--mode needs at least one mode".into()
         });
@@ -342,14 +375,16 @@ pub async fn run_mode(opts: &ReconnectOptions, mode: Mode) -> Result<Vec<ModeRes
         mode.name(),
         opts.protocol,
         &opts.payload_bytes,
+        opts.tick,
     )
     .await?;
-    // Let the streams run a moment so every one has history.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Let the streams run a while, so every one has history.
+    tokio::time::sleep(opts.warmup()).await;
 
     opts.say(&format!("[{}] restarting pod A", mode.name()));
     let attempts_at_trigger = population.attempts.lock().map(|a| *a).unwrap_or_default();
     let trigger = Instant::now();
+    let cpu_at_trigger = measure::MachineCpu::now().ok();
     // Deregistration: callers stop picking pod A.
     endpoints.remove(0);
     let mut bypassed = 0;
@@ -389,6 +424,9 @@ pub async fn run_mode(opts: &ReconnectOptions, mode: Mode) -> Result<Vec<ModeRes
     }
     let _ = a.envoy.wait_exit(Duration::from_secs(10)).await;
     let done = Instant::now();
+    let cpu_busy = cpu_at_trigger
+        .zip(measure::MachineCpu::now().ok())
+        .map_or(0.0, |(a, b)| a.busy_until(b));
     tokio::time::sleep(SETTLE).await;
     let attempts_at_end = population.attempts.lock().map(|a| *a).unwrap_or_default();
     let sessions = population.stop().await;
@@ -423,6 +461,7 @@ pub async fn run_mode(opts: &ReconnectOptions, mode: Mode) -> Result<Vec<ModeRes
         result.bypassed = bypassed;
         result.envoy_connect_failures = connect_failures;
         result.envoy_health_check_failures = health_check_failures;
+        result.machine_cpu_busy = cpu_busy;
         opts.say(&format!(
             "[{}] {} {} streams on pod A: {} graceful, {} cut",
             mode.name(),
@@ -517,6 +556,7 @@ pub async fn soak(opts: &ReconnectOptions, duration: Duration) -> Result<SoakRes
         "soak",
         opts.protocol,
         &opts.payload_bytes,
+        opts.tick,
     )
     .await?;
     let start = Instant::now();

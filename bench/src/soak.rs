@@ -27,7 +27,7 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::client::Ending;
+use super::client::{Ending, TICK_INTERVAL_MS};
 use super::envoy::{EnvoyOptions, EnvoyProcess};
 use super::population::{Endpoints, Population, Protocol};
 use super::reconnect::{free_port, start_app};
@@ -450,6 +450,7 @@ pub(super) async fn soak(
                 &format!("soak{g}"),
                 Protocol::Websocket,
                 &[64],
+                Duration::from_millis(u64::from(TICK_INTERVAL_MS)),
             )
             .await?,
         );

@@ -1,7 +1,7 @@
 //! A WebSocket application for the tests and benchmarks (tokio-tungstenite):
 //! `GET /tick?id=ID&interval_ms=N&size=B` upgrades, then sends text ticks
-//! `ID SEQ <B bytes of padding>` every N ms (N = 0: no ticks) and echoes
-//! every message the client sends. The send ledger records, per id, the last
+//! `ID SEQ <B bytes of padding>`, the first at once and then every N ms
+//! (N = 0: no ticks), and echoes every message the client sends. The send ledger records, per id, the last
 //! tick the server's transport accepted, so a client can prove nothing was
 //! lost. On a Close (from the client, or the guard's 1001) it stops ticking
 //! and answers it, as a well-behaved server does.
@@ -155,7 +155,9 @@ async fn connection(
     let (mut tx, mut rx) = ws.split();
     let padding = "x".repeat(params.size);
     let mut seq = 0u64;
-    let mut next = params.interval.map(|i| tokio::time::Instant::now() + i);
+    // The first tick goes out at once, as the gRPC backend's first message
+    // does: a client's reconnect time ends at its first message, not a tick later.
+    let mut next = params.interval.map(|_| tokio::time::Instant::now());
     loop {
         tokio::select! {
             _ = async { match next { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {
