@@ -29,7 +29,7 @@ use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 /// The hard deadline used with `SHORT_TIMERS`.
 const SHORT_DEADLINE: f64 = 2.0;
@@ -248,13 +248,7 @@ async fn envoy_restarted_under_the_drain() {
 struct HangingAdmin {
     addr: SocketAddr,
     hang: CancellationToken,
-    stop: CancellationToken,
-}
-
-impl Drop for HangingAdmin {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
+    _stop: DropGuard,
 }
 
 async fn hanging_admin(admin: SocketAddr) -> HangingAdmin {
@@ -287,7 +281,11 @@ async fn hanging_admin(admin: SocketAddr) -> HangingAdmin {
             });
         }
     });
-    HangingAdmin { addr, hang, stop }
+    HangingAdmin {
+        addr,
+        hang,
+        _stop: stop.drop_guard(),
+    }
 }
 
 /// Envoy's admin stops answering (accepts, never replies) while unary calls
@@ -366,13 +364,7 @@ impl Fault {
 /// A fault-injecting admin server on loopback; stops when dropped.
 struct FaultyAdmin {
     addr: SocketAddr,
-    stop: CancellationToken,
-}
-
-impl Drop for FaultyAdmin {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
+    _stop: DropGuard,
 }
 
 async fn faulty_admin(fault: Fault) -> FaultyAdmin {
@@ -442,7 +434,10 @@ async fn faulty_admin(fault: Fault) -> FaultyAdmin {
             });
         }
     });
-    FaultyAdmin { addr, stop }
+    FaultyAdmin {
+        addr,
+        _stop: stop.drop_guard(),
+    }
 }
 
 async fn admin_fault(fault: Fault) {
