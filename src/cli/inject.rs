@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::config::Span;
 use crate::error::Error;
-use crate::inject::manifest::{self, Action};
+use crate::inject::manifest::{self, Direction};
 use crate::inject::{webhook, Mode, Settings, DEFAULT_IMAGE};
 
 pub const INJECT_LONG_ABOUT: &str = "Add drainshim to the pods of Kubernetes manifests, offline.\n\n\
@@ -114,9 +114,9 @@ impl InjectArgs {
             ));
         }
         let action = if self.uninject {
-            Action::Uninject
+            Direction::Uninject
         } else {
-            Action::Inject
+            Direction::Inject
         };
         match manifest::transform(
             &input,

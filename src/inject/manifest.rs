@@ -11,11 +11,11 @@ use k8s_openapi::api::core::v1::PodTemplateSpec;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{Line, Outcome, Refusal, Settings};
+use super::{Line, PodChange, Refusal, Settings};
 
 /// Inject or undo.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Action {
+pub enum Direction {
     Inject,
     Uninject,
 }
@@ -26,7 +26,7 @@ pub enum Action {
 pub fn transform(
     input: &str,
     settings: &Settings,
-    action: Action,
+    action: Direction,
 ) -> Result<(String, Vec<Line>), Vec<String>> {
     let mut docs = Vec::new();
     for (i, doc) in serde_yaml_ng::Deserializer::from_str(input).enumerate() {
@@ -52,8 +52,8 @@ pub fn transform(
     }
     if settings.services {
         match action {
-            Action::Inject => super::services::retarget(&mut docs, &mut lines),
-            Action::Uninject => super::services::restore(&mut docs, &mut lines),
+            Direction::Inject => super::services::retarget(&mut docs, &mut lines),
+            Direction::Uninject => super::services::restore(&mut docs, &mut lines),
         }
     }
     let mut out = String::new();
@@ -91,7 +91,7 @@ fn holds(kind: &str) -> Holds {
 fn object(
     doc: &mut Value,
     settings: &Settings,
-    action: Action,
+    action: Direction,
     lines: &mut Vec<Line>,
     error: &mut dyn FnMut(String),
 ) {
@@ -132,7 +132,7 @@ fn object(
         meta.and_then(|m| serde_json::from_value(m.clone()).ok())
             .is_some_and(|m| super::opted_out(&m))
     };
-    if action == Action::Inject && opted_out(doc.get("metadata")) {
+    if action == Direction::Inject && opted_out(doc.get("metadata")) {
         lines.push(Line {
             object: id,
             what: format!("opted out ({}: \"false\"): not touched", super::INJECT),
@@ -160,32 +160,32 @@ fn object(
     }
 }
 
-fn verb(action: Action) -> &'static str {
+fn verb(action: Direction) -> &'static str {
     match action {
-        Action::Inject => "injected",
-        Action::Uninject => "uninjected",
+        Direction::Inject => "injected",
+        Direction::Uninject => "uninjected",
     }
 }
 
-fn describe(outcome: &Outcome, settings: &Settings, unchanged: bool) -> String {
+fn describe(outcome: &PodChange, settings: &Settings, unchanged: bool) -> String {
     match outcome {
-        Outcome::Injected { app, port } if unchanged => {
+        PodChange::Injected { app, port } if unchanged => {
             format!(
                 "already injected ({}, app {app:?} on :{port}): unchanged",
                 settings.mode.name()
             )
         }
-        Outcome::Injected { app, port } => format!(
+        PodChange::Injected { app, port } => format!(
             "injected ({}, app {app:?} on :{port})",
             settings.mode.name()
         ),
-        Outcome::OptedOut => format!("opted out ({}: \"false\"): not touched", super::INJECT),
-        Outcome::RunsToCompletion => {
+        PodChange::OptedOut => format!("opted out ({}: \"false\"): not touched", super::INJECT),
+        PodChange::RunsToCompletion => {
             "not injected: its pods run to completion (restartPolicy), not long-lived streams"
                 .into()
         }
-        Outcome::Uninjected => "uninjected".into(),
-        Outcome::NotInjected => "nothing injected: unchanged".into(),
+        PodChange::Uninjected => "uninjected".into(),
+        PodChange::NotInjected => "nothing injected: unchanged".into(),
     }
 }
 
@@ -194,8 +194,8 @@ fn describe(outcome: &Outcome, settings: &Settings, unchanged: bool) -> String {
 pub fn pod_patch(
     pod: &Value,
     settings: &Settings,
-    action: Action,
-) -> Result<(Patch, Outcome), Refusal> {
+    action: Direction,
+) -> Result<(Patch, PodChange), Refusal> {
     let parts = json!({
         "metadata": pod.get("metadata").cloned().unwrap_or_else(|| json!({})),
         "spec": pod.get("spec").cloned().unwrap_or(Value::Null),
@@ -208,8 +208,8 @@ pub fn pod_patch(
     };
     let before = encode(&meta, &spec)?;
     let outcome = match action {
-        Action::Inject => super::inject(&mut meta, &mut spec, settings)?,
-        Action::Uninject => super::uninject(&mut meta, &mut spec)?,
+        Direction::Inject => super::inject(&mut meta, &mut spec, settings)?,
+        Direction::Uninject => super::uninject(&mut meta, &mut spec)?,
     };
     let after = encode(&meta, &spec)?;
     Ok((json_patch::diff(&before, &after), outcome))

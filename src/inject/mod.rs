@@ -90,7 +90,7 @@ impl Default for Settings {
 
 /// What happened to one pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub enum PodChange {
     /// drainshim added (or re-added: an injected pod is uninjected first).
     Injected { app: String, port: u16 },
     /// Opted out with `drainshim.io/inject: "false"`: not touched.
@@ -167,12 +167,12 @@ pub fn inject(
     meta: &mut ObjectMeta,
     spec: &mut PodSpec,
     settings: &Settings,
-) -> Result<Outcome, Refusal> {
+) -> Result<PodChange, Refusal> {
     if opted_out(meta) {
-        return Ok(Outcome::OptedOut);
+        return Ok(PodChange::OptedOut);
     }
     if matches!(spec.restart_policy.as_deref(), Some("Never" | "OnFailure")) {
-        return Ok(Outcome::RunsToCompletion);
+        return Ok(PodChange::RunsToCompletion);
     }
     if spec.host_network == Some(true) {
         return refuse(
@@ -265,7 +265,7 @@ pub fn inject(
         .insert(INJECTED.into(), marker);
 
     (*meta, *spec) = (meta2, spec2);
-    Ok(Outcome::Injected {
+    Ok(PodChange::Injected {
         app: app_name,
         port,
     })
@@ -274,7 +274,7 @@ pub fn inject(
 /// Removes what `inject` added and restores what it replaced. A pod with
 /// drainshim's containers but no record of the injection (the Component put
 /// them there) is refused: what it had before is not known.
-pub fn uninject(meta: &mut ObjectMeta, spec: &mut PodSpec) -> Result<Outcome, Refusal> {
+pub fn uninject(meta: &mut ObjectMeta, spec: &mut PodSpec) -> Result<PodChange, Refusal> {
     let names = patch::owned_names().map_err(Refusal)?;
     let Some(raw) = meta.annotations.as_ref().and_then(|a| a.get(INJECTED)) else {
         if let Some(name) = all_containers(spec)
@@ -287,7 +287,7 @@ pub fn uninject(meta: &mut ObjectMeta, spec: &mut PodSpec) -> Result<Outcome, Re
                  Component from its kustomization instead"
             ));
         }
-        return Ok(Outcome::NotInjected);
+        return Ok(PodChange::NotInjected);
     };
     let marker: Marker = serde_json::from_str(raw).map_err(|e| {
         Refusal(format!(
@@ -347,7 +347,7 @@ pub fn uninject(meta: &mut ObjectMeta, spec: &mut PodSpec) -> Result<Outcome, Re
             meta.annotations = None;
         }
     }
-    Ok(Outcome::Uninjected)
+    Ok(PodChange::Uninjected)
 }
 
 /// Removes a preStop and a mount drainshim gave a container (if still its own).

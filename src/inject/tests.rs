@@ -1,4 +1,4 @@
-use super::manifest::{transform, Action};
+use super::manifest::{transform, Direction};
 use super::*;
 use serde_json::Value;
 
@@ -34,7 +34,7 @@ fn inject(yaml: &str, mode: Mode) -> Result<String, Vec<String>> {
         mode,
         ..Settings::default()
     };
-    transform(yaml, &settings, Action::Inject).map(|(out, _)| out)
+    transform(yaml, &settings, Direction::Inject).map(|(out, _)| out)
 }
 
 fn pod_of(doc: &Value) -> &Value {
@@ -140,7 +140,7 @@ fn injecting_twice_is_injecting_once_and_uninject_restores_the_original() {
             once
         );
         let (undone, _) =
-            transform(&once, &Settings::default(), Action::Uninject).expect("uninject");
+            transform(&once, &Settings::default(), Direction::Uninject).expect("uninject");
         assert_eq!(docs(&undone), docs(&original), "{mode:?}");
     }
 }
@@ -165,7 +165,7 @@ fn a_longer_grace_period_is_kept_and_the_shim_told() {
     let (undone, _) = transform(
         &serde_yaml_ng::to_string(&out[0]).expect("yaml"),
         &Settings::default(),
-        Action::Uninject,
+        Direction::Uninject,
     )
     .expect("uninject");
     assert_eq!(
@@ -216,7 +216,7 @@ fn opted_out_batch_and_other_objects_pass_through() {
     let job_pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: job-x}\nspec: {restartPolicy: Never, containers: [{name: a, image: a, ports: [{containerPort: 80}]}]}\n";
     let svc = "apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec: {ports: [{port: 80}]}\n";
     let input = format!("{opted}---\n{job}---\n{job_pod}---\n{svc}");
-    let (out, lines) = transform(&input, &Settings::default(), Action::Inject).expect("passes");
+    let (out, lines) = transform(&input, &Settings::default(), Direction::Inject).expect("passes");
     assert_eq!(docs(&out), docs(&input));
     let what: Vec<_> = lines
         .iter()
@@ -255,7 +255,8 @@ fn lists_and_bare_pods_are_injected() {
 #[test]
 fn uninject_refuses_what_a_component_added() {
     let rendered = deployment(ONE_PORT).replace("name: logs", "name: drainshim");
-    let errors = transform(&rendered, &Settings::default(), Action::Uninject).expect_err("refused");
+    let errors =
+        transform(&rendered, &Settings::default(), Direction::Uninject).expect_err("refused");
     assert!(
         errors[0].contains("was not added by `drainshim inject`"),
         "{errors:?}"
@@ -263,7 +264,7 @@ fn uninject_refuses_what_a_component_added() {
     let (out, lines) = transform(
         &deployment(ONE_PORT),
         &Settings::default(),
-        Action::Uninject,
+        Direction::Uninject,
     )
     .expect("nothing to do");
     assert_eq!(docs(&out), docs(&deployment(ONE_PORT)));
@@ -291,7 +292,7 @@ fn services_that_select_only_injected_pods_point_at_envoy_and_back() {
         services: true,
         ..Settings::default()
     };
-    let (out, lines) = transform(&input, &settings, Action::Inject).expect("injected");
+    let (out, lines) = transform(&input, &settings, Direction::Inject).expect("injected");
     let out = docs(&out);
     let target = |i: usize, p: usize| {
         out[i]
@@ -314,9 +315,9 @@ fn services_that_select_only_injected_pods_point_at_envoy_and_back() {
         .iter()
         .map(|d| serde_yaml_ng::to_string(d).expect("yaml") + "---\n")
         .collect();
-    let (twice, _) = transform(&injected, &settings, Action::Inject).expect("twice");
+    let (twice, _) = transform(&injected, &settings, Direction::Inject).expect("twice");
     assert_eq!(docs(&twice), out);
-    let (undone, _) = transform(&injected, &settings, Action::Uninject).expect("uninjected");
+    let (undone, _) = transform(&injected, &settings, Direction::Uninject).expect("uninjected");
     assert_eq!(docs(&undone), docs(&input));
 }
 
@@ -378,7 +379,8 @@ fn istio_mode_gives_istio_proxy_the_prestop_and_merges_istios_own_settings() {
         assert!(config.contains(field), "{config}");
     }
     assert_eq!(inject(&once, Mode::Istio).expect("twice"), once);
-    let (undone, _) = transform(&once, &Settings::default(), Action::Uninject).expect("uninject");
+    let (undone, _) =
+        transform(&once, &Settings::default(), Direction::Uninject).expect("uninject");
     assert_eq!(docs(&undone), docs(&original));
 }
 
@@ -422,7 +424,8 @@ fn istio_mode_on_a_pod_istio_already_injected_keeps_its_proxy() {
         ["drainshim-install", "istio-init"]
     );
     assert_eq!(inject(&once, Mode::Istio).expect("twice"), once);
-    let (undone, _) = transform(&once, &Settings::default(), Action::Uninject).expect("uninject");
+    let (undone, _) =
+        transform(&once, &Settings::default(), Direction::Uninject).expect("uninject");
     assert_eq!(docs(&undone), docs(&original));
 
     // The webhook's second call, after Istio merged its proxy over the
@@ -445,7 +448,7 @@ fn istio_mode_on_a_pod_istio_already_injected_keeps_its_proxy() {
     let (undone, _) = transform(
         &serde_yaml_ng::to_string(&second[0]).expect("yaml"),
         &Settings::default(),
-        Action::Uninject,
+        Direction::Uninject,
     )
     .expect("uninject");
     let undone = docs(&undone);
@@ -510,6 +513,7 @@ fn an_empty_proxy_config_is_no_fields() {
         .as_str()
         .expect("config");
     assert!(config.contains("drainDuration: 60s"), "{config}");
-    let (undone, _) = transform(&once, &Settings::default(), Action::Uninject).expect("uninject");
+    let (undone, _) =
+        transform(&once, &Settings::default(), Direction::Uninject).expect("uninject");
     assert_eq!(docs(&undone), docs(&original));
 }

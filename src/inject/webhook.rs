@@ -40,8 +40,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::manifest::{pod_patch, Action};
-use super::{Mode, Outcome, Refusal, Settings};
+use super::manifest::{pod_patch, Direction};
+use super::{Mode, PodChange, Refusal, Settings};
 
 /// The path the MutatingWebhookConfiguration calls.
 pub const PATH: &str = "/inject";
@@ -224,19 +224,19 @@ impl Webhook {
         } else {
             &self.settings
         };
-        match pod_patch(&pod, settings, Action::Inject) {
-            Ok((_, Outcome::OptedOut)) => {
+        match pod_patch(&pod, settings, Direction::Inject) {
+            Ok((_, PodChange::OptedOut)) => {
                 tracing::info!(pod = %who, "webhook: opted out");
                 self.answer(response, ReviewOutcome::opted_out)
             }
-            Ok((_, Outcome::RunsToCompletion)) => {
+            Ok((_, PodChange::RunsToCompletion)) => {
                 tracing::info!(pod = %who, "webhook: not injected: the pod runs to completion (restartPolicy)");
                 self.answer(response, ReviewOutcome::unchanged)
             }
             Ok((patch, _)) if patch.0.is_empty() => self.answer(response, ReviewOutcome::unchanged),
             Ok((patch, outcome)) => match response.clone().with_patch(patch) {
                 Ok(r) => {
-                    if let Outcome::Injected { app, port } = &outcome {
+                    if let PodChange::Injected { app, port } = &outcome {
                         tracing::info!(pod = %who, app = %app, port, mode = settings.mode.name(), "webhook: injected");
                     }
                     self.answer(r, ReviewOutcome::injected)
@@ -252,8 +252,8 @@ impl Webhook {
                 // Reinvoked after a later webhook made the pod one it cannot
                 // inject (Istio's injector added istio-proxy, whose admin port
                 // is Envoy's): what it added on the first call comes out again.
-                match pod_patch(&pod, settings, Action::Uninject) {
-                    Ok((patch, Outcome::Uninjected)) if !patch.0.is_empty() => {
+                match pod_patch(&pod, settings, Direction::Uninject) {
+                    Ok((patch, PodChange::Uninjected)) if !patch.0.is_empty() => {
                         match response.clone().with_patch(patch) {
                             Ok(r) => return self.answer(warn(r, why), ReviewOutcome::refused),
                             Err(e) => {

@@ -30,7 +30,7 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 /// The code of a file without its `#[cfg(test)]` module (tests may reach
 /// anywhere) and without comments.
 fn production_code(text: &str) -> String {
-    let body = match text.find("#[cfg(test)]\nmod tests") {
+    let body = match text.find("#[cfg(test)]\nmod tests {") {
         Some(i) => &text[..i],
         None => text,
     };
@@ -443,4 +443,80 @@ fn the_layering_rule_sees_a_wing_importing_the_other() {
         names,
         BTreeSet::from(["relay".to_string(), "body".to_string()])
     );
+}
+
+/// Each struct in `code` with named fields, and how many it has.
+fn struct_fields(code: &str) -> Vec<(String, usize)> {
+    let mut out = Vec::new();
+    for (i, _) in code.match_indices("struct ") {
+        let rest = &code[i + "struct ".len()..];
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        let Some(open) = rest.find(['{', ';', '(']) else {
+            continue;
+        };
+        if !rest[open..].starts_with('{') {
+            continue;
+        }
+        let Some(close) = rest[open..].find("\n}") else {
+            continue;
+        };
+        let fields = rest[open + 1..open + close]
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.starts_with("//") && !l.starts_with('#'))
+            .filter(|l| {
+                let l = l.strip_prefix("pub(super) ").unwrap_or(l);
+                let l = l.strip_prefix("pub ").unwrap_or(l);
+                l.split_once(':').is_some_and(|(name, _)| {
+                    !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                })
+            })
+            .count();
+        out.push((name, fields));
+    }
+    out
+}
+
+/// Issue 40: the frame relay is owning types (docs/design.md, "The relay's
+/// map"): no struct of `src/guard/relay/` holds more than 15 fields, and no
+/// file outside its tests opens with `use super::*`, so each part names
+/// what it takes from the others.
+#[test]
+fn the_relay_is_owning_types() {
+    let relay = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/guard/relay");
+    let mut files = Vec::new();
+    rust_files(&relay, &mut files);
+    let mut wide = Vec::new();
+    let mut globs = Vec::new();
+    let mut relay_seen = false;
+    for file in files
+        .iter()
+        .filter(|f| !f.components().any(|c| c.as_os_str() == "tests"))
+    {
+        let code = production_code(&std::fs::read_to_string(file).expect("read"));
+        for (name, n) in struct_fields(&code) {
+            relay_seen |= name == "Relay";
+            if n > 15 {
+                wide.push(format!("{} {name}: {n} fields", file.display()));
+            }
+        }
+        if code.lines().any(|l| l.trim() == "use super::*;") {
+            globs.push(file.display().to_string());
+        }
+    }
+    assert!(
+        relay_seen,
+        "the rule found no `struct Relay`: it reads nothing"
+    );
+    assert!(wide.is_empty(), "structs over 15 fields: {wide:#?}");
+    assert!(globs.is_empty(), "`use super::*` outside tests: {globs:#?}");
+}
+
+#[test]
+fn the_field_count_sees_fields() {
+    let code = "/// doc\npub(super) struct A<'a> {\n    /// x\n    pub(super) x: u32,\n    y: HashMap<u32, Vec<u8>>,\n    #[allow(dead_code)]\n    z: &'a str,\n}\nstruct B;\nstruct C(u8);\n";
+    assert_eq!(struct_fields(code), vec![("A".to_string(), 3)]);
 }

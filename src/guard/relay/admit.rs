@@ -4,7 +4,18 @@
 //! holds the client to: a malformed request is a stream error
 //! PROTOCOL_ERROR, and an intermediary never forwards it (§8.1.1).
 
-use super::*;
+use tokio::time::Instant;
+
+use super::blocks::trailers_only;
+use super::cadence::Cadence;
+use super::stream_end::Stream;
+use super::wire;
+use super::Relay;
+use crate::guard::body::{request_kind_of, BodyKind};
+use crate::guard::ending::StreamOutcome;
+use crate::guard::grpc;
+use crate::guard::registry::Refused;
+use crate::metrics::StreamProtocol;
 
 /// Why a new stream was refused.
 pub(super) enum Refusal {
@@ -24,14 +35,13 @@ impl Relay<'_> {
         if fields.list_size > limit {
             return Some(Refusal::TooLarge);
         }
-        let beyond = |last: Option<u32>| last.is_some_and(|last| self.last_id > last);
-        if self.life.refuses_streams() || beyond(self.sent_last) || beyond(self.app_last) {
+        if self.life.machine().refuses_streams() || self.life.refuses(self.ids.last()) {
             return Some(Refusal::Reset);
         }
         // RFC 9113 §5.1.2: past the limit the client was told (the
         // application's, or the guard's if lower), REFUSED_STREAM.
         let open = self.streams.len() + self.locals.len();
-        (open >= self.streams_told as usize).then_some(Refusal::Reset)
+        (open >= self.settings.streams_told() as usize).then_some(Refusal::Reset)
     }
 
     /// Registers and opens a stream (true), or answers it (false).
@@ -46,8 +56,8 @@ impl Relay<'_> {
         let ct = fields.content_type.as_deref().unwrap_or("");
         let kind = request_kind_of(ct);
         let grpc = kind != BodyKind::Opaque;
-        self.resets.accepted();
-        let reg = match guard.try_register_relayed(self.info.id, grpc, &self.queue, id) {
+        self.defences.accepted();
+        let reg = match guard.try_register_relayed(self.info.id, grpc, &self.endings.queue, id) {
             Ok(r) => r,
             Err(Refused::Terminating) => {
                 self.refuse(id, end_stream, Refusal::Draining(kind));
@@ -80,8 +90,9 @@ impl Relay<'_> {
                 split: false,
                 ending: None,
                 sig,
-                window: self.client_window,
+                window: self.window.initial(),
                 shut_since: None,
+                body_left: None,
             },
         );
         true
@@ -129,33 +140,26 @@ impl Relay<'_> {
         let Ok(Some(length)) = content_length(fields) else {
             return;
         };
-        if end_stream {
-            return;
+        if let Some(s) = self.streams.get_mut(&id).filter(|_| !end_stream) {
+            s.body_left = Some(length);
         }
-        if self.body_left.len() > self.streams.len() + CLOSED_KEPT {
-            // Streams that ended by another way than the client's end.
-            let streams = &self.streams;
-            self.body_left.retain(|id, _| streams.contains_key(id));
-        }
-        self.body_left.insert(id, length);
     }
 
     /// `n` more bytes of stream `id`'s request body, and whether it ends
     /// here: false if that breaks its content-length (RFC 9113 §8.1.1).
     pub(super) fn body_data(&mut self, id: u32, n: usize, end: bool) -> bool {
-        let Some(left) = self.body_left.get_mut(&id) else {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return true;
+        };
+        let Some(left) = s.body_left else {
             return true;
         };
         let Some(rest) = left.checked_sub(n as u64) else {
-            self.body_left.remove(&id);
+            s.body_left = None;
             return false;
         };
-        *left = rest;
-        if !end {
-            return true;
-        }
-        self.body_left.remove(&id);
-        rest == 0
+        s.body_left = (!end).then_some(rest);
+        !end || rest == 0
     }
 }
 

@@ -3,18 +3,28 @@
 //! response's kind and status, its DATA counted into messages, and its
 //! GOAWAY taken as its graceful stop.
 
-use super::*;
+use http::StatusCode;
+use tokio::time::Instant;
+
+use super::blocks::Block;
+use super::client::settings_size_ok;
+use super::io::keep_rest;
+use super::settings::Unacked;
+use super::wire::{self, Head};
+use super::{Failure, Relay, APP_BLOCK_MAX, MAX_CONTINUATIONS, MAX_FRAME};
+use crate::guard::body::{response_kind_of, Boundaries};
+use crate::guard::ending::StreamOutcome;
 
 impl Relay<'_> {
     pub(super) fn app_frames(&mut self, now: Instant) -> Result<(), Failure> {
         let mut released = false;
-        if self.handshake {
+        if self.handshake.app_pending {
             match wire::head(&self.app.read) {
                 Some(h) if h.kind == wire::SETTINGS && h.flags & wire::ACK == 0 => {
                     // It speaks HTTP/2: the client's frames held so far go
                     // on, after its SETTINGS (the server's preface comes first).
-                    self.handshake = false;
-                    self.replay = None;
+                    self.handshake.app_pending = false;
+                    self.handshake.replay = None;
                     released = true;
                 }
                 Some(_) => return Err(Failure::NotHttp2),
@@ -25,7 +35,7 @@ impl Relay<'_> {
         let buf = std::mem::take(&mut self.app.read);
         // Frames go on whole: one larger than the client ever allowed is the
         // application's error (its streams end retryably), not the client's.
-        let max = self.client_frame_max;
+        let max = self.settings.client_frame_max();
         let result = self.each_frame(&buf, max, |relay, h, frame| {
             relay.app_frame(h, frame, now).map(|()| true)
         });
@@ -34,11 +44,11 @@ impl Relay<'_> {
             e => e,
         });
         self.app.read = keep_rest(buf, result?);
-        if std::mem::take(&mut self.barrier.moved) {
+        if std::mem::take(&mut self.endings.barrier.moved) {
             self.check_endings(now);
         }
-        if released && std::mem::take(&mut self.goaway_held) {
-            self.first_goaway();
+        if released && std::mem::take(&mut self.handshake.goaway_held) {
+            self.life.first_goaway(&mut self.client.write);
         }
         if released {
             self.client_frames(now)?;
@@ -91,7 +101,7 @@ impl Relay<'_> {
                 s.window -= h.len as i64;
                 if s.window <= 0 && s.shut_since.is_none() && h.len > 0 {
                     s.shut_since = Some(now);
-                    self.stalled.push(h.id);
+                    self.endings.stalled.push(h.id);
                 }
                 if let Some(b) = s.bounds.as_mut() {
                     if b.endable() && !data.is_empty() {
@@ -176,8 +186,9 @@ impl Relay<'_> {
             }
             wire::MAX_CONCURRENT_STREAMS => {
                 streams_seen = true;
-                self.streams_told = v.min(l.max_concurrent_streams);
-                self.streams_told
+                let v = v.min(l.max_concurrent_streams);
+                self.settings.tell_streams(v);
+                v
             }
             wire::MAX_HEADER_LIST_SIZE => {
                 list_seen = true;
@@ -191,7 +202,7 @@ impl Relay<'_> {
             wire::MAX_FRAME_SIZE => {
                 let v = v.min(MAX_FRAME);
                 self.app.frame = v as usize;
-                self.frame_told = self.frame_told.max(v as usize);
+                self.settings.tell_frame(v as usize);
                 v
             }
             // Passed on as it is: what the client may send a local stream.
@@ -201,7 +212,7 @@ impl Relay<'_> {
             }
             _ => v,
         });
-        if !std::mem::replace(&mut self.app_settings, true) {
+        if self.settings.first_from_app() {
             // The guard's own limits, where the application set none.
             for (seen, id, v) in [
                 (
@@ -230,16 +241,10 @@ impl Relay<'_> {
     /// moves endings on; a client's goes back to the client, and a lower
     /// table size now binds, so the next block must say so.
     pub(super) fn settings_acked(&mut self, now: Instant) {
-        match self.settings_unacked.pop_front() {
+        match self.settings.acked() {
             Some(Unacked::Barrier(n)) => self.barrier_acked(n, now),
             Some(Unacked::Client(table)) => {
-                if let Some(v) = table {
-                    if v < self.client_table_acked {
-                        self.client_update_due =
-                            Some(self.client_update_due.map_or(v, |d| d.min(v)));
-                    }
-                    self.client_table_acked = v;
-                }
+                self.settings.client_acked(table);
                 wire::put(&mut self.client.write, wire::SETTINGS, wire::ACK, 0, &[]);
             }
             None => {
@@ -272,13 +277,13 @@ impl Relay<'_> {
             self.app.block = Some(block);
             return Ok(());
         }
-        let mut encoded = std::mem::take(&mut self.scratch);
+        let mut encoded = std::mem::take(&mut self.app.scratch);
         block.whole_into(fragment, &mut encoded);
         // A push is never relayed: every client of the guard is Envoy or
         // another proxy, and a client that disabled push (Envoy does) treats
         // a PUSH_PROMISE as a connection error.
         let forward = block.promised.is_none()
-            && (self.streams.contains_key(&block.id) || self.client_reset.contains(&block.id));
+            && (self.streams.contains_key(&block.id) || self.ids.reset_lately(block.id));
         let mut all = (forward && self.client.translate.is_some()).then(Vec::new);
         let decoded = wire::decode(
             &mut self.app.hpack,
@@ -286,7 +291,7 @@ impl Relay<'_> {
             APP_BLOCK_MAX,
             all.as_mut(),
         );
-        self.scratch = encoded;
+        self.app.scratch = encoded;
         let fields = decoded.map_err(|_| Failure::AppProtocol)?;
         if let Some(promised) = block.promised {
             tracing::debug!(
@@ -312,7 +317,7 @@ impl Relay<'_> {
             None => {
                 // It starts with the size update that may be due (the
                 // application's encoder owes it too).
-                self.client_update_due = None;
+                self.settings.take_update_due();
                 self.client.write.extend_from_slice(&block.frames);
                 self.client.write.extend_from_slice(frame);
             }

@@ -3,7 +3,12 @@
 //! table behind (see the module doc), and the guard's own blocks
 //! (trailers-only answers, 431, 502, a WebSocket's head).
 
-use super::*;
+use bytes::BytesMut;
+
+use super::wire::{self, Head};
+use super::Relay;
+use crate::guard::body::BodyKind;
+use crate::guard::grpc;
 
 /// A header block split over CONTINUATION frames, being gathered.
 pub(super) struct Block {
@@ -17,6 +22,9 @@ pub(super) struct Block {
     pub(super) fragment: Vec<u8>,
     /// CONTINUATION frames so far.
     pub(super) continuations: usize,
+    /// Its HEADERS' priority makes its stream depend on itself (RFC 9113
+    /// §5.3.1): a client block is then malformed.
+    pub(super) self_dependent: bool,
 }
 
 impl Block {
@@ -29,6 +37,7 @@ impl Block {
             frames: BytesMut::new(),
             fragment: Vec::new(),
             continuations: 0,
+            self_dependent: false,
         }
     }
 
@@ -44,6 +53,52 @@ impl Block {
         out.clear();
         out.extend_from_slice(&self.fragment);
         out.extend_from_slice(last);
+    }
+}
+
+/// What goes with each request the relay forwards: the client's address,
+/// and the last request while it can still be taken back.
+pub(super) struct Forward {
+    /// The client's `x-forwarded-for` entry, as a CONTINUATION's block.
+    xff: Vec<u8>,
+    /// The last request forwarded, while still unwritten and last in the
+    /// application's write buffer: its stream, where it starts and ends,
+    /// and whether its block changed the table.
+    unsent: Option<(u32, usize, usize, bool)>,
+}
+
+impl Forward {
+    /// For a client at `peer` (its address as text).
+    pub(super) fn new(peer: &str) -> Self {
+        Self {
+            xff: wire::literal_block(&[("x-forwarded-for", peer)]),
+            unsent: None,
+        }
+    }
+
+    /// Stream `id`'s request went to `to_app[start..end]`.
+    pub(super) fn sent(&mut self, id: u32, start: usize, end: usize, indexed: bool) {
+        self.unsent = Some((id, start, end, indexed));
+    }
+
+    /// The application's write buffer was written from: offsets from
+    /// before are stale.
+    pub(super) fn forget(&mut self) {
+        self.unsent = None;
+    }
+
+    /// Takes stream `id`'s request back out of `to_app` if it is the last
+    /// thing there and not written yet: whether its block changed the
+    /// client's table, or `None` if it could not be taken back.
+    pub(super) fn take_back(&mut self, id: u32, to_app: &mut BytesMut) -> Option<bool> {
+        match self.unsent {
+            Some((unsent, start, end, indexed)) if unsent == id && end == to_app.len() => {
+                self.unsent = None;
+                to_app.truncate(start);
+                Some(indexed)
+            }
+            _ => None,
+        }
     }
 }
 
@@ -64,7 +119,7 @@ impl Relay<'_> {
                 self.app.translate = Some(false);
                 let mut encoded = literals(clear, all);
                 if request {
-                    encoded.extend_from_slice(&self.forwarded);
+                    encoded.extend_from_slice(&self.forward.xff);
                 }
                 put_block(
                     &mut self.app.write,
@@ -87,7 +142,7 @@ impl Relay<'_> {
                         wire::CONTINUATION,
                         wire::END_HEADERS,
                         block.id,
-                        &self.forwarded,
+                        &self.forward.xff,
                     );
                 }
             }
@@ -112,7 +167,7 @@ impl Relay<'_> {
         if clear {
             // The update to 0 is below any size the client may have
             // lowered its table to: it is the one update that is due.
-            self.client_update_due = None;
+            self.settings.take_update_due();
         }
         let encoded = literals(clear, all);
         self.own_block(block.id, &encoded, block.end_stream);
@@ -121,7 +176,7 @@ impl Relay<'_> {
     /// A header block the guard encoded (its own, or re-encoded) to the
     /// client, after the table size update that is due, if one is.
     pub(super) fn own_block(&mut self, id: u32, block: &[u8], end_stream: bool) {
-        match self.client_update_due.take() {
+        match self.settings.take_update_due() {
             None => put_block(
                 &mut self.client.write,
                 id,

@@ -11,13 +11,25 @@
 //! error a RST_STREAM to the client, with the application's stream, if it
 //! had one, cancelled ([`Relay::stream_error`]).
 
-use super::*;
+use bytes::Buf;
+use tokio::time::Instant;
+
+use super::admit::{malformed_request, trailers_ok, Refusal};
+use super::blocks::Block;
+use super::io::keep_rest;
+use super::rapid::PREMATURE_LIFETIME;
+use super::settings::{Unacked, UNACKED_RETRY};
+use super::wire::{self, Head};
+use super::{Failure, Relay, BOMB_FACTOR, DEFAULT_FRAME, MAX_CONTINUATIONS, MAX_FRAME, MAX_WINDOW};
+use crate::guard::ending::StreamOutcome;
+use crate::guard::lifecycle::Input;
+use crate::guard::sniff::H2_PREFACE;
 
 impl Relay<'_> {
     pub(super) fn client_frames(&mut self, now: Instant) -> Result<(), Failure> {
         // Offsets into `to_app` from before its last write are stale.
-        self.unsent = None;
-        if self.preface {
+        self.forward.forget();
+        if self.handshake.client_preface {
             let n = self.client.read.len().min(H2_PREFACE.len());
             if self.client.read[..n] != H2_PREFACE[..n] {
                 return Err(Failure::Protocol(
@@ -28,15 +40,15 @@ impl Relay<'_> {
                 return Ok(());
             }
             self.app.write.extend_from_slice(H2_PREFACE);
-            self.preface = false;
+            self.handshake.client_preface = false;
             self.client.read.advance(H2_PREFACE.len());
         }
-        if self.handshake {
+        if self.handshake.app_pending {
             // Held until the application shows it speaks HTTP/2.
             return Ok(());
         }
         let buf = std::mem::take(&mut self.client.read);
-        let max = self.frame_told;
+        let max = self.settings.frame_told();
         let result = self.each_frame(&buf, max, |relay, h, frame| {
             if relay.settings_waits(h, now) {
                 return Ok(false);
@@ -44,8 +56,7 @@ impl Relay<'_> {
             // PING, SETTINGS and RST_STREAM cost the application work for
             // free: past their rate the relay stops reading the client
             // until the next token is due (see `super::flood`).
-            if let Err(until) = relay.buckets.take(h.kind, now) {
-                relay.throttled_until = Some(until);
+            if !relay.defences.take(h.kind, now) {
                 return Ok(false);
             }
             relay.client_frame(h, frame, now).map(|()| true)
@@ -58,11 +69,9 @@ impl Relay<'_> {
     /// are unacked: reading the client pauses, as for a flood bucket, and
     /// is tried again shortly (the application's acks do not wake it).
     fn settings_waits(&mut self, h: Head, now: Instant) -> bool {
-        let waits = h.kind == wire::SETTINGS
-            && h.flags & wire::ACK == 0
-            && self.settings_unacked.len() >= MAX_UNACKED_SETTINGS;
+        let waits = h.kind == wire::SETTINGS && h.flags & wire::ACK == 0 && self.settings.full();
         if waits {
-            self.throttled_until = Some(now + UNACKED_RETRY);
+            self.defences.pause_until(now + UNACKED_RETRY);
         }
         waits
     }
@@ -107,7 +116,7 @@ impl Relay<'_> {
                 "a header block was interrupted by another frame",
             ));
         }
-        if std::mem::take(&mut self.settings_due)
+        if std::mem::take(&mut self.handshake.settings_due)
             && (h.kind != wire::SETTINGS || h.flags & wire::ACK != 0)
         {
             return Err(Failure::Protocol(
@@ -120,8 +129,9 @@ impl Relay<'_> {
         match h.kind {
             wire::HEADERS => {
                 let fragment = wire::content(h, payload)?;
-                self.self_dependent = wire::headers_dependency(h, payload) == Some(h.id);
-                self.client_fragment(Block::start(h), h, frame, fragment, now)
+                let mut block = Block::start(h);
+                block.self_dependent = wire::headers_dependency(h, payload) == Some(h.id);
+                self.client_fragment(block, h, frame, fragment, now)
             }
             wire::CONTINUATION => {
                 let block = self
@@ -145,14 +155,13 @@ impl Relay<'_> {
             // Too short for its last stream and error code (RFC 9113 §4.2).
             wire::GOAWAY if h.len < 8 => Err(Failure::FrameSize("GOAWAY")),
             wire::SETTINGS if h.flags & wire::ACK == 0 => self.client_settings(h, payload, now),
-            wire::PING if self.alone && h.flags & wire::ACK == 0 => {
+            wire::PING if self.handshake.alone && h.flags & wire::ACK == 0 => {
                 let mut opaque = [0u8; 8];
                 opaque.copy_from_slice(payload);
                 wire::ping(&mut self.client.write, true, opaque);
                 Ok(())
             }
-            wire::PING if h.flags & wire::ACK != 0 && payload == self.probe && self.probe_out => {
-                self.probe_out = false;
+            wire::PING if h.flags & wire::ACK != 0 && self.life.probe_acked(payload) => {
                 self.step(Input::Acked, now);
                 Ok(())
             }
@@ -196,7 +205,7 @@ impl Relay<'_> {
                 self.app.write.extend_from_slice(frame);
             }
             if end {
-                self.client_closed(h.id);
+                self.ids.closed(h.id);
                 if let Some(s) = self.streams.get_mut(&h.id) {
                     s.req_done = true;
                 }
@@ -204,13 +213,13 @@ impl Relay<'_> {
             }
             return Ok(());
         }
-        if self.idle(h.id) {
+        if self.ids.idle(h.id) {
             return Err(Failure::Protocol("DATA on an idle stream"));
         }
         // A stream that is over: the application never sees this data, so
         // the connection window it took is given back here.
         self.give_back(h);
-        if self.ended_by_client(h.id) {
+        if self.ids.ended(h.id) {
             wire::rst(&mut self.client.write, h.id, wire::STREAM_CLOSED);
         }
         Ok(())
@@ -228,11 +237,10 @@ impl Relay<'_> {
         if h.len != 4 {
             return Err(Failure::FrameSize("RST_STREAM"));
         }
-        if self.idle(h.id) {
+        if self.ids.idle(h.id) {
             return Err(Failure::Protocol("RST_STREAM on an idle stream"));
         }
-        self.client_closed(h.id);
-        self.body_left.remove(&h.id);
+        self.ids.closed(h.id);
         if self.locals.contains_key(&h.id) {
             self.drop_local(h.id);
             return Ok(());
@@ -240,15 +248,12 @@ impl Relay<'_> {
         let Some(s) = self.streams.remove(&h.id) else {
             return Ok(());
         };
-        if self.client_reset.len() >= 64 {
-            self.client_reset.pop_front();
-        }
-        self.client_reset.push_back(h.id);
+        self.ids.reset(h.id);
         if !self.take_back(h.id) {
             self.app.write.extend_from_slice(frame);
         }
         if !s.answered() && now.saturating_duration_since(s.started) < PREMATURE_LIFETIME {
-            self.resets.premature();
+            self.defences.premature();
         }
         self.finish(s, StreamOutcome::ClientGone);
         Ok(())
@@ -258,18 +263,14 @@ impl Relay<'_> {
     /// and not written yet: the application never gets a stream the client
     /// reset before it was sent on. True if it was.
     fn take_back(&mut self, id: u32) -> bool {
-        match self.unsent {
-            Some((unsent, start, end, indexed)) if unsent == id && end == self.app.write.len() => {
-                self.unsent = None;
-                self.app.write.truncate(start);
-                self.dropped_block(&wire::Fields {
-                    indexed,
-                    ..wire::Fields::default()
-                });
-                true
-            }
-            _ => false,
-        }
+        let Some(indexed) = self.forward.take_back(id, &mut self.app.write) else {
+            return false;
+        };
+        self.dropped_block(&wire::Fields {
+            indexed,
+            ..wire::Fields::default()
+        });
+        true
     }
 
     /// A client PRIORITY frame: passed on (the application may use it),
@@ -303,7 +304,7 @@ impl Relay<'_> {
         if h.id == 0 {
             return self.client_credit(credit);
         }
-        if self.idle(h.id) {
+        if self.ids.idle(h.id) {
             return Err(Failure::Protocol("WINDOW_UPDATE on an idle stream"));
         }
         let window = if let Some(l) = self.locals.get_mut(&h.id) {
@@ -342,6 +343,14 @@ impl Relay<'_> {
         Ok(())
     }
 
+    /// The client's connection WINDOW_UPDATE: what the guard does not
+    /// withhold of it goes to the application (see [`super::window`]).
+    pub(super) fn client_credit(&mut self, credit: u32) -> Result<(), Failure> {
+        let to_app = self.window.credit(credit)?;
+        wire::window_update(&mut self.app.write, 0, to_app);
+        Ok(())
+    }
+
     /// A client SETTINGS (not an ack): judged, applied to what the guard
     /// keeps of the client, and passed on lowered to the guard's limits.
     fn client_settings(&mut self, h: Head, payload: &[u8], now: Instant) -> Result<(), Failure> {
@@ -372,13 +381,12 @@ impl Relay<'_> {
             wire::MAX_FRAME_SIZE => {
                 let v = v.min(MAX_FRAME);
                 self.client.frame = v as usize;
-                self.client_frame_max = self.client_frame_max.max(v as usize);
+                self.settings.client_frame(v as usize);
                 v
             }
             wire::INITIAL_WINDOW_SIZE => {
-                let delta = i64::from(v) - self.client_window;
+                let delta = self.window.set_initial(v);
                 grew |= delta > 0;
-                self.client_window = i64::from(v);
                 for l in self.locals.values_mut() {
                     l.window += delta;
                 }
@@ -401,8 +409,8 @@ impl Relay<'_> {
         wire::put(&mut self.app.write, wire::SETTINGS, h.flags, 0, &payload);
         // Every one is kept (`settings_waits` bounds them): each ack of the
         // application's pairs with its own frame.
-        self.settings_unacked.push_back(Unacked::Client(table));
-        if self.alone {
+        self.settings.sent(Unacked::Client(table));
+        if self.handshake.alone {
             self.settings_acked(now);
         }
         Ok(())
@@ -432,11 +440,11 @@ impl Relay<'_> {
             return Ok(());
         }
         // Whole: decode it (the application's table follows the client's).
-        let mut encoded = std::mem::take(&mut self.scratch);
+        let mut encoded = std::mem::take(&mut self.client.scratch);
         block.whole_into(fragment, &mut encoded);
         // Every field is kept: a re-encoded block, and a WebSocket the
         // guard serves itself, need them all.
-        let mut all = std::mem::take(&mut self.all);
+        let mut all = std::mem::take(&mut self.client.fields);
         all.clear();
         let fields = wire::decode(
             &mut self.client.hpack,
@@ -444,9 +452,9 @@ impl Relay<'_> {
             limit * BOMB_FACTOR,
             Some(&mut all),
         );
-        self.scratch = encoded;
+        self.client.scratch = encoded;
         let result = self.client_block_whole(block, frame, fields, &all, limit, now);
-        self.all = all;
+        self.client.fields = all;
         result
     }
 
@@ -466,31 +474,28 @@ impl Relay<'_> {
             wire::BlockError::TooLarge => Failure::Calm,
         })?;
         let id = block.id;
-        let self_dependent = std::mem::take(&mut self.self_dependent);
+        let self_dependent = block.self_dependent;
         if id.is_multiple_of(2) {
             // Only the server opens even streams, and the guard passes no
             // push on (RFC 9113 §5.1.1).
             return Err(Failure::Protocol("a stream id the client may not open"));
         }
-        if id <= self.last_id {
+        if id <= self.ids.last() {
             let trailers = Trailers {
                 fields: &fields,
-                bad: self_dependent || !super::admit::trailers_ok(all_fields),
+                bad: self_dependent || !trailers_ok(all_fields),
             };
             return self.client_trailers(&block, frame, trailers, all, now);
         }
-        self.opened(id);
+        self.ids.opened(id);
         self.step(Input::StreamAccepted, now);
-        if self.told_empty {
-            // Busy again (the idle timer stops), even if this stream ends
-            // in this same batch: the next turn reports "none" afresh.
-            self.told_empty = false;
+        if self.life.busy_again() {
             self.step(Input::Streams(1), now);
         }
         if block.end_stream {
-            self.client_closed(id);
+            self.ids.closed(id);
         }
-        let malformed = super::admit::malformed_request(all_fields, block.end_stream)
+        let malformed = malformed_request(all_fields, block.end_stream)
             .or(self_dependent.then_some("a stream that depends on itself"));
         let refusal = match malformed {
             Some(why) => {
@@ -523,7 +528,7 @@ impl Relay<'_> {
             self.websocket(id, block.end_stream, all_fields);
             return Ok(());
         }
-        if self.alone {
+        if self.handshake.alone {
             if self.admit(id, block.end_stream, &fields, now) {
                 self.unavailable(id);
             }
@@ -532,7 +537,8 @@ impl Relay<'_> {
         let start = self.app.write.len();
         self.forward_block(&block, frame, all, true);
         if self.admit(id, block.end_stream, &fields, now) {
-            self.unsent = Some((id, start, self.app.write.len(), fields.indexed));
+            self.forward
+                .sent(id, start, self.app.write.len(), fields.indexed);
             self.body_start(id, all_fields, block.end_stream);
         } else {
             // Refused by the registry: take the request back.
@@ -569,12 +575,12 @@ impl Relay<'_> {
             Some(false) => None,
             None => {
                 self.dropped_block(t.fields);
-                if self.skipped_id(id) {
+                if self.ids.skipped(id) {
                     return Err(Failure::Protocol(
                         "a stream id lower than one the client opened",
                     ));
                 }
-                if self.ended_by_client(id) {
+                if self.ids.ended(id) {
                     wire::rst(&mut self.client.write, id, wire::STREAM_CLOSED);
                 } else if !block.end_stream {
                     // Not trailers (they end the stream): a request on an
@@ -588,7 +594,7 @@ impl Relay<'_> {
             }
         };
         if block.end_stream {
-            self.client_closed(id);
+            self.ids.closed(id);
         }
         if let Some(code) = error {
             self.dropped_block(t.fields);
@@ -621,7 +627,6 @@ impl Relay<'_> {
             "guard: a stream error of the client's; RST_STREAM"
         );
         wire::rst(&mut self.client.write, id, code);
-        self.body_left.remove(&id);
         if self.locals.contains_key(&id) {
             self.drop_local(id);
         }
@@ -634,57 +639,14 @@ impl Relay<'_> {
         // The application got a request and its reset: as a client's
         // reset would, it counts for rapid reset.
         if !s.answered() && now.saturating_duration_since(s.started) < PREMATURE_LIFETIME {
-            self.resets.premature();
+            self.defences.premature();
         }
         self.finish(s, StreamOutcome::ClientGone);
-    }
-
-    /// Whether stream `id` is idle for the client (RFC 9113 §5.1): one it
-    /// has not opened, or an even one, which only a server opens and the
-    /// guard never does.
-    pub(super) fn idle(&self, id: u32) -> bool {
-        id.is_multiple_of(2) || id > self.last_id
     }
 
     /// Whether stream `id` is open here (relayed, or a local one).
     fn open(&self, id: u32) -> bool {
         self.streams.contains_key(&id) || self.locals.contains_key(&id)
-    }
-
-    /// The client opens stream `id`, above `last_id`: the ids it skipped
-    /// are closed unused (RFC 9113 §5.1), and remembered.
-    fn opened(&mut self, id: u32) {
-        let first = if self.last_id == 0 {
-            1
-        } else {
-            self.last_id + 2
-        };
-        if id > first {
-            if self.skipped.len() >= SKIPS_KEPT {
-                self.skipped.pop_front();
-            }
-            self.skipped.push_back((first, id - 2));
-        }
-        self.last_id = id;
-    }
-
-    /// Whether stream `id` is one the client skipped (never opened).
-    fn skipped_id(&self, id: u32) -> bool {
-        self.skipped.iter().any(|&(a, b)| (a..=b).contains(&id))
-    }
-
-    /// The client ended its side of stream `id` (END_STREAM or RST_STREAM).
-    pub(super) fn client_closed(&mut self, id: u32) {
-        if self.closed_by_client.len() >= CLOSED_KEPT {
-            self.closed_by_client.pop_front();
-        }
-        self.closed_by_client.push_back(id);
-    }
-
-    /// Whether the client ended stream `id` (lately), or never opened it:
-    /// its DATA or HEADERS there is STREAM_CLOSED (RFC 9113 §5.1, §6.1).
-    fn ended_by_client(&self, id: u32) -> bool {
-        self.closed_by_client.contains(&id) || self.skipped_id(id)
     }
 }
 

@@ -2,7 +2,12 @@
 //! from either peer, a drain's ask to end every stream, and the clock
 //! moved on, fed to one connection's state; what it writes is dropped.
 
-use super::*;
+use tokio::time::Instant;
+
+use super::settings::MAX_UNACKED_SETTINGS;
+use super::{Failure, Relay, MAX_FRAME, READ_BUF};
+use crate::guard::conn::ConnInfo;
+use crate::guard::handle::Handle;
 
 /// One step of [`feed`].
 #[doc(hidden)]
@@ -32,18 +37,18 @@ pub fn feed(guard: &Handle, steps: &[FeedStep<'_>], alone: bool) {
         accepted_at: Instant::now(),
     };
     let mut relay = Relay::new(guard, info, alone);
-    relay.probe = FEED_PROBE;
+    relay.life.set_probe(FEED_PROBE);
     let mut now = Instant::now();
     for step in steps {
         let mut read = 0;
         let result = match *step {
             FeedStep::Read(false, _) if alone => continue,
-            FeedStep::Read(true, bytes) if relay.closing => {
+            FeedStep::Read(true, bytes) if relay.life.closing() => {
                 if relay.client.read.len() > READ_BUF + MAX_FRAME as usize {
                     continue;
                 }
                 relay.client.read.extend_from_slice(bytes);
-                relay.credit_while_closing();
+                relay.window.credit_while_closing(&mut relay.client.read);
                 Ok(())
             }
             FeedStep::Read(true, bytes) => {
@@ -51,7 +56,7 @@ pub fn feed(guard: &Handle, steps: &[FeedStep<'_>], alone: bool) {
                     continue;
                 }
                 relay.client.read.extend_from_slice(bytes);
-                if let Some(r) = relay.replay.as_mut() {
+                if let Some(r) = relay.handshake.replay.as_mut() {
                     r.extend_from_slice(bytes);
                 }
                 relay.client_frames(now)
@@ -74,12 +79,12 @@ pub fn feed(guard: &Handle, steps: &[FeedStep<'_>], alone: bool) {
             }
         };
         match result {
-            Err(Failure::NotHttp2) if relay.handshake => return,
+            Err(Failure::NotHttp2) if relay.handshake.app_pending => return,
             Err(e) => relay.fail(e),
             Ok(()) => {}
         }
         // Endings asked meanwhile (a drain, the app's GOAWAY), as `run` takes them.
-        for id in relay.queue.take() {
+        for id in relay.endings.queue.take() {
             relay.begin_end(id, now);
         }
         let _ = relay.timers(now);
@@ -87,8 +92,8 @@ pub fn feed(guard: &Handle, steps: &[FeedStep<'_>], alone: bool) {
         relay.clear_gate();
         relay.app.write.clear();
         relay.client.write.clear();
-        relay.cleared = 0;
+        relay.window.buffer_dropped();
         assert!(relay.app.read.len() <= READ_BUF + MAX_FRAME as usize + read);
-        assert!(relay.settings_unacked.len() <= MAX_UNACKED_SETTINGS + 1);
+        assert!(relay.settings.unacked() <= MAX_UNACKED_SETTINGS + 1);
     }
 }

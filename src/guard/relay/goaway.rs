@@ -1,14 +1,182 @@
-//! The connection's lifecycle on the relay: the GOAWAY sequence to the
-//! client (the application never sees it), the application's own GOAWAY,
-//! the timers, and how the connection fails or closes.
+//! The connection's life on the relay: the lifecycle machine's inputs and
+//! actions, the GOAWAY sequence to the client (the application never sees
+//! it), the application's own GOAWAY, the timers, and how the connection
+//! fails or closes.
 
-use super::*;
+use bytes::BytesMut;
+use tokio::time::Instant;
+
+use super::blocks::{trailers_only, unavailable_block};
+use super::wire;
+use super::{Failure, Relay};
+use crate::guard::body::End;
+use crate::guard::ending::{record_outcome, StreamOutcome};
+use crate::guard::grpc;
+use crate::guard::lifecycle::{Cause, ConnAction, Input, Lifecycle};
+use crate::metrics::Reason;
+
+/// The connection's life: when it goes away (the lifecycle machine), what
+/// the GOAWAYs each way said, and the close.
+#[derive(Debug)]
+pub(super) struct Life {
+    /// When the connection goes away (max age, drain, idle): a pure machine.
+    machine: Lifecycle,
+    /// The machine was last told the connection has no streams.
+    told_empty: bool,
+    /// Lowest last-stream id the client was sent in a GOAWAY: newer streams
+    /// are refused, and no later GOAWAY may name a higher one (RFC 9113
+    /// §6.8: a peer treats a growing last-stream id as a connection error).
+    sent_last: Option<u32>,
+    /// Lowest last-stream id the application sent in a GOAWAY: it will
+    /// never process a stream above it, so those are refused retryably.
+    app_last: Option<u32>,
+    /// The error code of the application's last GOAWAY: the client's
+    /// GOAWAY when the application's connection then closes.
+    app_code: u32,
+    /// The GOAWAY probe PING went to the client and is not acked yet.
+    probe_out: bool,
+    /// The probe's opaque data: random per connection, so no PING of the
+    /// application's that the client acks is ever taken for it.
+    probe: [u8; 8],
+    /// After the application's GOAWAY: when streams that have become
+    /// long-lived since are looked for next (a stream young at the GOAWAY
+    /// would otherwise run into the application's grace).
+    app_sweep_at: Option<Instant>,
+    /// The connection is closing: stop reading, flush (until the instant
+    /// at most), then close.
+    closing: bool,
+    closing_by: Option<Instant>,
+}
+
+impl Life {
+    pub(super) fn new(machine: Lifecycle, probe: [u8; 8]) -> Self {
+        Self {
+            machine,
+            told_empty: true,
+            sent_last: None,
+            app_last: None,
+            app_code: wire::NO_ERROR,
+            probe_out: false,
+            probe,
+            app_sweep_at: None,
+            closing: false,
+            closing_by: None,
+        }
+    }
+
+    /// The lifecycle machine, to read.
+    pub(super) fn machine(&self) -> &Lifecycle {
+        &self.machine
+    }
+
+    /// An input to the lifecycle machine: what the connection does next.
+    pub(super) fn step(&mut self, input: Input, now: Instant) -> Option<ConnAction> {
+        self.machine.step(input, now)
+    }
+
+    /// The connection now has `n` streams: whether the machine must hear of
+    /// it (it is told only when the count goes to or from zero).
+    pub(super) fn count_changed(&mut self, n: usize) -> bool {
+        let changed = self.told_empty != (n == 0);
+        self.told_empty = n == 0;
+        changed
+    }
+
+    /// A stream opened: whether the machine must hear the connection is
+    /// busy again (the idle timer stops), even if the stream ends in this
+    /// same batch: the next turn reports "none" afresh.
+    pub(super) fn busy_again(&mut self) -> bool {
+        std::mem::replace(&mut self.told_empty, false)
+    }
+
+    /// A GOAWAY to the client naming `last`, or the lowest id named before
+    /// (and never above the application's): a last-stream id never grows.
+    pub(super) fn goaway(&mut self, to_client: &mut BytesMut, last: u32, code: u32) {
+        let last = [Some(last), self.sent_last, self.app_last]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(last);
+        wire::goaway(to_client, last, code);
+        self.sent_last = Some(last);
+    }
+
+    /// The first GOAWAY of the guard's sequence: every stream id (once
+    /// nothing lower was sent), and the PING whose ack sends the final one.
+    pub(super) fn first_goaway(&mut self, to_client: &mut BytesMut) {
+        self.goaway(to_client, wire::MAX_STREAM_ID, wire::NO_ERROR);
+        wire::ping(to_client, false, self.probe);
+        self.probe_out = true;
+    }
+
+    /// A PING ack from the client: whether it acks the probe.
+    pub(super) fn probe_acked(&mut self, opaque: &[u8]) -> bool {
+        let acked = self.probe_out && opaque == self.probe;
+        if acked {
+            self.probe_out = false;
+        }
+        acked
+    }
+
+    /// Whether a stream `id` is past a GOAWAY either way.
+    pub(super) fn refuses(&self, id: u32) -> bool {
+        let beyond = |last: Option<u32>| last.is_some_and(|last| id > last);
+        beyond(self.sent_last) || beyond(self.app_last)
+    }
+
+    /// The application sent GOAWAY(`last`, `code`): the lowest last-stream
+    /// id it named, and whether this is its first.
+    pub(super) fn app_goaway(&mut self, last: u32, code: u32) -> (u32, bool) {
+        let first = self.app_last.is_none();
+        let last = self.app_last.map_or(last, |l| l.min(last));
+        self.app_last = Some(last);
+        self.app_code = code;
+        (last, first)
+    }
+
+    /// The error code of the application's last GOAWAY (NO_ERROR if none).
+    pub(super) fn app_code(&self) -> u32 {
+        self.app_code
+    }
+
+    pub(super) fn closing(&self) -> bool {
+        self.closing
+    }
+
+    /// The connection closes: flushed until `by` at most.
+    pub(super) fn close_by(&mut self, by: Instant) {
+        self.closing = true;
+        self.closing_by = Some(by);
+    }
+
+    pub(super) fn closing_by(&self) -> Option<Instant> {
+        self.closing_by
+    }
+
+    pub(super) fn sweep_at(&self) -> Option<Instant> {
+        self.app_sweep_at
+    }
+
+    pub(super) fn sweep(&mut self, at: Option<Instant>) {
+        self.app_sweep_at = at;
+    }
+
+    /// A fixed probe, for the fuzz target, which must be able to ack it.
+    pub(super) fn set_probe(&mut self, probe: [u8; 8]) {
+        self.probe = probe;
+    }
+
+    #[cfg(test)]
+    pub(super) fn probe(&self) -> ([u8; 8], bool) {
+        (self.probe, self.probe_out)
+    }
+}
 
 impl Relay<'_> {
     /// The timers: endings past their bounds, and the lifecycle's.
     pub(super) fn timers(&mut self, now: Instant) -> Result<(), Failure> {
         let l = self.guard.config().limits;
-        for id in std::mem::take(&mut self.stalled) {
+        for id in std::mem::take(&mut self.endings.stalled) {
             match self.streams.get(&id).and_then(|s| s.shut_since) {
                 Some(at) if now >= at + l.write_stall_timeout => {
                     tracing::info!(peer = %self.info.peer, stream = id, timeout = ?l.write_stall_timeout,
@@ -19,18 +187,17 @@ impl Relay<'_> {
                         self.finish(s, StreamOutcome::ClientGone);
                     }
                 }
-                Some(_) => self.stalled.push(id),
+                Some(_) => self.endings.stalled.push(id),
                 None => {}
             }
         }
-        self.stalled.sort_unstable();
-        self.stalled.dedup();
-        if self.throttled_until.is_some_and(|at| now >= at) {
-            self.throttled_until = None;
+        self.endings.stalled.sort_unstable();
+        self.endings.stalled.dedup();
+        if self.defences.resume(now) {
             // The frames already read go on first.
             self.client_frames(now)?;
         }
-        for id in self.ending.clone() {
+        for id in self.endings.asked.clone() {
             let Some(s) = self.streams.get_mut(&id) else {
                 continue;
             };
@@ -63,11 +230,11 @@ impl Relay<'_> {
             }
         }
         self.check_endings(now);
-        if self.app_sweep_at.is_some_and(|at| now >= at) {
+        if self.life.sweep_at().is_some_and(|at| now >= at) {
             // Those grown long-lived since the application's GOAWAY: now.
             self.end_long_lived(std::time::Duration::ZERO, now);
         }
-        let d = self.life.deadlines();
+        let d = self.life.machine().deadlines();
         for (at, input) in [
             (d.age, Input::AgeReached),
             (d.ack, Input::AckTimedOut),
@@ -84,11 +251,11 @@ impl Relay<'_> {
 
     pub(super) fn next_deadline(&self) -> Option<Instant> {
         let l = self.guard.config().limits;
-        let d = self.life.deadlines();
+        let d = self.life.machine().deadlines();
         let mut next = [
-            self.throttled_until,
-            self.app_sweep_at,
-            self.closing_by,
+            self.defences.paused_until(),
+            self.life.sweep_at(),
+            self.life.closing_by(),
             d.close_by,
             d.age,
             d.ack,
@@ -99,12 +266,12 @@ impl Relay<'_> {
         .into_iter()
         .flatten()
         .min();
-        for id in &self.stalled {
+        for id in &self.endings.stalled {
             if let Some(at) = self.streams.get(id).and_then(|s| s.shut_since) {
                 next = next.into_iter().chain([at + l.write_stall_timeout]).min();
             }
         }
-        for id in &self.ending {
+        for id in &self.endings.asked {
             if let Some(e) = self.streams.get(id).and_then(|s| s.ending) {
                 let at = [
                     e.quiet_at,
@@ -177,7 +344,7 @@ impl Relay<'_> {
             }
         }
         self.app.write.clear();
-        self.close_with(self.app_goaway_code);
+        self.close_with(self.life.app_code());
     }
 
     /// A connection error: GOAWAY with its code, then close.
@@ -203,37 +370,19 @@ impl Relay<'_> {
     }
 
     pub(super) fn close_with(&mut self, code: u32) {
-        if !self.closing && self.handshake {
+        if self.life.closing() {
+            return;
+        }
+        if self.handshake.app_pending {
             // Nothing from the application yet: the guard's own (empty)
             // SETTINGS are the server's preface before its GOAWAY.
             wire::put(&mut self.client.write, wire::SETTINGS, 0, 0, &[]);
-            self.replay = None;
+            self.handshake.replay = None;
         }
-        if !self.closing {
-            self.goaway_to_client(self.last_id, code);
-            self.closing = true;
-            self.closing_by = Some(Instant::now() + self.guard.config().limits.shutdown_timeout);
-        }
-    }
-
-    /// A GOAWAY to the client naming `last`, or the lowest id named before
-    /// (and never above the application's): a last-stream id never grows.
-    pub(super) fn goaway_to_client(&mut self, last: u32, code: u32) {
-        let last = [Some(last), self.sent_last, self.app_last]
-            .into_iter()
-            .flatten()
-            .min()
-            .unwrap_or(last);
-        wire::goaway(&mut self.client.write, last, code);
-        self.sent_last = Some(last);
-    }
-
-    /// The first GOAWAY of the guard's sequence: every stream id (once
-    /// nothing lower was sent), and the PING whose ack sends the final one.
-    pub(super) fn first_goaway(&mut self) {
-        self.goaway_to_client(wire::MAX_STREAM_ID, wire::NO_ERROR);
-        wire::ping(&mut self.client.write, false, self.probe);
-        self.probe_out = true;
+        self.life
+            .goaway(&mut self.client.write, self.ids.last(), code);
+        self.life
+            .close_by(Instant::now() + self.guard.config().limits.shutdown_timeout);
     }
 
     /// The application sent GOAWAY: no stream above `last` reaches it, and
@@ -245,10 +394,7 @@ impl Relay<'_> {
     /// `app_shutdown_spread`, before the application's grace cuts them;
     /// short calls finish.
     pub(super) fn app_goaway(&mut self, last: u32, code: u32, now: Instant) {
-        let first = self.app_last.is_none();
-        let last = self.app_last.map_or(last, |l| l.min(last));
-        self.app_last = Some(last);
-        self.app_goaway_code = code;
+        let (last, first) = self.life.app_goaway(last, code);
         let mut above: Vec<u32> = self
             .streams
             .keys()
@@ -289,13 +435,13 @@ impl Relay<'_> {
             .config()
             .app_shutdown_spread
             .max(std::time::Duration::from_secs(1));
-        self.app_sweep_at = (!self.streams.is_empty()).then_some(now + period);
+        self.life
+            .sweep((!self.streams.is_empty()).then_some(now + period));
     }
 
     pub(super) fn count_changed(&mut self, now: Instant) {
         let n = self.streams.len() + self.locals.len();
-        if self.told_empty != (n == 0) {
-            self.told_empty = n == 0;
+        if self.life.count_changed(n) {
             self.step(Input::Streams(n), now);
         }
     }
@@ -304,7 +450,8 @@ impl Relay<'_> {
         if matches!(input, Input::Acked) {
             // The client has the first GOAWAY: the final one names the last
             // stream the application will see.
-            self.goaway_to_client(self.last_id, wire::NO_ERROR);
+            self.life
+                .goaway(&mut self.client.write, self.ids.last(), wire::NO_ERROR);
         }
         if matches!(input, Input::AckTimedOut) {
             tracing::info!(peer = %self.info.peer, conn = self.info.id,
@@ -314,11 +461,11 @@ impl Relay<'_> {
             None => {}
             Some(ConnAction::Goaway(cause)) => {
                 tracing::debug!(peer = %self.info.peer, conn = self.info.id, ?cause, "guard: GOAWAY");
-                if self.handshake {
+                if self.handshake.app_pending {
                     // The server's SETTINGS come first: after the application's.
-                    self.goaway_held = true;
+                    self.handshake.goaway_held = true;
                 } else {
-                    self.first_goaway();
+                    self.life.first_goaway(&mut self.client.write);
                 }
                 if let Some(reason) = metric_reason(cause) {
                     self.guard.record_goaway(reason);
@@ -328,7 +475,7 @@ impl Relay<'_> {
                 let guard = self.guard;
                 let streams =
                     guard.connection_streams(self.info.id, now, guard.config().long_stream_age);
-                guard.end_spread(streams, self.life.spread(), Reason::max_age);
+                guard.end_spread(streams, self.life.machine().spread(), Reason::max_age);
             }
             Some(ConnAction::Close) => self.close_with(wire::NO_ERROR),
         }

@@ -7,7 +7,18 @@
 //! goes, by any way, is given back to the client's connection window
 //! ([`Relay::drop_local`]).
 
-use super::*;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
+
+use super::admit::Refusal;
+use super::blocks::put_block;
+use super::wire::{self, Head};
+use super::{Failure, Peer, Relay, HIGH_WATER, LOCAL_CHUNK};
 
 /// A WebSocket over HTTP/2 the guard serves itself: `io` is its task's
 /// view of the stream (the task runs [`super::connect::proxy`]).
@@ -60,8 +71,8 @@ impl Relay<'_> {
                 io,
                 answer: Some(rx),
                 answered: false,
-                window: self.client_window,
-                recv_window: self.window_told,
+                window: self.window.initial(),
+                recv_window: self.window.told(),
                 to_task: BytesMut::new(),
                 client_eof: end_stream,
                 shut: false,
@@ -77,12 +88,11 @@ impl Relay<'_> {
         let Relay {
             locals,
             client,
-            conn_window,
-            debt,
-            client_update_due,
+            window,
+            settings,
             ..
         } = self;
-        let Side {
+        let Peer {
             write: to_client,
             frame: client_frame,
             ..
@@ -97,7 +107,7 @@ impl Relay<'_> {
                         moved = true;
                         l.answer = None;
                         let mut block = Vec::new();
-                        if let Some(size) = client_update_due.take() {
+                        if let Some(size) = settings.take_update_due() {
                             // See `own_block`.
                             wire::put_size_update(&mut block, size);
                         }
@@ -151,10 +161,10 @@ impl Relay<'_> {
             while l.answered
                 && !l.task_eof
                 && l.window > 0
-                && *conn_window > 0
+                && window.available() > 0
                 && to_client.len() < HIGH_WATER
             {
-                let max = (l.window.min(*conn_window) as usize)
+                let max = (l.window.min(window.available()) as usize)
                     .min(*client_frame)
                     .min(LOCAL_CHUNK);
                 let mut rb = ReadBuf::new(&mut chunk[..max]);
@@ -168,7 +178,7 @@ impl Relay<'_> {
                         let n = rb.filled().len();
                         wire::put(to_client, wire::DATA, 0, id, rb.filled());
                         l.window -= n as i64;
-                        *debt += n as i64;
+                        window.owe(n);
                         moved = true;
                     }
                     Poll::Ready(Err(_)) => {
@@ -217,7 +227,7 @@ impl Relay<'_> {
         wire::window_update(&mut self.client.write, h.id, padding as u32);
         wire::window_update(&mut self.client.write, 0, padding as u32);
         if end {
-            self.client_closed(h.id);
+            self.ids.closed(h.id);
         }
         Ok(())
     }
@@ -237,8 +247,7 @@ impl Relay<'_> {
     /// open streams (the client may have sent under the old one); new
     /// streams start at it.
     pub(super) fn window_told_is(&mut self, v: u32) {
-        let delta = i64::from(v) - self.window_told;
-        self.window_told = i64::from(v);
+        let delta = self.window.set_told(v);
         if delta > 0 {
             for l in self.locals.values_mut() {
                 l.recv_window += delta;

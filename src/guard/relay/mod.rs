@@ -42,7 +42,7 @@
 //!
 //! A connection whose application cannot be reached, or does not answer
 //! HTTP/2 before anything reached the client, is served by the relay alone
-//! ([`Relay::alone`]): the guard is then the client's server, and answers
+//! ([`Relay::serve_alone`]): the guard is then the client's server, and answers
 //! every stream retryably itself.
 //!
 //! To the client the guard *is* the server, so it holds the client to RFC
@@ -67,22 +67,29 @@
 //! application reset are dropped, as the client may not have seen the
 //! reset yet.
 //!
-//! Where each part is:
+//! The parts of a connection are types of their own, with private fields
+//! (docs/design.md, "The relay's map"): each [`Peer`], the [`Handshake`],
+//! [`StreamIds`], the open [`Stream`]s, the [`Window`], the [`Settings`],
+//! the connection's [`Life`], the [`Endings`], the [`Defences`] and
+//! [`Forward`]. The files that are chapters of [`Relay`] work on them
+//! together:
 //!
 //! | file | what it does |
 //! |---|---|
-//! | `mod.rs` | [`serve`], the relay's state and its loop (I/O turn, backpressure) |
+//! | `mod.rs` | [`serve`], the relay's parts and its loop (I/O turn, backpressure) |
 //! | `client.rs` | the client's frames, held to RFC 9113; each new stream decided |
 //! | `admit.rs` | admission, the answers of streams not let through, §8.1's message rules |
 //! | `app.rs` | the application's frames, SETTINGS and GOAWAY |
 //! | `blocks.rs` | header blocks: gathered, passed on, re-encoded, the guard's own |
-//! | `flow.rs` | the client's connection window; socket reads and writes |
 //! | `stream_end.rs` | the graceful end of a stream, and its outcome |
-//! | `goaway.rs` | the connection's lifecycle: GOAWAY, timers, failure, close |
+//! | `goaway.rs` | the connection's life: GOAWAY, timers, failure, close |
 //! | `local.rs`, `connect.rs` | WebSockets the guard serves itself |
-//! | `wire.rs`, `hpack.rs` | the frame and header codecs |
-//! | `feed.rs` | the relay without sockets, for the fuzz target |
-//! | `flood.rs`, `rapid.rs` | control-frame rates, rapid reset |
+//!
+//! and these own one part each: `ids.rs`, `window.rs`, `settings.rs`,
+//! `defences.rs` (over `flood.rs`, control-frame rates, and `rapid.rs`,
+//! rapid reset); `wire.rs` and `hpack.rs` are the frame and header codecs,
+//! `io.rs` the socket reads and writes, `feed.rs` the relay without
+//! sockets, for the fuzz target.
 
 mod admit;
 mod app;
@@ -90,16 +97,20 @@ mod blocks;
 mod cadence;
 mod client;
 mod connect;
+mod defences;
 mod feed;
 mod flood;
-mod flow;
 mod goaway;
 mod hpack;
+mod ids;
+mod io;
 mod local;
 mod rapid;
+mod settings;
 mod stream_end;
 #[cfg(test)]
 mod tests;
+mod window;
 // Public for the `hpack` fuzz target; nothing outside the guard uses it.
 #[doc(hidden)]
 pub mod wire;
@@ -109,40 +120,29 @@ pub use feed::{feed, FeedStep};
 
 use std::collections::HashMap;
 use std::future::poll_fn;
-use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, BytesMut};
-use http::StatusCode;
-use std::future::Future;
-
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use bytes::BytesMut;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
-use tokio_util::io::poll_read_buf;
 
-use crate::guard::body::{request_kind_of, response_kind_of, BodyKind, Boundaries, End};
 use crate::guard::conn::ConnInfo;
-use crate::guard::ending::{record_outcome, StreamOutcome, BARRIER_WAIT, BURST_GAP};
-use crate::guard::grpc;
 use crate::guard::handle::Handle;
-use crate::guard::lifecycle::{Cause, ConnAction, Input, Lifecycle};
-use crate::guard::registry::{EndQueue, Refused, Registered};
-use crate::guard::signals;
-use crate::guard::sniff::{linger, Prefixed, H2_PREFACE};
-use crate::metrics::{Limit, Reason, StreamProtocol};
+use crate::guard::lifecycle::Input;
+use crate::guard::sniff::{linger, Prefixed};
+use crate::metrics::Limit;
 
-use admit::Refusal;
-use blocks::{put_block, trailers_only, unavailable_block, Block};
-use cadence::Cadence;
-use client::settings_size_ok;
+use blocks::{Block, Forward};
+use defences::Defences;
 use flood::Buckets;
-use flow::{flush, keep_rest, read_some, write_cleared, write_some};
+use goaway::Life;
+use ids::StreamIds;
+use io::{flush, read_some, write_some};
 use local::Local;
-use rapid::{PrematureResets, PREMATURE_LIFETIME};
-use stream_end::{Barrier, Stream};
-use wire::Head;
+use rapid::PrematureResets;
+use settings::Settings;
+use stream_end::{Endings, Stream};
+use window::Window;
 
 /// Room made for each read.
 const READ_BUF: usize = 64 * 1024;
@@ -173,24 +173,10 @@ const DEFAULT_TABLE: u32 = 4_096;
 const BOMB_FACTOR: usize = 16;
 /// More CONTINUATION frames than this in one block is a flood.
 const MAX_CONTINUATIONS: usize = 64;
-/// Most SETTINGS the application has not acked yet (the client's, and the
-/// guard's barrier round trip): the client's next one waits (the client is
-/// not read) until an ack comes, so every ack pairs with its own frame's
-/// entry in `settings_unacked`.
-const MAX_UNACKED_SETTINGS: usize = 64;
-/// How soon a SETTINGS held back by `MAX_UNACKED_SETTINGS` is tried again.
-const UNACKED_RETRY: std::time::Duration = std::time::Duration::from_millis(10);
-/// Streams the client ended (END_STREAM or RST_STREAM) remembered: its DATA
-/// or HEADERS on one is STREAM_CLOSED (RFC 9113 §5.1). On a stream it ended
-/// longer ago they are dropped like those for a stream the guard reset.
-const CLOSED_KEPT: usize = 128;
-/// Ranges of stream ids the client skipped remembered: HEADERS on one is
-/// a stream id lower than one it opened (RFC 9113 §5.1.1).
-const SKIPS_KEPT: usize = 16;
 
 /// Serves one HTTP/2 connection by relaying its frames to the application,
 /// or, when the application cannot be reached or does not answer HTTP/2,
-/// by answering the client itself (see [`Relay::alone`]).
+/// by answering the client itself (see [`Relay::serve_alone`]).
 pub async fn serve(guard: Handle, io: Prefixed<TcpStream>, info: ConnInfo) {
     let l = guard.config().limits;
     let app = match guard.connect_app().await {
@@ -246,7 +232,7 @@ enum Wake {
 /// sees it: the bytes each way, and the HTTP/2 state of that peer that the
 /// relay follows (h2 splits a connection the same way, into its receiving
 /// and its sending half).
-struct Side {
+struct Peer {
     /// Read from this peer and not handled yet (a frame in part stays).
     read: BytesMut,
     /// To be written to this peer: the other peer's frames and the guard's
@@ -262,9 +248,13 @@ struct Side {
     /// set once the guard dropped a block that changed the other peer's
     /// table; `Some(true)` until the first, which clears this peer's table.
     translate: Option<bool>,
+    /// A header block's bytes, and its fields, kept between blocks to reuse
+    /// the allocations.
+    scratch: Vec<u8>,
+    fields: Vec<wire::Field>,
 }
 
-impl Side {
+impl Peer {
     /// A peer at the start: nothing read, the RFC's default SETTINGS.
     fn new() -> Self {
         Self {
@@ -274,18 +264,30 @@ impl Side {
             block: None,
             frame: DEFAULT_FRAME,
             translate: None,
+            scratch: Vec::new(),
+            fields: Vec::new(),
         }
     }
 }
 
-/// A SETTINGS frame the relay sent the application, as its ack will say.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Unacked {
-    /// The client's, passed on, with the HEADER_TABLE_SIZE it set (if any):
-    /// the ack goes back to the client, and a lower table size then binds.
-    Client(Option<u32>),
-    /// The guard's own empty SETTINGS, barrier round trip `n` (see [`Barrier`]).
-    Barrier(u64),
+/// Where the two peers' prefaces are, and whether there is an application
+/// connection at all.
+struct Handshake {
+    /// The client's preface is still to come.
+    client_preface: bool,
+    /// The client's preface still lacks its SETTINGS frame, which must be
+    /// its first frame (RFC 9113 §3.4).
+    settings_due: bool,
+    /// The application's first frame (its SETTINGS) has not come yet:
+    /// only the client's preface went on, and every client byte is kept
+    /// in `replay` (up to `REPLAY_MAX`), in case it does not speak HTTP/2.
+    app_pending: bool,
+    replay: Option<BytesMut>,
+    /// A GOAWAY asked while `app_pending`, sent after the SETTINGS.
+    goaway_held: bool,
+    /// No application connection: the guard is the client's server (see
+    /// [`Relay::serve_alone`]); what would go to the application is dropped.
+    alone: bool,
 }
 
 /// Eight bytes no peer can guess (std's per-process random hash keys,
@@ -298,7 +300,9 @@ fn random_opaque() -> [u8; 8] {
     h.finish().to_be_bytes()
 }
 
-/// One connection's state (the sockets are the `run` loop's).
+/// One connection's state (the sockets are the `run` loop's): the parts,
+/// each its own type, that the relay's chapters (`client`, `app`, `admit`,
+/// `blocks`, `stream_end`, `goaway`, `local`) work on together.
 struct Relay<'a> {
     /// What the relay may use of the guard (settings, registry, the drain's
     /// signals, its counters).
@@ -307,206 +311,63 @@ struct Relay<'a> {
     info: ConnInfo,
     /// The relayed streams still open, by id.
     streams: HashMap<u32, Stream>,
-    /// Highest stream id the client opened.
-    last_id: u32,
-    /// Lowest last-stream id the client was sent in a GOAWAY: newer streams
-    /// are refused, and no later GOAWAY may name a higher one (RFC 9113
-    /// §6.8: a peer treats a growing last-stream id as a connection error).
-    sent_last: Option<u32>,
-    /// Lowest last-stream id the application sent in a GOAWAY: it will
-    /// never process a stream above it, so those are refused retryably.
-    app_last: Option<u32>,
-    /// The two peers: what the relay reads from and writes to each, and
-    /// what it knows of each one's HPACK table and SETTINGS.
-    client: Side,
-    app: Side,
-    /// The client's preface is still to come.
-    preface: bool,
-    /// The application's first frame (its SETTINGS) has not come yet:
-    /// only the client's preface went on, and every client byte is kept
-    /// in `replay` (up to `REPLAY_MAX`), in case it does not speak HTTP/2.
-    handshake: bool,
-    replay: Option<BytesMut>,
-    /// A GOAWAY asked during the handshake, sent after the SETTINGS.
-    goaway_held: bool,
-    /// The last request forwarded, while still unwritten and last in
-    /// `to_app`: its stream, where it starts and ends, and whether it
-    /// changed the table.
-    unsent: Option<(u32, usize, usize, bool)>,
-    /// The error code of the application's last GOAWAY: the client's
-    /// GOAWAY when the application's connection then closes.
-    app_goaway_code: u32,
-    /// Each SETTINGS frame the application has not acked yet, oldest first:
-    /// its acks come in this order.
-    settings_unacked: std::collections::VecDeque<Unacked>,
-    /// The client's table size the application acked last.
-    client_table_acked: u32,
-    /// The client lowered its table size and no block since told its
-    /// decoder so: the next block to the client must start with a size
-    /// update to this (RFC 7541 §4.2). The application's next block does;
-    /// the guard's own puts one in front if it goes first.
-    client_update_due: Option<u32>,
-    /// Streams the client reset lately (bounded): the application's header
-    /// blocks for them still go on (the client must decode them for its
-    /// table, RFC 9113 §5.1), so dropping them needs no re-encoding.
-    client_reset: std::collections::VecDeque<u32>,
-    /// The largest MAX_FRAME_SIZE the client ever announced: an application
-    /// frame above it is the application's error, never passed on.
-    client_frame_max: usize,
-    /// The application's SETTINGS have been seen (the first gets the
-    /// guard's limits added).
-    app_settings: bool,
-    /// Where the registry puts the ids of this connection's streams a
-    /// drain or the max age asks to end.
-    queue: Arc<EndQueue>,
-    /// Streams being ended.
-    ending: Vec<u32>,
-    /// Streams whose client window was shut (some may have opened since).
-    stalled: Vec<u32>,
-    /// The barrier on the application connection (SETTINGS round trips).
-    barrier: Barrier,
-    /// When the connection goes away (max age, drain, idle): a pure machine.
-    life: Lifecycle,
-    /// The lifecycle was last told the connection has no streams.
-    told_empty: bool,
-    /// Streams the client reset before they were answered (rapid reset).
-    resets: PrematureResets,
-    /// GOAWAY(ENHANCE_YOUR_CALM) was sent for rapid reset (once).
-    calmed: bool,
-    /// The connection is closing: stop reading, flush (until the
-    /// instant at most), then close.
-    closing: bool,
-    closing_by: Option<Instant>,
-    /// The client's `x-forwarded-for` entry, as a CONTINUATION's block.
-    forwarded: Vec<u8>,
-    /// A header block's bytes, kept between blocks to reuse the allocation.
-    scratch: Vec<u8>,
-    /// The client's control-frame rates, and until when reading it is
-    /// paused because one ran out.
-    buckets: Buckets,
-    throttled_until: Option<Instant>,
-    /// The fields of the last client block (kept to be reused).
-    all: Vec<wire::Field>,
     /// WebSockets over HTTP/2 the guard serves itself, by stream id.
     locals: HashMap<u32, Local>,
-    /// The client's connection window for DATA from this side (the
-    /// application's and the guard's own): charged as `to_client` is cleared
-    /// for writing (see [`Relay::clear_gate`]).
-    conn_window: i64,
-    /// The front of `to_client` already charged to `conn_window`: only that
-    /// much may be written.
-    cleared: usize,
-    /// The guard's own DATA bytes the application's view of the window does
-    /// not know of yet: withheld from the client's next WINDOW_UPDATEs.
-    debt: i64,
-    /// The GOAWAY probe PING went to the client and is not acked yet.
-    probe_out: bool,
-    /// The probe's opaque data: random per connection, so no PING of the
-    /// application's that the client acks is ever taken for it.
-    probe: [u8; 8],
-    /// After the application's GOAWAY: when streams that have become
-    /// long-lived since are looked for next (a stream young at the GOAWAY
-    /// would otherwise run into the application's grace).
-    app_sweep_at: Option<Instant>,
-    /// The client's SETTINGS_INITIAL_WINDOW_SIZE: each local stream's
-    /// window for the guard's DATA starts there.
-    client_window: i64,
-    /// No application connection: the guard is the client's server (see
-    /// [`Relay::alone`]); what would go to the application is dropped.
-    alone: bool,
-    /// The client's preface still lacks its SETTINGS frame, which must be
-    /// its first frame (RFC 9113 §3.4).
-    settings_due: bool,
-    /// The client's header block in progress came in a HEADERS whose
-    /// priority makes its stream depend on itself (RFC 9113 §5.3.1).
-    self_dependent: bool,
-    /// Streams the client ended lately (END_STREAM or RST_STREAM, at most
-    /// `CLOSED_KEPT`), whether or not they are still open: its DATA or
-    /// HEADERS on them is STREAM_CLOSED (RFC 9113 §5.1).
-    closed_by_client: std::collections::VecDeque<u32>,
-    /// Ranges of stream ids the client skipped (closed unused, RFC 9113
-    /// §5.1), the last `SKIPS_KEPT`: HEADERS on one is a PROTOCOL_ERROR.
-    skipped: std::collections::VecDeque<(u32, u32)>,
-    /// For each relayed request with a content-length, the bytes of it
-    /// still to come: its DATA must add up to it (RFC 9113 §8.1.1).
-    body_left: HashMap<u32, u64>,
-    /// The largest SETTINGS_MAX_FRAME_SIZE the client was told (the
-    /// application's, lowered to `MAX_FRAME`): a larger client frame is a
-    /// FRAME_SIZE_ERROR (RFC 9113 §4.2).
-    frame_told: usize,
-    /// The SETTINGS_MAX_CONCURRENT_STREAMS the client was last told (the
-    /// application's, lowered to the guard's limit): a stream past it is
-    /// refused here (RFC 9113 §5.1.2), never passed on.
-    streams_told: u32,
-    /// The SETTINGS_INITIAL_WINDOW_SIZE the client was last told (the
-    /// application's, passed on): a local stream's window for the client's
-    /// DATA starts there.
-    window_told: i64,
+    /// The stream ids the client used (RFC 9113 §5.1).
+    ids: StreamIds,
+    /// The two peers: what the relay reads from and writes to each, and
+    /// what it knows of each one's HPACK table and SETTINGS.
+    client: Peer,
+    app: Peer,
+    /// The client's connection window, which the guard owns.
+    window: Window,
+    /// The SETTINGS each way, as the relay follows them.
+    settings: Settings,
+    handshake: Handshake,
+    /// The connection's lifecycle, GOAWAYs and close.
+    life: Life,
+    /// Streams being ended, and the barrier their ends wait for.
+    endings: Endings,
+    /// The client's control-frame rates and rapid reset.
+    defences: Defences,
+    /// What goes with each forwarded request.
+    forward: Forward,
 }
 
 impl<'a> Relay<'a> {
     /// A relay for one connection; `alone` when there is no application
-    /// connection (see [`Relay::alone`]).
+    /// connection (see [`Relay::serve_alone`]).
     fn new(guard: &'a Handle, info: ConnInfo, alone: bool) -> Self {
         let l = guard.config().limits;
-        let life = guard.lifecycle(&info);
         let peer = info.peer.ip().to_string();
         let mut relay = Self {
             guard,
             info,
             streams: HashMap::new(),
-            last_id: 0,
-            sent_last: None,
-            app_last: None,
-            client: Side::new(),
-            app: Side::new(),
-            preface: true,
-            handshake: true,
-            replay: Some(BytesMut::new()),
-            goaway_held: false,
-            unsent: None,
-            app_goaway_code: wire::NO_ERROR,
-            settings_unacked: std::collections::VecDeque::new(),
-            client_table_acked: DEFAULT_TABLE,
-            client_update_due: None,
-            client_reset: std::collections::VecDeque::new(),
-            client_frame_max: DEFAULT_FRAME,
-            app_settings: false,
-            queue: Arc::new(EndQueue::default()),
-            ending: Vec::new(),
-            stalled: Vec::new(),
-            barrier: Barrier::default(),
-            life,
-            told_empty: true,
-            resets: PrematureResets::new(l.max_pending_accept_reset_streams),
-            calmed: false,
-            closing: false,
-            closing_by: None,
-            forwarded: wire::literal_block(&[("x-forwarded-for", &peer)]),
-            scratch: Vec::new(),
-            buckets: Buckets::new(l.flood, |k| guard.limited(k), Instant::now()),
-            throttled_until: None,
-            all: Vec::new(),
             locals: HashMap::new(),
-            conn_window: i64::from(DEFAULT_WINDOW),
-            cleared: 0,
-            debt: 0,
-            probe_out: false,
-            probe: random_opaque(),
-            app_sweep_at: None,
-            client_window: i64::from(DEFAULT_WINDOW),
-            alone: false,
-            settings_due: true,
-            self_dependent: false,
-            closed_by_client: std::collections::VecDeque::new(),
-            skipped: std::collections::VecDeque::new(),
-            body_left: HashMap::new(),
-            frame_told: DEFAULT_FRAME,
-            streams_told: l.max_concurrent_streams,
-            window_told: i64::from(DEFAULT_WINDOW),
+            ids: StreamIds::default(),
+            client: Peer::new(),
+            app: Peer::new(),
+            window: Window::default(),
+            settings: Settings::new(l.max_concurrent_streams),
+            handshake: Handshake {
+                client_preface: true,
+                settings_due: true,
+                app_pending: true,
+                replay: Some(BytesMut::new()),
+                goaway_held: false,
+                alone: false,
+            },
+            life: Life::new(guard.lifecycle(&info), random_opaque()),
+            endings: Endings::default(),
+            defences: Defences::new(
+                Buckets::new(l.flood, |k| guard.limited(k), Instant::now()),
+                PrematureResets::new(l.max_pending_accept_reset_streams),
+            ),
+            forward: Forward::new(&peer),
         };
         if alone {
-            relay.alone();
+            relay.serve_alone();
         }
         relay
     }
@@ -518,10 +379,10 @@ impl<'a> Relay<'a> {
     /// extended CONNECT still reach the application over HTTP/1.1; every
     /// other stream gets a retryable answer ([`Relay::unavailable`]). The
     /// lifecycle (max age, drain, idle) is the relayed connection's.
-    fn alone(&mut self) {
-        self.alone = true;
-        self.handshake = false;
-        self.replay = None;
+    fn serve_alone(&mut self) {
+        self.handshake.alone = true;
+        self.handshake.app_pending = false;
+        self.handshake.replay = None;
         self.app_settings(0, &[]);
     }
 
@@ -536,7 +397,7 @@ impl<'a> Relay<'a> {
         let guard = self.guard;
         let terminate = guard.terminate_all();
         let goaway = guard.goaway_all();
-        let queue = self.queue.clone();
+        let queue = self.endings.queue.clone();
         let ended = queue.ready();
         let timer = tokio::time::sleep_until(Instant::now());
         tokio::pin!(terminate, goaway, ended, timer);
@@ -548,14 +409,14 @@ impl<'a> Relay<'a> {
         loop {
             let now = Instant::now();
             self.count_changed(now);
-            if self.life.wants_quiet()
+            if self.life.machine().wants_quiet()
                 && self.streams.is_empty()
                 && self.locals.is_empty()
                 && self.client.write.is_empty()
             {
                 self.step(Input::Quiet, now);
             }
-            if self.closing && self.client.write.is_empty() {
+            if self.life.closing() && self.client.write.is_empty() {
                 break;
             }
             let next = self.next_deadline();
@@ -570,9 +431,9 @@ impl<'a> Relay<'a> {
                 conn = info.id,
                 to_app = self.app.write.len(),
                 to_client = self.client.write.len(),
-                cleared = self.cleared,
-                conn_window = self.conn_window,
-                debt = self.debt,
+                cleared = self.window.cleared(),
+                conn_window = self.window.available(),
+                debt = self.window.debt(),
                 from_client = self.client.read.len(),
                 from_app = self.app.read.len(),
                 "guard: relay turn"
@@ -580,8 +441,8 @@ impl<'a> Relay<'a> {
             let event = tokio::select! {
                 biased;
                 _ = &mut timer, if timer_at.is_some() => { timer_at = None; Wake::Timer }
-                _ = &mut terminate, if self.life.watches_terminate() => Wake::Input(Input::Terminate),
-                _ = &mut goaway, if self.life.watches_goaway() => Wake::Input(Input::GoawayAll),
+                _ = &mut terminate, if self.life.machine().watches_terminate() => Wake::Input(Input::Terminate),
+                _ = &mut goaway, if self.life.machine().watches_goaway() => Wake::Input(Input::GoawayAll),
                 _ = &mut ended => {
                     ended.set(queue.ready());
                     Wake::Ended
@@ -590,22 +451,22 @@ impl<'a> Relay<'a> {
             };
             let now = Instant::now();
             let result = match event {
-                Wake::FromClient if self.closing => {
-                    self.credit_while_closing();
+                Wake::FromClient if self.life.closing() => {
+                    self.window.credit_while_closing(&mut self.client.read);
                     Ok(())
                 }
                 Wake::FromClient => self.client_frames(now),
                 Wake::FromApp => self.app_frames(now),
                 Wake::ClientGone => break,
                 Wake::Flushed | Wake::Local => Ok(()),
-                Wake::AppGone if self.handshake => return self.replay.take(),
+                Wake::AppGone if self.handshake.app_pending => return self.handshake.replay.take(),
                 Wake::AppGone => {
                     self.app_lost();
                     Ok(())
                 }
                 Wake::Timer => self.timers(now),
                 Wake::Ended => {
-                    for id in self.queue.take() {
+                    for id in self.endings.queue.take() {
                         self.begin_end(id, now);
                     }
                     Ok(())
@@ -616,24 +477,26 @@ impl<'a> Relay<'a> {
                 }
             };
             if matches!(result, Err(Failure::NotHttp2)) {
-                return self.replay.take();
+                return self.handshake.replay.take();
             }
             if let Err(e) = result {
                 tracing::debug!(peer = %info.peer, conn = info.id, error = %e, "guard: HTTP/2 connection failed");
                 self.fail(e);
             }
-            if self.resets.is_tripped() && !self.calmed {
-                tracing::warn!(peer = %info.peer, conn = info.id, premature = self.resets.count(),
+            if let Some(premature) = self.defences.calm_now() {
+                tracing::warn!(peer = %info.peer, conn = info.id, premature,
                     "guard: most streams on this connection were reset before they were answered (rapid reset); GOAWAY(ENHANCE_YOUR_CALM)");
                 guard.limited(Limit::rapid_reset).inc();
-                self.calmed = true;
                 self.fail(Failure::Calm);
             }
             let now = Instant::now();
-            if [self.life.deadlines().close_by, self.closing_by]
-                .into_iter()
-                .flatten()
-                .any(|at| now >= at)
+            if [
+                self.life.machine().deadlines().close_by,
+                self.life.closing_by(),
+            ]
+            .into_iter()
+            .flatten()
+            .any(|at| now >= at)
             {
                 tracing::debug!(peer = %info.peer, conn = info.id, "guard: closing deadline reached; dropping the connection");
                 break;
@@ -642,7 +505,7 @@ impl<'a> Relay<'a> {
         // Whatever is still open is dropped with the connection; only what
         // the client's window allows is written.
         self.clear_gate();
-        self.client.write.truncate(self.cleared);
+        self.window.drop_uncleared(&mut self.client.write);
         let _ = flush(client, &mut self.client.write).await;
         None
     }
@@ -665,10 +528,17 @@ impl<'a> Relay<'a> {
         }
         let had = !self.client.write.is_empty();
         self.clear_gate();
-        if write_cleared(cx, client, &mut self.client.write, &mut self.cleared).is_err() {
+        if self
+            .window
+            .write(cx, client, &mut self.client.write)
+            .is_err()
+        {
             return Poll::Ready(Wake::ClientGone);
         }
-        if had && self.client.write.is_empty() && (self.closing || self.life.wants_quiet()) {
+        if had
+            && self.client.write.is_empty()
+            && (self.life.closing() || self.life.machine().wants_quiet())
+        {
             // What the loop waits for before it closes.
             return Poll::Ready(Wake::Flushed);
         }
@@ -688,7 +558,7 @@ impl<'a> Relay<'a> {
                         return Poll::Ready(Wake::ClientGone)
                     }
                     Poll::Ready(Ok(_)) => {
-                        if let Some(r) = self.replay.as_mut() {
+                        if let Some(r) = self.handshake.replay.as_mut() {
                             r.extend_from_slice(&self.client.read[before..]);
                         }
                         return Poll::Ready(Wake::FromClient);
@@ -710,6 +580,19 @@ impl<'a> Relay<'a> {
         Poll::Pending
     }
 
+    /// Charges what waits for the client to its connection window (see
+    /// [`Window::clear_gate`]); the padding of a DATA frame it split is
+    /// given back to the application.
+    fn clear_gate(&mut self) {
+        for (id, padding) in self.window.clear_gate(&mut self.client.write) {
+            wire::window_update(&mut self.app.write, 0, padding);
+            wire::window_update(&mut self.app.write, id, padding);
+            if let Some(s) = self.streams.get_mut(&id) {
+                s.window += i64::from(padding);
+            }
+        }
+    }
+
     /// Whether to read the client and the application now. A side is not
     /// read while what waits for the other side passes the high-water mark.
     /// The guard's own answers to the client (refusals, window returns) wait
@@ -717,26 +600,22 @@ impl<'a> Relay<'a> {
     /// but while the client's window holds `to_client` back, the client is
     /// read further, for its WINDOW_UPDATEs.
     fn wants(&self) -> (bool, bool) {
-        let client_room = if self.cleared < self.client.write.len() {
-            BLOCKED_HIGH_WATER
-        } else {
-            HIGH_WATER
-        };
-        if self.closing {
+        let held = self.window.holds_back(self.client.write.len());
+        let client_room = if held { BLOCKED_HIGH_WATER } else { HIGH_WATER };
+        if self.life.closing() {
             // Only for the WINDOW_UPDATEs what waits at the gate needs.
             return (
-                self.cleared < self.client.write.len()
-                    && self.client.read.len() < READ_BUF + MAX_FRAME as usize,
+                held && self.client.read.len() < READ_BUF + MAX_FRAME as usize,
                 false,
             );
         }
         (
-            !self.closing
+            !self.life.closing()
                 && self.app.write.len() < HIGH_WATER
                 && self.client.write.len() < client_room
-                && self.throttled_until.is_none()
-                && !(self.handshake && self.client.read.len() >= REPLAY_MAX),
-            !self.closing && self.client.write.len() < HIGH_WATER,
+                && self.defences.paused_until().is_none()
+                && !(self.handshake.app_pending && self.client.read.len() >= REPLAY_MAX),
+            !self.life.closing() && self.client.write.len() < HIGH_WATER,
         )
     }
 }

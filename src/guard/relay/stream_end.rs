@@ -6,7 +6,22 @@
 //! forwarded, then trailers `grpc-status: 14` (or the kind's own end) to
 //! the client. And how a stream is counted once it is over.
 
-use super::*;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::blocks::trailers_only;
+use super::cadence::Cadence;
+use super::settings::Unacked;
+use super::window::put_data;
+use super::wire;
+use super::Relay;
+use crate::guard::body::{BodyKind, Boundaries, End};
+use crate::guard::ending::{record_outcome, StreamOutcome, BARRIER_WAIT, BURST_GAP};
+use crate::guard::grpc;
+use crate::guard::registry::{EndQueue, Registered};
+use crate::guard::signals;
+use crate::metrics::{Reason, StreamProtocol};
 
 /// One relayed stream.
 pub(super) struct Stream {
@@ -34,6 +49,9 @@ pub(super) struct Stream {
     /// A message of its response spanned DATA frames: one could be half
     /// on its way when the application reads a cancel.
     pub(super) split: bool,
+    /// With a content-length, the bytes of the request still to come: its
+    /// DATA must add up to it (RFC 9113 §8.1.1).
+    pub(super) body_left: Option<u64>,
 }
 
 impl Stream {
@@ -88,6 +106,20 @@ pub(super) struct Ending {
     pub(super) cancelled: bool,
 }
 
+/// The streams of a connection being ended, and what their ends wait for.
+#[derive(Debug, Default)]
+pub(super) struct Endings {
+    /// Where the registry puts the ids of this connection's streams a
+    /// drain or the max age asks to end.
+    pub(super) queue: Arc<EndQueue>,
+    /// Streams being ended.
+    pub(super) asked: Vec<u32>,
+    /// Streams whose client window was shut (some may have opened since).
+    pub(super) stalled: Vec<u32>,
+    /// The barrier on the application connection (SETTINGS round trips).
+    pub(super) barrier: Barrier,
+}
+
 /// The barrier on the application connection: round trips of empty
 /// SETTINGS frames, one in flight at a time, shared by every stream waiting
 /// for one. A SETTINGS ack, like a PING ack, follows what the application
@@ -104,7 +136,7 @@ pub(super) struct Ending {
 /// ending would spend that budget at once. No server limits SETTINGS so
 /// (RFC 9113 §6.5: an empty SETTINGS frame changes nothing and must be
 /// acked), and the acks come in order, in the queue of what the relay sent
-/// (`settings_unacked`). The guard sends no PING to the application.
+/// (`Settings::sent`). The guard sends no PING to the application.
 #[derive(Debug, Default)]
 pub(super) struct Barrier {
     /// Round trips started, and the highest one acked.
@@ -143,7 +175,7 @@ impl Relay<'_> {
             settling: false,
             cancelled: false,
         });
-        self.ending.push(id);
+        self.endings.asked.push(id);
         self.advance(id, now);
     }
 
@@ -170,7 +202,7 @@ impl Relay<'_> {
             return;
         }
         // Nothing the application writes for it waits for window.
-        let open = s.window > 0 && s.shut_since.is_none() && self.conn_window > 0;
+        let open = s.window > 0 && s.shut_since.is_none() && self.window.available() > 0;
         let split = s.split;
         let protocol = s.protocol();
         if e.cancelled {
@@ -182,7 +214,7 @@ impl Relay<'_> {
             let at_boundary = s.at_boundary();
             let acked = e
                 .barrier
-                .is_some_and(|(seq, by)| self.barrier.acked >= seq || now >= by);
+                .is_some_and(|(seq, by)| self.endings.barrier.acked >= seq || now >= by);
             if acked && at_boundary {
                 let _ = self.end_gracefully(id, e.reason);
             } else if acked {
@@ -194,7 +226,8 @@ impl Relay<'_> {
             e.quiet_at = None;
             e.barrier = None;
         } else if let Some((seq, by)) = e.barrier {
-            if (self.barrier.acked >= seq || now >= by) && self.end_gracefully(id, e.reason) {
+            if (self.endings.barrier.acked >= seq || now >= by) && self.end_gracefully(id, e.reason)
+            {
                 return;
             }
         } else if e.quiet_at.is_none() {
@@ -279,45 +312,48 @@ impl Relay<'_> {
     /// The barrier round trip a stream asking now must wait for: the second
     /// one started from now on (see [`Barrier`]).
     pub(super) fn barrier_target(&mut self, now: Instant) -> u64 {
-        let target = if self.barrier.acked >= self.barrier.sent {
+        let target = if self.endings.barrier.acked >= self.endings.barrier.sent {
             self.send_barrier(now);
-            self.barrier.sent + 1
-        } else if self.barrier.started_at == Some(now) {
+            self.endings.barrier.sent + 1
+        } else if self.endings.barrier.started_at == Some(now) {
             // The one in flight started in this turn, after the ask.
-            self.barrier.sent + 1
+            self.endings.barrier.sent + 1
         } else {
             // One is in flight: the next two count.
-            self.barrier.sent + 2
+            self.endings.barrier.sent + 2
         };
-        self.barrier.wanted = self.barrier.wanted.max(target);
+        self.endings.barrier.wanted = self.endings.barrier.wanted.max(target);
         target
     }
 
     /// Starts a barrier round trip: an empty SETTINGS frame to the application.
     pub(super) fn send_barrier(&mut self, now: Instant) {
-        self.barrier.sent += 1;
-        self.barrier.started_at = Some(now);
+        self.endings.barrier.sent += 1;
+        self.endings.barrier.started_at = Some(now);
         wire::put(&mut self.app.write, wire::SETTINGS, 0, 0, &[]);
-        self.settings_unacked
-            .push_back(Unacked::Barrier(self.barrier.sent));
+        self.settings
+            .sent(Unacked::Barrier(self.endings.barrier.sent));
     }
 
     /// The application acked barrier round trip `seq`: the next one starts
     /// if a stream still waits for a later one, and endings move on once
     /// the whole read is handled (`app_frames`).
     pub(super) fn barrier_acked(&mut self, seq: u64, now: Instant) {
-        self.barrier.acked = self.barrier.acked.max(seq);
-        if self.barrier.wanted > self.barrier.sent && self.barrier.acked >= self.barrier.sent {
+        self.endings.barrier.acked = self.endings.barrier.acked.max(seq);
+        if self.endings.barrier.wanted > self.endings.barrier.sent
+            && self.endings.barrier.acked >= self.endings.barrier.sent
+        {
             self.send_barrier(now);
         }
-        self.barrier.moved = true;
+        self.endings.barrier.moved = true;
     }
 
     pub(super) fn check_endings(&mut self, now: Instant) {
-        for id in self.ending.clone() {
+        for id in self.endings.asked.clone() {
             self.advance(id, now);
         }
-        self.ending
+        self.endings
+            .asked
             .retain(|id| self.streams.get(id).is_some_and(|s| s.ending.is_some()));
     }
 
@@ -411,6 +447,19 @@ impl Relay<'_> {
         if let Some(sig) = s.sig.as_mut() {
             record_outcome(sig, grpc, &outcome);
         }
+    }
+
+    /// DATA of the guard's own to the client, in frames the client takes;
+    /// the application's view of the connection window does not know of it.
+    pub(super) fn own_data(&mut self, id: u32, data: &[u8], end_stream: bool) {
+        put_data(
+            &mut self.client.write,
+            id,
+            data,
+            end_stream,
+            self.client.frame,
+        );
+        self.window.owe(data.len());
     }
 
     /// Removes stream `id` once both its directions are over.

@@ -23,7 +23,7 @@ async fn quiet_endings_spread_over_a_drain_send_the_app_no_ping() {
     for (i, ctl) in ctls.iter().enumerate() {
         now += std::time::Duration::from_millis(400);
         ctl.end(Reason::drain);
-        for id in r.queue.take() {
+        for id in r.endings.queue.take() {
             r.begin_end(id, now);
         }
         // Its quiet moment passes; the barrier starts.
@@ -91,12 +91,12 @@ async fn settings_acks_pair_with_what_they_acknowledge() {
     wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
     r.app_frames(later).expect("ack 1");
     assert_eq!(count(&r.client.write, wire::SETTINGS), (0, 0));
-    assert_eq!(r.client_table_acked, DEFAULT_TABLE, "not acked yet");
+    assert_eq!(r.settings.table_acked(), DEFAULT_TABLE, "not acked yet");
     // The client's, then the second barrier's.
     wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
     r.app_frames(later).expect("ack 2");
     assert_eq!(count(&r.client.write, wire::SETTINGS), (1, 1));
-    assert_eq!(r.client_table_acked, 0);
+    assert_eq!(r.settings.table_acked(), 0);
     assert_eq!(
         ended_gracefully(&r),
         0,

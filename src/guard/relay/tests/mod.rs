@@ -1,8 +1,15 @@
 //! Unit tests of the relay's own decisions, without sockets.
 
-use super::blocks::literals;
+use http::StatusCode;
+
+use super::blocks::{literals, put_block};
 use super::local::{connect_head, Local};
+use super::settings::MAX_UNACKED_SETTINGS;
 use super::*;
+use crate::guard::ending::BURST_GAP;
+use crate::guard::grpc;
+use crate::guard::sniff::H2_PREFACE;
+use crate::metrics::{Reason, StreamProtocol};
 
 mod endings;
 
@@ -76,13 +83,13 @@ async fn the_client_window_pays_for_every_data_byte_and_credit_passes_on_once() 
     );
     r.own_data(3, &[9u8; 1_000], true);
     r.clear_gate();
-    let cleared: usize = frames_in(&r.client.write[..r.cleared])
+    let cleared: usize = frames_in(&r.client.write[..r.window.cleared()])
         .iter()
         .filter(|f| f.0 == wire::DATA)
         .map(|f| f.3.len())
         .sum();
     assert_eq!(cleared, 65_535, "the window is used up, never exceeded");
-    assert_eq!(r.conn_window, 0);
+    assert_eq!(r.window.available(), 0);
     // The split dropped the padding (11 bytes): given back to the app.
     assert_eq!(credit_in(&r.app.write, 0), 11);
     assert_eq!(credit_in(&r.app.write, 1), 11);
@@ -90,9 +97,13 @@ async fn the_client_window_pays_for_every_data_byte_and_credit_passes_on_once() 
     // the application (its view never counted them), the rest passes on.
     r.client_credit(20_000).expect("credit");
     assert_eq!(credit_in(&r.app.write, 0), 11 + 19_000);
-    assert_eq!(r.debt, 0);
+    assert_eq!(r.window.debt(), 0);
     r.clear_gate();
-    assert_eq!(r.cleared, r.client.write.len(), "everything fits now");
+    assert_eq!(
+        r.window.cleared(),
+        r.client.write.len(),
+        "everything fits now"
+    );
     // Both streams arrive whole, in order, ended once.
     let frames = frames_in(&r.client.write);
     for (id, want) in [(1, app.clone()), (3, vec![9u8; 1_000])] {
@@ -116,19 +127,24 @@ async fn the_client_window_pays_for_every_data_byte_and_credit_passes_on_once() 
         .filter(|f| f.0 == wire::DATA)
         .map(|f| f.3.len() as i64)
         .sum();
-    assert_eq!(i64::from(DEFAULT_WINDOW) + 20_000 - sent, r.conn_window);
+    assert_eq!(
+        i64::from(DEFAULT_WINDOW) + 20_000 - sent,
+        r.window.available()
+    );
 }
 
 #[tokio::test]
 async fn a_growing_goaway_is_never_sent() {
     let guard = test_guard();
     let mut r = test_relay(&guard);
-    r.handshake = false;
-    r.last_id = 7;
-    r.first_goaway();
+    r.handshake.app_pending = false;
+    r.ids.set_last(7);
+    r.life.first_goaway(&mut r.client.write);
     r.app_goaway(5, wire::NO_ERROR, Instant::now());
-    r.goaway_to_client(wire::MAX_STREAM_ID, wire::NO_ERROR);
-    r.goaway_to_client(r.last_id, wire::NO_ERROR);
+    r.life
+        .goaway(&mut r.client.write, wire::MAX_STREAM_ID, wire::NO_ERROR);
+    r.life
+        .goaway(&mut r.client.write, r.ids.last(), wire::NO_ERROR);
     let lasts: Vec<u32> = frames_in(&r.client.write)
         .iter()
         .filter(|f| f.0 == wire::GOAWAY)
@@ -262,7 +278,7 @@ fn streams_open<'a>(guard: &'a Handle, n: u32, now: Instant) -> Relay<'a> {
     assert_eq!(r.streams.len(), n as usize);
     r.app.write.clear();
     r.client.write.clear();
-    r.cleared = 0;
+    r.window.buffer_dropped();
     r
 }
 
@@ -272,7 +288,7 @@ fn ask_all(guard: &Handle, r: &mut Relay<'_>, reason: Reason, at: Instant) {
     for ctl in guard.open_streams() {
         ctl.end(reason);
     }
-    for id in r.queue.take() {
+    for id in r.endings.queue.take() {
         r.begin_end(id, at);
     }
 }
@@ -336,18 +352,18 @@ async fn a_peers_ping_is_never_taken_for_the_guards_own() {
     // that carries the old fixed probe data: it goes to the app.
     r.client.write.clear();
     r.app.write.clear();
-    r.first_goaway();
-    assert!(r.probe_out);
+    r.life.first_goaway(&mut r.client.write);
+    assert!(r.life.probe().1);
     wire::ping(&mut r.client.read, true, *b"dsgoaway");
     r.client_frames(now).expect("the client's ack");
-    assert!(r.probe_out, "not the probe's ack");
+    assert!(r.life.probe().1, "not the probe's ack");
     assert!(frames_in(&r.app.write)
         .iter()
         .any(|f| f.0 == wire::PING && f.1 == wire::ACK && &f.3[..] == b"dsgoaway"));
-    let probe = r.probe;
+    let probe = r.life.probe().0;
     wire::ping(&mut r.client.read, true, probe);
     r.client_frames(now).expect("the probe's ack");
-    assert!(!r.probe_out);
+    assert!(!r.life.probe().1);
 }
 
 /// Issue 39 review, item 3: DATA that waits for the client's connection
@@ -358,7 +374,7 @@ async fn a_peers_ping_is_never_taken_for_the_guards_own() {
 async fn control_frames_pass_data_that_waits_for_window() {
     let guard = test_guard();
     let mut r = test_relay(&guard);
-    r.conn_window = 0;
+    r.window.set_available(0);
     let trailers = wire::literal_block(&[("grpc-status", "0")]);
     let head = wire::literal_block(&[(":status", "200")]);
     let w = &mut r.client.write;
@@ -381,7 +397,7 @@ async fn control_frames_pass_data_that_waits_for_window() {
     let shape =
         |buf: &[u8]| -> Vec<(u8, u32)> { frames_in(buf).iter().map(|f| (f.0, f.2)).collect() };
     assert_eq!(
-        shape(&r.client.write[..r.cleared]),
+        shape(&r.client.write[..r.window.cleared()]),
         [
             (wire::PING, 0),
             (wire::SETTINGS, 0),
@@ -392,7 +408,7 @@ async fn control_frames_pass_data_that_waits_for_window() {
         "what may go now"
     );
     assert_eq!(
-        shape(&r.client.write[r.cleared..]),
+        shape(&r.client.write[r.window.cleared()..]),
         [
             (wire::DATA, 1),
             (wire::HEADERS, 1),
@@ -401,12 +417,12 @@ async fn control_frames_pass_data_that_waits_for_window() {
         ],
         "what waits, in its order"
     );
-    assert_eq!(r.conn_window, 0, "nothing charged");
+    assert_eq!(r.window.available(), 0, "nothing charged");
     // Credit comes: the rest goes, in order, charged once.
     r.client_credit(110).expect("credit");
     r.clear_gate();
-    assert_eq!(r.cleared, r.client.write.len());
-    assert_eq!(r.conn_window, 0);
+    assert_eq!(r.window.cleared(), r.client.write.len());
+    assert_eq!(r.window.available(), 0);
 }
 
 /// Item 3, at the close: the client is still read for its connection
@@ -417,8 +433,8 @@ async fn control_frames_pass_data_that_waits_for_window() {
 async fn a_closing_connection_still_takes_window_updates() {
     let guard = test_guard();
     let mut r = test_relay(&guard);
-    r.handshake = false;
-    r.conn_window = 0;
+    r.handshake.app_pending = false;
+    r.window.set_available(0);
     let trailers = wire::literal_block(&[("grpc-status", "0")]);
     wire::put(&mut r.client.write, wire::DATA, 0, 1, &[1u8; 100]);
     wire::put(
@@ -430,15 +446,19 @@ async fn a_closing_connection_still_takes_window_updates() {
     );
     r.close_with(wire::NO_ERROR);
     r.clear_gate();
-    assert!(r.closing);
+    assert!(r.life.closing());
     let (want_client, want_app) = r.wants();
     assert!(want_client && !want_app, "reads the client for its credit");
     wire::put(&mut r.client.read, wire::SETTINGS, 0, 0, &[]);
     wire::window_update(&mut r.client.read, 0, 100);
-    r.credit_while_closing();
+    r.window.credit_while_closing(&mut r.client.read);
     assert!(r.app.write.is_empty(), "nothing goes on to the app");
     r.clear_gate();
-    assert_eq!(r.cleared, r.client.write.len(), "everything may go");
+    assert_eq!(
+        r.window.cleared(),
+        r.client.write.len(),
+        "everything may go"
+    );
     let (want_client, _) = r.wants();
     assert!(!want_client, "nothing left to wait for");
 }
@@ -465,7 +485,7 @@ async fn a_re_encoded_block_carries_one_size_update() {
     let guard = test_guard();
     let mut r = test_relay(&guard);
     r.client.translate = Some(true);
-    r.client_update_due = Some(100);
+    r.settings.set_update_due(Some(100));
     let block = Block::start(wire::Head {
         len: 0,
         kind: wire::HEADERS,
@@ -490,10 +510,10 @@ async fn a_re_encoded_block_carries_one_size_update() {
 /// A relay past its handshake, its client's preface and SETTINGS taken.
 fn open_relay(guard: &Handle) -> Relay<'_> {
     let mut r = test_relay(guard);
-    r.handshake = false;
-    r.replay = None;
-    r.preface = false;
-    r.settings_due = false;
+    r.handshake.app_pending = false;
+    r.handshake.replay = None;
+    r.handshake.client_preface = false;
+    r.handshake.settings_due = false;
     r
 }
 
@@ -502,15 +522,15 @@ fn open_relay(guard: &Handle) -> Relay<'_> {
 /// and the client's DATA not yet taken is `held` bytes.
 fn local(r: &mut Relay<'_>, id: u32, held: usize) -> tokio::io::DuplexStream {
     let (task_io, io) = tokio::io::duplex(16);
-    r.last_id = r.last_id.max(id);
+    r.ids.set_last(r.ids.last().max(id));
     r.locals.insert(
         id,
         Local {
             io,
             answer: None,
             answered: true,
-            window: r.client_window,
-            recv_window: r.window_told - held as i64,
+            window: r.window.initial(),
+            recv_window: r.window.told() - held as i64,
             to_task: BytesMut::from(&vec![7u8; held][..]),
             client_eof: false,
             shut: false,
@@ -690,13 +710,13 @@ async fn every_settings_ack_pairs_with_its_own_frame() {
         r.app.read.extend_from_slice(&ack);
         r.app_frames(Instant::now()).expect("ack");
         // The timer of a SETTINGS held back (`settings_waits`).
-        if r.throttled_until.take().is_some() {
+        if r.defences.lift_pause() {
             r.client_frames(Instant::now()).expect("the held SETTINGS");
         }
     }
-    assert!(r.settings_unacked.is_empty());
-    assert_eq!(r.client_table_acked, 0);
-    assert_eq!(r.client_update_due, Some(0));
+    assert_eq!(r.settings.unacked(), 0);
+    assert_eq!(r.settings.table_acked(), 0);
+    assert_eq!(r.settings.update_due(), Some(0));
     let sent = frames_in(&r.app.write)
         .iter()
         .filter(|f| f.0 == wire::SETTINGS)

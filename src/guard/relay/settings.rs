@@ -1,0 +1,150 @@
+//! The SETTINGS the relay passes between the peers, as far as it must follow
+//! them: each frame the application has not acked yet (the client's and the
+//! guard's own barrier round trips, whose acks come in order), the client's
+//! HPACK table size as acked, and the limits the client was told.
+
+use std::collections::VecDeque;
+
+use super::{DEFAULT_FRAME, DEFAULT_TABLE};
+
+/// Most SETTINGS the application has not acked yet (the client's, and the
+/// guard's barrier round trip): the client's next one waits (the client is
+/// not read) until an ack comes, so every ack pairs with its own frame.
+pub(super) const MAX_UNACKED_SETTINGS: usize = 64;
+/// How soon a SETTINGS held back by `MAX_UNACKED_SETTINGS` is tried again.
+pub(super) const UNACKED_RETRY: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// A SETTINGS frame the relay sent the application, as its ack will say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Unacked {
+    /// The client's, passed on, with the HEADER_TABLE_SIZE it set (if any):
+    /// the ack goes back to the client, and a lower table size then binds.
+    Client(Option<u32>),
+    /// The guard's own empty SETTINGS, barrier round trip `n`.
+    Barrier(u64),
+}
+
+/// The SETTINGS state of one relayed connection.
+#[derive(Debug)]
+pub(super) struct Settings {
+    /// Each SETTINGS frame the application has not acked yet, oldest first.
+    unacked: VecDeque<Unacked>,
+    /// The client's table size the application acked last.
+    table_acked: u32,
+    /// The client lowered its table size and no block since told its
+    /// decoder so: the next block to the client must start with a size
+    /// update to this (RFC 7541 §4.2).
+    update_due: Option<u32>,
+    /// The application's SETTINGS have been seen.
+    app_seen: bool,
+    /// The largest MAX_FRAME_SIZE the client ever announced: an application
+    /// frame above it is the application's error, never passed on.
+    client_frame_max: usize,
+    /// The largest SETTINGS_MAX_FRAME_SIZE the client was told: a larger
+    /// client frame is a FRAME_SIZE_ERROR (RFC 9113 §4.2).
+    frame_told: usize,
+    /// The SETTINGS_MAX_CONCURRENT_STREAMS the client was last told (the
+    /// application's, lowered to the guard's limit): a stream past it is
+    /// refused here (RFC 9113 §5.1.2), never passed on.
+    streams_told: u32,
+}
+
+impl Settings {
+    /// Before any SETTINGS: the RFC's defaults, and the guard's stream limit.
+    pub(super) fn new(max_concurrent_streams: u32) -> Self {
+        Self {
+            unacked: VecDeque::new(),
+            table_acked: DEFAULT_TABLE,
+            update_due: None,
+            app_seen: false,
+            client_frame_max: DEFAULT_FRAME,
+            frame_told: DEFAULT_FRAME,
+            streams_told: max_concurrent_streams,
+        }
+    }
+
+    /// Whether the client's next SETTINGS must wait for an ack.
+    pub(super) fn full(&self) -> bool {
+        self.unacked.len() >= MAX_UNACKED_SETTINGS
+    }
+
+    /// How many SETTINGS frames wait for the application's ack.
+    pub(super) fn unacked(&self) -> usize {
+        self.unacked.len()
+    }
+
+    /// A SETTINGS frame went to the application.
+    pub(super) fn sent(&mut self, frame: Unacked) {
+        self.unacked.push_back(frame);
+    }
+
+    /// The application acked the oldest SETTINGS it had: which one.
+    pub(super) fn acked(&mut self) -> Option<Unacked> {
+        self.unacked.pop_front()
+    }
+
+    /// The application acked the client's SETTINGS that set its table size
+    /// to `table` (if it did): a lower size now binds, so the next block to
+    /// the client must say so.
+    pub(super) fn client_acked(&mut self, table: Option<u32>) {
+        if let Some(v) = table {
+            if v < self.table_acked {
+                self.update_due = Some(self.update_due.map_or(v, |d| d.min(v)));
+            }
+            self.table_acked = v;
+        }
+    }
+
+    /// The table size update the next block to the client must start with,
+    /// if one is due; the caller puts it there.
+    pub(super) fn take_update_due(&mut self) -> Option<u32> {
+        self.update_due.take()
+    }
+
+    /// Whether these are the application's first SETTINGS.
+    pub(super) fn first_from_app(&mut self) -> bool {
+        !std::mem::replace(&mut self.app_seen, true)
+    }
+
+    /// The client announced SETTINGS_MAX_FRAME_SIZE `v`.
+    pub(super) fn client_frame(&mut self, v: usize) {
+        self.client_frame_max = self.client_frame_max.max(v);
+    }
+
+    pub(super) fn client_frame_max(&self) -> usize {
+        self.client_frame_max
+    }
+
+    /// The client is told SETTINGS_MAX_FRAME_SIZE `v`.
+    pub(super) fn tell_frame(&mut self, v: usize) {
+        self.frame_told = self.frame_told.max(v);
+    }
+
+    pub(super) fn frame_told(&self) -> usize {
+        self.frame_told
+    }
+
+    /// The client is told SETTINGS_MAX_CONCURRENT_STREAMS `v`.
+    pub(super) fn tell_streams(&mut self, v: u32) {
+        self.streams_told = v;
+    }
+
+    pub(super) fn streams_told(&self) -> u32 {
+        self.streams_told
+    }
+
+    #[cfg(test)]
+    pub(super) fn table_acked(&self) -> u32 {
+        self.table_acked
+    }
+
+    #[cfg(test)]
+    pub(super) fn update_due(&self) -> Option<u32> {
+        self.update_due
+    }
+
+    #[cfg(test)]
+    pub(super) fn set_update_due(&mut self, v: Option<u32>) {
+        self.update_due = v;
+    }
+}
