@@ -227,9 +227,16 @@ pub struct SoakArgs {
           value_parser = clap::value_parser!(u64).range(1..=20_000))]
     pub streams: u64,
 
-    /// How long to hold them (e.g. `3m`, `24h`).
+    /// How long to hold them (e.g. `3m`, `24h`): the longest the run takes.
     #[arg(long, env = "DRAINSHIM_DURATION", default_value = "3m")]
     pub duration: Span,
+
+    /// Stop early, at the first sample with at least this many streams
+    /// recycled (e.g. 100000). The growth is read over the samples after the
+    /// warm-up (a fifth of them) and judged on 50,000 streams or more.
+    #[arg(long, env = "DRAINSHIM_UNTIL_RECYCLED",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub until_recycled: Option<u64>,
 
     /// The sidecar's --max-connection-age: how often each stream is recycled
     /// (jittered +/-10%).
@@ -649,6 +656,7 @@ impl BenchCommand {
                     stub: this_binary()?,
                     streams: a.streams as usize,
                     duration: a.duration.get(),
+                    until_recycled: a.until_recycled,
                     max_connection_age: a.max_connection_age.get(),
                     sample_every: a.sample_every.get(),
                     progress: true,

@@ -43,6 +43,8 @@ pub struct SoakOptions {
     pub stub: PathBuf,
     pub streams: usize,
     pub duration: Duration,
+    /// Stop at the first sample with at least this many streams recycled.
+    pub until_recycled: Option<u64>,
     pub max_connection_age: Duration,
     /// Time between two samples of the shim's `/proc`.
     pub sample_every: Duration,
@@ -421,7 +423,8 @@ pub async fn run(opts: &SoakOptions) -> Result<SoakReport, String> {
 }
 
 /// Holds `opts.streams` WebSockets on `endpoints`, recycled by max age, and
-/// samples `subject` until `opts.duration` is over; then the clients leave
+/// samples `subject` until `opts.duration` is over (or `opts.until_recycled`
+/// streams were recycled); then the clients leave
 /// and the report judges what the process kept.
 pub(super) async fn soak(
     opts: &SoakOptions,
@@ -462,8 +465,12 @@ pub(super) async fn soak(
             .map(|p| p.sessions.lock().map_or(0, |s| s.len()) as u64)
             .sum()
     };
-    let mut samples = Vec::new();
-    while start.elapsed() < opts.duration {
+    let mut samples: Vec<Sample> = Vec::new();
+    let enough = |samples: &[Sample]| {
+        opts.until_recycled
+            .is_some_and(|n| samples.last().is_some_and(|s| s.recycled >= n))
+    };
+    while start.elapsed() < opts.duration && !enough(&samples) {
         let left = opts.duration.saturating_sub(start.elapsed());
         tokio::time::sleep(opts.sample_every.min(left)).await;
         subject.alive()?;
