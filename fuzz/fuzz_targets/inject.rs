@@ -4,7 +4,7 @@
 //! the input.
 #![no_main]
 
-use drainshim::inject::manifest::{transform, Action};
+use drainshim::inject::manifest::{transform, Direction};
 use drainshim::inject::webhook::Webhook;
 use drainshim::inject::{Mode, Settings};
 use libfuzzer_sys::fuzz_target;
@@ -25,11 +25,11 @@ fuzz_target!(|data: &[u8]| {
         let Ok(text) = std::str::from_utf8(body) else {
             return;
         };
-        if let Ok((once, _)) = transform(text, &settings, Action::Inject) {
+        if let Ok((once, _)) = transform(text, &settings, Direction::Inject) {
             // Injecting twice is injecting once, and undoing it is accepted.
-            let (twice, _) = transform(&once, &settings, Action::Inject).expect("its own output injects");
+            let (twice, _) = transform(&once, &settings, Direction::Inject).expect("its own output injects");
             assert_eq!(once, twice);
-            transform(&once, &settings, Action::Uninject).expect("its own output uninjects");
+            transform(&once, &settings, Direction::Uninject).expect("its own output uninjects");
         }
     } else {
         // Every answer allows the pod.
