@@ -498,7 +498,15 @@ impl<'a> Relay<'a> {
             .flatten()
             .any(|at| now >= at)
             {
-                tracing::debug!(peer = %info.peer, conn = info.id, "guard: closing deadline reached; dropping the connection");
+                let open = self.streams.len() + self.locals.len();
+                if open > 0 {
+                    // Every stream has its own bounded end before this
+                    // backstop: one still open here is cut, and says so.
+                    tracing::warn!(peer = %info.peer, conn = info.id, open,
+                        "guard: closing deadline reached with streams still open; dropping the connection cuts them");
+                } else {
+                    tracing::debug!(peer = %info.peer, conn = info.id, "guard: closing deadline reached; dropping the connection");
+                }
                 break;
             }
         }
