@@ -10,6 +10,9 @@
 //! last `spread` of it (`spread` is capped at the grace): every stream is
 //! asked to end by age + grace, which with the bounded ending and close
 //! makes gRPC A9's age × (1 ± 10%) + grace a bound on the connection's life.
+//! A stream that arrives once the endings began (sent before the client read
+//! the GOAWAY) is ended too, when the ack (or its timeout) closes the door,
+//! over what is left of the grace.
 //! Once no stream is left the final GOAWAY is sent and the connection
 //! closes, within `shutdown_timeout`.
 
@@ -76,7 +79,9 @@ pub enum Input {
 pub enum ConnAction {
     /// GOAWAY(2^31-1) + PING (and count the GOAWAY when the cause is counted).
     Goaway(Cause),
-    /// End this connection's streams gracefully: the max-age grace is over.
+    /// End this connection's streams not yet asked, gracefully, over
+    /// [`Lifecycle::end_window`]: the max-age endings begin, or streams
+    /// arrived after they began.
     EndStreams,
     /// Send GOAWAY(last processed stream) and close after flushing.
     Close,
@@ -139,6 +144,8 @@ pub struct Lifecycle {
     grace_until: Option<Instant>,
     /// The grace ended and the streams were asked to end.
     grace_done: bool,
+    /// A stream arrived after that (sent before the client read the GOAWAY).
+    late_stream: bool,
     /// Until a request head arrives: the slowloris bound.
     first_stream_by: Option<Instant>,
     /// Since when no stream has been open (None while some are).
@@ -162,6 +169,7 @@ impl Lifecycle {
             max_age_reached: false,
             grace_until: None,
             grace_done: false,
+            late_stream: false,
             first_stream_by: Some(settings.first_stream_by),
             idle_since: Some(now),
             streams: 0,
@@ -200,6 +208,15 @@ impl Lifecycle {
     /// How long the max-age endings are spread over: inside the grace.
     pub fn spread(&self) -> Duration {
         self.settings.spread.min(self.settings.grace)
+    }
+
+    /// The window the max-age endings asked at `now` are spread over: what
+    /// is left of the grace, at most the spread, so every stream is asked to
+    /// end by age + grace however late the timer or the ack.
+    pub fn end_window(&self, now: Instant) -> Duration {
+        self.grace_until
+            .map_or(Duration::ZERO, |until| until.saturating_duration_since(now))
+            .min(self.spread())
     }
 
     /// Whether `goaway_all` still matters to this connection.
@@ -242,6 +259,7 @@ impl Lifecycle {
         match input {
             Input::StreamAccepted => {
                 self.first_stream_by = None;
+                self.late_stream |= self.grace_done;
                 (self.terminate_seen && self.cause.is_none())
                     .then(|| self.start_goaway(Cause::Drain, now))
             }
@@ -267,14 +285,8 @@ impl Lifecycle {
                 self.start_grace(now);
                 (self.cause.is_none()).then(|| self.start_goaway(Cause::MaxAge, now))
             }
-            Input::Acked => {
-                self.enter_closing(true, now);
-                None
-            }
-            Input::AckTimedOut => {
-                self.enter_closing(false, now);
-                None
-            }
+            Input::Acked => self.enter_closing(true),
+            Input::AckTimedOut => self.enter_closing(false),
             Input::GraceOver => {
                 self.grace_done = true;
                 // Every stream bounds its own ending; this is the backstop,
@@ -305,12 +317,16 @@ impl Lifecycle {
         ConnAction::Goaway(cause)
     }
 
-    fn enter_closing(&mut self, acked: bool, now: Instant) {
+    /// No new stream is admitted from here on (the final GOAWAY names the
+    /// last one, or new ones are refused). If streams arrived after the
+    /// max-age endings began (sent before the client read the first
+    /// GOAWAY), they were not among them: they are ended too.
+    fn enter_closing(&mut self, acked: bool) -> Option<ConnAction> {
         if !self.awaits_ack() {
-            return;
+            return None;
         }
-        let _ = now;
         self.phase = ConnPhase::Closing { acked };
+        self.late_stream.then_some(ConnAction::EndStreams)
     }
 
     /// The grace counts from the age itself (a late timer does not stretch it).
@@ -465,6 +481,78 @@ mod tests {
             Some(t0 + s(120)),
             "the grace counts from the age, not the ack"
         );
+    }
+
+    /// A grace no longer than the spread starts the endings at the age
+    /// itself, with the first GOAWAY: a stream the client sent before it
+    /// read that GOAWAY arrives after the endings began. Once no stream can
+    /// arrive any more (the ack, or its timeout), the machine asks for the
+    /// endings again, over what is left of the grace.
+    #[test]
+    fn streams_that_arrive_after_the_endings_began_are_ended_too() {
+        let t0 = Instant::now();
+        let st = Settings {
+            grace: s(2),
+            spread: s(2),
+            ..settings(t0)
+        };
+        for (ack, closing) in [
+            (Input::Acked, ConnPhase::Closing { acked: true }),
+            (Input::AckTimedOut, ConnPhase::Closing { acked: false }),
+        ] {
+            let mut m = run(
+                st,
+                t0,
+                &[
+                    (1, Input::Streams(1), None),
+                    (
+                        100,
+                        Input::AgeReached,
+                        Some(ConnAction::Goaway(Cause::MaxAge)),
+                    ),
+                    (100, Input::GraceOver, Some(ConnAction::EndStreams)),
+                    (100, Input::StreamAccepted, None),
+                ],
+            );
+            assert_eq!(m.end_window(t0 + s(100)), s(2), "the whole spread");
+            let late = t0 + s(100) + Duration::from_millis(500);
+            assert_eq!(m.step(ack, late), Some(ConnAction::EndStreams), "{ack:?}");
+            assert_eq!(m.phase(), closing);
+            assert_eq!(
+                m.end_window(late),
+                Duration::from_millis(1_500),
+                "what is left of the grace"
+            );
+            assert_eq!(m.step(ack, late), None, "once");
+        }
+        // No stream came after the endings began: the ack asks for nothing.
+        let mut m = run(
+            st,
+            t0,
+            &[
+                (1, Input::Streams(1), None),
+                (
+                    100,
+                    Input::AgeReached,
+                    Some(ConnAction::Goaway(Cause::MaxAge)),
+                ),
+                (100, Input::GraceOver, Some(ConnAction::EndStreams)),
+            ],
+        );
+        assert_eq!(m.step(Input::Acked, t0 + s(100)), None);
+        // Before the grace's end, the ack asks for nothing: the endings to
+        // come take every stream.
+        let mut m = run(
+            settings(t0),
+            t0,
+            &[(
+                100,
+                Input::AgeReached,
+                Some(ConnAction::Goaway(Cause::MaxAge)),
+            )],
+        );
+        assert_eq!(m.step(Input::Acked, t0 + s(101)), None);
+        assert_eq!(m.end_window(t0 + s(200)), Duration::ZERO, "past the grace");
     }
 
     #[test]

@@ -475,7 +475,11 @@ impl Relay<'_> {
                 let guard = self.guard;
                 let streams =
                     guard.connection_streams(self.info.id, now, guard.config().long_stream_age);
-                guard.end_spread(streams, self.life.machine().spread(), Reason::max_age);
+                guard.end_spread(
+                    streams,
+                    self.life.machine().end_window(now),
+                    Reason::max_age,
+                );
             }
             Some(ConnAction::Close) => self.close_with(wire::NO_ERROR),
         }

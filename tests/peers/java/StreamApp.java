@@ -16,7 +16,8 @@
 //
 // On SIGTERM, SIGINT, a line `stop` on stdin or stdin's end it stops
 // gracefully: shutdown() (GOAWAY, no new calls), then awaitTermination for
-// GRACE; what is left then is cancelled with shutdownNow(). Then it exits 0.
+// GRACE; what is left then is cancelled with shutdownNow(). Once the calls' last
+// callbacks ran (how each call ended), it reports and exits 0.
 //
 // Stdout, one line each (the test waits on them):
 //   listening 127.0.0.1:PORT
@@ -57,6 +58,7 @@ import java.util.HashMap;
 import java.util.Map;
 import java.util.TreeMap;
 import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.ScheduledFuture;
@@ -320,9 +322,13 @@ public final class StreamApp {
             .addMethod(SUBSCRIBE, ServerCalls.asyncServerStreamingCall(StreamApp::subscribe))
             .addMethod(ECHO, ServerCalls.asyncUnaryCall(StreamApp::echo))
             .build();
+    // The calls' callbacks run here (grpc-java's default is a cached pool
+    // too), so the stop can wait for the last of them.
+    ExecutorService calls = Executors.newCachedThreadPool();
     // Defaults only: grpc-java's keepalive enforcement included.
     Server server =
         NettyServerBuilder.forAddress(new InetSocketAddress("127.0.0.1", 0))
+            .executor(calls)
             .addService(ServerInterceptors.intercept(service, peer))
             .build()
             .start();
@@ -357,6 +363,11 @@ public final class StreamApp {
       server.shutdownNow();
       server.awaitTermination(5, TimeUnit.SECONDS);
     }
+    // A terminated server may still have callbacks queued (a call's cancel
+    // handler, which says how it ended): they run before the report, or the
+    // exit would drop what they say.
+    calls.shutdown();
+    calls.awaitTermination(5, TimeUnit.SECONDS);
     StringBuilder report = new StringBuilder("{\"streams\": {");
     synchronized (LEDGER) {
       String sep = "";

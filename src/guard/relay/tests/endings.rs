@@ -3,6 +3,7 @@
 //! harness reaching them (helpers in the parent module).
 
 use super::*;
+use std::time::Duration;
 
 /// Issue 39: every gRPC server strikes a PING that comes within 5 minutes
 /// of the last one with no DATA or HEADERS written since, and drops the
@@ -352,4 +353,65 @@ async fn a_steady_producer_asked_between_writes_is_cancelled_at_once() {
         frames_in(&r.app.write).is_empty(),
         "nothing while its next write is due"
     );
+}
+
+/// A stream the client sent before it read the max-age GOAWAY arrives
+/// after that GOAWAY. With a grace no longer than the spread, the endings
+/// began at the age itself, without it: it must still be ended by the max
+/// age once no stream can arrive any more (the PING ack), never left to
+/// the connection's closing deadline, which cuts it (the peer matrix saw
+/// one such stream of 60 cut behind grpc-java).
+#[tokio::test(start_paused = true)]
+async fn a_stream_that_arrives_after_the_max_age_endings_began_is_ended_too() {
+    let metrics =
+        crate::metrics::Metrics::register(&mut prometheus_client::registry::Registry::default());
+    let mut config = crate::guard::GuardConfig::new(([127, 0, 0, 1], 9).into());
+    config.max_connection_age = Some(Duration::from_secs(3));
+    config.max_connection_age_grace = Duration::from_secs(2);
+    config.max_connection_age_spread = Duration::from_secs(2);
+    let guard = crate::guard::Guard::new(config, metrics).handle();
+    let mut r = streams_open(&guard, 2, Instant::now());
+    // Past the jittered age (3 s ± 10%): the first GOAWAY and its PING; the
+    // endings start at once (grace - spread = 0).
+    tokio::time::advance(Duration::from_millis(3_400)).await;
+    let now = Instant::now();
+    r.timers(now).expect("the age");
+    r.timers(now).expect("the grace");
+    assert!(r.life.machine().awaits_ack());
+    // The client's next stream, sent before it read the GOAWAY.
+    let request = wire::literal_block(&[
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/x.Y/Z"),
+        (":authority", "app"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ]);
+    wire::put(
+        &mut r.client.read,
+        wire::HEADERS,
+        wire::END_HEADERS,
+        5,
+        &request,
+    );
+    r.client_frames(now).expect("a request in flight");
+    assert!(
+        r.streams.contains_key(&5),
+        "admitted: below the final GOAWAY"
+    );
+    // Then the ack of the probe: the final GOAWAY names stream 5.
+    let (probe, out) = r.life.probe();
+    assert!(out, "the probe went out");
+    wire::ping(&mut r.client.read, true, probe);
+    let acked = Instant::now() + Duration::from_millis(100);
+    tokio::time::advance(Duration::from_millis(100)).await;
+    r.client_frames(acked).expect("the ack");
+    // Within the grace, every stream of the connection is asked to end.
+    tokio::time::advance(Duration::from_secs(2)).await;
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    let mut asked = r.endings.queue.take();
+    asked.sort_unstable();
+    assert_eq!(asked, vec![1, 3, 5], "every stream ended by the max age");
 }
