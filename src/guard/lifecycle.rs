@@ -20,6 +20,14 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+/// How long a connection accepted while terminating stays idle after its
+/// last answer before its GOAWAY. Its streams are all refused (the drain's
+/// retryable UNAVAILABLE); a GOAWAY right behind the answer raced the
+/// client's own bookkeeping: hyper fails a request it has just sent when a
+/// GOAWAY(2^31-1) lands before it looks at the connection again, with
+/// `GoAway(NO_ERROR)` instead of the answer the guard sent.
+pub const TERMINATING_IDLE: Duration = Duration::from_secs(1);
+
 /// Why a connection is going away.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cause {
@@ -110,9 +118,10 @@ pub struct Settings {
     /// False for connections accepted after `goaway_all`: they serve the
     /// short requests that still arrive and go away with `terminate_all`.
     pub watch_goaway: bool,
-    /// True for connections accepted while terminating: they go away after
-    /// answering their first stream, not at once, so the GOAWAY does not race
-    /// the client's first request.
+    /// True for connections accepted while terminating: they go away once
+    /// idle for [`TERMINATING_IDLE`] after their first stream was answered,
+    /// not at once, so the GOAWAY races neither the client's first request
+    /// nor its reading of the answer.
     pub defer_goaway: bool,
 }
 
@@ -199,9 +208,24 @@ impl Lifecycle {
                 .map(|until| until.checked_sub(self.spread()).unwrap_or(until)),
             first_stream: self.first_stream_by,
             idle: match self.phase {
-                ConnPhase::Serving => self.idle_since.map(|t| t + self.settings.idle_timeout),
+                ConnPhase::Serving => self.idle_since.map(|t| t + self.idle_timeout()),
                 _ => None,
             },
+        }
+    }
+
+    /// How long the connection may be idle before its GOAWAY: shorter once a
+    /// stream was answered while terminating (it will be refused every
+    /// stream from now on).
+    fn idle_timeout(&self) -> Duration {
+        let refusing = self.settings.defer_goaway
+            && self.terminate_seen
+            && self.cause.is_none()
+            && self.first_stream_by.is_none();
+        if refusing {
+            TERMINATING_IDLE.min(self.settings.idle_timeout)
+        } else {
+            self.settings.idle_timeout
         }
     }
 
@@ -260,7 +284,8 @@ impl Lifecycle {
             Input::StreamAccepted => {
                 self.first_stream_by = None;
                 self.late_stream |= self.grace_done;
-                (self.terminate_seen && self.cause.is_none())
+                // Accepted while terminating: once idle (`idle_timeout`).
+                (self.terminate_seen && self.cause.is_none() && !self.settings.defer_goaway)
                     .then(|| self.start_goaway(Cause::Drain, now))
             }
             Input::Streams(n) => {
@@ -278,7 +303,12 @@ impl Lifecycle {
             }
             Input::AppGoaway => (self.cause.is_none()).then(|| self.start_goaway(Cause::App, now)),
             Input::IdleTimedOut => {
-                (self.cause.is_none()).then(|| self.start_goaway(Cause::Idle, now))
+                let cause = if self.terminate_seen {
+                    Cause::Drain
+                } else {
+                    Cause::Idle
+                };
+                (self.cause.is_none()).then(|| self.start_goaway(cause, now))
             }
             Input::AgeReached => {
                 self.max_age_reached = true;
@@ -586,21 +616,42 @@ mod tests {
             watch_goaway: false,
             ..settings(t0)
         };
-        let m = run(
+        let mut m = run(
             late,
             t0,
             &[
                 (0, Input::Terminate, None),
                 (0, Input::GoawayAll, None),
-                (
-                    1,
-                    Input::StreamAccepted,
-                    Some(ConnAction::Goaway(Cause::Drain)),
-                ),
                 (1, Input::StreamAccepted, None),
+                (1, Input::Streams(1), None),
+                (1, Input::Streams(0), None),
             ],
         );
+        assert_eq!(
+            m.deadlines().first_stream,
+            None,
+            "its first stream was answered"
+        );
+        assert_eq!(
+            m.deadlines().idle,
+            Some(t0 + s(1) + TERMINATING_IDLE),
+            "away once idle a moment after the answer, not right behind it"
+        );
+        // Another request in the meantime starts the idle time again.
+        let later = t0 + s(1) + TERMINATING_IDLE / 2;
+        assert_eq!(m.step(Input::StreamAccepted, later), None);
+        assert_eq!(m.step(Input::Streams(1), later), None);
+        assert_eq!(m.step(Input::Streams(0), later), None);
+        assert_eq!(m.deadlines().idle, Some(later + TERMINATING_IDLE));
+        assert_eq!(
+            m.step(Input::IdleTimedOut, later + TERMINATING_IDLE),
+            Some(ConnAction::Goaway(Cause::Drain))
+        );
         assert!(m.awaits_ack());
+        // Before any request, only the header timeout bounds it.
+        let m = run(late, t0, &[(0, Input::Terminate, None)]);
+        assert_eq!(m.deadlines().idle, Some(t0 + s(300)));
+        assert_eq!(m.deadlines().first_stream, Some(t0 + s(10)));
     }
 
     #[test]
