@@ -3,29 +3,31 @@
 #   make test   install what the tests need, then lint and run every test
 SHELL := /bin/bash
 CARGO ?= cargo
-# The benchmarks and the demo: drainshim-bench (bench/), release build. The
-# soaks, node-scale and the fleet bench run the release drainshim beside it
-# (release-bin builds it).
-BENCH = $(CARGO) run --release --locked --quiet -p drainshim-bench --
+# The benchmarks and the demo: drainshim-bench (bench/), built once in the
+# harness profile (release code without LTO: minutes, not ten; Cargo.toml).
+# What they measure is the production binary, target/shipped/drainshim
+# (`make shipped`): the guard, and the sidecar, agent and fleet commands the
+# soaks, node-scale, failopen and the fleet bench run (DRAINSHIM_BIN).
+SHIPPED_BIN := $(CURDIR)/target/shipped/drainshim
+HARNESS = $(CARGO) run --profile harness --locked --quiet -p drainshim-bench --
+BENCH = DRAINSHIM_BIN=$(SHIPPED_BIN) $(HARNESS)
 
-.PHONY: demo test conformance webhook-test shipped release-bin bench bench-allocator bench-reconnect bench-node bench-fleet envoy prometheus h2load pytools peers lint tools deploy-check deploy-tools deploy-rules fuzz-ci
+.PHONY: demo test prebuild conformance webhook-test shipped bench bench-allocator bench-reconnect bench-node bench-fleet envoy prometheus h2load pytools peers lint tools deploy-check deploy-tools deploy-rules fuzz-ci
 
 demo: envoy
-	$(BENCH) demo
+	$(HARNESS) demo
 
 test: tools lint deploy-check
-	# One test at a time: several tests measure timing against real Envoy.
-	# Among them the peer matrix (tests/it/peer_matrix/): grpc-go, grpc-java
-	# (Netty), grpcio and tonic servers behind real Envoy and the guard, on
-	# their default keepalive enforcement (built by `make peers`).
-	# drainshim-bench beside target/debug/drainshim: tests run `drainshim
-	# bench server`, which execs it.
-	$(CARGO) build --locked --workspace
-	RUST_TEST_THREADS=1 $(CARGO) test --locked --workspace
-	$(MAKE) conformance
-	$(MAKE) webhook-test
-	$(MAKE) bench
-	$(MAKE) fuzz-ci
+	CARGO="$(CARGO)" MAKE="$(MAKE)" scripts/test.sh
+
+# What the benchmarks and fuzzing build before they run, all in release:
+# the production binary, the bench harness (its binary and the benches), and
+# the fuzz targets. scripts/test.sh builds it in the background while the
+# tests run.
+prebuild: shipped
+	$(CARGO) build --profile harness --locked -p drainshim-bench
+	$(CARGO) bench --profile harness --locked -p drainshim-bench --no-run
+	FUZZ_BUILD_ONLY=1 scripts/fuzz.sh
 
 # The guard's HTTP/2 conformance suite (tests/py/h2_conformance.py):
 # python-h2 and hyperframe peers on either side of the real binary, holding
@@ -49,14 +51,11 @@ shipped:
 	CARGO="$(CARGO)" scripts/build-shipped.sh
 
 # Benchmarks report ratios against a baseline measured in the same run; they
-# assert nothing about speed. Release build. The guard and the shim they
-# measure are the production binary (shipped); the backends and the relay are
-# drainshim-bench's, and failopen's shim the release drainshim (release-bin).
-bench: tools shipped release-bin
-	$(CARGO) bench --locked -p drainshim-bench --bench footprint
-	$(CARGO) bench --locked -p drainshim-bench --bench guard
-	$(CARGO) bench --locked -p drainshim-bench --bench failopen
-	$(CARGO) bench --locked -p drainshim-bench --bench websocket
+# assert nothing about speed. What they measure is the production binary
+# (shipped: the guard, the sidecar); the backends, load clients and the relay
+# are drainshim-bench's, built in the harness profile.
+bench: tools shipped
+	DRAINSHIM_BIN=$(SHIPPED_BIN) $(CARGO) bench --profile harness --locked -p drainshim-bench --bench footprint --bench guard --bench failopen --bench websocket
 	$(MAKE) bench-reconnect
 	$(MAKE) bench-node
 	$(MAKE) bench-fleet
@@ -68,15 +67,7 @@ bench: tools shipped release-bin
 bench-allocator: envoy h2load
 	CARGO="$(CARGO)" scripts/build-shipped.sh
 	CARGO="$(CARGO)" scripts/build-shipped.sh --allocator mimalloc
-	$(CARGO) bench --locked -p drainshim-bench --bench allocator
-
-# The release drainshim, beside the release drainshim-bench in
-# target/release/: what the soaks, node-scale, the fleet bench and failopen run.
-# Both in one build: `-p drainshim` alone resolves its dependencies' features
-# without drainshim-bench's, so the two would each compile the dependency
-# graph (about 4 minutes apiece on two cores).
-release-bin:
-	$(CARGO) build --release --locked --workspace
+	$(CARGO) bench --profile harness --locked -p drainshim-bench --bench allocator
 
 # The restarted pod's 500 gRPC streams, then 500 WebSockets (each its own
 # connection through Envoy to the guard, opened in one burst), through real
@@ -100,7 +91,7 @@ bench-reconnect: envoy
 # streams through the agent's guards (about twice as fast: no Envoy hop), and
 # every 30 s one pod drained through the agent and replaced.
 # Longer: `drainshim bench soak [--node] --duration 24h`.
-bench-soak: envoy release-bin
+bench-soak: envoy shipped
 	$(BENCH) soak --streams 1000 --duration 6m --until-recycled 100000
 	$(BENCH) soak --node --streams 1000 --duration 6m --until-recycled 100000 --drain-every 30s
 
@@ -110,7 +101,7 @@ bench-soak: envoy release-bin
 # skew, verify and plan against both: wall time, peak RSS, queries, bytes.
 # Exits 1 if the stores' answers differ or the plan misreads the history.
 # About 9 GB of scratch files in $TMPDIR while it runs.
-bench-fleet: prometheus release-bin
+bench-fleet: prometheus shipped
 	$(BENCH) fleet
 
 # Everything the tests run against. Envoy, Prometheus and the deploy tools
@@ -162,6 +153,6 @@ deploy-rules: deploy-tools
 
 # Node mode at scale (root): 100 pod namespaces, discovery time, RSS, idle CPU;
 # then 100 guarded pods: the agent's guards against one sidecar guard per pod.
-bench-node: release-bin
+bench-node: shipped
 	$(BENCH) node-scale --pods 100
 	$(BENCH) node-scale --pods 100 --guards

@@ -3,7 +3,9 @@
 #
 #   scripts/fuzz.sh [seconds-per-target] [target...]
 #
-# Default: 20 s per target, every target (what `make fuzz-ci` runs in CI).
+# Default: 20 s per target, every target (what `make fuzz-ci` runs in CI), as
+# many targets at once as there are cores (FUZZ_JOBS). FUZZ_BUILD_ONLY=1
+# builds the targets and stops.
 # Prints the executions per target and exits non-zero if any target crashed,
 # hung past -timeout, or ran out of memory; the input that did it is kept in
 # fuzz/artifacts/<target>/ (reproduce: the target binary with that file).
@@ -47,23 +49,23 @@ build_start=$SECONDS
 RUSTC_BOOTSTRAP=1 "$cargo_fuzz" fuzz build --sanitizer none --target-dir "$target_dir" --target "$triple" \
   --codegen-units "${FUZZ_CODEGEN_UNITS:-16}" >&2
 echo "fuzz: built ${#targets[@]} targets in $((SECONDS - build_start)) s" >&2
+# FUZZ_BUILD_ONLY=1: the build alone (make test builds early, in the background).
+[[ ${FUZZ_BUILD_ONLY:-0} == 1 ]] && exit 0
 
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
-failed=()
-results=()
-for t in "${targets[@]}"; do
-  bin=$target_dir/$triple/release/$t
-  [[ -x $bin ]] || { echo "fuzz: no binary for target $t" >&2; exit 1; }
+
+# One target: runs it, writes its result line to $logs/<t>.result and, if it
+# failed, its exit code to $logs/<t>.failed.
+fuzz_one() {
+  local t=$1 bin=$target_dir/$triple/release/$1 corpus start took rc=0 execs
   # The working corpus grows run by run and stays out of git; the seeds are
   # read only.
   corpus=${DRAINSHIM_CACHE:-$root/.cache}/fuzz-corpus/$t
   mkdir -p "$corpus" "$root/fuzz/artifacts/$t"
-  dirs=("$corpus")
+  local dirs=("$corpus")
   [[ -d $root/fuzz/seeds/$t ]] && dirs+=("$root/fuzz/seeds/$t")
-  echo "fuzz: $t for ${seconds} s" >&2
   start=$SECONDS
-  rc=0
   "$bin" -max_total_time="$seconds" -rss_limit_mb="$rss_limit_mb" -timeout="$input_timeout" \
     -print_final_stats=1 -artifact_prefix="$root/fuzz/artifacts/$t/" "${dirs[@]}" \
     >"$logs/$t.log" 2>&1 || rc=$?
@@ -73,12 +75,41 @@ for t in "${targets[@]}"; do
   [[ -n $execs ]] || execs=$(sed -n 's/^#\([0-9]*\).*DONE.*/\1/p' "$logs/$t.log" | tail -1)
   execs=${execs:-0}
   if [[ $rc -ne 0 ]]; then
-    failed+=("$t")
-    echo "fuzz: $t FAILED (exit $rc); its log ends:" >&2
-    tail -40 "$logs/$t.log" >&2
-    results+=("$(printf '%-12s %8s s %12s execs  FAILED (exit %d)' "$t" "$took" "$execs" "$rc")")
+    echo "$rc" >"$logs/$t.failed"
+    printf '%-12s %8s s %12s execs  FAILED (exit %d)\n' "$t" "$took" "$execs" "$rc" >"$logs/$t.result"
   else
-    results+=("$(printf '%-12s %8s s %12s execs  %8s/s' "$t" "$took" "$execs" "$((execs / (took > 0 ? took : 1)))")")
+    printf '%-12s %8s s %12s execs  %8s/s\n' "$t" "$took" "$execs" "$((execs / (took > 0 ? took : 1)))" >"$logs/$t.result"
+  fi
+}
+
+# Each target is one libFuzzer process on one core: as many at once as
+# there are cores (FUZZ_JOBS), so the run takes targets x seconds / cores.
+jobs=${FUZZ_JOBS:-$(nproc)}
+[[ $jobs =~ ^[0-9]+$ && $jobs -gt 0 ]] || { echo "fuzz: FUZZ_JOBS must be a positive number" >&2; exit 64; }
+running=0
+for t in "${targets[@]}"; do
+  [[ -x $target_dir/$triple/release/$t ]] || { echo "fuzz: no binary for target $t" >&2; exit 1; }
+done
+for t in "${targets[@]}"; do
+  if ((running >= jobs)); then
+    wait -n || true
+    running=$((running - 1))
+  fi
+  echo "fuzz: $t for ${seconds} s" >&2
+  fuzz_one "$t" &
+  running=$((running + 1))
+done
+wait || true
+
+failed=()
+results=()
+for t in "${targets[@]}"; do
+  [[ -f $logs/$t.result ]] || { echo "fuzz: $t left no result" >&2; failed+=("$t"); continue; }
+  results+=("$(cat "$logs/$t.result")")
+  if [[ -f $logs/$t.failed ]]; then
+    failed+=("$t")
+    echo "fuzz: $t FAILED (exit $(cat "$logs/$t.failed")); its log ends:" >&2
+    tail -40 "$logs/$t.log" >&2
   fi
 done
 

@@ -40,11 +40,24 @@ pub fn free_port() -> std::io::Result<u16> {
         .port())
 }
 
-/// The `drainshim` binary beside this one (both are in target/<profile>/
-/// after `cargo build --workspace`, and an install puts them side by side):
-/// what the soaks, node-scale and the fleet bench run as the sidecar, the
-/// agent and the fleet commands.
+/// The `drainshim` binary the benchmarks run as the sidecar, the agent and
+/// the fleet commands (the soaks, node-scale, the fleet bench, failopen):
+/// `DRAINSHIM_BIN` if set (`make bench` names the production build,
+/// target/shipped/drainshim), else the one beside this binary (both are in
+/// target/<profile>/ after `cargo build --workspace`, and an install puts
+/// them side by side).
 pub fn drainshim_binary() -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os(DRAINSHIM_BIN) {
+        let path = PathBuf::from(path);
+        return if path.is_file() {
+            Ok(path)
+        } else {
+            Err(format!(
+                "{DRAINSHIM_BIN}={}: no such file (build it, e.g. scripts/build-shipped.sh)",
+                path.display()
+            ))
+        };
+    }
     let exe = std::env::current_exe().map_err(|e| format!("finding this executable: {e}"))?;
     let beside = exe.with_file_name("drainshim");
     if beside.is_file() {
@@ -52,11 +65,14 @@ pub fn drainshim_binary() -> Result<PathBuf, String> {
     } else {
         Err(format!(
             "no drainshim binary at {}: build it beside this one \
-             (`cargo build --workspace`, with the same profile)",
+             (`cargo build --workspace`, with the same profile), or name one in {DRAINSHIM_BIN}",
             beside.display()
         ))
     }
 }
+
+/// The variable naming the `drainshim` binary to run ([`drainshim_binary`]).
+pub const DRAINSHIM_BIN: &str = "DRAINSHIM_BIN";
 
 /// Generated protobuf and gRPC types of the bench protocol (build.rs).
 pub mod proto {

@@ -14,19 +14,23 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-/// The release drainshim-bench binary built for this bench run: the
+/// The drainshim-bench binary built for this bench run (its profile): the
 /// helpers (`server`, `app`, `relay`), never the process being measured.
 pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_drainshim-bench"))
 }
 
-/// The release `drainshim` beside [`bin`] (target/release/drainshim; `cargo
-/// bench -p drainshim-bench` does not build it, `make bench` does).
+/// The `drainshim` the bench runs as a whole sidecar (failopen): the one
+/// `DRAINSHIM_BIN` names (`make bench`: the production build), else the one
+/// beside [`bin`] (`cargo build --workspace` with the bench's profile).
 pub fn drainshim() -> PathBuf {
-    let path = bin().with_file_name("drainshim");
+    let path = std::env::var_os(drainshim_bench::DRAINSHIM_BIN)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| bin().with_file_name("drainshim"));
     assert!(
         path.is_file(),
-        "{}: missing; build it with `cargo build --release -p drainshim` (make bench does)",
+        "{}: missing; build it (scripts/build-shipped.sh, or `cargo build --workspace` \
+         with this bench's profile), or name it in DRAINSHIM_BIN (make bench does)",
         path.display()
     );
     path
