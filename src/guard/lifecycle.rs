@@ -526,24 +526,22 @@ mod tests {
             spread: s(2),
             ..settings(t0)
         };
+        // The age: the GOAWAY, and the endings at once.
+        let aged = [
+            (1, Input::Streams(1), None),
+            (
+                100,
+                Input::AgeReached,
+                Some(ConnAction::Goaway(Cause::MaxAge)),
+            ),
+            (100, Input::GraceOver, Some(ConnAction::EndStreams)),
+        ];
+        let late = [aged.as_slice(), &[(100, Input::StreamAccepted, None)]].concat();
         for (ack, closing) in [
             (Input::Acked, ConnPhase::Closing { acked: true }),
             (Input::AckTimedOut, ConnPhase::Closing { acked: false }),
         ] {
-            let mut m = run(
-                st,
-                t0,
-                &[
-                    (1, Input::Streams(1), None),
-                    (
-                        100,
-                        Input::AgeReached,
-                        Some(ConnAction::Goaway(Cause::MaxAge)),
-                    ),
-                    (100, Input::GraceOver, Some(ConnAction::EndStreams)),
-                    (100, Input::StreamAccepted, None),
-                ],
-            );
+            let mut m = run(st, t0, &late);
             assert_eq!(m.end_window(t0 + s(100)), s(2), "the whole spread");
             let late = t0 + s(100) + Duration::from_millis(500);
             assert_eq!(m.step(ack, late), Some(ConnAction::EndStreams), "{ack:?}");
@@ -556,19 +554,7 @@ mod tests {
             assert_eq!(m.step(ack, late), None, "once");
         }
         // No stream came after the endings began: the ack asks for nothing.
-        let mut m = run(
-            st,
-            t0,
-            &[
-                (1, Input::Streams(1), None),
-                (
-                    100,
-                    Input::AgeReached,
-                    Some(ConnAction::Goaway(Cause::MaxAge)),
-                ),
-                (100, Input::GraceOver, Some(ConnAction::EndStreams)),
-            ],
-        );
+        let mut m = run(st, t0, &aged);
         assert_eq!(m.step(Input::Acked, t0 + s(100)), None);
         // Before the grace's end, the ack asks for nothing: the endings to
         // come take every stream.

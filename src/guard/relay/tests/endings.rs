@@ -379,14 +379,7 @@ async fn a_stream_that_arrives_after_the_max_age_endings_began_is_ended_too() {
     r.timers(now).expect("the grace");
     assert!(r.life.machine().awaits_ack());
     // The client's next stream, sent before it read the GOAWAY.
-    let request = wire::literal_block(&[
-        (":method", "POST"),
-        (":scheme", "http"),
-        (":path", "/x.Y/Z"),
-        (":authority", "app"),
-        ("content-type", "application/grpc"),
-        ("te", "trailers"),
-    ]);
+    let request = grpc_request();
     wire::put(
         &mut r.client.read,
         wire::HEADERS,

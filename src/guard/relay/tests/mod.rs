@@ -239,6 +239,18 @@ fn an_extended_connect_becomes_a_request_head() {
     );
 }
 
+/// A gRPC request's header block, as a client sends it.
+fn grpc_request() -> Vec<u8> {
+    wire::literal_block(&[
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/x.Y/Z"),
+        (":authority", "app"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ])
+}
+
 /// A relay past its handshake with `n` gRPC server streams open (ids 1, 3,
 /// ...), each answered with two messages, so each is long-lived, at a
 /// boundary and endable; what either side was sent so far is cleared.
@@ -249,14 +261,7 @@ fn streams_open<'a>(guard: &'a Handle, n: u32, now: Instant) -> Relay<'a> {
     wire::put(&mut r.app.read, wire::SETTINGS, 0, 0, &[]);
     r.app_frames(now).expect("the app's SETTINGS");
     r.client_frames(now).expect("the client's preface");
-    let request = wire::literal_block(&[
-        (":method", "POST"),
-        (":scheme", "http"),
-        (":path", "/x.Y/Z"),
-        (":authority", "app"),
-        ("content-type", "application/grpc"),
-        ("te", "trailers"),
-    ]);
+    let request = grpc_request();
     let head = wire::literal_block(&[(":status", "200"), ("content-type", "application/grpc")]);
     let message = [0u8, 0, 0, 0, 1, 7];
     for id in (1..2 * n).step_by(2) {
