@@ -70,8 +70,8 @@ async fn status(shim: SocketAddr) -> Option<Status> {
 /// drain runs to its deadline, says `envoy_unreachable` with the admin
 /// error, and counts what Envoy last had open as cut (the kill closed those
 /// connections without a goodbye). The report says when the counts were
-/// last read. No call fails before the kill, but for those whose
-/// connection Envoy's own drain closed before they were sent
+/// last read. No call fails before the kill, but for those the client
+/// itself failed as Envoy's own drain shut their connection down
 /// (`support::load::Outcome::Unsent`); after it, with nothing to restart
 /// Envoy, the calls fail (counted and printed, not asserted).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -125,8 +125,8 @@ async fn a_failed_health_check_with_listeners_up_is_recovered() {
 /// Envoy's health check is never restored. Unary calls run through Envoy
 /// from before the drain: the shim's restart touches nothing of the data
 /// path, and no call fails or hangs while Envoy's inbound listener is up,
-/// but for those whose connection Envoy's own drain closed before they were
-/// sent (`support::load::Outcome::Unsent`). Once the drain has stopped the
+/// but for those the client itself failed as Envoy's own drain shut their
+/// connection down (`support::load::Outcome::Unsent`). Once the drain has stopped the
 /// listener, new calls are refused (counted and printed, not asserted).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_running_at_start_is_never_undone() {

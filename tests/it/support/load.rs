@@ -39,11 +39,16 @@ pub const SLOW_MS: u32 = 20;
 pub enum Outcome {
     Ok,
     Failed(String),
-    /// Failed before it left the client: hyper had queued it on a
-    /// connection the server closed (Envoy's drain closes each HTTP/2
-    /// connection after its GOAWAY). tonic does not send it again; a client
-    /// that retries what it never sent (gRPC's transparent retry, hyper-util's
-    /// `retry_canceled_requests`) would. A failure all the same.
+    /// Failed by the client's own connection handling as the server shut
+    /// the connection down gracefully (Envoy's drain sends GOAWAY, then
+    /// closes each HTTP/2 connection), with no answer from the server:
+    /// hyper had queued the call on the closed connection (canceled), or
+    /// was handing it to h2 as the GOAWAY(NO_ERROR) landed and failed it
+    /// then (hyper's ClientTask looks at the connection once more after
+    /// `send_request`). tonic does not send either again; a client that
+    /// retries what was never answered for this reason (gRPC's transparent
+    /// retry, hyper-util's `retry_canceled_requests`) would. A failure all
+    /// the same.
     Unsent(String),
     Hung(String),
 }
@@ -181,14 +186,20 @@ fn causes(e: &(dyn std::error::Error + 'static)) -> String {
     all.join(": ")
 }
 
-/// Whether hyper canceled the call before writing it (its connection
-/// closed while the call waited on it).
+/// Whether the client failed the call itself as its connection was shut
+/// down gracefully (see [`Outcome::Unsent`]): hyper canceled it before
+/// writing it, or it failed with the server's GOAWAY(NO_ERROR).
 fn never_sent(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cause = e.source();
     while let Some(c) = cause {
         if c.downcast_ref::<hyper::Error>()
             .is_some_and(hyper::Error::is_canceled)
         {
+            return true;
+        }
+        if c.downcast_ref::<h2::Error>().is_some_and(|h| {
+            h.is_go_away() && h.is_remote() && h.reason() == Some(h2::Reason::NO_ERROR)
+        }) {
             return true;
         }
         cause = c.source();
