@@ -25,7 +25,8 @@ use tokio::time::Instant;
 /// retryable UNAVAILABLE); a GOAWAY right behind the answer raced the
 /// client's own bookkeeping: hyper fails a request it has just sent when a
 /// GOAWAY(2^31-1) lands before it looks at the connection again, with
-/// `GoAway(NO_ERROR)` instead of the answer the guard sent.
+/// `GoAway(NO_ERROR)` instead of the answer the guard sent
+/// (hyperium/hyper#2500).
 pub const TERMINATING_IDLE: Duration = Duration::from_secs(1);
 
 /// Why a connection is going away.
