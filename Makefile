@@ -17,13 +17,15 @@ BENCH = DRAINSHIM_BIN=$(SHIPPED_BIN) $(HARNESS)
 demo: envoy
 	$(HARNESS) demo
 
-test: tools lint deploy-check
+# Every test, lint and benchmark, with what they need installed first
+# (scripts/test.sh says how, phase by phase).
+test:
 	CARGO="$(CARGO)" MAKE="$(MAKE)" scripts/test.sh
 
 # What the benchmarks and fuzzing build before they run, all in release:
 # the production binary, the bench harness (its binary and the benches), and
 # the fuzz targets. scripts/test.sh builds it in the background while the
-# tests run.
+# tools install and the tests run.
 prebuild: shipped
 	$(CARGO) build --profile harness --locked -p drainshim-bench
 	$(CARGO) bench --profile harness --locked -p drainshim-bench --no-run

@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# What `make test` runs once the tools are installed and the code is linted
-# (`make tools lint deploy-check`), in order, saying when each phase starts:
+# What `make test` runs, in order, saying when each phase starts:
 #
-#   1. the debug build, then the unit and integration tests, one test at a
+#   1. the tools the tests run against (`make tools`: Envoy, Prometheus, the
+#      peers, ...), the lints and the deploy checks;
+#   2. the debug build, then the unit and integration tests, one test at a
 #      time (several measure timing against real Envoy), then the HTTP/2
 #      conformance suite and the webhook tests;
-#   2. the benchmarks (`make bench`), which measure the production binary;
-#   3. the fuzz targets (`make fuzz-ci`).
+#   3. the benchmarks (`make bench`), which measure the production binary;
+#   4. the fuzz targets (`make fuzz-ci`).
 #
-# The release builds that 2 and 3 need (the production binary, the bench
-# harness, the fuzz targets: about ten minutes of both cores) start in the
-# background as soon as the debug build is done, at the lowest CPU priority,
-# and run while the tests wait on their drains and timers. The tests must
-# pass on a loaded two-core machine anyway; the builds take only what the
-# tests leave. Their log is target/prebuild.log; they are waited for (and
-# their failure reported) before the benchmarks, and stopped if a test fails.
+# The release builds that 3 and 4 need (the production binary, the bench
+# harness, the fuzz targets: about ten minutes of both cores) start first,
+# in the background at the lowest CPU priority, and run while 1 downloads
+# and installs and while the tests wait on their drains and timers. The
+# tests must pass on a loaded two-core machine anyway; the builds take only
+# what the rest leaves. Their log is target/prebuild.log; they are waited
+# for (and their failure reported) before the benchmarks, and stopped if
+# anything before fails.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,9 +25,7 @@ cargo=${CARGO:-cargo}
 make=${MAKE:-make}
 phase() { echo "make test: $(date +%T) $*"; }
 
-phase "debug build"
-"$cargo" build --locked --workspace
-
+mkdir -p target
 log=target/prebuild.log
 phase "background, at low priority: the release builds for the benchmarks and fuzzing ($log)"
 # Its own session, so a failed test stops the whole build (cargo, rustc).
@@ -34,6 +34,10 @@ prebuild=$!
 stop_prebuild() { kill -- "-$prebuild" 2>/dev/null || true; }
 trap stop_prebuild EXIT
 
+phase "tools, lints and deploy checks"
+"$make" --no-print-directory tools lint deploy-check
+phase "debug build"
+"$cargo" build --locked --workspace
 phase "unit and integration tests (about 11 minutes)"
 # drainshim-bench sits beside target/debug/drainshim: tests run `drainshim
 # bench server`, which execs it. The peer matrix (tests/it/peer_matrix/)
