@@ -12,7 +12,7 @@ SHIPPED_BIN := $(CURDIR)/target/shipped/drainshim
 HARNESS = $(CARGO) run --profile harness --locked --quiet -p drainshim-bench --
 BENCH = DRAINSHIM_BIN=$(SHIPPED_BIN) $(HARNESS)
 
-.PHONY: demo test prebuild conformance webhook-test shipped bench bench-allocator bench-reconnect bench-node bench-fleet envoy prometheus h2load pytools peers lint tools deploy-check deploy-tools deploy-rules fuzz-ci
+.PHONY: demo test conformance webhook-test shipped bench bench-allocator bench-reconnect bench-node bench-fleet envoy prometheus h2load pytools peers lint tools deploy-check deploy-tools deploy-rules fuzz-ci
 
 demo: envoy
 	$(HARNESS) demo
@@ -21,15 +21,6 @@ demo: envoy
 # (scripts/test.sh says how, phase by phase).
 test:
 	CARGO="$(CARGO)" MAKE="$(MAKE)" scripts/test.sh
-
-# What the benchmarks and fuzzing build before they run, all in release:
-# the production binary, the bench harness (its binary and the benches), and
-# the fuzz targets. scripts/test.sh builds it in the background while the
-# tools install and the tests run.
-prebuild: shipped
-	$(CARGO) build --profile harness --locked -p drainshim-bench
-	$(CARGO) bench --profile harness --locked -p drainshim-bench --no-run
-	FUZZ_BUILD_ONLY=1 scripts/fuzz.sh
 
 # The guard's HTTP/2 conformance suite (tests/py/h2_conformance.py):
 # python-h2 and hyperframe peers on either side of the real binary, holding

@@ -4,8 +4,7 @@
 #   scripts/fuzz.sh [seconds-per-target] [target...]
 #
 # Default: 20 s per target, every target (what `make fuzz-ci` runs in CI), as
-# many targets at once as there are cores (FUZZ_JOBS). FUZZ_BUILD_ONLY=1
-# builds the targets and stops.
+# many targets at once as there are cores (FUZZ_JOBS).
 # Prints the executions per target and exits non-zero if any target crashed,
 # hung past -timeout, or ran out of memory; the input that did it is kept in
 # fuzz/artifacts/<target>/ (reproduce: the target binary with that file).
@@ -49,8 +48,6 @@ build_start=$SECONDS
 RUSTC_BOOTSTRAP=1 "$cargo_fuzz" fuzz build --sanitizer none --target-dir "$target_dir" --target "$triple" \
   --codegen-units "${FUZZ_CODEGEN_UNITS:-16}" >&2
 echo "fuzz: built ${#targets[@]} targets in $((SECONDS - build_start)) s" >&2
-# FUZZ_BUILD_ONLY=1: the build alone (make test builds early, in the background).
-[[ ${FUZZ_BUILD_ONLY:-0} == 1 ]] && exit 0
 
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
