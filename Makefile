@@ -3,13 +3,13 @@
 #   make test   install what the tests need, then lint and run every test
 SHELL := /bin/bash
 CARGO ?= cargo
-# The benchmarks and the demo: drainshim-bench (bench/), built once in the
-# harness profile (release code without LTO: minutes, not ten; Cargo.toml).
-# What they measure is the production binary, target/shipped/drainshim
-# (`make shipped`): the guard, and the sidecar, agent and fleet commands the
-# soaks, node-scale, failopen and the fleet bench run (DRAINSHIM_BIN).
+# The benchmarks and the demo: drainshim-bench (bench/), release build. What
+# they measure is the production binary, target/shipped/drainshim (`make
+# shipped`): the guard, and the sidecar, agent and fleet commands the soaks,
+# node-scale, failopen and the fleet bench run (DRAINSHIM_BIN). No release
+# build of drainshim itself is needed beside it.
 SHIPPED_BIN := $(CURDIR)/target/shipped/drainshim
-HARNESS = $(CARGO) run --profile harness --locked --quiet -p drainshim-bench --
+HARNESS = $(CARGO) run --release --locked --quiet -p drainshim-bench --
 BENCH = DRAINSHIM_BIN=$(SHIPPED_BIN) $(HARNESS)
 
 .PHONY: demo test conformance webhook-test shipped bench bench-allocator bench-reconnect bench-node bench-fleet envoy prometheus h2load pytools peers lint tools deploy-check deploy-tools deploy-rules fuzz-ci
@@ -46,9 +46,9 @@ shipped:
 # Benchmarks report ratios against a baseline measured in the same run; they
 # assert nothing about speed. What they measure is the production binary
 # (shipped: the guard, the sidecar); the backends, load clients and the relay
-# are drainshim-bench's, built in the harness profile.
+# are drainshim-bench's.
 bench: tools shipped
-	DRAINSHIM_BIN=$(SHIPPED_BIN) $(CARGO) bench --profile harness --locked -p drainshim-bench --bench footprint --bench guard --bench failopen --bench websocket
+	DRAINSHIM_BIN=$(SHIPPED_BIN) $(CARGO) bench --locked -p drainshim-bench --bench footprint --bench guard --bench failopen --bench websocket
 	$(MAKE) bench-reconnect
 	$(MAKE) bench-node
 	$(MAKE) bench-fleet
@@ -60,7 +60,7 @@ bench: tools shipped
 bench-allocator: envoy h2load
 	CARGO="$(CARGO)" scripts/build-shipped.sh
 	CARGO="$(CARGO)" scripts/build-shipped.sh --allocator mimalloc
-	$(CARGO) bench --profile harness --locked -p drainshim-bench --bench allocator
+	$(CARGO) bench --locked -p drainshim-bench --bench allocator
 
 # The restarted pod's 500 gRPC streams, then 500 WebSockets (each its own
 # connection through Envoy to the guard, opened in one burst), through real

@@ -8,7 +8,7 @@
 #      time (several measure timing against real Envoy), then the HTTP/2
 #      conformance suite and the webhook tests;
 #   3. the benchmarks (`make bench`), which build and measure the production
-#      binary, with the harness built once in its own profile;
+#      binary;
 #   4. the fuzz targets (`make fuzz-ci`).
 #
 # One phase at a time: the machine is the tests' alone while they run. (The
