@@ -10,9 +10,10 @@ CARGO ?= cargo
 # build of drainshim itself is needed beside it.
 SHIPPED_BIN := $(CURDIR)/target/shipped/drainshim
 HARNESS = $(CARGO) run --release --locked --quiet -p drainshim-bench --
+BENCHES = --bench footprint --bench guard --bench failopen --bench websocket
 BENCH = DRAINSHIM_BIN=$(SHIPPED_BIN) $(HARNESS)
 
-.PHONY: demo test conformance webhook-test shipped bench bench-allocator bench-reconnect bench-node bench-fleet envoy prometheus h2load pytools peers lint tools deploy-check deploy-tools deploy-rules fuzz-ci
+.PHONY: demo test clippy deny bench-build fuzz-build conformance webhook-test shipped bench bench-allocator bench-reconnect bench-node bench-fleet envoy prometheus h2load pytools peers lint tools deploy-check deploy-tools deploy-rules fuzz-ci
 
 demo: envoy
 	$(HARNESS) demo
@@ -43,12 +44,18 @@ webhook-test: pytools
 shipped:
 	CARGO="$(CARGO)" scripts/build-shipped.sh
 
+# The bench harness, its binary and the benches make bench runs (release),
+# built without running anything.
+bench-build:
+	$(CARGO) build --release --locked -p drainshim-bench
+	$(CARGO) bench --locked -p drainshim-bench --no-run $(BENCHES)
+
 # Benchmarks report ratios against a baseline measured in the same run; they
 # assert nothing about speed. What they measure is the production binary
 # (shipped: the guard, the sidecar); the backends, load clients and the relay
 # are drainshim-bench's.
-bench: tools shipped
-	DRAINSHIM_BIN=$(SHIPPED_BIN) $(CARGO) bench --locked -p drainshim-bench --bench footprint --bench guard --bench failopen --bench websocket
+bench: tools shipped bench-build
+	DRAINSHIM_BIN=$(SHIPPED_BIN) $(CARGO) bench --locked -p drainshim-bench $(BENCHES)
 	$(MAKE) bench-reconnect
 	$(MAKE) bench-node
 	$(MAKE) bench-fleet
@@ -123,13 +130,23 @@ peers:
 
 lint:
 	$(CARGO) fmt --all --check
+	$(MAKE) --no-print-directory clippy deny
+
+clippy:
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+# Licenses, bans and sources of every dependency (cargo-deny, into .cache/).
+deny:
 	scripts/deny.sh
 
 # Every libFuzzer target in fuzz/ for 20 s each (cargo-fuzz, installed into
 # .cache/); fails on any crash. Longer: scripts/fuzz.sh SECONDS [TARGET...].
 fuzz-ci:
 	scripts/fuzz.sh 20
+
+# Only the build of the fuzz targets (make test runs it in the background).
+fuzz-build:
+	scripts/fuzz.sh --build-only
 
 # deploy/ and the Dockerfile: kustomize builds, Kubernetes schemas, drain
 # budgets, Envoy bootstraps, promtool, hadolint (scripts/check-deploy.sh).

@@ -2,6 +2,7 @@
 # Builds every libFuzzer target in fuzz/ and runs each for a fixed time.
 #
 #   scripts/fuzz.sh [seconds-per-target] [target...]
+#   scripts/fuzz.sh --build-only     (build every target, run none)
 #
 # Default: 20 s per target, every target (what `make fuzz-ci` runs in CI), as
 # many targets at once as there are cores (FUZZ_JOBS).
@@ -21,6 +22,11 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
+build_only=false
+if [[ ${1:-} == --build-only ]]; then
+  build_only=true
+  shift
+fi
 seconds=${1:-20}
 shift || true
 [[ $seconds =~ ^[0-9]+$ && $seconds -gt 0 ]] || { echo "usage: $0 [seconds-per-target] [target...]" >&2; exit 64; }
@@ -48,6 +54,7 @@ build_start=$SECONDS
 RUSTC_BOOTSTRAP=1 "$cargo_fuzz" fuzz build --sanitizer none --target-dir "$target_dir" --target "$triple" \
   --codegen-units "${FUZZ_CODEGEN_UNITS:-16}" >&2
 echo "fuzz: built ${#targets[@]} targets in $((SECONDS - build_start)) s" >&2
+$build_only && exit 0
 
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
