@@ -45,10 +45,11 @@ shipped:
 	CARGO="$(CARGO)" scripts/build-shipped.sh
 
 # The bench harness, its binary and the benches make bench runs (release),
-# built without running anything.
+# built without running anything. cargo bench builds the binary too, so its
+# fat-LTO link runs beside the benches' links, one per core.
 bench-build:
-	$(CARGO) build --release --locked -p drainshim-bench
 	$(CARGO) bench --locked -p drainshim-bench --no-run $(BENCHES)
+	$(CARGO) build --release --locked -p drainshim-bench
 
 # Benchmarks report ratios against a baseline measured in the same run; they
 # assert nothing about speed. What they measure is the production binary

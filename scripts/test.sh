@@ -6,12 +6,13 @@
 #      peers, ...; mostly downloads) beside the debug and test builds;
 #   2. while the unit and integration tests run, one test at a time (several
 #      measure timing against real Envoy, and most of their time is spent
-#      waiting on drain windows: the two cores are 80 % idle), the rest of
-#      the work that needs no quiet machine runs at idle priority: clippy,
-#      cargo-deny, the deploy checks, and the release builds the benchmarks
-#      and fuzzing need (the production binary, the bench harness, the fuzz
-#      targets). Their logs are in target/make-test/; the tests take the
-#      cores whenever they want them;
+#      waiting on drain windows: they leave the two cores 83 % idle), the
+#      rest of the work that needs no quiet machine runs at idle priority:
+#      the release builds the benchmarks and fuzzing need (the production
+#      binary, the bench harness, the fuzz targets; the first two start
+#      with phase 1), clippy, cargo-deny and the deploy checks. Their logs
+#      are in target/make-test/; the tests take the cores whenever they want
+#      them;
 #   3. the HTTP/2 conformance suite and the webhook tests;
 #   4. once the background work is done, the benchmarks (`make bench`) on a
 #      machine that runs nothing else;
@@ -67,25 +68,29 @@ stop_jobs() {
 trap stop_jobs EXIT
 trap 'exit 130' INT TERM
 
-phase "tools (downloads: $logs/tools.log) beside the debug and test builds"
+sub=("$make" --no-print-directory -j1 CARGO="$cargo")
+phase "tools (downloads: $logs/tools.log) beside the debug and test builds;" \
+  "the release builds at idle priority from now on ($logs/background-release.log)"
 background "$logs/tools.log" "$make" --no-print-directory tools
 tools=$started
-jobs+=("$tools")
+# The release builds use their own target directories (target/shipped-build,
+# target/release), so they never hold a lock the debug and test builds wait on.
+background "$logs/background-release.log" "${idle[@]}" "${sub[@]}" shipped bench-build
+release=$started
+jobs+=("$tools" "$release")
 "$cargo" fmt --all --check
 "$cargo" build --locked --workspace
 "$cargo" test --locked --workspace --no-run
 join "$tools" "$logs/tools.log" "make tools"
 cat "$logs/tools.log"
 
-phase "background, at idle priority: lints, deploy checks, release builds ($logs/background-*.log)"
-# Two jobs side by side, so one's single-threaded link (fat LTO) leaves the
-# other core to the second.
-sub=("$make" --no-print-directory -j1 CARGO="$cargo")
+phase "background, at idle priority: clippy, cargo-deny, deploy checks, the fuzz build ($logs/background-checks.log)"
+# After the debug and test builds: clippy shares their target directory.
+# Beside the release builds, so one's single-threaded link (fat LTO) leaves
+# the other core to the second.
 background "$logs/background-checks.log" "${idle[@]}" "${sub[@]}" clippy deny deploy-check fuzz-build
 checks=$started
-background "$logs/background-release.log" "${idle[@]}" "${sub[@]}" shipped bench-build
-release=$started
-jobs+=("$checks" "$release")
+jobs+=("$checks")
 
 phase "unit and integration tests (about 11 minutes)"
 # drainshim-bench sits beside target/debug/drainshim: tests run `drainshim
