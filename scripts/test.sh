@@ -82,6 +82,7 @@ jobs+=("$tools" "$release")
 "$cargo" build --locked --workspace
 "$cargo" test --locked --workspace --no-run
 join "$tools" "$logs/tools.log" "make tools"
+jobs=("$release") # the tools' session is gone: never signal a reused id
 cat "$logs/tools.log"
 
 phase "background, at idle priority: clippy, cargo-deny, deploy checks, the fuzz build ($logs/background-checks.log)"
