@@ -140,7 +140,7 @@ impl Sse {
 }
 
 /// Follows one response body's boundaries.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Boundaries {
     kind: BodyKind,
     /// gRPC and gRPC-Web message framing (on decoded bytes for -text).

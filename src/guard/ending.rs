@@ -51,9 +51,6 @@ use crate::metrics::{Code, Reason};
 /// write is then furthest away.
 pub(super) const BURST_GAP: Duration = Duration::from_millis(2);
 
-/// Longest wait for the barrier's round trip before an ending goes ahead anyway.
-pub(super) const BARRIER_WAIT: Duration = Duration::from_millis(50);
-
 /// How a stream ended, for metrics and logs.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum StreamOutcome {
@@ -61,6 +58,9 @@ pub(super) enum StreamOutcome {
     Completed,
     /// The guard ended it gracefully (trailers or trailers-only).
     Ended(Reason),
+    /// The guard ended it with trailers, but without the application's
+    /// ack of its cancel within the ending's bound: counted ungraceful.
+    Unconfirmed(Reason),
     /// Ended before it reached the application: refused, safe to retry.
     Refused,
     /// The client reset it or went away.
@@ -81,7 +81,9 @@ pub(super) fn record_outcome(s: &mut signals::Request, grpc: bool, outcome: &Str
         StreamOutcome::Completed => {}
         // gRPC: the guard's `grpc-status: 14`; SSE: a clean end of the body.
         // REFUSED_STREAM: the ending found no safe point in time.
-        StreamOutcome::Ended(_) | StreamOutcome::Reset => s.ended_by_guard(),
+        StreamOutcome::Ended(_) | StreamOutcome::Unconfirmed(_) | StreamOutcome::Reset => {
+            s.ended_by_guard()
+        }
         StreamOutcome::Refused => {
             s.answered_by_guard(Code::UNAVAILABLE, StatusCode::SERVICE_UNAVAILABLE)
         }

@@ -21,7 +21,9 @@ use super::registry::{EndQueue, Refused, Registered, StreamCtl};
 use super::schedule::{jittered_age, spread_offsets};
 use super::upstream::{connect_tcp, Connector, UpstreamError};
 use super::{lifecycle, signals, GuardConfig, Inner};
-use crate::metrics::{Limit, Reason, ReasonLabels, StreamProtocol, TerminatedLabels};
+use crate::metrics::{
+    Dropped, DroppedLabels, Limit, Reason, ReasonLabels, StreamProtocol, TerminatedLabels,
+};
 
 /// A driver's view of the guard. Cheap to clone; every clone is the same
 /// guard.
@@ -101,6 +103,13 @@ impl Handle {
     #[cfg(test)]
     pub fn open_streams(&self) -> Vec<Arc<StreamCtl>> {
         self.inner.registry.open_streams()
+    }
+
+    /// How many streams are registered, those being ended included: what
+    /// a drain waits for. For the relay's unit tests.
+    #[cfg(test)]
+    pub fn registered(&self) -> usize {
+        self.inner.registry.len()
     }
 
     /// The per-request signals.
@@ -260,6 +269,17 @@ impl Handle {
             .streams_blind_ended
             .get_or_create(&TerminatedLabels { reason, protocol })
             .inc();
+    }
+
+    /// Counts one DATA frame of the application's, of `bytes`, that the
+    /// guard dropped (the caller logs it at WARN, with its stream).
+    pub fn record_dropped(&self, reason: Dropped, bytes: usize) {
+        let labels = DroppedLabels { reason };
+        let m = &self.inner.metrics;
+        m.stream_data_dropped.get_or_create(&labels).inc();
+        m.stream_data_dropped_bytes
+            .get_or_create(&labels)
+            .inc_by(bytes as u64);
     }
 
     /// Counts one stream the guard had to end because the connection to

@@ -17,10 +17,10 @@ use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Metric, Registry};
 
 use super::{
-    help, CodeLabels, ConfigLabels, Ending, EndingLabels, FailopenKind, FailopenLabels,
-    GuardRequestLabels, GuardStreamLabels, H2Code, KindLabels, Limit, LimitLabels, Metrics,
-    OutcomeLabels, ProtocolLabels, Reason, ReasonLabels, TerminatedLabels, VersionLabels, CODES,
-    DRAIN_OUTCOMES, STREAM_PROTOCOLS, TCP_RESET_KINDS,
+    help, CodeLabels, ConfigLabels, Dropped, DroppedLabels, Ending, EndingLabels, FailopenKind,
+    FailopenLabels, GuardRequestLabels, GuardStreamLabels, H2Code, KindLabels, Limit, LimitLabels,
+    Metrics, OutcomeLabels, ProtocolLabels, Reason, ReasonLabels, TerminatedLabels, VersionLabels,
+    CODES, DRAIN_OUTCOMES, STREAM_PROTOCOLS, TCP_RESET_KINDS,
 };
 
 /// One metric family of [`Metrics`].
@@ -151,13 +151,17 @@ fn terminated_labels(_: &Metrics) -> Vec<TerminatedLabels> {
     all
 }
 
+fn dropped_labels(_: &Metrics) -> Vec<DroppedLabels> {
+    Dropped::ALL.map(|reason| DroppedLabels { reason }).to_vec()
+}
+
 fn version_labels(m: &Metrics) -> Vec<VersionLabels> {
     let versions = m.versions().into_iter();
     versions.map(|version| VersionLabels { version }).collect()
 }
 
 /// Every family of `Metrics`, in the exposition's order.
-pub static FAMILIES: [Def; 25] = [
+pub static FAMILIES: [Def; 27] = [
     Def {
         desc: help::DRAINS,
         node: Node::PerPod,
@@ -294,6 +298,24 @@ pub static FAMILIES: [Def; 25] = [
         reach: &Labeled {
             family: |m: &Metrics| &m.streams_blind_ended,
             known: terminated_labels,
+            zeroed: true,
+        },
+    },
+    Def {
+        desc: help::STREAM_DATA_DROPPED,
+        node: Node::PerPod,
+        reach: &Labeled {
+            family: |m: &Metrics| &m.stream_data_dropped,
+            known: dropped_labels,
+            zeroed: true,
+        },
+    },
+    Def {
+        desc: help::STREAM_DATA_DROPPED_BYTES,
+        node: Node::PerPod,
+        reach: &Labeled {
+            family: |m: &Metrics| &m.stream_data_dropped_bytes,
+            known: dropped_labels,
             zeroed: true,
         },
     },

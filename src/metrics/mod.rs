@@ -150,6 +150,32 @@ impl Limit {
     ];
 }
 
+/// Why the stream guard dropped DATA the application sent
+/// (`drainshim_stream_data_dropped_total{reason}`): each is a message the
+/// client never got. 0 is the promise; the peer matrix holds it there.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Dropped {
+    /// DATA for a stream whose end the guard had already sent the client
+    /// (an ending whose barrier was never acked in time, or a reset).
+    after_end,
+    /// The start of a message the application's stack cut short once it
+    /// read the guard's cancel: the client never gets half a message.
+    partial_message,
+}
+
+impl Dropped {
+    /// Every reason, for node mode and the zeroed series.
+    pub const ALL: [Dropped; 2] = [Dropped::after_end, Dropped::partial_message];
+}
+
+/// Why application DATA was dropped (`drainshim_stream_data_dropped_total`,
+/// `drainshim_stream_data_dropped_bytes_total`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DroppedLabels {
+    pub reason: Dropped,
+}
+
 /// An HTTP/2 error code by its RFC 9113 name (§7), for
 /// `drainshim_guard_app_goaways_total{code}`; `unknown` for a code the RFC
 /// does not name (a peer may send any, and the label set stays closed).
@@ -495,6 +521,10 @@ pub struct Metrics {
     /// `drainshim_streams_blind_ended_total{reason,protocol}`: endings begun
     /// at a moment no write of the application timed.
     pub streams_blind_ended: Family<TerminatedLabels, Counter>,
+    /// `drainshim_stream_data_dropped_total{reason}`: DATA frames of the
+    /// application's the guard dropped, and their bytes (`_bytes_total`).
+    pub stream_data_dropped: Family<DroppedLabels, Counter>,
+    pub stream_data_dropped_bytes: Family<DroppedLabels, Counter>,
     /// `drainshim_envoy_config_updates_total`: xDS acceptance per proxy version, mirrored from Envoy.
     pub envoy_config_updates: Family<ConfigLabels, Counter>,
     /// `drainshim_envoy_upstream_retries_total{version}`: Envoy's retry volume per version.
@@ -582,6 +612,8 @@ impl Metrics {
             streams_terminated: Family::default(),
             streams_ungraceful: Family::default(),
             streams_blind_ended: Family::default(),
+            stream_data_dropped: Family::default(),
+            stream_data_dropped_bytes: Family::default(),
             envoy_config_updates: Family::default(),
             envoy_upstream_retries: Family::default(),
             tcp_resets: Family::default(),

@@ -88,6 +88,7 @@ impl Relay<'_> {
                 messages: 0,
                 cadence: Cadence::default(),
                 split: false,
+                held: None,
                 ending: None,
                 sig,
                 window: self.window.initial(),

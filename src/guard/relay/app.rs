@@ -86,42 +86,14 @@ impl Relay<'_> {
                 self.app_fragment(block, h, frame, payload, now)
             }
             wire::DATA => {
-                let Some(s) = self.streams.get_mut(&h.id) else {
-                    // Ended by the guard: give the application its window back.
-                    wire::window_update(&mut self.app.write, 0, h.len as u32);
+                if !self.streams.contains_key(&h.id) {
+                    self.app_data_after_end(h);
                     return Ok(());
-                };
+                }
                 // Checked before it goes on: padding longer than the frame
                 // is the application's error, never the client's to see.
                 let data = wire::content(h, payload).map_err(|_| Failure::AppProtocol)?;
-                self.client.write.extend_from_slice(frame);
-                if !data.is_empty() {
-                    s.cadence.data(now);
-                }
-                s.window -= h.len as i64;
-                if s.window <= 0 && s.shut_since.is_none() && h.len > 0 {
-                    s.shut_since = Some(now);
-                    self.endings.stalled.push(h.id);
-                }
-                if let Some(b) = s.bounds.as_mut() {
-                    if b.endable() && !data.is_empty() {
-                        s.messages += b.consume(data);
-                        s.split |= !b.at_boundary();
-                        if s.messages >= 2 {
-                            s.reg.ctl.set_long_lived();
-                        }
-                        if let Some(sig) = s.sig.as_mut() {
-                            sig.messages(s.messages);
-                        }
-                    }
-                }
-                if h.flags & wire::END_STREAM != 0 {
-                    s.resp_done = true;
-                    s.ending = None;
-                    self.maybe_done(h.id);
-                } else if s.ending.is_some() {
-                    self.data_while_ending(h.id, now);
-                }
+                self.app_data(h.id, h, frame, data, now);
                 Ok(())
             }
             wire::SETTINGS | wire::PING | wire::GOAWAY if h.id != 0 => Err(Failure::AppProtocol),
@@ -129,6 +101,7 @@ impl Relay<'_> {
             wire::PING if h.len != 8 => Err(Failure::AppProtocol),
             wire::GOAWAY if h.len < 8 => Err(Failure::AppProtocol),
             wire::RST_STREAM => {
+                self.release_held(h.id);
                 if let Some(mut s) = self.streams.remove(&h.id) {
                     self.client.write.extend_from_slice(frame);
                     if let (Some(sig), Ok(code)) = (s.sig.as_mut(), <[u8; 4]>::try_from(payload)) {
@@ -313,8 +286,12 @@ impl Relay<'_> {
             return Ok(());
         }
         match all {
-            Some(all) => self.put_translated(&block, &all),
+            Some(all) => {
+                self.release_held(block.id);
+                self.put_translated(&block, &all)
+            }
             None => {
+                self.release_held(block.id);
                 // It starts with the size update that may be due (the
                 // application's encoder owes it too).
                 self.settings.take_update_due();

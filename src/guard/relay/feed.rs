@@ -93,6 +93,7 @@ pub fn feed(guard: &Handle, steps: &[FeedStep<'_>], alone: bool) {
         relay.app.write.clear();
         relay.client.write.clear();
         relay.window.buffer_dropped();
+        relay.settle_written(None);
         assert!(relay.app.read.len() <= READ_BUF + MAX_FRAME as usize + read);
         assert!(relay.settings.unacked() <= MAX_UNACKED_SETTINGS + 1);
     }

@@ -198,36 +198,7 @@ impl Relay<'_> {
             self.client_frames(now)?;
         }
         for id in self.endings.asked.clone() {
-            let Some(s) = self.streams.get_mut(&id) else {
-                continue;
-            };
-            let Some(mut e) = s.ending else {
-                continue;
-            };
-            if let Some(by) = e.forced_by {
-                if now >= by {
-                    self.reset_here(id);
-                }
-                continue;
-            }
-            if now >= e.asked + l.end_timeout {
-                if s.endable() && s.at_boundary() {
-                    // A producer that never paused: end at this boundary
-                    // (or, waiting for the client's window, within one more bound)...
-                    if !self.end_gracefully(id, e.reason) {
-                        if let Some(s) = self.streams.get_mut(&id) {
-                            e.forced_by = Some(now + l.end_timeout);
-                            s.ending = Some(e);
-                        }
-                    }
-                } else if s.endable() {
-                    // ...or at the next one, within one more bound.
-                    e.forced_by = Some(now + l.end_timeout);
-                    s.ending = Some(e);
-                } else {
-                    self.reset_here(id);
-                }
-            }
+            self.ending_bound(id, now);
         }
         self.check_endings(now);
         if self.life.sweep_at().is_some_and(|at| now >= at) {
@@ -271,18 +242,8 @@ impl Relay<'_> {
                 next = next.into_iter().chain([at + l.write_stall_timeout]).min();
             }
         }
-        for id in &self.endings.asked {
-            if let Some(e) = self.streams.get(id).and_then(|s| s.ending) {
-                let at = [
-                    e.quiet_at,
-                    e.barrier.map(|(_, by)| by),
-                    Some(e.forced_by.unwrap_or(e.asked + l.end_timeout)),
-                ]
-                .into_iter()
-                .flatten()
-                .min();
-                next = next.into_iter().chain(at).min();
-            }
+        for &id in &self.endings.asked {
+            next = next.into_iter().chain(self.ending_due(id)).min();
         }
         next
     }
@@ -293,17 +254,11 @@ impl Relay<'_> {
         tracing::debug!(peer = %self.info.peer, conn = self.info.id, streams = self.streams.len(), "guard: the application closed its connection");
         let ids: Vec<u32> = self.streams.keys().copied().collect();
         for id in ids {
-            let Some(s) = self.streams.get(&id) else {
+            // Being ended, its cancel sent: an app in its graceful stop
+            // closes once its last stream is cancelled, without acking the
+            // barrier. Its close follows everything it wrote.
+            if self.end_on_app_close(id) {
                 continue;
-            };
-            if let Some(e) = s.ending.filter(|e| e.cancelled) {
-                // Being ended, its cancel sent: an app in its graceful stop
-                // closes once its last stream is cancelled, without acking
-                // the barrier. Its close follows everything it wrote, so at
-                // a boundary this is the guard's graceful end after all.
-                if s.endable() && s.at_boundary() && self.end_gracefully(id, e.reason) {
-                    continue;
-                }
             }
             let Some(s) = self.streams.get(&id) else {
                 continue;

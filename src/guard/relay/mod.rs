@@ -408,6 +408,8 @@ impl<'a> Relay<'a> {
         tracing::debug!(peer = %info.peer, conn = info.id, "guard: HTTP/2 connection (frame relay)");
         loop {
             let now = Instant::now();
+            // Graceful ends written since the last turn are counted.
+            self.settle_written(None);
             self.count_changed(now);
             if self.life.machine().wants_quiet()
                 && self.streams.is_empty()
@@ -511,10 +513,14 @@ impl<'a> Relay<'a> {
             }
         }
         // Whatever is still open is dropped with the connection; only what
-        // the client's window allows is written.
+        // the client's window allows is written. A graceful end that does
+        // not leave is a cut.
         self.clear_gate();
+        let mut cut = stream_end::ends_in(&self.client.write[self.window.cleared()..]);
         self.window.drop_uncleared(&mut self.client.write);
         let _ = flush(client, &mut self.client.write).await;
+        cut.extend(stream_end::ends_in(&self.client.write));
+        self.settle_written(Some(&cut));
         None
     }
 
@@ -623,7 +629,11 @@ impl<'a> Relay<'a> {
                 && self.client.write.len() < client_room
                 && self.defences.paused_until().is_none()
                 && !(self.handshake.app_pending && self.client.read.len() >= REPLAY_MAX),
-            !self.life.closing() && self.client.write.len() < HIGH_WATER,
+            // While an ending waits for the barrier's ack, the application
+            // is read further (its acks and what it wrote before them), up
+            // to the mark that also bounds a client whose window is shut.
+            self.client.write.len() < HIGH_WATER
+                || (self.awaits_ack() && self.client.write.len() < BLOCKED_HIGH_WATER),
         )
     }
 }

@@ -1,27 +1,55 @@
-//! The graceful end of a relayed stream, by the rules in
-//! [`crate::guard::ending`]: at a message boundary, in the application's
-//! first pause, its stream is cancelled (RST_STREAM(CANCEL)) and the
-//! barrier started behind the cancel (two SETTINGS round trips, see
-//! [`Barrier`]); what the application wrote before it read the cancel is
-//! forwarded, then trailers `grpc-status: 14` (or the kind's own end) to
-//! the client. And how a stream is counted once it is over.
+//! The end of a relayed stream the guard decides (by the rules in
+//! [`crate::guard::ending`]), and how a stream is counted once it is over.
+//!
+//! One protocol on every path that ends a stream: a drain, the max age, the
+//! application's GOAWAY, `end_timeout`, and a forced end alike.
+//! 1. At a message boundary, in the application's first pause (at once for
+//!    a stream with no response yet), RST_STREAM(CANCEL) to the application.
+//! 2. The barrier right behind the cancel: SETTINGS round trips
+//!    ([`Barrier`]), whose acks follow everything the application's
+//!    transport wrote before it read the cancel.
+//! 3. Every DATA frame that arrives before the ack is forwarded. A message
+//!    begun after the cancel is held until it is whole ([`Held`]): the
+//!    application's stack may cut it short when it reads the cancel, and
+//!    the client never gets half a message.
+//! 4. Once the ack is read (or the application's connection closed, which
+//!    follows all it wrote), the client's end: trailers `grpc-status: 14`
+//!    (or the kind's own end).
+//!
+//! No clock cuts the wait short but the ending's own bound, `end_timeout`
+//! from the cancel: past it the end goes out unconfirmed, counted in
+//! `streams_ungraceful`, never as graceful. A graceful end counts once its
+//! last frame has been written to the client ([`Unwritten`]); one the
+//! connection's close drops is a cut. DATA of the application's that the
+//! guard drops is counted in `stream_data_dropped_total` and logged.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
+use bytes::BytesMut;
 use tokio::time::Instant;
 
 use super::blocks::trailers_only;
 use super::cadence::Cadence;
 use super::settings::Unacked;
 use super::window::put_data;
-use super::wire;
+use super::wire::{self, Head};
 use super::Relay;
 use crate::guard::body::{BodyKind, Boundaries, End};
-use crate::guard::ending::{record_outcome, StreamOutcome, BARRIER_WAIT, BURST_GAP};
+use crate::guard::ending::{record_outcome, StreamOutcome, BURST_GAP};
 use crate::guard::grpc;
 use crate::guard::registry::{EndQueue, Registered};
 use crate::guard::signals;
-use crate::metrics::{Reason, StreamProtocol};
+use crate::metrics::{Dropped, Reason, StreamProtocol};
+
+/// Most bytes of one message held back after the cancel (gRPC's default
+/// largest message is 4 MiB; the application's stream window bounds it
+/// too). A message past it goes on as it comes, and if the application's
+/// stack cuts it short the stream is reset, as no end can be whole.
+const HOLD_MAX: usize = 4 << 20;
+/// Streams the guard ended remembered, so DATA the application still sends
+/// on one is counted as dropped (not taken for a stream the client reset).
+const ENDED_KEPT: usize = 256;
 
 /// One relayed stream.
 pub(super) struct Stream {
@@ -52,6 +80,8 @@ pub(super) struct Stream {
     /// With a content-length, the bytes of the request still to come: its
     /// DATA must add up to it (RFC 9113 §8.1.1).
     pub(super) body_left: Option<u64>,
+    /// A message begun after the guard's cancel, held until it is whole.
+    pub(super) held: Option<Held>,
 }
 
 impl Stream {
@@ -86,24 +116,87 @@ pub(super) struct Ending {
     pub(super) reason: Reason,
     /// When the end was asked: `end_timeout` counts from here.
     pub(super) asked: Instant,
-    /// At a boundary: the barrier starts then, unless data comes first.
+    /// At a boundary: the cancel goes then, unless data comes first.
     pub(super) quiet_at: Option<Instant>,
-    /// Waiting for the ack of this barrier round trip, at most until the instant.
-    pub(super) barrier: Option<(u64, Instant)>,
     /// Past `end_timeout` mid-message: the next boundary ends it, but no
     /// later than this.
     pub(super) forced_by: Option<Instant>,
-    /// The stream was quiet when asked (and, its messages spanning frames,
-    /// wrote nothing during its `end_settle`): its end may meet its next
-    /// message at any moment.
+    /// The stream was quiet when asked: its end may meet its next message
+    /// at any moment.
     pub(super) quiet: bool,
     /// Waiting `end_settle` for a write that would time the end: if none
     /// comes, the end begins at a moment nothing timed (counted).
     pub(super) settling: bool,
-    /// RST_STREAM(CANCEL) went to the application, ahead of the barrier:
-    /// what it wrote before it read the cancel is still forwarded, and the
-    /// client's end comes once the barrier is acked.
-    pub(super) cancelled: bool,
+    /// RST_STREAM(CANCEL) went to the application, the barrier behind it.
+    pub(super) cancelled: Option<Cancelled>,
+}
+
+/// The cancel of a stream being ended, and what the client's end waits for.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Cancelled {
+    /// The barrier round trip whose ack follows all the application wrote
+    /// before it read the cancel.
+    pub(super) barrier: u64,
+    /// The ending's bound: past it the end goes out unconfirmed.
+    pub(super) by: Instant,
+    /// The barrier was acked (the end may still wait for the client's
+    /// stream window: gRPC-Web's trailer frame is DATA).
+    pub(super) acked: bool,
+}
+
+/// A message the application began after the guard's cancel: its DATA
+/// frames, held back until it is whole. Its stack may cut it short once it
+/// reads the cancel; then it is dropped (counted), and the client's end
+/// comes at the boundary before it.
+#[derive(Debug)]
+pub(super) struct Held {
+    /// Its DATA frames, as they came.
+    frames: BytesMut,
+    /// Their length as flow control counts it (padding too).
+    window: usize,
+    /// The response's boundaries before it began.
+    from: Boundaries,
+}
+
+impl Held {
+    /// A message begins at `from`.
+    pub(super) fn new(from: Boundaries) -> Self {
+        Self {
+            frames: BytesMut::new(),
+            window: 0,
+            from,
+        }
+    }
+
+    /// One more DATA frame of it (`h` its head).
+    pub(super) fn push(&mut self, h: Head, frame: &[u8]) {
+        self.frames.extend_from_slice(frame);
+        self.window += h.len;
+    }
+
+    /// Whether it may grow no more.
+    pub(super) fn full(&self) -> bool {
+        self.frames.len() >= HOLD_MAX
+    }
+}
+
+/// A stream the guard ended gracefully, its end queued to the client: it
+/// counts as graceful once that end has been written, and as cut if the
+/// connection closes first. Its registry entry stays until then, so a
+/// drain waits for it.
+pub(super) struct Unwritten {
+    id: u32,
+    reason: Reason,
+    stream: Stream,
+}
+
+impl std::fmt::Debug for Unwritten {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Unwritten")
+            .field("id", &self.id)
+            .field("reason", &self.reason)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The streams of a connection being ended, and what their ends wait for.
@@ -118,6 +211,11 @@ pub(super) struct Endings {
     pub(super) stalled: Vec<u32>,
     /// The barrier on the application connection (SETTINGS round trips).
     pub(super) barrier: Barrier,
+    /// Graceful ends not written to the client yet.
+    pub(super) unwritten: Vec<Unwritten>,
+    /// Streams the guard ended lately while the application's side was
+    /// open (the last [`ENDED_KEPT`]).
+    pub(super) ended: VecDeque<u32>,
 }
 
 /// The barrier on the application connection: round trips of empty
@@ -154,7 +252,8 @@ pub(super) struct Barrier {
 }
 
 impl Relay<'_> {
-    /// Stream `id` was asked to end (by a drain, or its connection's age).
+    /// Stream `id` was asked to end (by a drain, its connection's age, or
+    /// the application's GOAWAY).
     pub(super) fn begin_end(&mut self, id: u32, now: Instant) {
         let Some(s) = self.streams.get_mut(&id) else {
             return;
@@ -169,11 +268,10 @@ impl Relay<'_> {
             reason,
             asked: now,
             quiet_at: None,
-            barrier: None,
             forced_by: None,
             quiet: false,
             settling: false,
-            cancelled: false,
+            cancelled: None,
         });
         self.endings.asked.push(id);
         self.advance(id, now);
@@ -188,12 +286,21 @@ impl Relay<'_> {
         let Some(mut e) = s.ending else {
             return;
         };
+        if let Some(c) = e.cancelled {
+            // What the application wrote before it read the cancel arrives
+            // before the barrier's ack, and is forwarded; then the end.
+            if c.acked || self.endings.barrier.acked >= c.barrier {
+                self.close_ending(id, true);
+            }
+            return;
+        }
         if !s.answered() {
-            // Nothing of the response went out: a retryable answer of the
-            // guard's own, for the kinds that have one.
-            if let Some(block) = trailers_only(s.kind, grpc::end_message(e.reason)) {
-                self.own_block(id, &block, true);
-                self.end_here(id, StreamOutcome::Ended(e.reason));
+            // Nothing of the response went out: cancelled at once, for the
+            // kinds with a retryable answer of the guard's own (others are
+            // left to answer until the bound). A head it wrote meanwhile
+            // still goes on, and the stream ends at its boundary.
+            if trailers_only(s.kind, "").is_some() {
+                self.cancel(id, now);
             }
             return;
         }
@@ -201,42 +308,23 @@ impl Relay<'_> {
             // Left to finish until the bound (`timers`).
             return;
         }
-        // Nothing the application writes for it waits for window.
-        let open = s.window > 0 && s.shut_since.is_none() && self.window.available() > 0;
-        let split = s.split;
-        let protocol = s.protocol();
-        if e.cancelled {
-            // The application was told to stop; what it wrote before it read
-            // that arrives before the barrier's acks, and is forwarded. Then
-            // the client's end: graceful at a boundary (or, waiting for the
-            // client's window, within `timers`' bound), or, a message its
-            // transport cut short, a retryable reset.
-            let at_boundary = s.at_boundary();
-            let acked = e
-                .barrier
-                .is_some_and(|(seq, by)| self.endings.barrier.acked >= seq || now >= by);
-            if acked && at_boundary {
-                let _ = self.end_gracefully(id, e.reason);
-            } else if acked {
-                self.reset_here(id);
-            }
-            return;
-        }
         if !s.at_boundary() {
             e.quiet_at = None;
-            e.barrier = None;
-        } else if let Some((seq, by)) = e.barrier {
-            if (self.endings.barrier.acked >= seq || now >= by) && self.end_gracefully(id, e.reason)
-            {
-                return;
-            }
-        } else if e.quiet_at.is_none() {
+            s.ending = Some(e);
+            return;
+        }
+        if e.forced_by.is_some() {
+            // Past `end_timeout`, a producer that never pauses: at this boundary.
+            self.cancel(id, now);
+            return;
+        }
+        if e.quiet_at.is_none() {
             e.quiet_at = Some(match s.cadence.last() {
                 // It just wrote: end in its pause.
                 Some(t) if now.saturating_duration_since(t) < BURST_GAP => t + BURST_GAP,
                 // Between two writes of a steady producer, the next one well
                 // off: end now, on the schedule.
-                _ if !split && s.cadence.far_from_next(now) => {
+                _ if !s.split && s.cadence.far_from_next(now) => {
                     e.quiet = true;
                     now
                 }
@@ -248,28 +336,90 @@ impl Relay<'_> {
                 }
             });
         }
-        if e.quiet_at.is_some_and(|at| now >= at) {
+        let due = e.quiet_at.is_some_and(|at| now >= at);
+        if due {
             e.quiet_at = None;
             if std::mem::take(&mut e.settling) {
                 // No write came to time it by.
-                self.guard.record_blind_ending(e.reason, protocol);
+                self.guard.record_blind_ending(e.reason, s.protocol());
             }
-            if open && (e.quiet || !split) {
-                // The application is told to stop the stream first, then the
-                // barrier, whose round trips start after the cancel, so their
-                // acks follow everything it wrote before it read it: a
-                // message on its way (the next tick of a quiet stream, or a
-                // producer's write right after its pause) is still forwarded.
-                e.cancelled = true;
-                wire::rst(&mut self.app.write, id, wire::CANCEL);
-            }
-            // (A producer whose messages span frames, and one held back by
-            // the client's window, may have a message half sent: for those
-            // the barrier goes first, and the cancel with the trailers.)
-            e.barrier = Some((self.barrier_target(now), now + BARRIER_WAIT));
         }
-        if let Some(s) = self.streams.get_mut(&id) {
-            s.ending = Some(e);
+        s.ending = Some(e);
+        if due {
+            self.cancel(id, now);
+        }
+    }
+
+    /// The ending's cancel: RST_STREAM(CANCEL) to the application, then the
+    /// barrier, whose round trips start after it, so their acks follow
+    /// everything the application wrote before it read the cancel.
+    fn cancel(&mut self, id: u32, now: Instant) {
+        let bound = self.guard.config().limits.end_timeout;
+        wire::rst(&mut self.app.write, id, wire::CANCEL);
+        let barrier = self.barrier_target(now);
+        if let Some(e) = self.streams.get_mut(&id).and_then(|s| s.ending.as_mut()) {
+            e.quiet_at = None;
+            e.cancelled = Some(Cancelled {
+                barrier,
+                by: now + bound,
+                acked: false,
+            });
+        }
+    }
+
+    /// The client's end of stream `id`, its cancel `confirmed` by the
+    /// barrier's ack (or the application's close), or not (its bound).
+    pub(super) fn close_ending(&mut self, id: u32, confirmed: bool) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        let Some(mut e) = s.ending else {
+            return;
+        };
+        if let Some(held) = s.held.take() {
+            // The application's stack cut this message short once it read
+            // the cancel: the client never gets half of it.
+            s.bounds = Some(held.from);
+            let frames = held.frames.len();
+            tracing::warn!(peer = %self.info.peer, conn = self.info.id, stream = id, bytes = frames,
+                "guard: the application cut a message short after the guard's cancel; its start is dropped and the stream ends at the boundary before it");
+            self.guard.record_dropped(Dropped::partial_message, frames);
+            wire::window_update(&mut self.app.write, 0, held.window as u32);
+        }
+        let reason = e.reason;
+        let outcome = if confirmed {
+            StreamOutcome::Ended(reason)
+        } else {
+            tracing::warn!(peer = %self.info.peer, conn = self.info.id, stream = id,
+                "guard: the application did not acknowledge the cancel within end_timeout; ending the stream without its confirmation that nothing was still on its way");
+            StreamOutcome::Unconfirmed(reason)
+        };
+        let Some(s) = self.streams.get(&id) else {
+            return;
+        };
+        if !s.answered() {
+            match trailers_only(s.kind, grpc::end_message(reason)) {
+                Some(block) => {
+                    self.own_block(id, &block, true);
+                    self.end_here(id, outcome);
+                }
+                None => self.reset_here(id),
+            }
+            return;
+        }
+        if !(s.endable() && s.at_boundary()) {
+            // A message its transport cut short, past what could be held.
+            self.reset_here(id);
+            return;
+        }
+        if !self.end_gracefully(id, outcome) {
+            // Waiting for the client's stream window, within the bound.
+            if let Some(c) = e.cancelled.as_mut() {
+                c.acked |= confirmed;
+            }
+            if let Some(s) = self.streams.get_mut(&id) {
+                s.ending = Some(e);
+            }
         }
     }
 
@@ -279,11 +429,84 @@ impl Relay<'_> {
         self.streams
             .get(&id)
             .and_then(|s| s.ending)
-            .is_some_and(|e| e.cancelled)
+            .is_some_and(|e| e.cancelled.is_some())
+    }
+
+    /// DATA on stream `id`, which is open, from the application (`frame`,
+    /// its head `h`, its content `data`): on to the client, or, a message
+    /// begun after the guard's cancel, held until it is whole.
+    pub(super) fn app_data(&mut self, id: u32, h: Head, frame: &[u8], data: &[u8], now: Instant) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        if !data.is_empty() {
+            s.cadence.data(now);
+        }
+        s.window -= h.len as i64;
+        if s.window <= 0 && s.shut_since.is_none() && h.len > 0 {
+            s.shut_since = Some(now);
+            self.endings.stalled.push(id);
+        }
+        let cancelled = s.ending.is_some_and(|e| e.cancelled.is_some());
+        if let Some(b) = s.bounds.as_mut() {
+            if b.endable() && !data.is_empty() {
+                if cancelled && s.held.is_none() && b.at_boundary() {
+                    s.held = Some(Held::new(b.clone()));
+                }
+                s.messages += b.consume(data);
+                s.split |= !b.at_boundary();
+                if s.messages >= 2 {
+                    s.reg.ctl.set_long_lived();
+                }
+                if let Some(sig) = s.sig.as_mut() {
+                    sig.messages(s.messages);
+                }
+            }
+        }
+        let end_stream = h.flags & wire::END_STREAM != 0;
+        let whole = s.at_boundary();
+        match s.held.as_mut() {
+            Some(held) if !end_stream && !whole && !held.full() => held.push(h, frame),
+            Some(_) => {
+                if let Some(held) = s.held.take() {
+                    self.client.write.extend_from_slice(&held.frames);
+                }
+                self.client.write.extend_from_slice(frame);
+            }
+            None => self.client.write.extend_from_slice(frame),
+        }
+        if end_stream {
+            s.resp_done = true;
+            // The application's own end wins over the guard's.
+            s.ending = None;
+            self.maybe_done(id);
+        } else if s.ending.is_some() {
+            self.data_while_ending(id, now);
+        }
+    }
+
+    /// Frames of the application's other than DATA on stream `id` go on
+    /// behind what was held of it, in order.
+    pub(super) fn release_held(&mut self, id: u32) {
+        if let Some(held) = self.streams.get_mut(&id).and_then(|s| s.held.take()) {
+            self.client.write.extend_from_slice(&held.frames);
+        }
+    }
+
+    /// DATA for a stream no longer open (`h` its head): the connection
+    /// window it took goes back to the application; on a stream the guard
+    /// ended, it is a message the client never gets, so it is counted.
+    pub(super) fn app_data_after_end(&mut self, h: Head) {
+        wire::window_update(&mut self.app.write, 0, h.len as u32);
+        if h.len > 0 && self.endings.ended.contains(&h.id) {
+            tracing::warn!(peer = %self.info.peer, conn = self.info.id, stream = h.id, bytes = h.len,
+                "guard: the application sent DATA on a stream the guard had already ended; dropped");
+            self.guard.record_dropped(Dropped::after_end, h.len);
+        }
     }
 
     /// Data arrived on a stream being ended: its pause starts again.
-    pub(super) fn data_while_ending(&mut self, id: u32, now: Instant) {
+    fn data_while_ending(&mut self, id: u32, now: Instant) {
         let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
@@ -291,7 +514,7 @@ impl Relay<'_> {
         let Some(e) = s.ending.as_mut() else {
             return;
         };
-        if e.cancelled {
+        if e.cancelled.is_some() {
             // Written before the application read the cancel: forwarded; the
             // barrier already under way collects the rest.
             return;
@@ -299,14 +522,74 @@ impl Relay<'_> {
         // It writes: no longer a quiet stream, it ends in its next pause.
         e.quiet = false;
         e.settling = false;
-        e.barrier = None;
         e.quiet_at = at_boundary.then_some(now + BURST_GAP);
         if e.forced_by.is_some() && at_boundary {
-            // Forced: this data completed a message; end right after it.
-            let reason = e.reason;
-            // If it must wait for the client's window, the forced bound holds.
-            let _ = self.end_gracefully(id, reason);
+            // Forced: this data completed a message; the cancel right after it.
+            self.cancel(id, now);
         }
+    }
+
+    /// The bound of stream `id`'s ending, at `now` (`timers`): past
+    /// `end_timeout` a stream at a boundary is cancelled there, one
+    /// mid-message gets one more bound to reach the next; past that, or
+    /// past the cancel's own bound, it ends as it can.
+    pub(super) fn ending_bound(&mut self, id: u32, now: Instant) {
+        let l = self.guard.config().limits;
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        let Some(mut e) = s.ending else {
+            return;
+        };
+        if let Some(c) = e.cancelled {
+            if now >= c.by {
+                if c.acked {
+                    // Acked, but the client's stream window never opened.
+                    self.reset_here(id);
+                } else {
+                    self.close_ending(id, false);
+                }
+            }
+            return;
+        }
+        if let Some(by) = e.forced_by {
+            if now >= by {
+                self.reset_here(id);
+            }
+            return;
+        }
+        if now < e.asked + l.end_timeout {
+            return;
+        }
+        if !s.endable() && s.answered() {
+            self.reset_here(id);
+            return;
+        }
+        e.forced_by = Some(now + l.end_timeout);
+        s.ending = Some(e);
+        if !s.answered() {
+            // No answer in time (a kind without the guard's own).
+            self.reset_here(id);
+        } else if s.at_boundary() {
+            // A producer that never paused: the cancel at this boundary.
+            self.cancel(id, now);
+        }
+    }
+
+    /// When stream `id`'s ending must be looked at next.
+    pub(super) fn ending_due(&self, id: u32) -> Option<Instant> {
+        let l = self.guard.config().limits;
+        let e = self.streams.get(&id).and_then(|s| s.ending)?;
+        if let Some(c) = e.cancelled {
+            return Some(c.by);
+        }
+        [
+            e.quiet_at,
+            Some(e.forced_by.unwrap_or(e.asked + l.end_timeout)),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// The barrier round trip a stream asking now must wait for: the second
@@ -348,6 +631,12 @@ impl Relay<'_> {
         self.endings.barrier.moved = true;
     }
 
+    /// Whether a stream's ending waits for the barrier's ack: the
+    /// application is then read even while the client is backed up.
+    pub(super) fn awaits_ack(&self) -> bool {
+        self.endings.barrier.acked < self.endings.barrier.wanted
+    }
+
     pub(super) fn check_endings(&mut self, now: Instant) {
         for id in self.endings.asked.clone() {
             self.advance(id, now);
@@ -360,15 +649,15 @@ impl Relay<'_> {
     /// The guard's own end at a boundary: trailers for gRPC, the trailer
     /// frame for gRPC-Web, the body's end for SSE. False when it has to wait
     /// for the client's stream window (gRPC-Web's trailer frame is DATA).
-    pub(super) fn end_gracefully(&mut self, id: u32, reason: Reason) -> bool {
+    fn end_gracefully(&mut self, id: u32, outcome: StreamOutcome) -> bool {
         let Some(s) = self.streams.get(&id) else {
             return true;
         };
-        match s
-            .bounds
-            .as_ref()
-            .and_then(|b| b.ending(grpc::end_message(reason)))
-        {
+        let message = match outcome {
+            StreamOutcome::Ended(r) | StreamOutcome::Unconfirmed(r) => grpc::end_message(r),
+            _ => grpc::UPSTREAM_LOST_MESSAGE,
+        };
+        match s.bounds.as_ref().and_then(|b| b.ending(message)) {
             Some(End::Trailers(t)) => {
                 let fields: Vec<(&str, &str)> = t
                     .iter()
@@ -393,14 +682,38 @@ impl Relay<'_> {
                 return true;
             }
         }
-        self.end_here(id, StreamOutcome::Ended(reason));
+        self.end_here(id, outcome);
         true
+    }
+
+    /// The application's connection closed while stream `id` was being
+    /// ended, its cancel sent: its close follows everything it wrote, so
+    /// at a boundary this is the guard's graceful end after all. False if
+    /// the stream still needs the end of a lost connection.
+    pub(super) fn end_on_app_close(&mut self, id: u32) -> bool {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return true;
+        };
+        let Some(e) = s.ending.filter(|e| e.cancelled.is_some()) else {
+            return false;
+        };
+        if let Some(held) = s.held.take() {
+            s.bounds = Some(held.from);
+            self.guard
+                .record_dropped(Dropped::partial_message, held.frames.len());
+            tracing::warn!(peer = %self.info.peer, conn = self.info.id, stream = id, bytes = held.frames.len(),
+                "guard: the application closed its connection with a message cut short; its start is dropped");
+        }
+        let Some(s) = self.streams.get(&id) else {
+            return true;
+        };
+        s.endable() && s.at_boundary() && self.end_gracefully(id, StreamOutcome::Ended(e.reason))
     }
 
     /// No safe end point in time: REFUSED_STREAM for gRPC (retryable),
     /// CANCEL otherwise (an aborted response, never one that looks whole).
     pub(super) fn reset_here(&mut self, id: u32) {
-        let Some(s) = self.streams.get(&id) else {
+        let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
         let code = if s.grpc() {
@@ -410,6 +723,10 @@ impl Relay<'_> {
         };
         tracing::warn!(peer = %self.info.peer, stream = id,
             "guard: stream could not reach a safe end point in time; reset (REFUSED_STREAM for gRPC: retryable)");
+        if let Some(held) = s.held.take() {
+            // It goes on as it came: the reset says it is not whole.
+            self.client.write.extend_from_slice(&held.frames);
+        }
         wire::rst(&mut self.client.write, id, code);
         self.end_here(id, StreamOutcome::Reset);
     }
@@ -417,15 +734,34 @@ impl Relay<'_> {
     /// The client got the guard's end of stream `id`: the application's
     /// stream is cancelled, and the client's request stopped if unfinished.
     pub(super) fn end_here(&mut self, id: u32, outcome: StreamOutcome) {
-        let Some(s) = self.streams.remove(&id) else {
+        let Some(mut s) = self.streams.remove(&id) else {
             return;
         };
-        let cancelled = s.ending.is_some_and(|e| e.cancelled);
-        if !s.resp_done && !cancelled {
-            wire::rst(&mut self.app.write, id, wire::CANCEL);
+        let cancelled = s.ending.is_some_and(|e| e.cancelled.is_some());
+        if !s.resp_done {
+            if !cancelled {
+                wire::rst(&mut self.app.write, id, wire::CANCEL);
+            }
+            if self.endings.ended.len() >= ENDED_KEPT {
+                self.endings.ended.pop_front();
+            }
+            self.endings.ended.push_back(id);
         }
         if !s.req_done && outcome != StreamOutcome::Reset {
             wire::rst(&mut self.client.write, id, wire::NO_ERROR);
+        }
+        if let StreamOutcome::Ended(reason) = outcome {
+            // Counted once written (`settle_written`).
+            let grpc = s.grpc();
+            if let Some(sig) = s.sig.as_mut() {
+                record_outcome(sig, grpc, &outcome);
+            }
+            self.endings.unwritten.push(Unwritten {
+                id,
+                reason,
+                stream: s,
+            });
+            return;
         }
         self.finish(s, outcome);
     }
@@ -436,6 +772,7 @@ impl Relay<'_> {
         let protocol = s.protocol();
         match outcome {
             StreamOutcome::Ended(reason) => guard.record_termination(reason, protocol),
+            StreamOutcome::Unconfirmed(reason) => guard.record_ungraceful(reason, protocol),
             StreamOutcome::Reset => {
                 if let Some(reason) = s.reg.ctl.reason() {
                     guard.record_ungraceful(reason, protocol);
@@ -447,6 +784,34 @@ impl Relay<'_> {
         if let Some(sig) = s.sig.as_mut() {
             record_outcome(sig, grpc, &outcome);
         }
+    }
+
+    /// Graceful ends whose last frame has left the client's write buffer
+    /// are counted; with `cut` (the connection closes: the ids whose end
+    /// never left), those are counted as cut, and every other as written.
+    pub(super) fn settle_written(&mut self, cut: Option<&std::collections::HashSet<u32>>) {
+        if self.endings.unwritten.is_empty() {
+            return;
+        }
+        let queued = ends_in(&self.client.write);
+        let guard = self.guard;
+        let info = self.info;
+        self.endings.unwritten.retain(|u| {
+            let protocol = u.stream.protocol();
+            match cut {
+                Some(cut) if cut.contains(&u.id) => {
+                    tracing::warn!(peer = %info.peer, conn = info.id, stream = u.id,
+                        "guard: the connection closed before the stream's graceful end was written; it is cut");
+                    guard.record_ungraceful(u.reason, protocol);
+                    false
+                }
+                None if queued.contains(&u.id) => true,
+                _ => {
+                    guard.record_termination(u.reason, protocol);
+                    false
+                }
+            }
+        });
     }
 
     /// DATA of the guard's own to the client, in frames the client takes;
@@ -474,4 +839,21 @@ impl Relay<'_> {
             }
         }
     }
+}
+
+/// The streams whose end (a frame with END_STREAM) still waits in `buf`.
+pub(super) fn ends_in(buf: &[u8]) -> std::collections::HashSet<u32> {
+    let mut ids = std::collections::HashSet::new();
+    let mut at = 0;
+    while let Some(h) = wire::head(&buf[at..]) {
+        let ends = matches!(h.kind, wire::HEADERS | wire::DATA) && h.flags & wire::END_STREAM != 0;
+        if ends {
+            ids.insert(h.id);
+        }
+        at += wire::FRAME_HEADER + h.len;
+        if at > buf.len() {
+            break;
+        }
+    }
+    ids
 }

@@ -245,31 +245,195 @@ async fn an_app_that_closes_after_the_cancel_still_gets_a_graceful_end() {
     assert!(r.streams.is_empty());
 }
 
-/// A stream that just wrote and whose messages span frames (a producer of
-/// large messages, perhaps at full speed) keeps the barrier first and the
-/// cancel with the trailers: a cancel in its pause could cut its next
-/// message short.
+/// Issue 55: a stream whose messages span frames (a producer of large
+/// messages) gets the same protocol: the cancel first, the barrier behind
+/// it. A message its stack cut short once it read the cancel is held and
+/// dropped (counted), never half-delivered: the trailers come at the
+/// boundary before it. One it finished before the ack goes on whole.
 #[tokio::test]
-async fn a_stream_of_split_messages_gets_the_barrier_before_the_cancel() {
-    let guard = test_guard();
+async fn a_stream_of_split_messages_is_cancelled_first_and_never_gets_half_a_message() {
+    for finished in [false, true] {
+        let (guard, metrics) = guard_and_metrics();
+        let now = Instant::now();
+        let mut r = streams_open(&guard, 1, now);
+        // A message of 3 bytes in two frames.
+        wire::put(&mut r.app.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 3, 1]);
+        wire::put(&mut r.app.read, wire::DATA, 0, 1, &[2, 3]);
+        r.app_frames(now).expect("a split message");
+        r.app.write.clear();
+        r.client.write.clear();
+        r.window.buffer_dropped();
+        ask_all(&guard, &mut r, Reason::drain, now);
+        r.timers(now + BURST_GAP).expect("timers");
+        let to_app: Vec<u8> = frames_in(&r.app.write).iter().map(|f| f.0).collect();
+        assert_eq!(
+            to_app,
+            [wire::RST_STREAM, wire::SETTINGS],
+            "the cancel first"
+        );
+        // Written before it read the cancel: the start of the next message.
+        wire::put(&mut r.app.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 3, 4]);
+        if finished {
+            wire::put(&mut r.app.read, wire::DATA, 0, 1, &[5, 6]);
+        }
+        r.app_frames(now + BURST_GAP).expect("a message begun");
+        ack_barriers(&mut r, now + BURST_GAP);
+        assert_eq!(ended_gracefully(&r), 1, "finished: {finished}");
+        let data: Vec<u8> = frames_in(&r.client.write)
+            .iter()
+            .filter(|f| f.0 == wire::DATA)
+            .flat_map(|f| f.3.clone())
+            .collect();
+        let partial = dropped(&metrics, Dropped::partial_message);
+        if finished {
+            assert_eq!(
+                data,
+                [0, 0, 0, 0, 3, 4, 5, 6],
+                "the whole message, before the trailers"
+            );
+            assert_eq!(partial, (0, 0));
+        } else {
+            assert!(data.is_empty(), "never half a message: {data:?}");
+            assert_eq!(partial, (1, 15), "the dropped start is counted");
+            // Its window goes back to the application.
+            assert_eq!(credit_in(&r.app.write, 0), 6);
+        }
+        let cancels = count(&r.app.write, wire::RST_STREAM).0;
+        assert_eq!(cancels, 1, "the app's stream is cancelled once");
+    }
+}
+
+/// Issue 55's example: a quiet stream asked to end; the app, frozen (a
+/// CPU quota, a GC pause), reads the cancel late: a message and both acks
+/// arrive 51 ms after the cancel, and 4 s after it. No clock cuts the
+/// barrier short: the message reaches the client before the trailers, and
+/// nothing is dropped.
+#[tokio::test]
+async fn a_slow_app_s_message_and_acks_long_after_the_cancel_still_come_first() {
+    for late in [Duration::from_millis(51), Duration::from_secs(4)] {
+        let (guard, metrics) = guard_and_metrics();
+        let now = Instant::now();
+        let mut r = streams_open(&guard, 1, now);
+        let asked = now + Duration::from_secs(1);
+        ask_all(&guard, &mut r, Reason::drain, asked);
+        let cancel_at = asked + guard.config().limits.end_settle + BURST_GAP;
+        r.timers(cancel_at).expect("timers");
+        assert!(r.app_cancelled(1));
+        r.client.write.clear();
+        r.window.buffer_dropped();
+        r.timers(cancel_at + late).expect("the clock runs on");
+        assert_eq!(ended_gracefully(&r), 0, "still waiting, {late:?}");
+        wire::put(&mut r.app.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 9]);
+        ack_barriers(&mut r, cancel_at + late);
+        let to_client: Vec<(u8, bool)> = frames_in(&r.client.write)
+            .iter()
+            .map(|f| (f.0, f.1 & wire::END_STREAM != 0))
+            .collect();
+        assert_eq!(
+            &to_client[..2],
+            [(wire::DATA, false), (wire::HEADERS, true)],
+            "{late:?}"
+        );
+        assert_eq!(dropped(&metrics, Dropped::after_end), (0, 0));
+        assert_eq!(dropped(&metrics, Dropped::partial_message), (0, 0));
+    }
+}
+
+/// The bound is the ending's own: an app that never acks within
+/// `end_timeout` of the cancel gets its stream ended anyway, counted
+/// ungraceful (never graceful), and DATA it sends after that is counted
+/// as dropped, with its bytes.
+#[tokio::test]
+async fn an_ending_past_its_bound_is_never_counted_graceful_and_later_data_is_counted() {
+    let (guard, metrics) = guard_and_metrics();
     let now = Instant::now();
     let mut r = streams_open(&guard, 1, now);
-    // A message of 3 bytes in two frames.
-    wire::put(&mut r.app.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 3, 1]);
-    wire::put(&mut r.app.read, wire::DATA, 0, 1, &[2, 3]);
-    r.app_frames(now).expect("a split message");
-    r.app.write.clear();
+    ask_all(&guard, &mut r, Reason::drain, now);
+    let cancel_at = now + BURST_GAP;
+    r.timers(cancel_at).expect("timers");
+    assert!(r.app_cancelled(1));
+    let bound = cancel_at + guard.config().limits.end_timeout;
+    assert!(r.next_deadline().is_some_and(|at| at <= bound));
+    r.timers(bound).expect("the bound");
+    assert!(r.streams.is_empty());
+    assert_eq!(ended_gracefully(&r), 1, "the client still gets trailers");
+    r.client.write.clear();
+    r.window.buffer_dropped();
+    r.settle_written(None);
+    assert_eq!(terminated(&metrics, Reason::drain), 0, "not graceful");
+    assert_eq!(ungraceful(&metrics, Reason::drain), 1);
+    wire::put(&mut r.app.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 9]);
+    r.app_frames(bound).expect("data after the end");
+    assert_eq!(dropped(&metrics, Dropped::after_end), (1, 6));
+    assert!(
+        frames_in(&r.client.write).is_empty(),
+        "nothing after the end"
+    );
+}
+
+/// An end counts as graceful only once it has been written to the client:
+/// one still queued is not counted, and one the close drops is a cut.
+#[tokio::test]
+async fn a_graceful_end_counts_once_written_and_a_dropped_one_is_a_cut() {
+    let (guard, metrics) = guard_and_metrics();
+    let now = Instant::now();
+    let mut r = streams_open(&guard, 2, now);
     ask_all(&guard, &mut r, Reason::drain, now);
     r.timers(now + BURST_GAP).expect("timers");
-    let to_app: Vec<u8> = frames_in(&r.app.write).iter().map(|f| f.0).collect();
-    assert_eq!(to_app, [wire::SETTINGS], "the barrier alone");
     ack_barriers(&mut r, now + BURST_GAP);
-    assert_eq!(ended_gracefully(&r), 1);
-    let cancels = frames_in(&r.app.write)
+    assert_eq!(ended_gracefully(&r), 2);
+    r.settle_written(None);
+    assert_eq!(
+        terminated(&metrics, Reason::drain),
+        0,
+        "queued, not written"
+    );
+    assert_eq!(guard.registered(), 2, "a drain still waits for them");
+    // Stream 1's end leaves; stream 3's is dropped with the connection.
+    let mut cut = std::collections::HashSet::new();
+    cut.insert(3);
+    r.client.write.clear();
+    r.settle_written(Some(&cut));
+    assert_eq!(terminated(&metrics, Reason::drain), 1);
+    assert_eq!(ungraceful(&metrics, Reason::drain), 1);
+    assert_eq!(guard.registered(), 0);
+}
+
+/// Past `end_timeout`, a producer that never pauses is cancelled at a
+/// boundary like any other: a message on its way when the bound came still
+/// reaches the client, ahead of the trailers (it was lost before).
+#[tokio::test]
+async fn a_producer_that_never_pauses_is_cancelled_at_its_bound_and_loses_nothing() {
+    let (guard, metrics) = guard_and_metrics();
+    let now = Instant::now();
+    let mut r = streams_open(&guard, 1, now);
+    ask_all(&guard, &mut r, Reason::drain, now);
+    let timeout = guard.config().limits.end_timeout;
+    let mut t = now;
+    while t < now + timeout {
+        t += Duration::from_millis(1);
+        wire::put(&mut r.app.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 7]);
+        r.app_frames(t).expect("a message");
+        r.timers(t).expect("timers");
+    }
+    assert!(count(&r.app.write, wire::RST_STREAM).0 == 0 || r.app_cancelled(1));
+    r.timers(now + timeout).expect("the bound");
+    assert!(r.app_cancelled(1), "cancelled at its bound");
+    assert_eq!(ended_gracefully(&r), 0, "the trailers wait for the ack");
+    wire::put(&mut r.app.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 8]);
+    ack_barriers(&mut r, now + timeout);
+    let frames = frames_in(&r.client.write);
+    let last_data = frames.iter().rposition(|f| f.0 == wire::DATA).unwrap();
+    let trailers = frames
         .iter()
-        .filter(|f| f.0 == wire::RST_STREAM)
-        .count();
-    assert_eq!(cancels, 1, "cancelled with the trailers");
+        .position(|f| f.0 == wire::HEADERS && f.1 & wire::END_STREAM != 0)
+        .unwrap();
+    assert!(last_data < trailers);
+    assert_eq!(frames[last_data].3, [0, 0, 0, 0, 1, 8]);
+    r.client.write.clear();
+    r.settle_written(None);
+    assert_eq!(terminated(&metrics, Reason::drain), 1);
+    assert_eq!(dropped(&metrics, Dropped::after_end), (0, 0));
 }
 
 /// A stream that just wrote, its messages each in one frame, is cancelled

@@ -9,7 +9,7 @@ use super::*;
 use crate::guard::ending::BURST_GAP;
 use crate::guard::grpc;
 use crate::guard::sniff::H2_PREFACE;
-use crate::metrics::{Reason, StreamProtocol};
+use crate::metrics::{Dropped, Reason, StreamProtocol};
 
 mod endings;
 
@@ -46,6 +46,43 @@ fn test_relay(guard: &Handle) -> Relay<'_> {
         accepted_at: Instant::now(),
     };
     Relay::new(guard, info, false)
+}
+
+/// A guard and its metrics, to read the counters.
+fn guard_and_metrics() -> (Handle, crate::metrics::Metrics) {
+    let metrics =
+        crate::metrics::Metrics::register(&mut prometheus_client::registry::Registry::default());
+    let guard = super::super::Guard::new(
+        super::super::GuardConfig::new(([127, 0, 0, 1], 9).into()),
+        metrics.clone(),
+    )
+    .handle();
+    (guard, metrics)
+}
+
+/// `drainshim_stream_data_dropped_total` and its bytes, for `reason`.
+fn dropped(m: &crate::metrics::Metrics, reason: crate::metrics::Dropped) -> (u64, u64) {
+    let l = crate::metrics::DroppedLabels { reason };
+    (
+        m.stream_data_dropped.get_or_create(&l).get(),
+        m.stream_data_dropped_bytes.get_or_create(&l).get(),
+    )
+}
+
+fn terminated(m: &crate::metrics::Metrics, reason: Reason) -> u64 {
+    let l = crate::metrics::TerminatedLabels {
+        reason,
+        protocol: StreamProtocol::grpc,
+    };
+    m.streams_terminated.get_or_create(&l).get()
+}
+
+fn ungraceful(m: &crate::metrics::Metrics, reason: Reason) -> u64 {
+    let l = crate::metrics::TerminatedLabels {
+        reason,
+        protocol: StreamProtocol::grpc,
+    };
+    m.streams_ungraceful.get_or_create(&l).get()
 }
 
 fn test_guard() -> Handle {
