@@ -231,6 +231,8 @@ pub fn app_goaways_metric(metrics: &str) -> Option<BTreeMap<String, u64>> {
 
 /// The guard's count of endings begun at a moment no write timed.
 pub const BLIND_ENDED: &str = "drainshim_streams_blind_ended";
+/// The guard's count of application DATA it dropped: 0 is the promise.
+pub const DATA_DROPPED: &str = "drainshim_stream_data_dropped";
 
 /// The sum of every series of counter family `family` in /metrics text.
 pub fn series_sum(metrics: &str, family: &str) -> u64 {
@@ -267,6 +269,8 @@ pub struct Row {
     pub report: Option<String>,
     /// Endings begun at a moment no write timed ([`BLIND_ENDED`]).
     pub blind: Option<u64>,
+    /// Application DATA frames the guard dropped ([`DATA_DROPPED`]).
+    pub dropped: Option<u64>,
     pub time: Duration,
     pub failures: Vec<String>,
 }
@@ -282,7 +286,7 @@ fn codes<T: std::fmt::Display>(m: &BTreeMap<String, T>) -> String {
 }
 
 impl Row {
-    pub const HEADER: &'static str = "| server | scenario | bootstrap | calls | graceful | app's own end | cut: app conn lost | cut: too many pings | cut: other | lost msgs | app conns (calls each) | PINGs to app | app GOAWAYs (wire) | app GOAWAYs (metric) | drain report: terminated / completed / cut | blind endings | ends after trigger | time |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";
+    pub const HEADER: &'static str = "| server | scenario | bootstrap | calls | graceful | app's own end | cut: app conn lost | cut: too many pings | cut: other | lost msgs | app conns (calls each) | PINGs to app | app GOAWAYs (wire) | app GOAWAYs (metric) | drain report: terminated / completed / cut | blind endings | data dropped | ends after trigger | time |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";
 
     pub fn line(&self) -> String {
         let n = |e: End| self.ends.get(&e).copied().unwrap_or(0);
@@ -302,7 +306,7 @@ impl Row {
             format!("{} ({})", self.lost, fates.join(", "))
         };
         format!(
-            "| {} | {scenario} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} | {} | {:.1} s |",
+            "| {} | {scenario} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {:.1} s |",
             self.case.server.name(),
             self.case.boot.name(),
             self.calls,
@@ -319,6 +323,7 @@ impl Row {
             self.metric.as_ref().map_or("absent".into(), codes),
             self.report.as_deref().unwrap_or("-"),
             self.blind.map_or("absent".into(), |n| n.to_string()),
+            self.dropped.map_or("absent".into(), |n| n.to_string()),
             self.ends_after.map_or("-".into(), |(a, b)| format!(
                 "{:.1}-{:.1} s",
                 a.as_secs_f64(),

@@ -18,8 +18,9 @@
 //! so what it sends the app while ending quiet streams must never look like
 //! a ping flood: a server that closes the connection cuts every stream on it.
 //!
-//! For each server (grpc-go, grpc-java on Netty, grpcio, tonic;
-//! `support::peers`), 20 streams per case on one guard -> app connection:
+//! For each server (grpc-go, grpc-java on Netty, grpcio, tonic, and a raw
+//! HTTP/2 app of python-h2's that reads its socket only every 100 ms, or
+//! every 500 ms: `tests/py/slow_app.py`; `support::peers`), 20 streams per case on one guard -> app connection:
 //!
 //! | case | streams | how they end |
 //! |---|---|---|
@@ -29,6 +30,14 @@
 //! | quiet, shipped bootstrap | a message every 3 s | a drain, through the shipped Envoy bootstrap (fail-open retries) |
 //! | max age | a message every 3 s, opened again after each end | the guard's max connection age (3 s, grace 2 s), 3 cycles |
 //! | app stop | a message every 3 s | a drain, with SIGTERM to the app at its start (the app's graceful stop) |
+//! | throttled, chatty | a message every 50 ms, the app frozen 70 ms of every 100 ms | a drain |
+//! | throttled, quiet | a message every 3 s, the app frozen 70 ms of every 100 ms | a drain |
+//!
+//! The throttled cases are an app under a CPU limit (the kernel's CFS quota
+//! freezes a container for the rest of each period once it spent its
+//! quota) or in GC pauses: SIGSTOP and SIGCONT, 70 ms and 30 ms, for as long
+//! as the two cases run, side by side after the others. The app reads its
+//! socket late, so the guard's cancel and its barrier wait for it.
 //!
 //! The drains end long-lived streams spread over their window; the guard
 //! takes a stream as long-lived after 2 messages or `--long-stream-age`
@@ -47,7 +56,8 @@
 //! it must count it, so a counter that never counts cannot pass), and by the
 //! clients, none of which may see the guard's "connection to the
 //! application was lost" or a "too many pings". A drain's report must say
-//! it terminated every stream and cut none.
+//! it terminated every stream and cut none, and the guard must have dropped
+//! no DATA of the app's (`drainshim_stream_data_dropped_total` 0).
 //!
 //! The cases of one server run side by side, each with its own Envoy, guard
 //! and tap (so its own app connection), against the one app process, as a
@@ -72,6 +82,7 @@ use std::time::Duration;
 
 use account::{
     app_goaways_metric, lost_fates, series_sum, Fate, Row, Wire, APP_GOAWAYS, BLIND_ENDED,
+    DATA_DROPPED,
 };
 use clients::{classify, client, describe, End, Sub};
 use drainshim::drain::Report;
@@ -137,6 +148,10 @@ const MAX_AGE_FLAGS: &[&str] = &[
     "2s",
 ];
 
+/// The throttled app: stopped this long of every [`THROTTLE_PERIOD`].
+const THROTTLE_STOPPED: Duration = Duration::from_millis(70);
+const THROTTLE_PERIOD: Duration = Duration::from_millis(100);
+
 /// The guard's log line when a drain's deadline sweep ends what is left.
 const SWEEP_LOG: &str = "drain deadline near";
 
@@ -147,6 +162,8 @@ enum Scenario {
     Silent,
     MaxAge,
     AppStop,
+    ThrottledChatty,
+    ThrottledQuiet,
 }
 
 impl Scenario {
@@ -157,6 +174,8 @@ impl Scenario {
             Scenario::Silent => "silent (1 msg), drain",
             Scenario::MaxAge => "quiet (3 s), max age",
             Scenario::AppStop => "quiet (3 s), drain + app stop",
+            Scenario::ThrottledChatty => "chatty (50 ms), throttled app, drain",
+            Scenario::ThrottledQuiet => "quiet (3 s), throttled app, drain",
         }
     }
 
@@ -168,14 +187,18 @@ impl Scenario {
             Scenario::Silent => "silent",
             Scenario::MaxAge => "aged",
             Scenario::AppStop => "stop",
+            Scenario::ThrottledChatty => "tchatty",
+            Scenario::ThrottledQuiet => "tquiet",
         }
     }
 
     fn interval_ms(self) -> u32 {
         match self {
-            Scenario::Chatty => CHATTY_MS,
+            Scenario::Chatty | Scenario::ThrottledChatty => CHATTY_MS,
             Scenario::Silent => SILENT_MS,
-            Scenario::Quiet | Scenario::MaxAge | Scenario::AppStop => QUIET_MS,
+            Scenario::Quiet | Scenario::MaxAge | Scenario::AppStop | Scenario::ThrottledQuiet => {
+                QUIET_MS
+            }
         }
     }
 
@@ -186,6 +209,16 @@ impl Scenario {
         } else {
             1
         }
+    }
+
+    /// Whether its app is throttled while it runs.
+    fn throttled(self) -> bool {
+        matches!(self, Scenario::ThrottledChatty | Scenario::ThrottledQuiet)
+    }
+
+    /// Whether its streams write often (long-lived by messages).
+    fn chatty(self) -> bool {
+        matches!(self, Scenario::Chatty | Scenario::ThrottledChatty)
     }
 
     /// Whether a drain ends it (else the guard's max age does).
@@ -306,6 +339,8 @@ struct Run {
     /// Endings the guard begun at a moment no write timed (its metric;
     /// None: the family is missing from /metrics).
     blind: Option<u64>,
+    /// Application DATA frames the guard dropped (likewise).
+    dropped: Option<u64>,
     shim_log: String,
     /// The drain's start (or, for max age, the case's).
     trigger: Instant,
@@ -365,11 +400,7 @@ async fn drive(case: Case, app: &PeerApp) -> Run {
         // its first message, then the guard's long-stream age passes (the
         // clock is the condition: the age counts from the app's answer,
         // which came before the client's first message).
-        let want = if case.scenario == Scenario::Chatty {
-            2
-        } else {
-            1
-        };
+        let want = if case.scenario.chatty() { 2 } else { 1 };
         let what = format!("{}: every stream flows", case.name());
         support::wait_for_ok(&what, WAIT, || {
             let c: Vec<usize> = counts.iter().map(|n| n.load(Ordering::Relaxed)).collect();
@@ -455,6 +486,9 @@ async fn drive(case: Case, app: &PeerApp) -> Run {
         blind: metrics
             .contains(BLIND_ENDED)
             .then(|| series_sum(&metrics, BLIND_ENDED)),
+        dropped: metrics
+            .contains(DATA_DROPPED)
+            .then(|| series_sum(&metrics, DATA_DROPPED)),
         shim_log,
         trigger,
         took: begun.elapsed(),
@@ -499,8 +533,8 @@ fn judge_calls(run: &Run, row: &mut Row) {
                 // failed. Anything that reached the guard and was not
                 // forwarded always fails, and so does any loss on the
                 // quiet, silent, max-age and app-stop streams.
-                let producer_race = run.case.scenario == Scenario::Chatty
-                    && fates.iter().all(|f| *f == Fate::NeverSent);
+                let producer_race =
+                    run.case.scenario.chatty() && fates.iter().all(|f| *f == Fate::NeverSent);
                 for f in fates {
                     *row.lost_fates.entry(f).or_default() += 1;
                 }
@@ -525,7 +559,11 @@ fn judge_calls(run: &Run, row: &mut Row) {
     row.ends_after = first_end.map(|f| (f, last_end));
     let spread = matches!(
         run.case.scenario,
-        Scenario::Chatty | Scenario::Quiet | Scenario::Silent
+        Scenario::Chatty
+            | Scenario::Quiet
+            | Scenario::Silent
+            | Scenario::ThrottledChatty
+            | Scenario::ThrottledQuiet
     );
     let span = last_end.saturating_sub(first_end.unwrap_or_default());
     if spread && span < Duration::from_secs(1) {
@@ -634,7 +672,11 @@ fn judge_drain(run: &Run, row: &mut Row) {
 fn blind_endings(run: &Run, row: &mut Row) {
     let timed = matches!(
         run.case.scenario,
-        Scenario::Chatty | Scenario::Quiet | Scenario::MaxAge
+        Scenario::Chatty
+            | Scenario::Quiet
+            | Scenario::MaxAge
+            | Scenario::ThrottledChatty
+            | Scenario::ThrottledQuiet
     );
     match run.blind {
         None => row
@@ -644,6 +686,20 @@ fn blind_endings(run: &Run, row: &mut Row) {
             "{BLIND_ENDED}_total is {n}: an ending began at a moment no write timed"
         )),
         Some(_) => {}
+    }
+}
+
+/// The guard dropped none of the app's DATA (a message the client would
+/// never get), by its own count, which must be exported.
+fn judge_dropped(run: &Run, row: &mut Row) {
+    match run.dropped {
+        None => row
+            .failures
+            .push(format!("{DATA_DROPPED}_total is missing from /metrics")),
+        Some(0) => {}
+        Some(n) => row.failures.push(format!(
+            "{DATA_DROPPED}_total is {n}: the guard dropped DATA the app sent"
+        )),
     }
 }
 
@@ -693,6 +749,7 @@ fn judge(run: Run) -> Row {
         endings: BTreeMap::new(),
         report: None,
         blind: run.blind,
+        dropped: run.dropped,
         time: run.took,
         failures: run.failures.clone(),
     };
@@ -701,6 +758,7 @@ fn judge(run: Run) -> Row {
     judge_connections(&run, &mut row);
     judge_drain(&run, &mut row);
     judge_goaways(&run, &mut row);
+    judge_dropped(&run, &mut row);
     if !row.failures.is_empty() {
         row.failures.push(format!(
             "--- drainshim log (tail) ---\n{}",
@@ -732,6 +790,28 @@ async fn matrix(server: Server) {
     }))
     .await;
     let mut rows: Vec<Row> = runs.into_iter().map(judge).collect();
+    // The app under a CPU limit: frozen 70 ms of every 100 ms while the
+    // throttled cases run, side by side.
+    let throttled = [Scenario::ThrottledChatty, Scenario::ThrottledQuiet];
+    let throttle = app.throttle(THROTTLE_STOPPED, THROTTLE_PERIOD, CLIENT_LIMIT + WAIT);
+    let runs = futures_util::future::join_all(throttled.iter().map(|scenario| {
+        let case = Case {
+            server,
+            scenario: *scenario,
+            boot: Boot::NoRetry,
+        };
+        assert!(scenario.throttled());
+        drive(case, &app)
+    }))
+    .await;
+    let cycles = throttle.stop();
+    rows.extend(runs.into_iter().map(|run| {
+        let mut row = judge(run);
+        if cycles == 0 {
+            row.failures.push("the app was never frozen".into());
+        }
+        row
+    }));
     let stop = Case {
         server,
         scenario: Scenario::AppStop,
@@ -797,4 +877,14 @@ async fn grpcio() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tonic() {
     matrix(Server::Tonic).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_app_100ms() {
+    matrix(Server::Slow100).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_app_500ms() {
+    matrix(Server::Slow500).await
 }

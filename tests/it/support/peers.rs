@@ -24,6 +24,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -42,6 +43,11 @@ pub enum Server {
     GrpcJava,
     Grpcio,
     Tonic,
+    /// A raw HTTP/2 app (python-h2, `tests/py/slow_app.py`) that reads its
+    /// socket only every 100 ms: writes, reads, then works without reading.
+    Slow100,
+    /// The same, reading every 500 ms.
+    Slow500,
 }
 
 impl Server {
@@ -51,6 +57,8 @@ impl Server {
             Server::GrpcJava => "grpc-java",
             Server::Grpcio => "grpcio",
             Server::Tonic => "tonic",
+            Server::Slow100 => "slow app (100 ms)",
+            Server::Slow500 => "slow app (500 ms)",
         }
     }
 
@@ -73,6 +81,17 @@ impl Server {
             Server::Grpcio => {
                 let mut c = Command::new(python());
                 c.arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/grpc_app.py"));
+                c
+            }
+            Server::Slow100 | Server::Slow500 => {
+                let pause = if self == Server::Slow100 {
+                    "100"
+                } else {
+                    "500"
+                };
+                let mut c = Command::new(python());
+                c.arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/slow_app.py"))
+                    .args(["--pause-ms", pause]);
                 c
             }
             Server::Tonic => {
@@ -266,6 +285,33 @@ impl PeerApp {
         kill(Pid::from_raw(pid as i32), Signal::SIGTERM).expect("SIGTERM the app");
     }
 
+    /// Throttles the app as a CPU quota does: stopped (SIGSTOP) for
+    /// `stopped` of every `period`, until [`Throttle::stop`] or `limit`.
+    pub fn throttle(&self, stopped: Duration, period: Duration, limit: Duration) -> Throttle {
+        let pid = Pid::from_raw(self.child.id().expect("the app is running") as i32);
+        let run = Arc::new(AtomicBool::new(true));
+        let on = run.clone();
+        let thread = std::thread::spawn(move || {
+            let until = std::time::Instant::now() + limit;
+            let mut cycles = 0;
+            while on.load(Ordering::Relaxed) && std::time::Instant::now() < until {
+                if kill(pid, Signal::SIGSTOP).is_err() {
+                    break;
+                }
+                std::thread::sleep(stopped);
+                let _ = kill(pid, Signal::SIGCONT);
+                cycles += 1;
+                std::thread::sleep(period.saturating_sub(stopped));
+            }
+            let _ = kill(pid, Signal::SIGCONT);
+            cycles
+        });
+        Throttle {
+            run,
+            thread: Some(thread),
+        }
+    }
+
     /// Waits up to `limit` for the app to exit by itself, then for its
     /// output to be read to the end. None if it is still running.
     pub async fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
@@ -284,6 +330,33 @@ impl PeerApp {
         self.stdin.take();
         let _ = self.child.start_kill();
         let _ = tokio::time::timeout(WAIT, self.child.wait()).await;
+    }
+}
+
+/// A throttled app ([`PeerApp::throttle`]); it runs freely again once
+/// stopped or dropped.
+pub struct Throttle {
+    run: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl Throttle {
+    /// Lets the app run freely again; how many times it was frozen.
+    pub fn stop(mut self) -> u64 {
+        self.halt()
+    }
+
+    fn halt(&mut self) -> u64 {
+        self.run.store(false, Ordering::Relaxed);
+        self.thread
+            .take()
+            .map_or(0, |t| t.join().unwrap_or_default())
+    }
+}
+
+impl Drop for Throttle {
+    fn drop(&mut self) {
+        self.halt();
     }
 }
 
