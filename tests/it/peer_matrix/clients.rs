@@ -95,12 +95,24 @@ pub fn describe(status: &Option<tonic::Status>) -> String {
     d
 }
 
+/// What a client asks for, and how it reads.
+#[derive(Clone, Debug)]
+pub struct Shape {
+    /// The app's cadence (1 ms: as fast as flow control lets it).
+    pub interval_ms: u32,
+    /// Each message's payload.
+    pub payload_bytes: u32,
+    /// While this says true, the client reads nothing (a slow client):
+    /// its window, then Envoy's to the guard, shuts.
+    pub hold: Option<tokio::sync::watch::Receiver<bool>>,
+}
+
 /// One Subscribe call through Envoy, until the server ends it, its
 /// connection breaks, or `deadline`.
 async fn subscription(
     channel: Channel,
     id: String,
-    interval_ms: u32,
+    shape: &Shape,
     received: &AtomicUsize,
     deadline: Instant,
 ) -> Sub {
@@ -111,13 +123,21 @@ async fn subscription(
             .subscribe(SubscribeRequest {
                 stream_id: id.clone(),
                 count: 0,
-                interval_ms,
-                payload_bytes: 64,
+                interval_ms: shape.interval_ms,
+                payload_bytes: shape.payload_bytes,
                 ..Default::default()
             })
             .await?
             .into_inner();
-        while let Some(tick) = stream.message().await? {
+        let mut hold = shape.hold.clone();
+        loop {
+            if let Some(h) = hold.as_mut() {
+                // Released by the case (bounded by its deadline).
+                let _ = h.wait_for(|held| !held).await;
+            }
+            let Some(tick) = stream.message().await? else {
+                break;
+            };
             seqs.push(tick.seq);
             received.fetch_add(1, Ordering::Relaxed);
         }
@@ -143,7 +163,7 @@ async fn subscription(
 pub async fn client(
     channel: Channel,
     id: String,
-    interval_ms: u32,
+    shape: Shape,
     cycles: usize,
     received: Arc<AtomicUsize>,
     deadline: Instant,
@@ -155,7 +175,7 @@ pub async fn client(
         } else {
             id.clone()
         };
-        let sub = subscription(channel.clone(), id, interval_ms, &received, deadline).await;
+        let sub = subscription(channel.clone(), id, &shape, &received, deadline).await;
         let again = sub
             .status
             .as_ref()

@@ -32,6 +32,8 @@
 //! | app stop | a message every 3 s | a drain, with SIGTERM to the app at its start (the app's graceful stop) |
 //! | throttled, chatty | a message every 50 ms, the app frozen 70 ms of every 100 ms | a drain |
 //! | throttled, quiet | a message every 3 s, the app frozen 70 ms of every 100 ms | a drain |
+//! | 64 KiB at full speed | 5 streams of 64 KiB messages, as fast as flow control lets the app write | a drain |
+//! | slow client | 5 streams of 16 KiB every 10 ms; the clients read nothing for 4 s from the drain's start | a drain |
 //!
 //! The throttled cases are an app under a CPU limit (the kernel's CFS quota
 //! freezes a container for the rest of each period once it spent its
@@ -84,7 +86,7 @@ use account::{
     app_goaways_metric, lost_fates, series_sum, Fate, Row, Wire, APP_GOAWAYS, BLIND_ENDED,
     DATA_DROPPED,
 };
-use clients::{classify, client, describe, End, Sub};
+use clients::{classify, client, describe, End, Shape, Sub};
 use drainshim::drain::Report;
 use drainshim::guard::end_message;
 use drainshim::metrics::Reason;
@@ -98,6 +100,13 @@ use tonic::transport::Endpoint;
 
 /// Streams per case, all on one guard -> app connection.
 const STREAMS: usize = 20;
+/// Streams of the cases that move data at full speed: fewer, so the
+/// machine (Envoy, the guard, the app and the clients on two cores) is not
+/// what is measured.
+const BULK_STREAMS: usize = 5;
+/// How long the slow client reads nothing, from the drain's start: longer
+/// than the drain's spread (2 s), so every ending meets a shut window.
+const SLOW_CLIENT_HOLD: Duration = Duration::from_secs(4);
 /// The chatty cadence.
 const CHATTY_MS: u32 = 50;
 /// The quiet cadence: far apart next to the drain's endings (one every
@@ -164,6 +173,8 @@ enum Scenario {
     AppStop,
     ThrottledChatty,
     ThrottledQuiet,
+    Bulk,
+    SlowClient,
 }
 
 impl Scenario {
@@ -176,6 +187,8 @@ impl Scenario {
             Scenario::AppStop => "quiet (3 s), drain + app stop",
             Scenario::ThrottledChatty => "chatty (50 ms), throttled app, drain",
             Scenario::ThrottledQuiet => "quiet (3 s), throttled app, drain",
+            Scenario::Bulk => "64 KiB at full speed, drain",
+            Scenario::SlowClient => "16 KiB / 10 ms, slow client, drain",
         }
     }
 
@@ -189,12 +202,16 @@ impl Scenario {
             Scenario::AppStop => "stop",
             Scenario::ThrottledChatty => "tchatty",
             Scenario::ThrottledQuiet => "tquiet",
+            Scenario::Bulk => "bulk",
+            Scenario::SlowClient => "slowc",
         }
     }
 
     fn interval_ms(self) -> u32 {
         match self {
             Scenario::Chatty | Scenario::ThrottledChatty => CHATTY_MS,
+            Scenario::Bulk => 1,
+            Scenario::SlowClient => 10,
             Scenario::Silent => SILENT_MS,
             Scenario::Quiet | Scenario::MaxAge | Scenario::AppStop | Scenario::ThrottledQuiet => {
                 QUIET_MS
@@ -216,9 +233,30 @@ impl Scenario {
         matches!(self, Scenario::ThrottledChatty | Scenario::ThrottledQuiet)
     }
 
-    /// Whether its streams write often (long-lived by messages).
+    /// Whether its streams write often (long-lived by messages): a
+    /// producer, whose transport may take a message it then drops when it
+    /// reads the cancel.
     fn chatty(self) -> bool {
-        matches!(self, Scenario::Chatty | Scenario::ThrottledChatty)
+        matches!(
+            self,
+            Scenario::Chatty | Scenario::ThrottledChatty | Scenario::Bulk | Scenario::SlowClient
+        )
+    }
+
+    /// Streams per call of the case.
+    fn streams(self) -> usize {
+        match self {
+            Scenario::Bulk | Scenario::SlowClient => BULK_STREAMS,
+            _ => STREAMS,
+        }
+    }
+
+    fn payload_bytes(self) -> u32 {
+        match self {
+            Scenario::Bulk => 64 * 1024,
+            Scenario::SlowClient => 16 * 1024,
+            _ => 64,
+        }
     }
 
     /// Whether a drain ends it (else the guard's max age does).
@@ -376,7 +414,16 @@ async fn drive(case: Case, app: &PeerApp) -> Run {
         .await
         .expect("connect to Envoy");
     let deadline = begun + CLIENT_LIMIT;
-    let counts: Vec<Arc<AtomicUsize>> = (0..STREAMS).map(|_| Arc::default()).collect();
+    let counts: Vec<Arc<AtomicUsize>> = (0..case.scenario.streams())
+        .map(|_| Arc::default())
+        .collect();
+    // The slow client's reads, held from the drain's start.
+    let (hold, held) = tokio::sync::watch::channel(false);
+    let shape = Shape {
+        interval_ms: case.scenario.interval_ms(),
+        payload_bytes: case.scenario.payload_bytes(),
+        hold: (case.scenario == Scenario::SlowClient).then_some(held),
+    };
     let clients: Vec<JoinHandle<Vec<Sub>>> = counts
         .iter()
         .enumerate()
@@ -384,7 +431,7 @@ async fn drive(case: Case, app: &PeerApp) -> Run {
             tokio::spawn(client(
                 channel.clone(),
                 format!("{}-{i}", case.prefix()),
-                case.scenario.interval_ms(),
+                shape.clone(),
                 case.scenario.cycles(),
                 n.clone(),
                 deadline,
@@ -416,7 +463,14 @@ async fn drive(case: Case, app: &PeerApp) -> Run {
             tokio::time::sleep(LONG_STREAM_AGE + Duration::from_millis(200)).await;
         }
         trigger = Instant::now();
+        if case.scenario == Scenario::SlowClient {
+            let _ = hold.send(true);
+        }
         drain = Some(tokio::spawn(prestop(pod.shim.addr)));
+        if case.scenario == Scenario::SlowClient {
+            tokio::time::sleep(SLOW_CLIENT_HOLD).await;
+            let _ = hold.send(false);
+        }
         if case.scenario == Scenario::AppStop {
             app.sigterm();
         }
@@ -564,6 +618,7 @@ fn judge_calls(run: &Run, row: &mut Row) {
             | Scenario::Silent
             | Scenario::ThrottledChatty
             | Scenario::ThrottledQuiet
+            | Scenario::Bulk
     );
     let span = last_end.saturating_sub(first_end.unwrap_or_default());
     if spread && span < Duration::from_secs(1) {
@@ -573,7 +628,7 @@ fn judge_calls(run: &Run, row: &mut Row) {
     }
     if run.case.scenario == Scenario::MaxAge {
         // The fewest graceful endings one client went through.
-        let fewest = (0..STREAMS)
+        let fewest = (0..run.case.scenario.streams())
             .map(|i| {
                 let mine = format!("{}-{i}-", run.case.prefix());
                 run.subs
@@ -610,7 +665,8 @@ fn judge_connections(run: &Run, row: &mut Row) {
     if run.case.scenario.drained() {
         if by_peer.len() != 1 || row.wire.h2_conns != 1 {
             row.failures.push(format!(
-                "the {STREAMS} streams came over {} app connection(s) (the tap saw {} HTTP/2 connections), want one",
+                "the {} streams came over {} app connection(s) (the tap saw {} HTTP/2 connections), want one",
+                run.case.scenario.streams(),
                 by_peer.len(),
                 row.wire.h2_conns
             ));
@@ -625,7 +681,8 @@ fn judge_connections(run: &Run, row: &mut Row) {
         .collect();
     if first.len() != 1 {
         row.failures.push(format!(
-            "the first cycle's {STREAMS} streams came over {} app connections, want one: {first:?}",
+            "the first cycle's {} streams came over {} app connections, want one: {first:?}",
+            run.case.scenario.streams(),
             first.len()
         ));
     }
@@ -651,9 +708,10 @@ fn judge_drain(run: &Run, row: &mut Row) {
         ));
     }
     // In the app-stop case the app's own GOAWAY ends some (completed).
-    if run.case.scenario != Scenario::AppStop && s.terminated != STREAMS as u64 {
+    let want = run.case.scenario.streams() as u64;
+    if run.case.scenario != Scenario::AppStop && s.terminated != want {
         row.failures.push(format!(
-            "the drain report says terminated {}, want {STREAMS}: {s:?}",
+            "the drain report says terminated {}, want {want}: {s:?}",
             s.terminated
         ));
     }
@@ -677,6 +735,8 @@ fn blind_endings(run: &Run, row: &mut Row) {
             | Scenario::MaxAge
             | Scenario::ThrottledChatty
             | Scenario::ThrottledQuiet
+            | Scenario::Bulk
+            | Scenario::SlowClient
     );
     match run.blind {
         None => row
@@ -812,6 +872,19 @@ async fn matrix(server: Server) {
         }
         row
     }));
+    // Data at full speed, and a client that stops reading: side by side,
+    // after the others, so their load times none of them.
+    let bulk = [Scenario::Bulk, Scenario::SlowClient];
+    let runs = futures_util::future::join_all(bulk.iter().map(|scenario| {
+        let case = Case {
+            server,
+            scenario: *scenario,
+            boot: Boot::NoRetry,
+        };
+        drive(case, &app)
+    }))
+    .await;
+    rows.extend(runs.into_iter().map(judge));
     let stop = Case {
         server,
         scenario: Scenario::AppStop,
