@@ -193,6 +193,29 @@ impl Boundaries {
         }
     }
 
+    /// How many bytes of `chunk`, from here, end at the last boundary
+    /// inside it (0: none does): what of it is whole messages or events.
+    pub fn whole_prefix(&self, chunk: &[u8]) -> usize {
+        if let BodyKind::Grpc | BodyKind::GrpcWeb { text: false } = self.kind {
+            let mut f = self.framer;
+            let mut at = 0;
+            while let Some(n) = f.bytes_to_boundary(&chunk[at..]) {
+                f.consume(&chunk[at..at + n]);
+                at += n;
+            }
+            return at;
+        }
+        let mut b = self.clone();
+        let mut whole = 0;
+        for (i, byte) in chunk.iter().enumerate() {
+            b.consume(std::slice::from_ref(byte));
+            if b.at_boundary() {
+                whole = i + 1;
+            }
+        }
+        whole
+    }
+
     /// Between two messages or events: ending here cuts nothing.
     pub fn at_boundary(&self) -> bool {
         match self.kind {

@@ -372,6 +372,7 @@ fn the_handle_offers_a_driver_only_what_it_may_call() {
         "record_termination",
         "record_ungraceful",
         "record_blind_ending",
+        "record_dropped",
         "record_app_lost",
         "record_goaway",
         "record_app_goaway",

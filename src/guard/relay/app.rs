@@ -336,6 +336,10 @@ impl Relay<'_> {
             // The application's own end wins over the guard's.
             s.ending = None;
             self.maybe_done(id);
+        } else if s.ending.is_some_and(|e| e.cancelled.is_some()) {
+            // Its end waits for the whole read to be handled: a frame
+            // behind this head in the same read is forwarded first.
+            self.endings.barrier.moved = true;
         } else if s.ending.is_some() {
             self.advance(id, now);
         }

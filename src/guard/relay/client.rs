@@ -334,7 +334,10 @@ impl Relay<'_> {
                 s.shut_since = None;
             }
             let ending = s.ending.is_some();
-            self.app.write.extend_from_slice(frame);
+            // Not to a stream the guard cancelled at the app (§5.1).
+            if s.ending.is_none_or(|e| e.cancelled.is_none()) {
+                self.app.write.extend_from_slice(frame);
+            }
             if ending {
                 // An end of the guard's own may have waited for it.
                 self.advance(h.id, now);
@@ -610,7 +613,15 @@ impl Relay<'_> {
         if let Some(s) = self.streams.get_mut(&id) {
             s.req_done = true;
         }
-        self.forward_block(block, frame, all, false);
+        if self.app_cancelled(id) {
+            // The guard cancelled the application's side while it ends the
+            // stream: there the trailers would be a frame on a closed
+            // stream (RFC 9113 §5.1), which the app may answer with a
+            // connection error.
+            self.dropped_block(t.fields);
+        } else {
+            self.forward_block(block, frame, all, false);
+        }
         self.maybe_done(id);
         Ok(())
     }

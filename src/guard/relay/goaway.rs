@@ -250,14 +250,17 @@ impl Relay<'_> {
 
     /// The application's connection is gone: every open stream gets the
     /// retryable end it can still get, and the client a GOAWAY.
-    pub(super) fn app_lost(&mut self) {
+    pub(super) fn app_lost(&mut self, clean: bool) {
+        // Only a clean close with no frame left half read follows all the
+        // application wrote.
+        let clean = clean && self.app.read.is_empty();
         tracing::debug!(peer = %self.info.peer, conn = self.info.id, streams = self.streams.len(), "guard: the application closed its connection");
         let ids: Vec<u32> = self.streams.keys().copied().collect();
         for id in ids {
             // Being ended, its cancel sent: an app in its graceful stop
             // closes once its last stream is cancelled, without acking the
             // barrier. Its close follows everything it wrote.
-            if self.end_on_app_close(id) {
+            if clean && self.end_on_app_close(id) {
                 continue;
             }
             let Some(s) = self.streams.get(&id) else {
@@ -312,7 +315,7 @@ impl Relay<'_> {
             Failure::FlowControl => wire::FLOW_CONTROL_ERROR,
             Failure::AppProtocol | Failure::NotHttp2 => {
                 // The application broke the protocol: like losing it.
-                return self.app_lost();
+                return self.app_lost(false);
             }
         };
         let ids: Vec<u32> = self.streams.keys().copied().collect();

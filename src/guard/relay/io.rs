@@ -19,28 +19,6 @@ pub(super) fn keep_rest(mut buf: BytesMut, at: usize) -> BytesMut {
     buf
 }
 
-/// Writes the first `cleared` bytes of `buf` until they are gone or the
-/// socket is full.
-pub(super) fn write_cleared<W: AsyncWrite + Unpin>(
-    cx: &mut Context<'_>,
-    io: &mut W,
-    buf: &mut BytesMut,
-    cleared: &mut usize,
-) -> std::io::Result<()> {
-    while *cleared > 0 {
-        match Pin::new(&mut *io).poll_write(cx, &buf[..*cleared]) {
-            Poll::Ready(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Poll::Ready(Ok(n)) => {
-                buf.advance(n);
-                *cleared -= n;
-            }
-            Poll::Ready(Err(e)) => return Err(e),
-            Poll::Pending => break,
-        }
-    }
-    Ok(())
-}
-
 /// Writes from `buf` until it is empty or the socket is full.
 pub(super) fn write_some<W: AsyncWrite + Unpin>(
     cx: &mut Context<'_>,

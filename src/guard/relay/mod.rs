@@ -222,7 +222,9 @@ enum Wake {
     Flushed,
     FromApp,
     ClientGone,
-    AppGone,
+    /// The application's connection is gone: cleanly (its end of file
+    /// read), or not (a read or write error).
+    AppGone(bool),
     Timer,
     Ended,
     Input(Input),
@@ -461,9 +463,11 @@ impl<'a> Relay<'a> {
                 Wake::FromApp => self.app_frames(now),
                 Wake::ClientGone => break,
                 Wake::Flushed | Wake::Local => Ok(()),
-                Wake::AppGone if self.handshake.app_pending => return self.handshake.replay.take(),
-                Wake::AppGone => {
-                    self.app_lost();
+                Wake::AppGone(_) if self.handshake.app_pending => {
+                    return self.handshake.replay.take()
+                }
+                Wake::AppGone(clean) => {
+                    self.app_lost(clean);
                     Ok(())
                 }
                 Wake::Timer => self.timers(now),
@@ -503,9 +507,11 @@ impl<'a> Relay<'a> {
                 let open = self.streams.len() + self.locals.len();
                 if open > 0 {
                     // Every stream has its own bounded end before this
-                    // backstop: one still open here is cut, and says so.
+                    // backstop: one still open here is cut, says so, and
+                    // is counted.
                     tracing::warn!(peer = %info.peer, conn = info.id, open,
                         "guard: closing deadline reached with streams still open; dropping the connection cuts them");
+                    self.cut_open();
                 } else {
                     tracing::debug!(peer = %info.peer, conn = info.id, "guard: closing deadline reached; dropping the connection");
                 }
@@ -516,10 +522,19 @@ impl<'a> Relay<'a> {
         // the client's window allows is written. A graceful end that does
         // not leave is a cut.
         self.clear_gate();
-        let mut cut = stream_end::ends_in(&self.client.write[self.window.cleared()..]);
         self.window.drop_uncleared(&mut self.client.write);
+        // Where each end still queued lies, before the last flush: those
+        // it does not get out are cut.
+        let front = self.window.front();
+        let ends = stream_end::ends_in(&self.client.write[front..]);
+        let queued = self.client.write.len();
         let _ = flush(client, &mut self.client.write).await;
-        cut.extend(stream_end::ends_in(&self.client.write));
+        let written = queued - self.client.write.len();
+        let cut = ends
+            .into_iter()
+            .filter(|&(_, end)| front + end > written)
+            .map(|(id, _)| id)
+            .collect();
         self.settle_written(Some(&cut));
         None
     }
@@ -535,7 +550,7 @@ impl<'a> Relay<'a> {
         match app.as_mut() {
             Some(app) => {
                 if write_some(cx, app, &mut self.app.write).is_err() {
-                    return Poll::Ready(Wake::AppGone);
+                    return Poll::Ready(Wake::AppGone(false));
                 }
             }
             None => self.app.write.clear(),
@@ -582,7 +597,8 @@ impl<'a> Relay<'a> {
             }
             if let (false, true, Some(app)) = (client_turn, want_app, app.as_mut()) {
                 match read_some(cx, app, &mut self.app.read) {
-                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(Wake::AppGone),
+                    Poll::Ready(Ok(0)) => return Poll::Ready(Wake::AppGone(true)),
+                    Poll::Ready(Err(_)) => return Poll::Ready(Wake::AppGone(false)),
                     Poll::Ready(Ok(_)) => return Poll::Ready(Wake::FromApp),
                     Poll::Pending => {}
                 }
@@ -632,8 +648,9 @@ impl<'a> Relay<'a> {
             // While an ending waits for the barrier's ack, the application
             // is read further (its acks and what it wrote before them), up
             // to the mark that also bounds a client whose window is shut.
-            self.client.write.len() < HIGH_WATER
-                || (self.awaits_ack() && self.client.write.len() < BLOCKED_HIGH_WATER),
+            self.endings.held < stream_end::HOLD_MAX
+                && (self.client.write.len() < HIGH_WATER
+                    || (self.awaits_ack() && self.client.write.len() < BLOCKED_HIGH_WATER)),
         )
     }
 }

@@ -17,8 +17,9 @@
 //!    (or the kind's own end).
 //!
 //! No clock cuts the wait short but the ending's own bound, `end_timeout`
-//! from the cancel: past it the end goes out unconfirmed, counted in
-//! `streams_ungraceful`, never as graceful. A graceful end counts once its
+//! from the ask (never less than [`ACK_MIN`] from the cancel): past it the
+//! end goes out unconfirmed, counted in `streams_ungraceful`, never as
+//! graceful. A graceful end counts once its
 //! last frame has been written to the client ([`Unwritten`]); one the
 //! connection's close drops is a cut. DATA of the application's that the
 //! guard drops is counted in `stream_data_dropped_total` and logged.
@@ -46,10 +47,14 @@ use crate::metrics::{Dropped, Reason, StreamProtocol};
 /// largest message is 4 MiB; the application's stream window bounds it
 /// too). A message past it goes on as it comes, and if the application's
 /// stack cuts it short the stream is reset, as no end can be whole.
-const HOLD_MAX: usize = 4 << 20;
+pub(super) const HOLD_MAX: usize = 4 << 20;
+/// The least time the application gets to ack the barrier after a cancel,
+/// however late in its bound the cancel went: an app frozen by its CPU
+/// quota or a GC pause for up to this long still confirms its end.
+const ACK_MIN: std::time::Duration = std::time::Duration::from_secs(1);
 /// Streams the guard ended remembered, so DATA the application still sends
 /// on one is counted as dropped (not taken for a stream the client reset).
-const ENDED_KEPT: usize = 256;
+const ENDED_KEPT: usize = 1024;
 
 /// One relayed stream.
 pub(super) struct Stream {
@@ -168,10 +173,10 @@ impl Held {
         }
     }
 
-    /// One more DATA frame of it (`h` its head).
-    pub(super) fn push(&mut self, h: Head, frame: &[u8]) {
+    /// One more DATA frame of it, which took `window` of flow control.
+    pub(super) fn push(&mut self, window: usize, frame: &[u8]) {
         self.frames.extend_from_slice(frame);
-        self.window += h.len;
+        self.window += window;
     }
 
     /// Whether it may grow no more.
@@ -216,6 +221,9 @@ pub(super) struct Endings {
     /// Streams the guard ended lately while the application's side was
     /// open (the last [`ENDED_KEPT`]).
     pub(super) ended: VecDeque<u32>,
+    /// Bytes held in every stream's [`Held`]: the application is not read
+    /// while they reach [`HOLD_MAX`].
+    pub(super) held: usize,
 }
 
 /// The barrier on the application connection: round trips of empty
@@ -354,14 +362,17 @@ impl Relay<'_> {
     /// barrier, whose round trips start after it, so their acks follow
     /// everything the application wrote before it read the cancel.
     fn cancel(&mut self, id: u32, now: Instant) {
-        let bound = self.guard.config().limits.end_timeout;
+        let end_timeout = self.guard.config().limits.end_timeout;
         wire::rst(&mut self.app.write, id, wire::CANCEL);
         let barrier = self.barrier_target(now);
         if let Some(e) = self.streams.get_mut(&id).and_then(|s| s.ending.as_mut()) {
             e.quiet_at = None;
+            // The ending's own bound (`end_timeout` from the ask, or the
+            // forced end's), but never less than ACK_MIN for the ack.
+            let bound = e.forced_by.unwrap_or(e.asked + end_timeout);
             e.cancelled = Some(Cancelled {
                 barrier,
-                by: now + bound,
+                by: bound.max(now + ACK_MIN),
                 acked: false,
             });
         }
@@ -376,16 +387,9 @@ impl Relay<'_> {
         let Some(mut e) = s.ending else {
             return;
         };
-        if let Some(held) = s.held.take() {
-            // The application's stack cut this message short once it read
-            // the cancel: the client never gets half of it.
-            s.bounds = Some(held.from);
-            let frames = held.frames.len();
-            tracing::warn!(peer = %self.info.peer, conn = self.info.id, stream = id, bytes = frames,
-                "guard: the application cut a message short after the guard's cancel; its start is dropped and the stream ends at the boundary before it");
-            self.guard.record_dropped(Dropped::partial_message, frames);
-            wire::window_update(&mut self.app.write, 0, held.window as u32);
-        }
+        // The application's stack cut this message short once it read the
+        // cancel: the client never gets half of it.
+        self.drop_held(id, "the application cut a message short after the guard's cancel; its start is dropped and the stream ends at the boundary before it");
         let reason = e.reason;
         let outcome = if confirmed {
             StreamOutcome::Ended(reason)
@@ -413,9 +417,15 @@ impl Relay<'_> {
             return;
         }
         if !self.end_gracefully(id, outcome) {
+            if !confirmed {
+                // Past the bound, and the client's stream window still
+                // cannot take the end (gRPC-Web's trailer frame is DATA).
+                self.reset_here(id);
+                return;
+            }
             // Waiting for the client's stream window, within the bound.
             if let Some(c) = e.cancelled.as_mut() {
-                c.acked |= confirmed;
+                c.acked = true;
             }
             if let Some(s) = self.streams.get_mut(&id) {
                 s.ending = Some(e);
@@ -448,10 +458,19 @@ impl Relay<'_> {
             self.endings.stalled.push(id);
         }
         let cancelled = s.ending.is_some_and(|e| e.cancelled.is_some());
+        let end_stream = h.flags & wire::END_STREAM != 0;
+        // After the cancel, a message not whole yet is held: the whole
+        // messages of this frame go on, the start of the next waits.
+        let mut hold: Option<(usize, Boundaries)> = None;
         if let Some(b) = s.bounds.as_mut() {
             if b.endable() && !data.is_empty() {
-                if cancelled && s.held.is_none() && b.at_boundary() {
-                    s.held = Some(Held::new(b.clone()));
+                if cancelled && !end_stream {
+                    let whole = b.whole_prefix(data);
+                    if whole < data.len() {
+                        let mut from = b.clone();
+                        from.consume(&data[..whole]);
+                        hold = Some((whole, from));
+                    }
                 }
                 s.messages += b.consume(data);
                 s.split |= !b.at_boundary();
@@ -463,17 +482,40 @@ impl Relay<'_> {
                 }
             }
         }
-        let end_stream = h.flags & wire::END_STREAM != 0;
-        let whole = s.at_boundary();
-        match s.held.as_mut() {
-            Some(held) if !end_stream && !whole && !held.full() => held.push(h, frame),
-            Some(_) => {
+        match hold {
+            Some((0, from)) if s.held.as_ref().is_none_or(|h| !h.full()) => {
+                // No boundary in it: all of it is the message being held.
+                let held = s.held.get_or_insert_with(|| Held::new(from));
+                held.push(h.len, frame);
+                self.endings.held += h.len;
+            }
+            Some((whole, from)) if whole > 0 => {
+                // Whole messages, then the start of one: split, the
+                // padding given back (the client never counts it).
                 if let Some(held) = s.held.take() {
+                    self.endings.held -= held.window;
+                    self.client.write.extend_from_slice(&held.frames);
+                }
+                wire::put(&mut self.client.write, wire::DATA, 0, id, &data[..whole]);
+                let mut held = Held::new(from);
+                let mut tail = BytesMut::new();
+                wire::put(&mut tail, wire::DATA, 0, id, &data[whole..]);
+                held.push(data.len() - whole, &tail);
+                self.endings.held += data.len() - whole;
+                s.held = Some(held);
+                let padding = (h.len - data.len()) as u32;
+                wire::window_update(&mut self.app.write, 0, padding);
+                wire::window_update(&mut self.app.write, id, padding);
+                s.window += i64::from(padding);
+            }
+            _ => {
+                // Whole (or past what may be held, or the app's own end).
+                if let Some(held) = s.held.take() {
+                    self.endings.held -= held.window;
                     self.client.write.extend_from_slice(&held.frames);
                 }
                 self.client.write.extend_from_slice(frame);
             }
-            None => self.client.write.extend_from_slice(frame),
         }
         if end_stream {
             s.resp_done = true;
@@ -489,8 +531,27 @@ impl Relay<'_> {
     /// behind what was held of it, in order.
     pub(super) fn release_held(&mut self, id: u32) {
         if let Some(held) = self.streams.get_mut(&id).and_then(|s| s.held.take()) {
+            self.endings.held -= held.window;
             self.client.write.extend_from_slice(&held.frames);
         }
+    }
+
+    /// A held message the application's stack cut short: dropped whole,
+    /// counted, its connection window given back; the stream is back at
+    /// the boundary before it.
+    fn drop_held(&mut self, id: u32, why: &'static str) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        let Some(held) = s.held.take() else {
+            return;
+        };
+        s.bounds = Some(held.from);
+        self.endings.held -= held.window;
+        tracing::warn!(peer = %self.info.peer, conn = self.info.id, stream = id, bytes = held.window, "guard: {why}");
+        self.guard
+            .record_dropped(Dropped::partial_message, held.window);
+        wire::window_update(&mut self.app.write, 0, held.window as u32);
     }
 
     /// DATA for a stream no longer open (`h` its head): the connection
@@ -686,10 +747,11 @@ impl Relay<'_> {
         true
     }
 
-    /// The application's connection closed while stream `id` was being
-    /// ended, its cancel sent: its close follows everything it wrote, so
-    /// at a boundary this is the guard's graceful end after all. False if
-    /// the stream still needs the end of a lost connection.
+    /// The application's connection closed cleanly (its end of file read,
+    /// nothing of a frame left unread) while stream `id` was being ended,
+    /// its cancel sent: its close follows everything it wrote, so at a
+    /// boundary this is the guard's graceful end after all. False if the
+    /// stream still needs the end of a lost connection.
     pub(super) fn end_on_app_close(&mut self, id: u32) -> bool {
         let Some(s) = self.streams.get_mut(&id) else {
             return true;
@@ -697,13 +759,10 @@ impl Relay<'_> {
         let Some(e) = s.ending.filter(|e| e.cancelled.is_some()) else {
             return false;
         };
-        if let Some(held) = s.held.take() {
-            s.bounds = Some(held.from);
-            self.guard
-                .record_dropped(Dropped::partial_message, held.frames.len());
-            tracing::warn!(peer = %self.info.peer, conn = self.info.id, stream = id, bytes = held.frames.len(),
-                "guard: the application closed its connection with a message cut short; its start is dropped");
-        }
+        self.drop_held(
+            id,
+            "the application closed its connection with a message cut short; its start is dropped",
+        );
         let Some(s) = self.streams.get(&id) else {
             return true;
         };
@@ -725,6 +784,7 @@ impl Relay<'_> {
             "guard: stream could not reach a safe end point in time; reset (REFUSED_STREAM for gRPC: retryable)");
         if let Some(held) = s.held.take() {
             // It goes on as it came: the reset says it is not whole.
+            self.endings.held -= held.window;
             self.client.write.extend_from_slice(&held.frames);
         }
         wire::rst(&mut self.client.write, id, code);
@@ -793,7 +853,11 @@ impl Relay<'_> {
         if self.endings.unwritten.is_empty() {
             return;
         }
-        let queued = ends_in(&self.client.write);
+        let queued: std::collections::HashSet<u32> =
+            ends_in(&self.client.write[self.window.front()..])
+                .into_iter()
+                .map(|(id, _)| id)
+                .collect();
         let guard = self.guard;
         let info = self.info;
         self.endings.unwritten.retain(|u| {
@@ -812,6 +876,16 @@ impl Relay<'_> {
                 }
             }
         });
+    }
+
+    /// The connection closes with streams still open: each the guard was
+    /// asked to end is cut, and counted (the run loop logged how many).
+    pub(super) fn cut_open(&mut self) {
+        for (_, s) in std::mem::take(&mut self.streams) {
+            if let Some(reason) = s.reg.ctl.reason() {
+                self.guard.record_ungraceful(reason, s.protocol());
+            }
+        }
     }
 
     /// DATA of the guard's own to the client, in frames the client takes;
@@ -841,19 +915,19 @@ impl Relay<'_> {
     }
 }
 
-/// The streams whose end (a frame with END_STREAM) still waits in `buf`.
-pub(super) fn ends_in(buf: &[u8]) -> std::collections::HashSet<u32> {
-    let mut ids = std::collections::HashSet::new();
+/// The streams whose end (a frame with END_STREAM) still waits in `buf`,
+/// which holds whole frames, with where in `buf` each end's frame ends.
+pub(super) fn ends_in(buf: &[u8]) -> Vec<(u32, usize)> {
+    let mut ends = Vec::new();
     let mut at = 0;
     while let Some(h) = wire::head(&buf[at..]) {
-        let ends = matches!(h.kind, wire::HEADERS | wire::DATA) && h.flags & wire::END_STREAM != 0;
-        if ends {
-            ids.insert(h.id);
-        }
         at += wire::FRAME_HEADER + h.len;
         if at > buf.len() {
             break;
         }
+        if matches!(h.kind, wire::HEADERS | wire::DATA) && h.flags & wire::END_STREAM != 0 {
+            ends.push((h.id, at));
+        }
     }
-    ids
+    ends
 }

@@ -11,12 +11,12 @@
 //! window only once it ran dry still gets all the data it was promised.
 
 use std::collections::HashSet;
-use std::task::Context;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use bytes::{Buf, BytesMut};
 use tokio::io::AsyncWrite;
 
-use super::io::write_cleared;
 use super::wire::{self, Head};
 use super::{Failure, DEFAULT_WINDOW, MAX_WINDOW};
 
@@ -38,6 +38,9 @@ pub(super) struct Window {
     /// application's, passed on): a local stream's window for the client's
     /// DATA starts there.
     told: i64,
+    /// Where the first whole frame of the client's write buffer starts: a
+    /// write may stop inside a frame.
+    front: usize,
 }
 
 impl Default for Window {
@@ -49,6 +52,7 @@ impl Default for Window {
             debt: 0,
             initial: w,
             told: w,
+            front: 0,
         }
     }
 }
@@ -120,14 +124,32 @@ impl Window {
     }
 
     /// Writes the cleared front of `buf` to `io`, until it is gone or the
-    /// socket is full.
+    /// socket is full, following where its first whole frame starts.
     pub(super) fn write<W: AsyncWrite + Unpin>(
         &mut self,
         cx: &mut Context<'_>,
         io: &mut W,
         buf: &mut BytesMut,
     ) -> std::io::Result<()> {
-        write_cleared(cx, io, buf, &mut self.cleared)
+        while self.cleared > 0 {
+            match Pin::new(&mut *io).poll_write(cx, &buf[..self.cleared]) {
+                Poll::Ready(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Poll::Ready(Ok(n)) => {
+                    self.front = next_front(buf, self.front, n);
+                    buf.advance(n);
+                    self.cleared -= n;
+                }
+                Poll::Ready(Err(e)) => return Err(e),
+                Poll::Pending => break,
+            }
+        }
+        Ok(())
+    }
+
+    /// Where the first whole frame of the client's write buffer starts
+    /// (the front may be the rest of a frame partly written).
+    pub(super) fn front(&self) -> usize {
+        self.front
     }
 
     /// Whether frames in a client write buffer of `len` bytes wait for the
@@ -144,6 +166,7 @@ impl Window {
     /// The client's write buffer was emptied without writing it.
     pub(super) fn buffer_dropped(&mut self) {
         self.cleared = 0;
+        self.front = 0;
     }
 
     /// Connection window left for DATA not yet cleared.
@@ -246,6 +269,20 @@ fn pass_held(to_client: &mut BytesMut, cleared: usize) -> usize {
     to_client.truncate(cleared);
     to_client.extend_from_slice(&order);
     passed
+}
+
+/// Where the first whole frame starts once the first `n` bytes of `buf`
+/// are written, it starting at `front` now (`buf` holds whole frames from
+/// `front` on, each head read once as the write passes it).
+fn next_front(buf: &[u8], front: usize, n: usize) -> usize {
+    let mut at = front;
+    while at < n {
+        match wire::head(&buf[at..]) {
+            Some(h) => at += wire::FRAME_HEADER + h.len,
+            None => return 0,
+        }
+    }
+    at - n
 }
 
 /// Splits the DATA frame at `at` so its first piece takes at most `room`
