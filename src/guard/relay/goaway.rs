@@ -184,6 +184,10 @@ impl Relay<'_> {
                     wire::rst(&mut self.client.write, id, wire::CANCEL);
                     wire::rst(&mut self.app.write, id, wire::CANCEL);
                     if let Some(s) = self.streams.remove(&id) {
+                        // One being ended is cut: counted as such.
+                        if let (Some(reason), Some(_)) = (s.reg.ctl.reason(), s.ending) {
+                            self.guard.record_ungraceful(reason, s.protocol());
+                        }
                         self.finish(s, StreamOutcome::ClientGone);
                     }
                 }

@@ -51,7 +51,9 @@ pub(super) const HOLD_MAX: usize = 4 << 20;
 /// The least time the application gets to ack the barrier after a cancel,
 /// however late in its bound the cancel went: an app frozen by its CPU
 /// quota or a GC pause for up to this long still confirms its end.
-const ACK_MIN: std::time::Duration = std::time::Duration::from_secs(1);
+/// Two round trips to an app that reads its socket every 500 ms take up to
+/// about 1.5 s. (The drain's sweep leaves room for it: `guard::SWEEP_MARGIN`.)
+const ACK_MIN: std::time::Duration = std::time::Duration::from_secs(2);
 /// Streams the guard ended remembered, so DATA the application still sends
 /// on one is counted as dropped (not taken for a stream the client reset).
 const ENDED_KEPT: usize = 1024;
@@ -224,6 +226,9 @@ pub(super) struct Endings {
     /// Bytes held in every stream's [`Held`]: the application is not read
     /// while they reach [`HOLD_MAX`].
     pub(super) held: usize,
+    /// The client's write buffer as `settle_written` last looked
+    /// ([`super::window::Window::drained`]).
+    pub(super) settled: Option<u64>,
 }
 
 /// The barrier on the application connection: round trips of empty
@@ -517,6 +522,12 @@ impl Relay<'_> {
                 self.client.write.extend_from_slice(frame);
             }
         }
+        if self.endings.held >= HOLD_MAX {
+            self.relieve_holds();
+        }
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
         if end_stream {
             s.resp_done = true;
             // The application's own end wins over the guard's.
@@ -533,6 +544,25 @@ impl Relay<'_> {
         if let Some(held) = self.streams.get_mut(&id).and_then(|s| s.held.take()) {
             self.endings.held -= held.window;
             self.client.write.extend_from_slice(&held.frames);
+        }
+    }
+
+    /// The connection holds [`HOLD_MAX`] in messages begun after a cancel:
+    /// the largest goes on as it is, so the app is read on and each can
+    /// still finish (one its stack cuts short is then reset, never ended
+    /// as if whole).
+    fn relieve_holds(&mut self) {
+        while self.endings.held >= HOLD_MAX {
+            let largest = self
+                .streams
+                .iter()
+                .filter_map(|(id, s)| Some((s.held.as_ref()?.window, *id)))
+                .max();
+            let Some((_, id)) = largest else {
+                self.endings.held = 0;
+                return;
+            };
+            self.release_held(id);
         }
     }
 
@@ -853,6 +883,11 @@ impl Relay<'_> {
         if self.endings.unwritten.is_empty() {
             return;
         }
+        // Nothing left the buffer since the last look: nothing more to count.
+        if cut.is_none() && self.endings.settled == Some(self.window.drained()) {
+            return;
+        }
+        self.endings.settled = Some(self.window.drained());
         let queued: std::collections::HashSet<u32> =
             ends_in(&self.client.write[self.window.front()..])
                 .into_iter()

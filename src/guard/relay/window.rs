@@ -41,6 +41,9 @@ pub(super) struct Window {
     /// Where the first whole frame of the client's write buffer starts: a
     /// write may stop inside a frame.
     front: usize,
+    /// How many times bytes left the client's write buffer: what waits
+    /// there changed only if this did.
+    drained: u64,
 }
 
 impl Default for Window {
@@ -53,6 +56,7 @@ impl Default for Window {
             initial: w,
             told: w,
             front: 0,
+            drained: 0,
         }
     }
 }
@@ -135,6 +139,7 @@ impl Window {
             match Pin::new(&mut *io).poll_write(cx, &buf[..self.cleared]) {
                 Poll::Ready(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
                 Poll::Ready(Ok(n)) => {
+                    self.drained += 1;
                     self.front = next_front(buf, self.front, n);
                     buf.advance(n);
                     self.cleared -= n;
@@ -144,6 +149,11 @@ impl Window {
             }
         }
         Ok(())
+    }
+
+    /// How many times bytes left the client's write buffer.
+    pub(super) fn drained(&self) -> u64 {
+        self.drained
     }
 
     /// Where the first whole frame of the client's write buffer starts
@@ -167,6 +177,7 @@ impl Window {
     pub(super) fn buffer_dropped(&mut self) {
         self.cleared = 0;
         self.front = 0;
+        self.drained += 1;
     }
 
     /// Connection window left for DATA not yet cleared.

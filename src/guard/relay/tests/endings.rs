@@ -527,13 +527,13 @@ async fn a_stream_of_split_messages_is_cancelled_first_and_never_gets_half_a_mes
 
 /// Issue 55's example: a quiet stream asked to end; the app, frozen (a
 /// CPU quota, a GC pause), reads the cancel late: a message and both acks
-/// arrive 51 ms after the cancel, and 990 ms after it (the cancel came at
+/// arrive 51 ms after the cancel, and 1,990 ms after it (the cancel came at
 /// the end of `end_settle`, so the ending's bound leaves it `ACK_MIN`).
 /// No clock cuts the barrier short: the message reaches the client before
 /// the trailers, and nothing is dropped.
 #[tokio::test]
 async fn a_slow_app_s_message_and_acks_long_after_the_cancel_still_come_first() {
-    for late in [Duration::from_millis(51), Duration::from_millis(990)] {
+    for late in [Duration::from_millis(51), Duration::from_millis(1_990)] {
         let (guard, metrics) = guard_and_metrics();
         let now = Instant::now();
         let mut r = streams_open(&guard, 1, now);
