@@ -183,10 +183,10 @@ struct Inner {
 const RECHECK: Duration = Duration::from_millis(250);
 
 /// Slack before the drain's deadline: the sweep of short calls ends them
-/// this long before `deadline - end_timeout`: an ending cancelled late in
-/// its `end_timeout` still gets the relay's least wait for the app's ack
-/// (2 s), and 1 s is left for the trailers to flush.
-const SWEEP_MARGIN: Duration = Duration::from_secs(3);
+/// this long before `deadline - end_timeout`, for the trailers to flush.
+/// (An ending cancelled at the end of its `end_settle` gets at least 2 s
+/// for the app's ack: if it takes them all, that ends at the deadline.)
+const SWEEP_MARGIN: Duration = Duration::from_secs(1);
 
 /// How long a short call still open at the end of a hand-off's window may
 /// go on before it is ended: a unary call the application is still working

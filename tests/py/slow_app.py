@@ -46,6 +46,8 @@ import h2.events
 import h2.exceptions
 from hyperframe.frame import GoAwayFrame
 
+from benchproto import field_bytes, field_varint, fields
+
 SERVICE = "drainshim.bench.v1.Stream"
 GRACE = 20.0
 READ = 65536
@@ -54,57 +56,6 @@ READ = 65536
 def say(line):
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
-
-
-def read_varint(buf, i):
-    n, shift = 0, 0
-    while True:
-        b = buf[i]
-        i += 1
-        n |= (b & 0x7F) << shift
-        if b < 0x80:
-            return n, i
-        shift += 7
-
-
-def fields(buf):
-    """Field number -> value for varint (int) and length-delimited (bytes) fields."""
-    out, i = {}, 0
-    while i < len(buf):
-        key, i = read_varint(buf, i)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            out[number], i = read_varint(buf, i)
-        elif wire == 2:
-            size, i = read_varint(buf, i)
-            out[number], i = buf[i : i + size], i + size
-        elif wire == 1:
-            i += 8
-        elif wire == 5:
-            i += 4
-        else:
-            raise ValueError(f"wire type {wire}")
-    return out
-
-
-def varint(n):
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def field_bytes(number, value):
-    return varint(number << 3 | 2) + varint(len(value)) + value
-
-
-def field_varint(number, value):
-    return varint(number << 3) + varint(value)
 
 
 def grpc_message(body):

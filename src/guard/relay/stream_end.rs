@@ -52,7 +52,8 @@ pub(super) const HOLD_MAX: usize = 4 << 20;
 /// however late in its bound the cancel went: an app frozen by its CPU
 /// quota or a GC pause for up to this long still confirms its end.
 /// Two round trips to an app that reads its socket every 500 ms take up to
-/// about 1.5 s. (The drain's sweep leaves room for it: `guard::SWEEP_MARGIN`.)
+/// about 1.5 s. (A quiet stream asked at the drain's sweep, 6 s before the
+/// deadline, is cancelled 4 s later: its end comes by the deadline.)
 const ACK_MIN: std::time::Duration = std::time::Duration::from_secs(2);
 /// Streams the guard ended remembered, so DATA the application still sends
 /// on one is counted as dropped (not taken for a stream the client reset).
@@ -796,6 +797,15 @@ impl Relay<'_> {
         let Some(s) = self.streams.get(&id) else {
             return true;
         };
+        if !s.answered() {
+            // Never answered: the guard's own retryable answer, as at the ack.
+            let Some(block) = trailers_only(s.kind, grpc::end_message(e.reason)) else {
+                return false;
+            };
+            self.own_block(id, &block, true);
+            self.end_here(id, StreamOutcome::Ended(e.reason));
+            return true;
+        }
         s.endable() && s.at_boundary() && self.end_gracefully(id, StreamOutcome::Ended(e.reason))
     }
 

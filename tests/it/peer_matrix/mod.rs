@@ -45,7 +45,7 @@
 //! takes a stream as long-lived after 2 messages or `--long-stream-age`
 //! (1 s here), and the quiet and silent streams are older than that at the
 //! trigger, so the drain's spread ends them, not its deadline sweep (which
-//! would come about 7 s after the trigger; the guard must never log it).
+//! would come about 9 s after the trigger; the guard must never log it).
 //!
 //! Asserted for every stream: it ends with `grpc-status: 14` and the
 //! guard's message for the case (drain, max age; in the app-stop case also
@@ -130,7 +130,7 @@ const APP_ACCOUNT: Duration = Duration::from_secs(10);
 
 /// The sidecar's flags for the drain cases: a 0.5 s deregistration, the
 /// long-lived streams ended over the next 2 s, and a deadline far enough
-/// (15 s: the sweep of what is not long-lived would come at about 7 s) that
+/// (15 s: the sweep of what is not long-lived would come at about 9 s) that
 /// an ending by the sweep cannot pass for one by the spread. The drain
 /// exits as soon as the streams are gone.
 const DRAIN_FLAGS: &[&str] = &[
