@@ -11,7 +11,7 @@ use super::client::settings_size_ok;
 use super::io::keep_rest;
 use super::settings::Unacked;
 use super::wire::{self, Head};
-use super::{Failure, Relay, APP_BLOCK_MAX, MAX_CONTINUATIONS, MAX_FRAME};
+use super::{Failure, Relay, APP_BLOCK_MAX, MAX_CLIENT_TABLE, MAX_CONTINUATIONS, MAX_FRAME};
 use crate::guard::body::{response_kind_of, Boundaries};
 use crate::guard::ending::StreamOutcome;
 
@@ -154,6 +154,9 @@ impl Relay<'_> {
         let (mut streams_seen, mut list_seen, mut connect_seen) = (false, false, false);
         wire::rewrite_settings(&mut payload, |id, v| match id {
             wire::HEADER_TABLE_SIZE => {
+                // The client's table is the guard's memory too: capped, and
+                // the client told so (a smaller table suits the app's too).
+                let v = v.min(MAX_CLIENT_TABLE);
                 self.client.hpack.allow(v);
                 v
             }

@@ -168,6 +168,11 @@ const MAX_WINDOW: i64 = (1 << 31) - 1;
 const LOCAL_CHUNK: usize = 16 * 1024;
 /// The default SETTINGS_HEADER_TABLE_SIZE.
 const DEFAULT_TABLE: u32 = 4_096;
+/// The largest HPACK table the client may build in the guard's decoder
+/// (what the app allows, at most this): the guard follows the client's
+/// table, so an app that allows a huge one must not let a client spend
+/// the guard's memory on it.
+const MAX_CLIENT_TABLE: u32 = 64 * 1024;
 /// A decoded header block this many times the header list limit is an
 /// attack (an HPACK bomb): the connection is closed.
 const BOMB_FACTOR: usize = 16;
