@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::blocks::trailers_only;
 use super::cadence::Cadence;
-use super::stream_end::Stream;
+use super::streams::Stream;
 use super::wire;
 use super::Relay;
 use crate::guard::body::{request_kind_of, BodyKind};

@@ -81,11 +81,12 @@
 //! | `admit.rs` | admission, the answers of streams not let through, §8.1's message rules |
 //! | `app.rs` | the application's frames, SETTINGS and GOAWAY |
 //! | `blocks.rs` | header blocks: gathered, passed on, re-encoded, the guard's own |
-//! | `stream_end.rs` | the graceful end of a stream, and its outcome |
+//! | `stream_end.rs` | the end of a stream the guard decides (one protocol), and its outcome |
 //! | `goaway.rs` | the connection's life: GOAWAY, timers, failure, close |
 //! | `local.rs`, `connect.rs` | WebSockets the guard serves itself |
 //!
-//! and these own one part each: `ids.rs`, `window.rs`, `settings.rs`,
+//! and these own one part each: `streams.rs` (the stream store: each
+//! [`Stream`], its ending, what is held and what is not written yet), `ids.rs`, `window.rs`, `settings.rs`,
 //! `defences.rs` (over `flood.rs`, control-frame rates, and `rapid.rs`,
 //! rapid reset); `wire.rs` and `hpack.rs` are the frame and header codecs,
 //! `io.rs` the socket reads and writes, `feed.rs` the relay without
@@ -108,6 +109,7 @@ mod local;
 mod rapid;
 mod settings;
 mod stream_end;
+mod streams;
 #[cfg(test)]
 mod tests;
 mod window;
@@ -141,7 +143,7 @@ use io::{flush, read_some, write_some};
 use local::Local;
 use rapid::PrematureResets;
 use settings::Settings;
-use stream_end::{Endings, Stream};
+use streams::{Endings, Stream};
 use window::Window;
 
 /// Room made for each read.
@@ -531,7 +533,7 @@ impl<'a> Relay<'a> {
         // Where each end still queued lies, before the last flush: those
         // it does not get out are cut.
         let front = self.window.front();
-        let ends = stream_end::ends_in(&self.client.write[front..]);
+        let ends = streams::ends_in(&self.client.write[front..]);
         let queued = self.client.write.len();
         let _ = flush(client, &mut self.client.write).await;
         let written = queued - self.client.write.len();
@@ -653,7 +655,7 @@ impl<'a> Relay<'a> {
             // While an ending waits for the barrier's ack, the application
             // is read further (its acks and what it wrote before them), up
             // to the mark that also bounds a client whose window is shut.
-            self.endings.held < stream_end::HOLD_MAX
+            self.endings.held < streams::HOLD_MAX
                 && (self.client.write.len() < HIGH_WATER
                     || (self.awaits_ack() && self.client.write.len() < BLOCKED_HIGH_WATER)),
         )

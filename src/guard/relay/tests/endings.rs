@@ -1,8 +1,10 @@
 //! The relay's stream endings, unit by unit: the SETTINGS barrier and its
-//! acks, cancel first or barrier first, a stream's cadence, and the fuzz
+//! acks, the one protocol (cancel, barrier, held messages, ends counted once
+//! written), a stream's cadence, and the fuzz
 //! harness reaching them (helpers in the parent module).
 
 use super::*;
+use crate::metrics::Dropped;
 use std::time::Duration;
 
 /// Issue 39: every gRPC server strikes a PING that comes within 5 minutes
