@@ -1,6 +1,28 @@
-"""The few protobuf fields of the bench protocol
-(bench/proto/drainshim/bench/v1/stream.proto), encoded and decoded by hand, for
-the test apps that serve it without generated stubs (grpc_app.py, slow_app.py)."""
+"""What the test apps that serve the bench protocol without generated stubs
+(grpc_app.py, slow_app.py) share: its few protobuf fields
+(bench/proto/drainshim/bench/v1/stream.proto), encoded and decoded by hand, and
+how the tests tell an app to stop."""
+
+import signal
+import sys
+import threading
+
+
+def stop_event():
+    """An event set on SIGTERM, SIGINT, a line `stop` on stdin or stdin's end
+    (a closed stdin: the test is gone)."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    def stdin_reader():
+        for line in sys.stdin:
+            if line.strip() == "stop":
+                break
+        stop.set()
+
+    threading.Thread(target=stdin_reader, daemon=True).start()
+    return stop
 
 
 def read_varint(buf, i):

@@ -30,7 +30,6 @@ Stdout, one line each, flushed at once (the test waits on them):
 """
 
 import json
-import signal
 import sys
 import threading
 import time
@@ -38,7 +37,7 @@ from concurrent import futures
 
 import grpc
 
-from benchproto import field_bytes, field_varint, fields
+from benchproto import field_bytes, field_varint, fields, stop_event
 
 SERVICE = "drainshim.bench.v1.Stream"
 GRACE = 20.0
@@ -155,18 +154,7 @@ def main():
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-
-    def stdin_reader():
-        for line in sys.stdin:
-            if line.strip() == "stop":
-                break
-        # A closed stdin (the test is gone) stops the server too.
-        stop.set()
-
-    threading.Thread(target=stdin_reader, daemon=True).start()
+    stop = stop_event()
     say(f"listening 127.0.0.1:{port}")
     stop.wait()
     say("stopping")

@@ -34,10 +34,8 @@ Stdout, one line each, flushed at once (the test waits on them), as grpc_app.py:
 import argparse
 import os
 import select
-import signal
 import socket
 import sys
-import threading
 import time
 
 import h2.config
@@ -46,7 +44,7 @@ import h2.events
 import h2.exceptions
 from hyperframe.frame import GoAwayFrame
 
-from benchproto import field_bytes, field_varint, fields
+from benchproto import field_bytes, field_varint, fields, stop_event
 
 SERVICE = "drainshim.bench.v1.Stream"
 GRACE = 20.0
@@ -224,17 +222,7 @@ def main():
     listener.listen(64)
     listener.setblocking(False)
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-
-    def stdin_reader():
-        for line in sys.stdin:
-            if line.strip() == "stop":
-                break
-        stop.set()
-
-    threading.Thread(target=stdin_reader, daemon=True).start()
+    stop = stop_event()
     say(f"listening 127.0.0.1:{listener.getsockname()[1]}")
 
     conns = []

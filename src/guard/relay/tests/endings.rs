@@ -426,23 +426,10 @@ async fn nothing_but_priority_goes_to_the_app_on_a_stream_it_cancelled() {
 async fn a_head_and_a_message_behind_the_ack_in_one_read_come_first() {
     let (guard, metrics) = guard_and_metrics();
     let now = Instant::now();
-    let mut r = test_relay(&guard);
-    r.client.read.extend_from_slice(H2_PREFACE);
-    wire::put(&mut r.client.read, wire::SETTINGS, 0, 0, &[]);
-    wire::put(&mut r.app.read, wire::SETTINGS, 0, 0, &[]);
-    r.app_frames(now).expect("the app's SETTINGS");
-    r.client_frames(now).expect("the client's preface");
+    let mut r = handshaken(&guard, now);
     wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
     r.app_frames(now).expect("the ack of the client's SETTINGS");
-    let request = grpc_request();
-    wire::put(
-        &mut r.client.read,
-        wire::HEADERS,
-        wire::END_HEADERS,
-        1,
-        &request,
-    );
-    r.client_frames(now).expect("a request");
+    request(&mut r, 1, now);
     r.client.write.clear();
     r.window.buffer_dropped();
     ask_all(&guard, &mut r, Reason::drain, now);
@@ -648,11 +635,14 @@ async fn a_producer_that_never_pauses_is_cancelled_at_its_bound_and_loses_nothin
     wire::put(&mut r.app.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 8]);
     ack_barriers(&mut r, now + timeout);
     let frames = frames_in(&r.client.write);
-    let last_data = frames.iter().rposition(|f| f.0 == wire::DATA).unwrap();
+    let last_data = frames
+        .iter()
+        .rposition(|f| f.0 == wire::DATA)
+        .expect("DATA to the client");
     let trailers = frames
         .iter()
         .position(|f| f.0 == wire::HEADERS && f.1 & wire::END_STREAM != 0)
-        .unwrap();
+        .expect("the trailers");
     assert!(last_data < trailers);
     assert_eq!(frames[last_data].3, [0, 0, 0, 0, 1, 8]);
     r.client.write.clear();

@@ -255,28 +255,39 @@ fn grpc_request() -> Vec<u8> {
     ])
 }
 
-/// A relay past its handshake with `n` gRPC server streams open (ids 1, 3,
-/// ...), each answered with two messages, so each is long-lived, at a
-/// boundary and endable; what either side was sent so far is cleared.
-fn streams_open<'a>(guard: &'a Handle, n: u32, now: Instant) -> Relay<'a> {
+/// A relay past both prefaces (the client's SETTINGS not acked yet).
+fn handshaken(guard: &Handle, now: Instant) -> Relay<'_> {
     let mut r = test_relay(guard);
     r.client.read.extend_from_slice(H2_PREFACE);
     wire::put(&mut r.client.read, wire::SETTINGS, 0, 0, &[]);
     wire::put(&mut r.app.read, wire::SETTINGS, 0, 0, &[]);
     r.app_frames(now).expect("the app's SETTINGS");
     r.client_frames(now).expect("the client's preface");
+    r
+}
+
+/// The client opens gRPC stream `id`.
+fn request(r: &mut Relay<'_>, id: u32, now: Instant) {
     let request = grpc_request();
+    wire::put(
+        &mut r.client.read,
+        wire::HEADERS,
+        wire::END_HEADERS,
+        id,
+        &request,
+    );
+    r.client_frames(now).expect("a request");
+}
+
+/// A relay past its handshake with `n` gRPC server streams open (ids 1, 3,
+/// ...), each answered with two messages, so each is long-lived, at a
+/// boundary and endable; what either side was sent so far is cleared.
+fn streams_open<'a>(guard: &'a Handle, n: u32, now: Instant) -> Relay<'a> {
+    let mut r = handshaken(guard, now);
     let head = wire::literal_block(&[(":status", "200"), ("content-type", "application/grpc")]);
     let message = [0u8, 0, 0, 0, 1, 7];
     for id in (1..2 * n).step_by(2) {
-        wire::put(
-            &mut r.client.read,
-            wire::HEADERS,
-            wire::END_HEADERS,
-            id,
-            &request,
-        );
-        r.client_frames(now).expect("a request");
+        request(&mut r, id, now);
         wire::put(&mut r.app.read, wire::HEADERS, wire::END_HEADERS, id, &head);
         wire::put(&mut r.app.read, wire::DATA, 0, id, &message);
         wire::put(&mut r.app.read, wire::DATA, 0, id, &message);
