@@ -3,7 +3,9 @@
 //! A client whose bytes began as the HTTP/2 preface and then diverged is an
 //! HTTP/2 client with an invalid preface: it gets the server's SETTINGS and
 //! GOAWAY(PROTOCOL_ERROR) before the close (RFC 9113 §3.4), not an
-//! HTTP/1.1 answer.
+//! HTTP/1.1 answer. So is a client whose first line is not an HTTP/1.x
+//! request line (`INVALID CONNECTION PREFACE`): it spoke neither protocol,
+//! and only an HTTP/2 client can be told so in a way it understands.
 
 use std::io;
 use std::pin::Pin;
@@ -21,6 +23,10 @@ pub const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// The preface's request line: no HTTP/1.x request starts with
 /// `PRI * HTTP/2.0\r\n`, so a client that sent it meant HTTP/2.
 const H2_PREFACE_LINE: usize = 16;
+
+/// The longest request line read to tell HTTP/1.x from neither protocol;
+/// a longer one goes to the HTTP/1.1 server, which answers it (414 or 400).
+const REQUEST_LINE_MAX: usize = 8 * 1024;
 
 /// The answer to an invalid HTTP/2 preface: an empty SETTINGS (the server's
 /// preface, RFC 9113 §3.4), then GOAWAY(last stream 0, PROTOCOL_ERROR).
@@ -56,7 +62,7 @@ pub async fn sniff<T>(mut io: T, deadline: Instant) -> Result<(Protocol, Prefixe
 where
     T: AsyncRead + Unpin,
 {
-    let mut buf = [0u8; H2_PREFACE.len()];
+    let mut buf = vec![0u8; H2_PREFACE.len()];
     let mut have = 0;
     let protocol = loop {
         if buf[..have] != H2_PREFACE[..have] {
@@ -77,15 +83,60 @@ where
         }
         have += n;
     };
-    let prefix = Bytes::copy_from_slice(&buf[..have]);
+    buf.truncate(have);
+    let protocol = match protocol {
+        Protocol::Http1 => request_line(&mut io, &mut buf, deadline).await?,
+        p => p,
+    };
     Ok((
         protocol,
         Prefixed {
-            prefix,
+            prefix: Bytes::from(buf),
             inner: Some(io),
             reclaim: Reclaim::default(),
         },
     ))
+}
+
+/// Reads on until `buf` holds the first request line (by `deadline`, at
+/// most [`REQUEST_LINE_MAX`]): HTTP/1.1 if it ends in an HTTP/1.x version,
+/// [`Protocol::BadPreface`] if it ends in anything else. A line too long to
+/// judge, or cut short by the client's close, goes to the HTTP/1.1 server.
+async fn request_line<T: AsyncRead + Unpin>(
+    io: &mut T,
+    buf: &mut Vec<u8>,
+    deadline: Instant,
+) -> Result<Protocol, SniffError> {
+    loop {
+        // Empty lines before the request line are ignored (RFC 9112 §2.2).
+        if let Some(from) = buf.iter().position(|&b| b != b'\r' && b != b'\n') {
+            if let Some(len) = buf[from..].iter().position(|&b| b == b'\n') {
+                let line = &buf[from..from + len];
+                let line = line.strip_suffix(b"\r").unwrap_or(line);
+                let http1 = line.ends_with(b" HTTP/1.1") || line.ends_with(b" HTTP/1.0");
+                return Ok(if http1 {
+                    Protocol::Http1
+                } else {
+                    Protocol::BadPreface
+                });
+            }
+        }
+        if buf.len() >= REQUEST_LINE_MAX {
+            return Ok(Protocol::Http1);
+        }
+        let have = buf.len();
+        buf.resize((have * 2).clamp(256, REQUEST_LINE_MAX), 0);
+        let read = tokio::time::timeout_at(deadline, io.read(&mut buf[have..])).await;
+        let n = match read {
+            Ok(Ok(n)) => n,
+            Ok(Err(e)) => return Err(e.into()),
+            Err(_) => return Err(SniffError::Timeout),
+        };
+        buf.truncate(have + n);
+        if n == 0 {
+            return Ok(Protocol::Http1);
+        }
+    }
 }
 
 /// Where a [`Prefixed`] leaves its connection when the protocol driver
@@ -249,7 +300,7 @@ mod tests {
     use super::*;
 
     async fn sniffed(input: &'static [u8]) -> (Protocol, Vec<u8>) {
-        let (mut client, server) = tokio::io::duplex(64);
+        let (mut client, server) = tokio::io::duplex(16 * 1024);
         client.write_all(input).await.expect("write");
         drop(client);
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -279,6 +330,25 @@ mod tests {
         assert_eq!(sniffed(input).await, (Protocol::Http1, input.to_vec()));
         let input = b"PRI * HTTP/1.1\r\n\r\n";
         assert_eq!(sniffed(input).await.0, Protocol::Http1);
+        // Empty lines first, a bare LF, a line cut short by the close.
+        let input = b"\r\nGET / HTTP/1.0\nhost: x\n\n";
+        assert_eq!(sniffed(input).await, (Protocol::Http1, input.to_vec()));
+        let input = b"GET /some/path?q=1";
+        assert_eq!(sniffed(input).await, (Protocol::Http1, input.to_vec()));
+    }
+
+    #[tokio::test]
+    async fn a_line_that_is_neither_protocol_gets_http2s_refusal() {
+        // h2spec's invalid preface, and an unknown version.
+        let input = b"INVALID CONNECTION PREFACE\r\n\r\n";
+        assert_eq!(sniffed(input).await, (Protocol::BadPreface, input.to_vec()));
+        let input = b"GET / HTTP/3.0\r\n\r\n";
+        assert_eq!(sniffed(input).await.0, Protocol::BadPreface);
+        // A request line past the bound is the HTTP/1.1 server's to answer.
+        let mut long = b"GET /".to_vec();
+        long.resize(REQUEST_LINE_MAX + 100, b'a');
+        let long: &'static [u8] = Box::leak(long.into_boxed_slice());
+        assert_eq!(sniffed(long).await, (Protocol::Http1, long.to_vec()));
     }
 
     #[tokio::test]

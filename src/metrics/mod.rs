@@ -133,6 +133,9 @@ pub enum Limit {
     settings,
     /// A connection's reads paused by the RST_STREAM rate limit.
     rst_stream,
+    /// A connection's reads paused by the rate limit on small (< 1 KiB)
+    /// WINDOW_UPDATEs.
+    window_update,
     /// A connection sent GOAWAY(ENHANCE_YOUR_CALM): most of its streams
     /// were reset before they were answered (rapid reset).
     rapid_reset,
@@ -140,12 +143,13 @@ pub enum Limit {
 
 impl Limit {
     /// Every limit, for node mode.
-    pub const ALL: [Limit; 6] = [
+    pub const ALL: [Limit; 7] = [
         Limit::connections,
         Limit::streams,
         Limit::ping,
         Limit::settings,
         Limit::rst_stream,
+        Limit::window_update,
         Limit::rapid_reset,
     ];
 }

@@ -1000,7 +1000,8 @@ def test_a_frame_after_the_clients_end(rig, kind, state):
     its side of a stream is STREAM_CLOSED. Half-closed (remote) (its
     END_STREAM sent, the app still answering): a stream error (§5.1). Closed
     (both sides ended): a stream error for DATA (§6.1), and for HEADERS a
-    stream error or a connection error (§5.1 allows both). After the
+    connection error (§5.1: any frame after the END_STREAM it received, on
+    a closed stream; h2spec requires GOAWAY(STREAM_CLOSED)). After the
     client's own RST_STREAM: a stream error (§5.1). The guard answers each
     itself and passes nothing on: the app's stream is over, or cancelled
     with it. (A stream the *guard* or the app reset may still get frames
@@ -1020,6 +1021,9 @@ def test_a_frame_after_the_clients_end(rig, kind, state):
     else:
         c.send(raw_frame(HEADERS, END_HEADERS | END_STREAM, 1, literal_block([(MARK, "trailer")])))
         offending = is_frame(HEADERS, 1, MARK)
+    if kind == "HEADERS" and state == "closed":
+        return assert_connection_error(rig, c, E.STREAM_CLOSED, offending,
+                                       "HEADERS on a closed stream (§5.1)")
     assert_stream_error(rig, c, 1, E.STREAM_CLOSED, offending,
                         f"{kind} on a {state} stream (§5.1)", probe_sid=3, connection_ok=True)
 
@@ -1135,14 +1139,17 @@ def test_an_even_stream_id_from_the_client(rig):
 @pytest.mark.parametrize("hello", [
     b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n" + settings([]),
     PREFACE + ping_frame(b"12345678"),
-], ids=["preface-diverges", "no-settings-first"])
+    b"INVALID CONNECTION PREFACE\r\n\r\n",
+], ids=["preface-diverges", "no-settings-first", "neither-protocol"])
 def test_an_invalid_connection_preface(rig, hello):
     """RFC 9113 §3.4: the client's preface is the string
     `PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n` and a SETTINGS frame; an invalid
     one is a connection error PROTOCOL_ERROR, which the guard signals with
     its SETTINGS and a GOAWAY before it closes, not a bare close (nor an
-    HTTP/1.1 answer: the request line `PRI * HTTP/2.0` says HTTP/2). The app
-    never sees the client's frames."""
+    HTTP/1.1 answer: the request line `PRI * HTTP/2.0` says HTTP/2). A first
+    line that is no HTTP/1.x request line either (h2spec's `INVALID
+    CONNECTION PREFACE`) gets the same refusal. The app never sees the
+    client's frames."""
     rig.start()
     c = rig.raw(preface=False, handshake=False)
     c.send(hello)

@@ -39,9 +39,10 @@ impl Relay<'_> {
             return Some(Refusal::Reset);
         }
         // RFC 9113 §5.1.2: past the limit the client was told (the
-        // application's, or the guard's if lower), REFUSED_STREAM.
+        // application's, or the guard's if lower), REFUSED_STREAM; a lower
+        // limit binds once the client acked it (§6.5.3).
         let open = self.streams.len() + self.locals.len();
-        (open >= self.settings.streams_told() as usize).then_some(Refusal::Reset)
+        (open >= self.settings.streams_limit() as usize).then_some(Refusal::Reset)
     }
 
     /// Registers and opens a stream (true), or answers it (false).

@@ -151,7 +151,7 @@ impl Relay<'_> {
     pub(super) fn app_settings(&mut self, flags: u8, payload: &[u8]) {
         let l = self.guard.config().limits;
         let mut payload = payload.to_vec();
-        let (mut streams_seen, mut list_seen, mut connect_seen) = (false, false, false);
+        let (mut streams_seen, mut list_seen, mut connect_seen) = (None, false, false);
         wire::rewrite_settings(&mut payload, |id, v| match id {
             wire::HEADER_TABLE_SIZE => {
                 // The client's table is the guard's memory too: capped, and
@@ -161,9 +161,8 @@ impl Relay<'_> {
                 v
             }
             wire::MAX_CONCURRENT_STREAMS => {
-                streams_seen = true;
                 let v = v.min(l.max_concurrent_streams);
-                self.settings.tell_streams(v);
+                streams_seen = Some(v);
                 v
             }
             wire::MAX_HEADER_LIST_SIZE => {
@@ -192,7 +191,7 @@ impl Relay<'_> {
             // The guard's own limits, where the application set none.
             for (seen, id, v) in [
                 (
-                    streams_seen,
+                    streams_seen.is_some(),
                     wire::MAX_CONCURRENT_STREAMS,
                     l.max_concurrent_streams,
                 ),
@@ -208,7 +207,9 @@ impl Relay<'_> {
                     payload.extend_from_slice(&v.to_be_bytes());
                 }
             }
+            streams_seen = Some(streams_seen.unwrap_or(l.max_concurrent_streams));
         }
+        self.settings.tell_streams(streams_seen);
         wire::put(&mut self.client.write, wire::SETTINGS, flags, 0, &payload);
     }
 

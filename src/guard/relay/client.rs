@@ -53,10 +53,13 @@ impl Relay<'_> {
             if relay.settings_waits(h, now) {
                 return Ok(false);
             }
-            // PING, SETTINGS and RST_STREAM cost the application work for
-            // free: past their rate the relay stops reading the client
+            // PING, SETTINGS, RST_STREAM and tiny WINDOW_UPDATEs cost work
+            // for free: past their rate the relay stops reading the client
             // until the next token is due (see `super::flood`).
-            if !relay.defences.take(h.kind, now) {
+            if !relay
+                .defences
+                .take(h.kind, &frame[wire::FRAME_HEADER..], now)
+            {
                 return Ok(false);
             }
             relay.client_frame(h, frame, now).map(|()| true)
@@ -166,6 +169,13 @@ impl Relay<'_> {
                 Ok(())
             }
             wire::WINDOW_UPDATE => self.client_window_update(h, frame, now),
+            wire::SETTINGS => {
+                // The client's ack of the application's SETTINGS (passed on,
+                // the app's to pair): a lower stream limit now binds.
+                self.settings.client_acked_streams();
+                self.app.write.extend_from_slice(frame);
+                Ok(())
+            }
             _ => {
                 self.app.write.extend_from_slice(frame);
                 Ok(())
@@ -240,7 +250,7 @@ impl Relay<'_> {
         if self.ids.idle(h.id) {
             return Err(Failure::Protocol("RST_STREAM on an idle stream"));
         }
-        self.ids.closed(h.id);
+        self.ids.cancelled(h.id);
         if self.locals.contains_key(&h.id) {
             self.drop_local(h.id);
             return Ok(());
@@ -578,6 +588,11 @@ impl Relay<'_> {
             Some(false) => None,
             None => {
                 self.dropped_block(t.fields);
+                if self.ids.finished(id) {
+                    return Err(Failure::StreamClosed(
+                        "HEADERS on a stream the client ended and that is closed",
+                    ));
+                }
                 if self.ids.skipped(id) {
                     return Err(Failure::Protocol(
                         "a stream id lower than one the client opened",

@@ -191,12 +191,12 @@ impl Relay<'_> {
                         self.finish(s, StreamOutcome::ClientGone);
                     }
                 }
-                Some(_) => self.endings.stalled.push(id),
+                Some(_) => {
+                    self.endings.stalled.insert(id);
+                }
                 None => {}
             }
         }
-        self.endings.stalled.sort_unstable();
-        self.endings.stalled.dedup();
         if self.defences.resume(now) {
             // The frames already read go on first.
             self.client_frames(now)?;
@@ -317,6 +317,7 @@ impl Relay<'_> {
             Failure::Calm => wire::ENHANCE_YOUR_CALM,
             Failure::FrameSize(_) => wire::FRAME_SIZE_ERROR,
             Failure::FlowControl => wire::FLOW_CONTROL_ERROR,
+            Failure::StreamClosed(_) => wire::STREAM_CLOSED,
             Failure::AppProtocol | Failure::NotHttp2 => {
                 // The application broke the protocol: like losing it.
                 return self.app_lost(false);
@@ -339,6 +340,7 @@ impl Relay<'_> {
             // Nothing from the application yet: the guard's own (empty)
             // SETTINGS are the server's preface before its GOAWAY.
             wire::put(&mut self.client.write, wire::SETTINGS, 0, 0, &[]);
+            self.settings.tell_streams(None);
             self.handshake.replay = None;
         }
         self.life

@@ -5,8 +5,10 @@
 use std::collections::VecDeque;
 
 /// Streams the client ended (END_STREAM or RST_STREAM) remembered: its DATA
-/// or HEADERS on one is STREAM_CLOSED (RFC 9113 §5.1). On a stream it ended
-/// longer ago they are dropped like those for a stream the guard reset.
+/// or HEADERS on one is STREAM_CLOSED (RFC 9113 §5.1), and HEADERS on one it
+/// ended with END_STREAM, once the stream is closed, is a connection error.
+/// On a stream it ended longer ago they are dropped like those for a stream
+/// the guard reset.
 pub(super) const CLOSED_KEPT: usize = 128;
 /// Ranges of stream ids the client skipped remembered: HEADERS on one is
 /// a stream id lower than one it opened (RFC 9113 §5.1.1).
@@ -19,8 +21,9 @@ const RESETS_KEPT: usize = 64;
 pub(super) struct StreamIds {
     /// Highest stream id the client opened.
     last: u32,
-    /// Streams the client ended lately, whether or not they are still open.
-    closed: VecDeque<u32>,
+    /// Streams the client ended lately, whether or not they are still open,
+    /// each with whether it ended them with RST_STREAM.
+    closed: VecDeque<(u32, bool)>,
     /// Ranges of ids it skipped, the last `SKIPS_KEPT`.
     skipped: VecDeque<(u32, u32)>,
     /// Streams it reset lately.
@@ -55,15 +58,28 @@ impl StreamIds {
         self.skipped.iter().any(|&(a, b)| (a..=b).contains(&id))
     }
 
-    /// The client ended its side of stream `id` (END_STREAM or RST_STREAM).
+    /// The client ended its side of stream `id` with END_STREAM.
     pub(super) fn closed(&mut self, id: u32) {
-        push_bounded(&mut self.closed, id, CLOSED_KEPT);
+        push_bounded(&mut self.closed, (id, false), CLOSED_KEPT);
+    }
+
+    /// The client reset stream `id` (RST_STREAM), relayed or not.
+    pub(super) fn cancelled(&mut self, id: u32) {
+        push_bounded(&mut self.closed, (id, true), CLOSED_KEPT);
     }
 
     /// Whether the client ended stream `id` (lately), or never opened it:
     /// its DATA or HEADERS there is STREAM_CLOSED (RFC 9113 §5.1, §6.1).
     pub(super) fn ended(&self, id: u32) -> bool {
-        self.closed.contains(&id) || self.skipped(id)
+        self.closed.iter().any(|&(c, _)| c == id) || self.skipped(id)
+    }
+
+    /// Whether the client sent END_STREAM on stream `id` (lately): nothing
+    /// but PRIORITY, RST_STREAM and WINDOW_UPDATE may follow it, and on a
+    /// stream that is closed HEADERS is a connection error STREAM_CLOSED
+    /// (RFC 9113 §5.1, "closed").
+    pub(super) fn finished(&self, id: u32) -> bool {
+        self.closed.contains(&(id, false))
     }
 
     /// The client reset relayed stream `id`.

@@ -679,6 +679,8 @@ enum Failure {
     FrameSize(&'static str),
     #[error("the client's WINDOW_UPDATEs overflowed the connection window")]
     FlowControl,
+    #[error("{0}")]
+    StreamClosed(&'static str),
 }
 
 impl From<wire::Malformed> for Failure {

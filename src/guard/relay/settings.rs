@@ -43,11 +43,21 @@ pub(super) struct Settings {
     /// The largest SETTINGS_MAX_FRAME_SIZE the client was told: a larger
     /// client frame is a FRAME_SIZE_ERROR (RFC 9113 §4.2).
     frame_told: usize,
-    /// The SETTINGS_MAX_CONCURRENT_STREAMS the client was last told (the
-    /// application's, lowered to the guard's limit): a stream past it is
-    /// refused here (RFC 9113 §5.1.2), never passed on.
-    streams_told: u32,
+    /// The SETTINGS_MAX_CONCURRENT_STREAMS the client acked last (the
+    /// application's, lowered to the guard's limit; before any ack, the
+    /// guard's): a stream past it is refused here (RFC 9113 §5.1.2), never
+    /// passed on.
+    streams_acked: u32,
+    /// Each SETTINGS frame the client was sent and has not acked yet, with
+    /// the MAX_CONCURRENT_STREAMS it set (if any), oldest first. Until the
+    /// client acks a lower limit it may still use the higher one (§6.5.3).
+    streams_unacked: VecDeque<Option<u32>>,
 }
+
+/// Most SETTINGS frames to the client followed unacked: past it the oldest
+/// is taken as acked at the higher of its limit and the last acked (never
+/// stricter than the client was told).
+const MAX_UNACKED_BY_CLIENT: usize = 64;
 
 impl Settings {
     /// Before any SETTINGS: the RFC's defaults, and the guard's stream limit.
@@ -59,7 +69,8 @@ impl Settings {
             app_seen: false,
             client_frame_max: DEFAULT_FRAME,
             frame_told: DEFAULT_FRAME,
-            streams_told: max_concurrent_streams,
+            streams_acked: max_concurrent_streams,
+            streams_unacked: VecDeque::new(),
         }
     }
 
@@ -124,13 +135,30 @@ impl Settings {
         self.frame_told
     }
 
-    /// The client is told SETTINGS_MAX_CONCURRENT_STREAMS `v`.
-    pub(super) fn tell_streams(&mut self, v: u32) {
-        self.streams_told = v;
+    /// A SETTINGS frame went to the client, setting
+    /// SETTINGS_MAX_CONCURRENT_STREAMS to `v` if it is `Some`.
+    pub(super) fn tell_streams(&mut self, v: Option<u32>) {
+        if self.streams_unacked.len() >= MAX_UNACKED_BY_CLIENT {
+            let oldest = self.streams_unacked.pop_front().flatten();
+            self.streams_acked = self.streams_acked.max(oldest.unwrap_or(0));
+        }
+        self.streams_unacked.push_back(v);
     }
 
-    pub(super) fn streams_told(&self) -> u32 {
-        self.streams_told
+    /// The client acked the oldest SETTINGS it was sent: its stream limit,
+    /// if it set one, now binds.
+    pub(super) fn client_acked_streams(&mut self) {
+        if let Some(Some(v)) = self.streams_unacked.pop_front() {
+            self.streams_acked = v;
+        }
+    }
+
+    /// The most streams the client may have open: the limit it acked, or a
+    /// higher one it was told and has not acked yet (it may not have seen
+    /// the lower one).
+    pub(super) fn streams_limit(&self) -> u32 {
+        let told = self.streams_unacked.iter().flatten().copied().max();
+        self.streams_acked.max(told.unwrap_or(0))
     }
 
     #[cfg(test)]

@@ -236,7 +236,7 @@ impl Relay<'_> {
         s.window -= h.len as i64;
         if s.window <= 0 && s.shut_since.is_none() && h.len > 0 {
             s.shut_since = Some(now);
-            self.endings.stalled.push(id);
+            self.endings.stalled.insert(id);
         }
         let cancelled = s.ending.is_some_and(|e| e.cancelled.is_some());
         let end_stream = h.flags & wire::END_STREAM != 0;

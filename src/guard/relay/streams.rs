@@ -4,7 +4,7 @@
 //! [`Barrier`] their ends wait for ([`Endings`]). How they move is
 //! `stream_end`'s: docs/design.md, "How a gRPC stream ends".
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use bytes::BytesMut;
@@ -189,8 +189,10 @@ pub(super) struct Endings {
     pub(super) queue: Arc<EndQueue>,
     /// Streams being ended.
     pub(super) asked: Vec<u32>,
-    /// Streams whose client window was shut (some may have opened since).
-    pub(super) stalled: Vec<u32>,
+    /// Streams whose client window was shut (some may have opened since):
+    /// a set, so a client that opens and shuts a window by the byte keeps
+    /// one entry per stream.
+    pub(super) stalled: BTreeSet<u32>,
     /// The barrier on the application connection (SETTINGS round trips).
     pub(super) barrier: Barrier,
     /// Graceful ends not written to the client yet.

@@ -44,6 +44,21 @@ pub(super) struct Window {
     /// How many times bytes left the client's write buffer: what waits
     /// there changed only if this did.
     drained: u64,
+    /// What is known of the frames behind the gate while the window is
+    /// shut, so each wait scans only what was queued since.
+    held: HeldScan,
+}
+
+/// The frames right behind the gate that were scanned and must wait for
+/// the window (see [`pass_held`]).
+#[derive(Debug, Default)]
+struct HeldScan {
+    /// How many bytes behind the gate are known to wait.
+    bytes: usize,
+    /// The streams with a frame that waits.
+    streams: HashSet<u32>,
+    /// A header block waits.
+    block: bool,
 }
 
 impl Default for Window {
@@ -57,6 +72,7 @@ impl Default for Window {
             told: w,
             front: 0,
             drained: 0,
+            held: HeldScan::default(),
         }
     }
 }
@@ -109,6 +125,10 @@ impl Window {
     /// on it go ahead of it ([`pass_held`]).
     pub(super) fn clear_gate(&mut self, to_client: &mut BytesMut) -> Vec<(u32, u32)> {
         let mut padding = Vec::new();
+        if self.conn > 0 {
+            // Credit came: what waited may go now, and is scanned anew.
+            self.held = HeldScan::default();
+        }
         while let Some(h) = wire::head(&to_client[self.cleared..]) {
             let len = h.len as i64;
             if h.kind != wire::DATA || len <= self.conn {
@@ -119,7 +139,7 @@ impl Window {
                 continue;
             }
             if self.conn <= 0 {
-                self.cleared += pass_held(to_client, self.cleared);
+                self.cleared += pass_held(to_client, self.cleared, &mut self.held);
                 break;
             }
             padding.extend(split_data(to_client, self.cleared, h, self.conn as usize));
@@ -175,6 +195,7 @@ impl Window {
 
     /// The client's write buffer was emptied without writing it.
     pub(super) fn buffer_dropped(&mut self) {
+        self.held = HeldScan::default();
         self.cleared = 0;
         self.front = 0;
         self.drained += 1;
@@ -239,13 +260,19 @@ impl Window {
 /// waits (HPACK decodes blocks in the order they were encoded). Without
 /// this, a client that waits for a PING or SETTINGS ack before it sends
 /// credit, or a GOAWAY held at the close, would wait for good.
-fn pass_held(to_client: &mut BytesMut, cleared: usize) -> usize {
+///
+/// `known` holds what an earlier call found waiting right behind the gate:
+/// only the frames queued since are scanned, and nothing is copied unless
+/// one of them may go, so a shut window costs nothing per poll.
+fn pass_held(to_client: &mut BytesMut, cleared: usize, known: &mut HeldScan) -> usize {
     let queued = &to_client[cleared..];
-    let mut waiting = HashSet::new();
-    let mut block_waits = false;
-    // Each frame behind the gate: (start, end, goes now).
+    if known.bytes > queued.len() {
+        *known = HeldScan::default();
+    }
+    let start = known.bytes;
+    // Each frame queued since: (start, end, goes now).
     let mut frames = Vec::new();
-    let mut at = 0;
+    let mut at = start;
     while let Some(h) = wire::head(&queued[at..]) {
         let end = at + wire::FRAME_HEADER + h.len;
         let header_block = matches!(
@@ -253,28 +280,31 @@ fn pass_held(to_client: &mut BytesMut, cleared: usize) -> usize {
             wire::HEADERS | wire::CONTINUATION | wire::PUSH_PROMISE
         );
         let waits = h.kind == wire::DATA
-            || (h.id != 0 && waiting.contains(&h.id))
-            || (header_block && block_waits);
+            || (h.id != 0 && known.streams.contains(&h.id))
+            || (header_block && known.block);
         if waits {
             if h.id != 0 {
-                waiting.insert(h.id);
+                known.streams.insert(h.id);
             }
-            block_waits |= header_block;
+            known.block |= header_block;
         }
         frames.push((at, end, !waits));
         at = end;
     }
     if !frames.iter().any(|f| f.2) {
+        known.bytes = at;
         return 0;
     }
-    let mut order = BytesMut::with_capacity(queued.len());
+    let mut order = BytesMut::with_capacity(queued.len() - start);
     for &(from, to, _) in frames.iter().filter(|f| f.2) {
         order.extend_from_slice(&queued[from..to]);
     }
     let passed = order.len();
+    order.extend_from_slice(&queued[..start]);
     for &(from, to, _) in frames.iter().filter(|f| !f.2) {
         order.extend_from_slice(&queued[from..to]);
     }
+    known.bytes = order.len() - passed;
     // An incomplete frame never waits here, but keep any tail as it is.
     order.extend_from_slice(&queued[at..]);
     to_client.truncate(cleared);
@@ -337,5 +367,57 @@ pub(super) fn put_data(
             0
         };
         wire::put(out, wire::DATA, flags, id, chunk);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 55 review: while the window is shut, each wait scans only what
+    /// was queued since the last, and orders the buffer exactly as a scan
+    /// of the whole queue would.
+    #[test]
+    fn frames_held_by_a_shut_window_are_scanned_once_in_the_same_order() {
+        let mut seed = 0x2545_f491_u32;
+        let mut next = move |n: u32| {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            seed % n
+        };
+        let mut kept = Window::default();
+        kept.set_available(0);
+        let (mut a, mut b, mut b_out) = (BytesMut::new(), BytesMut::new(), BytesMut::new());
+        for round in 0..400 {
+            for _ in 0..1 + next(4) {
+                let id = 1 + 2 * next(4);
+                let (kind, id) = match next(6) {
+                    0 | 1 => (wire::DATA, id),
+                    2 => (wire::HEADERS, id),
+                    3 => (wire::WINDOW_UPDATE, id),
+                    4 => (wire::PING, 0),
+                    _ => (wire::RST_STREAM, id),
+                };
+                let payload = [round as u8; 4];
+                let flags = if kind == wire::HEADERS {
+                    wire::END_HEADERS
+                } else {
+                    0
+                };
+                wire::put(&mut a, kind, flags, id, &payload);
+                wire::put(&mut b, kind, flags, id, &payload);
+            }
+            kept.clear_gate(&mut a);
+            let mut fresh = Window::default();
+            fresh.set_available(0);
+            fresh.clear_gate(&mut b);
+            b_out.extend_from_slice(&b.split_to(fresh.cleared()));
+            let mut whole = b_out.clone();
+            whole.extend_from_slice(&b);
+            assert_eq!(a, whole, "round {round}");
+            assert_eq!(kept.cleared(), b_out.len(), "round {round}");
+        }
+        assert!(kept.held.bytes > 0, "DATA waits at the end");
     }
 }
