@@ -90,6 +90,11 @@ pub enum Fate {
     /// It never left the app: its transport took it during the ending and
     /// dropped it with the stream.
     NeverSent,
+    /// Its start reached the guard, and the rest never left the app: its
+    /// transport was writing it when it read the cancel and stopped
+    /// mid-message (grpc-go does). The guard drops the start, counted as
+    /// `reason="partial_message"`: half a message is no message.
+    CutByApp,
 }
 
 /// For a call whose messages `lost` never reached its client: where each
@@ -123,10 +128,37 @@ pub fn lost_fates(tap: &Tap, id: &str, lost: std::ops::RangeInclusive<u64>) -> (
             .iter()
             .find_map(|e| seen(e).filter(|t| t.2 == seq).map(|_| e.at))
     };
+    // Whether message `seq` reached the guard whole: its gRPC length prefix
+    // against the stream's DATA from its first frame on.
+    let whole = |seq: u64| {
+        let Some(at) = events.iter().position(|e| seen(e).is_some_and(|t| t.2 == seq)) else {
+            return false;
+        };
+        let What::Frame(first) = &events[at].what else {
+            return false;
+        };
+        let Some(len) = first.head.get(1..5) else {
+            return false;
+        };
+        let want = 5 + u64::from(u32::from_be_bytes([len[0], len[1], len[2], len[3]]));
+        let got: u64 = events[at..]
+            .iter()
+            .filter_map(|e| match &e.what {
+                What::Frame(f)
+                    if e.conn == conn && e.dir == Dir::Down && f.ty == DATA && f.stream == stream =>
+                {
+                    Some(u64::from(f.len))
+                }
+                _ => None,
+            })
+            .sum();
+        got >= want
+    };
     let fates = lost
         .clone()
         .map(|seq| match (arrived(seq), reset) {
             (None, _) => Fate::NeverSent,
+            (Some(_), _) if !whole(seq) => Fate::CutByApp,
             (Some(at), Some(r)) if at > r => Fate::AfterReset,
             (Some(_), _) => Fate::DroppedByGuard,
         })
@@ -236,10 +268,17 @@ pub const DATA_DROPPED: &str = "drainshim_stream_data_dropped";
 
 /// The sum of every series of counter family `family` in /metrics text.
 pub fn series_sum(metrics: &str, family: &str) -> u64 {
+    series_sum_where(metrics, family, "")
+}
+
+/// The sum of the series of counter family `family` whose labels contain
+/// `label` (for example `reason="after_end"`).
+pub fn series_sum_where(metrics: &str, family: &str, label: &str) -> u64 {
     let series = format!("{family}_total{{");
     metrics
         .lines()
         .filter_map(|l| l.strip_prefix(&series)?.split_once("} "))
+        .filter(|(labels, _)| labels.contains(label))
         .map(|(_, v)| v.trim().parse::<f64>().unwrap_or(0.0) as u64)
         .sum()
 }
@@ -394,7 +433,8 @@ mod tests {
             }
         };
         // Ticks 1 and 2 reach the client; 3 reaches the guard before its
-        // RST_STREAM, 4 after it, 5 never leaves the app.
+        // RST_STREAM, 4 after it, 5 only its first frame (its stack cut it
+        // short), 6 never leaves the app.
         app.write_all(
             &[
                 tick_frame("q-1", 1),
@@ -414,11 +454,22 @@ mod tests {
         tap.wait_for("the reset", frames(4)).await;
         app.write_all(&tick_frame("q-1", 4)).await.expect("tick 4");
         tap.wait_for("tick 4", frames(5)).await;
+        // Tick 5's prefix says 100 bytes more than its frame carries.
+        let mut cut = tick_frame("q-1", 5);
+        let at = 9 + 4;
+        cut[at] += 100;
+        app.write_all(&cut).await.expect("tick 5's start");
+        tap.wait_for("tick 5's start", frames(6)).await;
 
-        let (fates, ending) = lost_fates(&tap, "q-1", 3..=5);
+        let (fates, ending) = lost_fates(&tap, "q-1", 3..=6);
         assert_eq!(
             fates,
-            [Fate::DroppedByGuard, Fate::AfterReset, Fate::NeverSent],
+            [
+                Fate::DroppedByGuard,
+                Fate::AfterReset,
+                Fate::CutByApp,
+                Fate::NeverSent
+            ],
             "{ending}"
         );
         assert!(ending.contains("tick 2 -"), "{ending}");

@@ -59,7 +59,9 @@
 //! clients, none of which may see the guard's "connection to the
 //! application was lost" or a "too many pings". A drain's report must say
 //! it terminated every stream and cut none, and the guard must have dropped
-//! no DATA of the app's (`drainshim_stream_data_dropped_total` 0).
+//! no DATA of the app's (`drainshim_stream_data_dropped_total` 0), but for
+//! the start of a message the app's own stack cut short on reading the
+//! cancel, which the tap must see as such (the design's named limit).
 //!
 //! The cases of one server run side by side, each with its own Envoy, guard
 //! and tap (so its own app connection), against the one app process, as a
@@ -83,7 +85,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use account::{
-    app_goaways_metric, lost_fates, series_sum, Fate, Row, Wire, APP_GOAWAYS, BLIND_ENDED,
+    app_goaways_metric, lost_fates, series_sum, series_sum_where, Fate, Row, Wire, APP_GOAWAYS, BLIND_ENDED,
     DATA_DROPPED,
 };
 use clients::{classify, client, describe, End, Shape, Sub};
@@ -104,6 +106,8 @@ const STREAMS: usize = 20;
 /// machine (Envoy, the guard, the app and the clients on two cores) is not
 /// what is measured.
 const BULK_STREAMS: usize = 5;
+/// Streams of the gapped case: one per gap from 3 to 10 ms.
+const GAPPED_STREAMS: usize = 8;
 /// How long the slow client reads nothing, from the drain's start: longer
 /// than the drain's spread (2 s), so every ending meets a shut window.
 const SLOW_CLIENT_HOLD: Duration = Duration::from_secs(4);
@@ -175,6 +179,7 @@ enum Scenario {
     ThrottledQuiet,
     Bulk,
     SlowClient,
+    Gapped,
 }
 
 impl Scenario {
@@ -189,6 +194,7 @@ impl Scenario {
             Scenario::ThrottledQuiet => "quiet (3 s), throttled app, drain",
             Scenario::Bulk => "64 KiB at full speed, drain",
             Scenario::SlowClient => "16 KiB / 10 ms, slow client, drain",
+            Scenario::Gapped => "64 KiB / 3-10 ms gaps, drain",
         }
     }
 
@@ -204,11 +210,16 @@ impl Scenario {
             Scenario::ThrottledQuiet => "tquiet",
             Scenario::Bulk => "bulk",
             Scenario::SlowClient => "slowc",
+            Scenario::Gapped => "gapped",
         }
     }
 
-    fn interval_ms(self) -> u32 {
+    /// The app's cadence on the case's stream `i`.
+    fn interval_ms(self, i: usize) -> u32 {
         match self {
+            // 3, 4, ... 10 ms: gaps longer than the guard's burst gap, yet
+            // short enough that an ending lands between two messages.
+            Scenario::Gapped => 3 + (i % 8) as u32,
             Scenario::Chatty | Scenario::ThrottledChatty => CHATTY_MS,
             Scenario::Bulk => 1,
             Scenario::SlowClient => 10,
@@ -239,7 +250,11 @@ impl Scenario {
     fn chatty(self) -> bool {
         matches!(
             self,
-            Scenario::Chatty | Scenario::ThrottledChatty | Scenario::Bulk | Scenario::SlowClient
+            Scenario::Chatty
+                | Scenario::ThrottledChatty
+                | Scenario::Bulk
+                | Scenario::SlowClient
+                | Scenario::Gapped
         )
     }
 
@@ -247,13 +262,14 @@ impl Scenario {
     fn streams(self) -> usize {
         match self {
             Scenario::Bulk | Scenario::SlowClient => BULK_STREAMS,
+            Scenario::Gapped => GAPPED_STREAMS,
             _ => STREAMS,
         }
     }
 
     fn payload_bytes(self) -> u32 {
         match self {
-            Scenario::Bulk => 64 * 1024,
+            Scenario::Bulk | Scenario::Gapped => 64 * 1024,
             Scenario::SlowClient => 16 * 1024,
             _ => 64,
         }
@@ -379,6 +395,8 @@ struct Run {
     blind: Option<u64>,
     /// Application DATA frames the guard dropped (likewise).
     dropped: Option<u64>,
+    /// Of those, the starts of messages the app's stack cut short.
+    partial: u64,
     shim_log: String,
     /// The drain's start (or, for max age, the case's).
     trigger: Instant,
@@ -420,7 +438,7 @@ async fn drive(case: Case, app: &PeerApp) -> Run {
     // The slow client's reads, held from the drain's start.
     let (hold, held) = tokio::sync::watch::channel(false);
     let shape = Shape {
-        interval_ms: case.scenario.interval_ms(),
+        interval_ms: 0,
         payload_bytes: case.scenario.payload_bytes(),
         hold: (case.scenario == Scenario::SlowClient).then_some(held),
     };
@@ -428,10 +446,14 @@ async fn drive(case: Case, app: &PeerApp) -> Run {
         .iter()
         .enumerate()
         .map(|(i, n)| {
+            let shape = Shape {
+                interval_ms: case.scenario.interval_ms(i),
+                ..shape.clone()
+            };
             tokio::spawn(client(
                 channel.clone(),
                 format!("{}-{i}", case.prefix()),
-                shape.clone(),
+                shape,
                 case.scenario.cycles(),
                 n.clone(),
                 deadline,
@@ -543,6 +565,7 @@ async fn drive(case: Case, app: &PeerApp) -> Run {
         dropped: metrics
             .contains(DATA_DROPPED)
             .then(|| series_sum(&metrics, DATA_DROPPED)),
+        partial: series_sum_where(&metrics, DATA_DROPPED, "reason=\"partial_message\""),
         shim_log,
         trigger,
         took: begun.elapsed(),
@@ -587,8 +610,13 @@ fn judge_calls(run: &Run, row: &mut Row) {
                 // failed. Anything that reached the guard and was not
                 // forwarded always fails, and so does any loss on the
                 // quiet, silent, max-age and app-stop streams.
-                let producer_race =
-                    run.case.scenario.chatty() && fates.iter().all(|f| *f == Fate::NeverSent);
+                // So is a message its transport was writing when it read
+                // the cancel and cut short (CutByApp): its start reached the
+                // guard, which drops it whole and counts it (judge_dropped).
+                let producer_race = run.case.scenario.chatty()
+                    && fates
+                        .iter()
+                        .all(|f| matches!(f, Fate::NeverSent | Fate::CutByApp));
                 for f in fates {
                     *row.lost_fates.entry(f).or_default() += 1;
                 }
@@ -619,6 +647,7 @@ fn judge_calls(run: &Run, row: &mut Row) {
             | Scenario::ThrottledChatty
             | Scenario::ThrottledQuiet
             | Scenario::Bulk
+            | Scenario::Gapped
     );
     let span = last_end.saturating_sub(first_end.unwrap_or_default());
     if spread && span < Duration::from_secs(1) {
@@ -737,6 +766,7 @@ fn blind_endings(run: &Run, row: &mut Row) {
             | Scenario::ThrottledQuiet
             | Scenario::Bulk
             | Scenario::SlowClient
+            | Scenario::Gapped
     );
     match run.blind {
         None => row
@@ -750,16 +780,23 @@ fn blind_endings(run: &Run, row: &mut Row) {
 }
 
 /// The guard dropped none of the app's DATA (a message the client would
-/// never get), by its own count, which must be exported.
+/// never get), by its own count, which must be exported; the only drops it
+/// may count are `reason="partial_message"`, one per message the tap saw the
+/// app's stack cut short (Fate::CutByApp).
 fn judge_dropped(run: &Run, row: &mut Row) {
-    match run.dropped {
-        None => row
+    let Some(n) = run.dropped else {
+        return row
             .failures
-            .push(format!("{DATA_DROPPED}_total is missing from /metrics")),
-        Some(0) => {}
-        Some(n) => row.failures.push(format!(
-            "{DATA_DROPPED}_total is {n}: the guard dropped DATA the app sent"
-        )),
+            .push(format!("{DATA_DROPPED}_total is missing from /metrics"));
+    };
+    // The starts of messages the app's own stack cut short, each one a
+    // CutByApp loss the tap saw: the guard's drop of half a message.
+    let cut = row.lost_fates.get(&Fate::CutByApp).copied().unwrap_or(0);
+    if n != run.partial || run.partial != cut {
+        row.failures.push(format!(
+            "{DATA_DROPPED}_total is {n} ({} partial messages; the tap saw {cut} cut short by the app): the guard dropped DATA the app sent",
+            run.partial
+        ));
     }
 }
 
@@ -874,7 +911,7 @@ async fn matrix(server: Server) {
     }));
     // Data at full speed, and a client that stops reading: side by side,
     // after the others, so their load times none of them.
-    let bulk = [Scenario::Bulk, Scenario::SlowClient];
+    let bulk = [Scenario::Bulk, Scenario::SlowClient, Scenario::Gapped];
     let runs = futures_util::future::join_all(bulk.iter().map(|scenario| {
         let case = Case {
             server,
