@@ -18,7 +18,7 @@ use tokio_util::sync::WaitForCancellationFuture;
 
 use super::conn::ConnInfo;
 use super::registry::{EndQueue, Refused, Registered, StreamCtl};
-use super::schedule::{jittered_age, spread_offsets};
+use super::schedule::jittered_age;
 use super::upstream::{connect_tcp, Connector, UpstreamError};
 use super::{lifecycle, signals, GuardConfig, Inner};
 use crate::metrics::{
@@ -198,42 +198,6 @@ impl Handle {
             },
             Instant::now(),
         )
-    }
-
-    /// Ends `streams` one by one, evenly over `window` (all at once when the
-    /// window is zero or the guard is shutting down).
-    pub fn end_spread(&self, streams: Vec<Arc<StreamCtl>>, window: Duration, reason: Reason) {
-        let n = streams.len();
-        let handle = match tokio::runtime::Handle::try_current() {
-            Ok(h) if !window.is_zero() && n > 0 => h,
-            // Nothing to pace (or no runtime to pace with): end them all now.
-            _ => {
-                for s in streams {
-                    s.end(reason);
-                }
-                return;
-            }
-        };
-        let closing = self.inner.closing.clone();
-        let start = Instant::now();
-        self.inner.tasks.spawn_on(
-            async move {
-                let mut schedule = streams.into_iter().zip(spread_offsets(n, window));
-                while let Some((s, offset)) = schedule.next() {
-                    tokio::select! {
-                        biased;
-                        // Shutdown: no more pacing, end the rest now.
-                        _ = closing.cancelled() => {
-                            s.end(reason);
-                            schedule.for_each(|(s, _)| s.end(reason));
-                            return;
-                        }
-                        _ = tokio::time::sleep_until(start + offset) => s.end(reason),
-                    }
-                }
-            },
-            &handle,
-        );
     }
 
     /// Counts one graceful stream end, once its goodbye was written.

@@ -37,18 +37,17 @@
 //!   websocket (a WebSocket's two byte streams and their Close), signals, limits,
 //!   schedule (spreads, jitter), sniff, upstream (connecting to the app),
 //!   conn, headers, keepalive, passthrough; and handle: all a driver is
-//!   given of the guard (config, registry, tasks, the drain's signals,
-//!   counters), never its whole state
+//!   given of the guard (config, its streams in the registry, a way to reach
+//!   the app and to spawn, the drain's signals, counters), never its whole state
 //! ```
 //!
 //! Which file serves an HTTP/2 request: `relay/client.rs` reads it and
 //! `relay/admit.rs` lets it through; `relay/app.rs` carries its answer;
-//! `relay/stream_end.rs` ends it gracefully.
+//! `relay/ending/` ends it gracefully (the one room for how a stream ends).
 
 mod accept;
 mod body;
 mod conn;
-mod ending;
 mod grpc;
 mod h1;
 mod handle;

@@ -45,12 +45,12 @@ pub const STREAMS_UNGRACEFUL: (&str, &str) = (
     "streams_ungraceful",
     "Streams the stream guard had to close without an in-protocol goodbye (an upgrade it cannot end gracefully, an ending that found no safe point in time, or one whose trailers never left before the connection closed), or ended without the application's confirmation that nothing was still on its way (the barrier not acked within end_timeout), by reason and protocol",
 );
-/// Contract extension (guard): see `guard::ending`.
+/// Contract extension (guard): see `guard::relay::ending`.
 pub const STREAMS_BLIND_ENDED: (&str, &str) = (
     "streams_blind_ended",
     "Stream endings the stream guard had to begin at a moment no write of the application timed (quiet for all of end_settle, 4 s, with no learned cadence): a message the application handed its transport at that very instant would be lost. 0 for streams that write at least every 4 s; silent streams count here",
 );
-/// Contract extension (guard): see `guard::relay::stream_end`.
+/// Contract extension (guard): see `guard::relay::ending::protocol`.
 pub const STREAM_DATA_DROPPED: (&str, &str) = (
     "stream_data_dropped",
     "DATA frames the application sent that the stream guard dropped, by reason: after_end (the guard had already ended the stream to the client: its ending's barrier was not acked within end_timeout, or it was reset), partial_message (the start of a message the application's stack cut short after reading the guard's cancel). 0 is the promise: each is a message the client never got",

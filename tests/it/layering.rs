@@ -354,7 +354,6 @@ fn the_handle_offers_a_driver_only_what_it_may_call() {
         "try_register",
         "try_register_relayed",
         "connection_streams",
-        "end_spread",
         // Tasks and connections.
         "spawn",
         "count_connection",

@@ -7,12 +7,12 @@
 use tokio::time::Instant;
 
 use super::blocks::trailers_only;
-use super::cadence::Cadence;
+use super::ending::cadence::Cadence;
+use super::ending::StreamOutcome;
 use super::streams::Stream;
 use super::wire;
 use super::Relay;
 use crate::guard::body::{request_kind_of, BodyKind};
-use crate::guard::ending::StreamOutcome;
 use crate::guard::grpc;
 use crate::guard::registry::Refused;
 use crate::metrics::StreamProtocol;

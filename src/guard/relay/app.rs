@@ -8,12 +8,12 @@ use tokio::time::Instant;
 
 use super::blocks::Block;
 use super::client::settings_size_ok;
+use super::ending::StreamOutcome;
 use super::io::keep_rest;
 use super::settings::Unacked;
 use super::wire::{self, Head};
 use super::{Failure, Relay, APP_BLOCK_MAX, MAX_CLIENT_TABLE, MAX_CONTINUATIONS, MAX_FRAME};
 use crate::guard::body::{response_kind_of, Boundaries};
-use crate::guard::ending::StreamOutcome;
 
 impl Relay<'_> {
     pub(super) fn app_frames(&mut self, now: Instant) -> Result<(), Failure> {

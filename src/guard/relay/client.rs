@@ -16,12 +16,12 @@ use tokio::time::Instant;
 
 use super::admit::{malformed_request, trailers_ok, Refusal};
 use super::blocks::Block;
+use super::ending::StreamOutcome;
 use super::io::keep_rest;
 use super::rapid::PREMATURE_LIFETIME;
 use super::settings::{Unacked, UNACKED_RETRY};
 use super::wire::{self, Head};
 use super::{Failure, Relay, BOMB_FACTOR, DEFAULT_FRAME, MAX_CONTINUATIONS, MAX_FRAME, MAX_WINDOW};
-use crate::guard::ending::StreamOutcome;
 use crate::guard::lifecycle::Input;
 use crate::guard::sniff::H2_PREFACE;
 

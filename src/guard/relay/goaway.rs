@@ -7,10 +7,10 @@ use bytes::BytesMut;
 use tokio::time::Instant;
 
 use super::blocks::{trailers_only, unavailable_block};
+use super::ending::{record_outcome, StreamOutcome};
 use super::wire;
 use super::{Failure, Relay};
 use crate::guard::body::End;
-use crate::guard::ending::{record_outcome, StreamOutcome};
 use crate::guard::grpc;
 use crate::guard::lifecycle::{Cause, ConnAction, Input, Lifecycle};
 use crate::metrics::Reason;
@@ -204,6 +204,7 @@ impl Relay<'_> {
         for id in self.endings.asked.clone() {
             self.ending_bound(id, now);
         }
+        self.ask_planned(now);
         self.check_endings(now);
         if self.life.sweep_at().is_some_and(|at| now >= at) {
             // Those grown long-lived since the application's GOAWAY: now.
@@ -229,6 +230,7 @@ impl Relay<'_> {
         let d = self.life.machine().deadlines();
         let mut next = [
             self.defences.paused_until(),
+            self.endings.planned.front().map(|p| p.at),
             self.life.sweep_at(),
             self.life.closing_by(),
             d.close_by,
@@ -383,26 +385,6 @@ impl Relay<'_> {
         self.end_long_lived(guard.config().app_shutdown_spread, now);
     }
 
-    /// After the application's GOAWAY: the streams long-lived by now (and
-    /// not already asked to end) are ended over `spread`; the next look is
-    /// one spread later, for as long as streams are open.
-    pub(super) fn end_long_lived(&mut self, spread: std::time::Duration, now: Instant) {
-        let guard = self.guard;
-        let long_after = guard.config().long_stream_age;
-        let long: Vec<_> = guard
-            .connection_streams(self.info.id, now, long_after)
-            .into_iter()
-            .filter(|s| s.is_long_lived_at(now, long_after))
-            .collect();
-        guard.end_spread(long, spread, Reason::app_shutdown);
-        let period = guard
-            .config()
-            .app_shutdown_spread
-            .max(std::time::Duration::from_secs(1));
-        self.life
-            .sweep((!self.streams.is_empty()).then_some(now + period));
-    }
-
     pub(super) fn count_changed(&mut self, now: Instant) {
         let n = self.streams.len() + self.locals.len();
         if self.life.count_changed(n) {
@@ -439,11 +421,8 @@ impl Relay<'_> {
                 let guard = self.guard;
                 let streams =
                     guard.connection_streams(self.info.id, now, guard.config().long_stream_age);
-                guard.end_spread(
-                    streams,
-                    self.life.machine().end_window(now),
-                    Reason::max_age,
-                );
+                let window = self.life.machine().end_window(now);
+                self.plan_ends(streams, window, Reason::max_age, now);
             }
             Some(ConnAction::Close) => self.close_with(wire::NO_ERROR),
         }

@@ -12,8 +12,8 @@
 //!
 //! It writes frames of its own only to end or refuse something, and encodes
 //! every header block it writes as literals without indexing, which change
-//! neither peer's dynamic table. A graceful end ([`stream_end`], by the
-//! rules in [`crate::guard::ending`]) comes at a boundary, in the
+//! neither peer's dynamic table. A graceful end ([`ending`], where every
+//! rule and step of it lives) comes at a boundary, in the
 //! application's first pause: RST_STREAM(CANCEL) to the application, then
 //! a barrier of two empty-SETTINGS round trips (their acks follow
 //! everything it wrote before it read the cancel, which is forwarded;
@@ -81,12 +81,13 @@
 //! | `admit.rs` | admission, the answers of streams not let through, §8.1's message rules |
 //! | `app.rs` | the application's frames, SETTINGS and GOAWAY |
 //! | `blocks.rs` | header blocks: gathered, passed on, re-encoded, the guard's own |
-//! | `stream_end.rs` | the end of a stream the guard decides (one protocol), and its outcome |
+//! | `ending/` | how a stream ends, in one room: the rules and outcomes (`mod.rs`), the cadence, the protocol, its state, the connection's own planned ends |
 //! | `goaway.rs` | the connection's life: GOAWAY, timers, failure, close |
 //! | `local.rs`, `connect.rs` | WebSockets the guard serves itself |
 //!
 //! and these own one part each: `streams.rs` (the stream store: each
-//! [`Stream`], its ending, what is held and what is not written yet), `ids.rs`, `window.rs`, `settings.rs`,
+//! [`Stream`]), `ending/state.rs` (its ending, what is held, what is not
+//! written yet, the barrier), `ids.rs`, `window.rs`, `settings.rs`,
 //! `defences.rs` (over `flood.rs`, control-frame rates, and `rapid.rs`,
 //! rapid reset); `wire.rs` and `hpack.rs` are the frame and header codecs,
 //! `io.rs` the socket reads and writes, `feed.rs` the relay without
@@ -95,10 +96,10 @@
 mod admit;
 mod app;
 mod blocks;
-mod cadence;
 mod client;
 mod connect;
 mod defences;
+mod ending;
 mod feed;
 mod flood;
 mod goaway;
@@ -108,7 +109,6 @@ mod io;
 mod local;
 mod rapid;
 mod settings;
-mod stream_end;
 mod streams;
 #[cfg(test)]
 mod tests;
@@ -136,6 +136,7 @@ use crate::metrics::Limit;
 
 use blocks::{Block, Forward};
 use defences::Defences;
+use ending::state::{self, Endings};
 use flood::Buckets;
 use goaway::Life;
 use ids::StreamIds;
@@ -143,7 +144,7 @@ use io::{flush, read_some, write_some};
 use local::Local;
 use rapid::PrematureResets;
 use settings::Settings;
-use streams::{Endings, Stream};
+use streams::Stream;
 use window::Window;
 
 /// Room made for each read.
@@ -311,7 +312,7 @@ fn random_opaque() -> [u8; 8] {
 
 /// One connection's state (the sockets are the `run` loop's): the parts,
 /// each its own type, that the relay's chapters (`client`, `app`, `admit`,
-/// `blocks`, `stream_end`, `goaway`, `local`) work on together.
+/// `blocks`, `ending`, `goaway`, `local`) work on together.
 struct Relay<'a> {
     /// What the relay may use of the guard (settings, registry, the drain's
     /// signals, its counters).
@@ -533,7 +534,7 @@ impl<'a> Relay<'a> {
         // Where each end still queued lies, before the last flush: those
         // it does not get out are cut.
         let front = self.window.front();
-        let ends = streams::ends_in(&self.client.write[front..]);
+        let ends = state::ends_in(&self.client.write[front..]);
         let queued = self.client.write.len();
         let _ = flush(client, &mut self.client.write).await;
         let written = queued - self.client.write.len();
@@ -655,7 +656,7 @@ impl<'a> Relay<'a> {
             // While an ending waits for the barrier's ack, the application
             // is read further (its acks and what it wrote before them), up
             // to the mark that also bounds a client whose window is shut.
-            self.endings.held < streams::HOLD_MAX
+            self.endings.held < state::HOLD_MAX
                 && (self.client.write.len() < HIGH_WATER
                     || (self.awaits_ack() && self.client.write.len() < BLOCKED_HIGH_WATER)),
         )

@@ -131,7 +131,10 @@ pub fn lost_fates(tap: &Tap, id: &str, lost: std::ops::RangeInclusive<u64>) -> (
     // Whether message `seq` reached the guard whole: its gRPC length prefix
     // against the stream's DATA from its first frame on.
     let whole = |seq: u64| {
-        let Some(at) = events.iter().position(|e| seen(e).is_some_and(|t| t.2 == seq)) else {
+        let Some(at) = events
+            .iter()
+            .position(|e| seen(e).is_some_and(|t| t.2 == seq))
+        else {
             return false;
         };
         let What::Frame(first) = &events[at].what else {
@@ -145,7 +148,10 @@ pub fn lost_fates(tap: &Tap, id: &str, lost: std::ops::RangeInclusive<u64>) -> (
             .iter()
             .filter_map(|e| match &e.what {
                 What::Frame(f)
-                    if e.conn == conn && e.dir == Dir::Down && f.ty == DATA && f.stream == stream =>
+                    if e.conn == conn
+                        && e.dir == Dir::Down
+                        && f.ty == DATA
+                        && f.stream == stream =>
                 {
                     Some(u64::from(f.len))
                 }

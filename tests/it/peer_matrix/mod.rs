@@ -85,8 +85,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use account::{
-    app_goaways_metric, lost_fates, series_sum, series_sum_where, Fate, Row, Wire, APP_GOAWAYS, BLIND_ENDED,
-    DATA_DROPPED,
+    app_goaways_metric, lost_fates, series_sum, series_sum_where, Fate, Row, Wire, APP_GOAWAYS,
+    BLIND_ENDED, DATA_DROPPED,
 };
 use clients::{classify, client, describe, End, Shape, Sub};
 use drainshim::drain::Report;

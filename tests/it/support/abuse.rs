@@ -76,7 +76,7 @@ impl GuardProcess {
             .expect("this process may run on some CPU");
         let mut child = Command::new("taskset")
             .args(["--cpu-list", &cpu.to_string()])
-            .arg(env!("CARGO_BIN_EXE_drainshim"))
+            .arg(super::drainshim_bin())
             .args(["sidecar", "--listen", "127.0.0.1:0"])
             // Nothing listens on port 9 (discard): the drain is never asked
             // for here, and the guard does not need Envoy.

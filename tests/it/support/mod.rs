@@ -303,9 +303,13 @@ pub const MAX_AGE_2S: &[&str] = &[
     "1s",
 ];
 
-/// The drainshim binary built for this test run.
+/// The drainshim binary built for this test run (`DRAINSHIM_IT_BIN`
+/// names another, for a developer who copied the build aside to keep
+/// editing while the suite runs; `make test` never sets it).
 pub fn drainshim_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_drainshim"))
+    std::env::var_os("DRAINSHIM_IT_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_drainshim")))
 }
 
 /// Runs the real binary with `args` (bounded by [`WAIT`]) and returns

@@ -200,7 +200,7 @@ pub async fn agent_bin(lab: &Lab, listen: SocketAddr, extra: &[&str]) -> AgentBi
 /// [`agent_bin`], returned at once, while it starts.
 pub fn agent_bin_started(lab: &Lab, listen: SocketAddr, extra: &[&str]) -> AgentBin {
     let farm = lab.farm.path().to_string_lossy().into_owned();
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_drainshim"));
+    let mut cmd = tokio::process::Command::new(super::drainshim_bin());
     cmd.args([
         "node",
         "--listen",

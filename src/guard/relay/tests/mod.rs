@@ -6,8 +6,8 @@ use super::blocks::{literals, put_block};
 use super::local::{connect_head, Local};
 use super::settings::MAX_UNACKED_SETTINGS;
 use super::*;
-use crate::guard::ending::BURST_GAP;
 use crate::guard::grpc;
+use crate::guard::relay::ending::BURST_GAP;
 use crate::guard::sniff::H2_PREFACE;
 use crate::metrics::{Reason, StreamProtocol};
 

@@ -1,11 +1,31 @@
-//! How a stream through the HTTP/2 relay ends: its rules, and the outcome
-//! each ending is counted as. (Only `relay/` uses this module; the
-//! HTTP/1.1 wing's endings are in `h1/`.)
+//! How a relayed stream ends: the one room where that is decided. The
+//! guard's design document ("How a gRPC stream ends") describes it; this
+//! module is that description in code.
+//!
+//! - **Who asks** (elsewhere, by design): a drain asks every long-lived
+//!   stream of the process through the registry, spread over its window
+//!   (`guard::terminator`); a connection asks its own streams at its max
+//!   age and after the application's GOAWAY ([`plan`]: the relay's own
+//!   timer, no task). Every ask lands in [`protocol`]'s `begin_end`.
+//! - **When** ([`protocol`], [`cadence`]): at a message boundary, in the
+//!   application's first pause ([`BURST_GAP`] after a message), or at once
+//!   when the stream's learned cadence puts its next write well off; a
+//!   quiet stream gets up to `end_settle` to write once more; past
+//!   `end_timeout` a stream at a boundary ends there, one mid-message is
+//!   reset (REFUSED_STREAM, retryable).
+//! - **How** ([`protocol`], its state in [`state`]): RST_STREAM(CANCEL) to
+//!   the application, the barrier right behind it (two SETTINGS round
+//!   trips), every DATA frame before the barrier's ack forwarded (a message
+//!   begun after the cancel held until whole), then the client's trailers.
+//!   Nothing but the ending's own bound cuts the wait short; past it the
+//!   end is `Unconfirmed`, counted ungraceful.
+//! - **What it counts as** ([`StreamOutcome`], [`record_outcome`]): graceful
+//!   only once its trailers were written to the client; every DATA frame of
+//!   the application's the guard drops is counted, with its reason.
 //!
 //! Invariants, whatever ends a stream:
-//! - **Nothing received is dropped.** Every byte the application sent and
-//!   the guard received is forwarded; a message in progress is finished
-//!   (within `end_timeout`) before anything ends the stream.
+//! - **Nothing the application's transport wrote before it read the
+//!   cancel is dropped**, and half a message never reaches the client.
 //! - **The application's own answer wins.** If its trailers (or END_STREAM,
 //!   or its own RST_STREAM) arrive, they are what the client gets; the
 //!   guard's `grpc-status: 14` is only ever sent where the application has
@@ -17,43 +37,32 @@
 //!   gRPC maps to UNAVAILABLE. CANCEL is only ever passed on from a peer, or
 //!   ends a non-gRPC response that could not end whole.
 //!
-//! The graceful end of a gRPC stream, once asked: everything received is
-//! forwarded and the message in progress is completed. The stream then ends
-//! in the application's first pause: at a message boundary, when nothing
-//! more has arrived for [`BURST_GAP`] after a message (a producer that just
-//! wrote is between writes, so the cancel that follows cannot catch a
-//! message on its way), and after the barrier: two round trips of an empty
-//! SETTINGS frame to the application ([`BARRIER_WAIT`] at most for each),
-//! whose acks follow everything it had queued.
-//! A stream of the HTTP/2 relay asked between two writes ends at once when
-//! its learned cadence puts the next write well off (`relay::cadence`);
-//! any other application that was already quiet gets up to `end_settle` to
-//! write once more, so the end lands right after a write rather than at a
-//! moment that may meet one. Past `end_timeout` a stream at a boundary is
-//! ended there (a producer that never pauses for 2 ms: what it handed its
-//! transport after the cancel left is lost, which no proxy can avoid
-//! without the application's help), and one mid-message is reset.
-//!
 //! A stream is marked long-lived once its response carried two messages
-//! (see [`super::registry`]): a drain ends only such streams early.
+//! (see [`crate::guard::registry`]): a drain ends only such streams early.
+//! The HTTP/1.1 wing's endings are in `h1/`.
+
+pub(super) mod cadence;
+mod plan;
+mod protocol;
+pub(super) mod state;
 
 use std::time::Duration;
 
 use http::StatusCode;
 
-use super::signals;
+use crate::guard::signals;
 use crate::metrics::{Code, Reason};
 
 /// After a message, this long without more data means the application
-/// paused between writes: the stream may end there (after the barrier's
-/// round trips, which collect whatever it had already queued). Short, because the
+/// paused between writes: the stream may end there (the cancel, then the
+/// barrier's round trips, which collect whatever it had already queued). Short, because the
 /// end should come as soon after a write as possible: a producer's next
 /// write is then furthest away.
-pub(super) const BURST_GAP: Duration = Duration::from_millis(2);
+pub(in crate::guard::relay) const BURST_GAP: Duration = Duration::from_millis(2);
 
 /// How a stream ended, for metrics and logs.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum StreamOutcome {
+pub(in crate::guard::relay) enum StreamOutcome {
     /// The application finished the response (its own status, whatever it is).
     Completed,
     /// The guard ended it gracefully (trailers or trailers-only).
@@ -76,7 +85,11 @@ pub(super) enum StreamOutcome {
 /// the guard ended itself, gracefully or by a reset, is not the
 /// application's outcome: it is left out of the request counter (the
 /// ending is counted by `record_termination` or `record_ungraceful`).
-pub(super) fn record_outcome(s: &mut signals::Request, grpc: bool, outcome: &StreamOutcome) {
+pub(in crate::guard::relay) fn record_outcome(
+    s: &mut signals::Request,
+    grpc: bool,
+    outcome: &StreamOutcome,
+) {
     match outcome {
         StreamOutcome::Completed => {}
         // gRPC: the guard's `grpc-status: 14`; SSE: a clean end of the body.

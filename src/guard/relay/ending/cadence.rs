@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::guard::ending::BURST_GAP;
+use super::BURST_GAP;
 
 /// The least room that must be left before the next write is due for an
 /// end to go at once: the cancel's way to the application and into its
@@ -31,7 +31,7 @@ const GAP_SHARE: u32 = 32;
 /// bursts with its mean deviation, smoothed as TCP smooths its round-trip
 /// time (RFC 6298: 1/8 and 1/4).
 #[derive(Debug, Default, Clone, Copy)]
-pub(super) struct Cadence {
+pub(in crate::guard::relay) struct Cadence {
     /// When the last burst started, and when its last frame came.
     burst_start: Option<Instant>,
     last: Option<Instant>,
@@ -42,7 +42,7 @@ pub(super) struct Cadence {
 
 impl Cadence {
     /// The application sent DATA with content on the stream.
-    pub(super) fn data(&mut self, now: Instant) {
+    pub(in crate::guard::relay) fn data(&mut self, now: Instant) {
         let new_burst = self
             .last
             .is_none_or(|t| now.saturating_duration_since(t) >= BURST_GAP);
@@ -56,7 +56,7 @@ impl Cadence {
     }
 
     /// When the application last sent DATA on the stream.
-    pub(super) fn last(&self) -> Option<Instant> {
+    pub(in crate::guard::relay) fn last(&self) -> Option<Instant> {
         self.last
     }
 
@@ -77,7 +77,7 @@ impl Cadence {
     /// due no sooner than a margin away (a [`GAP_SHARE`]-th of the gap, four
     /// deviations, [`MIN_MARGIN`], whichever is largest). A stream written
     /// to irregularly, or not yet twice, never is.
-    pub(super) fn far_from_next(&self, now: Instant) -> bool {
+    pub(in crate::guard::relay) fn far_from_next(&self, now: Instant) -> bool {
         let (Some(start), Some(last), Some((mean, dev))) = (self.burst_start, self.last, self.gap)
         else {
             return false;

@@ -1,12 +1,12 @@
 //! The end of a relayed stream the guard decides (by the rules in
-//! [`crate::guard::ending`]), and how a stream is counted once it is over.
+//! [`super`]), and how a stream is counted once it is over.
 //!
 //! One protocol on every path that ends a stream: a drain, the max age, the
 //! application's GOAWAY, `end_timeout`, and a forced end alike.
 //! 1. At a message boundary, in the application's first pause (at once for
 //!    a stream with no response yet), RST_STREAM(CANCEL) to the application.
 //! 2. The barrier right behind the cancel: SETTINGS round trips
-//!    ([`super::streams::Barrier`]), whose acks follow everything the application's
+//!    ([`super::state::Barrier`]), whose acks follow everything the application's
 //!    transport wrote before it read the cancel.
 //! 3. Every DATA frame that arrives before the ack is forwarded. A message
 //!    begun after the cancel is held until it is whole ([`Held`]): the
@@ -27,23 +27,22 @@
 use bytes::BytesMut;
 use tokio::time::Instant;
 
-use super::blocks::trailers_only;
-use super::settings::Unacked;
-use super::streams::{
-    ends_in, Cancelled, Ending, Held, Stream, Unwritten, ACK_MIN, ENDED_KEPT, HOLD_MAX,
-};
-use super::window::put_data;
-use super::wire::{self, Head};
-use super::Relay;
+use super::state::{ends_in, Cancelled, Ending, Held, Unwritten, ACK_MIN, ENDED_KEPT, HOLD_MAX};
+use super::{record_outcome, StreamOutcome, BURST_GAP};
 use crate::guard::body::{Boundaries, End};
-use crate::guard::ending::{record_outcome, StreamOutcome, BURST_GAP};
 use crate::guard::grpc;
+use crate::guard::relay::blocks::trailers_only;
+use crate::guard::relay::settings::Unacked;
+use crate::guard::relay::streams::Stream;
+use crate::guard::relay::window::put_data;
+use crate::guard::relay::wire::{self, Head};
+use crate::guard::relay::Relay;
 use crate::metrics::Dropped;
 
 impl Relay<'_> {
     /// Stream `id` was asked to end (by a drain, its connection's age, or
     /// the application's GOAWAY).
-    pub(super) fn begin_end(&mut self, id: u32, now: Instant) {
+    pub(in crate::guard::relay) fn begin_end(&mut self, id: u32, now: Instant) {
         let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
@@ -67,7 +66,7 @@ impl Relay<'_> {
     }
 
     /// Moves stream `id`'s ending on as far as it can go now.
-    pub(super) fn advance(&mut self, id: u32, now: Instant) {
+    pub(in crate::guard::relay) fn advance(&mut self, id: u32, now: Instant) {
         let l = self.guard.config().limits;
         let Some(s) = self.streams.get_mut(&id) else {
             return;
@@ -161,7 +160,7 @@ impl Relay<'_> {
 
     /// The client's end of stream `id`, its cancel `confirmed` by the
     /// barrier's ack (or the application's close), or not (its bound).
-    pub(super) fn close_ending(&mut self, id: u32, confirmed: bool) {
+    pub(in crate::guard::relay) fn close_ending(&mut self, id: u32, confirmed: bool) {
         let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
@@ -216,7 +215,7 @@ impl Relay<'_> {
 
     /// Whether the guard cancelled the application's side of stream `id`
     /// while it ends it (its client's frames no longer go there).
-    pub(super) fn app_cancelled(&self, id: u32) -> bool {
+    pub(in crate::guard::relay) fn app_cancelled(&self, id: u32) -> bool {
         self.streams
             .get(&id)
             .and_then(|s| s.ending)
@@ -226,7 +225,14 @@ impl Relay<'_> {
     /// DATA on stream `id`, which is open, from the application (`frame`,
     /// its head `h`, its content `data`): on to the client, or, a message
     /// begun after the guard's cancel, held until it is whole.
-    pub(super) fn app_data(&mut self, id: u32, h: Head, frame: &[u8], data: &[u8], now: Instant) {
+    pub(in crate::guard::relay) fn app_data(
+        &mut self,
+        id: u32,
+        h: Head,
+        frame: &[u8],
+        data: &[u8],
+        now: Instant,
+    ) {
         let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
@@ -316,7 +322,7 @@ impl Relay<'_> {
 
     /// Frames of the application's other than DATA on stream `id` go on
     /// behind what was held of it, in order.
-    pub(super) fn release_held(&mut self, id: u32) {
+    pub(in crate::guard::relay) fn release_held(&mut self, id: u32) {
         if let Some(held) = self.streams.get_mut(&id).and_then(|s| s.held.take()) {
             self.endings.held -= held.window;
             self.client.write.extend_from_slice(&held.frames);
@@ -363,7 +369,7 @@ impl Relay<'_> {
     /// DATA for a stream no longer open (`h` its head): the connection
     /// window it took goes back to the application; on a stream the guard
     /// ended, it is a message the client never gets, so it is counted.
-    pub(super) fn app_data_after_end(&mut self, h: Head) {
+    pub(in crate::guard::relay) fn app_data_after_end(&mut self, h: Head) {
         wire::window_update(&mut self.app.write, 0, h.len as u32);
         if h.len > 0 && self.endings.ended.contains(&h.id) {
             tracing::warn!(peer = %self.info.peer, conn = self.info.id, stream = h.id, bytes = h.len,
@@ -400,7 +406,7 @@ impl Relay<'_> {
     /// `end_timeout` a stream at a boundary is cancelled there, one
     /// mid-message gets one more bound to reach the next; past that, or
     /// past the cancel's own bound, it ends as it can.
-    pub(super) fn ending_bound(&mut self, id: u32, now: Instant) {
+    pub(in crate::guard::relay) fn ending_bound(&mut self, id: u32, now: Instant) {
         let l = self.guard.config().limits;
         let Some(s) = self.streams.get_mut(&id) else {
             return;
@@ -444,7 +450,7 @@ impl Relay<'_> {
     }
 
     /// When stream `id`'s ending must be looked at next.
-    pub(super) fn ending_due(&self, id: u32) -> Option<Instant> {
+    pub(in crate::guard::relay) fn ending_due(&self, id: u32) -> Option<Instant> {
         let l = self.guard.config().limits;
         let e = self.streams.get(&id).and_then(|s| s.ending)?;
         if let Some(c) = e.cancelled {
@@ -460,8 +466,8 @@ impl Relay<'_> {
     }
 
     /// The barrier round trip a stream asking now must wait for: the second
-    /// one started from now on (see [`super::streams::Barrier`]).
-    pub(super) fn barrier_target(&mut self, now: Instant) -> u64 {
+    /// one started from now on (see [`super::state::Barrier`]).
+    pub(in crate::guard::relay) fn barrier_target(&mut self, now: Instant) -> u64 {
         let target = if self.endings.barrier.acked >= self.endings.barrier.sent {
             self.send_barrier(now);
             self.endings.barrier.sent + 1
@@ -477,7 +483,7 @@ impl Relay<'_> {
     }
 
     /// Starts a barrier round trip: an empty SETTINGS frame to the application.
-    pub(super) fn send_barrier(&mut self, now: Instant) {
+    pub(in crate::guard::relay) fn send_barrier(&mut self, now: Instant) {
         self.endings.barrier.sent += 1;
         self.endings.barrier.started_at = Some(now);
         wire::put(&mut self.app.write, wire::SETTINGS, 0, 0, &[]);
@@ -488,7 +494,7 @@ impl Relay<'_> {
     /// The application acked barrier round trip `seq`: the next one starts
     /// if a stream still waits for a later one, and endings move on once
     /// the whole read is handled (`app_frames`).
-    pub(super) fn barrier_acked(&mut self, seq: u64, now: Instant) {
+    pub(in crate::guard::relay) fn barrier_acked(&mut self, seq: u64, now: Instant) {
         self.endings.barrier.acked = self.endings.barrier.acked.max(seq);
         if self.endings.barrier.wanted > self.endings.barrier.sent
             && self.endings.barrier.acked >= self.endings.barrier.sent
@@ -500,11 +506,11 @@ impl Relay<'_> {
 
     /// Whether a stream's ending waits for the barrier's ack: the
     /// application is then read even while the client is backed up.
-    pub(super) fn awaits_ack(&self) -> bool {
+    pub(in crate::guard::relay) fn awaits_ack(&self) -> bool {
         self.endings.barrier.acked < self.endings.barrier.wanted
     }
 
-    pub(super) fn check_endings(&mut self, now: Instant) {
+    pub(in crate::guard::relay) fn check_endings(&mut self, now: Instant) {
         for id in self.endings.asked.clone() {
             self.advance(id, now);
         }
@@ -558,7 +564,7 @@ impl Relay<'_> {
     /// its cancel sent: its close follows everything it wrote, so at a
     /// boundary this is the guard's graceful end after all. False if the
     /// stream still needs the end of a lost connection.
-    pub(super) fn end_on_app_close(&mut self, id: u32) -> bool {
+    pub(in crate::guard::relay) fn end_on_app_close(&mut self, id: u32) -> bool {
         let Some(s) = self.streams.get_mut(&id) else {
             return true;
         };
@@ -586,7 +592,7 @@ impl Relay<'_> {
 
     /// No safe end point in time: REFUSED_STREAM for gRPC (retryable),
     /// CANCEL otherwise (an aborted response, never one that looks whole).
-    pub(super) fn reset_here(&mut self, id: u32) {
+    pub(in crate::guard::relay) fn reset_here(&mut self, id: u32) {
         let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
@@ -608,7 +614,7 @@ impl Relay<'_> {
 
     /// The client got the guard's end of stream `id`: the application's
     /// stream is cancelled, and the client's request stopped if unfinished.
-    pub(super) fn end_here(&mut self, id: u32, outcome: StreamOutcome) {
+    pub(in crate::guard::relay) fn end_here(&mut self, id: u32, outcome: StreamOutcome) {
         let Some(mut s) = self.streams.remove(&id) else {
             return;
         };
@@ -642,7 +648,7 @@ impl Relay<'_> {
     }
 
     /// A stream is over for the guard: metrics, signals, registry.
-    pub(super) fn finish(&mut self, mut s: Stream, outcome: StreamOutcome) {
+    pub(in crate::guard::relay) fn finish(&mut self, mut s: Stream, outcome: StreamOutcome) {
         let guard = self.guard;
         let protocol = s.protocol();
         match outcome {
@@ -664,7 +670,10 @@ impl Relay<'_> {
     /// Graceful ends whose last frame has left the client's write buffer
     /// are counted; with `cut` (the connection closes: the ids whose end
     /// never left), those are counted as cut, and every other as written.
-    pub(super) fn settle_written(&mut self, cut: Option<&std::collections::HashSet<u32>>) {
+    pub(in crate::guard::relay) fn settle_written(
+        &mut self,
+        cut: Option<&std::collections::HashSet<u32>>,
+    ) {
         if self.endings.unwritten.is_empty() {
             return;
         }
@@ -700,7 +709,7 @@ impl Relay<'_> {
 
     /// The connection closes with streams still open: each the guard was
     /// asked to end is cut, and counted (the run loop logged how many).
-    pub(super) fn cut_open(&mut self) {
+    pub(in crate::guard::relay) fn cut_open(&mut self) {
         for (_, s) in std::mem::take(&mut self.streams) {
             if let Some(reason) = s.reg.ctl.reason() {
                 self.guard.record_ungraceful(reason, s.protocol());
@@ -710,7 +719,7 @@ impl Relay<'_> {
 
     /// DATA of the guard's own to the client, in frames the client takes;
     /// the application's view of the connection window does not know of it.
-    pub(super) fn own_data(&mut self, id: u32, data: &[u8], end_stream: bool) {
+    pub(in crate::guard::relay) fn own_data(&mut self, id: u32, data: &[u8], end_stream: bool) {
         put_data(
             &mut self.client.write,
             id,
@@ -722,7 +731,7 @@ impl Relay<'_> {
     }
 
     /// Removes stream `id` once both its directions are over.
-    pub(super) fn maybe_done(&mut self, id: u32) {
+    pub(in crate::guard::relay) fn maybe_done(&mut self, id: u32) {
         if self
             .streams
             .get(&id)
