@@ -174,14 +174,7 @@ pub struct FloodLimits {
     pub ping: Rate,
     pub settings: Rate,
     pub rst_stream: Rate,
-    /// WINDOW_UPDATEs of less than [`SMALL_WINDOW_UPDATE`] bytes.
-    pub window_update: Rate,
 }
-
-/// A WINDOW_UPDATE below this many bytes takes a token: every HTTP/2 stack
-/// batches its credit (Envoy's oghttp2 at half a window, grpc-go at a
-/// quarter, nghttp2 at half), so only a peer that means harm sends many.
-pub const SMALL_WINDOW_UPDATE: u32 = 1024;
 
 /// The defaults, and why they never trip for Envoy: see the relay's `flood`
 /// module.
@@ -195,10 +188,6 @@ pub const DEFAULT_FLOOD_LIMITS: FloodLimits = FloodLimits {
         burst: 100,
     },
     rst_stream: Rate {
-        per_second: 1_000,
-        burst: 10_000,
-    },
-    window_update: Rate {
         per_second: 1_000,
         burst: 10_000,
     },

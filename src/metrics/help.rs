@@ -81,7 +81,7 @@ pub const ENVOY_RECOVERIES: (&str, &str) = (
 /// Contract extension (guard): see `guard::limits`.
 pub const GUARD_LIMITED: (&str, &str) = (
     "guard_limited",
-    "Stream guard limits at work: connections closed at accept, streams refused (retryably), and connection reads paused by a PING, SETTINGS, RST_STREAM or small-WINDOW_UPDATE rate limit",
+    "Stream guard limits at work: connections closed at accept, streams refused (retryably), and connection reads paused by a PING, SETTINGS or RST_STREAM rate limit",
 );
 /// Contract extension (guard): see `guard::relay`'s barrier.
 pub const GUARD_APP_GOAWAYS: (&str, &str) = (

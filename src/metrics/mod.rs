@@ -133,9 +133,6 @@ pub enum Limit {
     settings,
     /// A connection's reads paused by the RST_STREAM rate limit.
     rst_stream,
-    /// A connection's reads paused by the rate limit on small (< 1 KiB)
-    /// WINDOW_UPDATEs.
-    window_update,
     /// A connection sent GOAWAY(ENHANCE_YOUR_CALM): most of its streams
     /// were reset before they were answered (rapid reset).
     rapid_reset,
@@ -143,13 +140,12 @@ pub enum Limit {
 
 impl Limit {
     /// Every limit, for node mode.
-    pub const ALL: [Limit; 7] = [
+    pub const ALL: [Limit; 6] = [
         Limit::connections,
         Limit::streams,
         Limit::ping,
         Limit::settings,
         Limit::rst_stream,
-        Limit::window_update,
         Limit::rapid_reset,
     ];
 }

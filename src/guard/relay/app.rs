@@ -118,7 +118,7 @@ impl Relay<'_> {
                 Ok(())
             }
             wire::SETTINGS => {
-                self.settings_acked(now);
+                self.settings_acked();
                 Ok(())
             }
             wire::GOAWAY => {
@@ -217,9 +217,9 @@ impl Relay<'_> {
     /// (alone: the guard acks the client's itself). A barrier round trip
     /// moves endings on; a client's goes back to the client, and a lower
     /// table size now binds, so the next block must say so.
-    pub(super) fn settings_acked(&mut self, now: Instant) {
+    pub(super) fn settings_acked(&mut self) {
         match self.settings.acked() {
-            Some(Unacked::Barrier(n)) => self.barrier_acked(n, now),
+            Some(Unacked::Barrier(n)) => self.barrier_acked(n),
             Some(Unacked::Client(table)) => {
                 self.settings.client_acked(table);
                 wire::put(&mut self.client.write, wire::SETTINGS, wire::ACK, 0, &[]);

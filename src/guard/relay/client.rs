@@ -53,13 +53,12 @@ impl Relay<'_> {
             if relay.settings_waits(h, now) {
                 return Ok(false);
             }
-            // PING, SETTINGS, RST_STREAM and tiny WINDOW_UPDATEs cost work
-            // for free: past their rate the relay stops reading the client
-            // until the next token is due (see `super::flood`).
-            if !relay
-                .defences
-                .take(h.kind, &frame[wire::FRAME_HEADER..], now)
-            {
+            // PING, SETTINGS and RST_STREAM cost the application work for
+            // free: past their rate the relay stops reading the client
+            // until the next token is due (see `super::flood`). Not
+            // WINDOW_UPDATE: it is passed on one for one and costs O(1)
+            // (some stacks send one per DATA frame: h2, oghttp2, Go's).
+            if !relay.defences.take(h.kind, now) {
                 return Ok(false);
             }
             relay.client_frame(h, frame, now).map(|()| true)
@@ -157,7 +156,7 @@ impl Relay<'_> {
             wire::PING if h.len != 8 => Err(Failure::FrameSize("PING")),
             // Too short for its last stream and error code (RFC 9113 §4.2).
             wire::GOAWAY if h.len < 8 => Err(Failure::FrameSize("GOAWAY")),
-            wire::SETTINGS if h.flags & wire::ACK == 0 => self.client_settings(h, payload, now),
+            wire::SETTINGS if h.flags & wire::ACK == 0 => self.client_settings(h, payload),
             wire::PING if self.handshake.alone && h.flags & wire::ACK == 0 => {
                 let mut opaque = [0u8; 8];
                 opaque.copy_from_slice(payload);
@@ -342,6 +341,7 @@ impl Relay<'_> {
         if let Some(s) = self.streams.get_mut(&h.id) {
             if s.window > 0 {
                 s.shut_since = None;
+                self.endings.stalled.remove(&h.id);
             }
             let ending = s.ending.is_some();
             // Not to a stream the guard cancelled at the app (§5.1).
@@ -366,7 +366,7 @@ impl Relay<'_> {
 
     /// A client SETTINGS (not an ack): judged, applied to what the guard
     /// keeps of the client, and passed on lowered to the guard's limits.
-    fn client_settings(&mut self, h: Head, payload: &[u8], now: Instant) -> Result<(), Failure> {
+    fn client_settings(&mut self, h: Head, payload: &[u8]) -> Result<(), Failure> {
         for (id, v) in wire::settings(payload) {
             match wire::setting_error(id, v) {
                 None => {}
@@ -424,7 +424,7 @@ impl Relay<'_> {
         // application's pairs with its own frame.
         self.settings.sent(Unacked::Client(table));
         if self.handshake.alone {
-            self.settings_acked(now);
+            self.settings_acked();
         }
         Ok(())
     }

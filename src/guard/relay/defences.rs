@@ -29,11 +29,10 @@ impl Defences {
         }
     }
 
-    /// Takes a token for a client frame of type `kind` (payload
-    /// `payload`): false (and reading pauses until the next one is due) when
-    /// its bucket is empty.
-    pub(super) fn take(&mut self, kind: u8, payload: &[u8], now: Instant) -> bool {
-        match self.buckets.take(kind, payload, now) {
+    /// Takes a token for a client frame of type `kind`: false (and reading
+    /// pauses until the next one is due) when its bucket is empty.
+    pub(super) fn take(&mut self, kind: u8, now: Instant) -> bool {
+        match self.buckets.take(kind, now) {
             Ok(()) => true,
             Err(until) => {
                 self.paused_until = Some(until);

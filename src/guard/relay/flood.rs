@@ -1,8 +1,7 @@
 //! Rate limits on the HTTP/2 control frames a client can make the guard and
-//! the application process for free: PING, SETTINGS, RST_STREAM and tiny
-//! WINDOW_UPDATEs. Each is answered (or walks the open streams, for a
-//! SETTINGS that changes the initial window; or wakes a stream the client's
-//! window had shut) whatever it costs, so their cost grows with the open
+//! the application process for free: PING, SETTINGS and RST_STREAM. Each is
+//! answered (or walks the open streams, for a SETTINGS that changes the
+//! initial window) whatever it costs, so their cost grows with the open
 //! streams.
 //!
 //! The frame relay takes a token from a per-connection bucket ([`Buckets`])
@@ -24,19 +23,14 @@
 //!   cancels or times out, at most once per request. Limit 1,000/s with a
 //!   burst of 10,000: a mass cancellation of 10,000 streams passes at once.
 //!   The rapid-reset rule ([`super::rapid`]) still applies on top.
-//! - WINDOW_UPDATE under 1 KiB ([`SMALL_WINDOW_UPDATE`]): Envoy returns
-//!   credit in batches of half a window (megabytes by default), so it never
-//!   sends one. Limit 1,000/s, burst 10,000. Larger ones pass free: credit
-//!   is bounded by the 2^31-1 window, and a peer that returns it in large
-//!   pieces is a peer that reads.
 
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
-use super::wire::{PING, RST_STREAM, SETTINGS, WINDOW_UPDATE};
-use crate::guard::limits::{FloodLimits, Rate, SMALL_WINDOW_UPDATE};
+use super::wire::{PING, RST_STREAM, SETTINGS};
+use crate::guard::limits::{FloodLimits, Rate};
 use crate::metrics::Limit;
 
 #[derive(Debug)]
@@ -84,7 +78,6 @@ pub struct Buckets {
     ping: Bucket,
     settings: Bucket,
     rst_stream: Bucket,
-    window_update: Bucket,
 }
 
 impl Buckets {
@@ -94,31 +87,19 @@ impl Buckets {
             ping: Bucket::new(limits.ping, now, counter(Limit::ping)),
             settings: Bucket::new(limits.settings, now, counter(Limit::settings)),
             rst_stream: Bucket::new(limits.rst_stream, now, counter(Limit::rst_stream)),
-            window_update: Bucket::new(limits.window_update, now, counter(Limit::window_update)),
         }
     }
 
-    /// Takes a token for a frame of type `kind` with payload `payload`
-    /// (frames of other types, and WINDOW_UPDATEs of 1 KiB or more, need
+    /// Takes a token for a frame of type `kind` (frames of other types need
     /// none), or says when the next one is due.
-    pub fn take(&mut self, kind: u8, payload: &[u8], now: Instant) -> Result<(), Instant> {
+    pub fn take(&mut self, kind: u8, now: Instant) -> Result<(), Instant> {
         match kind {
             PING => self.ping.take(now),
             SETTINGS => self.settings.take(now),
             RST_STREAM => self.rst_stream.take(now),
-            WINDOW_UPDATE if small_credit(payload) => self.window_update.take(now),
             _ => Ok(()),
         }
     }
-}
-
-/// Whether a WINDOW_UPDATE's payload returns less than
-/// [`SMALL_WINDOW_UPDATE`] bytes (a malformed one is the relay's to refuse).
-fn small_credit(payload: &[u8]) -> bool {
-    payload
-        .get(..4)
-        .and_then(|b| <[u8; 4]>::try_from(b).ok())
-        .is_some_and(|b| u32::from_be_bytes(b) & 0x7fff_ffff < SMALL_WINDOW_UPDATE)
 }
 
 #[cfg(test)]
@@ -143,19 +124,19 @@ mod tests {
         let start = Instant::now();
         let mut b = Buckets::new(slow_pings(), |k| metrics.guard_limited(k), start);
         for _ in 0..5 {
-            assert_eq!(b.take(PING, &[], start), Ok(()));
+            assert_eq!(b.take(PING, start), Ok(()));
         }
         // The sixth waits a tenth of a second, and is let through then.
-        let due = b.take(PING, &[], start).expect_err("the burst is spent");
+        let due = b.take(PING, start).expect_err("the burst is spent");
         assert_eq!(due, start + Duration::from_millis(100));
-        assert_eq!(b.take(PING, &[], due), Ok(()));
-        assert!(b.take(PING, &[], due).is_err());
+        assert_eq!(b.take(PING, due), Ok(()));
+        assert!(b.take(PING, due).is_err());
         // Two seconds refill at most the burst, not twenty tokens.
         let later = due + Duration::from_secs(2);
         for _ in 0..5 {
-            assert_eq!(b.take(PING, &[], later), Ok(()));
+            assert_eq!(b.take(PING, later), Ok(()));
         }
-        assert!(b.take(PING, &[], later).is_err());
+        assert!(b.take(PING, later).is_err());
     }
 
     #[test]
@@ -163,25 +144,10 @@ mod tests {
         let metrics = Metrics::new();
         let now = Instant::now();
         let mut b = Buckets::new(slow_pings(), |k| metrics.guard_limited(k), now);
-        while b.take(PING, &[], now).is_ok() {}
+        while b.take(PING, now).is_ok() {}
         for kind in [0x0, 0x1, 0x8, SETTINGS, RST_STREAM] {
-            assert_eq!(b.take(kind, &[], now), Ok(()), "frame type {kind}");
+            assert_eq!(b.take(kind, now), Ok(()), "frame type {kind}");
         }
-    }
-
-    #[test]
-    fn tiny_window_updates_take_tokens_and_large_ones_pass() {
-        let metrics = Metrics::new();
-        let now = Instant::now();
-        let mut b = Buckets::new(DEFAULT_FLOOD_LIMITS, |k| metrics.guard_limited(k), now);
-        let burst = DEFAULT_FLOOD_LIMITS.window_update.burst;
-        for _ in 0..burst {
-            assert_eq!(b.take(WINDOW_UPDATE, &1u32.to_be_bytes(), now), Ok(()));
-        }
-        assert!(b.take(WINDOW_UPDATE, &1u32.to_be_bytes(), now).is_err());
-        let credit = SMALL_WINDOW_UPDATE.to_be_bytes();
-        assert_eq!(b.take(WINDOW_UPDATE, &credit, now), Ok(()));
-        assert_eq!(metrics.guard_limited(Limit::window_update).get(), 1);
     }
 
     #[test]
@@ -196,10 +162,7 @@ mod tests {
             ..DEFAULT_FLOOD_LIMITS
         };
         let mut b = Buckets::new(limits, |k| metrics.guard_limited(k), now);
-        assert_eq!(b.take(SETTINGS, &[], now), Ok(()));
-        assert_eq!(
-            b.take(SETTINGS, &[], now),
-            Err(now + Duration::from_secs(3600))
-        );
+        assert_eq!(b.take(SETTINGS, now), Ok(()));
+        assert_eq!(b.take(SETTINGS, now), Err(now + Duration::from_secs(3600)));
     }
 }

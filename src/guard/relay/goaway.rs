@@ -184,9 +184,13 @@ impl Relay<'_> {
                     wire::rst(&mut self.client.write, id, wire::CANCEL);
                     wire::rst(&mut self.app.write, id, wire::CANCEL);
                     if let Some(s) = self.streams.remove(&id) {
-                        // One being ended is cut: counted as such.
+                        // One being ended is cut: counted as such, and what
+                        // the app still sends on it counted as dropped.
                         if let (Some(reason), Some(_)) = (s.reg.ctl.reason(), s.ending) {
                             self.guard.record_ungraceful(reason, s.protocol());
+                            if !s.resp_done {
+                                self.remember_ended(id);
+                            }
                         }
                         self.finish(s, StreamOutcome::ClientGone);
                     }
@@ -225,11 +229,23 @@ impl Relay<'_> {
         Ok(())
     }
 
+    /// Only streams still open and still shut keep a stall timer: the set
+    /// never outgrows the table, whether or not a timer ran since.
+    pub(super) fn prune_stalled(&mut self) {
+        let streams = &self.streams;
+        self.endings
+            .stalled
+            .retain(|id| streams.get(id).is_some_and(|s| s.shut_since.is_some()));
+    }
+
     pub(super) fn next_deadline(&self) -> Option<Instant> {
         let l = self.guard.config().limits;
         let d = self.life.machine().deadlines();
         let mut next = [
             self.defences.paused_until(),
+            self.app
+                .write_failed
+                .map(|at| at + super::WRITE_FAILED_READ),
             self.endings.planned.front().map(|p| p.at),
             self.life.sweep_at(),
             self.life.closing_by(),
@@ -269,6 +285,12 @@ impl Relay<'_> {
             if clean && self.end_on_app_close(id) {
                 continue;
             }
+            // A message begun after the cancel never finished: dropped and
+            // counted, the stream back at the boundary before it.
+            self.drop_held(
+                id,
+                "the application's connection closed in a message begun after the guard's cancel; its start is dropped",
+            );
             let Some(s) = self.streams.get(&id) else {
                 continue;
             };

@@ -262,7 +262,16 @@ struct Peer {
     /// the allocations.
     scratch: Vec<u8>,
     fields: Vec<wire::Field>,
+    /// A write to this peer failed then: nothing more is written, but it is
+    /// read on (what it sent before it closed is still in the socket, its
+    /// FIN after it), for [`WRITE_FAILED_READ`] at most.
+    write_failed: Option<Instant>,
 }
+
+/// How long a peer whose socket failed a write is still read for what it
+/// had sent: the kernel hands over the data and the FIN queued before the
+/// peer's RST at once, so this only bounds a peer that sends nothing more.
+const WRITE_FAILED_READ: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Peer {
     /// A peer at the start: nothing read, the RFC's default SETTINGS.
@@ -275,6 +284,7 @@ impl Peer {
             frame: DEFAULT_FRAME,
             translate: None,
             scratch: Vec::new(),
+            write_failed: None,
             fields: Vec::new(),
         }
     }
@@ -431,6 +441,7 @@ impl<'a> Relay<'a> {
             if self.life.closing() && self.client.write.is_empty() {
                 break;
             }
+            self.prune_stalled();
             let next = self.next_deadline();
             if next != timer_at {
                 timer_at = next;
@@ -530,20 +541,11 @@ impl<'a> Relay<'a> {
         // the client's window allows is written. A graceful end that does
         // not leave is a cut.
         self.clear_gate();
-        self.window.drop_uncleared(&mut self.client.write);
-        // Where each end still queued lies, before the last flush: those
-        // it does not get out are cut.
-        let front = self.window.front();
-        let ends = state::ends_in(&self.client.write[front..]);
+        let ends = self.closing_ends();
         let queued = self.client.write.len();
         let _ = flush(client, &mut self.client.write).await;
         let written = queued - self.client.write.len();
-        let cut = ends
-            .into_iter()
-            .filter(|&(_, end)| front + end > written)
-            .map(|(id, _)| id)
-            .collect();
-        self.settle_written(Some(&cut));
+        self.settle_closed(&ends, written);
         None
     }
 
@@ -556,12 +558,23 @@ impl<'a> Relay<'a> {
         client_first: bool,
     ) -> Poll<Wake> {
         match app.as_mut() {
-            Some(app) => {
+            Some(app) if self.app.write_failed.is_none() => {
                 if write_some(cx, app, &mut self.app.write).is_err() {
-                    return Poll::Ready(Wake::AppGone(false));
+                    // An app that wrote its last messages and closed makes
+                    // its kernel answer this write with RST: what it sent
+                    // first, and its clean close, are still to be read.
+                    self.app.write_failed = Some(Instant::now());
+                    self.app.write.clear();
                 }
             }
-            None => self.app.write.clear(),
+            _ => self.app.write.clear(),
+        }
+        if self
+            .app
+            .write_failed
+            .is_some_and(|at| at.elapsed() >= WRITE_FAILED_READ)
+        {
+            return Poll::Ready(Wake::AppGone(false));
         }
         let had = !self.client.write.is_empty();
         self.clear_gate();
@@ -658,7 +671,8 @@ impl<'a> Relay<'a> {
             // to the mark that also bounds a client whose window is shut.
             self.endings.held < state::HOLD_MAX
                 && (self.client.write.len() < HIGH_WATER
-                    || (self.awaits_ack() && self.client.write.len() < BLOCKED_HIGH_WATER)),
+                    || ((self.awaits_ack() || self.app.write_failed.is_some())
+                        && self.client.write.len() < BLOCKED_HIGH_WATER)),
         )
     }
 }

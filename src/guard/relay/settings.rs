@@ -48,15 +48,26 @@ pub(super) struct Settings {
     /// guard's): a stream past it is refused here (RFC 9113 §5.1.2), never
     /// passed on.
     streams_acked: u32,
-    /// Each SETTINGS frame the client was sent and has not acked yet, with
-    /// the MAX_CONCURRENT_STREAMS it set (if any), oldest first. Until the
-    /// client acks a lower limit it may still use the higher one (§6.5.3).
-    streams_unacked: VecDeque<Option<u32>>,
+    /// The SETTINGS frames the client was sent and has not acked yet, oldest
+    /// first, as runs (see [`ToClient`]). Until the client acks a lower
+    /// limit it may still use the higher one (§6.5.3).
+    streams_unacked: VecDeque<ToClient>,
 }
 
-/// Most SETTINGS frames to the client followed unacked: past it the oldest
-/// is taken as acked at the higher of its limit and the last acked (never
-/// stricter than the client was told).
+/// A run of SETTINGS frames sent to the client: how many, the highest
+/// MAX_CONCURRENT_STREAMS any of them set, and the one the last of them
+/// left in force. Each frame is acked one by one; the run's limit binds
+/// once its last frame is acked.
+#[derive(Debug, Clone, Copy)]
+struct ToClient {
+    frames: u32,
+    highest: Option<u32>,
+    last: Option<u32>,
+}
+
+/// Most runs of SETTINGS to the client followed unacked: past it a new
+/// frame joins the newest run (so acks still pair with frames, and the
+/// limit stays the highest the client may not have seen past).
 const MAX_UNACKED_BY_CLIENT: usize = 64;
 
 impl Settings {
@@ -139,17 +150,31 @@ impl Settings {
     /// SETTINGS_MAX_CONCURRENT_STREAMS to `v` if it is `Some`.
     pub(super) fn tell_streams(&mut self, v: Option<u32>) {
         if self.streams_unacked.len() >= MAX_UNACKED_BY_CLIENT {
-            let oldest = self.streams_unacked.pop_front().flatten();
-            self.streams_acked = self.streams_acked.max(oldest.unwrap_or(0));
+            if let Some(run) = self.streams_unacked.back_mut() {
+                run.frames += 1;
+                run.highest = run.highest.max(v);
+                run.last = v.or(run.last);
+                return;
+            }
         }
-        self.streams_unacked.push_back(v);
+        self.streams_unacked.push_back(ToClient {
+            frames: 1,
+            highest: v,
+            last: v,
+        });
     }
 
-    /// The client acked the oldest SETTINGS it was sent: its stream limit,
-    /// if it set one, now binds.
+    /// The client acked the oldest SETTINGS it was sent: once that ends a
+    /// run, the stream limit the run left, if any, binds.
     pub(super) fn client_acked_streams(&mut self) {
-        if let Some(Some(v)) = self.streams_unacked.pop_front() {
-            self.streams_acked = v;
+        let Some(run) = self.streams_unacked.front_mut() else {
+            return;
+        };
+        run.frames -= 1;
+        if run.frames == 0 {
+            if let Some(v) = self.streams_unacked.pop_front().and_then(|r| r.last) {
+                self.streams_acked = v;
+            }
         }
     }
 
@@ -157,7 +182,7 @@ impl Settings {
     /// higher one it was told and has not acked yet (it may not have seen
     /// the lower one).
     pub(super) fn streams_limit(&self) -> u32 {
-        let told = self.streams_unacked.iter().flatten().copied().max();
+        let told = self.streams_unacked.iter().filter_map(|r| r.highest).max();
         self.streams_acked.max(told.unwrap_or(0))
     }
 

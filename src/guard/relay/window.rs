@@ -41,6 +41,9 @@ pub(super) struct Window {
     /// Where the first whole frame of the client's write buffer starts: a
     /// write may stop inside a frame.
     front: usize,
+    /// The stream whose end (a frame with END_STREAM) a write stopped
+    /// inside: the rest of that frame is the buffer's front.
+    partial_end: Option<u32>,
     /// How many times bytes left the client's write buffer: what waits
     /// there changed only if this did.
     drained: u64,
@@ -71,6 +74,7 @@ impl Default for Window {
             initial: w,
             told: w,
             front: 0,
+            partial_end: None,
             drained: 0,
             held: HeldScan::default(),
         }
@@ -160,7 +164,8 @@ impl Window {
                 Poll::Ready(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
                 Poll::Ready(Ok(n)) => {
                     self.drained += 1;
-                    self.front = next_front(buf, self.front, n);
+                    (self.front, self.partial_end) =
+                        next_front(buf, self.front, self.partial_end, n);
                     buf.advance(n);
                     self.cleared -= n;
                 }
@@ -169,6 +174,12 @@ impl Window {
             }
         }
         Ok(())
+    }
+
+    /// The stream whose end a write stopped inside, if one did: not yet
+    /// written, though its frame starts before [`Self::front`].
+    pub(super) fn partial_end(&self) -> Option<u32> {
+        self.partial_end.filter(|_| self.front > 0)
     }
 
     /// How many times bytes left the client's write buffer.
@@ -198,6 +209,7 @@ impl Window {
         self.held = HeldScan::default();
         self.cleared = 0;
         self.front = 0;
+        self.partial_end = None;
         self.drained += 1;
     }
 
@@ -314,16 +326,28 @@ fn pass_held(to_client: &mut BytesMut, cleared: usize, known: &mut HeldScan) -> 
 
 /// Where the first whole frame starts once the first `n` bytes of `buf`
 /// are written, it starting at `front` now (`buf` holds whole frames from
-/// `front` on, each head read once as the write passes it).
-fn next_front(buf: &[u8], front: usize, n: usize) -> usize {
+/// `front` on, each head read once as the write passes it), and the stream
+/// whose end the write stopped inside, if it did (`partial` is that of the
+/// frame before `front`).
+fn next_front(buf: &[u8], front: usize, partial: Option<u32>, n: usize) -> (usize, Option<u32>) {
+    if n < front {
+        // Still inside the frame a write stopped in before.
+        return (front - n, partial);
+    }
     let mut at = front;
+    let mut last = None;
     while at < n {
         match wire::head(&buf[at..]) {
-            Some(h) => at += wire::FRAME_HEADER + h.len,
-            None => return 0,
+            Some(h) => {
+                let end =
+                    matches!(h.kind, wire::HEADERS | wire::DATA) && h.flags & wire::END_STREAM != 0;
+                last = end.then_some(h.id);
+                at += wire::FRAME_HEADER + h.len;
+            }
+            None => return (0, None),
         }
     }
-    at - n
+    (at - n, if at > n { last } else { None })
 }
 
 /// Splits the DATA frame at `at` so its first piece takes at most `room`

@@ -27,7 +27,9 @@
 use bytes::BytesMut;
 use tokio::time::Instant;
 
-use super::state::{ends_in, Cancelled, Ending, Held, Unwritten, ACK_MIN, ENDED_KEPT, HOLD_MAX};
+use super::state::{
+    ends_in, Cancelled, ClosingEnds, Ending, Held, Unwritten, ACK_MIN, ENDED_KEPT, HOLD_MAX,
+};
 use super::{record_outcome, StreamOutcome, BURST_GAP};
 use crate::guard::body::{Boundaries, End};
 use crate::guard::grpc;
@@ -144,7 +146,7 @@ impl Relay<'_> {
     fn cancel(&mut self, id: u32, now: Instant) {
         let end_timeout = self.guard.config().limits.end_timeout;
         wire::rst(&mut self.app.write, id, wire::CANCEL);
-        let barrier = self.barrier_target(now);
+        let barrier = self.barrier_target();
         if let Some(e) = self.streams.get_mut(&id).and_then(|s| s.ending.as_mut()) {
             e.quiet_at = None;
             // The ending's own bound (`end_timeout` from the ask, or the
@@ -270,6 +272,13 @@ impl Relay<'_> {
             }
         }
         match hold {
+            None if data.is_empty() && !end_stream && s.held.is_some() => {
+                // Nothing of the message, but in its order: held with it.
+                if let Some(held) = s.held.as_mut() {
+                    held.push(h.len, frame);
+                }
+                self.endings.held += h.len;
+            }
             Some((0, from)) if s.held.as_ref().is_none_or(|h| !h.full()) => {
                 // No boundary in it: all of it is the message being held.
                 let held = s.held.get_or_insert_with(|| Held::new(from));
@@ -351,7 +360,7 @@ impl Relay<'_> {
     /// A held message the application's stack cut short: dropped whole,
     /// counted, its connection window given back; the stream is back at
     /// the boundary before it.
-    fn drop_held(&mut self, id: u32, why: &'static str) {
+    pub(in crate::guard::relay) fn drop_held(&mut self, id: u32, why: &'static str) {
         let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
@@ -467,15 +476,14 @@ impl Relay<'_> {
 
     /// The barrier round trip a stream asking now must wait for: the second
     /// one started from now on (see [`super::state::Barrier`]).
-    pub(in crate::guard::relay) fn barrier_target(&mut self, now: Instant) -> u64 {
+    pub(in crate::guard::relay) fn barrier_target(&mut self) -> u64 {
+        // The caller wrote its cancel just now: only round trips started
+        // after it count, whatever turn the one in flight began in.
         let target = if self.endings.barrier.acked >= self.endings.barrier.sent {
-            self.send_barrier(now);
-            self.endings.barrier.sent + 1
-        } else if self.endings.barrier.started_at == Some(now) {
-            // The one in flight started in this turn, after the ask.
+            self.send_barrier();
             self.endings.barrier.sent + 1
         } else {
-            // One is in flight: the next two count.
+            // One is in flight, sent before the cancel: the next two count.
             self.endings.barrier.sent + 2
         };
         self.endings.barrier.wanted = self.endings.barrier.wanted.max(target);
@@ -483,9 +491,8 @@ impl Relay<'_> {
     }
 
     /// Starts a barrier round trip: an empty SETTINGS frame to the application.
-    pub(in crate::guard::relay) fn send_barrier(&mut self, now: Instant) {
+    pub(in crate::guard::relay) fn send_barrier(&mut self) {
         self.endings.barrier.sent += 1;
-        self.endings.barrier.started_at = Some(now);
         wire::put(&mut self.app.write, wire::SETTINGS, 0, 0, &[]);
         self.settings
             .sent(Unacked::Barrier(self.endings.barrier.sent));
@@ -494,12 +501,12 @@ impl Relay<'_> {
     /// The application acked barrier round trip `seq`: the next one starts
     /// if a stream still waits for a later one, and endings move on once
     /// the whole read is handled (`app_frames`).
-    pub(in crate::guard::relay) fn barrier_acked(&mut self, seq: u64, now: Instant) {
+    pub(in crate::guard::relay) fn barrier_acked(&mut self, seq: u64) {
         self.endings.barrier.acked = self.endings.barrier.acked.max(seq);
         if self.endings.barrier.wanted > self.endings.barrier.sent
             && self.endings.barrier.acked >= self.endings.barrier.sent
         {
-            self.send_barrier(now);
+            self.send_barrier();
         }
         self.endings.barrier.moved = true;
     }
@@ -612,6 +619,15 @@ impl Relay<'_> {
         self.end_here(id, StreamOutcome::Reset);
     }
 
+    /// Stream `id`, whose application side was open, was ended by the
+    /// guard: DATA the application still sends on it is counted as dropped.
+    pub(in crate::guard::relay) fn remember_ended(&mut self, id: u32) {
+        if self.endings.ended.len() >= ENDED_KEPT {
+            self.endings.ended.pop_front();
+        }
+        self.endings.ended.push_back(id);
+    }
+
     /// The client got the guard's end of stream `id`: the application's
     /// stream is cancelled, and the client's request stopped if unfinished.
     pub(in crate::guard::relay) fn end_here(&mut self, id: u32, outcome: StreamOutcome) {
@@ -623,10 +639,7 @@ impl Relay<'_> {
             if !cancelled {
                 wire::rst(&mut self.app.write, id, wire::CANCEL);
             }
-            if self.endings.ended.len() >= ENDED_KEPT {
-                self.endings.ended.pop_front();
-            }
-            self.endings.ended.push_back(id);
+            self.remember_ended(id);
         }
         if !s.req_done && outcome != StreamOutcome::Reset {
             wire::rst(&mut self.client.write, id, wire::NO_ERROR);
@@ -651,6 +664,18 @@ impl Relay<'_> {
     pub(in crate::guard::relay) fn finish(&mut self, mut s: Stream, outcome: StreamOutcome) {
         let guard = self.guard;
         let protocol = s.protocol();
+        if let Some(held) = s.held.take() {
+            // A message begun after the cancel, never whole: dropped with
+            // the stream, its connection window given back. Counted unless
+            // the client itself gave up the stream.
+            self.endings.held -= held.window;
+            wire::window_update(&mut self.app.write, 0, held.window as u32);
+            if outcome != StreamOutcome::ClientGone {
+                tracing::warn!(peer = %self.info.peer, conn = self.info.id, bytes = held.window,
+                    "guard: a stream closed with a message begun after the guard's cancel still incomplete; its start is dropped");
+                guard.record_dropped(Dropped::partial_message, held.window);
+            }
+        }
         match outcome {
             StreamOutcome::Ended(reason) => guard.record_termination(reason, protocol),
             StreamOutcome::Unconfirmed(reason) => guard.record_ungraceful(reason, protocol),
@@ -682,10 +707,12 @@ impl Relay<'_> {
             return;
         }
         self.endings.settled = Some(self.window.drained());
+        // Ends still queued, and one a write stopped inside.
         let queued: std::collections::HashSet<u32> =
             ends_in(&self.client.write[self.window.front()..])
                 .into_iter()
                 .map(|(id, _)| id)
+                .chain(self.window.partial_end())
                 .collect();
         let guard = self.guard;
         let info = self.info;
@@ -705,6 +732,33 @@ impl Relay<'_> {
                 }
             }
         });
+    }
+
+    /// The connection closes: where each end still queued lies, found
+    /// before the window's cut, which then drops what it never cleared (an
+    /// end behind it is cut with it).
+    pub(in crate::guard::relay) fn closing_ends(&mut self) -> ClosingEnds {
+        let front = self.window.front();
+        let ends = ClosingEnds {
+            front,
+            ends: ends_in(&self.client.write[front..]),
+            partial: self.window.partial_end(),
+        };
+        self.window.drop_uncleared(&mut self.client.write);
+        ends
+    }
+
+    /// The last flush wrote `written` bytes of the client's write buffer:
+    /// the ends it got out are written, every other is cut.
+    pub(in crate::guard::relay) fn settle_closed(&mut self, c: &ClosingEnds, written: usize) {
+        let cut = c
+            .ends
+            .iter()
+            .filter(|&&(_, end)| c.front + end > written)
+            .map(|&(id, _)| id)
+            .chain(c.partial.filter(|_| written < c.front))
+            .collect();
+        self.settle_written(Some(&cut));
     }
 
     /// The connection closes with streams still open: each the guard was

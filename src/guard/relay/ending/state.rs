@@ -184,12 +184,21 @@ pub(in crate::guard::relay) struct Barrier {
     /// The highest round trip a waiting stream needs acked; another is
     /// started on each ack until it has been.
     pub(in crate::guard::relay) wanted: u64,
-    /// When the last one started: one started in the same turn as a
-    /// stream's ask counts as started after it.
-    pub(in crate::guard::relay) started_at: Option<Instant>,
     /// An ack came in the read being handled: the endings move on once all
     /// of that read is (a frame behind the ack is forwarded first).
     pub(in crate::guard::relay) moved: bool,
+}
+
+/// At the close, where each graceful end still queued lies (before the
+/// window's cut and the last flush): those these do not get out are cut.
+#[derive(Debug)]
+pub(in crate::guard::relay) struct ClosingEnds {
+    /// Where the first whole frame of the client's write buffer starts.
+    pub(in crate::guard::relay) front: usize,
+    /// Each end queued from there, with where its frame ends.
+    pub(in crate::guard::relay) ends: Vec<(u32, usize)>,
+    /// The end a write stopped inside, before `front`.
+    pub(in crate::guard::relay) partial: Option<u32>,
 }
 
 /// The streams whose end (a frame with END_STREAM) still waits in `buf`,

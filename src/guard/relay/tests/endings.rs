@@ -58,18 +58,57 @@ async fn quiet_endings_spread_over_a_drain_send_the_app_no_ping() {
     assert!(r.streams.is_empty());
 }
 
-/// Endings asked together share the barrier: one pair of round trips for
-/// the whole wave.
+/// Endings asked together share the barrier: the first cancel's pair of
+/// round trips, and one more, for the whole wave. Every other cancel went
+/// out behind the first round trip's SETTINGS, which therefore does not
+/// count for it: each stream waits for two round trips begun after its own
+/// cancel (issue 55's review: before, they waited for one).
 #[tokio::test]
-async fn endings_asked_together_share_two_round_trips() {
+async fn endings_asked_together_share_three_round_trips() {
     let guard = test_guard();
     let start = Instant::now();
     let mut r = streams_open(&guard, 20, start);
     ask_all(&guard, &mut r, Reason::max_age, start);
     let now = start + guard.config().limits.end_settle + BURST_GAP;
     r.timers(now).expect("timers");
-    assert_eq!(ack_barriers(&mut r, now), 2);
+    // The first stream's cancel, the barrier, then the other cancels.
+    let order: Vec<u8> = frames_in(&r.app.write).iter().map(|f| f.0).collect();
+    assert_eq!(
+        order[..3],
+        [wire::RST_STREAM, wire::SETTINGS, wire::RST_STREAM]
+    );
+    // Two acks: only the first stream's end may go.
+    for _ in 0..2 {
+        wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
+        r.app_frames(now).expect("an ack");
+    }
+    assert_eq!(ended_gracefully(&r), 1);
+    // A message of the last stream, written before it read its cancel,
+    // after the second ack: forwarded, not dropped.
+    wire::put(&mut r.app.read, wire::DATA, 0, 39, &[0, 0, 0, 0, 1, 9]);
+    r.app_frames(now).expect("a late message");
+    assert!(
+        r.streams.contains_key(&39),
+        "still waiting for its round trips"
+    );
+    assert_eq!(
+        count(&r.app.write, wire::SETTINGS),
+        (3, 0),
+        "the third is out"
+    );
+    wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
+    r.app_frames(now).expect("the third ack");
     assert_eq!(ended_gracefully(&r), 20);
+    let to_client = frames_in(&r.client.write);
+    let late = to_client
+        .iter()
+        .position(|f| f.0 == wire::DATA && f.2 == 39 && f.3 == [0, 0, 0, 0, 1, 9])
+        .expect("the late message reached the client");
+    let end = to_client
+        .iter()
+        .position(|f| f.0 == wire::HEADERS && f.2 == 39)
+        .expect("stream 39's trailers");
+    assert!(late < end, "the message before the trailers");
     assert_eq!(count(&r.app.write, wire::PING), (0, 0));
 }
 
@@ -146,9 +185,10 @@ async fn feed_reaches_the_barrier_and_the_endings() {
             &[0, 0, 0, 0, 1, 7, 0, 0, 0, 0, 1, 7],
         );
     }
-    // The ack of the client's SETTINGS, then of the barrier's two.
+    // The ack of the client's SETTINGS, then of the barrier's three (the
+    // first cancel's two, and one begun after the other two cancels).
     let mut acks = BytesMut::new();
-    for _ in 0..3 {
+    for _ in 0..4 {
         wire::put(&mut acks, wire::SETTINGS, wire::ACK, 0, &[]);
     }
     let wait = guard.config().limits.end_settle + std::time::Duration::from_millis(5);
@@ -320,7 +360,7 @@ async fn an_end_behind_a_half_written_frame_is_not_counted_written() {
 }
 
 /// A socket that takes `1` more bytes at most, then is full.
-struct Limited<'a>(&'a mut Vec<u8>, usize);
+pub(super) struct Limited<'a>(pub(super) &'a mut Vec<u8>, pub(super) usize);
 
 impl tokio::io::AsyncWrite for Limited<'_> {
     fn poll_write(

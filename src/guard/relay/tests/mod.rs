@@ -14,6 +14,7 @@ use crate::metrics::{Reason, StreamProtocol};
 mod counts;
 mod endings;
 mod limits;
+mod review;
 
 use counts::*;
 
