@@ -165,7 +165,9 @@ pub(in crate::guard::relay) struct Planned {
 /// had written before it, but an application's HTTP/2 stack may write an
 /// ack ahead of DATA it already queued (h2 does, so a tonic app under load
 /// did, and a message was lost); it writes that DATA before it has even
-/// read the next frame. So a stream waits for two round trips, the second
+/// read the next frame. So a stream waits for two round trips begun after
+/// its cancel was written (a stream cancelled while one is in flight waits
+/// for the next two), the second
 /// sent on the first one's ack.
 ///
 /// SETTINGS, not PING: every gRPC server counts a PING that comes less than
