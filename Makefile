@@ -34,7 +34,9 @@ conformance: pytools
 # drainshim webhook, the real binary over HTTPS, in both modes
 # (tests/py/webhook_test.py): its JSON Patches applied by Python's jsonpatch
 # give what drainshim inject writes; reviews it cannot handle are allowed
-# unchanged with a warning; a rotated certificate is served; SIGTERM.
+# unchanged with a warning; a rotated certificate is served; SIGTERM. Under
+# Istio, every mode (classic or native sidecars, held app or not, either
+# webhook first) through an emulation of Istio's injector and the API server.
 webhook-test: pytools
 	$(CARGO) build --locked --workspace
 	DRAINSHIM_BIN=$(CURDIR)/target/debug/drainshim .cache/py-venv/bin/python -m pytest -q -s -p no:cacheprovider tests/py/webhook_test.py

@@ -19,7 +19,7 @@ pub const INJECT_LONG_ABOUT: &str = "Add drainshim to the pods of Kubernetes man
     native-sidecar): the install init container and its volume, the drainshim container, Envoy with \
     its fail-open bootstrap, both preStop hooks, the grace period. Other objects pass through; Jobs, \
     CronJobs and pods with restartPolicy Never or OnFailure are not injected (they run to completion).\n\n\
-    The app is the pod's first container. Its port comes from the pod annotation \
+    The app is the pod's first container (Istio's proxy aside). Its port comes from the pod annotation \
     drainshim.io/app-port, else from the container's one TCP port. A workload or pod labelled or \
     annotated drainshim.io/inject: \"false\" is left as it is.\n\n\
     Injecting twice gives what injecting once gives; the pod records what it replaced in the \
@@ -29,8 +29,10 @@ pub const INJECT_LONG_ABOUT: &str = "Add drainshim to the pods of Kubernetes man
     printed, naming its object, nothing is written, and the exit code is 64.\n\n\
     What was done to each workload is printed on stderr. Point each Service at Envoy \
     (targetPort: envoy-inbound), or let --services do it.\n\n\
-    Under Istio (--mode istio), istio-proxy gets the preStop and the pod Istio's injection label, \
-    proxy settings and excluded port; the Services keep the app's port. The pod's label \
+    Under Istio (--mode istio), istio-proxy gets the preStop (a container, or with native sidecars \
+    an init container; Istio's own drain hook is replaced, and put back by --uninject) and the pod \
+    Istio's injection label, proxy settings and excluded port; the Services keep the app's port. \
+    The pod's label \
     drainshim.io/app-port selects the mesh's routing objects (`drainshim istio-routing`), which send \
     Istio's inbound traffic for that port through the guard.";
 

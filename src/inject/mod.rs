@@ -6,9 +6,14 @@
 //!
 //! The pod patch is the Component's own file, embedded at build time
 //! (`patch`), so an injected pod and a pod the Component rendered differ only
-//! where this module says why: the app keeps its place as the first container,
-//! a longer grace period is kept, and the pod carries an annotation that
-//! records what was there before, which `--uninject` restores.
+//! where this module says why: the app keeps its place (the first container,
+//! Istio's proxy aside), a longer grace period is kept, and the pod carries an
+//! annotation that records what was there before, which `--uninject` restores.
+//!
+//! Under Istio the proxy is where Istio's injector put it: last among the
+//! containers, first when the pod holds the app until the proxy starts, or an
+//! init container that keeps running (`restartPolicy: Always`: native
+//! sidecars, Istio's default from 1.27 where the cluster has them).
 //!
 //! A pod is refused, never half-injected, when the change would not be safe:
 //! no app port to be sure of, a preStop of the app's own that drainshim's would
@@ -157,6 +162,10 @@ struct Marker {
     /// not yet run on the pod), rather than changing the injected proxy.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     proxy_added: bool,
+    /// istio-proxy's preStop that drainshim's replaced: Istio's own drain
+    /// hook, which its native sidecars get.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    proxy_pre_stop: Option<LifecycleHandler>,
 }
 
 /// Adds drainshim to the pod: the Component's patch for `settings.mode`, the
@@ -199,6 +208,7 @@ pub fn inject(
         labels: BTreeMap::new(),
         annotations: BTreeMap::new(),
         proxy_added: false,
+        proxy_pre_stop: None,
     };
     if settings.mode == Mode::Istio {
         istio_meta(&mut meta2, patch, port, &mut marker)?;
@@ -235,8 +245,9 @@ pub fn inject(
         .chain(own_init)
         .collect();
     spec2.init_containers = Some(init);
-    // Containers after the pod's own: the app stays first, the one `kubectl
-    // logs` and `exec` pick, and the one a later injection finds.
+    // Containers after the pod's own: the app keeps its place, the first
+    // (Istio's proxy aside), the one `kubectl logs` and `exec` pick, and the
+    // one a later injection finds.
     spec2.containers.extend(
         patch
             .spec
@@ -255,7 +266,7 @@ pub fn inject(
         .get_or_insert_with(Vec::new)
         .push(patch.app_mount.clone());
     if settings.mode == Mode::Istio {
-        marker.proxy_added = istio_proxy(&mut spec2, patch)?;
+        istio_proxy(&mut spec2, patch, &mut marker)?;
     }
     let marker = serde_json::to_string(&marker)
         .map_err(|e| Refusal(format!("encoding the {INJECTED} annotation: {e}")))?;
@@ -319,20 +330,31 @@ pub fn uninject(meta: &mut ObjectMeta, spec: &mut PodSpec) -> Result<PodChange, 
     if let Some(app) = spec.containers.iter_mut().find(|c| c.name == marker.app) {
         take_hook(app, &patch.app_pre_stop, &patch.app_mount);
     }
-    if marker.mode == Mode::Istio {
-        if let (Some(i), Some(ours)) = (
-            spec.containers.iter().position(|c| c.name == ISTIO_PROXY),
-            patch.spec.containers.iter().find(|c| c.name == ISTIO_PROXY),
+    if let (Mode::Istio, Some(ours)) = (
+        marker.mode,
+        patch.spec.containers.iter().find(|c| c.name == ISTIO_PROXY),
+    ) {
+        let customization = spec
+            .containers
+            .iter()
+            .position(|c| c.name == ISTIO_PROXY && c.image == ours.image)
+            .filter(|_| marker.proxy_added);
+        if let Some(i) = customization {
+            // The customization it added, not yet merged by Istio's injector, goes.
+            spec.containers.remove(i);
+        } else if let (Some(proxy), Some(hook), Some(mount)) = (
+            istio_proxy_mut(spec),
+            ours.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()),
+            ours.volume_mounts.iter().flatten().next(),
         ) {
-            // The customization it added, not yet merged by Istio's injector,
-            // goes; a proxy Istio injected stays, without drainshim's parts.
-            if marker.proxy_added && spec.containers[i].image == ours.image {
-                spec.containers.remove(i);
-            } else if let (Some(hook), Some(mount)) = (
-                ours.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()),
-                ours.volume_mounts.iter().flatten().next(),
-            ) {
-                take_hook(&mut spec.containers[i], hook, mount);
+            // A proxy Istio injected stays, without drainshim's parts, with
+            // the hook they replaced.
+            take_hook(proxy, hook, mount);
+            if let Some(before) = marker.proxy_pre_stop {
+                proxy
+                    .lifecycle
+                    .get_or_insert_with(Default::default)
+                    .pre_stop = Some(before);
             }
         }
     }
@@ -462,18 +484,36 @@ fn merge_proxy_config(own: &str, ours: &str) -> Result<String, Refusal> {
 }
 
 /// istio-proxy gets drainshim's preStop and the binary's mount: the proxy
-/// Istio already injected, or else the patch's injection customization, which
-/// Istio's injector merges over the proxy it adds. True when it was added.
-fn istio_proxy(spec: &mut PodSpec, patch: &patch::Pod) -> Result<bool, Refusal> {
+/// Istio already injected, wherever it is, or else the patch's injection
+/// customization, which Istio's injector merges over the proxy it adds (and
+/// moves to the init containers when its sidecars are native). The marker
+/// records which, and the hook drainshim's replaced.
+fn istio_proxy(spec: &mut PodSpec, patch: &patch::Pod, marker: &mut Marker) -> Result<(), Refusal> {
     let Some(ours) = patch.spec.containers.iter().find(|c| c.name == ISTIO_PROXY) else {
         return refuse("the built-in Istio patch has no istio-proxy container");
     };
-    let Some(proxy) = spec.containers.iter_mut().find(|c| c.name == ISTIO_PROXY) else {
+    let runs_to_completion = |c: &Container| c.restart_policy.as_deref() != Some("Always");
+    if spec
+        .init_containers
+        .iter()
+        .flatten()
+        .any(|c| c.name == ISTIO_PROXY && runs_to_completion(c))
+    {
+        return refuse(
+            "istio-proxy is an init container that runs to completion (no restartPolicy: Always), not \
+             Istio's native sidecar: it can have no preStop hook",
+        );
+    }
+    let Some(proxy) = istio_proxy_mut(spec) else {
         spec.containers.push(ours.clone());
-        return Ok(true);
+        marker.proxy_added = true;
+        return Ok(());
     };
     let hook = ours.lifecycle.as_ref().and_then(|l| l.pre_stop.clone());
     let lifecycle = proxy.lifecycle.get_or_insert_with(Default::default);
+    if lifecycle.pre_stop.as_ref().is_some_and(istios_drain_hook) {
+        marker.proxy_pre_stop = lifecycle.pre_stop.take();
+    }
     if lifecycle.pre_stop.is_some() && lifecycle.pre_stop != hook {
         return refuse(
             "istio-proxy already has a preStop hook (Istio's global.proxy.lifecycle or the pod's own), which \
@@ -487,7 +527,31 @@ fn istio_proxy(spec: &mut PodSpec, patch: &patch::Pod) -> Result<bool, Refusal> 
             mounts.push(m.clone());
         }
     }
-    Ok(false)
+    Ok(())
+}
+
+/// Istio's proxy, where its injector put it: among the containers (last, or
+/// first when the pod holds the app until the proxy starts), else among the
+/// init containers (native sidecars), as Istio's own lookup goes.
+fn istio_proxy_mut(spec: &mut PodSpec) -> Option<&mut Container> {
+    spec.containers
+        .iter_mut()
+        .chain(spec.init_containers.iter_mut().flatten())
+        .find(|c| c.name == ISTIO_PROXY)
+}
+
+/// The preStop Istio's template gives a native sidecar proxy: `pilot-agent
+/// request --debug-port=<status port> POST drain`, which starts Envoy's drain.
+/// drainshim's drives the same drain and waits for its streams, so it takes
+/// this one's place (and uninject puts it back).
+fn istios_drain_hook(hook: &LifecycleHandler) -> bool {
+    let command = hook
+        .exec
+        .as_ref()
+        .and_then(|e| e.command.as_deref())
+        .unwrap_or_default();
+    matches!(command, [agent, request, .., post, drain]
+        if agent == "pilot-agent" && request == "request" && post == "POST" && drain == "drain")
 }
 
 /// `drainshim.io/inject: "false"` as a label or an annotation.
@@ -515,8 +579,8 @@ fn all_containers(spec: &PodSpec) -> impl Iterator<Item = &Container> {
         .chain(spec.init_containers.iter().flatten())
 }
 
-/// The app's container (the first), once nothing of the pod collides with
-/// what the patch adds.
+/// The app's container (the first but Istio's proxy), once nothing of the pod
+/// collides with what the patch adds.
 fn check_fits(
     meta: &ObjectMeta,
     spec: &PodSpec,
@@ -563,9 +627,11 @@ fn check_fits(
             v.name
         ));
     }
-    let Some(app) = spec.containers.first() else {
-        return refuse("it has no containers");
+    // Istio's proxy is first when the pod holds the app until it starts.
+    let Some(i) = spec.containers.iter().position(|c| c.name != ISTIO_PROXY) else {
+        return refuse("it has no containers besides Istio's proxy");
     };
+    let app = &spec.containers[i];
     if let Some(hook) = app.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()) {
         if hook != &patch.app_pre_stop {
             return refuse(format!(
@@ -576,7 +642,7 @@ fn check_fits(
             ));
         }
     }
-    Ok(0)
+    Ok(i)
 }
 
 /// The port the app serves on: the pod's `drainshim.io/app-port` annotation,

@@ -480,6 +480,16 @@ fn istio_mode_refuses_what_it_cannot_do_safely() {
         ),
         (
             ISTIO_POD.replace(
+                "        ports: [{name: grpc, containerPort: 7070}]\n",
+                "        ports: [{name: grpc, containerPort: 7070}]
+      initContainers:
+      - {name: istio-proxy, image: proxyv2}
+",
+            ),
+            "runs to completion",
+        ),
+        (
+            ISTIO_POD.replace(
                 "proxy.istio.io/config: \"holdApplicationUntilProxyStarts: true\\n\"",
                 "proxy.istio.io/config: \"[not, a, map]\"",
             ),
@@ -517,3 +527,8 @@ fn an_empty_proxy_config_is_no_fields() {
         transform(&once, &Settings::default(), Direction::Uninject).expect("uninject");
     assert_eq!(docs(&undone), docs(&original));
 }
+
+// The Istio modes, through an emulation of Istio's own injector.
+mod api_server;
+mod istio_injector;
+mod istio_modes;

@@ -316,13 +316,17 @@ impl Webhook {
     }
 }
 
-/// A pod Istio injects: istio-proxy is in it (Istio's injector ran first), or
-/// it asks for Istio's injection itself.
+/// A pod Istio injects: istio-proxy is in it (Istio's injector ran first; an
+/// init container when its sidecars are native), or it asks for Istio's
+/// injection itself.
 fn istio_pod(pod: &Value) -> bool {
-    let proxy = pod
-        .pointer("/spec/containers")
-        .and_then(Value::as_array)
-        .is_some_and(|cs| cs.iter().any(|c| c["name"] == super::patch::ISTIO_PROXY));
+    let proxy = ["/spec/containers", "/spec/initContainers"]
+        .iter()
+        .any(|at| {
+            pod.pointer(at)
+                .and_then(Value::as_array)
+                .is_some_and(|cs| cs.iter().any(|c| c["name"] == super::patch::ISTIO_PROXY))
+        });
     proxy
         || pod
             .get("metadata")

@@ -4,7 +4,11 @@ HTTP and TLS clients; the JSON Patch it answers applied by an independent
 implementation (the `jsonpatch` package) must give exactly the pod
 `drainshim inject` writes. Reviews it cannot handle are allowed unchanged
 with a warning; its certificate is rotated while it serves; SIGTERM keeps
-it answering for the shutdown delay with /readyz 503.
+it answering for the shutdown delay with /readyz 503. Under Istio, an
+emulation of Istio's own injector (`istio_inject`) and of the API server's
+admission (`admit`, with reinvocation) make the pod drainshim's webhook must
+get right in every mode: classic or native sidecars, the app held until the
+proxy starts or not, either webhook called first.
 
 Run: `make webhook-test` (DRAINSHIM_BIN names the binary).
 """
@@ -25,6 +29,13 @@ import jsonpatch
 import pytest
 import trustme
 import yaml
+
+try:
+    import kubernetes_validate  # `make pytools` installs it
+except ImportError:
+    kubernetes_validate = None
+    print("webhook_test: kubernetes-validate is not installed here (`make pytools` installs it): "
+          "pods are held to the API server's rules of api_server_refusals, not to the schemas")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.environ.get("DRAINSHIM_BIN") or os.path.join(ROOT, "target", "debug", "drainshim")
@@ -302,21 +313,29 @@ def patched(pod, answer):
 ISTIO_PROXY = {"name": "istio-proxy", "image": "docker.io/istio/proxyv2:1.28.0", "args": ["proxy", "sidecar"]}
 
 
-def test_a_pod_istio_injected_after_the_first_call_gets_the_istio_mode(hook):
+@pytest.mark.parametrize("native", [False, True], ids=["classic", "native"])
+def test_a_pod_istio_injected_after_the_first_call_gets_the_istio_mode(hook, native):
     """Reinvoked (reinvocationPolicy IfNeeded) after Istio's injector added
-    istio-proxy to a pod the plain path injected: the webhook's own parts
-    give way to the Istio mode's, the pod `inject --mode istio` writes for
-    the pod with Istio's proxy."""
+    istio-proxy to a pod the plain path injected (a container, or with
+    native sidecars an init container that keeps running): the webhook's own
+    parts give way to the Istio mode's, the pod `inject --mode istio` writes
+    for the pod with Istio's proxy."""
+    def add_proxy(p):
+        if native:
+            p["spec"].setdefault("initContainers", []).append(dict(ISTIO_PROXY, restartPolicy="Always"))
+        else:
+            p["spec"]["containers"].append(copy.deepcopy(ISTIO_PROXY))
     pod = workload_pods()[2]
     _, first = hook.post(review(pod))
     istio = patched(pod, first)
-    istio["spec"]["containers"].append(copy.deepcopy(ISTIO_PROXY))
+    add_proxy(istio)
     status, answer = hook.post(review(istio))
     assert status == 200 and not answer["response"].get("warnings"), answer
     with_proxy = copy.deepcopy(pod)
-    with_proxy["spec"]["containers"].append(copy.deepcopy(ISTIO_PROXY))
+    add_proxy(with_proxy)
     got, want = patched(istio, answer), inject(with_proxy, "istio")
     assert got == want, json.dumps(jsonpatch.make_patch(want, got).patch)
+    assert not api_server_refusals(got), api_server_refusals(got)
 
 
 def test_the_istio_path_gives_the_pod_inject_writes_in_istio_mode(hook):
@@ -354,6 +373,298 @@ def test_the_istio_path_gives_the_pod_inject_writes_in_istio_mode(hook):
     status, answer = hook.post(review(off), path="/inject/istio")
     r = answer["response"]
     assert status == 200 and "patch" not in r and any("opts out of Istio" in w for w in r.get("warnings") or []), r
+
+
+# === Istio's injector and the API server, emulated ===
+#
+# Istio's sidecar injector (istio/istio pkg/kube/inject: RunTemplate,
+# injectPod, reapplyOverwrittenContainers, postProcessPod, reorderPod, and
+# the sidecar template), read and written again here in the parts that decide
+# where drainshim's parts land; the Rust unit tests have their own
+# (src/inject/tests/istio_injector.rs). Left out: the proxy's environment,
+# probe rewriting, CNI, and re-injection (Istio's webhook has
+# reinvocationPolicy Never by default).
+
+ISTIO_IMAGE = ISTIO_PROXY["image"]
+STATUS_PORT = "15020"
+PRESTOP = ["/drainshim/drainshim", "prestop"]
+# Each workload's app container and port.
+APPS = {"orders-": ("server", "9090"), "ledger-": ("ledger", "7070"), "chat-": ("chat", "8080")}
+MERGE_KEYS = {"containers": "name", "initContainers": "name", "volumes": "name", "env": "name",
+              "volumeMounts": "mountPath", "ports": "containerPort"}
+
+
+def smp(into, patch):
+    """A strategic merge patch: maps field by field, the keyed lists of a pod
+    item by item (a new item last), anything else replaced."""
+    for k, v in patch.items():
+        if k in into and k in MERGE_KEYS and isinstance(v, list) and isinstance(into[k], list):
+            for item in v:
+                same = next((i for i in into[k] if i.get(MERGE_KEYS[k]) == item.get(MERGE_KEYS[k])), None)
+                if same is None:
+                    into[k].append(copy.deepcopy(item))
+                else:
+                    smp(same, item)
+        elif k in into and isinstance(v, dict) and isinstance(into[k], dict):
+            smp(into[k], v)
+        else:
+            into[k] = copy.deepcopy(v)
+
+
+def find(containers, name):
+    return next((c for c in containers or [] if c["name"] == name), None)
+
+
+def take(containers, name):
+    c = find(containers, name)
+    if c is not None:
+        containers.remove(c)
+    return c
+
+
+def holds_app(pod):
+    """The pod's ProxyConfig holds the app until the proxy starts."""
+    config = yaml.safe_load((pod["metadata"].get("annotations") or {}).get("proxy.istio.io/config") or "") or {}
+    return config.get("holdApplicationUntilProxyStarts") is True
+
+
+def istio_template(pod, native):
+    """The sidecar template, rendered for the pod."""
+    annotations = pod["metadata"].get("annotations") or {}
+    app = next(c["name"] for c in pod["spec"]["containers"] if c["name"] != "istio-proxy")
+    proxy = {
+        "name": "istio-proxy", "image": ISTIO_IMAGE,
+        "args": ["proxy", "sidecar", "--domain", "$(POD_NAMESPACE).svc.cluster.local"],
+        "ports": [{"containerPort": 15090, "protocol": "TCP", "name": "http-envoy-prom"}],
+        "readinessProbe": {"httpGet": {"path": "/healthz/ready", "port": 15021}, "periodSeconds": 15},
+        "startupProbe": {"httpGet": {"path": "/healthz/ready", "port": 15021}, "periodSeconds": 1},
+        "volumeMounts": [{"name": "istio-envoy", "mountPath": "/etc/istio/proxy"},
+                         {"name": "istio-podinfo", "mountPath": "/etc/istio/pod"}],
+    }
+    if native:
+        proxy["restartPolicy"] = "Always"
+        proxy["lifecycle"] = {"preStop": {"exec": {"command": [
+            "pilot-agent", "request", f"--debug-port={STATUS_PORT}", "POST", "drain"]}}}
+    elif holds_app(pod):
+        proxy["lifecycle"] = {"postStart": {"exec": {"command": ["pilot-agent", "wait"]}}}
+    # The template's excludeInboundPort: the status port added to the pod's list.
+    excluded = [p.strip() for p in annotations.get("traffic.sidecar.istio.io/excludeInboundPorts", "").split(",")
+                if p.strip()]
+    excluded += [STATUS_PORT] if STATUS_PORT not in excluded else []
+    init = {
+        "name": "istio-init", "image": ISTIO_IMAGE,
+        "args": ["istio-iptables", "-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT", "-i", "*",
+                 "-x", "", "-b", "*", "-d", "15090,15021," + ",".join(excluded)],
+        "securityContext": {"capabilities": {"add": ["NET_ADMIN", "NET_RAW"], "drop": ["ALL"]}, "runAsUser": 0},
+    }
+    meta = {"labels": {"security.istio.io/tlsMode": "istio",
+                       "service.istio.io/canonical-name": (pod["metadata"].get("labels") or {}).get("app", app),
+                       "service.istio.io/canonical-revision": "latest"},
+            "annotations": {"istio.io/rev": "default"}}
+    for k in ("kubectl.kubernetes.io/default-logs-container", "kubectl.kubernetes.io/default-container"):
+        if k not in annotations:
+            meta["annotations"][k] = app
+    return {"metadata": meta, "spec": {
+        "initContainers": [init, proxy] if native else [init],
+        "containers": [] if native else [proxy],
+        "volumes": [{"name": "istio-envoy", "emptyDir": {"medium": "Memory"}},
+                    {"name": "istio-podinfo", "downwardAPI": {"items": [
+                        {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]}}],
+    }}
+
+
+def istio_inject(pod, native):
+    """Istio's injection of a pod it has not injected before."""
+    template = istio_template(pod, native)
+    merged = copy.deepcopy(pod)
+    spec = merged["spec"]
+    if native:
+        # A customization in `containers` moves to the init containers first.
+        custom = take(spec.get("containers"), "istio-proxy")
+        if custom is not None:
+            spec.setdefault("initContainers", []).append(custom)
+    smp(merged, template)
+    # The pod's own istio-proxy (a customization) over the rendered one.
+    overrides = {}
+    for field in ("containers", "initContainers"):
+        for c in template["spec"][field]:
+            own = find(pod["spec"].get("containers"), c["name"]) or find(pod["spec"].get("initContainers"), c["name"])
+            if own is None:
+                continue
+            overlay = {k: v for k, v in own.items() if not (k == "image" and v == "auto")}
+            smp(spec, {field: [overlay]})
+            overrides.setdefault(field, []).append(overlay)
+    annotations = merged["metadata"].setdefault("annotations", {})
+    if overrides:
+        annotations["sidecar.istio.io/proxyOverrides"] = json.dumps(overrides)
+    names = {f: [c["name"] for c in template["spec"][f]] or None for f in ("initContainers", "containers", "volumes")}
+    annotations["sidecar.istio.io/status"] = json.dumps(dict(names, imagePullSecrets=None, revision="default"))
+    annotations.update({"prometheus.io/port": STATUS_PORT, "prometheus.io/path": "/stats/prometheus",
+                        "prometheus.io/scrape": "true"})
+    # reorderPod, reading where the proxy goes from the pod as it came in.
+    proxy = take(spec["containers"], "istio-proxy")
+    if proxy is not None:
+        spec["containers"].insert(0 if holds_app(pod) else len(spec["containers"]), proxy)
+    native_proxy, iptables = take(spec["initContainers"], "istio-proxy"), take(spec["initContainers"], "istio-init")
+    if native_proxy is not None:
+        spec["initContainers"][:0] = [iptables, native_proxy]
+    else:
+        spec["initContainers"].append(iptables)
+    return merged
+
+
+def admit(pod, hooks):
+    """The API server's mutating admission: each webhook (name,
+    reinvocationPolicy IfNeeded, call) in turn, then again each IfNeeded one
+    that a later one changed the pod after. The pod and whose call each was."""
+    calls, called, again = [], [], []
+    for reinvocation in (False, True):
+        for i, (name, if_needed, call) in enumerate(hooks):
+            if reinvocation and i not in again:
+                continue
+            out = call(pod)
+            calls.append(name)
+            if out != pod:
+                again, called = again + called, []
+            if if_needed:
+                called.append(i)
+            pod = out
+    return pod, calls
+
+
+def api_server_refusals(pod):
+    """What the API server's validation of a pod spec (ValidatePodSpec)
+    answers 422 to, in the rules a mutating webhook can break."""
+    spec, out = pod["spec"], []
+    volumes = [v["name"] for v in spec.get("volumes") or []]
+    if len(set(volumes)) != len(volumes):
+        out.append(f"spec.volumes: Duplicate value: {volumes}")
+    seen = set()
+    for field in ("initContainers", "containers"):
+        for c in spec.get(field) or []:
+            at = f"spec.{field}[{c['name']}]"
+            # Names are unique across containers and init containers.
+            if c["name"] in seen:
+                out.append(f"{at}.name: Duplicate value: {c['name']!r}")
+            seen.add(c["name"])
+            if not c.get("image"):
+                out.append(f"{at}.image: Required value")
+            restartable = field == "initContainers" and c.get("restartPolicy") == "Always"
+            if "restartPolicy" in c and not restartable:
+                out.append(f"{at}.restartPolicy: Forbidden: only Always, on init containers")
+            for k in ("lifecycle", "livenessProbe", "readinessProbe", "startupProbe"):
+                if field == "initContainers" and not restartable and k in c:
+                    out.append(f"{at}.{k}: Forbidden: may not be set for init containers without restartPolicy=Always")
+            for hook_name, handler in (c.get("lifecycle") or {}).items():
+                if len([k for k in ("exec", "httpGet", "tcpSocket", "sleep") if k in handler]) != 1:
+                    out.append(f"{at}.lifecycle.{hook_name}: must specify exactly one handler type")
+            paths = [m["mountPath"] for m in c.get("volumeMounts") or []]
+            if len(set(paths)) != len(paths):
+                out.append(f"{at}.volumeMounts.mountPath: must be unique: {paths}")
+            out += [f"{at}.volumeMounts.name: Not found: {m['name']!r}" for m in c.get("volumeMounts") or []
+                    if m["name"] not in volumes]
+    return out
+
+
+def schema_errors(pod):
+    """The pod against Kubernetes' schemas (kubernetes-validate, strict), as
+    `make deploy-check` holds manifests: the oldest supported and the latest."""
+    if kubernetes_validate is None:
+        return []
+    errors = []
+    for version in ("1.30.0", kubernetes_validate.latest_version()):
+        try:
+            kubernetes_validate.validate(pod, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            errors.append(f"Kubernetes {version}: {e.message} at {'.'.join(map(str, e.path))}")
+    return errors
+
+
+def uninject(pod):
+    r = subprocess.run([BIN, "inject", "--uninject"], input=yaml.safe_dump(pod), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return yaml.safe_load(r.stdout)
+
+
+def everywhere(pod):
+    return (pod["spec"].get("initContainers") or []) + pod["spec"]["containers"]
+
+
+def check_istio_pod(original, pod, native, hold, istio_path_first, again):
+    """What the pod the API server creates must be, in one case; `again`
+    calls drainshim's webhook once more."""
+    errors = api_server_refusals(pod) + schema_errors(pod)
+    assert not errors, errors
+    app, port = APPS[original["metadata"]["generateName"]]
+    # drainshim's preStop on the app, wherever the proxy went; the pod's
+    # other containers keep their own.
+    assert find(pod["spec"]["containers"], app)["lifecycle"]["preStop"]["exec"]["command"] == PRESTOP
+    for c in original["spec"]["containers"]:
+        if c["name"] != app:
+            assert find(pod["spec"]["containers"], c["name"]).get("lifecycle") == c.get("lifecycle")
+    # And on Istio's proxy, where Istio put it, once.
+    proxies = [c for c in everywhere(pod) if c["name"] == "istio-proxy"]
+    assert len(proxies) == 1, [c["name"] for c in everywhere(pod)]
+    proxy = proxies[0]
+    assert proxy["image"] == ISTIO_IMAGE and proxy["lifecycle"]["preStop"]["exec"]["command"] == PRESTOP, proxy
+    assert "drainshim-bin" in [m["name"] for m in proxy["volumeMounts"]], proxy
+    if native:
+        assert proxy["restartPolicy"] == "Always" and proxy in pod["spec"]["initContainers"], proxy
+    else:
+        names = [c["name"] for c in pod["spec"]["containers"]]
+        assert names.index("istio-proxy") == (0 if hold else len(names) - 2), names
+    # The guard forwards to the app's port: $(APP_PORT) is the annotation,
+    # and the routing objects select the label.
+    shim = find(pod["spec"]["containers"], "drainshim")
+    assert "--guard-upstream=127.0.0.1:$(APP_PORT)" in shim["args"], shim
+    meta = pod["metadata"]
+    for got in (meta["annotations"]["drainshim.io/app-port"], meta["labels"]["drainshim.io/app-port"]):
+        assert got == port and got not in ("15090", "15020", "15021"), meta
+    # Injected once: another call changes nothing.
+    assert again(pod) == pod
+    # Uninjected: what Istio alone makes of the pod. When drainshim went first
+    # on Istio's path, Istio merged its customization and keeps three records
+    # of it: its iptables rules leave drainshim's port alone, the
+    # customization is in its overrides annotation, and (native sidecars)
+    # drainshim's preStop took the place of Istio's own drain hook.
+    want = istio_inject(original, native)
+    if istio_path_first:
+        overrides = "sidecar.istio.io/proxyOverrides"
+        want["metadata"]["annotations"][overrides] = meta["annotations"][overrides]
+        iptables = find(pod["spec"]["initContainers"], "istio-init")
+        assert iptables["args"][-1] == "15090,15021,15099,15020", iptables
+        find(want["spec"]["initContainers"], "istio-init")["args"] = iptables["args"]
+        if native:
+            del find(want["spec"]["initContainers"], "istio-proxy")["lifecycle"]
+    got = uninject(pod)
+    assert got == want, json.dumps(jsonpatch.make_patch(want, got).patch)
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["classic", "native"])
+@pytest.mark.parametrize("hold", [False, True], ids=["no-hold", "hold"])
+@pytest.mark.parametrize("first", ["drainshim", "istio"])
+@pytest.mark.parametrize("path", ["/inject/istio", "/inject"])
+def test_under_istio_every_mode_and_order_gives_a_pod_the_api_server_accepts(hook, native, hold, first, path):
+    """Each workload admitted in an Istio namespace: drainshim's webhook
+    (reinvocationPolicy IfNeeded) on its Istio path or the plain one (which
+    takes the Istio mode once it sees Istio's proxy), Istio's injector
+    (Never, its default) with classic or native sidecars, the app held until
+    the proxy starts or not, either called first."""
+    def drainshim(p):
+        status, answer = hook.post(review(p), path=path)
+        assert status == 200 and not answer["response"].get("warnings"), answer
+        return patched(p, answer)
+    webhooks = [("drainshim", True, drainshim), ("istio", False, lambda p: istio_inject(p, native))]
+    if first == "istio":
+        webhooks.reverse()
+    for original in workload_pods():
+        if hold:
+            original["metadata"].setdefault("annotations", {})["proxy.istio.io/config"] = \
+                "holdApplicationUntilProxyStarts: true\n"
+        pod, calls = admit(original, webhooks)
+        assert calls == (["drainshim", "istio", "drainshim"] if first == "drainshim" else ["istio", "drainshim"])
+        check_istio_pod(original, pod, native, hold, first == "drainshim" and path == "/inject/istio", drainshim)
 
 
 def test_a_rotated_certificate_is_served_and_a_broken_one_is_not(hook):
