@@ -183,6 +183,12 @@ impl Relay<'_> {
                         "guard: the client took no data; resetting its stream");
                     wire::rst(&mut self.client.write, id, wire::CANCEL);
                     wire::rst(&mut self.app.write, id, wire::CANCEL);
+                    // The guard cuts it: a message held after its cancel is
+                    // dropped and counted.
+                    self.drop_held(
+                        id,
+                        "the client took no data; a message begun after the guard's cancel is dropped with its stream",
+                    );
                     if let Some(s) = self.streams.remove(&id) {
                         // One being ended is cut: counted as such, and what
                         // the app still sends on it counted as dropped.
@@ -243,9 +249,6 @@ impl Relay<'_> {
         let d = self.life.machine().deadlines();
         let mut next = [
             self.defences.paused_until(),
-            self.app
-                .write_failed
-                .map(|at| at + super::WRITE_FAILED_READ),
             self.endings.planned.front().map(|p| p.at),
             self.life.sweep_at(),
             self.life.closing_by(),

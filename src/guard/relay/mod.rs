@@ -262,16 +262,7 @@ struct Peer {
     /// the allocations.
     scratch: Vec<u8>,
     fields: Vec<wire::Field>,
-    /// A write to this peer failed then: nothing more is written, but it is
-    /// read on (what it sent before it closed is still in the socket, its
-    /// FIN after it), for [`WRITE_FAILED_READ`] at most.
-    write_failed: Option<Instant>,
 }
-
-/// How long a peer whose socket failed a write is still read for what it
-/// had sent: the kernel hands over the data and the FIN queued before the
-/// peer's RST at once, so this only bounds a peer that sends nothing more.
-const WRITE_FAILED_READ: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Peer {
     /// A peer at the start: nothing read, the RFC's default SETTINGS.
@@ -284,7 +275,6 @@ impl Peer {
             frame: DEFAULT_FRAME,
             translate: None,
             scratch: Vec::new(),
-            write_failed: None,
             fields: Vec::new(),
         }
     }
@@ -558,23 +548,12 @@ impl<'a> Relay<'a> {
         client_first: bool,
     ) -> Poll<Wake> {
         match app.as_mut() {
-            Some(app) if self.app.write_failed.is_none() => {
+            Some(app) => {
                 if write_some(cx, app, &mut self.app.write).is_err() {
-                    // An app that wrote its last messages and closed makes
-                    // its kernel answer this write with RST: what it sent
-                    // first, and its clean close, are still to be read.
-                    self.app.write_failed = Some(Instant::now());
-                    self.app.write.clear();
+                    return Poll::Ready(Wake::AppGone(false));
                 }
             }
-            _ => self.app.write.clear(),
-        }
-        if self
-            .app
-            .write_failed
-            .is_some_and(|at| at.elapsed() >= WRITE_FAILED_READ)
-        {
-            return Poll::Ready(Wake::AppGone(false));
+            None => self.app.write.clear(),
         }
         let had = !self.client.write.is_empty();
         self.clear_gate();
@@ -671,8 +650,7 @@ impl<'a> Relay<'a> {
             // to the mark that also bounds a client whose window is shut.
             self.endings.held < state::HOLD_MAX
                 && (self.client.write.len() < HIGH_WATER
-                    || ((self.awaits_ack() || self.app.write_failed.is_some())
-                        && self.client.write.len() < BLOCKED_HIGH_WATER)),
+                    || (self.awaits_ack() && self.client.write.len() < BLOCKED_HIGH_WATER)),
         )
     }
 }

@@ -263,3 +263,31 @@ async fn a_flood_of_settings_keeps_acks_paired_with_their_frames() {
         .iter()
         .any(|f| f.0 == wire::HEADERS && f.2 == 5));
 }
+
+/// The third look: a held half message dropped by the guard's own
+/// write-stall reset is counted too (the guard cut the stream).
+#[tokio::test]
+async fn a_held_message_dropped_by_a_stall_reset_is_counted() {
+    let (guard, metrics) = guard_and_metrics();
+    let now = Instant::now();
+    let mut r = streams_open(&guard, 1, now);
+    ask_all(&guard, &mut r, Reason::drain, now);
+    r.timers(now + BURST_GAP).expect("the cancel");
+    wire::put(
+        &mut r.app.read,
+        wire::DATA,
+        0,
+        1,
+        &[0, 0, 0, 0, 10, 1, 2, 3],
+    );
+    r.app_frames(now + BURST_GAP).expect("half a message");
+    let stall = guard.config().limits.write_stall_timeout;
+    if let Some(s) = r.streams.get_mut(&1) {
+        s.window = 0;
+        s.shut_since = Some(now);
+    }
+    r.endings.stalled.insert(1);
+    r.timers(now + stall).expect("the stall");
+    assert_eq!(dropped(&metrics, Dropped::partial_message), (1, 8));
+    assert_eq!(r.endings.held, 0);
+}
