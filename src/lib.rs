@@ -3,7 +3,7 @@
 //! Data flows one way: trigger -> drain driver -> (Envoy admin, guard) ->
 //! report -> metrics and control endpoints. See docs/design.md.
 //!
-//! The map of the crate, from the commands down to what everything uses
+//! The map of the crate, from the commands down to what everything uses:
 //!
 //! | part | modules | what they are |
 //! |---|---|---|
