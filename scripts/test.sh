@@ -97,7 +97,12 @@ phase "unit and integration tests (about 11 minutes)"
 # drainshim-bench sits beside target/debug/drainshim: tests run `drainshim
 # bench server`, which execs it. The peer matrix (tests/it/peer_matrix/)
 # runs grpc-go, grpc-java, grpcio and tonic servers built by `make peers`.
+tables=${CARGO_TARGET_DIR:-target}/tmp/peer-matrix
+rm -rf "$tables"
 RUST_TEST_THREADS=1 "$cargo" test --locked --workspace
+# The peer matrix's tables (cargo hides a passing test's output): every
+# server's cases, graceful, cut, lost and dropped.
+cat "$tables"/*.md || echo "make test: the peer matrix left no tables in $tables" >&2
 phase "conformance and webhook"
 "$make" --no-print-directory conformance
 "$make" --no-print-directory webhook-test

@@ -956,6 +956,23 @@ async fn matrix(server: Server) {
         begun.elapsed().as_secs_f64()
     ));
     eprintln!("{out}");
+    // Kept for `make test`, which prints every server's table at its end
+    // (cargo hides a passing test's output).
+    let tables = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("peer-matrix");
+    let written = std::fs::create_dir_all(&tables).and_then(|()| {
+        let file: String = server
+            .name()
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        std::fs::write(tables.join(format!("{file}.md")), &out)
+    });
+    if let Err(e) = written {
+        eprintln!(
+            "peer matrix: could not keep the table in {}: {e}",
+            tables.display()
+        );
+    }
     let failures: Vec<String> = rows
         .iter()
         .filter(|r| !r.failures.is_empty())
