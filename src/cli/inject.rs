@@ -67,6 +67,7 @@ impl InjectionArgs {
             image: self.image.clone(),
             envoy_image: self.envoy_image.clone(),
             services: false,
+            await_istio: false,
         }
     }
 }
