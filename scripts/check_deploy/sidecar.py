@@ -8,6 +8,7 @@ Component renders (check_inject).
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import tempfile
@@ -113,8 +114,8 @@ ADOPTERS_OPTED_IN = {"Deployment/orders", "StatefulSet/ledger"}
 
 # The same workloads for `drainshim inject`, which takes every workload it is
 # given: the one that does not opt in says so (drainshim.io/inject: "false").
-# Their Service still targets the app's port by name: `inject --services`
-# must point it at Envoy (check_services_reach_proxy).
+# Their Service targets the app's port by name, which inject gives to Envoy's
+# inbound port: it must reach Envoy (check_services_reach_proxy).
 INJECT_WORKLOADS = ADOPTER_WORKLOADS.replace(
     "labels: {app.kubernetes.io/name: mailer}", 'labels: {app.kubernetes.io/name: mailer, drainshim.io/inject: "false"}', 1
 ).replace("targetPort: envoy-inbound}", "targetPort: http}")
@@ -135,12 +136,39 @@ def run_inject(docs: list[dict], mode: str) -> tuple[list[dict] | None, str]:
     return [d for d in yaml.safe_load_all(r.stdout) if d], ""
 
 
+def port_name_given_back(template: dict) -> dict:
+    """A pod template `drainshim inject` wrote, with the app's port name
+    given back: in the plain modes inject gives it to Envoy's inbound port
+    and renames the app's port (and the app's probes that name it)
+    `app-<number>`, so that a Service by that name reaches Envoy on injected
+    pods and the app on the others (the Component's pods always have Envoy,
+    and keep `envoy-inbound`). Its record in drainshim.io/injected names both."""
+    t = copy.deepcopy(template)
+    raw = ((t.get("metadata") or {}).get("annotations") or {}).get("drainshim.io/injected")
+    moved = (json.loads(raw) if raw else {}).get("portName")
+    if not moved:
+        return t
+    for c, _, _ in all_containers(t.get("spec") or {}):
+        for p in c.get("ports") or []:
+            if c.get("name") == "envoy" and p.get("name") == moved["name"]:
+                p["name"] = "envoy-inbound"
+            elif p.get("name") == moved["to"]:
+                p["name"] = moved["name"]
+        for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+            for kind in ("httpGet", "tcpSocket"):
+                handler = (c.get(probe) or {}).get(kind) or {}
+                if handler.get("port") == moved["to"]:
+                    handler["port"] = moved["name"]
+    return t
+
+
 def comparable_pod(template: dict) -> dict:
     """A pod template as inject and the Component may each write it: inject's
-    record of what it replaced left out, the containers and volumes in name
-    order (the Component puts the new ones first, inject after the pod's own;
-    init containers keep their order, which is their start order)."""
-    t = copy.deepcopy(template)
+    port name given back (port_name_given_back) and its record of what it
+    replaced left out, the containers and volumes in name order (the
+    Component puts the new ones first, inject after the pod's own; init
+    containers keep their order, which is their start order)."""
+    t = port_name_given_back(template)
     annotations = (t.get("metadata") or {}).get("annotations") or {}
     annotations.pop("drainshim.io/injected", None)
     if not annotations:
@@ -262,7 +290,8 @@ def check_adoption(ck: Checker, kubectl: str, component: Path, envoy_cache: Path
                             f"{where}: no drainshim sidecar: the Component did not patch it"):
                 continue
             pods.append(ScrapePod(where, "", meta, spec, listen_ports.get(where), judge=where in listen_ports))
-            now = {c.get("name"): c for c, _, _ in all_containers(spec)}
+            own = port_name_given_back({"metadata": meta, "spec": spec})["spec"] if inject_mode else spec
+            now = {c.get("name"): c for c, _, _ in all_containers(own)}
             for cname, c in apps.items():
                 got = now.get(cname) or {}
                 ck.check(area, got.get("ports") == c.get("ports"),

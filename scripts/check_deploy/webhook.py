@@ -40,6 +40,10 @@ INJECT_PATH = "/inject"
 # The path of the webhooks for namespaces Istio injects (`drainshim webhook`
 # answers there in its Istio mode).
 ISTIO_PATH = "/inject/istio"
+# The path of the webhooks for namespaces whose istio-injection label is not
+# "enabled" (Istio injects none of their pods): `drainshim webhook` never
+# takes the Istio mode there, and warns a pod that asks for it.
+NO_ISTIO_PATH = "/inject/no-istio"
 MAX_TIMEOUT_SECONDS = 5
 
 INJECT = "drainshim.io/inject"  # namespace: "enabled" opts in; pod: "false" opts out
@@ -71,6 +75,7 @@ class Revision:
     namespace: str  # the webhook's own namespace
     namespace_selector: dict
     istio: bool = False  # its path is ISTIO_PATH: the namespaces Istio injects
+    path: str = INJECT_PATH
 
 
 def is_drainshim_config(doc: dict) -> bool:
@@ -444,19 +449,28 @@ def istio_injects(labels: dict) -> bool:
     return labels.get("istio-injection") == "enabled" or ("istio.io/rev" in labels and "istio-injection" not in labels)
 
 
-def wanted(labels: dict, revision: str, own: str, istio: bool) -> bool:
+def istio_off(labels: dict) -> bool:
+    """A namespace whose istio-injection label is there and not "enabled":
+    Istio injects none of its pods, whatever istio.io/rev says."""
+    return "istio-injection" in labels and labels["istio-injection"] != "enabled"
+
+
+def wanted(labels: dict, revision: str, own: str, istio: bool, path: str | None = None) -> bool:
     """Which namespaces a revision's webhook must serve: its drainshim.io/rev,
     or (the default revision) drainshim.io/inject=enabled without a revision;
-    never kube-system or the webhook's own namespace. The plain path only
-    namespaces Istio leaves alone (its Envoy and istio-proxy take the same
-    admin port), the Istio path only those Istio injects. A namespace with
-    istio.io/rev and istio-injection=disabled gets neither: which one holds
-    is not said."""
+    never kube-system or the webhook's own namespace. The plain paths only
+    namespaces Istio does not inject (its Envoy and istio-proxy take the same
+    admin port): /inject those without Istio's labels, /inject/no-istio
+    those whose istio-injection is not "enabled" (the webhook cannot see a
+    namespace's labels: the path tells it); the Istio path only those Istio
+    injects. `path` None: either plain path."""
     if labels[NS_NAME] in ("kube-system", own):
         return False
     if istio != istio_injects(labels):
         return False
-    if not istio and "istio.io/rev" in labels:
+    if path == INJECT_PATH and (istio_off(labels) or "istio.io/rev" in labels):
+        return False
+    if path == NO_ISTIO_PATH and not istio_off(labels):
         return False
     if revision == DEFAULT_REVISION:
         return labels.get(INJECT) == "enabled" and REV not in labels
@@ -502,10 +516,11 @@ def check_config(ck: Checker, overlay: str, cfg: dict, docs: list[dict], shared:
         check_entry(ck, where, w)
         svc_ref = (w.get("clientConfig") or {}).get("service") or {}
         ns, port = svc_ref.get("namespace") or "", int(svc_ref.get("port", 443))
-        ck.check(AREA, svc_ref.get("path") in (INJECT_PATH, ISTIO_PATH),
-                 f"{where}: clientConfig.service.path {svc_ref.get('path')!r}, want {INJECT_PATH} (or {ISTIO_PATH} for namespaces Istio injects)")
+        ck.check(AREA, svc_ref.get("path") in (INJECT_PATH, ISTIO_PATH, NO_ISTIO_PATH),
+                 f"{where}: clientConfig.service.path {svc_ref.get('path')!r}, want {INJECT_PATH} (or {ISTIO_PATH} for "
+                 f"namespaces Istio injects, {NO_ISTIO_PATH} for those whose istio-injection is not enabled)")
         rev = Revision(overlay, where, _name(cfg), str(w.get("name")), None, ns, w.get("namespaceSelector") or {},
-                       svc_ref.get("path") == ISTIO_PATH)
+                       svc_ref.get("path") == ISTIO_PATH, svc_ref.get("path") or INJECT_PATH)
         out.append(rev)
         svc = _find(docs, "Service", ns, svc_ref.get("name", ""))
         if not ck.check(AREA, svc is not None, f"{where}: clientConfig names Service {ns}/{svc_ref.get('name')}, which is not rendered with it"):
@@ -535,11 +550,12 @@ def check_config(ck: Checker, overlay: str, cfg: dict, docs: list[dict], shared:
         # The namespaces it serves: its revision's, never its own or kube-system.
         # (That its webhooks together serve all of them: check_webhooks.)
         wrong = [str(lab) for lab in namespace_cases([rev.revision], ns)
-                 if selects(rev.namespace_selector, lab) and not wanted(lab, rev.revision, ns, rev.istio)]
+                 if selects(rev.namespace_selector, lab) and not wanted(lab, rev.revision, ns, rev.istio, rev.path)]
         ck.check(AREA, not wrong,
                  f"{where}: namespaceSelector {rev.namespace_selector} for revision {rev.revision!r}: want only namespaces labelled "
                  + (f"{INJECT}=enabled without {REV}" if rev.revision == DEFAULT_REVISION else f"{REV}={rev.revision}")
-                 + (", that Istio injects" if rev.istio else ", that Istio does not inject")
+                 + (", that Istio injects" if rev.istio else ", that Istio does not inject"
+                    + (" (istio-injection not enabled)" if rev.path == NO_ISTIO_PATH else " (no Istio label)"))
                  + f", never kube-system nor its own namespace {ns}; it selects " + "; ".join(wrong[:3]))
 
         # TLS: the CA annotation names a Certificate for this Service, whose Secret is mounted.

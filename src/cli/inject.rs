@@ -27,11 +27,17 @@ pub const INJECT_LONG_ABOUT: &str = "Add drainshim to the pods of Kubernetes man
     safely (no single app port, a preStop of the app's own, a name or port drainshim's containers \
     take, the node's network, Istio's proxy in the pod outside --mode istio) is refused: every refusal is \
     printed, naming its object, nothing is written, and the exit code is 64.\n\n\
-    What was done to each workload is printed on stderr. Point each Service at Envoy \
-    (targetPort: envoy-inbound), or let --services do it.\n\n\
+    What was done to each workload is printed on stderr. Envoy's inbound port takes the name of the \
+    app's port, and the app's port takes app-<number> (its container's probes and hooks follow): a \
+    Service that targets the app's port by name reaches Envoy on injected pods, and the app on pods \
+    without drainshim. Point a Service that targets it by number at the name, or let --services do \
+    it. Envoy and drainshim get CPU and memory limits; the pod annotations \
+    drainshim.io/proxy-cpu-limit, proxy-memory-limit (Envoy), cpu-limit and memory-limit \
+    (drainshim) set its own.\n\n\
     Under Istio (--mode istio), istio-proxy gets the preStop (a container, or with native sidecars \
     an init container; Istio's own drain hook is replaced, and put back by --uninject) and the pod \
-    Istio's injection label, proxy settings and excluded port; the Services keep the app's port. \
+    Istio's proxy settings and excluded port (never Istio's injection label: the pod must be one \
+    Istio injects); the Services keep the app's port. \
     The pod's label \
     drainshim.io/app-port selects the mesh's routing objects (`drainshim istio-routing`), which send \
     Istio's inbound traffic for that port through the guard.";
@@ -67,6 +73,7 @@ impl InjectionArgs {
             image: self.image.clone(),
             envoy_image: self.envoy_image.clone(),
             services: false,
+            await_istio: false,
         }
     }
 }
@@ -90,10 +97,10 @@ pub struct InjectArgs {
     pub uninject: bool,
 
     /// Also point the Services of the same manifests at Envoy: each port
-    /// that targets the app's port (by number or name) of the injected pods
-    /// it selects gets `targetPort: envoy-inbound`. A Service that also
-    /// selects pods without drainshim is left as it is. With --uninject,
-    /// they point back.
+    /// that targets the app's port by number, of the injected pods it
+    /// selects, gets the name of Envoy's inbound port (the app's port name,
+    /// or envoy-inbound where it had none). A Service that also selects pods
+    /// without drainshim is left as it is. With --uninject, they point back.
     #[arg(long)]
     pub services: bool,
 }
@@ -155,7 +162,9 @@ impl InjectArgs {
 pub const WEBHOOK_LONG_ABOUT: &str =
     "A mutating admission webhook that adds drainshim to pods as they are created.\n\n\
     Serves AdmissionReview v1 on POST /inject over HTTPS (--listen), with the change `drainshim \
-    inject --mode` makes, as a JSON Patch. It never blocks a pod: a review it cannot read, a kind \
+    inject --mode` makes, as a JSON Patch; /inject/istio for namespaces Istio injects and \
+    /inject/no-istio for those whose istio-injection is not enabled, where the Istio mode is taken \
+    only for pods Istio injects, never asked for. It never blocks a pod: a review it cannot read, a kind \
     other than Pod, or a pod it cannot inject safely is allowed unchanged, with a warning in the \
     response (kubectl prints it), a log line, and drainshim_webhook_reviews_total{outcome}.\n\n\
     The certificate and key are read again when the files change (cert-manager's Secret, mounted), \

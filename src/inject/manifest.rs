@@ -169,16 +169,30 @@ fn verb(action: Direction) -> &'static str {
 
 fn describe(outcome: &PodChange, settings: &Settings, unchanged: bool) -> String {
     match outcome {
-        PodChange::Injected { app, port } if unchanged => {
+        PodChange::Injected { app, port, .. } if unchanged => {
             format!(
                 "already injected ({}, app {app:?} on :{port}): unchanged",
                 settings.mode.name()
             )
         }
-        PodChange::Injected { app, port } => format!(
-            "injected ({}, app {app:?} on :{port})",
-            settings.mode.name()
-        ),
+        PodChange::Injected {
+            app,
+            port,
+            warnings,
+        } => {
+            let mut what = format!(
+                "injected ({}, app {app:?} on :{port})",
+                settings.mode.name()
+            );
+            for w in warnings {
+                what.push_str("; but ");
+                what.push_str(w);
+            }
+            what
+        }
+        PodChange::AwaitingIstio { app, port } => {
+            format!("Istio's settings set (app {app:?} on :{port}); drainshim follows Istio's injection")
+        }
         PodChange::OptedOut => format!("opted out ({}: \"false\"): not touched", super::INJECT),
         PodChange::RunsToCompletion => {
             "not injected: its pods run to completion (restartPolicy), not long-lived streams"

@@ -26,7 +26,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
 pub mod manifest;
+pub mod mesh;
+mod owned;
 mod patch;
+pub mod ports;
+pub mod resources;
 pub mod routing;
 pub mod services;
 pub mod webhook;
@@ -80,6 +84,12 @@ pub struct Settings {
     pub envoy_image: Option<String>,
     /// `inject --services`: point the manifests' Services at Envoy too.
     pub services: bool,
+    /// The webhook's Istio mode: a pod Istio's injector has not reached yet
+    /// gets only what that injector reads (its annotations), and the rest on
+    /// the API server's call after Istio's (reinvocation). A pod Istio does
+    /// not inject (the mesh's neverInjectSelector, `policy: disabled`) is
+    /// then left whole, never given a proxy customization no one merges.
+    pub await_istio: bool,
 }
 
 impl Default for Settings {
@@ -89,6 +99,7 @@ impl Default for Settings {
             image: DEFAULT_IMAGE.into(),
             envoy_image: None,
             services: false,
+            await_istio: false,
         }
     }
 }
@@ -96,8 +107,16 @@ impl Default for Settings {
 /// What happened to one pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PodChange {
-    /// drainshim added (or re-added: an injected pod is uninjected first).
-    Injected { app: String, port: u16 },
+    /// drainshim added (or re-added: an injected pod is uninjected first),
+    /// with what the adopter should know (an app port without a name).
+    Injected {
+        app: String,
+        port: u16,
+        warnings: Vec<String>,
+    },
+    /// The Istio mode on a pod without Istio's proxy yet (`await_istio`):
+    /// Istio's settings only, the rest once Istio has injected.
+    AwaitingIstio { app: String, port: u16 },
     /// Opted out with `drainshim.io/inject: "false"`: not touched.
     OptedOut,
     /// A pod that runs to completion (restartPolicy Never or OnFailure: a
@@ -135,7 +154,7 @@ pub(crate) const RESERVED_PORTS: [u16; 4] = [10000, 15000, 15097, 15099];
 use patch::ISTIO_PROXY;
 
 /// Istio's per-pod switch for its injector (label or annotation).
-const ISTIO_INJECT: &str = "sidecar.istio.io/inject";
+pub(crate) const ISTIO_INJECT: &str = "sidecar.istio.io/inject";
 /// Istio's per-pod proxy settings, a YAML map of ProxyConfig fields.
 const ISTIO_PROXY_CONFIG: &str = "proxy.istio.io/config";
 /// Istio's per-pod list of inbound ports its iptables rules leave alone.
@@ -166,6 +185,16 @@ struct Marker {
     /// hook, which its native sidecars get.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     proxy_pre_stop: Option<LifecycleHandler>,
+    /// The app's port name, given to Envoy's inbound port (the plain modes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    port_name: Option<ports::Moved>,
+    /// The Istio mode before Istio's injection: only Istio's annotations
+    /// were set (`Settings::await_istio`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    awaiting_proxy: bool,
+    /// What drainshim wrote in its containers, field by field (`owned`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    wrote: Option<owned::Record>,
 }
 
 /// Adds drainshim to the pod: the Component's patch for `settings.mode`, the
@@ -189,36 +218,85 @@ pub fn inject(
              15097 and 15099 on the node itself",
         );
     }
+    // drainshim's containers as they are: a later webhook's changes to them
+    // stay, and so does a grace period other than the one drainshim set.
+    let old = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(INJECTED))
+        .and_then(|raw| serde_json::from_str::<Marker>(raw).ok());
+    let names = patch::owned_names().map_err(Refusal)?;
+    let before = owned::Before::new(
+        all_containers(spec).filter(|c| names.containers.contains(&c.name.as_str())),
+        old.as_ref().and_then(|m| m.wrote.clone()),
+    );
+    let grace_changed = old.as_ref().is_some_and(|m| {
+        let set = match patch::pod(m.mode) {
+            Ok(p) if !m.awaiting_proxy => Some(m.grace.unwrap_or(0).max(p.grace)),
+            _ => m.grace,
+        };
+        spec.termination_grace_period_seconds != set
+    });
     let (mut meta2, mut spec2) = (meta.clone(), spec.clone());
     uninject(&mut meta2, &mut spec2)?;
+    if grace_changed {
+        spec2.termination_grace_period_seconds = spec.termination_grace_period_seconds;
+    }
     let patch = patch::pod(settings.mode).map_err(Refusal)?;
     let app = check_fits(&meta2, &spec2, patch, settings.mode)?;
     let port = app_port(&meta2, &spec2.containers[app])?;
-    let grace = spec2.termination_grace_period_seconds;
-    let annotations = meta2.annotations.get_or_insert_with(BTreeMap::new);
-    let port_added = annotations
-        .insert(APP_PORT.into(), port.to_string())
-        .is_none();
+    let limits = resources::Limits::read(&meta2, patch)?;
     let app_name = spec2.containers[app].name.clone();
     let mut marker = Marker {
         mode: settings.mode,
         app: app_name.clone(),
-        port_added,
-        grace,
+        port_added: false,
+        grace: spec2.termination_grace_period_seconds,
         labels: BTreeMap::new(),
         annotations: BTreeMap::new(),
         proxy_added: false,
         proxy_pre_stop: None,
+        port_name: None,
+        awaiting_proxy: false,
+        wrote: None,
     };
+    if settings.mode == Mode::Istio && settings.await_istio && istio_proxy_mut(&mut spec2).is_none()
+    {
+        // Only what Istio's injector reads when it injects; the rest on the
+        // call after it. If it does not inject, nothing calls again, and
+        // these annotations are all the pod has of drainshim's.
+        marker.awaiting_proxy = true;
+        istio_annotations(&mut meta2, patch, &mut marker)?;
+        write_marker(&mut meta2, &marker)?;
+        (*meta, *spec) = (meta2, spec2);
+        return Ok(PodChange::AwaitingIstio {
+            app: app_name,
+            port,
+        });
+    }
+    let mut warnings = Vec::new();
+    if settings.mode != Mode::Istio {
+        marker.port_name = ports::take_app_name(&mut spec2, app, port)?;
+        if marker.port_name.is_none() {
+            warnings.push(ports::unnamed_warning(&app_name, port));
+        }
+    }
+    marker.port_added = meta2
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(APP_PORT.into(), port.to_string())
+        .is_none();
     if settings.mode == Mode::Istio {
-        istio_meta(&mut meta2, patch, port, &mut marker)?;
+        istio_labels(&mut meta2, patch, port, &mut marker);
+        istio_annotations(&mut meta2, patch, &mut marker)?;
     }
 
     // The patch's grace period covers its drain; a longer one of the pod's own
     // is kept, and the shim is told (it checks its budget against it).
-    let grace = grace.unwrap_or(0).max(patch.grace);
+    let grace = marker.grace.unwrap_or(0).max(patch.grace);
     spec2.termination_grace_period_seconds = Some(grace);
-    let ours = |c: &Container| {
+    let mut record = owned::Record::new();
+    let mut ours = |c: &Container| {
         let mut c = c.clone();
         if c.image.as_deref() == Some(patch::DRAINSHIM_IMAGE) {
             c.image = Some(settings.image.clone());
@@ -231,7 +309,11 @@ pub fn inject(
                 *arg = format!("{}{grace}s", patch::GRACE_FLAG);
             }
         }
-        c
+        if c.name == patch::ENVOY {
+            ports::name_envoy_port(&mut c, marker.port_name.as_ref());
+        }
+        limits.apply(&mut c);
+        before.merge(c, &mut record)
     };
     // Init containers in the patch's order, before the pod's own: drainshim
     // and Envoy (native sidecars) are up before the workload's init runs.
@@ -241,7 +323,7 @@ pub fn inject(
         .init_containers
         .iter()
         .flatten()
-        .map(ours)
+        .map(&mut ours)
         .chain(own_init)
         .collect();
     spec2.init_containers = Some(init);
@@ -254,8 +336,9 @@ pub fn inject(
             .containers
             .iter()
             .filter(|c| c.name != ISTIO_PROXY)
-            .map(ours),
+            .map(&mut ours),
     );
+    marker.wrote = Some(record);
     spec2
         .volumes
         .get_or_insert_with(Vec::new)
@@ -268,18 +351,23 @@ pub fn inject(
     if settings.mode == Mode::Istio {
         istio_proxy(&mut spec2, patch, &mut marker)?;
     }
-    let marker = serde_json::to_string(&marker)
-        .map_err(|e| Refusal(format!("encoding the {INJECTED} annotation: {e}")))?;
-    meta2
-        .annotations
-        .get_or_insert_with(BTreeMap::new)
-        .insert(INJECTED.into(), marker);
+    write_marker(&mut meta2, &marker)?;
 
     (*meta, *spec) = (meta2, spec2);
     Ok(PodChange::Injected {
         app: app_name,
         port,
+        warnings,
     })
+}
+
+fn write_marker(meta: &mut ObjectMeta, marker: &Marker) -> Result<(), Refusal> {
+    let marker = serde_json::to_string(marker)
+        .map_err(|e| Refusal(format!("encoding the {INJECTED} annotation: {e}")))?;
+    meta.annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(INJECTED.into(), marker);
+    Ok(())
 }
 
 /// Removes what `inject` added and restores what it replaced. A pod with
@@ -326,9 +414,14 @@ pub fn uninject(meta: &mut ObjectMeta, spec: &mut PodSpec) -> Result<PodChange, 
             spec.volumes = None;
         }
     }
-    spec.termination_grace_period_seconds = marker.grace;
+    if !marker.awaiting_proxy {
+        spec.termination_grace_period_seconds = marker.grace;
+    }
     if let Some(app) = spec.containers.iter_mut().find(|c| c.name == marker.app) {
         take_hook(app, &patch.app_pre_stop, &patch.app_mount);
+        if let Some(moved) = &marker.port_name {
+            ports::give_back(app, moved);
+        }
     }
     if let (Mode::Istio, Some(ours)) = (
         marker.mode,
@@ -419,15 +512,10 @@ fn set(
     record.entry(key.to_owned()).or_insert(before);
 }
 
-/// The Istio patch's labels and annotations, merged into the pod's own: the
-/// ports Istio must not capture are added to the pod's list, the proxy
-/// settings to its ProxyConfig; and the label the routing objects select.
-fn istio_meta(
-    meta: &mut ObjectMeta,
-    patch: &patch::Pod,
-    port: u16,
-    marker: &mut Marker,
-) -> Result<(), Refusal> {
+/// The Istio patch's labels, and the label the routing objects select.
+/// (Never `sidecar.istio.io/inject`: whether Istio injects is the mesh
+/// admin's to say, and the pod's.)
+fn istio_labels(meta: &mut ObjectMeta, patch: &patch::Pod, port: u16, marker: &mut Marker) {
     for (k, v) in patch.meta.labels.iter().flatten() {
         set(&mut meta.labels, &mut marker.labels, k, v.clone());
     }
@@ -437,6 +525,16 @@ fn istio_meta(
         APP_PORT,
         port.to_string(),
     );
+}
+
+/// The Istio patch's annotations, merged into the pod's own: the ports Istio
+/// must not capture are added to the pod's list, the proxy settings to its
+/// ProxyConfig. Istio's injector reads them when it injects.
+fn istio_annotations(
+    meta: &mut ObjectMeta,
+    patch: &patch::Pod,
+    marker: &mut Marker,
+) -> Result<(), Refusal> {
     for (k, v) in patch.meta.annotations.iter().flatten() {
         let own = meta.annotations.as_ref().and_then(|a| a.get(k)).cloned();
         let value = match (k.as_str(), own) {
@@ -559,12 +657,6 @@ pub fn opted_out(meta: &ObjectMeta) -> bool {
     says(meta, INJECT, "false")
 }
 
-/// `sidecar.istio.io/inject: "true"` as a label or an annotation: the pod
-/// asks for Istio's proxy itself.
-pub fn asks_for_istio(meta: &ObjectMeta) -> bool {
-    says(meta, ISTIO_INJECT, "true")
-}
-
 /// A label or an annotation `key` with the value `value`.
 fn says(meta: &ObjectMeta, key: &str, value: &str) -> bool {
     [&meta.labels, &meta.annotations]
@@ -573,7 +665,7 @@ fn says(meta: &ObjectMeta, key: &str, value: &str) -> bool {
         .any(|m| m.get(key).is_some_and(|v| v == value))
 }
 
-fn all_containers(spec: &PodSpec) -> impl Iterator<Item = &Container> {
+pub(crate) fn all_containers(spec: &PodSpec) -> impl Iterator<Item = &Container> {
     spec.containers
         .iter()
         .chain(spec.init_containers.iter().flatten())

@@ -21,6 +21,8 @@ const APP_CONTAINER: &str = include_str!("../../deploy/components/sidecar/app/ap
 pub const DRAINSHIM_IMAGE: &str = "drainshim";
 /// Envoy's container, whose image `inject --envoy-image` replaces.
 pub const ENVOY: &str = "envoy";
+/// The drainshim container (the shim and its guard).
+pub const DRAINSHIM: &str = "drainshim";
 /// Istio's injected proxy. The Istio patch carries it as an injection
 /// customization (merged by Istio's injector over the proxy it adds), so it is
 /// never one of drainshim's own containers.

@@ -1,32 +1,34 @@
 //! `inject --services`: the Services of the same manifests that select an
-//! injected workload's pods are pointed at Envoy's port (`envoy-inbound`)
-//! instead of the app's, the one step deploy/README.md otherwise leaves to
-//! the adopter; `--uninject --services` points them back.
+//! injected workload's pods are pointed at Envoy's inbound port by its name
+//! instead of at the app's port by number; `--uninject --services` points
+//! them back.
 //!
+//! Envoy's inbound port takes the app's port name (`ports`): a Service that
+//! targets the app's port by that name reaches Envoy already, and is left
+//! alone. One that targets it by number is given the name. Where the app's
+//! port has no name, Envoy's is `envoy-inbound`, which a pod without Envoy
+//! lacks (a named target port a pod lacks takes it out of the endpoints).
 //! A Service changes only when every workload of the manifests it selects
-//! is injected (a pod without Envoy has no `envoy-inbound` port, and a named
-//! target port it lacks takes it out of the endpoints), and only the ports
-//! that target the app's port, by number or by name. What each port
-//! targeted before is recorded in the annotation `TARGETS`.
+//! is injected, and only the ports that target the app's port. What each
+//! port targeted before is recorded in the annotation `TARGETS`.
 
 use std::collections::BTreeMap;
 
 use serde_json::{json, Map, Value};
 
+use super::ports::ENVOY_INBOUND_PORT;
 use super::{Line, APP_PORT, INJECTED};
 
 /// Service annotation: each changed port's index and its target before.
 pub const TARGETS: &str = "drainshim.io/injected-target-ports";
-/// Envoy's inbound port, by its name in the pod patch.
-pub const ENVOY_PORT: &str = "envoy-inbound";
 
 /// A workload of the manifests, as a Service's selector sees it.
 struct Workload {
     id: String,
     namespace: Option<String>,
     labels: Map<String, Value>,
-    /// Injected: its app's port, by number and by name.
-    app: Option<(i64, Option<String>)>,
+    /// Injected: its app's port number, and the name of Envoy's inbound port.
+    app: Option<(i64, String)>,
 }
 
 /// Calls `f` on every object, a List's items included.
@@ -79,18 +81,21 @@ fn workloads(docs: &mut [Value]) -> Vec<Workload> {
                 .and_then(|a| a.get(APP_PORT))
                 .and_then(Value::as_str)
                 .and_then(|p| p.parse().ok());
-            let app = match (injected, port) {
-                (true, Some(port)) => {
-                    let name = pod
-                        .pointer("/spec/containers/0/ports")
-                        .and_then(Value::as_array)
-                        .into_iter()
-                        .flatten()
-                        .find(|p| p.get("containerPort").and_then(Value::as_i64) == Some(port))
-                        .and_then(|p| p.get("name").and_then(Value::as_str))
-                        .map(str::to_owned);
-                    Some((port, name))
-                }
+            let envoy = ["/spec/containers", "/spec/initContainers"]
+                .iter()
+                .filter_map(|at| pod.pointer(at).and_then(Value::as_array))
+                .flatten()
+                .filter(|c| c.get("name").and_then(Value::as_str) == Some(super::patch::ENVOY))
+                .filter_map(|c| c.get("ports").and_then(Value::as_array))
+                .flatten()
+                .find(|p| {
+                    p.get("containerPort").and_then(Value::as_i64)
+                        == Some(i64::from(ENVOY_INBOUND_PORT))
+                })
+                .and_then(|p| p.get("name").and_then(Value::as_str))
+                .map(str::to_owned);
+            let app = match (injected, port, envoy) {
+                (true, Some(port), Some(envoy)) => Some((port, envoy)),
                 _ => None,
             };
             out.push(Workload {
@@ -144,9 +149,12 @@ pub fn retarget(docs: &mut [Value], lines: &mut Vec<Line>) {
                 });
                 return;
             }
-            let apps: Vec<&(i64, Option<String>)> =
+            let apps: Vec<&(i64, String)> =
                 selected.iter().filter_map(|w| w.app.as_ref()).collect();
-            let mut changed = BTreeMap::new();
+            // One name reaches Envoy in every pod the Service selects.
+            let envoy = apps[0].1.clone();
+            let one_name = apps.iter().all(|(_, name)| *name == envoy);
+            let (mut changed, mut already) = (BTreeMap::new(), false);
             for (i, port) in svc
                 .pointer_mut("/spec/ports")
                 .and_then(Value::as_array_mut)
@@ -159,30 +167,29 @@ pub fn retarget(docs: &mut [Value], lines: &mut Vec<Line>) {
                     .clone()
                     .or_else(|| port.get("port").cloned())
                     .unwrap_or(Value::Null);
-                let to_app = apps.iter().all(|(num, name)| {
+                if apps
+                    .iter()
+                    .all(|(_, name)| effective.as_str() == Some(name))
+                {
+                    already = true;
+                    continue;
+                }
+                let to_app = apps.iter().all(|(num, _)| {
                     effective.as_i64() == Some(*num)
-                        || (effective.is_string() && name.as_deref() == effective.as_str())
                         || effective.as_str().and_then(|s| s.parse::<i64>().ok()) == Some(*num)
                 });
-                if to_app {
+                if to_app && one_name {
                     changed.insert(i.to_string(), target.unwrap_or(Value::Null));
-                    port["targetPort"] = json!(ENVOY_PORT);
+                    port["targetPort"] = json!(envoy);
                 }
             }
-            let already = svc
-                .pointer("/spec/ports")
-                .and_then(Value::as_array)
-                .is_some_and(|ps| {
-                    ps.iter()
-                        .any(|p| p.get("targetPort") == Some(&json!(ENVOY_PORT)))
-                });
             let what = if changed.is_empty() && already {
-                format!("already targets {ENVOY_PORT}: unchanged")
+                format!("already targets {envoy:?}, Envoy's port in the pods it selects: unchanged")
             } else if changed.is_empty() {
                 "no port targets the app's port: unchanged".to_string()
             } else {
                 format!(
-                    "{} port(s) now target {ENVOY_PORT} (Envoy in the pods it selects)",
+                    "{} port(s) now target {envoy:?}, Envoy's port in the pods it selects",
                     changed.len()
                 )
             };

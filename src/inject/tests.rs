@@ -307,8 +307,9 @@ fn services_that_select_only_injected_pods_point_at_envoy_and_back() {
             .any(|l| l.object == "Service/by-name" && l.what.contains("Deployment/batch")),
         "{lines:?}"
     );
-    // Only the app's port moves to Envoy; the metrics port stays.
-    assert_eq!(target(2, 0), Some(Value::from("envoy-inbound")));
+    // Only the app's port moves to Envoy, by the app's port name (now
+    // Envoy's); the metrics port stays.
+    assert_eq!(target(2, 0), Some(Value::from("grpc")));
     assert_eq!(target(2, 1), Some(Value::from(9464)));
     assert_eq!(target(3, 0), Some(Value::from(7070)));
     let injected: String = out
@@ -361,7 +362,8 @@ fn istio_mode_gives_istio_proxy_the_prestop_and_merges_istios_own_settings() {
     );
     assert_eq!(names(&pod["initContainers"]), ["drainshim-install"]);
     let (labels, annotations) = labels_and_annotations(&out[0]);
-    assert_eq!(labels["sidecar.istio.io/inject"], "true");
+    // Whether Istio injects is the mesh admin's and the pod's to say.
+    assert!(labels.get("sidecar.istio.io/inject").is_none(), "{labels}");
     // The label the mesh's routing objects select.
     assert_eq!(labels[APP_PORT], "7070");
     assert_eq!(
@@ -532,3 +534,131 @@ fn an_empty_proxy_config_is_no_fields() {
 mod api_server;
 mod istio_injector;
 mod istio_modes;
+
+// Services, endpoints and the port name moved to Envoy.
+mod endpoints;
+// Istio's labels: where the Istio mode is taken.
+mod istio_labels;
+// A later webhook's changes to drainshim's containers.
+mod reinvocation;
+
+/// A namespace whose ResourceQuota covers limits.cpu and limits.memory: the
+/// API server refuses a pod with a container (init containers too) that
+/// sets either limit not.
+fn quota_refusals(pod: &Value) -> Vec<String> {
+    ["containers", "initContainers"]
+        .iter()
+        .flat_map(|f| pod[*f].as_array().into_iter().flatten())
+        .flat_map(|c| {
+            ["cpu", "memory"]
+                .into_iter()
+                .filter(|r| c["resources"]["limits"][*r].is_null())
+                .map(move |r| format!("{}: no limits.{r}", c["name"]))
+        })
+        .collect()
+}
+
+#[test]
+fn every_injected_container_has_cpu_and_memory_limits_a_pod_may_tune() {
+    let limited = ONE_PORT
+        .replace(
+            "        image: orders:1\n        ports",
+            "        image: orders:1\n        resources: {limits: {cpu: '1', memory: 1Gi}}\n        ports",
+        )
+        .replace(
+            "        image: shipper:2\n",
+            "        image: shipper:2\n        resources: {limits: {cpu: 100m, memory: 64Mi}}\n",
+        )
+        .replace(
+            "{name: migrate, image: orders:1}",
+            "{name: migrate, image: orders:1, resources: {limits: {cpu: '1', memory: 1Gi}}}",
+        );
+    // The pod's own containers pass: what fails is drainshim's.
+    assert!(quota_refusals(pod_of(&docs(&deployment(&limited))[0])).is_empty());
+    for mode in [Mode::Sidecar, Mode::NativeSidecar, Mode::Istio] {
+        let out = docs(&inject(&deployment(&limited), mode).expect("injected"));
+        let pod = pod_of(&out[0]);
+        // istio-proxy's are Istio's (its own annotations tune them).
+        let mut pod = pod.clone();
+        if let Some(cs) = pod["containers"].as_array_mut() {
+            cs.retain(|c| c["name"] != "istio-proxy");
+        }
+        assert_eq!(quota_refusals(&pod), Vec::<String>::new(), "{mode:?}");
+    }
+
+    // The pod's own: Envoy's and drainshim's limits.
+    let tuned = limited.replace(
+        "{labels: {app: orders}}",
+        "{labels: {app: orders}, annotations: {drainshim.io/proxy-cpu-limit: '4', \
+         drainshim.io/proxy-memory-limit: 1Gi, drainshim.io/cpu-limit: 1500m, drainshim.io/memory-limit: 512Mi}}",
+    );
+    let out = docs(&inject(&deployment(&tuned), Mode::Sidecar).expect("injected"));
+    let pod = pod_of(&out[0]);
+    let limits = |name: &str| {
+        pod["containers"]
+            .as_array()
+            .expect("containers")
+            .iter()
+            .find(|c| c["name"] == name)
+            .expect(name)["resources"]["limits"]
+            .clone()
+    };
+    assert_eq!(
+        limits("envoy"),
+        serde_json::json!({"cpu": "4", "memory": "1Gi"})
+    );
+    assert_eq!(
+        limits("drainshim"),
+        serde_json::json!({"cpu": "1500m", "memory": "512Mi"})
+    );
+    let (undone, _) = transform(
+        &serde_yaml_ng::to_string(&out[0]).expect("yaml"),
+        &Settings::default(),
+        Direction::Uninject,
+    )
+    .expect("uninject");
+    assert_eq!(docs(&undone), docs(&deployment(&tuned)));
+
+    // Bad values: refused, every one named, nothing written.
+    let bad = limited.replace(
+        "{labels: {app: orders}}",
+        "{labels: {app: orders}, annotations: {drainshim.io/proxy-cpu-limit: lots, \
+         drainshim.io/memory-limit: '0', drainshim.io/cpu-limit: 5m}}",
+    );
+    let errors = inject(&deployment(&bad), Mode::Sidecar).expect_err("refused");
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    for why in [
+        "drainshim.io/proxy-cpu-limit: \"lots\" is not a Kubernetes quantity",
+        "drainshim.io/memory-limit: \"0\" is not above zero",
+        "drainshim.io/cpu-limit: \"5m\" is below the container's request 20m",
+    ] {
+        assert!(errors[0].contains(why), "{why}: {errors:?}");
+    }
+}
+
+#[test]
+fn the_webhook_answers_a_bad_limit_with_a_warning_and_no_patch() {
+    let pod = serde_json::json!({
+        "metadata": {"name": "p", "annotations": {"drainshim.io/proxy-memory-limit": "\u{1F600}Gi"}},
+        "spec": {"containers": [{"name": "a", "image": "a", "ports": [{"containerPort": 8080}]}]},
+    });
+    let review = serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "shop", "operation": "CREATE", "userInfo": {}, "object": pod, "dryRun": false,
+        },
+    });
+    let hook = webhook::Webhook::new(Settings::default(), "default".into());
+    let (answer, outcome) = hook.review(review.to_string().as_bytes(), mesh::Namespace::Unlabelled);
+    assert_eq!(outcome, webhook::ReviewOutcome::refused);
+    let r = &answer["response"];
+    assert!(r["allowed"] == true && r["patch"].is_null(), "{r}");
+    assert!(
+        r["warnings"][0]
+            .as_str()
+            .is_some_and(|w| w.contains("is not a Kubernetes quantity")),
+        "{r}"
+    );
+}

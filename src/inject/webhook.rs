@@ -41,13 +41,19 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::manifest::{pod_patch, Direction};
+use super::mesh::{self, Choice, Declined, Namespace};
 use super::{Mode, PodChange, Refusal, Settings};
 
-/// The path the MutatingWebhookConfiguration calls.
+/// The path the MutatingWebhookConfiguration calls for namespaces without
+/// Istio's labels (Istio injects only the pods that ask for it by label).
 pub const PATH: &str = "/inject";
-/// The path of its webhooks for namespaces Istio injects: the Istio mode
-/// (which a pod with istio-proxy, or Istio's injection label, gets on either).
+/// The path of its webhooks for namespaces Istio injects: the Istio mode,
+/// but for a pod that opts out of Istio's injection.
 pub const PATH_ISTIO: &str = "/inject/istio";
+/// The path for namespaces whose `istio-injection` label is not `enabled`
+/// (`disabled`): Istio injects none of their pods, so none takes the Istio
+/// mode; one that asks for Istio is told why.
+pub const PATH_NO_ISTIO: &str = "/inject/no-istio";
 /// An AdmissionReview of a Pod is a few KiB; the API server caps requests at 3 MiB.
 const MAX_REVIEW_BYTES: usize = 3 << 20;
 /// A client that opens a connection and says nothing is dropped after this.
@@ -59,6 +65,9 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub enum ReviewOutcome {
     /// drainshim added; the response carries the patch.
     injected,
+    /// The Istio mode before Istio's injector: only Istio's annotations now,
+    /// drainshim on the API server's call after Istio's.
+    awaiting_istio,
     /// Allowed as it was: already injected, or not a Pod CREATE.
     unchanged,
     /// The pod opted out (`drainshim.io/inject: "false"`).
@@ -76,6 +85,12 @@ struct ReviewLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeclinedLabels {
+    revision: String,
+    reason: Declined,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReloadLabels {
     result: &'static str,
 }
@@ -83,6 +98,7 @@ struct ReloadLabels {
 /// The webhook's metrics.
 pub struct Metrics {
     reviews: Family<ReviewLabels, Counter>,
+    istio_declined: Family<DeclinedLabels, Counter>,
     latency: Histogram,
     reloads: Family<ReloadLabels, Counter>,
     registry: Registry,
@@ -95,11 +111,17 @@ impl Metrics {
             0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
         ]);
         let reloads = Family::<ReloadLabels, Counter>::default();
+        let istio_declined = Family::<DeclinedLabels, Counter>::default();
         let mut registry = Registry::with_prefix("drainshim_webhook");
         registry.register(
             "reviews",
-            "Admission reviews answered, by revision and outcome (injected, unchanged, opted_out, refused, malformed); every one is allowed",
+            "Admission reviews answered, by revision and outcome (injected, awaiting_istio, unchanged, opted_out, refused, malformed); every one is allowed",
             reviews.clone(),
+        );
+        registry.register(
+            "istio_declined",
+            "Pods given the plain mode though their namespace or labels ask for Istio, which will not inject them, by reason (namespace_disabled, pod_opted_out, annotation_only)",
+            istio_declined.clone(),
         );
         registry.register(
             "review_duration_seconds",
@@ -113,6 +135,7 @@ impl Metrics {
         );
         Metrics {
             reviews,
+            istio_declined,
             latency,
             reloads,
             registry,
@@ -142,10 +165,23 @@ impl Webhook {
         // Every series from the start, at 0: an alert on `increase()` sees
         // the first refusal, and a dashboard every outcome.
         use ReviewOutcome::*;
-        for outcome in [injected, unchanged, opted_out, refused, malformed] {
+        for outcome in [
+            injected,
+            awaiting_istio,
+            unchanged,
+            opted_out,
+            refused,
+            malformed,
+        ] {
             let _ = metrics.reviews.get_or_create(&ReviewLabels {
                 revision: revision.clone(),
                 outcome,
+            });
+        }
+        for reason in Declined::ALL {
+            let _ = metrics.istio_declined.get_or_create(&DeclinedLabels {
+                revision: revision.clone(),
+                reason,
             });
         }
         for result in ["ok", "failed"] {
@@ -175,9 +211,10 @@ impl Webhook {
             .inc();
     }
 
-    /// The answer to one AdmissionReview body: always `allowed`, with a patch
-    /// when drainshim was added, and a warning when it could not be.
-    pub fn review(&self, body: &[u8], istio: bool) -> (Value, ReviewOutcome) {
+    /// The answer to one AdmissionReview body, from a namespace `ns` (which
+    /// path was called): always `allowed`, with a patch when drainshim was
+    /// added, and a warning when it could not be, or not as asked.
+    pub fn review(&self, body: &[u8], ns: Namespace) -> (Value, ReviewOutcome) {
         let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
             Ok(r) => r,
             Err(e) => return self.malformed(body, format!("not an AdmissionReview v1: {e}")),
@@ -216,14 +253,29 @@ impl Webhook {
                 ReviewOutcome::malformed,
             );
         };
-        let settings = if istio || istio_pod(&pod) {
-            &Settings {
-                mode: Mode::Istio,
-                ..self.settings.clone()
-            }
-        } else {
-            &self.settings
+        let choice = match (
+            pod.get("metadata")
+                .map(|m| serde_json::from_value(m.clone())),
+            pod.get("spec").map(|s| serde_json::from_value(s.clone())),
+        ) {
+            (Some(Ok(meta)), Some(Ok(spec))) => mesh::choose(ns, &meta, &spec),
+            // Not a pod: the transform says what is wrong with it.
+            _ => Choice::Plain,
         };
+        let istio = Settings {
+            mode: Mode::Istio,
+            await_istio: true,
+            ..self.settings.clone()
+        };
+        let settings = match &choice {
+            Choice::Istio => &istio,
+            _ => &self.settings,
+        };
+        let mut response = response;
+        if let Choice::Declined(reason, why) = &choice {
+            tracing::info!(pod = %who, reason = ?reason, "webhook: not the Istio mode: {why}");
+            response = warn(response, format!("{who}: {why}"));
+        }
         match pod_patch(&pod, settings, Direction::Inject) {
             Ok((_, PodChange::OptedOut)) => {
                 tracing::info!(pod = %who, "webhook: opted out");
@@ -233,13 +285,37 @@ impl Webhook {
                 tracing::info!(pod = %who, "webhook: not injected: the pod runs to completion (restartPolicy)");
                 self.answer(response, ReviewOutcome::unchanged)
             }
-            Ok((patch, _)) if patch.0.is_empty() => self.answer(response, ReviewOutcome::unchanged),
+            Ok((patch, outcome)) if patch.0.is_empty() => {
+                let outcome = match outcome {
+                    // Called again before Istio's injector ran.
+                    PodChange::AwaitingIstio { .. } => ReviewOutcome::awaiting_istio,
+                    _ => ReviewOutcome::unchanged,
+                };
+                self.answer(response, outcome)
+            }
             Ok((patch, outcome)) => match response.clone().with_patch(patch) {
-                Ok(r) => {
-                    if let PodChange::Injected { app, port } = &outcome {
-                        tracing::info!(pod = %who, app = %app, port, mode = settings.mode.name(), "webhook: injected");
-                    }
-                    self.answer(r, ReviewOutcome::injected)
+                Ok(mut r) => {
+                    self.declined(&choice);
+                    let counted = match &outcome {
+                        PodChange::Injected {
+                            app,
+                            port,
+                            warnings,
+                        } => {
+                            tracing::info!(pod = %who, app = %app, port, mode = settings.mode.name(), "webhook: injected");
+                            for w in warnings {
+                                tracing::warn!(pod = %who, "webhook: {w}");
+                                r = warn(r, format!("drainshim injected {who}, but {w}"));
+                            }
+                            ReviewOutcome::injected
+                        }
+                        PodChange::AwaitingIstio { app, port } => {
+                            tracing::info!(pod = %who, app = %app, port, "webhook: Istio's settings set; drainshim follows Istio's injection");
+                            ReviewOutcome::awaiting_istio
+                        }
+                        _ => ReviewOutcome::injected,
+                    };
+                    self.answer(r, counted)
                 }
                 Err(e) => {
                     let why = format!("drainshim could not encode its patch ({e}); the pod runs without drainshim");
@@ -265,6 +341,19 @@ impl Webhook {
                 }
                 self.answer(warn(response, why), ReviewOutcome::refused)
             }
+        }
+    }
+
+    /// Counts a pod that got the plain mode though Istio was asked for.
+    fn declined(&self, choice: &Choice) {
+        if let Choice::Declined(reason, _) = choice {
+            self.metrics
+                .istio_declined
+                .get_or_create(&DeclinedLabels {
+                    revision: self.revision.clone(),
+                    reason: *reason,
+                })
+                .inc();
         }
     }
 
@@ -314,24 +403,6 @@ impl Webhook {
         });
         (answer, ReviewOutcome::malformed)
     }
-}
-
-/// A pod Istio injects: istio-proxy is in it (Istio's injector ran first; an
-/// init container when its sidecars are native), or it asks for Istio's
-/// injection itself.
-fn istio_pod(pod: &Value) -> bool {
-    let proxy = ["/spec/containers", "/spec/initContainers"]
-        .iter()
-        .any(|at| {
-            pod.pointer(at)
-                .and_then(Value::as_array)
-                .is_some_and(|cs| cs.iter().any(|c| c["name"] == super::patch::ISTIO_PROXY))
-        });
-    proxy
-        || pod
-            .get("metadata")
-            .and_then(|m| serde_json::from_value(m.clone()).ok())
-            .is_some_and(|m| super::asks_for_istio(&m))
 }
 
 fn warn(mut response: AdmissionResponse, why: String) -> AdmissionResponse {
@@ -531,13 +602,16 @@ pub async fn serve(
 
 async fn handle(hook: &Webhook, req: Request<Incoming>) -> Response<Full<Bytes>> {
     use crate::control::{json, not_allowed, text};
-    let istio = match req.uri().path() {
-        PATH => false,
-        PATH_ISTIO => true,
+    let ns = match req.uri().path() {
+        PATH => Namespace::Unlabelled,
+        PATH_ISTIO => Namespace::Injected,
+        PATH_NO_ISTIO => Namespace::Disabled,
         _ => {
             return text(
                 StatusCode::NOT_FOUND,
-                format!("not found; admission reviews go to POST {PATH} (or {PATH_ISTIO})\n"),
+                format!(
+                    "not found; admission reviews go to POST {PATH} (or {PATH_ISTIO}, {PATH_NO_ISTIO})\n"
+                ),
             )
         }
     };
@@ -557,7 +631,7 @@ async fn handle(hook: &Webhook, req: Request<Incoming>) -> Response<Full<Bytes>>
             )
         }
     };
-    let (answer, _) = hook.review(&body, istio);
+    let (answer, _) = hook.review(&body, ns);
     hook.metrics.latency.observe(start.elapsed().as_secs_f64());
     if answer.is_null() {
         return text(

@@ -89,7 +89,7 @@ fn registered() -> BTreeSet<String> {
     let _ = m.guard_max_connection_age.get_or_create(&Vec::new());
     // The admission webhook's own registry, a series of each family made.
     let hook = drainshim::inject::webhook::Webhook::new(Default::default(), "default".into());
-    let _ = hook.review(b"{}", false);
+    let _ = hook.review(b"{}", drainshim::inject::mesh::Namespace::Unlabelled);
     let text = metrics::render(&registry) + &hook.metrics.render();
     text.lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))

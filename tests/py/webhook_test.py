@@ -8,7 +8,11 @@ it answering for the shutdown delay with /readyz 503. Under Istio, an
 emulation of Istio's own injector (`istio_inject`) and of the API server's
 admission (`admit`, with reinvocation) make the pod drainshim's webhook must
 get right in every mode: classic or native sidecars, the app held until the
-proxy starts or not, either webhook called first.
+proxy starts or not, either webhook called first. Every cell of
+deploy/README.md's table of Istio's labels is posted to the path the shipped
+configuration calls; a later webhook's changes to drainshim's containers
+survive reinvocation; a Service by the app's port name reaches Envoy on
+injected pods and the app on the others.
 
 Run: `make webhook-test` (DRAINSHIM_BIN names the binary).
 """
@@ -263,6 +267,8 @@ def test_what_it_cannot_handle_is_allowed_unchanged_with_a_warning(hook):
     del ambiguous["metadata"]["annotations"]
     opted_out = copy.deepcopy(orders)
     opted_out["metadata"]["labels"]["drainshim.io/inject"] = "false"
+    bad_limit = copy.deepcopy(orders)
+    bad_limit["metadata"]["annotations"]["drainshim.io/proxy-cpu-limit"] = "two"
     cases = [
         (review(ambiguous), "refused", "ambiguous"),
         (review({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}}, kind="Deployment",
@@ -275,6 +281,8 @@ def test_what_it_cannot_handle_is_allowed_unchanged_with_a_warning(hook):
         (review(opted_out), "opted_out", None),
         # A Job's pod: runs to completion, a classic sidecar would keep it up forever.
         (review(dict(orders, spec=dict(orders["spec"], restartPolicy="Never"))), "unchanged", None),
+        # A limit of its own that is no quantity: refused, never a crash.
+        (review(bad_limit), "refused", "drainshim.io/proxy-cpu-limit: \"two\" is not a Kubernetes quantity"),
     ]
     for body, result, warning in cases:
         status, answer = hook.post(body)
@@ -289,7 +297,7 @@ def test_what_it_cannot_handle_is_allowed_unchanged_with_a_warning(hook):
     status, text = hook.post(b"{not json")
     assert status == 400, text
     counts = hook.counts()
-    assert counts.get(outcome("refused")) == 2, counts
+    assert counts.get(outcome("refused")) == 3, counts
     assert counts.get(outcome("malformed")) == 4, counts
     assert counts.get(outcome("opted_out")) == 1, counts
     assert counts.get(outcome("unchanged")) == 1, counts
@@ -333,41 +341,208 @@ def test_a_pod_istio_injected_after_the_first_call_gets_the_istio_mode(hook, nat
     assert not api_server_refusals(got), api_server_refusals(got)
 
 
-def test_the_istio_path_gives_the_pod_inject_writes_in_istio_mode(hook):
+def test_the_istio_path_sets_istios_settings_then_follows_istios_injection(hook):
     """/inject/istio (the webhooks for namespaces Istio injects), whatever
-    --mode says; on /inject too for a pod that asks for Istio's injection.
-    Then Istio's injector merges its proxy over the customization, and the
-    second call leaves Istio's proxy with drainshim's preStop."""
+    --mode says; on /inject too for a pod that asks for Istio's injection by
+    label. The first call, before Istio's injector, sets only the annotations
+    that injector reads: no container, no label (Istio's injection is the
+    mesh admin's and the pod's to ask for). After Istio's injection (classic
+    or native sidecars), the API server's next call gives the pod `drainshim
+    inject --mode istio` writes for it."""
     orders = workload_pods()[0]
     asks = copy.deepcopy(orders)
     asks["metadata"]["labels"]["sidecar.istio.io/inject"] = "true"
     for pod, path in ((orders, "/inject/istio"), (asks, "/inject")):
         status, answer = hook.post(review(pod), path=path)
-        assert status == 200, answer
-        got, want = patched(pod, answer), inject(pod, "istio")
-        assert got == want, f"{path}: " + json.dumps(jsonpatch.make_patch(want, got).patch)
-        labels = got["metadata"]["labels"]
-        assert labels["drainshim.io/app-port"] == "9090" and labels["sidecar.istio.io/inject"] == "true", labels
-        status, again = hook.post(review(got), path=path)
+        assert status == 200 and not answer["response"].get("warnings"), answer
+        first = patched(pod, answer)
+        assert first["spec"] == pod["spec"], path
+        assert first["metadata"]["labels"] == pod["metadata"]["labels"], path
+        annotations = first["metadata"]["annotations"]
+        assert annotations["traffic.sidecar.istio.io/excludeInboundPorts"] == "15099", annotations
+        assert "drainDuration: 60s" in annotations["proxy.istio.io/config"], annotations
+        # Called again before Istio's injector: nothing more.
+        status, again = hook.post(review(first), path=path)
         assert status == 200 and "patch" not in again["response"], again
-        # Istio's injector: its proxy, by name, over the customization.
-        merged = copy.deepcopy(got)
-        for c in merged["spec"]["containers"]:
-            if c["name"] == "istio-proxy":
-                c.update({k: v for k, v in ISTIO_PROXY.items() if k != "name"})
-        status, third = hook.post(review(merged), path=path)
-        assert status == 200, third
-        final = patched(merged, third)
-        proxy = next(c for c in final["spec"]["containers"] if c["name"] == "istio-proxy")
-        assert proxy["image"] == ISTIO_PROXY["image"] and proxy["args"] == ISTIO_PROXY["args"], proxy
-        assert proxy["lifecycle"]["preStop"]["exec"]["command"] == ["/drainshim/drainshim", "prestop"], proxy
-        assert [c["name"] for c in final["spec"]["containers"]].count("drainshim") == 1, final
-    # An Istio pod that opts out of Istio's injection is not Istio's to get.
+        for native in (False, True):
+            istio = istio_inject(first, native)
+            status, answer = hook.post(review(istio), path=path)
+            assert status == 200 and not answer["response"].get("warnings"), answer
+            got, want = patched(istio, answer), inject(istio, "istio")
+            assert got == want, f"{path}: " + json.dumps(jsonpatch.make_patch(want, got).patch)
+            proxy = next(c for c in everywhere(got) if c["name"] == "istio-proxy")
+            assert proxy["image"] == ISTIO_IMAGE and proxy["lifecycle"]["preStop"]["exec"]["command"] == PRESTOP, proxy
+            assert [c["name"] for c in everywhere(got)].count("drainshim") == 1, got
+            assert got["metadata"]["labels"].get("sidecar.istio.io/inject") == pod["metadata"]["labels"].get(
+                "sidecar.istio.io/inject"), got["metadata"]["labels"]
+            assert not api_server_refusals(got), api_server_refusals(got)
+    # Each pod's first call and the one before Istio's injector.
+    assert hook.counts().get(outcome("awaiting_istio")) == 4, hook.counts()
+    # An Istio pod that opts out of Istio's injection is not Istio's to get:
+    # drainshim's own mode, with a warning that says why.
     off = copy.deepcopy(orders)
     off["metadata"]["labels"]["sidecar.istio.io/inject"] = "false"
     status, answer = hook.post(review(off), path="/inject/istio")
     r = answer["response"]
-    assert status == 200 and "patch" not in r and any("opts out of Istio" in w for w in r.get("warnings") or []), r
+    assert status == 200 and any("will not inject it" in w and "opts it out" in w for w in r.get("warnings") or []), r
+    assert "envoy" in [c["name"] for c in everywhere(patched(off, answer))], r
+
+
+README = os.path.join(ROOT, "deploy", "README.md")
+CONFIG = os.path.join(ROOT, "deploy", "webhook", "revision", "mutatingwebhookconfiguration.yaml")
+
+
+def label_table():
+    """deploy/README.md's table of Istio's labels: (namespace labels, pod
+    metadata, drainshim's path, what drainshim does) for every cell."""
+    with open(README) as f:
+        text = f.read()
+    rows = text.split("<!-- istio-labels:", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    cells = [[c.strip() for c in r.strip().strip("|").split("|")] for r in rows if r.strip().startswith("|")]
+    header, paths, body = cells[0], cells[2], cells[3:]
+
+    def pairs(cell):
+        return [p.strip() for p in cell.split(",") if p.strip()]
+
+    namespaces = []
+    for h in header[1:]:
+        labels = {} if h == "no Istio label" else dict(p.strip("`").split("=", 1) for p in pairs(h))
+        namespaces.append(labels)
+    out = []
+    for row in body:
+        meta = {"labels": {}, "annotations": {}}
+        if row[0] != "no Istio label or annotation":
+            for p in pairs(row[0]):
+                kind, kv = p.split(" ", 1)
+                key, value = kv.strip("`").split(": ", 1)
+                meta[kind + "s"][key] = value.strip('"')
+        for ns, path, want in zip(namespaces, paths[1:], row[1:]):
+            out.append((ns, meta, path.strip("`"), want))
+    return out
+
+
+def selects(selector, labels):
+    ok = all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
+    for e in selector.get("matchExpressions") or []:
+        value = labels.get(e["key"])
+        among = value is not None and value in (e.get("values") or [])
+        ok = ok and {"In": among, "NotIn": not among, "Exists": value is not None,
+                     "DoesNotExist": value is None}[e["operator"]]
+    return ok
+
+
+def served_path(ns_labels, pod_labels):
+    """The path of the one webhook of the shipped configuration the API
+    server calls for a pod of this namespace."""
+    with open(CONFIG) as f:
+        config = yaml.safe_load(f)
+    labels = dict(ns_labels, **{"drainshim.io/inject": "enabled", "kubernetes.io/metadata.name": "shop"})
+    paths = [w["clientConfig"]["service"]["path"] for w in config["webhooks"]
+             if selects(w["namespaceSelector"], labels) and selects(w["objectSelector"], pod_labels)]
+    assert len(paths) == 1, (ns_labels, paths)
+    return paths[0]
+
+
+def test_every_combination_of_istios_labels_as_the_readme_says(hook):
+    """Each cell of deploy/README.md's table of Istio's labels: the shipped
+    configuration calls the path it names, and the real binary takes the
+    Istio mode, its own mode, or its own mode with a warning and a count."""
+    table = label_table()
+    assert len(table) == 42, len(table)
+    warned = {}
+    for ns, meta, path, want in table:
+        pod = workload_pods()[1]
+        for field in ("labels", "annotations"):
+            pod["metadata"].setdefault(field, {}).update(meta[field])
+        where = f"namespace {ns or '-'}, pod {meta}"
+        assert served_path(ns, pod["metadata"]["labels"]) == path, where
+        status, answer = hook.post(review(pod), path=path)
+        assert status == 200, (where, answer)
+        r = answer["response"]
+        got = patched(pod, r and answer)
+        names = [c["name"] for c in everywhere(got)]
+        warnings = r.get("warnings") or []
+        if want == "Istio":
+            assert names == [c["name"] for c in everywhere(pod)] and not warnings, (where, names, warnings)
+            assert got["metadata"]["annotations"]["traffic.sidecar.istio.io/excludeInboundPorts"] == "15099", where
+            assert got["metadata"]["labels"] == pod["metadata"]["labels"], where
+        else:
+            assert "envoy" in names and "istio-proxy" not in names, (where, names)
+            if want == "plain":
+                assert not warnings, (where, warnings)
+            else:
+                reason = want.split("`")[1]
+                assert want.startswith("plain, warned") and len(warnings) == 1, (where, want, warnings)
+                assert "will not inject it" in warnings[0], (where, warnings)
+                warned[reason] = warned.get(reason, 0) + 1
+    _, text = hook.get("/metrics")
+    for reason, n in warned.items():
+        line = f'drainshim_webhook_istio_declined_total{{revision="canary",reason="{reason}"}} {n}'
+        assert line in text, (line, [l for l in text.splitlines() if "istio_declined" in l])
+    assert set(warned) == {"namespace_disabled", "pod_opted_out", "annotation_only"}, warned
+
+
+def test_a_later_webhooks_changes_to_drainshims_containers_survive_reinvocation(hook):
+    """A registry mirror and a security policy called after drainshim (its
+    reinvocationPolicy is IfNeeded): the second call keeps their changes to
+    drainshim's containers, and `inject --uninject` takes out exactly what
+    drainshim added."""
+    mirror = "mirror.example.com/"
+
+    def mirror_and_policy(p):
+        p = copy.deepcopy(p)
+        for c in everywhere(p):
+            if not c["image"].startswith(mirror):
+                c["image"] = mirror + c["image"]
+            c.setdefault("securityContext", {}).setdefault("runAsUser", 10001)
+        return p
+
+    def drainshim(p):
+        status, answer = hook.post(review(p))
+        assert status == 200, answer
+        return patched(p, answer)
+
+    for original in workload_pods():
+        pod, calls = admit(original, [("drainshim", True, drainshim), ("mirror", False, mirror_and_policy)])
+        assert calls == ["drainshim", "mirror", "drainshim"], calls
+        ours = [c for c in everywhere(pod) if c["name"] in ("drainshim", "envoy", "drainshim-install")]
+        assert len(ours) == 3, [c["name"] for c in everywhere(pod)]
+        for c in ours:
+            assert c["image"].startswith(mirror) and c["securityContext"]["runAsUser"] == 10001, c
+            assert c["securityContext"]["readOnlyRootFilesystem"] is True, c
+            assert "cpu" in c["resources"]["limits"] and "memory" in c["resources"]["limits"], c
+        assert not api_server_refusals(pod) and not schema_errors(pod)
+        assert uninject(pod) == mirror_and_policy(original)
+
+
+def test_a_service_by_the_apps_port_name_reaches_envoy_on_injected_pods_and_the_app_on_others(hook):
+    """The endpoints controller's resolution of a named targetPort (the first
+    container port of that name, then the native sidecars'): the app's port
+    name is Envoy's on a pod the webhook injected, and still the app's on a
+    pod created without it."""
+    def find_port(pod, name):
+        sidecars = [c for c in pod["spec"].get("initContainers") or [] if c.get("restartPolicy") == "Always"]
+        for c in pod["spec"]["containers"] + sidecars:
+            for p in c.get("ports") or []:
+                if p.get("name") == name and p.get("protocol", "TCP") == "TCP":
+                    return c["name"], p["containerPort"]
+        return None
+
+    for pod, name, port in ((workload_pods()[1], "grpc", 7070), (workload_pods()[2], "ws", 8080)):
+        status, answer = hook.post(review(pod))
+        assert status == 200 and not answer["response"].get("warnings"), answer
+        injected = patched(pod, answer)
+        assert find_port(injected, name) == ("envoy", 10000), injected
+        assert find_port(pod, name)[1] == port
+        app = injected["spec"]["containers"][0]
+        assert [p for p in app["ports"] if p["containerPort"] == port][0]["name"] == f"app-{port}", app
+    # An app port without a name: envoy-inbound, and a warning to name it.
+    unnamed = workload_pods()[1]
+    del unnamed["spec"]["containers"][0]["ports"][0]["name"]
+    status, answer = hook.post(review(unnamed))
+    warnings = answer["response"].get("warnings") or []
+    assert any("has no name" in w for w in warnings), answer
+    assert find_port(patched(unnamed, answer), "envoy-inbound") == ("envoy", 10000)
 
 
 # === Istio's injector and the API server, emulated ===
@@ -617,19 +792,13 @@ def check_istio_pod(original, pod, native, hold, istio_path_first, again):
     # Injected once: another call changes nothing.
     assert again(pod) == pod
     # Uninjected: what Istio alone makes of the pod. When drainshim went first
-    # on Istio's path, Istio merged its customization and keeps three records
-    # of it: its iptables rules leave drainshim's port alone, the
-    # customization is in its overrides annotation, and (native sidecars)
-    # drainshim's preStop took the place of Istio's own drain hook.
+    # on Istio's path, its first call set only Istio's settings, and Istio
+    # keeps one record of them: its iptables rules leave drainshim's port alone.
     want = istio_inject(original, native)
     if istio_path_first:
-        overrides = "sidecar.istio.io/proxyOverrides"
-        want["metadata"]["annotations"][overrides] = meta["annotations"][overrides]
         iptables = find(pod["spec"]["initContainers"], "istio-init")
         assert iptables["args"][-1] == "15090,15021,15099,15020", iptables
         find(want["spec"]["initContainers"], "istio-init")["args"] = iptables["args"]
-        if native:
-            del find(want["spec"]["initContainers"], "istio-proxy")["lifecycle"]
     got = uninject(pod)
     assert got == want, json.dumps(jsonpatch.make_patch(want, got).patch)
 

@@ -86,7 +86,11 @@ fn review(pod: &Value, path: Path) -> Value {
             "namespace": "shop", "operation": "CREATE", "userInfo": {}, "object": pod, "dryRun": false,
         },
     });
-    let (answer, _) = hook.review(review.to_string().as_bytes(), matches!(path, Path::Istio));
+    let ns = match path {
+        Path::Istio => mesh::Namespace::Injected,
+        Path::Plain(_) => mesh::Namespace::Unlabelled,
+    };
+    let (answer, _) = hook.review(review.to_string().as_bytes(), ns);
     answer["response"].clone()
 }
 
@@ -239,14 +243,11 @@ fn check(case: Case, original: &Value, pod: &Value) {
     assert_eq!(&drainshim_webhook(pod, case.path), pod);
 
     // Uninjected: what Istio alone makes of the pod. When drainshim went
-    // first on Istio's path, Istio merged its customization, and keeps three
-    // records of it: its iptables rules leave drainshim's port alone, the
-    // customization is in its overrides annotation, and (native sidecars)
-    // drainshim's preStop took the place of Istio's own drain hook.
+    // first on Istio's path, its first call set only Istio's settings, and
+    // Istio keeps one record of them: its iptables rules leave drainshim's
+    // port alone.
     let mut want = istio_injector::inject(original, case.mesh);
     if case.order == Order::DrainshimFirst && matches!(case.path, Path::Istio) {
-        let overrides = "sidecar.istio.io/proxyOverrides";
-        want["metadata"]["annotations"][overrides] = annotations[overrides].clone();
         let iptables = container(pod, istio_injector::INIT).expect("istio-init");
         assert!(
             iptables["args"]
@@ -258,11 +259,6 @@ fn check(case: Case, original: &Value, pod: &Value) {
         for c in want["spec"]["initContainers"].as_array_mut().expect("init") {
             if c["name"] == istio_injector::INIT {
                 c["args"] = iptables["args"].clone();
-            }
-            if c["name"] == istio_injector::PROXY {
-                if let Some(c) = c.as_object_mut() {
-                    c.remove("lifecycle");
-                }
             }
         }
     }
