@@ -37,9 +37,10 @@ conformance: pytools
 # unchanged with a warning; a rotated certificate is served; SIGTERM. Under
 # Istio, every mode (classic or native sidecars, held app or not, either
 # webhook first) through an emulation of Istio's injector and the API server.
+# And drainshim check on its fixtures (tests/py/check_test.py).
 webhook-test: pytools
 	$(CARGO) build --locked --workspace
-	DRAINSHIM_BIN=$(CURDIR)/target/debug/drainshim .cache/py-venv/bin/python -m pytest -q -s -p no:cacheprovider tests/py/webhook_test.py
+	DRAINSHIM_BIN=$(CURDIR)/target/debug/drainshim .cache/py-venv/bin/python -m pytest -q -s -p no:cacheprovider tests/py/webhook_test.py tests/py/check_test.py
 
 # The production binary, as the image ships it (release, static glibc, the
 # system allocator): target/shipped/drainshim.

@@ -8,6 +8,7 @@ use crate::config::Invalid;
 
 /// Exit codes (sysexits.h).
 pub const EX_USAGE: u8 = 64;
+pub const EX_DATAERR: u8 = 65;
 pub const EX_UNAVAILABLE: u8 = 69;
 pub const EX_SOFTWARE: u8 = 70;
 pub const EX_OSERR: u8 = 71;
@@ -22,6 +23,10 @@ pub enum Error {
     /// Settings that break a rule, every violation listed (64).
     #[error(transparent)]
     Invalid(#[from] Invalid),
+    /// Input that cannot be read as what it must be: `check`'s exported
+    /// objects (65).
+    #[error("{0}")]
+    Data(String),
     /// A service it needs is unavailable: a port to bind, the shim, Envoy,
     /// Prometheus (69).
     #[error("{0}")]
@@ -43,6 +48,7 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Usage(_) | Error::Invalid(_) => EX_USAGE,
+            Error::Data(_) => EX_DATAERR,
             Error::Unavailable(_) => EX_UNAVAILABLE,
             Error::Internal(_) => EX_SOFTWARE,
             Error::Os(_) => EX_OSERR,
@@ -58,6 +64,7 @@ mod tests {
     #[test]
     fn codes() {
         assert_eq!(Error::Invalid(Invalid(vec!["x".into()])).exit_code(), 64);
+        assert_eq!(Error::Data("not YAML".into()).exit_code(), 65);
         assert_eq!(Error::Os("signals".into()).exit_code(), 71);
         assert_eq!(Error::NoPermission("EPERM".into()).exit_code(), 77);
     }

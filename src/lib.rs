@@ -14,6 +14,7 @@
 //! | the ground | [`settings`], [`config`], [`metrics`], [`http`], [`error`], [`timer`] | validated settings and the budget's rules, the metric contract, the one HTTP client, the one error type, shared timers |
 #![forbid(unsafe_code)]
 
+pub mod check;
 pub mod cli;
 pub mod config;
 pub mod control;

@@ -165,6 +165,11 @@ async fn run(command: Command) -> Result<ExitCode, Error> {
         Command::Inject(a) => a.run()?,
         Command::Webhook(a) => a.run().await?,
         Command::IstioRouting(a) => a.run()?,
+        Command::Check(a) => {
+            let report = a.run()?;
+            emit(a.format, &report, || report.render());
+            return Ok(verdict(report.healthy()));
+        }
         // Run by drainshim-bench, exec'd in main before the runtime starts.
         Command::Bench(_) | Command::Demo(_) => {
             return Err(Error::Internal(

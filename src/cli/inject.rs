@@ -214,7 +214,7 @@ pub struct WebhookArgs {
 
     /// The revision this webhook serves (drainshim.io/rev=<name> on a
     /// namespace); a label on its metrics.
-    #[arg(long, env = "DRAINSHIM_REVISION", default_value = "default")]
+    #[arg(long, env = "DRAINSHIM_REVISION", default_value = crate::inject::DEFAULT_REVISION)]
     pub revision: String,
 
     /// After SIGTERM, how long to keep answering before exiting.

@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 
 mod agent;
+mod check;
 mod fleet;
 pub mod harness;
 mod inject;
@@ -11,6 +12,7 @@ pub mod install;
 pub mod logging;
 mod plan;
 pub use agent::*;
+pub use check::CheckArgs;
 pub use fleet::{
     Format, InventoryArgs, PromAccessArgs, SkewArgs, SourceArgs, VerifyArgs, WaveThresholdArgs,
     FLEET_EXIT_CODES,
@@ -196,6 +198,11 @@ pub enum Command {
     #[command(long_about = inject::WEBHOOK_LONG_ABOUT, after_help = EXIT_CODES)]
     Webhook(WebhookArgs),
 
+    /// Preflight: read exported Kubernetes objects and name what would keep
+    /// drainshim from serving a namespace, and what to do.
+    #[command(long_about = check::CHECK_LONG_ABOUT, after_help = check::CHECK_EXIT_CODES)]
+    Check(CheckArgs),
+
     /// Under Istio: the mesh objects (one EnvoyFilter per app port) that send
     /// inbound traffic through the guard of every pod injected in Istio mode.
     #[command(long_about = inject::ISTIO_ROUTING_LONG_ABOUT, after_help = EXIT_CODES)]
@@ -248,6 +255,7 @@ impl Command {
             Command::Install(_) => "install",
             Command::Inject(_) => "inject",
             Command::Webhook(_) => "webhook",
+            Command::Check(_) => "check",
             Command::IstioRouting(_) => "istio-routing",
             Command::Bench(_) => "bench",
             Command::Demo(_) => "demo",

@@ -42,6 +42,14 @@ pub const INJECT: &str = "drainshim.io/inject";
 pub const APP_PORT: &str = "drainshim.io/app-port";
 /// Pod annotation written by the injection: what it changed, for `--uninject`.
 pub const INJECTED: &str = "drainshim.io/injected";
+/// Namespace label: which revision of the webhook serves it (deploy/webhook/canary).
+pub const REV: &str = "drainshim.io/rev";
+/// The value of `INJECT` on a namespace that the default revision serves.
+pub const ENABLED: &str = "enabled";
+/// The revision that serves namespaces labelled `INJECT=enabled` without `REV`.
+pub const DEFAULT_REVISION: &str = "default";
+/// Namespaces no webhook of deploy/webhook ever serves (its namespaceSelector).
+pub const NEVER_SERVED: [&str; 2] = ["kube-system", "drainshim-system"];
 
 /// The image injected pods run drainshim from, by default: this release.
 pub const DEFAULT_IMAGE: &str = concat!("drainshim:", env!("CARGO_PKG_VERSION"));
@@ -735,6 +743,38 @@ fn check_fits(
         }
     }
     Ok(i)
+}
+
+/// The port a pod's app serves on, as the injection finds it: the app is the
+/// first container but Istio's proxy (see `app_port`).
+pub fn pod_app_port(meta: &ObjectMeta, spec: &PodSpec) -> Result<u16, Refusal> {
+    match spec.containers.iter().find(|c| c.name != ISTIO_PROXY) {
+        Some(app) => app_port(meta, app),
+        None => refuse("it has no containers besides Istio's proxy"),
+    }
+}
+
+/// The ports only an injected pod declares in the plain modes (Envoy's and
+/// drainshim's containers), by name and number: a Service that targets one
+/// has no endpoint, or a dead one, on a pod created without drainshim.
+pub fn injected_ports() -> Result<Vec<(Option<String>, i32)>, String> {
+    let mut out = Vec::new();
+    for mode in [Mode::Sidecar, Mode::NativeSidecar] {
+        let pod = patch::pod(mode)?;
+        for c in all_containers(&pod.spec)
+            .filter(|c| c.name == patch::ENVOY || c.name == patch::DRAINSHIM)
+        {
+            out.extend(
+                c.ports
+                    .iter()
+                    .flatten()
+                    .map(|p| (p.name.clone(), p.container_port)),
+            );
+        }
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
 }
 
 /// The port the app serves on: the pod's `drainshim.io/app-port` annotation,

@@ -1,0 +1,433 @@
+//! The checks of drainshim's own objects: the webhook's TLS (`webhook-ca`),
+//! which revision serves each opted-in namespace (`revision`), Services that
+//! would drop pods without drainshim (`service-port`), and pods without it
+//! (`not-injected`).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::PodSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::Value;
+
+use super::{string_map, Finding, Object};
+use crate::inject::{self, DEFAULT_REVISION, ENABLED, INJECT, INJECTED, NEVER_SERVED, REV};
+
+/// cert-manager's cainjector annotation: the Certificate (namespace/name)
+/// whose CA it copies into every webhook's caBundle.
+pub const CA_FROM: &str = "cert-manager.io/inject-ca-from";
+/// The suffix of every drainshim webhook's name (inject.drainshim.io,
+/// canary.istio.inject.drainshim.io, ...).
+pub const WEBHOOK_SUFFIX: &str = ".drainshim.io";
+
+/// The export, indexed for the checks.
+pub struct Export<'a> {
+    pub objects: &'a [Object],
+    /// Opted-in namespaces, by name: the revision that must serve each.
+    pub opted_in: BTreeMap<&'a str, String>,
+    /// Whether any Namespace was exported at all.
+    pub has_namespaces: bool,
+}
+
+impl<'a> Export<'a> {
+    pub fn new(objects: &'a [Object]) -> Self {
+        let mut opted_in = BTreeMap::new();
+        let mut has_namespaces = false;
+        for ns in objects.iter().filter(|o| o.kind == "Namespace") {
+            has_namespaces = true;
+            if let Some(rev) = revision_of(&ns.labels(), &ns.name) {
+                opted_in.insert(ns.name.as_str(), rev);
+            }
+        }
+        Export {
+            objects,
+            opted_in,
+            has_namespaces,
+        }
+    }
+
+    pub fn of_kind(&self, kind: &'a str) -> impl Iterator<Item = &'a Object> + 'a {
+        self.objects.iter().filter(move |o| o.kind == kind)
+    }
+
+    pub fn find(&self, kind: &str, namespace: &str, name: &str) -> Option<&'a Object> {
+        self.objects
+            .iter()
+            .find(|o| o.kind == kind && o.namespace == namespace && o.name == name)
+    }
+
+    /// The namespace's labels, when it was exported.
+    pub fn namespace_labels(&self, name: &str) -> BTreeMap<String, String> {
+        self.find("Namespace", "", name)
+            .map(Object::labels)
+            .unwrap_or_default()
+    }
+}
+
+/// The revision that serves a namespace with these labels, as the shipped
+/// namespaceSelectors decide: `drainshim.io/rev` whatever `drainshim.io/inject`
+/// says, else the default revision for `drainshim.io/inject=enabled`.
+fn revision_of(labels: &BTreeMap<String, String>, name: &str) -> Option<String> {
+    if NEVER_SERVED.contains(&name) {
+        return None;
+    }
+    match labels.get(REV) {
+        Some(rev) => Some(rev.clone()),
+        None if labels.get(INJECT).map(String::as_str) == Some(ENABLED) => {
+            Some(DEFAULT_REVISION.to_owned())
+        }
+        None => None,
+    }
+}
+
+/// A pod's (or pod template's) metadata and spec, in the API's own types.
+pub fn pod_parts(pod: &Value) -> Option<(ObjectMeta, PodSpec)> {
+    let meta = serde_json::from_value(pod.get("metadata")?.clone()).ok()?;
+    let spec = serde_json::from_value(pod.get("spec")?.clone()).ok()?;
+    Some((meta, spec))
+}
+
+/// A pod that runs to completion (a Job's), which the injection leaves alone.
+pub fn runs_to_completion(spec: &PodSpec) -> bool {
+    matches!(spec.restart_policy.as_deref(), Some("Never" | "OnFailure"))
+}
+
+/// Check 1: The API server must trust the webhook's certificate: a caBundle, or
+/// cainjector filling it from a Certificate whose issuer exists.
+pub fn webhook_ca(export: &Export, out: &mut Vec<Finding>) {
+    for mwc in export.of_kind("MutatingWebhookConfiguration") {
+        let hooks: Vec<&Value> = mwc
+            .value
+            .get("webhooks")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|w| {
+                w.get("name")
+                    .and_then(Value::as_str)
+                    .is_some_and(|n| n.ends_with(WEBHOOK_SUFFIX))
+            })
+            .collect();
+        if hooks.is_empty() {
+            continue;
+        }
+        let empty: Vec<&str> = hooks
+            .iter()
+            .filter(|w| {
+                w.pointer("/clientConfig/caBundle")
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
+            })
+            .filter_map(|w| w.get("name").and_then(Value::as_str))
+            .collect();
+        let annotations = mwc.map("/metadata/annotations");
+        let Some(from) = annotations.get(CA_FROM) else {
+            if !empty.is_empty() {
+                out.push(Finding::problem(
+                    "webhook-ca",
+                    mwc,
+                    format!(
+                        "webhook(s) {} have an empty caBundle and there is no {CA_FROM} annotation: the API \
+                         server cannot verify the webhook's certificate, every call fails, and pods are \
+                         created without drainshim (failurePolicy Ignore)",
+                        empty.join(", ")
+                    ),
+                    format!(
+                        "annotate it {CA_FROM}: drainshim-system/drainshim-webhook (the revision's serving \
+                         Certificate, deploy/webhook/revision) with cert-manager's cainjector running"
+                    ),
+                ));
+            }
+            continue;
+        };
+        let Some((ns, name)) = from.split_once('/') else {
+            out.push(Finding::problem(
+                "webhook-ca",
+                mwc,
+                format!("its {CA_FROM} is {from:?}, not <namespace>/<certificate>: cainjector ignores it"),
+                "set it to <namespace>/<certificate>, e.g. drainshim-system/drainshim-webhook".into(),
+            ));
+            continue;
+        };
+        let Some(cert) = export.find("Certificate", ns, name) else {
+            if !empty.is_empty() {
+                out.push(Finding::problem(
+                    "webhook-ca",
+                    mwc,
+                    format!(
+                        "its {CA_FROM} names Certificate {from}, which is not in the export, and its caBundle \
+                         is empty: cainjector has no CA to copy, and every call to the webhook fails"
+                    ),
+                    "apply the revision's Certificate (deploy/webhook/revision/certificate.yaml), or export \
+                     it too (kubectl get certificates -A -o yaml)"
+                        .into(),
+                ));
+            }
+            continue;
+        };
+        issuer(export, mwc, cert, out);
+    }
+}
+
+/// The Certificate's issuer must exist, or cert-manager never writes its
+/// Secret: the webhook has no certificate to serve and cainjector no CA.
+fn issuer(export: &Export, mwc: &Object, cert: &Object, out: &mut Vec<Finding>) {
+    let at = |p: &str| cert.value.pointer(p).and_then(Value::as_str);
+    let Some(name) = at("/spec/issuerRef/name") else {
+        return out.push(Finding::problem(
+            "webhook-ca",
+            cert,
+            format!("it has no issuerRef, and {} takes its CA from it", mwc.id()),
+            "give it the issuerRef of deploy/webhook/revision/certificate.yaml".into(),
+        ));
+    };
+    // Another group is an external issuer, whose objects this cannot know.
+    if at("/spec/issuerRef/group").is_some_and(|g| g != "cert-manager.io") {
+        return;
+    }
+    let kind = at("/spec/issuerRef/kind").unwrap_or("Issuer");
+    let ns = if kind == "ClusterIssuer" {
+        ""
+    } else {
+        cert.namespace.as_str()
+    };
+    if export.find(kind, ns, name).is_none() {
+        let whose = if ns.is_empty() {
+            format!("ClusterIssuer {name}")
+        } else {
+            format!("{kind} {ns}/{name}")
+        };
+        out.push(Finding::problem(
+            "webhook-ca",
+            cert,
+            format!(
+                "its issuer, {whose}, is not among the exported objects: cert-manager never issues it, so \
+                 the webhook has no certificate and {} no caBundle",
+                mwc.id()
+            ),
+            format!(
+                "apply deploy/webhook/ca.yaml (the webhook's CA and its Issuer), or export the {kind} if it \
+                 exists (kubectl get issuers,clusterissuers -A -o yaml)"
+            ),
+        ));
+    }
+}
+
+/// The revision a `drainshim webhook` container serves, if it is one.
+fn webhook_revision(container: &Value) -> Option<String> {
+    let strings = |k: &str| -> Vec<&str> {
+        container
+            .get(k)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect()
+    };
+    let args: Vec<&str> = strings("command")
+        .into_iter()
+        .chain(strings("args"))
+        .collect();
+    if !args.contains(&"webhook") {
+        return None;
+    }
+    let flag = args
+        .iter()
+        .enumerate()
+        .find_map(|(i, a)| match a.strip_prefix("--revision") {
+            Some(v) if v.starts_with('=') => Some(v[1..].to_owned()),
+            Some("") => args.get(i + 1).map(|v| v.to_string()),
+            _ => None,
+        });
+    let env = container
+        .get("env")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .find(|e| e.get("name").and_then(Value::as_str) == Some("DRAINSHIM_REVISION"))
+        .and_then(|e| e.get("value").and_then(Value::as_str))
+        .map(str::to_owned);
+    Some(flag.or(env).unwrap_or_else(|| DEFAULT_REVISION.to_owned()))
+}
+
+/// Whether a Service's selector picks pods with these labels.
+fn selects(svc: &Object, labels: &BTreeMap<String, String>) -> bool {
+    let selector = svc.map("/spec/selector");
+    !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// Check 2: Every opted-in namespace's revision has a webhook Deployment and a
+/// Service that reaches it; otherwise its pods get no drainshim, silently.
+pub fn revisions(export: &Export, out: &mut Vec<Finding>) {
+    if !export.has_namespaces {
+        out.push(Finding::info(
+            "revision",
+            "Namespace/*".into(),
+            "no Namespace in the export: the checks of opted-in namespaces (revision, service-port, \
+             not-injected, istio-routing) had nothing to go on; add `kubectl get namespaces -o yaml`"
+                .into(),
+        ));
+        return;
+    }
+    // Revision -> its Deployments, each with whether a Service selects its pods.
+    let mut served: BTreeMap<String, Vec<(String, bool)>> = BTreeMap::new();
+    for d in export.of_kind("Deployment") {
+        let labels = d.map("/spec/template/metadata/labels");
+        let containers = d.value.pointer("/spec/template/spec/containers");
+        for rev in containers
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(webhook_revision)
+        {
+            let reached = export
+                .of_kind("Service")
+                .any(|s| s.namespace == d.namespace && selects(s, &labels));
+            served.entry(rev).or_default().push((d.id(), reached));
+        }
+    }
+    for (name, rev) in &export.opted_in {
+        let Some(ns) = export.find("Namespace", "", name) else {
+            continue;
+        };
+        let label = if rev == DEFAULT_REVISION && !ns.labels().contains_key(REV) {
+            format!("{INJECT}={ENABLED} (the default revision)")
+        } else {
+            format!("{REV}={rev}")
+        };
+        match served.get(rev) {
+            None => out.push(Finding::problem(
+                "revision",
+                ns,
+                format!(
+                    "labelled {label}, but no webhook Deployment in the export runs `drainshim webhook \
+                     --revision={rev}`: its pods are created without drainshim, and nothing warns"
+                ),
+                format!(
+                    "apply that revision (deploy/webhook, or a copy of deploy/webhook/canary for a named one) \
+                     or relabel the namespace (kubectl label namespace {name} {REV}-); if it runs, export its \
+                     Deployment and Service too"
+                ),
+            )),
+            Some(deployments) if !deployments.iter().any(|(_, reached)| *reached) => {
+                out.push(Finding::problem(
+                    "revision",
+                    ns,
+                    format!(
+                        "labelled {label}; {} runs that revision but no Service in its namespace selects its \
+                         pods, so the API server cannot reach it",
+                        deployments[0].0
+                    ),
+                    "apply the revision's Service (deploy/webhook/revision/service.yaml)".into(),
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+/// Check 3: A Service in an opted-in namespace must not target a port only
+/// injected pods have: the endpoints would leave out every pod created
+/// without drainshim (during a webhook outage, or refused).
+pub fn service_ports(export: &Export, out: &mut Vec<Finding>) {
+    let injected = match inject::injected_ports() {
+        Ok(p) => p,
+        Err(e) => {
+            return out.push(Finding::info(
+                "service-port",
+                "Service/*".into(),
+                format!("not checked: {e}"),
+            ))
+        }
+    };
+    for svc in export.of_kind("Service") {
+        if !export.opted_in.contains_key(svc.namespace.as_str())
+            || svc.map("/spec/selector").is_empty()
+        {
+            continue;
+        }
+        for port in svc
+            .value
+            .pointer("/spec/ports")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let Some(target) = port.get("targetPort").or_else(|| port.get("port")) else {
+                continue;
+            };
+            let only_injected = injected.iter().any(|(name, number)| match target {
+                Value::String(s) => name.as_deref() == Some(s.as_str()),
+                Value::Number(n) => n.as_i64() == Some(i64::from(*number)),
+                _ => false,
+            });
+            if only_injected {
+                let which = port
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+                    .or_else(|| port.get("port").map(Value::to_string))
+                    .unwrap_or_default();
+                out.push(Finding::problem(
+                    "service-port",
+                    svc,
+                    format!(
+                        "port {which} targets {target}, a port only pods with drainshim have: its endpoints \
+                         leave out (or break) every pod created without drainshim, while the webhook is down \
+                         or refuses one, and a rollout then may leave it none"
+                    ),
+                    "target the app's own port by its name: the webhook gives that name to Envoy's port on \
+                     injected pods (deploy/README.md, \"Services keep the app's port\"); name the app's port \
+                     if it has none"
+                        .into(),
+                ));
+            }
+        }
+    }
+}
+
+/// Check 4: Every long-running pod of an opted-in namespace has drainshim.
+pub fn not_injected(export: &Export, out: &mut Vec<Finding>) {
+    for pod in export.of_kind("Pod") {
+        let Some(rev) = export.opted_in.get(pod.namespace.as_str()) else {
+            continue;
+        };
+        let Some((meta, spec)) = pod_parts(&pod.value) else {
+            continue;
+        };
+        let finished = matches!(
+            pod.value.pointer("/status/phase").and_then(Value::as_str),
+            Some("Succeeded" | "Failed")
+        );
+        if finished
+            || runs_to_completion(&spec)
+            || inject::opted_out(&meta)
+            || meta.deletion_timestamp.is_some()
+        {
+            continue;
+        }
+        if string_map(pod.value.pointer("/metadata/annotations")).contains_key(INJECTED) {
+            continue;
+        }
+        let owner = meta
+            .owner_references
+            .iter()
+            .flatten()
+            .next()
+            .map(|o| format!("its {} {}", o.kind, o.name))
+            .unwrap_or_else(|| "the pod".into());
+        out.push(Finding::problem(
+            "not-injected",
+            pod,
+            format!(
+                "no drainshim (no {INJECTED} annotation) in a namespace of revision {rev}: created before \
+                 the label, while the webhook was down, or refused; its streams are cut at its next restart"
+            ),
+            format!(
+                "once the webhook serves, restart {owner} (kubectl -n {} rollout restart ...); if it comes \
+                 back without drainshim, `drainshim inject -f` on its manifest names why, or opt it out with \
+                 {INJECT}: \"false\"",
+                pod.namespace
+            ),
+        ));
+    }
+}
