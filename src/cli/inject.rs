@@ -169,7 +169,10 @@ pub const WEBHOOK_LONG_ABOUT: &str =
     response (kubectl prints it), a log line, and drainshim_webhook_reviews_total{outcome}.\n\n\
     The certificate and key are read again when the files change (cert-manager's Secret, mounted), \
     and a pair that does not load leaves the previous one serving. Plain HTTP on --metrics-listen: \
-    GET /metrics, /healthz, /readyz (503 once SIGTERM arrived). On SIGTERM it keeps answering for \
+    GET /metrics, /healthz, /readyz (503 once SIGTERM arrived, or while the serving certificate \
+    is past its notAfter). A body not read within --body-timeout is answered 408; past \
+    --max-connections a connection is reset, past --max-in-flight a review is answered 429 with \
+    Retry-After (the API server retries both). On SIGTERM it keeps answering for \
     --shutdown-delay, while the API server stops calling this replica, then exits 0.\n\n\
     Which namespaces and pods it sees is the MutatingWebhookConfiguration's (deploy/webhook): \
     drainshim.io/inject=enabled on a namespace, or drainshim.io/rev=<--revision>, and not pods \
@@ -220,6 +223,23 @@ pub struct WebhookArgs {
     /// After SIGTERM, how long to keep answering before exiting.
     #[arg(long, env = "DRAINSHIM_SHUTDOWN_DELAY", default_value = "5s")]
     pub shutdown_delay: Span,
+
+    /// A review whose body has not arrived whole by then is answered 408
+    /// and its connection closed.
+    #[arg(long, env = "DRAINSHIM_BODY_TIMEOUT", default_value = "10s")]
+    pub body_timeout: Span,
+
+    /// HTTPS connections open at once; one more is reset at accept (the API
+    /// server retries it).
+    #[arg(long, env = "DRAINSHIM_MAX_CONNECTIONS", default_value_t = 64,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_connections: u16,
+
+    /// Reviews read and answered at once; one more is answered 429 with
+    /// Retry-After (the API server retries it).
+    #[arg(long, env = "DRAINSHIM_MAX_IN_FLIGHT", default_value_t = 4,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_in_flight: u16,
 }
 
 impl WebhookArgs {
@@ -245,7 +265,14 @@ impl WebhookArgs {
         let metrics = bind(self.metrics_listen, "--metrics-listen").await?;
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|e| Error::Os(format!("installing the SIGTERM handler: {e}")))?;
-        let hook = Arc::new(webhook::Webhook::new(settings, self.revision.clone()));
+        let limits = webhook::Limits {
+            body_timeout: self.body_timeout.get(),
+            max_connections: self.max_connections.into(),
+            max_in_flight: self.max_in_flight.into(),
+        };
+        let hook =
+            Arc::new(webhook::Webhook::new(settings, self.revision.clone()).with_limits(limits));
+        hook.set_certificate(cert.clone());
         let stop = tokio_util::sync::CancellationToken::new();
         let serving = tokio::spawn(webhook::serve(https, tls, hook.clone(), stop.clone()));
         let metrics = tokio::spawn(webhook::serve_metrics(metrics, hook.clone(), stop.clone()));

@@ -541,6 +541,8 @@ mod endpoints;
 mod istio_labels;
 // A later webhook's changes to drainshim's containers.
 mod reinvocation;
+// The server's guards: certificate expiry, managedFields.
+mod server;
 
 /// A namespace whose ResourceQuota covers limits.cpu and limits.memory: the
 /// API server refuses a pod with a container (init containers too) that

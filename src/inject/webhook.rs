@@ -15,8 +15,8 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, OnceLock, RwLock};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
@@ -29,6 +29,7 @@ use kube_core::DynamicObject;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use rustls::pki_types::pem::PemObject;
@@ -37,6 +38,7 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use serde_json::Value;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -58,6 +60,36 @@ pub const PATH_NO_ISTIO: &str = "/inject/no-istio";
 const MAX_REVIEW_BYTES: usize = 3 << 20;
 /// A client that opens a connection and says nothing is dropped after this.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How much the server takes on at once, and for how long. The defaults fit
+/// the Deployment's 128 Mi: reviews in flight times the body cap (3 MiB, and
+/// a few times that once parsed) stays well under it, and each open
+/// connection holds only TLS and HTTP buffers (tens of KiB).
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// A body not read whole by then is cut: a client that sends headers and
+    /// trickles the body would otherwise hold a review slot indefinitely.
+    pub body_timeout: Duration,
+    /// Connections open at once; one more is reset at accept, which the API
+    /// server's webhook client retries.
+    pub max_connections: usize,
+    /// Reviews read and answered at once; one more is answered 429 with
+    /// Retry-After at once, which the API server's webhook client retries.
+    pub max_in_flight: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            body_timeout: Duration::from_secs(10),
+            max_connections: 64,
+            max_in_flight: 4,
+        }
+    }
+}
+
+/// Every `drainshim_webhook_rejected_total{reason}`.
+const REJECTED: [&str; 4] = ["connections", "in_flight", "body_timeout", "body_too_large"];
 
 /// What the webhook did with one review.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -95,12 +127,20 @@ struct ReloadLabels {
     result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RejectedLabels {
+    reason: &'static str,
+}
+
 /// The webhook's metrics.
 pub struct Metrics {
     reviews: Family<ReviewLabels, Counter>,
     istio_declined: Family<DeclinedLabels, Counter>,
     latency: Histogram,
     reloads: Family<ReloadLabels, Counter>,
+    /// Seconds until the serving certificate's notAfter, set at each scrape.
+    expiry: Gauge,
+    rejected: Family<RejectedLabels, Counter>,
     registry: Registry,
 }
 
@@ -133,11 +173,25 @@ impl Metrics {
             "Serving certificate reloads after the files changed, by result (ok, failed: the previous pair is kept)",
             reloads.clone(),
         );
+        let expiry = Gauge::default();
+        registry.register(
+            "certificate_expiry_seconds",
+            "Seconds until the serving certificate's notAfter (negative once it has expired; /readyz is 503 then)",
+            expiry.clone(),
+        );
+        let rejected = Family::<RejectedLabels, Counter>::default();
+        registry.register(
+            "rejected",
+            "Requests turned away by a server limit, by reason (connections: reset at accept; in_flight: 429; body_timeout: 408; body_too_large: 413)",
+            rejected.clone(),
+        );
         Metrics {
             reviews,
             istio_declined,
             latency,
             reloads,
+            expiry,
+            rejected,
             registry,
         }
     }
@@ -157,6 +211,11 @@ pub struct Webhook {
     pub metrics: Metrics,
     /// SIGTERM arrived: /readyz says 503 while reviews are still answered.
     draining: std::sync::atomic::AtomicBool,
+    pub limits: Limits,
+    /// One permit per review being read or answered (`limits.max_in_flight`).
+    in_flight: Semaphore,
+    /// The serving certificate, for readiness and the expiry gauge.
+    cert: OnceLock<Arc<Certificate>>,
 }
 
 impl Webhook {
@@ -187,11 +246,64 @@ impl Webhook {
         for result in ["ok", "failed"] {
             let _ = metrics.reloads.get_or_create(&ReloadLabels { result });
         }
+        for reason in REJECTED {
+            let _ = metrics.rejected.get_or_create(&RejectedLabels { reason });
+        }
+        let limits = Limits::default();
         Webhook {
             settings,
             revision,
             metrics,
             draining: Default::default(),
+            in_flight: Semaphore::new(limits.max_in_flight),
+            limits,
+            cert: OnceLock::new(),
+        }
+    }
+
+    /// The same webhook with other server limits.
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.in_flight = Semaphore::new(limits.max_in_flight.max(1));
+        self.limits = limits;
+        self
+    }
+
+    /// The certificate /readyz and the expiry gauge look at.
+    pub fn set_certificate(&self, cert: Arc<Certificate>) {
+        let _ = self.cert.set(cert);
+    }
+
+    /// Why /readyz is 503, if it is: shutting down, no certificate, or a
+    /// certificate past its notAfter (the API server would refuse the TLS
+    /// handshake, and with failurePolicy Ignore create pods without drainshim).
+    pub fn unready(&self, now: SystemTime) -> Option<String> {
+        if self.draining.load(std::sync::atomic::Ordering::Relaxed) {
+            return Some("shutting down".into());
+        }
+        let Some(cert) = self.cert.get() else {
+            return Some("no serving certificate loaded".into());
+        };
+        let left = cert.seconds_left(now);
+        (left <= 0).then(|| format!("the serving certificate expired {}s ago", -left))
+    }
+
+    fn reject(&self, reason: &'static str) {
+        self.metrics
+            .rejected
+            .get_or_create(&RejectedLabels { reason })
+            .inc();
+    }
+
+    /// What `GET /metrics` does before rendering, for tests.
+    #[cfg(test)]
+    pub fn observe_expiry_for_test(&self, now: SystemTime) {
+        self.observe_expiry(now)
+    }
+
+    /// Sets the expiry gauge from the certificate as now loaded.
+    fn observe_expiry(&self, now: SystemTime) {
+        if let Some(cert) = self.cert.get() {
+            self.metrics.expiry.set(cert.seconds_left(now));
         }
     }
 
@@ -215,7 +327,12 @@ impl Webhook {
     /// path was called): always `allowed`, with a patch when drainshim was
     /// added, and a warning when it could not be, or not as asked.
     pub fn review(&self, body: &[u8], ns: Namespace) -> (Value, ReviewOutcome) {
-        let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
+        let mut review: Value = match serde_json::from_slice(body) {
+            Ok(r) => r,
+            Err(e) => return self.malformed(body, format!("not an AdmissionReview v1: {e}")),
+        };
+        strip_managed_fields(&mut review);
+        let review: AdmissionReview<DynamicObject> = match serde_json::from_value(review) {
             Ok(r) => r,
             Err(e) => return self.malformed(body, format!("not an AdmissionReview v1: {e}")),
         };
@@ -405,6 +522,20 @@ impl Webhook {
     }
 }
 
+/// Drops the objects' `metadata.managedFields` before anything reads them:
+/// the server-side-apply bookkeeping is often most of a pod's metadata, is
+/// none of the webhook's business, and left out no patch can name it.
+fn strip_managed_fields(review: &mut Value) {
+    for object in ["object", "oldObject"] {
+        if let Some(meta) = review
+            .pointer_mut(&format!("/request/{object}/metadata"))
+            .and_then(Value::as_object_mut)
+        {
+            meta.remove("managedFields");
+        }
+    }
+}
+
 fn warn(mut response: AdmissionResponse, why: String) -> AdmissionResponse {
     response.warnings.get_or_insert_with(Vec::new).push(why);
     response
@@ -431,17 +562,29 @@ pub struct Certificate {
     cert: PathBuf,
     key: PathBuf,
     current: RwLock<(Vec<u8>, Arc<CertifiedKey>)>,
+    /// The leaf's notAfter, Unix seconds, of the pair now served.
+    not_after: std::sync::atomic::AtomicI64,
 }
 
 impl Certificate {
     /// Loads the pair; an error names the file and what is wrong with it.
     pub fn load(cert: &Path, key: &Path) -> Result<Self, String> {
-        let (bytes, loaded) = read_pair(cert, key)?;
+        let (bytes, loaded, not_after) = read_pair(cert, key)?;
         Ok(Certificate {
             cert: cert.into(),
             key: key.into(),
             current: RwLock::new((bytes, Arc::new(loaded))),
+            not_after: not_after.into(),
         })
+    }
+
+    /// Seconds from `now` to the served leaf's notAfter; negative after it.
+    pub fn seconds_left(&self, now: SystemTime) -> i64 {
+        let now = match now.duration_since(SystemTime::UNIX_EPOCH) {
+            Ok(d) => d.as_secs() as i64,
+            Err(e) => -(e.duration().as_secs() as i64),
+        };
+        self.not_after.load(std::sync::atomic::Ordering::Relaxed) - now
     }
 
     /// Reads the files again; when they changed and load, serves them from
@@ -451,9 +594,11 @@ impl Certificate {
         if self.current.read().map(|c| c.0 == bytes).unwrap_or(false) {
             return Ok(false);
         }
-        let (bytes, loaded) = read_pair(&self.cert, &self.key)?;
+        let (bytes, loaded, not_after) = read_pair(&self.cert, &self.key)?;
         if let Ok(mut c) = self.current.write() {
             *c = (bytes, Arc::new(loaded));
+            self.not_after
+                .store(not_after, std::sync::atomic::Ordering::Relaxed);
         }
         Ok(true)
     }
@@ -472,15 +617,18 @@ fn raw_pair(cert: &Path, key: &Path) -> Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
-fn read_pair(cert: &Path, key: &Path) -> Result<(Vec<u8>, CertifiedKey), String> {
+/// The pair's bytes (to see a change), the key rustls serves, and the
+/// leaf's notAfter in Unix seconds.
+fn read_pair(cert: &Path, key: &Path) -> Result<(Vec<u8>, CertifiedKey, i64), String> {
     let bytes = raw_pair(cert, key)?;
     let pem = std::fs::read(cert).map_err(|e| format!("{}: {e}", cert.display()))?;
     let chain = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("{}: not PEM: {e}", cert.display()))?;
-    if chain.is_empty() {
+    let Some(leaf) = chain.first() else {
         return Err(format!("{}: no CERTIFICATE in the file", cert.display()));
-    }
+    };
+    let not_after = not_after(leaf).map_err(|e| format!("{}: {e}", cert.display()))?;
     let private = PrivateKeyDer::from_pem_file(key)
         .map_err(|e| format!("{}: no private key: {e}", key.display()))?;
     let provider = rustls::crypto::ring::default_provider();
@@ -491,7 +639,14 @@ fn read_pair(cert: &Path, key: &Path) -> Result<(Vec<u8>, CertifiedKey), String>
             key.display()
         )
     })?;
-    Ok((bytes, loaded))
+    Ok((bytes, loaded, not_after))
+}
+
+/// A certificate's notAfter, Unix seconds.
+pub fn not_after(der: &[u8]) -> Result<i64, String> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(der)
+        .map_err(|e| format!("the first certificate does not parse: {e}"))?;
+    Ok(parsed.validity().not_after.timestamp())
 }
 
 /// Checks the files every `every` and counts each reload.
@@ -557,6 +712,7 @@ pub async fn serve(
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
     let tracker = TaskTracker::new();
+    let connections = Arc::new(Semaphore::new(hook.limits.max_connections.max(1)));
     loop {
         let (tcp, peer) = tokio::select! {
             _ = stop.cancelled() => break,
@@ -569,8 +725,19 @@ pub async fn serve(
                 }
             },
         };
+        // Over the cap: reset at once (linger 0 sends RST, not FIN), which
+        // the API server's webhook client retries, rather than queueing
+        // connections that each hold buffers.
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            hook.reject("connections");
+            tracing::debug!(%peer, "webhook: too many connections: reset");
+            let _ = socket2::SockRef::from(&tcp).set_linger(Some(Duration::ZERO));
+            drop(tcp);
+            continue;
+        };
         let (acceptor, hook, stop) = (acceptor.clone(), hook.clone(), stop.clone());
         tracker.spawn(async move {
+            let _permit = permit;
             let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => {
@@ -619,16 +786,46 @@ async fn handle(hook: &Webhook, req: Request<Incoming>) -> Response<Full<Bytes>>
         return not_allowed("POST");
     }
     let start = Instant::now();
-    let body = match Limited::new(req.into_body(), MAX_REVIEW_BYTES)
-        .collect()
-        .await
-    {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
+    // Held from the first byte read to the answer: what bounds the memory
+    // the reviews take together.
+    let Ok(_permit) = hook.in_flight.try_acquire() else {
+        hook.reject("in_flight");
+        let mut r = text(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many reviews in flight; retry\n",
+        );
+        r.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("1"),
+        );
+        return r;
+    };
+    let read = Limited::new(req.into_body(), MAX_REVIEW_BYTES).collect();
+    let body = match tokio::time::timeout(hook.limits.body_timeout, read).await {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            hook.reject("body_too_large");
+            return close(text(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("a review is at most {MAX_REVIEW_BYTES} bytes\n"),
+            ));
+        }
+        Ok(Err(e)) => {
             return text(
                 StatusCode::BAD_REQUEST,
                 format!("reading the review: {e}\n"),
             )
+        }
+        Err(_) => {
+            hook.reject("body_timeout");
+            tracing::debug!(timeout = ?hook.limits.body_timeout, "webhook: the review's body was not read in time");
+            return close(text(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the review's body did not arrive within {:?}\n",
+                    hook.limits.body_timeout
+                ),
+            ));
         }
     };
     let (answer, _) = hook.review(&body, ns);
@@ -642,6 +839,16 @@ async fn handle(hook: &Webhook, req: Request<Incoming>) -> Response<Full<Bytes>>
     json(StatusCode::OK, &answer)
 }
 
+/// An answer after which the connection is closed: the rest of the body
+/// is never read.
+fn close(mut r: Response<Full<Bytes>>) -> Response<Full<Bytes>> {
+    r.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    r
+}
+
 /// `GET /metrics`, `/healthz`, `/readyz` on the plain-HTTP port.
 pub async fn serve_metrics(listener: TcpListener, hook: Arc<Webhook>, stop: CancellationToken) {
     crate::control::serve_fn(
@@ -652,14 +859,15 @@ pub async fn serve_metrics(listener: TcpListener, hook: Arc<Webhook>, stop: Canc
             async move {
                 use crate::control::{metrics_response, text};
                 match (req.method(), req.uri().path()) {
-                    (&Method::GET, "/metrics") => metrics_response(&hook.metrics.registry),
-                    (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
-                    (&Method::GET, "/readyz")
-                        if hook.draining.load(std::sync::atomic::Ordering::Relaxed) =>
-                    {
-                        text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
+                    (&Method::GET, "/metrics") => {
+                        hook.observe_expiry(SystemTime::now());
+                        metrics_response(&hook.metrics.registry)
                     }
-                    (&Method::GET, "/readyz") => text(StatusCode::OK, "ok\n"),
+                    (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
+                    (&Method::GET, "/readyz") => match hook.unready(SystemTime::now()) {
+                        Some(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+                        None => text(StatusCode::OK, "ok\n"),
+                    },
                     _ => text(
                         StatusCode::NOT_FOUND,
                         "not found; GET /metrics, /healthz or /readyz\n",

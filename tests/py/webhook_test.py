@@ -27,6 +27,7 @@ import ssl
 import subprocess
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 import jsonpatch
@@ -141,10 +142,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def write_pair(ca, directory):
+def write_pair(ca, directory, not_after=None):
     """A serving certificate from `ca`, written as the kubelet updates a
     mounted Secret: new files, then renamed over the old ones."""
-    cert = ca.issue_cert("127.0.0.1", "drainshim-webhook.drainshim-system.svc")
+    cert = ca.issue_cert("127.0.0.1", "drainshim-webhook.drainshim-system.svc", not_after=not_after)
     crt, key = os.path.join(directory, "tls.crt"), os.path.join(directory, "tls.key")
     for path, blob in ((crt, b"".join(p.bytes() for p in cert.cert_chain_pems)), (key, cert.private_key_pem.bytes())):
         with open(path + ".new", "wb") as f:
@@ -170,16 +171,16 @@ class Webhook:
     """The real binary, on ports of its own, with a certificate of a CA
     made for the test."""
 
-    def __init__(self, mode):
+    def __init__(self, mode, extra=(), not_after=None):
         self.dir = tempfile.mkdtemp(prefix="drainshim-webhook-")
         self.ca = trustme.CA()
-        self.crt, self.key = write_pair(self.ca, self.dir)
+        self.crt, self.key = write_pair(self.ca, self.dir, not_after)
         self.port, self.metrics_port = free_port(), free_port()
         self.log = open(os.path.join(self.dir, "log"), "w+")
         self.proc = subprocess.Popen(
             [BIN, "webhook", "--listen", f"127.0.0.1:{self.port}", "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
              "--tls-cert", self.crt, "--tls-key", self.key, "--tls-reload-interval", "200ms",
-             "--mode", mode, "--revision", "canary", "--shutdown-delay", "2s"],
+             "--mode", mode, "--revision", "canary", "--shutdown-delay", "2s", *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
         wait(lambda: self.get("/healthz")[0] == 200, "the webhook's /healthz")
 
@@ -880,3 +881,148 @@ def test_sigterm_keeps_answering_for_the_delay_then_exits_0(hook):
     status, answer = hook.post(review(workload_pods()[0]))
     assert status == 200 and answer["response"]["allowed"], answer
     assert hook.proc.wait(timeout=DEADLINE) == 0, hook.output()
+
+
+# === the server's limits and readiness ===
+
+def gauge(w, name):
+    _, text = w.get("/metrics")
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {name} in\n{text}")
+
+
+def rejected(w, reason):
+    return gauge(w, f'drainshim_webhook_rejected_total{{reason="{reason}"}}')
+
+
+@pytest.fixture
+def limited():
+    assert os.access(BIN, os.X_OK), f"no drainshim binary at {BIN}"
+    w = Webhook("sidecar", extra=["--body-timeout", "1s", "--max-in-flight", "1", "--max-connections", "3"])
+    yield w
+    w.stop()
+    print(w.output())
+
+
+def slow_start(w, length=4096):
+    """A review's headers and the first bytes of its body, the rest never sent."""
+    c = w.connect()
+    c.putrequest("POST", "/inject")
+    c.putheader("Content-Type", "application/json")
+    c.putheader("Content-Length", str(length))
+    c.endheaders(b'{"apiVersion": ')
+    return c
+
+
+def test_a_body_trickled_past_the_timeout_is_cut(limited):
+    c = slow_start(limited)
+    start = time.monotonic()
+    r = c.getresponse()
+    took = time.monotonic() - start
+    assert r.status == 408, (r.status, r.read())
+    assert r.getheader("Connection") == "close", r.getheaders()
+    assert 0.8 <= took < 5, took
+    c.close()
+    assert rejected(limited, "body_timeout") == 1
+    # The slot is free again: a whole review is answered.
+    status, answer = limited.post(review(workload_pods()[0]))
+    assert status == 200 and "patch" in answer["response"], answer
+
+
+def test_past_the_in_flight_cap_a_review_is_refused_fast_with_retry_after(limited):
+    held = slow_start(limited)
+    # The held review has the one slot once its headers are read.
+    start = time.monotonic()
+    status, text = None, None
+    end = time.monotonic() + DEADLINE
+    while time.monotonic() < end:
+        c = limited.connect()
+        raw = json.dumps(review(workload_pods()[0])).encode()
+        c.request("POST", "/inject", body=raw, headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        status, text, retry = r.status, r.read(), r.getheader("Retry-After")
+        c.close()
+        if status == 429:
+            break
+        time.sleep(0.05)
+    assert status == 429, (status, text)
+    assert retry == "1"
+    assert time.monotonic() - start < 1.5
+    assert rejected(limited, "in_flight") >= 1
+    held.close()
+
+
+def test_past_the_connection_cap_a_connection_is_reset(limited):
+    held = []
+    for _ in range(3):
+        c = limited.connect()
+        c.connect()
+        held.append(c)
+    # The server counts a connection once it accepted it: wait until a fourth is turned away.
+    def fourth_refused():
+        c = limited.connect()
+        try:
+            c.request("GET", "/inject")
+            c.getresponse().read()
+            return False
+        except (ConnectionError, ssl.SSLError, http.client.RemoteDisconnected, OSError):
+            return True
+        finally:
+            c.close()
+    wait(fourth_refused, "a fourth connection refused")
+    assert rejected(limited, "connections") >= 1
+    for c in held:
+        c.close()
+    # Below the cap again: served.
+    wait(lambda: limited.post(review(workload_pods()[0]))[0] == 200, "a review after the held connections closed")
+
+
+def test_the_expiry_gauge_says_when_the_certificate_ends():
+    import datetime
+    from cryptography import x509
+    end = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0) + datetime.timedelta(days=3)
+    w = Webhook("sidecar", not_after=end)
+    try:
+        with open(w.crt, "rb") as f:
+            not_after = x509.load_pem_x509_certificate(f.read()).not_valid_after_utc
+        left = gauge(w, "drainshim_webhook_certificate_expiry_seconds")
+        want = not_after.timestamp() - time.time()
+        assert abs(left - want) <= 5, (left, want)
+        assert w.get("/readyz") == (200, "ok\n")
+    finally:
+        w.stop()
+
+
+def test_an_expired_certificate_is_not_ready():
+    import datetime
+    past = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=1)
+    w = Webhook("sidecar", not_after=past)
+    try:
+        try:
+            status, body = w.get("/readyz")
+        except urllib.error.HTTPError as e:
+            status, body = e.code, e.read().decode()
+        assert status == 503 and "expired" in body, (status, body)
+        assert gauge(w, "drainshim_webhook_certificate_expiry_seconds") < -3000
+        # Renewed (cert-manager writes a new pair): ready again.
+        write_pair(w.ca, w.dir)
+        wait(lambda: w.get("/readyz")[0] == 200, "/readyz after the renewal")
+    finally:
+        w.stop()
+        print(w.output())
+
+
+def test_managed_fields_are_never_patched(hook):
+    pod = workload_pods()[0]
+    pod["metadata"]["managedFields"] = [{
+        "manager": "kube-controller-manager", "operation": "Update", "apiVersion": "v1",
+        "time": "not a time", "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": {}}}}]
+    status, answer = hook.post(review(pod))
+    assert status == 200, answer
+    import base64
+    ops = json.loads(base64.b64decode(answer["response"]["patch"]))
+    assert not [op for op in ops if "managedFields" in op["path"]], ops
+    got = patched(pod, answer)
+    assert got["metadata"]["managedFields"] == pod["metadata"]["managedFields"]
