@@ -5,6 +5,23 @@ use super::endings::Limited;
 use super::*;
 use crate::metrics::Dropped;
 
+/// One stream being ended, cancelled at `now` + [`BURST_GAP`], with the
+/// first 3 of a 10-byte message the app began after the cancel held.
+fn half_message_held(guard: &Handle, now: Instant) -> Relay<'_> {
+    let mut r = streams_open(guard, 1, now);
+    ask_all(guard, &mut r, Reason::drain, now);
+    r.timers(now + BURST_GAP).expect("the cancel");
+    wire::put(
+        &mut r.app.read,
+        wire::DATA,
+        0,
+        1,
+        &[0, 0, 0, 0, 10, 1, 2, 3],
+    );
+    r.app_frames(now + BURST_GAP).expect("half a message");
+    r
+}
+
 /// An ending whose stream has a message waiting behind a shut client
 /// window when the connection closes: its trailers never leave, so it is a
 /// cut, never counted graceful (before: the window's cut dropped the
@@ -87,17 +104,7 @@ async fn trailers_half_written_are_not_counted_written() {
 async fn a_held_message_dropped_with_its_stream_is_counted() {
     let (guard, metrics) = guard_and_metrics();
     let now = Instant::now();
-    let mut r = streams_open(&guard, 1, now);
-    ask_all(&guard, &mut r, Reason::drain, now);
-    r.timers(now + BURST_GAP).expect("the cancel");
-    wire::put(
-        &mut r.app.read,
-        wire::DATA,
-        0,
-        1,
-        &[0, 0, 0, 0, 10, 1, 2, 3],
-    );
-    r.app_frames(now + BURST_GAP).expect("half a message");
+    let mut r = half_message_held(&guard, now);
     assert_eq!(r.endings.held, 8);
     r.app_lost(false);
     assert_eq!(r.endings.held, 0);
@@ -105,17 +112,7 @@ async fn a_held_message_dropped_with_its_stream_is_counted() {
     // A client's own reset drops it too, but it is not counted: the
     // client gave the stream up.
     let (guard, metrics) = guard_and_metrics();
-    let mut r = streams_open(&guard, 1, now);
-    ask_all(&guard, &mut r, Reason::drain, now);
-    r.timers(now + BURST_GAP).expect("the cancel");
-    wire::put(
-        &mut r.app.read,
-        wire::DATA,
-        0,
-        1,
-        &[0, 0, 0, 0, 10, 1, 2, 3],
-    );
-    r.app_frames(now + BURST_GAP).expect("half a message");
+    let mut r = half_message_held(&guard, now);
     wire::rst(&mut r.client.read, 1, wire::CANCEL);
     r.client_frames(now + BURST_GAP)
         .expect("the client's reset");
@@ -270,17 +267,7 @@ async fn a_flood_of_settings_keeps_acks_paired_with_their_frames() {
 async fn a_held_message_dropped_by_a_stall_reset_is_counted() {
     let (guard, metrics) = guard_and_metrics();
     let now = Instant::now();
-    let mut r = streams_open(&guard, 1, now);
-    ask_all(&guard, &mut r, Reason::drain, now);
-    r.timers(now + BURST_GAP).expect("the cancel");
-    wire::put(
-        &mut r.app.read,
-        wire::DATA,
-        0,
-        1,
-        &[0, 0, 0, 0, 10, 1, 2, 3],
-    );
-    r.app_frames(now + BURST_GAP).expect("half a message");
+    let mut r = half_message_held(&guard, now);
     let stall = guard.config().limits.write_stall_timeout;
     if let Some(s) = r.streams.get_mut(&1) {
         s.window = 0;
