@@ -525,7 +525,7 @@ pub fn manifest_memory_limit() -> u64 {
         "components/sidecar/pod-patch.yaml",
         "components/sidecar-istio/pod-patch.yaml",
     ];
-    let re = regex::Regex::new(r"limits:\s*\{\s*memory:\s*(\d+)Mi\s*\}").expect("regex");
+    let re = regex::Regex::new(r"limits:\s*\{[^}]*\bmemory:\s*(\d+)Mi").expect("regex");
     patches
         .iter()
         .map(|o| {
