@@ -64,6 +64,10 @@ where
 {
     let mut buf = vec![0u8; H2_PREFACE.len()];
     let mut have = 0;
+    // An HTTP/1.1 request line gets the whole budget from its first byte,
+    // as the HTTP/1.1 server's own head timer would have given it.
+    let budget = deadline.saturating_duration_since(Instant::now());
+    let mut line_deadline = deadline;
     let protocol = loop {
         if buf[..have] != H2_PREFACE[..have] {
             let line = H2_PREFACE_LINE.min(have);
@@ -81,11 +85,14 @@ where
         if n == 0 {
             return Err(SniffError::Closed);
         }
+        if have == 0 {
+            line_deadline = Instant::now() + budget;
+        }
         have += n;
     };
     buf.truncate(have);
     let protocol = match protocol {
-        Protocol::Http1 => request_line(&mut io, &mut buf, deadline).await?,
+        Protocol::Http1 => request_line(&mut io, &mut buf, line_deadline).await?,
         p => p,
     };
     Ok((
@@ -363,6 +370,36 @@ mod tests {
         let mut answer = Vec::new();
         client.read_to_end(&mut answer).await.expect("read");
         assert_eq!(answer, BAD_PREFACE_ANSWER);
+    }
+
+    /// A request line begun just before the header read timeout and
+    /// finished after it is still read: its budget counts from its first
+    /// byte (the third review of issue 55's changes).
+    #[tokio::test(start_paused = true)]
+    async fn a_request_line_gets_its_budget_from_its_first_byte() {
+        let (mut client, server) = tokio::io::duplex(1024);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let writer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(9_500)).await;
+            client.write_all(b"GET").await.expect("write");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            client
+                .write_all(b" / HTTP/1.1\r\nhost: x\r\n\r\n")
+                .await
+                .expect("write");
+            client
+        });
+        let (p, _io) = sniff(server, deadline).await.expect("sniff");
+        assert_eq!(p, Protocol::Http1);
+        drop(writer.await);
+        // A line still unfinished a whole budget after its first byte is not.
+        let (mut client, server) = tokio::io::duplex(1024);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        client.write_all(b"GET /").await.expect("write");
+        assert!(matches!(
+            sniff(server, deadline).await,
+            Err(SniffError::Timeout)
+        ));
     }
 
     #[tokio::test]
