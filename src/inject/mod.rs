@@ -25,6 +25,7 @@ use k8s_openapi::api::core::v1::{Container, LifecycleHandler, PodSpec, VolumeMou
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
+mod certificate;
 mod istio;
 pub mod manifest;
 pub mod mesh;
