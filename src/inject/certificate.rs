@@ -5,20 +5,17 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use tokio_util::sync::CancellationToken;
-
-use super::webhook::{ReloadLabels, Webhook};
 
 /// The certificate and key as last loaded, read again when the files change.
 #[derive(Debug)]
 pub struct Certificate {
-    cert: PathBuf,
+    pub(super) cert: PathBuf,
     key: PathBuf,
     current: RwLock<(Vec<u8>, Arc<CertifiedKey>)>,
     /// The leaf's notAfter, Unix seconds, of the pair now served.
@@ -106,45 +103,6 @@ pub fn not_after(der: &[u8]) -> Result<i64, String> {
     let (_, parsed) = x509_parser::parse_x509_certificate(der)
         .map_err(|e| format!("the first certificate does not parse: {e}"))?;
     Ok(parsed.validity().not_after.timestamp())
-}
-
-/// Checks the files every `every` and counts each reload.
-pub async fn watch(
-    cert: Arc<Certificate>,
-    metrics: Arc<Webhook>,
-    every: Duration,
-    stop: CancellationToken,
-) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let c = cert.clone();
-        let result = tokio::task::spawn_blocking(move || c.reload()).await;
-        let result = match result {
-            Ok(Ok(false)) => continue,
-            Ok(Ok(true)) => {
-                tracing::info!(cert = %cert.cert.display(), "webhook: serving certificate reloaded");
-                "ok"
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "webhook: the certificate files changed but do not load; serving the previous pair");
-                "failed"
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "webhook: reloading the certificate failed");
-                "failed"
-            }
-        };
-        metrics
-            .metrics
-            .reloads
-            .get_or_create(&ReloadLabels { result })
-            .inc();
-    }
 }
 
 /// The TLS settings: the reloading certificate, HTTP/1.1 (what the API

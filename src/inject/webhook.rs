@@ -43,7 +43,7 @@ use super::{Mode, PodChange, Refusal, Settings};
 
 /// The path the MutatingWebhookConfiguration calls for namespaces without
 /// Istio's labels (Istio injects only the pods that ask for it by label).
-pub use super::certificate::{not_after, tls_config, watch, Certificate};
+pub use super::certificate::{not_after, tls_config, Certificate};
 
 pub const PATH: &str = "/inject";
 /// The path of its webhooks for namespaces Istio injects: the Istio mode,
@@ -120,8 +120,8 @@ struct DeclinedLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(super) struct ReloadLabels {
-    pub(super) result: &'static str,
+struct ReloadLabels {
+    result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -134,7 +134,7 @@ pub struct Metrics {
     reviews: Family<ReviewLabels, Counter>,
     istio_declined: Family<DeclinedLabels, Counter>,
     latency: Histogram,
-    pub(super) reloads: Family<ReloadLabels, Counter>,
+    reloads: Family<ReloadLabels, Counter>,
     /// Seconds until the serving certificate's notAfter, set at each scrape.
     expiry: Gauge,
     rejected: Family<RejectedLabels, Counter>,
@@ -548,6 +548,47 @@ fn pod_name(pod: Option<&DynamicObject>) -> String {
         (Some(n), _) => n.to_owned(),
         (None, Some(g)) => format!("{g}*"),
         (None, None) => "(no name)".into(),
+    }
+}
+
+// === the certificate's reloads ===
+
+/// Checks the files every `every` and counts each reload.
+pub async fn watch(
+    cert: Arc<Certificate>,
+    metrics: Arc<Webhook>,
+    every: Duration,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let c = cert.clone();
+        let result = tokio::task::spawn_blocking(move || c.reload()).await;
+        let result = match result {
+            Ok(Ok(false)) => continue,
+            Ok(Ok(true)) => {
+                tracing::info!(cert = %cert.cert.display(), "webhook: serving certificate reloaded");
+                "ok"
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "webhook: the certificate files changed but do not load; serving the previous pair");
+                "failed"
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "webhook: reloading the certificate failed");
+                "failed"
+            }
+        };
+        metrics
+            .metrics
+            .reloads
+            .get_or_create(&ReloadLabels { result })
+            .inc();
     }
 }
 
