@@ -37,6 +37,46 @@ fn inject(yaml: &str, mode: Mode) -> Result<String, Vec<String>> {
     transform(yaml, &settings, Direction::Inject).map(|(out, _)| out)
 }
 
+/// The answer of a webhook in `mode` to a CREATE of `pod` in namespace
+/// `shop`, labelled as `ns` says.
+fn webhook_answer(pod: &Value, mode: Mode, ns: mesh::Namespace) -> Value {
+    let hook = webhook::Webhook::new(
+        Settings {
+            mode,
+            ..Settings::default()
+        },
+        "default".into(),
+    );
+    let (answer, _) = hook.review(create_review(pod).to_string().as_bytes(), ns);
+    answer["response"].clone()
+}
+
+/// An AdmissionReview of a CREATE of `pod` in namespace `shop`.
+fn create_review(pod: &Value) -> Value {
+    serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "shop", "operation": "CREATE", "userInfo": {}, "object": pod, "dryRun": false,
+        },
+    })
+}
+
+/// `pod` with a webhook answer's JSON Patch (if any) applied.
+fn patched(pod: &Value, response: &Value) -> Value {
+    use base64::Engine;
+    let mut pod = pod.clone();
+    if let Some(patch) = response["patch"].as_str() {
+        let patch = base64::engine::general_purpose::STANDARD
+            .decode(patch)
+            .expect("base64");
+        let patch: json_patch::Patch = serde_json::from_slice(&patch).expect("a JSON Patch");
+        json_patch::patch(&mut pod, &patch).expect("the patch applies");
+    }
+    pod
+}
+
 fn pod_of(doc: &Value) -> &Value {
     doc.pointer("/spec/template/spec").expect("pod spec")
 }

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use super::super::manifest::{self, Direction};
 use super::super::mesh::Namespace;
 use super::super::*;
-use super::api_server;
+use super::{api_server, patched, webhook_answer};
 
 /// The endpoints controller's port for a pod (Kubernetes
 /// `pkg/api/v1/pod.FindPort`): a number is itself; a name is the first
@@ -91,34 +91,9 @@ fn create(pod: &Value, mode: Mode, webhook_up: bool) -> Value {
     if !webhook_up {
         return pod.clone();
     }
-    let hook = webhook::Webhook::new(
-        Settings {
-            mode,
-            ..Settings::default()
-        },
-        "default".into(),
-    );
-    let review = json!({
-        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-        "request": {
-            "uid": "u-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": "shop", "operation": "CREATE", "userInfo": {}, "object": pod, "dryRun": false,
-        },
-    });
-    let (answer, _) = hook.review(review.to_string().as_bytes(), Namespace::Unlabelled);
-    let response = &answer["response"];
+    let response = webhook_answer(pod, mode, Namespace::Unlabelled);
     assert_eq!(response["allowed"], true, "{response}");
-    let mut pod = pod.clone();
-    if let Some(patch) = response["patch"].as_str() {
-        use base64::Engine;
-        let patch = base64::engine::general_purpose::STANDARD
-            .decode(patch)
-            .expect("base64");
-        let patch: json_patch::Patch = serde_json::from_slice(&patch).expect("a JSON Patch");
-        json_patch::patch(&mut pod, &patch).expect("the patch applies");
-    }
-    pod
+    patched(pod, &response)
 }
 
 fn injected(pod: &Value) -> bool {

@@ -11,7 +11,7 @@ use serde_json::{json, Map, Value};
 
 use super::super::mesh::{Declined, Namespace};
 use super::super::*;
-use super::api_server;
+use super::{api_server, patched};
 
 const CONFIG: &str =
     include_str!("../../../deploy/webhook/revision/mutatingwebhookconfiguration.yaml");
@@ -229,19 +229,6 @@ fn review(hook: &webhook::Webhook, pod: &Value, ns: Namespace) -> Value {
     hook.review(review.to_string().as_bytes(), ns).0["response"].clone()
 }
 
-fn apply(pod: &Value, response: &Value) -> Value {
-    use base64::Engine;
-    let mut pod = pod.clone();
-    if let Some(patch) = response["patch"].as_str() {
-        let patch = base64::engine::general_purpose::STANDARD
-            .decode(patch)
-            .expect("base64");
-        let patch: json_patch::Patch = serde_json::from_slice(&patch).expect("a JSON Patch");
-        json_patch::patch(&mut pod, &patch).expect("the patch applies");
-    }
-    pod
-}
-
 fn namespace_of(path: &str) -> Namespace {
     match path {
         webhook::PATH => Namespace::Unlabelled,
@@ -279,7 +266,7 @@ fn every_label_combination_takes_the_istio_mode_exactly_where_istio_injects() {
             }
             let hook = webhook::Webhook::new(Settings::default(), "default".into());
             let response = review(&hook, &pod, namespace_of(&path));
-            let got = apply(&pod, &response);
+            let got = patched(&pod, &response);
             let warnings = response["warnings"].as_array().cloned().unwrap_or_default();
             let containers: Vec<&str> = got["spec"]["containers"]
                 .as_array()
@@ -349,7 +336,7 @@ fn a_pod_istio_does_not_inject_after_all_is_left_whole() {
     let hook = webhook::Webhook::new(Settings::default(), "default".into());
     let response = review(&hook, &original, Namespace::Injected);
     assert!(response["warnings"].is_null(), "{response}");
-    let got = apply(&original, &response);
+    let got = patched(&original, &response);
     assert!(api_server::refusals(&got).is_empty());
     assert_eq!(got["spec"], original["spec"], "{got:#}");
     assert_eq!(got["metadata"]["labels"], original["metadata"]["labels"]);

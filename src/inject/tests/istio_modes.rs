@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::super::manifest::{self, Direction};
 use super::super::*;
 use super::istio_injector::{self, Mesh};
-use super::{api_server, names};
+use super::{api_server, names, patched};
 
 /// Where the API server sends drainshim's review: the webhook for namespaces
 /// Istio injects, or the plain one (in the webhook's `--mode`), which takes
@@ -97,21 +97,12 @@ fn review(pod: &Value, path: Path) -> Value {
 /// drainshim's webhook: the pod with its answer applied (the real review
 /// path, JSON Patch and all). Every call here must inject, never refuse.
 fn drainshim_webhook(pod: &Value, path: Path) -> Value {
-    use base64::Engine;
     let response = review(pod, path);
     assert!(
         response["allowed"] == true && response["warnings"].is_null(),
         "{response}"
     );
-    let mut pod = pod.clone();
-    if let Some(patch) = response["patch"].as_str() {
-        let patch = base64::engine::general_purpose::STANDARD
-            .decode(patch)
-            .expect("base64");
-        let patch: json_patch::Patch = serde_json::from_slice(&patch).expect("a JSON Patch");
-        json_patch::patch(&mut pod, &patch).expect("the patch applies");
-    }
-    pod
+    patched(pod, &response)
 }
 
 /// A mutating webhook, as the API server calls it.

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use super::super::manifest::{self, Direction};
 use super::super::mesh::Namespace;
 use super::super::*;
-use super::api_server;
+use super::{api_server, patched, webhook_answer};
 
 fn pod() -> Value {
     json!({
@@ -20,34 +20,9 @@ fn pod() -> Value {
 }
 
 fn drainshim(pod: &Value, mode: Mode) -> Value {
-    let hook = webhook::Webhook::new(
-        Settings {
-            mode,
-            ..Settings::default()
-        },
-        "default".into(),
-    );
-    let review = json!({
-        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-        "request": {
-            "uid": "u-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": "shop", "operation": "CREATE", "userInfo": {}, "object": pod, "dryRun": false,
-        },
-    });
-    let (answer, _) = hook.review(review.to_string().as_bytes(), Namespace::Unlabelled);
-    let response = &answer["response"];
+    let response = webhook_answer(pod, mode, Namespace::Unlabelled);
     assert!(response["warnings"].is_null(), "{response}");
-    let mut pod = pod.clone();
-    if let Some(patch) = response["patch"].as_str() {
-        use base64::Engine;
-        let patch = base64::engine::general_purpose::STANDARD
-            .decode(patch)
-            .expect("base64");
-        let patch: json_patch::Patch = serde_json::from_slice(&patch).expect("a JSON Patch");
-        json_patch::patch(&mut pod, &patch).expect("the patch applies");
-    }
-    pod
+    patched(pod, &response)
 }
 
 const MIRROR: &str = "mirror.example.com/";
