@@ -1,10 +1,11 @@
 //! `drainshim inject` and `drainshim webhook` on input nobody checked: the
 //! first byte picks manifests (YAML, injected then uninjected) or an
-//! AdmissionReview body, the mode (Istio or not) and the path; the rest is
-//! the input.
+//! AdmissionReview body, the mode (Istio or not) and the path (which
+//! namespace called); the rest is the input.
 #![no_main]
 
 use drainshim::inject::manifest::{transform, Direction};
+use drainshim::inject::mesh::Namespace;
 use drainshim::inject::webhook::Webhook;
 use drainshim::inject::{Mode, Settings};
 use libfuzzer_sys::fuzz_target;
@@ -34,7 +35,12 @@ fuzz_target!(|data: &[u8]| {
     } else {
         // Every answer allows the pod.
         let hook = Webhook::new(settings, "default".into());
-        let (answer, _) = hook.review(body, istio);
+        let ns = match (which >> 3) % 3 {
+            0 => Namespace::Unlabelled,
+            1 => Namespace::Injected,
+            _ => Namespace::Disabled,
+        };
+        let (answer, _) = hook.review(body, ns);
         assert!(answer.is_null() || answer["response"]["allowed"] == true);
     }
 });
