@@ -1,7 +1,8 @@
 //! The checks of drainshim's own objects: the webhook's TLS (`webhook-ca`),
-//! which revision serves each opted-in namespace (`revision`), Services that
-//! would drop pods without drainshim (`service-port`), and pods without it
-//! (`not-injected`).
+//! which revision serves each opted-in namespace, directly or through a tag
+//! (`revision`), Services that would drop pods without drainshim
+//! (`service-port`), pods without it (`not-injected`), and which drainshim
+//! each namespace's pods run (`versions`).
 
 use std::collections::BTreeMap;
 
@@ -10,7 +11,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use super::{string_map, Finding, Object};
-use crate::inject::{self, DEFAULT_REVISION, ENABLED, INJECT, INJECTED, NEVER_SERVED, REV};
+use crate::inject::{
+    self, DEFAULT_REVISION, ENABLED, INJECT, INJECTED, NEVER_SERVED, OPTED_OUT, REV, REVISION, VERSION,
+};
 
 /// cert-manager's cainjector annotation: the Certificate (namespace/name)
 /// whose CA it copies into every webhook's caBundle.
@@ -18,6 +21,9 @@ pub const CA_FROM: &str = "cert-manager.io/inject-ca-from";
 /// The suffix of every drainshim webhook's name (inject.drainshim.io,
 /// canary.istio.inject.drainshim.io, ...).
 pub const WEBHOOK_SUFFIX: &str = ".drainshim.io";
+/// The name of every revision tag's MutatingWebhookConfiguration begins so
+/// (deploy/webhook/tags: drainshim-tag-stable, ...).
+pub const TAG_PREFIX: &str = "drainshim-tag-";
 
 /// The export, indexed for the checks.
 pub struct Export<'a> {
@@ -63,11 +69,17 @@ impl<'a> Export<'a> {
     }
 }
 
-/// The revision that serves a namespace with these labels, as the shipped
-/// namespaceSelectors decide: `drainshim.io/rev` whatever `drainshim.io/inject`
-/// says, else the default revision for `drainshim.io/inject=enabled`.
+/// The revision (or tag) that serves a namespace with these labels, as the
+/// shipped namespaceSelectors decide: none when `drainshim.io/inject` opts it
+/// out (`disabled`, `false`), whatever `drainshim.io/rev` says; else
+/// `drainshim.io/rev`; else the default revision for
+/// `drainshim.io/inject=enabled`.
 fn revision_of(labels: &BTreeMap<String, String>, name: &str) -> Option<String> {
-    if NEVER_SERVED.contains(&name) {
+    if NEVER_SERVED.contains(&name)
+        || labels
+            .get(INJECT)
+            .is_some_and(|v| OPTED_OUT.contains(&v.as_str()))
+    {
         return None;
     }
     match labels.get(REV) {
@@ -268,8 +280,8 @@ pub fn revisions(export: &Export, out: &mut Vec<Finding>) {
         ));
         return;
     }
-    // Revision -> its Deployments, each with whether a Service selects its pods.
-    let mut served: BTreeMap<String, Vec<(String, bool)>> = BTreeMap::new();
+    // Revision -> its Deployments, each with the Services that select its pods.
+    let mut served: BTreeMap<String, Vec<(String, Vec<(String, String)>)>> = BTreeMap::new();
     for d in export.of_kind("Deployment") {
         let labels = d.map("/spec/template/metadata/labels");
         let containers = d.value.pointer("/spec/template/spec/containers");
@@ -281,8 +293,31 @@ pub fn revisions(export: &Export, out: &mut Vec<Finding>) {
         {
             let reached = export
                 .of_kind("Service")
-                .any(|s| s.namespace == d.namespace && selects(s, &labels));
+                .filter(|s| s.namespace == d.namespace && selects(s, &labels))
+                .map(|s| (s.namespace.clone(), s.name.clone()))
+                .collect();
             served.entry(rev).or_default().push((d.id(), reached));
+        }
+    }
+    // Tag -> the Services its webhooks call (a drainshim webhook selecting
+    // namespaces by drainshim.io/rev In [tag]).
+    let tags = tag_services(export);
+    for ns in export.of_kind("Namespace") {
+        let labels = ns.labels();
+        match labels.get(INJECT).map(String::as_str) {
+            Some(v) if v != ENABLED && !OPTED_OUT.contains(&v) => out.push(Finding::problem(
+                "revision",
+                ns,
+                format!(
+                    "labelled {INJECT}={v}, a value no webhook reads: the namespace is neither opted in \
+                     (enabled) nor out (disabled)"
+                ),
+                format!(
+                    "kubectl label namespace {} --overwrite {INJECT}=enabled (or =disabled)",
+                    ns.name
+                ),
+            )),
+            _ => {}
         }
     }
     for (name, rev) in &export.opted_in {
@@ -294,21 +329,55 @@ pub fn revisions(export: &Export, out: &mut Vec<Finding>) {
         } else {
             format!("{REV}={rev}")
         };
-        match served.get(rev) {
-            None => out.push(Finding::problem(
+        match (served.get(rev), tags.get(rev.as_str())) {
+            (None, Some(services)) => {
+                // A tag: some Service it calls must reach a webhook Deployment.
+                let reached: Vec<String> = services
+                    .iter()
+                    .flat_map(|(svc_ns, svc)| {
+                        served.values().flatten().filter_map(move |(dep, svcs)| {
+                            svcs.iter()
+                                .any(|s| s == &(svc_ns.clone(), svc.clone()))
+                                .then(|| dep.clone())
+                        })
+                    })
+                    .collect();
+                if reached.is_empty() {
+                    out.push(Finding::problem(
+                        "revision",
+                        ns,
+                        format!(
+                            "labelled {label}, a tag whose webhooks call {}, which selects no webhook \
+                             Deployment in the export: its pods are created without drainshim, and nothing warns",
+                            services
+                                .iter()
+                                .map(|(n, s)| format!("Service/{n}/{s}"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                        format!(
+                            "point the tag at a running revision (deploy/webhook/tags/{rev}: the Service and \
+                             CA annotation), or export that revision's Deployment and Service too"
+                        ),
+                    ))
+                }
+            }
+            (None, None) => out.push(Finding::problem(
                 "revision",
                 ns,
                 format!(
                     "labelled {label}, but no webhook Deployment in the export runs `drainshim webhook \
-                     --revision={rev}`: its pods are created without drainshim, and nothing warns"
+                     --revision={rev}` and no tag {rev} points at one: its pods are created without \
+                     drainshim, and nothing warns"
                 ),
                 format!(
                     "apply that revision (deploy/webhook, or a copy of deploy/webhook/canary for a named one) \
-                     or relabel the namespace (kubectl label namespace {name} {REV}-); if it runs, export its \
-                     Deployment and Service too"
+                     or a tag of that name (deploy/webhook/tags), or relabel the namespace (kubectl label \
+                     namespace {name} {REV}-); if it runs, export its Deployment, Service and \
+                     MutatingWebhookConfiguration too"
                 ),
             )),
-            Some(deployments) if !deployments.iter().any(|(_, reached)| *reached) => {
+            (Some(deployments), _) if !deployments.iter().any(|(_, svcs)| !svcs.is_empty()) => {
                 out.push(Finding::problem(
                     "revision",
                     ns,
@@ -320,9 +389,49 @@ pub fn revisions(export: &Export, out: &mut Vec<Finding>) {
                     "apply the revision's Service (deploy/webhook/revision/service.yaml)".into(),
                 ))
             }
-            Some(_) => {}
+            (Some(_), _) => {}
         }
     }
+}
+
+/// Tags: for each value `v` of a drainshim webhook's namespaceSelector
+/// `drainshim.io/rev In [v]` in a configuration named `drainshim-tag-...`,
+/// the Services (namespace, name) its webhooks call.
+fn tag_services<'a>(export: &Export<'a>) -> BTreeMap<&'a str, Vec<(String, String)>> {
+    let mut tags: BTreeMap<&str, Vec<(String, String)>> = BTreeMap::new();
+    for mwc in export
+        .of_kind("MutatingWebhookConfiguration")
+        .filter(|m| m.name.starts_with(TAG_PREFIX))
+    {
+        for hook in mwc.value.get("webhooks").and_then(Value::as_array).into_iter().flatten() {
+            let service = hook.pointer("/clientConfig/service");
+            let svc = (
+                service.and_then(|s| s.get("namespace")).and_then(Value::as_str),
+                service.and_then(|s| s.get("name")).and_then(Value::as_str),
+            );
+            let (Some(svc_ns), Some(svc)) = svc else {
+                continue;
+            };
+            let exprs = hook.pointer("/namespaceSelector/matchExpressions");
+            for e in exprs.and_then(Value::as_array).into_iter().flatten() {
+                if e.get("key").and_then(Value::as_str) != Some(REV)
+                    || e.get("operator").and_then(Value::as_str) != Some("In")
+                {
+                    continue;
+                }
+                for tag in e.get("values").and_then(Value::as_array).into_iter().flatten() {
+                    if let Some(tag) = tag.as_str() {
+                        let list = tags.entry(tag).or_default();
+                        let one = (svc_ns.to_owned(), svc.to_owned());
+                        if !list.contains(&one) {
+                            list.push(one);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    tags
 }
 
 /// Check 3: A Service in an opted-in namespace must not target a port only
@@ -427,6 +536,48 @@ pub fn not_injected(export: &Export, out: &mut Vec<Finding>) {
                  back without drainshim, `drainshim inject -f` on its manifest names why, or opt it out with \
                  {INJECT}: \"false\"",
                 pod.namespace
+            ),
+        ));
+    }
+}
+
+/// Check 5 (info): which drainshim each namespace's injected pods run, by
+/// release and revision (the annotations the injection writes): the version
+/// spread a rollout of a new revision moves.
+pub fn versions(export: &Export, out: &mut Vec<Finding>) {
+    // Namespace -> (release, revision) -> pods.
+    let mut spread: BTreeMap<&str, BTreeMap<(String, String), usize>> = BTreeMap::new();
+    for pod in export.of_kind("Pod") {
+        let annotations = pod.map("/metadata/annotations");
+        if !annotations.contains_key(INJECTED) {
+            continue;
+        }
+        let field = |key: &str| {
+            annotations
+                .get(key)
+                .cloned()
+                .unwrap_or_else(|| "unrecorded".into())
+        };
+        *spread
+            .entry(pod.namespace.as_str())
+            .or_default()
+            .entry((field(VERSION), field(REVISION)))
+            .or_default() += 1;
+    }
+    for (ns, runs) in spread {
+        let total: usize = runs.values().sum();
+        let list: Vec<String> = runs
+            .iter()
+            .map(|((version, revision), n)| format!("{n} on {version} (revision {revision})"))
+            .collect();
+        let mixed = if runs.len() > 1 { ", mixed" } else { "" };
+        out.push(Finding::info(
+            "versions",
+            format!("Namespace/{ns}"),
+            format!(
+                "{total} injected pod(s){mixed}: {} ({VERSION}, {REVISION}; \"unrecorded\": injected \
+                 by drainshim `inject` or a release before they were written)",
+                list.join(", ")
             ),
         ));
     }

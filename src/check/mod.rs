@@ -7,12 +7,15 @@
 //! - `webhook-ca` (`cluster`): drainshim's MutatingWebhookConfiguration has
 //!   no caBundle and no cainjector annotation, or its Certificate's issuer is
 //!   missing;
-//! - `revision` (`cluster`): an opted-in namespace whose revision no webhook
-//!   Deployment and Service serve;
+//! - `revision` (`cluster`): an opted-in namespace whose revision (or tag)
+//!   no webhook Deployment and Service serve, or whose `drainshim.io/inject`
+//!   is a value no webhook reads;
 //! - `service-port` (`cluster`): a Service in an opted-in namespace that
 //!   targets a port only injected pods have;
 //! - `not-injected` (`cluster`): a pod of an opted-in namespace without
 //!   drainshim;
+//! - `versions` (`cluster`, info): which drainshim release and revision each
+//!   namespace's injected pods run;
 //! - `istio-mode` (`istio`): the Istio proxy mode drainshim will meet, and
 //!   the combination deploy/README.md does not support;
 //! - `istio-routing` (`istio`): an app port of an Istio pod that no routing
@@ -213,6 +216,7 @@ pub fn check(objects: &[Object]) -> Report {
     cluster::revisions(&export, &mut findings);
     cluster::service_ports(&export, &mut findings);
     cluster::not_injected(&export, &mut findings);
+    cluster::versions(&export, &mut findings);
     istio::mode(&export, &mut findings);
     istio::routing(&export, &mut findings);
     Report {

@@ -28,8 +28,14 @@ fn the_healthy_cluster_has_no_problem_and_says_which_istio_mode() {
     let report = run(&[("healthy.yaml", HEALTHY)]);
     assert_eq!(problems(&report), vec![], "{}", report.render());
     assert!(report.healthy());
-    assert_eq!(report.objects, 17);
-    let info: Vec<&Finding> = report.findings.iter().collect();
+    assert_eq!(report.objects, 20);
+    let versions = report.findings.iter().filter(|f| f.check == "versions");
+    assert_eq!(versions.count(), 2, "{}", report.render());
+    let info: Vec<&Finding> = report
+        .findings
+        .iter()
+        .filter(|f| f.check != "versions")
+        .collect();
     assert_eq!(info.len(), 1, "{}", report.render());
     assert_eq!(info[0].check, "istio-mode");
     assert_eq!(
@@ -45,7 +51,7 @@ fn the_healthy_cluster_has_no_problem_and_says_which_istio_mode() {
     assert!(
         report
             .render()
-            .ends_with("0 problem(s), 1 info, in 17 object(s): healthy\n"),
+            .ends_with("0 problem(s), 3 info, in 20 object(s): healthy\n"),
         "{}",
         report.render()
     );
@@ -73,6 +79,20 @@ const BROKEN: &[(&str, &str, &str, &str, &str)] = &[
         "revision",
         "Namespace/payments",
         "labelled drainshim.io/rev=canary, but no webhook Deployment",
+    ),
+    (
+        "tag.yaml",
+        include_str!("../../tests/fixtures/check/tag.yaml"),
+        "revision",
+        "Namespace/reports",
+        "a tag whose webhooks call Service/drainshim-system/drainshim-webhook-nightly",
+    ),
+    (
+        "inject-label.yaml",
+        include_str!("../../tests/fixtures/check/inject-label.yaml"),
+        "revision",
+        "Namespace/ops",
+        "labelled drainshim.io/inject=true, a value no webhook reads",
     ),
     (
         "service-port.yaml",
@@ -188,6 +208,7 @@ fn a_revision_without_a_service_is_not_served() {
     assert_eq!(
         problems(&report),
         vec![
+            ("revision", "Namespace/billing"),
             ("revision", "Namespace/mesh"),
             ("revision", "Namespace/shop")
         ]

@@ -25,12 +25,18 @@ empty caBundle) or names an Issuer or ClusterIssuer that is not in the export. T
 then cannot verify the webhook, and pods are created without drainshim.\n\
 - revision: a namespace labelled drainshim.io/rev=<name> (or drainshim.io/inject=enabled, the \
 default revision) that no webhook Deployment (`drainshim webhook --revision=<name>`) with a \
-Service selecting its pods serves.\n\
+Service selecting its pods serves, directly or through a tag (a MutatingWebhookConfiguration \
+drainshim-tag-<name> whose webhooks call a revision's Service); and a namespace whose \
+drainshim.io/inject is neither enabled nor disabled (or false), which no webhook reads. \
+drainshim.io/inject=disabled opts a namespace out whatever its drainshim.io/rev says.\n\
 - service-port: a Service of an opted-in namespace whose targetPort is a port only injected \
 pods have (envoy-inbound, Envoy's 10000, drainshim's): it drops every pod created without \
 drainshim. Keep the app's own port name.\n\
 - not-injected: a running pod of an opted-in namespace without the drainshim.io/injected \
 annotation (pods opted out, Jobs' and finished pods aside).\n\
+- versions (info): per namespace, how many injected pods run which drainshim release and \
+revision (the annotations drainshim.io/version and drainshim.io/revision the injection writes): \
+the version spread a move to a new revision goes through.\n\
 - istio-mode (Istio's istio-sidecar-injector and istio ConfigMaps, istiod, its webhooks): \
 info on the proxy mode drainshim will meet (native sidecars, classic, classic holding the app), \
 from ENABLE_NATIVE_SIDECARS (istiod's env or values.pilot.env) and \

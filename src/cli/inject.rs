@@ -74,6 +74,7 @@ impl InjectionArgs {
             envoy_image: self.envoy_image.clone(),
             services: false,
             await_istio: false,
+            revision: None,
         }
     }
 }

@@ -44,8 +44,18 @@ pub const INJECT: &str = "drainshim.io/inject";
 pub const APP_PORT: &str = "drainshim.io/app-port";
 /// Pod annotation written by the injection: what it changed, for `--uninject`.
 pub const INJECTED: &str = "drainshim.io/injected";
-/// Namespace label: which revision of the webhook serves it (deploy/webhook/canary).
+/// Namespace label: which revision of the webhook serves it, by its name
+/// (deploy/webhook/canary) or a tag that points at one (deploy/webhook/tags).
 pub const REV: &str = "drainshim.io/rev";
+/// Values of `INJECT` on a namespace that opt it out, whatever its `REV`.
+pub const OPTED_OUT: [&str; 2] = ["disabled", "false"];
+/// Pod annotation written by the webhook: the revision that injected it.
+pub const REVISION: &str = "drainshim.io/revision";
+/// Pod annotation written by every injection: the release of drainshim that
+/// injected it, which is the release it runs (a revision injects its own).
+pub const VERSION: &str = "drainshim.io/version";
+/// This release, as `VERSION` records it.
+pub const RELEASE: &str = env!("CARGO_PKG_VERSION");
 /// The value of `INJECT` on a namespace that the default revision serves.
 pub const ENABLED: &str = "enabled";
 /// The revision that serves namespaces labelled `INJECT=enabled` without `REV`.
@@ -100,6 +110,9 @@ pub struct Settings {
     /// not inject (the mesh's neverInjectSelector, `policy: disabled`) is
     /// then left whole, never given a proxy customization no one merges.
     pub await_istio: bool,
+    /// The webhook's revision (`--revision`), recorded on each pod it injects
+    /// (`REVISION`); `None` for `drainshim inject`.
+    pub revision: Option<String>,
 }
 
 impl Default for Settings {
@@ -110,6 +123,7 @@ impl Default for Settings {
             envoy_image: None,
             services: false,
             await_istio: false,
+            revision: None,
         }
     }
 }
@@ -179,7 +193,8 @@ struct Marker {
     /// The pod's own terminationGracePeriodSeconds (none: the default).
     grace: Option<i64>,
     /// Labels and annotations the injection set, each with its value before
-    /// (none: absent). Istio mode only.
+    /// (none: absent): Istio's in the Istio mode, and drainshim's revision
+    /// and version in every mode.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     labels: BTreeMap<String, Option<String>>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -296,6 +311,12 @@ pub fn inject(
     if settings.mode == Mode::Istio {
         istio_labels(&mut meta2, patch, port, &mut marker);
         istio_annotations(&mut meta2, patch, &mut marker)?;
+    }
+    // Which drainshim the pod runs, for a platform team's version spread
+    // (`drainshim check`, versions).
+    set(&mut meta2.annotations, &mut marker.annotations, VERSION, RELEASE.into());
+    if let Some(revision) = &settings.revision {
+        set(&mut meta2.annotations, &mut marker.annotations, REVISION, revision.clone());
     }
 
     // The patch's grace period covers its drain; a longer one of the pod's own

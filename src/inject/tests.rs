@@ -186,6 +186,41 @@ fn injecting_twice_is_injecting_once_and_uninject_restores_the_original() {
 }
 
 #[test]
+fn an_injected_pod_records_the_revision_and_release_and_uninject_takes_them_out() {
+    let pod: Value = serde_json::from_str(
+        r#"{"metadata": {"name": "orders-1", "annotations": {"team": "checkout"}},
+            "spec": {"containers": [{"name": "server", "image": "orders:1",
+                                     "ports": [{"name": "grpc", "containerPort": 7070}]}]}}"#,
+    )
+    .unwrap();
+    for ns in [mesh::Namespace::Unlabelled, mesh::Namespace::Disabled] {
+        let hook = webhook::Webhook::new(Settings::default(), "canary".into());
+        let (answer, _) = hook.review(create_review(&pod).to_string().as_bytes(), ns);
+        let injected = patched(&pod, &answer["response"]);
+        let annotations = &injected["metadata"]["annotations"];
+        assert_eq!(annotations[REVISION], "canary", "{ns:?}: {annotations}");
+        assert_eq!(annotations[VERSION], env!("CARGO_PKG_VERSION"), "{ns:?}");
+        assert_eq!(annotations["team"], "checkout", "{ns:?}");
+        // The webhook's second call (reinvocation) changes nothing.
+        let (again, _) = hook.review(create_review(&injected).to_string().as_bytes(), ns);
+        assert_eq!(patched(&injected, &again["response"]), injected, "{ns:?}");
+    }
+    // `drainshim inject` records the release, and no revision.
+    let once = docs(&inject(&deployment(ONE_PORT), Mode::Sidecar).expect("inject"));
+    let annotations = &once[0]["spec"]["template"]["metadata"]["annotations"];
+    assert_eq!(annotations[VERSION], env!("CARGO_PKG_VERSION"));
+    assert!(annotations.get(REVISION).is_none(), "{annotations}");
+    // A pod that carried either annotation before gets its own value back.
+    let own = ONE_PORT.replace(
+        "metadata: {labels: {app: orders}}",
+        "metadata: {labels: {app: orders}, annotations: {drainshim.io/version: mine}}",
+    );
+    let once = inject(&deployment(&own), Mode::Sidecar).expect("inject");
+    let (undone, _) = transform(&once, &Settings::default(), Direction::Uninject).expect("uninject");
+    assert_eq!(docs(&undone), docs(&deployment(&own)));
+}
+
+#[test]
 fn a_longer_grace_period_is_kept_and_the_shim_told() {
     let pod = ONE_PORT.replace(
         "    spec:\n",

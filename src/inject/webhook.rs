@@ -248,7 +248,11 @@ impl Webhook {
         }
         let limits = Limits::default();
         Webhook {
-            settings,
+            // Every pod it injects records the revision.
+            settings: Settings {
+                revision: Some(revision.clone()),
+                ..settings
+            },
             revision,
             metrics,
             draining: Default::default(),

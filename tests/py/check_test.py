@@ -21,6 +21,8 @@ BROKEN = {
     "webhook-ca.yaml": ("webhook-ca", "MutatingWebhookConfiguration/drainshim-canary"),
     "issuer.yaml": ("webhook-ca", "Certificate/drainshim-system/drainshim-webhook-canary"),
     "revision.yaml": ("revision", "Namespace/payments"),
+    "tag.yaml": ("revision", "Namespace/reports"),
+    "inject-label.yaml": ("revision", "Namespace/ops"),
     "service-port.yaml": ("service-port", "Service/shop/cart"),
     "not-injected.yaml": ("not-injected", "Pod/shop/cart-7c9d8-qwert"),
     "istio-mode.yaml": ("istio-mode", "MutatingWebhookConfiguration/istio-revision-tag-default"),
@@ -36,7 +38,7 @@ def check(*args, stdin=None):
 def test_the_healthy_cluster_exits_0():
     r = check(HEALTHY)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.splitlines()[-1] == "0 problem(s), 1 info, in 17 object(s): healthy"
+    assert r.stdout.splitlines()[-1] == "0 problem(s), 3 info, in 20 object(s): healthy"
 
 
 @pytest.mark.parametrize("fixture", sorted(BROKEN))
@@ -79,7 +81,31 @@ def test_unreadable_input_exits_65_and_a_bad_flag_64(tmp_path):
 def test_help_explains_every_check_and_exit_code():
     r = subprocess.run([BIN, "check", "--help"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0
-    for word in ["webhook-ca", "revision", "service-port", "not-injected", "istio-mode", "istio-routing"]:
+    for word in ["webhook-ca", "revision", "service-port", "not-injected", "versions", "istio-mode", "istio-routing"]:
         assert f"- {word}" in r.stdout, word
     for code in ["  0 ", "  1 ", "  64 ", "  65 "]:
         assert code in r.stdout, code
+
+
+@pytest.mark.parametrize("edit,problem", [
+    # Without its opt-out, archive's revision canary (served by nothing) is a problem.
+    (("labels: {drainshim.io/inject: disabled, drainshim.io/rev: canary}", "labels: {drainshim.io/rev: canary}"),
+     "Namespace/archive"),
+    # Without the tag stable's configuration, billing's drainshim.io/rev=stable names nothing.
+    (("name: drainshim-tag-stable", "name: drainshim-other"), "Namespace/billing"),
+])
+def test_an_opt_out_beats_a_revision_and_a_tag_resolves_to_its_revision(edit, problem):
+    with open(HEALTHY) as f:
+        healthy = f.read()
+    assert edit[0] in healthy
+    r = check("-", stdin=healthy.replace(edit[0], edit[1]))
+    assert r.returncode == 1, r.stdout + r.stderr
+    problems = [l for l in r.stdout.splitlines() if l.startswith("PROBLEM")]
+    assert [p.split()[1:3] for p in problems] == [["revision", problem + ":"]], r.stdout
+
+
+def test_versions_are_reported_per_namespace():
+    r = check("-o", "json", HEALTHY)
+    spread = {f["object"]: f["what"] for f in json.loads(r.stdout)["findings"] if f["check"] == "versions"}
+    assert set(spread) == {"Namespace/shop", "Namespace/mesh"}, spread
+    assert spread["Namespace/shop"].startswith("1 injected pod(s): 1 on 0.1.0 (revision default)"), spread

@@ -14,7 +14,7 @@ use super::super::*;
 use super::{api_server, patched};
 
 const CONFIG: &str =
-    include_str!("../../../deploy/webhook/revision/mutatingwebhookconfiguration.yaml");
+    include_str!("../../../deploy/webhook/webhooks/mutatingwebhookconfiguration.yaml");
 
 /// A label selector (matchLabels, matchExpressions) on `labels`.
 fn selects(selector: &Value, labels: &Map<String, Value>) -> bool {

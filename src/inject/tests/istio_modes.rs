@@ -230,6 +230,9 @@ fn check(case: Case, original: &Value, pod: &Value) {
         assert_eq!(port, APP_PORT_NUMBER);
         assert!(!["15090", "15020", "15021"].contains(&port.as_str().unwrap_or_default()));
     }
+    // Which drainshim runs, for the version spread.
+    assert_eq!(annotations[REVISION], "default");
+    assert_eq!(annotations[VERSION], RELEASE);
     // Injected once: another call changes nothing.
     assert_eq!(&drainshim_webhook(pod, case.path), pod);
 
