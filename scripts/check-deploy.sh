@@ -103,7 +103,7 @@ while IFS= read -r k; do
   echo "  $name: $n objects"
   built=$((built + 1))
 done < <(find "$root/deploy" -name kustomization.yaml | sort)
-[[ $built -ge 9 ]] || die "expected at least 9 kustomizations (base, sidecar, native-sidecar, istio, monitoring, daemonset, daemonset-workload, webhook, webhook/canary), built $built"
+[[ $built -ge 10 ]] || die "expected at least 10 kustomizations (base, sidecar, native-sidecar, istio, monitoring, daemonset, daemonset-workload, webhook, webhook/canary, webhook/tags/stable), built $built"
 
 # --- 2. schemas, budgets, wiring, envoy, rules sync, metrics, dashboard -------
 say "drainshim (each manifest's drainshim container is run with --check)"

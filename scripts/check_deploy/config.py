@@ -51,9 +51,10 @@ OVERLAYS_WITH_NODE_WORKLOAD = {"daemonset-workload"}
 
 # Overlays that must render the admission webhook, each exactly one revision
 # of it (the name its --revision serves), so the webhook checks can never pass
-# by finding nothing to check: deploy/webhook (the default revision) and the
-# example of a named one, deploy/webhook/canary.
-OVERLAYS_WITH_WEBHOOK = {"webhook": "default", "webhook-canary": "canary"}
+# by finding nothing to check: deploy/webhook (the default revision), the
+# example of a named one, deploy/webhook/canary, and the example of a revision
+# tag, deploy/webhook/tags/stable (the revision it points at).
+OVERLAYS_WITH_WEBHOOK = {"webhook": "default", "webhook-canary": "canary", "webhook-tags-stable": "default"}
 
 # Adopting the guard changes no app: the guard listens on its own port and
 # forwards to the app's own, unchanged one (the port the app declares in

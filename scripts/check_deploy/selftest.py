@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from .config import SCHEMA_VERSIONS
+from .config import OVERLAYS_WITH_WEBHOOK, SCHEMA_VERSIONS
 from .checker import Checker
 from .pods import all_containers, host_port, is_drainshim, pod_specs, shim_settings
 from .rollout import max_surge, surge_port_conflicts
@@ -104,7 +104,7 @@ def _webhook_container(docs: list[dict]) -> dict:
 # across revisions), edited: (what, a failure message that must appear (None:
 # no failure may), the overlay edited, the edit).
 WEBHOOK_CASES = [
-    ("the shipped default revision and canary: accepted", None, "webhook", lambda docs: None),
+    ("the shipped default revision, canary and the tag stable: accepted", None, "webhook", lambda docs: None),
     ("failurePolicy Fail (a webhook that is down blocks every pod): rejected",
      "failurePolicy Fail", "webhook", lambda docs: _hook(docs).__setitem__("failurePolicy", "Fail")),
     ("no timeoutSeconds (the API's default, 10 s): rejected",
@@ -153,6 +153,24 @@ WEBHOOK_CASES = [
      "is served by 2 webhooks", "webhook-canary",
      lambda docs: _hook(docs)["namespaceSelector"]["matchExpressions"].__setitem__(
          0, {"key": "drainshim.io/inject", "operator": "In", "values": ["enabled"]})),
+    ("canary without its opt-out term (drainshim.io/rev would beat drainshim.io/inject=disabled): rejected",
+     "no opting-out drainshim.io/inject", "webhook-canary",
+     lambda docs: _hook(docs)["namespaceSelector"]["matchExpressions"].pop(1)),
+    ("the tag stable without its opt-out term: rejected",
+     "no opting-out drainshim.io/inject", "webhook-tags-stable",
+     lambda docs: _hook(docs)["namespaceSelector"]["matchExpressions"].pop(1)),
+    ("the tag stable calling a Service no revision renders: rejected",
+     "which is not rendered by any revision", "webhook-tags-stable",
+     lambda docs: _hook(docs)["clientConfig"]["service"].__setitem__("name", "drainshim-webhook-gone")),
+    ("the tag stable named canary, a revision's name (served twice): rejected",
+     "is served by 2 webhooks", "webhook-tags-stable",
+     lambda docs: [e.__setitem__("values", ["canary"]) for h in _obj(docs, "MutatingWebhookConfiguration")["webhooks"]
+                   for e in h["namespaceSelector"]["matchExpressions"] if e["key"] == "drainshim.io/rev"]),
+    ("the tag stable rendering a Service of its own: rejected",
+     "a tag is its MutatingWebhookConfiguration alone", "webhook-tags-stable",
+     lambda docs: docs.append({"apiVersion": "v1", "kind": "Service",
+                               "metadata": {"name": "drainshim-webhook-tag-stable", "namespace": "drainshim-system"},
+                               "spec": {"selector": {"app": "x"}, "ports": [{"port": 443}]}})),
     ("canary's Deployment without its name suffix (it would replace the default's): rejected",
      "is also rendered by", "webhook-canary", lambda docs: _obj(docs, "Deployment")["metadata"].__setitem__("name", "drainshim-webhook")),
 ]
@@ -396,7 +414,7 @@ def run_selftest(rendered: Path, prometheus: Path, envoy_cache: Path, kubectl: s
             expect(any(detail in f for f in ck.failures), what, "\n".join(ck.failures) or "no failure")
 
     print("== webhook: the rendered deploy/webhook and deploy/webhook/canary, and broken copies of them")
-    shipped = {o: load(o) for o in ("webhook", "webhook-canary")}
+    shipped = {o: load(o) for o in OVERLAYS_WITH_WEBHOOK}
     for what, detail, overlay, edit in WEBHOOK_CASES:
         rendered_copy = copy.deepcopy(shipped)
         edit(rendered_copy[overlay])

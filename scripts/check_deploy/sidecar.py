@@ -165,12 +165,15 @@ def port_name_given_back(template: dict) -> dict:
 def comparable_pod(template: dict) -> dict:
     """A pod template as inject and the Component may each write it: inject's
     port name given back (port_name_given_back) and its record of what it
-    replaced left out, the containers and volumes in name order (the
+    replaced and its record of which release (and webhook revision) wrote
+    it left out (a Component cannot know them), the containers and volumes
+    in name order (the
     Component puts the new ones first, inject after the pod's own; init
     containers keep their order, which is their start order)."""
     t = port_name_given_back(template)
     annotations = (t.get("metadata") or {}).get("annotations") or {}
-    annotations.pop("drainshim.io/injected", None)
+    for key in ("drainshim.io/injected", "drainshim.io/version", "drainshim.io/revision"):
+        annotations.pop(key, None)
     if not annotations:
         (t.get("metadata") or {}).pop("annotations", None)
     spec = t.get("spec") or {}

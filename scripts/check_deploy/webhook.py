@@ -1,9 +1,11 @@
-"""The admission webhook (deploy/webhook/ and its named revisions, such as
-deploy/webhook/canary/), as rendered: each drainshim
+"""The admission webhook (deploy/webhook/, its named revisions such as
+deploy/webhook/canary/, and its revision tags such as
+deploy/webhook/tags/stable/), as rendered: each drainshim
 MutatingWebhookConfiguration and what it depends on. Its webhooks fail open,
 never block a pod, see Pod CREATEs only, come back after Istio's injector
 (reinvocation), spare opted-out pods, kube-system and their own namespace,
-and serve one revision each (no namespace is served by two). Behind each: a
+and serve one revision each (no namespace is served by two; a tag is
+checked as the revision whose Service it calls). Behind each: a
 Service whose port reaches the container's --listen, a cert-manager
 Certificate for the Service's DNS name whose Secret is the one mounted (and
 named by the CA injection annotation), two replicas on two nodes with a
@@ -47,7 +49,10 @@ NO_ISTIO_PATH = "/inject/no-istio"
 MAX_TIMEOUT_SECONDS = 5
 
 INJECT = "drainshim.io/inject"  # namespace: "enabled" opts in; pod: "false" opts out
-REV = "drainshim.io/rev"  # namespace: the named revision that serves it
+OPTED_OUT = ("disabled", "false")  # namespace values of INJECT that opt out, whatever REV says
+REV = "drainshim.io/rev"  # namespace: the named revision (or tag) that serves it
+# A revision tag's MutatingWebhookConfiguration is named so (deploy/webhook/tags).
+TAG_PREFIX = "drainshim-tag-"
 NS_NAME = "kubernetes.io/metadata.name"  # set on every namespace by the API server
 CA_ANNOTATION = "cert-manager.io/inject-ca-from"
 HOSTNAME = "kubernetes.io/hostname"
@@ -76,6 +81,13 @@ class Revision:
     namespace_selector: dict
     istio: bool = False  # its path is ISTIO_PATH: the namespaces Istio injects
     path: str = INJECT_PATH
+    tag: str | None = None  # the tag, when the configuration is a revision tag's
+
+    @property
+    def serves(self) -> str | None:
+        """The drainshim.io/rev value it serves (the default revision: none,
+        DEFAULT_REVISION stands for drainshim.io/inject=enabled)."""
+        return self.tag if self.tag is not None else self.revision
 
 
 def is_drainshim_config(doc: dict) -> bool:
@@ -428,7 +440,7 @@ def namespace_cases(revisions: list[str], own: str) -> list[dict]:
     """Namespaces, by their labels, to run the namespaceSelectors on."""
     out = []
     for name in ("shop", "kube-system", own):
-        for inject in (None, "enabled", "disabled"):
+        for inject in (None, "enabled", "disabled", "false"):
             for rev in [None, "unknown", *revisions]:
                 for istio in ({}, {"istio-injection": "enabled"}, {"istio.io/rev": "stable"}, {"istio-injection": "disabled"},
                               {"istio-injection": "enabled", "istio.io/rev": "stable"},
@@ -456,9 +468,11 @@ def istio_off(labels: dict) -> bool:
 
 
 def wanted(labels: dict, revision: str, own: str, istio: bool, path: str | None = None) -> bool:
-    """Which namespaces a revision's webhook must serve: its drainshim.io/rev,
-    or (the default revision) drainshim.io/inject=enabled without a revision;
-    never kube-system or the webhook's own namespace. The plain paths only
+    """Which namespaces a revision's (or tag's) webhook must serve: its
+    drainshim.io/rev unless drainshim.io/inject opts the namespace out
+    (disabled, false: the opt-out beats the revision), or (the default
+    revision) drainshim.io/inject=enabled without a revision; never
+    kube-system or the webhook's own namespace. The plain paths only
     namespaces Istio does not inject (its Envoy and istio-proxy take the same
     admin port): /inject those without Istio's labels, /inject/no-istio
     those whose istio-injection is not "enabled" (the webhook cannot see a
@@ -474,7 +488,7 @@ def wanted(labels: dict, revision: str, own: str, istio: bool, path: str | None 
         return False
     if revision == DEFAULT_REVISION:
         return labels.get(INJECT) == "enabled" and REV not in labels
-    return labels.get(REV) == revision
+    return labels.get(REV) == revision and labels.get(INJECT) not in OPTED_OUT
 
 
 def check_entry(ck: Checker, where: str, w: dict) -> None:
@@ -511,6 +525,15 @@ def check_config(ck: Checker, overlay: str, cfg: dict, docs: list[dict], shared:
     instance it calls."""
     out = []
     ann = ((cfg.get("metadata") or {}).get("annotations") or {}).get(CA_ANNOTATION, "")
+    # A revision tag calls the Service of a revision rendered elsewhere, and
+    # renders nothing but its configuration.
+    tag = _name(cfg)[len(TAG_PREFIX):] if _name(cfg).startswith(TAG_PREFIX) else None
+    pool = shared if tag is not None else docs
+    if tag is not None:
+        others = sorted({f"{d.get('kind')}/{_name(d)}" for d in docs if d is not cfg})
+        ck.check(AREA, not others,
+                 f"{overlay}: the revision tag {tag!r} also renders {others}: a tag is its MutatingWebhookConfiguration "
+                 "alone, the objects behind it are its revision's")
     for w in cfg.get("webhooks") or []:
         where = f"{overlay}: MutatingWebhookConfiguration/{_name(cfg)} {w.get('name')}"
         check_entry(ck, where, w)
@@ -520,21 +543,22 @@ def check_config(ck: Checker, overlay: str, cfg: dict, docs: list[dict], shared:
                  f"{where}: clientConfig.service.path {svc_ref.get('path')!r}, want {INJECT_PATH} (or {ISTIO_PATH} for "
                  f"namespaces Istio injects, {NO_ISTIO_PATH} for those whose istio-injection is not enabled)")
         rev = Revision(overlay, where, _name(cfg), str(w.get("name")), None, ns, w.get("namespaceSelector") or {},
-                       svc_ref.get("path") == ISTIO_PATH, svc_ref.get("path") or INJECT_PATH)
+                       svc_ref.get("path") == ISTIO_PATH, svc_ref.get("path") or INJECT_PATH, tag)
         out.append(rev)
-        svc = _find(docs, "Service", ns, svc_ref.get("name", ""))
-        if not ck.check(AREA, svc is not None, f"{where}: clientConfig names Service {ns}/{svc_ref.get('name')}, which is not rendered with it"):
+        svc = _find(pool, "Service", ns, svc_ref.get("name", ""))
+        if not ck.check(AREA, svc is not None, f"{where}: clientConfig names Service {ns}/{svc_ref.get('name')}, which is not rendered "
+                        + ("by any revision" if tag is not None else "with it")):
             continue
         sp = [p for p in (svc.get("spec") or {}).get("ports") or [] if int(p.get("port", 0)) == port]
         ck.check(AREA, len(sp) == 1, f"{where}: Service {ns}/{_name(svc)} has no port {port} (clientConfig.service.port)")
         sel = (svc.get("spec") or {}).get("selector") or {}
-        deps = [d for d in docs if d.get("kind") == "Deployment" and _ns(d) == ns and sel
+        deps = [d for d in pool if d.get("kind") == "Deployment" and _ns(d) == ns and sel
                 and all(_pod_labels(d).get(k) == v for k, v in sel.items())]
         if not ck.check(AREA, len(deps) == 1, f"{where}: Service {ns}/{_name(svc)} selects {len(deps)} Deployments, want the webhook's one"):
             continue
         dep = deps[0]
         dwhere = f"{overlay}: Deployment/{_name(dep)}"
-        inst = check_instance(ck, dwhere, dep, docs, shared)
+        inst = check_instance(ck, dwhere, dep, pool, shared)
         if inst is None:
             continue
         c = webhook_container(dep["spec"]["template"]["spec"])
@@ -549,18 +573,21 @@ def check_config(ck: Checker, overlay: str, cfg: dict, docs: list[dict], shared:
 
         # The namespaces it serves: its revision's, never its own or kube-system.
         # (That its webhooks together serve all of them: check_webhooks.)
-        wrong = [str(lab) for lab in namespace_cases([rev.revision], ns)
-                 if selects(rev.namespace_selector, lab) and not wanted(lab, rev.revision, ns, rev.istio, rev.path)]
+        wrong = [str(lab) for lab in namespace_cases([rev.serves], ns)
+                 if selects(rev.namespace_selector, lab) and not wanted(lab, rev.serves, ns, rev.istio, rev.path)]
         ck.check(AREA, not wrong,
-                 f"{where}: namespaceSelector {rev.namespace_selector} for revision {rev.revision!r}: want only namespaces labelled "
-                 + (f"{INJECT}=enabled without {REV}" if rev.revision == DEFAULT_REVISION else f"{REV}={rev.revision}")
+                 f"{where}: namespaceSelector {rev.namespace_selector} for "
+                 + (f"the tag {tag!r} (of revision {rev.revision!r})" if tag is not None else f"revision {rev.revision!r}")
+                 + ": want only namespaces labelled "
+                 + (f"{INJECT}=enabled without {REV}" if rev.serves == DEFAULT_REVISION
+                    else f"{REV}={rev.serves} and no opting-out {INJECT} ({', '.join(OPTED_OUT)})")
                  + (", that Istio injects" if rev.istio else ", that Istio does not inject"
                     + (" (istio-injection not enabled)" if rev.path == NO_ISTIO_PATH else " (no Istio label)"))
                  + f", never kube-system nor its own namespace {ns}; it selects " + "; ".join(wrong[:3]))
 
         # TLS: the CA annotation names a Certificate for this Service, whose Secret is mounted.
         cns, _, cname = ann.partition("/")
-        crt = _find(docs, "Certificate", cns, cname) if cname else None
+        crt = _find(pool, "Certificate", cns, cname) if cname else None
         if not ck.check(AREA, crt is not None,
                         f"{where}: {CA_ANNOTATION} {ann!r} names no Certificate rendered with it: no caBundle, every call fails TLS and lets pods through"):
             continue
@@ -579,7 +606,7 @@ def check_config(ck: Checker, overlay: str, cfg: dict, docs: list[dict], shared:
                 roots = [d for d in shared if d.get("kind") == "Certificate" and _ns(d) == cns
                          and (d.get("spec") or {}).get("secretName") == ca.get("secretName") and (d.get("spec") or {}).get("isCA") is True]
                 ck.check(AREA, len(roots) == 1, f"{where}: CA Issuer {_name(issuer)} reads Secret {ca.get('secretName')!r}, which no rendered isCA Certificate writes")
-        print(f"  {where} (revision {rev.revision}) -> Service {ns}/{_name(svc)}:{port}{svc_ref.get('path')} -> {dwhere} "
+        print(f"  {where} ({f'tag {tag} -> ' if tag is not None else ''}revision {rev.revision}) -> Service {ns}/{_name(svc)}:{port}{svc_ref.get('path')} -> {dwhere} "
               f"(--listen :{inst.listen_port}, {dep['spec'].get('replicas')} replicas, mode {inst.flags.get('mode')}, "
               f"injects {inst.flags.get('image')}); Certificate {cname} ({dns}) -> Secret {inst.tls_secret}")
     return out
@@ -620,9 +647,10 @@ def check_webhooks(ck: Checker, rendered: dict[str, list[dict]]) -> list[Revisio
     for r in revisions:
         ck.check(AREA, r.webhook not in by_name, f"{r.where}: webhook name {r.webhook!r} also in {by_name.get(r.webhook)}")
         by_name.setdefault(r.webhook, r.where)
-        if r.revision is not None:
-            other = by_rev.setdefault(r.revision, (r.overlay, r.config))
-            ck.check(AREA, other == (r.overlay, r.config), f"{r.where}: revision {r.revision!r} is also served by {other[0]}: {other[1]}")
+        if r.serves is not None:
+            other = by_rev.setdefault(r.serves, (r.overlay, r.config))
+            ck.check(AREA, other == (r.overlay, r.config),
+                     f"{r.where}: {'tag' if r.tag is not None else 'revision'} {r.serves!r} is also served by {other[0]}: {other[1]}")
     owners: dict[tuple[str, str, str], str] = {}
     for overlay, docs in overlays.items():
         for d in docs:
@@ -630,7 +658,7 @@ def check_webhooks(ck: Checker, rendered: dict[str, list[dict]]) -> list[Revisio
             ck.check(AREA, key not in owners,
                      f"{overlay}: {key[0]} {key[1]}/{key[2]} is also rendered by {owners.get(key)}: applying one revision would replace the other's")
             owners.setdefault(key, overlay)
-    names = sorted({r.revision for r in revisions if r.revision and r.revision != DEFAULT_REVISION})
+    names = sorted({r.serves for r in revisions if r.serves and r.serves != DEFAULT_REVISION})
     for labels in {tuple(sorted(lab.items())) for r in revisions for lab in namespace_cases(names, r.namespace)}:
         lab = dict(labels)
         serving = [r.webhook for r in revisions if selects(r.namespace_selector, lab)]
@@ -640,7 +668,7 @@ def check_webhooks(ck: Checker, rendered: dict[str, list[dict]]) -> list[Revisio
     # plain path those Istio leaves alone, the Istio path those it injects.
     for key in sorted({(r.overlay, r.config) for r in revisions}):
         mine = [r for r in revisions if (r.overlay, r.config) == key]
-        rev_name = next((r.revision for r in mine if r.revision), None)
+        rev_name = next((r.serves for r in mine if r.serves), None)
         if rev_name is None:
             continue
         for istio in (False, True):
@@ -651,7 +679,7 @@ def check_webhooks(ck: Checker, rendered: dict[str, list[dict]]) -> list[Revisio
                      f"{key[0]}: MutatingWebhookConfiguration/{key[1]}: no webhook on {ISTIO_PATH if istio else INJECT_PATH} serves "
                      f"namespaces of revision {rev_name!r} that Istio {'injects' if istio else 'does not inject'}: "
                      + "; ".join(missed[:3]))
-    defaults = sorted({(r.overlay, r.config) for r in revisions if r.revision == DEFAULT_REVISION})
+    defaults = sorted({(r.overlay, r.config) for r in revisions if r.tag is None and r.revision == DEFAULT_REVISION})
     ck.check(AREA, len(defaults) == 1,
              f"want exactly one default revision (drainshim.io/inject=enabled), found {defaults}")
     return revisions

@@ -12,7 +12,8 @@ use serde_json::Value;
 
 use super::{string_map, Finding, Object};
 use crate::inject::{
-    self, DEFAULT_REVISION, ENABLED, INJECT, INJECTED, NEVER_SERVED, OPTED_OUT, REV, REVISION, VERSION,
+    self, DEFAULT_REVISION, ENABLED, INJECT, INJECTED, NEVER_SERVED, OPTED_OUT, REV, REVISION,
+    VERSION,
 };
 
 /// cert-manager's cainjector annotation: the Certificate (namespace/name)
@@ -281,7 +282,7 @@ pub fn revisions(export: &Export, out: &mut Vec<Finding>) {
         return;
     }
     // Revision -> its Deployments, each with the Services that select its pods.
-    let mut served: BTreeMap<String, Vec<(String, Vec<(String, String)>)>> = BTreeMap::new();
+    let mut served: BTreeMap<String, Vec<(String, Vec<ServiceRef>)>> = BTreeMap::new();
     for d in export.of_kind("Deployment") {
         let labels = d.map("/spec/template/metadata/labels");
         let containers = d.value.pointer("/spec/template/spec/containers");
@@ -335,11 +336,13 @@ pub fn revisions(export: &Export, out: &mut Vec<Finding>) {
                 let reached: Vec<String> = services
                     .iter()
                     .flat_map(|(svc_ns, svc)| {
-                        served.values().flatten().filter_map(move |(dep, svcs)| {
-                            svcs.iter()
-                                .any(|s| s == &(svc_ns.clone(), svc.clone()))
-                                .then(|| dep.clone())
-                        })
+                        served
+                            .values()
+                            .flatten()
+                            .filter(move |(_, svcs)| {
+                                svcs.iter().any(|(n, s)| n == svc_ns && s == svc)
+                            })
+                            .map(|(dep, _)| dep.clone())
                     })
                     .collect();
                 if reached.is_empty() {
@@ -394,19 +397,30 @@ pub fn revisions(export: &Export, out: &mut Vec<Finding>) {
     }
 }
 
+/// A Service, by namespace and name.
+type ServiceRef = (String, String);
+
 /// Tags: for each value `v` of a drainshim webhook's namespaceSelector
 /// `drainshim.io/rev In [v]` in a configuration named `drainshim-tag-...`,
 /// the Services (namespace, name) its webhooks call.
-fn tag_services<'a>(export: &Export<'a>) -> BTreeMap<&'a str, Vec<(String, String)>> {
-    let mut tags: BTreeMap<&str, Vec<(String, String)>> = BTreeMap::new();
+fn tag_services<'a>(export: &Export<'a>) -> BTreeMap<&'a str, Vec<ServiceRef>> {
+    let mut tags: BTreeMap<&str, Vec<ServiceRef>> = BTreeMap::new();
     for mwc in export
         .of_kind("MutatingWebhookConfiguration")
         .filter(|m| m.name.starts_with(TAG_PREFIX))
     {
-        for hook in mwc.value.get("webhooks").and_then(Value::as_array).into_iter().flatten() {
+        for hook in mwc
+            .value
+            .get("webhooks")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             let service = hook.pointer("/clientConfig/service");
             let svc = (
-                service.and_then(|s| s.get("namespace")).and_then(Value::as_str),
+                service
+                    .and_then(|s| s.get("namespace"))
+                    .and_then(Value::as_str),
                 service.and_then(|s| s.get("name")).and_then(Value::as_str),
             );
             let (Some(svc_ns), Some(svc)) = svc else {
@@ -419,7 +433,12 @@ fn tag_services<'a>(export: &Export<'a>) -> BTreeMap<&'a str, Vec<(String, Strin
                 {
                     continue;
                 }
-                for tag in e.get("values").and_then(Value::as_array).into_iter().flatten() {
+                for tag in e
+                    .get("values")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
                     if let Some(tag) = tag.as_str() {
                         let list = tags.entry(tag).or_default();
                         let one = (svc_ns.to_owned(), svc.to_owned());

@@ -104,6 +104,31 @@ pub struct InjectArgs {
     /// without drainshim is left as it is. With --uninject, they point back.
     #[arg(long)]
     pub services: bool,
+
+    /// Also annotate each injected pod drainshim.io/revision=NAME, as the
+    /// webhook of that revision does (manifests rendered for the namespaces
+    /// a revision serves). Every injected pod is annotated
+    /// drainshim.io/version, this release, with or without it.
+    #[arg(long, value_name = "NAME", value_parser = revision_name)]
+    pub revision: Option<String>,
+}
+
+/// A revision's name as a namespace label value carries it.
+fn revision_name(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-');
+    if ok {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "{s:?} is not a revision name: lower case letters, digits and '-', at most 63, as the \
+             label drainshim.io/rev carries it"
+        ))
+    }
 }
 
 impl InjectArgs {
@@ -132,6 +157,7 @@ impl InjectArgs {
             &input,
             &Settings {
                 services: self.services,
+                revision: self.revision.clone(),
                 ..self.injection.settings()
             },
             action,

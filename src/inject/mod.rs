@@ -314,9 +314,19 @@ pub fn inject(
     }
     // Which drainshim the pod runs, for a platform team's version spread
     // (`drainshim check`, versions).
-    set(&mut meta2.annotations, &mut marker.annotations, VERSION, RELEASE.into());
+    set(
+        &mut meta2.annotations,
+        &mut marker.annotations,
+        VERSION,
+        RELEASE.into(),
+    );
     if let Some(revision) = &settings.revision {
-        set(&mut meta2.annotations, &mut marker.annotations, REVISION, revision.clone());
+        set(
+            &mut meta2.annotations,
+            &mut marker.annotations,
+            REVISION,
+            revision.clone(),
+        );
     }
 
     // The patch's grace period covers its drain; a longer one of the pod's own

@@ -216,7 +216,8 @@ fn an_injected_pod_records_the_revision_and_release_and_uninject_takes_them_out(
         "metadata: {labels: {app: orders}, annotations: {drainshim.io/version: mine}}",
     );
     let once = inject(&deployment(&own), Mode::Sidecar).expect("inject");
-    let (undone, _) = transform(&once, &Settings::default(), Direction::Uninject).expect("uninject");
+    let (undone, _) =
+        transform(&once, &Settings::default(), Direction::Uninject).expect("uninject");
     assert_eq!(docs(&undone), docs(&deployment(&own)));
 }
 

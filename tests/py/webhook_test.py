@@ -130,7 +130,7 @@ def review(obj, uid="u-1", operation="CREATE", kind="Pod", group=""):
 
 def inject(pod, mode):
     """What `drainshim inject` writes for the pod."""
-    r = subprocess.run([BIN, "inject", "--mode", mode], input=yaml.safe_dump(pod), capture_output=True,
+    r = subprocess.run([BIN, "inject", "--mode", mode, "--revision", "canary"], input=yaml.safe_dump(pod), capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return yaml.safe_load(r.stdout)
@@ -390,7 +390,7 @@ def test_the_istio_path_sets_istios_settings_then_follows_istios_injection(hook)
 
 
 README = os.path.join(ROOT, "deploy", "README.md")
-CONFIG = os.path.join(ROOT, "deploy", "webhook", "revision", "mutatingwebhookconfiguration.yaml")
+CONFIG = os.path.join(ROOT, "deploy", "webhook", "webhooks", "mutatingwebhookconfiguration.yaml")
 
 
 def label_table():
