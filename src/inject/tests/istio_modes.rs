@@ -280,12 +280,18 @@ fn webhook_under_istio_every_mode_and_order_gives_a_pod_the_api_server_accepts()
             }
         }
     }
-    // Every case is run, and the ones that fail named together.
+    // Every case is run, and the ones that fail named together; the matrix
+    // is printed (`cargo test --lib istio_modes -- --nocapture`).
     let total = cases.len();
+    println!(
+        "| proxy | app held | first | drainshim's path | calls | API server accepts | preStop on app and proxy | \
+         guard to the app's port | re-inject: no change | uninject: Istio's pod exactly |\n|{}",
+        "---|".repeat(10)
+    );
     let failed: Vec<Case> = cases
         .into_iter()
         .filter(|case| {
-            std::panic::catch_unwind(|| {
+            let result = std::panic::catch_unwind(|| {
                 let original = mesh_pod(case.hold);
                 let (pod, calls) = admit(&original, *case);
                 let want: &[&str] = match case.order {
@@ -294,8 +300,29 @@ fn webhook_under_istio_every_mode_and_order_gives_a_pod_the_api_server_accepts()
                 };
                 assert_eq!(calls, want);
                 check(*case, &original, &pod);
-            })
-            .is_err()
+                calls.join(", ")
+            });
+            let cell = if result.is_ok() { "yes" } else { "FAILED" };
+            println!(
+                "| {} | {} | {} | {} | {} |{}",
+                if case.mesh.native {
+                    "native sidecar"
+                } else {
+                    "classic"
+                },
+                if case.hold { "yes" } else { "no" },
+                match case.order {
+                    Order::DrainshimFirst => "drainshim",
+                    Order::IstioFirst => "Istio",
+                },
+                match case.path {
+                    Path::Istio => "/inject/istio".to_string(),
+                    Path::Plain(m) => format!("/inject ({})", m.name()),
+                },
+                result.as_deref().unwrap_or("-"),
+                format!(" {cell} |").repeat(5)
+            );
+            result.is_err()
         })
         .collect();
     assert!(
