@@ -227,6 +227,13 @@ fn issuer(export: &Export, mwc: &Object, cert: &Object, out: &mut Vec<Finding>) 
 
 /// The revision a `drainshim webhook` container serves, if it is one.
 fn webhook_revision(container: &Value) -> Option<String> {
+    webhook_flag(container, "--revision", "DRAINSHIM_REVISION")
+        .map(|v| v.unwrap_or_else(|| DEFAULT_REVISION.to_owned()))
+}
+
+/// A `drainshim webhook` container's flag (`--name=v`, `--name v`) or its
+/// environment variable: None when it is no webhook, Some(None) when unset.
+fn webhook_flag(container: &Value, name: &str, env: &str) -> Option<Option<String>> {
     let strings = |k: &str| -> Vec<&str> {
         container
             .get(k)
@@ -246,7 +253,7 @@ fn webhook_revision(container: &Value) -> Option<String> {
     let flag = args
         .iter()
         .enumerate()
-        .find_map(|(i, a)| match a.strip_prefix("--revision") {
+        .find_map(|(i, a)| match a.strip_prefix(name) {
             Some(v) if v.starts_with('=') => Some(v[1..].to_owned()),
             Some("") => args.get(i + 1).map(|v| v.to_string()),
             _ => None,
@@ -256,10 +263,39 @@ fn webhook_revision(container: &Value) -> Option<String> {
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .find(|e| e.get("name").and_then(Value::as_str) == Some("DRAINSHIM_REVISION"))
+        .find(|e| e.get("name").and_then(Value::as_str) == Some(env))
         .and_then(|e| e.get("value").and_then(Value::as_str))
         .map(str::to_owned);
-    Some(flag.or(env).unwrap_or_else(|| DEFAULT_REVISION.to_owned()))
+    Some(flag.or(env))
+}
+
+/// Check 2b: A webhook injects the image it runs: `--image` equal to its
+/// container's image. A registry mirror or tag set by kustomize's `images:`
+/// reaches the container's image, never the flag, and every injected pod
+/// would pull the other one (its drainshim-install init container: the app
+/// never starts where that image cannot be pulled).
+pub fn webhook_images(export: &Export, out: &mut Vec<Finding>) {
+    for d in export.of_kind("Deployment") {
+        let containers = d.value.pointer("/spec/template/spec/containers");
+        for c in containers.and_then(Value::as_array).into_iter().flatten() {
+            let Some(flag) = webhook_flag(c, "--image", "DRAINSHIM_IMAGE") else {
+                continue;
+            };
+            let injects = flag.unwrap_or_else(|| inject::DEFAULT_IMAGE.to_owned());
+            let runs = c.get("image").and_then(Value::as_str).unwrap_or_default();
+            if injects != runs {
+                out.push(Finding::problem(
+                    "revision",
+                    d,
+                    format!(
+                        "runs {runs:?} but injects --image {injects:?}: every pod it injects pulls the \
+                         other image (kustomize's images: changes the container's image, not the flag)"
+                    ),
+                    format!("set --image={runs} in its args (or DRAINSHIM_IMAGE)"),
+                ));
+            }
+        }
+    }
 }
 
 /// Whether a Service's selector picks pods with these labels.
@@ -533,7 +569,12 @@ pub fn not_injected(export: &Export, out: &mut Vec<Finding>) {
         {
             continue;
         }
-        if string_map(pod.value.pointer("/metadata/annotations")).contains_key(INJECTED) {
+        let annotations = string_map(pod.value.pointer("/metadata/annotations"));
+        // The Istio mode's first call, before Istio's injector, writes only
+        // Istio's settings and its record (awaitingProxy); if Istio never
+        // injected, that is all the pod has of drainshim.
+        let awaiting = awaiting_istio(&annotations);
+        if annotations.contains_key(INJECTED) && !awaiting {
             continue;
         }
         let owner = meta
@@ -547,8 +588,16 @@ pub fn not_injected(export: &Export, out: &mut Vec<Finding>) {
             "not-injected",
             pod,
             format!(
-                "no drainshim (no {INJECTED} annotation) in a namespace of revision {rev}: created before \
-                 the label, while the webhook was down, or refused; its streams are cut at its next restart"
+                "{} in a namespace of revision {rev}: created before the label, while the webhook was \
+                 down, or refused; its streams are cut at its next restart",
+                if awaiting {
+                    format!(
+                        "no drainshim (its {INJECTED} record says it waited for Istio's injection, which \
+                         never came)"
+                    )
+                } else {
+                    format!("no drainshim (no {INJECTED} annotation)")
+                }
             ),
             format!(
                 "once the webhook serves, restart {owner} (kubectl -n {} rollout restart ...); if it comes \
@@ -560,6 +609,16 @@ pub fn not_injected(export: &Export, out: &mut Vec<Finding>) {
     }
 }
 
+/// Whether a pod's record says it waits for Istio's injection: the Istio
+/// mode's first call wrote only Istio's settings; if Istio never injected,
+/// that is all the pod has of drainshim.
+fn awaiting_istio(annotations: &BTreeMap<String, String>) -> bool {
+    annotations.get(INJECTED).is_some_and(|m| {
+        serde_json::from_str::<Value>(m)
+            .is_ok_and(|m| m.get("awaitingProxy") == Some(&Value::Bool(true)))
+    })
+}
+
 /// Check 5 (info): which drainshim each namespace's injected pods run, by
 /// release and revision (the annotations the injection writes): the version
 /// spread a rollout of a new revision moves.
@@ -568,7 +627,7 @@ pub fn versions(export: &Export, out: &mut Vec<Finding>) {
     let mut spread: BTreeMap<&str, BTreeMap<(String, String), usize>> = BTreeMap::new();
     for pod in export.of_kind("Pod") {
         let annotations = pod.map("/metadata/annotations");
-        if !annotations.contains_key(INJECTED) {
+        if !annotations.contains_key(INJECTED) || awaiting_istio(&annotations) {
             continue;
         }
         let field = |key: &str| {

@@ -9,7 +9,8 @@
 //!   missing;
 //! - `revision` (`cluster`): an opted-in namespace whose revision (or tag)
 //!   no webhook Deployment and Service serve, or whose `drainshim.io/inject`
-//!   is a value no webhook reads;
+//!   is a value no webhook reads; a webhook whose `--image` is not the
+//!   image it runs;
 //! - `service-port` (`cluster`): a Service in an opted-in namespace that
 //!   targets a port only injected pods have;
 //! - `not-injected` (`cluster`): a pod of an opted-in namespace without
@@ -214,6 +215,7 @@ pub fn check(objects: &[Object]) -> Report {
     let mut findings = Vec::new();
     cluster::webhook_ca(&export, &mut findings);
     cluster::revisions(&export, &mut findings);
+    cluster::webhook_images(&export, &mut findings);
     cluster::service_ports(&export, &mut findings);
     cluster::not_injected(&export, &mut findings);
     cluster::versions(&export, &mut findings);

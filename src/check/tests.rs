@@ -88,6 +88,13 @@ const BROKEN: &[(&str, &str, &str, &str, &str)] = &[
         "a tag whose webhooks call Service/drainshim-system/drainshim-webhook-nightly",
     ),
     (
+        "image.yaml",
+        include_str!("../../tests/fixtures/check/image.yaml"),
+        "revision",
+        "Deployment/drainshim-system/drainshim-webhook-canary",
+        "runs \"registry.example.com/platform/drainshim:0.2.0\" but injects --image \"drainshim:0.2.0\"",
+    ),
+    (
         "inject-label.yaml",
         include_str!("../../tests/fixtures/check/inject-label.yaml"),
         "revision",
@@ -244,4 +251,22 @@ fn input_that_is_not_kubernetes_objects_is_an_error() {
         .unwrap_err()
         .contains("without items"));
     assert!(objects.is_empty());
+}
+
+#[test]
+fn a_pod_left_waiting_for_istio_has_no_drainshim() {
+    // The Istio mode's first call wrote only its record (awaitingProxy), and
+    // Istio never injected: the pod runs without drainshim.
+    let waiting = HEALTHY.replace(
+        r#"drainshim.io/injected: '{"mode":"sidecar","app":"server"}'"#,
+        r#"drainshim.io/injected: '{"mode":"istio","app":"server","awaitingProxy":true}'"#,
+    );
+    assert_ne!(waiting, HEALTHY);
+    let report = run(&[("h", &waiting)]);
+    assert_eq!(
+        problems(&report),
+        vec![("not-injected", "Pod/shop/orders-5d4f7-abcde")]
+    );
+    let line = report.render();
+    assert!(line.contains("waited for Istio's injection"), "{line}");
 }

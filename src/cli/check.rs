@@ -28,7 +28,9 @@ default revision) that no webhook Deployment (`drainshim webhook --revision=<nam
 Service selecting its pods serves, directly or through a tag (a MutatingWebhookConfiguration \
 drainshim-tag-<name> whose webhooks call a revision's Service); and a namespace whose \
 drainshim.io/inject is neither enabled nor disabled (or false), which no webhook reads. \
-drainshim.io/inject=disabled opts a namespace out whatever its drainshim.io/rev says.\n\
+drainshim.io/inject=disabled opts a namespace out whatever its drainshim.io/rev says. And a \
+webhook Deployment whose --image is not the image it runs (kustomize's images: moves the \
+container's image, not the flag), so every pod it injects would pull another one.\n\
 - service-port: a Service of an opted-in namespace whose targetPort is a port only injected \
 pods have (envoy-inbound, Envoy's 10000, drainshim's): it drops every pod created without \
 drainshim. Keep the app's own port name.\n\

@@ -21,11 +21,13 @@ pub const INJECT_LONG_ABOUT: &str = "Add drainshim to the pods of Kubernetes man
     CronJobs and pods with restartPolicy Never or OnFailure are not injected (they run to completion).\n\n\
     The app is the pod's first container (Istio's proxy aside). Its port comes from the pod annotation \
     drainshim.io/app-port, else from the container's one TCP port. A workload or pod labelled or \
-    annotated drainshim.io/inject: \"false\" is left as it is.\n\n\
+    annotated drainshim.io/inject: \"false\" (or disabled) is left as it is.\n\n\
     Injecting twice gives what injecting once gives; the pod records what it replaced in the \
     annotation drainshim.io/injected, and --uninject puts it back. A pod that cannot be injected \
     safely (no single app port, a preStop of the app's own, a name or port drainshim's containers \
-    take, the node's network, Istio's proxy in the pod outside --mode istio) is refused: every refusal is \
+    take, the node's network, Istio's proxy in the pod outside --mode istio, a pod-wide root user or a \
+    non-Linux pod, an app port whose name says it is not HTTP: tcp-*, tls-*, https-*, redis, mysql, \
+    mongo) is refused: every refusal is \
     printed, naming its object, nothing is written, and the exit code is 64.\n\n\
     What was done to each workload is printed on stderr. Envoy's inbound port takes the name of the \
     app's port, and the app's port takes app-<number> (its container's probes and hooks follow): a \

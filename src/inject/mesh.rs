@@ -58,13 +58,18 @@ pub enum Declined {
     /// Only the annotation `sidecar.istio.io/inject: "true"`, in a namespace
     /// without Istio's labels, where Istio's webhook selects the label.
     annotation_only,
+    /// The label `sidecar.istio.io/inject` says yes otherwise than "true"
+    /// (y, yes, on, True), in a namespace without Istio's labels, where
+    /// Istio's webhook selects the exact value "true".
+    label_not_true,
 }
 
 impl Declined {
-    pub const ALL: [Declined; 3] = [
+    pub const ALL: [Declined; 4] = [
         Declined::namespace_disabled,
         Declined::pod_opted_out,
         Declined::annotation_only,
+        Declined::label_not_true,
     ];
 }
 
@@ -136,7 +141,15 @@ pub fn choose(ns: Namespace, meta: &ObjectMeta, spec: &PodSpec) -> Choice {
         },
         Namespace::Unlabelled => match (&value, rev) {
             (Some((false, kind, v)), Some(_)) => opted_out(kind, v),
-            (Some((true, "label", _)), _) | (_, Some(_)) => Choice::Istio,
+            (Some((true, "label", v)), _) if v == "true" => Choice::Istio,
+            (_, Some(_)) => Choice::Istio,
+            (Some((true, "label", v)), None) => declined(
+                Declined::label_not_true,
+                format!(
+                    "its label {ISTIO_INJECT}: {v:?} asks for it, but in a namespace without Istio's labels \
+                     Istio's webhook is called only for the exact value \"true\""
+                ),
+            ),
             (Some((true, _, v)), None) => declined(
                 Declined::annotation_only,
                 format!(

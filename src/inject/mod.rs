@@ -550,9 +550,14 @@ fn set(
     record.entry(key.to_owned()).or_insert(before);
 }
 
-/// `drainshim.io/inject: "false"` as a label or an annotation.
+/// `drainshim.io/inject: "false"` (or `disabled`, any case) as a label or an
+/// annotation: the values that opt a namespace out opt a pod out too.
 pub fn opted_out(meta: &ObjectMeta) -> bool {
-    says(meta, INJECT, "false")
+    [&meta.labels, &meta.annotations]
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m.get(INJECT))
+        .any(|v| OPTED_OUT.contains(&v.to_ascii_lowercase().as_str()))
 }
 
 /// A label or an annotation `key` with the value `value`.
@@ -578,6 +583,22 @@ fn check_fits(
     mode: Mode,
 ) -> Result<usize, Refusal> {
     let names = patch::owned_names().map_err(Refusal)?;
+    // drainshim's containers are Linux containers that must not run as root
+    // (runAsNonRoot, without a runAsUser of their own): on a Windows pod the
+    // API server refuses their Linux security fields, and under a pod-wide
+    // runAsUser 0 the kubelet refuses to start them, the app with them.
+    if spec.os.as_ref().is_some_and(|os| os.name != "linux") {
+        return refuse(
+            "it is not a Linux pod (spec.os.name), and drainshim's containers are Linux containers",
+        );
+    }
+    if spec.security_context.as_ref().and_then(|s| s.run_as_user) == Some(0) {
+        return refuse(
+            "it runs as root (spec.securityContext.runAsUser: 0), which drainshim's containers would \
+             inherit, and they must not run as root (runAsNonRoot): the kubelet would not start them, nor \
+             the app after them; set runAsUser on the app's container instead of the pod",
+        );
+    }
     if mode == Mode::Istio && says(meta, ISTIO_INJECT, "false") {
         return refuse(format!(
             "it opts out of Istio's injection ({ISTIO_INJECT}: \"false\"), and the Istio mode adds \
@@ -723,7 +744,32 @@ fn app_port(meta: &ObjectMeta, app: &Container) -> Result<u16, Refusal> {
             "the app's port {port} is one drainshim's containers take ({RESERVED_PORTS:?})"
         ));
     }
+    if let Some(p) = app
+        .ports
+        .iter()
+        .flatten()
+        .find(|p| p.container_port == i32::from(port))
+    {
+        if let Some(protocol) = not_http(p) {
+            return refuse(format!(
+                "the app's port {port} speaks {protocol} (its name, as Istio reads it), \
+                 not plain HTTP/1.1 or HTTP/2: Envoy's inbound listener and the guard here speak HTTP, so \
+                 every connection to it would fail; opt the workload out with {INJECT}: \"false\""
+            ));
+        }
+    }
     Ok(port)
+}
+
+/// The protocol a port's name declares that is not plain HTTP, by Istio's
+/// convention: the name's prefix before `-` (`tcp-db`, `redis`,
+/// `https-web`). None for HTTP, gRPC, HTTP/2 and WebSocket, and for a port
+/// without a name. (A container port has no appProtocol; a Service's has.)
+fn not_http(port: &k8s_openapi::api::core::v1::ContainerPort) -> Option<String> {
+    const OTHERS: [&str; 6] = ["tcp", "tls", "https", "mongo", "mysql", "redis"];
+    let name = port.name.as_deref()?;
+    let said = name.split('-').next().unwrap_or(name).to_ascii_lowercase();
+    OTHERS.contains(&said.as_str()).then_some(said)
 }
 
 #[cfg(test)]

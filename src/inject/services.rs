@@ -153,6 +153,23 @@ pub fn retarget(docs: &mut [Value], lines: &mut Vec<Line>) {
                 selected.iter().filter_map(|w| w.app.as_ref()).collect();
             // One name reaches Envoy in every pod the Service selects.
             let envoy = apps[0].1.clone();
+            // Only a name the app's port had reaches the app on pods created
+            // without drainshim (the old ReplicaSet's, any the webhook did
+            // not inject) as well as Envoy on injected ones; envoy-inbound
+            // exists on injected pods alone, and would empty the Service
+            // until they replace the others.
+            if envoy == super::ports::ENVOY_INBOUND {
+                lines.push(Line {
+                    object,
+                    what: format!(
+                        "left as is: the app's port has no name, so no name reaches both the app on pods \
+                         without drainshim and Envoy on injected ones ({envoy:?} is only on injected pods: \
+                         pointing the Service at it would empty it until every pod is replaced); name the \
+                         app's port (e.g. grpc) and run again"
+                    ),
+                });
+                return;
+            }
             let one_name = apps.iter().all(|(_, name)| *name == envoy);
             let (mut changed, mut already) = (BTreeMap::new(), false);
             for (i, port) in svc

@@ -261,6 +261,13 @@ fn what_cannot_be_injected_safely_is_refused_naming_the_object_and_nothing_is_wr
         (ONE_PORT.replace("containerPort: 7070", "containerPort: 15000"), "drainshim's containers take"),
         (ONE_PORT.replace("    spec:\n", "    spec:\n      hostNetwork: true\n"), "node's network"),
         (ONE_PORT.replace("{labels: {app: orders}}", "{annotations: {drainshim.io/app-port: http}}"), "is not a port"),
+        // drainshim's containers inherit a pod-wide root user and may not run as root.
+        (ONE_PORT.replace("    spec:\n", "    spec:\n      securityContext: {runAsUser: 0}\n"), "runs as root"),
+        (ONE_PORT.replace("    spec:\n", "    spec:\n      os: {name: windows}\n"), "not a Linux pod"),
+        // Envoy's inbound listener and the guard speak HTTP.
+        (ONE_PORT.replace("name: grpc, containerPort: 7070", "name: redis, containerPort: 6379"), "speaks redis"),
+        (ONE_PORT.replace("name: grpc, containerPort: 7070", "name: https-web, containerPort: 8443"), "speaks https"),
+        (ONE_PORT.replace("name: grpc, containerPort: 7070", "name: tcp-db, containerPort: 5432"), "speaks tcp"),
     ];
     for (pod, why) in cases {
         let input = format!(
@@ -291,6 +298,19 @@ fn opted_out_batch_and_other_objects_pass_through() {
     let job = "apiVersion: batch/v1\nkind: Job\nmetadata: {name: once}\nspec: {template: {spec: {containers: [{name: a, image: a}]}}}\n";
     let job_pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: job-x}\nspec: {restartPolicy: Never, containers: [{name: a, image: a, ports: [{containerPort: 80}]}]}\n";
     let svc = "apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec: {ports: [{port: 80}]}\n";
+    // The namespace's opt-out values opt a pod out too, in any case.
+    let disabled = deployment(ONE_PORT).replace(
+        "{labels: {app: orders}}",
+        "{labels: {app: orders}, annotations: {drainshim.io/inject: Disabled}}",
+    );
+    let (out, lines) =
+        transform(&disabled, &Settings::default(), Direction::Inject).expect("passes");
+    assert_eq!(docs(&out), docs(&disabled));
+    assert!(
+        lines[0].what.starts_with("opted out"),
+        "{:?}",
+        lines[0].what
+    );
     let input = format!("{opted}---\n{job}---\n{job_pod}---\n{svc}");
     let (out, lines) = transform(&input, &Settings::default(), Direction::Inject).expect("passes");
     assert_eq!(docs(&out), docs(&input));
@@ -396,6 +416,33 @@ fn services_that_select_only_injected_pods_point_at_envoy_and_back() {
     assert_eq!(docs(&twice), out);
     let (undone, _) = transform(&injected, &settings, Direction::Uninject).expect("uninjected");
     assert_eq!(docs(&undone), docs(&input));
+}
+
+#[test]
+fn a_service_of_an_app_port_without_a_name_is_never_pointed_where_old_pods_are_not() {
+    let unnamed =
+        deployment(&ONE_PORT.replace("name: grpc, containerPort: 7070", "containerPort: 7070"));
+    let svc = "apiVersion: v1\nkind: Service\nmetadata: {name: orders}\nspec: {selector: {app: orders}, ports: [{port: 80, targetPort: 7070}]}\n";
+    let input = format!("{unnamed}---\n{svc}");
+    let settings = Settings {
+        services: true,
+        ..Settings::default()
+    };
+    let (out, lines) = transform(&input, &settings, Direction::Inject).expect("injected");
+    let out = docs(&out);
+    // The pods are injected; the Service still reaches the app's port, which
+    // pods created without drainshim have too.
+    assert!(names(&pod_of(&out[0])["containers"]).contains(&"envoy"));
+    assert_eq!(out[1], docs(svc)[0]);
+    let said = lines
+        .iter()
+        .find(|l| l.object == "Service/orders")
+        .expect("a line");
+    assert!(
+        said.what.contains("app's port has no name"),
+        "{:?}",
+        said.what
+    );
 }
 
 const ISTIO_POD: &str = "    metadata:

@@ -157,7 +157,7 @@ impl Metrics {
         );
         registry.register(
             "istio_declined",
-            "Pods given the plain mode though their namespace or labels ask for Istio, which will not inject them, by reason (namespace_disabled, pod_opted_out, annotation_only)",
+            "Pods given the plain mode though their namespace or labels ask for Istio, which will not inject them, by reason (namespace_disabled, pod_opted_out, annotation_only, label_not_true)",
             istio_declined.clone(),
         );
         registry.register(

@@ -23,6 +23,7 @@ BROKEN = {
     "revision.yaml": ("revision", "Namespace/payments"),
     "tag.yaml": ("revision", "Namespace/reports"),
     "inject-label.yaml": ("revision", "Namespace/ops"),
+    "image.yaml": ("revision", "Deployment/drainshim-system/drainshim-webhook-canary"),
     "service-port.yaml": ("service-port", "Service/shop/cart"),
     "not-injected.yaml": ("not-injected", "Pod/shop/cart-7c9d8-qwert"),
     "istio-mode.yaml": ("istio-mode", "MutatingWebhookConfiguration/istio-revision-tag-default"),

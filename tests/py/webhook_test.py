@@ -449,7 +449,7 @@ def test_every_combination_of_istios_labels_as_the_readme_says(hook):
     configuration calls the path it names, and the real binary takes the
     Istio mode, its own mode, or its own mode with a warning and a count."""
     table = label_table()
-    assert len(table) == 42, len(table)
+    assert len(table) == 48, len(table)
     warned = {}
     for ns, meta, path, want in table:
         pod = workload_pods()[1]
@@ -480,7 +480,7 @@ def test_every_combination_of_istios_labels_as_the_readme_says(hook):
     for reason, n in warned.items():
         line = f'drainshim_webhook_istio_declined_total{{revision="canary",reason="{reason}"}} {n}'
         assert line in text, (line, [l for l in text.splitlines() if "istio_declined" in l])
-    assert set(warned) == {"namespace_disabled", "pod_opted_out", "annotation_only"}, warned
+    assert set(warned) == {"namespace_disabled", "pod_opted_out", "annotation_only", "label_not_true"}, warned
 
 
 def test_a_later_webhooks_changes_to_drainshims_containers_survive_reinvocation(hook):

@@ -153,6 +153,7 @@ pub fn pods() -> Vec<(&'static str, Value)> {
         ("nothing of Istio's", json!({})),
         ("label inject=true", json!({"labels": {key: "true"}})),
         ("label inject=false", json!({"labels": {key: "false"}})),
+        ("label inject=yes", json!({"labels": {key: "yes"}})),
         (
             "annotation inject=true",
             json!({"annotations": {key: "true"}}),
@@ -189,13 +190,15 @@ pub fn want(ns: &str, pod: &str) -> Want {
     let enabled = ns.starts_with("istio-injection=enabled") || ns == "istio.io/rev=canary";
     let disabled = ns.starts_with("istio-injection=disabled");
     let opts_out = pod.contains("inject=false");
-    let asks = pod.contains("inject=true") || pod.contains("istio.io/rev");
+    let asks =
+        pod.contains("inject=true") || pod.contains("inject=yes") || pod.contains("istio.io/rev");
     match () {
         _ if enabled && opts_out => Want::Declined(pod_opted_out),
         _ if enabled => Want::Istio,
         _ if disabled && asks && !opts_out => Want::Declined(namespace_disabled),
         _ if disabled => Want::Plain,
         _ if pod == "annotation inject=true" => Want::Declined(annotation_only),
+        _ if pod == "label inject=yes" => Want::Declined(label_not_true),
         _ if pod.contains("istio.io/rev") && opts_out => Want::Declined(pod_opted_out),
         _ if pod == "label inject=true" || pod == "label istio.io/rev=canary" => Want::Istio,
         _ => Want::Plain,
@@ -316,7 +319,7 @@ fn every_label_combination_takes_the_istio_mode_exactly_where_istio_injects() {
             assert!(api_server::refusals(&got).is_empty(), "{got:#}");
         }
     }
-    assert_eq!(rows, 42);
+    assert_eq!(rows, 48);
     assert!(
         failures.is_empty(),
         "{} of {rows} rows:\n{}",
