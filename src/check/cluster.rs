@@ -660,3 +660,93 @@ pub fn versions(export: &Export, out: &mut Vec<Finding>) {
         ));
     }
 }
+
+/// Check 6: a LimitRange of an opted-in namespace must admit drainshim's
+/// containers as the injection adds them (their default requests and
+/// limits): the admission plugin runs after the webhook and refuses the
+/// whole pod, which `failurePolicy: Ignore` does not cover (the webhook did
+/// answer), so the workload's pods are never created.
+pub fn limit_ranges(export: &Export, out: &mut Vec<Finding>) {
+    let injected = match inject::resources::injected() {
+        Ok(i) => i,
+        Err(e) => {
+            return out.push(Finding::info(
+                "limit-range",
+                "LimitRange/*".into(),
+                format!("not checked: {e}"),
+            ))
+        }
+    };
+    let number = |v: &Value| match v {
+        Value::String(s) => inject::resources::parse(s),
+        Value::Number(n) => n.as_f64(),
+        _ => None,
+    };
+    for lr in export.of_kind("LimitRange") {
+        if !export.opted_in.contains_key(lr.namespace.as_str()) {
+            continue;
+        }
+        let items = lr.value.pointer("/spec/limits").and_then(Value::as_array);
+        let mut why = Vec::new();
+        for item in items.into_iter().flatten() {
+            if item.get("type").and_then(Value::as_str) != Some("Container") {
+                continue;
+            }
+            let bound = |field: &str, resource: &str| {
+                item.get(field)
+                    .and_then(|m| m.get(resource))
+                    .and_then(number)
+            };
+            for c in &injected {
+                for (resource, (request, limit)) in &c.resources {
+                    let (request, limit) = (request.or(*limit), limit.or(*request));
+                    if let (Some(max), Some(l)) = (bound("max", resource), limit) {
+                        if l > max {
+                            why.push(format!(
+                                "{}'s {resource} limit is above its max",
+                                c.container
+                            ));
+                        }
+                    }
+                    if let (Some(min), Some(r)) = (bound("min", resource), request) {
+                        if r < min {
+                            why.push(format!(
+                                "{}'s {resource} request is below its min",
+                                c.container
+                            ));
+                        }
+                    }
+                    if let (Some(ratio), Some(r), Some(l)) =
+                        (bound("maxLimitRequestRatio", resource), request, limit)
+                    {
+                        if r > 0.0 && l / r > ratio {
+                            why.push(format!(
+                                "{}'s {resource} limit/request {:.1} is above its maxLimitRequestRatio {ratio}",
+                                c.container,
+                                l / r
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        if !why.is_empty() {
+            out.push(Finding::problem(
+                "limit-range",
+                lr,
+                format!(
+                    "refuses every injected pod of the namespace (after the webhook, which cannot help it): {}",
+                    why.join("; ")
+                ),
+                format!(
+                    "set drainshim's limits per pod within it (annotations {}, {}, {}, {}), or widen the \
+                     LimitRange",
+                    inject::resources::PROXY_CPU_LIMIT,
+                    inject::resources::PROXY_MEMORY_LIMIT,
+                    inject::resources::CPU_LIMIT,
+                    inject::resources::MEMORY_LIMIT
+                ),
+            ));
+        }
+    }
+}

@@ -15,6 +15,8 @@
 //!   targets a port only injected pods have;
 //! - `not-injected` (`cluster`): a pod of an opted-in namespace without
 //!   drainshim;
+//! - `limit-range` (`cluster`): a LimitRange of an opted-in namespace that
+//!   refuses drainshim's containers as injected;
 //! - `versions` (`cluster`, info): which drainshim release and revision each
 //!   namespace's injected pods run;
 //! - `istio-mode` (`istio`): the Istio proxy mode drainshim will meet, and
@@ -219,6 +221,7 @@ pub fn check(objects: &[Object]) -> Report {
     cluster::service_ports(&export, &mut findings);
     cluster::not_injected(&export, &mut findings);
     cluster::versions(&export, &mut findings);
+    cluster::limit_ranges(&export, &mut findings);
     istio::mode(&export, &mut findings);
     istio::routing(&export, &mut findings);
     Report {

@@ -95,6 +95,13 @@ const BROKEN: &[(&str, &str, &str, &str, &str)] = &[
         "runs \"registry.example.com/platform/drainshim:0.2.0\" but injects --image \"drainshim:0.2.0\"",
     ),
     (
+        "limit-range.yaml",
+        include_str!("../../tests/fixtures/check/limit-range.yaml"),
+        "limit-range",
+        "LimitRange/shop/per-container",
+        "envoy's cpu limit is above its max",
+    ),
+    (
         "inject-label.yaml",
         include_str!("../../tests/fixtures/check/inject-label.yaml"),
         "revision",
@@ -269,4 +276,40 @@ fn a_pod_left_waiting_for_istio_has_no_drainshim() {
     );
     let line = report.render();
     assert!(line.contains("waited for Istio's injection"), "{line}");
+}
+
+#[test]
+fn a_limit_range_is_held_to_every_bound_it_sets() {
+    let lr = |spec: &str| {
+        format!(
+            "apiVersion: v1\nkind: LimitRange\nmetadata: {{name: lr, namespace: shop}}\nspec: {{limits: [{{type: Container, {spec}}}]}}\n"
+        )
+    };
+    for (spec, why) in [
+        ("min: {memory: 64Mi}", "request is below its min"),
+        (
+            "maxLimitRequestRatio: {cpu: 4}",
+            "is above its maxLimitRequestRatio 4",
+        ),
+        (
+            "max: {memory: 100Mi}",
+            "envoy's memory limit is above its max",
+        ),
+    ] {
+        let report = run(&[("h", HEALTHY), ("lr", &lr(spec))]);
+        assert_eq!(
+            problems(&report),
+            vec![("limit-range", "LimitRange/shop/lr")],
+            "{spec}"
+        );
+        assert!(report.render().contains(why), "{spec}: {}", report.render());
+    }
+    // Bounds that admit drainshim's containers, and a namespace not opted in.
+    let wide = lr("max: {cpu: \"4\", memory: 1Gi}, min: {cpu: 5m}");
+    assert_eq!(problems(&run(&[("h", HEALTHY), ("lr", &wide)])), vec![]);
+    let elsewhere = lr("max: {cpu: \"1\"}").replace("namespace: shop", "namespace: legacy");
+    assert_eq!(
+        problems(&run(&[("h", HEALTHY), ("lr", &elsewhere)])),
+        vec![]
+    );
 }

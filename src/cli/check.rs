@@ -12,7 +12,7 @@ Preflight: read Kubernetes objects exported with `kubectl get ... -o yaml` and n
 keep drainshim from serving a namespace, before you opt one in. Give one or more files, or `-` \
 for stdin; multi-document YAML and `kind: List` are both read. It calls no API: what is not in \
 the export is not seen. A useful export:\n\n\
-  kubectl get namespaces,pods,services,deployments,mutatingwebhookconfigurations -A -o yaml > cluster.yaml\n\
+  kubectl get namespaces,pods,services,deployments,limitranges,mutatingwebhookconfigurations -A -o yaml > cluster.yaml\n\
   kubectl get certificates,issuers,clusterissuers,envoyfilters -A -o yaml > more.yaml\n\
   kubectl -n istio-system get configmap istio istio-sidecar-injector -o yaml > istio.yaml\n\
   drainshim check cluster.yaml more.yaml istio.yaml\n\n\
@@ -36,6 +36,11 @@ pods have (envoy-inbound, Envoy's 10000, drainshim's): it drops every pod create
 drainshim. Keep the app's own port name.\n\
 - not-injected: a running pod of an opted-in namespace without the drainshim.io/injected \
 annotation (pods opted out, Jobs' and finished pods aside).\n\
+- limit-range: a LimitRange (type Container) of an opted-in namespace whose max, min or \
+maxLimitRequestRatio refuses drainshim's containers as injected (their default requests and \
+limits). Its plugin runs after the webhook and refuses the whole pod, and failurePolicy: Ignore \
+does not help: the workload's pods are never created. Export LimitRanges too (kubectl get \
+limitranges -A -o yaml).\n\
 - versions (info): per namespace, how many injected pods run which drainshim release and \
 revision (the annotations drainshim.io/version and drainshim.io/revision the injection writes): \
 the version spread a move to a new revision goes through.\n\

@@ -166,3 +166,42 @@ mod tests {
         }
     }
 }
+
+/// One of drainshim's containers as the plain sidecar mode adds it, with its
+/// default requests and limits (in cores and bytes), for checks of what a
+/// namespace admits (`drainshim check`, LimitRanges).
+#[derive(Debug)]
+pub struct Injected {
+    pub container: String,
+    /// Resource (`cpu`, `memory`) -> (request, limit).
+    pub resources: BTreeMap<String, (Option<f64>, Option<f64>)>,
+}
+
+/// drainshim's containers with their default resources, in every plain mode.
+pub fn injected() -> Result<Vec<Injected>, String> {
+    let mut out: Vec<Injected> = Vec::new();
+    for mode in [super::Mode::Sidecar, super::Mode::NativeSidecar] {
+        for c in all(patch::pod(mode)?) {
+            if out.iter().any(|i| i.container == c.name) {
+                continue;
+            }
+            let r = c.resources.as_ref();
+            let get = |m: Option<&BTreeMap<String, Quantity>>, k: &str| {
+                m.and_then(|m| m.get(k)).and_then(|q| parse(&q.0))
+            };
+            let mut resources = BTreeMap::new();
+            for k in ["cpu", "memory"] {
+                let request = get(r.and_then(|r| r.requests.as_ref()), k);
+                let limit = get(r.and_then(|r| r.limits.as_ref()), k);
+                if request.is_some() || limit.is_some() {
+                    resources.insert(k.to_owned(), (request, limit));
+                }
+            }
+            out.push(Injected {
+                container: c.name.clone(),
+                resources,
+            });
+        }
+    }
+    Ok(out)
+}

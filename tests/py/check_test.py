@@ -24,6 +24,7 @@ BROKEN = {
     "tag.yaml": ("revision", "Namespace/reports"),
     "inject-label.yaml": ("revision", "Namespace/ops"),
     "image.yaml": ("revision", "Deployment/drainshim-system/drainshim-webhook-canary"),
+    "limit-range.yaml": ("limit-range", "LimitRange/shop/per-container"),
     "service-port.yaml": ("service-port", "Service/shop/cart"),
     "not-injected.yaml": ("not-injected", "Pod/shop/cart-7c9d8-qwert"),
     "istio-mode.yaml": ("istio-mode", "MutatingWebhookConfiguration/istio-revision-tag-default"),
@@ -82,7 +83,8 @@ def test_unreadable_input_exits_65_and_a_bad_flag_64(tmp_path):
 def test_help_explains_every_check_and_exit_code():
     r = subprocess.run([BIN, "check", "--help"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0
-    for word in ["webhook-ca", "revision", "service-port", "not-injected", "versions", "istio-mode", "istio-routing"]:
+    for word in ["webhook-ca", "revision", "service-port", "not-injected", "limit-range", "versions", "istio-mode",
+                 "istio-routing"]:
         assert f"- {word}" in r.stdout, word
     for code in ["  0 ", "  1 ", "  64 ", "  65 "]:
         assert code in r.stdout, code
