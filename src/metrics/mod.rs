@@ -719,6 +719,33 @@ pub struct SidecarMetrics {
     /// `drainshim_envoy_recoveries_total`: failed health checks left by an
     /// earlier drain and restored.
     pub envoy_recoveries: Counter,
+    /// `drainshim_envoy_listener_drains_total{kind}`: listener drains a
+    /// config update began (not the pod's own drain), from Envoy's counters.
+    pub envoy_listener_drains: Family<ListenerDrainLabels, Counter>,
+    /// `drainshim_envoy_listeners_draining{kind}`: what Envoy drains after
+    /// config updates now, as of the last look (Envoy's gauges).
+    pub envoy_listeners_draining: Family<ListenerDrainLabels, Gauge>,
+}
+
+/// What a config update drains: `listener` (replaced or removed) or
+/// `filter_chains` (updated in place).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum ListenerDrainKind {
+    listener,
+    filter_chains,
+}
+
+/// Both kinds, for series created at 0.
+pub const LISTENER_DRAIN_KINDS: [ListenerDrainKind; 2] = [
+    ListenerDrainKind::listener,
+    ListenerDrainKind::filter_chains,
+];
+
+/// `drainshim_envoy_listener_drains_total{kind}` and `drainshim_envoy_listeners_draining{kind}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerDrainLabels {
+    pub kind: ListenerDrainKind,
 }
 
 // === impl SidecarMetrics ===
@@ -737,6 +764,21 @@ impl SidecarMetrics {
             help::ENVOY_RECOVERIES.1,
             m.envoy_recoveries.clone(),
         );
+        r.register(
+            help::ENVOY_LISTENER_DRAINS.0,
+            help::ENVOY_LISTENER_DRAINS.1,
+            m.envoy_listener_drains.clone(),
+        );
+        r.register(
+            help::ENVOY_LISTENERS_DRAINING.0,
+            help::ENVOY_LISTENERS_DRAINING.1,
+            m.envoy_listeners_draining.clone(),
+        );
+        for kind in LISTENER_DRAIN_KINDS {
+            let labels = ListenerDrainLabels { kind };
+            let _ = m.envoy_listener_drains.get_or_create(&labels);
+            let _ = m.envoy_listeners_draining.get_or_create(&labels);
+        }
         m
     }
 }
