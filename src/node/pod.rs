@@ -103,6 +103,9 @@ pub struct Pod {
     pub guard_state: GuardState,
     /// The guard listener's socket, kept to hand over to the next agent.
     pub guard_fd: Option<std::os::fd::OwnedFd>,
+    /// `net.ipv4.tcp_migrate_req` in its namespace: not tried yet (`None`),
+    /// set, or why not (`--tcp-migrate-req`).
+    pub tcp_migrate_req: Option<Result<(), String>>,
     /// Cancels the listener, the guard and the report watcher.
     pub cancel: CancellationToken,
     /// Shared with the listener so its logs name the pod as identity improves.

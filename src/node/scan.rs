@@ -304,12 +304,15 @@ impl Shared {
         }
 
         // Identify every pod and retry missing listeners and guards, concurrently.
-        let work: Vec<(u64, AdminClient, Netns, bool, bool)> = self
+        let migrate = self.settings.guard.tcp_migrate_req;
+        let work: Vec<(u64, AdminClient, Netns, bool, bool, bool)> = self
             .pods
             .lock()
             .map(|p| {
                 p.iter()
                     .map(|(k, p)| {
+                        // Once per pod, before its listeners are bound.
+                        let needs_migrate = migrate && p.tcp_migrate_req.is_none();
                         let needs_listener = !matches!(p.listener, ListenerState::Listening(_));
                         // A guard starts on a pod that is not draining.
                         let needs_guard = !matches!(p.guard_state, GuardState::Serving { .. })
@@ -320,6 +323,7 @@ impl Shared {
                             p.netns.clone(),
                             needs_listener,
                             needs_guard,
+                            needs_migrate,
                         )
                     })
                     .collect()
@@ -327,38 +331,52 @@ impl Shared {
             .unwrap_or_default();
         let port = self.settings.pod_listen_port;
         let results: Vec<_> = futures_util::stream::iter(work)
-            .map(|(k, admin, ns, needs_listener, needs_guard)| async move {
-                let info = admin.server_info().await;
-                let listener = match needs_listener {
-                    true => Some(self.pod_listener(&ns, port).await),
-                    false => None,
-                };
-                let guard = match (&info, needs_guard) {
-                    (Ok(info), true) => {
-                        let asked = guard::spec_for(
-                            info.metadata_str(guard::METADATA_KEY),
-                            self.settings.guard.default,
-                        );
-                        match asked {
-                            Ok(Some(spec)) => {
-                                Some(Ok((spec, self.guard_listener(&ns, spec).await)))
-                            }
-                            Ok(None) => None,
-                            Err(e) => {
-                                Some(Err(format!("node metadata {}: {e}", guard::METADATA_KEY)))
+            .map(
+                |(k, admin, ns, needs_listener, needs_guard, needs_migrate)| async move {
+                    let migrated = match needs_migrate {
+                        true => Some(ns.enable_tcp_migrate_req().await),
+                        false => None,
+                    };
+                    let info = admin.server_info().await;
+                    let listener = match needs_listener {
+                        true => Some(self.pod_listener(&ns, port).await),
+                        false => None,
+                    };
+                    let guard = match (&info, needs_guard) {
+                        (Ok(info), true) => {
+                            let asked = guard::spec_for(
+                                info.metadata_str(guard::METADATA_KEY),
+                                self.settings.guard.default,
+                            );
+                            match asked {
+                                Ok(Some(spec)) => {
+                                    Some(Ok((spec, self.guard_listener(&ns, spec).await)))
+                                }
+                                Ok(None) => None,
+                                Err(e) => {
+                                    Some(Err(format!("node metadata {}: {e}", guard::METADATA_KEY)))
+                                }
                             }
                         }
-                    }
-                    _ => None,
-                };
-                (k, info, listener, guard)
-            })
+                        _ => None,
+                    };
+                    (k, info, listener, guard, migrated)
+                },
+            )
             .buffer_unordered(IDENTIFY_CONCURRENCY)
             .collect()
             .await;
         let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
-        for (k, info, listener, guard) in results {
+        for (k, info, listener, guard, migrated) in results {
             let Some(p) = pods.get_mut(&k) else { continue };
+            if let Some(r) = migrated {
+                if let Err(e) = &r {
+                    tracing::warn!(namespace = %p.labels.namespace, pod = %p.labels.pod, error = %e,
+                        "net.ipv4.tcp_migrate_req is not set in this pod: an agent that stops beside \
+                         another without --handover-socket resets the connections queued on its listeners");
+                }
+                p.tcp_migrate_req = Some(r);
+            }
             match guard {
                 Some(Ok((spec, bound))) => self.start_guard(p, spec, bound),
                 Some(Err(msg)) => {
@@ -389,6 +407,12 @@ impl Shared {
             }
         }
         disambiguate(&mut pods);
+        let without = pods
+            .values()
+            .filter(|p| matches!(p.tcp_migrate_req, Some(Err(_))))
+            .count();
+        self.migrate_gauge
+            .set(i64::try_from(without).unwrap_or(i64::MAX));
         // Listeners handed over for pods that are gone are closed (the pod
         // is gone, nobody connects there any more).
         if let Ok(mut offers) = self.inherited.lock() {
@@ -482,6 +506,7 @@ impl Shared {
             guard,
             guard_state: GuardState::Off,
             guard_fd: None,
+            tcp_migrate_req: None,
             cancel,
             name,
         };
