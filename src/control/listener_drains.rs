@@ -29,7 +29,8 @@ use std::time::{Duration, SystemTime};
 
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
 
-use crate::envoy::{DynamicListenerState, ListenerManagerStats};
+use crate::envoy::{AdminClient, DynamicListenerState, ListenerManagerStats};
+use crate::metrics::{ListenerDrainKind, ListenerDrainLabels, Metrics};
 
 /// What drains after a config update.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -210,6 +211,79 @@ fn counters_went_back(last: &ListenerManagerStats, now: &ListenerManagerStats) -
 /// When a drain begun at `started` ends: Envoy closes what is left then.
 pub fn drain_ends(started: SystemTime, drain_time: Duration) -> SystemTime {
     started + drain_time
+}
+
+/// One look for listener drains a config update began: counts them, logs each with its window, and mirrors
+/// Envoy's gauges. `pod_draining` marks a push that came during the pod's
+/// own drain. Reads the listeners' config only when an update happened.
+pub async fn look(
+    admin: &AdminClient,
+    tracker: &mut Tracker,
+    lm: ListenerManagerStats,
+    drain_time: Duration,
+    metrics: &Metrics,
+    pod: &str,
+    pod_draining: bool,
+) {
+    let gauge = |kind, value: u64| {
+        metrics
+            .envoy_listeners_draining
+            .get_or_create(&ListenerDrainLabels { kind })
+            .set(i64::try_from(value).unwrap_or(i64::MAX));
+    };
+    gauge(ListenerDrainKind::listener, lm.listeners_draining);
+    gauge(ListenerDrainKind::filter_chains, lm.filter_chains_draining);
+    let listeners = if tracker.needs_listeners(&lm) {
+        match admin.dynamic_listener_states().await {
+            Ok(ls) => Some(ls),
+            Err(e) => {
+                tracing::warn!(%pod, error = %e,
+                    "envoy updated its listeners but their config could not be read; looking again next interval");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let (begun, drains) = tracker.look(lm, listeners.as_deref());
+    for (kind, n) in [
+        (ListenerDrainKind::listener, begun.listeners),
+        (ListenerDrainKind::filter_chains, begun.filter_chains),
+    ] {
+        metrics
+            .envoy_listener_drains
+            .get_or_create(&ListenerDrainLabels { kind })
+            .inc_by(n);
+    }
+    for d in &drains {
+        let started = d
+            .started
+            .map(|t| humantime::format_rfc3339_millis(t).to_string())
+            .unwrap_or_default();
+        let ends = d
+            .started
+            .map(|t| humantime::format_rfc3339_millis(drain_ends(t, drain_time)).to_string())
+            .unwrap_or_default();
+        tracing::warn!(
+            %pod,
+            listener = %d.listener,
+            kind = d.kind.as_str(),
+            direction = d.direction.as_str_name(),
+            version = %d.version,
+            removed = d.removed,
+            drain_started = %started,
+            drain_ends = %ends,
+            drain_time_seconds = drain_time.as_secs_f64(),
+            during_pod_drain = pod_draining,
+            "envoy drains a listener after a config update (not the pod's drain): \
+             connections still on it are closed when the drain time ends"
+        );
+    }
+    if begun != Begun::default() && drains.is_empty() {
+        tracing::warn!(%pod, listeners = begun.listeners, filter_chains = begun.filter_chains,
+            drain_time_seconds = drain_time.as_secs_f64(), during_pod_drain = pod_draining,
+            "envoy drains listeners after a config update; which ones could not be told");
+    }
 }
 
 #[cfg(test)]

@@ -46,10 +46,10 @@ use envoy_types::pb::envoy::admin::v3::server_info::State as ServerState;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::listener_drains::{self, Begun, Tracker};
+use super::listener_drains::{self, Tracker};
 use crate::drain::{DrainHandle, Phase};
 use crate::envoy::{AdminClient, ListenerManagerStats};
-use crate::metrics::{ListenerDrainKind, ListenerDrainLabels, SidecarMetrics};
+use crate::metrics::{Metrics, SidecarMetrics};
 
 /// Envoy's own default `--drain-time-s`, used when `/server_info` does not say.
 pub const ENVOY_DEFAULT_DRAIN_TIME: Duration = Duration::from_secs(600);
@@ -133,83 +133,6 @@ async fn observe(
     ))
 }
 
-/// One look for listener drains a config update began (see
-/// `listener_drains`): counts them, logs each with its window, and mirrors
-/// Envoy's gauges. `pod_draining` marks a push that came during the pod's
-/// own drain. Reads the listeners' config only when an update happened.
-async fn look_for_listener_drains(
-    admin: &AdminClient,
-    tracker: &mut Tracker,
-    lm: ListenerManagerStats,
-    drain_time: Duration,
-    metrics: &SidecarMetrics,
-    pod: &str,
-    pod_draining: bool,
-) {
-    let gauge = |kind, value: u64| {
-        metrics
-            .envoy_listeners_draining
-            .get_or_create(&ListenerDrainLabels { kind })
-            .set(i64::try_from(value).unwrap_or(i64::MAX));
-    };
-    gauge(ListenerDrainKind::listener, lm.listeners_draining);
-    gauge(ListenerDrainKind::filter_chains, lm.filter_chains_draining);
-    let listeners = if tracker.needs_listeners(&lm) {
-        match admin.dynamic_listener_states().await {
-            Ok(ls) => Some(ls),
-            Err(e) => {
-                tracing::warn!(%pod, error = %e,
-                    "envoy updated its listeners but their config could not be read; looking again next interval");
-                None
-            }
-        }
-    } else {
-        None
-    };
-    let (begun, drains) = tracker.look(lm, listeners.as_deref());
-    for (kind, n) in [
-        (ListenerDrainKind::listener, begun.listeners),
-        (ListenerDrainKind::filter_chains, begun.filter_chains),
-    ] {
-        metrics
-            .envoy_listener_drains
-            .get_or_create(&ListenerDrainLabels { kind })
-            .inc_by(n);
-    }
-    for d in &drains {
-        let started = d
-            .started
-            .map(|t| humantime::format_rfc3339_millis(t).to_string())
-            .unwrap_or_default();
-        let ends = d
-            .started
-            .map(|t| {
-                humantime::format_rfc3339_millis(listener_drains::drain_ends(t, drain_time))
-                    .to_string()
-            })
-            .unwrap_or_default();
-        tracing::warn!(
-            %pod,
-            listener = %d.listener,
-            kind = d.kind.as_str(),
-            direction = d.direction.as_str_name(),
-            version = %d.version,
-            removed = d.removed,
-            drain_started = %started,
-            drain_ends = %ends,
-            drain_time_seconds = drain_time.as_secs_f64(),
-            during_pod_drain = pod_draining,
-            "envoy drains a listener after a config update (not the pod's drain): \
-             connections still on it are closed when the drain time ends"
-        );
-    }
-    if begun != Begun::default() && drains.is_empty() {
-        tracing::warn!(%pod, listeners = begun.listeners, filter_chains = begun.filter_chains,
-            drain_time_seconds = drain_time.as_secs_f64(), during_pod_drain = pod_draining,
-            "envoy drains listeners after a config update; which ones could not be told");
-    }
-}
-
 /// The watcher's handle: the current verdict.
 #[derive(Clone, Debug)]
 pub struct EnvoyHealth {
@@ -251,10 +174,18 @@ pub fn spawn(
     drain: DrainHandle,
     every: Duration,
     metrics: SidecarMetrics,
+    drain_metrics: Metrics,
     pod: String,
 ) -> EnvoyHealth {
     let (tx, verdict) = watch::channel(Verdict::Unknown("not looked yet".into()));
-    tokio::spawn(watch_envoy(admin, drain, every, metrics, pod, tx));
+    tokio::spawn(watch_envoy(
+        admin,
+        drain,
+        every,
+        (metrics, drain_metrics),
+        pod,
+        tx,
+    ));
     EnvoyHealth { verdict }
 }
 
@@ -262,7 +193,7 @@ async fn watch_envoy(
     admin: AdminClient,
     drain: DrainHandle,
     every: Duration,
-    metrics: SidecarMetrics,
+    (metrics, drain_metrics): (SidecarMetrics, Metrics),
     pod: String,
     tx: watch::Sender<Verdict>,
 ) {
@@ -277,15 +208,31 @@ async fn watch_envoy(
             tracing::debug!(
                 "a drain started: the envoy watcher only looks for listener drains now"
             );
-            watch_listener_drains(&admin, &mut tracker, drain_time, every, &metrics, &pod).await;
+            watch_listener_drains(
+                &admin,
+                &mut tracker,
+                drain_time,
+                every,
+                &drain_metrics,
+                &pod,
+            )
+            .await;
             return;
         }
         let previous = tx.borrow().clone();
         let observed = observe(&admin).await;
         if let Ok((_, dt, lm)) = &observed {
             drain_time = *dt;
-            look_for_listener_drains(&admin, &mut tracker, *lm, drain_time, &metrics, &pod, false)
-                .await;
+            listener_drains::look(
+                &admin,
+                &mut tracker,
+                *lm,
+                drain_time,
+                &drain_metrics,
+                &pod,
+                false,
+            )
+            .await;
         }
         let listener_drain_running = tracker_draining(&observed);
         let verdict = match observed {
@@ -375,7 +322,7 @@ async fn watch_listener_drains(
     tracker: &mut Tracker,
     mut drain_time: Duration,
     every: Duration,
-    metrics: &SidecarMetrics,
+    metrics: &Metrics,
     pod: &str,
 ) {
     let mut next = Instant::now();
@@ -389,7 +336,7 @@ async fn watch_listener_drains(
                         drain_time = dt;
                     }
                 }
-                look_for_listener_drains(admin, tracker, lm, drain_time, metrics, pod, true).await;
+                listener_drains::look(admin, tracker, lm, drain_time, metrics, pod, true).await;
             }
             Err(e) => tracing::debug!(error = %e, "listener drains: envoy not reachable"),
         }

@@ -531,6 +531,12 @@ pub struct Metrics {
     pub envoy_upstream_retries: Family<VersionLabels, Counter>,
     /// `drainshim_tcp_resets_total{kind}`: the pod's kernel reset counters, seen from outside the mesh.
     pub tcp_resets: Family<KindLabels, Counter>,
+    /// `drainshim_envoy_listener_drains_total{kind}`: listener drains a
+    /// config update began (not the pod's own drain), from Envoy's counters.
+    pub envoy_listener_drains: Family<ListenerDrainLabels, Counter>,
+    /// `drainshim_envoy_listeners_draining{kind}`: what Envoy drains after
+    /// config updates now, as of the last look (Envoy's gauges).
+    pub envoy_listeners_draining: Family<ListenerDrainLabels, Gauge>,
     /// The stream guard's process caps and frame rate limits at work.
     pub guard_limited: Family<LimitLabels, Counter>,
     /// `drainshim_guard_app_goaways_total{code}`: GOAWAY frames the
@@ -617,6 +623,8 @@ impl Metrics {
             envoy_config_updates: Family::default(),
             envoy_upstream_retries: Family::default(),
             tcp_resets: Family::default(),
+            envoy_listener_drains: Family::default(),
+            envoy_listeners_draining: Family::default(),
             guard_limited: Family::default(),
             guard_app_goaways: Family::default(),
             envoy_downstream_requests: Family::default(),
@@ -719,12 +727,6 @@ pub struct SidecarMetrics {
     /// `drainshim_envoy_recoveries_total`: failed health checks left by an
     /// earlier drain and restored.
     pub envoy_recoveries: Counter,
-    /// `drainshim_envoy_listener_drains_total{kind}`: listener drains a
-    /// config update began (not the pod's own drain), from Envoy's counters.
-    pub envoy_listener_drains: Family<ListenerDrainLabels, Counter>,
-    /// `drainshim_envoy_listeners_draining{kind}`: what Envoy drains after
-    /// config updates now, as of the last look (Envoy's gauges).
-    pub envoy_listeners_draining: Family<ListenerDrainLabels, Gauge>,
 }
 
 /// What a config update drains: `listener` (replaced or removed) or
@@ -764,21 +766,6 @@ impl SidecarMetrics {
             help::ENVOY_RECOVERIES.1,
             m.envoy_recoveries.clone(),
         );
-        r.register(
-            help::ENVOY_LISTENER_DRAINS.0,
-            help::ENVOY_LISTENER_DRAINS.1,
-            m.envoy_listener_drains.clone(),
-        );
-        r.register(
-            help::ENVOY_LISTENERS_DRAINING.0,
-            help::ENVOY_LISTENERS_DRAINING.1,
-            m.envoy_listeners_draining.clone(),
-        );
-        for kind in LISTENER_DRAIN_KINDS {
-            let labels = ListenerDrainLabels { kind };
-            let _ = m.envoy_listener_drains.get_or_create(&labels);
-            let _ = m.envoy_listeners_draining.get_or_create(&labels);
-        }
         m
     }
 }

@@ -54,12 +54,13 @@ fn lds(port: u16, prefix: &str, http_prefix: &str) -> String {
     )
 }
 
-/// A bootstrap whose only listener comes from `dir/lds.yaml`.
-fn bootstrap(dir: &Path, app: SocketAddr) -> String {
+/// A bootstrap whose only listener comes from `dir/lds.yaml`, its admin
+/// API on `admin_port` (0: any).
+fn bootstrap(dir: &Path, app: SocketAddr, admin_port: u16) -> String {
     format!(
-        r#"node: {{ id: lds-test, cluster: drainshim }}
+        r#"node: {{ id: lds-test, cluster: drainshim, metadata: {{ NAMESPACE: shop, NAME: lds }} }}
 admin:
-  address: {{ socket_address: {{ address: 127.0.0.1, port_value: 0 }} }}
+  address: {{ socket_address: {{ address: 127.0.0.1, port_value: {admin_port} }} }}
 dynamic_resources:
   lds_config: {{ path_config_source: {{ path: {lds} }}, resource_api_version: V3 }}
 static_resources:
@@ -136,7 +137,7 @@ async fn config_push_drains_are_counted_and_logged_and_the_pods_own_drain_is_not
     push(dir.path(), &lds(port, "inbound", "inbound_http"));
     let mut opts = EnvoyOptions::new(envoy_binary("1.40.0"), backend.addr);
     opts.drain_time = ENVOY_DRAIN_TIME;
-    opts.custom_bootstrap = Some(bootstrap(dir.path(), backend.addr));
+    opts.custom_bootstrap = Some(bootstrap(dir.path(), backend.addr, 0));
     let envoy = EnvoyProcess::start(&opts)
         .await
         .expect("envoy with LDS from a file");
@@ -285,4 +286,77 @@ async fn config_push_drains_are_counted_and_logged_and_the_pods_own_drain_is_not
 
     let _ = child.start_kill();
     let _ = child.wait().await;
+}
+
+/// Node mode: the agent watches each pod's Envoy the same way, and the
+/// pod's series carry the drain, under the pod's labels; its log names the
+/// listener and the pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_agent_counts_a_pods_config_push_drains() {
+    use crate::support::node::{http_in, Lab, POD_ADMIN_PORT};
+    use crate::support::podapp::agent_bin;
+
+    let lab = Lab::new("l");
+    let ns = lab.netns("lds");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    push(dir.path(), &lds(port, "inbound", "inbound_http"));
+    let app = SocketAddr::from(([127, 0, 0, 1], 9));
+    let boot = bootstrap(dir.path(), app, POD_ADMIN_PORT);
+    let _envoy = lab
+        .envoy(&ns, "1.40.0", |o| {
+            o.drain_time = ENVOY_DRAIN_TIME;
+            o.custom_bootstrap = Some(boot);
+        })
+        .await;
+    let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let agent = agent_bin(&lab, listen, &[]).await;
+    let series = |kind: &str| {
+        format!(
+            "drainshim_envoy_listener_drains_total{{namespace=\"shop\",pod=\"lds\",kind=\"{kind}\"}}"
+        )
+    };
+    let value = |body: &str, name: &str| -> Option<f64> {
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    };
+    let scrape = || async {
+        match http_in(None, listen, "GET", "/metrics").await {
+            Ok((200, body)) => body,
+            other => panic!("agent /metrics: {other:?}"),
+        }
+    };
+    wait_for("the pod's series, at 0", WAIT, || async {
+        value(&scrape().await, &series("listener")) == Some(0.0)
+    })
+    .await;
+    // The agent's first scan, done before it said it was ready, looked at
+    // the pod's Envoy: that look is the baseline.
+    assert!(agent.log().contains("pod found"), "{}", agent.log());
+
+    push(dir.path(), &lds(port, "inbound_v2", "inbound_http"));
+    wait_for(
+        "the agent counts the pod's listener drain",
+        WAIT,
+        || async { value(&scrape().await, &series("listener")) == Some(1.0) },
+    )
+    .await;
+    agent
+        .wait_log("envoy drains a listener after a config update")
+        .await;
+    let line = agent
+        .log()
+        .lines()
+        .find(|l| l.contains("envoy drains a listener after a config update"))
+        .unwrap_or_default()
+        .to_string();
+    for field in [
+        "listener=inbound",
+        "kind=\"listener\"",
+        "pod=shop/lds",
+        "drain_time_seconds=3",
+    ] {
+        assert!(line.contains(field), "{field} in {line}");
+    }
+    assert_eq!(value(&scrape().await, &series("filter_chains")), Some(0.0));
 }
