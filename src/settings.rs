@@ -324,6 +324,10 @@ pub struct NodeGuardSettings {
     pub handover_socket: Option<PathBuf>,
     /// After a hand-over, the old agent ends its guarded streams over this.
     pub handover_window: Duration,
+    /// Set `net.ipv4.tcp_migrate_req=1` in each pod's network namespace, so
+    /// an agent closing its listeners beside another agent (no hand-over
+    /// socket) passes its queued connections on instead of resetting them.
+    pub tcp_migrate_req: bool,
 }
 
 // === impl NodeGuardSettings ===
@@ -337,6 +341,7 @@ impl Default for NodeGuardSettings {
             template: GuardConfig::new(SocketAddr::from(([127, 0, 0, 1], 0))),
             handover_socket: None,
             handover_window: config::DEFAULT_HANDOVER_WINDOW.get(),
+            tcp_migrate_req: true,
         }
     }
 }
@@ -360,6 +365,7 @@ impl NodeGuardSettings {
                 "default": self.default.map(|g| g.to_string()),
                 "handover_socket": self.handover_socket.as_deref().map(shown_path),
                 "handover_window": human(self.handover_window),
+                "tcp_migrate_req": self.tcp_migrate_req,
             })
             .as_object()
             .cloned()

@@ -48,6 +48,8 @@ Rolling update (--handover-socket on a hostPath, DaemonSet maxSurge 1):
   the new agent takes every listener (node API, preStop, guards) from the old one:
   nothing is refused; the old one ends its guarded streams over --handover-window,
   lets short calls finish (up to 30 s more) and exits at SIGTERM. No agent on the socket: bind everything.
+  Without the socket both agents bind side by side (SO_REUSEPORT); with
+  --tcp-migrate-req (default) the old one's queued connections move to the new one.
 
 Exit codes:
   0   stopped by SIGTERM (after drains in progress finished)
@@ -175,6 +177,17 @@ pub struct NodeGuardArgs {
     /// to 30 s more to finish), then exits at SIGTERM.
     #[arg(long, env = "DRAINSHIM_HANDOVER_WINDOW", default_value_t = config::DEFAULT_HANDOVER_WINDOW)]
     pub handover_window: Span,
+
+    /// Set net.ipv4.tcp_migrate_req=1 in each pod's network namespace (Linux
+    /// 5.14 and later). The agent binds its listeners with SO_REUSEPORT, so
+    /// two agents started side by side without --handover-socket (an
+    /// operator who left it out, a predecessor that crashed) both serve;
+    /// when the old one closes its listeners, the kernel moves the
+    /// connections queued on them to the new one's instead of resetting
+    /// them. Without it those connections fail. Unavailable: a warn line
+    /// and drainshim_node_pods_without_tcp_migrate_req.
+    #[arg(long, env = "DRAINSHIM_TCP_MIGRATE_REQ", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub tcp_migrate_req: bool,
 }
 
 /// The guard's max connection age (gRPC A9): the sidecar's, each node-mode
@@ -523,6 +536,7 @@ impl From<&NodeGuardArgs> for NodeGuardSettings {
             default: a.default_guard,
             handover_socket: a.handover_socket.clone(),
             handover_window: a.handover_window.get(),
+            tcp_migrate_req: a.tcp_migrate_req,
             ..NodeGuardSettings::default()
         };
         a.tuning.apply(&mut g.template);

@@ -12,6 +12,7 @@
 //! Mutating calls are accepted only from the pod's own loopback addresses
 //! (127.0.0.1, ::1) or `--allow-drain-from`.
 
+pub mod listener_drains;
 pub mod readiness;
 pub mod recovery;
 pub mod telemetry;

@@ -29,6 +29,10 @@
 //! health check an earlier drain left behind. During the wait `/readyz` is
 //! 503, as Envoy's own `/ready` is.
 //!
+//! The same looks watch for listener drains a config push began (see
+//! `listener_drains`), and that part keeps looking through the pod's own
+//! drain.
+//!
 //! Stopped listeners are never recoverable through the admin API; only a new
 //! Envoy process (a new pod) serves again, so that case is made loud.
 //!
@@ -42,9 +46,10 @@ use envoy_types::pb::envoy::admin::v3::server_info::State as ServerState;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::listener_drains::{self, Tracker};
 use crate::drain::{DrainHandle, Phase};
-use crate::envoy::AdminClient;
-use crate::metrics::SidecarMetrics;
+use crate::envoy::{AdminClient, ListenerManagerStats};
+use crate::metrics::{Metrics, SidecarMetrics};
 
 /// Envoy's own default `--drain-time-s`, used when `/server_info` does not say.
 pub const ENVOY_DEFAULT_DRAIN_TIME: Duration = Duration::from_secs(600);
@@ -107,20 +112,24 @@ pub fn judge(o: Observation) -> Judgement {
     }
 }
 
-/// Reads Envoy once.
-async fn observe(admin: &AdminClient) -> Result<(Observation, Duration), String> {
+/// Reads Envoy once: its state and drain time, and the `listener_manager`
+/// stats both this rule and the listener-drain watch read (one call).
+async fn observe(
+    admin: &AdminClient,
+) -> Result<(Observation, Duration, ListenerManagerStats), String> {
     let info = admin.server_info().await.map_err(|e| e.to_string())?;
     let state = info
         .state()
         .ok_or_else(|| format!("envoy reports an unknown state {:?}", info.state))?;
-    let listeners_stopped = admin.listeners_stopped().await.map_err(|e| e.to_string())?;
+    let lm = admin.listener_manager().await.map_err(|e| e.to_string())?;
     let drain_time = info.drain_time().unwrap_or(ENVOY_DEFAULT_DRAIN_TIME);
     Ok((
         Observation {
             state,
-            listeners_stopped,
+            listeners_stopped: lm.stopped,
         },
         drain_time,
+        lm,
     ))
 }
 
@@ -157,17 +166,26 @@ impl EnvoyHealth {
     }
 }
 
-/// Starts the watcher. It ends when a drain starts: the drain owns Envoy then.
+/// Starts the watcher. Its health-check rule ends when a drain starts (the
+/// drain owns Envoy then); its watch for listener drains goes on.
 /// `pod` names the pod in the log lines, when known.
 pub fn spawn(
     admin: AdminClient,
     drain: DrainHandle,
     every: Duration,
     metrics: SidecarMetrics,
+    drain_metrics: Metrics,
     pod: String,
 ) -> EnvoyHealth {
     let (tx, verdict) = watch::channel(Verdict::Unknown("not looked yet".into()));
-    tokio::spawn(watch_envoy(admin, drain, every, metrics, pod, tx));
+    tokio::spawn(watch_envoy(
+        admin,
+        drain,
+        every,
+        (metrics, drain_metrics),
+        pod,
+        tx,
+    ));
     EnvoyHealth { verdict }
 }
 
@@ -175,22 +193,51 @@ async fn watch_envoy(
     admin: AdminClient,
     drain: DrainHandle,
     every: Duration,
-    metrics: SidecarMetrics,
+    (metrics, drain_metrics): (SidecarMetrics, Metrics),
     pod: String,
     tx: watch::Sender<Verdict>,
 ) {
     let mut drain_status = drain.subscribe();
     let draining = |s: &crate::drain::Status| s.phase != Phase::Serving;
     let mut next = Instant::now();
+    let mut tracker = Tracker::default();
+    let mut drain_time = ENVOY_DEFAULT_DRAIN_TIME;
     loop {
         if draining(&drain_status.borrow()) {
-            tracing::debug!("a drain started: the envoy watcher stops");
+            // The drain owns Envoy now: only listener drains are watched.
+            tracing::debug!(
+                "a drain started: the envoy watcher only looks for listener drains now"
+            );
+            watch_listener_drains(
+                &admin,
+                &mut tracker,
+                drain_time,
+                every,
+                &drain_metrics,
+                &pod,
+            )
+            .await;
             return;
         }
         let previous = tx.borrow().clone();
-        let verdict = match observe(&admin).await {
+        let observed = observe(&admin).await;
+        if let Ok((_, dt, lm)) = &observed {
+            drain_time = *dt;
+            listener_drains::look(
+                &admin,
+                &mut tracker,
+                *lm,
+                drain_time,
+                &drain_metrics,
+                &pod,
+                false,
+            )
+            .await;
+        }
+        let listener_drain_running = tracker_draining(&observed);
+        let verdict = match observed {
             Err(e) => Verdict::Unknown(e),
-            Ok((o, drain_time)) => match judge(o) {
+            Ok((o, drain_time, _)) => match judge(o) {
                 Judgement::NotYet(why) => Verdict::Unknown(why),
                 Judgement::Healthy => Verdict::Healthy,
                 Judgement::Stuck(reason) => Verdict::Stuck(reason),
@@ -241,6 +288,7 @@ async fn watch_envoy(
             .set(i64::from(matches!(verdict, Verdict::Stuck(_))));
         // Pending and unknown states are looked at every poll; settled ones less often.
         let step = match verdict {
+            _ if listener_drain_running => every,
             Verdict::Healthy | Verdict::Stuck(_) => every.max(SETTLED_INTERVAL),
             Verdict::Pending { .. } | Verdict::Unknown(_) => every,
         };
@@ -256,6 +304,53 @@ async fn watch_envoy(
             // Stop at once when a drain starts.
             _ = drain_status.wait_for(draining) => {}
         }
+    }
+}
+
+/// Envoy drains listeners after a config update right now.
+fn tracker_draining<O, D>(observed: &Result<(O, D, ListenerManagerStats), String>) -> bool {
+    observed
+        .as_ref()
+        .is_ok_and(|(_, _, lm)| lm.listeners_draining + lm.filter_chains_draining > 0)
+}
+
+/// During the pod's own drain: listener drains only, at the same bounds (a
+/// look every settled interval, every poll while one runs), until the
+/// process ends. The drain's own `/drain_listeners` never counts here.
+async fn watch_listener_drains(
+    admin: &AdminClient,
+    tracker: &mut Tracker,
+    mut drain_time: Duration,
+    every: Duration,
+    metrics: &Metrics,
+    pod: &str,
+) {
+    let mut next = Instant::now();
+    loop {
+        let mut running = false;
+        match admin.listener_manager().await {
+            Ok(lm) => {
+                running = lm.listeners_draining + lm.filter_chains_draining > 0;
+                if tracker.needs_listeners(&lm) {
+                    if let Some(dt) = admin.server_info().await.ok().and_then(|i| i.drain_time()) {
+                        drain_time = dt;
+                    }
+                }
+                listener_drains::look(admin, tracker, lm, drain_time, metrics, pod, true).await;
+            }
+            Err(e) => tracing::debug!(error = %e, "listener drains: envoy not reachable"),
+        }
+        let step = if running {
+            every
+        } else {
+            every.max(SETTLED_INTERVAL)
+        };
+        next += step;
+        let now = Instant::now();
+        if next < now {
+            next = now + step;
+        }
+        tokio::time::sleep_until(next).await;
     }
 }
 

@@ -17,7 +17,9 @@ use tokio::net::TcpStream;
 
 use crate::http::{Endpoint, UrlError};
 
-use super::model::{self, ClusterStatus, ListenerInfo, ServerInfo, Stat};
+use super::model::{
+    self, ClusterStatus, DynamicListenerState, ListenerInfo, ListenerManagerStats, ServerInfo, Stat,
+};
 
 /// Opens the TCP connection to the admin address. Node mode supplies one that
 /// connects from inside the pod's network namespace.
@@ -333,6 +335,22 @@ impl AdminClient {
         const NAME: &str = "listener_manager.listener_stopped";
         let stats = self.stats(r"^listener_manager\.listener_stopped$").await?;
         Ok(stats.iter().find(|s| s.name == NAME).map_or(0, |s| s.value))
+    }
+
+    /// The `listener_manager` counters and gauges of listener updates,
+    /// drains and stops, in one `/stats` call (see [`ListenerManagerStats`]).
+    pub async fn listener_manager(&self) -> Result<ListenerManagerStats, AdminError> {
+        let stats = self.stats(ListenerManagerStats::FILTER).await?;
+        Ok(ListenerManagerStats::from_stats(&stats))
+    }
+
+    /// `GET /config_dump?resource=dynamic_listeners`: each LDS listener's
+    /// version, last update and whether an older one of it drains.
+    pub async fn dynamic_listener_states(&self) -> Result<Vec<DynamicListenerState>, AdminError> {
+        let path = "/config_dump?resource=dynamic_listeners";
+        let body = self.call(Method::GET, path).await?;
+        model::parse_dynamic_listener_states(&body)
+            .map_err(|e| self.err(Method::GET, path, e.into()))
     }
 
     /// `POST /healthcheck/fail`: `/ready` answers 503 from now on.

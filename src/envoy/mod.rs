@@ -4,4 +4,6 @@ pub mod admin;
 pub mod model;
 
 pub use admin::{AdminClient, AdminError, Counts, Dial, FailOpen, InboundScope, TcpDial};
-pub use model::{parse_envoy_version, ListenerInfo, ServerInfo, Stat};
+pub use model::{
+    parse_envoy_version, DynamicListenerState, ListenerInfo, ListenerManagerStats, ServerInfo, Stat,
+};

@@ -19,8 +19,9 @@ use prometheus_client::registry::{Metric, Registry};
 use super::{
     help, CodeLabels, ConfigLabels, Dropped, DroppedLabels, Ending, EndingLabels, FailopenKind,
     FailopenLabels, GuardRequestLabels, GuardStreamLabels, H2Code, KindLabels, Limit, LimitLabels,
-    Metrics, OutcomeLabels, ProtocolLabels, Reason, ReasonLabels, TerminatedLabels, VersionLabels,
-    CODES, DRAIN_OUTCOMES, STREAM_PROTOCOLS, TCP_RESET_KINDS,
+    ListenerDrainLabels, Metrics, OutcomeLabels, ProtocolLabels, Reason, ReasonLabels,
+    TerminatedLabels, VersionLabels, CODES, DRAIN_OUTCOMES, LISTENER_DRAIN_KINDS, STREAM_PROTOCOLS,
+    TCP_RESET_KINDS,
 };
 
 /// One metric family of [`Metrics`].
@@ -161,7 +162,7 @@ fn version_labels(m: &Metrics) -> Vec<VersionLabels> {
 }
 
 /// Every family of `Metrics`, in the exposition's order.
-pub static FAMILIES: [Def; 27] = [
+pub static FAMILIES: [Def; 29] = [
     Def {
         desc: help::DRAINS,
         node: Node::PerPod,
@@ -436,6 +437,32 @@ pub static FAMILIES: [Def; 27] = [
                 kinds.collect()
             },
             zeroed: false,
+        },
+    },
+    Def {
+        desc: help::ENVOY_LISTENER_DRAINS,
+        node: Node::PerPod,
+        reach: &Labeled {
+            family: |m: &Metrics| &m.envoy_listener_drains,
+            known: |_| {
+                LISTENER_DRAIN_KINDS
+                    .map(|kind| ListenerDrainLabels { kind })
+                    .to_vec()
+            },
+            zeroed: true,
+        },
+    },
+    Def {
+        desc: help::ENVOY_LISTENERS_DRAINING,
+        node: Node::PerPod,
+        reach: &Labeled {
+            family: |m: &Metrics| &m.envoy_listeners_draining,
+            known: |_| {
+                LISTENER_DRAIN_KINDS
+                    .map(|kind| ListenerDrainLabels { kind })
+                    .to_vec()
+            },
+            zeroed: true,
         },
     },
     Def {

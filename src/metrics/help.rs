@@ -78,6 +78,16 @@ pub const ENVOY_RECOVERIES: (&str, &str) = (
     "envoy_recoveries",
     "Times the shim restored Envoy's health check left failed by an earlier drain (listeners still up)",
 );
+/// Contract extension: see `control::listener_drains`.
+pub const ENVOY_LISTENER_DRAINS: (&str, &str) = (
+    "envoy_listener_drains",
+    "Listener drains Envoy began after a config update (LDS replaced or removed a listener: kind listener; changed filter chains in place: kind filter_chains), not the pod's own drain; Envoy closes what is left on them after its --drain-time-s",
+);
+/// Contract extension: see `control::listener_drains`.
+pub const ENVOY_LISTENERS_DRAINING: (&str, &str) = (
+    "envoy_listeners_draining",
+    "Listeners (kind listener) and filter chains (kind filter_chains) Envoy is draining after config updates, as of the shim's last look",
+);
 /// Contract extension (guard): see `guard::limits`.
 pub const GUARD_LIMITED: (&str, &str) = (
     "guard_limited",

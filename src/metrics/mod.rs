@@ -531,6 +531,12 @@ pub struct Metrics {
     pub envoy_upstream_retries: Family<VersionLabels, Counter>,
     /// `drainshim_tcp_resets_total{kind}`: the pod's kernel reset counters, seen from outside the mesh.
     pub tcp_resets: Family<KindLabels, Counter>,
+    /// `drainshim_envoy_listener_drains_total{kind}`: listener drains a
+    /// config update began (not the pod's own drain), from Envoy's counters.
+    pub envoy_listener_drains: Family<ListenerDrainLabels, Counter>,
+    /// `drainshim_envoy_listeners_draining{kind}`: what Envoy drains after
+    /// config updates now, as of the last look (Envoy's gauges).
+    pub envoy_listeners_draining: Family<ListenerDrainLabels, Gauge>,
     /// The stream guard's process caps and frame rate limits at work.
     pub guard_limited: Family<LimitLabels, Counter>,
     /// `drainshim_guard_app_goaways_total{code}`: GOAWAY frames the
@@ -617,6 +623,8 @@ impl Metrics {
             envoy_config_updates: Family::default(),
             envoy_upstream_retries: Family::default(),
             tcp_resets: Family::default(),
+            envoy_listener_drains: Family::default(),
+            envoy_listeners_draining: Family::default(),
             guard_limited: Family::default(),
             guard_app_goaways: Family::default(),
             envoy_downstream_requests: Family::default(),
@@ -719,6 +727,27 @@ pub struct SidecarMetrics {
     /// `drainshim_envoy_recoveries_total`: failed health checks left by an
     /// earlier drain and restored.
     pub envoy_recoveries: Counter,
+}
+
+/// What a config update drains: `listener` (replaced or removed) or
+/// `filter_chains` (updated in place).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum ListenerDrainKind {
+    listener,
+    filter_chains,
+}
+
+/// Both kinds, for series created at 0.
+pub const LISTENER_DRAIN_KINDS: [ListenerDrainKind; 2] = [
+    ListenerDrainKind::listener,
+    ListenerDrainKind::filter_chains,
+];
+
+/// `drainshim_envoy_listener_drains_total{kind}` and `drainshim_envoy_listeners_draining{kind}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerDrainLabels {
+    pub kind: ListenerDrainKind,
 }
 
 // === impl SidecarMetrics ===

@@ -10,13 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::binding::adopt;
+use super::binding::{adopt, bind_api};
 use super::handover::{self, ListenerKind, Offer};
 use super::metrics::{PodCollector, PodSeries, PodSource, TimersCollector, TimersSource};
 use super::netns::Netns;
@@ -106,12 +105,10 @@ impl NodeAgent {
             .and_then(|o| adopt(o.fd).ok())
         {
             Some(l) => l,
-            None => TcpListener::bind(listen)
-                .await
-                .map_err(|source| NodeError::Bind {
-                    addr: listen,
-                    source,
-                })?,
+            None => bind_api(listen).map_err(|source| NodeError::Bind {
+                addr: listen,
+                source,
+            })?,
         };
         let local = listener.local_addr().unwrap_or(listen);
         let api_fd = listener.as_fd().try_clone_to_owned().ok();
@@ -154,6 +151,7 @@ impl NodeAgent {
         };
         let mut registry = Registry::default();
         let pods_gauge = prometheus_client::metrics::gauge::Gauge::default();
+        let migrate_gauge = prometheus_client::metrics::gauge::Gauge::default();
         {
             let r = registry.sub_registry_with_prefix("drainshim");
             r.register_collector(Box::new(PodCollector { source }));
@@ -162,6 +160,11 @@ impl NodeAgent {
                 "node_pods",
                 "Pods (network namespaces with an Envoy) the node agent manages",
                 pods_gauge.clone(),
+            );
+            r.register(
+                "node_pods_without_tcp_migrate_req",
+                "Pods whose network namespace could not be given net.ipv4.tcp_migrate_req=1 (a kernel before 5.14, or the write refused): there, an agent that stops beside another without --handover-socket resets the connections queued on its listeners",
+                migrate_gauge.clone(),
             );
         }
         let shared = Arc::new(Shared {
@@ -173,6 +176,7 @@ impl NodeAgent {
             tasks: TaskTracker::new(),
             registry,
             pods_gauge,
+            migrate_gauge,
             scans: Default::default(),
             next_seq: Default::default(),
             scanning: Arc::default(),
@@ -332,6 +336,12 @@ impl NodeAgent {
 
     /// Stops scanning and serving, and retires every pod.
     pub async fn stop(self) {
+        // The preStop listeners stop accepting first and close (a preStop in
+        // flight is still answered): with another agent bound beside this
+        // one and tcp_migrate_req, what is queued on them moves there; the
+        // requests accepted here are answered during the guards' window,
+        // before the pods are retired.
+        self.shared.stop_prestop_listeners();
         // Guarded streams end gracefully over the window (at once when a
         // hand-over already ended them), then everything stops.
         self.shared.end_guards(true).await;

@@ -26,6 +26,23 @@ pub(super) fn adopt(fd: OwnedFd) -> std::io::Result<TcpListener> {
     TcpListener::from_std(std)
 }
 
+/// Pending connections on the agent's own API (probes, scrapes, preStops
+/// through the node port).
+const API_BACKLOG: i32 = 1024;
+
+/// Binds the agent's API on the host: SO_REUSEPORT, so that a second agent
+/// started beside this one without a hand-over socket binds it too.
+pub(super) fn bind_api(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(API_BACKLOG)?;
+    socket.set_nonblocking(true)?;
+    TcpListener::from_std(std::net::TcpListener::from(socket))
+}
+
 impl Shared {
     /// Serves a freshly bound listener for `pod`, or records why binding failed.
     pub(super) fn serve_pod(
@@ -182,6 +199,17 @@ impl Shared {
         }
         // The new agent holds the listening sockets now.
         self.close_guard_listeners();
+    }
+
+    /// Stops every pod's preStop listener accepting (its socket closes; the
+    /// requests it accepted are still answered).
+    pub(super) fn stop_prestop_listeners(&self) {
+        if let Ok(mut pods) = self.pods.lock() {
+            for p in pods.values_mut() {
+                p.listener_stop.cancel();
+                p.listener_fd = None;
+            }
+        }
     }
 
     /// Ends every pod's guarded streams gracefully over the hand-over window

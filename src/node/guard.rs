@@ -67,12 +67,15 @@ impl Connect for NetnsConnect {
     }
 }
 
-/// Binds `addr` inside the pod (SO_REUSEADDR, [`GUARD_BACKLOG`]).
+/// Binds `addr` inside the pod (SO_REUSEADDR and SO_REUSEPORT, [`GUARD_BACKLOG`]).
 pub async fn bind_in(netns: &Netns, addr: SocketAddr) -> std::io::Result<TcpListener> {
     let std = netns
         .run(move || {
             let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
             socket.set_reuse_address(true)?;
+            // A second agent binds it beside this one when there is no
+            // hand-over socket (netns::TCP_MIGRATE_REQ).
+            socket.set_reuse_port(true)?;
             socket.bind(&addr.into())?;
             socket.listen(GUARD_BACKLOG)?;
             socket.set_nonblocking(true)?;

@@ -26,6 +26,12 @@ use crate::envoy::Dial;
 /// Pending connections on a pod's preStop listener; the kubelet sends few.
 const LISTEN_BACKLOG: i32 = 64;
 
+/// `net.ipv4.tcp_migrate_req`, per network namespace (Linux 5.14 and
+/// later): when a listener of an SO_REUSEPORT group closes, the connections
+/// in its accept queue (and those still in their handshake) move to another
+/// listener of the group instead of being reset.
+pub const TCP_MIGRATE_REQ: &str = "/proc/sys/net/ipv4/tcp_migrate_req";
+
 /// An open handle on one network namespace. Holding the fd pins exactly that
 /// namespace: a recycled pid can never send us into another pod.
 #[derive(Clone, Debug)]
@@ -128,6 +134,9 @@ impl Netns {
                         socket.set_only_v6(false)?;
                     }
                     socket.set_reuse_address(true)?;
+                    // Two agents side by side (a rolling update without
+                    // --handover-socket) both bind it: see `TCP_MIGRATE_REQ`.
+                    socket.set_reuse_port(true)?;
                     socket.bind(&addr.into())?;
                     socket.listen(LISTEN_BACKLOG)?;
                     Ok(socket)
@@ -142,6 +151,34 @@ impl Netns {
             })
             .await?;
         TcpListener::from_std(std)
+    }
+}
+
+impl Netns {
+    /// Sets `net.ipv4.tcp_migrate_req` to 1 inside the namespace (the
+    /// `/proc/sys/net` a thread opens is its own namespace's), so that an
+    /// agent that closes its listeners while another agent listens beside it
+    /// hands the queued connections over instead of resetting them. The
+    /// error says why it could not, naming the kernel when it has no such
+    /// setting.
+    pub async fn enable_tcp_migrate_req(&self) -> Result<(), String> {
+        let set = self
+            .run(|| match std::fs::read_to_string(TCP_MIGRATE_REQ) {
+                Ok(v) if v.trim() == "1" => Ok(()),
+                Ok(_) => std::fs::write(TCP_MIGRATE_REQ, "1"),
+                Err(e) => Err(e),
+            })
+            .await;
+        match set {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(format!(
+                "{TCP_MIGRATE_REQ} does not exist: kernel {} has no net.ipv4.tcp_migrate_req (Linux 5.14 and later have it)",
+                nix::sys::utsname::uname()
+                    .map(|u| u.release().to_string_lossy().into_owned())
+                    .unwrap_or_else(|_| "(unknown release)".into())
+            )),
+            Err(e) => Err(format!("write 1 to {TCP_MIGRATE_REQ} inside the pod: {e}")),
+        }
     }
 }
 

@@ -103,6 +103,11 @@ pub struct Pod {
     pub guard_state: GuardState,
     /// The guard listener's socket, kept to hand over to the next agent.
     pub guard_fd: Option<std::os::fd::OwnedFd>,
+    /// `net.ipv4.tcp_migrate_req` in its namespace: not tried yet (`None`),
+    /// set, or why not (`--tcp-migrate-req`).
+    pub tcp_migrate_req: Option<Result<(), String>>,
+    /// Its Envoy's listener drains after config pushes: the last look.
+    pub listener_drains: crate::control::listener_drains::Tracker,
     /// Cancels the listener, the guard and the report watcher.
     pub cancel: CancellationToken,
     /// Shared with the listener so its logs name the pod as identity improves.

@@ -19,6 +19,8 @@ use super::pod::{self, GuardState, ListenerState, Pod};
 use super::proc;
 use super::shared::{Departed, Shared, SCAN_CONCURRENCY};
 use super::timers::{self, PodDrain, PodTimers};
+use crate::control::listener_drains::{self, Tracker};
+use crate::control::recovery::ENVOY_DEFAULT_DRAIN_TIME;
 use crate::control::telemetry::Telemetry;
 use crate::drain::{DrainSettings, Phase};
 use crate::envoy::AdminClient;
@@ -29,6 +31,23 @@ use crate::metrics::Metrics;
 /// serving traffic on the same cores, bursts of 32 every scan showed as the
 /// guards' p99 (bench node-scale --guards); 4 spreads the same work out.
 const IDENTIFY_CONCURRENCY: usize = 4;
+
+/// One pod's part of a scan, taken under the pods' lock and done outside it.
+struct Work {
+    key: u64,
+    admin: AdminClient,
+    ns: Netns,
+    needs_listener: bool,
+    needs_guard: bool,
+    needs_migrate: bool,
+    /// The pod's listener-drain watch, given back after the look.
+    tracker: Tracker,
+    metrics: Metrics,
+    /// `namespace/pod`, for the log events.
+    pod: String,
+    /// The pod's own drain runs: a push seen now is marked so.
+    pod_draining: bool,
+}
 
 /// A live pod as the scan's decisions see it.
 #[derive(Clone, Debug)]
@@ -304,31 +323,71 @@ impl Shared {
         }
 
         // Identify every pod and retry missing listeners and guards, concurrently.
-        let work: Vec<(u64, AdminClient, Netns, bool, bool)> = self
+        let migrate = self.settings.guard.tcp_migrate_req;
+        let work: Vec<Work> = self
             .pods
             .lock()
             .map(|p| {
                 p.iter()
-                    .map(|(k, p)| {
-                        let needs_listener = !matches!(p.listener, ListenerState::Listening(_));
+                    .map(|(k, p)| Work {
+                        key: *k,
+                        admin: p.admin.clone(),
+                        ns: p.netns.clone(),
+                        needs_listener: !matches!(p.listener, ListenerState::Listening(_)),
                         // A guard starts on a pod that is not draining.
-                        let needs_guard = !matches!(p.guard_state, GuardState::Serving { .. })
-                            && p.drain.status().phase == Phase::Serving;
-                        (
-                            *k,
-                            p.admin.clone(),
-                            p.netns.clone(),
-                            needs_listener,
-                            needs_guard,
-                        )
+                        needs_guard: !matches!(p.guard_state, GuardState::Serving { .. })
+                            && p.drain.status().phase == Phase::Serving,
+                        // Once per pod, before its listeners are bound.
+                        needs_migrate: migrate && p.tcp_migrate_req.is_none(),
+                        tracker: p.listener_drains.clone(),
+                        metrics: p.metrics.clone(),
+                        pod: format!("{}/{}", p.labels.namespace, p.labels.pod),
+                        pod_draining: p.drain.status().phase != Phase::Serving,
                     })
                     .collect()
             })
             .unwrap_or_default();
         let port = self.settings.pod_listen_port;
         let results: Vec<_> = futures_util::stream::iter(work)
-            .map(|(k, admin, ns, needs_listener, needs_guard)| async move {
+            .map(|w| async move {
+                let Work {
+                    key: k,
+                    admin,
+                    ns,
+                    needs_listener,
+                    needs_guard,
+                    needs_migrate,
+                    mut tracker,
+                    metrics,
+                    pod,
+                    pod_draining,
+                } = w;
+                let migrated = match needs_migrate {
+                    true => Some(ns.enable_tcp_migrate_req().await),
+                    false => None,
+                };
                 let info = admin.server_info().await;
+                // Listener drains a config push began (control::listener_drains).
+                let tracker = match &info {
+                    Ok(i) => match admin.listener_manager().await {
+                        Ok(lm) => {
+                            let drain_time = i.drain_time().unwrap_or(ENVOY_DEFAULT_DRAIN_TIME);
+                            listener_drains::look(
+                                &admin,
+                                &mut tracker,
+                                lm,
+                                drain_time,
+                                &metrics,
+                                &pod,
+                                pod_draining,
+                            )
+                            .await;
+                            Some(tracker)
+                        }
+                        Err(_) => None,
+                    },
+                    Err(_) => None,
+                };
                 let listener = match needs_listener {
                     true => Some(self.pod_listener(&ns, port).await),
                     false => None,
@@ -351,14 +410,25 @@ impl Shared {
                     }
                     _ => None,
                 };
-                (k, info, listener, guard)
+                (k, info, listener, guard, migrated, tracker)
             })
             .buffer_unordered(IDENTIFY_CONCURRENCY)
             .collect()
             .await;
         let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
-        for (k, info, listener, guard) in results {
+        for (k, info, listener, guard, migrated, tracker) in results {
             let Some(p) = pods.get_mut(&k) else { continue };
+            if let Some(t) = tracker {
+                p.listener_drains = t;
+            }
+            if let Some(r) = migrated {
+                if let Err(e) = &r {
+                    tracing::warn!(namespace = %p.labels.namespace, pod = %p.labels.pod, error = %e,
+                        "net.ipv4.tcp_migrate_req is not set in this pod: an agent that stops beside \
+                         another without --handover-socket resets the connections queued on its listeners");
+                }
+                p.tcp_migrate_req = Some(r);
+            }
             match guard {
                 Some(Ok((spec, bound))) => self.start_guard(p, spec, bound),
                 Some(Err(msg)) => {
@@ -389,6 +459,12 @@ impl Shared {
             }
         }
         disambiguate(&mut pods);
+        let without = pods
+            .values()
+            .filter(|p| matches!(p.tcp_migrate_req, Some(Err(_))))
+            .count();
+        self.migrate_gauge
+            .set(i64::try_from(without).unwrap_or(i64::MAX));
         // Listeners handed over for pods that are gone are closed (the pod
         // is gone, nobody connects there any more).
         if let Ok(mut offers) = self.inherited.lock() {
@@ -482,6 +558,8 @@ impl Shared {
             guard,
             guard_state: GuardState::Off,
             guard_fd: None,
+            tcp_migrate_req: None,
+            listener_drains: Tracker::default(),
             cancel,
             name,
         };

@@ -50,6 +50,9 @@ pub(super) struct Shared {
     pub(super) registry: Registry,
     /// Pods managed (`drainshim_node_pods`).
     pub(super) pods_gauge: prometheus_client::metrics::gauge::Gauge,
+    /// Pods whose namespace could not be given `net.ipv4.tcp_migrate_req`
+    /// (`drainshim_node_pods_without_tcp_migrate_req`).
+    pub(super) migrate_gauge: prometheus_client::metrics::gauge::Gauge,
     /// Scans done, for /readyz and /status.
     pub(super) scans: std::sync::atomic::AtomicU64,
     /// Numbers pods in discovery order.

@@ -122,6 +122,7 @@ pub async fn start(settings: SidecarSettings) -> Result<Sidecar, SidecarError> {
         drain.clone(),
         timers.poll_interval,
         sidecar_metrics,
+        metrics.clone(),
         match &identity {
             (Some(ns), Some(pod)) => format!("{ns}/{pod}"),
             (_, Some(pod)) => pod.clone(),

@@ -38,6 +38,7 @@ mod guard_websocket;
 mod guard_websocket_h2;
 mod guard_websocket_python;
 mod layering;
+mod listener_drains;
 mod logs_json;
 mod node_cli;
 mod node_guard;

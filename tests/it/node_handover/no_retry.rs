@@ -272,7 +272,25 @@ async fn five_hand_overs_in_a_row_at_load_fail_nothing() {
     let calls = load.finish().await;
 
     let (_, cut) = stream_ends(streams).await;
-    // Each call against the SIGTERM nearest to it.
+    let (failed, hung) = by_nearest_sigterm(&calls, &sigterms);
+    eprintln!(
+        "{ROUNDS} hand-overs in a row without retries ({HEAVY_WORKERS} workers): {} unary calls, \
+         {n} in {:.1} s of hand-overs ({:.0} calls/s), {} failed, {} hung; {} of {LONG} long streams cut",
+        calls.len(),
+        took.as_secs_f64(),
+        n as f64 / took.as_secs_f64().max(0.001),
+        failed.len(),
+        hung.len(),
+        cut.len(),
+    );
+    let logs = format!("the old agents' logs:\n{}", logs.join("\n-----\n"));
+    assert_no_failed_or_hung(calls.len(), (&failed, &hung), &logs);
+    assert!(cut.is_empty(), "cut streams: {cut:?}");
+}
+
+/// The failed and hung calls, each call judged against the SIGTERM nearest
+/// to it.
+fn by_nearest_sigterm(calls: &[Call], sigterms: &[Instant]) -> (Vec<String>, Vec<String>) {
     let mut failed = Vec::new();
     let mut hung = Vec::new();
     for (i, t) in sigterms.iter().enumerate() {
@@ -297,17 +315,203 @@ async fn five_hand_overs_in_a_row_at_load_fail_nothing() {
         failed.extend(f);
         hung.extend(h);
     }
-    eprintln!(
-        "{ROUNDS} hand-overs in a row without retries ({HEAVY_WORKERS} workers): {} unary calls, \
-         {n} in {:.1} s of hand-overs ({:.0} calls/s), {} failed, {} hung; {} of {LONG} long streams cut",
-        calls.len(),
-        took.as_secs_f64(),
-        n as f64 / took.as_secs_f64().max(0.001),
-        failed.len(),
-        hung.len(),
-        cut.len(),
-    );
-    let logs = format!("the old agents' logs:\n{}", logs.join("\n-----\n"));
-    assert_no_failed_or_hung(calls.len(), (&failed, &hung), &logs);
-    assert!(cut.is_empty(), "cut streams: {cut:?}");
+    (failed, hung)
 }
+
+/// What one run of hand-overs without the socket saw.
+struct SideBySide {
+    calls: Vec<Call>,
+    /// Calls made during the hand-overs, and over how long.
+    during: (u64, Duration),
+    failed: Vec<String>,
+    hung: Vec<String>,
+    cut: Vec<String>,
+    /// New connections to the pod's guard and preStop listeners: made,
+    /// failed, and the failures.
+    probes: (u64, u64, Vec<String>),
+    /// `net.ipv4.tcp_migrate_req` in the pod's namespace at the end.
+    migrate_req: String,
+    logs: String,
+}
+
+/// `net.ipv4.tcp_migrate_req` as a namespace's own threads read it.
+async fn migrate_req_in(ns: &Netns) -> String {
+    ns.run(|| std::fs::read_to_string(drainshim::node::netns::TCP_MIGRATE_REQ))
+        .await
+        .map(|v| v.trim().to_string())
+        .unwrap_or_else(|e| format!("unreadable: {e}"))
+}
+
+/// Five rolling updates with no hand-over socket: each new agent binds
+/// every listener beside the old one (SO_REUSEPORT), then the old one gets
+/// SIGTERM, ends its streams over its window and closes its listeners,
+/// while unary calls run at full speed through an Envoy with no retry
+/// policy. `migrate` is `--tcp-migrate-req`.
+async fn side_by_side(tag: &str, migrate: bool) -> SideBySide {
+    let lab = Lab::new(tag);
+    let pod = no_retry_pod(&lab, "solo", "1.40.0").await;
+    let name = pod.name.clone();
+    let (_dir, _no_socket, listen) = handover_setup();
+    let flags = [
+        "--handover-window",
+        "2s",
+        "--tcp-migrate-req",
+        if migrate { "true" } else { "false" },
+    ];
+
+    let mut old = agent_bin(&lab, listen, &flags).await;
+    wait_guards(listen, &[&name]).await;
+    let before = pod_host_requests(&pod, GUARD_LISTEN).await.unwrap_or(0);
+    let load = Unary::with_workers(pod.inbound(), HEAVY_WORKERS, 200);
+    wait_pod_host(&pod, GUARD_LISTEN, before).await;
+    let streams = open_streams(pod.inbound(), LONG, &name, Duration::from_secs(120))
+        .await
+        .expect("streams open");
+    load.wait_more(CALLS_PER_STEP, "before the hand-overs")
+        .await;
+    // New connections all along, straight to the listeners the agents
+    // share: a connection left in a closing listener's queue fails here.
+    let stop = CancellationToken::new();
+    let mut probes = Vec::new();
+    for i in 0..GUARD_PROBERS {
+        let ns = pod.ns.handle();
+        probes.push(probe(
+            stop.clone(),
+            format!("guard prober {i}"),
+            move || {
+                let ns = ns.clone();
+                async move { guard_exchange(&ns).await }
+            },
+        ));
+    }
+    let prestop = pod.prestop();
+    probes.push(probe(stop.clone(), "preStop".into(), move || async move {
+        match http_in(None, prestop, "GET", "/healthz").await {
+            Ok((200, _)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    }));
+    wait_probes(&probes, 20, "before the hand-overs").await;
+
+    let (start, made) = (Instant::now(), load.made());
+    let mut sigterms = Vec::new();
+    let mut logs = Vec::new();
+    for round in 1..=ROUNDS {
+        // The new agent binds beside the old one: no socket to ask.
+        let new = agent_bin(&lab, listen, &flags).await;
+        new.wait_log("stream guard serving inside the pod").await;
+        assert!(
+            !new.log().contains("no stream guard for this pod"),
+            "round {round}: the new agent could not bind beside the old one:\n{}",
+            new.log()
+        );
+        load.wait_more(
+            HEAVY_STEP,
+            &format!("side by side {round}: both agents run"),
+        )
+        .await;
+        nix::sys::signal::kill(old.pid(), nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+        sigterms.push(Instant::now());
+        reap(&mut old, &format!("side by side {round}: the old agent")).await;
+        load.wait_more(
+            HEAVY_STEP,
+            &format!("side by side {round}: after the old agent exited"),
+        )
+        .await;
+        logs.push(old.log());
+        old = new;
+    }
+    let during = (load.made() - made, start.elapsed());
+    stop.cancel();
+    let calls = load.finish().await;
+    let probed = probes.iter().map(|p| p.made.load(Ordering::Relaxed)).sum();
+    let refused = probes
+        .iter()
+        .map(|p| p.failed.load(Ordering::Relaxed))
+        .sum();
+    let errors = probes
+        .iter()
+        .flat_map(|p| p.errors.lock().map(|e| e.clone()).unwrap_or_default())
+        .collect();
+    let (_, cut) = stream_ends(streams).await;
+    let (failed, hung) = by_nearest_sigterm(&calls, &sigterms);
+    let migrate_req = migrate_req_in(&pod.ns.handle()).await;
+    SideBySide {
+        calls,
+        during,
+        failed,
+        hung,
+        cut,
+        probes: (probed, refused, errors),
+        migrate_req,
+        logs: logs.join("\n-----\n"),
+    }
+}
+
+/// Issue 59 item 4: five rolling updates in a row with NO hand-over socket
+/// (an operator who left it out, a predecessor that crashed), at the
+/// heaviest load, no retry policy: not one call fails or hangs, no stream
+/// is cut. The agents set `net.ipv4.tcp_migrate_req=1` in the pod's
+/// namespace (and never in the node's), so the connections queued on the
+/// old agent's closing listeners move to the new agent's. The same run
+/// without it (`--tcp-migrate-req false`, a fresh pod) is printed beside as
+/// the baseline: the failures it may show are what the setting removes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_hand_overs_without_the_socket_fail_nothing() {
+    let host_before = std::fs::read_to_string(drainshim::node::netns::TCP_MIGRATE_REQ);
+    let summary = |what: &str, r: &SideBySide| {
+        let (n, took) = r.during;
+        eprintln!(
+            "{what}: {ROUNDS} hand-overs without the socket ({HEAVY_WORKERS} workers, no retries): \
+             {} unary calls, {n} in {:.1} s of hand-overs ({:.0} calls/s), {} failed, {} hung; \
+             {} of {LONG} long streams cut; {} new connections to the shared listeners, {} failed; \
+             pod tcp_migrate_req {}",
+            r.calls.len(),
+            took.as_secs_f64(),
+            n as f64 / took.as_secs_f64().max(0.001),
+            r.failed.len(),
+            r.hung.len(),
+            r.cut.len(),
+            r.probes.0,
+            r.probes.1,
+            r.migrate_req,
+        );
+        for f in r
+            .failed
+            .iter()
+            .chain(r.hung.iter())
+            .chain(r.probes.2.iter())
+            .take(10)
+        {
+            eprintln!("  {f}");
+        }
+    };
+    let baseline = side_by_side("b", false).await;
+    summary("baseline (--tcp-migrate-req false)", &baseline);
+    assert_eq!(
+        baseline.migrate_req, "0",
+        "the baseline's pod kept the kernel's default"
+    );
+    let fixed = side_by_side("m", true).await;
+    summary("with tcp_migrate_req", &fixed);
+    assert_eq!(
+        fixed.migrate_req, "1",
+        "the agent set it in the pod's namespace"
+    );
+    assert_eq!(
+        std::fs::read_to_string(drainshim::node::netns::TCP_MIGRATE_REQ).ok(),
+        host_before.ok(),
+        "the node's own namespace is left alone"
+    );
+    let logs = format!("the old agents' logs:\n{}", fixed.logs);
+    assert_no_failed_or_hung(fixed.calls.len(), (&fixed.failed, &fixed.hung), &logs);
+    assert!(fixed.cut.is_empty(), "cut streams: {:?}", fixed.cut);
+    assert_eq!(
+        fixed.probes.1, 0,
+        "new connections failed: {:?}\n{logs}",
+        fixed.probes.2
+    );
+}
+
+/// Connection probers to each pod's guard, besides the preStop one.
+const GUARD_PROBERS: usize = 4;
