@@ -371,6 +371,24 @@ impl Fleet {
                 &points,
             )?;
         }
+        // Every shim's drain timers, the sidecar's defaults: what `plan`'s
+        // drain-timers step compares with each service's calls.
+        sink.family("drainshim_drain_timer_seconds")?;
+        for l in &self.lives {
+            for (timer, secs) in DRAIN_TIMERS {
+                points.clear();
+                points.extend(self.times(l, i64::MIN, i64::MAX, g).map(|x| (x, secs)));
+                sink.series(
+                    "drainshim_drain_timer_seconds",
+                    &[
+                        ("instance", &l.instance),
+                        ("job", "drainshim"),
+                        ("timer", timer),
+                    ],
+                    &points,
+                )?;
+            }
+        }
         sink.family("drainshim_draining")?;
         for l in &self.lives {
             points.clear();
@@ -465,6 +483,14 @@ impl Value {
         }
     }
 }
+
+/// The drain timers every simulated shim runs (the sidecar's defaults).
+const DRAIN_TIMERS: [(&str, f64); 4] = [
+    ("deregistration_delay", 5.0),
+    ("min_drain_time", 5.0),
+    ("drain_time", 60.0),
+    ("parent_shutdown_time", 90.0),
+];
 
 /// The latency histogram: the share of requests at or under each bucket.
 const LATENCY: [(&str, f64); 14] = [

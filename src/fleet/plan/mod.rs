@@ -28,6 +28,7 @@ use futures_util::StreamExt;
 use serde::Serialize;
 
 use super::prometheus::PromClient;
+use super::timers::{self as drain_timers, TimerRules, TimersReport};
 use super::verify::{self, Thresholds, VerifyOptions, VerifySource};
 use super::{FleetError, VersionLabel};
 use crate::inventory::Release;
@@ -78,6 +79,8 @@ pub struct PlanOptions {
     pub thresholds: Thresholds,
     /// For the commands printed: how the operator reaches Prometheus.
     pub prometheus_url: String,
+    /// How the drain-timers step reads and recommends.
+    pub timers: TimerRules,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -198,11 +201,14 @@ pub async fn plan(
     // store reads the max age, the other history query.
     let source = VerifySource::Prometheus(Box::new(reach.clone()));
     let early = waves_to_verify(&derive(&tl, &tiers, v, opts, &BTreeMap::new()));
-    let (max_age, verified) = tokio::join!(
+    let end = tl.times.last().copied().unwrap_or_default();
+    let (max_age, verified, timers) = tokio::join!(
         read_max_age(&prom, opts, &tl.times),
         verify_waves(&source, early.clone(), opts),
+        read_timers(&prom, opts, &tiers, end),
     );
     tl.max_age = max_age?;
+    tl.timers = timers?;
     let mut verified = verified?;
     // Should the max age change which waves finished, or when, those are
     // verified now.
@@ -216,6 +222,68 @@ pub async fn plan(
         plan.estimate = Some(estimate_of(&plan, opts));
     }
     Ok(plan)
+}
+
+/// The window the drain-timers step reads: `--timers-window`, or the
+/// lifetime soak step 2 just watched; never more than the history, never
+/// less than a minute.
+pub fn timers_window(opts: &PlanOptions) -> Duration {
+    opts.timers
+        .window
+        .unwrap_or(opts.lifetime_soak)
+        .min(opts.history)
+        .max(Duration::from_secs(60))
+}
+
+/// The drain timers of every tier's services over the window ending at
+/// `end` (Unix seconds).
+async fn read_timers(
+    prom: &PromClient,
+    opts: &PlanOptions,
+    tiers: &[Tier],
+    end: f64,
+) -> Result<TimersReport, FleetError> {
+    let window = timers_window(opts);
+    let read = drain_timers::read(prom, window, end).await?;
+    let mut namespaces: Vec<String> = tiers.iter().flat_map(|t| t.namespaces.clone()).collect();
+    namespaces.sort();
+    Ok(TimersReport {
+        window_seconds: window.as_secs_f64(),
+        at: end,
+        services: drain_timers::judge(&read.observed, &opts.timers, &namespaces),
+    })
+}
+
+/// `plan --explain timers`: the drain-timers step's table for every tier,
+/// without the rest of the plan. A window in which no pod of the tiers
+/// reported a call, a stream or a timer is an error (69), not an empty
+/// table.
+pub async fn explain_timers(
+    reach: &super::reach::Reach,
+    opts: &PlanOptions,
+) -> Result<TimersReport, FleetError> {
+    let prom = PromClient::from_reach(reach.clone(), reach.timeout());
+    let tl = read_versions(&prom, opts).await?;
+    if tl.namespaces.is_empty() {
+        return Err(FleetError::Empty(format!(
+            "Prometheus at {} has no drainshim_proxy_info in the last {}: are the shims scraped?",
+            prom.url(),
+            human(opts.history)
+        )));
+    }
+    let tiers = resolve(&opts.tiers, &tl.namespaces, opts.history).map_err(FleetError::Input)?;
+    let end = tl.times.last().copied().unwrap_or_default();
+    let report = read_timers(&prom, opts, &tiers, end).await?;
+    if report.services.is_empty() {
+        return Err(FleetError::Empty(format!(
+            "no pod of the tiers reported a call or its drain timers in the {} before {} \
+             (drainshim_guard_request_duration_seconds, drainshim_drain_timer_seconds): \
+             a window with no data cannot be judged",
+            human(timers_window(opts)),
+            when(end)
+        )));
+    }
+    Ok(report)
 }
 
 /// Verifies `waves`, two at a time (each asks its queries at once): a
@@ -293,6 +361,7 @@ mod tests {
                 golden: Default::default(),
             },
             prometheus_url: "http://prometheus:9090".into(),
+            timers: TimerRules::default(),
         }
     }
 
@@ -450,7 +519,8 @@ mod tests {
         let v = Versions::new(o.control_plane, o.target, o.max_skew).unwrap();
         let tiers = resolve(&o.tiers, &tl.namespaces, o.history).unwrap();
         let plan = derive(&tl, &tiers, v, &o, &verified);
-        let t0 = &plan.rows[3];
+        // Inventory, two lifetimes, two drain timers, then step 3.
+        let t0 = &plan.rows[5];
         assert_eq!(t0.state, State::Done);
         assert!(matches!(t0.finished, Some(Edge::BeforeHistory(_))));
         assert!(t0
@@ -459,7 +529,7 @@ mod tests {
             .unwrap()
             .detail
             .contains("not re-verified"));
-        assert_eq!(plan.rows[4].state, State::Verified);
+        assert_eq!(plan.rows[6].state, State::Verified);
         // Tier 1 finished at 5h, the last step is 9h: the control plane's
         // soak of a day still runs.
         assert_eq!(plan.verdict, Verdict::Wait);

@@ -63,6 +63,9 @@ pub struct Rollback {
 pub enum StepKind {
     Inventory,
     ConnectionLifetime,
+    /// Step 2's second half: every pod's drain timers at or above what its
+    /// service's calls and streams need.
+    DrainTimers,
     Restart,
     ControlPlane,
 }
@@ -96,6 +99,9 @@ pub struct Row {
     /// Whether this row may start (or go on) now.
     pub gate: Gate,
     pub rollback: Rollback,
+    /// The changes that open a failed gate (the drain timers' manifests).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fixes: Vec<String>,
 }
 
 impl Row {
@@ -126,6 +132,10 @@ pub fn derive(
     };
     let mut rows = vec![d.inventory()];
     rows.extend(tiers.iter().map(|t| d.lifetime(t)));
+    for k in 0..tiers.len() {
+        let r = d.drain_timers(k, &rows);
+        rows.push(r);
+    }
     d.restarts(3, v.intermediate, &mut rows, &|k, rows| {
         d.after_lifetime(k, rows)
     });
@@ -194,6 +204,7 @@ impl Derivation<'_> {
                 possible: None,
                 how: "-".into(),
             },
+            fixes: Vec::new(),
         }
     }
 
@@ -306,6 +317,81 @@ impl Derivation<'_> {
         r
     }
 
+    /// Step 2 for a tier, once its lifetime soaked: every service's pods
+    /// run drain timers at or above what its calls and streams need (see
+    /// [`crate::fleet::timers`]). A service short of them, or whose pods
+    /// export no timers, fails the gate (the plan stops, naming each);
+    /// pods without traffic in the window cannot be judged and are named,
+    /// not counted as a pass.
+    fn drain_timers(&self, k: usize, rows: &[Row]) -> Row {
+        use crate::fleet::timers::{short_detail, Verdict as T};
+        let tier = &self.tiers[k];
+        let mut r = self.row(2, StepKind::DrainTimers, "drain timers".into(), Some(tier));
+        r.rollback = Rollback {
+            possible: Some(true),
+            how: "restore the old timers".into(),
+        };
+        let lifetime = &rows[1 + k];
+        if lifetime.state != State::Done {
+            r.detail = "judged once the connection lifetime soaked".into();
+            r.gate = Gate::waits(
+                "waits for step 2's soak: the window it reads",
+                lifetime.gate.opens_at,
+            );
+            return r;
+        }
+        let report = &self.tl.timers;
+        let all: Vec<_> = report.of(&tier.namespaces).collect();
+        let named = |v: T| -> Vec<String> {
+            all.iter()
+                .filter(|s| s.verdict == v)
+                .map(|s| short_detail(s))
+                .collect()
+        };
+        let (short, unknown) = (named(T::Short), named(T::Unknown));
+        let idle: Vec<String> = all
+            .iter()
+            .filter(|s| s.verdict == T::NoTraffic)
+            .map(|s| format!("{}/{}", s.namespace, s.service))
+            .collect();
+        let ok = all.iter().filter(|s| s.verdict == T::Ok).count();
+        let window = span(report.window_seconds);
+        let mut parts = vec![format!(
+            "{ok} of {} services within their recommendation over {window}",
+            all.len() - idle.len()
+        )];
+        if all.is_empty() {
+            parts = vec![format!(
+                "no service of the tier had traffic in the last {window}: cannot recommend"
+            )];
+        } else if !idle.is_empty() {
+            parts.push(format!(
+                "no traffic in the window, cannot recommend: {}",
+                idle.join(", ")
+            ));
+        }
+        if short.is_empty() && unknown.is_empty() {
+            r.state = State::Done;
+            r.detail = parts.join("; ");
+            return r;
+        }
+        let mut why = Vec::new();
+        if !short.is_empty() {
+            why.push(format!(
+                "{} services run drain timers below their recommendation: {}",
+                short.len(),
+                short.join("; ")
+            ));
+        }
+        if !unknown.is_empty() {
+            why.push(format!("timers unknown: {}", unknown.join("; ")));
+        }
+        r.detail = parts.join("; ");
+        r.gate = Gate::fails(why.join("; "));
+        r.fixes = all.iter().filter_map(|s| s.fix.clone()).collect();
+        r
+    }
+
     /// The first restart's gate for tier `k`: the inventory, and the
     /// tier's connection lifetime soaked.
     fn after_lifetime(&self, k: usize, rows: &[Row]) -> Gate {
@@ -313,7 +399,11 @@ impl Derivation<'_> {
             return Gate::fails(format!("step 1: {}", rows[0].gate.detail));
         }
         let lifetime = &rows[1 + k];
+        let timers = &rows[1 + self.tiers.len() + k];
         match lifetime.state {
+            State::Done if timers.gate.failed => {
+                Gate::fails(format!("step 2, drain timers: {}", timers.gate.detail))
+            }
             State::Done => Gate::open("may start now"),
             State::InProgress => Gate::waits(
                 format!("step 2 {}", lifetime.gate.detail),
