@@ -274,11 +274,11 @@ pub async fn explain_timers(
     let tiers = resolve(&opts.tiers, &tl.namespaces, opts.history).map_err(FleetError::Input)?;
     let end = tl.times.last().copied().unwrap_or_default();
     let report = read_timers(&prom, opts, &tiers, end).await?;
-    if report.services.is_empty() {
+    let idle = |s: &drain_timers::ServiceTimers| s.verdict == drain_timers::Verdict::NoTraffic;
+    if report.services.iter().all(idle) {
         return Err(FleetError::Empty(format!(
             "no pod of the tiers reported a call or its drain timers in the {} before {} \
-             (drainshim_guard_request_duration_seconds, drainshim_drain_timer_seconds): \
-             a window with no data cannot be judged",
+             (drainshim_guard_request_duration_seconds): a window with no data cannot be judged",
             human(timers_window(opts)),
             when(end)
         )));

@@ -360,9 +360,14 @@ impl Derivation<'_> {
             "{ok} of {} services within their recommendation over {window}",
             all.len() - idle.len()
         )];
-        if all.is_empty() {
+        if all.len() == idle.len() {
             parts = vec![format!(
-                "no service of the tier had traffic in the last {window}: cannot recommend"
+                "no traffic in the last {window} from any service of the tier: cannot recommend{}",
+                if idle.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", idle.join(", "))
+                }
             )];
         } else if !idle.is_empty() {
             parts.push(format!(

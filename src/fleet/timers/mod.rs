@@ -314,17 +314,24 @@ fn one(
         Some(b) => (quantile(0.99, b), highest(b)),
         None => (None, None),
     };
+    // The pods it runs on now: those that export their timers (a pod
+    // replaced in the window still counts for its calls and streams).
+    let live: Vec<&PodSeen> = pods
+        .iter()
+        .copied()
+        .filter(|p| p.timers.is_some())
+        .collect();
     let mut row = ServiceTimers {
         namespace: ns.to_string(),
         service: service.to_string(),
-        pods: pods.len(),
+        pods: live.len(),
         calls_p99: p99,
         calls_max: high.and_then(|h| h.ok()),
         calls_over: high.and_then(|h| h.err()),
         streams,
         longest_stream: longest,
         max_age,
-        current: current(pods),
+        current: current(&live),
         recommended: None,
         verdict: Verdict::Ok,
         detail: String::new(),
@@ -337,7 +344,9 @@ fn one(
     };
     let Some(cur) = row.current.clone() else {
         row.verdict = Verdict::Unknown;
-        row.detail = "its pods export no drain timers (drainshim_drain_timer_seconds): upgrade the shims to judge it".into();
+        row.detail = "no pod of it exports its drain timers now (drainshim_drain_timer_seconds): \
+                      upgrade the shims to judge it"
+            .into();
         return row;
     };
     // A call past the largest bucket is at least that long.
