@@ -372,12 +372,19 @@ impl Fleet {
             )?;
         }
         // Every shim's drain timers, the sidecar's defaults: what `plan`'s
-        // drain-timers step compares with each service's calls.
+        // drain-timers step compares with each service's calls. It reads
+        // them at one instant, so they are written only in the two hours
+        // before each moment `plan` is judged at (over ten weeks they would
+        // be four times the max age's samples, the bench's disk and
+        // promtool's memory again).
         sink.family("drainshim_drain_timer_seconds")?;
+        let judged = super::plan_moments(&self.shape).map(|(_, _, at)| at);
         for l in &self.lives {
             for (timer, secs) in DRAIN_TIMERS {
                 points.clear();
-                points.extend(self.times(l, i64::MIN, i64::MAX, g).map(|x| (x, secs)));
+                for at in judged {
+                    points.extend(self.times(l, at - 2 * HOUR, at + 1, g).map(|x| (x, secs)));
+                }
                 sink.series(
                     "drainshim_drain_timer_seconds",
                     &[
