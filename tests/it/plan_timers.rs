@@ -121,6 +121,50 @@ async fn wait_counted(client: &PromClient, metric: &str, shims: &[SocketAddr], n
     wait_for_scalar(client, &format!("{q} >= {n}"), WAIT, &q, |v| v >= n).await;
 }
 
+/// The drain timers `drainshim inject` gives a workload carrying the
+/// annotations of `fix` (the step's `kubectl patch`): `base` with the
+/// shim's environment applied.
+async fn inject_timers(dir: &std::path::Path, fix: &str, base: Timers) -> Timers {
+    let patch = fix
+        .split_once("-p '")
+        .and_then(|(_, p)| p.strip_suffix('\''))
+        .unwrap_or_else(|| panic!("no patch in {fix}"));
+    let patch: Value = serde_json::from_str(patch).expect("the patch is JSON");
+    let annotations = &patch["spec"]["template"]["metadata"]["annotations"];
+    assert!(annotations.is_object(), "{patch}");
+    let manifest = format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: short, namespace: t-short}}\n\
+         spec:\n  selector: {{matchLabels: {{app: short}}}}\n  template:\n    metadata:\n      \
+         labels: {{app: short}}\n      annotations: {annotations}\n    spec:\n      containers:\n      \
+         - {{name: app, image: app:1, ports: [{{containerPort: 7070}}]}}\n"
+    );
+    let path = dir.join("short.yaml");
+    std::fs::write(&path, manifest).expect("manifest");
+    let (code, out, err) = run_bin(&["inject", "-f", &path.display().to_string()]).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    let injected: Value = serde_yaml_ng::from_str(&out).expect("injected YAML");
+    let spec = &injected["spec"]["template"]["spec"];
+    let shim = spec["containers"]
+        .as_array()
+        .into_iter()
+        .chain(spec["initContainers"].as_array())
+        .flatten()
+        .find(|c| c["name"] == "drainshim")
+        .unwrap_or_else(|| panic!("no drainshim container: {out}"));
+    let env = |name: &str| -> Option<Duration> {
+        shim["env"].as_array()?.iter().find(|e| e["name"] == name)?["value"]
+            .as_str()?
+            .parse::<drainshim::config::Span>()
+            .ok()
+            .map(|s| s.get())
+    };
+    Timers {
+        drain_time: env("DRAINSHIM_DRAIN_TIME").expect("the drain time set"),
+        parent_shutdown_time: env("DRAINSHIM_PARENT_SHUTDOWN_TIME").expect("the deadline set"),
+        ..base
+    }
+}
+
 const TIERS: &str = "[[tier]]\nname = \"slow\"\nnamespaces = [\"t-slow\"]\n\n\
                      [[tier]]\nname = \"streams\"\nnamespaces = [\"t-streams\"]\n\n\
                      [[tier]]\nname = \"short\"\nnamespaces = [\"t-short\"]\n\n\
@@ -316,11 +360,9 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
     // then the 5 s margin.
     assert_eq!(s["recommended"]["drain_time"], 6.0, "{s}");
     assert_eq!(s["recommended"]["parent_shutdown_time"], 11.0, "{s}");
+    let fix = s["fix"].as_str().unwrap_or_default().to_string();
     assert!(
-        s["fix"]
-            .as_str()
-            .is_some_and(|f| f.contains("DRAINSHIM_DRAIN_TIME=6s")
-                && f.contains("DRAINSHIM_PARENT_SHUTDOWN_TIME=11s")),
+        fix.contains(r#""drainshim.io/drain-time":"6s","drainshim.io/parent-shutdown-time":"11s""#),
         "{s}"
     );
     let slow = row(&before, "t-slow");
@@ -363,10 +405,9 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
     assert!(action.contains("t-short/"), "{action}");
     assert!(action.contains("drain time 2s < 6s"), "{action}");
     assert!(action.contains("parent shutdown 3s < 11s"), "{action}");
-    assert!(
-        plan["next"]["commands"][0]
-            .as_str()
-            .is_some_and(|c| c.contains("DRAINSHIM_DRAIN_TIME=6s")),
+    assert_eq!(
+        plan["next"]["commands"][0].as_str(),
+        Some(fix.as_str()),
         "{plan}"
     );
     let idle_row = plan["rows"]
@@ -382,9 +423,15 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
         "{idle_row}"
     );
 
-    // The fix: the short tier's pods replaced by pods running the
-    // recommendation, which then take calls too.
-    let fixed = timers_of(ms(200), secs(6), secs(11));
+    // The fix: the annotations the step names, on the workload's pod
+    // template, through `drainshim inject` (what the webhook does at the
+    // rollout); the short tier's pods replaced by pods whose shims run the
+    // timers it set, which then take calls too.
+    let fixed = inject_timers(dir.path(), &fix, short).await;
+    assert_eq!(
+        (fixed.drain_time, fixed.parent_shutdown_time),
+        (secs(6), secs(11))
+    );
     for name in ["short-c", "short-d"] {
         pods.insert(name, pod(backend.addr, "t-short", name, fixed, hour).await);
     }

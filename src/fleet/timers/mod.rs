@@ -414,21 +414,21 @@ fn one(
     } else {
         row.verdict = Verdict::Short;
         row.detail = format!("{} ({why})", short.join(", "));
+        // The pod template's annotations (the webhook and `inject` turn them
+        // into the shim's timers, checked against the grace period), and
+        // the grace period itself when it is too short.
         let grace = cur
             .termination_grace_period
             .filter(|g| *g <= rec.termination_grace_period_above)
             .map(|_| {
                 format!(
-                    " DRAINSHIM_TERMINATION_GRACE_PERIOD={}s and the pod's terminationGracePeriodSeconds: {}",
-                    rec.termination_grace_period_above as u64 + 1,
+                    r#","spec":{{"terminationGracePeriodSeconds":{}}}"#,
                     rec.termination_grace_period_above as u64 + 1
                 )
             })
             .unwrap_or_default();
         row.fix = Some(format!(
-            "kubectl -n {ns} set env deployment/<the workload of {service}> -c drainshim \
-             DRAINSHIM_DRAIN_TIME={} DRAINSHIM_PARENT_SHUTDOWN_TIME={}{grace} \
-             (node mode: the same keys in the pod's Envoy node metadata)",
+            r#"kubectl -n {ns} patch deployment/<the workload of {service}> -p '{{"spec":{{"template":{{"metadata":{{"annotations":{{"drainshim.io/drain-time":"{}","drainshim.io/parent-shutdown-time":"{}"}}}}{grace}}}}}}}'"#,
             flag(rec.drain_time),
             flag(rec.parent_shutdown_time),
         ));

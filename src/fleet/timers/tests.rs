@@ -87,11 +87,13 @@ fn a_drain_shorter_than_the_calls_is_named_with_its_fix() {
         "{}",
         slow.detail
     );
-    assert!(slow
-        .fix
-        .as_ref()
-        .unwrap()
-        .contains("DRAINSHIM_DRAIN_TIME=10s"));
+    let fix = slow.fix.as_ref().unwrap();
+    assert!(
+        fix.contains(
+            r#""drainshim.io/drain-time":"10s","drainshim.io/parent-shutdown-time":"20s""#
+        ),
+        "{fix}"
+    );
     let fast = rows.iter().find(|r| r.service == "shop.Fast").unwrap();
     assert_eq!(fast.verdict, Verdict::Ok, "{fast:?}");
 }
