@@ -86,7 +86,6 @@ async fn calls(addr: SocketAddr, n: usize, delay_ms: u32) {
             c.echo(EchoRequest {
                 body: format!("slow-{i}"),
                 delay_ms,
-                ..Default::default()
             })
             .await
             .map(|_| ())

@@ -152,12 +152,17 @@ const CALLS_LARGEST: f64 = 10.0;
 pub type Buckets = BTreeMap<Le, f64>;
 
 /// A bucket edge that orders (`+Inf` last).
-#[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Le(pub f64);
 impl Eq for Le {}
 impl Ord for Le {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
         self.0.total_cmp(&other.0)
+    }
+}
+impl PartialOrd for Le {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
     }
 }
 

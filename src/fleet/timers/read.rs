@@ -164,7 +164,7 @@ pub fn observe(
     for s in timers {
         let p = obs.pods.entry(key(s)).or_default();
         p.namespace = s.label("namespace").to_string();
-        let t = p.timers.get_or_insert_with(|| Current {
+        let t = p.timers.get_or_insert(Current {
             deregistration_delay: f64::NAN,
             min_drain_time: f64::NAN,
             drain_time: f64::NAN,
