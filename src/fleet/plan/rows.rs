@@ -382,9 +382,12 @@ impl Derivation<'_> {
         }
         let mut why = Vec::new();
         if !short.is_empty() {
+            let (n, run) = match short.len() {
+                1 => ("1 service".to_string(), "runs"),
+                n => (format!("{n} services"), "run"),
+            };
             why.push(format!(
-                "{} services run drain timers below their recommendation: {}",
-                short.len(),
+                "{n} {run} drain timers below its recommendation: {}",
                 short.join("; ")
             ));
         }
