@@ -2,7 +2,8 @@
 //! fleet itself reports.
 //!
 //! The sequence is fixed: (1) the version inventory, (2) a connection
-//! lifetime on every tier's guards, soaked, (3) a data-plane restart to n-1
+//! lifetime on every tier's guards, soaked, then each tier's drain timers
+//! held to what its own calls and streams need (`drain`), (3) a data-plane restart to n-1
 //! tier by tier, (4) the control plane to n, the point of no return, and (5)
 //! a data-plane restart to n tier by tier. Every row's state is derived from
 //! what Prometheus holds now and remembers (`drainshim_proxy_info` and
@@ -14,6 +15,7 @@
 //! and everything after it is a pure function of those timelines, tested
 //! without a server.
 
+mod drain;
 mod history;
 mod next;
 mod render;
@@ -28,11 +30,12 @@ use futures_util::StreamExt;
 use serde::Serialize;
 
 use super::prometheus::PromClient;
-use super::timers::{self as drain_timers, TimerRules, TimersReport};
+use super::timers::TimerRules;
 use super::verify::{self, Thresholds, VerifyOptions, VerifySource};
 use super::{FleetError, VersionLabel};
 use crate::inventory::Release;
 
+pub use drain::{explain_timers, timers_window};
 pub use history::{read_max_age, read_versions, step_for, Timelines};
 use next::wave_window;
 pub use next::{estimate_of, Estimate, Next, Verdict};
@@ -205,7 +208,7 @@ pub async fn plan(
     let (max_age, verified, timers) = tokio::join!(
         read_max_age(&prom, opts, &tl.times),
         verify_waves(&source, early.clone(), opts),
-        read_timers(&prom, opts, &tiers, end),
+        drain::read_timers(&prom, opts, &tiers, end),
     );
     tl.max_age = max_age?;
     tl.timers = timers?;
@@ -222,68 +225,6 @@ pub async fn plan(
         plan.estimate = Some(estimate_of(&plan, opts));
     }
     Ok(plan)
-}
-
-/// The window the drain-timers step reads: `--timers-window`, or the
-/// lifetime soak step 2 just watched; never more than the history, never
-/// less than a minute.
-pub fn timers_window(opts: &PlanOptions) -> Duration {
-    opts.timers
-        .window
-        .unwrap_or(opts.lifetime_soak)
-        .min(opts.history)
-        .max(Duration::from_secs(60))
-}
-
-/// The drain timers of every tier's services over the window ending at
-/// `end` (Unix seconds).
-async fn read_timers(
-    prom: &PromClient,
-    opts: &PlanOptions,
-    tiers: &[Tier],
-    end: f64,
-) -> Result<TimersReport, FleetError> {
-    let window = timers_window(opts);
-    let read = drain_timers::read(prom, window, end).await?;
-    let mut namespaces: Vec<String> = tiers.iter().flat_map(|t| t.namespaces.clone()).collect();
-    namespaces.sort();
-    Ok(TimersReport {
-        window_seconds: window.as_secs_f64(),
-        at: end,
-        services: drain_timers::judge(&read.observed, &opts.timers, &namespaces),
-    })
-}
-
-/// `plan --explain timers`: the drain-timers step's table for every tier,
-/// without the rest of the plan. A window in which no pod of the tiers
-/// reported a call, a stream or a timer is an error (69), not an empty
-/// table.
-pub async fn explain_timers(
-    reach: &super::reach::Reach,
-    opts: &PlanOptions,
-) -> Result<TimersReport, FleetError> {
-    let prom = PromClient::from_reach(reach.clone(), reach.timeout());
-    let tl = read_versions(&prom, opts).await?;
-    if tl.namespaces.is_empty() {
-        return Err(FleetError::Empty(format!(
-            "Prometheus at {} has no drainshim_proxy_info in the last {}: are the shims scraped?",
-            prom.url(),
-            human(opts.history)
-        )));
-    }
-    let tiers = resolve(&opts.tiers, &tl.namespaces, opts.history).map_err(FleetError::Input)?;
-    let end = tl.times.last().copied().unwrap_or_default();
-    let report = read_timers(&prom, opts, &tiers, end).await?;
-    let idle = |s: &drain_timers::ServiceTimers| s.verdict == drain_timers::Verdict::NoTraffic;
-    if report.services.iter().all(idle) {
-        return Err(FleetError::Empty(format!(
-            "no pod of the tiers reported a call or its drain timers in the {} before {} \
-             (drainshim_guard_request_duration_seconds): a window with no data cannot be judged",
-            human(timers_window(opts)),
-            when(end)
-        )));
-    }
-    Ok(report)
 }
 
 /// Verifies `waves`, two at a time (each asks its queries at once): a
@@ -560,165 +501,5 @@ mod tests {
         let plan = derived(&tl, &o);
         assert!(plan.next.commands[0].contains("ns0: set the pod templates' Envoy image to 1.39"));
         assert!(plan.next.commands[1].contains("rollout restart"));
-    }
-}
-
-#[cfg(test)]
-mod timers_tests {
-    use super::drain_timers::{Current, Recommended, ServiceTimers, Verdict as T};
-    use super::*;
-
-    fn service(ns: &str, verdict: T) -> ServiceTimers {
-        ServiceTimers {
-            namespace: ns.into(),
-            service: "shop.Cart".into(),
-            pods: 2,
-            calls_p99: Some(2.9),
-            calls_max: Some(5.0),
-            calls_over: None,
-            streams: 0,
-            longest_stream: Some(0.0),
-            max_age: Some(1800.0),
-            current: Some(Current {
-                deregistration_delay: 5.0,
-                min_drain_time: 5.0,
-                drain_time: 6.0,
-                parent_shutdown_time: 9.0,
-                termination_grace_period: None,
-            }),
-            recommended: Some(Recommended {
-                drain_time: 10.0,
-                parent_shutdown_time: 20.0,
-                termination_grace_period_above: 30.0,
-            }),
-            verdict,
-            detail: "drain time 6s < 10s".into(),
-            fix: (verdict == T::Short).then(|| "kubectl -n ns1 patch ...".into()),
-        }
-    }
-
-    /// Two tiers, both soaked (or not), tier 1's service short.
-    fn plan_with(soaked: bool, services: Vec<ServiceTimers>) -> Plan {
-        let o = PlanOptions {
-            lifetime_soak: Duration::from_secs(if soaked { 3600 } else { 86_400 }),
-            ..tests_opts()
-        };
-        let times: Vec<f64> = (0..10).map(|i| i as f64 * 3600.0).collect();
-        let mut tl = Timelines {
-            times: times.clone(),
-            ..Default::default()
-        };
-        for _ in &times {
-            let v: BTreeMap<(String, String), u64> = [
-                (("ns0".to_string(), "1.38.3".to_string()), 2),
-                (("ns1".to_string(), "1.38.3".to_string()), 2),
-            ]
-            .into();
-            tl.namespaces.extend(v.keys().map(|(ns, _)| ns.clone()));
-            tl.versions.push(v);
-            tl.max_age
-                .push([("ns0".into(), 1800.0), ("ns1".into(), 1800.0)].into());
-        }
-        tl.timers = TimersReport {
-            window_seconds: 3600.0,
-            at: 9.0 * 3600.0,
-            services,
-        };
-        let v = Versions::new(o.control_plane, o.target, o.max_skew).unwrap();
-        let tiers = resolve(&o.tiers, &tl.namespaces, o.history).unwrap();
-        derive(&tl, &tiers, v, &o, &BTreeMap::new())
-    }
-
-    fn tests_opts() -> PlanOptions {
-        PlanOptions {
-            control_plane: "1.39".parse().unwrap(),
-            target: "1.40".parse().unwrap(),
-            max_skew: 1,
-            tiers: (0..2)
-                .map(|k| TierSpec {
-                    name: format!("tier{k}"),
-                    namespaces: vec![format!("ns{k}")],
-                    pattern: None,
-                })
-                .collect(),
-            version_label: VersionLabel::Version,
-            stall_after: Duration::from_secs(7200),
-            soak: Duration::from_secs(86_400),
-            lifetime_soak: Duration::from_secs(3600),
-            history: Duration::from_secs(90 * 86_400),
-            at: None,
-            mesh: Mesh::Istio,
-            revisions: BTreeMap::new(),
-            suggest_max_age: Duration::from_secs(1800),
-            thresholds: Thresholds {
-                max_retry_increase: 0.2,
-                max_reset_increase: 0.2,
-                rate_floor: 0.05,
-                golden: Default::default(),
-            },
-            prometheus_url: "http://prometheus:9090".into(),
-            timers: TimerRules::default(),
-        }
-    }
-
-    #[test]
-    fn a_short_service_stops_the_plan_at_its_tier_with_its_fix() {
-        let plan = plan_with(true, vec![service("ns0", T::Ok), service("ns1", T::Short)]);
-        assert_eq!(plan.verdict, Verdict::Stop, "{:?}", plan.next);
-        let row = &plan.rows[plan.next.row.unwrap()];
-        assert_eq!(
-            (row.kind, row.tier.as_deref()),
-            (StepKind::DrainTimers, Some("tier1"))
-        );
-        assert!(
-            plan.next
-                .action
-                .contains("ns1/shop.Cart (2 pods; calls p99 2900ms max 5s): drain time 6s < 10s"),
-            "{}",
-            plan.next.action
-        );
-        assert_eq!(
-            plan.next.commands,
-            vec!["kubectl -n ns1 patch ...".to_string()]
-        );
-        // Tier 0's restart may not start either: the plan stops as a whole.
-        let first = plan.rows.iter().find(|r| r.step == 3).unwrap();
-        assert_eq!(first.gate.ok, Some(true), "tier 0's own gate is open");
-
-        // Unknown timers stop it too; no traffic is named and passes.
-        let plan = plan_with(
-            true,
-            vec![service("ns0", T::Unknown), service("ns1", T::NoTraffic)],
-        );
-        assert_eq!(plan.verdict, Verdict::Stop);
-        assert!(
-            plan.next.action.contains("timers unknown"),
-            "{}",
-            plan.next.action
-        );
-        let plan = plan_with(
-            true,
-            vec![service("ns0", T::Ok), service("ns1", T::NoTraffic)],
-        );
-        assert_eq!(plan.verdict, Verdict::Go, "{:?}", plan.next);
-        let idle = plan
-            .rows
-            .iter()
-            .find(|r| r.kind == StepKind::DrainTimers && r.tier.as_deref() == Some("tier1"))
-            .unwrap();
-        assert!(idle.detail.contains("no traffic") && idle.detail.contains("cannot recommend"));
-    }
-
-    #[test]
-    fn before_the_lifetime_soaked_the_timers_wait_and_judge_nothing() {
-        let plan = plan_with(false, vec![service("ns1", T::Short)]);
-        assert_eq!(plan.verdict, Verdict::Wait, "{:?}", plan.next);
-        let row = plan
-            .rows
-            .iter()
-            .find(|r| r.kind == StepKind::DrainTimers)
-            .unwrap();
-        assert!(!row.gate.failed);
-        assert!(row.gate.detail.contains("waits for step 2's soak"));
     }
 }

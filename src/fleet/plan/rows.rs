@@ -317,87 +317,11 @@ impl Derivation<'_> {
         r
     }
 
-    /// Step 2 for a tier, once its lifetime soaked: every service's pods
-    /// run drain timers at or above what its calls and streams need (see
-    /// [`crate::fleet::timers`]). A service short of them, or whose pods
-    /// export no timers, fails the gate (the plan stops, naming each);
-    /// pods without traffic in the window cannot be judged and are named,
-    /// not counted as a pass.
+    /// Step 2's drain timers for tier `k`: see [`super::drain::row`].
     fn drain_timers(&self, k: usize, rows: &[Row]) -> Row {
-        use crate::fleet::timers::{short_detail, Verdict as T};
         let tier = &self.tiers[k];
-        let mut r = self.row(2, StepKind::DrainTimers, "drain timers".into(), Some(tier));
-        r.rollback = Rollback {
-            possible: Some(true),
-            how: "restore the old timers".into(),
-        };
-        let lifetime = &rows[1 + k];
-        if lifetime.state != State::Done {
-            r.detail = "judged once the connection lifetime soaked".into();
-            r.gate = Gate::waits(
-                "waits for step 2's soak: the window it reads",
-                lifetime.gate.opens_at,
-            );
-            return r;
-        }
-        let report = &self.tl.timers;
-        let all: Vec<_> = report.of(&tier.namespaces).collect();
-        let named = |v: T| -> Vec<String> {
-            all.iter()
-                .filter(|s| s.verdict == v)
-                .map(|s| short_detail(s))
-                .collect()
-        };
-        let (short, unknown) = (named(T::Short), named(T::Unknown));
-        let idle: Vec<String> = all
-            .iter()
-            .filter(|s| s.verdict == T::NoTraffic)
-            .map(|s| format!("{}/{}", s.namespace, s.service))
-            .collect();
-        let ok = all.iter().filter(|s| s.verdict == T::Ok).count();
-        let window = span(report.window_seconds);
-        let mut parts = vec![format!(
-            "{ok} of {} services within their recommendation over {window}",
-            all.len() - idle.len()
-        )];
-        if all.len() == idle.len() {
-            parts = vec![format!(
-                "no traffic in the last {window} from any service of the tier: cannot recommend{}",
-                if idle.is_empty() {
-                    String::new()
-                } else {
-                    format!(" ({})", idle.join(", "))
-                }
-            )];
-        } else if !idle.is_empty() {
-            parts.push(format!(
-                "no traffic in the window, cannot recommend: {}",
-                idle.join(", ")
-            ));
-        }
-        if short.is_empty() && unknown.is_empty() {
-            r.state = State::Done;
-            r.detail = parts.join("; ");
-            return r;
-        }
-        let mut why = Vec::new();
-        if !short.is_empty() {
-            let (n, run) = match short.len() {
-                1 => ("1 service".to_string(), "runs"),
-                n => (format!("{n} services"), "run"),
-            };
-            why.push(format!(
-                "{n} {run} drain timers below its recommendation: {}",
-                short.join("; ")
-            ));
-        }
-        if !unknown.is_empty() {
-            why.push(format!("timers unknown: {}", unknown.join("; ")));
-        }
-        r.detail = parts.join("; ");
-        r.gate = Gate::fails(why.join("; "));
-        r.fixes = all.iter().filter_map(|s| s.fix.clone()).collect();
-        r
+        let base = self.row(2, StepKind::DrainTimers, "drain timers".into(), Some(tier));
+        super::drain::row(base, tier, &rows[1 + k], &self.tl.timers)
     }
 
     /// The first restart's gate for tier `k`: the inventory, and the
