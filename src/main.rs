@@ -145,6 +145,17 @@ async fn run(command: Command) -> Result<ExitCode, Error> {
         }
         Command::Plan(a) => {
             let (reach, opts) = a.options()?;
+            if a.explain == Some(drainshim::cli::plan::Explain::Timers) {
+                let report = fleet::plan::explain_timers(&reach, &opts).await?;
+                emit(a.format, &report, || fleet::timers::render(&report));
+                let short = report.services.iter().any(|s| {
+                    matches!(
+                        s.verdict,
+                        fleet::timers::Verdict::Short | fleet::timers::Verdict::Unknown
+                    )
+                });
+                return Ok(ExitCode::from(u8::from(short)));
+            }
             let plan = fleet::plan::plan(&reach, &opts, a.estimate).await?;
             if a.next_only {
                 let next = serde_json::json!({ "next": plan.next, "verdict": plan.verdict });

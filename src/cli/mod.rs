@@ -10,7 +10,7 @@ pub mod harness;
 mod inject;
 pub mod install;
 pub mod logging;
-mod plan;
+pub mod plan;
 pub use agent::*;
 pub use check::CheckArgs;
 pub use fleet::{

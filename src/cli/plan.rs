@@ -15,7 +15,9 @@ The sequence is fixed: (1) publish the version inventory; (2) give every tier's 
 connection age and let it soak (--lifetime-soak); (3) restart the data plane to n-1, tier by tier, \
 the next tier waiting --soak after the previous one finished and passed `verify`; (4) move the \
 control plane to n, the point of no return: after it proxies outside the skew are unsupported and \
-rollback by restart is gone; (5) restart the data plane to n, tier by tier again.\n\n\
+rollback by restart is gone; (5) restart the data plane to n, tier by tier again. Step 2 ends with each tier's drain timers: \
+every pod must run a drain time and parent shutdown at or above what its service's own calls and \
+streams need (`--explain timers` prints the table).\n\n\
 Every row's state (not started, in progress k of n, stalled, done, done and verified) comes from \
 Prometheus: the proxies' versions now and over --history, and the guards' max connection age. \
 Nothing is written anywhere, so the plan can stop at any point and be run again a month later. \
@@ -29,7 +31,7 @@ It reads Prometheus only: every state and gate is about history (since when, for
 unchanged since), which scraping the shims directly (`--targets` of the other fleet tools) \
 cannot give.";
 
-pub const PLAN_EXIT_CODES: &str = "Exit codes:\n  0   the next step may go now (or every step is done)\n  1   stop: a tier is stalled, a wave failed verify, or proxies are outside the skew of the control plane\n  64  usage error: a bad flag, a bad tiers file, an unknown tier namespace, a target behind the control plane, a skew that makes the plan impossible\n  69  Prometheus could not be read; a TLS failure\n  75  wait: nothing may start before a soak ends (the time is printed); run it again then\n  77  Prometheus refused the request (401, 403): the credentials or the tenant header";
+pub const PLAN_EXIT_CODES: &str = "Exit codes:\n  0   the next step may go now (or every step is done)\n  1   stop: a tier is stalled, a wave failed verify, proxies are outside the skew of the control plane, or pods run drain timers below their service's recommendation\n  64  usage error: a bad flag, a bad tiers file, an unknown tier namespace, a target behind the control plane, a skew that makes the plan impossible\n  69  Prometheus could not be read; a TLS failure\n  75  wait: nothing may start before a soak ends (the time is printed); run it again then\n  77  Prometheus refused the request (401, 403): the credentials or the tenant header";
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {
@@ -119,6 +121,40 @@ pub struct PlanArgs {
     /// Output: `table` for people, `json` (on one line) for scripts.
     #[arg(short = 'o', long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
     pub format: Format,
+
+    /// Print one step's figures instead of the plan: `timers`, the drain
+    /// timers table (per service: its calls' p99 and longest, its streams,
+    /// the max age, the timers its pods run, the recommended ones). Exit 1
+    /// when a service's pods run less than its recommendation.
+    #[arg(long, value_enum, value_name = "STEP")]
+    pub explain: Option<Explain>,
+
+    /// The window the drain-timers step reads the fleet over, ending now
+    /// (or --at). Default: --lifetime-soak, the soak step 2 just watched.
+    #[arg(long, env = "DRAINSHIM_TIMERS_WINDOW")]
+    pub timers_window: Option<Span>,
+
+    /// The recommended parent shutdown time is the recommended drain time
+    /// plus this margin.
+    #[arg(
+        long,
+        env = "DRAINSHIM_TIMER_MARGIN",
+        default_value = "10s",
+        allow_hyphen_values = true
+    )]
+    pub timer_margin: String,
+
+    /// The most of the drain window a service's long streams are spread
+    /// over (a service whose streams live less needs only their life).
+    #[arg(long, env = "DRAINSHIM_STREAM_SPREAD", default_value = "30s")]
+    pub stream_spread: Span,
+}
+
+/// What `--explain` prints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Explain {
+    /// The drain-timers step's per-service table.
+    Timers,
 }
 
 impl PlanArgs {
@@ -169,6 +205,30 @@ impl PlanArgs {
                     .push(format!("{flag} {span} is more than ten years"));
             }
         }
+        let margin = match self.timer_margin.trim().parse::<Span>() {
+            Ok(m) => m.get(),
+            Err(e) => {
+                let why = if self.timer_margin.trim_start().starts_with('-') {
+                    "a margin cannot be negative".to_string()
+                } else {
+                    e.to_string()
+                };
+                invalid
+                    .0
+                    .push(format!("--timer-margin {:?}: {why}", self.timer_margin));
+                Default::default()
+            }
+        };
+        if self.stream_spread.get() > DECADE {
+            invalid
+                .0
+                .push("--stream-spread is more than ten years".into());
+        }
+        if let Some(w) = self.timers_window {
+            if w.get().is_zero() {
+                invalid.0.push("--timers-window must be more than 0".into());
+            }
+        }
         let reach = match reach {
             Some(r) if invalid.0.is_empty() => r,
             _ => return Err(invalid),
@@ -191,6 +251,12 @@ impl PlanArgs {
                 suggest_max_age: self.suggest_max_age.get(),
                 thresholds: self.thresholds.get(),
                 prometheus_url: self.prometheus.clone(),
+                timers: crate::fleet::timers::TimerRules {
+                    window: self.timers_window.map(Span::get),
+                    margin,
+                    stream_spread: self.stream_spread.get(),
+                    ..Default::default()
+                },
             },
         ))
     }

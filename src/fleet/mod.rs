@@ -8,6 +8,7 @@ pub mod golden;
 pub mod plan;
 pub mod prometheus;
 pub mod reach;
+pub mod timers;
 pub mod verify;
 
 use std::collections::BTreeMap;

@@ -35,6 +35,7 @@ pub mod ports;
 pub mod resources;
 pub mod routing;
 pub mod services;
+pub mod timers;
 pub mod webhook;
 
 /// Label or annotation on a workload or its pods: `"false"` opts out.
@@ -268,6 +269,14 @@ pub fn inject(
     let app = check_fits(&meta2, &spec2, patch, settings.mode)?;
     let port = app_port(&meta2, &spec2.containers[app])?;
     let limits = resources::Limits::read(&meta2, patch)?;
+    // Checked against the grace period the pod gets below.
+    let drain_timers = timers::PodTimers::read(
+        &meta2,
+        spec2
+            .termination_grace_period_seconds
+            .unwrap_or(0)
+            .max(patch.grace),
+    )?;
     let app_name = spec2.containers[app].name.clone();
     let mut marker = Marker {
         mode: settings.mode,
@@ -351,6 +360,7 @@ pub fn inject(
             ports::name_envoy_port(&mut c, marker.port_name.as_ref());
         }
         limits.apply(&mut c);
+        drain_timers.apply(&mut c);
         before.merge(c, &mut record)
     };
     // Init containers in the patch's order, before the pod's own: drainshim

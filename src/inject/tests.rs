@@ -787,3 +787,113 @@ fn the_webhook_answers_a_bad_limit_with_a_warning_and_no_patch() {
         "{r}"
     );
 }
+
+#[test]
+fn a_pods_drain_timers_by_annotation_are_checked_against_its_grace_and_set() {
+    let container = |pod: &Value, name: &str| {
+        pod["containers"]
+            .as_array()
+            .into_iter()
+            .chain(pod["initContainers"].as_array())
+            .flatten()
+            .find(|c| c["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no container {name}: {pod}"))
+    };
+    // What plan's drain-timers step recommends for a slow service.
+    let tuned = ONE_PORT.replace(
+        "{labels: {app: orders}}",
+        "{labels: {app: orders}, annotations: {drainshim.io/drain-time: 75s, \
+         drainshim.io/parent-shutdown-time: 100s}}",
+    );
+    let out = docs(&inject(&deployment(&tuned), Mode::Sidecar).expect("injected"));
+    let pod = pod_of(&out[0]);
+    let env = container(pod, "drainshim")["env"].clone();
+    for (name, value) in [
+        ("DRAINSHIM_DRAIN_TIME", "1m 15s"),
+        ("DRAINSHIM_PARENT_SHUTDOWN_TIME", "1m 40s"),
+    ] {
+        let set = env
+            .as_array()
+            .expect("env")
+            .iter()
+            .find(|e| e["name"] == name)
+            .unwrap_or_else(|| panic!("{name} not set: {env}"));
+        assert_eq!(
+            set["value"]
+                .as_str()
+                .and_then(|v| v.parse::<crate::config::Span>().ok())
+                .map(|s| s.get()),
+            value.parse::<crate::config::Span>().ok().map(|s| s.get()),
+            "{name}: {set}"
+        );
+    }
+    // Envoy's own drain window follows the drain time.
+    let args = container(pod, "envoy")["args"].clone();
+    let args: Vec<&str> = args
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    let at = args
+        .iter()
+        .position(|a| *a == "--drain-time-s")
+        .expect("flag");
+    assert_eq!(args[at + 1], "75");
+    // Uninjected, the pod is as it was.
+    let (undone, _) = transform(
+        &serde_yaml_ng::to_string(&out[0]).expect("yaml"),
+        &Settings::default(),
+        Direction::Uninject,
+    )
+    .expect("uninject");
+    assert_eq!(docs(&undone), docs(&deployment(&tuned)));
+
+    // Past the patch's 120 s grace with the shim's linger: refused, as
+    // `sidecar --check` refuses the flags, every rule named.
+    let past = ONE_PORT.replace(
+        "{labels: {app: orders}}",
+        "{labels: {app: orders}, annotations: {drainshim.io/drain-time: 2m, \
+         drainshim.io/parent-shutdown-time: 115s, drainshim.io/min-drain-time: often}}",
+    );
+    let errors = inject(&deployment(&past), Mode::Sidecar).expect_err("refused");
+    assert!(
+        errors[0].contains("drainshim.io/min-drain-time: \"often\" is not a duration"),
+        "{errors:?}"
+    );
+    let past = past.replace(", drainshim.io/min-drain-time: often", "");
+    let errors = inject(&deployment(&past), Mode::Sidecar).expect_err("refused");
+    for why in [
+        "drainshim.io/drain-time (120s) must be less than drainshim.io/parent-shutdown-time (115s)",
+        "plus the shim's linger (10s) must stay below terminationGracePeriodSeconds (120s)",
+    ] {
+        assert!(errors[0].contains(why), "{why}: {errors:?}");
+    }
+    // The pod's own longer grace makes room for them.
+    let room = past
+        .replace(
+            "drainshim.io/drain-time: 2m",
+            "drainshim.io/drain-time: 100s",
+        )
+        .replace(
+            "    spec:\n",
+            "    spec:\n      terminationGracePeriodSeconds: 200\n",
+        );
+    let out = docs(&inject(&deployment(&room), Mode::Sidecar).expect("injected"));
+    assert_eq!(pod_of(&out[0])["terminationGracePeriodSeconds"], 200);
+
+    // The webhook: a warning and no patch.
+    let pod = serde_json::json!({
+        "metadata": {"name": "p", "annotations": {"drainshim.io/parent-shutdown-time": "-5s"}},
+        "spec": {"containers": [{"name": "a", "image": "a", "ports": [{"containerPort": 8080}]}]},
+    });
+    let r = webhook_answer(&pod, Mode::Sidecar, mesh::Namespace::Unlabelled);
+    assert!(r["allowed"] == true && r["patch"].is_null(), "{r}");
+    assert!(
+        r["warnings"][0].as_str().is_some_and(
+            |w| w.contains("drainshim.io/parent-shutdown-time: \"-5s\" is not a duration")
+        ),
+        "{r}"
+    );
+}

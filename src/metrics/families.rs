@@ -17,11 +17,11 @@ use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Metric, Registry};
 
 use super::{
-    help, CodeLabels, ConfigLabels, Dropped, DroppedLabels, Ending, EndingLabels, FailopenKind,
-    FailopenLabels, GuardRequestLabels, GuardStreamLabels, H2Code, KindLabels, Limit, LimitLabels,
-    ListenerDrainLabels, Metrics, OutcomeLabels, ProtocolLabels, Reason, ReasonLabels,
-    TerminatedLabels, VersionLabels, CODES, DRAIN_OUTCOMES, LISTENER_DRAIN_KINDS, STREAM_PROTOCOLS,
-    TCP_RESET_KINDS,
+    help, CodeLabels, ConfigLabels, DrainTimer, DrainTimerLabels, Dropped, DroppedLabels, Ending,
+    EndingLabels, FailopenKind, FailopenLabels, GuardRequestLabels, GuardStreamLabels, H2Code,
+    KindLabels, Limit, LimitLabels, ListenerDrainLabels, Metrics, OutcomeLabels, ProtocolLabels,
+    Reason, ReasonLabels, TerminatedLabels, VersionLabels, CODES, DRAIN_OUTCOMES,
+    LISTENER_DRAIN_KINDS, STREAM_PROTOCOLS, TCP_RESET_KINDS,
 };
 
 /// One metric family of [`Metrics`].
@@ -162,7 +162,7 @@ fn version_labels(m: &Metrics) -> Vec<VersionLabels> {
 }
 
 /// Every family of `Metrics`, in the exposition's order.
-pub static FAMILIES: [Def; 29] = [
+pub static FAMILIES: [Def; 30] = [
     Def {
         desc: help::DRAINS,
         node: Node::PerPod,
@@ -472,6 +472,19 @@ pub static FAMILIES: [Def; 29] = [
             family: |m: &Metrics| &m.guard_max_connection_age,
             // The empty label set: a sample only once a guard sets it.
             known: |_| vec![Vec::new()],
+            zeroed: false,
+        },
+    },
+    Def {
+        desc: help::DRAIN_TIMER,
+        node: Node::PerPod,
+        reach: &Labeled {
+            family: |m: &Metrics| &m.drain_timers,
+            known: |_| {
+                DrainTimer::ALL
+                    .map(|timer| DrainTimerLabels { timer })
+                    .to_vec()
+            },
             zeroed: false,
         },
     },

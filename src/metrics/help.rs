@@ -124,6 +124,11 @@ pub const GUARD_MAX_CONNECTION_AGE: (&str, &str) = (
     "guard_max_connection_age_seconds",
     "The stream guard's maximum connection age (--max-connection-age), whole seconds; 0 when connections may live forever",
 );
+/// Contract extension: what `plan`'s drain-timers step reads.
+pub const DRAIN_TIMER: (&str, &str) = (
+    "drain_timer_seconds",
+    "The drain timers this proxy runs with, in seconds: deregistration_delay, min_drain_time, drain_time, parent_shutdown_time, and termination_grace_period when known",
+);
 pub const TCP_RESETS: (&str, &str) = (
     "tcp_resets",
     "TCP resets and aborts counted by the kernel in the pod's network namespace",

@@ -138,6 +138,40 @@ pub enum Limit {
     rapid_reset,
 }
 
+/// A drain timer the shim runs with (`drainshim_drain_timer_seconds{timer}`):
+/// `plan`'s drain-timers step compares them with what the fleet's own
+/// latencies and streams need.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum DrainTimer {
+    deregistration_delay,
+    min_drain_time,
+    drain_time,
+    parent_shutdown_time,
+    /// Only when the pod's grace period is known (a flag, or the pod's own).
+    termination_grace_period,
+}
+
+impl DrainTimer {
+    /// Every timer, for node mode.
+    pub const ALL: [DrainTimer; 5] = [
+        DrainTimer::deregistration_delay,
+        DrainTimer::min_drain_time,
+        DrainTimer::drain_time,
+        DrainTimer::parent_shutdown_time,
+        DrainTimer::termination_grace_period,
+    ];
+}
+
+/// `drainshim_drain_timer_seconds{timer}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DrainTimerLabels {
+    pub timer: DrainTimer,
+}
+
+/// A gauge of seconds with fractions (a timer may be `500ms`).
+pub type SecondsGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
+
 impl Limit {
     /// Every limit, for node mode.
     pub const ALL: [Limit; 6] = [
@@ -510,6 +544,9 @@ pub struct Metrics {
     /// max age; `plan` reads how long a tier has had one. A family with no
     /// labels (the empty set), so a shim without a guard exports no sample.
     pub guard_max_connection_age: Family<Vec<(String, String)>, Gauge>,
+    /// `drainshim_drain_timer_seconds{timer}`: the drain timers this shim
+    /// (or this pod, in node mode) runs with; `plan` reads them.
+    pub drain_timers: Family<DrainTimerLabels, SecondsGauge>,
     /// `drainshim_proxy_info`: 1 for this proxy; the version inventory reads its labels.
     pub proxy_info: Family<ProxyLabels, Gauge>,
     /// `drainshim_goaways_total{reason}`: GOAWAY sequences the guard sent.
@@ -613,6 +650,7 @@ impl Metrics {
             failopen_active: Family::default(),
             guard_paths: Gauge::default(),
             guard_max_connection_age: Family::default(),
+            drain_timers: Family::default(),
             proxy_info: Family::default(),
             goaways: Family::default(),
             streams_terminated: Family::default(),
@@ -698,6 +736,37 @@ impl Metrics {
             self.failopen_active
                 .get_or_create(&FailopenLabels { kind })
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Sets the drain timers the shim runs with; the grace period's series
+    /// exists only while it is known.
+    pub fn set_drain_timers(&self, t: &crate::config::Timers, grace: Option<std::time::Duration>) {
+        let values = [
+            (
+                DrainTimer::deregistration_delay,
+                Some(t.deregistration_delay),
+            ),
+            (DrainTimer::min_drain_time, Some(t.min_drain_time)),
+            (DrainTimer::drain_time, Some(t.drain_time)),
+            (
+                DrainTimer::parent_shutdown_time,
+                Some(t.parent_shutdown_time),
+            ),
+            (DrainTimer::termination_grace_period, grace),
+        ];
+        for (timer, value) in values {
+            let labels = DrainTimerLabels { timer };
+            match value {
+                Some(d) => {
+                    self.drain_timers
+                        .get_or_create(&labels)
+                        .set(d.as_secs_f64());
+                }
+                None => {
+                    self.drain_timers.remove(&labels);
+                }
+            }
         }
     }
 

@@ -184,6 +184,12 @@ mod tests {
         m.guard_max_connection_age
             .get_or_create(&Vec::new())
             .set(1800);
+        // As a shim that knows its drain timers sets them.
+        m.drain_timers
+            .get_or_create(&crate::metrics::DrainTimerLabels {
+                timer: crate::metrics::DrainTimer::drain_time,
+            })
+            .set(60.0);
         m.record_drain(
             &Report {
                 phase: Phase::Done,

@@ -232,6 +232,7 @@ impl PodDrain {
             timers: timers.timers,
             ..settings
         };
+        metrics.set_drain_timers(&timers.timers, timers.grace);
         Self(Arc::new(Inner {
             pending: Mutex::new(Pending {
                 settings,
@@ -263,6 +264,7 @@ impl PodDrain {
             return false;
         }
         p.settings.timers = timers.timers;
+        p.metrics.set_drain_timers(&timers.timers, timers.grace);
         p.timers = timers;
         true
     }

@@ -68,6 +68,7 @@ pub async fn start(settings: SidecarSettings) -> Result<Sidecar, SidecarError> {
     let timers = settings.budget.timers;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
+    metrics.set_drain_timers(&timers, settings.budget.termination_grace_period);
     let sidecar_metrics = SidecarMetrics::register(&mut registry);
     let shutdown = CancellationToken::new();
     let mut guard_addr = None;

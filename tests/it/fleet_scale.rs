@@ -63,6 +63,24 @@ async fn plan_reads_ten_weeks_alike_on_prometheus_and_victoria_metrics() {
             r.output["next"]
         );
 
+        // Day 26: the tiers whose lifetime soaked are judged on the calls
+        // around the waves: within their recommendation (calls of at most
+        // 2.5 s against the sidecar's default 60 s / 90 s).
+        let judged: Vec<&str> = r.output["rows"]
+            .as_array()
+            .expect("rows")
+            .iter()
+            .filter(|x| x["kind"] == "drain_timers")
+            .filter_map(|x| x["detail"].as_str())
+            .collect();
+        println!("{store:?} day 26 drain timers: {judged:?}");
+        assert!(
+            judged
+                .iter()
+                .any(|d| d.contains("within their recommendation")),
+            "{judged:?}"
+        );
+
         // Day 36: every tier on 1.39 and soaked; the control plane is next.
         let r = output(&report.runs, "plan (day 36", store);
         let row = next_row(&r.output);
@@ -114,6 +132,28 @@ async fn plan_reads_ten_weeks_alike_on_prometheus_and_victoria_metrics() {
             .filter(|x| x["step"] == 5 && x["tier"] != "late" && x["state"] == "verified")
             .count();
         assert_eq!(passed, 3, "{}", r.output["rows"]);
+        // The drain-timers step judged every tier on the shims' own
+        // timers (the sidecar's defaults, 60 s / 90 s) against calls of at
+        // most 2.5 s: every service within its recommendation, or said to
+        // have had no traffic in the window; none short, none unknown.
+        let timers: Vec<&Value> = r.output["rows"]
+            .as_array()
+            .expect("rows")
+            .iter()
+            .filter(|x| x["kind"] == "drain_timers")
+            .collect();
+        assert_eq!(timers.len(), 4, "{}", r.output["rows"]);
+        for t in &timers {
+            assert_eq!(t["state"], "done", "{t}");
+            assert_eq!(t["gate"]["failed"], false, "{t}");
+            let d = t["detail"].as_str().unwrap_or_default();
+            assert!(
+                d.contains("within their recommendation") || d.contains("no traffic"),
+                "{t}"
+            );
+        }
+        let details: Vec<&str> = timers.iter().filter_map(|t| t["detail"].as_str()).collect();
+        println!("{store:?} day 70 drain timers: {details:?}");
 
         // verify of the late wave fails on the cut streams only.
         let v = output(&report.runs, "verify late", store);

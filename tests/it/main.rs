@@ -48,6 +48,7 @@ mod node_scale;
 mod node_timers;
 mod peer_matrix;
 mod plan;
+mod plan_timers;
 mod prometheus;
 mod prometheus_reach;
 mod readiness;

@@ -158,6 +158,16 @@ async fn each_pod_drains_with_its_own_timers_and_invalid_ones_are_named() {
         3,
         "{m}"
     );
+    // The timers each pod drains with, as `plan`'s drain-timers step reads
+    // them: the pod's own where valid, with its grace period.
+    for line in [
+        r#"drainshim_drain_timer_seconds{namespace="shop",pod="web-a",timer="drain_time"} 3.0"#,
+        r#"drainshim_drain_timer_seconds{namespace="shop",pod="web-b",timer="deregistration_delay"} 4.0"#,
+        r#"drainshim_drain_timer_seconds{namespace="shop",pod="web-b",timer="parent_shutdown_time"} 6.0"#,
+        r#"drainshim_drain_timer_seconds{namespace="shop",pod="web-b",timer="termination_grace_period"} 10.0"#,
+    ] {
+        assert!(m.contains(line), "{line} missing:\n{m}");
+    }
 
     // The kubelet's preStop for all three at once.
     let (ra, rb, rc) = tokio::join!(prestop(a_addr), prestop(b_addr), prestop(c_addr));

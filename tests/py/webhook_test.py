@@ -270,6 +270,10 @@ def test_what_it_cannot_handle_is_allowed_unchanged_with_a_warning(hook):
     opted_out["metadata"]["labels"]["drainshim.io/inject"] = "false"
     bad_limit = copy.deepcopy(orders)
     bad_limit["metadata"]["annotations"]["drainshim.io/proxy-cpu-limit"] = "two"
+    # Drain timers past the grace period with the shim's linger, as --check refuses them.
+    bad_timers = copy.deepcopy(orders)
+    bad_timers["metadata"]["annotations"]["drainshim.io/drain-time"] = "100s"
+    bad_timers["metadata"]["annotations"]["drainshim.io/parent-shutdown-time"] = "115s"
     cases = [
         (review(ambiguous), "refused", "ambiguous"),
         (review({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}}, kind="Deployment",
@@ -284,6 +288,9 @@ def test_what_it_cannot_handle_is_allowed_unchanged_with_a_warning(hook):
         (review(dict(orders, spec=dict(orders["spec"], restartPolicy="Never"))), "unchanged", None),
         # A limit of its own that is no quantity: refused, never a crash.
         (review(bad_limit), "refused", "drainshim.io/proxy-cpu-limit: \"two\" is not a Kubernetes quantity"),
+        (review(bad_timers), "refused",
+         "drainshim.io/parent-shutdown-time (115s) plus the shim's linger (10s) must stay below "
+         "terminationGracePeriodSeconds (120s)"),
     ]
     for body, result, warning in cases:
         status, answer = hook.post(body)
@@ -298,11 +305,27 @@ def test_what_it_cannot_handle_is_allowed_unchanged_with_a_warning(hook):
     status, text = hook.post(b"{not json")
     assert status == 400, text
     counts = hook.counts()
-    assert counts.get(outcome("refused")) == 3, counts
+    assert counts.get(outcome("refused")) == 4, counts
     assert counts.get(outcome("malformed")) == 4, counts
     assert counts.get(outcome("opted_out")) == 1, counts
     assert counts.get(outcome("unchanged")) == 1, counts
     assert "pod=shop/orders-*" in hook.output() or "shop/orders-*" in hook.output()
+
+
+def test_a_pods_drain_timer_annotations_become_its_shims_timers(hook):
+    """What plan's drain-timers step recommends, set per workload."""
+    pod = copy.deepcopy(workload_pods()[0])
+    pod["metadata"]["annotations"]["drainshim.io/drain-time"] = "75s"
+    pod["metadata"]["annotations"]["drainshim.io/parent-shutdown-time"] = "100s"
+    status, answer = hook.post(review(pod))
+    assert status == 200, answer
+    got = patched(pod, answer)
+    assert got == inject(pod, hook.mode), "the webhook's patch and inject differ"
+    containers = got["spec"]["containers"] + got["spec"].get("initContainers", [])
+    shim = next(c for c in containers if c["name"] == "drainshim")
+    env = {e["name"]: e.get("value") for e in shim.get("env", [])}
+    assert env.get("DRAINSHIM_DRAIN_TIME") == "75s", env
+    assert env.get("DRAINSHIM_PARENT_SHUTDOWN_TIME") == "100s", env
 
 
 def patched(pod, answer):

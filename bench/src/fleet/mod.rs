@@ -224,7 +224,7 @@ fn commands(fleet: &Fleet, tiers_file: &Path) -> Vec<Command> {
 
 /// The moments `plan` is judged at: during the stall, before the control
 /// plane moves, and at the end.
-fn plan_moments(shape: &Shape) -> [(&'static str, &'static str, i64); 3] {
+pub(crate) fn plan_moments(shape: &Shape) -> [(&'static str, &'static str, i64); 3] {
     let t = &TIMELINE;
     [
         (

@@ -371,6 +371,31 @@ impl Fleet {
                 &points,
             )?;
         }
+        // Every shim's drain timers, the sidecar's defaults: what `plan`'s
+        // drain-timers step compares with each service's calls. It reads
+        // them at one instant, so they are written only in the two hours
+        // before each moment `plan` is judged at (over ten weeks they would
+        // be four times the max age's samples, the bench's disk and
+        // promtool's memory again).
+        sink.family("drainshim_drain_timer_seconds")?;
+        let judged = super::plan_moments(&self.shape).map(|(_, _, at)| at);
+        for l in &self.lives {
+            for (timer, secs) in DRAIN_TIMERS {
+                points.clear();
+                for at in judged {
+                    points.extend(self.times(l, at - 2 * HOUR, at + 1, g).map(|x| (x, secs)));
+                }
+                sink.series(
+                    "drainshim_drain_timer_seconds",
+                    &[
+                        ("instance", &l.instance),
+                        ("job", "drainshim"),
+                        ("timer", timer),
+                    ],
+                    &points,
+                )?;
+            }
+        }
         sink.family("drainshim_draining")?;
         for l in &self.lives {
             points.clear();
@@ -465,6 +490,14 @@ impl Value {
         }
     }
 }
+
+/// The drain timers every simulated shim runs (the sidecar's defaults).
+const DRAIN_TIMERS: [(&str, f64); 4] = [
+    ("deregistration_delay", 5.0),
+    ("min_drain_time", 5.0),
+    ("drain_time", 60.0),
+    ("parent_shutdown_time", 90.0),
+];
 
 /// The latency histogram: the share of requests at or under each bucket.
 const LATENCY: [(&str, f64); 14] = [

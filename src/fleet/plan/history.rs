@@ -20,6 +20,9 @@ pub struct Timelines {
     pub max_age: Vec<BTreeMap<String, f64>>,
     /// Every namespace seen in the history.
     pub namespaces: BTreeSet<String>,
+    /// The drain timers each service needs and runs, over the window
+    /// before the last point.
+    pub timers: crate::fleet::timers::TimersReport,
 }
 
 /// The step between points: a tenth of the shortest rule (stall, soaks)
@@ -114,6 +117,7 @@ pub async fn read_versions(prom: &PromClient, opts: &PlanOptions) -> Result<Time
         versions: vec![BTreeMap::new(); index.len()],
         max_age: vec![BTreeMap::new(); index.len()],
         namespaces: BTreeSet::new(),
+        timers: Default::default(),
     };
     for s in &versions {
         let ns = s.label("namespace").to_string();

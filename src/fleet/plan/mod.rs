@@ -2,7 +2,8 @@
 //! fleet itself reports.
 //!
 //! The sequence is fixed: (1) the version inventory, (2) a connection
-//! lifetime on every tier's guards, soaked, (3) a data-plane restart to n-1
+//! lifetime on every tier's guards, soaked, then each tier's drain timers
+//! held to what its own calls and streams need (`drain`), (3) a data-plane restart to n-1
 //! tier by tier, (4) the control plane to n, the point of no return, and (5)
 //! a data-plane restart to n tier by tier. Every row's state is derived from
 //! what Prometheus holds now and remembers (`drainshim_proxy_info` and
@@ -14,6 +15,7 @@
 //! and everything after it is a pure function of those timelines, tested
 //! without a server.
 
+mod drain;
 mod history;
 mod next;
 mod render;
@@ -28,10 +30,12 @@ use futures_util::StreamExt;
 use serde::Serialize;
 
 use super::prometheus::PromClient;
+use super::timers::TimerRules;
 use super::verify::{self, Thresholds, VerifyOptions, VerifySource};
 use super::{FleetError, VersionLabel};
 use crate::inventory::Release;
 
+pub use drain::{explain_timers, timers_window};
 pub use history::{read_max_age, read_versions, step_for, Timelines};
 use next::wave_window;
 pub use next::{estimate_of, Estimate, Next, Verdict};
@@ -78,6 +82,8 @@ pub struct PlanOptions {
     pub thresholds: Thresholds,
     /// For the commands printed: how the operator reaches Prometheus.
     pub prometheus_url: String,
+    /// How the drain-timers step reads and recommends.
+    pub timers: TimerRules,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -198,11 +204,14 @@ pub async fn plan(
     // store reads the max age, the other history query.
     let source = VerifySource::Prometheus(Box::new(reach.clone()));
     let early = waves_to_verify(&derive(&tl, &tiers, v, opts, &BTreeMap::new()));
-    let (max_age, verified) = tokio::join!(
+    let end = tl.times.last().copied().unwrap_or_default();
+    let (max_age, verified, timers) = tokio::join!(
         read_max_age(&prom, opts, &tl.times),
         verify_waves(&source, early.clone(), opts),
+        drain::read_timers(&prom, opts, &tiers, end),
     );
     tl.max_age = max_age?;
+    tl.timers = timers?;
     let mut verified = verified?;
     // Should the max age change which waves finished, or when, those are
     // verified now.
@@ -293,6 +302,7 @@ mod tests {
                 golden: Default::default(),
             },
             prometheus_url: "http://prometheus:9090".into(),
+            timers: TimerRules::default(),
         }
     }
 
@@ -450,7 +460,8 @@ mod tests {
         let v = Versions::new(o.control_plane, o.target, o.max_skew).unwrap();
         let tiers = resolve(&o.tiers, &tl.namespaces, o.history).unwrap();
         let plan = derive(&tl, &tiers, v, &o, &verified);
-        let t0 = &plan.rows[3];
+        // Inventory, two lifetimes, two drain timers, then step 3.
+        let t0 = &plan.rows[5];
         assert_eq!(t0.state, State::Done);
         assert!(matches!(t0.finished, Some(Edge::BeforeHistory(_))));
         assert!(t0
@@ -459,7 +470,7 @@ mod tests {
             .unwrap()
             .detail
             .contains("not re-verified"));
-        assert_eq!(plan.rows[4].state, State::Verified);
+        assert_eq!(plan.rows[6].state, State::Verified);
         // Tier 1 finished at 5h, the last step is 9h: the control plane's
         // soak of a day still runs.
         assert_eq!(plan.verdict, Verdict::Wait);

@@ -60,6 +60,7 @@ pub(super) fn next_action(
             || r.verify.as_ref().is_some_and(|g| g.failed)
             || (r.gate.failed && r.kind == StepKind::ControlPlane && v.moved())
             || (r.gate.failed && r.kind == StepKind::Inventory)
+            || (r.gate.failed && r.kind == StepKind::DrainTimers)
     }) {
         let tier = r.tier.clone().unwrap_or_default();
         let ns = r.namespaces.join(",");
@@ -88,6 +89,11 @@ pub(super) fn next_action(
                     opts.prometheus_url,
                     wave_window(r).map_or("10m".into(), human)
                 )],
+            )
+        } else if r.kind == StepKind::DrainTimers {
+            (
+                format!("stop: tier {tier}'s drain timers: {}", r.gate.detail),
+                r.fixes.clone(),
             )
         } else {
             (format!("stop: {}", r.gate.detail), Vec::new())
@@ -200,6 +206,10 @@ fn commands_for(r: &Row, opts: &PlanOptions, v: Versions, go_on: bool) -> (Strin
     let tier = r.tier.clone().unwrap_or_default();
     match r.kind {
         StepKind::Inventory => ("publish the inventory".into(), Vec::new()),
+        StepKind::DrainTimers => (
+            format!("step 2, tier {tier}: set the drain timers"),
+            r.fixes.clone(),
+        ),
         StepKind::ConnectionLifetime => (
             format!(
                 "step 2, tier {tier}: give its guards a max connection age, then let it soak {}",

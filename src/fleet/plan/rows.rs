@@ -63,6 +63,9 @@ pub struct Rollback {
 pub enum StepKind {
     Inventory,
     ConnectionLifetime,
+    /// Step 2's second half: every pod's drain timers at or above what its
+    /// service's calls and streams need.
+    DrainTimers,
     Restart,
     ControlPlane,
 }
@@ -96,6 +99,9 @@ pub struct Row {
     /// Whether this row may start (or go on) now.
     pub gate: Gate,
     pub rollback: Rollback,
+    /// The changes that open a failed gate (the drain timers' manifests).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fixes: Vec<String>,
 }
 
 impl Row {
@@ -126,6 +132,10 @@ pub fn derive(
     };
     let mut rows = vec![d.inventory()];
     rows.extend(tiers.iter().map(|t| d.lifetime(t)));
+    for k in 0..tiers.len() {
+        let r = d.drain_timers(k, &rows);
+        rows.push(r);
+    }
     d.restarts(3, v.intermediate, &mut rows, &|k, rows| {
         d.after_lifetime(k, rows)
     });
@@ -194,6 +204,7 @@ impl Derivation<'_> {
                 possible: None,
                 how: "-".into(),
             },
+            fixes: Vec::new(),
         }
     }
 
@@ -306,6 +317,13 @@ impl Derivation<'_> {
         r
     }
 
+    /// Step 2's drain timers for tier `k`: see [`super::drain::row`].
+    fn drain_timers(&self, k: usize, rows: &[Row]) -> Row {
+        let tier = &self.tiers[k];
+        let base = self.row(2, StepKind::DrainTimers, "drain timers".into(), Some(tier));
+        super::drain::row(base, tier, &rows[1 + k], &self.tl.timers)
+    }
+
     /// The first restart's gate for tier `k`: the inventory, and the
     /// tier's connection lifetime soaked.
     fn after_lifetime(&self, k: usize, rows: &[Row]) -> Gate {
@@ -313,7 +331,11 @@ impl Derivation<'_> {
             return Gate::fails(format!("step 1: {}", rows[0].gate.detail));
         }
         let lifetime = &rows[1 + k];
+        let timers = &rows[1 + self.tiers.len() + k];
         match lifetime.state {
+            State::Done if timers.gate.failed => {
+                Gate::fails(format!("step 2, drain timers: {}", timers.gate.detail))
+            }
             State::Done => Gate::open("may start now"),
             State::InProgress => Gate::waits(
                 format!("step 2 {}", lifetime.gate.detail),

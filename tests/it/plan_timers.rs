@@ -1,0 +1,479 @@
+//! `plan`'s drain-timers step and `plan --explain timers` (the real binary)
+//! against a real Prometheus scraping real shims beside real Envoy 1.38,
+//! with real traffic through each guard: a tier whose unary calls take 3 s
+//! on pods that drain long enough; a tier of long streams under a 4 s max
+//! age; a tier whose calls take 3 s on pods that drain for 2 s; and a tier
+//! with no traffic. The step stops on exactly the third, with its figures,
+//! and passes once its pods run the recommendation.
+
+use crate::support;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use drainshim::config::Timers;
+use drainshim::fleet::prometheus::PromClient;
+use drainshim::settings::GuardSettings;
+use drainshim_bench::envoy::EnvoyProcess;
+use drainshim_bench::proto::bench::stream_client::StreamClient;
+use drainshim_bench::proto::bench::EchoRequest;
+use serde_json::Value;
+use support::prom::wait_for_scalar;
+use support::*;
+
+const N2: &str = "1.38.3";
+
+/// One pod: Envoy with its namespace and name in the node metadata, a shim
+/// beside it running `timers`, and its guard with a max connection age.
+struct Pod {
+    shim: SocketAddr,
+    envoy: EnvoyProcess,
+    _sigterm: tokio::sync::mpsc::UnboundedSender<()>,
+    _task: tokio::task::JoinHandle<drainshim::drain::Report>,
+}
+
+async fn pod(backend: SocketAddr, ns: &str, name: &str, t: Timers, max_age: Duration) -> Pod {
+    let admin_port = free_port();
+    let admin = format!("http://127.0.0.1:{admin_port}");
+    let settings = sidecar_settings(&admin, |s| {
+        s.budget.timers = t;
+        s.budget.admin_timeout = ms(500);
+        let mut g = GuardSettings::new("127.0.0.1:0".parse().expect("address"), backend);
+        g.config.max_connection_age = Some(max_age);
+        g.config.max_connection_age_grace = secs(1);
+        s.guard = Some(g);
+    });
+    let s = drainshim::sidecar::start(settings)
+        .await
+        .expect("start sidecar");
+    let shim = s.local_addr();
+    let upstream = s.guard_addr().expect("a guard");
+    let (sigterm, rx) = tokio::sync::mpsc::unbounded_channel();
+    let task = tokio::spawn(s.run(rx));
+    let envoy = envoy_with(N2, upstream, |o| {
+        o.admin_port = admin_port;
+        o.metadata = BTreeMap::from([
+            ("NAMESPACE".into(), ns.into()),
+            ("NAME".into(), name.into()),
+        ]);
+        o.fallback = Some(backend);
+    })
+    .await;
+    Pod {
+        shim,
+        envoy,
+        _sigterm: sigterm,
+        _task: task,
+    }
+}
+
+/// Timers with the deregistration delay as the min drain time, polled
+/// every 100 ms.
+fn timers_of(dereg: Duration, drain: Duration, parent: Duration) -> Timers {
+    timers(dereg, drain, parent, ms(100))
+}
+
+/// `n` unary calls at once to `addr`, each taking `delay_ms` in the app;
+/// every one must succeed.
+async fn calls(addr: SocketAddr, n: usize, delay_ms: u32) {
+    let mut all = Vec::new();
+    for i in 0..n {
+        all.push(tokio::spawn(async move {
+            let mut c = StreamClient::connect(format!("http://{addr}"))
+                .await
+                .expect("connect");
+            c.echo(EchoRequest {
+                body: format!("slow-{i}"),
+                delay_ms,
+            })
+            .await
+            .map(|_| ())
+        }));
+    }
+    for c in all {
+        let done = tokio::time::timeout(WAIT, c).await;
+        assert!(
+            matches!(done, Ok(Ok(Ok(())))),
+            "a call through {addr} failed: {done:?}"
+        );
+    }
+}
+
+/// `n` streams to `addr`, each ended by the guard's max age; waits for
+/// every end.
+async fn streams_ended_by_max_age(addr: SocketAddr, n: usize, prefix: String) {
+    for h in open_streams(addr, n, &prefix).await {
+        let end = tokio::time::timeout(WAIT, h).await;
+        assert!(matches!(end, Ok(Ok(_))), "a stream never ended: {end:?}");
+    }
+}
+
+/// Waits until Prometheus holds at least `n` of `metric`'s count on the
+/// shims at `shims`.
+async fn wait_counted(client: &PromClient, metric: &str, shims: &[SocketAddr], n: f64) {
+    let re: Vec<String> = shims.iter().map(|s| s.to_string()).collect();
+    let q = format!(
+        "sum({metric}_count{{instance=~\"{}\"}})",
+        re.join("|").replace('.', "\\\\.")
+    );
+    wait_for_scalar(client, &format!("{q} >= {n}"), WAIT, &q, |v| v >= n).await;
+}
+
+/// The drain timers `drainshim inject` gives a workload carrying the
+/// annotations of `fix` (the step's `kubectl patch`): `base` with the
+/// shim's environment applied.
+async fn inject_timers(dir: &std::path::Path, fix: &str, base: Timers) -> Timers {
+    let patch = fix
+        .split_once("-p '")
+        .and_then(|(_, p)| p.strip_suffix('\''))
+        .unwrap_or_else(|| panic!("no patch in {fix}"));
+    let patch: Value = serde_json::from_str(patch).expect("the patch is JSON");
+    let annotations = &patch["spec"]["template"]["metadata"]["annotations"];
+    assert!(annotations.is_object(), "{patch}");
+    let manifest = format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: short, namespace: t-short}}\n\
+         spec:\n  selector: {{matchLabels: {{app: short}}}}\n  template:\n    metadata:\n      \
+         labels: {{app: short}}\n      annotations: {annotations}\n    spec:\n      containers:\n      \
+         - {{name: app, image: app:1, ports: [{{containerPort: 7070}}]}}\n"
+    );
+    let path = dir.join("short.yaml");
+    std::fs::write(&path, manifest).expect("manifest");
+    let (code, out, err) = run_bin(&["inject", "-f", &path.display().to_string()]).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    let injected: Value = serde_yaml_ng::from_str(&out).expect("injected YAML");
+    let spec = &injected["spec"]["template"]["spec"];
+    let shim = spec["containers"]
+        .as_array()
+        .into_iter()
+        .chain(spec["initContainers"].as_array())
+        .flatten()
+        .find(|c| c["name"] == "drainshim")
+        .unwrap_or_else(|| panic!("no drainshim container: {out}"));
+    let env = |name: &str| -> Option<Duration> {
+        shim["env"].as_array()?.iter().find(|e| e["name"] == name)?["value"]
+            .as_str()?
+            .parse::<drainshim::config::Span>()
+            .ok()
+            .map(|s| s.get())
+    };
+    Timers {
+        drain_time: env("DRAINSHIM_DRAIN_TIME").expect("the drain time set"),
+        parent_shutdown_time: env("DRAINSHIM_PARENT_SHUTDOWN_TIME").expect("the deadline set"),
+        ..base
+    }
+}
+
+const TIERS: &str = "[[tier]]\nname = \"slow\"\nnamespaces = [\"t-slow\"]\n\n\
+                     [[tier]]\nname = \"streams\"\nnamespaces = [\"t-streams\"]\n\n\
+                     [[tier]]\nname = \"short\"\nnamespaces = [\"t-short\"]\n\n\
+                     [[tier]]\nname = \"idle\"\nnamespaces = [\"t-idle\"]\n";
+
+fn tiers_file(dir: &std::path::Path, name: &str, body: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, body).expect("tiers file");
+    path.display().to_string()
+}
+
+/// `plan` with the flags every run here shares, then `flags`.
+async fn run_plan(url: &str, tiers: &str, flags: &[&str]) -> (Option<i32>, String, String) {
+    let mut args = vec![
+        "plan",
+        "--prometheus",
+        url,
+        "--tiers",
+        tiers,
+        "--control-plane",
+        "1.39",
+        "--target",
+        "1.40",
+        "--history",
+        "15m",
+        "--lifetime-soak",
+        "1s",
+        "--rate-floor",
+        "1000",
+    ];
+    // The window and the margin every run uses, unless `flags` sets them.
+    for (flag, value) in [("--timers-window", "10m"), ("--timer-margin", "5s")] {
+        if !flags.contains(&flag) {
+            args.extend([flag, value]);
+        }
+    }
+    args.extend_from_slice(flags);
+    run_bin(&args).await
+}
+
+/// `plan --explain timers -o json` until `done` holds; the last answer.
+async fn explain_until(
+    url: &str,
+    tiers: &str,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> (Option<i32>, Value) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (code, out, err) = run_plan(url, tiers, &["--explain", "timers", "-o", "json"]).await;
+        let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+        if done(&v) {
+            return (code, v);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: never seen: {code:?} {out}{err}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The app service's row of a namespace (the guard names it by its gRPC
+/// service).
+fn row<'a>(v: &'a Value, ns: &str) -> &'a Value {
+    v["services"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| {
+            s["namespace"] == ns && s["service"].as_str().is_some_and(|s| s.contains("bench"))
+        })
+        .or_else(|| {
+            v["services"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|s| s["namespace"] == ns)
+        })
+        .unwrap_or(&Value::Null)
+}
+
+#[tokio::test]
+async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
+    let backend = backend().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tiers = tiers_file(dir.path(), "tiers.toml", TIERS);
+    let hour = secs(3600);
+    let long = timers_of(secs(1), secs(20), secs(30));
+    let short = timers_of(ms(200), secs(2), secs(3));
+    let mut pods: BTreeMap<&str, Pod> = BTreeMap::new();
+    for (ns, name, t, age) in [
+        ("t-slow", "slow-a", long, hour),
+        ("t-slow", "slow-b", long, hour),
+        ("t-streams", "streams-a", long, secs(4)),
+        ("t-streams", "streams-b", long, secs(4)),
+        ("t-short", "short-a", short, hour),
+        ("t-short", "short-b", short, hour),
+        ("t-idle", "idle-a", long, hour),
+    ] {
+        pods.insert(name, pod(backend.addr, ns, name, t, age).await);
+    }
+    let shims: Vec<SocketAddr> = pods.values().map(|p| p.shim).collect();
+    let prom = prometheus(&shims).await;
+    let client = PromClient::new(&prom.url(), Duration::from_secs(5)).expect("client");
+    let url = prom.url();
+    wait_for_scalar(
+        &client,
+        "every shim's drain timers are scraped",
+        WAIT,
+        "count(drainshim_drain_timer_seconds{timer=\"drain_time\"})",
+        |n| n == 7.0,
+    )
+    .await;
+
+    // Bad input: a negative margin, a zero window (64); a window with no
+    // calls (69).
+    for (flag, value, says) in [
+        ("--timer-margin", "-5s", "a margin cannot be negative"),
+        (
+            "--timers-window",
+            "0s",
+            "--timers-window must be more than 0",
+        ),
+    ] {
+        let (code, out, err) = run_plan(&url, &tiers, &["--explain", "timers", flag, value]).await;
+        assert_eq!(code, Some(64), "{flag} {value}: {out}{err}");
+        assert!(err.contains(says), "{says}: {err}");
+    }
+    let idle_only = tiers_file(
+        dir.path(),
+        "idle.toml",
+        "[[tier]]\nname = \"idle\"\nnamespaces = [\"t-idle\"]\n",
+    );
+    let (code, out, err) = run_plan(&url, &idle_only, &["--explain", "timers"]).await;
+    assert_eq!(code, Some(69), "{out}{err}");
+    assert!(
+        err.contains("a window with no data cannot be judged"),
+        "{err}"
+    );
+
+    // Traffic in two rounds, each scraped: a series' first sample already
+    // holds its first calls, which a window's growth cannot see.
+    let inbound = |name: &str| pods[name].envoy.inbound;
+    let callers = ["slow-a", "slow-b", "short-a", "short-b"];
+    let called: Vec<SocketAddr> = callers.iter().map(|n| pods[n].shim).collect();
+    let streamed = [pods["streams-a"].shim, pods["streams-b"].shim];
+    for (round, n) in [(1usize, 1usize), (2, 2)] {
+        let c = callers.map(|name| calls(inbound(name), n, 3000));
+        let s = ["streams-a", "streams-b"]
+            .map(|name| streams_ended_by_max_age(inbound(name), n, format!("{name}-{round}")));
+        futures_util::future::join(
+            futures_util::future::join_all(c),
+            futures_util::future::join_all(s),
+        )
+        .await;
+        let total = (1..=round).sum::<usize>() as f64;
+        wait_counted(
+            &client,
+            "drainshim_guard_request_duration_seconds",
+            &called,
+            4.0 * total,
+        )
+        .await;
+        wait_counted(
+            &client,
+            "drainshim_guard_stream_lifetime_seconds",
+            &streamed,
+            2.0 * total,
+        )
+        .await;
+    }
+
+    // Before: the short tier's pods drain for 2 s, their calls take 3 s.
+    let (code, before) = explain_until(&url, &tiers, "the short tier judged short", |v| {
+        row(v, "t-short")["verdict"] == "short"
+            && row(v, "t-streams")["streams"].as_u64() >= Some(4)
+    })
+    .await;
+    let (_, table_before, _) = run_plan(&url, &tiers, &["--explain", "timers"]).await;
+    println!("before:\n{table_before}");
+    assert_eq!(code, Some(1), "{before}");
+    let s = row(&before, "t-short");
+    assert_eq!(s["pods"], 2, "{s}");
+    assert_eq!(s["calls_max"], 5.0, "3 s calls are in the 5 s bucket: {s}");
+    assert!(
+        s["calls_p99"].as_f64().is_some_and(|p| p > 2.5 && p <= 5.0),
+        "{s}"
+    );
+    assert_eq!(s["current"]["drain_time"], 2.0);
+    assert_eq!(s["current"]["parent_shutdown_time"], 3.0);
+    // 200 ms of deregistration and the 5 s of the calls, up to the second;
+    // then the 5 s margin.
+    assert_eq!(s["recommended"]["drain_time"], 6.0, "{s}");
+    assert_eq!(s["recommended"]["parent_shutdown_time"], 11.0, "{s}");
+    let fix = s["fix"].as_str().unwrap_or_default().to_string();
+    assert!(
+        fix.contains(r#""drainshim.io/drain-time":"6s","drainshim.io/parent-shutdown-time":"11s""#),
+        "{s}"
+    );
+    let slow = row(&before, "t-slow");
+    assert_eq!(slow["verdict"], "ok", "{slow}");
+    assert_eq!(slow["calls_max"], 5.0, "{slow}");
+    let st = row(&before, "t-streams");
+    assert_eq!(st["verdict"], "ok", "{st}");
+    assert_eq!(
+        st["longest_stream"], 4.0,
+        "streams end at the 4 s max age: {st}"
+    );
+    assert_eq!(st["max_age"], 4.0, "{st}");
+    let idle = row(&before, "t-idle");
+    assert_eq!(idle["verdict"], "no_traffic", "{idle}");
+    assert!(table_before.contains("t-idle/-: no traffic in the window: cannot recommend"));
+    let shorts: Vec<&Value> = before["services"]
+        .as_array()
+        .expect("services")
+        .iter()
+        .filter(|s| s["verdict"] != "ok" && s["verdict"] != "no_traffic")
+        .collect();
+    assert_eq!(
+        shorts.len(),
+        1,
+        "exactly the short tier's service: {shorts:?}"
+    );
+
+    // The plan stops at that tier's step and names it, its figures and fix.
+    let (code, out, err) = run_plan(&url, &tiers, &["-o", "json"]).await;
+    let plan: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+    assert_eq!(code, Some(1), "{plan}");
+    assert_eq!(plan["verdict"], "stop");
+    let k = plan["next"]["row"].as_u64().expect("a next row") as usize;
+    let next = &plan["rows"][k];
+    assert_eq!(
+        (next["kind"].as_str(), next["tier"].as_str()),
+        (Some("drain_timers"), Some("short"))
+    );
+    let action = plan["next"]["action"].as_str().unwrap_or_default();
+    assert!(action.contains("t-short/"), "{action}");
+    assert!(action.contains("drain time 2s < 6s"), "{action}");
+    assert!(action.contains("parent shutdown 3s < 11s"), "{action}");
+    assert_eq!(
+        plan["next"]["commands"][0].as_str(),
+        Some(fix.as_str()),
+        "{plan}"
+    );
+    let idle_row = plan["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .find(|r| r["kind"] == "drain_timers" && r["tier"] == "idle")
+        .expect("the idle tier's row");
+    assert!(
+        idle_row["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("no traffic") && d.contains("cannot recommend")),
+        "{idle_row}"
+    );
+
+    // The fix: the annotations the step names, on the workload's pod
+    // template, through `drainshim inject` (what the webhook does at the
+    // rollout); the short tier's pods replaced by pods whose shims run the
+    // timers it set, which then take calls too.
+    let fixed = inject_timers(dir.path(), &fix, short).await;
+    assert_eq!(
+        (fixed.drain_time, fixed.parent_shutdown_time),
+        (secs(6), secs(11))
+    );
+    for name in ["short-c", "short-d"] {
+        pods.insert(name, pod(backend.addr, "t-short", name, fixed, hour).await);
+    }
+    pods.remove("short-a");
+    pods.remove("short-b");
+    let shims: Vec<SocketAddr> = pods.values().map(|p| p.shim).collect();
+    prom.set_targets(&shims);
+    let new = [pods["short-c"].shim, pods["short-d"].shim];
+    for round in 1..=2 {
+        let addrs = ["short-c", "short-d"].map(|n| pods[n].envoy.inbound);
+        futures_util::future::join_all(addrs.map(|a| calls(a, 1, 3000))).await;
+        wait_counted(
+            &client,
+            "drainshim_guard_request_duration_seconds",
+            &new,
+            2.0 * round as f64,
+        )
+        .await;
+    }
+    let (code, after) = explain_until(&url, &tiers, "the short tier passes", |v| {
+        row(v, "t-short")["verdict"] == "ok"
+    })
+    .await;
+    let (_, table_after, _) = run_plan(&url, &tiers, &["--explain", "timers"]).await;
+    println!("after:\n{table_after}");
+    assert_eq!(code, Some(0), "{after}");
+    let s = row(&after, "t-short");
+    assert_eq!(s["pods"], 2, "only the pods running now: {s}");
+    assert_eq!(s["current"]["drain_time"], 6.0, "{s}");
+    assert_eq!(s["current"]["parent_shutdown_time"], 11.0, "{s}");
+
+    // The plan moves on: the first tier's restart may start.
+    let (code, out, err) = run_plan(&url, &tiers, &["-o", "json"]).await;
+    let plan: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+    assert_eq!(code, Some(0), "{plan}");
+    assert_eq!(plan["verdict"], "go");
+    let k = plan["next"]["row"].as_u64().expect("a next row") as usize;
+    let next = &plan["rows"][k];
+    assert_eq!(
+        (next["step"].as_u64(), next["tier"].as_str()),
+        (Some(3), Some("slow")),
+        "{plan}"
+    );
+    let (_, table, _) = run_plan(&url, &tiers, &[]).await;
+    println!("{table}");
+}
