@@ -882,6 +882,50 @@ fn a_pods_drain_timers_by_annotation_are_checked_against_its_grace_and_set() {
         );
     let out = docs(&inject(&deployment(&room), Mode::Sidecar).expect("injected"));
     assert_eq!(pod_of(&out[0])["terminationGracePeriodSeconds"], 200);
+    // A parent shutdown past the preStop hooks' own timeout (120 s) is
+    // refused, whatever the grace period: the hook would give up mid-drain.
+    let long = room
+        .replace(
+            "drainshim.io/drain-time: 100s",
+            "drainshim.io/drain-time: 200s",
+        )
+        .replace(
+            "drainshim.io/parent-shutdown-time: 115s",
+            "drainshim.io/parent-shutdown-time: 250s",
+        )
+        .replace(
+            "terminationGracePeriodSeconds: 200",
+            "terminationGracePeriodSeconds: 300",
+        );
+    let errors = inject(&deployment(&long), Mode::Sidecar).expect_err("refused");
+    assert!(
+        errors[0].contains("must stay below the preStop hooks' timeout (120s)"),
+        "{errors:?}"
+    );
+    // Envoy's whole-second drain window rounds up, never below the drain time.
+    let ms = room.replace(
+        "drainshim.io/drain-time: 100s",
+        "drainshim.io/drain-time: 5500ms, drainshim.io/min-drain-time: 1s, drainshim.io/deregistration-delay: 1s",
+    );
+    let out = docs(&inject(&deployment(&ms), Mode::Sidecar).expect("injected"));
+    let envoy = pod_of(&out[0])["containers"]
+        .as_array()
+        .expect("containers")
+        .iter()
+        .find(|c| c["name"] == "envoy")
+        .expect("envoy")
+        .clone();
+    let args: Vec<&str> = envoy["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let at = args
+        .iter()
+        .position(|a| *a == "--drain-time-s")
+        .expect("--drain-time-s");
+    assert_eq!(args[at + 1], "6", "{args:?}");
 
     // The webhook: a warning and no patch.
     let pod = serde_json::json!({

@@ -97,6 +97,19 @@ impl PodTimers {
             let end = timers
                 .parent_shutdown_time
                 .saturating_add(DEFAULT_LINGER.get());
+            // The preStop hooks (the app's, the proxy's) give up after
+            // their own timeout, the default: past it the container is
+            // stopped mid-drain whatever the grace period says.
+            let prestop = crate::config::DEFAULT_PRESTOP_TIMEOUT.get();
+            if timers.parent_shutdown_time >= prestop {
+                bad.push(format!(
+                    "{} ({}) must stay below the preStop hooks' timeout ({prestop}), past which the \
+                     kubelet stops the containers mid-drain",
+                    name(Timer::ParentShutdownTime),
+                    Span::from(timers.parent_shutdown_time),
+                    prestop = crate::config::DEFAULT_PRESTOP_TIMEOUT,
+                ));
+            }
             if timers.parent_shutdown_time < grace && end >= grace {
                 bad.push(format!(
                     "{} ({}) plus the shim's linger ({}) must stay below terminationGracePeriodSeconds ({}s): raise it",
@@ -135,7 +148,7 @@ impl PodTimers {
             while let Some(a) = args.next() {
                 if a == ENVOY_DRAIN_FLAG {
                     if let Some(v) = args.next() {
-                        *v = drain.as_secs().max(1).to_string();
+                        *v = drain.as_millis().div_ceil(1000).max(1).to_string();
                     }
                 }
             }

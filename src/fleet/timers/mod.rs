@@ -212,7 +212,12 @@ pub fn highest(b: &Buckets) -> Option<Result<f64, f64>> {
 
 /// Seconds as the flags write them ("1m30s", "500ms").
 pub fn flag(secs: f64) -> String {
-    crate::config::Span::from(Duration::from_secs_f64(secs.max(0.0))).to_string()
+    // A foreign exporter's NaN or infinity (remote-written data, a recording
+    // rule) is said, never a panic of from_secs_f64.
+    match Duration::try_from_secs_f64(secs.max(0.0)) {
+        Ok(d) => crate::config::Span::from(d).to_string(),
+        Err(_) => format!("{secs}s"),
+    }
 }
 
 /// Judges every service the window saw, and every namespace's pods that

@@ -140,3 +140,11 @@ fn idle_pods_and_pods_without_timers_are_said_so() {
         "{text}"
     );
 }
+
+#[test]
+fn a_foreign_nan_or_infinity_is_said_never_a_panic() {
+    assert_eq!(super::flag(1.5), "1500ms");
+    for v in [f64::NAN, f64::INFINITY, 1e300] {
+        assert!(!super::flag(v).is_empty());
+    }
+}
