@@ -206,6 +206,15 @@ impl PlanArgs {
             }
         }
         let margin = match self.timer_margin.trim().parse::<Span>() {
+            // The margin is what puts the parent shutdown above the drain
+            // time, which the shim's own rules require.
+            Ok(m) if m.get().is_zero() => {
+                invalid.0.push(
+                    "--timer-margin must be more than 0: the parent shutdown must end after the drain time"
+                        .into(),
+                );
+                Default::default()
+            }
             Ok(m) => m.get(),
             Err(e) => {
                 let why = if self.timer_margin.trim_start().starts_with('-') {

@@ -279,10 +279,11 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
     )
     .await;
 
-    // Bad input: a negative margin, a zero window (64); a window with no
+    // Bad input: a negative or zero margin, a zero window (64); a window with no
     // calls (69).
     for (flag, value, says) in [
         ("--timer-margin", "-5s", "a margin cannot be negative"),
+        ("--timer-margin", "0s", "--timer-margin must be more than 0"),
         (
             "--timers-window",
             "0s",
