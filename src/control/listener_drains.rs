@@ -66,6 +66,10 @@ pub struct ListenerDrain {
     pub started: Option<SystemTime>,
     /// The listener is gone from Envoy's config, not replaced.
     pub removed: bool,
+    /// For an in-place update, the names of the filter chains that drain
+    /// (changed or gone); None: every chain of the listener, or the chains
+    /// could not be told (one unnamed, or no chain seen to change).
+    pub chains: Option<Vec<String>>,
 }
 
 /// Drains begun since the last look, by kind, from Envoy's counters: exact
@@ -82,8 +86,9 @@ pub struct Begun {
 pub struct Tracker {
     /// The counters at the last look; `None` before the first.
     last: Option<ListenerManagerStats>,
-    /// Each dynamic listener's `last_updated` at the last read of the config.
-    listeners: BTreeMap<String, String>,
+    /// Each dynamic listener's `last_updated` and filter chains (name,
+    /// config hash) at the last read of the config.
+    listeners: BTreeMap<String, (String, Vec<(String, u64)>)>,
     /// The listeners have been read once (the baseline the next read is compared to).
     read: bool,
 }
@@ -139,7 +144,7 @@ impl Tracker {
         let mut drains = Vec::new();
         if self.read {
             for l in ls {
-                let Some(before) = self.listeners.get(&l.name) else {
+                let Some((before, chains_before)) = self.listeners.get(&l.name) else {
                     continue; // added: nothing drains
                 };
                 if *before == l.last_updated || l.last_updated.is_empty() {
@@ -150,6 +155,10 @@ impl Tracker {
                 } else {
                     DrainKind::FilterChains
                 };
+                let chains = match kind {
+                    DrainKind::Listener => None,
+                    DrainKind::FilterChains => drained_chains(chains_before, &l.chains),
+                };
                 drains.push(ListenerDrain {
                     listener: l.name.clone(),
                     kind,
@@ -157,6 +166,7 @@ impl Tracker {
                     version: l.version.clone(),
                     started: humantime::parse_rfc3339(&l.last_updated).ok(),
                     removed: false,
+                    chains,
                 });
             }
             for gone in self
@@ -171,6 +181,7 @@ impl Tracker {
                     version: String::new(),
                     started: None,
                     removed: true,
+                    chains: None,
                 });
             }
         }
@@ -182,10 +193,21 @@ impl Tracker {
     fn remember(&mut self, ls: &[DynamicListenerState]) {
         self.listeners = ls
             .iter()
-            .map(|l| (l.name.clone(), l.last_updated.clone()))
+            .map(|l| (l.name.clone(), (l.last_updated.clone(), l.chains.clone())))
             .collect();
         self.read = true;
     }
+}
+
+/// The filter chains an in-place update drains: those of `before` whose
+/// config is not among `after`'s (changed or gone), by name. None when
+/// that cannot be told: a drained chain has no name, or none changed.
+fn drained_chains(before: &[(String, u64)], after: &[(String, u64)]) -> Option<Vec<String>> {
+    let drained: Vec<&(String, u64)> = before.iter().filter(|c| !after.contains(c)).collect();
+    if drained.is_empty() || drained.iter().any(|(name, _)| name.is_empty()) {
+        return None;
+    }
+    Some(drained.into_iter().map(|(name, _)| name.clone()).collect())
 }
 
 /// Drains begun between two readings of the counters. `listener_modified`
@@ -224,7 +246,7 @@ pub async fn look(
     metrics: &Metrics,
     pod: &str,
     pod_draining: bool,
-) {
+) -> Vec<ListenerDrain> {
     let gauge = |kind, value: u64| {
         metrics
             .envoy_listeners_draining
@@ -275,6 +297,7 @@ pub async fn look(
             drain_ends = %ends,
             drain_time_seconds = drain_time.as_secs_f64(),
             during_pod_drain = pod_draining,
+            chains = ?d.chains,
             "envoy drains a listener after a config update (not the pod's drain): \
              connections still on it are closed when the drain time ends"
         );
@@ -283,6 +306,33 @@ pub async fn look(
         tracing::warn!(%pod, listeners = begun.listeners, filter_chains = begun.filter_chains,
             drain_time_seconds = drain_time.as_secs_f64(), during_pod_drain = pod_draining,
             "envoy drains listeners after a config update; which ones could not be told");
+    }
+    drains
+}
+
+/// Asks `guard` to end the streams each of `drains` reaches before Envoy
+/// closes them: every drain of a listener that is not outbound (an
+/// outbound listener's connections are the app's own calls out, which the
+/// guard never carries). `seen_within` is how late a drain may be seen.
+/// A removed listener's start is not known: now, less `seen_within`.
+pub fn end_streams(
+    guard: &dyn crate::drain::StreamGuard,
+    drains: &[ListenerDrain],
+    drain_time: Duration,
+    seen_within: Duration,
+) {
+    for d in drains {
+        if d.direction == TrafficDirection::Outbound {
+            continue;
+        }
+        let started = d.started.unwrap_or_else(|| SystemTime::now() - seen_within);
+        guard.end_config_push(&crate::drain::PushDrain {
+            listener: d.listener.clone(),
+            started,
+            drain_time,
+            chains: d.chains.clone(),
+            seen_within,
+        });
     }
 }
 
@@ -306,6 +356,7 @@ mod tests {
             version: String::new(),
             last_updated: updated.into(),
             draining_version: draining.then(String::new),
+            chains: vec![("fc".into(), 1)],
         }
     }
 
@@ -361,6 +412,36 @@ mod tests {
             }
         );
         assert_eq!(drains[0].kind, DrainKind::FilterChains);
+    }
+
+    #[test]
+    fn an_in_place_update_names_the_chains_that_changed_or_went() {
+        let chains = |cs: &[(&str, u64)]| -> Vec<(String, u64)> {
+            cs.iter().map(|(n, h)| (n.to_string(), *h)).collect()
+        };
+        let before = chains(&[("a", 1), ("b", 2), ("c", 3)]);
+        assert_eq!(
+            drained_chains(&before, &chains(&[("a", 1), ("b", 9)])),
+            Some(vec!["b".to_string(), "c".to_string()])
+        );
+        assert_eq!(
+            drained_chains(&before, &before),
+            None,
+            "none changed: cannot tell"
+        );
+        let unnamed = chains(&[("", 1), ("b", 2)]);
+        assert_eq!(
+            drained_chains(&unnamed, &chains(&[("", 5), ("b", 2)])),
+            None
+        );
+        let mut t = Tracker::default();
+        let mut s0 = state("in", T0, false);
+        s0.chains = chains(&[("one", 1), ("two", 2)]);
+        t.look(stats(0, 0, 0), Some(&[s0]));
+        let mut s1 = state("in", T1, false);
+        s1.chains = chains(&[("one", 7), ("two", 2)]);
+        let (_, drains) = t.look(stats(1, 1, 0), Some(&[s1]));
+        assert_eq!(drains[0].chains, Some(vec!["one".to_string()]));
     }
 
     #[test]

@@ -40,6 +40,7 @@
 //! check: one failed by hand is restored after the drain time. Take a pod
 //! out by hand with the shim's `POST /drain` instead.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::admin::v3::server_info::State as ServerState;
@@ -47,7 +48,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::listener_drains::{self, Tracker};
-use crate::drain::{DrainHandle, Phase};
+use crate::drain::{DrainHandle, Phase, StreamGuard};
 use crate::envoy::{AdminClient, ListenerManagerStats};
 use crate::metrics::{Metrics, SidecarMetrics};
 
@@ -176,6 +177,7 @@ pub fn spawn(
     metrics: SidecarMetrics,
     drain_metrics: Metrics,
     pod: String,
+    guard: Option<Arc<dyn StreamGuard>>,
 ) -> EnvoyHealth {
     let (tx, verdict) = watch::channel(Verdict::Unknown("not looked yet".into()));
     tokio::spawn(watch_envoy(
@@ -183,7 +185,7 @@ pub fn spawn(
         drain,
         every,
         (metrics, drain_metrics),
-        pod,
+        (pod, guard),
         tx,
     ));
     EnvoyHealth { verdict }
@@ -194,7 +196,7 @@ async fn watch_envoy(
     drain: DrainHandle,
     every: Duration,
     (metrics, drain_metrics): (SidecarMetrics, Metrics),
-    pod: String,
+    (pod, guard): (String, Option<Arc<dyn StreamGuard>>),
     tx: watch::Sender<Verdict>,
 ) {
     let mut drain_status = drain.subscribe();
@@ -214,7 +216,7 @@ async fn watch_envoy(
                 drain_time,
                 every,
                 &drain_metrics,
-                &pod,
+                (&pod, guard.as_deref()),
             )
             .await;
             return;
@@ -223,7 +225,7 @@ async fn watch_envoy(
         let observed = observe(&admin).await;
         if let Ok((_, dt, lm)) = &observed {
             drain_time = *dt;
-            listener_drains::look(
+            let drains = listener_drains::look(
                 &admin,
                 &mut tracker,
                 *lm,
@@ -233,6 +235,9 @@ async fn watch_envoy(
                 false,
             )
             .await;
+            if let Some(g) = &guard {
+                listener_drains::end_streams(&**g, &drains, drain_time, every);
+            }
         }
         let listener_drain_running = tracker_draining(&observed);
         let verdict = match observed {
@@ -287,8 +292,10 @@ async fn watch_envoy(
             .envoy_stuck_draining
             .set(i64::from(matches!(verdict, Verdict::Stuck(_))));
         // Pending and unknown states are looked at every poll; settled ones less often.
+        // With a guard, every poll: a push's drain seen late eats the
+        // window its streams are spread over.
         let step = match verdict {
-            _ if listener_drain_running => every,
+            _ if listener_drain_running || guard.is_some() => every,
             Verdict::Healthy | Verdict::Stuck(_) => every.max(SETTLED_INTERVAL),
             Verdict::Pending { .. } | Verdict::Unknown(_) => every,
         };
@@ -323,7 +330,7 @@ async fn watch_listener_drains(
     mut drain_time: Duration,
     every: Duration,
     metrics: &Metrics,
-    pod: &str,
+    (pod, guard): (&str, Option<&dyn StreamGuard>),
 ) {
     let mut next = Instant::now();
     loop {
@@ -336,11 +343,15 @@ async fn watch_listener_drains(
                         drain_time = dt;
                     }
                 }
-                listener_drains::look(admin, tracker, lm, drain_time, metrics, pod, true).await;
+                let drains =
+                    listener_drains::look(admin, tracker, lm, drain_time, metrics, pod, true).await;
+                if let Some(g) = guard {
+                    listener_drains::end_streams(g, &drains, drain_time, every);
+                }
             }
             Err(e) => tracing::debug!(error = %e, "listener drains: envoy not reachable"),
         }
-        let step = if running {
+        let step = if running || guard.is_some() {
             every
         } else {
             every.max(SETTLED_INTERVAL)

@@ -37,6 +37,13 @@ pub trait StreamGuard: Send + Sync + 'static {
         let _ = deadline;
         self.terminate_all(window);
     }
+    /// Envoy drains a listener (or some of its filter chains) after a
+    /// config update: end the streams of the connections it drains
+    /// gracefully before it closes them, spread over the window left. New
+    /// streams are still admitted; newer connections' are left alone.
+    fn end_config_push(&self, push: &PushDrain) {
+        let _ = push;
+    }
     /// Streams open through the guard right now.
     fn active_streams(&self) -> u64;
     /// Streams the guard ended gracefully because of the drain.
@@ -45,6 +52,25 @@ pub trait StreamGuard: Send + Sync + 'static {
     /// started (the application's connection lost, or no message boundary
     /// in time). The drain reports those since its trigger.
     fn failed_total(&self) -> u64;
+}
+
+/// A listener drain Envoy began after a config update, as the guard is
+/// asked to end its streams (`control::listener_drains` sees it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PushDrain {
+    /// The listener that drains.
+    pub listener: String,
+    /// When Envoy began it (its `last_updated`, the host clock).
+    pub started: std::time::SystemTime,
+    /// Envoy's `--drain-time-s`: it closes what is left at `started` + this.
+    pub drain_time: Duration,
+    /// Only these filter chains drain (an in-place update); None: the
+    /// whole listener, or the chains could not be told.
+    pub chains: Option<Vec<String>>,
+    /// How late the drain may have been seen (the watcher's look interval):
+    /// a stream without Envoy's origin header opened this long after the
+    /// start may still ride a drained connection.
+    pub seen_within: Duration,
 }
 
 /// Everything one drain needs.

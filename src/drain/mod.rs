@@ -4,6 +4,6 @@ pub mod driver;
 pub mod machine;
 pub mod report;
 
-pub use driver::{spawn, DrainHandle, DrainSettings, StreamGuard};
+pub use driver::{spawn, DrainHandle, DrainSettings, PushDrain, StreamGuard};
 pub use machine::{Outcome, Phase, Trigger};
 pub use report::{Progress, Report, Status};

@@ -364,6 +364,10 @@ pub struct DynamicListenerState {
     /// The `version_info` of the listener being drained, when one is
     /// (`draining_state`); `Some("")` for file-based LDS.
     pub draining_version: Option<String>,
+    /// The active listener's filter chains (the default one included), each
+    /// as its name (empty when unnamed) and a hash of its config: an
+    /// in-place update drains the chains whose config changed or that are gone.
+    pub chains: Vec<(String, u64)>,
 }
 
 /// Decodes `GET /config_dump?resource=dynamic_listeners` into each
@@ -397,7 +401,17 @@ pub fn parse_dynamic_listener_states(
                 .and_then(TrafficDirection::from_str_name)
                 .unwrap_or(TrafficDirection::Unspecified);
             let draining = c.get("draining_state");
+            let listener = active.and_then(|a| a.get("listener"));
+            let chains = listener
+                .and_then(|l| l.get("filter_chains"))
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .chain(listener.and_then(|l| l.get("default_filter_chain")))
+                .map(|fc| (text(Some(fc), "name"), chain_hash(fc)))
+                .collect();
             Some(DynamicListenerState {
+                chains,
                 name,
                 direction,
                 version: text(active, "version_info"),
@@ -406,6 +420,15 @@ pub fn parse_dynamic_listener_states(
             })
         })
         .collect())
+}
+
+/// A filter chain's config, hashed: equal configs (as Envoy dumps them,
+/// which orders fields the same way each time) hash the same.
+fn chain_hash(chain: &Value) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    chain.to_string().hash(&mut h);
+    h.finish()
 }
 
 /// `<sha>/1.40.0/Clean/RELEASE/BoringSSL` -> `1.40.0`. A bare `1.40.0` is accepted too.

@@ -25,6 +25,9 @@ pub fn end_message(reason: Reason) -> &'static str {
         Reason::app_shutdown => {
             "drainshim: the server is shutting down; the stream was ended gracefully, reconnect to continue"
         }
+        Reason::config_push => {
+            "drainshim: the proxy's listener is being replaced after a config update; the stream was ended gracefully, reconnect to continue"
+        }
     }
 }
 
@@ -243,6 +246,7 @@ mod tests {
             end_message(Reason::drain),
             end_message(Reason::max_age),
             end_message(Reason::app_shutdown),
+            end_message(Reason::config_push),
             REFUSED_MESSAGE,
             UPSTREAM_UNAVAILABLE_MESSAGE,
             UPSTREAM_LOST_MESSAGE,

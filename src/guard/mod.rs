@@ -56,6 +56,7 @@ mod keepalive;
 mod lifecycle;
 mod limits;
 mod passthrough;
+mod push;
 mod registry;
 mod relay;
 mod schedule;
@@ -79,7 +80,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::drain::StreamGuard;
+use crate::drain::{PushDrain, StreamGuard};
 use crate::metrics::{Metrics, Reason};
 
 pub use accept::{bind_listener, LISTEN_BACKLOG};
@@ -388,6 +389,14 @@ impl Guard {
     }
 }
 
+/// How long before Envoy closes a drained listener's connections a push's
+/// last endings are asked: an ending's own bound (`end_timeout`), the
+/// sweep's slack and a WebSocket's delayed close, and at least a tenth of
+/// the drain time.
+fn push_margin(config: &GuardConfig, drain_time: Duration) -> Duration {
+    (config.limits.end_timeout + SWEEP_MARGIN + Duration::from_secs(1)).max(drain_time / 10)
+}
+
 impl StreamGuard for Guard {
     fn goaway_all(&self) {
         if !self.inner.goaway.is_cancelled() {
@@ -425,6 +434,40 @@ impl StreamGuard for Guard {
                 .open_streams()
                 .into_iter()
                 .for_each(|s| s.end(Reason::drain)),
+        }
+    }
+
+    fn end_config_push(&self, push: &PushDrain) {
+        let now = Instant::now();
+        let wall = std::time::SystemTime::now();
+        // Envoy's wall-clock times on the guard's clock.
+        let on_clock = |t: std::time::SystemTime| match t.duration_since(wall) {
+            Ok(ahead) => now + ahead,
+            Err(e) => now.checked_sub(e.duration()).unwrap_or(now),
+        };
+        let started = on_clock(push.started);
+        let ends = on_clock(push.started + push.drain_time);
+        let margin = push_margin(&self.inner.config, push.drain_time);
+        let timeline = push::Timeline::new(now, ends, margin);
+        let scope = registry::PushScope {
+            started,
+            unsure_after: push.seen_within,
+            chains: push.chains.clone(),
+            listener: push.listener.clone(),
+        };
+        tracing::info!(
+            streams = self.inner.registry.len(),
+            listener = %push.listener,
+            chains = ?push.chains,
+            spread = ?timeline.sweep_at.saturating_duration_since(now),
+            envoy_closes_in = ?ends.saturating_duration_since(now),
+            "guard: envoy drains a listener after a config update; ending its connections' streams gracefully, spread over the window"
+        );
+        if let Ok(h) = tokio::runtime::Handle::try_current() {
+            let inner = self.inner.clone();
+            self.inner
+                .tasks
+                .spawn_on(push::terminator(inner, scope, timeline), &h);
         }
     }
 

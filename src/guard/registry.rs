@@ -44,11 +44,115 @@ pub enum Refused {
     Full,
 }
 
+/// The request header Envoy's inbound route sets to `%CONNECTION_ID%`:
+/// the downstream connection the stream came in on.
+pub const ORIGIN_CONNECTION: &[u8] = b"x-drainshim-downstream-connection";
+/// The request header Envoy's inbound route sets to `%FILTER_CHAIN_NAME%`.
+pub const ORIGIN_FILTER_CHAIN: &[u8] = b"x-drainshim-filter-chain";
+/// The request header Envoy's inbound route sets to `%LISTENER_NAME%`
+/// (Envoy 1.40 and later; older releases refuse the formatter).
+pub const ORIGIN_LISTENER: &[u8] = b"x-drainshim-listener";
+
+/// Where Envoy says a stream came from (its route's request headers
+/// [`ORIGIN_CONNECTION`] and [`ORIGIN_FILTER_CHAIN`]); empty without them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Origin {
+    /// Envoy's id of the downstream connection. Envoy numbers connections
+    /// in the order it makes or accepts them, so a higher id is a newer one.
+    pub connection: Option<u64>,
+    /// The name of the listener filter chain that took the connection.
+    pub filter_chain: Option<Box<str>>,
+    /// The name of the listener that took the connection.
+    pub listener: Option<Box<str>>,
+}
+
+/// Which streams a config push's listener drain ends: those on Envoy
+/// connections that existed when the drain began (their listener, or
+/// filter chain, is being drained), never those of connections made after.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PushScope {
+    /// When Envoy began the drain (its `last_updated`), on this clock.
+    pub started: Instant,
+    /// A stream without an origin connection that opened this long after
+    /// `started` may still ride an old connection: it is taken too.
+    pub unsure_after: std::time::Duration,
+    /// Only these filter chains drain (an in-place update); None: every chain.
+    pub chains: Option<Vec<String>>,
+    /// The listener that drains: a stream Envoy says came in on another
+    /// listener is never taken.
+    pub listener: String,
+}
+
+/// Why a stream is in a push's selection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Picked {
+    /// Its origin connection is older than the drain.
+    Known,
+    /// Without an origin (or a chain name) it cannot be told apart: taken,
+    /// since a graceful end costs a reconnect and a miss costs a cut.
+    Unsure,
+}
+
+impl PushScope {
+    /// The highest origin connection id among `streams` opened before the
+    /// drain began: every connection up to it existed then.
+    pub fn watermark<'a>(&self, streams: impl IntoIterator<Item = &'a StreamCtl>) -> Option<u64> {
+        streams
+            .into_iter()
+            .filter(|c| c.opened <= self.started)
+            .filter_map(|c| c.origin.get().and_then(|o| o.connection))
+            .max()
+    }
+
+    /// Whether the push's drain reaches `c`, given the `watermark`.
+    pub fn picks(&self, c: &StreamCtl, watermark: Option<u64>) -> Option<Picked> {
+        let origin = c.origin.get();
+        if origin
+            .and_then(|o| o.listener.as_deref())
+            .is_some_and(|l| !l.is_empty() && l != self.listener)
+        {
+            return None;
+        }
+        let chain = origin.and_then(|o| o.filter_chain.as_deref());
+        let mut unsure = false;
+        if let Some(chains) = &self.chains {
+            match chain {
+                Some(name) if !name.is_empty() => {
+                    if !chains.iter().any(|c| c == name) {
+                        return None;
+                    }
+                }
+                _ => unsure = true,
+            }
+        }
+        let old = match (origin.and_then(|o| o.connection), watermark) {
+            (Some(conn), Some(w)) => conn <= w,
+            // An origin but no stream older than the drain to compare with:
+            // only a stream that opened before it is surely old.
+            (Some(_), None) => c.opened <= self.started,
+            (None, _) => {
+                unsure |= c.opened > self.started;
+                c.opened <= self.started + self.unsure_after
+            }
+        };
+        old.then_some(if unsure {
+            Picked::Unsure
+        } else {
+            Picked::Known
+        })
+    }
+}
+
 /// The guard's handle on one open stream: how to ask it to end.
 #[derive(Debug)]
 pub struct StreamCtl {
     /// Connection the stream belongs to (max age ends a connection's streams).
     conn: u64,
+    /// When it was registered: a config push's drain tells old streams from
+    /// new ones by it when Envoy gives no origin.
+    opened: Instant,
+    /// Where Envoy says it came from, once its request head was read.
+    origin: OnceLock<Origin>,
     /// Only gRPC streams can be ended with trailers; others are let finish.
     pub grpc: bool,
     /// Wakes whoever waits for the end, once `why` is set. (A `Notify`, not
@@ -141,6 +245,13 @@ impl StreamCtl {
     /// its window.
     pub fn set_long_lived(&self) {
         self.long_lived.store(true, Ordering::Relaxed);
+    }
+
+    /// Records where Envoy says the stream came from (once).
+    pub fn set_origin(&self, origin: Origin) {
+        if origin != Origin::default() {
+            let _ = self.origin.set(origin);
+        }
     }
 
     /// Whether the stream was marked long-lived.
@@ -241,6 +352,8 @@ impl Registry {
         s.next += 1;
         let ctl = Arc::new(StreamCtl {
             conn,
+            opened: Instant::now(),
+            origin: OnceLock::new(),
             grpc,
             end: Notify::new(),
             why: OnceLock::new(),
@@ -289,6 +402,28 @@ impl Registry {
         for c in &picked {
             c.scheduled.store(true, Ordering::Relaxed);
         }
+        picked
+    }
+
+    /// The streams a config push's drain reaches and not yet asked to end,
+    /// oldest first, each with its key (never reused) and why; `watermark`
+    /// is computed on the first call from the streams open then and kept by
+    /// the caller.
+    pub fn push_selection(
+        &self,
+        scope: &PushScope,
+        watermark: &mut Option<Option<u64>>,
+    ) -> Vec<(u64, Arc<StreamCtl>, Picked)> {
+        let s = self.lock();
+        let w = *watermark.get_or_insert_with(|| scope.watermark(s.streams.values().map(|c| &**c)));
+        let mut picked: Vec<_> = s
+            .streams
+            .iter()
+            .filter(|(_, c)| !c.is_ended())
+            .filter_map(|(k, c)| scope.picks(c, w).map(|p| (*k, c.clone(), p)))
+            .collect();
+        drop(s);
+        picked.sort_by_key(|(k, _, _)| *k);
         picked
     }
 
@@ -371,6 +506,115 @@ mod tests {
         drop(a);
         drop(b);
         assert_eq!(r.len(), 0);
+    }
+
+    fn scope(started: Instant, chains: Option<&[&str]>) -> PushScope {
+        PushScope {
+            started,
+            unsure_after: Duration::from_millis(500),
+            chains: chains.map(|c| c.iter().map(|s| s.to_string()).collect()),
+            listener: "inbound".into(),
+        }
+    }
+
+    fn origin(conn: u64, chain: &str, listener: &str) -> Origin {
+        Origin {
+            connection: Some(conn),
+            filter_chain: Some(chain.into()),
+            listener: Some(listener.into()),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_push_takes_the_streams_of_connections_older_than_its_drain() {
+        let r = Arc::new(Registry::default());
+        let old = r.register(1, true).expect("admitted");
+        old.ctl.set_origin(origin(4, "fc", "inbound"));
+        let other_listener = r.register(1, true).expect("admitted");
+        other_listener
+            .ctl
+            .set_origin(origin(2, "fc", "outbound-ish"));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let started = Instant::now();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        // Opened after the drain began, on an old connection (id 2 <= 4):
+        // taken; on a new one (id 9): left alone.
+        let again = r.register(1, true).expect("admitted");
+        again.ctl.set_origin(origin(2, "fc", "inbound"));
+        let fresh = r.register(1, true).expect("admitted");
+        fresh.ctl.set_origin(origin(9, "fc", "inbound"));
+        let sc = scope(started, None);
+        let mut w = None;
+        let picked: Vec<_> = r
+            .push_selection(&sc, &mut w)
+            .into_iter()
+            .map(|(_, c, p)| (c, p))
+            .collect();
+        assert_eq!(
+            w,
+            Some(Some(4)),
+            "the watermark: the newest connection seen before the drain"
+        );
+        assert_eq!(picked.len(), 2, "{picked:?}");
+        assert!(Arc::ptr_eq(&picked[0].0, &old.ctl) && picked[0].1 == Picked::Known);
+        assert!(Arc::ptr_eq(&picked[1].0, &again.ctl));
+        // Ended streams are not listed again; the key is never reused.
+        old.ctl.end(Reason::config_push);
+        assert_eq!(r.push_selection(&sc, &mut w).len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_filter_chain_push_takes_only_its_chains_and_takes_the_unnamed_unsure() {
+        let r = Arc::new(Registry::default());
+        let one = r.register(1, true).expect("admitted");
+        one.ctl.set_origin(origin(1, "one", "inbound"));
+        let two = r.register(1, true).expect("admitted");
+        two.ctl.set_origin(origin(3, "two", "inbound"));
+        let unnamed = r.register(1, true).expect("admitted");
+        unnamed.ctl.set_origin(Origin {
+            connection: Some(5),
+            ..Origin::default()
+        });
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let sc = scope(Instant::now(), Some(&["one"]));
+        let picked = r.push_selection(&sc, &mut None);
+        let got: Vec<_> = picked
+            .iter()
+            .map(|(_, c, p)| (Arc::as_ptr(c), *p))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (Arc::as_ptr(&one.ctl), Picked::Known),
+                (Arc::as_ptr(&unnamed.ctl), Picked::Unsure)
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_envoys_headers_time_tells_and_the_first_moments_are_unsure() {
+        let r = Arc::new(Registry::default());
+        let before = r.register(1, true).expect("admitted");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let sc = scope(Instant::now(), None);
+        tokio::time::advance(Duration::from_millis(200)).await;
+        let soon_after = r.register(1, true).expect("admitted");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let later = r.register(1, true).expect("admitted");
+        let picked = r.push_selection(&sc, &mut None);
+        let got: Vec<_> = picked
+            .iter()
+            .map(|(_, c, p)| (Arc::as_ptr(c), *p))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (Arc::as_ptr(&before.ctl), Picked::Known),
+                (Arc::as_ptr(&soon_after.ctl), Picked::Unsure)
+            ],
+            "a stream opened past the look interval is new"
+        );
+        drop(later);
     }
 
     #[tokio::test]

@@ -103,11 +103,19 @@ pub enum Reason {
     drain,
     /// The application sent GOAWAY itself (its own graceful stop).
     app_shutdown,
+    /// Envoy drains the listener (or filter chain) the stream came in on
+    /// after a config update: it would close the connection at the drain's end.
+    config_push,
 }
 
 impl Reason {
     /// Every reason, for pre-registered series.
-    pub const ALL: [Reason; 3] = [Reason::max_age, Reason::drain, Reason::app_shutdown];
+    pub const ALL: [Reason; 4] = [
+        Reason::max_age,
+        Reason::drain,
+        Reason::app_shutdown,
+        Reason::config_push,
+    ];
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -132,6 +132,10 @@ impl StreamGuard for PodGuardSlot {
         self.with(|g| g.terminate_within(window, deadline));
     }
 
+    fn end_config_push(&self, push: &crate::drain::PushDrain) {
+        self.with(|g| g.end_config_push(push));
+    }
+
     fn active_streams(&self) -> u64 {
         self.with(|g| g.active_streams()).unwrap_or(0)
     }

@@ -47,6 +47,8 @@ struct Work {
     pod: String,
     /// The pod's own drain runs: a push seen now is marked so.
     pod_draining: bool,
+    /// The pod's guard, asked to end the streams a config push drains.
+    guard: PodGuardSlot,
 }
 
 /// A live pod as the scan's decisions see it.
@@ -343,6 +345,7 @@ impl Shared {
                         metrics: p.metrics.clone(),
                         pod: format!("{}/{}", p.labels.namespace, p.labels.pod),
                         pod_draining: p.drain.status().phase != Phase::Serving,
+                        guard: p.guard.clone(),
                     })
                     .collect()
             })
@@ -361,6 +364,7 @@ impl Shared {
                     metrics,
                     pod,
                     pod_draining,
+                    guard: guard_slot,
                 } = w;
                 let migrated = match needs_migrate {
                     true => Some(ns.enable_tcp_migrate_req().await),
@@ -372,7 +376,7 @@ impl Shared {
                     Ok(i) => match admin.listener_manager().await {
                         Ok(lm) => {
                             let drain_time = i.drain_time().unwrap_or(ENVOY_DEFAULT_DRAIN_TIME);
-                            listener_drains::look(
+                            let drains = listener_drains::look(
                                 &admin,
                                 &mut tracker,
                                 lm,
@@ -382,6 +386,12 @@ impl Shared {
                                 pod_draining,
                             )
                             .await;
+                            listener_drains::end_streams(
+                                &guard_slot,
+                                &drains,
+                                drain_time,
+                                self.settings.scan_interval,
+                            );
                             Some(tracker)
                         }
                         Err(_) => None,

@@ -107,7 +107,7 @@ pub async fn start(settings: SidecarSettings) -> Result<Sidecar, SidecarError> {
         DrainSettings {
             timers,
             admin: admin.clone(),
-            guard,
+            guard: guard.clone(),
         },
         metrics.clone(),
     );
@@ -129,6 +129,7 @@ pub async fn start(settings: SidecarSettings) -> Result<Sidecar, SidecarError> {
             (_, Some(pod)) => pod.clone(),
             _ => String::new(),
         },
+        guard,
     );
     // The sidecar shares the pod's network namespace: its own /proc/net
     // counters are the pod's, with no privileges needed.

@@ -8,6 +8,7 @@
 mod support;
 
 mod binary;
+mod config_push;
 mod contract;
 mod control_endpoints;
 mod drain_envoy;

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 
 import websockets
 
@@ -35,7 +36,11 @@ async def one(url, conn_id, first, results):
     except Exception as e:  # noqa: BLE001 - reported to the test as data
         error = f"{type(e).__name__}: {e}"
     first.set()
-    results.append({"id": conn_id, "seqs": seqs, "close_code": code, "error": error})
+    # CLOCK_MONOTONIC, the clock a test's own Instant reads: comparable.
+    ended = time.clock_gettime(time.CLOCK_MONOTONIC)
+    results.append(
+        {"id": conn_id, "seqs": seqs, "close_code": code, "error": error, "ended": ended}
+    )
 
 
 async def main():

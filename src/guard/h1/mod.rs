@@ -56,6 +56,7 @@ use crate::guard::headers::{
 };
 use crate::guard::keepalive::{Activity, Counted, HeadTimer, H1_IDLE_TIMEOUT};
 use crate::guard::registry::Registered;
+use crate::guard::registry::{Origin, ORIGIN_CONNECTION, ORIGIN_FILTER_CHAIN, ORIGIN_LISTENER};
 use crate::guard::signals;
 use crate::guard::sniff::{linger, Prefixed};
 use crate::guard::websocket;
@@ -385,6 +386,7 @@ async fn handle(
     let Some(registered) = guard.register(info.id, false) else {
         return Ok(answer(StatusCode::SERVICE_UNAVAILABLE, true));
     };
+    registered.ctl.set_origin(origin_of(req.headers()));
     append_forwarded_for(req.headers_mut(), &forwarded_for(info.peer.ip()));
     let grpc = super::body::request_kind(req.headers()) != BodyKind::Opaque;
     let upgrading = upgrade_requested(req.headers());
@@ -563,4 +565,18 @@ fn answer(status: StatusCode, close: bool) -> Response<H1Body> {
             .insert(RETRY_AFTER, HeaderValue::from_static("0"));
     }
     r
+}
+
+/// Where Envoy's route says the request came from (its origin headers).
+fn origin_of(headers: &hyper::HeaderMap) -> Origin {
+    let text = |name: &[u8]| {
+        headers
+            .get(std::str::from_utf8(name).unwrap_or_default())
+            .and_then(|v| v.to_str().ok())
+    };
+    Origin {
+        connection: text(ORIGIN_CONNECTION).and_then(|v| v.parse().ok()),
+        filter_chain: text(ORIGIN_FILTER_CHAIN).map(Into::into),
+        listener: text(ORIGIN_LISTENER).map(Into::into),
+    }
 }

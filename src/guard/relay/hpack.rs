@@ -7,6 +7,8 @@
 
 use std::collections::VecDeque;
 
+use crate::guard::registry::{Origin, ORIGIN_CONNECTION, ORIGIN_FILTER_CHAIN, ORIGIN_LISTENER};
+
 /// Why a header block could not be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlockError {
@@ -158,6 +160,11 @@ fn note(
         b":path" => f.path = Some(text()),
         b"content-type" => f.content_type = Some(text()),
         b"grpc-status" => f.grpc_status = Some(value.to_vec()),
+        ORIGIN_CONNECTION => {
+            f.origin.connection = std::str::from_utf8(value).ok().and_then(|v| v.parse().ok())
+        }
+        ORIGIN_FILTER_CHAIN => f.origin.filter_chain = Some(text().into()),
+        ORIGIN_LISTENER => f.origin.listener = Some(text().into()),
         _ => {}
     }
     if let Some(all) = all.as_mut() {
@@ -442,6 +449,10 @@ pub struct Fields {
     pub path: Option<String>,
     pub content_type: Option<String>,
     pub grpc_status: Option<Vec<u8>>,
+    /// Which downstream connection and filter chain of Envoy's the request
+    /// came in on, when Envoy's route says so (a config push's drain ends
+    /// the streams of the connections it drains).
+    pub origin: Origin,
     /// The block changed the dynamic table (an entry added, or a size
     /// update).
     pub indexed: bool,

@@ -566,9 +566,13 @@ impl<'a> Relay<'a> {
         }
         if had
             && self.client.write.is_empty()
-            && (self.life.closing() || self.life.machine().wants_quiet())
+            && (self.life.closing()
+                || self.life.machine().wants_quiet()
+                || !self.endings.unwritten.is_empty())
         {
-            // What the loop waits for before it closes.
+            // What the loop waits for before it closes; and graceful ends
+            // now written are counted at once, not at the connection's next
+            // event (a connection left idle after its last ending has none).
             return Poll::Ready(Wake::Flushed);
         }
         // Which sides to read, from the buffers as the writes left them: this

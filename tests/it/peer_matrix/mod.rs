@@ -74,7 +74,7 @@
 //! built peers (`make envoy pytools peers`).
 
 mod account;
-mod clients;
+pub mod clients;
 
 use crate::support;
 
