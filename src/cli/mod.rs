@@ -82,7 +82,16 @@ pub enum Command {
             while the data path is down: every --ready-interval (1s) the shim connects to the \
             guard's listener and then to --guard-upstream; after --ready-failures (3) consecutive \
             failed checks /readyz is 503, and one passing check makes it 200 again. At start it \
-            is 503 until a check passes.",
+            is 503 until a check passes.\n\n\
+            Config pushes: when Envoy drains a listener (or some filter chains) after an LDS \
+            update, it closes what is left on it after its --drain-time-s. The shim watches \
+            Envoy's admin API every --poll-interval and the guard ends the streams of the drained \
+            connections gracefully (reason config_push) before then, spread over the drain time \
+            less a margin of at least 7 s; new streams and newer connections are left alone. It \
+            tells them apart by request headers the inbound route adds \
+            (x-drainshim-downstream-connection: %CONNECTION_ID%, x-drainshim-filter-chain: \
+            %FILTER_CHAIN_NAME%, and on Envoy 1.40+ x-drainshim-listener: %LISTENER_NAME%), or \
+            without them by time.",
         after_help = EXIT_CODES,
         mut_arg("termination_grace_period", |a| a.help(
             "The pod's terminationGracePeriodSeconds, checked against the budget: \

@@ -15,7 +15,8 @@ The sequence is fixed: (1) publish the version inventory; (2) give every tier's 
 connection age and let it soak (--lifetime-soak); (3) restart the data plane to n-1, tier by tier, \
 the next tier waiting --soak after the previous one finished and passed `verify`; (4) move the \
 control plane to n, the point of no return: after it proxies outside the skew are unsupported and \
-rollback by restart is gone; (5) restart the data plane to n, tier by tier again. Step 2 ends with each tier's drain timers: \
+rollback by restart is gone, and its new listeners drain on every proxy: the step's gate stops the plan \
+if a config push cut a stream over --history (drainshim_streams_ungraceful_total{reason=\"config_push\"}); (5) restart the data plane to n, tier by tier again. Step 2 ends with each tier's drain timers: \
 every pod must run a drain time and parent shutdown at or above what its service's own calls and \
 streams need (`--explain timers` prints the table).\n\n\
 Every row's state (not started, in progress k of n, stalled, done, done and verified) comes from \
@@ -31,7 +32,7 @@ It reads Prometheus only: every state and gate is about history (since when, for
 unchanged since), which scraping the shims directly (`--targets` of the other fleet tools) \
 cannot give.";
 
-pub const PLAN_EXIT_CODES: &str = "Exit codes:\n  0   the next step may go now (or every step is done)\n  1   stop: a tier is stalled, a wave failed verify, proxies are outside the skew of the control plane, or pods run drain timers below their service's recommendation\n  64  usage error: a bad flag, a bad tiers file, an unknown tier namespace, a target behind the control plane, a skew that makes the plan impossible\n  69  Prometheus could not be read; a TLS failure\n  75  wait: nothing may start before a soak ends (the time is printed); run it again then\n  77  Prometheus refused the request (401, 403): the credentials or the tenant header";
+pub const PLAN_EXIT_CODES: &str = "Exit codes:\n  0   the next step may go now (or every step is done)\n  1   stop: a tier is stalled, a wave failed verify, proxies are outside the skew of the control plane, a config push cut streams after the control plane moved, or pods run drain timers below their service's recommendation\n  64  usage error: a bad flag, a bad tiers file, an unknown tier namespace, a target behind the control plane, a skew that makes the plan impossible\n  69  Prometheus could not be read; a TLS failure\n  75  wait: nothing may start before a soak ends (the time is printed); run it again then\n  77  Prometheus refused the request (401, 403): the credentials or the tenant header";
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {

@@ -67,8 +67,9 @@ pub struct ListenerDrain {
     /// The listener is gone from Envoy's config, not replaced.
     pub removed: bool,
     /// For an in-place update, the names of the filter chains that drain
-    /// (changed or gone); None: every chain of the listener, or the chains
-    /// could not be told (one unnamed, or no chain seen to change).
+    /// (changed or gone; empty: none, the update only added chains); None:
+    /// every chain of the listener, or the chains could not be told (one
+    /// unnamed).
     pub chains: Option<Vec<String>>,
 }
 
@@ -81,105 +82,139 @@ pub struct Begun {
     pub filter_chains: u64,
 }
 
+/// What the watcher remembers of one listener from its last read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Known {
+    /// Its active `last_updated`.
+    updated: String,
+    /// Its filter chains (name, config hash).
+    chains: Vec<(String, u64)>,
+    /// Its direction (a removed listener's is known only from here).
+    direction: TrafficDirection,
+}
+
 /// The watcher's memory between two looks. Pure: no I/O, table-tested.
 #[derive(Clone, Debug, Default)]
 pub struct Tracker {
     /// The counters at the last look; `None` before the first.
     last: Option<ListenerManagerStats>,
-    /// Each dynamic listener's `last_updated` and filter chains (name,
-    /// config hash) at the last read of the config.
-    listeners: BTreeMap<String, (String, Vec<(String, u64)>)>,
+    /// Each dynamic listener at the last read of the config.
+    listeners: BTreeMap<String, Known>,
     /// The listeners have been read once (the baseline the next read is compared to).
     read: bool,
+    /// The last look at which no counter had moved since the one before: a
+    /// listener found removed later was removed (and began to drain) after it.
+    quiet_at: Option<SystemTime>,
 }
 
 // === impl Tracker ===
 
 impl Tracker {
     /// Whether this look needs the listeners' config: on the first look (the
-    /// baseline), when an update happened since, or when the last read failed.
+    /// baseline), until a read worked, when an update, a removal or an
+    /// addition happened since, and while a listener warms (its drain
+    /// begins when it is in force, which moves no counter).
     pub fn needs_listeners(&self, now: &ListenerManagerStats) -> bool {
         match &self.last {
             None => true,
-            Some(last) => !self.read || updates(last, now) != Begun::default(),
+            Some(last) => {
+                !self.read
+                    || updates(last, now) != Begun::default()
+                    || now.added != last.added
+                    || now.warming > 0
+                    || last.warming > 0
+            }
         }
     }
 
-    /// Takes one look: Envoy's counters and, when [`Tracker::needs_listeners`]
-    /// said so and the read worked, its listeners. Returns the drains begun
-    /// since the last look (counted) and the listeners they are on (named).
-    /// Without the listeners the counts wait for the next look.
+    /// Takes one look at `at`: Envoy's counters and, when
+    /// [`Tracker::needs_listeners`] said so and the read worked, its
+    /// listeners. Returns the drains begun since the last look (counted, from
+    /// the counters) and the listeners they are on (named, from the config).
+    /// Without the listeners the counts wait for the next look. On the first
+    /// look (or a new Envoy process) nothing is counted, but a listener
+    /// still draining then is named: a shim that started during a push's
+    /// drain still ends its streams.
     pub fn look(
         &mut self,
         now: ListenerManagerStats,
         listeners: Option<&[DynamicListenerState]>,
+        at: SystemTime,
     ) -> (Begun, Vec<ListenerDrain>) {
-        let Some(last) = self.last else {
-            // The first look: what drains already began before it is not ours to count.
-            self.last = Some(now);
-            if let Some(ls) = listeners {
-                self.remember(ls);
-            }
-            return (Begun::default(), Vec::new());
+        let fresh = match self.last {
+            None => true,
+            Some(last) => counters_went_back(&last, &now),
         };
-        if counters_went_back(&last, &now) {
-            // A new Envoy process: start over from what it has now.
+        if fresh {
             self.last = Some(now);
             self.read = false;
             self.listeners.clear();
-            if let Some(ls) = listeners {
-                self.remember(ls);
-            }
-            return (Begun::default(), Vec::new());
+            self.quiet_at = Some(at);
+            let Some(ls) = listeners else {
+                return (Begun::default(), Vec::new());
+            };
+            let draining = ls
+                .iter()
+                .filter(|l| l.draining_version.is_some() && !l.last_updated.is_empty())
+                .map(|l| drain_of(l, DrainKind::Listener, None))
+                .collect();
+            self.remember(ls);
+            return (Begun::default(), draining);
         }
+        let last = self.last.unwrap_or_default();
         let begun = updates(&last, &now);
+        let quiet_before = self.quiet_at;
         if begun == Begun::default() {
-            self.last = Some(now);
-            return (begun, Vec::new());
+            self.quiet_at = Some(at);
         }
         let Some(ls) = listeners else {
-            // Keep the old counters: the next look counts and names these.
+            if begun == Begun::default() {
+                self.last = Some(now);
+            }
+            // Otherwise the old counters are kept: the next look counts and names these.
             return (Begun::default(), Vec::new());
         };
         let mut drains = Vec::new();
         if self.read {
             for l in ls {
-                let Some((before, chains_before)) = self.listeners.get(&l.name) else {
-                    continue; // added: nothing drains
-                };
-                if *before == l.last_updated || l.last_updated.is_empty() {
-                    continue;
+                if l.last_updated.is_empty() {
+                    continue; // only warming: nothing in force changed yet
                 }
-                let kind = if l.draining_version.is_some() || begun.filter_chains == 0 {
+                let kind = if l.draining_version.is_some()
+                    || (begun.filter_chains == 0 && begun.listeners > 0)
+                {
                     DrainKind::Listener
                 } else {
                     DrainKind::FilterChains
                 };
-                let chains = match kind {
-                    DrainKind::Listener => None,
-                    DrainKind::FilterChains => drained_chains(chains_before, &l.chains),
-                };
-                drains.push(ListenerDrain {
-                    listener: l.name.clone(),
-                    kind,
-                    direction: l.direction,
-                    version: l.version.clone(),
-                    started: humantime::parse_rfc3339(&l.last_updated).ok(),
-                    removed: false,
-                    chains,
-                });
+                match self.listeners.get(&l.name) {
+                    // Added since the last read, and already replaced.
+                    None if l.draining_version.is_some() => {
+                        drains.push(drain_of(l, DrainKind::Listener, None))
+                    }
+                    None => {}
+                    Some(before) if before.updated == l.last_updated => {}
+                    Some(before) => {
+                        let chains = match kind {
+                            DrainKind::Listener => None,
+                            DrainKind::FilterChains => drained_chains(&before.chains, &l.chains),
+                        };
+                        drains.push(drain_of(l, kind, chains));
+                    }
+                }
             }
-            for gone in self
+            for (gone, known) in self
                 .listeners
-                .keys()
-                .filter(|n| !ls.iter().any(|l| &l.name == *n))
+                .iter()
+                .filter(|(n, _)| !ls.iter().any(|l| &l.name == *n))
             {
                 drains.push(ListenerDrain {
                     listener: gone.clone(),
                     kind: DrainKind::Listener,
-                    direction: TrafficDirection::Unspecified,
+                    direction: known.direction,
                     version: String::new(),
-                    started: None,
+                    // Removed after the last quiet look: the earliest it can have begun.
+                    started: quiet_before,
                     removed: true,
                     chains: None,
                 });
@@ -193,18 +228,43 @@ impl Tracker {
     fn remember(&mut self, ls: &[DynamicListenerState]) {
         self.listeners = ls
             .iter()
-            .map(|l| (l.name.clone(), (l.last_updated.clone(), l.chains.clone())))
+            .map(|l| {
+                let known = Known {
+                    updated: l.last_updated.clone(),
+                    chains: l.chains.clone(),
+                    direction: l.direction,
+                };
+                (l.name.clone(), known)
+            })
             .collect();
         self.read = true;
     }
 }
 
+/// The drain of `l`, begun at its `last_updated`.
+fn drain_of(
+    l: &DynamicListenerState,
+    kind: DrainKind,
+    chains: Option<Vec<String>>,
+) -> ListenerDrain {
+    ListenerDrain {
+        listener: l.name.clone(),
+        kind,
+        direction: l.direction,
+        version: l.version.clone(),
+        started: humantime::parse_rfc3339(&l.last_updated).ok(),
+        removed: false,
+        chains,
+    }
+}
+
 /// The filter chains an in-place update drains: those of `before` whose
-/// config is not among `after`'s (changed or gone), by name. None when
-/// that cannot be told: a drained chain has no name, or none changed.
+/// config is not among `after`'s (changed or gone), by name; empty when
+/// none did (chains only added or reordered: Envoy drains nothing). None
+/// when that cannot be told: a drained chain has no name.
 fn drained_chains(before: &[(String, u64)], after: &[(String, u64)]) -> Option<Vec<String>> {
     let drained: Vec<&(String, u64)> = before.iter().filter(|c| !after.contains(c)).collect();
-    if drained.is_empty() || drained.iter().any(|(name, _)| name.is_empty()) {
+    if drained.iter().any(|(name, _)| name.is_empty()) {
         return None;
     }
     Some(drained.into_iter().map(|(name, _)| name.clone()).collect())
@@ -267,7 +327,7 @@ pub async fn look(
     } else {
         None
     };
-    let (begun, drains) = tracker.look(lm, listeners.as_deref());
+    let (begun, drains) = tracker.look(lm, listeners.as_deref(), SystemTime::now());
     for (kind, n) in [
         (ListenerDrainKind::listener, begun.listeners),
         (ListenerDrainKind::filter_chains, begun.filter_chains),
@@ -321,11 +381,16 @@ pub fn end_streams(
     drain_time: Duration,
     seen_within: Duration,
 ) {
+    let now = SystemTime::now();
     for d in drains {
-        if d.direction == TrafficDirection::Outbound {
+        // An outbound listener carries the app's own calls out; an update
+        // that only added chains drains nothing.
+        if d.direction == TrafficDirection::Outbound || d.chains.as_ref().is_some_and(Vec::is_empty)
+        {
             continue;
         }
-        let started = d.started.unwrap_or_else(|| SystemTime::now() - seen_within);
+        // Never in the future (a clock stepped back since Envoy's stamp).
+        let started = d.started.unwrap_or(now - seen_within).min(now);
         guard.end_config_push(&crate::drain::PushDrain {
             listener: d.listener.clone(),
             started,
@@ -360,17 +425,98 @@ mod tests {
         }
     }
 
+    const AT: SystemTime = SystemTime::UNIX_EPOCH;
     const T0: &str = "2026-12-07T10:27:04.873Z";
     const T1: &str = "2026-12-07T10:27:07.629Z";
 
     #[test]
-    fn the_first_look_is_a_baseline() {
+    fn the_first_look_is_a_baseline_that_still_names_a_drain_in_progress() {
         let mut t = Tracker::default();
         assert!(t.needs_listeners(&stats(3, 1, 0)));
-        let (begun, drains) = t.look(stats(3, 1, 0), Some(&[state("in", T0, true)]));
-        assert_eq!(begun, Begun::default());
-        assert!(drains.is_empty());
+        let (begun, drains) = t.look(
+            stats(3, 1, 0),
+            Some(&[state("in", T0, true), state("other", T0, false)]),
+            AT,
+        );
+        assert_eq!(begun, Begun::default(), "nothing counted");
+        // A shim that starts during a push's drain still ends its streams.
+        assert_eq!(drains.len(), 1);
+        assert_eq!(
+            (drains[0].listener.as_str(), drains[0].kind),
+            ("in", DrainKind::Listener)
+        );
         assert!(!t.needs_listeners(&stats(3, 1, 0)));
+    }
+
+    #[test]
+    fn a_failed_first_read_is_read_again_and_then_settles() {
+        let mut t = Tracker::default();
+        t.look(stats(0, 0, 0), None, AT);
+        assert!(t.needs_listeners(&stats(0, 0, 0)), "until a read worked");
+        t.look(stats(0, 0, 0), Some(&[state("in", T0, false)]), AT);
+        assert!(!t.needs_listeners(&stats(0, 0, 0)), "no read at every look");
+        let (_, drains) = t.look(stats(1, 0, 0), Some(&[state("in", T1, true)]), AT);
+        assert_eq!(drains.len(), 1);
+    }
+
+    #[test]
+    fn a_listener_added_later_is_read_so_its_first_update_is_seen() {
+        let mut t = Tracker::default();
+        t.look(stats(0, 0, 0), Some(&[]), AT);
+        let added = ListenerManagerStats {
+            added: 1,
+            ..stats(0, 0, 0)
+        };
+        assert!(t.needs_listeners(&added));
+        t.look(added, Some(&[state("in", T0, false)]), AT);
+        let pushed = ListenerManagerStats {
+            added: 1,
+            ..stats(1, 0, 0)
+        };
+        let (_, drains) = t.look(pushed, Some(&[state("in", T1, true)]), AT);
+        assert_eq!(drains.len(), 1, "{drains:?}");
+        // Added and replaced between two reads: named too.
+        let mut u = Tracker::default();
+        u.look(stats(0, 0, 0), Some(&[]), AT);
+        let (_, drains) = u.look(pushed, Some(&[state("in", T1, true)]), AT);
+        assert_eq!(drains.len(), 1, "{drains:?}");
+    }
+
+    #[test]
+    fn a_warming_update_is_named_once_in_force() {
+        let mut t = Tracker::default();
+        t.look(stats(0, 0, 0), Some(&[state("in", T0, false)]), AT);
+        let warming = ListenerManagerStats {
+            warming: 1,
+            ..stats(1, 0, 0)
+        };
+        // Accepted, still warming: the active config has not changed.
+        let (begun, drains) = t.look(warming, Some(&[state("in", T0, false)]), AT);
+        assert_eq!(begun.listeners, 1);
+        assert!(drains.is_empty());
+        // Warm now: no counter moves, but the config is read again.
+        let warm = stats(1, 0, 0);
+        assert!(t.needs_listeners(&warm), "read once more after warming");
+        let (begun, drains) = t.look(warm, Some(&[state("in", T1, true)]), AT);
+        assert_eq!(begun, Begun::default());
+        assert_eq!(drains.len(), 1, "named when in force");
+        assert!(!t.needs_listeners(&warm));
+    }
+
+    #[test]
+    fn a_removed_listener_keeps_its_direction_and_began_after_the_last_quiet_look() {
+        let mut t = Tracker::default();
+        let mut out = state("out", T0, false);
+        out.direction = TrafficDirection::Outbound;
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(100);
+        t.look(stats(0, 0, 0), Some(&[state("in", T0, false), out]), t0);
+        let t1 = t0 + Duration::from_secs(5);
+        t.look(stats(0, 0, 0), None, t1);
+        let t2 = t1 + Duration::from_secs(5);
+        let (_, drains) = t.look(stats(0, 0, 1), Some(&[state("in", T0, false)]), t2);
+        assert_eq!(drains.len(), 1);
+        assert_eq!(drains[0].direction, TrafficDirection::Outbound);
+        assert_eq!(drains[0].started, Some(t1));
     }
 
     #[test]
@@ -379,11 +525,13 @@ mod tests {
         t.look(
             stats(0, 0, 0),
             Some(&[state("in", T0, false), state("out", T0, false)]),
+            AT,
         );
         assert!(t.needs_listeners(&stats(1, 0, 0)));
         let (begun, drains) = t.look(
             stats(1, 0, 0),
             Some(&[state("in", T1, true), state("out", T0, false)]),
+            AT,
         );
         assert_eq!(
             begun,
@@ -402,8 +550,8 @@ mod tests {
     #[test]
     fn an_in_place_update_drains_filter_chains() {
         let mut t = Tracker::default();
-        t.look(stats(0, 0, 0), Some(&[state("in", T0, false)]));
-        let (begun, drains) = t.look(stats(1, 1, 0), Some(&[state("in", T1, false)]));
+        t.look(stats(0, 0, 0), Some(&[state("in", T0, false)]), AT);
+        let (begun, drains) = t.look(stats(1, 1, 0), Some(&[state("in", T1, false)]), AT);
         assert_eq!(
             begun,
             Begun {
@@ -425,9 +573,9 @@ mod tests {
             Some(vec!["b".to_string(), "c".to_string()])
         );
         assert_eq!(
-            drained_chains(&before, &before),
-            None,
-            "none changed: cannot tell"
+            drained_chains(&before, &chains(&[("c", 3), ("a", 1), ("b", 2), ("d", 4)])),
+            Some(vec![]),
+            "only added and reordered: nothing drains"
         );
         let unnamed = chains(&[("", 1), ("b", 2)]);
         assert_eq!(
@@ -437,10 +585,10 @@ mod tests {
         let mut t = Tracker::default();
         let mut s0 = state("in", T0, false);
         s0.chains = chains(&[("one", 1), ("two", 2)]);
-        t.look(stats(0, 0, 0), Some(&[s0]));
+        t.look(stats(0, 0, 0), Some(&[s0]), AT);
         let mut s1 = state("in", T1, false);
         s1.chains = chains(&[("one", 7), ("two", 2)]);
-        let (_, drains) = t.look(stats(1, 1, 0), Some(&[s1]));
+        let (_, drains) = t.look(stats(1, 1, 0), Some(&[s1]), AT);
         assert_eq!(drains[0].chains, Some(vec!["one".to_string()]));
     }
 
@@ -450,8 +598,9 @@ mod tests {
         t.look(
             stats(0, 0, 0),
             Some(&[state("in", T0, false), state("gone", T0, false)]),
+            AT,
         );
-        let (begun, drains) = t.look(stats(0, 0, 1), Some(&[state("in", T0, false)]));
+        let (begun, drains) = t.look(stats(0, 0, 1), Some(&[state("in", T0, false)]), AT);
         assert_eq!(
             begun,
             Begun {
@@ -467,10 +616,13 @@ mod tests {
     #[test]
     fn an_unread_config_waits_for_the_next_look() {
         let mut t = Tracker::default();
-        t.look(stats(0, 0, 0), Some(&[state("in", T0, false)]));
-        assert_eq!(t.look(stats(1, 0, 0), None), (Begun::default(), Vec::new()));
+        t.look(stats(0, 0, 0), Some(&[state("in", T0, false)]), AT);
+        assert_eq!(
+            t.look(stats(1, 0, 0), None, AT),
+            (Begun::default(), Vec::new())
+        );
         assert!(t.needs_listeners(&stats(1, 0, 0)));
-        let (begun, drains) = t.look(stats(1, 0, 0), Some(&[state("in", T1, true)]));
+        let (begun, drains) = t.look(stats(1, 0, 0), Some(&[state("in", T1, true)]), AT);
         assert_eq!(begun.listeners, 1);
         assert_eq!(drains.len(), 1);
     }
@@ -478,14 +630,14 @@ mod tests {
     #[test]
     fn an_added_listener_and_a_new_envoy_count_nothing() {
         let mut t = Tracker::default();
-        t.look(stats(2, 0, 0), Some(&[state("in", T0, false)]));
+        t.look(stats(2, 0, 0), Some(&[state("in", T0, false)]), AT);
         // Added: no update counter moves, nothing read.
         assert!(!t.needs_listeners(&stats(2, 0, 0)));
         // Counters fell: another Envoy process; a new baseline.
-        let (begun, drains) = t.look(stats(0, 0, 0), Some(&[state("in", T1, false)]));
+        let (begun, drains) = t.look(stats(0, 0, 0), Some(&[state("in", T1, false)]), AT);
         assert_eq!(begun, Begun::default());
         assert!(drains.is_empty());
-        let (begun, _) = t.look(stats(1, 0, 0), Some(&[state("in", T1, false)]));
+        let (begun, _) = t.look(stats(1, 0, 0), Some(&[state("in", T1, false)]), AT);
         assert_eq!(begun.listeners, 1);
     }
 }

@@ -316,6 +316,12 @@ pub struct ListenerManagerStats {
     pub in_place_updated: u64,
     /// `listener_removed`: listeners removed by LDS.
     pub removed: u64,
+    /// `listener_added`: listeners added by LDS (a watcher reads the new
+    /// one's config, so its first update is seen).
+    pub added: u64,
+    /// `total_listeners_warming` (gauge): an update accepted but not in
+    /// force yet (its drain begins when warming ends).
+    pub warming: u64,
     /// `total_listeners_draining` (gauge): replaced or removed listeners draining now.
     pub listeners_draining: u64,
     /// `total_filter_chains_draining` (gauge): filter chains draining after in-place updates.
@@ -326,7 +332,7 @@ pub struct ListenerManagerStats {
 
 impl ListenerManagerStats {
     /// The `/stats` filter that selects exactly these.
-    pub const FILTER: &'static str = r"^listener_manager\.(listener_stopped|listener_modified|listener_in_place_updated|listener_removed|total_listeners_draining|total_filter_chains_draining)$";
+    pub const FILTER: &'static str = r"^listener_manager\.(listener_stopped|listener_modified|listener_in_place_updated|listener_removed|listener_added|total_listeners_warming|total_listeners_draining|total_filter_chains_draining)$";
 
     /// Picks the fields out of a `/stats` answer; missing stats read 0.
     pub fn from_stats(stats: &[Stat]) -> Self {
@@ -337,6 +343,8 @@ impl ListenerManagerStats {
                 Some("listener_modified") => &mut out.modified,
                 Some("listener_in_place_updated") => &mut out.in_place_updated,
                 Some("listener_removed") => &mut out.removed,
+                Some("listener_added") => &mut out.added,
+                Some("total_listeners_warming") => &mut out.warming,
                 Some("total_listeners_draining") => &mut out.listeners_draining,
                 Some("total_filter_chains_draining") => &mut out.filter_chains_draining,
                 _ => continue,

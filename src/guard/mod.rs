@@ -390,11 +390,12 @@ impl Guard {
 }
 
 /// How long before Envoy closes a drained listener's connections a push's
-/// last endings are asked: an ending's own bound (`end_timeout`), the
-/// sweep's slack and a WebSocket's delayed close, and at least a tenth of
-/// the drain time.
-fn push_margin(config: &GuardConfig, drain_time: Duration) -> Duration {
-    (config.limits.end_timeout + SWEEP_MARGIN + Duration::from_secs(1)).max(drain_time / 10)
+/// sweep comes: an ending's own bound (`end_timeout`), the sweep's slack and
+/// a WebSocket's delayed close. (Envoy's close is computed from the start
+/// Envoy stamped, so a drain seen late does not move it; a removed
+/// listener's start is taken early.)
+fn push_margin(config: &GuardConfig) -> Duration {
+    config.limits.end_timeout + SWEEP_MARGIN + Duration::from_secs(1)
 }
 
 impl StreamGuard for Guard {
@@ -447,7 +448,7 @@ impl StreamGuard for Guard {
         };
         let started = on_clock(push.started);
         let ends = on_clock(push.started + push.drain_time);
-        let margin = push_margin(&self.inner.config, push.drain_time);
+        let margin = push_margin(&self.inner.config);
         let timeline = push::Timeline::new(now, ends, margin);
         let scope = registry::PushScope {
             started,

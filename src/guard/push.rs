@@ -14,9 +14,11 @@
 //!   finish;
 //! - at `sweep_at`, whatever of the selection is still open is ended;
 //! - until `until` (when Envoy closes the drained connections), a stream a
-//!   client opens again on a drained connection is ended as soon as it is
-//!   seen: Envoy tells such a client to go away only when a response on
-//!   that connection begins, so it may come back there once more.
+//!   client opens again on a drained connection is ended once it streams
+//!   (long-lived, or answered a second ago; a unary call is left to
+//!   finish): Envoy tells such a client to go away only when a response on
+//!   that connection begins, and only with a probability that grows over
+//!   the drain, so it may come back there more than once.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
@@ -28,6 +30,10 @@ use super::registry::{Picked, PushScope, StreamCtl};
 use super::schedule::spread_offsets;
 use super::{Inner, RECHECK};
 use crate::metrics::Reason;
+
+/// After the sweep, a stream opened again on a drained connection is ended
+/// once answered this long ago (or long-lived by messages).
+const AFTER_SWEEP_AGE: Duration = Duration::from_secs(1);
 
 /// When a push's endings happen, on the guard's clock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,16 +67,27 @@ pub(super) async fn terminator(inner: Arc<Inner>, scope: PushScope, timeline: Ti
     let mut seen: HashSet<u64> = HashSet::new();
     let mut due: VecDeque<(Instant, Arc<StreamCtl>)> = VecDeque::new();
     let (mut ended, mut unsure) = (0usize, 0usize);
+    // The sweep ran (its one turn ends short calls too).
+    let mut swept_once = false;
     loop {
         let now = Instant::now();
         let selection = inner.registry.push_selection(&scope, &mut watermark);
         let swept = now >= timeline.sweep_at;
+        // After the sweep, only a stream opened again that streams (long-lived
+        // by the guard's rule, or answered a second ago): a unary call
+        // finishes on its own, and failing it would not be retried.
+        let after_sweep = long_after.min(AFTER_SWEEP_AGE);
         let mut fresh = Vec::new();
         for (key, s, picked) in selection {
             if seen.contains(&key) {
                 continue;
             }
-            if swept || s.is_long_lived_at(now, long_after) {
+            let take = match (swept, swept_once) {
+                (false, _) => s.is_long_lived_at(now, long_after),
+                (true, false) => true,
+                (true, true) => s.is_long_lived_at(now, after_sweep),
+            };
+            if take {
                 seen.insert(key);
                 if picked == Picked::Unsure {
                     unsure += 1;
@@ -79,6 +96,7 @@ pub(super) async fn terminator(inner: Arc<Inner>, scope: PushScope, timeline: Ti
             }
         }
         if swept {
+            swept_once = true;
             // Past the spread: end at once whatever is left or came back.
             ended += fresh.len() + due.len();
             for s in due.drain(..).map(|(_, s)| s).chain(fresh) {

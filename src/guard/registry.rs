@@ -33,7 +33,15 @@ struct State {
     next: u64,
     /// Open streams by key.
     streams: HashMap<u64, Arc<StreamCtl>>,
+    /// Each new highest origin connection id, with when it was first seen
+    /// (the last [`ORIGINS_KEPT`]): a push's watermark is the highest seen
+    /// before its drain began, streams since closed included.
+    origins: std::collections::VecDeque<(Instant, u64)>,
 }
+
+/// How many new highest origin connection ids are kept: a push's drain
+/// began seconds before it is seen, far within them.
+const ORIGINS_KEPT: usize = 1024;
 
 /// Why a new stream was not admitted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,13 +102,24 @@ pub enum Picked {
 }
 
 impl PushScope {
-    /// The highest origin connection id among `streams` opened before the
-    /// drain began: every connection up to it existed then.
-    pub fn watermark<'a>(&self, streams: impl IntoIterator<Item = &'a StreamCtl>) -> Option<u64> {
+    /// The highest origin connection id seen before the drain began (in
+    /// `origins`, the history of new highest ids, or among `streams`):
+    /// every connection up to it existed then.
+    fn watermark<'a>(
+        &self,
+        origins: &std::collections::VecDeque<(Instant, u64)>,
+        streams: impl IntoIterator<Item = &'a StreamCtl>,
+    ) -> Option<u64> {
+        let seen = origins
+            .iter()
+            .take_while(|(at, _)| *at <= self.started)
+            .map(|(_, id)| *id)
+            .last();
         streams
             .into_iter()
             .filter(|c| c.opened <= self.started)
             .filter_map(|c| c.origin.get().and_then(|o| o.connection))
+            .chain(seen)
             .max()
     }
 
@@ -287,6 +306,23 @@ pub struct Registered {
     pub ctl: Arc<StreamCtl>,
 }
 
+impl Registered {
+    /// Records where Envoy says the stream came from, and its connection
+    /// id in the registry's history of the highest ones.
+    pub fn set_origin(&self, origin: Origin) {
+        if let Some(conn) = origin.connection {
+            let mut s = self.registry.lock();
+            if s.origins.back().is_none_or(|(_, top)| conn > *top) {
+                if s.origins.len() == ORIGINS_KEPT {
+                    s.origins.pop_front();
+                }
+                s.origins.push_back((self.ctl.opened, conn));
+            }
+        }
+        self.ctl.set_origin(origin);
+    }
+}
+
 impl Drop for Registered {
     fn drop(&mut self) {
         self.registry.lock().streams.remove(&self.key);
@@ -415,7 +451,8 @@ impl Registry {
         watermark: &mut Option<Option<u64>>,
     ) -> Vec<(u64, Arc<StreamCtl>, Picked)> {
         let s = self.lock();
-        let w = *watermark.get_or_insert_with(|| scope.watermark(s.streams.values().map(|c| &**c)));
+        let w = *watermark
+            .get_or_insert_with(|| scope.watermark(&s.origins, s.streams.values().map(|c| &**c)));
         let mut picked: Vec<_> = s
             .streams
             .iter()

@@ -513,6 +513,18 @@ async fn plan_follows_a_migration_from_the_fleet_alone() {
     assert_eq!(moved.code, Some(0), "{}", moved.plan);
     assert_eq!(moved.row(4, "")["state"], "done");
     assert_eq!(moved.row(4, "")["rollback"]["possible"], false);
+    // Step 4's gate judges the config pushes over the history, from the
+    // store: none cut a stream here (no listener came from xDS).
+    let gate = moved.row(4, "")["gate"]["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        gate.contains(
+            "config pushes cut no stream (0 listener drains, 0 streams ended gracefully)"
+        ),
+        "{gate}"
+    );
     for tier in ["test-services", "internal", "stream-holders"] {
         assert_eq!(moved.row(3, tier)["rollback"]["possible"], false);
     }

@@ -448,7 +448,11 @@ pub fn judge(before: &Window, now: &Window, t: &GoldenThresholds) -> Vec<Verdict
 /// The guard's own stream endings in the wave's window, per namespace: shown
 /// beside the gates, never judged (they are not the application's failures).
 pub fn endings(now: &Window) -> Verdict {
-    let mut by_ns: BTreeMap<&str, (Vec<String>, f64, f64)> = BTreeMap::new();
+    // Per namespace: (graceful by reason, graceful, reset by reason, reset).
+    // Each reason apart: a restart's (`drain`), a config push's
+    // (`config_push`), max age, the app's own stop.
+    type Tally = (Vec<String>, f64, Vec<String>, f64);
+    let mut by_ns: BTreeMap<&str, Tally> = BTreeMap::new();
     for ((ns, reason), v) in &now.ended {
         let e = by_ns.entry(ns).or_default();
         if *v > 0.0 {
@@ -456,19 +460,29 @@ pub fn endings(now: &Window) -> Verdict {
         }
         e.1 += v;
     }
-    for ((ns, _), v) in &now.reset {
-        by_ns.entry(ns).or_default().2 += v;
+    for ((ns, reason), v) in &now.reset {
+        let e = by_ns.entry(ns).or_default();
+        if *v > 0.0 {
+            e.2.push(format!("{reason} {v:.3}/s"));
+        }
+        e.3 += v;
     }
+    let why = |reasons: &[String]| {
+        if reasons.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", reasons.join(", "))
+        }
+    };
     let lines: Vec<String> = by_ns
         .into_iter()
-        .filter(|(_, (_, ended, reset))| *ended > 0.0 || *reset > 0.0)
-        .map(|(ns, (reasons, ended, reset))| {
-            let why = if reasons.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", reasons.join(", "))
-            };
-            format!("{ns}: {ended:.3}/s ended gracefully{why}, {reset:.3}/s reset")
+        .filter(|(_, (_, ended, _, reset))| *ended > 0.0 || *reset > 0.0)
+        .map(|(ns, (ended_by, ended, reset_by, reset))| {
+            format!(
+                "{ns}: {ended:.3}/s ended gracefully{}, {reset:.3}/s reset{}",
+                why(&ended_by),
+                why(&reset_by)
+            )
         })
         .collect();
     Verdict {
@@ -509,16 +523,19 @@ mod tests {
                 ("shop", "max_age", 2.0),
                 ("shop", "drain", 0.0),
                 ("pay", "drain", 0.5),
+                ("pay", "config_push", 0.5),
                 ("idle", "max_age", 0.0),
             ]),
-            reset: svc(&[("pay", "drain", 0.25)]),
+            reset: svc(&[("pay", "drain", 0.25), ("pay", "config_push", 0.125)]),
             ..Window::default()
         };
         let v = endings(&now);
         assert_eq!(v.ok, None);
+        // A config push's endings and cuts apart from a restart's.
         assert_eq!(
             v.detail,
-            "pay: 0.500/s ended gracefully (drain 0.500/s), 0.250/s reset; \
+            "pay: 1.000/s ended gracefully (config_push 0.500/s, drain 0.500/s), \
+             0.375/s reset (config_push 0.125/s, drain 0.250/s); \
              shop: 2.000/s ended gracefully (max_age 2.000/s), 0.000/s reset"
         );
         assert_eq!(endings(&Window::default()).detail, "none in the window");

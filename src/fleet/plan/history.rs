@@ -23,6 +23,77 @@ pub struct Timelines {
     /// The drain timers each service needs and runs, over the window
     /// before the last point.
     pub timers: crate::fleet::timers::TimersReport,
+    /// What config pushes did over the history: step 4's gate once the
+    /// control plane moved (its new listeners drain on every proxy).
+    pub config_pushes: ConfigPushes,
+}
+
+/// Config pushes over the plan's history, from every guard and watcher:
+/// Envoy's listener drains after a config update, the streams the guard
+/// ended gracefully because of them, and those it could not.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ConfigPushes {
+    /// Listener and filter-chain drains Envoy began after config updates.
+    pub drains: f64,
+    /// Streams ended gracefully before Envoy closed their connections.
+    pub ended: f64,
+    /// Streams a config push cut (the guard's ungraceful endings with
+    /// reason `config_push`), by where: the namespace, or the shim's
+    /// instance where its series carry none.
+    pub cut: BTreeMap<String, f64>,
+}
+
+impl ConfigPushes {
+    /// Streams cut in all (a counter's `increase()` may read a fraction).
+    pub fn cut_total(&self) -> f64 {
+        self.cut.values().sum()
+    }
+}
+
+/// Reads [`ConfigPushes`] over `history` ending at `end`: three instant
+/// queries, each counter's `increase()` (which counts across a shim's
+/// restart) summed.
+pub async fn read_config_pushes(
+    prom: &PromClient,
+    history: Duration,
+    end: f64,
+) -> Result<ConfigPushes, FleetError> {
+    let at = prom
+        .clone()
+        .at(Some(UNIX_EPOCH + Duration::from_secs_f64(end)));
+    let h = history.as_secs().max(1);
+    let total = |q: String| {
+        let at = at.clone();
+        async move {
+            let samples = at.query(&q).await?;
+            Ok::<f64, FleetError>(samples.iter().map(|s| s.value).sum())
+        }
+    };
+    let cut_q = format!(
+        "sum by (namespace, instance) (increase(drainshim_streams_ungraceful_total{{reason=\"config_push\"}}[{h}s])) > 0"
+    );
+    let (drains, ended, cut) = tokio::join!(
+        total(format!(
+            "sum(increase(drainshim_envoy_listener_drains_total[{h}s]))"
+        )),
+        total(format!(
+            "sum(increase(drainshim_streams_terminated_total{{reason=\"config_push\"}}[{h}s]))"
+        )),
+        at.query(&cut_q),
+    );
+    let mut out = ConfigPushes {
+        drains: drains?,
+        ended: ended?,
+        cut: BTreeMap::new(),
+    };
+    for s in cut? {
+        let place = match s.label("namespace") {
+            "" => format!("instance {}", s.label("instance")),
+            ns => ns.to_string(),
+        };
+        *out.cut.entry(place).or_default() += s.value;
+    }
+    Ok(out)
 }
 
 /// The step between points: a tenth of the shortest rule (stall, soaks)
@@ -118,6 +189,7 @@ pub async fn read_versions(prom: &PromClient, opts: &PlanOptions) -> Result<Time
         max_age: vec![BTreeMap::new(); index.len()],
         namespaces: BTreeSet::new(),
         timers: Default::default(),
+        config_pushes: ConfigPushes::default(),
     };
     for s in &versions {
         let ns = s.label("namespace").to_string();

@@ -36,7 +36,9 @@ use super::{FleetError, VersionLabel};
 use crate::inventory::Release;
 
 pub use drain::{explain_timers, timers_window};
-pub use history::{read_max_age, read_versions, step_for, Timelines};
+pub use history::{
+    read_config_pushes, read_max_age, read_versions, step_for, ConfigPushes, Timelines,
+};
 use next::wave_window;
 pub use next::{estimate_of, Estimate, Next, Verdict};
 pub use render::{human, render, when};
@@ -205,13 +207,15 @@ pub async fn plan(
     let source = VerifySource::Prometheus(Box::new(reach.clone()));
     let early = waves_to_verify(&derive(&tl, &tiers, v, opts, &BTreeMap::new()));
     let end = tl.times.last().copied().unwrap_or_default();
-    let (max_age, verified, timers) = tokio::join!(
+    let (max_age, verified, timers, pushes) = tokio::join!(
         read_max_age(&prom, opts, &tl.times),
         verify_waves(&source, early.clone(), opts),
         drain::read_timers(&prom, opts, &tiers, end),
+        read_config_pushes(&prom, opts.history, end),
     );
     tl.max_age = max_age?;
     tl.timers = timers?;
+    tl.config_pushes = pushes?;
     let mut verified = verified?;
     // Should the max age change which waves finished, or when, those are
     // verified now.
@@ -431,6 +435,64 @@ mod tests {
             plan.next.action.contains("2 minor versions behind 1.40"),
             "{}",
             plan.next.action
+        );
+    }
+
+    /// Once the control plane moved, its config push is judged: a stream
+    /// it cut stops the plan before step 5; none cut opens the gate and
+    /// says what the pushes did.
+    #[test]
+    fn a_config_push_that_cut_a_stream_stops_the_plan_at_step_4() {
+        let mut o = opts(1);
+        o.lifetime_soak = Duration::from_secs(3600);
+        o.control_plane = "1.40".parse().unwrap();
+        let times: Vec<f64> = (0..4).map(|i| i as f64 * HOUR).collect();
+        let mut tl = fleet(
+            &times,
+            |_| vec![("ns0", "1.39.3", 2)],
+            |_| vec![("ns0", 1800.0)],
+        );
+        tl.config_pushes = ConfigPushes {
+            drains: 4.0,
+            ended: 120.0,
+            cut: BTreeMap::new(),
+        };
+        let plan = derived(&tl, &o);
+        let cp = plan
+            .rows
+            .iter()
+            .find(|r| r.kind == StepKind::ControlPlane)
+            .unwrap();
+        assert_eq!(cp.gate.ok, Some(true), "{:?}", cp.gate);
+        assert!(
+            cp.gate.detail.contains(
+                "config pushes cut no stream (4 listener drains, 120 streams ended gracefully)"
+            ),
+            "{}",
+            cp.gate.detail
+        );
+        assert_ne!(plan.verdict, Verdict::Stop);
+
+        tl.config_pushes.cut = [
+            ("ns0".to_string(), 3.0),
+            ("instance 10.0.0.7:15020".to_string(), 1.0),
+        ]
+        .into();
+        let plan = derived(&tl, &o);
+        assert_eq!(plan.verdict, Verdict::Stop, "{:?}", plan.next);
+        let cp = plan
+            .rows
+            .iter()
+            .find(|r| r.kind == StepKind::ControlPlane)
+            .unwrap();
+        assert!(cp.gate.failed);
+        assert!(
+            cp.gate
+                .detail
+                .contains("config pushes cut 4 streams in the last")
+                && cp.gate.detail.contains("ns0 3"),
+            "{}",
+            cp.gate.detail
         );
     }
 

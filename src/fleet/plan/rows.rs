@@ -501,10 +501,29 @@ impl Derivation<'_> {
                 possible: Some(false),
                 how: "gone: the point of no return is behind".into(),
             };
-            r.gate = if outside == 0 {
-                Gate::open(skew)
-            } else {
+            let pushes = &self.tl.config_pushes;
+            let cut = pushes.cut_total();
+            r.gate = if outside > 0 {
                 Gate::fails(format!("unsupported proxies: {skew}"))
+            } else if cut >= 0.5 {
+                let places: Vec<String> = pushes
+                    .cut
+                    .iter()
+                    .map(|(at, n)| format!("{at} {n:.0}"))
+                    .collect();
+                Gate::fails(format!(
+                    "config pushes cut {cut:.0} streams in the last {}: {}. The control plane's new \
+                     listeners drain on every proxy; a cut one means the guard could not end a \
+                     stream before Envoy closed its connection (the guards' logs name each; \
+                     docs/troubleshooting: \"a config push cut streams\"); {skew}",
+                    human(self.opts.history),
+                    places.join(", ")
+                ))
+            } else {
+                Gate::open(format!(
+                    "config pushes cut no stream ({:.0} listener drains, {:.0} streams ended gracefully); {skew}",
+                    pushes.drains, pushes.ended
+                ))
             };
             return r;
         }

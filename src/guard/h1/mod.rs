@@ -386,7 +386,7 @@ async fn handle(
     let Some(registered) = guard.register(info.id, false) else {
         return Ok(answer(StatusCode::SERVICE_UNAVAILABLE, true));
     };
-    registered.ctl.set_origin(origin_of(req.headers()));
+    registered.set_origin(origin_of(req.headers()));
     append_forwarded_for(req.headers_mut(), &forwarded_for(info.peer.ip()));
     let grpc = super::body::request_kind(req.headers()) != BodyKind::Opaque;
     let upgrading = upgrade_requested(req.headers());

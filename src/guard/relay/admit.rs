@@ -69,7 +69,7 @@ impl Relay<'_> {
                 return false;
             }
         };
-        reg.ctl.set_origin(fields.origin.clone());
+        reg.set_origin(fields.origin.clone());
         let protocol = if grpc {
             StreamProtocol::grpc
         } else {
