@@ -3,7 +3,8 @@
 #   make test   install what the tests need, then lint and run every test
 SHELL := /bin/bash
 CARGO ?= cargo
-# The benchmarks and the demo: drainshim-bench (bench/), release build. What
+# The benchmarks and the demo: drainshim-bench (bench/; its benchmarks are
+# benches/, its protocol proto/), release build. What
 # they measure is the production binary, target/shipped/drainshim (`make
 # shipped`): the guard, and the sidecar, agent and fleet commands the soaks,
 # node-scale, failopen and the fleet bench run (DRAINSHIM_BIN). No release
@@ -67,7 +68,7 @@ bench: tools shipped bench-build
 
 # The production binary's allocator, by measurement: the shipped build with
 # the system allocator and with mimalloc as guards side by side, beside direct
-# and an Envoy hop, in one run (bench/benches/allocator.rs). Not part of make bench.
+# and an Envoy hop, in one run (benches/allocator.rs). Not part of make bench.
 bench-allocator: envoy h2load
 	CARGO="$(CARGO)" scripts/build-shipped.sh
 	CARGO="$(CARGO)" scripts/build-shipped.sh --allocator mimalloc

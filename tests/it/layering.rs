@@ -4,6 +4,7 @@
 //! the crate above them, nothing in `src/` reaches for the bench (it is a
 //! crate of its own, drainshim-bench, on top of this one), and
 //! `src/` keeps its parts in rooms (the two modes apart, few files loose).
+//! The top level holds `proto/` and `benches/`, as the design draws it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -141,6 +142,32 @@ fn the_product_does_not_link_the_bench() {
             !code.contains("drainshim_bench"),
             "{} uses the drainshim_bench crate",
             file.display()
+        );
+    }
+}
+
+/// The repository's top level as docs/design.md draws it: the product's
+/// manifest and sources, the bench protocol and the benchmarks, the deploy
+/// files, the tests and the image's recipe. drainshim-bench (`bench/`)
+/// reads the proto and the benches from there and keeps neither inside.
+#[test]
+fn the_top_level_holds_proto_and_benches() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for name in [
+        "Cargo.toml",
+        "src",
+        "proto",
+        "deploy",
+        "benches",
+        "tests",
+        "Dockerfile",
+    ] {
+        assert!(root.join(name).exists(), "no {name} at the top level");
+    }
+    for inside in ["bench/proto", "bench/benches"] {
+        assert!(
+            !root.join(inside).exists(),
+            "{inside} is back inside the harness"
         );
     }
 }
