@@ -182,6 +182,36 @@ fn metrics_and_the_leaves_stand_alone() {
     }
 }
 
+/// Every server of drainshim's own HTTP (the control endpoints, the node
+/// agent, the webhook) serves through `http::server`, a leaf: the webhook
+/// borrows nothing of `control`, and no file but `src/http/server.rs` builds
+/// a hyper server connection itself.
+#[test]
+fn the_servers_share_http_server() {
+    let g = graph();
+    assert!(!g["inject"].contains("control"), "inject imports control");
+    for server in ["control", "node", "inject"] {
+        assert!(g[server].contains("http"), "{server} does not use http");
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let builders: Vec<_> = files
+        .iter()
+        .filter(|f| !f.starts_with(src.join("guard")))
+        .filter(|f| {
+            production_code(&std::fs::read_to_string(f).expect("read"))
+                .contains("server::conn::http1::Builder")
+        })
+        .map(|f| f.strip_prefix(&src).unwrap_or(f).display().to_string())
+        .collect();
+    assert_eq!(
+        builders,
+        ["http/server.rs"],
+        "HTTP/1.1 servers built outside http::server"
+    );
+}
+
 /// The sidecar and the node agent are two rooms of the same kind: what
 /// both use lives in a room of its own (`control`, `drain`, `guard`), so
 /// neither imports the other; and `src/` holds at most eight loose files
