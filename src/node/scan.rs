@@ -8,10 +8,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
 
 use futures_util::StreamExt;
+use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::guard::{self, PodGuardSlot};
+use super::guard::{self, GuardSpec, PodGuardSlot};
 use super::handover::ListenerKind;
 use super::metrics::PodLabels;
 use super::netns::{self, Netns, NetnsDial};
@@ -23,7 +24,7 @@ use crate::control::listener_drains::{self, Tracker};
 use crate::control::recovery::ENVOY_DEFAULT_DRAIN_TIME;
 use crate::control::telemetry::Telemetry;
 use crate::drain::{DrainSettings, Phase};
-use crate::envoy::AdminClient;
+use crate::envoy::{AdminClient, AdminError, ServerInfo};
 use crate::metrics::Metrics;
 
 /// Pods asked `/server_info` at once in each scan's recurring identify step.
@@ -49,6 +50,24 @@ struct Work {
     pod_draining: bool,
     /// The pod's guard, asked to end the streams a config push drains.
     guard: PodGuardSlot,
+}
+
+/// What one pod's identify step found, applied under the pods' lock.
+struct Identified {
+    key: u64,
+    /// Its Envoy's `/server_info`: identity, state, node metadata (timers,
+    /// the guard it asks for).
+    info: Result<ServerInfo, AdminError>,
+    /// A listener bound for a pod that had none; `None` when it had one.
+    listener: Option<std::io::Result<TcpListener>>,
+    /// The guard asked for, and its listener bound, or why not; `None`
+    /// when the pod has one, drains, or asks for none.
+    guard: Option<Result<(GuardSpec, std::io::Result<TcpListener>), String>>,
+    /// `net.ipv4.tcp_migrate_req` set in the pod, once per pod.
+    migrated: Option<Result<(), String>>,
+    /// The listener-drain watch after the look; `None` when Envoy could
+    /// not be asked (the pod keeps its own).
+    tracker: Option<Tracker>,
 }
 
 /// A live pod as the scan's decisions see it.
@@ -241,6 +260,25 @@ impl Shared {
     /// listeners still missing, retention.
     pub(super) async fn scan(self: &Arc<Self>) {
         let _scanning = self.scanning.lock().await;
+        self.refresh_host_addresses();
+        let Some(groups) = self.envoys().await else {
+            return;
+        };
+        let changes = self.retire_gone(groups);
+        self.set_up_found(changes).await;
+        let results: Vec<Identified> = futures_util::stream::iter(self.identify_work())
+            .map(|w| self.identify(w))
+            .buffer_unordered(IDENTIFY_CONCURRENCY)
+            .collect()
+            .await;
+        self.apply_identified(results);
+        self.scans
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The node's own addresses, which every pod listener's `/drain` rule
+    /// reads (an interface may come or go).
+    fn refresh_host_addresses(&self) {
         match netns::host_addresses() {
             Ok(addrs) => {
                 if let Ok(mut h) = self.host.write() {
@@ -249,6 +287,11 @@ impl Shared {
             }
             Err(e) => tracing::warn!(error = %e, "cannot list the node's addresses"),
         }
+    }
+
+    /// The Envoy processes /proc shows, grouped by network namespace; `None`
+    /// (logged) when /proc could not be read: the scan is skipped.
+    async fn envoys(&self) -> Option<BTreeMap<u64, proc::NetnsGroup>> {
         let root = self.settings.proc_root.clone();
         let names = self.settings.process_names.clone();
         let scanned = tokio::task::spawn_blocking(move || proc::scan(&root, &names)).await;
@@ -256,17 +299,20 @@ impl Shared {
             Ok(Ok(p)) => p,
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "scan failed");
-                return;
+                return None;
             }
             Err(e) => {
                 tracing::warn!(error = %e, "scan task failed");
-                return;
+                return None;
             }
         };
-        let groups = proc::group(&procs);
+        Some(proc::group(&procs))
+    }
 
-        // Retire pods whose namespace has no Envoy left, and pods whose drain
-        // is over and whose Envoy was replaced (a container restart).
+    /// Retires pods whose namespace has no Envoy left, and pods whose drain
+    /// is over and whose Envoy was replaced (a container restart): their
+    /// series stay for `--retention`. Returns what else the scan does.
+    fn retire_gone(&self, groups: BTreeMap<u64, proc::NetnsGroup>) -> Changes {
         let (changes, gone) = {
             let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
             let known: Vec<Known> = pods
@@ -300,34 +346,37 @@ impl Shared {
         if let Ok(mut d) = self.departed.lock() {
             d.retain(|d| d.until > now);
         }
+        changes
+    }
 
-        // New pods, set up concurrently (each setns is a short-lived thread).
+    /// Sets up the new pods concurrently (each setns is a short-lived
+    /// thread) and gives the kept ones the Envoy pids seen now.
+    async fn set_up_found(self: &Arc<Self>, changes: Changes) {
         let created: Vec<Pod> = futures_util::stream::iter(changes.add)
             .map(|g| self.new_pod(g))
             .buffer_unordered(SCAN_CONCURRENCY)
             .filter_map(|p| async move { p })
             .collect()
             .await;
-        {
-            let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
-            // A new pod has the pids of its group (`new_pod`).
-            for p in created {
-                tracing::info!(namespace = %p.labels.namespace, pod = %p.labels.pod,
-                    netns = p.netns.inode(), pids = ?p.pids, listener = ?p.listener, "pod found");
-                pods.insert(p.netns.inode(), p);
-            }
-            for (k, p) in pods.iter_mut() {
-                if let Some(pids) = changes.keep.get(k) {
-                    p.pids = pids.clone();
-                }
-            }
-            self.pods_gauge.set(pods.len() as i64);
+        let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
+        // A new pod has the pids of its group (`new_pod`).
+        for p in created {
+            tracing::info!(namespace = %p.labels.namespace, pod = %p.labels.pod,
+                netns = p.netns.inode(), pids = ?p.pids, listener = ?p.listener, "pod found");
+            pods.insert(p.netns.inode(), p);
         }
+        for (k, p) in pods.iter_mut() {
+            if let Some(pids) = changes.keep.get(k) {
+                p.pids = pids.clone();
+            }
+        }
+        self.pods_gauge.set(pods.len() as i64);
+    }
 
-        // Identify every pod and retry missing listeners and guards, concurrently.
+    /// Each pod's part of the identify step, taken under the pods' lock.
+    fn identify_work(&self) -> Vec<Work> {
         let migrate = self.settings.guard.tcp_migrate_req;
-        let work: Vec<Work> = self
-            .pods
+        self.pods
             .lock()
             .map(|p| {
                 p.iter()
@@ -349,124 +398,97 @@ impl Shared {
                     })
                     .collect()
             })
-            .unwrap_or_default();
+            .unwrap_or_default()
+    }
+
+    /// One pod's identify step, outside the lock: its Envoy asked who it
+    /// is, the listener drains a config push began looked at, and a
+    /// missing listener or guard retried.
+    async fn identify(self: &Arc<Self>, w: Work) -> Identified {
+        let Work {
+            key: k,
+            admin,
+            ns,
+            needs_listener,
+            needs_guard,
+            needs_migrate,
+            mut tracker,
+            metrics,
+            pod,
+            pod_draining,
+            guard: guard_slot,
+        } = w;
         let port = self.settings.pod_listen_port;
-        let results: Vec<_> = futures_util::stream::iter(work)
-            .map(|w| async move {
-                let Work {
-                    key: k,
-                    admin,
-                    ns,
-                    needs_listener,
-                    needs_guard,
-                    needs_migrate,
-                    mut tracker,
-                    metrics,
-                    pod,
-                    pod_draining,
-                    guard: guard_slot,
-                } = w;
-                let migrated = match needs_migrate {
-                    true => Some(ns.enable_tcp_migrate_req().await),
-                    false => None,
-                };
-                let info = admin.server_info().await;
-                // Listener drains a config push began (control::listener_drains).
-                let tracker = match &info {
-                    Ok(i) => match admin.listener_manager().await {
-                        Ok(lm) => {
-                            let drain_time = i.drain_time().unwrap_or(ENVOY_DEFAULT_DRAIN_TIME);
-                            let drains = listener_drains::look(
-                                &admin,
-                                &mut tracker,
-                                lm,
-                                drain_time,
-                                &metrics,
-                                &pod,
-                                pod_draining,
-                            )
-                            .await;
-                            listener_drains::end_streams(
-                                &guard_slot,
-                                &drains,
-                                drain_time,
-                                self.settings.scan_interval,
-                            );
-                            Some(tracker)
-                        }
-                        Err(_) => None,
-                    },
-                    Err(_) => None,
-                };
-                let listener = match needs_listener {
-                    true => Some(self.pod_listener(&ns, port).await),
-                    false => None,
-                };
-                let guard = match (&info, needs_guard) {
-                    (Ok(info), true) => {
-                        let asked = guard::spec_for(
-                            info.metadata_str(guard::METADATA_KEY),
-                            self.settings.guard.default,
-                        );
-                        match asked {
-                            Ok(Some(spec)) => {
-                                Some(Ok((spec, self.guard_listener(&ns, spec).await)))
-                            }
-                            Ok(None) => None,
-                            Err(e) => {
-                                Some(Err(format!("node metadata {}: {e}", guard::METADATA_KEY)))
-                            }
-                        }
-                    }
-                    _ => None,
-                };
-                (k, info, listener, guard, migrated, tracker)
-            })
-            .buffer_unordered(IDENTIFY_CONCURRENCY)
-            .collect()
-            .await;
+        let migrated = match needs_migrate {
+            true => Some(ns.enable_tcp_migrate_req().await),
+            false => None,
+        };
+        let info = admin.server_info().await;
+        // Listener drains a config push began (control::listener_drains).
+        let tracker = match &info {
+            Ok(i) => match admin.listener_manager().await {
+                Ok(lm) => {
+                    let drain_time = i.drain_time().unwrap_or(ENVOY_DEFAULT_DRAIN_TIME);
+                    let drains = listener_drains::look(
+                        &admin,
+                        &mut tracker,
+                        lm,
+                        drain_time,
+                        &metrics,
+                        &pod,
+                        pod_draining,
+                    )
+                    .await;
+                    listener_drains::end_streams(
+                        &guard_slot,
+                        &drains,
+                        drain_time,
+                        self.settings.scan_interval,
+                    );
+                    Some(tracker)
+                }
+                Err(_) => None,
+            },
+            Err(_) => None,
+        };
+        let listener = match needs_listener {
+            true => Some(self.pod_listener(&ns, port).await),
+            false => None,
+        };
+        let guard = match (&info, needs_guard) {
+            (Ok(info), true) => {
+                let asked = guard::spec_for(
+                    info.metadata_str(guard::METADATA_KEY),
+                    self.settings.guard.default,
+                );
+                match asked {
+                    Ok(Some(spec)) => Some(Ok((spec, self.guard_listener(&ns, spec).await))),
+                    Ok(None) => None,
+                    Err(e) => Some(Err(format!("node metadata {}: {e}", guard::METADATA_KEY))),
+                }
+            }
+            _ => None,
+        };
+        Identified {
+            key: k,
+            info,
+            listener,
+            guard,
+            migrated,
+            tracker,
+        }
+    }
+
+    /// Applies what the identify step found to each pod still there, then
+    /// the names (`disambiguate`), the gauge of pods without
+    /// tcp_migrate_req, and the handed-over listeners of pods that are gone.
+    fn apply_identified(&self, results: Vec<Identified>) {
         let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
-        for (k, info, listener, guard, migrated, tracker) in results {
-            let Some(p) = pods.get_mut(&k) else { continue };
-            if let Some(t) = tracker {
-                p.listener_drains = t;
-            }
-            if let Some(r) = migrated {
-                if let Err(e) = &r {
-                    tracing::warn!(namespace = %p.labels.namespace, pod = %p.labels.pod, error = %e,
-                        "net.ipv4.tcp_migrate_req is not set in this pod: an agent that stops beside \
-                         another without --handover-socket resets the connections queued on its listeners");
-                }
-                p.tcp_migrate_req = Some(r);
-            }
-            match guard {
-                Some(Ok((spec, bound))) => self.start_guard(p, spec, bound),
-                Some(Err(msg)) => {
-                    if p.guard_state != GuardState::Failed(msg.clone()) {
-                        tracing::warn!(namespace = %p.labels.namespace, pod = %p.labels.pod,
-                            error = %msg, "no stream guard for this pod");
-                    }
-                    p.guard_state = GuardState::Failed(msg);
-                }
-                None => {}
-            }
-            match info {
-                Ok(info) => {
-                    p.envoy_state = Ok(info.state.clone());
-                    p.resolve(Some(&info));
-                    let timers =
-                        PodTimers::from_metadata(&info.node.metadata, &self.settings.budget);
-                    apply_timers(p, timers);
-                }
-                Err(e) => {
-                    p.envoy_state = Err(e.to_string());
-                    p.resolve(None);
-                }
-            }
-            if let Some(l) = listener {
-                let state = self.serve_pod(p, l);
-                p.listener = state;
-            }
+        for r in results {
+            let Some(p) = pods.get_mut(&r.key) else {
+                continue;
+            };
+            self.apply(p, r);
         }
         disambiguate(&mut pods);
         let without = pods
@@ -480,9 +502,58 @@ impl Shared {
         if let Ok(mut offers) = self.inherited.lock() {
             offers.retain(|o| o.kind == ListenerKind::Api || pods.contains_key(&o.netns));
         }
-        drop(pods);
-        self.scans
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// One pod's identify step applied: its listener-drain watch, the
+    /// tcp_migrate_req outcome, its guard, its Envoy's identity and timers,
+    /// its listener.
+    fn apply(&self, p: &mut Pod, r: Identified) {
+        let Identified {
+            key: _,
+            info,
+            listener,
+            guard,
+            migrated,
+            tracker,
+        } = r;
+        if let Some(t) = tracker {
+            p.listener_drains = t;
+        }
+        if let Some(r) = migrated {
+            if let Err(e) = &r {
+                tracing::warn!(namespace = %p.labels.namespace, pod = %p.labels.pod, error = %e,
+                    "net.ipv4.tcp_migrate_req is not set in this pod: an agent that stops beside \
+                     another without --handover-socket resets the connections queued on its listeners");
+            }
+            p.tcp_migrate_req = Some(r);
+        }
+        match guard {
+            Some(Ok((spec, bound))) => self.start_guard(p, spec, bound),
+            Some(Err(msg)) => {
+                if p.guard_state != GuardState::Failed(msg.clone()) {
+                    tracing::warn!(namespace = %p.labels.namespace, pod = %p.labels.pod,
+                        error = %msg, "no stream guard for this pod");
+                }
+                p.guard_state = GuardState::Failed(msg);
+            }
+            None => {}
+        }
+        match info {
+            Ok(info) => {
+                p.envoy_state = Ok(info.state.clone());
+                p.resolve(Some(&info));
+                let timers = PodTimers::from_metadata(&info.node.metadata, &self.settings.budget);
+                apply_timers(p, timers);
+            }
+            Err(e) => {
+                p.envoy_state = Err(e.to_string());
+                p.resolve(None);
+            }
+        }
+        if let Some(l) = listener {
+            let state = self.serve_pod(p, l);
+            p.listener = state;
+        }
     }
 
     /// Pins the namespace, builds the admin client, telemetry and drain
