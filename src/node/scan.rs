@@ -2,73 +2,27 @@
 //! processes grouped by network namespace) against the pods the agent
 //! knows. The decisions (which pods are new, gone or kept, which names
 //! clash, what a pod's timers say) are pure functions below; `Shared::scan`
-//! does the I/O around them.
+//! does the I/O around them, in steps, the identify step in `identify`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
 
 use futures_util::StreamExt;
-use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::guard::{self, GuardSpec, PodGuardSlot};
-use super::handover::ListenerKind;
+use super::guard::PodGuardSlot;
 use super::metrics::PodLabels;
 use super::netns::{self, Netns, NetnsDial};
 use super::pod::{self, GuardState, ListenerState, Pod};
 use super::proc;
 use super::shared::{Departed, Shared, SCAN_CONCURRENCY};
 use super::timers::{self, PodDrain, PodTimers};
-use crate::control::listener_drains::{self, Tracker};
-use crate::control::recovery::ENVOY_DEFAULT_DRAIN_TIME;
+use crate::control::listener_drains::Tracker;
 use crate::control::telemetry::Telemetry;
-use crate::drain::{DrainSettings, Phase};
-use crate::envoy::{AdminClient, AdminError, ServerInfo};
+use crate::drain::DrainSettings;
+use crate::envoy::AdminClient;
 use crate::metrics::Metrics;
-
-/// Pods asked `/server_info` at once in each scan's recurring identify step.
-/// Each ask is a fresh thread entering a pod's namespace: with guards
-/// serving traffic on the same cores, bursts of 32 every scan showed as the
-/// guards' p99 (bench node-scale --guards); 4 spreads the same work out.
-const IDENTIFY_CONCURRENCY: usize = 4;
-
-/// One pod's part of a scan, taken under the pods' lock and done outside it.
-struct Work {
-    key: u64,
-    admin: AdminClient,
-    ns: Netns,
-    needs_listener: bool,
-    needs_guard: bool,
-    needs_migrate: bool,
-    /// The pod's listener-drain watch, given back after the look.
-    tracker: Tracker,
-    metrics: Metrics,
-    /// `namespace/pod`, for the log events.
-    pod: String,
-    /// The pod's own drain runs: a push seen now is marked so.
-    pod_draining: bool,
-    /// The pod's guard, asked to end the streams a config push drains.
-    guard: PodGuardSlot,
-}
-
-/// What one pod's identify step found, applied under the pods' lock.
-struct Identified {
-    key: u64,
-    /// Its Envoy's `/server_info`: identity, state, node metadata (timers,
-    /// the guard it asks for).
-    info: Result<ServerInfo, AdminError>,
-    /// A listener bound for a pod that had none; `None` when it had one.
-    listener: Option<std::io::Result<TcpListener>>,
-    /// The guard asked for, and its listener bound, or why not; `None`
-    /// when the pod has one, drains, or asks for none.
-    guard: Option<Result<(GuardSpec, std::io::Result<TcpListener>), String>>,
-    /// `net.ipv4.tcp_migrate_req` set in the pod, once per pod.
-    migrated: Option<Result<(), String>>,
-    /// The listener-drain watch after the look; `None` when Envoy could
-    /// not be asked (the pod keeps its own).
-    tracker: Option<Tracker>,
-}
 
 /// A live pod as the scan's decisions see it.
 #[derive(Clone, Debug)]
@@ -156,7 +110,7 @@ pub(super) fn renames(pods: &[Named]) -> Vec<(u64, PodLabels)> {
 }
 
 /// Renames the later of two pods claiming the same name (`renames`).
-fn disambiguate(pods: &mut BTreeMap<u64, Pod>) {
+pub(super) fn disambiguate(pods: &mut BTreeMap<u64, Pod>) {
     let named: Vec<Named> = pods
         .iter()
         .map(|(k, p)| Named {
@@ -211,33 +165,6 @@ pub(super) fn timers_note(timers: &PodTimers) -> TimersNote {
     }
 }
 
-/// Gives `pod`'s drain the timers its metadata asks for, unless it has
-/// started. Said once per change (each scan reads the same metadata): one
-/// warn line naming every violation when they are refused, one info line
-/// when the pod's own apply.
-fn apply_timers(pod: &Pod, timers: PodTimers) {
-    let (namespace, name) = (&pod.labels.namespace, &pod.labels.pod);
-    // A drain that started keeps the timers it started with.
-    if !pod.drain.set_timers(timers.clone()) {
-        return;
-    }
-    match timers_note(&timers) {
-        TimersNote::Refused {
-            reasons,
-            violations,
-        } => tracing::warn!(%namespace, pod = %name, ?reasons, %violations,
-            "the pod's drain timers (node metadata) are invalid; it drains with the agent's"),
-        TimersNote::Own => {
-            let t = &timers.timers;
-            tracing::info!(%namespace, pod = %name, deregistration_delay = ?t.deregistration_delay,
-                min_drain_time = ?t.min_drain_time, drain_time = ?t.drain_time,
-                parent_shutdown_time = ?t.parent_shutdown_time, poll_interval = ?t.poll_interval,
-                termination_grace_period = ?timers.grace, "the pod's own drain timers (node metadata)");
-        }
-        TimersNote::Agent => {}
-    }
-}
-
 pub(super) async fn scan_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(shared.settings.scan_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -266,12 +193,8 @@ impl Shared {
         };
         let changes = self.retire_gone(groups);
         self.set_up_found(changes).await;
-        let results: Vec<Identified> = futures_util::stream::iter(self.identify_work())
-            .map(|w| self.identify(w))
-            .buffer_unordered(IDENTIFY_CONCURRENCY)
-            .collect()
-            .await;
-        self.apply_identified(results);
+        let found = self.identify_pods().await;
+        self.apply_identified(found);
         self.scans
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
@@ -371,189 +294,6 @@ impl Shared {
             }
         }
         self.pods_gauge.set(pods.len() as i64);
-    }
-
-    /// Each pod's part of the identify step, taken under the pods' lock.
-    fn identify_work(&self) -> Vec<Work> {
-        let migrate = self.settings.guard.tcp_migrate_req;
-        self.pods
-            .lock()
-            .map(|p| {
-                p.iter()
-                    .map(|(k, p)| Work {
-                        key: *k,
-                        admin: p.admin.clone(),
-                        ns: p.netns.clone(),
-                        needs_listener: !matches!(p.listener, ListenerState::Listening(_)),
-                        // A guard starts on a pod that is not draining.
-                        needs_guard: !matches!(p.guard_state, GuardState::Serving { .. })
-                            && p.drain.status().phase == Phase::Serving,
-                        // Once per pod, before its listeners are bound.
-                        needs_migrate: migrate && p.tcp_migrate_req.is_none(),
-                        tracker: p.listener_drains.clone(),
-                        metrics: p.metrics.clone(),
-                        pod: format!("{}/{}", p.labels.namespace, p.labels.pod),
-                        pod_draining: p.drain.status().phase != Phase::Serving,
-                        guard: p.guard.clone(),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    /// One pod's identify step, outside the lock: its Envoy asked who it
-    /// is, the listener drains a config push began looked at, and a
-    /// missing listener or guard retried.
-    async fn identify(self: &Arc<Self>, w: Work) -> Identified {
-        let Work {
-            key: k,
-            admin,
-            ns,
-            needs_listener,
-            needs_guard,
-            needs_migrate,
-            mut tracker,
-            metrics,
-            pod,
-            pod_draining,
-            guard: guard_slot,
-        } = w;
-        let port = self.settings.pod_listen_port;
-        let migrated = match needs_migrate {
-            true => Some(ns.enable_tcp_migrate_req().await),
-            false => None,
-        };
-        let info = admin.server_info().await;
-        // Listener drains a config push began (control::listener_drains).
-        let tracker = match &info {
-            Ok(i) => match admin.listener_manager().await {
-                Ok(lm) => {
-                    let drain_time = i.drain_time().unwrap_or(ENVOY_DEFAULT_DRAIN_TIME);
-                    let drains = listener_drains::look(
-                        &admin,
-                        &mut tracker,
-                        lm,
-                        drain_time,
-                        &metrics,
-                        &pod,
-                        pod_draining,
-                    )
-                    .await;
-                    listener_drains::end_streams(
-                        &guard_slot,
-                        &drains,
-                        drain_time,
-                        self.settings.scan_interval,
-                    );
-                    Some(tracker)
-                }
-                Err(_) => None,
-            },
-            Err(_) => None,
-        };
-        let listener = match needs_listener {
-            true => Some(self.pod_listener(&ns, port).await),
-            false => None,
-        };
-        let guard = match (&info, needs_guard) {
-            (Ok(info), true) => {
-                let asked = guard::spec_for(
-                    info.metadata_str(guard::METADATA_KEY),
-                    self.settings.guard.default,
-                );
-                match asked {
-                    Ok(Some(spec)) => Some(Ok((spec, self.guard_listener(&ns, spec).await))),
-                    Ok(None) => None,
-                    Err(e) => Some(Err(format!("node metadata {}: {e}", guard::METADATA_KEY))),
-                }
-            }
-            _ => None,
-        };
-        Identified {
-            key: k,
-            info,
-            listener,
-            guard,
-            migrated,
-            tracker,
-        }
-    }
-
-    /// Applies what the identify step found to each pod still there, then
-    /// the names (`disambiguate`), the gauge of pods without
-    /// tcp_migrate_req, and the handed-over listeners of pods that are gone.
-    fn apply_identified(&self, results: Vec<Identified>) {
-        let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
-        for r in results {
-            let Some(p) = pods.get_mut(&r.key) else {
-                continue;
-            };
-            self.apply(p, r);
-        }
-        disambiguate(&mut pods);
-        let without = pods
-            .values()
-            .filter(|p| matches!(p.tcp_migrate_req, Some(Err(_))))
-            .count();
-        self.migrate_gauge
-            .set(i64::try_from(without).unwrap_or(i64::MAX));
-        // Listeners handed over for pods that are gone are closed (the pod
-        // is gone, nobody connects there any more).
-        if let Ok(mut offers) = self.inherited.lock() {
-            offers.retain(|o| o.kind == ListenerKind::Api || pods.contains_key(&o.netns));
-        }
-    }
-
-    /// One pod's identify step applied: its listener-drain watch, the
-    /// tcp_migrate_req outcome, its guard, its Envoy's identity and timers,
-    /// its listener.
-    fn apply(&self, p: &mut Pod, r: Identified) {
-        let Identified {
-            key: _,
-            info,
-            listener,
-            guard,
-            migrated,
-            tracker,
-        } = r;
-        if let Some(t) = tracker {
-            p.listener_drains = t;
-        }
-        if let Some(r) = migrated {
-            if let Err(e) = &r {
-                tracing::warn!(namespace = %p.labels.namespace, pod = %p.labels.pod, error = %e,
-                    "net.ipv4.tcp_migrate_req is not set in this pod: an agent that stops beside \
-                     another without --handover-socket resets the connections queued on its listeners");
-            }
-            p.tcp_migrate_req = Some(r);
-        }
-        match guard {
-            Some(Ok((spec, bound))) => self.start_guard(p, spec, bound),
-            Some(Err(msg)) => {
-                if p.guard_state != GuardState::Failed(msg.clone()) {
-                    tracing::warn!(namespace = %p.labels.namespace, pod = %p.labels.pod,
-                        error = %msg, "no stream guard for this pod");
-                }
-                p.guard_state = GuardState::Failed(msg);
-            }
-            None => {}
-        }
-        match info {
-            Ok(info) => {
-                p.envoy_state = Ok(info.state.clone());
-                p.resolve(Some(&info));
-                let timers = PodTimers::from_metadata(&info.node.metadata, &self.settings.budget);
-                apply_timers(p, timers);
-            }
-            Err(e) => {
-                p.envoy_state = Err(e.to_string());
-                p.resolve(None);
-            }
-        }
-        if let Some(l) = listener {
-            let state = self.serve_pod(p, l);
-            p.listener = state;
-        }
     }
 
     /// Pins the namespace, builds the admin client, telemetry and drain
