@@ -24,13 +24,14 @@ demo: envoy
 test:
 	CARGO="$(CARGO)" MAKE="$(MAKE)" scripts/test.sh
 
-# The guard's HTTP/2 conformance suite (tests/py/h2_conformance.py):
-# python-h2 and hyperframe peers on either side of the real binary, holding
-# it to what RFC 9113/7541 let a client and an app do; and with no app, or
-# an app that does not speak HTTP/2, with the guard as the client's server.
+# The guard's HTTP/2 conformance suite (tests/py/h2_conformance/, a module per
+# RFC section): python-h2 and hyperframe peers on either side of the real
+# binary, holding it to what RFC 9113/7541 let a client and an app do; and
+# with no app, or an app that does not speak HTTP/2, with the guard as the
+# client's server.
 conformance: pytools
 	$(CARGO) build --locked --workspace
-	DRAINSHIM_BIN=$(CURDIR)/target/debug/drainshim .cache/py-venv/bin/python -m pytest -q -p no:cacheprovider tests/py/h2_conformance.py
+	DRAINSHIM_BIN=$(CURDIR)/target/debug/drainshim .cache/py-venv/bin/python -m pytest -q -p no:cacheprovider tests/py/h2_conformance
 
 # drainshim webhook, the real binary over HTTPS, in both modes
 # (tests/py/webhook_test.py): its JSON Patches applied by Python's jsonpatch
