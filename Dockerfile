@@ -20,8 +20,10 @@ COPY src ./src
 # and istio-routing its template.
 COPY deploy/components ./deploy/components
 COPY deploy/istio-routing/template.yaml ./deploy/istio-routing/
-# drainshim-bench is a member of the workspace, so cargo reads its manifest
-# and targets; it is not built (the script builds only drainshim's binary).
+# drainshim-bench is a member of the workspace, so cargo reads its manifest;
+# it is not built (the script builds only drainshim's binary), so the
+# benchmarks (benches/) and the proto (proto/) it builds from are not copied:
+# cargo looks for a target's file only when it builds the target.
 COPY bench ./bench
 COPY scripts/build-shipped.sh ./scripts/
 

@@ -3,7 +3,8 @@
 #   make test   install what the tests need, then lint and run every test
 SHELL := /bin/bash
 CARGO ?= cargo
-# The benchmarks and the demo: drainshim-bench (bench/), release build. What
+# The benchmarks and the demo: drainshim-bench (bench/; its benchmarks are
+# benches/, its protocol proto/), release build. What
 # they measure is the production binary, target/shipped/drainshim (`make
 # shipped`): the guard, and the sidecar, agent and fleet commands the soaks,
 # node-scale, failopen and the fleet bench run (DRAINSHIM_BIN). No release
@@ -23,13 +24,14 @@ demo: envoy
 test:
 	CARGO="$(CARGO)" MAKE="$(MAKE)" scripts/test.sh
 
-# The guard's HTTP/2 conformance suite (tests/py/h2_conformance.py):
-# python-h2 and hyperframe peers on either side of the real binary, holding
-# it to what RFC 9113/7541 let a client and an app do; and with no app, or
-# an app that does not speak HTTP/2, with the guard as the client's server.
+# The guard's HTTP/2 conformance suite (tests/py/h2_conformance/, a module per
+# RFC section): python-h2 and hyperframe peers on either side of the real
+# binary, holding it to what RFC 9113/7541 let a client and an app do; and
+# with no app, or an app that does not speak HTTP/2, with the guard as the
+# client's server.
 conformance: pytools
 	$(CARGO) build --locked --workspace
-	DRAINSHIM_BIN=$(CURDIR)/target/debug/drainshim .cache/py-venv/bin/python -m pytest -q -p no:cacheprovider tests/py/h2_conformance.py
+	DRAINSHIM_BIN=$(CURDIR)/target/debug/drainshim .cache/py-venv/bin/python -m pytest -q -p no:cacheprovider tests/py/h2_conformance
 
 # drainshim webhook, the real binary over HTTPS, in both modes
 # (tests/py/webhook_test.py): its JSON Patches applied by Python's jsonpatch
@@ -67,7 +69,7 @@ bench: tools shipped bench-build
 
 # The production binary's allocator, by measurement: the shipped build with
 # the system allocator and with mimalloc as guards side by side, beside direct
-# and an Envoy hop, in one run (bench/benches/allocator.rs). Not part of make bench.
+# and an Envoy hop, in one run (benches/allocator.rs). Not part of make bench.
 bench-allocator: envoy h2load
 	CARGO="$(CARGO)" scripts/build-shipped.sh
 	CARGO="$(CARGO)" scripts/build-shipped.sh --allocator mimalloc

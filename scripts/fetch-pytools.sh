@@ -6,7 +6,7 @@
 #     and tests/it/peer_matrix/ (tests/py/grpc_app.py), a server whose
 #     graceful stop and keepalive enforcement nobody here wrote
 #   - pytest, h2, hyperframe, hpack (PyPI): the HTTP/2 conformance suite
-#     tests/py/h2_conformance.py (`make conformance`), whose app and client
+#     tests/py/h2_conformance/ (`make conformance`), whose app and client
 #     on either side of the guard are python-h2 connections and hyperframe frames
 #   - jsonpatch, trustme, PyYAML, kubernetes-validate (PyPI): the webhook's tests
 #     (tests/py/webhook_test.py, `make webhook-test`): an independent JSON Patch

@@ -63,7 +63,7 @@ pub const DEFAULT_READY_FAILURES: u32 = 3;
 /// Runtime worker threads of `drainshim sidecar`. One: the guard's hops
 /// then wake each other on one thread, with no cross-thread wake-ups or
 /// work stealing, which measured cheaper per request and faster at
-/// saturation on a 2-core machine (`bench/benches/guard.rs`; docs/design.md §3
+/// saturation on a 2-core machine (`benches/guard.rs`; docs/design.md §3
 /// "Cost"); it is also what Envoy `--concurrency 1` gets. Raise it for a
 /// guard that needs more than one core.
 pub const DEFAULT_WORKER_THREADS: usize = 1;

@@ -7,7 +7,7 @@
 //!
 //! | part | modules | what they are |
 //! |---|---|---|
-//! | commands | [`cli`], [`sidecar`], [`node`], [`fleet`], [`inject`] | the subcommands: the pod's sidecar, the node agent, the fleet tools (`inventory`, `skew`, `verify`, `plan`), injection (`inject`, `webhook`) |
+//! | commands | [`cli`], [`sidecar`], [`node`], [`fleet`], [`inject`], [`check`] | the subcommands: the pod's sidecar, the node agent, the fleet tools (`inventory`, `skew`, `verify`, `plan`), injection (`inject`, `webhook`), the preflight over exported objects (`check`) |
 //! | serving | [`control`], [`guard`] | the control endpoints (`/metrics`, `/drain`, health), the stream guard in front of the app (its HTTP/2 relay ends streams: `guard::relay::ending`) |
 //! | the drain | [`drain`] | the pure drain machine, its driver task, the report |
 //! | Envoy | [`envoy`], [`inventory`] | Envoy's admin API and its models; a proxy's identity and version |

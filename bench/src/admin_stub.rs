@@ -24,7 +24,7 @@ use hyper::body::Incoming;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use drainshim::control::text;
+use drainshim::http::server::text;
 
 /// Who the stub says it is.
 #[derive(Clone, Debug)]
@@ -61,7 +61,7 @@ pub async fn serve(listener: TcpListener, id: StubIdentity, shutdown: Cancellati
         server_info,
         failed: AtomicBool::new(false),
     });
-    drainshim::control::serve_fn(listener, shutdown, move |_peer: SocketAddr, req| {
+    drainshim::http::server::serve_fn(listener, shutdown, move |_peer: SocketAddr, req| {
         let stub = stub.clone();
         async move { stub.handle(req) }
     })

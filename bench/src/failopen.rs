@@ -1,7 +1,7 @@
 //! Fail-open measurement: steady unary gRPC load through Envoy while the
 //! shim is killed and started again, and what Envoy says about where each
-//! request went. Shared by `bench/benches/failopen.rs` (the figures) and
-//! `tests/failopen.rs` (the property).
+//! request went. Shared by `benches/failopen.rs` (the figures) and
+//! `tests/it/failopen.rs` (the property).
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -154,7 +154,8 @@ fn raw(data: &[u8]) {
                 Ok::<_, std::convert::Infallible>(resp)
             }
         });
-        let serve = drainshim::control::http1_builder().serve_connection(TokioIo::new(conn), svc);
+        let serve =
+            drainshim::http::server::http1_builder().serve_connection(TokioIo::new(conn), svc);
         let talk = async {
             let _ = client.write_all(data).await;
             let _ = client.shutdown().await;

@@ -10,39 +10,33 @@
 //! | `GET\|POST /drain?wait=true` | start if needed, block until done; 200 with the report (preStop `httpGet`) |
 //!
 //! Mutating calls are accepted only from the pod's own loopback addresses
-//! (127.0.0.1, ::1) or `--allow-drain-from`.
+//! (127.0.0.1, ::1) or `--allow-drain-from`. Served by `http::server`, as
+//! the node agent's API and the webhook are.
 
 pub mod listener_drains;
 pub mod readiness;
 pub mod recovery;
 pub mod telemetry;
 
-use std::convert::Infallible;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{header, Method, Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use ipnet::IpNet;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::drain::{DrainHandle, Phase, Trigger};
 use crate::envoy::AdminClient;
+use crate::http::server::{json, not_allowed, openmetrics, serve_fn, text};
 
-/// Slowloris bound: a client must send its headers within this.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// Prometheus' default scrape timeout is 10 s; stay well inside it.
 const TELEMETRY_BUDGET: Duration = Duration::from_secs(5);
-/// Requests here are tiny; 16 KiB of headers is plenty.
-const MAX_BUF_SIZE: usize = 16 * 1024;
 
 /// What the endpoints serve.
 pub struct Control {
@@ -173,18 +167,6 @@ pub fn alive_tasks() -> usize {
     tokio::runtime::Handle::try_current().map_or(0, |h| h.metrics().num_alive_tasks())
 }
 
-/// `GET /metrics`: the registry in the OpenMetrics text format.
-pub fn metrics_response(registry: &Registry) -> Response<Full<Bytes>> {
-    let mut r = text(StatusCode::OK, crate::metrics::render(registry));
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static(
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        ),
-    );
-    r
-}
-
 // === impl Refusal ===
 
 impl Refusal {
@@ -226,7 +208,7 @@ impl Control {
         match route {
             Route::Metrics => {
                 self.refresh_telemetry().await;
-                metrics_response(&self.registry)
+                openmetrics(crate::metrics::render(&self.registry))
             }
             Route::Healthz => text(StatusCode::OK, "ok\n"),
             Route::Status => {
@@ -331,57 +313,6 @@ pub fn parse_wait(query: &str) -> Result<bool, String> {
     Ok(wait)
 }
 
-/// A plain-text answer with `status` (the control endpoints, the node
-/// agent's, the bench's admin stand-in).
-pub fn text(status: StatusCode, body: impl Into<String>) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(body.into())));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    r
-}
-
-pub(crate) fn json<T: serde::Serialize>(status: StatusCode, v: &T) -> Response<Full<Bytes>> {
-    match serde_json::to_vec(v) {
-        Ok(mut body) => {
-            body.push(b'\n');
-            let mut r = Response::new(Full::new(Bytes::from(body)));
-            *r.status_mut() = status;
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                header::HeaderValue::from_static("application/json"),
-            );
-            r
-        }
-        Err(e) => text(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("encoding JSON: {e}\n"),
-        ),
-    }
-}
-
-pub(crate) fn not_allowed(allow: &'static str) -> Response<Full<Bytes>> {
-    let mut r = text(
-        StatusCode::METHOD_NOT_ALLOWED,
-        format!("method not allowed; use {allow}\n"),
-    );
-    r.headers_mut()
-        .insert(header::ALLOW, header::HeaderValue::from_static(allow));
-    r
-}
-
-/// How every control connection is served: HTTP/1.1 with the header timeout
-/// and buffer limit above.
-pub fn http1_builder() -> hyper::server::conn::http1::Builder {
-    let mut b = hyper::server::conn::http1::Builder::new();
-    b.timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
-        .max_buf_size(MAX_BUF_SIZE);
-    b
-}
-
 /// Serves HTTP/1.1 on `listener` until `shutdown` is cancelled, then lets
 /// in-flight requests finish (bounded by the caller's own exit).
 pub async fn serve(listener: TcpListener, control: Arc<Control>, shutdown: CancellationToken) {
@@ -392,75 +323,10 @@ pub async fn serve(listener: TcpListener, control: Arc<Control>, shutdown: Cance
     .await
 }
 
-/// The accept loop behind `serve`, for any handler: node mode serves its own
-/// endpoints (the agent's, and each pod's preStop listener) the same way,
-/// with the same header timeout, buffer limit and shutdown.
-pub async fn serve_fn<F, Fut>(listener: TcpListener, shutdown: CancellationToken, handler: F)
-where
-    F: Fn(SocketAddr, Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Response<Full<Bytes>>> + Send + 'static,
-{
-    serve_fn_until(listener, shutdown.clone(), shutdown, handler).await
-}
-
-/// [`serve_fn`], but accepting stops at `accepting` while the connections
-/// accepted until then are served until `shutdown` (the node agent's
-/// hand-over: the listener is served by the next agent from then on).
-pub async fn serve_fn_until<F, Fut>(
-    listener: TcpListener,
-    accepting: CancellationToken,
-    shutdown: CancellationToken,
-    handler: F,
-) where
-    F: Fn(SocketAddr, Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Response<Full<Bytes>>> + Send + 'static,
-{
-    let tracker = TaskTracker::new();
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = accepting.cancelled() => break,
-            _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    // EMFILE and the like: back off instead of spinning.
-                    tracing::warn!(error = %e, "control: accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let handler = handler.clone();
-        let shutdown = shutdown.clone();
-        tracker.spawn(async move {
-            let svc = service_fn(move |req| {
-                let handler = handler.clone();
-                async move { Ok::<_, Infallible>(handler(peer, req).await) }
-            });
-            let conn = http1_builder().serve_connection(TokioIo::new(stream), svc);
-            let mut conn = std::pin::pin!(conn);
-            tokio::select! {
-                res = conn.as_mut() => {
-                    if let Err(e) = res {
-                        tracing::debug!(%peer, error = %e, "control connection ended with an error");
-                    }
-                }
-                _ = shutdown.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = tokio::time::timeout(Duration::from_secs(1), conn).await;
-                }
-            }
-        });
-    }
-    // Closing the listener first: a stopped server refuses at once.
-    drop(listener);
-    shutdown.cancelled().await;
-    tracker.close();
-    let _ = tokio::time::timeout(Duration::from_secs(1), tracker.wait()).await;
-}
-
 #[cfg(test)]
 mod tests {
+    use http::header;
+
     use super::*;
 
     #[test]

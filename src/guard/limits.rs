@@ -13,12 +13,12 @@ use std::time::Duration;
 /// neighbour's WebSockets on top of its own (512 could not, and the rest
 /// went around the guard). Sized with [`DEFAULT_MAX_STREAMS`] so the shim's
 /// peak stays under its 128 MiB container limit under every attack in
-/// tests/guard_abuse.rs (2,048 connections with a stream each: 62 MiB).
+/// tests/it/guard_abuse/ (2,048 connections with a stream each: 62 MiB).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 2048;
 /// Default for [`Limits::max_streams`]. An idle stream costs the guard about
 /// 6 KiB (docs/benchmarks.md); a stream whose client opened its windows and
 /// never reads holds up to one send buffer (16 KiB) more. Measured
-/// (tests/guard_abuse.rs): 10,000 such streams took the shim to 111-128 MiB,
+/// (tests/it/guard_abuse/caps.rs): 10,000 such streams took the shim to 111-128 MiB,
 /// its whole 128 MiB container limit; 5,000 keep it well below.
 pub const DEFAULT_MAX_STREAMS: usize = 5_000;
 /// Default for [`Limits::max_concurrent_streams`].
@@ -95,7 +95,7 @@ pub struct Limits {
     /// connection can make the guard buffer in total.
     pub connection_window: u32,
     /// The per-stream allowance the guard's abuse test holds a never-reading
-    /// client to (`tests/it/guard_abuse.rs`: times `max_concurrent_streams`,
+    /// client to (`tests/it/guard_abuse/slow_readers.rs`: times `max_concurrent_streams`,
     /// plus the connection window). No relay code reads it: the relay bounds
     /// what it holds for the client by the flow-control windows and the
     /// high-water mark of its queue to the client (`relay/flow.rs`).

@@ -32,18 +32,24 @@
 //!   WebSockets over extended CONNECT
 //!                   \                                     /
 //!   core: lifecycle (when a connection goes away), registry (every stream,
-//!   and the ends a drain asks), ending (the rules of a graceful end and
-//!   its outcomes; the relay's alone), body and grpc (message boundaries),
+//!   and the ends a drain asks), push (ending what a config push drains),
+//!   body and grpc (message boundaries),
 //!   websocket (a WebSocket's two byte streams and their Close), signals, limits,
 //!   schedule (spreads, jitter), sniff, upstream (connecting to the app),
 //!   conn, headers, keepalive, passthrough; and handle: all a driver is
-//!   given of the guard (config, its streams in the registry, a way to reach
-//!   the app and to spawn, the drain's signals, counters), never its whole state
+//!   given of the guard: the config, a way to reach the app, a stream
+//!   registered and its connection's streams read, a task spawned that the
+//!   shutdown waits for, its connection counted, the drain's signals to
+//!   watch, a connection's max age and lifecycle, counters; never the
+//!   registry, the task tracker, the metrics registry or a way to start or
+//!   end a drain
 //! ```
 //!
 //! Which file serves an HTTP/2 request: `relay/client.rs` reads it and
 //! `relay/admit.rs` lets it through; `relay/app.rs` carries its answer;
-//! `relay/ending/` ends it gracefully (the one room for how a stream ends).
+//! `relay/ending/` ends it gracefully (the one room for how a stream ends:
+//! its rules and outcomes, the cadence, the protocol; the relay's alone, so
+//! it lives there, not in the core).
 
 mod accept;
 mod body;

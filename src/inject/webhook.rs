@@ -12,7 +12,6 @@
 //! files change (cert-manager rotates the Secret; the kubelet swaps the
 //! mounted files), and a pair that does not load keeps the previous one.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
@@ -21,8 +20,6 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use kube_core::admission::{AdmissionResponse, AdmissionReview, Operation};
 use kube_core::DynamicObject;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
@@ -40,11 +37,12 @@ use tokio_util::task::TaskTracker;
 use super::manifest::{pod_patch, Direction};
 use super::mesh::{self, Choice, Declined, Namespace};
 use super::{Mode, PodChange, Refusal, Settings};
+use crate::http::server::{json, not_allowed, openmetrics, serve_connection, serve_fn, text};
+
+pub use super::certificate::{not_after, tls_config, Certificate};
 
 /// The path the MutatingWebhookConfiguration calls for namespaces without
 /// Istio's labels (Istio injects only the pods that ask for it by label).
-pub use super::certificate::{not_after, tls_config, Certificate};
-
 pub const PATH: &str = "/inject";
 /// The path of its webhooks for namespaces Istio injects: the Istio mode,
 /// but for a pod that opts out of Istio's injection.
@@ -640,20 +638,12 @@ pub async fn serve(
                 }
                 Err(_) => return tracing::debug!(%peer, "webhook: TLS handshake timed out"),
             };
-            let svc = service_fn(move |req| {
+            let handler = move |req| {
                 let hook = hook.clone();
-                async move { Ok::<_, Infallible>(handle(&hook, req).await) }
-            });
-            let conn = crate::control::http1_builder().serve_connection(TokioIo::new(stream), svc);
-            let mut conn = std::pin::pin!(conn);
-            tokio::select! {
-                res = conn.as_mut() => if let Err(e) = res {
-                    tracing::debug!(%peer, error = %e, "webhook: connection ended with an error");
-                },
-                _ = stop.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = tokio::time::timeout(Duration::from_secs(1), conn).await;
-                }
+                async move { handle(&hook, req).await }
+            };
+            if let Err(e) = serve_connection(stream, handler, &stop).await {
+                tracing::debug!(%peer, error = %e, "webhook: connection ended with an error");
             }
         });
     }
@@ -663,7 +653,6 @@ pub async fn serve(
 }
 
 async fn handle(hook: &Webhook, req: Request<Incoming>) -> Response<Full<Bytes>> {
-    use crate::control::{json, not_allowed, text};
     let ns = match req.uri().path() {
         PATH => Namespace::Unlabelled,
         PATH_ISTIO => Namespace::Injected,
@@ -746,17 +735,16 @@ fn close(mut r: Response<Full<Bytes>>) -> Response<Full<Bytes>> {
 
 /// `GET /metrics`, `/healthz`, `/readyz` on the plain-HTTP port.
 pub async fn serve_metrics(listener: TcpListener, hook: Arc<Webhook>, stop: CancellationToken) {
-    crate::control::serve_fn(
+    serve_fn(
         listener,
         stop,
         move |_peer: SocketAddr, req: Request<Incoming>| {
             let hook = hook.clone();
             async move {
-                use crate::control::{metrics_response, text};
                 match (req.method(), req.uri().path()) {
                     (&Method::GET, "/metrics") => {
                         hook.observe_expiry(SystemTime::now());
-                        metrics_response(&hook.metrics.registry)
+                        openmetrics(crate::metrics::render(&hook.metrics.registry))
                     }
                     (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
                     (&Method::GET, "/readyz") => match hook.unready(SystemTime::now()) {

@@ -24,10 +24,9 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::Shared;
-use crate::control::{
-    drain_form, drain_response, json, may_mutate, metrics_response, not_allowed, text, Refusal,
-};
+use crate::control::{drain_form, drain_response, may_mutate, Refusal};
 use crate::drain::Trigger;
+use crate::http::server::{json, not_allowed, openmetrics, serve_fn_until, text};
 
 /// Prometheus' default scrape timeout is 10 s; stay well inside it.
 const TELEMETRY_BUDGET: Duration = Duration::from_secs(5);
@@ -38,7 +37,7 @@ pub(super) async fn serve(
     accepting: CancellationToken,
     shutdown: CancellationToken,
 ) {
-    crate::control::serve_fn_until(listener, accepting, shutdown, move |peer, req| {
+    serve_fn_until(listener, accepting, shutdown, move |peer, req| {
         let shared = shared.clone();
         async move { handle(&shared, peer, req).await }
     })
@@ -191,7 +190,7 @@ async fn handle(
             {
                 tracing::debug!("telemetry refresh timed out; serving the last values");
             }
-            metrics_response(&shared.registry)
+            openmetrics(crate::metrics::render(&shared.registry))
         }
         ApiRoute::Healthz => text(StatusCode::OK, "ok\n"),
         ApiRoute::Readyz => {

@@ -74,7 +74,7 @@ impl Shared {
             host: self.host.clone(),
             name: pod.name.clone(),
         });
-        self.tasks.spawn(crate::control::serve_fn_until(
+        self.tasks.spawn(crate::http::server::serve_fn_until(
             listener,
             pod.listener_stop.clone(),
             pod.cancel.clone(),

@@ -25,7 +25,7 @@
 //! it replaces and hands them to the one replacing it (`handover`).
 //!
 //! The agent's lifecycle (start, run, stop, hand-over) is in `agent`; the
-//! scan in `scan`; each pod's preStop listener and guard binding in
+//! scan in `scan`, its identify step in `identify`; each pod's preStop listener and guard binding in
 //! `binding`; what they all work on (the pods, the settings, the registry)
 //! in `shared`, which depends on none of them. The agent's own endpoints are
 //! in `api`; a pod's listener in `pod`.
@@ -41,6 +41,7 @@ pub mod timers;
 
 mod agent;
 mod binding;
+mod identify;
 mod scan;
 mod shared;
 

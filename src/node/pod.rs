@@ -30,9 +30,10 @@ use super::netns::Netns;
 use super::proc::ProcIdentity;
 use super::timers::{PodDrain, TimersStatus};
 use crate::control::telemetry::Telemetry;
-use crate::control::{drain_response, may_mutate, parse_wait, text};
+use crate::control::{drain_response, may_mutate, parse_wait};
 use crate::drain::{Status, Trigger};
 use crate::envoy::{AdminClient, ServerInfo};
+use crate::http::server::text;
 use crate::metrics::{Metrics, ProxyLabels};
 
 /// The node's own addresses, shared by every pod listener and refreshed at

@@ -2,7 +2,7 @@
 //! processes grouped by network namespace) against the pods the agent
 //! knows. The decisions (which pods are new, gone or kept, which names
 //! clash, what a pod's timers say) are pure functions below; `Shared::scan`
-//! does the I/O around them.
+//! does the I/O around them, in steps, the identify step in `identify`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
@@ -11,45 +11,18 @@ use futures_util::StreamExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::guard::{self, PodGuardSlot};
-use super::handover::ListenerKind;
+use super::guard::PodGuardSlot;
 use super::metrics::PodLabels;
 use super::netns::{self, Netns, NetnsDial};
 use super::pod::{self, GuardState, ListenerState, Pod};
 use super::proc;
 use super::shared::{Departed, Shared, SCAN_CONCURRENCY};
 use super::timers::{self, PodDrain, PodTimers};
-use crate::control::listener_drains::{self, Tracker};
-use crate::control::recovery::ENVOY_DEFAULT_DRAIN_TIME;
+use crate::control::listener_drains::Tracker;
 use crate::control::telemetry::Telemetry;
-use crate::drain::{DrainSettings, Phase};
+use crate::drain::DrainSettings;
 use crate::envoy::AdminClient;
 use crate::metrics::Metrics;
-
-/// Pods asked `/server_info` at once in each scan's recurring identify step.
-/// Each ask is a fresh thread entering a pod's namespace: with guards
-/// serving traffic on the same cores, bursts of 32 every scan showed as the
-/// guards' p99 (bench node-scale --guards); 4 spreads the same work out.
-const IDENTIFY_CONCURRENCY: usize = 4;
-
-/// One pod's part of a scan, taken under the pods' lock and done outside it.
-struct Work {
-    key: u64,
-    admin: AdminClient,
-    ns: Netns,
-    needs_listener: bool,
-    needs_guard: bool,
-    needs_migrate: bool,
-    /// The pod's listener-drain watch, given back after the look.
-    tracker: Tracker,
-    metrics: Metrics,
-    /// `namespace/pod`, for the log events.
-    pod: String,
-    /// The pod's own drain runs: a push seen now is marked so.
-    pod_draining: bool,
-    /// The pod's guard, asked to end the streams a config push drains.
-    guard: PodGuardSlot,
-}
 
 /// A live pod as the scan's decisions see it.
 #[derive(Clone, Debug)]
@@ -137,7 +110,7 @@ pub(super) fn renames(pods: &[Named]) -> Vec<(u64, PodLabels)> {
 }
 
 /// Renames the later of two pods claiming the same name (`renames`).
-fn disambiguate(pods: &mut BTreeMap<u64, Pod>) {
+pub(super) fn disambiguate(pods: &mut BTreeMap<u64, Pod>) {
     let named: Vec<Named> = pods
         .iter()
         .map(|(k, p)| Named {
@@ -192,33 +165,6 @@ pub(super) fn timers_note(timers: &PodTimers) -> TimersNote {
     }
 }
 
-/// Gives `pod`'s drain the timers its metadata asks for, unless it has
-/// started. Said once per change (each scan reads the same metadata): one
-/// warn line naming every violation when they are refused, one info line
-/// when the pod's own apply.
-fn apply_timers(pod: &Pod, timers: PodTimers) {
-    let (namespace, name) = (&pod.labels.namespace, &pod.labels.pod);
-    // A drain that started keeps the timers it started with.
-    if !pod.drain.set_timers(timers.clone()) {
-        return;
-    }
-    match timers_note(&timers) {
-        TimersNote::Refused {
-            reasons,
-            violations,
-        } => tracing::warn!(%namespace, pod = %name, ?reasons, %violations,
-            "the pod's drain timers (node metadata) are invalid; it drains with the agent's"),
-        TimersNote::Own => {
-            let t = &timers.timers;
-            tracing::info!(%namespace, pod = %name, deregistration_delay = ?t.deregistration_delay,
-                min_drain_time = ?t.min_drain_time, drain_time = ?t.drain_time,
-                parent_shutdown_time = ?t.parent_shutdown_time, poll_interval = ?t.poll_interval,
-                termination_grace_period = ?timers.grace, "the pod's own drain timers (node metadata)");
-        }
-        TimersNote::Agent => {}
-    }
-}
-
 pub(super) async fn scan_loop(shared: Arc<Shared>, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(shared.settings.scan_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -241,6 +187,21 @@ impl Shared {
     /// listeners still missing, retention.
     pub(super) async fn scan(self: &Arc<Self>) {
         let _scanning = self.scanning.lock().await;
+        self.refresh_host_addresses();
+        let Some(groups) = self.envoys().await else {
+            return;
+        };
+        let changes = self.retire_gone(groups);
+        self.set_up_found(changes).await;
+        let found = self.identify_pods().await;
+        self.apply_identified(found);
+        self.scans
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The node's own addresses, which every pod listener's `/drain` rule
+    /// reads (an interface may come or go).
+    fn refresh_host_addresses(&self) {
         match netns::host_addresses() {
             Ok(addrs) => {
                 if let Ok(mut h) = self.host.write() {
@@ -249,6 +210,11 @@ impl Shared {
             }
             Err(e) => tracing::warn!(error = %e, "cannot list the node's addresses"),
         }
+    }
+
+    /// The Envoy processes /proc shows, grouped by network namespace; `None`
+    /// (logged) when /proc could not be read: the scan is skipped.
+    async fn envoys(&self) -> Option<BTreeMap<u64, proc::NetnsGroup>> {
         let root = self.settings.proc_root.clone();
         let names = self.settings.process_names.clone();
         let scanned = tokio::task::spawn_blocking(move || proc::scan(&root, &names)).await;
@@ -256,17 +222,20 @@ impl Shared {
             Ok(Ok(p)) => p,
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "scan failed");
-                return;
+                return None;
             }
             Err(e) => {
                 tracing::warn!(error = %e, "scan task failed");
-                return;
+                return None;
             }
         };
-        let groups = proc::group(&procs);
+        Some(proc::group(&procs))
+    }
 
-        // Retire pods whose namespace has no Envoy left, and pods whose drain
-        // is over and whose Envoy was replaced (a container restart).
+    /// Retires pods whose namespace has no Envoy left, and pods whose drain
+    /// is over and whose Envoy was replaced (a container restart): their
+    /// series stay for `--retention`. Returns what else the scan does.
+    fn retire_gone(&self, groups: BTreeMap<u64, proc::NetnsGroup>) -> Changes {
         let (changes, gone) = {
             let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
             let known: Vec<Known> = pods
@@ -300,189 +269,31 @@ impl Shared {
         if let Ok(mut d) = self.departed.lock() {
             d.retain(|d| d.until > now);
         }
+        changes
+    }
 
-        // New pods, set up concurrently (each setns is a short-lived thread).
+    /// Sets up the new pods concurrently (each setns is a short-lived
+    /// thread) and gives the kept ones the Envoy pids seen now.
+    async fn set_up_found(self: &Arc<Self>, changes: Changes) {
         let created: Vec<Pod> = futures_util::stream::iter(changes.add)
             .map(|g| self.new_pod(g))
             .buffer_unordered(SCAN_CONCURRENCY)
             .filter_map(|p| async move { p })
             .collect()
             .await;
-        {
-            let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
-            // A new pod has the pids of its group (`new_pod`).
-            for p in created {
-                tracing::info!(namespace = %p.labels.namespace, pod = %p.labels.pod,
-                    netns = p.netns.inode(), pids = ?p.pids, listener = ?p.listener, "pod found");
-                pods.insert(p.netns.inode(), p);
-            }
-            for (k, p) in pods.iter_mut() {
-                if let Some(pids) = changes.keep.get(k) {
-                    p.pids = pids.clone();
-                }
-            }
-            self.pods_gauge.set(pods.len() as i64);
-        }
-
-        // Identify every pod and retry missing listeners and guards, concurrently.
-        let migrate = self.settings.guard.tcp_migrate_req;
-        let work: Vec<Work> = self
-            .pods
-            .lock()
-            .map(|p| {
-                p.iter()
-                    .map(|(k, p)| Work {
-                        key: *k,
-                        admin: p.admin.clone(),
-                        ns: p.netns.clone(),
-                        needs_listener: !matches!(p.listener, ListenerState::Listening(_)),
-                        // A guard starts on a pod that is not draining.
-                        needs_guard: !matches!(p.guard_state, GuardState::Serving { .. })
-                            && p.drain.status().phase == Phase::Serving,
-                        // Once per pod, before its listeners are bound.
-                        needs_migrate: migrate && p.tcp_migrate_req.is_none(),
-                        tracker: p.listener_drains.clone(),
-                        metrics: p.metrics.clone(),
-                        pod: format!("{}/{}", p.labels.namespace, p.labels.pod),
-                        pod_draining: p.drain.status().phase != Phase::Serving,
-                        guard: p.guard.clone(),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let port = self.settings.pod_listen_port;
-        let results: Vec<_> = futures_util::stream::iter(work)
-            .map(|w| async move {
-                let Work {
-                    key: k,
-                    admin,
-                    ns,
-                    needs_listener,
-                    needs_guard,
-                    needs_migrate,
-                    mut tracker,
-                    metrics,
-                    pod,
-                    pod_draining,
-                    guard: guard_slot,
-                } = w;
-                let migrated = match needs_migrate {
-                    true => Some(ns.enable_tcp_migrate_req().await),
-                    false => None,
-                };
-                let info = admin.server_info().await;
-                // Listener drains a config push began (control::listener_drains).
-                let tracker = match &info {
-                    Ok(i) => match admin.listener_manager().await {
-                        Ok(lm) => {
-                            let drain_time = i.drain_time().unwrap_or(ENVOY_DEFAULT_DRAIN_TIME);
-                            let drains = listener_drains::look(
-                                &admin,
-                                &mut tracker,
-                                lm,
-                                drain_time,
-                                &metrics,
-                                &pod,
-                                pod_draining,
-                            )
-                            .await;
-                            listener_drains::end_streams(
-                                &guard_slot,
-                                &drains,
-                                drain_time,
-                                self.settings.scan_interval,
-                            );
-                            Some(tracker)
-                        }
-                        Err(_) => None,
-                    },
-                    Err(_) => None,
-                };
-                let listener = match needs_listener {
-                    true => Some(self.pod_listener(&ns, port).await),
-                    false => None,
-                };
-                let guard = match (&info, needs_guard) {
-                    (Ok(info), true) => {
-                        let asked = guard::spec_for(
-                            info.metadata_str(guard::METADATA_KEY),
-                            self.settings.guard.default,
-                        );
-                        match asked {
-                            Ok(Some(spec)) => {
-                                Some(Ok((spec, self.guard_listener(&ns, spec).await)))
-                            }
-                            Ok(None) => None,
-                            Err(e) => {
-                                Some(Err(format!("node metadata {}: {e}", guard::METADATA_KEY)))
-                            }
-                        }
-                    }
-                    _ => None,
-                };
-                (k, info, listener, guard, migrated, tracker)
-            })
-            .buffer_unordered(IDENTIFY_CONCURRENCY)
-            .collect()
-            .await;
         let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
-        for (k, info, listener, guard, migrated, tracker) in results {
-            let Some(p) = pods.get_mut(&k) else { continue };
-            if let Some(t) = tracker {
-                p.listener_drains = t;
-            }
-            if let Some(r) = migrated {
-                if let Err(e) = &r {
-                    tracing::warn!(namespace = %p.labels.namespace, pod = %p.labels.pod, error = %e,
-                        "net.ipv4.tcp_migrate_req is not set in this pod: an agent that stops beside \
-                         another without --handover-socket resets the connections queued on its listeners");
-                }
-                p.tcp_migrate_req = Some(r);
-            }
-            match guard {
-                Some(Ok((spec, bound))) => self.start_guard(p, spec, bound),
-                Some(Err(msg)) => {
-                    if p.guard_state != GuardState::Failed(msg.clone()) {
-                        tracing::warn!(namespace = %p.labels.namespace, pod = %p.labels.pod,
-                            error = %msg, "no stream guard for this pod");
-                    }
-                    p.guard_state = GuardState::Failed(msg);
-                }
-                None => {}
-            }
-            match info {
-                Ok(info) => {
-                    p.envoy_state = Ok(info.state.clone());
-                    p.resolve(Some(&info));
-                    let timers =
-                        PodTimers::from_metadata(&info.node.metadata, &self.settings.budget);
-                    apply_timers(p, timers);
-                }
-                Err(e) => {
-                    p.envoy_state = Err(e.to_string());
-                    p.resolve(None);
-                }
-            }
-            if let Some(l) = listener {
-                let state = self.serve_pod(p, l);
-                p.listener = state;
+        // A new pod has the pids of its group (`new_pod`).
+        for p in created {
+            tracing::info!(namespace = %p.labels.namespace, pod = %p.labels.pod,
+                netns = p.netns.inode(), pids = ?p.pids, listener = ?p.listener, "pod found");
+            pods.insert(p.netns.inode(), p);
+        }
+        for (k, p) in pods.iter_mut() {
+            if let Some(pids) = changes.keep.get(k) {
+                p.pids = pids.clone();
             }
         }
-        disambiguate(&mut pods);
-        let without = pods
-            .values()
-            .filter(|p| matches!(p.tcp_migrate_req, Some(Err(_))))
-            .count();
-        self.migrate_gauge
-            .set(i64::try_from(without).unwrap_or(i64::MAX));
-        // Listeners handed over for pods that are gone are closed (the pod
-        // is gone, nobody connects there any more).
-        if let Ok(mut offers) = self.inherited.lock() {
-            offers.retain(|o| o.kind == ListenerKind::Api || pods.contains_key(&o.netns));
-        }
-        drop(pods);
-        self.scans
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.pods_gauge.set(pods.len() as i64);
     }
 
     /// Pins the namespace, builds the admin client, telemetry and drain

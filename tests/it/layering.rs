@@ -4,6 +4,7 @@
 //! the crate above them, nothing in `src/` reaches for the bench (it is a
 //! crate of its own, drainshim-bench, on top of this one), and
 //! `src/` keeps its parts in rooms (the two modes apart, few files loose).
+//! The top level holds `proto/` and `benches/`, as the design draws it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -145,6 +146,32 @@ fn the_product_does_not_link_the_bench() {
     }
 }
 
+/// The repository's top level as docs/design.md draws it: the product's
+/// manifest and sources, the bench protocol and the benchmarks, the deploy
+/// files, the tests and the image's recipe. drainshim-bench (`bench/`)
+/// reads the proto and the benches from there and keeps neither inside.
+#[test]
+fn the_top_level_holds_proto_and_benches() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for name in [
+        "Cargo.toml",
+        "src",
+        "proto",
+        "deploy",
+        "benches",
+        "tests",
+        "Dockerfile",
+    ] {
+        assert!(root.join(name).exists(), "no {name} at the top level");
+    }
+    for inside in ["bench/proto", "bench/benches"] {
+        assert!(
+            !root.join(inside).exists(),
+            "{inside} is back inside the harness"
+        );
+    }
+}
+
 #[test]
 fn metrics_and_the_leaves_stand_alone() {
     let g = graph();
@@ -153,6 +180,36 @@ fn metrics_and_the_leaves_stand_alone() {
         let above: Vec<_> = deps.iter().filter(|d| *d != "config").collect();
         assert!(above.is_empty(), "{leaf} imports {above:?}");
     }
+}
+
+/// Every server of drainshim's own HTTP (the control endpoints, the node
+/// agent, the webhook) serves through `http::server`, a leaf: the webhook
+/// borrows nothing of `control`, and no file but `src/http/server.rs` builds
+/// a hyper server connection itself.
+#[test]
+fn the_servers_share_http_server() {
+    let g = graph();
+    assert!(!g["inject"].contains("control"), "inject imports control");
+    for server in ["control", "node", "inject"] {
+        assert!(g[server].contains("http"), "{server} does not use http");
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let builders: Vec<_> = files
+        .iter()
+        .filter(|f| !f.starts_with(src.join("guard")))
+        .filter(|f| {
+            production_code(&std::fs::read_to_string(f).expect("read"))
+                .contains("server::conn::http1::Builder")
+        })
+        .map(|f| f.strip_prefix(&src).unwrap_or(f).display().to_string())
+        .collect();
+    assert_eq!(
+        builders,
+        ["http/server.rs"],
+        "HTTP/1.1 servers built outside http::server"
+    );
 }
 
 /// The sidecar and the node agent are two rooms of the same kind: what

@@ -214,13 +214,23 @@ async fn table(url: &str, tiers: &str, cp: &str, flags: &[&str]) -> String {
     format!("{out}{err}")
 }
 
-#[tokio::test]
-async fn plan_follows_a_migration_from_the_fleet_alone() {
-    let backend = backend().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let tiers = tiers_file(dir.path(), TIERS);
+/// What each step of the migration works on: Prometheus (its URL for the
+/// plan, a client to wait on what it scraped), the tiers file and the fleet.
+struct Migration {
+    url: String,
+    tiers: String,
+    client: PromClient,
+    fleet: Fleet,
+}
 
-    // Six pods on n-2, two per tier, every guard with a max connection age.
+/// The flags once the lifetime soaked, with no stall in sight.
+const FLAGS_SOAKED: &[&str] = &["--lifetime-soak", "2s", "--stall-after", "1h"];
+/// The flags once every soak is short, from the control plane's step on.
+const CP_FLAGS: &[&str] = &["--lifetime-soak", "2s", "--soak", "2s"];
+
+/// Six pods on n-2, two per tier, every guard with a max connection age,
+/// and Prometheus scraping them all.
+async fn six_pods_on_n2(backend: SocketAddr, tiers: String) -> Migration {
     let mut pods = BTreeMap::new();
     for (ns, name) in [
         ("t1", "t1-a"),
@@ -230,17 +240,14 @@ async fn plan_follows_a_migration_from_the_fleet_alone() {
         ("t3", "t3-a"),
         ("t3", "t3-b"),
     ] {
-        pods.insert(
-            name.to_string(),
-            pod(backend.addr, ns, name, N2, true).await,
-        );
+        pods.insert(name.to_string(), pod(backend, ns, name, N2, true).await);
     }
     let shims: Vec<SocketAddr> = pods.values().map(|p| p.shim).collect();
     let prom = prometheus(&shims).await;
     let client = PromClient::new(&prom.url(), Duration::from_secs(5)).expect("client");
     let url = prom.url();
-    let mut fleet = Fleet {
-        backend: backend.addr,
+    let fleet = Fleet {
+        backend,
         pods,
         prom,
     };
@@ -255,10 +262,35 @@ async fn plan_follows_a_migration_from_the_fleet_alone() {
         |n| n == 6.0,
     )
     .await;
+    Migration {
+        url,
+        tiers,
+        client,
+        fleet,
+    }
+}
 
-    // Bad input: a clear error, exit 64, and no plan.
+#[tokio::test]
+async fn plan_follows_a_migration_from_the_fleet_alone() {
+    let backend = backend().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tiers = tiers_file(dir.path(), TIERS);
+    let mut m = six_pods_on_n2(backend.addr, tiers).await;
+    bad_input_is_a_usage_error(&m, dir.path()).await;
+    a_fresh_fleet_may_not_restart_yet(&m).await;
+    once_soaked_tier_1_may_start(&m).await;
+    tier_1_moves_then_stalls(&mut m).await;
+    tier_1_verified_then_tier_2_after_the_soak(&mut m).await;
+    the_control_plane_may_move(&mut m).await;
+    the_control_plane_moved(&m).await;
+    a_wave_that_cuts_streams_fails_verify(&mut m).await;
+}
+
+/// Bad input: a clear error, exit 64, and no plan.
+async fn bad_input_is_a_usage_error(m: &Migration, dir: &std::path::Path) {
+    let Migration { url, tiers, .. } = m;
     let unknown = tiers_file(
-        dir.path(),
+        dir,
         "[[tier]]\nname = \"x\"\nnamespaces = [\"t1\", \"nope\"]\n",
     );
     for (cp, target, skew, file, says) in [
@@ -294,7 +326,7 @@ async fn plan_follows_a_migration_from_the_fleet_alone() {
         let (code, out, err) = run_bin(&[
             "plan",
             "--prometheus",
-            &url,
+            url,
             "--tiers",
             file,
             "--control-plane",
@@ -309,11 +341,11 @@ async fn plan_follows_a_migration_from_the_fleet_alone() {
         assert!(out.is_empty(), "{out}");
         assert!(err.contains(says), "{says}: {err}");
     }
-    let bad = tiers_file(dir.path(), "[[tier]]\nname = \"x\"\n");
+    let bad = tiers_file(dir, "[[tier]]\nname = \"x\"\n");
     let (code, _, err) = run_bin(&[
         "plan",
         "--prometheus",
-        &url,
+        url,
         "--tiers",
         &bad,
         "--control-plane",
@@ -324,10 +356,13 @@ async fn plan_follows_a_migration_from_the_fleet_alone() {
     .await;
     assert_eq!(code, Some(64), "{err}");
     assert!(err.contains("names no namespaces"), "{err}");
+}
 
-    // A fresh fleet: the inventory is published, the lifetime soaks, nothing
-    // may restart yet.
-    let fresh = plan(&url, &tiers, "1.39", &["--lifetime-soak", "1h"]).await;
+/// A fresh fleet: the inventory is published, the lifetime soaks, nothing
+/// may restart yet.
+async fn a_fresh_fleet_may_not_restart_yet(m: &Migration) {
+    let Migration { url, tiers, .. } = m;
+    let fresh = plan(url, tiers, "1.39", &["--lifetime-soak", "1h"]).await;
     assert_eq!(fresh.code, Some(75), "{}{}", fresh.plan, fresh.err);
     assert_eq!(fresh.plan["verdict"], "wait");
     assert_eq!(fresh.row(1, "")["state"], "done");
@@ -342,14 +377,18 @@ async fn plan_follows_a_migration_from_the_fleet_alone() {
     assert_eq!(fresh.row(4, "")["state"], "not_started");
     println!(
         "{}",
-        table(&url, &tiers, "1.39", &["--lifetime-soak", "1h"]).await
+        table(url, tiers, "1.39", &["--lifetime-soak", "1h"]).await
     );
+}
 
-    // Soaked: tier 1 may start, with Istio's commands.
+/// Soaked: tier 1 may start, with Istio's commands; `--next-only` gives
+/// the same action.
+async fn once_soaked_tier_1_may_start(m: &Migration) {
+    let Migration { url, tiers, .. } = m;
     let soaked = plan_until(
         "the lifetime soaked",
-        &url,
-        &tiers,
+        url,
+        tiers,
         "1.39",
         &["--lifetime-soak", "2s"],
         |r| r.code == Some(0),
@@ -367,24 +406,32 @@ async fn plan_follows_a_migration_from_the_fleet_alone() {
             && commands.contains("kubectl -n t1 rollout restart"),
         "{commands}"
     );
-    let flags_soaked: &[&str] = &["--lifetime-soak", "2s", "--stall-after", "1h"];
     // The next action alone, for a pipeline: the same action and verdict.
     let only = plan(
-        &url,
-        &tiers,
+        url,
+        tiers,
         "1.39",
-        &[flags_soaked, &["--next-only"]].concat(),
+        &[FLAGS_SOAKED, &["--next-only"]].concat(),
     )
     .await;
     assert_eq!(only.code, Some(0), "{}", only.plan);
     assert_eq!(only.plan["verdict"], "go");
     assert_eq!(only.plan["next"]["row"], soaked.plan["next"]["row"]);
     assert!(only.plan.get("rows").is_none(), "{}", only.plan);
+}
 
-    // Tier 1 in progress: one pod of two on n-1.
+/// Tier 1 in progress (one pod of two on n-1), then stalled: no change
+/// for `--stall-after`.
+async fn tier_1_moves_then_stalls(m: &mut Migration) {
+    let Migration {
+        url,
+        tiers,
+        client,
+        fleet,
+    } = m;
     fleet.replace("t1-a", "t1", "t1-a2", N1, true).await;
-    wait_versions(&client, "t1", &[(N1, 1.0), (N2, 1.0)]).await;
-    let moving = plan(&url, &tiers, "1.39", flags_soaked).await;
+    wait_versions(client, "t1", &[(N1, 1.0), (N2, 1.0)]).await;
+    let moving = plan(url, tiers, "1.39", FLAGS_SOAKED).await;
     assert_eq!(moving.code, Some(0), "{}", moving.plan);
     let r = moving.row(3, "test-services");
     assert_eq!(
@@ -400,8 +447,8 @@ async fn plan_follows_a_migration_from_the_fleet_alone() {
     // Stalled: no change for --stall-after.
     let stalled = plan_until(
         "tier 1 stalls",
-        &url,
-        &tiers,
+        url,
+        tiers,
         "1.39",
         &["--lifetime-soak", "2s", "--stall-after", "3s"],
         |r| r.code == Some(1),
@@ -415,22 +462,30 @@ async fn plan_follows_a_migration_from_the_fleet_alone() {
     println!(
         "{}",
         table(
-            &url,
-            &tiers,
+            url,
+            tiers,
             "1.39",
             &["--lifetime-soak", "2s", "--stall-after", "3s"]
         )
         .await
     );
+}
 
-    // Tier 1 done (its second pod has no guard: its drains will cut), and
-    // verified; tier 2 waits for the soak.
+/// Tier 1 done (its second pod has no guard: its drains will cut) and
+/// verified; tier 2 waits for the soak, then may start.
+async fn tier_1_verified_then_tier_2_after_the_soak(m: &mut Migration) {
+    let Migration {
+        url,
+        tiers,
+        client,
+        fleet,
+    } = m;
     fleet.replace("t1-b", "t1", "t1-b2", N1, false).await;
-    wait_versions(&client, "t1", &[(N1, 2.0)]).await;
+    wait_versions(client, "t1", &[(N1, 2.0)]).await;
     let soaking = plan_until(
         "tier 1 finished",
-        &url,
-        &tiers,
+        url,
+        tiers,
         "1.39",
         &["--lifetime-soak", "2s", "--soak", "1h"],
         |r| r.row(3, "test-services")["state"] == "verified",
@@ -447,8 +502,8 @@ async fn plan_follows_a_migration_from_the_fleet_alone() {
     // The soak over, tier 2 may start.
     let allowed = plan_until(
         "tier 2 allowed",
-        &url,
-        &tiers,
+        url,
+        tiers,
         "1.39",
         &["--lifetime-soak", "2s", "--soak", "2s"],
         |r| r.code == Some(0),
@@ -456,22 +511,29 @@ async fn plan_follows_a_migration_from_the_fleet_alone() {
     .await;
     assert_eq!(allowed.next_row()["tier"], "internal", "{}", allowed.plan);
     assert_eq!(allowed.next_row()["step"], 3);
+}
 
-    // Tiers 2 and 3 on n-1: the control plane may move; rollback by
-    // restart is still possible, and `skew` agrees.
+/// Tiers 2 and 3 on n-1: the control plane may move, rollback by restart
+/// is still possible, `skew` agrees, and the estimate counts the waves.
+async fn the_control_plane_may_move(m: &mut Migration) {
+    let Migration {
+        url,
+        tiers,
+        client,
+        fleet,
+    } = m;
     for (ns, pods) in [("t2", ["t2-a", "t2-b"]), ("t3", ["t3-a", "t3-b"])] {
         for old in pods {
             fleet.replace(old, ns, &format!("{old}2"), N1, true).await;
         }
-        wait_versions(&client, ns, &[(N1, 2.0)]).await;
+        wait_versions(client, ns, &[(N1, 2.0)]).await;
     }
-    let cp_flags: &[&str] = &["--lifetime-soak", "2s", "--soak", "2s"];
     let cp_ready = plan_until(
         "the control plane may move",
-        &url,
-        &tiers,
+        url,
+        tiers,
         "1.39",
-        cp_flags,
+        CP_FLAGS,
         |r| r.code == Some(0) && r.next_row()["kind"] == "control_plane",
     )
     .await;
@@ -491,14 +553,14 @@ async fn plan_follows_a_migration_from_the_fleet_alone() {
     assert!(cp_ready.plan["next"]["commands"]
         .to_string()
         .contains("istioctl install --set revision=1-40"));
-    let (code, out, _) = run_bin(&["skew", "--prometheus", &url, "--control-plane", "1.40"]).await;
+    let (code, out, _) = run_bin(&["skew", "--prometheus", url, "--control-plane", "1.40"]).await;
     assert_eq!(code, Some(0), "{out}");
     println!(
         "{}",
-        table(&url, &tiers, "1.39", &[cp_flags, &["--estimate"]].concat()).await
+        table(url, tiers, "1.39", &[CP_FLAGS, &["--estimate"]].concat()).await
     );
 
-    let estimated = plan(&url, &tiers, "1.39", &[cp_flags, &["--estimate"]].concat()).await;
+    let estimated = plan(url, tiers, "1.39", &[CP_FLAGS, &["--estimate"]].concat()).await;
     let e = &estimated.plan["estimate"];
     assert!(
         e["remaining_seconds"].as_f64().is_some_and(|s| s > 0.0),
@@ -506,10 +568,13 @@ async fn plan_follows_a_migration_from_the_fleet_alone() {
     );
     assert_eq!(e["waves_left"], 3, "{e}");
     assert!(e["waves_measured"].as_u64().is_some_and(|n| n >= 3), "{e}");
+}
 
-    // The control plane moved: it is done, rollback by restart is gone, and
-    // the second restart may start.
-    let moved = plan(&url, &tiers, "1.40", cp_flags).await;
+/// The control plane moved: rollback by restart is gone, and the second
+/// restart may start.
+async fn the_control_plane_moved(m: &Migration) {
+    let Migration { url, tiers, .. } = m;
+    let moved = plan(url, tiers, "1.40", CP_FLAGS).await;
     assert_eq!(moved.code, Some(0), "{}", moved.plan);
     assert_eq!(moved.row(4, "")["state"], "done");
     assert_eq!(moved.row(4, "")["rollback"]["possible"], false);
@@ -535,22 +600,30 @@ async fn plan_follows_a_migration_from_the_fleet_alone() {
         "{}",
         moved.plan
     );
-    let (code, out, _) = run_bin(&["skew", "--prometheus", &url, "--control-plane", "1.40"]).await;
+    let (code, out, _) = run_bin(&["skew", "--prometheus", url, "--control-plane", "1.40"]).await;
     assert_eq!(code, Some(0), "{out}");
+}
 
-    // Tier 1 to n, with a drain that cuts two streams: the wave fails
-    // verify, and the plan stops.
+/// Tier 1 to n, with a drain that cuts two streams: the wave fails
+/// verify, and the plan stops.
+async fn a_wave_that_cuts_streams_fails_verify(m: &mut Migration) {
+    let Migration {
+        url,
+        tiers,
+        client,
+        fleet,
+    } = m;
     let p = pod(fleet.backend, "t1", "t1-c", N, true).await;
     fleet.pods.insert("t1-c".into(), p);
     fleet.publish();
-    wait_versions(&client, "t1", &[(N, 1.0), (N1, 2.0)]).await;
+    wait_versions(client, "t1", &[(N, 1.0), (N1, 2.0)]).await;
     let inbound = fleet.pods["t1-b2"].envoy.inbound;
     let _cut = open_streams(inbound, 2, "cut").await;
     let drained = prestop(fleet.pods["t1-b2"].shim).await;
     assert_eq!(drained.report().streams.cut, 2);
     let shim = fleet.pods["t1-b2"].shim;
     wait_for_scalar(
-        &client,
+        client,
         "Prometheus has the cut streams",
         WAIT,
         &format!("drainshim_drained_streams_total{{instance=\"{shim}\",outcome=\"cut\"}}"),
@@ -559,13 +632,13 @@ async fn plan_follows_a_migration_from_the_fleet_alone() {
     .await;
     fleet.remove("t1-b2");
     fleet.replace("t1-a2", "t1", "t1-d", N, true).await;
-    wait_versions(&client, "t1", &[(N, 2.0)]).await;
+    wait_versions(client, "t1", &[(N, 2.0)]).await;
     let failed = plan_until(
         "tier 1's second wave judged",
-        &url,
-        &tiers,
+        url,
+        tiers,
         "1.40",
-        cp_flags,
+        CP_FLAGS,
         |r| r.row(5, "test-services")["state"] == "done",
     )
     .await;
@@ -589,5 +662,5 @@ async fn plan_follows_a_migration_from_the_fleet_alone() {
         .to_string()
         .contains("drainshim verify"));
     assert_eq!(failed.row(5, "internal")["gate"]["ok"], false);
-    println!("{}", table(&url, &tiers, "1.40", cp_flags).await);
+    println!("{}", table(url, tiers, "1.40", CP_FLAGS).await);
 }

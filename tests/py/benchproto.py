@@ -1,6 +1,6 @@
 """What the test apps that serve the bench protocol without generated stubs
 (grpc_app.py, slow_app.py) share: its few protobuf fields
-(bench/proto/drainshim/bench/v1/stream.proto), encoded and decoded by hand, and
+(proto/drainshim/bench/v1/stream.proto), encoded and decoded by hand, and
 how the tests tell an app to stop."""
 
 import signal

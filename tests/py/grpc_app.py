@@ -1,7 +1,7 @@
 """A gRPC application written with grpcio (PyPI), for tests/it/guard_app_shutdown.rs
 and tests/it/peer_matrix.rs.
 
-It serves the bench protocol (bench/proto/drainshim/bench/v1/stream.proto) without
+It serves the bench protocol (proto/drainshim/bench/v1/stream.proto) without
 generated stubs: a generic handler with identity (bytes) serializers, and the
 few protobuf fields it needs encoded by hand. The server has grpcio's default
 options (one is changed: no SO_REUSEPORT), so gRPC C-core's keepalive

@@ -1,4 +1,4 @@
-"""HTTP/2 peers for the guard's conformance suite (tests/py/h2_conformance.py).
+"""HTTP/2 peers for the guard's conformance suite (tests/py/h2_conformance/).
 
 Independent implementations drive both ends of the guard: python-h2 for the
 protocol state (HPACK, flow control, stream states) and hyperframe for frames

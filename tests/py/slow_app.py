@@ -11,7 +11,7 @@ runs. Each turn of the loop it
 So the guard's cancel of a stream is read up to --pause-ms after it arrived,
 and every message the app wrote before it is on its way. A message counts as
 written once its last byte is in the socket: that is what the guard must never
-lose. It serves the bench protocol (bench/proto/drainshim/bench/v1/stream.proto,
+lose. It serves the bench protocol (proto/drainshim/bench/v1/stream.proto,
 Subscribe only; the few protobuf fields encoded by hand, as grpc_app.py does):
 
   Subscribe  a Tick (stream id, sequence number 1, 2, ...) every interval_ms

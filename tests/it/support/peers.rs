@@ -1,6 +1,6 @@
 //! The gRPC servers of the peer matrix (tests/it/peer_matrix.rs), each a
 //! separate process serving the bench protocol
-//! (bench/proto/drainshim/bench/v1/stream.proto) with its own HTTP/2 stack and
+//! (proto/drainshim/bench/v1/stream.proto) with its own HTTP/2 stack and
 //! that stack's default keepalive enforcement:
 //!
 //! | server | what runs | built by |

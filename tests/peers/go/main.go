@@ -1,7 +1,7 @@
 // A gRPC application written with grpc-go (Debian's golang-google-grpc-dev,
 // built in GOPATH mode by scripts/fetch-peers.sh), for tests/it/peer_matrix.rs.
 //
-// It serves the bench protocol (bench/proto/drainshim/bench/v1/stream.proto)
+// It serves the bench protocol (proto/drainshim/bench/v1/stream.proto)
 // without generated stubs: a hand-written grpc.ServiceDesc, a codec that
 // passes message bytes through, and the few protobuf fields it needs encoded
 // by hand. The server is grpc.NewServer() with no options: grpc-go's default

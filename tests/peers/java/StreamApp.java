@@ -2,7 +2,7 @@
 // libgrpc-java and libnetty-java, compiled with the system javac by
 // scripts/fetch-peers.sh), for tests/it/peer_matrix.rs.
 //
-// It serves the bench protocol (bench/proto/drainshim/bench/v1/stream.proto)
+// It serves the bench protocol (proto/drainshim/bench/v1/stream.proto)
 // without generated stubs: MethodDescriptors with byte-array marshallers,
 // and the few protobuf fields it needs encoded by hand. The server is
 // NettyServerBuilder with its defaults: grpc-java's keepalive enforcement
