@@ -425,6 +425,63 @@ mod tests {
         }
     }
 
+    /// The asks a guard got.
+    #[derive(Default)]
+    struct Asked(std::sync::Mutex<Vec<crate::drain::PushDrain>>);
+
+    impl crate::drain::StreamGuard for Asked {
+        fn goaway_all(&self) {}
+        fn terminate_all(&self, _: Duration) {}
+        fn end_config_push(&self, push: &crate::drain::PushDrain) {
+            self.0.lock().unwrap().push(push.clone());
+        }
+        fn active_streams(&self) -> u64 {
+            0
+        }
+        fn terminated_by_drain(&self) -> u64 {
+            0
+        }
+        fn failed_total(&self) -> u64 {
+            0
+        }
+    }
+
+    #[test]
+    fn the_guard_is_asked_for_inbound_drains_that_drain_something() {
+        let drain = |direction, chains: Option<Vec<String>>| ListenerDrain {
+            listener: "l".into(),
+            kind: DrainKind::Listener,
+            direction,
+            version: String::new(),
+            started: Some(SystemTime::now() + Duration::from_secs(3600)),
+            removed: false,
+            chains,
+        };
+        let asked = Asked::default();
+        end_streams(
+            &asked,
+            &[
+                drain(TrafficDirection::Outbound, None),
+                drain(TrafficDirection::Inbound, Some(vec![])),
+                drain(TrafficDirection::Inbound, Some(vec!["one".into()])),
+                drain(TrafficDirection::Unspecified, None),
+            ],
+            Duration::from_secs(10),
+            Duration::from_secs(1),
+        );
+        let asked = asked.0.into_inner().unwrap();
+        assert_eq!(
+            asked.len(),
+            2,
+            "not the outbound one, not the one draining no chain"
+        );
+        assert_eq!(asked[0].chains, Some(vec!["one".to_string()]));
+        assert!(
+            asked.iter().all(|a| a.started <= SystemTime::now()),
+            "a start in the future is clamped to now"
+        );
+    }
+
     const AT: SystemTime = SystemTime::UNIX_EPOCH;
     const T0: &str = "2026-12-07T10:27:04.873Z";
     const T1: &str = "2026-12-07T10:27:07.629Z";

@@ -600,6 +600,31 @@ mod tests {
         assert_eq!(r.push_selection(&sc, &mut w).len(), 1);
     }
 
+    /// A connection whose streams all closed before the drain was seen, or
+    /// that sat idle, is still old: the watermark remembers the highest id
+    /// seen before the drain began, not only the open streams'.
+    #[tokio::test(start_paused = true)]
+    async fn the_watermark_remembers_connections_whose_streams_closed() {
+        let r = Arc::new(Registry::default());
+        let gone = r.register(1, true).expect("admitted");
+        gone.set_origin(origin(7, "fc", "inbound"));
+        drop(gone);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let started = Instant::now();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        // Opened after the drain began on an old connection (5 < 7) that
+        // had nothing open at the drain's start.
+        let back = r.register(1, true).expect("admitted");
+        back.set_origin(origin(5, "fc", "inbound"));
+        let newer = r.register(1, true).expect("admitted");
+        newer.set_origin(origin(11, "fc", "inbound"));
+        let mut w = None;
+        let picked = r.push_selection(&scope(started, None), &mut w);
+        assert_eq!(w, Some(Some(7)));
+        assert_eq!(picked.len(), 1);
+        assert!(Arc::ptr_eq(&picked[0].1, &back.ctl));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_filter_chain_push_takes_only_its_chains_and_takes_the_unnamed_unsure() {
         let r = Arc::new(Registry::default());

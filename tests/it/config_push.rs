@@ -80,6 +80,11 @@ type Chain = (&'static str, Option<IpAddr>, String);
 /// (a listener-level field: changing it replaces the listener), and its
 /// chains. Each route adds the origin headers the guard reads.
 fn lds(listeners: &[(Inbound, Vec<Chain>)], gen: &str) -> String {
+    lds_with(listeners, gen, true)
+}
+
+/// [`lds`], with or without the origin headers (a user's own routes).
+fn lds_with(listeners: &[(Inbound, Vec<Chain>)], gen: &str, origin: bool) -> String {
     let mut out = String::from("resources:\n");
     for (l, chains) in listeners {
         out.push_str(&format!(
@@ -99,6 +104,18 @@ fn lds(listeners: &[(Inbound, Vec<Chain>)], gen: &str) -> String {
                     "    filter_chain_match: {{ direct_source_prefix_ranges: [ {{ address_prefix: \"{ip}\", prefix_len: 32 }} ] }}\n"
                 )
             });
+            let headers = if origin {
+                r#"            request_headers_to_add:
+            - header: { key: x-drainshim-downstream-connection, value: "%CONNECTION_ID%" }
+              append_action: OVERWRITE_IF_EXISTS_OR_ADD
+            - header: { key: x-drainshim-filter-chain, value: "%FILTER_CHAIN_NAME%" }
+              append_action: OVERWRITE_IF_EXISTS_OR_ADD
+            - header: { key: x-drainshim-listener, value: "%LISTENER_NAME%" }
+              append_action: OVERWRITE_IF_EXISTS_OR_ADD
+"#
+            } else {
+                ""
+            };
             let upgrade = if l.websocket {
                 "        upgrade_configs: [ { upgrade_type: websocket } ]\n"
             } else {
@@ -117,14 +134,7 @@ fn lds(listeners: &[(Inbound, Vec<Chain>)], gen: &str) -> String {
           virtual_hosts:
           - name: app
             domains: ["*"]
-            request_headers_to_add:
-            - header: {{ key: x-drainshim-downstream-connection, value: "%CONNECTION_ID%" }}
-              append_action: OVERWRITE_IF_EXISTS_OR_ADD
-            - header: {{ key: x-drainshim-filter-chain, value: "%FILTER_CHAIN_NAME%" }}
-              append_action: OVERWRITE_IF_EXISTS_OR_ADD
-            - header: {{ key: x-drainshim-listener, value: "%LISTENER_NAME%" }}
-              append_action: OVERWRITE_IF_EXISTS_OR_ADD
-            routes: [ {{ match: {{ prefix: "/" }}, route: {{ cluster: {cluster}, timeout: 0s }} }} ]
+{headers}            routes: [ {{ match: {{ prefix: "/" }}, route: {{ cluster: {cluster}, timeout: 0s }} }} ]
         http_filters:
         - name: envoy.filters.http.router
           typed_config: {{ "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }}
@@ -415,6 +425,8 @@ struct Row {
     other: usize,
     lost: u64,
     storm: f64,
+    /// When each graceful ending came (seconds, the row's own clock).
+    ends: Vec<f64>,
 }
 
 impl Row {
@@ -464,7 +476,8 @@ fn grpc_row(subs: &[Sub], app: &PeerApp, origin: Instant) -> (Row, Vec<String>) 
             notes.push(format!("{} has gaps: {:?}", s.id, s.seqs));
         }
     }
-    row.storm = storm(ends);
+    row.storm = storm(ends.clone());
+    row.ends = ends;
     (row, notes)
 }
 
@@ -660,12 +673,20 @@ async fn a_listener_push_cuts_every_stream_without_drainshim_and_none_behind_it(
         );
         assert_eq!(row.lost, 0, "drainshim {what}: nothing lost; {notes:?}");
         assert!(notes.is_empty(), "drainshim {what}: {notes:?}");
-        assert!(
-            row.storm <= STORM,
-            "drainshim {what}: storm {:.2}",
-            row.storm
-        );
     }
+    // The reconnects Envoy's callers see: the gRPC endings of both guards
+    // (one clock, the test's), and the WebSockets' (the Python clients').
+    let grpc_storm = storm([g_go_row.ends.clone(), g_py_row.ends.clone()].concat());
+    eprintln!(
+        "storm, every gRPC ending: {grpc_storm:.2}; every WebSocket's: {:.2}",
+        g_ws_row.storm
+    );
+    assert!(grpc_storm <= STORM, "gRPC storm {grpc_storm:.2}");
+    assert!(
+        g_ws_row.storm <= STORM,
+        "WebSocket storm {:.2}",
+        g_ws_row.storm
+    );
     for (shim, want, protocol) in [
         (&shims[0], GRPC_STREAMS, "grpc"),
         (&shims[1], GRPC_STREAMS, "grpc"),
@@ -809,6 +830,46 @@ async fn a_filter_chain_push_ends_only_that_chains_streams() {
     .await;
     for t in &on_two {
         assert!(!t.is_finished(), "a stream of chain two ended");
+    }
+    // A push that only adds a chain drains nothing: nothing more ends.
+    let three: IpAddr = [127, 0, 0, 4].into();
+    let mut more = chains("one_http_v2");
+    more[0]
+        .1
+        .push(("three", Some(three), "three_http".to_string()));
+    push(dir.path(), &lds(&more, "v1"));
+    let shim_addr = shim.addr;
+    wait_for("the shim saw the chain added", WAIT, || async move {
+        series(
+            shim_addr,
+            "drainshim_envoy_listener_drains_total{",
+            "kind=\"filter_chains\"",
+        )
+        .await
+            >= 2.0
+    })
+    .await;
+    let before: Vec<usize> = two_counts
+        .iter()
+        .map(|c| c.load(Ordering::Relaxed))
+        .collect();
+    wait_for(
+        "chain two's streams flow on after the chain was added",
+        WAIT,
+        || {
+            let now: Vec<usize> = two_counts
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed))
+                .collect();
+            std::future::ready(now.iter().zip(&before).all(|(n, b)| n > b))
+        },
+    )
+    .await;
+    for t in &on_two {
+        assert!(
+            !t.is_finished(),
+            "a stream of chain two ended after a chain was added"
+        );
     }
     let _ = stop_two.send(true);
     for t in on_two {
@@ -1007,4 +1068,39 @@ async fn a_push_during_the_pods_drain_cuts_nothing() {
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let ungraceful = series(shim.addr, "drainshim_streams_ungraceful_total{", "").await;
     assert_eq!(ungraceful, 0.0);
+}
+
+/// Without Envoy's origin headers (a user's own routes), the guard goes by
+/// time: every stream open when the drain began ends gracefully.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_origin_headers_the_streams_open_at_the_push_end_gracefully() {
+    let go = PeerApp::start(Server::GrpcGo).await;
+    let admin = free_port();
+    let g = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let shim = guard_sidecar_bin(admin, g, go.addr, GUARD_FLAGS).await;
+    let l = Inbound {
+        name: "inbound",
+        port: free_port(),
+        cluster: "guard",
+        websocket: false,
+    };
+    let spec = vec![(l.clone(), vec![("fc", None, "http".to_string())])];
+    let dir = tempfile::tempdir().expect("dir");
+    push(dir.path(), &lds_with(&spec, "v1", false));
+    let _envoy = lds_envoy(dir.path(), admin, &[("guard", g, true)]).await;
+    wait_listening(&[l.port]).await;
+    let addr = SocketAddr::from(([127, 0, 0, 1], l.port));
+    const N: usize = 40;
+    let tasks = grpc_clients(addr, None, "t-", N, 1, Instant::now() + CLIENT_LIMIT).await;
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let pushed = Instant::now();
+    push(dir.path(), &lds_with(&spec, "v2", false));
+    let subs = join_all(tasks).await;
+    let (row, notes) = grpc_row(&subs, &go, pushed);
+    eprintln!(
+        "| no origin headers (by time) | {} graceful of {}, {} cut, {} lost, storm {:.2} |",
+        row.graceful, row.streams, row.cut, row.lost, row.storm
+    );
+    assert_eq!(row.graceful, N, "{notes:?}\n{}", tail(&shim.log(), 30));
+    assert_eq!(row.lost, 0, "{notes:?}");
 }

@@ -569,9 +569,13 @@ fn answer(status: StatusCode, close: bool) -> Response<H1Body> {
 
 /// Where Envoy's route says the request came from (its origin headers).
 fn origin_of(headers: &hyper::HeaderMap) -> Origin {
+    // The last value, as the HTTP/2 path reads it: a route that appends
+    // rather than overwrites puts Envoy's after the client's.
     let text = |name: &[u8]| {
         headers
-            .get(std::str::from_utf8(name).unwrap_or_default())
+            .get_all(std::str::from_utf8(name).unwrap_or_default())
+            .iter()
+            .next_back()
             .and_then(|v| v.to_str().ok())
     };
     Origin {
