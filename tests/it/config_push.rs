@@ -80,11 +80,22 @@ type Chain = (&'static str, Option<IpAddr>, String);
 /// (a listener-level field: changing it replaces the listener), and its
 /// chains. Each route adds the origin headers the guard reads.
 fn lds(listeners: &[(Inbound, Vec<Chain>)], gen: &str) -> String {
-    lds_with(listeners, gen, true)
+    lds_with(listeners, gen, Headers::All)
 }
 
-/// [`lds`], with or without the origin headers (a user's own routes).
-fn lds_with(listeners: &[(Inbound, Vec<Chain>)], gen: &str, origin: bool) -> String {
+/// Which of the origin headers the routes add.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Headers {
+    /// None (a user's own routes).
+    None,
+    /// The connection and the filter chain: what Envoy before 1.40 can.
+    NoListener,
+    /// All three (Envoy 1.40 and later).
+    All,
+}
+
+/// [`lds`], with the origin headers `origin` says.
+fn lds_with(listeners: &[(Inbound, Vec<Chain>)], gen: &str, origin: Headers) -> String {
     let mut out = String::from("resources:\n");
     for (l, chains) in listeners {
         out.push_str(&format!(
@@ -104,17 +115,19 @@ fn lds_with(listeners: &[(Inbound, Vec<Chain>)], gen: &str, origin: bool) -> Str
                     "    filter_chain_match: {{ direct_source_prefix_ranges: [ {{ address_prefix: \"{ip}\", prefix_len: 32 }} ] }}\n"
                 )
             });
-            let headers = if origin {
-                r#"            request_headers_to_add:
+            let two = r#"            request_headers_to_add:
             - header: { key: x-drainshim-downstream-connection, value: "%CONNECTION_ID%" }
               append_action: OVERWRITE_IF_EXISTS_OR_ADD
             - header: { key: x-drainshim-filter-chain, value: "%FILTER_CHAIN_NAME%" }
               append_action: OVERWRITE_IF_EXISTS_OR_ADD
-            - header: { key: x-drainshim-listener, value: "%LISTENER_NAME%" }
+"#;
+            let third = r#"            - header: { key: x-drainshim-listener, value: "%LISTENER_NAME%" }
               append_action: OVERWRITE_IF_EXISTS_OR_ADD
-"#
-            } else {
-                ""
+"#;
+            let headers = match origin {
+                Headers::None => String::new(),
+                Headers::NoListener => two.to_string(),
+                Headers::All => format!("{two}{third}"),
             };
             let upgrade = if l.websocket {
                 "        upgrade_configs: [ { upgrade_type: websocket } ]\n"
@@ -201,7 +214,17 @@ async fn lds_envoy(
     admin_port: u16,
     clusters: &[(&str, SocketAddr, bool)],
 ) -> EnvoyProcess {
-    let mut opts = EnvoyOptions::new(envoy_binary("1.40.0"), clusters[0].1);
+    lds_envoy_of("1.40.0", dir, admin_port, clusters).await
+}
+
+/// [`lds_envoy`] of Envoy `release`.
+async fn lds_envoy_of(
+    release: &str,
+    dir: &Path,
+    admin_port: u16,
+    clusters: &[(&str, SocketAddr, bool)],
+) -> EnvoyProcess {
+    let mut opts = EnvoyOptions::new(envoy_binary(release), clusters[0].1);
     opts.drain_time = ENVOY_DRAIN_TIME;
     opts.admin_port = admin_port;
     opts.custom_bootstrap = Some(bootstrap(dir, admin_port, clusters));
@@ -1086,7 +1109,7 @@ async fn without_the_origin_headers_the_streams_open_at_the_push_end_gracefully(
     };
     let spec = vec![(l.clone(), vec![("fc", None, "http".to_string())])];
     let dir = tempfile::tempdir().expect("dir");
-    push(dir.path(), &lds_with(&spec, "v1", false));
+    push(dir.path(), &lds_with(&spec, "v1", Headers::None));
     let _envoy = lds_envoy(dir.path(), admin, &[("guard", g, true)]).await;
     wait_listening(&[l.port]).await;
     let addr = SocketAddr::from(([127, 0, 0, 1], l.port));
@@ -1094,12 +1117,48 @@ async fn without_the_origin_headers_the_streams_open_at_the_push_end_gracefully(
     let tasks = grpc_clients(addr, None, "t-", N, 1, Instant::now() + CLIENT_LIMIT).await;
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     let pushed = Instant::now();
-    push(dir.path(), &lds_with(&spec, "v2", false));
+    push(dir.path(), &lds_with(&spec, "v2", Headers::None));
     let subs = join_all(tasks).await;
     let (row, notes) = grpc_row(&subs, &go, pushed);
     eprintln!(
         "| no origin headers (by time) | {} graceful of {}, {} cut, {} lost, storm {:.2} |",
         row.graceful, row.streams, row.cut, row.lost, row.storm
+    );
+    assert_eq!(row.graceful, N, "{notes:?}\n{}", tail(&shim.log(), 30));
+    assert_eq!(row.lost, 0, "{notes:?}");
+}
+
+/// The oldest release tested (1.36.4) has the connection and filter-chain
+/// formatters but not `%LISTENER_NAME%`: with the two headers it has, a
+/// push's streams end gracefully as on 1.40.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_envoy_1_36_the_two_headers_it_has_are_enough() {
+    let go = PeerApp::start(Server::GrpcGo).await;
+    let admin = free_port();
+    let g = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let shim = guard_sidecar_bin(admin, g, go.addr, GUARD_FLAGS).await;
+    let l = Inbound {
+        name: "inbound",
+        port: free_port(),
+        cluster: "guard",
+        websocket: false,
+    };
+    let spec = vec![(l.clone(), vec![("fc", None, "http".to_string())])];
+    let dir = tempfile::tempdir().expect("dir");
+    push(dir.path(), &lds_with(&spec, "v1", Headers::NoListener));
+    let _envoy = lds_envoy_of("1.36.4", dir.path(), admin, &[("guard", g, true)]).await;
+    wait_listening(&[l.port]).await;
+    let addr = SocketAddr::from(([127, 0, 0, 1], l.port));
+    const N: usize = 40;
+    let tasks = grpc_clients(addr, None, "o-", N, 1, Instant::now() + CLIENT_LIMIT).await;
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let pushed = Instant::now();
+    push(dir.path(), &lds_with(&spec, "v2", Headers::NoListener));
+    let subs = join_all(tasks).await;
+    let (row, notes) = grpc_row(&subs, &go, pushed);
+    eprintln!(
+        "| Envoy 1.36.4, two headers | {} graceful of {}, {} cut, {} lost |",
+        row.graceful, row.streams, row.cut, row.lost
     );
     assert_eq!(row.graceful, N, "{notes:?}\n{}", tail(&shim.log(), 30));
     assert_eq!(row.lost, 0, "{notes:?}");
