@@ -492,11 +492,13 @@ impl Value {
 }
 
 /// The drain timers every simulated shim runs (the sidecar's defaults).
-const DRAIN_TIMERS: [(&str, f64); 4] = [
+const DRAIN_TIMERS: [(&str, f64); 5] = [
     ("deregistration_delay", 5.0),
     ("min_drain_time", 5.0),
     ("drain_time", 60.0),
     ("parent_shutdown_time", 90.0),
+    // The shipped manifests' --termination-grace-period.
+    ("termination_grace_period", 120.0),
 ];
 
 /// The latency histogram: the share of requests at or under each bucket

@@ -92,8 +92,8 @@ fn empty(ns: &str, service: &str, pods: usize) -> ServiceTimers {
 /// What the timers' family missing on pods that run now says.
 fn no_timers(pods: &[Pod]) -> String {
     format!(
-        "no timers exported by {} of its pods running now ({}): a shim older than \
-         drainshim_drain_timer_seconds, or a scrape that drops it; upgrade the shims or scrape the family",
+        "no timers exported by {} of its pods running now ({}): upgrade their shims, or \
+         scrape drainshim_drain_timer_seconds",
         pods.len(),
         names(pods)
     )
@@ -263,9 +263,8 @@ fn one(ns: &str, service: &str, pods: &[Pod], rules: &TimerRules) -> ServiceTime
     };
     if !grace_unknown.is_empty() {
         unknown.push(format!(
-            "termination grace period unknown on {} of its pods ({}): whether the parent shutdown \
-             and the linger end before the kubelet's SIGKILL cannot be told; give the shim \
-             --termination-grace-period (the webhook and `inject` do)",
+            "termination grace period unknown on {} of its pods ({}), so whether the drain ends \
+             before SIGKILL: give their shims --termination-grace-period",
             grace_unknown.len(),
             names(&grace_unknown)
         ));
