@@ -302,6 +302,12 @@ pub struct FleetArgs {
     #[arg(long, env = "DRAINSHIM_KEEP", value_name = "DIR")]
     pub keep: Option<PathBuf>,
 
+    /// Another `drainshim` binary (an earlier build): every `plan` is run
+    /// with it too, right after this build's on the same store, labelled
+    /// "[compared]": a before and after of the same run.
+    #[arg(long, env = "DRAINSHIM_COMPARE_BINARY", value_name = "PATH")]
+    pub compare_binary: Option<PathBuf>,
+
     /// Output: `table` for people, `json` (on one line) for scripts.
     #[arg(short = 'o', long, env = "DRAINSHIM_FORMAT", value_enum, default_value_t = Format::Table)]
     pub format: Format,
@@ -638,6 +644,7 @@ impl BenchCommand {
                     stores: a.store.clone(),
                     binary,
                     keep: a.keep.clone(),
+                    compare: a.compare_binary.clone(),
                 };
                 let report = crate::fleet::run(opts).await.map_err(unavailable)?;
                 emit(a.format, &report, || report.render());

@@ -4,6 +4,8 @@
 //! first with holdApplicationUntilProxyStarts, or a native sidecar in
 //! `initContainers`).
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::{Container, LifecycleHandler, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -37,13 +39,23 @@ pub(super) fn istio_labels(
 
 /// The Istio patch's annotations, merged into the pod's own: the ports Istio
 /// must not capture are added to the pod's list, the proxy settings to its
-/// ProxyConfig. Istio's injector reads them when it injects.
+/// ProxyConfig. Istio's injector reads them when it injects (and
+/// pilot-agent the ProxyConfig again at its start). `drain`: the drain time
+/// of the pod's drain-timer annotations, which Envoy's own drain window
+/// (`drainDuration`, pilot-agent's `--drain-time-s`) follows as it follows
+/// the shim's in the plain modes: a shim that drains longer than Envoy's
+/// listeners stay open would wait on connections Envoy already closed.
 pub(super) fn istio_annotations(
     meta: &mut ObjectMeta,
     patch: &patch::Pod,
+    drain: Option<Duration>,
     marker: &mut Marker,
 ) -> Result<(), Refusal> {
     for (k, v) in patch.meta.annotations.iter().flatten() {
+        let v = &match (k.as_str(), drain) {
+            (ISTIO_PROXY_CONFIG, Some(d)) => with_drain_duration(v, d)?,
+            _ => v.clone(),
+        };
         let own = meta.annotations.as_ref().and_then(|a| a.get(k)).cloned();
         let value = match (k.as_str(), own) {
             (ISTIO_EXCLUDE_INBOUND, Some(own)) => {
@@ -65,6 +77,25 @@ pub(super) fn istio_annotations(
         set(&mut meta.annotations, &mut marker.annotations, k, value);
     }
     Ok(())
+}
+
+/// The patch's ProxyConfig with `drainDuration` the drain time, in whole
+/// seconds up, as `--drain-time-s` is in the plain modes.
+fn with_drain_duration(ours: &str, drain: Duration) -> Result<String, Refusal> {
+    let mut config: serde_yaml_ng::Mapping = serde_yaml_ng::from_str(ours).map_err(|e| {
+        Refusal(format!(
+            "the built-in Istio patch's {ISTIO_PROXY_CONFIG}: {e}"
+        ))
+    })?;
+    config.insert(
+        "drainDuration".into(),
+        format!("{}s", super::timers::envoy_drain_secs(drain)).into(),
+    );
+    serde_yaml_ng::to_string(&config).map_err(|e| {
+        Refusal(format!(
+            "the built-in Istio patch's {ISTIO_PROXY_CONFIG}: {e}"
+        ))
+    })
 }
 
 /// The pod's ProxyConfig with the patch's fields set over it.

@@ -297,7 +297,7 @@ pub fn inject(
         // call after it. If it does not inject, nothing calls again, and
         // these annotations are all the pod has of drainshim's.
         marker.awaiting_proxy = true;
-        istio_annotations(&mut meta2, patch, &mut marker)?;
+        istio_annotations(&mut meta2, patch, drain_timers.drain_time(), &mut marker)?;
         write_marker(&mut meta2, &marker)?;
         (*meta, *spec) = (meta2, spec2);
         return Ok(PodChange::AwaitingIstio {
@@ -319,7 +319,7 @@ pub fn inject(
         .is_none();
     if settings.mode == Mode::Istio {
         istio_labels(&mut meta2, patch, port, &mut marker);
-        istio_annotations(&mut meta2, patch, &mut marker)?;
+        istio_annotations(&mut meta2, patch, drain_timers.drain_time(), &mut marker)?;
     }
     // Which drainshim the pod runs, for a platform team's version spread
     // (`drainshim check`, versions).

@@ -129,6 +129,13 @@ impl PodTimers {
         })
     }
 
+    /// The drain time the annotations set, if they set any timer: Envoy's
+    /// own drain window follows it (`--drain-time-s`, or under Istio the
+    /// ProxyConfig's `drainDuration`).
+    pub fn drain_time(&self) -> Option<Duration> {
+        self.drain_time
+    }
+
     /// Sets the annotated timers on the shim (its environment) and Envoy's
     /// own drain window to the drain time.
     pub fn apply(&self, c: &mut Container) {
@@ -148,10 +155,16 @@ impl PodTimers {
             while let Some(a) = args.next() {
                 if a == ENVOY_DRAIN_FLAG {
                     if let Some(v) = args.next() {
-                        *v = drain.as_millis().div_ceil(1000).max(1).to_string();
+                        *v = envoy_drain_secs(drain).to_string();
                     }
                 }
             }
         }
     }
+}
+
+/// Envoy's drain window for a drain time: whole seconds, rounded up (never
+/// shorter than the shim's drain), at least one.
+pub(super) fn envoy_drain_secs(drain: Duration) -> u128 {
+    drain.as_millis().div_ceil(1000).max(1)
 }

@@ -357,9 +357,14 @@ pub struct ProtocolLabels {
 /// A histogram family's constructor (a fn pointer keeps the type nameable).
 pub type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
-/// Buckets for RPC latencies: 1 ms to 10 s, about three per decade.
-pub const RPC_LATENCY_BUCKETS: [f64; 13] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+/// Buckets for RPC latencies: 1 ms to 10 s, about three per decade; then
+/// to 5 minutes at the drain timers' scale (`plan`'s drain-timers step sets
+/// a drain from the highest bucket with calls, and a parent shutdown must
+/// stay under the preStop hooks' 120 s), so a 40 s call reads as one, not
+/// as "past 10 s".
+pub const RPC_LATENCY_BUCKETS: [f64; 18] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 90.0,
+    120.0, 300.0,
 ];
 
 /// Buckets for stream lifetimes: 1 s to a day, around the max-age settings

@@ -39,6 +39,7 @@ async fn plan_reads_ten_weeks_alike_on_prometheus_and_victoria_metrics() {
         stores: vec![StoreKind::Prometheus, StoreKind::VictoriaMetrics],
         binary: crate::support::drainshim_bin(),
         keep: None,
+        compare: None,
     })
     .await
     .expect("the bench runs (make tools fetches both stores; no skip)");

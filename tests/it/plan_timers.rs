@@ -2,9 +2,13 @@
 //! against a real Prometheus scraping real shims beside real Envoy 1.38,
 //! with real traffic through each guard: a tier whose unary calls take 3 s
 //! on pods that drain long enough; a tier of long streams under a 4 s max
-//! age; a tier whose calls take 3 s on pods that drain for 2 s; and a tier
-//! with no traffic. The step stops on exactly the third, with its figures,
-//! and passes once its pods run the recommendation.
+//! age, one of whose shims (the real binary) restarts in its pod inside the
+//! window; a tier whose calls take 3 s on pods that drain for 2 s; a tier
+//! with no traffic; and a tier two of whose pods run but export no timers
+//! (the scrape drops the family), one of them without a call. The step
+//! stops on exactly the third, with its figures, and on the last, naming
+//! both pods; it passes once the pods run the recommendation and the
+//! timer-less pods are replaced.
 
 use crate::support;
 
@@ -19,6 +23,7 @@ use drainshim_bench::envoy::EnvoyProcess;
 use drainshim_bench::proto::bench::stream_client::StreamClient;
 use drainshim_bench::proto::bench::EchoRequest;
 use serde_json::Value;
+use support::proc::sigkill;
 use support::prom::wait_for_scalar;
 use support::*;
 
@@ -38,6 +43,7 @@ async fn pod(backend: SocketAddr, ns: &str, name: &str, t: Timers, max_age: Dura
     let admin = format!("http://127.0.0.1:{admin_port}");
     let settings = sidecar_settings(&admin, |s| {
         s.budget.timers = t;
+        s.budget.termination_grace_period = Some(GRACE);
         s.budget.admin_timeout = ms(500);
         let mut g = GuardSettings::new("127.0.0.1:0".parse().expect("address"), backend);
         g.config.max_connection_age = Some(max_age);
@@ -65,6 +71,91 @@ async fn pod(backend: SocketAddr, ns: &str, name: &str, t: Timers, max_age: Dura
         envoy,
         _sigterm: sigterm,
         _task: task,
+    }
+}
+
+/// Every pod's grace period, which its shim is told.
+const GRACE: Duration = Duration::from_secs(120);
+
+/// A pod whose shim is the real binary, so it can restart in its pod: a
+/// SIGKILL, then the same command on the same ports, its counters from 0
+/// (as a container restart does). Its timers are the long ones.
+struct Restarting {
+    args: Vec<String>,
+    bin: SidecarBin,
+    shim: SocketAddr,
+    envoy: EnvoyProcess,
+}
+
+impl Restarting {
+    async fn start(backend: SocketAddr, ns: &str, name: &str, max_age: &str) -> Self {
+        let admin_port = free_port();
+        let listen = format!("127.0.0.1:{}", free_port());
+        let guard: SocketAddr = format!("127.0.0.1:{}", free_port())
+            .parse()
+            .expect("address");
+        let args: Vec<String> = [
+            "sidecar",
+            "--listen",
+            &listen,
+            "--linger",
+            "0s",
+            "--envoy-admin",
+            &format!("http://127.0.0.1:{admin_port}"),
+            "--guard-listen",
+            &guard.to_string(),
+            "--guard-upstream",
+            &backend.to_string(),
+            "--max-connection-age",
+            max_age,
+            "--max-connection-age-grace",
+            "1s",
+            "--deregistration-delay",
+            "1s",
+            "--min-drain-time",
+            "1s",
+            "--drain-time",
+            "20s",
+            "--parent-shutdown-time",
+            "30s",
+            "--poll-interval",
+            "100ms",
+            "--admin-timeout",
+            "500ms",
+            "--termination-grace-period",
+            "120s",
+        ]
+        .map(String::from)
+        .into();
+        let bin = Self::spawn(&args).await;
+        let shim = bin.addr;
+        let envoy = envoy_with(N2, guard, |o| {
+            o.admin_port = admin_port;
+            o.metadata = BTreeMap::from([
+                ("NAMESPACE".into(), ns.into()),
+                ("NAME".into(), name.into()),
+            ]);
+        })
+        .await;
+        Self {
+            args,
+            bin,
+            shim,
+            envoy,
+        }
+    }
+
+    async fn spawn(args: &[String]) -> SidecarBin {
+        let mut cmd = tokio::process::Command::new(drainshim_bin());
+        cmd.args(args);
+        sidecar_bin_cmd(cmd).await
+    }
+
+    /// SIGKILL and the same command again, on the same address.
+    async fn restart(&mut self) {
+        sigkill(&mut self.bin.child, "the shim", WAIT).await;
+        self.bin = Self::spawn(&self.args).await;
+        assert_eq!(self.bin.addr, self.shim, "the same address");
     }
 }
 
@@ -167,7 +258,8 @@ async fn inject_timers(dir: &std::path::Path, fix: &str, base: Timers) -> Timers
 const TIERS: &str = "[[tier]]\nname = \"slow\"\nnamespaces = [\"t-slow\"]\n\n\
                      [[tier]]\nname = \"streams\"\nnamespaces = [\"t-streams\"]\n\n\
                      [[tier]]\nname = \"short\"\nnamespaces = [\"t-short\"]\n\n\
-                     [[tier]]\nname = \"idle\"\nnamespaces = [\"t-idle\"]\n";
+                     [[tier]]\nname = \"idle\"\nnamespaces = [\"t-idle\"]\n\n\
+                     [[tier]]\nname = \"old\"\nnamespaces = [\"t-old\"]\n";
 
 fn tiers_file(dir: &std::path::Path, name: &str, body: &str) -> String {
     let path = dir.join(name);
@@ -226,6 +318,11 @@ async fn explain_until(
     }
 }
 
+/// Every row of `--explain timers -o json`.
+fn services(v: &Value) -> impl Iterator<Item = &Value> {
+    v["services"].as_array().into_iter().flatten()
+}
+
 /// The app service's row of a namespace (the guard names it by its gRPC
 /// service).
 fn row<'a>(v: &'a Value, ns: &str) -> &'a Value {
@@ -263,19 +360,36 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
         ("t-short", "short-a", short, hour),
         ("t-short", "short-b", short, hour),
         ("t-idle", "idle-a", long, hour),
+        ("t-old", "old-a", long, hour),
+        ("t-old", "old-b", long, hour),
+        ("t-old", "old-c", long, hour),
     ] {
         pods.insert(name, pod(backend.addr, ns, name, t, age).await);
     }
-    let shims: Vec<SocketAddr> = pods.values().map(|p| p.shim).collect();
-    let prom = prometheus(&shims).await;
+    let mut restarting = Restarting::start(backend.addr, "t-streams", "streams-r", "4s").await;
+    let mut shims: Vec<SocketAddr> = pods.values().map(|p| p.shim).collect();
+    shims.push(restarting.shim);
+    // old-a (which takes calls) and old-c (which takes none) run, but the
+    // scrape drops their timers: as an old shim, or a scrape config that
+    // keeps some families only.
+    let (old_a, old_c) = (pods["old-a"].shim, pods["old-c"].shim);
+    let prom = prometheus_dropping(&shims, "drainshim_drain_timer_seconds", &[old_a, old_c]).await;
     let client = PromClient::new(&prom.url(), Duration::from_secs(5)).expect("client");
     let url = prom.url();
     wait_for_scalar(
         &client,
-        "every shim's drain timers are scraped",
+        "every shim's drain timers are scraped, but two",
         WAIT,
         "count(drainshim_drain_timer_seconds{timer=\"drain_time\"})",
-        |n| n == 7.0,
+        |n| n == 9.0,
+    )
+    .await;
+    wait_for_scalar(
+        &client,
+        "every shim runs",
+        WAIT,
+        "count(drainshim_draining)",
+        |n| n == 11.0,
     )
     .await;
 
@@ -308,13 +422,21 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
 
     // Traffic in two rounds, each scraped: a series' first sample already
     // holds its first calls, which a window's growth cannot see.
-    let inbound = |name: &str| pods[name].envoy.inbound;
-    let callers = ["slow-a", "slow-b", "short-a", "short-b"];
+    let inbound = |name: &str| match name {
+        "streams-r" => restarting.envoy.inbound,
+        name => pods[name].envoy.inbound,
+    };
+    let callers = ["slow-a", "slow-b", "short-a", "short-b", "old-a", "old-b"];
     let called: Vec<SocketAddr> = callers.iter().map(|n| pods[n].shim).collect();
-    let streamed = [pods["streams-a"].shim, pods["streams-b"].shim];
+    let streamers = ["streams-a", "streams-b", "streams-r"];
+    let streamed = [
+        pods["streams-a"].shim,
+        pods["streams-b"].shim,
+        restarting.shim,
+    ];
     for (round, n) in [(1usize, 1usize), (2, 2)] {
         let c = callers.map(|name| calls(inbound(name), n, 3000));
-        let s = ["streams-a", "streams-b"]
+        let s = streamers
             .map(|name| streams_ended_by_max_age(inbound(name), n, format!("{name}-{round}")));
         futures_util::future::join(
             futures_util::future::join_all(c),
@@ -326,22 +448,39 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
             &client,
             "drainshim_guard_request_duration_seconds",
             &called,
-            4.0 * total,
+            6.0 * total,
         )
         .await;
         wait_counted(
             &client,
             "drainshim_guard_stream_lifetime_seconds",
             &streamed,
-            2.0 * total,
+            3.0 * total,
         )
         .await;
     }
 
+    // streams-r's shim restarts in its pod (its counters from 0), then
+    // ends one more stream, scraped: a reset inside the window.
+    restarting.restart().await;
+    streams_ended_by_max_age(restarting.envoy.inbound, 1, "streams-r-3".into()).await;
+    let after_restart = format!(
+        "sum(drainshim_guard_stream_lifetime_seconds_count{{instance=\"{}\"}})",
+        restarting.shim
+    );
+    wait_for_scalar(
+        &client,
+        "the restarted shim's stream scraped",
+        WAIT,
+        &after_restart,
+        |n| n == 1.0,
+    )
+    .await;
+
     // Before: the short tier's pods drain for 2 s, their calls take 3 s.
     let (code, before) = explain_until(&url, &tiers, "the short tier judged short", |v| {
         row(v, "t-short")["verdict"] == "short"
-            && row(v, "t-streams")["streams"].as_u64() >= Some(4)
+            && row(v, "t-streams")["streams"].as_u64() >= Some(9)
     })
     .await;
     let (_, table_before, _) = run_plan(&url, &tiers, &["--explain", "timers"]).await;
@@ -356,6 +495,7 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
     );
     assert_eq!(s["current"]["drain_time"], 2.0);
     assert_eq!(s["current"]["parent_shutdown_time"], 3.0);
+    assert_eq!(s["current"]["termination_grace_period"], 120.0);
     // 200 ms of deregistration and the 5 s of the calls, up to the second;
     // then the 5 s margin.
     assert_eq!(s["recommended"]["drain_time"], 6.0, "{s}");
@@ -375,22 +515,59 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
         "streams end at the 4 s max age: {st}"
     );
     assert_eq!(st["max_age"], 4.0, "{st}");
+    // Every stream of the window (the series are there from 0 before the
+    // first): 3 on streams-a and streams-b; on streams-r 3 before its
+    // restart and 1 after, read with increase() (the highest sample less
+    // the lowest says 3 in all).
+    assert_eq!(st["streams"], 10, "{st}");
     let idle = row(&before, "t-idle");
     assert_eq!(idle["verdict"], "no_traffic", "{idle}");
     assert!(table_before.contains("t-idle/-: no traffic in the window: cannot recommend"));
-    let shorts: Vec<&Value> = before["services"]
-        .as_array()
-        .expect("services")
-        .iter()
-        .filter(|s| s["verdict"] != "ok" && s["verdict"] != "no_traffic")
-        .collect();
+    // t-old: old-b runs enough, but old-a serves the same calls without
+    // timers, and old-c runs without timers or a call: each named.
+    let old = row(&before, "t-old");
+    assert_eq!(old["verdict"], "unknown", "{old}");
+    assert_eq!(old["pods"], 2, "{old}");
     assert_eq!(
-        shorts.len(),
-        1,
-        "exactly the short tier's service: {shorts:?}"
+        old["without_timers"],
+        serde_json::json!([old_a.to_string()])
+    );
+    let quiet = services(&before)
+        .find(|s| s["namespace"] == "t-old" && s["service"] == "-")
+        .unwrap_or_else(|| panic!("old-c named: {before}"));
+    assert_eq!(quiet["verdict"], "unknown", "{quiet}");
+    assert_eq!(
+        quiet["without_timers"],
+        serde_json::json!([old_c.to_string()])
+    );
+    assert!(
+        table_before.contains(&format!(
+            "no timers exported by 1 of its pods running now ({old_a})"
+        )),
+        "{table_before}"
+    );
+    let mut failing: Vec<(&str, &str)> = services(&before)
+        .filter(|s| s["verdict"] != "ok" && s["verdict"] != "no_traffic")
+        .map(|s| {
+            (
+                s["namespace"].as_str().unwrap_or_default(),
+                s["verdict"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    failing.sort();
+    assert_eq!(
+        failing,
+        [
+            ("t-old", "unknown"),
+            ("t-old", "unknown"),
+            ("t-short", "short")
+        ],
+        "exactly the short tier's service and the timer-less pods"
     );
 
-    // The plan stops at that tier's step and names it, its figures and fix.
+    // The plan stops at the first failing tier's step and names it, its
+    // figures and fix.
     let (code, out, err) = run_plan(&url, &tiers, &["-o", "json"]).await;
     let plan: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
     assert_eq!(code, Some(1), "{plan}");
@@ -437,7 +614,8 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
     }
     pods.remove("short-a");
     pods.remove("short-b");
-    let shims: Vec<SocketAddr> = pods.values().map(|p| p.shim).collect();
+    let mut shims: Vec<SocketAddr> = pods.values().map(|p| p.shim).collect();
+    shims.push(restarting.shim);
     prom.set_targets(&shims);
     let new = [pods["short-c"].shim, pods["short-d"].shim];
     for round in 1..=2 {
@@ -457,11 +635,46 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
     .await;
     let (_, table_after, _) = run_plan(&url, &tiers, &["--explain", "timers"]).await;
     println!("after:\n{table_after}");
-    assert_eq!(code, Some(0), "{after}");
+    assert_eq!(
+        code,
+        Some(1),
+        "t-old's pods still export no timers: {after}"
+    );
     let s = row(&after, "t-short");
     assert_eq!(s["pods"], 2, "only the pods running now: {s}");
     assert_eq!(s["current"]["drain_time"], 6.0, "{s}");
     assert_eq!(s["current"]["parent_shutdown_time"], 11.0, "{s}");
+
+    // The plan now stops at t-old's, naming both pods without timers.
+    let (code, out, err) = run_plan(&url, &tiers, &["-o", "json"]).await;
+    let plan: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+    assert_eq!(code, Some(1), "{plan}");
+    let k = plan["next"]["row"].as_u64().expect("a next row") as usize;
+    assert_eq!(plan["rows"][k]["tier"], "old", "{plan}");
+    let action = plan["next"]["action"].as_str().unwrap_or_default();
+    for pod in [old_a, old_c] {
+        assert!(
+            action.contains("no timers exported") && action.contains(&pod.to_string()),
+            "{pod}: {action}"
+        );
+    }
+
+    // old-a and old-c replaced (by shims whose timers are scraped; here
+    // simply gone): every service passes.
+    pods.remove("old-a");
+    pods.remove("old-c");
+    let mut shims: Vec<SocketAddr> = pods.values().map(|p| p.shim).collect();
+    shims.push(restarting.shim);
+    prom.set_targets(&shims);
+    let (code, after) = explain_until(&url, &tiers, "t-old passes", |v| {
+        row(v, "t-old")["verdict"] == "ok"
+    })
+    .await;
+    assert_eq!(code, Some(0), "{after}");
+    assert!(
+        !services(&after).any(|s| s["namespace"] == "t-old" && s["service"] == "-"),
+        "{after}"
+    );
 
     // The plan moves on: the first tier's restart may start.
     let (code, out, err) = run_plan(&url, &tiers, &["-o", "json"]).await;

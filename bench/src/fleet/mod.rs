@@ -35,6 +35,9 @@ pub struct FleetBenchOptions {
     /// Keep the history, blocks and logs here instead of a temporary
     /// directory removed at the end.
     pub keep: Option<PathBuf>,
+    /// Another `drainshim` binary whose `plan`s run too, each right after
+    /// this one's on the same store ("[compared]"): a before and after.
+    pub compare: Option<PathBuf>,
 }
 
 /// One command on one store.
@@ -154,6 +157,7 @@ impl FleetReport {
 }
 
 /// One command to run on every store.
+#[derive(Clone)]
 struct Command {
     label: String,
     args: Vec<String>,
@@ -516,8 +520,20 @@ pub async fn run(opts: FleetBenchOptions) -> Result<FleetReport, String> {
                 return Err(e);
             }
         }
-        for c in &cmds {
-            let r = run_one(&opts.binary, &store, c).await;
+        // Each command with this build, then (a plan) with the compared one.
+        let compared = |c: &Command| {
+            let binary = opts
+                .compare
+                .as_ref()
+                .filter(|_| c.label.starts_with("plan"))?;
+            let label = format!("{} [compared]", c.label);
+            Some((binary.as_path(), Command { label, ..c.clone() }))
+        };
+        let each = cmds
+            .iter()
+            .flat_map(|c| std::iter::once((opts.binary.as_path(), c.clone())).chain(compared(c)));
+        for (binary, c) in each {
+            let r = run_one(binary, &store, &c).await;
             let r = match r {
                 Ok(r) => r,
                 Err(e) => {

@@ -492,15 +492,18 @@ impl Value {
 }
 
 /// The drain timers every simulated shim runs (the sidecar's defaults).
-const DRAIN_TIMERS: [(&str, f64); 4] = [
+const DRAIN_TIMERS: [(&str, f64); 5] = [
     ("deregistration_delay", 5.0),
     ("min_drain_time", 5.0),
     ("drain_time", 60.0),
     ("parent_shutdown_time", 90.0),
+    // The shipped manifests' --termination-grace-period.
+    ("termination_grace_period", 120.0),
 ];
 
-/// The latency histogram: the share of requests at or under each bucket.
-const LATENCY: [(&str, f64); 14] = [
+/// The latency histogram: the share of requests at or under each bucket
+/// (a shim's edges, `RPC_LATENCY_BUCKETS`).
+const LATENCY: [(&str, f64); 19] = [
     ("0.001", 0.05),
     ("0.0025", 0.15),
     ("0.005", 0.35),
@@ -514,6 +517,11 @@ const LATENCY: [(&str, f64); 14] = [
     ("2.5", 1.0),
     ("5.0", 1.0),
     ("10.0", 1.0),
+    ("30.0", 1.0),
+    ("60.0", 1.0),
+    ("90.0", 1.0),
+    ("120.0", 1.0),
+    ("300.0", 1.0),
     ("+Inf", 1.0),
 ];
 

@@ -74,9 +74,10 @@ pub async fn explain_timers(
 
 /// Step 2 for a tier, once its lifetime soaked: every service's pods
 /// run drain timers at or above what its calls and streams need (see
-/// [`crate::fleet::timers`]). A service short of them, or whose pods
-/// export no timers, fails the gate (the plan stops, naming each);
-/// pods without traffic in the window cannot be judged and are named,
+/// [`crate::fleet::timers`]). A service short of them, or one of whose
+/// pods running now exports no timers or no grace period, fails the gate
+/// (the plan stops, naming each); pods without traffic in the window, and
+/// services none of whose pods runs now, cannot be judged and are named,
 /// not counted as a pass.
 pub(super) fn row(mut r: Row, tier: &Tier, lifetime: &Row, report: &TimersReport) -> Row {
     r.rollback = Rollback {
@@ -99,16 +100,18 @@ pub(super) fn row(mut r: Row, tier: &Tier, lifetime: &Row, report: &TimersReport
             .collect()
     };
     let (short, unknown) = (named(T::Short), named(T::Unknown));
-    let idle: Vec<String> = all
-        .iter()
-        .filter(|s| s.verdict == T::NoTraffic)
-        .map(|s| format!("{}/{}", s.namespace, s.service))
-        .collect();
+    let of = |v: T| -> Vec<String> {
+        all.iter()
+            .filter(|s| s.verdict == v)
+            .map(|s| format!("{}/{}", s.namespace, s.service))
+            .collect()
+    };
+    let (idle, gone) = (of(T::NoTraffic), of(T::Gone));
     let ok = all.iter().filter(|s| s.verdict == T::Ok).count();
     let window = span(report.window_seconds);
     let mut parts = vec![format!(
         "{ok} of {} services within their recommendation over {window}",
-        all.len() - idle.len()
+        all.len() - idle.len() - gone.len()
     )];
     if all.len() == idle.len() {
         parts = vec![format!(
@@ -123,6 +126,12 @@ pub(super) fn row(mut r: Row, tier: &Tier, lifetime: &Row, report: &TimersReport
         parts.push(format!(
             "no traffic in the window, cannot recommend: {}",
             idle.join(", ")
+        ));
+    }
+    if !gone.is_empty() {
+        parts.push(format!(
+            "calls in the window but no pod running now, nothing to judge: {}",
+            gone.join(", ")
         ));
     }
     if short.is_empty() && unknown.is_empty() {
@@ -168,6 +177,7 @@ mod tests {
             service: "shop.Cart".into(),
             pods: 2,
             calls_p99: Some(2.9),
+            calls_p99_over: None,
             calls_max: Some(5.0),
             calls_over: None,
             streams: 0,
@@ -185,6 +195,8 @@ mod tests {
                 parent_shutdown_time: 20.0,
                 termination_grace_period_above: 30.0,
             }),
+            without_timers: Vec::new(),
+            grace_unknown: Vec::new(),
             verdict,
             detail: "drain time 6s < 10s".into(),
             fix: (verdict == T::Short).then(|| "kubectl -n ns1 patch ...".into()),

@@ -2,19 +2,22 @@
 //! streams need, against what its pods run.
 //!
 //! [`read`] asks Prometheus for a window's request durations, stream
-//! lifetimes, max connection ages and the timers each pod exports
-//! (`drainshim_drain_timer_seconds`); [`judge`] is a pure function of those
-//! and holds the formula (docs/design.md §5, "Drain timers"):
+//! lifetimes, max connection ages, the timers each pod exports
+//! (`drainshim_drain_timer_seconds`) and which pods run now; [`judge`] is a
+//! pure function of those and holds the formula (docs/design.md §5, "Drain
+//! timers"):
 //!
 //! ```text
-//! calls   = the largest unary duration seen (the histogram's bucket edge)
+//! calls   = the largest unary duration seen (the histogram's bucket edge;
+//!           past its largest bucket, at least that)
 //! longest = the longest stream it may have: min(the longest seen, the max age in force)
 //! window  = max(calls, min(longest, --stream-spread))   [streams only when it has some]
 //! drain   = its pods' deregistration delay + window      (whole seconds, up)
 //! parent  = drain + --timer-margin
-//! grace   > parent + --linger                            (when the grace is known)
+//! grace   > parent + --linger                            (on every pod: unknown is said)
 //! ```
 
+mod judge;
 mod read;
 mod render;
 
@@ -23,7 +26,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-pub use read::{read, Observed, PodSeen, TimersRead};
+pub use judge::judge;
+pub use read::{observe, read, recount, Observed, PodKey, PodSeen, TimersRead};
 pub use render::{render, short_detail};
 
 /// What the recommendation is built with: the flags of `plan`.
@@ -59,7 +63,8 @@ pub struct Current {
     pub min_drain_time: f64,
     pub drain_time: f64,
     pub parent_shutdown_time: f64,
-    /// Known on every pod, or absent.
+    /// The smallest over the pods that know theirs; absent when none does
+    /// (the pods that do not are named: [`ServiceTimers::grace_unknown`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub termination_grace_period: Option<f64>,
 }
@@ -83,21 +88,31 @@ pub enum Verdict {
     Short,
     /// Pods with no request in the window: nothing to recommend from.
     NoTraffic,
-    /// Its pods export no drain timers (shims older than the gauge).
+    /// Some pod that runs now exports no drain timers (a shim older than
+    /// the gauge, or a scrape that drops its family), or no grace period:
+    /// not judged on a guess, the step stops.
     Unknown,
+    /// Calls in the window, but none of its pods runs now (scaled to zero,
+    /// or replaced by pods that took no call yet): nothing to judge.
+    Gone,
 }
 
-/// One row of the table: a service (or, without traffic, a namespace's
-/// idle pods).
+/// One row of the table: a service (or a namespace's pods without a call
+/// in the window).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ServiceTimers {
     pub namespace: String,
     /// `package.Service`, as the guard labels it; `-` for idle pods.
     pub service: String,
+    /// Its pods that run now.
     pub pods: usize,
-    /// p99 of its calls over the window, seconds.
+    /// p99 of its calls over the window, seconds; absent when it fell past
+    /// the largest bucket (`calls_p99_over`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub calls_p99: Option<f64>,
+    /// The p99 fell past the histogram's largest bucket: at least this.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calls_p99_over: Option<f64>,
     /// Its longest call: the upper edge of the highest bucket with calls;
     /// absent when calls went past the largest bucket (`calls_over`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -118,6 +133,12 @@ pub struct ServiceTimers {
     pub current: Option<Current>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recommended: Option<Recommended>,
+    /// Pods that run now and export no drain timers.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub without_timers: Vec<String>,
+    /// Pods whose timers come without their grace period.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub grace_unknown: Vec<String>,
     pub verdict: Verdict,
     /// Why, in words.
     pub detail: String,
@@ -145,8 +166,11 @@ impl TimersReport {
     }
 }
 
-/// The largest finite bucket edge of the request histogram.
-const CALLS_LARGEST: f64 = 10.0;
+/// The largest finite bucket edge of the request histogram
+/// (`RPC_LATENCY_BUCKETS`): a call past it is at least this long, and a
+/// drain below it is never passed for such calls.
+pub const CALLS_LARGEST: f64 =
+    crate::metrics::RPC_LATENCY_BUCKETS[crate::metrics::RPC_LATENCY_BUCKETS.len() - 1];
 
 /// Cumulative buckets `(le, count)` summed, by edge.
 pub type Buckets = BTreeMap<Le, f64>;
@@ -167,9 +191,10 @@ impl PartialOrd for Le {
 }
 
 /// The q-quantile of cumulative buckets as Prometheus'
-/// `histogram_quantile` computes it (linear within a bucket; the largest
-/// finite edge when it falls in +Inf); `None` without observations.
-pub fn quantile(q: f64, b: &Buckets) -> Option<f64> {
+/// `histogram_quantile` computes it (counts made monotonic; linear within
+/// a bucket): `Ok(seconds)`, or `Err(the largest finite edge)` when it
+/// falls in +Inf (at least that); `None` without observations.
+pub fn quantile(q: f64, b: &Buckets) -> Option<Result<f64, f64>> {
     let total = *b.get(&Le(f64::INFINITY))?;
     if total <= 0.0 {
         return None;
@@ -177,16 +202,17 @@ pub fn quantile(q: f64, b: &Buckets) -> Option<f64> {
     let rank = q * total;
     let mut lower = (0.0, 0.0);
     for (le, count) in b {
-        if *count >= rank {
+        let count = count.max(lower.1);
+        if count >= rank {
             if le.0.is_infinite() {
-                return Some(lower.0);
+                return Some(Err(lower.0));
             }
             let share = (rank - lower.1) / (count - lower.1).max(f64::MIN_POSITIVE);
-            return Some(lower.0 + (le.0 - lower.0) * share.clamp(0.0, 1.0));
+            return Some(Ok(lower.0 + (le.0 - lower.0) * share.clamp(0.0, 1.0)));
         }
-        lower = (le.0, *count);
+        lower = (le.0, count);
     }
-    Some(lower.0)
+    Some(Err(lower.0))
 }
 
 /// The upper edge of the highest bucket with observations (the smallest
@@ -210,6 +236,25 @@ pub fn highest(b: &Buckets) -> Option<Result<f64, f64>> {
         })
 }
 
+/// A pod's call buckets as the shim has them: the read leaves out buckets
+/// that did not grow, which are the ones below its fastest call (the
+/// buckets are cumulative); they are put back at 0 (the quantile's
+/// interpolation starts from the edge below). Every shim's edges are
+/// those of `RPC_LATENCY_BUCKETS` up to its own largest; one with only
+/// +Inf left had every call past its largest, taken as the current one.
+pub fn with_lower_edges(b: &mut Buckets) {
+    let lowest = b
+        .keys()
+        .map(|l| l.0)
+        .find(|l| l.is_finite())
+        .unwrap_or(f64::INFINITY);
+    for edge in crate::metrics::RPC_LATENCY_BUCKETS {
+        if edge < lowest {
+            b.entry(Le(edge)).or_insert(0.0);
+        }
+    }
+}
+
 /// Seconds as the flags write them ("1m30s", "500ms").
 pub fn flag(secs: f64) -> String {
     // A foreign exporter's NaN or infinity (remote-written data, a recording
@@ -218,233 +263,6 @@ pub fn flag(secs: f64) -> String {
         Ok(d) => crate::config::Span::from(d).to_string(),
         Err(_) => format!("{secs}s"),
     }
-}
-
-/// Judges every service the window saw, and every namespace's pods that
-/// had no request in it. `namespaces`: the tiers' namespaces (sorted).
-pub fn judge(obs: &Observed, rules: &TimerRules, namespaces: &[String]) -> Vec<ServiceTimers> {
-    let mut out = Vec::new();
-    let in_scope = |ns: &str| namespaces.binary_search_by(|n| n.as_str().cmp(ns)).is_ok();
-    // The pods of each service: those with its calls in the window.
-    let mut services: BTreeMap<(String, String), Vec<&PodSeen>> = BTreeMap::new();
-    let mut idle: BTreeMap<String, Vec<&PodSeen>> = BTreeMap::new();
-    for p in obs.pods.values().filter(|p| in_scope(&p.namespace)) {
-        if p.services.is_empty() {
-            if p.timers.is_some() {
-                idle.entry(p.namespace.clone()).or_default().push(p);
-            }
-            continue;
-        }
-        for s in &p.services {
-            services
-                .entry((p.namespace.clone(), s.clone()))
-                .or_default()
-                .push(p);
-        }
-    }
-    for ((ns, service), pods) in &services {
-        let calls = obs.calls.get(&(ns.clone(), service.clone()));
-        out.push(one(ns, service, pods, calls, rules));
-    }
-    for (ns, pods) in idle {
-        // An idle pod of a namespace whose services are judged is one more
-        // replica of them, not an unjudged service.
-        if services.keys().any(|(n, _)| *n == ns) {
-            continue;
-        }
-        out.push(ServiceTimers {
-            namespace: ns,
-            service: "-".into(),
-            pods: pods.len(),
-            calls_p99: None,
-            calls_max: None,
-            calls_over: None,
-            streams: 0,
-            longest_stream: None,
-            max_age: None,
-            current: current(&pods),
-            recommended: None,
-            verdict: Verdict::NoTraffic,
-            detail: "no traffic in the window: cannot recommend".into(),
-            fix: None,
-        });
-    }
-    out
-}
-
-/// The smallest of each timer over pods that export them.
-fn current(pods: &[&PodSeen]) -> Option<Current> {
-    let known: Vec<&Current> = pods.iter().filter_map(|p| p.timers.as_ref()).collect();
-    let first = known.first()?;
-    let min = |f: fn(&Current) -> f64| known.iter().map(|c| f(c)).fold(f64::INFINITY, f64::min);
-    let grace = known
-        .iter()
-        .map(|c| c.termination_grace_period)
-        .try_fold(f64::INFINITY, |m, g| g.map(|g| m.min(g)));
-    Some(Current {
-        deregistration_delay: known
-            .iter()
-            .map(|c| c.deregistration_delay)
-            .fold(first.deregistration_delay, f64::max),
-        min_drain_time: min(|c| c.min_drain_time),
-        drain_time: min(|c| c.drain_time),
-        parent_shutdown_time: min(|c| c.parent_shutdown_time),
-        termination_grace_period: grace,
-    })
-}
-
-fn one(
-    ns: &str,
-    service: &str,
-    pods: &[&PodSeen],
-    calls: Option<&Buckets>,
-    rules: &TimerRules,
-) -> ServiceTimers {
-    let streams: u64 = pods.iter().map(|p| p.streams).sum();
-    // The longest stream seen on any of its pods (None: past the largest
-    // bucket), and the largest max age they run (0: none).
-    let seen = pods
-        .iter()
-        .filter(|p| p.streams > 0)
-        .map(|p| p.longest_stream)
-        .try_fold(0.0, |m, l| l.map(|l| f64::max(m, l)));
-    let max_age = pods
-        .iter()
-        .filter_map(|p| p.max_age)
-        .fold(None, |m: Option<f64>, a| Some(m.map_or(a, |m| m.max(a))));
-    let bounded_by_age =
-        max_age.filter(|a| *a > 0.0 && pods.iter().all(|p| p.max_age.is_some_and(|a| a > 0.0)));
-    let longest = match (streams, seen, bounded_by_age) {
-        (0, _, _) => Some(0.0),
-        (_, Some(s), Some(a)) => Some(s.min(a)),
-        (_, Some(s), None) => Some(s),
-        (_, None, a) => a,
-    };
-    let (p99, high) = match calls {
-        Some(b) => (quantile(0.99, b), highest(b)),
-        None => (None, None),
-    };
-    // The pods it runs on now: those that export their timers (a pod
-    // replaced in the window still counts for its calls and streams).
-    let live: Vec<&PodSeen> = pods
-        .iter()
-        .copied()
-        .filter(|p| p.timers.is_some())
-        .collect();
-    let mut row = ServiceTimers {
-        namespace: ns.to_string(),
-        service: service.to_string(),
-        pods: live.len(),
-        calls_p99: p99,
-        calls_max: high.and_then(|h| h.ok()),
-        calls_over: high.and_then(|h| h.err()),
-        streams,
-        longest_stream: longest,
-        max_age,
-        current: current(&live),
-        recommended: None,
-        verdict: Verdict::Ok,
-        detail: String::new(),
-        fix: None,
-    };
-    let Some(high) = high else {
-        row.verdict = Verdict::NoTraffic;
-        row.detail = "no traffic in the window: cannot recommend".into();
-        return row;
-    };
-    let Some(cur) = row.current.clone() else {
-        row.verdict = Verdict::Unknown;
-        row.detail = "no pod of it exports its drain timers now (drainshim_drain_timer_seconds): \
-                      upgrade the shims to judge it"
-            .into();
-        return row;
-    };
-    // A call past the largest bucket is at least that long.
-    let calls_need = match high {
-        Ok(edge) | Err(edge) => edge.max(if high.is_err() { CALLS_LARGEST } else { 0.0 }),
-    };
-    let spread = rules.stream_spread.as_secs_f64();
-    let streams_need = match longest {
-        _ if streams == 0 => 0.0,
-        Some(l) => l.min(spread),
-        None => spread,
-    };
-    let window = calls_need.max(streams_need);
-    let drain = (cur.deregistration_delay + window).ceil();
-    let parent = drain + rules.margin.as_secs_f64();
-    let rec = Recommended {
-        drain_time: drain,
-        parent_shutdown_time: parent,
-        termination_grace_period_above: parent + rules.linger.as_secs_f64(),
-    };
-    let mut short = Vec::new();
-    if cur.drain_time + 1e-9 < rec.drain_time {
-        short.push(format!(
-            "drain time {} < {}",
-            flag(cur.drain_time),
-            flag(rec.drain_time)
-        ));
-    }
-    if cur.parent_shutdown_time + 1e-9 < rec.parent_shutdown_time {
-        short.push(format!(
-            "parent shutdown {} < {}",
-            flag(cur.parent_shutdown_time),
-            flag(rec.parent_shutdown_time)
-        ));
-    }
-    if let Some(g) = cur.termination_grace_period {
-        if g <= rec.termination_grace_period_above {
-            short.push(format!(
-                "grace period {} not above {} (parent shutdown plus linger)",
-                flag(g),
-                flag(rec.termination_grace_period_above)
-            ));
-        }
-    }
-    let why = if streams_need > calls_need {
-        format!(
-            "dereg {} + stream spread {}",
-            flag(cur.deregistration_delay),
-            flag(streams_need)
-        )
-    } else {
-        format!(
-            "dereg {} + calls {}{}",
-            flag(cur.deregistration_delay),
-            if row.calls_over.is_some() {
-                "over "
-            } else {
-                ""
-            },
-            flag(calls_need)
-        )
-    };
-    if short.is_empty() {
-        row.detail = format!("within the recommendation ({why})");
-    } else {
-        row.verdict = Verdict::Short;
-        row.detail = format!("{} ({why})", short.join(", "));
-        // The pod template's annotations (the webhook and `inject` turn them
-        // into the shim's timers, checked against the grace period), and
-        // the grace period itself when it is too short.
-        let grace = cur
-            .termination_grace_period
-            .filter(|g| *g <= rec.termination_grace_period_above)
-            .map(|_| {
-                format!(
-                    r#","spec":{{"terminationGracePeriodSeconds":{}}}"#,
-                    rec.termination_grace_period_above as u64 + 1
-                )
-            })
-            .unwrap_or_default();
-        row.fix = Some(format!(
-            r#"kubectl -n {ns} patch deployment/<the workload of {service}> -p '{{"spec":{{"template":{{"metadata":{{"annotations":{{"drainshim.io/drain-time":"{}","drainshim.io/parent-shutdown-time":"{}"}}}}{grace}}}}}}}'"#,
-            flag(rec.drain_time),
-            flag(rec.parent_shutdown_time),
-        ));
-    }
-    row.recommended = Some(rec);
-    row
 }
 
 #[cfg(test)]

@@ -1,25 +1,37 @@
-//! What Prometheus is asked for the drain timers: four instant queries at
-//! the window's end, each per pod (`instance`, and `pod` in node mode),
-//! joined to the pod's namespace as `verify` joins a wave's series.
+//! What Prometheus is asked for the drain timers: instant queries at the
+//! window's end, each per pod (its namespace, `instance`, and `pod` in node
+//! mode), joined to the pod's namespace as `verify` joins a wave's series.
+//!
+//! Round one, at once: the growth of each request-duration and
+//! stream-lifetime bucket over the window (the highest sample less the
+//! lowest, which both stores answer alike), the pods whose histograms reset
+//! in the window (a shim restarted in its pod), the max connection age, the
+//! timers each pod runs, and which pods run now. Round two, only when some
+//! pod's histograms reset: those pods' buckets again with the store's own
+//! `increase()`, which counts both sides of a reset, where the highest less
+//! the lowest would read the shim's whole earlier life.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, UNIX_EPOCH};
 
 use super::{Buckets, Current, Le};
 use crate::fleet::golden::Queries;
-use crate::fleet::prometheus::{PromClient, Sample};
+use crate::fleet::prometheus::{regex_alternation, PromClient, Sample};
 use crate::fleet::FleetError;
 
-/// A pod: its scrape target, and its own name where the series carry one
-/// (node mode; a sidecar's guard series carry none).
-pub type PodKey = (String, String);
+/// A pod: its namespace, its scrape target, and its own name where the
+/// series carry one (node mode; a sidecar's guard series carry none). The
+/// namespace is part of it: a node agent holds pods of one name in two
+/// namespaces (`web-0` of two StatefulSets), and an address reused in the
+/// window by a pod of another namespace is another pod.
+pub type PodKey = (String, String, String);
 
 /// One pod as the window saw it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PodSeen {
-    pub namespace: String,
-    /// The services it answered calls of in the window.
-    pub services: BTreeSet<String>,
+    /// Its calls in the window by service, each its buckets' growth (only
+    /// services it answered a call of).
+    pub calls: BTreeMap<String, Buckets>,
     /// Streams it ended in the window.
     pub streams: u64,
     /// Its longest stream: the bucket edge; `None` past the largest.
@@ -28,14 +40,14 @@ pub struct PodSeen {
     pub max_age: Option<f64>,
     /// The timers it runs now; `None` when it exports none.
     pub timers: Option<Current>,
+    /// Its shim is scraped at the window's end: it runs now, whatever it
+    /// exports (an old shim, or a scrape that drops the timers' family).
+    pub live: bool,
 }
 
 /// What the window holds.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Observed {
-    /// (namespace, service) -> its calls' buckets over the window, summed
-    /// over its pods.
-    pub calls: BTreeMap<(String, String), Buckets>,
     pub pods: BTreeMap<PodKey, PodSeen>,
 }
 
@@ -56,25 +68,45 @@ fn le(s: &Sample) -> Option<Le> {
 }
 
 fn key(s: &Sample) -> PodKey {
-    (s.label("instance").to_string(), s.label("pod").to_string())
+    (
+        s.label("namespace").to_string(),
+        s.label("instance").to_string(),
+        s.label("pod").to_string(),
+    )
 }
 
-/// A histogram's bucket growth over the window per pod (and `by`),
-/// joined to its namespace.
-fn growth(q: &Queries, metric: &str, by: &str) -> String {
+/// The two histograms the step reads, each with the labels it is summed
+/// by beside the pod's.
+const CALLS: (&str, &str) = ("drainshim_guard_request_duration_seconds", ", service");
+const STREAMS: (&str, &str) = ("drainshim_guard_stream_lifetime_seconds", "");
+
+/// A histogram's buckets per pod (and `by`), each read by `read` over the
+/// range `r`, joined to its namespace; a bucket that did not grow is left
+/// out of the answer (most of a histogram, most of a fleet's idle pods).
+/// `only`: more matchers (the pods of round two).
+fn buckets(
+    q: &Queries,
+    (metric, by): (&str, &str),
+    read: fn(&str) -> String,
+    only: &str,
+) -> String {
     let w = q.w();
     let each = q.in_wave(
-        |sel| {
-            let r = format!("{metric}_bucket{{{sel}}}[{w}]");
-            format!("(max_over_time({r}) - min_over_time({r}))")
-        },
+        |sel| read(&format!("{metric}_bucket{{{sel}{only}}}[{w}]")),
         "",
     );
-    format!("sum by (instance, pod, namespace, le{by}) ({each})")
+    format!("sum by (namespace, instance, pod, le{by}) ({each}) > 0")
 }
 
-/// Reads the window `[at - window, at]`. Fails with [`FleetError::Empty`]
-/// when no pod exports anything the step reads.
+fn highest_less_lowest(r: &str) -> String {
+    format!("(max_over_time({r}) - min_over_time({r}))")
+}
+
+fn increase(r: &str) -> String {
+    format!("increase({r})")
+}
+
+/// Reads the window `[at - window, at]`.
 pub async fn read(prom: &PromClient, window: Duration, at: f64) -> Result<TimersRead, FleetError> {
     let q = Queries {
         ns: ".+",
@@ -86,26 +118,64 @@ pub async fn read(prom: &PromClient, window: Duration, at: f64) -> Result<Timers
         secs: 0,
         resets: false,
     };
-    let calls_q = growth(&q, "drainshim_guard_request_duration_seconds", ", service");
-    let streams_q = growth(&q, "drainshim_guard_stream_lifetime_seconds", "");
+    let w = q.w();
+    let calls_q = buckets(&q, CALLS, highest_less_lowest, "");
+    let streams_q = buckets(&q, STREAMS, highest_less_lowest, "");
+    // A restart resets every series of the shim: its histograms' counts
+    // tell (one series per service, not one per bucket).
+    let resets_q = format!(
+        "max by (namespace, instance, pod) ({}) > 0",
+        q.in_wave(
+            |sel| format!(
+                "(resets({}_count{{{sel}}}[{w}]) or resets({}_count{{{sel}}}[{w}]))",
+                CALLS.0, STREAMS.0
+            ),
+            ""
+        )
+    );
     let age_q = format!(
-        "max by (instance, pod, namespace) ({})",
+        "max by (namespace, instance, pod) ({})",
         now.in_fleet(|sel| format!("drainshim_guard_max_connection_age_seconds{{{sel}}}"))
     );
     let timers_q = format!(
-        "max by (instance, pod, namespace, timer) ({})",
+        "max by (namespace, instance, pod, timer) ({})",
         now.in_fleet(|sel| format!("drainshim_drain_timer_seconds{{{sel}}}"))
+    );
+    // Every shim, of any version, sidecar or node agent's pod, exports
+    // `drainshim_draining` (0 or 1) while it runs: present at the end, the
+    // pod runs now.
+    let live_q = format!(
+        "max by (namespace, instance, pod) ({})",
+        now.in_fleet(|sel| format!("drainshim_draining{{{sel}}}"))
     );
     let prom = prom
         .clone()
         .at(Some(UNIX_EPOCH + Duration::from_secs_f64(at)));
-    let (calls, streams, ages, timers) = tokio::join!(
+    let (calls, streams, resets, ages, timers, live) = tokio::join!(
         prom.query(&calls_q),
         prom.query(&streams_q),
+        prom.query(&resets_q),
         prom.query(&age_q),
         prom.query(&timers_q),
+        prom.query(&live_q),
     );
-    let observed = observe(&calls?, &streams?, &ages?, &timers?);
+    let mut observed = observe(&calls?, &streams?, &ages?, &timers?, &live?);
+    let reset: BTreeSet<PodKey> = resets?.iter().map(key).collect();
+    if !reset.is_empty() {
+        let instances: Vec<String> = reset
+            .iter()
+            .map(|(_, i, _)| i.clone())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let only = format!(",instance=~\"{}\"", regex_alternation(&instances));
+        let (calls_q, streams_q) = (
+            buckets(&q, CALLS, increase, &only),
+            buckets(&q, STREAMS, increase, &only),
+        );
+        let (calls, streams) = tokio::join!(prom.query(&calls_q), prom.query(&streams_q));
+        recount(&mut observed, &reset, &calls?, &streams?);
+    }
     Ok(TimersRead {
         observed,
         window,
@@ -119,51 +189,20 @@ pub fn observe(
     streams: &[Sample],
     ages: &[Sample],
     timers: &[Sample],
+    live: &[Sample],
 ) -> Observed {
     let mut obs = Observed::default();
-    // Per pod and service: its buckets, to tell which services it served.
-    let mut served: BTreeMap<(PodKey, String), Buckets> = BTreeMap::new();
-    for s in calls {
-        let Some(le) = le(s) else { continue };
-        let ns = s.label("namespace").to_string();
-        let svc = s.label("service").to_string();
-        let b = obs.calls.entry((ns.clone(), svc.clone())).or_default();
-        *b.entry(le).or_default() += s.value.max(0.0);
-        *served
-            .entry((key(s), svc))
-            .or_default()
-            .entry(le)
-            .or_default() += s.value.max(0.0);
-        obs.pods.entry(key(s)).or_default().namespace = ns;
-    }
-    for ((pod, svc), b) in &served {
-        if b.get(&Le(f64::INFINITY)).is_some_and(|n| *n > 0.0) {
-            if let Some(p) = obs.pods.get_mut(pod) {
-                p.services.insert(svc.clone());
-            }
-        }
-    }
-    // Per pod: its streams' buckets.
-    let mut lifetimes: BTreeMap<PodKey, Buckets> = BTreeMap::new();
-    for s in streams {
-        let Some(le) = le(s) else { continue };
-        *lifetimes.entry(key(s)).or_default().entry(le).or_default() += s.value.max(0.0);
-        let p = obs.pods.entry(key(s)).or_default();
-        p.namespace = s.label("namespace").to_string();
-    }
-    for (pod, b) in &lifetimes {
-        let p = obs.pods.entry(pod.clone()).or_default();
-        p.streams = b.get(&Le(f64::INFINITY)).copied().unwrap_or(0.0).round() as u64;
-        p.longest_stream = super::highest(b).and_then(|h| h.ok());
-    }
+    histograms(&mut obs, calls, streams);
     for s in ages {
-        let p = obs.pods.entry(key(s)).or_default();
-        p.namespace = s.label("namespace").to_string();
-        p.max_age = Some(s.value);
+        obs.pods.entry(key(s)).or_default().max_age = Some(s.value);
+    }
+    for s in live {
+        obs.pods.entry(key(s)).or_default().live = true;
     }
     for s in timers {
         let p = obs.pods.entry(key(s)).or_default();
-        p.namespace = s.label("namespace").to_string();
+        // Exporting its timers now, it runs now.
+        p.live = true;
         let t = p.timers.get_or_insert(Current {
             deregistration_delay: f64::NAN,
             min_drain_time: f64::NAN,
@@ -196,4 +235,46 @@ pub fn observe(
         }
     }
     obs
+}
+
+/// The pods of `reset` read again over the window with `increase()`: their
+/// calls and streams replaced by these.
+pub fn recount(obs: &mut Observed, reset: &BTreeSet<PodKey>, calls: &[Sample], streams: &[Sample]) {
+    let mut again = Observed::default();
+    histograms(&mut again, calls, streams);
+    for k in reset {
+        let p = obs.pods.entry(k.clone()).or_default();
+        let new = again.pods.remove(k).unwrap_or_default();
+        (p.calls, p.streams, p.longest_stream) = (new.calls, new.streams, new.longest_stream);
+    }
+}
+
+/// The histograms' answers into each pod's calls and streams. A count is
+/// whole: `increase()` extrapolates to the window's edges, which the
+/// rounding takes back (a bucket's calls, not a share of one).
+fn histograms(obs: &mut Observed, calls: &[Sample], streams: &[Sample]) {
+    let count = |s: &Sample| s.value.max(0.0).round();
+    for s in calls {
+        let Some(le) = le(s) else { continue };
+        let svc = s.label("service").to_string();
+        let p = obs.pods.entry(key(s)).or_default();
+        *p.calls.entry(svc).or_default().entry(le).or_default() += count(s);
+    }
+    // A service it answered no call of (every bucket back to 0 when
+    // rounded) is not one it served.
+    for p in obs.pods.values_mut() {
+        p.calls
+            .retain(|_, b| b.get(&Le(f64::INFINITY)).is_some_and(|n| *n > 0.0));
+        p.calls.values_mut().for_each(super::with_lower_edges);
+    }
+    let mut lifetimes: BTreeMap<PodKey, Buckets> = BTreeMap::new();
+    for s in streams {
+        let Some(le) = le(s) else { continue };
+        *lifetimes.entry(key(s)).or_default().entry(le).or_default() += count(s);
+    }
+    for (pod, b) in &lifetimes {
+        let p = obs.pods.entry(pod.clone()).or_default();
+        p.streams = b.get(&Le(f64::INFINITY)).copied().unwrap_or(0.0) as u64;
+        p.longest_stream = super::highest(b).and_then(|h| h.ok());
+    }
 }

@@ -9,11 +9,20 @@ fn opt(v: Option<f64>, none: &str) -> String {
     v.map_or_else(|| none.to_string(), flag)
 }
 
+/// The p99, or past the largest bucket (at least that).
+fn p99(s: &ServiceTimers) -> String {
+    match (s.calls_p99, s.calls_p99_over) {
+        (Some(p), _) => flag(p),
+        (None, Some(o)) => format!(">{}", flag(o)),
+        _ => "-".into(),
+    }
+}
+
 /// One service as the table's cells.
 fn cells(s: &ServiceTimers) -> Vec<String> {
     let calls = match (s.calls_max, s.calls_over) {
-        (Some(m), _) => format!("{} / {}", opt(s.calls_p99, "-"), flag(m)),
-        (None, Some(o)) => format!("{} / >{}", opt(s.calls_p99, "-"), flag(o)),
+        (Some(m), _) => format!("{} / {}", p99(s), flag(m)),
+        (None, Some(o)) => format!("{} / >{}", p99(s), flag(o)),
         _ => "-".into(),
     };
     let streams = if s.streams == 0 {
@@ -44,6 +53,7 @@ fn cells(s: &ServiceTimers) -> Vec<String> {
         Verdict::Short => "SHORT",
         Verdict::NoTraffic => "no traffic",
         Verdict::Unknown => "unknown",
+        Verdict::Gone => "gone",
     };
     vec![
         s.namespace.clone(),
@@ -96,9 +106,9 @@ pub fn render(report: &TimersReport) -> String {
 
 /// A short service in one line, for the plan's gate.
 pub fn short_detail(s: &ServiceTimers) -> String {
-    let calls = match (s.calls_p99, s.calls_max, s.calls_over) {
-        (Some(p), Some(m), _) => format!("calls p99 {} max {}", flag(p), flag(m)),
-        (Some(p), None, Some(o)) => format!("calls p99 {} max >{}", flag(p), flag(o)),
+    let calls = match (s.calls_max, s.calls_over) {
+        (Some(m), _) => format!("calls p99 {} max {}", p99(s), flag(m)),
+        (None, Some(o)) => format!("calls p99 {} max >{}", p99(s), flag(o)),
         _ => "no calls".into(),
     };
     let streams = match (s.streams, s.longest_stream) {

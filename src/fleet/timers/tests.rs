@@ -1,55 +1,98 @@
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use super::read::observe;
 use super::*;
 use crate::fleet::prometheus::Sample;
+use crate::metrics::RPC_LATENCY_BUCKETS;
 
 fn sample(labels: &[(&str, &str)], value: f64) -> Sample {
     Sample {
         labels: labels
             .iter()
+            .filter(|(_, v)| !v.is_empty())
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
         value,
     }
 }
 
-/// A pod's call buckets: `n` calls, all at or under `edge`.
-fn calls(instance: &str, ns: &str, svc: &str, n: f64, edge: &str) -> Vec<Sample> {
-    let edges = ["0.5", "1", "2.5", "5", "10", "+Inf"];
-    let at = edges.iter().position(|e| *e == edge).expect("an edge");
-    edges
+/// A pod's call buckets as the read answers them (buckets that did not
+/// grow left out): `n` calls, all at or under `edge` and over the one
+/// below. `pod`: node mode's pod label ("" for a sidecar).
+fn calls_of(instance: &str, pod: &str, ns: &str, svc: &str, n: f64, edge: &str) -> Vec<Sample> {
+    let edges: Vec<String> = RPC_LATENCY_BUCKETS
         .iter()
-        .enumerate()
-        .map(|(k, le)| {
+        .map(|e| e.to_string())
+        .chain(["+Inf".to_string()])
+        .collect();
+    let at = edges.iter().position(|e| e == edge).expect("an edge");
+    edges[at..]
+        .iter()
+        .map(|le| {
             sample(
                 &[
                     ("instance", instance),
+                    ("pod", pod),
                     ("namespace", ns),
                     ("service", svc),
                     ("le", le),
                 ],
-                if k >= at { n } else { 0.0 },
+                n,
             )
         })
         .collect()
 }
 
-fn timers(instance: &str, ns: &str, drain: f64, parent: f64) -> Vec<Sample> {
+fn calls(instance: &str, ns: &str, svc: &str, n: f64, edge: &str) -> Vec<Sample> {
+    calls_of(instance, "", ns, svc, n, edge)
+}
+
+fn timers_of(instance: &str, pod: &str, ns: &str, t: [f64; 3]) -> Vec<Sample> {
+    let [drain, parent, grace] = t;
     [
         ("deregistration_delay", 5.0),
         ("min_drain_time", 1.0),
         ("drain_time", drain),
         ("parent_shutdown_time", parent),
+        ("termination_grace_period", grace),
     ]
     .iter()
+    .filter(|(_, v)| !v.is_nan())
     .map(|(t, v)| {
         sample(
-            &[("instance", instance), ("namespace", ns), ("timer", t)],
+            &[
+                ("instance", instance),
+                ("pod", pod),
+                ("namespace", ns),
+                ("timer", t),
+            ],
             *v,
         )
     })
     .collect()
+}
+
+/// A sidecar's timers with a 120 s grace period.
+fn timers(instance: &str, ns: &str, drain: f64, parent: f64) -> Vec<Sample> {
+    timers_of(instance, "", ns, [drain, parent, 120.0])
+}
+
+/// `drainshim_draining` of pods that run now.
+fn live(pods: &[(&str, &str)]) -> Vec<Sample> {
+    pods.iter()
+        .map(|(instance, ns)| sample(&[("instance", instance), ("namespace", ns)], 0.0))
+        .collect()
+}
+
+fn row<'a>(rows: &'a [ServiceTimers], ns: &str, svc: &str) -> &'a ServiceTimers {
+    rows.iter()
+        .find(|r| r.namespace == ns && r.service == svc)
+        .unwrap_or_else(|| panic!("no {ns}/{svc} in {rows:#?}"))
+}
+
+fn ns(names: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    v.sort();
+    v
 }
 
 #[test]
@@ -60,13 +103,24 @@ fn quantiles_follow_prometheus() {
         (Le(f64::INFINITY), 100.0),
     ]
     .into();
-    assert_eq!(quantile(0.5, &b), Some(1.0));
-    assert!((quantile(0.99, &b).unwrap() - 4.92).abs() < 1e-9);
+    assert_eq!(quantile(0.5, &b), Some(Ok(1.0)));
+    assert!((quantile(0.99, &b).unwrap().unwrap() - 4.92).abs() < 1e-9);
     assert_eq!(highest(&b), Some(Ok(5.0)));
     let over: Buckets = [(Le(10.0), 90.0), (Le(f64::INFINITY), 100.0)].into();
     assert_eq!(highest(&over), Some(Err(10.0)));
-    assert_eq!(quantile(0.99, &over), Some(10.0));
+    // Past the largest bucket: at least it, never a figure within.
+    assert_eq!(quantile(0.99, &over), Some(Err(10.0)));
     assert_eq!(highest(&BTreeMap::new()), None);
+    // A count below the one under it (an extrapolated increase, rounded)
+    // is taken as that one, as histogram_quantile does.
+    let bumpy: Buckets = [
+        (Le(1.0), 5.0),
+        (Le(5.0), 4.0),
+        (Le(10.0), 10.0),
+        (Le(f64::INFINITY), 10.0),
+    ]
+    .into();
+    assert!((quantile(0.99, &bumpy).unwrap().unwrap() - 9.9).abs() < 1e-9);
 }
 
 #[test]
@@ -75,13 +129,19 @@ fn a_drain_shorter_than_the_calls_is_named_with_its_fix() {
     c.extend(calls("b:1", "shop", "shop.Fast", 10.0, "0.5"));
     let mut t = timers("a:1", "shop", 6.0, 9.0);
     t.extend(timers("b:1", "shop", 60.0, 90.0));
-    let obs = observe(&c, &[], &[], &t);
-    let rows = judge(&obs, &TimerRules::default(), &["shop".to_string()]);
-    let slow = rows.iter().find(|r| r.service == "shop.Slow").unwrap();
+    let obs = observe(&c, &[], &[], &t, &[]);
+    let rows = judge(&obs, &TimerRules::default(), &ns(&["shop"]));
+    let slow = row(&rows, "shop", "shop.Slow");
     assert_eq!(slow.verdict, Verdict::Short, "{slow:?}");
     // 5 s of deregistration plus the 5 s bucket, and the 10 s margin.
     let rec = slow.recommended.as_ref().unwrap();
     assert_eq!((rec.drain_time, rec.parent_shutdown_time), (10.0, 20.0));
+    // The buckets below the fastest call, left out of the answer, are put
+    // back: the p99 interpolates from the 2.5 s edge.
+    assert!(
+        slow.calls_p99.is_some_and(|p| p > 2.5 && p < 5.0),
+        "{slow:?}"
+    );
     assert!(
         slow.detail.contains("drain time 6s < 10s"),
         "{}",
@@ -94,14 +154,14 @@ fn a_drain_shorter_than_the_calls_is_named_with_its_fix() {
         ),
         "{fix}"
     );
-    let fast = rows.iter().find(|r| r.service == "shop.Fast").unwrap();
+    let fast = row(&rows, "shop", "shop.Fast");
     assert_eq!(fast.verdict, Verdict::Ok, "{fast:?}");
 }
 
 #[test]
 fn streams_need_their_spread_bounded_by_the_max_age() {
     let c = calls("a:1", "chat", "chat.Feed", 10.0, "0.5");
-    let s: Vec<Sample> = [("60", 0.0), ("300", 3.0), ("+Inf", 3.0)]
+    let s: Vec<Sample> = [("300", 3.0), ("+Inf", 3.0)]
         .iter()
         .map(|(le, n)| {
             sample(
@@ -111,8 +171,8 @@ fn streams_need_their_spread_bounded_by_the_max_age() {
         })
         .collect();
     let age = [sample(&[("instance", "a:1"), ("namespace", "chat")], 120.0)];
-    let obs = observe(&c, &s, &age, &timers("a:1", "chat", 20.0, 40.0));
-    let rows = judge(&obs, &TimerRules::default(), &["chat".to_string()]);
+    let obs = observe(&c, &s, &age, &timers("a:1", "chat", 20.0, 40.0), &[]);
+    let rows = judge(&obs, &TimerRules::default(), &ns(&["chat"]));
     // Streams up to 300 s, the max age 120 s: spread the default 30 s.
     assert_eq!(rows[0].longest_stream, Some(120.0));
     assert_eq!(rows[0].recommended.as_ref().unwrap().drain_time, 35.0);
@@ -123,11 +183,11 @@ fn streams_need_their_spread_bounded_by_the_max_age() {
 fn idle_pods_and_pods_without_timers_are_said_so() {
     let c = calls("a:1", "old", "old.Svc", 10.0, "0.5");
     let idle = timers("b:1", "quiet", 60.0, 90.0);
-    let obs = observe(&c, &[], &[], &idle);
-    let ns = vec!["old".to_string(), "quiet".to_string()];
-    let rows = judge(&obs, &TimerRules::default(), &ns);
+    let obs = observe(&c, &[], &[], &idle, &live(&[("a:1", "old")]));
+    let rows = judge(&obs, &TimerRules::default(), &ns(&["old", "quiet"]));
     assert_eq!(rows.len(), 2, "{rows:?}");
     assert_eq!(rows[0].verdict, Verdict::Unknown);
+    assert!(rows[0].detail.contains("no timers exported"), "{rows:?}");
     assert_eq!(rows[1].verdict, Verdict::NoTraffic);
     assert!(rows[1].detail.contains("no traffic in the window"));
     let text = render(&TimersReport {
@@ -136,9 +196,229 @@ fn idle_pods_and_pods_without_timers_are_said_so() {
         services: rows,
     });
     assert!(
-        text.contains("quiet/-: no traffic in the window: cannot recommend"),
+        text.contains("quiet/-: no traffic in the window: cannot recommend (1 pod: b:1)"),
         "{text}"
     );
+}
+
+/// A pod that runs now and exports no timers (an old shim, or a scrape
+/// that drops the family) fails its service's gate by name, beside pods
+/// that run enough; one without a call in the window fails its namespace's
+/// row, and pods without a call beside judged services are named.
+#[test]
+fn a_live_pod_without_timers_is_a_named_failure_never_a_silent_pass() {
+    let mut c = calls("a:1", "shop", "shop.Cart", 10.0, "1");
+    c.extend(calls("b:1", "shop", "shop.Cart", 10.0, "1"));
+    let t = timers("a:1", "shop", 60.0, 90.0);
+    // b:1 serves shop.Cart and runs; c:1 runs without a call; d:1 runs
+    // without a call and with timers; e:1 took calls and is gone.
+    c.extend(calls("e:1", "shop", "shop.Cart", 1.0, "1"));
+    let mut t2 = t.clone();
+    t2.extend(timers("d:1", "shop", 60.0, 90.0));
+    let up = live(&[("a:1", "shop"), ("b:1", "shop"), ("c:1", "shop")]);
+    let obs = observe(&c, &[], &[], &t2, &up);
+    let rows = judge(&obs, &TimerRules::default(), &ns(&["shop"]));
+    let cart = row(&rows, "shop", "shop.Cart");
+    assert_eq!(cart.verdict, Verdict::Unknown, "{cart:?}");
+    assert_eq!(cart.pods, 2, "the two that run now: {cart:?}");
+    assert_eq!(cart.without_timers, vec!["b:1".to_string()]);
+    assert!(
+        cart.detail
+            .contains("no timers exported by 1 of its pods running now (b:1)"),
+        "{}",
+        cart.detail
+    );
+    let quiet = row(&rows, "shop", "-");
+    assert_eq!(quiet.verdict, Verdict::Unknown, "{quiet:?}");
+    assert_eq!(quiet.pods, 2);
+    assert_eq!(quiet.without_timers, vec!["c:1".to_string()]);
+    assert!(
+        quiet
+            .detail
+            .contains("2 pods beside its judged services: c:1, d:1"),
+        "{}",
+        quiet.detail
+    );
+    // Without the old shims, the service passes and the idle pod is named,
+    // a warning.
+    let mut c = calls("a:1", "shop", "shop.Cart", 10.0, "1");
+    c.extend(calls("e:1", "shop", "shop.Cart", 1.0, "1"));
+    let obs = observe(&c, &[], &[], &t2, &live(&[("a:1", "shop")]));
+    let rows = judge(&obs, &TimerRules::default(), &ns(&["shop"]));
+    assert_eq!(row(&rows, "shop", "shop.Cart").verdict, Verdict::Ok);
+    let quiet = row(&rows, "shop", "-");
+    assert_eq!(quiet.verdict, Verdict::NoTraffic, "{quiet:?}");
+    assert!(quiet.detail.contains("d:1"), "{}", quiet.detail);
+
+    // Every pod of the window gone: nothing to judge, said.
+    let obs = observe(
+        &calls("e:1", "gone", "gone.Svc", 3.0, "1"),
+        &[],
+        &[],
+        &[],
+        &[],
+    );
+    let rows = judge(&obs, &TimerRules::default(), &ns(&["gone"]));
+    assert_eq!(rows[0].verdict, Verdict::Gone, "{rows:?}");
+    assert!(rows[0]
+        .detail
+        .contains("none of its 1 pods of the window runs now"));
+}
+
+/// With buckets to 300 s, a 40 s call reads as the 60 s bucket; a p99 past
+/// the largest is "at least" it, and no drain below it passes.
+#[test]
+fn calls_past_the_largest_bucket_are_at_least_it_and_never_pass_below() {
+    assert_eq!(CALLS_LARGEST, 300.0);
+    let c = calls("a:1", "slow", "slow.Svc", 10.0, "60");
+    let obs = observe(&c, &[], &[], &timers("a:1", "slow", 30.0, 60.0), &[]);
+    let rows = judge(&obs, &TimerRules::default(), &ns(&["slow"]));
+    assert_eq!(rows[0].calls_max, Some(60.0), "{rows:?}");
+    assert_eq!(rows[0].verdict, Verdict::Short);
+    assert_eq!(rows[0].recommended.as_ref().unwrap().drain_time, 65.0);
+
+    // Every call past 300 s.
+    let c = calls("a:1", "slow", "slow.Svc", 10.0, "+Inf");
+    let obs = observe(&c, &[], &[], &timers("a:1", "slow", 100.0, 110.0), &[]);
+    let rows = judge(&obs, &TimerRules::default(), &ns(&["slow"]));
+    let r = &rows[0];
+    assert_eq!(
+        (r.calls_p99, r.calls_p99_over),
+        (None, Some(300.0)),
+        "{r:?}"
+    );
+    assert_eq!((r.calls_max, r.calls_over), (None, Some(300.0)));
+    assert_eq!(r.verdict, Verdict::Short);
+    assert_eq!(r.recommended.as_ref().unwrap().drain_time, 305.0);
+    assert!(
+        r.detail
+            .contains("calls past the largest bucket, at least 300s, the p99 among them"),
+        "{}",
+        r.detail
+    );
+    // Past the preStop hooks' timeout no annotation can set it: no fix
+    // (the webhook would refuse it), and why.
+    assert_eq!(r.fix, None);
+    assert!(
+        r.detail.contains("preStop hooks' 120s timeout"),
+        "{}",
+        r.detail
+    );
+    let text = render(&TimersReport {
+        window_seconds: 60.0,
+        at: 0.0,
+        services: rows.clone(),
+    });
+    assert!(text.contains(">300s / >300s"), "{text}");
+
+    // A shim before the longer buckets (its histogram ends at 10 s) whose
+    // calls went past it: at least the largest bucket, never 10 s.
+    let old: Vec<Sample> = [("5", 4.0), ("10", 4.0), ("+Inf", 6.0)]
+        .iter()
+        .map(|(le, n)| {
+            sample(
+                &[
+                    ("instance", "b:1"),
+                    ("namespace", "slow"),
+                    ("service", "slow.Svc"),
+                    ("le", le),
+                ],
+                *n,
+            )
+        })
+        .collect();
+    let mut c = calls("a:1", "slow", "slow.Svc", 10.0, "1");
+    c.extend(old);
+    let mut t = timers("a:1", "slow", 60.0, 90.0);
+    t.extend(timers("b:1", "slow", 60.0, 90.0));
+    let obs = observe(&c, &[], &[], &t, &[]);
+    let rows = judge(&obs, &TimerRules::default(), &ns(&["slow"]));
+    assert_eq!(rows[0].calls_over, Some(300.0), "{rows:?}");
+    assert_eq!(rows[0].verdict, Verdict::Short);
+    // The p99 is read over the edges both have: past 10 s, at least that.
+    assert_eq!(rows[0].calls_p99_over, Some(10.0));
+}
+
+/// A pod that does not know its grace period is named; the smallest grace
+/// of those that do is still checked.
+#[test]
+fn an_unknown_grace_period_is_named_and_the_known_ones_still_checked() {
+    let mut c = calls("a:1", "shop", "shop.Cart", 10.0, "1");
+    c.extend(calls("b:1", "shop", "shop.Cart", 10.0, "1"));
+    let mut t = timers_of("a:1", "", "shop", [60.0, 90.0, 200.0]);
+    t.extend(timers_of("b:1", "", "shop", [60.0, 90.0, f64::NAN]));
+    let obs = observe(&c, &[], &[], &t, &[]);
+    let rows = judge(&obs, &TimerRules::default(), &ns(&["shop"]));
+    let r = &rows[0];
+    assert_eq!(r.verdict, Verdict::Unknown, "{r:?}");
+    assert_eq!(r.grace_unknown, vec!["b:1".to_string()]);
+    assert!(
+        r.detail
+            .contains("termination grace period unknown on 1 of its pods (b:1)"),
+        "{}",
+        r.detail
+    );
+    assert_eq!(
+        r.current.as_ref().unwrap().termination_grace_period,
+        Some(200.0)
+    );
+    // A known grace too short for the timers fails whatever the others say.
+    let mut t = timers_of("a:1", "", "shop", [60.0, 90.0, 25.0]);
+    t.extend(timers_of("b:1", "", "shop", [60.0, 90.0, f64::NAN]));
+    let obs = observe(&c, &[], &[], &t, &[]);
+    let rows = judge(&obs, &TimerRules::default(), &ns(&["shop"]));
+    assert_eq!(rows[0].verdict, Verdict::Short, "{rows:?}");
+    assert!(
+        rows[0].detail.contains("grace period 25s not above 26s"),
+        "{}",
+        rows[0].detail
+    );
+}
+
+/// Two StatefulSets' `web-0` on one node agent, in two namespaces, each
+/// serving `shop.Cart`: two pods, each judged in its own namespace.
+#[test]
+fn pods_and_services_are_joined_on_their_namespace() {
+    let mut c = calls_of("node:1", "web-0", "a", "shop.Cart", 10.0, "5");
+    c.extend(calls_of("node:1", "web-0", "b", "shop.Cart", 10.0, "0.5"));
+    let mut t = timers_of("node:1", "web-0", "a", [6.0, 9.0, 120.0]);
+    t.extend(timers_of("node:1", "web-0", "b", [60.0, 90.0, 120.0]));
+    let obs = observe(&c, &[], &[], &t, &[]);
+    assert_eq!(obs.pods.len(), 2, "{obs:?}");
+    let rows = judge(&obs, &TimerRules::default(), &ns(&["a", "b"]));
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    let a = row(&rows, "a", "shop.Cart");
+    assert_eq!(
+        (a.verdict, a.calls_max),
+        (Verdict::Short, Some(5.0)),
+        "{a:?}"
+    );
+    assert_eq!(a.current.as_ref().unwrap().drain_time, 6.0);
+    let b = row(&rows, "b", "shop.Cart");
+    assert_eq!((b.verdict, b.calls_max), (Verdict::Ok, Some(0.5)), "{b:?}");
+    assert_eq!(b.current.as_ref().unwrap().drain_time, 60.0);
+}
+
+/// A pod whose histograms reset in the window is read again with
+/// `increase()`: its counts replace the highest-less-lowest ones, whole.
+#[test]
+fn a_reset_pods_histograms_are_replaced_by_their_increase() {
+    let mut c = calls("a:1", "shop", "shop.Cart", 100.0, "10");
+    c.extend(calls("b:1", "shop", "shop.Cart", 3.0, "1"));
+    let mut obs = observe(&c, &[], &[], &timers("a:1", "shop", 60.0, 90.0), &[]);
+    let again: Vec<Sample> = calls("a:1", "shop", "shop.Cart", 4.02, "1")
+        .into_iter()
+        .chain(calls("a:1", "shop", "shop.Other", 0.3, "1"))
+        .collect();
+    let reset: BTreeSet<PodKey> = [("shop".into(), "a:1".into(), String::new())].into();
+    recount(&mut obs, &reset, &again, &[]);
+    let a = &obs.pods[&("shop".to_string(), "a:1".to_string(), String::new())];
+    assert_eq!(a.calls.len(), 1, "0.3 of a call is none: {a:?}");
+    assert_eq!(a.calls["shop.Cart"][&Le(f64::INFINITY)], 4.0);
+    assert_eq!(a.calls["shop.Cart"][&Le(1.0)], 4.0);
+    assert!(a.timers.is_some(), "its timers stay");
+    let b = &obs.pods[&("shop".to_string(), "b:1".to_string(), String::new())];
+    assert_eq!(b.calls["shop.Cart"][&Le(f64::INFINITY)], 3.0);
 }
 
 #[test]

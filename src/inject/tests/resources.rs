@@ -278,3 +278,79 @@ fn a_pods_drain_timers_by_annotation_are_checked_against_its_grace_and_set() {
         "{r}"
     );
 }
+
+/// Under Istio, Envoy's drain window is the ProxyConfig's `drainDuration`
+/// (pilot-agent's `--drain-time-s`): the drain-time annotation sets it, as
+/// it sets `--drain-time-s` in the plain modes, offline and on the
+/// webhook's first call (before Istio's injector reads it); the pod's own
+/// ProxyConfig fields stay, and uninjecting gives them back.
+#[test]
+fn under_istio_the_drain_time_annotation_sets_envoys_drain_duration_too() {
+    let config = |doc: &Value| -> String {
+        let (_, annotations) = labels_and_annotations(doc);
+        annotations["proxy.istio.io/config"]
+            .as_str()
+            .expect("a ProxyConfig")
+            .to_string()
+    };
+    let tuned = ISTIO_POD.replace(
+        "        proxy.istio.io/config:",
+        "        drainshim.io/drain-time: 75s\n        drainshim.io/parent-shutdown-time: 100s\n        proxy.istio.io/config:",
+    );
+    let original = deployment(&tuned);
+    let once = inject(&original, Mode::Istio).expect("injected");
+    let out = docs(&once);
+    let c = config(&out[0]);
+    for field in [
+        "drainDuration: 75s",
+        "terminationDrainDuration: 5s",
+        "holdApplicationUntilProxyStarts: true",
+    ] {
+        assert!(c.contains(field), "{field}: {c}");
+    }
+    let shim = pod_of(&out[0])["containers"]
+        .as_array()
+        .expect("containers")
+        .iter()
+        .find(|c| c["name"] == "drainshim")
+        .expect("drainshim")
+        .clone();
+    assert!(
+        shim["env"]
+            .as_array()
+            .expect("env")
+            .iter()
+            .any(|e| e["name"] == "DRAINSHIM_DRAIN_TIME"),
+        "{shim}"
+    );
+    assert_eq!(inject(&once, Mode::Istio).expect("twice"), once);
+    let (undone, _) =
+        transform(&once, &Settings::default(), Direction::Uninject).expect("uninject");
+    assert_eq!(docs(&undone), docs(&original));
+    // Without the annotation, the patch's own 60 s.
+    let plain = docs(&inject(&deployment(ISTIO_POD), Mode::Istio).expect("injected"));
+    assert!(config(&plain[0]).contains("drainDuration: 60s"));
+
+    // The webhook's first call, before Istio's injector: only what that
+    // reads, the drain window among it (a sub-second drain time rounds up).
+    let pod = serde_json::json!({
+        "metadata": {"name": "p", "annotations": {
+            "drainshim.io/drain-time": "5500ms",
+            "drainshim.io/min-drain-time": "1s",
+            "drainshim.io/deregistration-delay": "1s",
+        }},
+        "spec": {"containers": [{"name": "a", "image": "a", "ports": [{"containerPort": 8080}]}]},
+    });
+    let r = webhook_answer(&pod, Mode::Istio, mesh::Namespace::Injected);
+    let after = patched(&pod, &r);
+    assert!(
+        after["spec"]["containers"]
+            .as_array()
+            .is_some_and(|c| c.len() == 1),
+        "Istio's proxy is not there yet: only annotations: {after}"
+    );
+    let c = after["metadata"]["annotations"]["proxy.istio.io/config"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(c.contains("drainDuration: 6s"), "{r} {after}");
+}

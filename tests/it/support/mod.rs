@@ -442,10 +442,39 @@ pub async fn prometheus(targets: &[SocketAddr]) -> Prometheus {
     prometheus_with(targets, None).await
 }
 
+/// A real Prometheus whose scrape drops `metric` from the targets
+/// `dropping` (a `metric_relabel_configs` drop, as a scrape config that
+/// keeps only some families does).
+pub async fn prometheus_dropping(
+    targets: &[SocketAddr],
+    metric: &str,
+    dropping: &[SocketAddr],
+) -> Prometheus {
+    let instances: Vec<String> = dropping
+        .iter()
+        .map(|t| t.to_string().replace('.', "\\\\."))
+        .collect();
+    let relabel = format!(
+        "  metric_relabel_configs:\n  - {{ source_labels: [__name__, instance], regex: \"{metric};({})\", action: drop }}\n",
+        instances.join("|")
+    );
+    start_prometheus(targets, None, &relabel).await
+}
+
 /// A real Prometheus with `web_config` as its `--web.config.file` (TLS,
 /// basic auth), when given: ready once its log says so, since its own
 /// readiness endpoint then wants the TLS and the password too.
 pub async fn prometheus_with(targets: &[SocketAddr], web_config: Option<&str>) -> Prometheus {
+    start_prometheus(targets, web_config, "").await
+}
+
+/// Prometheus scraping `targets`, `scrape` appended to its one scrape
+/// config.
+async fn start_prometheus(
+    targets: &[SocketAddr],
+    web_config: Option<&str>,
+    scrape: &str,
+) -> Prometheus {
     let bin = drainshim_bench::envoy::cache_dir().join("prometheus/usr/bin/prometheus");
     assert!(
         bin.is_file(),
@@ -467,7 +496,7 @@ pub async fn prometheus_with(targets: &[SocketAddr], web_config: Option<&str>) -
     .expect("targets");
     let config = format!(
         "global: {{ scrape_interval: 1s, evaluation_interval: 1s, scrape_timeout: 900ms }}\n\
-         scrape_configs:\n- job_name: drainshim\n  file_sd_configs:\n  - files: [{}]\n    refresh_interval: 1s\n",
+         scrape_configs:\n- job_name: drainshim\n  file_sd_configs:\n  - files: [{}]\n    refresh_interval: 1s\n{scrape}",
         dir.path().join("targets.json").display()
     );
     std::fs::write(dir.path().join("prometheus.yml"), config).expect("config");
