@@ -666,8 +666,16 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
     let mut shims: Vec<SocketAddr> = pods.values().map(|p| p.shim).collect();
     shims.push(restarting.shim);
     prom.set_targets(&shims);
+    // The removed pods' series go stale at Prometheus's next scrape: until
+    // then their rows may still stand.
     let (code, after) = explain_until(&url, &tiers, "t-old passes", |v| {
         row(v, "t-old")["verdict"] == "ok"
+            && !services(v).any(|s| s["namespace"] == "t-old" && s["service"] == "-")
+            && services(v).all(|s| {
+                ["ok", "no_traffic", "gone"]
+                    .iter()
+                    .any(|w| s["verdict"] == *w)
+            })
     })
     .await;
     assert_eq!(code, Some(0), "{after}");
