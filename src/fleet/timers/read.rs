@@ -1,23 +1,21 @@
-//! What Prometheus is asked for the drain timers: two instant queries at
-//! the window's end, each per pod (its namespace, `instance`, and `pod` in
-//! node mode), joined to the pod's namespace as `verify` joins a wave's
-//! series, each family under its own `drainshim_part` as `verify`'s window
-//! asks its counters (one join, one read of `proxy_info`, per query).
+//! What Prometheus is asked for the drain timers: instant queries at the
+//! window's end, each per pod (its namespace, `instance`, and `pod` in node
+//! mode), joined to the pod's namespace as `verify` joins a wave's series.
 //!
-//! The window's: the growth of each request-duration and stream-lifetime
-//! bucket (the highest sample less the lowest, which both stores answer
-//! alike), and the pods whose histograms reset in it (a shim restarted in
-//! its pod). Now's: the max connection age, the timers each pod runs, and
-//! which pods run. Then, only when some pod's histograms reset: those pods'
-//! buckets again with the store's own `increase()`, which counts both sides
-//! of a reset, where the highest less the lowest would read the shim's
-//! whole earlier life.
+//! Round one, at once: the growth of each request-duration and
+//! stream-lifetime bucket over the window (the highest sample less the
+//! lowest, which both stores answer alike), the pods whose histograms reset
+//! in the window (a shim restarted in its pod), the max connection age, the
+//! timers each pod runs, and which pods run now. Round two, only when some
+//! pod's histograms reset: those pods' buckets again with the store's own
+//! `increase()`, which counts both sides of a reset, where the highest less
+//! the lowest would read the shim's whole earlier life.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, UNIX_EPOCH};
 
 use super::{Buckets, Current, Le};
-use crate::fleet::golden::{Queries, PART};
+use crate::fleet::golden::Queries;
 use crate::fleet::prometheus::{regex_alternation, PromClient, Sample};
 use crate::fleet::FleetError;
 
@@ -77,44 +75,27 @@ fn key(s: &Sample) -> PodKey {
     )
 }
 
-/// The two histograms the step reads.
-const CALLS: &str = "drainshim_guard_request_duration_seconds";
-const STREAMS: &str = "drainshim_guard_stream_lifetime_seconds";
+/// The two histograms the step reads, each with the labels it is summed
+/// by beside the pod's.
+const CALLS: (&str, &str) = ("drainshim_guard_request_duration_seconds", ", service");
+const STREAMS: (&str, &str) = ("drainshim_guard_stream_lifetime_seconds", "");
 
-/// `expr` labelled with its part's name.
-fn part(expr: &str, name: &str) -> String {
-    format!("label_replace({expr}, \"{PART}\", \"{name}\", \"\", \"\")")
-}
-
-/// The window's parts per pod (and `le`, `service`), summed over the
-/// series each reads, joined to its namespace once: `calls` and
-/// `streams`, each bucket read by `read` over the window, and (with
-/// `resets`) the pods whose histograms' counts reset in it (one series per
-/// service, not one per bucket: a restart resets every series of the
-/// shim). What did not grow (most of a histogram, a fleet's idle pods) is
-/// left out of the answer. `only`: more matchers (the pods of round two).
-fn window(q: &Queries, read: fn(&str) -> String, resets: bool, only: &str) -> String {
+/// A histogram's buckets per pod (and `by`), each read by `read` over the
+/// range `r`, joined to its namespace; a bucket that did not grow is left
+/// out of the answer (most of a histogram, most of a fleet's idle pods).
+/// `only`: more matchers (the pods of round two).
+fn buckets(
+    q: &Queries,
+    (metric, by): (&str, &str),
+    read: fn(&str) -> String,
+    only: &str,
+) -> String {
     let w = q.w();
     let each = q.in_wave(
-        |sel| {
-            let range = |m: &str| format!("{m}{{{sel}{only}}}[{w}]");
-            let mut parts = vec![
-                part(&read(&range(&format!("{CALLS}_bucket"))), "calls"),
-                part(&read(&range(&format!("{STREAMS}_bucket"))), "streams"),
-            ];
-            if resets {
-                for m in [CALLS, STREAMS] {
-                    parts.push(part(
-                        &format!("resets({})", range(&format!("{m}_count"))),
-                        "resets",
-                    ));
-                }
-            }
-            format!("({})", parts.join(" or "))
-        },
+        |sel| read(&format!("{metric}_bucket{{{sel}{only}}}[{w}]")),
         "",
     );
-    format!("sum by (namespace, instance, pod, le, service, {PART}) ({each}) > 0")
+    format!("sum by (namespace, instance, pod, le{by}) ({each}) > 0")
 }
 
 fn highest_less_lowest(r: &str) -> String {
@@ -125,20 +106,11 @@ fn increase(r: &str) -> String {
     format!("increase({r})")
 }
 
-/// The samples of one part.
-fn of<'a>(all: &'a [Sample], name: &'a str) -> impl Iterator<Item = &'a Sample> {
-    all.iter().filter(move |s| s.label(PART) == name)
-}
-
 /// Reads the window `[at - window, at]`.
-pub async fn read(
-    prom: &PromClient,
-    window_len: Duration,
-    at: f64,
-) -> Result<TimersRead, FleetError> {
+pub async fn read(prom: &PromClient, window: Duration, at: f64) -> Result<TimersRead, FleetError> {
     let q = Queries {
         ns: ".+",
-        secs: window_len.as_secs().max(1),
+        secs: window.as_secs().max(1),
         resets: false,
     };
     let now = Queries {
@@ -146,36 +118,49 @@ pub async fn read(
         secs: 0,
         resets: false,
     };
-    let window_q = window(&q, highest_less_lowest, true, "");
+    let w = q.w();
+    let calls_q = buckets(&q, CALLS, highest_less_lowest, "");
+    let streams_q = buckets(&q, STREAMS, highest_less_lowest, "");
+    // A restart resets every series of the shim: its histograms' counts
+    // tell (one series per service, not one per bucket).
+    let resets_q = format!(
+        "max by (namespace, instance, pod) ({}) > 0",
+        q.in_wave(
+            |sel| format!(
+                "(resets({}_count{{{sel}}}[{w}]) or resets({}_count{{{sel}}}[{w}]))",
+                CALLS.0, STREAMS.0
+            ),
+            ""
+        )
+    );
+    let age_q = format!(
+        "max by (namespace, instance, pod) ({})",
+        now.in_fleet(|sel| format!("drainshim_guard_max_connection_age_seconds{{{sel}}}"))
+    );
+    let timers_q = format!(
+        "max by (namespace, instance, pod, timer) ({})",
+        now.in_fleet(|sel| format!("drainshim_drain_timer_seconds{{{sel}}}"))
+    );
     // Every shim, of any version, sidecar or node agent's pod, exports
     // `drainshim_draining` (0 or 1) while it runs: present at the end, the
     // pod runs now.
-    let now_q = format!(
-        "max by (namespace, instance, pod, timer, {PART}) ({})",
-        now.in_fleet(|sel| format!(
-            "({} or {} or {})",
-            part(
-                &format!("drainshim_guard_max_connection_age_seconds{{{sel}}}"),
-                "age"
-            ),
-            part(&format!("drainshim_drain_timer_seconds{{{sel}}}"), "timers"),
-            part(&format!("drainshim_draining{{{sel}}}"), "live"),
-        ))
+    let live_q = format!(
+        "max by (namespace, instance, pod) ({})",
+        now.in_fleet(|sel| format!("drainshim_draining{{{sel}}}"))
     );
     let prom = prom
         .clone()
         .at(Some(UNIX_EPOCH + Duration::from_secs_f64(at)));
-    let (seen, now) = tokio::join!(prom.query(&window_q), prom.query(&now_q));
-    let (seen, now) = (seen?, now?);
-    let parts = |all: &[Sample], name: &str| -> Vec<Sample> { of(all, name).cloned().collect() };
-    let mut observed = observe(
-        &parts(&seen, "calls"),
-        &parts(&seen, "streams"),
-        &parts(&now, "age"),
-        &parts(&now, "timers"),
-        &parts(&now, "live"),
+    let (calls, streams, resets, ages, timers, live) = tokio::join!(
+        prom.query(&calls_q),
+        prom.query(&streams_q),
+        prom.query(&resets_q),
+        prom.query(&age_q),
+        prom.query(&timers_q),
+        prom.query(&live_q),
     );
-    let reset: BTreeSet<PodKey> = of(&seen, "resets").map(key).collect();
+    let mut observed = observe(&calls?, &streams?, &ages?, &timers?, &live?);
+    let reset: BTreeSet<PodKey> = resets?.iter().map(key).collect();
     if !reset.is_empty() {
         let instances: Vec<String> = reset
             .iter()
@@ -184,17 +169,16 @@ pub async fn read(
             .into_iter()
             .collect();
         let only = format!(",instance=~\"{}\"", regex_alternation(&instances));
-        let again = prom.query(&window(&q, increase, false, &only)).await?;
-        recount(
-            &mut observed,
-            &reset,
-            &parts(&again, "calls"),
-            &parts(&again, "streams"),
+        let (calls_q, streams_q) = (
+            buckets(&q, CALLS, increase, &only),
+            buckets(&q, STREAMS, increase, &only),
         );
+        let (calls, streams) = tokio::join!(prom.query(&calls_q), prom.query(&streams_q));
+        recount(&mut observed, &reset, &calls?, &streams?);
     }
     Ok(TimersRead {
         observed,
-        window: window_len,
+        window,
         at,
     })
 }
