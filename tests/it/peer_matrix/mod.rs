@@ -73,7 +73,7 @@
 //! Fails (never skips) without the cached Envoy, the Python venv or the
 //! built peers (`make envoy pytools peers`).
 
-mod account;
+pub mod account;
 pub mod clients;
 
 use crate::support;
@@ -169,7 +169,7 @@ const THROTTLE_PERIOD: Duration = Duration::from_millis(100);
 const SWEEP_LOG: &str = "drain deadline near";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Scenario {
+pub enum Scenario {
     Chatty,
     Quiet,
     Silent,
@@ -294,7 +294,7 @@ impl Scenario {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Boot {
+pub enum Boot {
     /// `deploy/components/envoy/envoy.yaml`: fail-open retries, the app at priority 1.
     Shipped,
     /// One endpoint (the guard), no retry policy.
@@ -311,7 +311,7 @@ impl Boot {
 }
 
 #[derive(Clone, Copy, Debug)]
-struct Case {
+pub struct Case {
     server: Server,
     scenario: Scenario,
     boot: Boot,
