@@ -100,7 +100,7 @@ phase "unit and integration tests (about 11 minutes)"
 tables=${CARGO_TARGET_DIR:-target}/tmp/peer-matrix
 rm -rf "$tables"
 RUST_TEST_THREADS=1 "$cargo" test --locked --workspace
-# The peer matrix's tables (cargo hides a passing test's output): every
+# The peer matrix's tables and the config push's (cargo hides a passing test's output): every
 # server's cases, graceful, cut, lost and dropped.
 cat "$tables"/*.md || echo "make test: the peer matrix left no tables in $tables" >&2
 phase "conformance and webhook"

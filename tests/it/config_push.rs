@@ -454,9 +454,15 @@ struct Row {
 
 impl Row {
     fn line(&self, what: &str) -> String {
+        // The storm of the graceful endings: none, none to judge.
+        let storm = if self.graceful == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.2}", self.storm)
+        };
         format!(
-            "| {what} | {} | {} | {} | {} | {} | {:.2} |",
-            self.streams, self.graceful, self.cut, self.other, self.lost, self.storm
+            "| {what} | {} | {} | {} | {} | {} | {storm} |",
+            self.streams, self.graceful, self.cut, self.other, self.lost
         )
     }
 }
@@ -649,8 +655,11 @@ async fn a_listener_push_cuts_every_stream_without_drainshim_and_none_behind_it(
     .await;
     let (b_ws, n5) = ws_row(&ws_b, &ws);
     let (g_ws_row, n6) = ws_row(&ws_g, &ws);
-    eprintln!("| a listener-level push | streams | graceful | cut | other | lost | storm (peak/mean, 1 s) |");
-    eprintln!("|---|---|---|---|---|---|---|");
+    let mut table = String::from(
+        "## A config push (an LDS update of every inbound listener), Envoy 1.40, no retry policy\n\n\
+         | a listener-level push | streams | graceful | cut | other | lost | storm (peak/mean, 1 s) |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
     for (row, what) in [
         (&b_go, "baseline, grpc-go"),
         (&b_py, "baseline, grpcio"),
@@ -659,7 +668,20 @@ async fn a_listener_push_cuts_every_stream_without_drainshim_and_none_behind_it(
         (&g_py_row, "drainshim, grpcio"),
         (&g_ws_row, "drainshim, websockets"),
     ] {
-        eprintln!("{}", row.line(what));
+        table.push_str(&row.line(what));
+        table.push('\n');
+    }
+    eprintln!("{table}");
+    // Kept for `make test`, which prints it at its end beside the peer
+    // matrix's tables (cargo hides a passing test's output).
+    let tables = Path::new(env!("CARGO_TARGET_TMPDIR")).join("peer-matrix");
+    if let Err(e) = std::fs::create_dir_all(&tables)
+        .and_then(|()| std::fs::write(tables.join("config-push.md"), &table))
+    {
+        eprintln!(
+            "config push: could not keep the table in {}: {e}",
+            tables.display()
+        );
     }
     // The baseline: Envoy closed every connection at the drain's end.
     for (row, notes, what) in [
