@@ -216,8 +216,7 @@ async fn terminator(inner: Arc<Inner>, window: Duration, deadline: Duration) {
             .max(window);
     let long_after = inner.config.long_stream_age;
     // Due endings, in time order.
-    let mut due: std::collections::VecDeque<(Instant, Arc<registry::StreamCtl>)> =
-        std::collections::VecDeque::new();
+    let mut due: schedule::Due<Arc<registry::StreamCtl>> = schedule::Due::new();
     // The window's end was logged (the calls left open then).
     let mut window_over = false;
     loop {
@@ -245,19 +244,12 @@ async fn terminator(inner: Arc<Inner>, window: Duration, deadline: Duration) {
             return;
         }
         let fresh = inner.registry.take_long_lived(now, long_after);
-        if !fresh.is_empty() {
-            let remaining = window_end.saturating_duration_since(now);
-            let n = fresh.len();
-            let mut merged: Vec<_> = due.drain(..).collect();
-            merged.extend(
-                fresh
-                    .into_iter()
-                    .zip(spread_offsets(n, remaining))
-                    .map(|(s, off)| (now + off, s)),
-            );
-            merged.sort_by_key(|(at, _)| *at);
-            due.extend(merged);
-        }
+        schedule::spread_into(
+            &mut due,
+            fresh,
+            now,
+            window_end.saturating_duration_since(now),
+        );
         while due.front().is_some_and(|(at, _)| *at <= now) {
             if let Some((_, s)) = due.pop_front() {
                 s.end(Reason::drain);

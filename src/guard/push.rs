@@ -20,14 +20,14 @@
 //!   that connection begins, and only with a probability that grows over
 //!   the drain, so it may come back there more than once.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::registry::{Picked, PushScope, StreamCtl};
-use super::schedule::spread_offsets;
+use super::schedule::{spread_into, Due};
 use super::{Inner, RECHECK};
 use crate::metrics::Reason;
 
@@ -65,7 +65,7 @@ pub(super) async fn terminator(inner: Arc<Inner>, scope: PushScope, timeline: Ti
     // Streams already scheduled or ended by this push, by registry key
     // (an address would be reused by a stream opened after one ended).
     let mut seen: HashSet<u64> = HashSet::new();
-    let mut due: VecDeque<(Instant, Arc<StreamCtl>)> = VecDeque::new();
+    let mut due: Due<Arc<StreamCtl>> = Due::new();
     let (mut ended, mut unsure) = (0usize, 0usize);
     // The sweep ran (its one turn ends short calls too).
     let mut swept_once = false;
@@ -102,18 +102,9 @@ pub(super) async fn terminator(inner: Arc<Inner>, scope: PushScope, timeline: Ti
             for s in due.drain(..).map(|(_, s)| s).chain(fresh) {
                 s.end(Reason::config_push);
             }
-        } else if !fresh.is_empty() {
+        } else {
             let remaining = timeline.sweep_at.saturating_duration_since(now);
-            let n = fresh.len();
-            let mut merged: Vec<_> = due.drain(..).collect();
-            merged.extend(
-                fresh
-                    .into_iter()
-                    .zip(spread_offsets(n, remaining))
-                    .map(|(s, off)| (now + off, s)),
-            );
-            merged.sort_by_key(|(at, _)| *at);
-            due.extend(merged);
+            spread_into(&mut due, fresh, now, remaining);
         }
         while due.front().is_some_and(|(at, _)| *at <= now) {
             if let Some((_, s)) = due.pop_front() {

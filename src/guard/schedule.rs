@@ -29,6 +29,33 @@ pub fn spread_offsets(n: usize, window: Duration) -> impl Iterator<Item = Durati
     (0..n).map(move |i| slice.mul_f64(i as f64 + 0.5))
 }
 
+/// A schedule of endings in time order: `(when, what)`.
+pub type Due<T> = std::collections::VecDeque<(tokio::time::Instant, T)>;
+
+/// Adds `fresh` to `due`, spread evenly over `remaining` from `now`
+/// ([`spread_offsets`]), keeping the whole schedule in time order: streams
+/// that become long-lived later join the rest of the window.
+pub fn spread_into<T>(
+    due: &mut Due<T>,
+    fresh: Vec<T>,
+    now: tokio::time::Instant,
+    remaining: Duration,
+) {
+    if fresh.is_empty() {
+        return;
+    }
+    let n = fresh.len();
+    let mut merged: Vec<_> = due.drain(..).collect();
+    merged.extend(
+        fresh
+            .into_iter()
+            .zip(spread_offsets(n, remaining))
+            .map(|(s, off)| (now + off, s)),
+    );
+    merged.sort_by_key(|(at, _)| *at);
+    due.extend(merged);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -53,6 +80,26 @@ mod tests {
         );
         assert_eq!(spread_offsets(0, window).count(), 0);
         assert!(spread_offsets(5, Duration::ZERO).all(|o| o.is_zero()));
+    }
+
+    #[test]
+    fn later_streams_join_the_rest_of_the_window_in_order() {
+        let now = tokio::time::Instant::now();
+        let mut due = Due::new();
+        spread_into(&mut due, vec!['a', 'b'], now, Duration::from_secs(4));
+        spread_into(
+            &mut due,
+            vec!['c'],
+            now + Duration::from_secs(1),
+            Duration::from_secs(2),
+        );
+        let order: Vec<(u128, char)> = due
+            .iter()
+            .map(|(at, c)| (at.duration_since(now).as_millis(), *c))
+            .collect();
+        assert_eq!(order, vec![(1000, 'a'), (2000, 'c'), (3000, 'b')]);
+        spread_into(&mut due, Vec::new(), now, Duration::ZERO);
+        assert_eq!(due.len(), 3);
     }
 
     #[test]

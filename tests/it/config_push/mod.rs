@@ -24,527 +24,25 @@
 //!
 //! Fails (never skips) without the cached Envoy, Python venv or peers.
 
-use crate::peer_matrix::clients::{classify, client, describe, End, Shape, Sub};
+mod rig;
+
+use crate::peer_matrix::clients::{classify, client, describe, End, Shape};
 use crate::support;
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use drainshim::guard::end_message;
 use drainshim::metrics::Reason;
-use drainshim_bench::envoy::{EnvoyOptions, EnvoyProcess};
 use support::peers::{tail, PeerApp, Server};
 use support::*;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 
-/// Envoy's `--drain-time-s`: the guard spreads its endings over this less
-/// its margin (7 s: the ending bound, the sweep's slack, a WebSocket's close).
-const ENVOY_DRAIN_TIME: Duration = Duration::from_secs(16);
-/// gRPC streams per gRPC server, over [`CHANNELS`] Envoy connections.
-const GRPC_STREAMS: usize = 100;
-const CHANNELS: usize = 4;
-/// WebSockets.
-const WS_STREAMS: usize = 200;
-/// The apps' cadences: long streams that are not idle.
-const GRPC_INTERVAL_MS: u32 = 1_000;
-const WS_INTERVAL_MS: u32 = 500;
-/// The guard's flags: every answered stream older than 1 s is long-lived;
-/// the watcher looks every 100 ms.
-const GUARD_FLAGS: &[&str] = &["--poll-interval", "100ms", "--long-stream-age", "1s"];
-/// Longest a client runs; every client loop is bounded by it.
-const CLIENT_LIMIT: Duration = Duration::from_secs(120);
-/// The most peak over mean of endings per second the spread may show.
-const STORM: f64 = 1.5;
-
-/// One inbound listener of the LDS file.
-#[derive(Clone, Debug)]
-struct Inbound {
-    name: &'static str,
-    port: u16,
-    cluster: &'static str,
-    websocket: bool,
-}
-
-/// One filter chain: its name, the source address it takes (None: any),
-/// and its connection manager's stat prefix (an in-place field).
-type Chain = (&'static str, Option<IpAddr>, String);
-
-/// The LDS file: each listener with the given stat prefix suffix `gen`
-/// (a listener-level field: changing it replaces the listener), and its
-/// chains. Each route adds the origin headers the guard reads.
-fn lds(listeners: &[(Inbound, Vec<Chain>)], gen: &str) -> String {
-    lds_with(listeners, gen, Headers::All)
-}
-
-/// Which of the origin headers the routes add.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Headers {
-    /// None (a user's own routes).
-    None,
-    /// The connection and the filter chain: what Envoy before 1.40 can.
-    NoListener,
-    /// All three (Envoy 1.40 and later).
-    All,
-}
-
-/// [`lds`], with the origin headers `origin` says.
-fn lds_with(listeners: &[(Inbound, Vec<Chain>)], gen: &str, origin: Headers) -> String {
-    let mut out = String::from("resources:\n");
-    for (l, chains) in listeners {
-        out.push_str(&format!(
-            r#"- "@type": type.googleapis.com/envoy.config.listener.v3.Listener
-  name: {name}
-  stat_prefix: {name}_{gen}
-  traffic_direction: INBOUND
-  address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
-  filter_chains:
-"#,
-            name = l.name,
-            port = l.port,
-        ));
-        for (chain, source, http_prefix) in chains {
-            let matcher = source.map_or(String::new(), |ip| {
-                format!(
-                    "    filter_chain_match: {{ direct_source_prefix_ranges: [ {{ address_prefix: \"{ip}\", prefix_len: 32 }} ] }}\n"
-                )
-            });
-            let two = r#"            request_headers_to_add:
-            - header: { key: x-drainshim-downstream-connection, value: "%CONNECTION_ID%" }
-              append_action: OVERWRITE_IF_EXISTS_OR_ADD
-            - header: { key: x-drainshim-filter-chain, value: "%FILTER_CHAIN_NAME%" }
-              append_action: OVERWRITE_IF_EXISTS_OR_ADD
-"#;
-            let third = r#"            - header: { key: x-drainshim-listener, value: "%LISTENER_NAME%" }
-              append_action: OVERWRITE_IF_EXISTS_OR_ADD
-"#;
-            let headers = match origin {
-                Headers::None => String::new(),
-                Headers::NoListener => two.to_string(),
-                Headers::All => format!("{two}{third}"),
-            };
-            let upgrade = if l.websocket {
-                "        upgrade_configs: [ { upgrade_type: websocket } ]\n"
-            } else {
-                ""
-            };
-            out.push_str(&format!(
-                r#"  - name: {chain}
-{matcher}    filters:
-    - name: envoy.filters.network.http_connection_manager
-      typed_config:
-        "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-        stat_prefix: {http_prefix}
-        codec_type: AUTO
-        stream_idle_timeout: 0s
-{upgrade}        route_config:
-          virtual_hosts:
-          - name: app
-            domains: ["*"]
-{headers}            routes: [ {{ match: {{ prefix: "/" }}, route: {{ cluster: {cluster}, timeout: 0s }} }} ]
-        http_filters:
-        - name: envoy.filters.http.router
-          typed_config: {{ "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }}
-"#,
-                cluster = l.cluster,
-            ));
-        }
-    }
-    out
-}
-
-/// A bootstrap whose listeners come from `dir/lds.yaml`, with one STATIC
-/// cluster per (name, address, HTTP/2?), no retry policy anywhere.
-fn bootstrap(dir: &Path, admin_port: u16, clusters: &[(&str, SocketAddr, bool)]) -> String {
-    let mut out = format!(
-        r#"node: {{ id: push-test, cluster: drainshim }}
-admin:
-  address: {{ socket_address: {{ address: 127.0.0.1, port_value: {admin_port} }} }}
-dynamic_resources:
-  lds_config: {{ path_config_source: {{ path: {lds} }}, resource_api_version: V3 }}
-static_resources:
-  clusters:
-"#,
-        lds = serde_json::to_string(&dir.join("lds.yaml")).expect("path"),
-    );
-    for (name, addr, h2) in clusters {
-        let protocol = if *h2 {
-            r#"    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: { http2_protocol_options: {} }
-"#
-        } else {
-            ""
-        };
-        out.push_str(&format!(
-            r#"  - name: {name}
-    type: STATIC
-    connect_timeout: 1s
-{protocol}    load_assignment:
-      cluster_name: {name}
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {{ address: {{ socket_address: {{ address: "{ip}", port_value: {port} }} }} }}
-"#,
-            ip = addr.ip(),
-            port = addr.port(),
-        ));
-    }
-    out
-}
-
-/// Lands `yaml` as a control plane's file delivery does: written beside,
-/// then moved over the watched path.
-fn push(dir: &Path, yaml: &str) {
-    let tmp = dir.join("lds.tmp");
-    std::fs::write(&tmp, yaml).expect("write lds");
-    std::fs::rename(&tmp, dir.join("lds.yaml")).expect("move lds");
-}
-
-/// An Envoy on LDS from a file in `dir`, its `--drain-time-s` the test's.
-async fn lds_envoy(
-    dir: &Path,
-    admin_port: u16,
-    clusters: &[(&str, SocketAddr, bool)],
-) -> EnvoyProcess {
-    lds_envoy_of("1.40.0", dir, admin_port, clusters).await
-}
-
-/// [`lds_envoy`] of Envoy `release`.
-async fn lds_envoy_of(
-    release: &str,
-    dir: &Path,
-    admin_port: u16,
-    clusters: &[(&str, SocketAddr, bool)],
-) -> EnvoyProcess {
-    let mut opts = EnvoyOptions::new(envoy_binary(release), clusters[0].1);
-    opts.drain_time = ENVOY_DRAIN_TIME;
-    opts.admin_port = admin_port;
-    opts.custom_bootstrap = Some(bootstrap(dir, admin_port, clusters));
-    EnvoyProcess::start(&opts)
-        .await
-        .expect("envoy with LDS from a file")
-}
-
-/// Waits until Envoy serves every listener of the file (they are warm).
-async fn wait_listening(ports: &[u16]) {
-    for port in ports {
-        let addr = SocketAddr::from(([127, 0, 0, 1], *port));
-        wait_for("envoy listens on the LDS listener", WAIT, || async move {
-            tokio::net::TcpStream::connect(addr).await.is_ok()
-        })
-        .await;
-    }
-}
-
-/// The Python `websockets` server (`tests/py/ws_app.py`): its address and
-/// what it said of each connection that ended (id -> (sent, close code)).
-struct WsServer {
-    addr: SocketAddr,
-    ended: Arc<Mutex<BTreeMap<String, u64>>>,
-    _child: tokio::process::Child,
-}
-
-async fn ws_server() -> WsServer {
-    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/ws_app.py");
-    let mut child = tokio::process::Command::new(python())
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("run the Python websockets server");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let first = tokio::time::timeout(WAIT, lines.next_line())
-        .await
-        .expect("the ws server listens in time")
-        .expect("read")
-        .expect("a line");
-    let addr: SocketAddr = first
-        .strip_prefix("listening ")
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("ws server said {first:?}"));
-    let ended = Arc::new(Mutex::new(BTreeMap::new()));
-    let sink = ended.clone();
-    tokio::spawn(async move {
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
-                let id = v["id"].as_str().unwrap_or_default().to_string();
-                let sent = v["sent"].as_u64().unwrap_or(0);
-                if let Ok(mut e) = sink.lock() {
-                    e.insert(id, sent);
-                }
-            }
-        }
-    });
-    WsServer {
-        addr,
-        ended,
-        _child: child,
-    }
-}
-
-#[derive(serde::Deserialize, Debug)]
-struct PyConn {
-    id: String,
-    seqs: Vec<u64>,
-    close_code: Option<u16>,
-    error: Option<String>,
-    /// CLOCK_MONOTONIC seconds when it ended.
-    ended: f64,
-}
-
-#[derive(serde::Deserialize, Debug)]
-struct PyRun {
-    connections: Vec<PyConn>,
-    unfinished: usize,
-}
-
-/// `n` Python `websockets` clients against `addr`; returns once every one
-/// had its first tick, with a handle that yields their report.
-async fn ws_clients(addr: SocketAddr, prefix: &str, n: usize) -> tokio::task::JoinHandle<PyRun> {
-    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/ws_client.py");
-    let mut child = tokio::process::Command::new(python())
-        .arg(script)
-        .args(["--base", &format!("ws://{addr}"), "--n", &n.to_string()])
-        .args([
-            "--prefix",
-            prefix,
-            "--interval-ms",
-            &WS_INTERVAL_MS.to_string(),
-        ])
-        .args(["--limit", &CLIENT_LIMIT.as_secs().to_string()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("run the Python websockets clients");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let ready = tokio::time::timeout(WAIT, lines.next_line())
-        .await
-        .expect("every WebSocket ticks in time")
-        .expect("read");
-    assert_eq!(ready.as_deref(), Some("ready"));
-    tokio::spawn(async move {
-        let line = tokio::time::timeout(CLIENT_LIMIT + WAIT, lines.next_line())
-            .await
-            .expect("the Python clients finished in time")
-            .expect("read")
-            .expect("a report line");
-        let _ = child.wait().await;
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad report {line:?}: {e}"))
-    })
-}
-
-/// `n` tonic Subscribe clients through `addr` over [`CHANNELS`] connections
-/// (from `source`, when given), each opening its stream again after an
-/// UNAVAILABLE end up to `cycles` times; returns once every stream has two
-/// messages.
-async fn grpc_clients(
-    addr: SocketAddr,
-    source: Option<IpAddr>,
-    prefix: &str,
-    n: usize,
-    cycles: usize,
-    deadline: Instant,
-) -> Vec<tokio::task::JoinHandle<Vec<Sub>>> {
-    let mut channels: Vec<Channel> = Vec::new();
-    for _ in 0..CHANNELS {
-        let ch = Endpoint::from_shared(format!("http://{addr}"))
-            .expect("endpoint")
-            .local_address(source)
-            .connect()
-            .await
-            .expect("connect to Envoy");
-        channels.push(ch);
-    }
-    let counts: Vec<Arc<AtomicUsize>> = (0..n).map(|_| Arc::default()).collect();
-    let shape = Shape {
-        interval_ms: GRPC_INTERVAL_MS,
-        payload_bytes: 64,
-        hold: None,
-    };
-    let tasks = counts
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            tokio::spawn(client(
-                channels[i % CHANNELS].clone(),
-                format!("{prefix}{i}"),
-                shape.clone(),
-                cycles,
-                c.clone(),
-                deadline,
-            ))
-        })
-        .collect();
-    wait_for("every gRPC stream flows", WAIT, || {
-        let ok = counts.iter().all(|c| c.load(Ordering::Relaxed) >= 2);
-        std::future::ready(ok)
-    })
-    .await;
-    tasks
-}
-
-async fn join_all(tasks: Vec<tokio::task::JoinHandle<Vec<Sub>>>) -> Vec<Sub> {
-    let mut subs = Vec::new();
-    for t in tasks {
-        subs.extend(t.await.expect("client task"));
-    }
-    subs
-}
-
-/// A call that failed before it was sent: no message, the app never saw
-/// it, and hyper says the request was cancelled because its connection
-/// closed (a call tonic dispatched to an HTTP/2 connection as Envoy's GOAWAY
-/// arrived on it). gRPC's transparent retry (A6) retries exactly these;
-/// tonic does not. Never a stream the guard carried.
-fn never_sent(s: &Sub, told: &BTreeMap<String, support::peers::AppStream>) -> bool {
-    s.seqs.is_empty()
-        && !told.contains_key(&s.id)
-        && s.status.as_ref().is_some_and(|st| {
-            describe(&Some(st.clone())).contains("operation was canceled <- connection closed")
-        })
-}
-
-/// Peak endings per second over the mean, from the first ending to the last.
-fn storm(mut ends: Vec<f64>) -> f64 {
-    ends.sort_by(f64::total_cmp);
-    let (Some(first), Some(last)) = (ends.first().copied(), ends.last().copied()) else {
-        return 0.0;
-    };
-    let buckets = (last - first).floor() as usize + 1;
-    let mut counts = vec![0usize; buckets];
-    for e in &ends {
-        counts[((e - first).floor() as usize).min(buckets - 1)] += 1;
-    }
-    let peak = counts.iter().copied().max().unwrap_or(0) as f64;
-    peak / (ends.len() as f64 / buckets as f64)
-}
-
-/// The sum of every series of `family` whose labels contain `label`.
-async fn series(shim: SocketAddr, family: &str, label: &str) -> f64 {
-    let (_, body) = http(shim, "GET", "/metrics").await;
-    body.lines()
-        .filter(|l| l.starts_with(family) && l.contains(label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-/// What one row of the table says.
-#[derive(Debug, Default)]
-struct Row {
-    streams: usize,
-    graceful: usize,
-    cut: usize,
-    other: usize,
-    lost: u64,
-    storm: f64,
-    /// When each graceful ending came (seconds, the row's own clock).
-    ends: Vec<f64>,
-}
-
-impl Row {
-    fn line(&self, what: &str) -> String {
-        // The storm of the graceful endings: none, none to judge.
-        let storm = if self.graceful == 0 {
-            "-".to_string()
-        } else {
-            format!("{:.2}", self.storm)
-        };
-        format!(
-            "| {what} | {} | {} | {} | {} | {} | {storm} |",
-            self.streams, self.graceful, self.cut, self.other, self.lost
-        )
-    }
-}
-
-/// Judges gRPC subs: graceful (the config push's message), cut, other;
-/// lost: messages the app handed its transport that the client never got.
-fn grpc_row(subs: &[Sub], app: &PeerApp, origin: Instant) -> (Row, Vec<String>) {
-    let told = app.streams();
-    let graceful = [end_message(Reason::config_push)];
-    let mut row = Row {
-        streams: subs.len(),
-        ..Row::default()
-    };
-    let mut notes = Vec::new();
-    let mut ends = Vec::new();
-    for s in subs {
-        match classify(s, &graceful) {
-            End::Graceful => {
-                row.graceful += 1;
-                ends.push(s.ended_at.duration_since(origin).as_secs_f64());
-            }
-            End::Cut => {
-                row.cut += 1;
-                notes.push(format!("{} cut: {}", s.id, describe(&s.status)));
-            }
-            _ => {
-                row.other += 1;
-                notes.push(format!("{} ended: {}", s.id, describe(&s.status)));
-            }
-        }
-        // Calls the test's own limit ended are not judged for loss.
-        let judged = matches!(classify(s, &graceful), End::Graceful | End::Cut);
-        let last = s.seqs.last().copied().unwrap_or(0);
-        if let Some((sent, _)) = told.get(&s.id).and_then(|t| t.ended.clone()) {
-            if judged {
-                row.lost += sent.saturating_sub(last);
-            }
-        }
-        if !s.gapless() {
-            notes.push(format!("{} has gaps: {:?}", s.id, s.seqs));
-        }
-    }
-    row.storm = storm(ends.clone());
-    row.ends = ends;
-    (row, notes)
-}
-
-/// Judges the WebSockets: graceful is a Close 1012; lost: ticks the server's
-/// transport took that the client never got.
-fn ws_row(run: &PyRun, server: &WsServer) -> (Row, Vec<String>) {
-    let sent = server.ended.lock().map(|e| e.clone()).unwrap_or_default();
-    let mut row = Row {
-        streams: run.connections.len(),
-        ..Row::default()
-    };
-    let mut notes = Vec::new();
-    let mut ends = Vec::new();
-    for c in &run.connections {
-        match c.close_code {
-            Some(1012) => {
-                row.graceful += 1;
-                ends.push(c.ended);
-            }
-            None => {
-                row.cut += 1;
-                notes.push(format!("{} cut: {:?}", c.id, c.error));
-            }
-            Some(code) => {
-                row.other += 1;
-                notes.push(format!("{} closed {code}", c.id));
-            }
-        }
-        if let Some(n) = sent.get(&c.id) {
-            row.lost += n.saturating_sub(c.seqs.len() as u64);
-        }
-        if !c.seqs.iter().zip(1u64..).all(|(s, want)| *s == want) {
-            notes.push(format!("{} has gaps", c.id));
-        }
-    }
-    row.storm = storm(ends);
-    (row, notes)
-}
+use rig::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listener_push_cuts_every_stream_without_drainshim_and_none_behind_it() {
@@ -947,29 +445,16 @@ async fn a_filter_chain_push_ends_only_that_chains_streams() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_pushes_in_one_window_cut_nothing_for_clients_that_come_back() {
     let py = PeerApp::start(Server::Grpcio).await;
-    let admin = free_port();
-    let g = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let shim = guard_sidecar_bin(admin, g, py.addr, GUARD_FLAGS).await;
-    let l = Inbound {
-        name: "inbound",
-        port: free_port(),
-        cluster: "guard",
-        websocket: false,
-    };
-    let spec = vec![(l.clone(), vec![("fc", None, "http".to_string())])];
-    let dir = tempfile::tempdir().expect("dir");
-    push(dir.path(), &lds(&spec, "v1"));
-    let envoy = lds_envoy(dir.path(), admin, &[("guard", g, true)]).await;
-    wait_listening(&[l.port]).await;
-    let addr = SocketAddr::from(([127, 0, 0, 1], l.port));
+    let pod = OneListener::start(py.addr, "1.40.0", Headers::All, GUARD_FLAGS).await;
+    let (shim, addr) = (&pod.shim, pod.addr);
     const N: usize = 40;
     // Clients come back after each end; the test ends them after both windows.
     let until = Instant::now() + ENVOY_DRAIN_TIME * 2 + Duration::from_secs(6);
     let tasks = grpc_clients(addr, None, "c-", N, 8, until).await;
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     let pushed = Instant::now();
-    push(dir.path(), &lds(&spec, "v2"));
-    let admin_client = envoy.admin_client();
+    pod.push("v2");
+    let admin_client = pod.envoy.admin_client();
     wait_for("envoy took the first push", WAIT, || async {
         admin_client
             .listener_manager()
@@ -979,7 +464,7 @@ async fn two_pushes_in_one_window_cut_nothing_for_clients_that_come_back() {
     .await;
     // The second inside the first's window, once some streams came back.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    push(dir.path(), &lds(&spec, "v3"));
+    pod.push("v3");
     wait_for("envoy took the second push", WAIT, || async {
         admin_client
             .listener_manager()
@@ -1040,8 +525,6 @@ async fn two_pushes_in_one_window_cut_nothing_for_clients_that_come_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_during_the_pods_drain_cuts_nothing() {
     let go = PeerApp::start(Server::GrpcGo).await;
-    let admin = free_port();
-    let g = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let mut flags = GUARD_FLAGS.to_vec();
     // The pod's drain: 2 s deregistration, then its endings over 4 s.
     flags.extend([
@@ -1054,26 +537,15 @@ async fn a_push_during_the_pods_drain_cuts_nothing() {
         "--parent-shutdown-time",
         "20s",
     ]);
-    let shim = guard_sidecar_bin(admin, g, go.addr, &flags).await;
-    let l = Inbound {
-        name: "inbound",
-        port: free_port(),
-        cluster: "guard",
-        websocket: false,
-    };
-    let spec = vec![(l.clone(), vec![("fc", None, "http".to_string())])];
-    let dir = tempfile::tempdir().expect("dir");
-    push(dir.path(), &lds(&spec, "v1"));
-    let envoy = lds_envoy(dir.path(), admin, &[("guard", g, true)]).await;
-    wait_listening(&[l.port]).await;
-    let addr = SocketAddr::from(([127, 0, 0, 1], l.port));
+    let pod = OneListener::start(go.addr, "1.40.0", Headers::All, &flags).await;
+    let (shim, addr) = (&pod.shim, pod.addr);
     const N: usize = 40;
     let tasks = grpc_clients(addr, None, "d-", N, 1, Instant::now() + CLIENT_LIMIT).await;
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     let drain = tokio::spawn(prestop(shim.addr));
     // The push lands in the drain's deregistration delay, before Envoy's
     // listeners are stopped: Envoy drains the replaced listener too.
-    let admin_client = envoy.admin_client();
+    let admin_client = pod.envoy.admin_client();
     wait_for(
         "the pod's drain failed envoy's health check",
         WAIT,
@@ -1081,7 +553,7 @@ async fn a_push_during_the_pods_drain_cuts_nothing() {
     )
     .await;
     let pushed = Instant::now();
-    push(dir.path(), &lds(&spec, "v2"));
+    pod.push("v2");
     let subs = join_all(tasks).await;
     let run = drain.await.expect("prestop");
     let graceful = [end_message(Reason::drain), end_message(Reason::config_push)];
@@ -1120,26 +592,13 @@ async fn a_push_during_the_pods_drain_cuts_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_origin_headers_the_streams_open_at_the_push_end_gracefully() {
     let go = PeerApp::start(Server::GrpcGo).await;
-    let admin = free_port();
-    let g = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let shim = guard_sidecar_bin(admin, g, go.addr, GUARD_FLAGS).await;
-    let l = Inbound {
-        name: "inbound",
-        port: free_port(),
-        cluster: "guard",
-        websocket: false,
-    };
-    let spec = vec![(l.clone(), vec![("fc", None, "http".to_string())])];
-    let dir = tempfile::tempdir().expect("dir");
-    push(dir.path(), &lds_with(&spec, "v1", Headers::None));
-    let _envoy = lds_envoy(dir.path(), admin, &[("guard", g, true)]).await;
-    wait_listening(&[l.port]).await;
-    let addr = SocketAddr::from(([127, 0, 0, 1], l.port));
+    let pod = OneListener::start(go.addr, "1.40.0", Headers::None, GUARD_FLAGS).await;
+    let (shim, addr) = (&pod.shim, pod.addr);
     const N: usize = 40;
     let tasks = grpc_clients(addr, None, "t-", N, 1, Instant::now() + CLIENT_LIMIT).await;
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     let pushed = Instant::now();
-    push(dir.path(), &lds_with(&spec, "v2", Headers::None));
+    pod.push("v2");
     let subs = join_all(tasks).await;
     let (row, notes) = grpc_row(&subs, &go, pushed);
     eprintln!(
@@ -1156,26 +615,13 @@ async fn without_the_origin_headers_the_streams_open_at_the_push_end_gracefully(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_envoy_1_36_the_two_headers_it_has_are_enough() {
     let go = PeerApp::start(Server::GrpcGo).await;
-    let admin = free_port();
-    let g = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let shim = guard_sidecar_bin(admin, g, go.addr, GUARD_FLAGS).await;
-    let l = Inbound {
-        name: "inbound",
-        port: free_port(),
-        cluster: "guard",
-        websocket: false,
-    };
-    let spec = vec![(l.clone(), vec![("fc", None, "http".to_string())])];
-    let dir = tempfile::tempdir().expect("dir");
-    push(dir.path(), &lds_with(&spec, "v1", Headers::NoListener));
-    let _envoy = lds_envoy_of("1.36.4", dir.path(), admin, &[("guard", g, true)]).await;
-    wait_listening(&[l.port]).await;
-    let addr = SocketAddr::from(([127, 0, 0, 1], l.port));
+    let pod = OneListener::start(go.addr, "1.36.4", Headers::NoListener, GUARD_FLAGS).await;
+    let (shim, addr) = (&pod.shim, pod.addr);
     const N: usize = 40;
     let tasks = grpc_clients(addr, None, "o-", N, 1, Instant::now() + CLIENT_LIMIT).await;
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     let pushed = Instant::now();
-    push(dir.path(), &lds_with(&spec, "v2", Headers::NoListener));
+    pod.push("v2");
     let subs = join_all(tasks).await;
     let (row, notes) = grpc_row(&subs, &go, pushed);
     eprintln!(
