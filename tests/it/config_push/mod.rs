@@ -587,26 +587,36 @@ async fn a_push_during_the_pods_drain_cuts_nothing() {
     assert_eq!(ungraceful, 0.0);
 }
 
-/// Without Envoy's origin headers (a user's own routes), the guard goes by
-/// time: every stream open when the drain began ends gracefully.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_the_origin_headers_the_streams_open_at_the_push_end_gracefully() {
+/// One listener-level push on Envoy `release` whose route adds `headers`,
+/// with 40 grpc-go streams open: every one ends gracefully, nothing lost.
+async fn one_push_ends_every_stream(release: &str, headers: Headers, what: &str) {
     let go = PeerApp::start(Server::GrpcGo).await;
-    let pod = OneListener::start(go.addr, "1.40.0", Headers::None, GUARD_FLAGS).await;
-    let (shim, addr) = (&pod.shim, pod.addr);
+    let pod = OneListener::start(go.addr, release, headers, GUARD_FLAGS).await;
     const N: usize = 40;
-    let tasks = grpc_clients(addr, None, "t-", N, 1, Instant::now() + CLIENT_LIMIT).await;
+    let tasks = grpc_clients(pod.addr, None, "o-", N, 1, Instant::now() + CLIENT_LIMIT).await;
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     let pushed = Instant::now();
     pod.push("v2");
     let subs = join_all(tasks).await;
     let (row, notes) = grpc_row(&subs, &go, pushed);
     eprintln!(
-        "| no origin headers (by time) | {} graceful of {}, {} cut, {} lost, storm {:.2} |",
-        row.graceful, row.streams, row.cut, row.lost, row.storm
+        "| {what} | {} graceful of {}, {} cut, {} lost |",
+        row.graceful, row.streams, row.cut, row.lost
     );
-    assert_eq!(row.graceful, N, "{notes:?}\n{}", tail(&shim.log(), 30));
-    assert_eq!(row.lost, 0, "{notes:?}");
+    assert_eq!(
+        row.graceful,
+        N,
+        "{what}: {notes:?}\n{}",
+        tail(&pod.shim.log(), 30)
+    );
+    assert_eq!(row.lost, 0, "{what}: {notes:?}");
+}
+
+/// Without Envoy's origin headers (a user's own routes), the guard goes by
+/// time: every stream open when the drain began ends gracefully.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_origin_headers_the_streams_open_at_the_push_end_gracefully() {
+    one_push_ends_every_stream("1.40.0", Headers::None, "no origin headers (by time)").await;
 }
 
 /// The oldest release tested (1.36.4) has the connection and filter-chain
@@ -614,20 +624,5 @@ async fn without_the_origin_headers_the_streams_open_at_the_push_end_gracefully(
 /// push's streams end gracefully as on 1.40.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_envoy_1_36_the_two_headers_it_has_are_enough() {
-    let go = PeerApp::start(Server::GrpcGo).await;
-    let pod = OneListener::start(go.addr, "1.36.4", Headers::NoListener, GUARD_FLAGS).await;
-    let (shim, addr) = (&pod.shim, pod.addr);
-    const N: usize = 40;
-    let tasks = grpc_clients(addr, None, "o-", N, 1, Instant::now() + CLIENT_LIMIT).await;
-    tokio::time::sleep(Duration::from_millis(1_200)).await;
-    let pushed = Instant::now();
-    pod.push("v2");
-    let subs = join_all(tasks).await;
-    let (row, notes) = grpc_row(&subs, &go, pushed);
-    eprintln!(
-        "| Envoy 1.36.4, two headers | {} graceful of {}, {} cut, {} lost |",
-        row.graceful, row.streams, row.cut, row.lost
-    );
-    assert_eq!(row.graceful, N, "{notes:?}\n{}", tail(&shim.log(), 30));
-    assert_eq!(row.lost, 0, "{notes:?}");
+    one_push_ends_every_stream("1.36.4", Headers::NoListener, "Envoy 1.36.4, two headers").await;
 }
