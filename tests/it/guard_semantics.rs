@@ -120,6 +120,19 @@ async fn all_graceful_and_lossless(
 }
 
 fn assert_graceful_and_lossless(r: &Received, backend: &Backend, reason: &str) {
+    assert_graceful(r, reason);
+    let written = backend.ledger.last_written(&r.id).expect("ledger entry");
+    assert_eq!(
+        Some(written),
+        r.seqs.last().copied(),
+        "{}: the backend wrote {written}, the client got {:?}",
+        r.id,
+        r.seqs.last()
+    );
+}
+
+/// Ended by the guard with UNAVAILABLE and its `reason`, without a gap.
+fn assert_graceful(r: &Received, reason: &str) {
     let status = r
         .status
         .as_ref()
@@ -138,14 +151,6 @@ fn assert_graceful_and_lossless(r: &Received, backend: &Backend, reason: &str) {
     );
     let gapless = r.seqs.iter().enumerate().all(|(i, s)| *s == i as u64 + 1);
     assert!(gapless, "{}: gaps in {:?}", r.id, r.seqs);
-    let written = backend.ledger.last_written(&r.id).expect("ledger entry");
-    assert_eq!(
-        Some(written),
-        r.seqs.last().copied(),
-        "{}: the backend wrote {written}, the client got {:?}",
-        r.id,
-        r.seqs.last()
-    );
 }
 
 /// Unary calls in flight when a drain starts all finish with their own
@@ -282,20 +287,7 @@ async fn nothing_the_application_sent_is_lost_at_any_message_size() {
             .expect("ends")
             .expect("join");
         assert!(r.seqs.len() > 1, "{}: {} messages", r.id, r.seqs.len());
-        let status = r.status.as_ref().expect("ended by the guard");
-        assert_eq!(
-            status.code(),
-            tonic::Code::Unavailable,
-            "{}: {status:?}",
-            r.id
-        );
-        assert!(
-            status.message().contains("draining"),
-            "{}: {status:?}",
-            r.id
-        );
-        let gapless = r.seqs.iter().enumerate().all(|(i, s)| *s == i as u64 + 1);
-        assert!(gapless, "{}: gaps in {:?}", r.id, r.seqs);
+        assert_graceful(&r, "draining");
         let written = backend.ledger.last_written(&r.id).expect("ledger entry");
         let got = r.seqs.last().copied().unwrap_or(0);
         if written > got {

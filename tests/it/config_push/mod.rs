@@ -275,6 +275,16 @@ async fn a_listener_push_cuts_every_stream_without_drainshim_and_none_behind_it(
     }
 }
 
+/// Waits until every stream counted in `counts` received more messages.
+async fn flows_on(counts: &[Arc<AtomicUsize>], what: &str) {
+    let before: Vec<usize> = counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+    wait_for(what, WAIT, || {
+        let now = counts.iter().map(|c| c.load(Ordering::Relaxed));
+        std::future::ready(now.zip(&before).all(|(n, b)| n > *b))
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_filter_chain_push_ends_only_that_chains_streams() {
     let go = PeerApp::start(Server::GrpcGo).await;
@@ -353,22 +363,22 @@ async fn a_filter_chain_push_ends_only_that_chains_streams() {
     );
     assert_eq!(row.graceful, N, "{notes:?}");
     assert_eq!(row.lost, 0, "{notes:?}");
-    // Past Envoy's close of chain one's connections, chain two still flows.
-    let before: Vec<usize> = two_counts
-        .iter()
-        .map(|c| c.load(Ordering::Relaxed))
-        .collect();
-    tokio::time::sleep_until(pushed + ENVOY_DRAIN_TIME + Duration::from_secs(1)).await;
+    // Past Envoy's close of chain one's connections (its draining chain
+    // gone), chain two still flows.
     wait_for(
-        "chain two's streams still flow after the drain's end",
+        "envoy closed chain one's drained connections",
         WAIT,
-        || {
-            let now: Vec<usize> = two_counts
-                .iter()
-                .map(|c| c.load(Ordering::Relaxed))
-                .collect();
-            std::future::ready(now.iter().zip(&before).all(|(n, b)| n > b))
+        || async {
+            admin_client
+                .listener_manager()
+                .await
+                .is_ok_and(|m| m.filter_chains_draining == 0)
         },
+    )
+    .await;
+    flows_on(
+        &two_counts,
+        "chain two's streams still flow after the drain's end",
     )
     .await;
     for t in &on_two {
@@ -392,20 +402,9 @@ async fn a_filter_chain_push_ends_only_that_chains_streams() {
             >= 2.0
     })
     .await;
-    let before: Vec<usize> = two_counts
-        .iter()
-        .map(|c| c.load(Ordering::Relaxed))
-        .collect();
-    wait_for(
+    flows_on(
+        &two_counts,
         "chain two's streams flow on after the chain was added",
-        WAIT,
-        || {
-            let now: Vec<usize> = two_counts
-                .iter()
-                .map(|c| c.load(Ordering::Relaxed))
-                .collect();
-            std::future::ready(now.iter().zip(&before).all(|(n, b)| n > b))
-        },
     )
     .await;
     for t in &on_two {
