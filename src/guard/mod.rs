@@ -288,7 +288,8 @@ impl Guard {
             config.limits.max_streams,
             metrics.guard_limited(crate::metrics::Limit::streams),
         ));
-        let signals = signals::Signals::new(config.signals, metrics.clone());
+        let signals =
+            signals::Signals::new(config.signals, config.long_stream_age, metrics.clone());
         let age = config.max_connection_age.map_or(0, |a| a.as_secs().max(1));
         metrics
             .guard_max_connection_age

@@ -9,7 +9,8 @@
 //!   `_ungraceful_total`) instead, so an ending's `grpc-status: 14` never
 //!   reads as the application failing
 //! - `drainshim_guard_request_duration_seconds{service}`: unary calls to the
-//!   end of the response, streams to their first message
+//!   end of the response, streams to their first message (a quiet stream,
+//!   answered and then silent past the long-stream age, to its head)
 //! - `drainshim_guard_streams_opened_total{service,protocol}`
 //! - `drainshim_guard_stream_lifetime_seconds{protocol}`
 //!
@@ -25,6 +26,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock, RwLock};
+use std::time::Duration;
 
 use http::{HeaderMap, StatusCode};
 use prometheus_client::metrics::counter::Counter;
@@ -136,6 +138,8 @@ pub fn grpc_code_for_reset(reason: h2::Reason) -> Code {
 #[derive(Debug)]
 pub struct Signals {
     settings: SignalSettings,
+    /// A response answered and then quiet this long was a stream.
+    long_stream_age: Duration,
     metrics: Metrics,
     /// Services (or `service/method` with methods on) and their handles;
     /// bounded by `max_services` plus `other` and `http`.
@@ -210,7 +214,9 @@ impl ServiceSignals {
 }
 
 impl Signals {
-    pub fn new(settings: SignalSettings, metrics: Metrics) -> Self {
+    /// `long_stream_age`: a response answered and then quiet for this long
+    /// before it ended was a stream, not a slow call (see [`Request`]).
+    pub fn new(settings: SignalSettings, long_stream_age: Duration, metrics: Metrics) -> Self {
         let lifetimes = STREAM_PROTOCOLS.map(|protocol| {
             metrics
                 .guard_stream_lifetime
@@ -218,6 +224,7 @@ impl Signals {
         });
         Self {
             settings,
+            long_stream_age,
             metrics,
             services: RwLock::new(HashMap::new()),
             other: OnceLock::new(),
@@ -298,6 +305,8 @@ impl Signals {
             start: Instant::now(),
             status: None,
             code: None,
+            long_stream_age: self.long_stream_age,
+            head_at: None,
             first_message: None,
             stream: false,
             observed: false,
@@ -321,6 +330,10 @@ pub struct Request {
     status: Option<StatusCode>,
     /// The gRPC status (or the guard's own verdict), once known.
     code: Option<Code>,
+    /// Answered, then quiet this long before the end: a stream.
+    long_stream_age: Duration,
+    /// When the response head went out.
+    head_at: Option<Instant>,
     /// When the first response message (or event) arrived.
     first_message: Option<Instant>,
     /// Counted as an opened stream.
@@ -336,6 +349,7 @@ impl Request {
     /// gRPC answer its `grpc-status`.
     pub fn head(&mut self, status: StatusCode, headers: &HeaderMap) {
         self.status = Some(status);
+        self.head_at.get_or_insert_with(Instant::now);
         self.trailers(headers);
     }
 
@@ -343,6 +357,7 @@ impl Request {
     /// and `grpc-status` when the head carried one (trailers-only).
     pub fn head_status(&mut self, status: StatusCode, grpc_status: Option<&[u8]>) {
         self.status = Some(status);
+        self.head_at.get_or_insert_with(Instant::now);
         self.grpc_status(grpc_status);
     }
 
@@ -422,6 +437,18 @@ impl Request {
         }
     }
 
+    /// A response that was answered (its head, or one message) and then
+    /// stayed open and quiet for the long-stream age before it ended was a
+    /// stream: a watch that had nothing to say. Counted as a call, its hours
+    /// would read as the service's p99 latency and ask for a drain time no
+    /// grace period fits. A slow call answers at its end, so its head, its
+    /// message and its end come together.
+    fn quiet_stream(&self, now: Instant) -> Option<Instant> {
+        let answered = self.first_message.or(self.head_at)?;
+        (!self.stream && now.saturating_duration_since(answered) >= self.long_stream_age)
+            .then_some(answered)
+    }
+
     fn opened_at(&mut self, first: Instant) {
         self.stream = true;
         self.service.opened(self.protocol).inc();
@@ -450,6 +477,9 @@ impl Request {
 impl Drop for Request {
     fn drop(&mut self) {
         let now = Instant::now();
+        if let Some(answered) = self.quiet_stream(now) {
+            self.opened_at(answered);
+        }
         if !self.ended_by_guard {
             self.service.request(self.final_code(), self.protocol).inc();
         }
@@ -468,6 +498,8 @@ mod tests {
     use super::*;
     use http::HeaderValue;
 
+    const LONG: Duration = Duration::from_secs(10);
+
     fn signals(max_services: usize, methods: bool) -> (Metrics, Signals) {
         let m = Metrics::new();
         let s = Signals::new(
@@ -476,6 +508,7 @@ mod tests {
                 methods,
                 max_services,
             },
+            LONG,
             m.clone(),
         );
         (m, s)
@@ -630,6 +663,96 @@ mod tests {
         assert!(text.contains("l_count 1"), "{text}");
     }
 
+    /// The opened count and the duration histogram's count and sum for
+    /// `pkg.Feed`, and the gRPC lifetime count.
+    fn feed_figures(m: &Metrics) -> (u64, String) {
+        let key = ServiceKey {
+            service: Arc::from("pkg.Feed"),
+            method: None,
+        };
+        let opened = m
+            .guard_streams_opened
+            .get(&GuardStreamLabels {
+                key,
+                protocol: StreamProtocol::grpc,
+            })
+            .map_or(0, |c| c.get());
+        let text = crate::metrics::render(&{
+            let mut r = prometheus_client::registry::Registry::default();
+            r.register("d", "d", m.guard_request_duration.clone());
+            r.register("l", "l", m.guard_stream_lifetime.clone());
+            r
+        });
+        (opened, text)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answered_stream_quiet_past_the_long_age_is_a_stream_not_a_slow_call() {
+        let (m, s) = signals(10, false);
+        // A watch: its head at once, then nothing for an hour.
+        let mut r = s
+            .start(true, "/pkg.Feed/Watch", StreamProtocol::grpc)
+            .expect("on");
+        tokio::time::advance(Duration::from_millis(20)).await;
+        r.head(StatusCode::OK, &HeaderMap::new());
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        drop(r);
+        let (opened, text) = feed_figures(&m);
+        assert_eq!(opened, 1, "{text}");
+        assert!(text.contains("l_count{protocol=\"grpc\"} 1"), "{text}");
+        // Its latency is the time to its head, not the hour.
+        assert!(text.contains("d_sum{service=\"pkg.Feed\"} 0.02"), "{text}");
+        // One message, then quiet for twice the long age: a stream too.
+        let mut r = s
+            .start(true, "/pkg.Feed/Watch", StreamProtocol::grpc)
+            .expect("on");
+        r.head(StatusCode::OK, &HeaderMap::new());
+        tokio::time::advance(Duration::from_millis(30)).await;
+        r.messages(1);
+        tokio::time::advance(LONG * 2).await;
+        drop(r);
+        let (opened, text) = feed_figures(&m);
+        assert_eq!(opened, 2, "{text}");
+        assert!(text.contains("d_sum{service=\"pkg.Feed\"} 0.05"), "{text}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_call_answers_at_its_end_and_stays_a_call() {
+        let (m, s) = signals(10, false);
+        // 40 s of work, then the head, the message and the trailers.
+        let mut r = s
+            .start(true, "/pkg.Feed/Compute", StreamProtocol::grpc)
+            .expect("on");
+        tokio::time::advance(Duration::from_secs(40)).await;
+        r.head(StatusCode::OK, &HeaderMap::new());
+        r.messages(1);
+        let mut ok = HeaderMap::new();
+        ok.insert("grpc-status", HeaderValue::from_static("0"));
+        r.trailers(&ok);
+        drop(r);
+        // A call never answered, however long: a call (the limit: a stream
+        // that never sent its head is one too).
+        let r = s
+            .start(true, "/pkg.Feed/Compute", StreamProtocol::grpc)
+            .expect("on");
+        tokio::time::advance(LONG * 3).await;
+        drop(r);
+        // Answered, quiet just under the long age: a call.
+        let mut r = s
+            .start(true, "/pkg.Feed/Compute", StreamProtocol::grpc)
+            .expect("on");
+        r.head(StatusCode::OK, &HeaderMap::new());
+        tokio::time::advance(LONG - Duration::from_millis(1)).await;
+        drop(r);
+        let (opened, text) = feed_figures(&m);
+        assert_eq!(opened, 0, "{text}");
+        assert!(text.contains("d_count{service=\"pkg.Feed\"} 3"), "{text}");
+        assert!(
+            text.contains("d_sum{service=\"pkg.Feed\"} 79.999"),
+            "{text}"
+        );
+    }
+
     #[test]
     fn the_cap_sends_later_services_to_other() {
         let (m, s) = signals(2, false);
@@ -684,6 +807,7 @@ mod tests {
                 enabled: false,
                 ..SignalSettings::default()
             },
+            LONG,
             m.clone(),
         );
         assert!(s.start(true, "/a.A/B", StreamProtocol::grpc).is_none());

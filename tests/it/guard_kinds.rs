@@ -17,6 +17,7 @@ use drainshim_bench::envoy::EnvoyProcess;
 use http_body_util::StreamBody;
 use hyper::body::Frame;
 use prost::Message;
+use support::guard::{connect_client, start_backend, subscribe, wait_until};
 use support::*;
 use tokio::io::AsyncReadExt;
 use tokio_stream::wrappers::ReceiverStream;
@@ -299,4 +300,108 @@ async fn grpc_web_streams_end_with_the_trailer_frame() {
         (0, 1),
         "{report:?}"
     );
+}
+
+/// A sample's value in a Prometheus text page: the line starting with
+/// `series` (name and labels, exactly), or 0 when there is none.
+fn sample(page: &str, series: &str) -> f64 {
+    page.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A watch that answers and then has nothing to say is a stream, not a slow
+/// call: `plan` reads the guard's request durations as the service's call
+/// latency, and a quiet watch's hours there would ask for a drain time no
+/// grace period fits. Through real Envoy and the real binary, with a 1 s
+/// long-stream age: a stream with one message, then quiet for 1.5 s, is
+/// counted as an opened stream whose latency is the time to its message;
+/// a slow call (1.5 s of work, then its answer) stays a call.
+#[tokio::test]
+async fn a_quiet_watch_is_counted_as_a_stream_not_as_a_slow_call() {
+    let backend = start_backend().await;
+    let (envoy, shim, _) = guard_bin_pod(backend.addr, &["--long-stream-age", "1s"], |_| {}).await;
+    let client = connect_client(envoy.inbound).await;
+    const SERVICE: &str = "{service=\"drainshim.bench.v1.Stream\"}";
+    let opened = format!(
+        "drainshim_guard_streams_opened_total{{service=\"drainshim.bench.v1.Stream\",protocol=\"grpc\"}}"
+    );
+
+    // The watch: its first tick at once, the next in an hour.
+    let asked = std::time::Instant::now();
+    let watch = subscribe(&client, "quiet-watch", 3_600_000, 0);
+    wait_until("the watch's first message", || watch.received() == 1).await;
+    let to_first = asked.elapsed().as_secs_f64();
+    let quiet = Duration::from_millis(1500);
+    tokio::time::sleep(quiet).await; // the subject: 1.5 s of silence
+    watch.done.abort();
+    let page = wait_for_metrics(shim.addr, |p| sample(p, &opened) >= 1.0).await;
+    assert_eq!(sample(&page, &opened), 1.0, "{page}");
+    assert_eq!(
+        sample(
+            &page,
+            &format!("drainshim_guard_request_duration_seconds_count{SERVICE}")
+        ),
+        1.0,
+        "{page}"
+    );
+    let latency = sample(
+        &page,
+        &format!("drainshim_guard_request_duration_seconds_sum{SERVICE}"),
+    );
+    assert!(
+        latency <= to_first,
+        "the watch's latency is the time to its first message ({to_first:.3} s at the client), \
+         not its life: {latency}\n{page}"
+    );
+
+    // The slow call: 1.5 s of work, then its answer, its message and its
+    // trailers together.
+    let mut c = client.clone();
+    let called = std::time::Instant::now();
+    c.echo(drainshim_bench::proto::bench::EchoRequest {
+        body: "slow".into(),
+        delay_ms: 1500,
+    })
+    .await
+    .expect("the slow call");
+    let took = called.elapsed().as_secs_f64();
+    let page = wait_for_metrics(shim.addr, |p| {
+        sample(
+            p,
+            &format!("drainshim_guard_request_duration_seconds_count{SERVICE}"),
+        ) >= 2.0
+    })
+    .await;
+    assert_eq!(
+        sample(&page, &opened),
+        1.0,
+        "the call is not a stream\n{page}"
+    );
+    let both = sample(
+        &page,
+        &format!("drainshim_guard_request_duration_seconds_sum{SERVICE}"),
+    );
+    assert!(
+        both - latency >= 1.5 && both - latency <= took,
+        "the call's latency is its whole 1.5 s of work: {}\n{page}",
+        both - latency
+    );
+    drop(envoy);
+}
+
+/// The shim's `/metrics` once `ready` holds of it (a deadline, not a sleep).
+async fn wait_for_metrics(shim: SocketAddr, ready: impl Fn(&str) -> bool) -> String {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (code, page) = http(shim, "GET", "/metrics").await;
+        if code == 200 && ready(&page) {
+            return page;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the shim's metrics never showed it:\n{page}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
