@@ -39,6 +39,18 @@ struct Pod {
 }
 
 async fn pod(backend: SocketAddr, ns: &str, name: &str, t: Timers, max_age: Duration) -> Pod {
+    pod_with(backend, ns, name, t, max_age, true).await
+}
+
+/// [`pod`], its guard's request metrics on or off (`signals`).
+async fn pod_with(
+    backend: SocketAddr,
+    ns: &str,
+    name: &str,
+    t: Timers,
+    max_age: Duration,
+    signals: bool,
+) -> Pod {
     let admin_port = free_port();
     let admin = format!("http://127.0.0.1:{admin_port}");
     let settings = sidecar_settings(&admin, |s| {
@@ -48,6 +60,7 @@ async fn pod(backend: SocketAddr, ns: &str, name: &str, t: Timers, max_age: Dura
         let mut g = GuardSettings::new("127.0.0.1:0".parse().expect("address"), backend);
         g.config.max_connection_age = Some(max_age);
         g.config.max_connection_age_grace = secs(1);
+        g.config.signals.enabled = signals;
         s.guard = Some(g);
     });
     let s = drainshim::sidecar::start(settings)
@@ -366,6 +379,13 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
     ] {
         pods.insert(name, pod(backend.addr, ns, name, t, age).await);
     }
+    // old-d takes calls with its guard's request metrics off: Envoy counts
+    // them, the histogram does not.
+    pods.insert(
+        "old-d",
+        pod_with(backend.addr, "t-old", "old-d", long, hour, false).await,
+    );
+    let old_d = pods["old-d"].shim;
     let mut restarting = Restarting::start(backend.addr, "t-streams", "streams-r", "4s").await;
     let mut shims: Vec<SocketAddr> = pods.values().map(|p| p.shim).collect();
     shims.push(restarting.shim);
@@ -381,7 +401,7 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
         "every shim's drain timers are scraped, but two",
         WAIT,
         "count(drainshim_drain_timer_seconds{timer=\"drain_time\"})",
-        |n| n == 9.0,
+        |n| n == 10.0,
     )
     .await;
     wait_for_scalar(
@@ -389,7 +409,7 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
         "every shim runs",
         WAIT,
         "count(drainshim_draining)",
-        |n| n == 11.0,
+        |n| n == 12.0,
     )
     .await;
 
@@ -428,6 +448,7 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
     };
     let callers = ["slow-a", "slow-b", "short-a", "short-b", "old-a", "old-b"];
     let called: Vec<SocketAddr> = callers.iter().map(|n| pods[n].shim).collect();
+    let blind = pods["old-d"].envoy.inbound;
     let streamers = ["streams-a", "streams-b", "streams-r"];
     let streamed = [
         pods["streams-a"].shim,
@@ -435,6 +456,7 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
         restarting.shim,
     ];
     for (round, n) in [(1usize, 1usize), (2, 2)] {
+        calls(blind, n, 0).await;
         let c = callers.map(|name| calls(inbound(name), n, 3000));
         let s = streamers
             .map(|name| streams_ended_by_max_age(inbound(name), n, format!("{name}-{round}")));
@@ -460,6 +482,17 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
         .await;
     }
 
+    let envoy_took =
+        format!("sum(drainshim_envoy_downstream_requests_total{{instance=\"{old_d}\"}})");
+    wait_for_scalar(
+        &client,
+        "old-d's calls counted by its Envoy",
+        WAIT,
+        &envoy_took,
+        |n| n >= 3.0,
+    )
+    .await;
+
     // streams-r's shim restarts in its pod (its counters from 0), then
     // ends one more stream, scraped: a reset inside the window.
     restarting.restart().await;
@@ -481,6 +514,13 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
     let (code, before) = explain_until(&url, &tiers, "the short tier judged short", |v| {
         row(v, "t-short")["verdict"] == "short"
             && row(v, "t-streams")["streams"].as_u64() >= Some(9)
+            && services(v).any(|s| {
+                s["namespace"] == "t-old"
+                    && s["service"] == "-"
+                    && s["detail"]
+                        .as_str()
+                        .is_some_and(|d| d.contains("through Envoy"))
+            })
     })
     .await;
     let (_, table_before, _) = run_plan(&url, &tiers, &["--explain", "timers"]).await;
@@ -545,6 +585,16 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
             "no timers exported by 1 of its pods running now ({old_a})"
         )),
         "{table_before}"
+    );
+    // old-d's calls, which its request metrics do not show, are named: its
+    // row cannot pass as "no traffic".
+    assert_eq!(quiet["pods"], 2, "{quiet}");
+    let d = quiet["detail"].as_str().unwrap_or_default();
+    assert!(
+        d.contains(&format!("1 of its pods ({old_d}) took"))
+            && d.contains("requests through Envoy in the window")
+            && d.contains("--guard-request-metrics"),
+        "{quiet}"
     );
     let mut failing: Vec<(&str, &str)> = services(&before)
         .filter(|s| s["verdict"] != "ok" && s["verdict"] != "no_traffic")
@@ -658,11 +708,16 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
             "{pod}: {action}"
         );
     }
+    assert!(
+        action.contains(&format!("({old_d}) took")),
+        "{old_d}: {action}"
+    );
 
-    // old-a and old-c replaced (by shims whose timers are scraped; here
+    // old-a, old-c and old-d replaced (by shims whose timers are scraped; here
     // simply gone): every service passes.
     pods.remove("old-a");
     pods.remove("old-c");
+    pods.remove("old-d");
     let mut shims: Vec<SocketAddr> = pods.values().map(|p| p.shim).collect();
     shims.push(restarting.shim);
     prom.set_targets(&shims);

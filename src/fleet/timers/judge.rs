@@ -59,9 +59,13 @@ pub fn judge(obs: &Observed, rules: &TimerRules, namespaces: &[String]) -> Vec<S
         .iter()
         .map(|((ns, service), pods)| one(ns, service, pods, rules))
         .collect();
-    let judged: BTreeSet<&str> = services.keys().map(|(ns, _)| *ns).collect();
     for (ns, pods) in idle {
-        out.push(quiet(ns, &pods, judged.contains(ns)));
+        let beside: Vec<&ServiceTimers> = out
+            .iter()
+            .filter(|s| s.namespace == ns && s.service != "-")
+            .collect();
+        let row = quiet(ns, &pods, &beside);
+        out.push(row);
     }
     out
 }
@@ -101,9 +105,16 @@ fn no_timers(pods: &[Pod]) -> String {
 
 /// A namespace's pods that run now and had no call in the window: one more
 /// replica of a judged service, or a service of their own, which the
-/// window cannot tell. Named, never counted as a pass; those without
-/// timers are a failure, as anywhere.
-fn quiet(ns: &str, pods: &[Pod], judged: bool) -> ServiceTimers {
+/// window cannot tell. Named, never counted as a pass:
+/// - those without timers fail, as anywhere;
+/// - those whose Envoy took requests the guard's histogram does not show
+///   fail: the step cannot see their calls (request metrics off, or the
+///   scrape drops the `_bucket` series), so it cannot judge them;
+/// - those whose timers are below what a judged service of their namespace
+///   needs fail: if they serve it, its calls would be cut (raising them is
+///   one patch; a silent pass is a cut stream);
+/// - the rest are named, a warning.
+fn quiet(ns: &str, pods: &[Pod], beside: &[&ServiceTimers]) -> ServiceTimers {
     let mut row = empty(ns, "-", pods.len());
     let (with, without): (Vec<Pod>, Vec<Pod>) = pods.iter().partition(|(_, p)| p.timers.is_some());
     let known: Vec<&Current> = with.iter().filter_map(|(_, p)| p.timers.as_ref()).collect();
@@ -116,18 +127,77 @@ fn quiet(ns: &str, pods: &[Pod], judged: bool) -> ServiceTimers {
         "no traffic in the window: cannot recommend ({} {}{})",
         pods.len(),
         if pods.len() == 1 { "pod" } else { "pods" },
-        if judged {
-            format!(" beside its judged services: {}", names(pods))
-        } else {
+        if beside.is_empty() {
             format!(": {}", names(pods))
+        } else {
+            format!(" beside its judged services: {}", names(pods))
         }
     )];
     row.verdict = Verdict::NoTraffic;
+    let mut unknown = Vec::new();
     if !without.is_empty() {
-        row.verdict = Verdict::Unknown;
         row.without_timers = without.iter().map(name).collect();
-        detail.push(no_timers(&without));
+        unknown.push(no_timers(&without));
     }
+    let unseen: Vec<Pod> = pods
+        .iter()
+        .copied()
+        .filter(|(_, p)| p.requests.is_some_and(|n| n > 0.0))
+        .collect();
+    if !unseen.is_empty() {
+        let n: f64 = unseen.iter().filter_map(|(_, p)| p.requests).sum();
+        unknown.push(format!(
+            "{} of its pods ({}) took {n} requests through Envoy in the window that the guard's \
+             drainshim_guard_request_duration_seconds does not show: their request metrics are \
+             off (--guard-request-metrics) or the scrape drops its _bucket series, so their \
+             calls cannot be judged",
+            unseen.len(),
+            names(&unseen)
+        ));
+    }
+    for svc in beside {
+        let Some(rec) = &svc.recommended else {
+            continue;
+        };
+        let under: Vec<Pod> = with
+            .iter()
+            .copied()
+            .filter(|(_, p)| {
+                p.timers.as_ref().is_some_and(|t| {
+                    t.drain_time + 1e-9 < rec.drain_time
+                        || t.parent_shutdown_time + 1e-9 < rec.parent_shutdown_time
+                })
+            })
+            .collect();
+        if !under.is_empty() {
+            unknown.push(format!(
+                "{} of its pods ({}) run drain timers below {}'s recommendation (drain time {}, \
+                 parent shutdown {}): if they serve it, a restart cuts its calls; raise their \
+                 timers to it, or let the window see their calls",
+                under.len(),
+                names(&under),
+                svc.service,
+                flag(rec.drain_time),
+                flag(rec.parent_shutdown_time)
+            ));
+        }
+    }
+    let blind: Vec<Pod> = pods
+        .iter()
+        .copied()
+        .filter(|(_, p)| p.requests.is_none())
+        .collect();
+    if !blind.is_empty() {
+        detail.push(format!(
+            "whether {} took requests is not known (drainshim_envoy_downstream_requests_total \
+             is not scraped for them)",
+            names(&blind)
+        ));
+    }
+    if !unknown.is_empty() {
+        row.verdict = Verdict::Unknown;
+    }
+    detail.extend(unknown);
     row.detail = detail.join("; ");
     row
 }

@@ -27,7 +27,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 pub use judge::judge;
-pub use read::{observe, read, recount, Observed, PodKey, PodSeen, TimersRead};
+pub use read::{envoy_requests, observe, read, recount, Observed, PodKey, PodSeen, TimersRead};
 pub use render::{render, short_detail};
 
 /// What the recommendation is built with: the flags of `plan`.

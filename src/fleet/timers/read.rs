@@ -43,6 +43,12 @@ pub struct PodSeen {
     /// Its shim is scraped at the window's end: it runs now, whatever it
     /// exports (an old shim, or a scrape that drops the timers' family).
     pub live: bool,
+    /// Requests its Envoy's inbound listeners took in the window
+    /// (`drainshim_envoy_downstream_requests_total`, which no guard setting
+    /// turns off); `None` when that series is not scraped. Calls Envoy
+    /// counted that the guard's histogram does not show are traffic the
+    /// step cannot see (request metrics off, or `_bucket` series dropped).
+    pub requests: Option<f64>,
 }
 
 /// What the window holds.
@@ -148,18 +154,32 @@ pub async fn read(prom: &PromClient, window: Duration, at: f64) -> Result<Timers
         "max by (namespace, instance, pod) ({})",
         now.in_fleet(|sel| format!("drainshim_draining{{{sel}}}"))
     );
+    // Envoy's own count of the requests it took, per pod: what the guard's
+    // histogram should show (the highest less the lowest: a reset reads
+    // low, and only "some or none" is asked of it).
+    let requests_q = format!(
+        "sum by (namespace, instance, pod) ({})",
+        q.in_wave(
+            |sel| highest_less_lowest(&format!(
+                "drainshim_envoy_downstream_requests_total{{{sel}}}[{w}]"
+            )),
+            ""
+        )
+    );
     let prom = prom
         .clone()
         .at(Some(UNIX_EPOCH + Duration::from_secs_f64(at)));
-    let (calls, streams, resets, ages, timers, live) = tokio::join!(
+    let (calls, streams, resets, ages, timers, live, requests) = tokio::join!(
         prom.query(&calls_q),
         prom.query(&streams_q),
         prom.query(&resets_q),
         prom.query(&age_q),
         prom.query(&timers_q),
         prom.query(&live_q),
+        prom.query(&requests_q),
     );
     let mut observed = observe(&calls?, &streams?, &ages?, &timers?, &live?);
+    envoy_requests(&mut observed, &requests?);
     let reset: BTreeSet<PodKey> = resets?.iter().map(key).collect();
     if !reset.is_empty() {
         let instances: Vec<String> = reset
@@ -235,6 +255,17 @@ pub fn observe(
         }
     }
     obs
+}
+
+/// Each pod's requests as its Envoy counted them over the window. Only
+/// pods the other answers know are noted: a pod whose shim exports nothing
+/// else in the window is not one the step judges.
+pub fn envoy_requests(obs: &mut Observed, requests: &[Sample]) {
+    for s in requests {
+        if let Some(p) = obs.pods.get_mut(&key(s)) {
+            p.requests = Some(s.value.max(0.0).round());
+        }
+    }
 }
 
 /// The pods of `reset` read again over the window with `increase()`: their

@@ -428,3 +428,86 @@ fn a_foreign_nan_or_infinity_is_said_never_a_panic() {
         assert!(!super::flag(v).is_empty());
     }
 }
+
+/// Envoy's count of a pod's requests in the window.
+fn requests(instance: &str, ns: &str, n: f64) -> Vec<Sample> {
+    vec![sample(&[("instance", instance), ("namespace", ns)], n)]
+}
+
+/// A pod whose Envoy took requests that the guard's histogram does not show
+/// (request metrics off, or `_bucket` dropped by the scrape) is traffic the
+/// step cannot see: it fails by name, never a "no traffic" pass; one whose
+/// Envoy took none is idle, said so.
+#[test]
+fn requests_the_histogram_does_not_show_are_unknown_never_no_traffic() {
+    let t = timers("a:1", "blind", 60.0, 90.0);
+    let mut obs = observe(&[], &[], &[], &t, &[]);
+    envoy_requests(&mut obs, &requests("a:1", "blind", 50.0));
+    let rows = judge(&obs, &TimerRules::default(), &ns(&["blind"]));
+    let r = row(&rows, "blind", "-");
+    assert_eq!(r.verdict, Verdict::Unknown, "{r:?}");
+    assert!(
+        r.detail
+            .contains("1 of its pods (a:1) took 50 requests through Envoy"),
+        "{}",
+        r.detail
+    );
+    assert!(r.detail.contains("--guard-request-metrics"), "{}", r.detail);
+
+    let mut obs = observe(&[], &[], &[], &t, &[]);
+    envoy_requests(&mut obs, &requests("a:1", "blind", 0.0));
+    let rows = judge(&obs, &TimerRules::default(), &ns(&["blind"]));
+    let r = row(&rows, "blind", "-");
+    assert_eq!(r.verdict, Verdict::NoTraffic, "{r:?}");
+    assert!(!r.detail.contains("not known"), "{}", r.detail);
+
+    // Envoy's count not scraped: still idle, and said that it is not known.
+    let obs = observe(&[], &[], &[], &t, &[]);
+    let rows = judge(&obs, &TimerRules::default(), &ns(&["blind"]));
+    let r = row(&rows, "blind", "-");
+    assert_eq!(r.verdict, Verdict::NoTraffic, "{r:?}");
+    assert!(
+        r.detail.contains("whether a:1 took requests is not known"),
+        "{}",
+        r.detail
+    );
+}
+
+/// A pod without a call beside a judged service is compared with it: if
+/// its timers are below the service's recommendation, it may be one of its
+/// replicas, which a restart would cut: it fails by name. At or above
+/// every judged service's, it is named, a warning.
+#[test]
+fn an_idle_replica_is_compared_with_the_services_beside_it() {
+    // shop.Slow's calls take up to 5 s: it needs 10 s of drain (5 s dereg).
+    let c = calls("a:1", "shop", "shop.Slow", 10.0, "5");
+    let mut t = timers("a:1", "shop", 60.0, 90.0);
+    t.extend(timers("b:1", "shop", 6.0, 9.0));
+    let mut obs = observe(&c, &[], &[], &t, &[]);
+    envoy_requests(&mut obs, &requests("b:1", "shop", 0.0));
+    let rows = judge(&obs, &TimerRules::default(), &ns(&["shop"]));
+    assert_eq!(row(&rows, "shop", "shop.Slow").verdict, Verdict::Ok);
+    let r = row(&rows, "shop", "-");
+    assert_eq!(r.verdict, Verdict::Unknown, "{r:?}");
+    assert!(
+        r.detail.contains(
+            "1 of its pods (b:1) run drain timers below shop.Slow's recommendation \
+             (drain time 10s, parent shutdown 20s)"
+        ),
+        "{}",
+        r.detail
+    );
+
+    let mut t = timers("a:1", "shop", 60.0, 90.0);
+    t.extend(timers("b:1", "shop", 10.0, 20.0));
+    let mut obs = observe(&c, &[], &[], &t, &[]);
+    envoy_requests(&mut obs, &requests("b:1", "shop", 0.0));
+    let rows = judge(&obs, &TimerRules::default(), &ns(&["shop"]));
+    let r = row(&rows, "shop", "-");
+    assert_eq!(r.verdict, Verdict::NoTraffic, "{r:?}");
+    assert!(
+        r.detail.contains("beside its judged services: b:1"),
+        "{}",
+        r.detail
+    );
+}
