@@ -136,7 +136,8 @@ pub struct PlanArgs {
     pub timers_window: Option<Span>,
 
     /// The recommended parent shutdown time is the recommended drain time
-    /// plus this margin.
+    /// plus this margin: at least 6s, as the guard ends what is still open
+    /// an ending's 5s bound plus 1s before the parent shutdown.
     #[arg(
         long,
         env = "DRAINSHIM_TIMER_MARGIN",
@@ -208,12 +209,18 @@ impl PlanArgs {
         }
         let margin = match self.timer_margin.trim().parse::<Span>() {
             // The margin is what puts the parent shutdown above the drain
-            // time, which the shim's own rules require.
-            Ok(m) if m.get().is_zero() => {
-                invalid.0.push(
-                    "--timer-margin must be more than 0: the parent shutdown must end after the drain time"
-                        .into(),
-                );
+            // time; the guard's sweep ends what is left this long before
+            // the parent shutdown, so a smaller one leaves those endings
+            // less than their own bound.
+            Ok(m) if m.get() < crate::fleet::timers::MIN_MARGIN => {
+                invalid.0.push(format!(
+                    "--timer-margin {m} is under {}: the guard ends what is still open that long \
+                     before the parent shutdown (an ending's {} bound and {} of slack), so a \
+                     smaller margin lets the parent shutdown cut those endings",
+                    Span::from(crate::fleet::timers::MIN_MARGIN),
+                    Span::from(crate::guard::DEFAULT_END_TIMEOUT),
+                    Span::from(crate::guard::SWEEP_MARGIN),
+                ));
                 Default::default()
             }
             Ok(m) => m.get(),
@@ -229,6 +236,12 @@ impl PlanArgs {
                 Default::default()
             }
         };
+        if self.stream_spread.get().is_zero() {
+            invalid.0.push(
+                "--stream-spread must be more than 0: the guard spreads a service's stream endings over it"
+                    .into(),
+            );
+        }
         if self.stream_spread.get() > DECADE {
             invalid
                 .0

@@ -92,7 +92,7 @@ use crate::metrics::{Metrics, Reason};
 pub use accept::{bind_listener, LISTEN_BACKLOG};
 pub use grpc::{end_message, Framer, REFUSED_MESSAGE};
 pub use limits::{FloodLimits, Rate};
-pub use limits::{Limits, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS};
+pub use limits::{Limits, DEFAULT_END_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS};
 pub use schedule::{jittered_age, spread_offsets, AGE_JITTER};
 pub use signals::{grpc_service, SignalSettings, DEFAULT_MAX_SERVICES};
 pub use sniff::H2_PREFACE;
@@ -192,7 +192,7 @@ const RECHECK: Duration = Duration::from_millis(250);
 /// this long before `deadline - end_timeout`, for the trailers to flush.
 /// (An ending cancelled at the end of its `end_settle` gets at least 2 s
 /// for the app's ack: if it takes them all, that ends at the deadline.)
-const SWEEP_MARGIN: Duration = Duration::from_secs(1);
+pub const SWEEP_MARGIN: Duration = Duration::from_secs(1);
 
 /// How long a short call still open at the end of a hand-off's window may
 /// go on before it is ended: a unary call the application is still working

@@ -300,7 +300,7 @@ async fn run_plan(url: &str, tiers: &str, flags: &[&str]) -> (Option<i32>, Strin
         "1000",
     ];
     // The window and the margin every run uses, unless `flags` sets them.
-    for (flag, value) in [("--timers-window", "10m"), ("--timer-margin", "5s")] {
+    for (flag, value) in [("--timers-window", "10m"), ("--timer-margin", "6s")] {
         if !flags.contains(&flag) {
             args.extend([flag, value]);
         }
@@ -417,7 +417,13 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
     // calls (69).
     for (flag, value, says) in [
         ("--timer-margin", "-5s", "a margin cannot be negative"),
-        ("--timer-margin", "0s", "--timer-margin must be more than 0"),
+        ("--timer-margin", "5s", "--timer-margin 5s is under 6s"),
+        (
+            "--stream-spread",
+            "0s",
+            "--stream-spread must be more than 0",
+        ),
+        ("--timer-margin", "0s", "--timer-margin 0s is under 6s"),
         (
             "--timers-window",
             "0s",
@@ -537,12 +543,12 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
     assert_eq!(s["current"]["parent_shutdown_time"], 3.0);
     assert_eq!(s["current"]["termination_grace_period"], 120.0);
     // 200 ms of deregistration and the 5 s of the calls, up to the second;
-    // then the 5 s margin.
+    // then the 6 s margin.
     assert_eq!(s["recommended"]["drain_time"], 6.0, "{s}");
-    assert_eq!(s["recommended"]["parent_shutdown_time"], 11.0, "{s}");
+    assert_eq!(s["recommended"]["parent_shutdown_time"], 12.0, "{s}");
     let fix = s["fix"].as_str().unwrap_or_default().to_string();
     assert!(
-        fix.contains(r#""drainshim.io/drain-time":"6s","drainshim.io/parent-shutdown-time":"11s""#),
+        fix.contains(r#""drainshim.io/drain-time":"6s","drainshim.io/parent-shutdown-time":"12s""#),
         "{s}"
     );
     let slow = row(&before, "t-slow");
@@ -631,7 +637,7 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
     let action = plan["next"]["action"].as_str().unwrap_or_default();
     assert!(action.contains("t-short/"), "{action}");
     assert!(action.contains("drain time 2s < 6s"), "{action}");
-    assert!(action.contains("parent shutdown 3s < 11s"), "{action}");
+    assert!(action.contains("parent shutdown 3s < 12s"), "{action}");
     assert_eq!(
         plan["next"]["commands"][0].as_str(),
         Some(fix.as_str()),
@@ -657,7 +663,7 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
     let fixed = inject_timers(dir.path(), &fix, short).await;
     assert_eq!(
         (fixed.drain_time, fixed.parent_shutdown_time),
-        (secs(6), secs(11))
+        (secs(6), secs(12))
     );
     for name in ["short-c", "short-d"] {
         pods.insert(name, pod(backend.addr, "t-short", name, fixed, hour).await);
@@ -693,7 +699,7 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
     let s = row(&after, "t-short");
     assert_eq!(s["pods"], 2, "only the pods running now: {s}");
     assert_eq!(s["current"]["drain_time"], 6.0, "{s}");
-    assert_eq!(s["current"]["parent_shutdown_time"], 11.0, "{s}");
+    assert_eq!(s["current"]["parent_shutdown_time"], 12.0, "{s}");
 
     // The plan now stops at t-old's, naming both pods without timers.
     let (code, out, err) = run_plan(&url, &tiers, &["-o", "json"]).await;

@@ -56,6 +56,11 @@ impl Default for TimerRules {
     }
 }
 
+/// The least `--timer-margin`: the guard's sweep ends what is still open
+/// an ending's bound plus its slack before the parent shutdown.
+pub const MIN_MARGIN: Duration =
+    crate::guard::DEFAULT_END_TIMEOUT.saturating_add(crate::guard::SWEEP_MARGIN);
+
 /// The timers a service's pods run: the smallest of each over its pods.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Current {
