@@ -61,11 +61,17 @@ bench-build:
 # (shipped: the guard, the sidecar); the backends, load clients and the relay
 # are drainshim-bench's.
 bench: tools shipped bench-build
+	@echo "make bench: $$(date +%T) footprint, guard, failopen, websocket"
 	DRAINSHIM_BIN=$(SHIPPED_BIN) $(CARGO) bench --locked -p drainshim-bench $(BENCHES)
+	@echo "make bench: $$(date +%T) reconnect"
 	$(MAKE) bench-reconnect
+	@echo "make bench: $$(date +%T) node"
 	$(MAKE) bench-node
+	@echo "make bench: $$(date +%T) fleet"
 	$(MAKE) bench-fleet
+	@echo "make bench: $$(date +%T) soak"
 	$(MAKE) bench-soak
+	@echo "make bench: $$(date +%T) done"
 
 # The production binary's allocator, by measurement: the shipped build with
 # the system allocator and with mimalloc as guards side by side, beside direct
