@@ -151,7 +151,7 @@ async fn run(command: Command) -> Result<ExitCode, Error> {
                 let short = report.services.iter().any(|s| {
                     matches!(
                         s.verdict,
-                        fleet::timers::Verdict::Short | fleet::timers::Verdict::Unknown
+                        fleet::timers::TimerFit::Short | fleet::timers::TimerFit::Unknown
                     )
                 });
                 return Ok(ExitCode::from(u8::from(short)));

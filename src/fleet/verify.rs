@@ -82,8 +82,8 @@ impl Check {
     }
 }
 
-impl From<golden::Verdict> for Check {
-    fn from(v: golden::Verdict) -> Self {
+impl From<golden::GateOutcome> for Check {
+    fn from(v: golden::GateOutcome) -> Self {
         Self {
             check: v.name.to_string(),
             ok: v.ok,

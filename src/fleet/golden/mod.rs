@@ -88,9 +88,9 @@ pub struct ServiceDelta {
 /// (namespace, service) -> value.
 pub type PerService = BTreeMap<(String, String), f64>;
 
-/// How one gate compares the two windows.
+/// How one gate compares the two windows: a drop in points, or growth.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Gate {
+pub enum Comparison {
     /// Percent; may drop `max` points.
     SuccessRate { max_drop: f64 },
     /// May grow by the fraction `max`, plus `floor` absolute.
@@ -99,7 +99,7 @@ pub enum Gate {
 
 /// Compares every service present in both windows; services missing from
 /// one of them cannot be compared and are left out (the caller says so).
-pub fn compare(gate: Gate, before: &PerService, now: &PerService) -> Vec<ServiceDelta> {
+pub fn compare(gate: Comparison, before: &PerService, now: &PerService) -> Vec<ServiceDelta> {
     now.iter()
         .filter_map(|(key, &n)| {
             let &b = before.get(key)?;
@@ -107,16 +107,16 @@ pub fn compare(gate: Gate, before: &PerService, now: &PerService) -> Vec<Service
                 return None;
             }
             let (change, limit) = match gate {
-                Gate::SuccessRate { max_drop } => (n - b, b - max_drop),
-                Gate::Growth { max, floor } => (
+                Comparison::SuccessRate { max_drop } => (n - b, b - max_drop),
+                Comparison::Growth { max, floor } => (
                     if b > 0.0 { n / b - 1.0 } else { f64::INFINITY },
                     b * (1.0 + max) + floor,
                 ),
             };
             let ok = match gate {
                 // A rate that did not move passes whatever the rounding.
-                Gate::SuccessRate { .. } => n >= limit - 1e-9,
-                Gate::Growth { .. } => n <= limit + 1e-12,
+                Comparison::SuccessRate { .. } => n >= limit - 1e-9,
+                Comparison::Growth { .. } => n <= limit + 1e-12,
             };
             Some(ServiceDelta {
                 namespace: key.0.clone(),
@@ -148,7 +148,7 @@ fn only(values: &PerService, keys: &[(String, String)]) -> PerService {
 
 /// A gate's verdict: the check's line and the services behind it.
 #[derive(Clone, Debug)]
-pub struct Verdict {
+pub struct GateOutcome {
     pub name: &'static str,
     pub ok: Option<bool>,
     pub detail: String,
@@ -172,9 +172,9 @@ enum Unit {
     PerSecond,
 }
 
-fn verdict(name: &'static str, unit: Unit, deltas: Vec<ServiceDelta>, what: &str) -> Verdict {
+fn verdict(name: &'static str, unit: Unit, deltas: Vec<ServiceDelta>, what: &str) -> GateOutcome {
     if deltas.is_empty() {
-        return Verdict {
+        return GateOutcome {
             name,
             ok: None,
             detail: format!("no service with {what} in both windows"),
@@ -227,7 +227,7 @@ fn verdict(name: &'static str, unit: Unit, deltas: Vec<ServiceDelta>, what: &str
             .collect::<Vec<_>>()
             .join("; ")
     };
-    Verdict {
+    GateOutcome {
         name,
         ok: Some(failed.is_empty()),
         detail,
@@ -383,17 +383,17 @@ impl Window {
 }
 
 /// The four gates over two windows.
-pub fn judge(before: &Window, now: &Window, t: &GoldenThresholds) -> Vec<Verdict> {
+pub fn judge(before: &Window, now: &Window, t: &GoldenThresholds) -> Vec<GateOutcome> {
     let judged = busy(&now.requests, &before.requests, t.min_rate);
     let success = compare(
-        Gate::SuccessRate {
+        Comparison::SuccessRate {
             max_drop: t.max_success_drop,
         },
         &only(&before.success(), &judged),
         &only(&now.success(), &judged),
     );
     let p99 = compare(
-        Gate::Growth {
+        Comparison::Growth {
             max: t.max_p99_increase,
             floor: 0.0,
         },
@@ -401,7 +401,7 @@ pub fn judge(before: &Window, now: &Window, t: &GoldenThresholds) -> Vec<Verdict
         &only(&now.p99, &judged),
     );
     let amplification = compare(
-        Gate::Growth {
+        Comparison::Growth {
             max: t.max_amplification_increase,
             floor: 0.0,
         },
@@ -410,7 +410,7 @@ pub fn judge(before: &Window, now: &Window, t: &GoldenThresholds) -> Vec<Verdict
     );
     // Re-opens are judged wherever streams were opened at all.
     let reopens = compare(
-        Gate::Growth {
+        Comparison::Growth {
             max: t.max_reopen_increase,
             floor: t.min_rate,
         },
@@ -447,7 +447,7 @@ pub fn judge(before: &Window, now: &Window, t: &GoldenThresholds) -> Vec<Verdict
 
 /// The guard's own stream endings in the wave's window, per namespace: shown
 /// beside the gates, never judged (they are not the application's failures).
-pub fn endings(now: &Window) -> Verdict {
+pub fn endings(now: &Window) -> GateOutcome {
     // Per namespace: (graceful by reason, graceful, reset by reason, reset).
     // Each reason apart: a restart's (`drain`), a config push's
     // (`config_push`), max age, the app's own stop.
@@ -485,7 +485,7 @@ pub fn endings(now: &Window) -> Verdict {
             )
         })
         .collect();
-    Verdict {
+    GateOutcome {
         name: ENDINGS,
         ok: None,
         detail: if lines.is_empty() {
@@ -543,7 +543,7 @@ mod tests {
 
     #[test]
     fn success_rate_may_drop_n_points() {
-        let gate = Gate::SuccessRate { max_drop: 1.0 };
+        let gate = Comparison::SuccessRate { max_drop: 1.0 };
         let before = svc(&[("a", "x.S", 99.5), ("a", "y.S", 99.5), ("b", "z.S", 90.0)]);
         let now = svc(&[("a", "x.S", 98.6), ("a", "y.S", 98.4), ("c", "new.S", 50.0)]);
         let d = compare(gate, &before, &now);
@@ -557,7 +557,7 @@ mod tests {
 
     #[test]
     fn growth_has_a_relative_bound_and_a_floor() {
-        let g = Gate::Growth {
+        let g = Comparison::Growth {
             max: 0.25,
             floor: 0.0,
         };
@@ -566,7 +566,7 @@ mod tests {
         let d = compare(g, &svc(&[("a", "x", 0.010)]), &svc(&[("a", "x", 0.013)]));
         assert!(!d[0].ok);
         assert!((d[0].change - 0.3).abs() < 1e-9);
-        let floored = Gate::Growth {
+        let floored = Comparison::Growth {
             max: 0.5,
             floor: 0.1,
         };

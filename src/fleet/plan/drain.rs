@@ -8,7 +8,7 @@ use super::render::{human, span, when};
 use super::{
     read_versions, resolve, FleetError, Gate, PlanOptions, PromClient, Rollback, Row, State, Tier,
 };
-use crate::fleet::timers::{self as drain_timers, short_detail, TimersReport, Verdict as T};
+use crate::fleet::timers::{self as drain_timers, short_detail, TimerFit as T, TimersReport};
 
 /// The window the drain-timers step reads: `--timers-window`, or the
 /// lifetime soak step 2 just watched; never more than the history, never
@@ -60,7 +60,7 @@ pub async fn explain_timers(
     let tiers = resolve(&opts.tiers, &tl.namespaces, opts.history).map_err(FleetError::Input)?;
     let end = tl.times.last().copied().unwrap_or_default();
     let report = read_timers(&prom, opts, &tiers, end).await?;
-    let idle = |s: &drain_timers::ServiceTimers| s.verdict == drain_timers::Verdict::NoTraffic;
+    let idle = |s: &drain_timers::ServiceTimers| s.verdict == drain_timers::TimerFit::NoTraffic;
     if report.services.iter().all(idle) {
         return Err(FleetError::Empty(format!(
             "no pod of the tiers reported a call or its drain timers in the {} before {} \

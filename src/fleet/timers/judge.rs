@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::read::{Observed, PodKey, PodSeen};
 use super::{
-    flag, highest, quantile, Buckets, Current, Le, Recommended, ServiceTimers, TimerRules, Verdict,
-    CALLS_LARGEST,
+    flag, highest, quantile, Buckets, Current, Le, Recommended, ServiceTimers, TimerFit,
+    TimerRules, CALLS_LARGEST,
 };
 
 type Pod<'a> = (&'a PodKey, &'a PodSeen);
@@ -87,7 +87,7 @@ fn empty(ns: &str, service: &str, pods: usize) -> ServiceTimers {
         recommended: None,
         without_timers: Vec::new(),
         grace_unknown: Vec::new(),
-        verdict: Verdict::Ok,
+        verdict: TimerFit::Ok,
         detail: String::new(),
         fix: None,
     }
@@ -133,7 +133,7 @@ fn quiet(ns: &str, pods: &[Pod], beside: &[&ServiceTimers]) -> ServiceTimers {
             format!(" beside its judged services: {}", names(pods))
         }
     )];
-    row.verdict = Verdict::NoTraffic;
+    row.verdict = TimerFit::NoTraffic;
     let mut unknown = Vec::new();
     if !without.is_empty() {
         row.without_timers = without.iter().map(name).collect();
@@ -195,7 +195,7 @@ fn quiet(ns: &str, pods: &[Pod], beside: &[&ServiceTimers]) -> ServiceTimers {
         ));
     }
     if !unknown.is_empty() {
-        row.verdict = Verdict::Unknown;
+        row.verdict = TimerFit::Unknown;
     }
     detail.extend(unknown);
     row.detail = detail.join("; ");
@@ -310,12 +310,12 @@ fn one(ns: &str, service: &str, pods: &[Pod], rules: &TimerRules) -> ServiceTime
         ..empty(ns, service, now.len())
     };
     let Some(high) = high else {
-        row.verdict = Verdict::NoTraffic;
+        row.verdict = TimerFit::NoTraffic;
         row.detail = "no traffic in the window: cannot recommend".into();
         return row;
     };
     if now.is_empty() {
-        row.verdict = Verdict::Gone;
+        row.verdict = TimerFit::Gone;
         row.detail = format!(
             "none of its {} pods of the window runs now: nothing to judge",
             pods.len()
@@ -327,7 +327,7 @@ fn one(ns: &str, service: &str, pods: &[Pod], rules: &TimerRules) -> ServiceTime
         unknown.push(no_timers(&without));
     }
     let Some(cur) = row.current.clone() else {
-        row.verdict = Verdict::Unknown;
+        row.verdict = TimerFit::Unknown;
         row.detail = unknown.join("; ");
         return row;
     };
@@ -411,11 +411,11 @@ fn one(ns: &str, service: &str, pods: &[Pod], rules: &TimerRules) -> ServiceTime
         return row;
     }
     if short.is_empty() {
-        row.verdict = Verdict::Unknown;
+        row.verdict = TimerFit::Unknown;
         row.detail = unknown.join("; ");
         return row;
     }
-    row.verdict = Verdict::Short;
+    row.verdict = TimerFit::Short;
     let mut detail = vec![format!("{} ({why})", short.join(", "))];
     detail.extend(unknown);
     let prestop = crate::config::DEFAULT_PRESTOP_TIMEOUT.get().as_secs_f64();

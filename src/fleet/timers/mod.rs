@@ -86,7 +86,7 @@ pub struct Recommended {
 /// A service's judgement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Verdict {
+pub enum TimerFit {
     /// Every pod runs at least the recommendation.
     Ok,
     /// Some pod runs less: the step stops.
@@ -144,7 +144,7 @@ pub struct ServiceTimers {
     /// Pods whose timers come without their grace period.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub grace_unknown: Vec<String>,
-    pub verdict: Verdict,
+    pub verdict: TimerFit,
     /// Why, in words.
     pub detail: String,
     /// The manifest change that sets the recommendation.

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::{flag, ServiceTimers, TimersReport, Verdict};
+use super::{flag, ServiceTimers, TimerFit, TimersReport};
 use crate::fleet::table;
 
 fn opt(v: Option<f64>, none: &str) -> String {
@@ -49,11 +49,11 @@ fn cells(s: &ServiceTimers) -> Vec<String> {
         )
     });
     let verdict = match s.verdict {
-        Verdict::Ok => "ok",
-        Verdict::Short => "SHORT",
-        Verdict::NoTraffic => "no traffic",
-        Verdict::Unknown => "unknown",
-        Verdict::Gone => "gone",
+        TimerFit::Ok => "ok",
+        TimerFit::Short => "SHORT",
+        TimerFit::NoTraffic => "no traffic",
+        TimerFit::Unknown => "unknown",
+        TimerFit::Gone => "gone",
     };
     vec![
         s.namespace.clone(),
@@ -92,7 +92,7 @@ pub fn render(report: &TimersReport) -> String {
     ));
     for s in &report.services {
         match s.verdict {
-            Verdict::Ok => {}
+            TimerFit::Ok => {}
             _ => {
                 let _ = writeln!(out, "\n{}/{}: {}", s.namespace, s.service, s.detail);
                 if let Some(fix) = &s.fix {

@@ -132,7 +132,7 @@ fn a_drain_shorter_than_the_calls_is_named_with_its_fix() {
     let obs = observe(&c, &[], &[], &t, &[]);
     let rows = judge(&obs, &TimerRules::default(), &ns(&["shop"]));
     let slow = row(&rows, "shop", "shop.Slow");
-    assert_eq!(slow.verdict, Verdict::Short, "{slow:?}");
+    assert_eq!(slow.verdict, TimerFit::Short, "{slow:?}");
     // 5 s of deregistration plus the 5 s bucket, and the 10 s margin.
     let rec = slow.recommended.as_ref().unwrap();
     assert_eq!((rec.drain_time, rec.parent_shutdown_time), (10.0, 20.0));
@@ -155,7 +155,7 @@ fn a_drain_shorter_than_the_calls_is_named_with_its_fix() {
         "{fix}"
     );
     let fast = row(&rows, "shop", "shop.Fast");
-    assert_eq!(fast.verdict, Verdict::Ok, "{fast:?}");
+    assert_eq!(fast.verdict, TimerFit::Ok, "{fast:?}");
 }
 
 #[test]
@@ -176,7 +176,7 @@ fn streams_need_their_spread_bounded_by_the_max_age() {
     // Streams up to 300 s, the max age 120 s: spread the default 30 s.
     assert_eq!(rows[0].longest_stream, Some(120.0));
     assert_eq!(rows[0].recommended.as_ref().unwrap().drain_time, 35.0);
-    assert_eq!(rows[0].verdict, Verdict::Short);
+    assert_eq!(rows[0].verdict, TimerFit::Short);
 }
 
 #[test]
@@ -186,9 +186,9 @@ fn idle_pods_and_pods_without_timers_are_said_so() {
     let obs = observe(&c, &[], &[], &idle, &live(&[("a:1", "old")]));
     let rows = judge(&obs, &TimerRules::default(), &ns(&["old", "quiet"]));
     assert_eq!(rows.len(), 2, "{rows:?}");
-    assert_eq!(rows[0].verdict, Verdict::Unknown);
+    assert_eq!(rows[0].verdict, TimerFit::Unknown);
     assert!(rows[0].detail.contains("no timers exported"), "{rows:?}");
-    assert_eq!(rows[1].verdict, Verdict::NoTraffic);
+    assert_eq!(rows[1].verdict, TimerFit::NoTraffic);
     assert!(rows[1].detail.contains("no traffic in the window"));
     let text = render(&TimersReport {
         window_seconds: 3600.0,
@@ -219,7 +219,7 @@ fn a_live_pod_without_timers_is_a_named_failure_never_a_silent_pass() {
     let obs = observe(&c, &[], &[], &t2, &up);
     let rows = judge(&obs, &TimerRules::default(), &ns(&["shop"]));
     let cart = row(&rows, "shop", "shop.Cart");
-    assert_eq!(cart.verdict, Verdict::Unknown, "{cart:?}");
+    assert_eq!(cart.verdict, TimerFit::Unknown, "{cart:?}");
     assert_eq!(cart.pods, 2, "the two that run now: {cart:?}");
     assert_eq!(cart.without_timers, vec!["b:1".to_string()]);
     assert!(
@@ -229,7 +229,7 @@ fn a_live_pod_without_timers_is_a_named_failure_never_a_silent_pass() {
         cart.detail
     );
     let quiet = row(&rows, "shop", "-");
-    assert_eq!(quiet.verdict, Verdict::Unknown, "{quiet:?}");
+    assert_eq!(quiet.verdict, TimerFit::Unknown, "{quiet:?}");
     assert_eq!(quiet.pods, 2);
     assert_eq!(quiet.without_timers, vec!["c:1".to_string()]);
     assert!(
@@ -245,9 +245,9 @@ fn a_live_pod_without_timers_is_a_named_failure_never_a_silent_pass() {
     c.extend(calls("e:1", "shop", "shop.Cart", 1.0, "1"));
     let obs = observe(&c, &[], &[], &t2, &live(&[("a:1", "shop")]));
     let rows = judge(&obs, &TimerRules::default(), &ns(&["shop"]));
-    assert_eq!(row(&rows, "shop", "shop.Cart").verdict, Verdict::Ok);
+    assert_eq!(row(&rows, "shop", "shop.Cart").verdict, TimerFit::Ok);
     let quiet = row(&rows, "shop", "-");
-    assert_eq!(quiet.verdict, Verdict::NoTraffic, "{quiet:?}");
+    assert_eq!(quiet.verdict, TimerFit::NoTraffic, "{quiet:?}");
     assert!(quiet.detail.contains("d:1"), "{}", quiet.detail);
 
     // Every pod of the window gone: nothing to judge, said.
@@ -259,7 +259,7 @@ fn a_live_pod_without_timers_is_a_named_failure_never_a_silent_pass() {
         &[],
     );
     let rows = judge(&obs, &TimerRules::default(), &ns(&["gone"]));
-    assert_eq!(rows[0].verdict, Verdict::Gone, "{rows:?}");
+    assert_eq!(rows[0].verdict, TimerFit::Gone, "{rows:?}");
     assert!(rows[0]
         .detail
         .contains("none of its 1 pods of the window runs now"));
@@ -274,7 +274,7 @@ fn calls_past_the_largest_bucket_are_at_least_it_and_never_pass_below() {
     let obs = observe(&c, &[], &[], &timers("a:1", "slow", 30.0, 60.0), &[]);
     let rows = judge(&obs, &TimerRules::default(), &ns(&["slow"]));
     assert_eq!(rows[0].calls_max, Some(60.0), "{rows:?}");
-    assert_eq!(rows[0].verdict, Verdict::Short);
+    assert_eq!(rows[0].verdict, TimerFit::Short);
     assert_eq!(rows[0].recommended.as_ref().unwrap().drain_time, 65.0);
 
     // Every call past 300 s.
@@ -288,7 +288,7 @@ fn calls_past_the_largest_bucket_are_at_least_it_and_never_pass_below() {
         "{r:?}"
     );
     assert_eq!((r.calls_max, r.calls_over), (None, Some(300.0)));
-    assert_eq!(r.verdict, Verdict::Short);
+    assert_eq!(r.verdict, TimerFit::Short);
     assert_eq!(r.recommended.as_ref().unwrap().drain_time, 305.0);
     assert!(
         r.detail
@@ -334,7 +334,7 @@ fn calls_past_the_largest_bucket_are_at_least_it_and_never_pass_below() {
     let obs = observe(&c, &[], &[], &t, &[]);
     let rows = judge(&obs, &TimerRules::default(), &ns(&["slow"]));
     assert_eq!(rows[0].calls_over, Some(300.0), "{rows:?}");
-    assert_eq!(rows[0].verdict, Verdict::Short);
+    assert_eq!(rows[0].verdict, TimerFit::Short);
     // The p99 is read over the edges both have: past 10 s, at least that.
     assert_eq!(rows[0].calls_p99_over, Some(10.0));
 }
@@ -350,7 +350,7 @@ fn an_unknown_grace_period_is_named_and_the_known_ones_still_checked() {
     let obs = observe(&c, &[], &[], &t, &[]);
     let rows = judge(&obs, &TimerRules::default(), &ns(&["shop"]));
     let r = &rows[0];
-    assert_eq!(r.verdict, Verdict::Unknown, "{r:?}");
+    assert_eq!(r.verdict, TimerFit::Unknown, "{r:?}");
     assert_eq!(r.grace_unknown, vec!["b:1".to_string()]);
     assert!(
         r.detail
@@ -367,7 +367,7 @@ fn an_unknown_grace_period_is_named_and_the_known_ones_still_checked() {
     t.extend(timers_of("b:1", "", "shop", [60.0, 90.0, f64::NAN]));
     let obs = observe(&c, &[], &[], &t, &[]);
     let rows = judge(&obs, &TimerRules::default(), &ns(&["shop"]));
-    assert_eq!(rows[0].verdict, Verdict::Short, "{rows:?}");
+    assert_eq!(rows[0].verdict, TimerFit::Short, "{rows:?}");
     assert!(
         rows[0].detail.contains("grace period 25s not above 26s"),
         "{}",
@@ -390,12 +390,12 @@ fn pods_and_services_are_joined_on_their_namespace() {
     let a = row(&rows, "a", "shop.Cart");
     assert_eq!(
         (a.verdict, a.calls_max),
-        (Verdict::Short, Some(5.0)),
+        (TimerFit::Short, Some(5.0)),
         "{a:?}"
     );
     assert_eq!(a.current.as_ref().unwrap().drain_time, 6.0);
     let b = row(&rows, "b", "shop.Cart");
-    assert_eq!((b.verdict, b.calls_max), (Verdict::Ok, Some(0.5)), "{b:?}");
+    assert_eq!((b.verdict, b.calls_max), (TimerFit::Ok, Some(0.5)), "{b:?}");
     assert_eq!(b.current.as_ref().unwrap().drain_time, 60.0);
 }
 
@@ -445,7 +445,7 @@ fn requests_the_histogram_does_not_show_are_unknown_never_no_traffic() {
     envoy_requests(&mut obs, &requests("a:1", "blind", 50.0));
     let rows = judge(&obs, &TimerRules::default(), &ns(&["blind"]));
     let r = row(&rows, "blind", "-");
-    assert_eq!(r.verdict, Verdict::Unknown, "{r:?}");
+    assert_eq!(r.verdict, TimerFit::Unknown, "{r:?}");
     assert!(
         r.detail
             .contains("1 of its pods (a:1) took 50 requests through Envoy"),
@@ -458,14 +458,14 @@ fn requests_the_histogram_does_not_show_are_unknown_never_no_traffic() {
     envoy_requests(&mut obs, &requests("a:1", "blind", 0.0));
     let rows = judge(&obs, &TimerRules::default(), &ns(&["blind"]));
     let r = row(&rows, "blind", "-");
-    assert_eq!(r.verdict, Verdict::NoTraffic, "{r:?}");
+    assert_eq!(r.verdict, TimerFit::NoTraffic, "{r:?}");
     assert!(!r.detail.contains("not known"), "{}", r.detail);
 
     // Envoy's count not scraped: still idle, and said that it is not known.
     let obs = observe(&[], &[], &[], &t, &[]);
     let rows = judge(&obs, &TimerRules::default(), &ns(&["blind"]));
     let r = row(&rows, "blind", "-");
-    assert_eq!(r.verdict, Verdict::NoTraffic, "{r:?}");
+    assert_eq!(r.verdict, TimerFit::NoTraffic, "{r:?}");
     assert!(
         r.detail.contains("whether a:1 took requests is not known"),
         "{}",
@@ -486,9 +486,9 @@ fn an_idle_replica_is_compared_with_the_services_beside_it() {
     let mut obs = observe(&c, &[], &[], &t, &[]);
     envoy_requests(&mut obs, &requests("b:1", "shop", 0.0));
     let rows = judge(&obs, &TimerRules::default(), &ns(&["shop"]));
-    assert_eq!(row(&rows, "shop", "shop.Slow").verdict, Verdict::Ok);
+    assert_eq!(row(&rows, "shop", "shop.Slow").verdict, TimerFit::Ok);
     let r = row(&rows, "shop", "-");
-    assert_eq!(r.verdict, Verdict::Unknown, "{r:?}");
+    assert_eq!(r.verdict, TimerFit::Unknown, "{r:?}");
     assert!(
         r.detail.contains(
             "1 of its pods (b:1) run drain timers below shop.Slow's recommendation \
@@ -504,7 +504,7 @@ fn an_idle_replica_is_compared_with_the_services_beside_it() {
     envoy_requests(&mut obs, &requests("b:1", "shop", 0.0));
     let rows = judge(&obs, &TimerRules::default(), &ns(&["shop"]));
     let r = row(&rows, "shop", "-");
-    assert_eq!(r.verdict, Verdict::NoTraffic, "{r:?}");
+    assert_eq!(r.verdict, TimerFit::NoTraffic, "{r:?}");
     assert!(
         r.detail.contains("beside its judged services: b:1"),
         "{}",
