@@ -308,6 +308,8 @@ impl Signals {
             long_stream_age: self.long_stream_age,
             head_at: None,
             first_message: None,
+            app_error: false,
+            request_open: false,
             stream: false,
             observed: false,
             ended_by_guard: false,
@@ -336,6 +338,10 @@ pub struct Request {
     head_at: Option<Instant>,
     /// When the first response message (or event) arrived.
     first_message: Option<Instant>,
+    /// The application's own trailers ended it with a status other than OK.
+    app_error: bool,
+    /// The client had not ended its request when the stream ended.
+    request_open: bool,
     /// Counted as an opened stream.
     stream: bool,
     /// The latency was observed already.
@@ -364,14 +370,25 @@ impl Request {
     /// [`Request::trailers`] from the `grpc-status` the frame relay read.
     pub fn grpc_status(&mut self, status: Option<&[u8]>) {
         if let Some(s) = status {
-            self.code = Some(grpc_code(s));
+            self.app_code(grpc_code(s));
         }
+    }
+
+    fn app_code(&mut self, code: Code) {
+        self.code = Some(code);
+        self.app_error = code != Code::OK;
+    }
+
+    /// The stream ended before the client ended its request: a call that
+    /// was still being sent, or a stream waiting on its client.
+    pub fn request_open(&mut self) {
+        self.request_open = true;
     }
 
     /// The application's trailers (or a trailers-only head).
     pub fn trailers(&mut self, trailers: &HeaderMap) {
         if let Some(s) = trailers.get("grpc-status") {
-            self.code = Some(grpc_code(s.as_bytes()));
+            self.app_code(grpc_code(s.as_bytes()));
         }
     }
 
@@ -415,15 +432,15 @@ impl Request {
 
     /// The response has carried `messages` messages (or events) so far. The
     /// second makes it a stream: it is counted as opened and its latency is
-    /// the time to its first message.
+    /// the time to its answer (see [`Request::answer`]).
     pub fn messages(&mut self, messages: u64) {
         if messages == 0 || self.stream {
             return;
         }
         let now = Instant::now();
-        let first = *self.first_message.get_or_insert(now);
+        self.first_message.get_or_insert(now);
         if messages >= 2 {
-            self.opened_at(first);
+            self.opened_at(self.answer());
         }
     }
 
@@ -433,30 +450,66 @@ impl Request {
         if !self.stream {
             let now = Instant::now();
             self.first_message.get_or_insert(now);
-            self.opened_at(now);
+            self.opened_at(Some(now));
         }
     }
 
-    /// A response that was answered (its head, or one message) and then
-    /// stayed open and quiet for the long-stream age before it ended was a
-    /// stream: a watch that had nothing to say. Counted as a call, its hours
-    /// would read as the service's p99 latency and ask for a drain time no
-    /// grace period fits. A slow call answers at its end, so its head, its
-    /// message and its end come together.
-    fn quiet_stream(&self, now: Instant) -> Option<Instant> {
-        let answered = self.first_message.or(self.head_at)?;
-        (!self.stream && now.saturating_duration_since(answered) >= self.long_stream_age)
-            .then_some(answered)
+    /// When a stream answered: its head when a silence of the long-stream
+    /// age followed it (a watch that said it was listening, then waited for
+    /// its first event), else its first message (or its head); `None`
+    /// before any.
+    fn answer(&self) -> Option<Instant> {
+        match (self.head_at, self.first_message) {
+            (Some(h), Some(m)) if m.saturating_duration_since(h) >= self.long_stream_age => Some(h),
+            (h, m) => m.or(h),
+        }
     }
 
-    fn opened_at(&mut self, first: Instant) {
+    /// A response not yet counted as a stream that was one, by a silence
+    /// of the long-stream age that a call does not have (a call answers at
+    /// its end: its head, its message and its end come together):
+    /// - after its first message (or event), before its end;
+    /// - gRPC: after its head, before its first message or its end, unless
+    ///   the application then ended it with an error (a call that sent its
+    ///   headers early and failed);
+    /// - gRPC: with no answer at all while the client had not ended its
+    ///   request (a stream waiting on its client).
+    ///
+    /// Counted as calls, their hours would read as the service's latency
+    /// and ask `plan` for a drain time no grace period fits.
+    fn quiet_stream(&self, now: Instant) -> bool {
+        let long = self.long_stream_age;
+        let quiet_since = |t: Instant, until: Instant| until.saturating_duration_since(t) >= long;
+        if self.stream {
+            return false;
+        }
+        if self.first_message.is_some_and(|m| quiet_since(m, now)) {
+            return true;
+        }
+        if !self.grpc {
+            return false;
+        }
+        match (self.head_at, self.first_message) {
+            (Some(h), Some(m)) => quiet_since(h, m),
+            (Some(h), None) => quiet_since(h, now) && !self.app_error,
+            (None, _) => self.request_open && quiet_since(self.start, now),
+        }
+    }
+
+    /// Counted as an opened stream; its latency is the time to `answer`,
+    /// unless it never answered or that took the long-stream age: a stream
+    /// that waited that long for its first word was waiting for an event,
+    /// and the wait is not the service's latency (nor a call `plan` must
+    /// let finish).
+    fn opened_at(&mut self, answer: Option<Instant>) {
         self.stream = true;
         self.service.opened(self.protocol).inc();
         if !self.observed {
             self.observed = true;
-            self.service
-                .duration
-                .observe(first.saturating_duration_since(self.start).as_secs_f64());
+            let latency = answer.map(|a| a.saturating_duration_since(self.start));
+            if let Some(l) = latency.filter(|l| *l < self.long_stream_age) {
+                self.service.duration.observe(l.as_secs_f64());
+            }
         }
     }
 
@@ -477,8 +530,8 @@ impl Request {
 impl Drop for Request {
     fn drop(&mut self) {
         let now = Instant::now();
-        if let Some(answered) = self.quiet_stream(now) {
-            self.opened_at(answered);
+        if self.quiet_stream(now) {
+            self.opened_at(self.answer());
         }
         if !self.ended_by_guard {
             self.service.request(self.final_code(), self.protocol).inc();
@@ -751,6 +804,104 @@ mod tests {
             text.contains("d_sum{service=\"pkg.Feed\"} 79.999"),
             "{text}"
         );
+    }
+
+    /// The streams a one-histogram view could take for calls of their whole
+    /// life, and the calls it could take for streams.
+    #[tokio::test(start_paused = true)]
+    async fn streams_that_waited_for_their_first_event_are_streams_and_calls_stay_calls() {
+        let (m, s) = signals(10, false);
+        let watch = || {
+            s.start(true, "/pkg.Feed/Watch", StreamProtocol::grpc)
+                .expect("on")
+        };
+        // Its head at once, its first event an hour later, then more: the
+        // latency is the time to its head.
+        let mut r = watch();
+        tokio::time::advance(Duration::from_millis(20)).await;
+        r.head(StatusCode::OK, &HeaderMap::new());
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        r.messages(1);
+        r.messages(2);
+        drop(r);
+        let (opened, text) = feed_figures(&m);
+        assert_eq!(opened, 1, "{text}");
+        assert!(text.contains("d_sum{service=\"pkg.Feed\"} 0.02"), "{text}");
+        // Its head, an hour, one event, its end a second later: a stream.
+        let mut r = watch();
+        r.head(StatusCode::OK, &HeaderMap::new());
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        r.messages(1);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        drop(r);
+        // A lazy head (grpc-go, grpc-java): head and first event together an
+        // hour in, then a second event: a stream whose wait is no latency.
+        let mut r = watch();
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        r.head(StatusCode::OK, &HeaderMap::new());
+        r.messages(1);
+        r.messages(2);
+        drop(r);
+        // A bidi stream waiting on its client, never answered, ended after
+        // twice the long age with the client's side still open.
+        let mut r = watch();
+        tokio::time::advance(LONG * 2).await;
+        r.request_open();
+        drop(r);
+        let (opened, text) = feed_figures(&m);
+        assert_eq!(opened, 4, "{text}");
+        assert!(
+            text.contains("d_count{service=\"pkg.Feed\"} 2"),
+            "only the two with a prompt answer have a latency: {text}"
+        );
+        assert!(text.contains("d_sum{service=\"pkg.Feed\"} 0.02"), "{text}");
+        assert!(text.contains("l_count{protocol=\"grpc\"} 4"), "{text}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn long_bodies_and_calls_that_answered_early_and_failed_stay_calls() {
+        let (m, s) = signals(10, false);
+        // An HTTP download whose head came at once, its body for 40 s: the
+        // guard counts no messages in it, so no silence can be told.
+        let mut r = s.start(false, "/export", StreamProtocol::http).expect("on");
+        r.head(StatusCode::OK, &HeaderMap::new());
+        tokio::time::advance(Duration::from_secs(40)).await;
+        drop(r);
+        // A gRPC call that sent its headers early, then failed after 40 s
+        // with no message.
+        let mut r = s
+            .start(true, "/pkg.Feed/Compute", StreamProtocol::grpc)
+            .expect("on");
+        r.head(StatusCode::OK, &HeaderMap::new());
+        tokio::time::advance(Duration::from_secs(40)).await;
+        let mut failed = HeaderMap::new();
+        failed.insert("grpc-status", HeaderValue::from_static("13"));
+        r.trailers(&failed);
+        drop(r);
+        // A call whose client was still sending (an upload) when it ended,
+        // before the long age: a call.
+        let mut r = s
+            .start(true, "/pkg.Feed/Compute", StreamProtocol::grpc)
+            .expect("on");
+        tokio::time::advance(LONG / 2).await;
+        r.request_open();
+        drop(r);
+        let (opened, text) = feed_figures(&m);
+        assert_eq!(opened, 0, "{text}");
+        let http = ServiceKey {
+            service: Arc::from(HTTP_SERVICE),
+            method: None,
+        };
+        let opened_http = m
+            .guard_streams_opened
+            .get(&GuardStreamLabels {
+                key: http,
+                protocol: StreamProtocol::http,
+            })
+            .map_or(0, |c| c.get());
+        assert_eq!(opened_http, 0, "{text}");
+        assert!(text.contains("d_sum{service=\"http\"} 40.0"), "{text}");
+        assert!(text.contains("d_sum{service=\"pkg.Feed\"} 45.0"), "{text}");
     }
 
     #[test]

@@ -17,7 +17,10 @@ use drainshim_bench::envoy::EnvoyProcess;
 use http_body_util::StreamBody;
 use hyper::body::Frame;
 use prost::Message;
-use support::guard::{connect_client, start_backend, subscribe, wait_until};
+use support::guard::{
+    connect_client, encode_frame, grpc_request_block, start_backend, subscribe, wait_until, RawH2,
+    END_HEADERS, HEADERS, RST_STREAM,
+};
 use support::*;
 use tokio::io::AsyncReadExt;
 use tokio_stream::wrappers::ReceiverStream;
@@ -386,6 +389,39 @@ async fn a_quiet_watch_is_counted_as_a_stream_not_as_a_slow_call() {
         both - latency >= 1.5 && both - latency <= took,
         "the call's latency is its whole 1.5 s of work: {}\n{page}",
         both - latency
+    );
+    drop(envoy);
+}
+
+/// A stream that never answered while its client never ended its request
+/// (a bidi stream waiting on its client; grpc-go and grpc-java send no
+/// headers before their first message) is a stream too once it waited the
+/// long-stream age, with no latency: through real Envoy and the binary, a
+/// raw client opens a Subscribe and never sends its message (the app waits
+/// for it), then cancels after 1.5 s.
+#[tokio::test]
+async fn a_stream_waiting_on_its_client_is_a_stream_without_a_latency() {
+    let backend = start_backend().await;
+    let (envoy, shim, _) = guard_bin_pod(backend.addr, &["--long-stream-age", "1s"], |_| {}).await;
+    let opened = "drainshim_guard_streams_opened_total{service=\"drainshim.bench.v1.Stream\",protocol=\"grpc\"}";
+    let lifetimes = "drainshim_guard_stream_lifetime_seconds_count{protocol=\"grpc\"}";
+    let durations =
+        "drainshim_guard_request_duration_seconds_count{service=\"drainshim.bench.v1.Stream\"}";
+    let mut raw = RawH2::connect(envoy.inbound).await;
+    let block = grpc_request_block("/drainshim.bench.v1.Stream/Subscribe", &[]);
+    raw.send(&encode_frame(HEADERS, END_HEADERS, 1, &block))
+        .await
+        .expect("the request's headers");
+    tokio::time::sleep(Duration::from_millis(1500)).await; // the subject: its wait
+    raw.send(&encode_frame(RST_STREAM, 0, 1, &8u32.to_be_bytes()))
+        .await
+        .expect("the client's cancel");
+    let page = wait_for_metrics(shim.addr, |p| sample(p, lifetimes) >= 1.0).await;
+    assert_eq!(sample(&page, opened), 1.0, "{page}");
+    assert_eq!(
+        sample(&page, durations),
+        0.0,
+        "no answer, no latency:\n{page}"
     );
     drop(envoy);
 }

@@ -688,6 +688,9 @@ impl Relay<'_> {
         }
         let grpc = s.grpc();
         if let Some(sig) = s.sig.as_mut() {
+            if !s.req_done {
+                sig.request_open();
+            }
             record_outcome(sig, grpc, &outcome);
         }
     }
