@@ -295,6 +295,10 @@ impl Guard {
             .guard_max_connection_age
             .get_or_create(&Vec::new())
             .set(i64::try_from(age).unwrap_or(i64::MAX));
+        metrics
+            .guard_request_metrics
+            .get_or_create(&Vec::new())
+            .set(i64::from(config.signals.enabled));
         Self {
             inner: Arc::new(Inner {
                 config,

@@ -162,7 +162,7 @@ fn version_labels(m: &Metrics) -> Vec<VersionLabels> {
 }
 
 /// Every family of `Metrics`, in the exposition's order.
-pub static FAMILIES: [Def; 30] = [
+pub static FAMILIES: [Def; 31] = [
     Def {
         desc: help::DRAINS,
         node: Node::PerPod,
@@ -470,6 +470,16 @@ pub static FAMILIES: [Def; 30] = [
         node: Node::PerPod,
         reach: &Labeled {
             family: |m: &Metrics| &m.guard_max_connection_age,
+            // The empty label set: a sample only once a guard sets it.
+            known: |_| vec![Vec::new()],
+            zeroed: false,
+        },
+    },
+    Def {
+        desc: help::GUARD_REQUEST_METRICS,
+        node: Node::PerPod,
+        reach: &Labeled {
+            family: |m: &Metrics| &m.guard_request_metrics,
             // The empty label set: a sample only once a guard sets it.
             known: |_| vec![Vec::new()],
             zeroed: false,

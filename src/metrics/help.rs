@@ -124,6 +124,12 @@ pub const GUARD_MAX_CONNECTION_AGE: (&str, &str) = (
     "guard_max_connection_age_seconds",
     "The stream guard's maximum connection age (--max-connection-age), whole seconds; 0 when connections may live forever",
 );
+/// Contract extension (guard): whether `plan`'s drain-timers step can see
+/// the pod's calls.
+pub const GUARD_REQUEST_METRICS: (&str, &str) = (
+    "guard_request_metrics",
+    "1 when the stream guard records every request's signals (drainshim_guard_requests_total, request durations, streams), 0 when --guard-request-metrics is off",
+);
 /// Contract extension: what `plan`'s drain-timers step reads.
 pub const DRAIN_TIMER: (&str, &str) = (
     "drain_timer_seconds",

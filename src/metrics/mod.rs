@@ -462,6 +462,11 @@ pub struct Metrics {
     /// max age; `plan` reads how long a tier has had one. A family with no
     /// labels (the empty set), so a shim without a guard exports no sample.
     pub guard_max_connection_age: Family<Vec<(String, String)>, Gauge>,
+    /// `drainshim_guard_request_metrics`: 1 when the guard records each
+    /// request's signals, 0 when `--guard-request-metrics` is off; `plan`
+    /// tells a pod whose calls it cannot see from an idle one. No sample
+    /// without a guard.
+    pub guard_request_metrics: Family<Vec<(String, String)>, Gauge>,
     /// `drainshim_drain_timer_seconds{timer}`: the drain timers this shim
     /// (or this pod, in node mode) runs with; `plan` reads them.
     pub drain_timers: Family<DrainTimerLabels, SecondsGauge>,
@@ -568,6 +573,7 @@ impl Metrics {
             failopen_active: Family::default(),
             guard_paths: Gauge::default(),
             guard_max_connection_age: Family::default(),
+            guard_request_metrics: Family::default(),
             drain_timers: Family::default(),
             proxy_info: Family::default(),
             goaways: Family::default(),

@@ -184,6 +184,7 @@ mod tests {
         m.guard_max_connection_age
             .get_or_create(&Vec::new())
             .set(1800);
+        m.guard_request_metrics.get_or_create(&Vec::new()).set(1);
         // As a shim that knows its drain timers sets them.
         m.drain_timers
             .get_or_create(&crate::metrics::DrainTimerLabels {

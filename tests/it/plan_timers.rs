@@ -525,7 +525,7 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
                     && s["service"] == "-"
                     && s["detail"]
                         .as_str()
-                        .is_some_and(|d| d.contains("through Envoy"))
+                        .is_some_and(|d| d.contains("request metrics are off"))
             })
     })
     .await;
@@ -592,14 +592,16 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
         )),
         "{table_before}"
     );
-    // old-d's calls, which its request metrics do not show, are named: its
-    // row cannot pass as "no traffic".
+    // old-d's calls, which its request metrics do not record, are named:
+    // its row cannot pass as "no traffic"; its Envoy's count is said.
     assert_eq!(quiet["pods"], 2, "{quiet}");
     let d = quiet["detail"].as_str().unwrap_or_default();
     assert!(
-        d.contains(&format!("1 of its pods ({old_d}) took"))
-            && d.contains("requests through Envoy in the window")
-            && d.contains("--guard-request-metrics"),
+        d.contains(&format!(
+            "the guard's request metrics are off on 1 of its pods ({old_d})"
+        )) && d.contains(&format!(
+            "took 3 requests in the window that the guard recorded none of, on 1 of them ({old_d})"
+        )),
         "{quiet}"
     );
     let mut failing: Vec<(&str, &str)> = services(&before)
@@ -715,7 +717,9 @@ async fn plan_sets_drain_timers_from_the_fleets_own_calls_and_streams() {
         );
     }
     assert!(
-        action.contains(&format!("({old_d}) took")),
+        action.contains(&format!(
+            "request metrics are off on 1 of its pods ({old_d})"
+        )),
         "{old_d}: {action}"
     );
 

@@ -200,6 +200,7 @@ mod tests {
             verdict,
             detail: "drain time 6s < 10s".into(),
             fix: (verdict == T::Short).then(|| "kubectl -n ns1 patch ...".into()),
+            needs: Some(5.0),
         }
     }
 

@@ -64,7 +64,7 @@ pub fn judge(obs: &Observed, rules: &TimerRules, namespaces: &[String]) -> Vec<S
             .iter()
             .filter(|s| s.namespace == ns && s.service != "-")
             .collect();
-        let row = quiet(ns, &pods, &beside);
+        let row = quiet(ns, &pods, &beside, rules);
         out.push(row);
     }
     out
@@ -90,6 +90,7 @@ fn empty(ns: &str, service: &str, pods: usize) -> ServiceTimers {
         verdict: TimerFit::Ok,
         detail: String::new(),
         fix: None,
+        needs: None,
     }
 }
 
@@ -105,16 +106,20 @@ fn no_timers(pods: &[Pod]) -> String {
 
 /// A namespace's pods that run now and had no call in the window: one more
 /// replica of a judged service, or a service of their own, which the
-/// window cannot tell. Named, never counted as a pass:
-/// - those without timers fail, as anywhere;
-/// - those whose Envoy took requests the guard's histogram does not show
-///   fail: the step cannot see their calls (request metrics off, or the
-///   scrape drops the `_bucket` series), so it cannot judge them;
-/// - those whose timers are below what a judged service of their namespace
-///   needs fail: if they serve it, its calls would be cut (raising them is
-///   one patch; a silent pass is a cut stream);
-/// - the rest are named, a warning.
-fn quiet(ns: &str, pods: &[Pod], beside: &[&ServiceTimers]) -> ServiceTimers {
+/// window cannot tell. Named, never counted as a pass, and the row fails
+/// for those of them:
+/// - without timers, or without a grace period, as anywhere;
+/// - whose calls cannot be seen: their guard's request metrics are off, or
+///   their histogram's `_count` grew while no `_bucket` did (a scrape that
+///   drops them);
+/// - whose timers are below what a service of their namespace needs (with
+///   their own deregistration delay), or whose parent shutdown is too close
+///   to their drain time: if they serve it, a restart cuts its calls.
+///
+/// Requests their Envoy counted that the guard recorded none of are said,
+/// not failed: streams still open (recorded at their end), Envoy's own
+/// answers and other ports count there too.
+fn quiet(ns: &str, pods: &[Pod], beside: &[&ServiceTimers], rules: &TimerRules) -> ServiceTimers {
     let mut row = empty(ns, "-", pods.len());
     let (with, without): (Vec<Pod>, Vec<Pod>) = pods.iter().partition(|(_, p)| p.timers.is_some());
     let known: Vec<&Current> = with.iter().filter_map(|(_, p)| p.timers.as_ref()).collect();
@@ -139,54 +144,92 @@ fn quiet(ns: &str, pods: &[Pod], beside: &[&ServiceTimers]) -> ServiceTimers {
         row.without_timers = without.iter().map(name).collect();
         unknown.push(no_timers(&without));
     }
-    let unseen: Vec<Pod> = pods
-        .iter()
-        .copied()
-        .filter(|(_, p)| p.requests.is_some_and(|n| n > 0.0))
-        .collect();
-    if !unseen.is_empty() {
-        let n: f64 = unseen.iter().filter_map(|(_, p)| p.requests).sum();
+    let those = |f: &dyn Fn(&PodSeen) -> bool| -> Vec<Pod> {
+        pods.iter().copied().filter(|(_, p)| f(p)).collect()
+    };
+    let grace_unknown = those(&|p| {
+        p.timers
+            .as_ref()
+            .is_some_and(|t| t.termination_grace_period.is_none())
+    });
+    if !grace_unknown.is_empty() {
+        row.grace_unknown = grace_unknown.iter().map(name).collect();
         unknown.push(format!(
-            "{} of its pods ({}) took {n} requests through Envoy in the window that the guard's \
-             drainshim_guard_request_duration_seconds does not show: their request metrics are \
-             off (--guard-request-metrics) or the scrape drops its _bucket series, so their \
-             calls cannot be judged",
-            unseen.len(),
-            names(&unseen)
+            "termination grace period unknown on {} of its pods ({}): give their shims \
+             --termination-grace-period",
+            grace_unknown.len(),
+            names(&grace_unknown)
         ));
     }
+    let off = those(&|p| p.request_metrics == Some(false));
+    if !off.is_empty() {
+        unknown.push(format!(
+            "the guard's request metrics are off on {} of its pods ({}): their calls cannot \
+             be seen; turn --guard-request-metrics on",
+            off.len(),
+            names(&off)
+        ));
+    }
+    let dropped = those(&|p| p.counted > 0.0);
+    if !dropped.is_empty() {
+        let n: f64 = dropped.iter().map(|(_, p)| p.counted).sum();
+        unknown.push(format!(
+            "{n} calls on {} of its pods ({}) are counted by \
+             drainshim_guard_request_duration_seconds_count but have no _bucket series: the \
+             scrape drops them, so their durations cannot be judged",
+            dropped.len(),
+            names(&dropped)
+        ));
+    }
+    let margin = super::MIN_MARGIN.as_secs_f64();
+    let tight = those(&|p| {
+        p.timers
+            .as_ref()
+            .is_some_and(|t| t.parent_shutdown_time - t.drain_time + 1e-9 < margin)
+    });
+    if !tight.is_empty() {
+        unknown.push(tight_margin(&tight));
+    }
     for svc in beside {
-        let Some(rec) = &svc.recommended else {
-            continue;
-        };
+        let Some(needs) = svc.needs else { continue };
         let under: Vec<Pod> = with
             .iter()
             .copied()
             .filter(|(_, p)| {
                 p.timers.as_ref().is_some_and(|t| {
-                    t.drain_time + 1e-9 < rec.drain_time
-                        || t.parent_shutdown_time + 1e-9 < rec.parent_shutdown_time
+                    let (drain, parent, grace) = recommend(t.deregistration_delay, needs, rules);
+                    t.drain_time + 1e-9 < drain
+                        || t.parent_shutdown_time + 1e-9 < parent
+                        || t.termination_grace_period.is_some_and(|g| g <= grace)
                 })
             })
             .collect();
         if !under.is_empty() {
             unknown.push(format!(
-                "{} of its pods ({}) run drain timers below {}'s recommendation (drain time {}, \
-                 parent shutdown {}): if they serve it, a restart cuts its calls; raise their \
-                 timers to it, or let the window see their calls",
+                "{} of its pods ({}) run drain timers below what {} needs with their own \
+                 deregistration delay ({} of calls and streams after it, a parent shutdown \
+                 {} later, a grace above that plus the linger): if they serve it, a restart \
+                 cuts its calls; raise their timers, or let the window see their calls",
                 under.len(),
                 names(&under),
                 svc.service,
-                flag(rec.drain_time),
-                flag(rec.parent_shutdown_time)
+                flag(needs),
+                flag(rules.margin.as_secs_f64()),
             ));
         }
     }
-    let blind: Vec<Pod> = pods
-        .iter()
-        .copied()
-        .filter(|(_, p)| p.requests.is_none())
-        .collect();
+    let unseen = those(&|p| p.requests.is_some_and(|n| n > 0.0));
+    if !unseen.is_empty() {
+        let n: f64 = unseen.iter().filter_map(|(_, p)| p.requests).sum();
+        detail.push(format!(
+            "their Envoy took {n} requests in the window that the guard recorded none of, on \
+             {} of them ({}): streams still open (a stream is recorded at its end), Envoy's \
+             own answers, or a scrape that drops the guard's request histogram",
+            unseen.len(),
+            names(&unseen)
+        ));
+    }
+    let blind = those(&|p| p.requests.is_none());
     if !blind.is_empty() {
         detail.push(format!(
             "whether {} took requests is not known (drainshim_envoy_downstream_requests_total \
@@ -200,6 +243,26 @@ fn quiet(ns: &str, pods: &[Pod], beside: &[&ServiceTimers]) -> ServiceTimers {
     detail.extend(unknown);
     row.detail = detail.join("; ");
     row
+}
+
+/// The drain time, parent shutdown and grace floor a pod with `dereg` of
+/// deregistration delay needs for `needs` seconds of calls and streams.
+fn recommend(dereg: f64, needs: f64, rules: &TimerRules) -> (f64, f64, f64) {
+    let drain = (dereg + needs).ceil();
+    let parent = drain + rules.margin.as_secs_f64();
+    (drain, parent, parent + rules.linger.as_secs_f64())
+}
+
+/// What pods whose parent shutdown is too close to their drain time say.
+fn tight_margin(pods: &[Pod]) -> String {
+    format!(
+        "{} of its pods ({}) end their parent shutdown less than {} after their drain time: the \
+         guard ends what is still open that long before the parent shutdown (an ending's bound \
+         and its slack), so the parent shutdown may cut those endings",
+        pods.len(),
+        names(pods),
+        flag(super::MIN_MARGIN.as_secs_f64())
+    )
 }
 
 /// The smallest of each timer over `known` (the largest deregistration
@@ -314,6 +377,18 @@ fn one(ns: &str, service: &str, pods: &[Pod], rules: &TimerRules) -> ServiceTime
         row.detail = "no traffic in the window: cannot recommend".into();
         return row;
     };
+    // A call past the largest bucket is at least that long.
+    let calls_need = match high {
+        Ok(edge) | Err(edge) => edge,
+    };
+    let spread = rules.stream_spread.as_secs_f64();
+    let streams_need = match longest {
+        _ if streams == 0 => 0.0,
+        Some(l) => l.min(spread),
+        None => spread,
+    };
+    let window = calls_need.max(streams_need);
+    row.needs = Some(window);
     if now.is_empty() {
         row.verdict = TimerFit::Gone;
         row.detail = format!(
@@ -339,23 +414,11 @@ fn one(ns: &str, service: &str, pods: &[Pod], rules: &TimerRules) -> ServiceTime
             names(&grace_unknown)
         ));
     }
-    // A call past the largest bucket is at least that long.
-    let calls_need = match high {
-        Ok(edge) | Err(edge) => edge,
-    };
-    let spread = rules.stream_spread.as_secs_f64();
-    let streams_need = match longest {
-        _ if streams == 0 => 0.0,
-        Some(l) => l.min(spread),
-        None => spread,
-    };
-    let window = calls_need.max(streams_need);
-    let drain = (cur.deregistration_delay + window).ceil();
-    let parent = drain + rules.margin.as_secs_f64();
+    let (drain, parent, grace) = recommend(cur.deregistration_delay, window, rules);
     let rec = Recommended {
         drain_time: drain,
         parent_shutdown_time: parent,
-        termination_grace_period_above: parent + rules.linger.as_secs_f64(),
+        termination_grace_period_above: grace,
     };
     let mut short = Vec::new();
     if cur.drain_time + 1e-9 < rec.drain_time {
@@ -371,6 +434,18 @@ fn one(ns: &str, service: &str, pods: &[Pod], rules: &TimerRules) -> ServiceTime
             flag(cur.parent_shutdown_time),
             flag(rec.parent_shutdown_time)
         ));
+    }
+    let tight: Vec<Pod> = with
+        .iter()
+        .copied()
+        .filter(|(_, p)| {
+            p.timers.as_ref().is_some_and(|t| {
+                t.parent_shutdown_time - t.drain_time + 1e-9 < super::MIN_MARGIN.as_secs_f64()
+            })
+        })
+        .collect();
+    if !tight.is_empty() {
+        short.push(tight_margin(&tight));
     }
     if let Some(g) = cur.termination_grace_period {
         if g <= rec.termination_grace_period_above {

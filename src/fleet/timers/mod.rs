@@ -27,7 +27,9 @@ use std::time::Duration;
 use serde::Serialize;
 
 pub use judge::judge;
-pub use read::{envoy_requests, observe, read, recount, Observed, PodKey, PodSeen, TimersRead};
+pub use read::{
+    envoy_requests, observe, read, recount, visibility, Observed, PodKey, PodSeen, TimersRead,
+};
 pub use render::{render, short_detail};
 
 /// What the recommendation is built with: the flags of `plan`.
@@ -150,6 +152,11 @@ pub struct ServiceTimers {
     /// The manifest change that sets the recommendation.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fix: Option<String>,
+    /// What its calls and streams need of a drain after the deregistration
+    /// delay, seconds (the formula's `window`); also for a service none of
+    /// whose pods runs now, so the pods beside it are compared with it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub needs: Option<f64>,
 }
 
 /// Every service's judgement, and the window it was read over.

@@ -49,6 +49,12 @@ pub struct PodSeen {
     /// counted that the guard's histogram does not show are traffic the
     /// step cannot see (request metrics off, or `_bucket` series dropped).
     pub requests: Option<f64>,
+    /// Its guard's `drainshim_guard_request_metrics` now: `Some(false)`
+    /// when it records no request (its calls cannot be seen).
+    pub request_metrics: Option<bool>,
+    /// Calls its histogram's `_count` grew by in the window: more than
+    /// `calls` shows when the scrape drops the `_bucket` series.
+    pub counted: f64,
 }
 
 /// What the window holds.
@@ -154,22 +160,34 @@ pub async fn read(prom: &PromClient, window: Duration, at: f64) -> Result<Timers
         "max by (namespace, instance, pod) ({})",
         now.in_fleet(|sel| format!("drainshim_draining{{{sel}}}"))
     );
-    // Envoy's own count of the requests it took, per pod: what the guard's
-    // histogram should show (the highest less the lowest: a reset reads
-    // low, and only "some or none" is asked of it).
+    // Envoy's own count of the requests it took, per pod, and the calls
+    // the guard's `_count` says: only "some or none" is asked of them, so
+    // `increase()`, which counts across a reset (the highest less the
+    // lowest would read a restarted shim's earlier life as new).
     let requests_q = format!(
         "sum by (namespace, instance, pod) ({})",
         q.in_wave(
-            |sel| highest_less_lowest(&format!(
+            |sel| increase(&format!(
                 "drainshim_envoy_downstream_requests_total{{{sel}}}[{w}]"
             )),
+            ""
+        )
+    );
+    let metrics_on_q = format!(
+        "max by (namespace, instance, pod) ({})",
+        now.in_fleet(|sel| format!("drainshim_guard_request_metrics{{{sel}}}"))
+    );
+    let counted_q = format!(
+        "sum by (namespace, instance, pod) ({}) > 0",
+        q.in_wave(
+            |sel| increase(&format!("{}_count{{{sel}}}[{w}]", CALLS.0)),
             ""
         )
     );
     let prom = prom
         .clone()
         .at(Some(UNIX_EPOCH + Duration::from_secs_f64(at)));
-    let (calls, streams, resets, ages, timers, live, requests) = tokio::join!(
+    let (calls, streams, resets, ages, timers, live, requests, metrics_on, counted) = tokio::join!(
         prom.query(&calls_q),
         prom.query(&streams_q),
         prom.query(&resets_q),
@@ -177,9 +195,12 @@ pub async fn read(prom: &PromClient, window: Duration, at: f64) -> Result<Timers
         prom.query(&timers_q),
         prom.query(&live_q),
         prom.query(&requests_q),
+        prom.query(&metrics_on_q),
+        prom.query(&counted_q),
     );
     let mut observed = observe(&calls?, &streams?, &ages?, &timers?, &live?);
     envoy_requests(&mut observed, &requests?);
+    visibility(&mut observed, &metrics_on?, &counted?);
     let reset: BTreeSet<PodKey> = resets?.iter().map(key).collect();
     if !reset.is_empty() {
         let instances: Vec<String> = reset
@@ -264,6 +285,22 @@ pub fn envoy_requests(obs: &mut Observed, requests: &[Sample]) {
     for s in requests {
         if let Some(p) = obs.pods.get_mut(&key(s)) {
             p.requests = Some(s.value.max(0.0).round());
+        }
+    }
+}
+
+/// Whether each pod's calls can be seen: its guard's request metrics on
+/// or off now, and how many calls its histogram's `_count` says (which a
+/// scrape that drops `_bucket` still has). Only pods already known.
+pub fn visibility(obs: &mut Observed, metrics_on: &[Sample], counted: &[Sample]) {
+    for s in metrics_on {
+        if let Some(p) = obs.pods.get_mut(&key(s)) {
+            p.request_metrics = Some(s.value > 0.0);
+        }
+    }
+    for s in counted {
+        if let Some(p) = obs.pods.get_mut(&key(s)) {
+            p.counted += s.value.max(0.0).round();
         }
     }
 }

@@ -429,42 +429,60 @@ fn a_foreign_nan_or_infinity_is_said_never_a_panic() {
     }
 }
 
-/// Envoy's count of a pod's requests in the window.
-fn requests(instance: &str, ns: &str, n: f64) -> Vec<Sample> {
-    vec![sample(&[("instance", instance), ("namespace", ns)], n)]
-}
-
-/// A pod whose Envoy took requests that the guard's histogram does not show
-/// (request metrics off, or `_bucket` dropped by the scrape) is traffic the
-/// step cannot see: it fails by name, never a "no traffic" pass; one whose
-/// Envoy took none is idle, said so.
+/// A pod whose calls cannot be seen fails by name, never a "no traffic"
+/// pass: its guard's request metrics off, or its `_count` grown with no
+/// `_bucket` (a scrape that drops them). Requests its Envoy counted that the
+/// guard recorded none of are said, not failed (streams still open,
+/// Envoy's own answers); Envoy's count not scraped is said too.
 #[test]
-fn requests_the_histogram_does_not_show_are_unknown_never_no_traffic() {
+fn calls_that_cannot_be_seen_are_unknown_never_no_traffic() {
     let t = timers("a:1", "blind", 60.0, 90.0);
+    let judged = |obs: &Observed| {
+        let rows = judge(obs, &TimerRules::default(), &ns(&["blind"]));
+        row(&rows, "blind", "-").clone()
+    };
     let mut obs = observe(&[], &[], &[], &t, &[]);
     envoy_requests(&mut obs, &requests("a:1", "blind", 50.0));
-    let rows = judge(&obs, &TimerRules::default(), &ns(&["blind"]));
-    let r = row(&rows, "blind", "-");
+    visibility(&mut obs, &requests("a:1", "blind", 0.0), &[]);
+    let r = judged(&obs);
     assert_eq!(r.verdict, TimerFit::Unknown, "{r:?}");
     assert!(
         r.detail
-            .contains("1 of its pods (a:1) took 50 requests through Envoy"),
+            .contains("the guard's request metrics are off on 1 of its pods (a:1)"),
         "{}",
         r.detail
     );
-    assert!(r.detail.contains("--guard-request-metrics"), "{}", r.detail);
 
     let mut obs = observe(&[], &[], &[], &t, &[]);
-    envoy_requests(&mut obs, &requests("a:1", "blind", 0.0));
-    let rows = judge(&obs, &TimerRules::default(), &ns(&["blind"]));
-    let r = row(&rows, "blind", "-");
-    assert_eq!(r.verdict, TimerFit::NoTraffic, "{r:?}");
-    assert!(!r.detail.contains("not known"), "{}", r.detail);
+    envoy_requests(&mut obs, &requests("a:1", "blind", 7.0));
+    visibility(
+        &mut obs,
+        &requests("a:1", "blind", 1.0),
+        &requests("a:1", "blind", 7.0),
+    );
+    let r = judged(&obs);
+    assert_eq!(r.verdict, TimerFit::Unknown, "{r:?}");
+    assert!(
+        r.detail
+            .contains("7 calls on 1 of its pods (a:1) are counted by"),
+        "{}",
+        r.detail
+    );
 
-    // Envoy's count not scraped: still idle, and said that it is not known.
+    let mut obs = observe(&[], &[], &[], &t, &[]);
+    envoy_requests(&mut obs, &requests("a:1", "blind", 50.0));
+    visibility(&mut obs, &requests("a:1", "blind", 1.0), &[]);
+    let r = judged(&obs);
+    assert_eq!(r.verdict, TimerFit::NoTraffic, "{r:?}");
+    assert!(
+        r.detail
+            .contains("their Envoy took 50 requests in the window that the guard recorded none of"),
+        "{}",
+        r.detail
+    );
+
     let obs = observe(&[], &[], &[], &t, &[]);
-    let rows = judge(&obs, &TimerRules::default(), &ns(&["blind"]));
-    let r = row(&rows, "blind", "-");
+    let r = judged(&obs);
     assert_eq!(r.verdict, TimerFit::NoTraffic, "{r:?}");
     assert!(
         r.detail.contains("whether a:1 took requests is not known"),
@@ -473,26 +491,37 @@ fn requests_the_histogram_does_not_show_are_unknown_never_no_traffic() {
     );
 }
 
-/// A pod without a call beside a judged service is compared with it: if
-/// its timers are below the service's recommendation, it may be one of its
-/// replicas, which a restart would cut: it fails by name. At or above
-/// every judged service's, it is named, a warning.
+/// Envoy's count of a pod's requests in the window (or any per-pod value).
+fn requests(instance: &str, ns: &str, n: f64) -> Vec<Sample> {
+    vec![sample(&[("instance", instance), ("namespace", ns)], n)]
+}
+
+/// A pod without a call beside a judged service is compared with what the
+/// service needs, with its own deregistration delay: below it, it may be
+/// one of its replicas, which a restart would cut: it fails by name. So is
+/// it beside a service none of whose pods runs now (a rollout inside the
+/// window), and one whose grace period is unknown or whose parent shutdown
+/// is too close to its drain time.
 #[test]
 fn an_idle_replica_is_compared_with_the_services_beside_it() {
-    // shop.Slow's calls take up to 5 s: it needs 10 s of drain (5 s dereg).
+    // shop.Slow's calls take up to 5 s: with 5 s of deregistration, 10 s of
+    // drain and a parent shutdown 10 s later.
     let c = calls("a:1", "shop", "shop.Slow", 10.0, "5");
+    let idle = |t: Vec<Sample>, live_pods: &[(&str, &str)]| {
+        let mut obs = observe(&c, &[], &[], &t, &live(live_pods));
+        envoy_requests(&mut obs, &requests("b:1", "shop", 0.0));
+        judge(&obs, &TimerRules::default(), &ns(&["shop"]))
+    };
     let mut t = timers("a:1", "shop", 60.0, 90.0);
-    t.extend(timers("b:1", "shop", 6.0, 9.0));
-    let mut obs = observe(&c, &[], &[], &t, &[]);
-    envoy_requests(&mut obs, &requests("b:1", "shop", 0.0));
-    let rows = judge(&obs, &TimerRules::default(), &ns(&["shop"]));
+    t.extend(timers("b:1", "shop", 6.0, 16.0));
+    let rows = idle(t, &[]);
     assert_eq!(row(&rows, "shop", "shop.Slow").verdict, TimerFit::Ok);
     let r = row(&rows, "shop", "-");
     assert_eq!(r.verdict, TimerFit::Unknown, "{r:?}");
     assert!(
         r.detail.contains(
-            "1 of its pods (b:1) run drain timers below shop.Slow's recommendation \
-             (drain time 10s, parent shutdown 20s)"
+            "1 of its pods (b:1) run drain timers below what shop.Slow needs with their own \
+             deregistration delay (5s of calls and streams after it, a parent shutdown 10s later"
         ),
         "{}",
         r.detail
@@ -500,9 +529,7 @@ fn an_idle_replica_is_compared_with_the_services_beside_it() {
 
     let mut t = timers("a:1", "shop", 60.0, 90.0);
     t.extend(timers("b:1", "shop", 10.0, 20.0));
-    let mut obs = observe(&c, &[], &[], &t, &[]);
-    envoy_requests(&mut obs, &requests("b:1", "shop", 0.0));
-    let rows = judge(&obs, &TimerRules::default(), &ns(&["shop"]));
+    let rows = idle(t, &[]);
     let r = row(&rows, "shop", "-");
     assert_eq!(r.verdict, TimerFit::NoTraffic, "{r:?}");
     assert!(
@@ -510,4 +537,52 @@ fn an_idle_replica_is_compared_with_the_services_beside_it() {
         "{}",
         r.detail
     );
+
+    // a:1 gone (replaced inside the window), b:1 runs short: compared with
+    // the gone service's needs all the same.
+    let rows = idle(timers("b:1", "shop", 6.0, 16.0), &[("b:1", "shop")]);
+    assert_eq!(row(&rows, "shop", "shop.Slow").verdict, TimerFit::Gone);
+    let r = row(&rows, "shop", "-");
+    assert_eq!(r.verdict, TimerFit::Unknown, "{r:?}");
+    assert!(
+        r.detail.contains("below what shop.Slow needs"),
+        "{}",
+        r.detail
+    );
+
+    // Enough drain, but no grace period known: unknown, named.
+    let mut t = timers("a:1", "shop", 60.0, 90.0);
+    t.extend(timers_of("b:1", "", "shop", [10.0, 20.0, f64::NAN]));
+    let r = row(&idle(t, &[]), "shop", "-").clone();
+    assert_eq!(r.verdict, TimerFit::Unknown, "{r:?}");
+    assert_eq!(r.grace_unknown, vec!["b:1".to_string()]);
+    // A parent shutdown 2 s after a long enough drain: unknown, named.
+    let mut t = timers("a:1", "shop", 60.0, 90.0);
+    t.extend(timers("b:1", "shop", 100.0, 102.0));
+    let r = row(&idle(t, &[]), "shop", "-").clone();
+    assert_eq!(r.verdict, TimerFit::Unknown, "{r:?}");
+    assert!(
+        r.detail
+            .contains("1 of its pods (b:1) end their parent shutdown less than 6s after"),
+        "{}",
+        r.detail
+    );
+}
+
+/// A judged service's pod whose parent shutdown is too close to its drain
+/// time is short, even above the recommendation: its sweep's endings would
+/// have less than their bound.
+#[test]
+fn a_parent_shutdown_too_close_to_the_drain_is_short() {
+    let c = calls("a:1", "shop", "shop.Slow", 10.0, "5");
+    let obs = observe(&c, &[], &[], &timers("a:1", "shop", 100.0, 101.0), &[]);
+    let rows = judge(&obs, &TimerRules::default(), &ns(&["shop"]));
+    let r = row(&rows, "shop", "shop.Slow");
+    assert_eq!(r.verdict, TimerFit::Short, "{r:?}");
+    assert!(
+        r.detail.contains("less than 6s after their drain time"),
+        "{}",
+        r.detail
+    );
+    assert!(r.fix.is_some(), "{r:?}");
 }
