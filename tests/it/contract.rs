@@ -87,6 +87,7 @@ fn registered() -> BTreeSet<String> {
         kind: "EstabResets".into(),
     });
     let _ = m.guard_max_connection_age.get_or_create(&Vec::new());
+    let _ = m.guard_request_metrics.get_or_create(&Vec::new());
     m.set_drain_timers(&Default::default(), None);
     // The admission webhook's own registry, a series of each family made.
     let hook = drainshim::inject::webhook::Webhook::new(Default::default(), "default".into());
