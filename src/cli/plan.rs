@@ -236,11 +236,11 @@ impl PlanArgs {
                 Default::default()
             }
         };
-        if self.stream_spread.get().is_zero() {
-            invalid.0.push(
-                "--stream-spread must be more than 0: the guard spreads a service's stream endings over it"
-                    .into(),
-            );
+        if self.stream_spread.get() < std::time::Duration::from_secs(1) {
+            invalid.0.push(format!(
+                "--stream-spread {} is under 1s: the guard spreads a service's stream endings over it",
+                self.stream_spread
+            ));
         }
         if self.stream_spread.get() > DECADE {
             invalid
