@@ -172,11 +172,11 @@ fn quiet(ns: &str, pods: &[Pod], beside: &[&ServiceTimers], rules: &TimerRules) 
     }
     let dropped = those(&|p| p.counted > 0.0);
     if !dropped.is_empty() {
-        let n: f64 = dropped.iter().map(|(_, p)| p.counted).sum();
+        // No count is printed: the stores' increase() differ in how they
+        // extrapolate, and only "some or none" is judged.
         unknown.push(format!(
-            "{n} calls on {} of its pods ({}) are counted by \
-             drainshim_guard_request_duration_seconds_count but have no _bucket series: the \
-             scrape drops them, so their durations cannot be judged",
+            "{} of its pods ({}) have calls in drainshim_guard_request_duration_seconds_count \
+             but no _bucket series: the scrape drops them, so their durations cannot be judged",
             dropped.len(),
             names(&dropped)
         ));
@@ -220,11 +220,10 @@ fn quiet(ns: &str, pods: &[Pod], beside: &[&ServiceTimers], rules: &TimerRules) 
     }
     let unseen = those(&|p| p.requests.is_some_and(|n| n > 0.0));
     if !unseen.is_empty() {
-        let n: f64 = unseen.iter().filter_map(|(_, p)| p.requests).sum();
         detail.push(format!(
-            "their Envoy took {n} requests in the window that the guard recorded none of, on \
-             {} of them ({}): streams still open (a stream is recorded at its end), Envoy's \
-             own answers, or a scrape that drops the guard's request histogram",
+            "Envoy counted requests in the window that the guard recorded none of on {} of them \
+             ({}): streams still open (a stream is recorded at its end), Envoy's own answers, \
+             or a scrape that drops the guard's request histogram",
             unseen.len(),
             names(&unseen)
         ));
