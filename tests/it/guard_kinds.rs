@@ -326,9 +326,7 @@ async fn a_quiet_watch_is_counted_as_a_stream_not_as_a_slow_call() {
     let (envoy, shim, _) = guard_bin_pod(backend.addr, &["--long-stream-age", "1s"], |_| {}).await;
     let client = connect_client(envoy.inbound).await;
     const SERVICE: &str = "{service=\"drainshim.bench.v1.Stream\"}";
-    let opened = format!(
-        "drainshim_guard_streams_opened_total{{service=\"drainshim.bench.v1.Stream\",protocol=\"grpc\"}}"
-    );
+    let opened = "drainshim_guard_streams_opened_total{service=\"drainshim.bench.v1.Stream\",protocol=\"grpc\"}";
 
     // The watch: its first tick at once, the next in an hour.
     let asked = std::time::Instant::now();
@@ -338,8 +336,8 @@ async fn a_quiet_watch_is_counted_as_a_stream_not_as_a_slow_call() {
     let quiet = Duration::from_millis(1500);
     tokio::time::sleep(quiet).await; // the subject: 1.5 s of silence
     watch.done.abort();
-    let page = wait_for_metrics(shim.addr, |p| sample(p, &opened) >= 1.0).await;
-    assert_eq!(sample(&page, &opened), 1.0, "{page}");
+    let page = wait_for_metrics(shim.addr, |p| sample(p, opened) >= 1.0).await;
+    assert_eq!(sample(&page, opened), 1.0, "{page}");
     assert_eq!(
         sample(
             &page,
@@ -377,7 +375,7 @@ async fn a_quiet_watch_is_counted_as_a_stream_not_as_a_slow_call() {
     })
     .await;
     assert_eq!(
-        sample(&page, &opened),
+        sample(&page, opened),
         1.0,
         "the call is not a stream\n{page}"
     );
