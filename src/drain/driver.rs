@@ -181,7 +181,7 @@ async fn run(
     let t0 = Instant::now();
     let machine = Machine::new(settings.timers);
     tracing::info!(?trigger, timers = ?settings.timers, "drain started");
-    metrics.draining.set(1);
+    metrics.drain.draining.set(1);
 
     let (envoy_tx, mut envoy_rx) = mpsc::channel(16);
     let (wanted, wanted_rx) = watch::channel(Wanted::default());
@@ -314,9 +314,10 @@ impl Drive {
                 self.envoy.restarts = self.acc.restarts();
                 self.envoy.last_seen_seconds = Some(elapsed.as_secs_f64());
                 self.metrics
-                    .envoy_active_connections
+                    .envoy
+                    .active_connections
                     .set(c.cx_active as i64);
-                self.metrics.envoy_active_streams.set(c.rq_active as i64);
+                self.metrics.envoy.active_streams.set(c.rq_active as i64);
                 // A step that failed was reported just before, with its error:
                 // Envoy answers but does not do what the drain needs.
                 if steps_done {
@@ -391,7 +392,7 @@ impl Drive {
         };
         if let Some(r) = &report {
             self.metrics.record_drain(&r.counts());
-            self.metrics.draining.set(0);
+            self.metrics.drain.draining.set(0);
             tracing::info!(report = %serde_json::to_string(r).unwrap_or_default(), "drain done");
         }
         self.status_tx.send_replace(status);

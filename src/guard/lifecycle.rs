@@ -98,7 +98,7 @@ pub enum ConnAction {
 
 /// The fixed inputs of one connection's life.
 #[derive(Clone, Copy, Debug)]
-pub struct Settings {
+pub struct LifecycleTerms {
     /// When the jittered max age passes, if there is one.
     pub age_at: Option<Instant>,
     /// Streams still open this long after the max age are ended.
@@ -143,7 +143,7 @@ pub struct Deadlines {
 #[derive(Clone, Debug)]
 pub struct Lifecycle {
     /// Fixed at accept.
-    settings: Settings,
+    settings: LifecycleTerms,
     /// See [`ConnPhase`].
     phase: ConnPhase,
     /// Why the GOAWAY was sent, once it was.
@@ -171,7 +171,7 @@ pub struct Lifecycle {
 }
 
 impl Lifecycle {
-    pub fn new(settings: Settings, now: Instant) -> Self {
+    pub fn new(settings: LifecycleTerms, now: Instant) -> Self {
         Self {
             settings,
             phase: ConnPhase::Serving,
@@ -381,8 +381,8 @@ mod tests {
         Duration::from_secs(n)
     }
 
-    fn settings(t0: Instant) -> Settings {
-        Settings {
+    fn settings(t0: Instant) -> LifecycleTerms {
+        LifecycleTerms {
             age_at: Some(t0 + s(100)),
             grace: s(30),
             spread: s(10),
@@ -398,7 +398,7 @@ mod tests {
 
     /// Runs `(at, input, expected action)` steps and returns the machine.
     fn run(
-        settings: Settings,
+        settings: LifecycleTerms,
         t0: Instant,
         steps: &[(u64, Input, Option<ConnAction>)],
     ) -> Lifecycle {
@@ -455,7 +455,7 @@ mod tests {
     #[test]
     fn a_spread_longer_than_the_grace_is_capped_and_a_late_timer_does_not_stretch_it() {
         let t0 = Instant::now();
-        let st = Settings {
+        let st = LifecycleTerms {
             grace: s(1),
             spread: s(3600),
             ..settings(t0)
@@ -522,7 +522,7 @@ mod tests {
     #[test]
     fn streams_that_arrive_after_the_endings_began_are_ended_too() {
         let t0 = Instant::now();
-        let st = Settings {
+        let st = LifecycleTerms {
             grace: s(2),
             spread: s(2),
             ..settings(t0)
@@ -598,7 +598,7 @@ mod tests {
             t0,
             &[(1, Input::Terminate, Some(ConnAction::Goaway(Cause::Drain)))],
         );
-        let late = Settings {
+        let late = LifecycleTerms {
             defer_goaway: true,
             watch_goaway: false,
             ..settings(t0)

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Container;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::{patch, refuse, Refusal};
+use super::{patch, refuse, PodRefusal};
 
 /// Pod annotations: the limits of Envoy (the plain modes' proxy, which
 /// carries every inbound byte) and of the drainshim container (whose guard
@@ -36,7 +36,7 @@ pub struct Limits(BTreeMap<(&'static str, &'static str), Quantity>);
 impl Limits {
     /// Reads the annotations; every bad one named in one refusal. `patch`
     /// gives each container's request, which a limit may not be under.
-    pub fn read(meta: &ObjectMeta, patch: &patch::Pod) -> Result<Self, Refusal> {
+    pub fn read(meta: &ObjectMeta, patch: &patch::Pod) -> Result<Self, PodRefusal> {
         let mut limits = Limits::default();
         let mut bad = Vec::new();
         for (key, container, resource) in ANNOTATIONS {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Container, EnvVar};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::{patch, refuse, Refusal};
+use super::{patch, refuse, PodRefusal};
 use crate::config::{Span, Timer, Timers, DEFAULT_LINGER};
 
 /// The annotations, each a timer of the sidecar.
@@ -44,7 +44,7 @@ impl PodTimers {
     /// Reads the annotations and checks the whole budget against `grace`
     /// (the pod's terminationGracePeriodSeconds as injected): every bad
     /// value and every broken rule in one refusal.
-    pub fn read(meta: &ObjectMeta, grace: i64) -> Result<Self, Refusal> {
+    pub fn read(meta: &ObjectMeta, grace: i64) -> Result<Self, PodRefusal> {
         let mut bad = Vec::new();
         let mut timers = Timers::default();
         let mut set = Vec::new();

@@ -36,7 +36,7 @@ use tokio_util::task::TaskTracker;
 
 use super::manifest::{pod_patch, Direction};
 use super::mesh::{self, Choice, Declined, Namespace};
-use super::{Mode, PodChange, Refusal, Settings};
+use super::{InjectOptions, Mode, PodChange, PodRefusal};
 use crate::http::server::{json, not_allowed, openmetrics, serve_connection, serve_fn, text};
 
 pub use super::certificate::{not_after, tls_config, Certificate};
@@ -103,6 +103,18 @@ pub enum ReviewOutcome {
     refused,
     /// Not an AdmissionReview this webhook can read: allowed, with a warning.
     malformed,
+}
+
+impl ReviewOutcome {
+    /// Every outcome, for its series at 0 from the start.
+    const ALL: [ReviewOutcome; 6] = [
+        ReviewOutcome::injected,
+        ReviewOutcome::awaiting_istio,
+        ReviewOutcome::unchanged,
+        ReviewOutcome::opted_out,
+        ReviewOutcome::refused,
+        ReviewOutcome::malformed,
+    ];
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -201,7 +213,7 @@ impl Metrics {
 
 /// One webhook: the injection settings and the revision it serves.
 pub struct Webhook {
-    pub settings: Settings,
+    pub settings: InjectOptions,
     pub revision: String,
     pub metrics: Metrics,
     /// SIGTERM arrived: /readyz says 503 while reviews are still answered.
@@ -214,19 +226,11 @@ pub struct Webhook {
 }
 
 impl Webhook {
-    pub fn new(settings: Settings, revision: String) -> Self {
+    pub fn new(settings: InjectOptions, revision: String) -> Self {
         let metrics = Metrics::new();
         // Every series from the start, at 0: an alert on `increase()` sees
         // the first refusal, and a dashboard every outcome.
-        use ReviewOutcome::*;
-        for outcome in [
-            injected,
-            awaiting_istio,
-            unchanged,
-            opted_out,
-            refused,
-            malformed,
-        ] {
+        for outcome in ReviewOutcome::ALL {
             let _ = metrics.reviews.get_or_create(&ReviewLabels {
                 revision: revision.clone(),
                 outcome,
@@ -247,7 +251,7 @@ impl Webhook {
         let limits = Limits::default();
         Webhook {
             // Every pod it injects records the revision.
-            settings: Settings {
+            settings: InjectOptions {
                 revision: Some(revision.clone()),
                 ..settings
             },
@@ -378,7 +382,7 @@ impl Webhook {
             // Not a pod: the transform says what is wrong with it.
             _ => Choice::Plain,
         };
-        let istio = Settings {
+        let istio = InjectOptions {
             mode: Mode::Istio,
             await_istio: true,
             ..self.settings.clone()
@@ -438,7 +442,7 @@ impl Webhook {
                     self.answer(warn(response, why), ReviewOutcome::refused)
                 }
             },
-            Err(Refusal(why)) => {
+            Err(PodRefusal(why)) => {
                 tracing::warn!(pod = %who, reason = %why, "webhook: not injected; the pod runs without drainshim");
                 let why = format!("drainshim not injected into {who}: {why}");
                 // Reinvoked after a later webhook made the pod one it cannot
