@@ -294,7 +294,7 @@ impl WebhookArgs {
         let metrics = bind(self.metrics_listen, "--metrics-listen").await?;
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|e| Error::Os(format!("installing the SIGTERM handler: {e}")))?;
-        let limits = webhook::Limits {
+        let limits = webhook::WebhookLimits {
             body_timeout: self.body_timeout.get(),
             max_connections: self.max_connections.into(),
             max_in_flight: self.max_in_flight.into(),

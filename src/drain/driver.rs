@@ -87,7 +87,7 @@ pub struct DrainSettings {
 
 /// What the handle asks of the driver task.
 #[derive(Debug)]
-enum Command {
+enum DriverCommand {
     /// Start the drain, or join the one running.
     Trigger(Trigger),
     /// A second SIGTERM: go to the deadline now.
@@ -98,7 +98,7 @@ enum Command {
 #[derive(Clone, Debug)]
 pub struct DrainHandle {
     /// Commands to the one driver task.
-    tx: mpsc::UnboundedSender<Command>,
+    tx: mpsc::UnboundedSender<DriverCommand>,
     /// The driver's latest status; the report appears in it once done.
     status: watch::Receiver<Status>,
 }
@@ -109,7 +109,7 @@ impl DrainHandle {
     /// Starts the drain, or joins the one running, and returns the status once
     /// the drain has begun.
     pub async fn trigger(&self, trigger: Trigger) -> Status {
-        let _ = self.tx.send(Command::Trigger(trigger));
+        let _ = self.tx.send(DriverCommand::Trigger(trigger));
         let mut rx = self.status.clone();
         let _ = rx.wait_for(|s| s.phase != Phase::Serving).await;
         let status = rx.borrow().clone();
@@ -118,7 +118,7 @@ impl DrainHandle {
 
     /// Go to the deadline now (a second SIGTERM).
     pub fn hurry(&self) {
-        let _ = self.tx.send(Command::Hurry);
+        let _ = self.tx.send(DriverCommand::Hurry);
     }
 
     pub fn status(&self) -> Status {
@@ -167,14 +167,14 @@ enum EnvoyMsg {
 async fn run(
     settings: DrainSettings,
     metrics: Metrics,
-    mut rx: mpsc::UnboundedReceiver<Command>,
+    mut rx: mpsc::UnboundedReceiver<DriverCommand>,
     status_tx: watch::Sender<Status>,
 ) {
     let trigger = loop {
         match rx.recv().await {
-            Some(Command::Trigger(t)) => break t,
+            Some(DriverCommand::Trigger(t)) => break t,
             // "Hurry" means nothing before a drain has started.
-            Some(Command::Hurry) => continue,
+            Some(DriverCommand::Hurry) => continue,
             None => return,
         }
     };
@@ -211,12 +211,12 @@ async fn run(
         let next = d.machine.next_deadline(&d.state).map(|at| t0 + at);
         let event = tokio::select! {
             cmd = rx.recv(), if commands_open => match cmd {
-                Some(Command::Hurry) => {
+                Some(DriverCommand::Hurry) => {
                     tracing::warn!("asked to hurry: going to the deadline now");
                     Event::Hurry
                 }
                 // Later triggers join this drain.
-                Some(Command::Trigger(_)) => continue,
+                Some(DriverCommand::Trigger(_)) => continue,
                 None => {
                     commands_open = false;
                     continue;

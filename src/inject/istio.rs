@@ -22,7 +22,7 @@ const ISTIO_EXCLUDE_INBOUND: &str = "traffic.sidecar.istio.io/excludeInboundPort
 /// admin's to say, and the pod's.)
 pub(super) fn istio_labels(
     meta: &mut ObjectMeta,
-    patch: &patch::Pod,
+    patch: &patch::PodPatch,
     port: u16,
     marker: &mut Marker,
 ) {
@@ -47,7 +47,7 @@ pub(super) fn istio_labels(
 /// listeners stay open would wait on connections Envoy already closed.
 pub(super) fn istio_annotations(
     meta: &mut ObjectMeta,
-    patch: &patch::Pod,
+    patch: &patch::PodPatch,
     drain: Option<Duration>,
     marker: &mut Marker,
 ) -> Result<(), PodRefusal> {
@@ -127,7 +127,7 @@ pub(super) fn merge_proxy_config(own: &str, ours: &str) -> Result<String, PodRef
 /// records which, and the hook drainshim's replaced.
 pub(super) fn istio_proxy(
     spec: &mut PodSpec,
-    patch: &patch::Pod,
+    patch: &patch::PodPatch,
     marker: &mut Marker,
 ) -> Result<(), PodRefusal> {
     let Some(ours) = patch.spec.containers.iter().find(|c| c.name == ISTIO_PROXY) else {

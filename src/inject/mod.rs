@@ -268,9 +268,9 @@ pub fn inject(
     let patch = patch::pod(settings.mode).map_err(PodRefusal)?;
     let app = check_fits(&meta2, &spec2, patch, settings.mode)?;
     let port = app_port(&meta2, &spec2.containers[app])?;
-    let limits = resources::Limits::read(&meta2, patch)?;
+    let limits = resources::ResourceLimits::read(&meta2, patch)?;
     // Checked against the grace period the pod gets below.
-    let drain_timers = timers::PodTimers::read(
+    let drain_timers = timers::AnnotatedTimers::read(
         &meta2,
         spec2
             .termination_grace_period_seconds
@@ -589,7 +589,7 @@ pub(crate) fn all_containers(spec: &PodSpec) -> impl Iterator<Item = &Container>
 fn check_fits(
     meta: &ObjectMeta,
     spec: &PodSpec,
-    patch: &patch::Pod,
+    patch: &patch::PodPatch,
     mode: Mode,
 ) -> Result<usize, PodRefusal> {
     let names = patch::owned_names().map_err(PodRefusal)?;

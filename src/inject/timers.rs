@@ -33,14 +33,14 @@ const ENVOY_DRAIN_FLAG: &str = "--drain-time-s";
 
 /// The timers a pod's annotations set, validated.
 #[derive(Debug, Default)]
-pub struct PodTimers {
+pub struct AnnotatedTimers {
     /// Each annotated timer and its value, in the annotations' order.
     set: Vec<(Timer, Duration)>,
     /// The drain time the timers run with (the annotation's or the default).
     drain_time: Option<Duration>,
 }
 
-impl PodTimers {
+impl AnnotatedTimers {
     /// Reads the annotations and checks the whole budget against `grace`
     /// (the pod's terminationGracePeriodSeconds as injected): every bad
     /// value and every broken rule in one refusal.

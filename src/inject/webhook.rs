@@ -61,7 +61,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// a few times that once parsed) stays well under it, and each open
 /// connection holds only TLS and HTTP buffers (tens of KiB).
 #[derive(Clone, Copy, Debug)]
-pub struct Limits {
+pub struct WebhookLimits {
     /// A body not read whole by then is cut: a client that sends headers and
     /// trickles the body would otherwise hold a review slot indefinitely.
     pub body_timeout: Duration,
@@ -73,9 +73,9 @@ pub struct Limits {
     pub max_in_flight: usize,
 }
 
-impl Default for Limits {
+impl Default for WebhookLimits {
     fn default() -> Self {
-        Limits {
+        WebhookLimits {
             body_timeout: Duration::from_secs(10),
             max_connections: 64,
             max_in_flight: 4,
@@ -140,7 +140,7 @@ struct RejectedLabels {
 }
 
 /// The webhook's metrics.
-pub struct Metrics {
+pub struct WebhookMetrics {
     reviews: Family<ReviewLabels, Counter>,
     istio_declined: Family<DeclinedLabels, Counter>,
     latency: Histogram,
@@ -151,7 +151,7 @@ pub struct Metrics {
     registry: Registry,
 }
 
-impl Metrics {
+impl WebhookMetrics {
     fn new() -> Self {
         let reviews = Family::<ReviewLabels, Counter>::default();
         let latency = Histogram::new([
@@ -192,7 +192,7 @@ impl Metrics {
             "Requests turned away by a server limit, by reason (connections: reset at accept; in_flight: 429; body_timeout: 408; body_too_large: 413)",
             rejected.clone(),
         );
-        Metrics {
+        WebhookMetrics {
             reviews,
             istio_declined,
             latency,
@@ -204,7 +204,7 @@ impl Metrics {
     }
 }
 
-impl Metrics {
+impl WebhookMetrics {
     /// The webhook's series in the text format (what `GET /metrics` serves).
     pub fn render(&self) -> String {
         crate::metrics::render(&self.registry)
@@ -215,10 +215,10 @@ impl Metrics {
 pub struct Webhook {
     pub settings: InjectOptions,
     pub revision: String,
-    pub metrics: Metrics,
+    pub metrics: WebhookMetrics,
     /// SIGTERM arrived: /readyz says 503 while reviews are still answered.
     draining: std::sync::atomic::AtomicBool,
-    pub limits: Limits,
+    pub limits: WebhookLimits,
     /// One permit per review being read or answered (`limits.max_in_flight`).
     in_flight: Semaphore,
     /// The serving certificate, for readiness and the expiry gauge.
@@ -227,7 +227,7 @@ pub struct Webhook {
 
 impl Webhook {
     pub fn new(settings: InjectOptions, revision: String) -> Self {
-        let metrics = Metrics::new();
+        let metrics = WebhookMetrics::new();
         // Every series from the start, at 0: an alert on `increase()` sees
         // the first refusal, and a dashboard every outcome.
         for outcome in ReviewOutcome::ALL {
@@ -248,7 +248,7 @@ impl Webhook {
         for reason in REJECTED {
             let _ = metrics.rejected.get_or_create(&RejectedLabels { reason });
         }
-        let limits = Limits::default();
+        let limits = WebhookLimits::default();
         Webhook {
             // Every pod it injects records the revision.
             settings: InjectOptions {
@@ -265,7 +265,7 @@ impl Webhook {
     }
 
     /// The same webhook with other server limits.
-    pub fn with_limits(mut self, limits: Limits) -> Self {
+    pub fn with_limits(mut self, limits: WebhookLimits) -> Self {
         self.in_flight = Semaphore::new(limits.max_in_flight.max(1));
         self.limits = limits;
         self

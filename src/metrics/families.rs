@@ -29,14 +29,14 @@ pub struct Def {
     /// Its name (after the `drainshim_` prefix) and help: a [`help`] constant.
     pub desc: (&'static str, &'static str),
     /// What node mode writes for it.
-    pub node: Node,
+    pub node: NodeExport,
     /// Where it is in a `Metrics`, and its label sets.
     pub access: &'static dyn FamilyAccess,
 }
 
 /// What node mode writes for a family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Node {
+pub enum NodeExport {
     /// Each pod's series, with `namespace` and `pod` labels first.
     PerPod,
     /// Each live pod's inventory entry as is (`proxy_info`: its labels
@@ -165,7 +165,7 @@ fn version_labels(m: &Metrics) -> Vec<VersionLabels> {
 pub static FAMILIES: [Def; 30] = [
     Def {
         desc: help::DRAINS,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &Labeled {
             family: |m: &Metrics| &m.drain.drains,
             known: |_| {
@@ -178,7 +178,7 @@ pub static FAMILIES: [Def; 30] = [
     },
     Def {
         desc: help::DRAINED_CONNECTIONS,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &Labeled {
             family: |m: &Metrics| &m.drain.drained_connections,
             known: |_| {
@@ -195,7 +195,7 @@ pub static FAMILIES: [Def; 30] = [
     },
     Def {
         desc: help::DRAINED_STREAMS,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &Labeled {
             family: |m: &Metrics| &m.drain.drained_streams,
             known: |_| {
@@ -214,35 +214,35 @@ pub static FAMILIES: [Def; 30] = [
     },
     Def {
         desc: help::DRAIN_DURATION,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &One {
             metric: |m: &Metrics| &m.drain.duration,
         },
     },
     Def {
         desc: help::DRAINING,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &One {
             metric: |m: &Metrics| &m.drain.draining,
         },
     },
     Def {
         desc: help::ENVOY_ACTIVE_CONNECTIONS,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &One {
             metric: |m: &Metrics| &m.envoy.active_connections,
         },
     },
     Def {
         desc: help::ENVOY_ACTIVE_STREAMS,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &One {
             metric: |m: &Metrics| &m.envoy.active_streams,
         },
     },
     Def {
         desc: help::FAILOPEN_ACTIVE,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &Labeled {
             family: |m: &Metrics| &m.envoy.failopen_active,
             known: |_| {
@@ -255,14 +255,14 @@ pub static FAMILIES: [Def; 30] = [
     },
     Def {
         desc: help::GUARD_PATHS,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &One {
             metric: |m: &Metrics| &m.envoy.guard_paths,
         },
     },
     Def {
         desc: help::PROXY_INFO,
-        node: Node::Inventory,
+        node: NodeExport::Inventory,
         access: &Labeled {
             family: |m: &Metrics| &m.envoy.proxy_info,
             // One entry at a time, set by `Metrics::set_proxy`.
@@ -272,7 +272,7 @@ pub static FAMILIES: [Def; 30] = [
     },
     Def {
         desc: help::GOAWAYS,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &Labeled {
             family: |m: &Metrics| &m.goaways,
             known: |_| Reason::ALL.map(|reason| ReasonLabels { reason }).to_vec(),
@@ -281,7 +281,7 @@ pub static FAMILIES: [Def; 30] = [
     },
     Def {
         desc: help::STREAMS_TERMINATED,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &Labeled {
             family: |m: &Metrics| &m.streams_terminated,
             known: terminated_labels,
@@ -290,7 +290,7 @@ pub static FAMILIES: [Def; 30] = [
     },
     Def {
         desc: help::STREAMS_UNGRACEFUL,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &Labeled {
             family: |m: &Metrics| &m.streams_ungraceful,
             known: terminated_labels,
@@ -299,7 +299,7 @@ pub static FAMILIES: [Def; 30] = [
     },
     Def {
         desc: help::STREAMS_BLIND_ENDED,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &Labeled {
             family: |m: &Metrics| &m.streams_blind_ended,
             known: terminated_labels,
@@ -308,7 +308,7 @@ pub static FAMILIES: [Def; 30] = [
     },
     Def {
         desc: help::STREAM_DATA_DROPPED,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &Labeled {
             family: |m: &Metrics| &m.stream_data_dropped,
             known: dropped_labels,
@@ -317,7 +317,7 @@ pub static FAMILIES: [Def; 30] = [
     },
     Def {
         desc: help::STREAM_DATA_DROPPED_BYTES,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &Labeled {
             family: |m: &Metrics| &m.stream_data_dropped_bytes,
             known: dropped_labels,
@@ -326,7 +326,7 @@ pub static FAMILIES: [Def; 30] = [
     },
     Def {
         desc: help::ENVOY_CONFIG_UPDATES,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &Labeled {
             family: |m: &Metrics| &m.envoy.config_updates,
             known: |m| {
@@ -349,7 +349,7 @@ pub static FAMILIES: [Def; 30] = [
     },
     Def {
         desc: help::ENVOY_UPSTREAM_RETRIES,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &Labeled {
             family: |m: &Metrics| &m.envoy.upstream_retries,
             known: version_labels,
@@ -358,7 +358,7 @@ pub static FAMILIES: [Def; 30] = [
     },
     Def {
         desc: help::ENVOY_DOWNSTREAM_REQUESTS,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &Labeled {
             family: |m: &Metrics| &m.envoy.downstream_requests,
             known: version_labels,
@@ -367,7 +367,7 @@ pub static FAMILIES: [Def; 30] = [
     },
     Def {
         desc: help::GUARD_REQUESTS,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &Labeled {
             family: |m: &Metrics| &m.signals.requests,
             known: |m| {
@@ -391,7 +391,7 @@ pub static FAMILIES: [Def; 30] = [
     },
     Def {
         desc: help::GUARD_REQUEST_DURATION,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &Labeled {
             family: |m: &Metrics| &m.signals.request_duration,
             known: Metrics::guard_services,
@@ -400,7 +400,7 @@ pub static FAMILIES: [Def; 30] = [
     },
     Def {
         desc: help::GUARD_STREAMS_OPENED,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &Labeled {
             family: |m: &Metrics| &m.signals.streams_opened,
             known: |m| {
@@ -418,7 +418,7 @@ pub static FAMILIES: [Def; 30] = [
     },
     Def {
         desc: help::GUARD_STREAM_LIFETIME,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &Labeled {
             family: |m: &Metrics| &m.signals.stream_lifetime,
             known: |_| {
@@ -431,7 +431,7 @@ pub static FAMILIES: [Def; 30] = [
     },
     Def {
         desc: help::TCP_RESETS,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &Labeled {
             family: |m: &Metrics| &m.envoy.tcp_resets,
             known: |_| {
@@ -445,7 +445,7 @@ pub static FAMILIES: [Def; 30] = [
     },
     Def {
         desc: help::ENVOY_LISTENER_DRAINS,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &Labeled {
             family: |m: &Metrics| &m.envoy.listener_drains,
             known: |_| {
@@ -458,7 +458,7 @@ pub static FAMILIES: [Def; 30] = [
     },
     Def {
         desc: help::ENVOY_LISTENERS_DRAINING,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &Labeled {
             family: |m: &Metrics| &m.envoy.listeners_draining,
             known: |_| {
@@ -471,7 +471,7 @@ pub static FAMILIES: [Def; 30] = [
     },
     Def {
         desc: help::GUARD_MAX_CONNECTION_AGE,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &Labeled {
             family: |m: &Metrics| &m.guard_max_connection_age,
             // The empty label set: a sample only once a guard sets it.
@@ -481,7 +481,7 @@ pub static FAMILIES: [Def; 30] = [
     },
     Def {
         desc: help::DRAIN_TIMER,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &Labeled {
             family: |m: &Metrics| &m.drain.timers,
             known: |_| {
@@ -494,7 +494,7 @@ pub static FAMILIES: [Def; 30] = [
     },
     Def {
         desc: help::GUARD_LIMITED,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &Labeled {
             family: |m: &Metrics| &m.guard_limited,
             known: |_| Limit::ALL.map(|limit| LimitLabels { limit }).to_vec(),
@@ -503,7 +503,7 @@ pub static FAMILIES: [Def; 30] = [
     },
     Def {
         desc: help::GUARD_APP_GOAWAYS,
-        node: Node::PerPod,
+        node: NodeExport::PerPod,
         access: &Labeled {
             family: |m: &Metrics| &m.guard_app_goaways,
             known: |_| H2Code::ALL.map(|code| CodeLabels { code }).to_vec(),

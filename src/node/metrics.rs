@@ -27,7 +27,7 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetri
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::MetricType;
 
-use crate::metrics::families::{Labels, Node, FAMILIES};
+use crate::metrics::families::{Labels, NodeExport, FAMILIES};
 use crate::metrics::{Metrics, ProxyLabels};
 
 /// The two labels node mode adds to every per-pod series.
@@ -97,11 +97,13 @@ impl Collector for PodCollector {
             // A departed pod's gauges are live values no longer measured.
             for p in pods.iter().filter(|p| p.live || ty != MetricType::Gauge) {
                 match (def.node, &p.proxy) {
-                    (Node::Inventory, Some(proxy)) => one.encode(me.encode_family(proxy)?)?,
-                    (Node::Inventory, None) => {}
-                    (Node::PerPod, _) => def.access.series(&p.metrics, &mut |labels, metric| {
-                        series(&mut me, &p.labels, Labels(labels), metric)
-                    })?,
+                    (NodeExport::Inventory, Some(proxy)) => one.encode(me.encode_family(proxy)?)?,
+                    (NodeExport::Inventory, None) => {}
+                    (NodeExport::PerPod, _) => {
+                        def.access.series(&p.metrics, &mut |labels, metric| {
+                            series(&mut me, &p.labels, Labels(labels), metric)
+                        })?
+                    }
                 }
             }
         }

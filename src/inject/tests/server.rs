@@ -123,7 +123,7 @@ fn managed_fields_never_reach_the_transform_or_the_patch() {
 
 #[test]
 fn limits_default_to_what_fits_128_mi() {
-    let l = webhook::Limits::default();
+    let l = webhook::WebhookLimits::default();
     assert_eq!(l.body_timeout, Duration::from_secs(10));
     // Reviews in flight, each up to the 3 MiB body cap and a few times that
     // parsed (say 4): under half of the container's 128 Mi.
