@@ -158,7 +158,7 @@ pub(super) fn timers_note(timers: &PodTimers) -> TimersNote {
             reasons: timers.reasons(),
             violations: violations.join("; "),
         }
-    } else if timers.source == timers::Source::Pod {
+    } else if timers.source == timers::TimerSource::Pod {
         TimersNote::Own
     } else {
         TimersNote::Agent
