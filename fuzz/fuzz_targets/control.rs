@@ -15,7 +15,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use arbitrary::Arbitrary;
-use drainshim::control::{may_mutate, route, Control, Refusal, Route};
+use drainshim::control::{may_mutate, route, Control, Route, RouteRefusal};
 use drainshim::drain::{self, DrainSettings};
 use drainshim::envoy::AdminClient;
 use drainshim::metrics::Metrics;
@@ -87,7 +87,7 @@ fn structured(data: &[u8]) {
         Route::Refused(r) => {
             let resp = r.response();
             assert!(resp.status().is_client_error());
-            if let Refusal::NotFound(p) = r {
+            if let RouteRefusal::NotFound(p) = r {
                 assert_eq!(p, path);
             }
         }

@@ -7,7 +7,7 @@
 use drainshim::inject::manifest::{transform, Direction};
 use drainshim::inject::mesh::Namespace;
 use drainshim::inject::webhook::Webhook;
-use drainshim::inject::{Mode, Settings};
+use drainshim::inject::{InjectOptions, Mode};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -17,10 +17,10 @@ fuzz_target!(|data: &[u8]| {
     // Even: manifests (with --services when the second bit is set, in the
     // Istio mode when the third is).
     let istio = which & 4 != 0;
-    let settings = Settings {
+    let settings = InjectOptions {
         services: which & 2 != 0 && !istio,
         mode: if istio { Mode::Istio } else { Mode::Sidecar },
-        ..Settings::default()
+        ..InjectOptions::default()
     };
     if which % 2 == 0 {
         let Ok(text) = std::str::from_utf8(body) else {
@@ -28,7 +28,8 @@ fuzz_target!(|data: &[u8]| {
         };
         if let Ok((once, _)) = transform(text, &settings, Direction::Inject) {
             // Injecting twice is injecting once, and undoing it is accepted.
-            let (twice, _) = transform(&once, &settings, Direction::Inject).expect("its own output injects");
+            let (twice, _) =
+                transform(&once, &settings, Direction::Inject).expect("its own output injects");
             assert_eq!(once, twice);
             transform(&once, &settings, Direction::Uninject).expect("its own output uninjects");
         }

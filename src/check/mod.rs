@@ -168,13 +168,13 @@ impl Finding {
 
 /// Every finding, and the counts the summary gives.
 #[derive(Debug, Serialize)]
-pub struct Report {
+pub struct CheckReport {
     pub objects: usize,
     pub problems: usize,
     pub findings: Vec<Finding>,
 }
 
-impl Report {
+impl CheckReport {
     pub fn healthy(&self) -> bool {
         self.problems == 0
     }
@@ -212,7 +212,7 @@ impl Report {
 }
 
 /// Runs every check on the export.
-pub fn check(objects: &[Object]) -> Report {
+pub fn check(objects: &[Object]) -> CheckReport {
     let export = cluster::Export::new(objects);
     let mut findings = Vec::new();
     cluster::webhook_ca(&export, &mut findings);
@@ -224,7 +224,7 @@ pub fn check(objects: &[Object]) -> Report {
     cluster::limit_ranges(&export, &mut findings);
     istio::mode(&export, &mut findings);
     istio::routing(&export, &mut findings);
-    Report {
+    CheckReport {
         objects: objects.len(),
         problems: findings
             .iter()

@@ -5,7 +5,7 @@ use super::*;
 
 const HEALTHY: &str = include_str!("../../tests/fixtures/check/healthy.yaml");
 
-fn run(inputs: &[(&str, &str)]) -> Report {
+fn run(inputs: &[(&str, &str)]) -> CheckReport {
     let mut objects = Vec::new();
     for (source, text) in inputs {
         load(text, source, &mut objects).expect("fixture loads");
@@ -14,7 +14,7 @@ fn run(inputs: &[(&str, &str)]) -> Report {
 }
 
 /// The problems found, as (check, object).
-fn problems(report: &Report) -> Vec<(&'static str, &str)> {
+fn problems(report: &CheckReport) -> Vec<(&'static str, &str)> {
     report
         .findings
         .iter()

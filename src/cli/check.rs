@@ -3,7 +3,7 @@
 use std::io::Read;
 use std::path::PathBuf;
 
-use crate::check::{self, Report};
+use crate::check::{self, CheckReport};
 use crate::cli::Format;
 use crate::error::Error;
 
@@ -74,7 +74,7 @@ pub struct CheckArgs {
 
 impl CheckArgs {
     /// Reads every input (all or nothing), then checks the whole export.
-    pub fn run(&self) -> Result<Report, Error> {
+    pub fn run(&self) -> Result<CheckReport, Error> {
         let mut objects = Vec::new();
         for file in &self.files {
             let mut input = String::new();

@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::config::Span;
 use crate::error::Error;
 use crate::inject::manifest::{self, Direction};
-use crate::inject::{webhook, Mode, Settings, DEFAULT_IMAGE};
+use crate::inject::{webhook, InjectOptions, Mode, DEFAULT_IMAGE};
 
 pub const INJECT_LONG_ABOUT: &str = "Add drainshim to the pods of Kubernetes manifests, offline.\n\n\
     Reads multi-document YAML or a List (a file, or stdin) and writes it to stdout with every pod \
@@ -69,8 +69,8 @@ pub struct InjectionArgs {
 }
 
 impl InjectionArgs {
-    fn settings(&self) -> Settings {
-        Settings {
+    fn settings(&self) -> InjectOptions {
+        InjectOptions {
             mode: self.mode,
             image: self.image.clone(),
             envoy_image: self.envoy_image.clone(),
@@ -157,7 +157,7 @@ impl InjectArgs {
         };
         match manifest::transform(
             &input,
-            &Settings {
+            &InjectOptions {
                 services: self.services,
                 revision: self.revision.clone(),
                 ..self.injection.settings()
@@ -294,7 +294,7 @@ impl WebhookArgs {
         let metrics = bind(self.metrics_listen, "--metrics-listen").await?;
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|e| Error::Os(format!("installing the SIGTERM handler: {e}")))?;
-        let limits = webhook::Limits {
+        let limits = webhook::WebhookLimits {
             body_timeout: self.body_timeout.get(),
             max_connections: self.max_connections.into(),
             max_in_flight: self.max_in_flight.into(),

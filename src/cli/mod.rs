@@ -11,7 +11,10 @@ mod inject;
 pub mod install;
 pub mod logging;
 pub mod plan;
-pub use agent::*;
+pub use agent::{
+    DrainArgs, GuardTuningArgs, InstallArgs, MaxAgeArgs, NodeArgs, NodeGuardArgs, PrestopArgs,
+    SidecarArgs, TimerArgs, NODE_AFTER_HELP,
+};
 pub use check::CheckArgs;
 pub use fleet::{
     Format, InventoryArgs, PromAccessArgs, SkewArgs, SourceArgs, VerifyArgs, WaveThresholdArgs,

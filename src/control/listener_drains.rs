@@ -309,7 +309,8 @@ pub async fn look(
 ) -> Vec<ListenerDrain> {
     let gauge = |kind, value: u64| {
         metrics
-            .envoy_listeners_draining
+            .envoy
+            .listeners_draining
             .get_or_create(&ListenerDrainLabels { kind })
             .set(i64::try_from(value).unwrap_or(i64::MAX));
     };
@@ -333,7 +334,8 @@ pub async fn look(
         (ListenerDrainKind::filter_chains, begun.filter_chains),
     ] {
         metrics
-            .envoy_listener_drains
+            .envoy
+            .listener_drains
             .get_or_create(&ListenerDrainLabels { kind })
             .inc_by(n);
     }

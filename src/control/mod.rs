@@ -90,12 +90,12 @@ pub enum Route {
     /// `POST /drain[?wait=..]` or `GET /drain?wait=true`, from an allowed caller.
     Drain { wait: bool },
     /// Answered at once without touching the drain.
-    Refused(Refusal),
+    Refused(RouteRefusal),
 }
 
 /// Why a request is answered with an error, and with which.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Refusal {
+pub enum RouteRefusal {
     /// 404 for an unknown path.
     NotFound(String),
     /// 405 with `Allow`.
@@ -117,14 +117,14 @@ pub fn route(method: &Method, path: &str, query: &str, peer: IpAddr, allow: &[Ip
         "/status" if get => Route::Status,
         "/readyz" if get => Route::Readyz,
         "/metrics" | "/healthz" | "/status" | "/readyz" => {
-            Route::Refused(Refusal::NotAllowed("GET"))
+            Route::Refused(RouteRefusal::NotAllowed("GET"))
         }
         "/drain" => match drain_form(method, query) {
             Err(refusal) => Route::Refused(refusal),
             Ok(wait) if may_mutate(peer, allow) => Route::Drain { wait },
-            Ok(_) => Route::Refused(Refusal::Forbidden(peer)),
+            Ok(_) => Route::Refused(RouteRefusal::Forbidden(peer)),
         },
-        _ => Route::Refused(Refusal::NotFound(path.to_string())),
+        _ => Route::Refused(RouteRefusal::NotFound(path.to_string())),
     }
 }
 
@@ -132,12 +132,12 @@ pub fn route(method: &Method, path: &str, query: &str, peer: IpAddr, allow: &[Ip
 /// the node agent's per-pod API): `POST` starts it (with `?wait=true` it
 /// also waits), `GET` only with `?wait=true` (what a preStop `httpGet`
 /// sends). Returns whether to wait. The caller checks who is asking.
-pub fn drain_form(method: &Method, query: &str) -> Result<bool, Refusal> {
-    let wait = parse_wait(query).map_err(Refusal::BadQuery)?;
+pub fn drain_form(method: &Method, query: &str) -> Result<bool, RouteRefusal> {
+    let wait = parse_wait(query).map_err(RouteRefusal::BadQuery)?;
     match (method, wait) {
         (&Method::POST, _) | (&Method::GET, true) => Ok(wait),
-        (&Method::GET, false) => Err(Refusal::DrainGetWithoutWait),
-        _ => Err(Refusal::NotAllowed("GET, POST")),
+        (&Method::GET, false) => Err(RouteRefusal::DrainGetWithoutWait),
+        _ => Err(RouteRefusal::NotAllowed("GET, POST")),
     }
 }
 
@@ -167,22 +167,22 @@ pub fn alive_tasks() -> usize {
     tokio::runtime::Handle::try_current().map_or(0, |h| h.metrics().num_alive_tasks())
 }
 
-// === impl Refusal ===
+// === impl RouteRefusal ===
 
-impl Refusal {
+impl RouteRefusal {
     /// The error answer, with a body that says what to do instead.
     pub fn response(&self) -> Response<Full<Bytes>> {
         match self {
-            Refusal::NotFound(path) => {
+            RouteRefusal::NotFound(path) => {
                 text(StatusCode::NOT_FOUND, format!("no such endpoint: {path}\n"))
             }
-            Refusal::NotAllowed(allow) => not_allowed(allow),
-            Refusal::DrainGetWithoutWait => text(
+            RouteRefusal::NotAllowed(allow) => not_allowed(allow),
+            RouteRefusal::DrainGetWithoutWait => text(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "GET /drain needs ?wait=true (the preStop form); use POST /drain to start without waiting\n",
             ),
-            Refusal::BadQuery(msg) => text(StatusCode::BAD_REQUEST, msg.clone()),
-            Refusal::Forbidden(ip) => text(
+            RouteRefusal::BadQuery(msg) => text(StatusCode::BAD_REQUEST, msg.clone()),
+            RouteRefusal::Forbidden(ip) => text(
                 StatusCode::FORBIDDEN,
                 format!(
                     "drain refused: {ip} is not 127.0.0.1 or ::1 and not in --allow-drain-from\n"
@@ -222,7 +222,7 @@ impl Control {
             Route::Readyz => self.readyz().await,
             Route::Drain { wait } => self.drain(wait, peer).await,
             Route::Refused(refusal) => {
-                if let Refusal::Forbidden(_) = refusal {
+                if let RouteRefusal::Forbidden(_) = refusal {
                     tracing::warn!(%peer, "refused a drain request from a caller that is not allowed");
                 }
                 refusal.response()
@@ -366,7 +366,7 @@ mod tests {
         assert_eq!(r(Method::HEAD, "/readyz", "", far), Route::Readyz);
         assert_eq!(
             r(Method::POST, "/status", "", lo),
-            Route::Refused(Refusal::NotAllowed("GET"))
+            Route::Refused(RouteRefusal::NotAllowed("GET"))
         );
         assert_eq!(
             r(Method::POST, "/drain", "", lo),
@@ -378,33 +378,33 @@ mod tests {
         );
         assert_eq!(
             r(Method::GET, "/drain", "", lo),
-            Route::Refused(Refusal::DrainGetWithoutWait)
+            Route::Refused(RouteRefusal::DrainGetWithoutWait)
         );
         assert_eq!(
             r(Method::PUT, "/drain", "", lo),
-            Route::Refused(Refusal::NotAllowed("GET, POST"))
+            Route::Refused(RouteRefusal::NotAllowed("GET, POST"))
         );
         // A bad query is refused before the caller is judged.
         assert!(matches!(
             r(Method::POST, "/drain", "force", far),
-            Route::Refused(Refusal::BadQuery(_))
+            Route::Refused(RouteRefusal::BadQuery(_))
         ));
         assert_eq!(
             r(Method::POST, "/drain", "", far),
-            Route::Refused(Refusal::Forbidden(far))
+            Route::Refused(RouteRefusal::Forbidden(far))
         );
         let passthrough: IpAddr = "127.0.0.6".parse().unwrap();
         assert_eq!(
             r(Method::GET, "/drain", "wait=true", passthrough),
-            Route::Refused(Refusal::Forbidden(passthrough))
+            Route::Refused(RouteRefusal::Forbidden(passthrough))
         );
         assert_eq!(
             r(Method::GET, "/nope", "", lo),
-            Route::Refused(Refusal::NotFound("/nope".into()))
+            Route::Refused(RouteRefusal::NotFound("/nope".into()))
         );
-        let forbidden = Refusal::Forbidden(far).response();
+        let forbidden = RouteRefusal::Forbidden(far).response();
         assert_eq!(forbidden.status(), StatusCode::FORBIDDEN);
-        let not_allowed = Refusal::NotAllowed("GET, POST").response();
+        let not_allowed = RouteRefusal::NotAllowed("GET, POST").response();
         assert_eq!(not_allowed.headers()[header::ALLOW], "GET, POST");
     }
 

@@ -79,7 +79,7 @@ impl Hysteresis {
 
 /// What to check and how often.
 #[derive(Clone, Copy, Debug)]
-pub struct Settings {
+pub struct ReadinessProbe {
     /// The guard's bound listen address.
     pub guard: SocketAddr,
     /// The app (`--guard-upstream`).
@@ -98,7 +98,7 @@ pub struct DataPath {
 
 impl DataPath {
     /// Runs the first check now, then one every `interval` until `shutdown`.
-    pub async fn spawn(s: Settings, shutdown: CancellationToken) -> Self {
+    pub async fn spawn(s: ReadinessProbe, shutdown: CancellationToken) -> Self {
         let mut h = Hysteresis::new(s.failures);
         h.observe(check(&s).await);
         let state = Arc::new(Mutex::new(h));
@@ -160,7 +160,7 @@ async fn connects(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
 }
 
 /// One check: the guard accepts, then the app answers.
-async fn check(s: &Settings) -> Result<(), String> {
+async fn check(s: &ReadinessProbe) -> Result<(), String> {
     let timeout = s.interval.min(MAX_CONNECT_TIMEOUT);
     connects(s.guard, timeout).await.map_err(|e| {
         format!(

@@ -73,7 +73,7 @@ pub struct Observation {
 
 /// What the shim makes of Envoy's state; `/readyz` serves it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub enum RecoveryVerdict {
     /// Not looked yet, Envoy unreachable, or still initializing.
     Unknown(String),
     /// LIVE with every listener up.
@@ -137,32 +137,32 @@ async fn observe(
 /// The watcher's handle: the current verdict.
 #[derive(Clone, Debug)]
 pub struct EnvoyHealth {
-    verdict: watch::Receiver<Verdict>,
+    verdict: watch::Receiver<RecoveryVerdict>,
 }
 
 // === impl EnvoyHealth ===
 
 impl EnvoyHealth {
-    pub fn verdict(&self) -> Verdict {
+    pub fn verdict(&self) -> RecoveryVerdict {
         self.verdict.borrow().clone()
     }
 
-    pub fn subscribe(&self) -> watch::Receiver<Verdict> {
+    pub fn subscribe(&self) -> watch::Receiver<RecoveryVerdict> {
         self.verdict.clone()
     }
 
     /// Why the pod must not be ready, if the verdict says so.
     pub fn not_ready_reason(&self) -> Option<String> {
         match self.verdict() {
-            Verdict::Stuck(reason) => Some(format!(
+            RecoveryVerdict::Stuck(reason) => Some(format!(
                 "{reason}: this pod cannot serve again; replace it (delete the pod)"
             )),
-            Verdict::Pending { due } => Some(format!(
+            RecoveryVerdict::Pending { due } => Some(format!(
                 "envoy's health check is failed and its listeners are up (left by an earlier drain?); \
                  restoring it in {:.0}s unless its listeners stop first",
                 due.saturating_duration_since(Instant::now()).as_secs_f64()
             )),
-            Verdict::Unknown(_) | Verdict::Healthy => None,
+            RecoveryVerdict::Unknown(_) | RecoveryVerdict::Healthy => None,
         }
     }
 }
@@ -179,7 +179,7 @@ pub fn spawn(
     pod: String,
     guard: Option<Arc<dyn StreamGuard>>,
 ) -> EnvoyHealth {
-    let (tx, verdict) = watch::channel(Verdict::Unknown("not looked yet".into()));
+    let (tx, verdict) = watch::channel(RecoveryVerdict::Unknown("not looked yet".into()));
     tokio::spawn(watch_envoy(
         admin,
         drain,
@@ -197,7 +197,7 @@ async fn watch_envoy(
     every: Duration,
     (metrics, drain_metrics): (SidecarMetrics, Metrics),
     (pod, guard): (String, Option<Arc<dyn StreamGuard>>),
-    tx: watch::Sender<Verdict>,
+    tx: watch::Sender<RecoveryVerdict>,
 ) {
     let mut drain_status = drain.subscribe();
     let draining = |s: &crate::drain::Status| s.phase != Phase::Serving;
@@ -241,13 +241,13 @@ async fn watch_envoy(
         }
         let listener_drain_running = tracker_draining(&observed);
         let verdict = match observed {
-            Err(e) => Verdict::Unknown(e),
+            Err(e) => RecoveryVerdict::Unknown(e),
             Ok((o, drain_time, _)) => match judge(o) {
-                Judgement::NotYet(why) => Verdict::Unknown(why),
-                Judgement::Healthy => Verdict::Healthy,
-                Judgement::Stuck(reason) => Verdict::Stuck(reason),
+                Judgement::NotYet(why) => RecoveryVerdict::Unknown(why),
+                Judgement::Healthy => RecoveryVerdict::Healthy,
+                Judgement::Stuck(reason) => RecoveryVerdict::Stuck(reason),
                 Judgement::HealthCheckFailed => match previous.clone() {
-                    Verdict::Pending { due } if Instant::now() >= due => {
+                    RecoveryVerdict::Pending { due } if Instant::now() >= due => {
                         if draining(&drain_status.borrow()) {
                             return;
                         }
@@ -258,7 +258,7 @@ async fn watch_envoy(
                                     "recovered envoy from an earlier drain: its health check was failed \
                                      with every listener still up for longer than its drain time; \
                                      POST /healthcheck/ok sent");
-                                Verdict::Unknown("recovered; looking again".into())
+                                RecoveryVerdict::Unknown("recovered; looking again".into())
                             }
                             Err(e) => {
                                 tracing::warn!(error = %e, "could not restore envoy's health check; retrying");
@@ -266,38 +266,38 @@ async fn watch_envoy(
                             }
                         }
                     }
-                    Verdict::Pending { due } => Verdict::Pending { due },
+                    RecoveryVerdict::Pending { due } => RecoveryVerdict::Pending { due },
                     _ => {
                         let due = Instant::now() + drain_time + RECOVERY_MARGIN;
                         tracing::warn!(%pod, wait = ?(drain_time + RECOVERY_MARGIN),
                             "envoy's health check is failed but its listeners are up: \
                              waiting out its drain time before restoring it, in case a drain is running");
-                        Verdict::Pending { due }
+                        RecoveryVerdict::Pending { due }
                     }
                 },
             },
         };
         match (&previous, &verdict) {
-            (Verdict::Stuck(_), Verdict::Stuck(_)) => {}
-            (_, Verdict::Stuck(reason)) => tracing::error!(%pod,
+            (RecoveryVerdict::Stuck(_), RecoveryVerdict::Stuck(_)) => {}
+            (_, RecoveryVerdict::Stuck(reason)) => tracing::error!(%pod,
                 "{reason}. This pod can no longer serve inbound traffic and nothing will bring the \
                  listeners back: replace the pod (kubectl delete pod). drainshim /readyz answers 503 \
                  and drainshim_envoy_stuck_draining is 1 until then"),
-            (Verdict::Stuck(_), _) => {
+            (RecoveryVerdict::Stuck(_), _) => {
                 tracing::info!(%pod, "envoy is no longer stuck (a new process?)")
             }
             _ => {}
         }
         metrics
             .envoy_stuck_draining
-            .set(i64::from(matches!(verdict, Verdict::Stuck(_))));
+            .set(i64::from(matches!(verdict, RecoveryVerdict::Stuck(_))));
         // Pending and unknown states are looked at every poll; settled ones less often.
         // With a guard, every poll: a push's drain seen late eats the
         // window its streams are spread over.
         let step = match verdict {
             _ if listener_drain_running || guard.is_some() => every,
-            Verdict::Healthy | Verdict::Stuck(_) => every.max(SETTLED_INTERVAL),
-            Verdict::Pending { .. } | Verdict::Unknown(_) => every,
+            RecoveryVerdict::Healthy | RecoveryVerdict::Stuck(_) => every.max(SETTLED_INTERVAL),
+            RecoveryVerdict::Pending { .. } | RecoveryVerdict::Unknown(_) => every,
         };
         tx.send_replace(verdict);
 

@@ -119,12 +119,14 @@ impl Telemetry {
             };
             let c = self.admin.counts(&scope).await?;
             self.metrics
-                .envoy_active_connections
+                .envoy
+                .active_connections
                 .set(c.cx_active as i64);
-            self.metrics.envoy_active_streams.set(c.rq_active as i64);
+            self.metrics.envoy.active_streams.set(c.rq_active as i64);
             let callers =
                 self.metrics
-                    .envoy_downstream_requests
+                    .envoy
+                    .downstream_requests
                     .get_or_create_owned(&VersionLabels {
                         version: version.clone(),
                     });
@@ -155,7 +157,8 @@ impl Telemetry {
             };
             let counter = self
                 .metrics
-                .envoy_config_updates
+                .envoy
+                .config_updates
                 .get_or_create_owned(&labels);
             seen.mirror(
                 format!("config/{resource}/{result}/{version}"),
@@ -165,7 +168,8 @@ impl Telemetry {
         }
         let counter = self
             .metrics
-            .envoy_upstream_retries
+            .envoy
+            .upstream_retries
             .get_or_create_owned(&VersionLabels {
                 version: version.to_string(),
             });
@@ -188,9 +192,13 @@ impl Telemetry {
                     continue;
                 }
                 if let Some(v) = values.get(&(section.to_string(), kind.to_string())) {
-                    let counter = self.metrics.tcp_resets.get_or_create_owned(&KindLabels {
-                        kind: kind.to_string(),
-                    });
+                    let counter = self
+                        .metrics
+                        .envoy
+                        .tcp_resets
+                        .get_or_create_owned(&KindLabels {
+                            kind: kind.to_string(),
+                        });
                     seen.mirror(format!("tcp/{kind}"), *v, &counter);
                 }
             }

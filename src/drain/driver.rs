@@ -87,7 +87,7 @@ pub struct DrainSettings {
 
 /// What the handle asks of the driver task.
 #[derive(Debug)]
-enum Command {
+enum DriverCommand {
     /// Start the drain, or join the one running.
     Trigger(Trigger),
     /// A second SIGTERM: go to the deadline now.
@@ -98,7 +98,7 @@ enum Command {
 #[derive(Clone, Debug)]
 pub struct DrainHandle {
     /// Commands to the one driver task.
-    tx: mpsc::UnboundedSender<Command>,
+    tx: mpsc::UnboundedSender<DriverCommand>,
     /// The driver's latest status; the report appears in it once done.
     status: watch::Receiver<Status>,
 }
@@ -109,7 +109,7 @@ impl DrainHandle {
     /// Starts the drain, or joins the one running, and returns the status once
     /// the drain has begun.
     pub async fn trigger(&self, trigger: Trigger) -> Status {
-        let _ = self.tx.send(Command::Trigger(trigger));
+        let _ = self.tx.send(DriverCommand::Trigger(trigger));
         let mut rx = self.status.clone();
         let _ = rx.wait_for(|s| s.phase != Phase::Serving).await;
         let status = rx.borrow().clone();
@@ -118,7 +118,7 @@ impl DrainHandle {
 
     /// Go to the deadline now (a second SIGTERM).
     pub fn hurry(&self) {
-        let _ = self.tx.send(Command::Hurry);
+        let _ = self.tx.send(DriverCommand::Hurry);
     }
 
     pub fn status(&self) -> Status {
@@ -167,21 +167,21 @@ enum EnvoyMsg {
 async fn run(
     settings: DrainSettings,
     metrics: Metrics,
-    mut rx: mpsc::UnboundedReceiver<Command>,
+    mut rx: mpsc::UnboundedReceiver<DriverCommand>,
     status_tx: watch::Sender<Status>,
 ) {
     let trigger = loop {
         match rx.recv().await {
-            Some(Command::Trigger(t)) => break t,
+            Some(DriverCommand::Trigger(t)) => break t,
             // "Hurry" means nothing before a drain has started.
-            Some(Command::Hurry) => continue,
+            Some(DriverCommand::Hurry) => continue,
             None => return,
         }
     };
     let t0 = Instant::now();
     let machine = Machine::new(settings.timers);
     tracing::info!(?trigger, timers = ?settings.timers, "drain started");
-    metrics.draining.set(1);
+    metrics.drain.draining.set(1);
 
     let (envoy_tx, mut envoy_rx) = mpsc::channel(16);
     let (wanted, wanted_rx) = watch::channel(Wanted::default());
@@ -211,12 +211,12 @@ async fn run(
         let next = d.machine.next_deadline(&d.state).map(|at| t0 + at);
         let event = tokio::select! {
             cmd = rx.recv(), if commands_open => match cmd {
-                Some(Command::Hurry) => {
+                Some(DriverCommand::Hurry) => {
                     tracing::warn!("asked to hurry: going to the deadline now");
                     Event::Hurry
                 }
                 // Later triggers join this drain.
-                Some(Command::Trigger(_)) => continue,
+                Some(DriverCommand::Trigger(_)) => continue,
                 None => {
                     commands_open = false;
                     continue;
@@ -314,9 +314,10 @@ impl Drive {
                 self.envoy.restarts = self.acc.restarts();
                 self.envoy.last_seen_seconds = Some(elapsed.as_secs_f64());
                 self.metrics
-                    .envoy_active_connections
+                    .envoy
+                    .active_connections
                     .set(c.cx_active as i64);
-                self.metrics.envoy_active_streams.set(c.rq_active as i64);
+                self.metrics.envoy.active_streams.set(c.rq_active as i64);
                 // A step that failed was reported just before, with its error:
                 // Envoy answers but does not do what the drain needs.
                 if steps_done {
@@ -391,7 +392,7 @@ impl Drive {
         };
         if let Some(r) = &report {
             self.metrics.record_drain(&r.counts());
-            self.metrics.draining.set(0);
+            self.metrics.drain.draining.set(0);
             tracing::info!(report = %serde_json::to_string(r).unwrap_or_default(), "drain done");
         }
         self.status_tx.send_replace(status);

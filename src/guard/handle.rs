@@ -184,7 +184,7 @@ impl Handle {
         let c = &self.inner.config;
         let l = c.limits;
         lifecycle::Lifecycle::new(
-            lifecycle::Settings {
+            lifecycle::LifecycleTerms {
                 age_at: self.age_at(info.accepted_at),
                 grace: c.max_connection_age_grace,
                 spread: c.max_connection_age_spread,

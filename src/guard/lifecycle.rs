@@ -98,7 +98,7 @@ pub enum ConnAction {
 
 /// The fixed inputs of one connection's life.
 #[derive(Clone, Copy, Debug)]
-pub struct Settings {
+pub struct LifecycleTerms {
     /// When the jittered max age passes, if there is one.
     pub age_at: Option<Instant>,
     /// Streams still open this long after the max age are ended.
@@ -143,7 +143,7 @@ pub struct Deadlines {
 #[derive(Clone, Debug)]
 pub struct Lifecycle {
     /// Fixed at accept.
-    settings: Settings,
+    terms: LifecycleTerms,
     /// See [`ConnPhase`].
     phase: ConnPhase,
     /// Why the GOAWAY was sent, once it was.
@@ -171,16 +171,16 @@ pub struct Lifecycle {
 }
 
 impl Lifecycle {
-    pub fn new(settings: Settings, now: Instant) -> Self {
+    pub fn new(terms: LifecycleTerms, now: Instant) -> Self {
         Self {
-            settings,
+            terms,
             phase: ConnPhase::Serving,
             cause: None,
             max_age_reached: false,
             grace_until: None,
             grace_done: false,
             late_stream: false,
-            first_stream_by: Some(settings.first_stream_by),
+            first_stream_by: Some(terms.first_stream_by),
             idle_since: Some(now),
             streams: 0,
             terminate_seen: false,
@@ -198,7 +198,7 @@ impl Lifecycle {
     pub fn deadlines(&self) -> Deadlines {
         Deadlines {
             close_by: self.close_by,
-            age: self.settings.age_at.filter(|_| !self.max_age_reached),
+            age: self.terms.age_at.filter(|_| !self.max_age_reached),
             ack: match self.phase {
                 ConnPhase::AwaitingAck { until } => Some(until),
                 _ => None,
@@ -219,20 +219,20 @@ impl Lifecycle {
     /// stream was answered while terminating (it will be refused every
     /// stream from now on).
     fn idle_timeout(&self) -> Duration {
-        let refusing = self.settings.defer_goaway
+        let refusing = self.terms.defer_goaway
             && self.terminate_seen
             && self.cause.is_none()
             && self.first_stream_by.is_none();
         if refusing {
-            TERMINATING_IDLE.min(self.settings.idle_timeout)
+            TERMINATING_IDLE.min(self.terms.idle_timeout)
         } else {
-            self.settings.idle_timeout
+            self.terms.idle_timeout
         }
     }
 
     /// How long the max-age endings are spread over: inside the grace.
     pub fn spread(&self) -> Duration {
-        self.settings.spread.min(self.settings.grace)
+        self.terms.spread.min(self.terms.grace)
     }
 
     /// The window the max-age endings asked at `now` are spread over: what
@@ -246,7 +246,7 @@ impl Lifecycle {
 
     /// Whether `goaway_all` still matters to this connection.
     pub fn watches_goaway(&self) -> bool {
-        self.settings.watch_goaway && self.cause.is_none()
+        self.terms.watch_goaway && self.cause.is_none()
     }
 
     /// Whether `terminate_all` still matters to this connection.
@@ -275,7 +275,7 @@ impl Lifecycle {
         let action = self.transition(input, now);
         if matches!(self.phase, ConnPhase::Closing { .. }) && self.streams == 0 {
             // Nothing left to serve: flush and close within the bound.
-            self.close_by_at_most(now + self.settings.shutdown_timeout);
+            self.close_by_at_most(now + self.terms.shutdown_timeout);
         }
         action
     }
@@ -286,7 +286,7 @@ impl Lifecycle {
                 self.first_stream_by = None;
                 self.late_stream |= self.grace_done;
                 // Accepted while terminating: once idle (`idle_timeout`).
-                (self.terminate_seen && self.cause.is_none() && !self.settings.defer_goaway)
+                (self.terminate_seen && self.cause.is_none() && !self.terms.defer_goaway)
                     .then(|| self.start_goaway(Cause::Drain, now))
             }
             Input::Streams(n) => {
@@ -299,7 +299,7 @@ impl Lifecycle {
             }
             Input::Terminate => {
                 self.terminate_seen = true;
-                (self.cause.is_none() && !self.settings.defer_goaway)
+                (self.cause.is_none() && !self.terms.defer_goaway)
                     .then(|| self.start_goaway(Cause::Drain, now))
             }
             Input::AppGoaway => (self.cause.is_none()).then(|| self.start_goaway(Cause::App, now)),
@@ -322,7 +322,7 @@ impl Lifecycle {
                 self.grace_done = true;
                 // Every stream bounds its own ending; this is the backstop,
                 // counted from the grace's end, not from now.
-                let s = self.settings;
+                let s = self.terms;
                 let until = self.grace_until.unwrap_or(now).max(now);
                 self.close_by_at_most(until + s.end_timeout + s.shutdown_timeout);
                 Some(ConnAction::EndStreams)
@@ -343,7 +343,7 @@ impl Lifecycle {
     fn start_goaway(&mut self, cause: Cause, now: Instant) -> ConnAction {
         self.cause = Some(cause);
         self.phase = ConnPhase::AwaitingAck {
-            until: now + self.settings.ack_timeout,
+            until: now + self.terms.ack_timeout,
         };
         ConnAction::Goaway(cause)
     }
@@ -363,8 +363,8 @@ impl Lifecycle {
     /// The grace counts from the age itself (a late timer does not stretch it).
     fn start_grace(&mut self, now: Instant) {
         if self.grace_until.is_none() {
-            let from = self.settings.age_at.map_or(now, |at| at.min(now));
-            self.grace_until = Some(from + self.settings.grace);
+            let from = self.terms.age_at.map_or(now, |at| at.min(now));
+            self.grace_until = Some(from + self.terms.grace);
         }
     }
 
@@ -381,8 +381,8 @@ mod tests {
         Duration::from_secs(n)
     }
 
-    fn settings(t0: Instant) -> Settings {
-        Settings {
+    fn terms(t0: Instant) -> LifecycleTerms {
+        LifecycleTerms {
             age_at: Some(t0 + s(100)),
             grace: s(30),
             spread: s(10),
@@ -398,11 +398,11 @@ mod tests {
 
     /// Runs `(at, input, expected action)` steps and returns the machine.
     fn run(
-        settings: Settings,
+        terms: LifecycleTerms,
         t0: Instant,
         steps: &[(u64, Input, Option<ConnAction>)],
     ) -> Lifecycle {
-        let mut m = Lifecycle::new(settings, t0);
+        let mut m = Lifecycle::new(terms, t0);
         for (i, (at, input, expected)) in steps.iter().enumerate() {
             let got = m.step(*input, t0 + s(*at));
             assert_eq!(got, *expected, "step {i}: {input:?} at {at}s");
@@ -414,7 +414,7 @@ mod tests {
     fn max_age_goaway_ack_grace_end_close() {
         let t0 = Instant::now();
         let m = run(
-            settings(t0),
+            terms(t0),
             t0,
             &[
                 (1, Input::StreamAccepted, None),
@@ -455,10 +455,10 @@ mod tests {
     #[test]
     fn a_spread_longer_than_the_grace_is_capped_and_a_late_timer_does_not_stretch_it() {
         let t0 = Instant::now();
-        let st = Settings {
+        let st = LifecycleTerms {
             grace: s(1),
             spread: s(3600),
-            ..settings(t0)
+            ..terms(t0)
         };
         let mut m = run(
             st,
@@ -490,7 +490,7 @@ mod tests {
     fn no_ack_means_refusing_and_the_grace_still_runs() {
         let t0 = Instant::now();
         let m = run(
-            settings(t0),
+            terms(t0),
             t0,
             &[
                 (1, Input::StreamAccepted, None),
@@ -522,10 +522,10 @@ mod tests {
     #[test]
     fn streams_that_arrive_after_the_endings_began_are_ended_too() {
         let t0 = Instant::now();
-        let st = Settings {
+        let st = LifecycleTerms {
             grace: s(2),
             spread: s(2),
-            ..settings(t0)
+            ..terms(t0)
         };
         // The age: the GOAWAY, and the endings at once.
         let aged = [
@@ -560,7 +560,7 @@ mod tests {
         // Before the grace's end, the ack asks for nothing: the endings to
         // come take every stream.
         let mut m = run(
-            settings(t0),
+            terms(t0),
             t0,
             &[(
                 100,
@@ -576,7 +576,7 @@ mod tests {
     fn a_drain_goaway_first_still_gets_the_max_age_grace() {
         let t0 = Instant::now();
         let m = run(
-            settings(t0),
+            terms(t0),
             t0,
             &[
                 (1, Input::Streams(1), None),
@@ -594,14 +594,14 @@ mod tests {
     fn terminate_goes_away_at_once_unless_accepted_while_terminating() {
         let t0 = Instant::now();
         run(
-            settings(t0),
+            terms(t0),
             t0,
             &[(1, Input::Terminate, Some(ConnAction::Goaway(Cause::Drain)))],
         );
-        let late = Settings {
+        let late = LifecycleTerms {
             defer_goaway: true,
             watch_goaway: false,
-            ..settings(t0)
+            ..terms(t0)
         };
         let mut m = run(
             late,
@@ -645,7 +645,7 @@ mod tests {
     fn slow_first_request_closes_and_idle_goes_away() {
         let t0 = Instant::now();
         let m = run(
-            settings(t0),
+            terms(t0),
             t0,
             &[(10, Input::HeaderTimedOut, Some(ConnAction::Close))],
         );
@@ -653,7 +653,7 @@ mod tests {
         assert!(!m.wants_quiet(), "the close was already asked");
 
         let m = run(
-            settings(t0),
+            terms(t0),
             t0,
             &[
                 (1, Input::StreamAccepted, None),

@@ -30,18 +30,18 @@ pub const DEFAULT_MAX_HEADER_LIST_SIZE: u32 = 64 * 1024;
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default for [`Limits::idle_timeout`].
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
-/// Default for [`Limits::stream_window`]: large enough that one stream is not
+/// Default for [`BufferLimits::stream_window`]: large enough that one stream is not
 /// latency-bound on a pod-local hop, small enough that 1,000 streams fit in memory.
 pub const DEFAULT_STREAM_WINDOW: u32 = 256 * 1024;
-/// Default for [`Limits::connection_window`].
+/// Default for [`BufferLimits::connection_window`].
 pub const DEFAULT_CONNECTION_WINDOW: u32 = 4 * 1024 * 1024;
-/// Default for [`Limits::max_send_buffer_size`]: one default-size DATA frame
+/// Default for [`BufferLimits::max_send_buffer_size`]: one default-size DATA frame
 /// (SETTINGS_MAX_FRAME_SIZE is 16 KiB). A peer that opens its windows wide
 /// and never reads holds this much per stream, so a connection holds at most
 /// 1,000 x 16 KiB = 16 MiB (256 KiB per stream made that 256 MiB); on a
 /// pod-local hop a frame in flight per stream is enough to keep a stream busy.
 pub const DEFAULT_MAX_SEND_BUFFER_SIZE: usize = 16 * 1024;
-/// Default for [`Limits::max_h1_buf_size`]: hyper's minimum is 8 KiB.
+/// Default for [`BufferLimits::max_h1_buf_size`]: hyper's minimum is 8 KiB.
 pub const DEFAULT_MAX_H1_BUF_SIZE: usize = 64 * 1024;
 /// Default for [`Limits::goaway_ack_timeout`].
 pub const DEFAULT_GOAWAY_ACK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -88,21 +88,8 @@ pub struct Limits {
     /// An HTTP/2 connection with no open stream for this long is closed with
     /// GOAWAY, so abandoned connections do not accumulate.
     pub idle_timeout: Duration,
-    /// Per-stream flow-control window, both directions; bounds what one
-    /// stream can make the guard buffer.
-    pub stream_window: u32,
-    /// Per-connection flow-control window, both directions; bounds what one
-    /// connection can make the guard buffer in total.
-    pub connection_window: u32,
-    /// The per-stream allowance the guard's abuse test holds a never-reading
-    /// client to (`tests/it/guard_abuse/slow_readers.rs`: times `max_concurrent_streams`,
-    /// plus the connection window). No relay code reads it: the relay bounds
-    /// what it holds for the client by the flow-control windows and the
-    /// high-water mark of its queue to the client (`relay/flow.rs`).
-    pub max_send_buffer_size: usize,
-    /// Largest HTTP/1.1 read buffer (request head included); a bigger head is
-    /// rejected with 431.
-    pub max_h1_buf_size: usize,
+    /// What one stream or connection can make the guard hold in memory.
+    pub buffers: BufferLimits,
     /// How long to wait for the PING ack after GOAWAY(2^31-1) before moving
     /// on, so a peer that never answers cannot hold the connection's end.
     pub goaway_ack_timeout: Duration,
@@ -145,10 +132,7 @@ impl Default for Limits {
             max_header_list_size: DEFAULT_MAX_HEADER_LIST_SIZE,
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
-            stream_window: DEFAULT_STREAM_WINDOW,
-            connection_window: DEFAULT_CONNECTION_WINDOW,
-            max_send_buffer_size: DEFAULT_MAX_SEND_BUFFER_SIZE,
-            max_h1_buf_size: DEFAULT_MAX_H1_BUF_SIZE,
+            buffers: DEFAULT_BUFFER_LIMITS,
             goaway_ack_timeout: DEFAULT_GOAWAY_ACK_TIMEOUT,
             end_timeout: DEFAULT_END_TIMEOUT,
             end_settle: DEFAULT_END_SETTLE,
@@ -159,6 +143,35 @@ impl Default for Limits {
         }
     }
 }
+
+/// The windows and buffers that bound what the guard holds for one stream
+/// or one connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferLimits {
+    /// Per-stream flow-control window, both directions; bounds what one
+    /// stream can make the guard buffer.
+    pub stream_window: u32,
+    /// Per-connection flow-control window, both directions; bounds what one
+    /// connection can make the guard buffer in total.
+    pub connection_window: u32,
+    /// The per-stream allowance the guard's abuse test holds a never-reading
+    /// client to (`tests/it/guard_abuse/slow_readers.rs`: times `max_concurrent_streams`,
+    /// plus the connection window). No relay code reads it: the relay bounds
+    /// what it holds for the client by the flow-control windows and the
+    /// high-water mark of its queue to the client (`relay/flow.rs`).
+    pub max_send_buffer_size: usize,
+    /// Largest HTTP/1.1 read buffer (request head included); a bigger head is
+    /// rejected with 431.
+    pub max_h1_buf_size: usize,
+}
+
+/// The defaults: each bound's constant above.
+pub const DEFAULT_BUFFER_LIMITS: BufferLimits = BufferLimits {
+    stream_window: DEFAULT_STREAM_WINDOW,
+    connection_window: DEFAULT_CONNECTION_WINDOW,
+    max_send_buffer_size: DEFAULT_MAX_SEND_BUFFER_SIZE,
+    max_h1_buf_size: DEFAULT_MAX_H1_BUF_SIZE,
+};
 
 /// A token bucket: `rate` per second, up to `burst` saved up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

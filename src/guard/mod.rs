@@ -91,7 +91,7 @@ use crate::metrics::{Metrics, Reason};
 
 pub use accept::{bind_listener, LISTEN_BACKLOG};
 pub use grpc::{end_message, Framer, REFUSED_MESSAGE};
-pub use limits::{FloodLimits, Rate};
+pub use limits::{BufferLimits, FloodLimits, Rate};
 pub use limits::{Limits, DEFAULT_END_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS};
 pub use schedule::{jittered_age, spread_offsets, AGE_JITTER};
 pub use signals::{grpc_service, SignalSettings, DEFAULT_MAX_SERVICES};

@@ -177,11 +177,11 @@ fn code_index(c: Code) -> usize {
 
 impl ServiceSignals {
     fn new(key: ServiceKey, metrics: &Metrics) -> Self {
-        if let Ok(mut seen) = metrics.guard_services_seen.lock() {
+        if let Ok(mut seen) = metrics.signals.services_seen.lock() {
             seen.insert(key.clone());
         }
         Self {
-            duration: metrics.guard_request_duration.get_or_create_owned(&key),
+            duration: metrics.signals.request_duration.get_or_create_owned(&key),
             key,
             metrics: metrics.clone(),
             codes: Default::default(),
@@ -192,7 +192,8 @@ impl ServiceSignals {
     fn request(&self, code: Code, protocol: StreamProtocol) -> &Counter {
         self.codes[protocol_index(protocol)][code_index(code)].get_or_init(|| {
             self.metrics
-                .guard_requests
+                .signals
+                .requests
                 .get_or_create_owned(&GuardRequestLabels {
                     key: self.key.clone(),
                     code,
@@ -204,7 +205,8 @@ impl ServiceSignals {
     fn opened(&self, protocol: StreamProtocol) -> &Counter {
         self.opened[protocol_index(protocol)].get_or_init(|| {
             self.metrics
-                .guard_streams_opened
+                .signals
+                .streams_opened
                 .get_or_create_owned(&GuardStreamLabels {
                     key: self.key.clone(),
                     protocol,
@@ -219,7 +221,8 @@ impl Signals {
     pub fn new(settings: SignalSettings, long_stream_age: Duration, metrics: Metrics) -> Self {
         let lifetimes = STREAM_PROTOCOLS.map(|protocol| {
             metrics
-                .guard_stream_lifetime
+                .signals
+                .stream_lifetime
                 .get_or_create_owned(&ProtocolLabels { protocol })
         });
         Self {
@@ -568,7 +571,8 @@ mod tests {
     }
 
     fn count(m: &Metrics, service: &str, method: Option<&str>, code: Code) -> u64 {
-        m.guard_requests
+        m.signals
+            .requests
             .get(&GuardRequestLabels {
                 key: ServiceKey {
                     service: Arc::from(service),
@@ -672,11 +676,11 @@ mod tests {
         };
         let text = crate::metrics::render(&{
             let mut r = prometheus_client::registry::Registry::default();
-            r.register("d", "d", m.guard_request_duration.clone());
+            r.register("d", "d", m.signals.request_duration.clone());
             r
         });
         assert!(text.contains("d_count{service=\"pkg.Svc\"} 4"), "{text}");
-        assert!(m.guard_services_seen.lock().expect("lock").contains(&key));
+        assert!(m.signals.services_seen.lock().expect("lock").contains(&key));
     }
 
     #[tokio::test]
@@ -688,7 +692,8 @@ mod tests {
         r.head(StatusCode::OK, &HeaderMap::new());
         r.messages(1);
         let opened = |m: &Metrics| {
-            m.guard_streams_opened
+            m.signals
+                .streams_opened
                 .get(&GuardStreamLabels {
                     key: ServiceKey {
                         service: Arc::from("pkg.Feed"),
@@ -704,7 +709,8 @@ mod tests {
         assert_eq!(opened(&m), 1);
         drop(r);
         let lifetime = m
-            .guard_stream_lifetime
+            .signals
+            .stream_lifetime
             .get_or_create_owned(&ProtocolLabels {
                 protocol: StreamProtocol::grpc,
             });
@@ -724,7 +730,8 @@ mod tests {
             method: None,
         };
         let opened = m
-            .guard_streams_opened
+            .signals
+            .streams_opened
             .get(&GuardStreamLabels {
                 key,
                 protocol: StreamProtocol::grpc,
@@ -732,8 +739,8 @@ mod tests {
             .map_or(0, |c| c.get());
         let text = crate::metrics::render(&{
             let mut r = prometheus_client::registry::Registry::default();
-            r.register("d", "d", m.guard_request_duration.clone());
-            r.register("l", "l", m.guard_stream_lifetime.clone());
+            r.register("d", "d", m.signals.request_duration.clone());
+            r.register("l", "l", m.signals.stream_lifetime.clone());
             r
         });
         (opened, text)
@@ -893,7 +900,8 @@ mod tests {
             method: None,
         };
         let opened_http = m
-            .guard_streams_opened
+            .signals
+            .streams_opened
             .get(&GuardStreamLabels {
                 key: http,
                 protocol: StreamProtocol::http,
@@ -917,7 +925,7 @@ mod tests {
         assert_eq!(count(&m, "b.B", None, Code::CANCELLED), 1);
         assert_eq!(count(&m, "c.C", None, Code::CANCELLED), 0);
         assert_eq!(count(&m, OTHER_SERVICE, None, Code::CANCELLED), 3);
-        let seen = m.guard_services_seen.lock().expect("lock").len();
+        let seen = m.signals.services_seen.lock().expect("lock").len();
         assert_eq!(seen, 4, "a.A, b.B, other and http");
     }
 
@@ -934,7 +942,7 @@ mod tests {
             1
         );
         let mut reg = prometheus_client::registry::Registry::default();
-        reg.register("r", "r", m.guard_requests.clone());
+        reg.register("r", "r", m.signals.requests.clone());
         let text = crate::metrics::render(&reg);
         assert!(
             text.contains(
@@ -945,7 +953,7 @@ mod tests {
         let (m, s) = signals(2, false);
         drop(s.start(true, "/a.A/One", StreamProtocol::grpc));
         let mut reg = prometheus_client::registry::Registry::default();
-        reg.register("r", "r", m.guard_requests.clone());
+        reg.register("r", "r", m.signals.requests.clone());
         let text = crate::metrics::render(&reg);
         assert!(!text.contains("method"), "{text}");
     }
@@ -962,6 +970,6 @@ mod tests {
             m.clone(),
         );
         assert!(s.start(true, "/a.A/B", StreamProtocol::grpc).is_none());
-        assert!(m.guard_services_seen.lock().expect("lock").is_empty());
+        assert!(m.signals.services_seen.lock().expect("lock").is_empty());
     }
 }

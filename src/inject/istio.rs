@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Container, LifecycleHandler, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::patch::ISTIO_PROXY;
-use super::{patch, refuse, set, Marker, Refusal, APP_PORT};
+use super::{patch, refuse, set, Marker, PodRefusal, APP_PORT};
 
 /// Istio's per-pod proxy settings, a YAML map of ProxyConfig fields.
 const ISTIO_PROXY_CONFIG: &str = "proxy.istio.io/config";
@@ -22,7 +22,7 @@ const ISTIO_EXCLUDE_INBOUND: &str = "traffic.sidecar.istio.io/excludeInboundPort
 /// admin's to say, and the pod's.)
 pub(super) fn istio_labels(
     meta: &mut ObjectMeta,
-    patch: &patch::Pod,
+    patch: &patch::PodPatch,
     port: u16,
     marker: &mut Marker,
 ) {
@@ -47,10 +47,10 @@ pub(super) fn istio_labels(
 /// listeners stay open would wait on connections Envoy already closed.
 pub(super) fn istio_annotations(
     meta: &mut ObjectMeta,
-    patch: &patch::Pod,
+    patch: &patch::PodPatch,
     drain: Option<Duration>,
     marker: &mut Marker,
-) -> Result<(), Refusal> {
+) -> Result<(), PodRefusal> {
     for (k, v) in patch.meta.annotations.iter().flatten() {
         let v = &match (k.as_str(), drain) {
             (ISTIO_PROXY_CONFIG, Some(d)) => with_drain_duration(v, d)?,
@@ -81,9 +81,9 @@ pub(super) fn istio_annotations(
 
 /// The patch's ProxyConfig with `drainDuration` the drain time, in whole
 /// seconds up, as `--drain-time-s` is in the plain modes.
-fn with_drain_duration(ours: &str, drain: Duration) -> Result<String, Refusal> {
+fn with_drain_duration(ours: &str, drain: Duration) -> Result<String, PodRefusal> {
     let mut config: serde_yaml_ng::Mapping = serde_yaml_ng::from_str(ours).map_err(|e| {
-        Refusal(format!(
+        PodRefusal(format!(
             "the built-in Istio patch's {ISTIO_PROXY_CONFIG}: {e}"
         ))
     })?;
@@ -92,16 +92,16 @@ fn with_drain_duration(ours: &str, drain: Duration) -> Result<String, Refusal> {
         format!("{}s", super::timers::envoy_drain_secs(drain)).into(),
     );
     serde_yaml_ng::to_string(&config).map_err(|e| {
-        Refusal(format!(
+        PodRefusal(format!(
             "the built-in Istio patch's {ISTIO_PROXY_CONFIG}: {e}"
         ))
     })
 }
 
 /// The pod's ProxyConfig with the patch's fields set over it.
-pub(super) fn merge_proxy_config(own: &str, ours: &str) -> Result<String, Refusal> {
+pub(super) fn merge_proxy_config(own: &str, ours: &str) -> Result<String, PodRefusal> {
     let bad = |e: &dyn std::fmt::Display| {
-        Refusal(format!(
+        PodRefusal(format!(
             "its annotation {ISTIO_PROXY_CONFIG} is not a YAML map of ProxyConfig fields ({e})"
         ))
     };
@@ -112,7 +112,7 @@ pub(super) fn merge_proxy_config(own: &str, ours: &str) -> Result<String, Refusa
         serde_yaml_ng::from_str(own).map_err(|e| bad(&e))?
     };
     let ours: serde_yaml_ng::Mapping = serde_yaml_ng::from_str(ours).map_err(|e| {
-        Refusal(format!(
+        PodRefusal(format!(
             "the built-in Istio patch's {ISTIO_PROXY_CONFIG}: {e}"
         ))
     })?;
@@ -127,9 +127,9 @@ pub(super) fn merge_proxy_config(own: &str, ours: &str) -> Result<String, Refusa
 /// records which, and the hook drainshim's replaced.
 pub(super) fn istio_proxy(
     spec: &mut PodSpec,
-    patch: &patch::Pod,
+    patch: &patch::PodPatch,
     marker: &mut Marker,
-) -> Result<(), Refusal> {
+) -> Result<(), PodRefusal> {
     let Some(ours) = patch.spec.containers.iter().find(|c| c.name == ISTIO_PROXY) else {
         return refuse("the built-in Istio patch has no istio-proxy container");
     };

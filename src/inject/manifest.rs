@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::PodTemplateSpec;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{Line, PodChange, Refusal, Settings};
+use super::{InjectOptions, Line, PodChange, PodRefusal};
 
 /// Inject or undo.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,7 +25,7 @@ pub enum Direction {
 /// pipeline must not apply half of a change).
 pub fn transform(
     input: &str,
-    settings: &Settings,
+    settings: &InjectOptions,
     action: Direction,
 ) -> Result<(String, Vec<Line>), Vec<String>> {
     let mut docs = Vec::new();
@@ -90,7 +90,7 @@ fn holds(kind: &str) -> Holds {
 
 fn object(
     doc: &mut Value,
-    settings: &Settings,
+    settings: &InjectOptions,
     action: Direction,
     lines: &mut Vec<Line>,
     error: &mut dyn FnMut(String),
@@ -156,7 +156,7 @@ fn object(
                 "{id}: the change does not apply to the document as written: {e}"
             )),
         },
-        Err(Refusal(why)) => error(format!("{id}: not {}: {why}", verb(action))),
+        Err(PodRefusal(why)) => error(format!("{id}: not {}: {why}", verb(action))),
     }
 }
 
@@ -167,7 +167,7 @@ fn verb(action: Direction) -> &'static str {
     }
 }
 
-fn describe(outcome: &PodChange, settings: &Settings, unchanged: bool) -> String {
+fn describe(outcome: &PodChange, settings: &InjectOptions, unchanged: bool) -> String {
     match outcome {
         PodChange::Injected { app, port, .. } if unchanged => {
             format!(
@@ -207,18 +207,18 @@ fn describe(outcome: &PodChange, settings: &Settings, unchanged: bool) -> String
 /// holding `metadata` and `spec` (a Pod, or a workload's pod template).
 pub fn pod_patch(
     pod: &Value,
-    settings: &Settings,
+    settings: &InjectOptions,
     action: Direction,
-) -> Result<(Patch, PodChange), Refusal> {
+) -> Result<(Patch, PodChange), PodRefusal> {
     let parts = json!({
         "metadata": pod.get("metadata").cloned().unwrap_or_else(|| json!({})),
         "spec": pod.get("spec").cloned().unwrap_or(Value::Null),
     });
     let template: PodTemplateSpec = serde_json::from_value(parts)
-        .map_err(|e| Refusal(format!("its pod is not a valid Kubernetes pod: {e}")))?;
+        .map_err(|e| PodRefusal(format!("its pod is not a valid Kubernetes pod: {e}")))?;
     let mut meta = template.metadata.unwrap_or_default();
     let Some(mut spec) = template.spec else {
-        return Err(Refusal("it has no pod spec".into()));
+        return Err(PodRefusal("it has no pod spec".into()));
     };
     let before = encode(&meta, &spec)?;
     let outcome = match action {
@@ -232,9 +232,9 @@ pub fn pod_patch(
 fn encode(
     meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
     spec: &k8s_openapi::api::core::v1::PodSpec,
-) -> Result<Value, Refusal> {
+) -> Result<Value, PodRefusal> {
     Ok(json!({
-        "metadata": serde_json::to_value(meta).map_err(|e| Refusal(format!("encoding the pod's metadata: {e}")))?,
-        "spec": serde_json::to_value(spec).map_err(|e| Refusal(format!("encoding the pod's spec: {e}")))?,
+        "metadata": serde_json::to_value(meta).map_err(|e| PodRefusal(format!("encoding the pod's metadata: {e}")))?,
+        "spec": serde_json::to_value(spec).map_err(|e| PodRefusal(format!("encoding the pod's spec: {e}")))?,
     }))
 }

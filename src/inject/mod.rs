@@ -97,7 +97,7 @@ impl Mode {
 
 /// What an injection puts into a pod besides the Component's patch.
 #[derive(Clone, Debug)]
-pub struct Settings {
+pub struct InjectOptions {
     pub mode: Mode,
     /// The drainshim image (the Component's `drainshim`, tagged).
     pub image: String,
@@ -116,9 +116,9 @@ pub struct Settings {
     pub revision: Option<String>,
 }
 
-impl Default for Settings {
+impl Default for InjectOptions {
     fn default() -> Self {
-        Settings {
+        InjectOptions {
             mode: Mode::Sidecar,
             image: DEFAULT_IMAGE.into(),
             envoy_image: None,
@@ -165,10 +165,10 @@ pub struct Line {
 /// Why a pod cannot be injected (or uninjected) safely; the pod is left as it was.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct Refusal(pub String);
+pub struct PodRefusal(pub String);
 
-fn refuse<T>(why: impl Into<String>) -> Result<T, Refusal> {
-    Err(Refusal(why.into()))
+fn refuse<T>(why: impl Into<String>) -> Result<T, PodRefusal> {
+    Err(PodRefusal(why.into()))
 }
 
 /// Ports drainshim's containers take in the pod's network namespace (the
@@ -212,7 +212,7 @@ struct Marker {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     port_name: Option<ports::Moved>,
     /// The Istio mode before Istio's injection: only Istio's annotations
-    /// were set (`Settings::await_istio`).
+    /// were set (`InjectOptions::await_istio`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     awaiting_proxy: bool,
     /// What drainshim wrote in its containers, field by field (`owned`).
@@ -227,8 +227,8 @@ struct Marker {
 pub fn inject(
     meta: &mut ObjectMeta,
     spec: &mut PodSpec,
-    settings: &Settings,
-) -> Result<PodChange, Refusal> {
+    settings: &InjectOptions,
+) -> Result<PodChange, PodRefusal> {
     if opted_out(meta) {
         return Ok(PodChange::OptedOut);
     }
@@ -248,7 +248,7 @@ pub fn inject(
         .as_ref()
         .and_then(|a| a.get(INJECTED))
         .and_then(|raw| serde_json::from_str::<Marker>(raw).ok());
-    let names = patch::owned_names().map_err(Refusal)?;
+    let names = patch::owned_names().map_err(PodRefusal)?;
     let before = owned::Before::new(
         all_containers(spec).filter(|c| names.containers.contains(&c.name.as_str())),
         old.as_ref().and_then(|m| m.wrote.clone()),
@@ -265,12 +265,12 @@ pub fn inject(
     if grace_changed {
         spec2.termination_grace_period_seconds = spec.termination_grace_period_seconds;
     }
-    let patch = patch::pod(settings.mode).map_err(Refusal)?;
+    let patch = patch::pod(settings.mode).map_err(PodRefusal)?;
     let app = check_fits(&meta2, &spec2, patch, settings.mode)?;
     let port = app_port(&meta2, &spec2.containers[app])?;
-    let limits = resources::Limits::read(&meta2, patch)?;
+    let limits = resources::ResourceLimits::read(&meta2, patch)?;
     // Checked against the grace period the pod gets below.
-    let drain_timers = timers::PodTimers::read(
+    let drain_timers = timers::AnnotatedTimers::read(
         &meta2,
         spec2
             .termination_grace_period_seconds
@@ -409,9 +409,9 @@ pub fn inject(
     })
 }
 
-fn write_marker(meta: &mut ObjectMeta, marker: &Marker) -> Result<(), Refusal> {
+fn write_marker(meta: &mut ObjectMeta, marker: &Marker) -> Result<(), PodRefusal> {
     let marker = serde_json::to_string(marker)
-        .map_err(|e| Refusal(format!("encoding the {INJECTED} annotation: {e}")))?;
+        .map_err(|e| PodRefusal(format!("encoding the {INJECTED} annotation: {e}")))?;
     meta.annotations
         .get_or_insert_with(BTreeMap::new)
         .insert(INJECTED.into(), marker);
@@ -421,8 +421,8 @@ fn write_marker(meta: &mut ObjectMeta, marker: &Marker) -> Result<(), Refusal> {
 /// Removes what `inject` added and restores what it replaced. A pod with
 /// drainshim's containers but no record of the injection (the Component put
 /// them there) is refused: what it had before is not known.
-pub fn uninject(meta: &mut ObjectMeta, spec: &mut PodSpec) -> Result<PodChange, Refusal> {
-    let names = patch::owned_names().map_err(Refusal)?;
+pub fn uninject(meta: &mut ObjectMeta, spec: &mut PodSpec) -> Result<PodChange, PodRefusal> {
+    let names = patch::owned_names().map_err(PodRefusal)?;
     let Some(raw) = meta.annotations.as_ref().and_then(|a| a.get(INJECTED)) else {
         if let Some(name) = all_containers(spec)
             .map(|c| c.name.as_str())
@@ -437,11 +437,11 @@ pub fn uninject(meta: &mut ObjectMeta, spec: &mut PodSpec) -> Result<PodChange, 
         return Ok(PodChange::NotInjected);
     };
     let marker: Marker = serde_json::from_str(raw).map_err(|e| {
-        Refusal(format!(
+        PodRefusal(format!(
             "its {INJECTED} annotation is not one drainshim wrote ({e}): {raw:?}"
         ))
     })?;
-    let patch = patch::pod(marker.mode).map_err(Refusal)?;
+    let patch = patch::pod(marker.mode).map_err(PodRefusal)?;
     if !spec.containers.iter().any(|c| c.name == marker.app) {
         return refuse(format!(
             "{INJECTED} names the app container {:?}, which the pod no longer has",
@@ -589,10 +589,10 @@ pub(crate) fn all_containers(spec: &PodSpec) -> impl Iterator<Item = &Container>
 fn check_fits(
     meta: &ObjectMeta,
     spec: &PodSpec,
-    patch: &patch::Pod,
+    patch: &patch::PodPatch,
     mode: Mode,
-) -> Result<usize, Refusal> {
-    let names = patch::owned_names().map_err(Refusal)?;
+) -> Result<usize, PodRefusal> {
+    let names = patch::owned_names().map_err(PodRefusal)?;
     // drainshim's containers are Linux containers that must not run as root
     // (runAsNonRoot, without a runAsUser of their own): on a Windows pod the
     // API server refuses their Linux security fields, and under a pod-wide
@@ -668,7 +668,7 @@ fn check_fits(
 
 /// The port a pod's app serves on, as the injection finds it: the app is the
 /// first container but Istio's proxy (see `app_port`).
-pub fn pod_app_port(meta: &ObjectMeta, spec: &PodSpec) -> Result<u16, Refusal> {
+pub fn pod_app_port(meta: &ObjectMeta, spec: &PodSpec) -> Result<u16, PodRefusal> {
     match spec.containers.iter().find(|c| c.name != ISTIO_PROXY) {
         Some(app) => app_port(meta, app),
         None => refuse("it has no containers besides Istio's proxy"),
@@ -700,7 +700,7 @@ pub fn injected_ports() -> Result<Vec<(Option<String>, i32)>, String> {
 
 /// The port the app serves on: the pod's `drainshim.io/app-port` annotation,
 /// else the app container's one TCP port. Refused when that is not one port.
-fn app_port(meta: &ObjectMeta, app: &Container) -> Result<u16, Refusal> {
+fn app_port(meta: &ObjectMeta, app: &Container) -> Result<u16, PodRefusal> {
     let port = if let Some(v) = meta.annotations.as_ref().and_then(|a| a.get(APP_PORT)) {
         match v.parse::<u16>() {
             Ok(p) if p > 0 => p,

@@ -31,7 +31,7 @@ pub const ISTIO_PROXY: &str = "istio-proxy";
 pub const GRACE_FLAG: &str = "--termination-grace-period=";
 
 /// One mode's patch.
-pub struct Pod {
+pub struct PodPatch {
     /// The pod template's labels and annotations (the Istio patch's only).
     pub meta: ObjectMeta,
     pub spec: PodSpec,
@@ -65,7 +65,7 @@ struct AppLifecycle {
     pre_stop: LifecycleHandler,
 }
 
-fn parse(file: &str, yaml: &str) -> Result<Pod, String> {
+fn parse(file: &str, yaml: &str) -> Result<PodPatch, String> {
     let bad =
         |e: &dyn std::fmt::Display| format!("the built-in pod patch {file} does not parse: {e}");
     let deployment: Deployment = serde_yaml_ng::from_str(yaml).map_err(|e| bad(&e))?;
@@ -76,7 +76,7 @@ fn parse(file: &str, yaml: &str) -> Result<Pod, String> {
         .termination_grace_period_seconds
         .ok_or_else(|| bad(&"no terminationGracePeriodSeconds"))?;
     let app: AppContainer = serde_yaml_ng::from_str(APP_CONTAINER).map_err(|e| bad(&e))?;
-    Ok(Pod {
+    Ok(PodPatch {
         meta,
         spec,
         grace,
@@ -85,7 +85,7 @@ fn parse(file: &str, yaml: &str) -> Result<Pod, String> {
     })
 }
 
-static PODS: LazyLock<[Result<Pod, String>; 3]> = LazyLock::new(|| {
+static PODS: LazyLock<[Result<PodPatch, String>; 3]> = LazyLock::new(|| {
     [
         parse("sidecar", SIDECAR),
         parse("native-sidecar", NATIVE_SIDECAR),
@@ -95,7 +95,7 @@ static PODS: LazyLock<[Result<Pod, String>; 3]> = LazyLock::new(|| {
 
 /// The patch for `mode`; an error only if the build embedded a broken file
 /// (the unit tests parse both).
-pub fn pod(mode: Mode) -> Result<&'static Pod, String> {
+pub fn pod(mode: Mode) -> Result<&'static PodPatch, String> {
     let i = match mode {
         Mode::Sidecar => 0,
         Mode::NativeSidecar => 1,

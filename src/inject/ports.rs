@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{Container, ContainerPort, LifecycleHandler, Pod
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::{Deserialize, Serialize};
 
-use super::{all_containers, refuse, Refusal};
+use super::{all_containers, refuse, PodRefusal};
 
 /// Envoy's inbound listener, as the pod patches declare it.
 pub const ENVOY_INBOUND_PORT: i32 = 10000;
@@ -51,7 +51,11 @@ fn app_port_mut(app: &mut Container, port: u16) -> Option<&mut ContainerPort> {
 /// probes and hooks of that container that name it. `None` when the port
 /// has no name: nothing moves. A derived name the pod already uses is
 /// refused (the pod would not come back exactly).
-pub fn take_app_name(spec: &mut PodSpec, app: usize, port: u16) -> Result<Option<Moved>, Refusal> {
+pub fn take_app_name(
+    spec: &mut PodSpec,
+    app: usize,
+    port: u16,
+) -> Result<Option<Moved>, PodRefusal> {
     let to = derived(port);
     let Some(name) = app_port_mut(&mut spec.containers[app], port).and_then(|p| p.name.clone())
     else {

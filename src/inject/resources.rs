@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Container;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::{patch, refuse, Refusal};
+use super::{patch, refuse, PodRefusal};
 
 /// Pod annotations: the limits of Envoy (the plain modes' proxy, which
 /// carries every inbound byte) and of the drainshim container (whose guard
@@ -31,13 +31,13 @@ const ANNOTATIONS: [(&str, &str, &str); 4] = [
 
 /// The pod's own limits, by container and resource, validated.
 #[derive(Debug, Default)]
-pub struct Limits(BTreeMap<(&'static str, &'static str), Quantity>);
+pub struct ResourceLimits(BTreeMap<(&'static str, &'static str), Quantity>);
 
-impl Limits {
+impl ResourceLimits {
     /// Reads the annotations; every bad one named in one refusal. `patch`
     /// gives each container's request, which a limit may not be under.
-    pub fn read(meta: &ObjectMeta, patch: &patch::Pod) -> Result<Self, Refusal> {
-        let mut limits = Limits::default();
+    pub fn read(meta: &ObjectMeta, patch: &patch::PodPatch) -> Result<Self, PodRefusal> {
+        let mut limits = ResourceLimits::default();
         let mut bad = Vec::new();
         for (key, container, resource) in ANNOTATIONS {
             let Some(v) = meta.annotations.as_ref().and_then(|a| a.get(key)) else {
@@ -88,7 +88,7 @@ impl Limits {
     }
 }
 
-fn all(p: &patch::Pod) -> impl Iterator<Item = &Container> {
+fn all(p: &patch::PodPatch) -> impl Iterator<Item = &Container> {
     p.spec
         .containers
         .iter()

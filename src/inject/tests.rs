@@ -30,9 +30,9 @@ const ONE_PORT: &str = "    metadata: {labels: {app: orders}}
 ";
 
 fn inject(yaml: &str, mode: Mode) -> Result<String, Vec<String>> {
-    let settings = Settings {
+    let settings = InjectOptions {
         mode,
-        ..Settings::default()
+        ..InjectOptions::default()
     };
     transform(yaml, &settings, Direction::Inject).map(|(out, _)| out)
 }
@@ -41,9 +41,9 @@ fn inject(yaml: &str, mode: Mode) -> Result<String, Vec<String>> {
 /// `shop`, labelled as `ns` says.
 fn webhook_answer(pod: &Value, mode: Mode, ns: mesh::Namespace) -> Value {
     let hook = webhook::Webhook::new(
-        Settings {
+        InjectOptions {
             mode,
-            ..Settings::default()
+            ..InjectOptions::default()
         },
         "default".into(),
     );
@@ -180,7 +180,7 @@ fn injecting_twice_is_injecting_once_and_uninject_restores_the_original() {
             once
         );
         let (undone, _) =
-            transform(&once, &Settings::default(), Direction::Uninject).expect("uninject");
+            transform(&once, &InjectOptions::default(), Direction::Uninject).expect("uninject");
         assert_eq!(docs(&undone), docs(&original), "{mode:?}");
     }
 }
@@ -194,7 +194,7 @@ fn an_injected_pod_records_the_revision_and_release_and_uninject_takes_them_out(
     )
     .unwrap();
     for ns in [mesh::Namespace::Unlabelled, mesh::Namespace::Disabled] {
-        let hook = webhook::Webhook::new(Settings::default(), "canary".into());
+        let hook = webhook::Webhook::new(InjectOptions::default(), "canary".into());
         let (answer, _) = hook.review(create_review(&pod).to_string().as_bytes(), ns);
         let injected = patched(&pod, &answer["response"]);
         let annotations = &injected["metadata"]["annotations"];
@@ -217,7 +217,7 @@ fn an_injected_pod_records_the_revision_and_release_and_uninject_takes_them_out(
     );
     let once = inject(&deployment(&own), Mode::Sidecar).expect("inject");
     let (undone, _) =
-        transform(&once, &Settings::default(), Direction::Uninject).expect("uninject");
+        transform(&once, &InjectOptions::default(), Direction::Uninject).expect("uninject");
     assert_eq!(docs(&undone), docs(&deployment(&own)));
 }
 
@@ -240,7 +240,7 @@ fn a_longer_grace_period_is_kept_and_the_shim_told() {
     );
     let (undone, _) = transform(
         &serde_yaml_ng::to_string(&out[0]).expect("yaml"),
-        &Settings::default(),
+        &InjectOptions::default(),
         Direction::Uninject,
     )
     .expect("uninject");
@@ -304,7 +304,7 @@ fn opted_out_batch_and_other_objects_pass_through() {
         "{labels: {app: orders}, annotations: {drainshim.io/inject: Disabled}}",
     );
     let (out, lines) =
-        transform(&disabled, &Settings::default(), Direction::Inject).expect("passes");
+        transform(&disabled, &InjectOptions::default(), Direction::Inject).expect("passes");
     assert_eq!(docs(&out), docs(&disabled));
     assert!(
         lines[0].what.starts_with("opted out"),
@@ -312,7 +312,8 @@ fn opted_out_batch_and_other_objects_pass_through() {
         lines[0].what
     );
     let input = format!("{opted}---\n{job}---\n{job_pod}---\n{svc}");
-    let (out, lines) = transform(&input, &Settings::default(), Direction::Inject).expect("passes");
+    let (out, lines) =
+        transform(&input, &InjectOptions::default(), Direction::Inject).expect("passes");
     assert_eq!(docs(&out), docs(&input));
     let what: Vec<_> = lines
         .iter()
@@ -352,14 +353,14 @@ fn lists_and_bare_pods_are_injected() {
 fn uninject_refuses_what_a_component_added() {
     let rendered = deployment(ONE_PORT).replace("name: logs", "name: drainshim");
     let errors =
-        transform(&rendered, &Settings::default(), Direction::Uninject).expect_err("refused");
+        transform(&rendered, &InjectOptions::default(), Direction::Uninject).expect_err("refused");
     assert!(
         errors[0].contains("was not added by `drainshim inject`"),
         "{errors:?}"
     );
     let (out, lines) = transform(
         &deployment(ONE_PORT),
-        &Settings::default(),
+        &InjectOptions::default(),
         Direction::Uninject,
     )
     .expect("nothing to do");
@@ -384,9 +385,9 @@ fn services_that_select_only_injected_pods_point_at_envoy_and_back() {
         "metadata: {labels: {app: orders}}",
         "metadata: {labels: {app: orders, role: web}}",
     );
-    let settings = Settings {
+    let settings = InjectOptions {
         services: true,
-        ..Settings::default()
+        ..InjectOptions::default()
     };
     let (out, lines) = transform(&input, &settings, Direction::Inject).expect("injected");
     let out = docs(&out);
@@ -424,9 +425,9 @@ fn a_service_of_an_app_port_without_a_name_is_never_pointed_where_old_pods_are_n
         deployment(&ONE_PORT.replace("name: grpc, containerPort: 7070", "containerPort: 7070"));
     let svc = "apiVersion: v1\nkind: Service\nmetadata: {name: orders}\nspec: {selector: {app: orders}, ports: [{port: 80, targetPort: 7070}]}\n";
     let input = format!("{unnamed}---\n{svc}");
-    let settings = Settings {
+    let settings = InjectOptions {
         services: true,
-        ..Settings::default()
+        ..InjectOptions::default()
     };
     let (out, lines) = transform(&input, &settings, Direction::Inject).expect("injected");
     let out = docs(&out);
@@ -505,7 +506,7 @@ fn istio_mode_gives_istio_proxy_the_prestop_and_merges_istios_own_settings() {
     }
     assert_eq!(inject(&once, Mode::Istio).expect("twice"), once);
     let (undone, _) =
-        transform(&once, &Settings::default(), Direction::Uninject).expect("uninject");
+        transform(&once, &InjectOptions::default(), Direction::Uninject).expect("uninject");
     assert_eq!(docs(&undone), docs(&original));
 }
 
@@ -550,7 +551,7 @@ fn istio_mode_on_a_pod_istio_already_injected_keeps_its_proxy() {
     );
     assert_eq!(inject(&once, Mode::Istio).expect("twice"), once);
     let (undone, _) =
-        transform(&once, &Settings::default(), Direction::Uninject).expect("uninject");
+        transform(&once, &InjectOptions::default(), Direction::Uninject).expect("uninject");
     assert_eq!(docs(&undone), docs(&original));
 
     // The webhook's second call, after Istio merged its proxy over the
@@ -572,7 +573,7 @@ fn istio_mode_on_a_pod_istio_already_injected_keeps_its_proxy() {
     );
     let (undone, _) = transform(
         &serde_yaml_ng::to_string(&second[0]).expect("yaml"),
-        &Settings::default(),
+        &InjectOptions::default(),
         Direction::Uninject,
     )
     .expect("uninject");
@@ -649,7 +650,7 @@ fn an_empty_proxy_config_is_no_fields() {
         .expect("config");
     assert!(config.contains("drainDuration: 60s"), "{config}");
     let (undone, _) =
-        transform(&once, &Settings::default(), Direction::Uninject).expect("uninject");
+        transform(&once, &InjectOptions::default(), Direction::Uninject).expect("uninject");
     assert_eq!(docs(&undone), docs(&original));
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Container, EnvVar};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::{patch, refuse, Refusal};
+use super::{patch, refuse, PodRefusal};
 use crate::config::{Span, Timer, Timers, DEFAULT_LINGER};
 
 /// The annotations, each a timer of the sidecar.
@@ -33,18 +33,18 @@ const ENVOY_DRAIN_FLAG: &str = "--drain-time-s";
 
 /// The timers a pod's annotations set, validated.
 #[derive(Debug, Default)]
-pub struct PodTimers {
+pub struct AnnotatedTimers {
     /// Each annotated timer and its value, in the annotations' order.
     set: Vec<(Timer, Duration)>,
     /// The drain time the timers run with (the annotation's or the default).
     drain_time: Option<Duration>,
 }
 
-impl PodTimers {
+impl AnnotatedTimers {
     /// Reads the annotations and checks the whole budget against `grace`
     /// (the pod's terminationGracePeriodSeconds as injected): every bad
     /// value and every broken rule in one refusal.
-    pub fn read(meta: &ObjectMeta, grace: i64) -> Result<Self, Refusal> {
+    pub fn read(meta: &ObjectMeta, grace: i64) -> Result<Self, PodRefusal> {
         let mut bad = Vec::new();
         let mut timers = Timers::default();
         let mut set = Vec::new();

@@ -36,7 +36,7 @@ use tokio_util::task::TaskTracker;
 
 use super::manifest::{pod_patch, Direction};
 use super::mesh::{self, Choice, Declined, Namespace};
-use super::{Mode, PodChange, Refusal, Settings};
+use super::{InjectOptions, Mode, PodChange, PodRefusal};
 use crate::http::server::{json, not_allowed, openmetrics, serve_connection, serve_fn, text};
 
 pub use super::certificate::{not_after, tls_config, Certificate};
@@ -61,7 +61,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// a few times that once parsed) stays well under it, and each open
 /// connection holds only TLS and HTTP buffers (tens of KiB).
 #[derive(Clone, Copy, Debug)]
-pub struct Limits {
+pub struct WebhookLimits {
     /// A body not read whole by then is cut: a client that sends headers and
     /// trickles the body would otherwise hold a review slot indefinitely.
     pub body_timeout: Duration,
@@ -73,9 +73,9 @@ pub struct Limits {
     pub max_in_flight: usize,
 }
 
-impl Default for Limits {
+impl Default for WebhookLimits {
     fn default() -> Self {
-        Limits {
+        WebhookLimits {
             body_timeout: Duration::from_secs(10),
             max_connections: 64,
             max_in_flight: 4,
@@ -105,6 +105,18 @@ pub enum ReviewOutcome {
     malformed,
 }
 
+impl ReviewOutcome {
+    /// Every outcome, for its series at 0 from the start.
+    const ALL: [ReviewOutcome; 6] = [
+        ReviewOutcome::injected,
+        ReviewOutcome::awaiting_istio,
+        ReviewOutcome::unchanged,
+        ReviewOutcome::opted_out,
+        ReviewOutcome::refused,
+        ReviewOutcome::malformed,
+    ];
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReviewLabels {
     revision: String,
@@ -128,7 +140,7 @@ struct RejectedLabels {
 }
 
 /// The webhook's metrics.
-pub struct Metrics {
+pub struct WebhookMetrics {
     reviews: Family<ReviewLabels, Counter>,
     istio_declined: Family<DeclinedLabels, Counter>,
     latency: Histogram,
@@ -139,7 +151,7 @@ pub struct Metrics {
     registry: Registry,
 }
 
-impl Metrics {
+impl WebhookMetrics {
     fn new() -> Self {
         let reviews = Family::<ReviewLabels, Counter>::default();
         let latency = Histogram::new([
@@ -180,7 +192,7 @@ impl Metrics {
             "Requests turned away by a server limit, by reason (connections: reset at accept; in_flight: 429; body_timeout: 408; body_too_large: 413)",
             rejected.clone(),
         );
-        Metrics {
+        WebhookMetrics {
             reviews,
             istio_declined,
             latency,
@@ -192,7 +204,7 @@ impl Metrics {
     }
 }
 
-impl Metrics {
+impl WebhookMetrics {
     /// The webhook's series in the text format (what `GET /metrics` serves).
     pub fn render(&self) -> String {
         crate::metrics::render(&self.registry)
@@ -201,12 +213,12 @@ impl Metrics {
 
 /// One webhook: the injection settings and the revision it serves.
 pub struct Webhook {
-    pub settings: Settings,
+    pub settings: InjectOptions,
     pub revision: String,
-    pub metrics: Metrics,
+    pub metrics: WebhookMetrics,
     /// SIGTERM arrived: /readyz says 503 while reviews are still answered.
     draining: std::sync::atomic::AtomicBool,
-    pub limits: Limits,
+    pub limits: WebhookLimits,
     /// One permit per review being read or answered (`limits.max_in_flight`).
     in_flight: Semaphore,
     /// The serving certificate, for readiness and the expiry gauge.
@@ -214,19 +226,11 @@ pub struct Webhook {
 }
 
 impl Webhook {
-    pub fn new(settings: Settings, revision: String) -> Self {
-        let metrics = Metrics::new();
+    pub fn new(settings: InjectOptions, revision: String) -> Self {
+        let metrics = WebhookMetrics::new();
         // Every series from the start, at 0: an alert on `increase()` sees
         // the first refusal, and a dashboard every outcome.
-        use ReviewOutcome::*;
-        for outcome in [
-            injected,
-            awaiting_istio,
-            unchanged,
-            opted_out,
-            refused,
-            malformed,
-        ] {
+        for outcome in ReviewOutcome::ALL {
             let _ = metrics.reviews.get_or_create(&ReviewLabels {
                 revision: revision.clone(),
                 outcome,
@@ -244,10 +248,10 @@ impl Webhook {
         for reason in REJECTED {
             let _ = metrics.rejected.get_or_create(&RejectedLabels { reason });
         }
-        let limits = Limits::default();
+        let limits = WebhookLimits::default();
         Webhook {
             // Every pod it injects records the revision.
-            settings: Settings {
+            settings: InjectOptions {
                 revision: Some(revision.clone()),
                 ..settings
             },
@@ -261,7 +265,7 @@ impl Webhook {
     }
 
     /// The same webhook with other server limits.
-    pub fn with_limits(mut self, limits: Limits) -> Self {
+    pub fn with_limits(mut self, limits: WebhookLimits) -> Self {
         self.in_flight = Semaphore::new(limits.max_in_flight.max(1));
         self.limits = limits;
         self
@@ -378,7 +382,7 @@ impl Webhook {
             // Not a pod: the transform says what is wrong with it.
             _ => Choice::Plain,
         };
-        let istio = Settings {
+        let istio = InjectOptions {
             mode: Mode::Istio,
             await_istio: true,
             ..self.settings.clone()
@@ -438,7 +442,7 @@ impl Webhook {
                     self.answer(warn(response, why), ReviewOutcome::refused)
                 }
             },
-            Err(Refusal(why)) => {
+            Err(PodRefusal(why)) => {
                 tracing::warn!(pod = %who, reason = %why, "webhook: not injected; the pod runs without drainshim");
                 let why = format!("drainshim not injected into {who}: {why}");
                 // Reinvoked after a later webhook made the pod one it cannot

@@ -17,11 +17,11 @@ use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Metric, Registry};
 
 use super::{
-    help, CodeLabels, ConfigLabels, DrainTimer, DrainTimerLabels, Dropped, DroppedLabels, Ending,
-    EndingLabels, FailopenKind, FailopenLabels, GuardRequestLabels, GuardStreamLabels, H2Code,
-    KindLabels, Limit, LimitLabels, ListenerDrainLabels, Metrics, OutcomeLabels, ProtocolLabels,
-    Reason, ReasonLabels, TerminatedLabels, VersionLabels, CODES, DRAIN_OUTCOMES,
-    LISTENER_DRAIN_KINDS, STREAM_PROTOCOLS, TCP_RESET_KINDS,
+    help, CodeLabels, ConfigLabels, DrainTimer, DrainTimerLabels, Dropped, DroppedLabels,
+    EndingLabels, EndingOutcome, FailopenKind, FailopenLabels, GuardRequestLabels,
+    GuardStreamLabels, H2Code, KindLabels, Limit, LimitLabels, ListenerDrainLabels, Metrics,
+    OutcomeLabels, ProtocolLabels, Reason, ReasonLabels, TerminatedLabels, VersionLabels, CODES,
+    DRAIN_OUTCOMES, LISTENER_DRAIN_KINDS, STREAM_PROTOCOLS, TCP_RESET_KINDS,
 };
 
 /// One metric family of [`Metrics`].
@@ -29,14 +29,14 @@ pub struct Def {
     /// Its name (after the `drainshim_` prefix) and help: a [`help`] constant.
     pub desc: (&'static str, &'static str),
     /// What node mode writes for it.
-    pub node: Node,
+    pub node: NodeExport,
     /// Where it is in a `Metrics`, and its label sets.
-    pub reach: &'static dyn Reach,
+    pub access: &'static dyn FamilyAccess,
 }
 
 /// What node mode writes for a family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Node {
+pub enum NodeExport {
     /// Each pod's series, with `namespace` and `pod` labels first.
     PerPod,
     /// Each live pod's inventory entry as is (`proxy_info`: its labels
@@ -46,7 +46,7 @@ pub enum Node {
 
 /// A family's place in a [`Metrics`], for registering it and for reading
 /// its series without naming its types.
-pub trait Reach: Sync {
+pub trait FamilyAccess: Sync {
     /// Counter, gauge or histogram.
     fn metric_type(&self) -> MetricType;
     /// Creates its known series at 0 when the entry says so, so they exist
@@ -60,11 +60,11 @@ pub trait Reach: Sync {
     fn series(&self, m: &Metrics, each: &mut SeriesFn<'_>) -> fmt::Result;
 }
 
-/// What [`Reach::series`] calls.
+/// What [`FamilyAccess::series`] calls.
 pub type SeriesFn<'a> = dyn FnMut(&dyn EncodeLabelSet, &dyn EncodeMetric) -> fmt::Result + 'a;
 
 /// A label set behind `&dyn`: prometheus-client encodes none by reference,
-/// so node mode wraps the ones [`Reach::series`] hands it.
+/// so node mode wraps the ones [`FamilyAccess::series`] hands it.
 pub struct Labels<'a>(pub &'a dyn EncodeLabelSet);
 
 impl EncodeLabelSet for Labels<'_> {
@@ -89,7 +89,7 @@ pub struct Labeled<L, M, C> {
 
 const NO_LABELS: [(&str, &str); 0] = [];
 
-impl<M: Metric + TypedMetric + Clone> Reach for One<M> {
+impl<M: Metric + TypedMetric + Clone> FamilyAccess for One<M> {
     fn metric_type(&self) -> MetricType {
         M::TYPE
     }
@@ -105,7 +105,7 @@ impl<M: Metric + TypedMetric + Clone> Reach for One<M> {
     }
 }
 
-impl<L, M, C> Reach for Labeled<L, M, C>
+impl<L, M, C> FamilyAccess for Labeled<L, M, C>
 where
     L: EncodeLabelSet + Clone + Hash + Eq + Send + Sync + fmt::Debug + 'static,
     M: EncodeMetric + TypedMetric + Send + Sync + fmt::Debug + 'static,
@@ -165,9 +165,9 @@ fn version_labels(m: &Metrics) -> Vec<VersionLabels> {
 pub static FAMILIES: [Def; 31] = [
     Def {
         desc: help::DRAINS,
-        node: Node::PerPod,
-        reach: &Labeled {
-            family: |m: &Metrics| &m.drains,
+        node: NodeExport::PerPod,
+        access: &Labeled {
+            family: |m: &Metrics| &m.drain.drains,
             known: |_| {
                 DRAIN_OUTCOMES
                     .map(|outcome| OutcomeLabels { outcome })
@@ -178,29 +178,33 @@ pub static FAMILIES: [Def; 31] = [
     },
     Def {
         desc: help::DRAINED_CONNECTIONS,
-        node: Node::PerPod,
-        reach: &Labeled {
-            family: |m: &Metrics| &m.drained_connections,
+        node: NodeExport::PerPod,
+        access: &Labeled {
+            family: |m: &Metrics| &m.drain.drained_connections,
             known: |_| {
-                [Ending::closed, Ending::idle_at_exit, Ending::cut]
-                    .map(|outcome| EndingLabels { outcome })
-                    .to_vec()
+                [
+                    EndingOutcome::closed,
+                    EndingOutcome::idle_at_exit,
+                    EndingOutcome::cut,
+                ]
+                .map(|outcome| EndingLabels { outcome })
+                .to_vec()
             },
             zeroed: true,
         },
     },
     Def {
         desc: help::DRAINED_STREAMS,
-        node: Node::PerPod,
-        reach: &Labeled {
-            family: |m: &Metrics| &m.drained_streams,
+        node: NodeExport::PerPod,
+        access: &Labeled {
+            family: |m: &Metrics| &m.drain.drained_streams,
             known: |_| {
                 [
-                    Ending::completed,
-                    Ending::terminated,
-                    Ending::failed,
-                    Ending::cut,
-                    Ending::bypassed,
+                    EndingOutcome::completed,
+                    EndingOutcome::terminated,
+                    EndingOutcome::failed,
+                    EndingOutcome::cut,
+                    EndingOutcome::bypassed,
                 ]
                 .map(|outcome| EndingLabels { outcome })
                 .to_vec()
@@ -210,37 +214,37 @@ pub static FAMILIES: [Def; 31] = [
     },
     Def {
         desc: help::DRAIN_DURATION,
-        node: Node::PerPod,
-        reach: &One {
-            metric: |m: &Metrics| &m.drain_duration,
+        node: NodeExport::PerPod,
+        access: &One {
+            metric: |m: &Metrics| &m.drain.duration,
         },
     },
     Def {
         desc: help::DRAINING,
-        node: Node::PerPod,
-        reach: &One {
-            metric: |m: &Metrics| &m.draining,
+        node: NodeExport::PerPod,
+        access: &One {
+            metric: |m: &Metrics| &m.drain.draining,
         },
     },
     Def {
         desc: help::ENVOY_ACTIVE_CONNECTIONS,
-        node: Node::PerPod,
-        reach: &One {
-            metric: |m: &Metrics| &m.envoy_active_connections,
+        node: NodeExport::PerPod,
+        access: &One {
+            metric: |m: &Metrics| &m.envoy.active_connections,
         },
     },
     Def {
         desc: help::ENVOY_ACTIVE_STREAMS,
-        node: Node::PerPod,
-        reach: &One {
-            metric: |m: &Metrics| &m.envoy_active_streams,
+        node: NodeExport::PerPod,
+        access: &One {
+            metric: |m: &Metrics| &m.envoy.active_streams,
         },
     },
     Def {
         desc: help::FAILOPEN_ACTIVE,
-        node: Node::PerPod,
-        reach: &Labeled {
-            family: |m: &Metrics| &m.failopen_active,
+        node: NodeExport::PerPod,
+        access: &Labeled {
+            family: |m: &Metrics| &m.envoy.failopen_active,
             known: |_| {
                 FailopenKind::ALL
                     .map(|kind| FailopenLabels { kind })
@@ -251,16 +255,16 @@ pub static FAMILIES: [Def; 31] = [
     },
     Def {
         desc: help::GUARD_PATHS,
-        node: Node::PerPod,
-        reach: &One {
-            metric: |m: &Metrics| &m.guard_paths,
+        node: NodeExport::PerPod,
+        access: &One {
+            metric: |m: &Metrics| &m.envoy.guard_paths,
         },
     },
     Def {
         desc: help::PROXY_INFO,
-        node: Node::Inventory,
-        reach: &Labeled {
-            family: |m: &Metrics| &m.proxy_info,
+        node: NodeExport::Inventory,
+        access: &Labeled {
+            family: |m: &Metrics| &m.envoy.proxy_info,
             // One entry at a time, set by `Metrics::set_proxy`.
             known: |_| Vec::new(),
             zeroed: false,
@@ -268,8 +272,8 @@ pub static FAMILIES: [Def; 31] = [
     },
     Def {
         desc: help::GOAWAYS,
-        node: Node::PerPod,
-        reach: &Labeled {
+        node: NodeExport::PerPod,
+        access: &Labeled {
             family: |m: &Metrics| &m.goaways,
             known: |_| Reason::ALL.map(|reason| ReasonLabels { reason }).to_vec(),
             zeroed: true,
@@ -277,8 +281,8 @@ pub static FAMILIES: [Def; 31] = [
     },
     Def {
         desc: help::STREAMS_TERMINATED,
-        node: Node::PerPod,
-        reach: &Labeled {
+        node: NodeExport::PerPod,
+        access: &Labeled {
             family: |m: &Metrics| &m.streams_terminated,
             known: terminated_labels,
             zeroed: true,
@@ -286,8 +290,8 @@ pub static FAMILIES: [Def; 31] = [
     },
     Def {
         desc: help::STREAMS_UNGRACEFUL,
-        node: Node::PerPod,
-        reach: &Labeled {
+        node: NodeExport::PerPod,
+        access: &Labeled {
             family: |m: &Metrics| &m.streams_ungraceful,
             known: terminated_labels,
             zeroed: true,
@@ -295,8 +299,8 @@ pub static FAMILIES: [Def; 31] = [
     },
     Def {
         desc: help::STREAMS_BLIND_ENDED,
-        node: Node::PerPod,
-        reach: &Labeled {
+        node: NodeExport::PerPod,
+        access: &Labeled {
             family: |m: &Metrics| &m.streams_blind_ended,
             known: terminated_labels,
             zeroed: true,
@@ -304,8 +308,8 @@ pub static FAMILIES: [Def; 31] = [
     },
     Def {
         desc: help::STREAM_DATA_DROPPED,
-        node: Node::PerPod,
-        reach: &Labeled {
+        node: NodeExport::PerPod,
+        access: &Labeled {
             family: |m: &Metrics| &m.stream_data_dropped,
             known: dropped_labels,
             zeroed: true,
@@ -313,8 +317,8 @@ pub static FAMILIES: [Def; 31] = [
     },
     Def {
         desc: help::STREAM_DATA_DROPPED_BYTES,
-        node: Node::PerPod,
-        reach: &Labeled {
+        node: NodeExport::PerPod,
+        access: &Labeled {
             family: |m: &Metrics| &m.stream_data_dropped_bytes,
             known: dropped_labels,
             zeroed: true,
@@ -322,9 +326,9 @@ pub static FAMILIES: [Def; 31] = [
     },
     Def {
         desc: help::ENVOY_CONFIG_UPDATES,
-        node: Node::PerPod,
-        reach: &Labeled {
-            family: |m: &Metrics| &m.envoy_config_updates,
+        node: NodeExport::PerPod,
+        access: &Labeled {
+            family: |m: &Metrics| &m.envoy.config_updates,
             known: |m| {
                 let mut all = Vec::new();
                 for version in m.versions() {
@@ -345,27 +349,27 @@ pub static FAMILIES: [Def; 31] = [
     },
     Def {
         desc: help::ENVOY_UPSTREAM_RETRIES,
-        node: Node::PerPod,
-        reach: &Labeled {
-            family: |m: &Metrics| &m.envoy_upstream_retries,
+        node: NodeExport::PerPod,
+        access: &Labeled {
+            family: |m: &Metrics| &m.envoy.upstream_retries,
             known: version_labels,
             zeroed: false,
         },
     },
     Def {
         desc: help::ENVOY_DOWNSTREAM_REQUESTS,
-        node: Node::PerPod,
-        reach: &Labeled {
-            family: |m: &Metrics| &m.envoy_downstream_requests,
+        node: NodeExport::PerPod,
+        access: &Labeled {
+            family: |m: &Metrics| &m.envoy.downstream_requests,
             known: version_labels,
             zeroed: false,
         },
     },
     Def {
         desc: help::GUARD_REQUESTS,
-        node: Node::PerPod,
-        reach: &Labeled {
-            family: |m: &Metrics| &m.guard_requests,
+        node: NodeExport::PerPod,
+        access: &Labeled {
+            family: |m: &Metrics| &m.signals.requests,
             known: |m| {
                 let mut all = Vec::new();
                 for key in m.guard_services() {
@@ -387,18 +391,18 @@ pub static FAMILIES: [Def; 31] = [
     },
     Def {
         desc: help::GUARD_REQUEST_DURATION,
-        node: Node::PerPod,
-        reach: &Labeled {
-            family: |m: &Metrics| &m.guard_request_duration,
+        node: NodeExport::PerPod,
+        access: &Labeled {
+            family: |m: &Metrics| &m.signals.request_duration,
             known: Metrics::guard_services,
             zeroed: false,
         },
     },
     Def {
         desc: help::GUARD_STREAMS_OPENED,
-        node: Node::PerPod,
-        reach: &Labeled {
-            family: |m: &Metrics| &m.guard_streams_opened,
+        node: NodeExport::PerPod,
+        access: &Labeled {
+            family: |m: &Metrics| &m.signals.streams_opened,
             known: |m| {
                 let mut all = Vec::new();
                 for key in m.guard_services() {
@@ -414,9 +418,9 @@ pub static FAMILIES: [Def; 31] = [
     },
     Def {
         desc: help::GUARD_STREAM_LIFETIME,
-        node: Node::PerPod,
-        reach: &Labeled {
-            family: |m: &Metrics| &m.guard_stream_lifetime,
+        node: NodeExport::PerPod,
+        access: &Labeled {
+            family: |m: &Metrics| &m.signals.stream_lifetime,
             known: |_| {
                 STREAM_PROTOCOLS
                     .map(|protocol| ProtocolLabels { protocol })
@@ -427,9 +431,9 @@ pub static FAMILIES: [Def; 31] = [
     },
     Def {
         desc: help::TCP_RESETS,
-        node: Node::PerPod,
-        reach: &Labeled {
-            family: |m: &Metrics| &m.tcp_resets,
+        node: NodeExport::PerPod,
+        access: &Labeled {
+            family: |m: &Metrics| &m.envoy.tcp_resets,
             known: |_| {
                 let kinds = TCP_RESET_KINDS.iter().map(|(_, _, kind)| KindLabels {
                     kind: kind.to_string(),
@@ -441,9 +445,9 @@ pub static FAMILIES: [Def; 31] = [
     },
     Def {
         desc: help::ENVOY_LISTENER_DRAINS,
-        node: Node::PerPod,
-        reach: &Labeled {
-            family: |m: &Metrics| &m.envoy_listener_drains,
+        node: NodeExport::PerPod,
+        access: &Labeled {
+            family: |m: &Metrics| &m.envoy.listener_drains,
             known: |_| {
                 LISTENER_DRAIN_KINDS
                     .map(|kind| ListenerDrainLabels { kind })
@@ -454,9 +458,9 @@ pub static FAMILIES: [Def; 31] = [
     },
     Def {
         desc: help::ENVOY_LISTENERS_DRAINING,
-        node: Node::PerPod,
-        reach: &Labeled {
-            family: |m: &Metrics| &m.envoy_listeners_draining,
+        node: NodeExport::PerPod,
+        access: &Labeled {
+            family: |m: &Metrics| &m.envoy.listeners_draining,
             known: |_| {
                 LISTENER_DRAIN_KINDS
                     .map(|kind| ListenerDrainLabels { kind })
@@ -467,8 +471,8 @@ pub static FAMILIES: [Def; 31] = [
     },
     Def {
         desc: help::GUARD_MAX_CONNECTION_AGE,
-        node: Node::PerPod,
-        reach: &Labeled {
+        node: NodeExport::PerPod,
+        access: &Labeled {
             family: |m: &Metrics| &m.guard_max_connection_age,
             // The empty label set: a sample only once a guard sets it.
             known: |_| vec![Vec::new()],
@@ -477,8 +481,8 @@ pub static FAMILIES: [Def; 31] = [
     },
     Def {
         desc: help::GUARD_REQUEST_METRICS,
-        node: Node::PerPod,
-        reach: &Labeled {
+        node: NodeExport::PerPod,
+        access: &Labeled {
             family: |m: &Metrics| &m.guard_request_metrics,
             // The empty label set: a sample only once a guard sets it.
             known: |_| vec![Vec::new()],
@@ -487,9 +491,9 @@ pub static FAMILIES: [Def; 31] = [
     },
     Def {
         desc: help::DRAIN_TIMER,
-        node: Node::PerPod,
-        reach: &Labeled {
-            family: |m: &Metrics| &m.drain_timers,
+        node: NodeExport::PerPod,
+        access: &Labeled {
+            family: |m: &Metrics| &m.drain.timers,
             known: |_| {
                 DrainTimer::ALL
                     .map(|timer| DrainTimerLabels { timer })
@@ -500,8 +504,8 @@ pub static FAMILIES: [Def; 31] = [
     },
     Def {
         desc: help::GUARD_LIMITED,
-        node: Node::PerPod,
-        reach: &Labeled {
+        node: NodeExport::PerPod,
+        access: &Labeled {
             family: |m: &Metrics| &m.guard_limited,
             known: |_| Limit::ALL.map(|limit| LimitLabels { limit }).to_vec(),
             zeroed: false,
@@ -509,8 +513,8 @@ pub static FAMILIES: [Def; 31] = [
     },
     Def {
         desc: help::GUARD_APP_GOAWAYS,
-        node: Node::PerPod,
-        reach: &Labeled {
+        node: NodeExport::PerPod,
+        access: &Labeled {
             family: |m: &Metrics| &m.guard_app_goaways,
             known: |_| H2Code::ALL.map(|code| CodeLabels { code }).to_vec(),
             // A series appears with its first GOAWAY: alert on `> 0`.

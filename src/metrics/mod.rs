@@ -57,7 +57,7 @@ pub struct DrainCounts {
 /// How a connection or stream ended during a drain.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
-pub enum Ending {
+pub enum EndingOutcome {
     closed,
     idle_at_exit,
     completed,
@@ -92,7 +92,7 @@ pub struct FailopenLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EndingLabels {
     /// How the connection or stream ended.
-    pub outcome: Ending,
+    pub outcome: EndingOutcome,
 }
 
 /// Why the guard sent a GOAWAY or ended a stream.
@@ -437,27 +437,17 @@ pub mod help;
 
 pub use code::{Code, CODES};
 
-/// Every metric the shim exports. Cheap to clone: each field is an `Arc` inside.
+/// Every metric the shim exports, the families of the drain, of what is read
+/// of Envoy and of the guard's golden signals each in a group of its own.
+/// Cheap to clone: each field is an `Arc` inside.
 #[derive(Clone, Debug)]
 pub struct Metrics {
-    /// `drainshim_drains_total{outcome}`: drains finished, by how.
-    pub drains: Family<OutcomeLabels, Counter>,
-    /// `drainshim_drained_connections_total{outcome}`: connections by how they ended.
-    pub drained_connections: Family<EndingLabels, Counter>,
-    /// `drainshim_drained_streams_total{outcome}`: streams by how they ended; `cut` is what the mission keeps at 0.
-    pub drained_streams: Family<EndingLabels, Counter>,
-    /// `drainshim_drain_duration_seconds`: how long drains take, against the budget.
-    pub drain_duration: Histogram,
-    /// `drainshim_draining`: 1 while a drain runs.
-    pub draining: Gauge,
-    /// `drainshim_envoy_active_connections`: Envoy's live inbound connections, as last polled.
-    pub envoy_active_connections: Gauge,
-    /// `drainshim_envoy_active_streams`: Envoy's live inbound streams, as last polled.
-    pub envoy_active_streams: Gauge,
-    /// `drainshim_failopen_active{kind}`: what bypasses the guard, as last polled.
-    pub failopen_active: Family<FailopenLabels, Gauge>,
-    /// `drainshim_guard_paths`: Envoy's clusters with the guard first, as last polled.
-    pub guard_paths: Gauge,
+    /// The drains: how they ended, what they ended, how long they took and
+    /// the timers they run with.
+    pub drain: DrainFamilies,
+    /// What the shim reads of its Envoy and the pod, polled or read at scrape
+    /// time.
+    pub envoy: EnvoyFamilies,
     /// `drainshim_guard_max_connection_age_seconds`: the guard's configured
     /// max age; `plan` reads how long a tier has had one. A family with no
     /// labels (the empty set), so a shim without a guard exports no sample.
@@ -467,11 +457,6 @@ pub struct Metrics {
     /// tells a pod whose calls it cannot see from an idle one. No sample
     /// without a guard.
     pub guard_request_metrics: Family<Vec<(String, String)>, Gauge>,
-    /// `drainshim_drain_timer_seconds{timer}`: the drain timers this shim
-    /// (or this pod, in node mode) runs with; `plan` reads them.
-    pub drain_timers: Family<DrainTimerLabels, SecondsGauge>,
-    /// `drainshim_proxy_info`: 1 for this proxy; the version inventory reads its labels.
-    pub proxy_info: Family<ProxyLabels, Gauge>,
     /// `drainshim_goaways_total{reason}`: GOAWAY sequences the guard sent.
     pub goaways: Family<ReasonLabels, Counter>,
     /// `drainshim_streams_terminated_total{reason,protocol}`: streams the guard ended gracefully.
@@ -485,43 +470,86 @@ pub struct Metrics {
     /// application's the guard dropped, and their bytes (`_bytes_total`).
     pub stream_data_dropped: Family<DroppedLabels, Counter>,
     pub stream_data_dropped_bytes: Family<DroppedLabels, Counter>,
-    /// `drainshim_envoy_config_updates_total`: xDS acceptance per proxy version, mirrored from Envoy.
-    pub envoy_config_updates: Family<ConfigLabels, Counter>,
-    /// `drainshim_envoy_upstream_retries_total{version}`: Envoy's retry volume per version.
-    pub envoy_upstream_retries: Family<VersionLabels, Counter>,
-    /// `drainshim_tcp_resets_total{kind}`: the pod's kernel reset counters, seen from outside the mesh.
-    pub tcp_resets: Family<KindLabels, Counter>,
-    /// `drainshim_envoy_listener_drains_total{kind}`: listener drains a
-    /// config update began (not the pod's own drain), from Envoy's counters.
-    pub envoy_listener_drains: Family<ListenerDrainLabels, Counter>,
-    /// `drainshim_envoy_listeners_draining{kind}`: what Envoy drains after
-    /// config updates now, as of the last look (Envoy's gauges).
-    pub envoy_listeners_draining: Family<ListenerDrainLabels, Gauge>,
     /// The stream guard's process caps and frame rate limits at work.
     pub guard_limited: Family<LimitLabels, Counter>,
     /// `drainshim_guard_app_goaways_total{code}`: GOAWAY frames the
     /// applications sent the guard, by error code (ENHANCE_YOUR_CALM: the
     /// app found the guard abusive and dropped its connection).
     pub guard_app_goaways: Family<CodeLabels, Counter>,
+    /// The guard's golden signals.
+    pub signals: SignalFamilies,
+}
+
+/// The drains: how they ended, what they ended, how long they took and the
+/// timers they run with.
+#[derive(Clone, Debug)]
+pub struct DrainFamilies {
+    /// `drainshim_drains_total{outcome}`: drains finished, by how.
+    pub drains: Family<OutcomeLabels, Counter>,
+    /// `drainshim_drained_connections_total{outcome}`: connections by how they ended.
+    pub drained_connections: Family<EndingLabels, Counter>,
+    /// `drainshim_drained_streams_total{outcome}`: streams by how they ended; `cut` is what the mission keeps at 0.
+    pub drained_streams: Family<EndingLabels, Counter>,
+    /// `drainshim_drain_duration_seconds`: how long drains take, against the budget.
+    pub duration: Histogram,
+    /// `drainshim_draining`: 1 while a drain runs.
+    pub draining: Gauge,
+    /// `drainshim_drain_timer_seconds{timer}`: the drain timers this shim
+    /// (or this pod, in node mode) runs with; `plan` reads them.
+    pub timers: Family<DrainTimerLabels, SecondsGauge>,
+}
+
+/// What the shim reads of its Envoy and the pod: polled during a drain or
+/// read at scrape time (the inventory, config acceptance, retries, kernel
+/// resets, the fail-open path, config-push listener drains).
+#[derive(Clone, Debug)]
+pub struct EnvoyFamilies {
+    /// `drainshim_envoy_active_connections`: Envoy's live inbound connections, as last polled.
+    pub active_connections: Gauge,
+    /// `drainshim_envoy_active_streams`: Envoy's live inbound streams, as last polled.
+    pub active_streams: Gauge,
+    /// `drainshim_failopen_active{kind}`: what bypasses the guard, as last polled.
+    pub failopen_active: Family<FailopenLabels, Gauge>,
+    /// `drainshim_guard_paths`: Envoy's clusters with the guard first, as last polled.
+    pub guard_paths: Gauge,
+    /// `drainshim_proxy_info`: 1 for this proxy; the version inventory reads its labels.
+    pub proxy_info: Family<ProxyLabels, Gauge>,
+    /// `drainshim_envoy_config_updates_total`: xDS acceptance per proxy version, mirrored from Envoy.
+    pub config_updates: Family<ConfigLabels, Counter>,
+    /// `drainshim_envoy_upstream_retries_total{version}`: Envoy's retry volume per version.
+    pub upstream_retries: Family<VersionLabels, Counter>,
     /// Inbound requests callers sent to Envoy, per version: the denominator
     /// that exposes retries in the guard's request count.
-    pub envoy_downstream_requests: Family<VersionLabels, Counter>,
-    /// Every request the guard proxied, by service, code and protocol.
-    pub guard_requests: Family<GuardRequestLabels, Counter>,
-    /// Latency per service: unary to the end, streams to the first message.
-    pub guard_request_duration: HistogramFamily<ServiceKey>,
-    /// Streams opened per service: the reconnect rate.
-    pub guard_streams_opened: Family<GuardStreamLabels, Counter>,
-    /// Stream lifetimes per protocol.
-    pub guard_stream_lifetime: HistogramFamily<ProtocolLabels>,
-    /// Every service key the guard has series for. prometheus-client cannot
-    /// list a Family's label sets, and node mode enumerates them; the guard's
-    /// cardinality cap bounds it.
-    pub guard_services_seen: Arc<Mutex<BTreeSet<ServiceKey>>>,
+    pub downstream_requests: Family<VersionLabels, Counter>,
+    /// `drainshim_tcp_resets_total{kind}`: the pod's kernel reset counters, seen from outside the mesh.
+    pub tcp_resets: Family<KindLabels, Counter>,
+    /// `drainshim_envoy_listener_drains_total{kind}`: listener drains a
+    /// config update began (not the pod's own drain), from Envoy's counters.
+    pub listener_drains: Family<ListenerDrainLabels, Counter>,
+    /// `drainshim_envoy_listeners_draining{kind}`: what Envoy drains after
+    /// config updates now, as of the last look (Envoy's gauges).
+    pub listeners_draining: Family<ListenerDrainLabels, Gauge>,
     /// Every Envoy version passed to `set_proxy`. prometheus-client cannot
     /// list a Family's label sets, and node mode must find the version-keyed
     /// series to re-label them per pod.
     pub versions_seen: Arc<Mutex<BTreeSet<String>>>,
+}
+
+/// The guard's golden signals: every request and stream it proxied, by service.
+#[derive(Clone, Debug)]
+pub struct SignalFamilies {
+    /// Every request the guard proxied, by service, code and protocol.
+    pub requests: Family<GuardRequestLabels, Counter>,
+    /// Latency per service: unary to the end, streams to the first message.
+    pub request_duration: HistogramFamily<ServiceKey>,
+    /// Streams opened per service: the reconnect rate.
+    pub streams_opened: Family<GuardStreamLabels, Counter>,
+    /// Stream lifetimes per protocol.
+    pub stream_lifetime: HistogramFamily<ProtocolLabels>,
+    /// Every service key the guard has series for. prometheus-client cannot
+    /// list a Family's label sets, and node mode enumerates them; the guard's
+    /// cardinality cap bounds it.
+    pub services_seen: Arc<Mutex<BTreeSet<ServiceKey>>>,
 }
 
 // === impl Metrics ===
@@ -562,52 +590,59 @@ impl Metrics {
     /// series created at 0 where the table says so.
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self {
-            drains: Family::default(),
-            drained_connections: Family::default(),
-            drained_streams: Family::default(),
-            // 0.5 s .. ~256 s: covers a quick quiesce up to a long parent-shutdown budget.
-            drain_duration: Histogram::new(exponential_buckets(0.5, 2.0, 10)),
-            draining: Gauge::default(),
-            envoy_active_connections: Gauge::default(),
-            envoy_active_streams: Gauge::default(),
-            failopen_active: Family::default(),
-            guard_paths: Gauge::default(),
+            drain: DrainFamilies {
+                drains: Family::default(),
+                drained_connections: Family::default(),
+                drained_streams: Family::default(),
+                // 0.5 s .. ~256 s: covers a quick quiesce up to a long parent-shutdown budget.
+                duration: Histogram::new(exponential_buckets(0.5, 2.0, 10)),
+                draining: Gauge::default(),
+                timers: Family::default(),
+            },
+            envoy: EnvoyFamilies {
+                active_connections: Gauge::default(),
+                active_streams: Gauge::default(),
+                failopen_active: Family::default(),
+                guard_paths: Gauge::default(),
+                proxy_info: Family::default(),
+                config_updates: Family::default(),
+                upstream_retries: Family::default(),
+                downstream_requests: Family::default(),
+                tcp_resets: Family::default(),
+                listener_drains: Family::default(),
+                listeners_draining: Family::default(),
+                versions_seen: Arc::default(),
+            },
             guard_max_connection_age: Family::default(),
             guard_request_metrics: Family::default(),
-            drain_timers: Family::default(),
-            proxy_info: Family::default(),
             goaways: Family::default(),
             streams_terminated: Family::default(),
             streams_ungraceful: Family::default(),
             streams_blind_ended: Family::default(),
             stream_data_dropped: Family::default(),
             stream_data_dropped_bytes: Family::default(),
-            envoy_config_updates: Family::default(),
-            envoy_upstream_retries: Family::default(),
-            tcp_resets: Family::default(),
-            envoy_listener_drains: Family::default(),
-            envoy_listeners_draining: Family::default(),
             guard_limited: Family::default(),
             guard_app_goaways: Family::default(),
-            envoy_downstream_requests: Family::default(),
-            guard_requests: Family::default(),
-            guard_request_duration: Family::new_with_constructor(rpc_latency_histogram),
-            guard_streams_opened: Family::default(),
-            guard_stream_lifetime: Family::new_with_constructor(stream_lifetime_histogram),
-            guard_services_seen: Arc::default(),
-            versions_seen: Arc::default(),
+            signals: SignalFamilies {
+                requests: Family::default(),
+                request_duration: Family::new_with_constructor(rpc_latency_histogram),
+                streams_opened: Family::default(),
+                stream_lifetime: Family::new_with_constructor(stream_lifetime_histogram),
+                services_seen: Arc::default(),
+            },
         };
         let r = registry.sub_registry_with_prefix("drainshim");
         for def in &families::FAMILIES {
-            def.reach.zero(&m);
-            def.reach.register(&m, r, def.desc);
+            def.access.zero(&m);
+            def.access.register(&m, r, def.desc);
         }
         m
     }
 
     /// The guard's service keys with series (bounded by its cardinality cap).
     pub fn guard_services(&self) -> Vec<ServiceKey> {
-        self.guard_services_seen
+        self.signals
+            .services_seen
             .lock()
             .map(|s| s.iter().cloned().collect())
             .unwrap_or_default()
@@ -615,7 +650,8 @@ impl Metrics {
 
     /// The Envoy versions passed to `set_proxy`.
     pub fn versions(&self) -> Vec<String> {
-        self.versions_seen
+        self.envoy
+            .versions_seen
             .lock()
             .map(|s| s.iter().cloned().collect())
             .unwrap_or_default()
@@ -624,40 +660,47 @@ impl Metrics {
     /// Counts one finished drain.
     pub fn record_drain(&self, d: &DrainCounts) {
         if let Some(outcome) = d.outcome {
-            self.drains.get_or_create(&OutcomeLabels { outcome }).inc();
+            self.drain
+                .drains
+                .get_or_create(&OutcomeLabels { outcome })
+                .inc();
         }
         for (outcome, n) in [
-            (Ending::closed, d.connections_closed),
-            (Ending::idle_at_exit, d.connections_idle_at_exit),
-            (Ending::cut, d.connections_cut),
+            (EndingOutcome::closed, d.connections_closed),
+            (EndingOutcome::idle_at_exit, d.connections_idle_at_exit),
+            (EndingOutcome::cut, d.connections_cut),
         ] {
-            self.drained_connections
+            self.drain
+                .drained_connections
                 .get_or_create(&EndingLabels { outcome })
                 .inc_by(n);
         }
         for (outcome, n) in [
-            (Ending::completed, d.streams_completed),
-            (Ending::terminated, d.streams_terminated),
-            (Ending::failed, d.streams_failed),
-            (Ending::cut, d.streams_cut),
-            (Ending::bypassed, d.streams_bypassed),
+            (EndingOutcome::completed, d.streams_completed),
+            (EndingOutcome::terminated, d.streams_terminated),
+            (EndingOutcome::failed, d.streams_failed),
+            (EndingOutcome::cut, d.streams_cut),
+            (EndingOutcome::bypassed, d.streams_bypassed),
         ] {
-            self.drained_streams
+            self.drain
+                .drained_streams
                 .get_or_create(&EndingLabels { outcome })
                 .inc_by(n);
         }
-        self.drain_duration.observe(d.duration_seconds);
+        self.drain.duration.observe(d.duration_seconds);
     }
 
     /// Sets the fail-open gauges from one poll.
     pub fn set_failopen(&self, requests: u64, connections: u64, paths: u64) {
-        self.guard_paths
+        self.envoy
+            .guard_paths
             .set(i64::try_from(paths).unwrap_or(i64::MAX));
         for (kind, n) in [
             (FailopenKind::requests, requests),
             (FailopenKind::connections, connections),
         ] {
-            self.failopen_active
+            self.envoy
+                .failopen_active
                 .get_or_create(&FailopenLabels { kind })
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
@@ -683,12 +726,13 @@ impl Metrics {
             let labels = DrainTimerLabels { timer };
             match value {
                 Some(d) => {
-                    self.drain_timers
+                    self.drain
+                        .timers
                         .get_or_create(&labels)
                         .set(d.as_secs_f64());
                 }
                 None => {
-                    self.drain_timers.remove(&labels);
+                    self.drain.timers.remove(&labels);
                 }
             }
         }
@@ -696,16 +740,16 @@ impl Metrics {
 
     /// Replaces the inventory entry: a restarted Envoy may report a new version.
     pub fn set_proxy(&self, labels: ProxyLabels) {
-        if let Ok(mut seen) = self.versions_seen.lock() {
+        if let Ok(mut seen) = self.envoy.versions_seen.lock() {
             if !seen.contains(&labels.version) {
                 seen.insert(labels.version.clone());
             }
         }
-        if self.proxy_info.get_or_create(&labels).get() == 1 {
+        if self.envoy.proxy_info.get_or_create(&labels).get() == 1 {
             return;
         }
-        self.proxy_info.clear();
-        self.proxy_info.get_or_create(&labels).set(1);
+        self.envoy.proxy_info.clear();
+        self.envoy.proxy_info.get_or_create(&labels).set(1);
     }
 }
 

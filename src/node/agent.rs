@@ -21,7 +21,7 @@ use super::metrics::{PodCollector, PodSeries, PodSource, TimersCollector, Timers
 use super::netns::Netns;
 use super::pod::{HostAddrs, Pod};
 use super::scan::scan_loop;
-use super::shared::{Departed, Shared};
+use super::shared::{AgentMetrics, Departed, Shared};
 use super::{api, proc, NodeAgent, NodeError, NodeSettings, NodeStatus};
 use crate::drain::Phase;
 
@@ -54,8 +54,8 @@ impl handover::Donor for Arc<Shared> {
             .collect();
         if let Ok(pods) = self.pods.lock() {
             for (k, p) in pods.iter() {
-                offers.extend(dup(ListenerKind::Prestop, *k, p.listener_fd.as_ref()));
-                offers.extend(dup(ListenerKind::Guard, *k, p.guard_fd.as_ref()));
+                offers.extend(dup(ListenerKind::Prestop, *k, p.listener.fd.as_ref()));
+                offers.extend(dup(ListenerKind::Guard, *k, p.guard.fd.as_ref()));
             }
         }
         // Not claimed yet here (a pod not identified since): passed on too.
@@ -174,9 +174,11 @@ impl NodeAgent {
             departed,
             host: HostAddrs::default(),
             tasks: TaskTracker::new(),
-            registry,
-            pods_gauge,
-            migrate_gauge,
+            metrics: AgentMetrics {
+                registry,
+                pods: pods_gauge,
+                without_migrate_req: migrate_gauge,
+            },
             scans: Default::default(),
             next_seq: Default::default(),
             scanning: Arc::default(),

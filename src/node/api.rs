@@ -24,7 +24,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::Shared;
-use crate::control::{drain_form, drain_response, may_mutate, Refusal};
+use crate::control::{drain_form, drain_response, may_mutate, RouteRefusal};
 use crate::drain::Trigger;
 use crate::http::server::{json, not_allowed, openmetrics, serve_fn_until, text};
 
@@ -139,8 +139,10 @@ fn pod_route(method: &Method, rest: &str, query: &str, peer: SocketAddr) -> ApiR
 fn drain_then(method: &Method, query: &str, peer: SocketAddr) -> PodThen {
     let wait = match drain_form(method, query) {
         Ok(wait) => wait,
-        Err(Refusal::BadQuery(msg)) => return PodThen::Refuse(StatusCode::BAD_REQUEST, None, msg),
-        Err(Refusal::DrainGetWithoutWait) => {
+        Err(RouteRefusal::BadQuery(msg)) => {
+            return PodThen::Refuse(StatusCode::BAD_REQUEST, None, msg)
+        }
+        Err(RouteRefusal::DrainGetWithoutWait) => {
             return PodThen::Refuse(
                 StatusCode::METHOD_NOT_ALLOWED,
                 None,
@@ -190,7 +192,7 @@ async fn handle(
             {
                 tracing::debug!("telemetry refresh timed out; serving the last values");
             }
-            openmetrics(crate::metrics::render(&shared.registry))
+            openmetrics(crate::metrics::render(&shared.metrics.registry))
         }
         ApiRoute::Healthz => text(StatusCode::OK, "ok\n"),
         ApiRoute::Readyz => {

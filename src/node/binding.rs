@@ -57,7 +57,7 @@ impl Shared {
                     "bind port {} inside the pod: {e}",
                     self.settings.pod_listen_port
                 );
-                if pod.listener != ListenerState::Failed(msg.clone()) {
+                if pod.listener.state != ListenerState::Failed(msg.clone()) {
                     tracing::warn!(namespace = %pod.labels.namespace, pod = %pod.labels.pod,
                         error = %msg, "no preStop listener for this pod (retrying each scan)");
                 }
@@ -68,7 +68,7 @@ impl Shared {
             Ok(a) => a,
             Err(e) => return ListenerState::Failed(format!("listener address: {e}")),
         };
-        pod.listener_fd = listener.as_fd().try_clone_to_owned().ok();
+        pod.listener.fd = listener.as_fd().try_clone_to_owned().ok();
         let endpoint = Arc::new(PodEndpoint {
             drain: pod.drain.clone(),
             host: self.host.clone(),
@@ -76,7 +76,7 @@ impl Shared {
         });
         self.tasks.spawn(crate::http::server::serve_fn_until(
             listener,
-            pod.listener_stop.clone(),
+            pod.listener.stop.clone(),
             pod.cancel.clone(),
             move |peer, req| {
                 let endpoint = endpoint.clone();
@@ -128,11 +128,11 @@ impl Shared {
             Ok(l) => l,
             Err(e) => {
                 let msg = format!("bind {} inside the pod: {e}", spec.listen);
-                if pod.guard_state != GuardState::Failed(msg.clone()) {
+                if pod.guard.state != GuardState::Failed(msg.clone()) {
                     tracing::warn!(namespace = %pod.labels.namespace, pod = %pod.labels.pod,
                         error = %msg, "no stream guard for this pod (retrying each scan)");
                 }
-                pod.guard_state = GuardState::Failed(msg);
+                pod.guard.state = GuardState::Failed(msg);
                 return;
             }
         };
@@ -149,12 +149,12 @@ impl Shared {
         );
         let accepting = pod.cancel.child_token();
         let shutdown = pod.cancel.child_token();
-        pod.guard_fd = listener.as_fd().try_clone_to_owned().ok();
+        pod.guard.fd = listener.as_fd().try_clone_to_owned().ok();
         let serving = g.clone();
         let (a, sd) = (accepting.clone(), shutdown.clone());
         self.tasks
             .spawn(async move { serving.serve_until(listener, a, sd).await });
-        pod.guard.set(PodGuard {
+        pod.guard.slot.set(PodGuard {
             spec,
             guard: g,
             accepting,
@@ -162,7 +162,7 @@ impl Shared {
         });
         tracing::info!(namespace = %pod.labels.namespace, pod = %pod.labels.pod,
             guard = %spec, "stream guard serving inside the pod");
-        pod.guard_state = GuardState::Serving {
+        pod.guard.state = GuardState::Serving {
             listen: spec.listen,
             upstream: spec.upstream,
         };
@@ -180,10 +180,10 @@ impl Shared {
                     .inspect(|p| {
                         // A preStop in flight here is answered here.
                         if p.drain.status().phase == Phase::Serving {
-                            p.listener_stop.cancel();
+                            p.listener.stop.cancel();
                         }
                     })
-                    .filter_map(|p| p.guard.get())
+                    .filter_map(|p| p.guard.slot.get())
                     .collect()
             })
             .unwrap_or_default();
@@ -206,8 +206,8 @@ impl Shared {
     pub(super) fn stop_prestop_listeners(&self) {
         if let Ok(mut pods) = self.pods.lock() {
             for p in pods.values_mut() {
-                p.listener_stop.cancel();
-                p.listener_fd = None;
+                p.listener.stop.cancel();
+                p.listener.fd = None;
             }
         }
     }
@@ -219,7 +219,7 @@ impl Shared {
         let guards: Vec<PodGuard> = self
             .pods
             .lock()
-            .map(|p| p.values().filter_map(|p| p.guard.get()).collect())
+            .map(|p| p.values().filter_map(|p| p.guard.slot.get()).collect())
             .unwrap_or_default();
         if guards.is_empty() {
             return;
@@ -279,7 +279,7 @@ impl Shared {
                 offers
                     .iter()
                     .filter(|o| o.kind == ListenerKind::Guard)
-                    .filter(|o| pods.get(&o.netns).is_some_and(|p| p.envoy_state.is_err()))
+                    .filter(|o| pods.get(&o.netns).is_some_and(|p| p.envoy.state.is_err()))
                     .count()
             })
             .unwrap_or(0)
@@ -293,7 +293,7 @@ impl Shared {
     pub(super) fn close_guard_listeners(&self) {
         if let Ok(mut pods) = self.pods.lock() {
             for p in pods.values_mut() {
-                p.guard_fd = None;
+                p.guard.fd = None;
             }
         }
         if let Ok(mut offers) = self.inherited.lock() {

@@ -87,11 +87,11 @@ impl Shared {
                 p.iter()
                     .map(|(k, p)| Work {
                         key: *k,
-                        admin: p.admin.clone(),
+                        admin: p.envoy.admin.clone(),
                         ns: p.netns.clone(),
-                        needs_listener: !matches!(p.listener, ListenerState::Listening(_)),
+                        needs_listener: !matches!(p.listener.state, ListenerState::Listening(_)),
                         // A guard starts on a pod that is not draining.
-                        needs_guard: !matches!(p.guard_state, GuardState::Serving { .. })
+                        needs_guard: !matches!(p.guard.state, GuardState::Serving { .. })
                             && p.drain.status().phase == Phase::Serving,
                         // Once per pod, before its listeners are bound.
                         needs_migrate: migrate && p.tcp_migrate_req.is_none(),
@@ -99,7 +99,7 @@ impl Shared {
                         metrics: p.metrics.clone(),
                         pod: format!("{}/{}", p.labels.namespace, p.labels.pod),
                         pod_draining: p.drain.status().phase != Phase::Serving,
-                        guard: p.guard.clone(),
+                        guard: p.guard.slot.clone(),
                     })
                     .collect()
             })
@@ -200,7 +200,8 @@ impl Shared {
             .values()
             .filter(|p| matches!(p.tcp_migrate_req, Some(Err(_))))
             .count();
-        self.migrate_gauge
+        self.metrics
+            .without_migrate_req
             .set(i64::try_from(without).unwrap_or(i64::MAX));
         // Listeners handed over for pods that are gone are closed (the pod
         // is gone, nobody connects there any more).
@@ -235,29 +236,29 @@ impl Shared {
         match guard {
             Some(Ok((spec, bound))) => self.start_guard(p, spec, bound),
             Some(Err(msg)) => {
-                if p.guard_state != GuardState::Failed(msg.clone()) {
+                if p.guard.state != GuardState::Failed(msg.clone()) {
                     tracing::warn!(namespace = %p.labels.namespace, pod = %p.labels.pod,
                         error = %msg, "no stream guard for this pod");
                 }
-                p.guard_state = GuardState::Failed(msg);
+                p.guard.state = GuardState::Failed(msg);
             }
             None => {}
         }
         match info {
             Ok(info) => {
-                p.envoy_state = Ok(info.state.clone());
+                p.envoy.state = Ok(info.state.clone());
                 p.resolve(Some(&info));
                 let timers = PodTimers::from_metadata(&info.node.metadata, &self.settings.budget);
                 apply_timers(p, timers);
             }
             Err(e) => {
-                p.envoy_state = Err(e.to_string());
+                p.envoy.state = Err(e.to_string());
                 p.resolve(None);
             }
         }
         if let Some(l) = listener {
             let state = self.serve_pod(p, l);
-            p.listener = state;
+            p.listener.state = state;
         }
     }
 }

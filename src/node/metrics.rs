@@ -27,7 +27,7 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetri
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::MetricType;
 
-use crate::metrics::families::{Labels, Node, FAMILIES};
+use crate::metrics::families::{Labels, NodeExport, FAMILIES};
 use crate::metrics::{Metrics, ProxyLabels};
 
 /// The two labels node mode adds to every per-pod series.
@@ -89,7 +89,7 @@ impl Collector for PodCollector {
         let one = Gauge::<i64>::default();
         one.set(1);
         for def in &FAMILIES {
-            let ty = def.reach.metric_type();
+            let ty = def.access.metric_type();
             // The registry ends every help text with a period; so do we.
             let (name, help) = def.desc;
             let help = format!("{help}.");
@@ -97,11 +97,13 @@ impl Collector for PodCollector {
             // A departed pod's gauges are live values no longer measured.
             for p in pods.iter().filter(|p| p.live || ty != MetricType::Gauge) {
                 match (def.node, &p.proxy) {
-                    (Node::Inventory, Some(proxy)) => one.encode(me.encode_family(proxy)?)?,
-                    (Node::Inventory, None) => {}
-                    (Node::PerPod, _) => def.reach.series(&p.metrics, &mut |labels, metric| {
-                        series(&mut me, &p.labels, Labels(labels), metric)
-                    })?,
+                    (NodeExport::Inventory, Some(proxy)) => one.encode(me.encode_family(proxy)?)?,
+                    (NodeExport::Inventory, None) => {}
+                    (NodeExport::PerPod, _) => {
+                        def.access.series(&p.metrics, &mut |labels, metric| {
+                            series(&mut me, &p.labels, Labels(labels), metric)
+                        })?
+                    }
                 }
             }
         }
@@ -186,7 +188,8 @@ mod tests {
             .set(1800);
         m.guard_request_metrics.get_or_create(&Vec::new()).set(1);
         // As a shim that knows its drain timers sets them.
-        m.drain_timers
+        m.drain
+            .timers
             .get_or_create(&crate::metrics::DrainTimerLabels {
                 timer: crate::metrics::DrainTimer::drain_time,
             })
@@ -225,29 +228,33 @@ mod tests {
             version: "1.40.0".into(),
             mesh_version: "1.24.1".into(),
         });
-        m.envoy_active_streams.set(4);
+        m.envoy.active_streams.set(4);
         m.set_failopen(2, 1, 1);
-        m.draining.set(1);
+        m.drain.draining.set(1);
         for (_, _, kind) in TCP_RESET_KINDS {
-            m.tcp_resets
+            m.envoy
+                .tcp_resets
                 .get_or_create(&KindLabels {
                     kind: kind.to_string(),
                 })
                 .inc_by(2);
         }
-        m.envoy_config_updates
+        m.envoy
+            .config_updates
             .get_or_create(&ConfigLabels {
                 resource: "lds".into(),
                 result: "rejected".into(),
                 version: "1.40.0".into(),
             })
             .inc();
-        m.envoy_upstream_retries
+        m.envoy
+            .upstream_retries
             .get_or_create(&VersionLabels {
                 version: "1.40.0".into(),
             })
             .inc_by(7);
-        m.envoy_downstream_requests
+        m.envoy
+            .downstream_requests
             .get_or_create(&VersionLabels {
                 version: "1.40.0".into(),
             })
@@ -257,12 +264,14 @@ mod tests {
             service: "shop.Cart".into(),
             method: None,
         };
-        m.guard_services_seen
+        m.signals
+            .services_seen
             .lock()
             .expect("lock")
             .insert(key.clone());
         for code in [crate::metrics::Code::OK, crate::metrics::Code::UNAVAILABLE] {
-            m.guard_requests
+            m.signals
+                .requests
                 .get_or_create(&GuardRequestLabels {
                     key: key.clone(),
                     code,
@@ -270,14 +279,19 @@ mod tests {
                 })
                 .inc_by(3);
         }
-        m.guard_request_duration.get_or_create(&key).observe(0.004);
-        m.guard_streams_opened
+        m.signals
+            .request_duration
+            .get_or_create(&key)
+            .observe(0.004);
+        m.signals
+            .streams_opened
             .get_or_create(&GuardStreamLabels {
                 key,
                 protocol: crate::metrics::StreamProtocol::grpc,
             })
             .inc();
-        m.guard_stream_lifetime
+        m.signals
+            .stream_lifetime
             .get_or_create(&ProtocolLabels {
                 protocol: crate::metrics::StreamProtocol::grpc,
             })

@@ -73,18 +73,14 @@ pub struct Pod {
     pub seq: u64,
     /// The pinned network namespace.
     pub netns: Netns,
-    /// Envoy pids seen in it at the last scan, lowest first.
-    pub pids: Vec<i32>,
     /// What the process says of the pod (downward API env, cgroup UID).
     pub proc_identity: ProcIdentity,
     /// The labels its series carry, resolved in the documented order (docs/design.md).
     pub labels: PodLabels,
     /// The inventory entry, once Envoy has answered `/server_info`.
     pub proxy: Option<ProxyLabels>,
-    /// Envoy's server state at the last scan (LIVE, DRAINING...), or the error.
-    pub envoy_state: Result<String, String>,
-    /// The admin client, dialling from inside the pod.
-    pub admin: AdminClient,
+    /// Its Envoy: the processes, the admin client, the last state seen.
+    pub envoy: PodEnvoy,
     /// This pod's drain, with its own timers; the listener and the agent
     /// API drive it.
     pub drain: PodDrain,
@@ -92,18 +88,10 @@ pub struct Pod {
     pub metrics: Metrics,
     /// Read at scrape time.
     pub telemetry: Arc<Telemetry>,
-    /// The preStop listener's state.
-    pub listener: ListenerState,
-    /// The preStop listener's socket, kept to hand over to the next agent.
-    pub listener_fd: Option<std::os::fd::OwnedFd>,
-    /// Stops the preStop listener alone (a child of `cancel`).
-    pub listener_stop: CancellationToken,
-    /// The stream guard, as the drain driver sees it.
-    pub guard: super::guard::PodGuardSlot,
-    /// The guard's state, for /status.
-    pub guard_state: GuardState,
-    /// The guard listener's socket, kept to hand over to the next agent.
-    pub guard_fd: Option<std::os::fd::OwnedFd>,
+    /// The preStop listener.
+    pub listener: PreStopListener,
+    /// The stream guard and its listener.
+    pub guard: GuardBinding,
     /// `net.ipv4.tcp_migrate_req` in its namespace: not tried yet (`None`),
     /// set, or why not (`--tcp-migrate-req`).
     pub tcp_migrate_req: Option<Result<(), String>>,
@@ -113,6 +101,36 @@ pub struct Pod {
     pub cancel: CancellationToken,
     /// Shared with the listener so its logs name the pod as identity improves.
     pub name: Arc<RwLock<PodLabels>>,
+}
+
+/// A pod's Envoy, as the agent knows it.
+pub struct PodEnvoy {
+    /// Envoy pids seen in the pod's namespace at the last scan, lowest first.
+    pub pids: Vec<i32>,
+    /// The admin client, dialling from inside the pod.
+    pub admin: AdminClient,
+    /// Envoy's server state at the last scan (LIVE, DRAINING...), or the error.
+    pub state: Result<String, String>,
+}
+
+/// A pod's preStop listener.
+pub struct PreStopListener {
+    /// Its state, for /status.
+    pub state: ListenerState,
+    /// Its socket, kept to hand over to the next agent.
+    pub fd: Option<std::os::fd::OwnedFd>,
+    /// Stops it alone (a child of the pod's `cancel`).
+    pub stop: CancellationToken,
+}
+
+/// A pod's stream guard and the listener it serves.
+pub struct GuardBinding {
+    /// The guard, as the drain driver sees it.
+    pub slot: super::guard::PodGuardSlot,
+    /// Its state, for /status.
+    pub state: GuardState,
+    /// Its listener's socket, kept to hand over to the next agent.
+    pub fd: Option<std::os::fd::OwnedFd>,
 }
 
 impl Pod {
@@ -171,15 +189,15 @@ impl Pod {
             namespace: self.labels.namespace.clone(),
             pod: self.labels.pod.clone(),
             uid: self.proc_identity.uid.clone(),
-            pids: self.pids.clone(),
+            pids: self.envoy.pids.clone(),
             netns: self.netns.inode(),
-            listener: self.listener.clone(),
-            guard: self.guard_state.clone(),
+            listener: self.listener.state.clone(),
+            guard: self.guard.state.clone(),
             envoy: EnvoySummary {
                 version: self.proxy.as_ref().map(|p| p.version.clone()),
                 mesh_version: self.proxy.as_ref().map(|p| p.mesh_version.clone()),
-                state: self.envoy_state.clone().ok(),
-                error: self.envoy_state.clone().err(),
+                state: self.envoy.state.clone().ok(),
+                error: self.envoy.state.clone().err(),
             },
             drain: self.drain.status(),
             timers: self.drain.timers().status(),

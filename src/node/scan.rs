@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::guard::PodGuardSlot;
 use super::metrics::PodLabels;
 use super::netns::{self, Netns, NetnsDial};
-use super::pod::{self, GuardState, ListenerState, Pod};
+use super::pod::{self, GuardBinding, GuardState, ListenerState, Pod, PodEnvoy, PreStopListener};
 use super::proc;
 use super::shared::{Departed, Shared, SCAN_CONCURRENCY};
 use super::timers::{self, PodDrain, PodTimers};
@@ -158,7 +158,7 @@ pub(super) fn timers_note(timers: &PodTimers) -> TimersNote {
             reasons: timers.reasons(),
             violations: violations.join("; "),
         }
-    } else if timers.source == timers::Source::Pod {
+    } else if timers.source == timers::TimerSource::Pod {
         TimersNote::Own
     } else {
         TimersNote::Agent
@@ -242,7 +242,7 @@ impl Shared {
                 .iter()
                 .map(|(k, p)| Known {
                     netns: *k,
-                    pids: p.pids.clone(),
+                    pids: p.envoy.pids.clone(),
                     drained: p.drain.status().report.is_some(),
                 })
                 .collect();
@@ -285,15 +285,15 @@ impl Shared {
         // A new pod has the pids of its group (`new_pod`).
         for p in created {
             tracing::info!(namespace = %p.labels.namespace, pod = %p.labels.pod,
-                netns = p.netns.inode(), pids = ?p.pids, listener = ?p.listener, "pod found");
+                netns = p.netns.inode(), pids = ?p.envoy.pids, listener = ?p.listener.state, "pod found");
             pods.insert(p.netns.inode(), p);
         }
         for (k, p) in pods.iter_mut() {
             if let Some(pids) = changes.keep.get(k) {
-                p.pids = pids.clone();
+                p.envoy.pids = pids.clone();
             }
         }
-        self.pods_gauge.set(pods.len() as i64);
+        self.metrics.pods.set(pods.len() as i64);
     }
 
     /// Pins the namespace, builds the admin client, telemetry and drain
@@ -364,21 +364,27 @@ impl Shared {
                 .next_seq
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             netns,
-            pids: g.pids.clone(),
             proc_identity,
             labels: PodLabels::default(),
             proxy: None,
-            envoy_state: Err("not asked yet".into()),
-            admin,
+            envoy: PodEnvoy {
+                pids: g.pids.clone(),
+                admin,
+                state: Err("not asked yet".into()),
+            },
             drain,
             metrics,
             telemetry,
-            listener: ListenerState::Failed("not bound yet".into()),
-            listener_fd: None,
-            listener_stop: cancel.child_token(),
-            guard,
-            guard_state: GuardState::Off,
-            guard_fd: None,
+            listener: PreStopListener {
+                state: ListenerState::Failed("not bound yet".into()),
+                fd: None,
+                stop: cancel.child_token(),
+            },
+            guard: GuardBinding {
+                slot: guard,
+                state: GuardState::Off,
+                fd: None,
+            },
             tcp_migrate_req: None,
             listener_drains: Tracker::default(),
             cancel,

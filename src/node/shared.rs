@@ -8,6 +8,7 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 
 use futures_util::StreamExt;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -32,6 +33,17 @@ pub(super) struct Departed {
     pub(super) until: Instant,
 }
 
+/// The agent's registry and the two gauges of its own it writes.
+pub(super) struct AgentMetrics {
+    /// Per-pod series (collected at scrape time) plus the gauges below.
+    pub(super) registry: Registry,
+    /// Pods managed (`drainshim_node_pods`).
+    pub(super) pods: Gauge,
+    /// Pods whose namespace could not be given `net.ipv4.tcp_migrate_req`
+    /// (`drainshim_node_pods_without_tcp_migrate_req`).
+    pub(super) without_migrate_req: Gauge,
+}
+
 /// State shared by the scanner, the API and the pod listeners.
 pub(super) struct Shared {
     /// Validated flags.
@@ -47,12 +59,7 @@ pub(super) struct Shared {
     /// Every pod task (listeners, report watchers): none outlives its pod.
     pub(super) tasks: TaskTracker,
     /// The agent's metrics: per-pod series plus a few of its own.
-    pub(super) registry: Registry,
-    /// Pods managed (`drainshim_node_pods`).
-    pub(super) pods_gauge: prometheus_client::metrics::gauge::Gauge,
-    /// Pods whose namespace could not be given `net.ipv4.tcp_migrate_req`
-    /// (`drainshim_node_pods_without_tcp_migrate_req`).
-    pub(super) migrate_gauge: prometheus_client::metrics::gauge::Gauge,
+    pub(super) metrics: AgentMetrics,
     /// Scans done, for /readyz and /status.
     pub(super) scans: std::sync::atomic::AtomicU64,
     /// Numbers pods in discovery order.

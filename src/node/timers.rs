@@ -38,7 +38,7 @@ use crate::settings::Budget;
 /// Where a pod's drain timers come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Source {
+pub enum TimerSource {
     /// The agent's flags: the pod set no key, or its keys were refused.
     Agent,
     /// At least one key of the pod's own, all valid.
@@ -62,7 +62,7 @@ pub struct PodTimers {
     /// The grace period they were checked against, when known.
     pub grace: Option<Duration>,
     /// The pod's own, or the agent's.
-    pub source: Source,
+    pub source: TimerSource,
     /// Why the pod's own were refused (empty when they were not).
     pub problems: Vec<Problem>,
 }
@@ -94,7 +94,7 @@ impl PodTimers {
         Self {
             timers: budget.timers,
             grace: budget.termination_grace_period,
-            source: Source::Agent,
+            source: TimerSource::Agent,
             problems: Vec::new(),
         }
     }
@@ -154,7 +154,7 @@ impl PodTimers {
             Self {
                 timers,
                 grace,
-                source: Source::Pod,
+                source: TimerSource::Pod,
                 problems,
             }
         } else {
@@ -188,7 +188,7 @@ impl PodTimers {
 #[derive(Clone, Debug, Serialize)]
 pub struct TimersStatus {
     /// The pod's own (node metadata) or the agent's.
-    pub source: Source,
+    pub source: TimerSource,
     pub deregistration_delay: String,
     pub min_drain_time: String,
     pub drain_time: String,
@@ -364,7 +364,7 @@ mod tests {
         ]);
         let p = PodTimers::from_metadata(&m, &budget);
         assert_eq!(p.problems, vec![]);
-        assert_eq!(p.source, Source::Pod);
+        assert_eq!(p.source, TimerSource::Pod);
         assert_eq!(
             p.timers,
             Timers {
@@ -401,7 +401,7 @@ mod tests {
             ("DRAINSHIM_TERMINATION_GRACE_PERIOD", text("101y")),
         ]);
         let p = PodTimers::from_metadata(&m, &budget);
-        assert_eq!(p.source, Source::Agent);
+        assert_eq!(p.source, TimerSource::Agent);
         assert_eq!(p.timers, budget.timers);
         assert_eq!(p.grace, Some(s(120)));
         let reasons: Vec<&str> = p.problems.iter().map(|p| p.reason).collect();
@@ -448,7 +448,7 @@ mod tests {
             &meta(&[("DRAINSHIM_PARENT_SHUTDOWN_TIME", text("2m"))]),
             &budget,
         );
-        assert_eq!(p.source, Source::Agent);
+        assert_eq!(p.source, TimerSource::Agent);
         assert_eq!(
             p.problems,
             vec![Problem {
@@ -467,7 +467,7 @@ mod tests {
             ]),
             &budget,
         );
-        assert_eq!((p.source, p.problems.len()), (Source::Pod, 0), "{p:?}");
+        assert_eq!((p.source, p.problems.len()), (TimerSource::Pod, 0), "{p:?}");
         let p = PodTimers::from_metadata(&meta(&[("DRAINSHIM_DRAIN_TIME", text("95s"))]), &budget);
         assert_eq!(
             p.problems[0].message,

@@ -90,7 +90,7 @@ pub async fn start(settings: SidecarSettings) -> Result<Sidecar, SidecarError> {
             guard_task = Some(tokio::spawn(async move { serving.serve(gl, stop).await }));
             data_path = Some(
                 DataPath::spawn(
-                    readiness::Settings {
+                    readiness::ReadinessProbe {
                         guard: guard_addr.unwrap_or(addr),
                         app: upstream,
                         interval: gs.ready_interval,

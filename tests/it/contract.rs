@@ -46,14 +46,16 @@ fn registered() -> BTreeSet<String> {
     // Families show in a scrape once they hold a series: one each.
     m.set_proxy(metrics::ProxyLabels::default());
     let _ = m
-        .envoy_config_updates
+        .envoy
+        .config_updates
         .get_or_create(&metrics::ConfigLabels {
             resource: "lds".into(),
             result: "success".into(),
             version: "1.40.0".into(),
         });
     let _ = m
-        .envoy_upstream_retries
+        .envoy
+        .upstream_retries
         .get_or_create(&metrics::VersionLabels {
             version: "1.40.0".into(),
         });
@@ -65,25 +67,29 @@ fn registered() -> BTreeSet<String> {
     };
     let protocol = metrics::STREAM_PROTOCOLS[0];
     let _ = m
-        .guard_requests
+        .signals
+        .requests
         .get_or_create(&metrics::GuardRequestLabels {
             key: key.clone(),
             code: metrics::CODES[0],
             protocol,
         });
-    let _ = m.guard_request_duration.get_or_create(&key);
+    let _ = m.signals.request_duration.get_or_create(&key);
     let _ = m
-        .guard_streams_opened
+        .signals
+        .streams_opened
         .get_or_create(&metrics::GuardStreamLabels { key, protocol });
     let _ = m
-        .guard_stream_lifetime
+        .signals
+        .stream_lifetime
         .get_or_create(&metrics::ProtocolLabels { protocol });
     let _ = m
-        .envoy_downstream_requests
+        .envoy
+        .downstream_requests
         .get_or_create(&metrics::VersionLabels {
             version: "1.40.0".into(),
         });
-    let _ = m.tcp_resets.get_or_create(&metrics::KindLabels {
+    let _ = m.envoy.tcp_resets.get_or_create(&metrics::KindLabels {
         kind: "EstabResets".into(),
     });
     let _ = m.guard_max_connection_age.get_or_create(&Vec::new());

@@ -181,7 +181,7 @@ impl H1Upstream {
         let addr = self.addr;
         let tcp = connect_tcp(&self.via, addr, self.limits.upstream_connect_timeout).await?;
         let (sender, conn) = hyper::client::conn::http1::Builder::new()
-            .max_buf_size(self.limits.max_h1_buf_size.max(MIN_H1_BUF_SIZE))
+            .max_buf_size(self.limits.buffers.max_h1_buf_size.max(MIN_H1_BUF_SIZE))
             .handshake(TokioIo::new(tcp))
             .await
             .map_err(|source| UpstreamError::H1Handshake { addr, source })?;

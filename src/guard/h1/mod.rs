@@ -310,7 +310,7 @@ async fn drive(guard: &Handle, io: Prefixed<TcpStream>, info: ConnInfo) {
             idle_timeout: H1_IDLE_TIMEOUT,
         })
         .header_read_timeout(l.header_read_timeout)
-        .max_buf_size(l.max_h1_buf_size.max(MIN_H1_BUF_SIZE))
+        .max_buf_size(l.buffers.max_h1_buf_size.max(MIN_H1_BUF_SIZE))
         .keep_alive(true);
     let conn = builder
         .serve_connection(TokioIo::new(Counted::new(io, activity)), service)

@@ -209,8 +209,8 @@ fn the_app_ports_name_goes_to_envoy_and_comes_back_exactly() {
         .find(|c| c["name"] == "envoy")
         .expect("envoy");
     assert_eq!(ports(envoy), [("grpc".to_owned(), 10000)]);
-    let (patch, _) =
-        manifest::pod_patch(&pod, &Settings::default(), Direction::Uninject).expect("uninjected");
+    let (patch, _) = manifest::pod_patch(&pod, &InjectOptions::default(), Direction::Uninject)
+        .expect("uninjected");
     let mut back = pod.clone();
     json_patch::patch(&mut back, &patch).expect("applies");
     assert_eq!(back, original);
@@ -227,7 +227,7 @@ fn the_app_ports_name_goes_to_envoy_and_comes_back_exactly() {
             &json!({"apiVersion": "v1", "kind": "Pod", "metadata": unnamed["metadata"], "spec": unnamed["spec"]}),
         )
         .expect("yaml"),
-        &Settings::default(),
+        &InjectOptions::default(),
         Direction::Inject,
     )
     .expect("injected");
@@ -245,7 +245,7 @@ fn the_app_ports_name_goes_to_envoy_and_comes_back_exactly() {
             &json!({"apiVersion": "v1", "kind": "Pod", "metadata": taken["metadata"], "spec": taken["spec"]}),
         )
         .expect("yaml"),
-        &Settings::default(),
+        &InjectOptions::default(),
         Direction::Inject,
     )
     .expect_err("refused");

@@ -267,7 +267,7 @@ fn every_label_combination_takes_the_istio_mode_exactly_where_istio_injects() {
                     if injects { "does" } else { "does not" }
                 ));
             }
-            let hook = webhook::Webhook::new(Settings::default(), "default".into());
+            let hook = webhook::Webhook::new(InjectOptions::default(), "default".into());
             let response = review(&hook, &pod, namespace_of(&path));
             let got = patched(&pod, &response);
             let warnings = response["warnings"].as_array().cloned().unwrap_or_default();
@@ -336,7 +336,7 @@ fn a_pod_istio_does_not_inject_after_all_is_left_whole() {
     // proxy customization for an injector that never merges it, and no
     // label that would override the mesh admin.
     let original = pod(&json!({}));
-    let hook = webhook::Webhook::new(Settings::default(), "default".into());
+    let hook = webhook::Webhook::new(InjectOptions::default(), "default".into());
     let response = review(&hook, &original, Namespace::Injected);
     assert!(response["warnings"].is_null(), "{response}");
     let got = patched(&original, &response);
@@ -350,8 +350,12 @@ fn a_pod_istio_does_not_inject_after_all_is_left_whole() {
     let again = review(&hook, &got, Namespace::Injected);
     assert!(again["patch"].is_null(), "{again}");
     // And uninjected: the pod as it came.
-    let (patch, _) = manifest::pod_patch(&got, &Settings::default(), manifest::Direction::Uninject)
-        .expect("uninjected");
+    let (patch, _) = manifest::pod_patch(
+        &got,
+        &InjectOptions::default(),
+        manifest::Direction::Uninject,
+    )
+    .expect("uninjected");
     let mut back = got.clone();
     json_patch::patch(&mut back, &patch).expect("applies");
     assert_eq!(back, original);

@@ -72,9 +72,9 @@ fn review(pod: &Value, path: Path) -> Value {
         Path::Istio => Mode::Sidecar,
     };
     let hook = webhook::Webhook::new(
-        Settings {
+        InjectOptions {
             mode,
-            ..Settings::default()
+            ..InjectOptions::default()
         },
         "default".into(),
     );
@@ -169,8 +169,8 @@ fn container<'a>(pod: &'a Value, name: &str) -> Option<&'a Value> {
 }
 
 fn uninjected(pod: &Value) -> Value {
-    let (patch, _) =
-        manifest::pod_patch(pod, &Settings::default(), Direction::Uninject).expect("uninjected");
+    let (patch, _) = manifest::pod_patch(pod, &InjectOptions::default(), Direction::Uninject)
+        .expect("uninjected");
     let mut pod = pod.clone();
     json_patch::patch(&mut pod, &patch).expect("the patch applies");
     pod

@@ -55,8 +55,8 @@ fn admit(original: &Value, mode: Mode) -> Value {
 }
 
 fn uninjected(pod: &Value) -> Value {
-    let (patch, _) =
-        manifest::pod_patch(pod, &Settings::default(), Direction::Uninject).expect("uninjected");
+    let (patch, _) = manifest::pod_patch(pod, &InjectOptions::default(), Direction::Uninject)
+        .expect("uninjected");
     let mut pod = pod.clone();
     json_patch::patch(&mut pod, &patch).expect("the patch applies");
     pod

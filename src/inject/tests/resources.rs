@@ -75,7 +75,7 @@ fn every_injected_container_has_cpu_and_memory_limits_a_pod_may_tune() {
     );
     let (undone, _) = transform(
         &serde_yaml_ng::to_string(&out[0]).expect("yaml"),
-        &Settings::default(),
+        &InjectOptions::default(),
         Direction::Uninject,
     )
     .expect("uninject");
@@ -112,7 +112,7 @@ fn the_webhook_answers_a_bad_limit_with_a_warning_and_no_patch() {
             "namespace": "shop", "operation": "CREATE", "userInfo": {}, "object": pod, "dryRun": false,
         },
     });
-    let hook = webhook::Webhook::new(Settings::default(), "default".into());
+    let hook = webhook::Webhook::new(InjectOptions::default(), "default".into());
     let (answer, outcome) = hook.review(review.to_string().as_bytes(), mesh::Namespace::Unlabelled);
     assert_eq!(outcome, webhook::ReviewOutcome::refused);
     let r = &answer["response"];
@@ -181,7 +181,7 @@ fn a_pods_drain_timers_by_annotation_are_checked_against_its_grace_and_set() {
     // Uninjected, the pod is as it was.
     let (undone, _) = transform(
         &serde_yaml_ng::to_string(&out[0]).expect("yaml"),
-        &Settings::default(),
+        &InjectOptions::default(),
         Direction::Uninject,
     )
     .expect("uninject");
@@ -325,7 +325,7 @@ fn under_istio_the_drain_time_annotation_sets_envoys_drain_duration_too() {
     );
     assert_eq!(inject(&once, Mode::Istio).expect("twice"), once);
     let (undone, _) =
-        transform(&once, &Settings::default(), Direction::Uninject).expect("uninject");
+        transform(&once, &InjectOptions::default(), Direction::Uninject).expect("uninject");
     assert_eq!(docs(&undone), docs(&original));
     // Without the annotation, the patch's own 60 s.
     let plain = docs(&inject(&deployment(ISTIO_POD), Mode::Istio).expect("injected"));

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::super::mesh::Namespace;
 use super::super::webhook::{self, Certificate, ReviewOutcome, Webhook};
-use super::super::Settings;
+use super::super::InjectOptions;
 
 /// A self-signed pair whose notAfter is `not_after`, written to a temp dir.
 fn pair(not_after: (i32, u8, u8)) -> (tempfile::TempDir, Certificate) {
@@ -41,7 +41,7 @@ fn seconds_left_counts_to_the_leafs_not_after() {
 
 #[test]
 fn readyz_reflects_a_loaded_unexpired_certificate() {
-    let hook = Webhook::new(Settings::default(), "default".into());
+    let hook = Webhook::new(InjectOptions::default(), "default".into());
     let why = hook
         .unready(unix(Y2030 - 1))
         .expect("no certificate: not ready");
@@ -60,7 +60,7 @@ fn readyz_reflects_a_loaded_unexpired_certificate() {
 
 #[test]
 fn the_expiry_gauge_is_in_the_scrape() {
-    let hook = Webhook::new(Settings::default(), "default".into());
+    let hook = Webhook::new(InjectOptions::default(), "default".into());
     let (_dir, cert) = pair((2030, 1, 1));
     hook.set_certificate(std::sync::Arc::new(cert));
     // What GET /metrics does before rendering.
@@ -110,7 +110,7 @@ fn managed_fields_never_reach_the_transform_or_the_patch() {
         },
         "spec": {"containers": [{"name": "a", "image": "a", "ports": [{"containerPort": 8080}]}]},
     });
-    let hook = Webhook::new(Settings::default(), "default".into());
+    let hook = Webhook::new(InjectOptions::default(), "default".into());
     let (answer, outcome) = hook.review(&review_of(pod), Namespace::Unlabelled);
     assert_eq!(outcome, ReviewOutcome::injected, "{answer}");
     use base64::Engine;
@@ -123,7 +123,7 @@ fn managed_fields_never_reach_the_transform_or_the_patch() {
 
 #[test]
 fn limits_default_to_what_fits_128_mi() {
-    let l = webhook::Limits::default();
+    let l = webhook::WebhookLimits::default();
     assert_eq!(l.body_timeout, Duration::from_secs(10));
     // Reviews in flight, each up to the 3 MiB body cap and a few times that
     // parsed (say 4): under half of the container's 128 Mi.

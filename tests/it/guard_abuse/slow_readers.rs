@@ -65,8 +65,8 @@ pub(super) async fn zero_window(ctx: &Ctx, swing: Swing) -> Report {
 /// window towards it) and, towards the client, at most the send buffer of
 /// every stream.
 fn never_read_bound(l: &Limits) -> u64 {
-    u64::from(l.connection_window)
-        + u64::from(l.max_concurrent_streams) * l.max_send_buffer_size as u64
+    u64::from(l.buffers.connection_window)
+        + u64::from(l.max_concurrent_streams) * l.buffers.max_send_buffer_size as u64
 }
 
 /// Requests, then the client never reads the socket again, after opening

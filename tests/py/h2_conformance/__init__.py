@@ -1,6 +1,6 @@
 """HTTP/2 conformance of the stream guard, against the real `drainshim` binary.
 
-Each test starts an app (python-h2 server, tests/py/h2peer.py), the guard in
+Each test starts an app (python-h2 server, tests/py/h2peer/app.py), the guard in
 front of it (`drainshim sidecar --guard-listen`), and a client
 (python-h2, or raw frames where exactness matters), then asserts what an
 RFC 9113/7541-conformant peer must see: no connection error, no lost byte,
