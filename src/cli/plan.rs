@@ -269,11 +269,13 @@ impl PlanArgs {
                 lifetime_soak: self.lifetime_soak.get(),
                 history: self.history.get(),
                 at: self.at,
-                mesh: self.mesh,
-                revisions,
-                suggest_max_age: self.suggest_max_age.get(),
+                commands: crate::fleet::plan::Commands {
+                    mesh: self.mesh,
+                    revisions,
+                    suggest_max_age: self.suggest_max_age.get(),
+                    prometheus_url: self.prometheus.clone(),
+                },
                 thresholds: self.thresholds.get(),
-                prometheus_url: self.prometheus.clone(),
                 timers: crate::fleet::timers::TimerRules {
                     window: self.timers_window.map(Span::get),
                     margin,

@@ -619,16 +619,6 @@ const WIDE_STRUCTS: &[(&str, &str, &str)] = &[
         "PlanArgs",
         "clap: one field per flag of `drainshim plan`",
     ),
-    (
-        "fleet/timers/mod.rs",
-        "ServiceTimers",
-        "being split in issue 57",
-    ),
-    (
-        "fleet/plan/mod.rs",
-        "PlanOptions",
-        "being split in issue 57",
-    ),
 ];
 
 /// Issue 40, then issue 57 for all of `src/`: the code is owning types

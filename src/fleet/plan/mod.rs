@@ -57,6 +57,18 @@ pub enum Mesh {
     Envoy,
 }
 
+/// What the commands of the next action are written with.
+#[derive(Clone, Debug)]
+pub struct Commands {
+    pub mesh: Mesh,
+    /// Istio revision names by minor version ("1.39" -> "1-39-3").
+    pub revisions: BTreeMap<(u32, u32), String>,
+    /// The max connection age the lifetime step's command suggests.
+    pub suggest_max_age: Duration,
+    /// How the operator reaches Prometheus.
+    pub prometheus_url: String,
+}
+
 #[derive(Clone, Debug)]
 pub struct PlanOptions {
     pub control_plane: Release,
@@ -75,15 +87,10 @@ pub struct PlanOptions {
     pub history: Duration,
     /// Judge as of this moment instead of now.
     pub at: Option<SystemTime>,
-    pub mesh: Mesh,
-    /// Istio revision names by minor version ("1.39" -> "1-39-3").
-    pub revisions: BTreeMap<(u32, u32), String>,
-    /// The max connection age the lifetime step's command suggests.
-    pub suggest_max_age: Duration,
+    /// How the next action's commands are written.
+    pub commands: Commands,
     /// Every wave's verify gates.
     pub thresholds: Thresholds,
-    /// For the commands printed: how the operator reaches Prometheus.
-    pub prometheus_url: String,
     /// How the drain-timers step reads and recommends.
     pub timers: TimerRules,
 }
@@ -296,16 +303,18 @@ mod tests {
             lifetime_soak: Duration::from_secs(7 * 86_400),
             history: Duration::from_secs(90 * 86_400),
             at: None,
-            mesh: Mesh::Istio,
-            revisions: BTreeMap::new(),
-            suggest_max_age: Duration::from_secs(1800),
+            commands: Commands {
+                mesh: Mesh::Istio,
+                revisions: BTreeMap::new(),
+                suggest_max_age: Duration::from_secs(1800),
+                prometheus_url: "http://prometheus:9090".into(),
+            },
             thresholds: Thresholds {
                 max_retry_increase: 0.2,
                 max_reset_increase: 0.2,
                 rate_floor: 0.05,
                 golden: Default::default(),
             },
-            prometheus_url: "http://prometheus:9090".into(),
             timers: TimerRules::default(),
         }
     }
@@ -549,7 +558,7 @@ mod tests {
             |_| vec![("ns0", "1.38.3", 2)],
             |_| vec![("ns0", 1800.0)],
         );
-        o.revisions.insert((1, 39), "1-39-3".into());
+        o.commands.revisions.insert((1, 39), "1-39-3".into());
         let plan = derived(&tl, &o);
         assert_eq!(plan.verdict, Verdict::Go);
         assert_eq!(
@@ -559,7 +568,7 @@ mod tests {
                 "kubectl -n ns0 rollout restart deployment,statefulset,daemonset".to_string(),
             ]
         );
-        o.mesh = Mesh::Envoy;
+        o.commands.mesh = Mesh::Envoy;
         let plan = derived(&tl, &o);
         assert!(plan.next.commands[0].contains("ns0: set the pod templates' Envoy image to 1.39"));
         assert!(plan.next.commands[1].contains("rollout restart"));

@@ -69,7 +69,7 @@ pub(super) fn next_action(
                 format!("stop: tier {tier} is stalled ({}); finish or roll back its restart", r.detail),
                 vec![format!(
                     "drainshim inventory --prometheus {} -o json   # the pods of {ns} left on the old version",
-                    opts.prometheus_url
+                    opts.commands.prometheus_url
                 )],
             )
         } else if let Some(g) = r.verify.as_ref().filter(|g| g.failed) {
@@ -86,7 +86,7 @@ pub(super) fn next_action(
                 ),
                 vec![format!(
                     "drainshim verify --prometheus {} --namespace {ns} --expect-version {to} --at {at} --window {}",
-                    opts.prometheus_url,
+                    opts.commands.prometheus_url,
                     wave_window(r).map_or("10m".into(), human)
                 )],
             )
@@ -196,7 +196,8 @@ pub(super) fn wave_window(r: &Row) -> Option<Duration> {
 }
 
 fn revision(opts: &PlanOptions, r: Release) -> String {
-    opts.revisions
+    opts.commands
+        .revisions
         .get(&(r.major, r.minor))
         .cloned()
         .unwrap_or_else(|| format!("{}-{}", r.major, r.minor))
@@ -220,7 +221,7 @@ fn commands_for(r: &Row, opts: &PlanOptions, v: Versions, go_on: bool) -> (Strin
                 .map(|ns| {
                     format!(
                         "kubectl -n {ns} set env deployment,statefulset --all -c drainshim DRAINSHIM_MAX_CONNECTION_AGE={}",
-                        human(opts.suggest_max_age)
+                        human(opts.commands.suggest_max_age)
                     )
                 })
                 .collect(),
@@ -230,7 +231,7 @@ fn commands_for(r: &Row, opts: &PlanOptions, v: Versions, go_on: bool) -> (Strin
             let verb = if go_on { "go on with" } else { "start" };
             let mut cmds = Vec::new();
             for ns in &r.namespaces {
-                match opts.mesh {
+                match opts.commands.mesh {
                     Mesh::Istio => cmds.push(format!(
                         "kubectl label namespace {ns} istio.io/rev={} --overwrite",
                         revision(opts, to)
@@ -254,7 +255,7 @@ fn commands_for(r: &Row, opts: &PlanOptions, v: Versions, go_on: bool) -> (Strin
                 "step 4: move the control plane to {}, the point of no return",
                 mm(v.target)
             ),
-            match opts.mesh {
+            match opts.commands.mesh {
                 Mesh::Istio => vec![format!(
                     "istioctl install --set revision={} --set profile=default",
                     revision(opts, v.target)

@@ -76,10 +76,7 @@ fn empty(ns: &str, service: &str, pods: usize) -> ServiceTimers {
         namespace: ns.to_string(),
         service: service.to_string(),
         pods,
-        calls_p99: None,
-        calls_p99_over: None,
-        calls_max: None,
-        calls_over: None,
+        calls: super::Calls::default(),
         streams: 0,
         longest_stream: None,
         max_age: None,
@@ -359,10 +356,12 @@ fn one(ns: &str, service: &str, pods: &[Pod], rules: &TimerRules) -> ServiceTime
         })
         .collect();
     let mut row = ServiceTimers {
-        calls_p99: p99.and_then(|p| p.ok()),
-        calls_p99_over: p99.and_then(|p| p.err()),
-        calls_max: high.and_then(|h| h.ok()),
-        calls_over: high.and_then(|h| h.err()),
+        calls: super::Calls {
+            p99: p99.and_then(|p| p.ok()),
+            p99_over: p99.and_then(|p| p.err()),
+            max: high.and_then(|h| h.ok()),
+            over: high.and_then(|h| h.err()),
+        },
         streams,
         longest_stream: longest,
         max_age,
@@ -466,7 +465,7 @@ fn one(ns: &str, service: &str, pods: &[Pod], rules: &TimerRules) -> ServiceTime
             "dereg {} + calls past the largest bucket, at least {}{}",
             flag(cur.deregistration_delay),
             flag(top),
-            if row.calls_p99_over.is_some() {
+            if row.calls.p99_over.is_some() {
                 ", the p99 among them"
             } else {
                 ""

@@ -113,20 +113,9 @@ pub struct ServiceTimers {
     pub service: String,
     /// Its pods that run now.
     pub pods: usize,
-    /// p99 of its calls over the window, seconds; absent when it fell past
-    /// the largest bucket (`calls_p99_over`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub calls_p99: Option<f64>,
-    /// The p99 fell past the histogram's largest bucket: at least this.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub calls_p99_over: Option<f64>,
-    /// Its longest call: the upper edge of the highest bucket with calls;
-    /// absent when calls went past the largest bucket (`calls_over`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub calls_max: Option<f64>,
-    /// Calls went past the histogram's largest bucket: at least this long.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub calls_over: Option<f64>,
+    /// Its calls' figures over the window.
+    #[serde(flatten)]
+    pub calls: Calls,
     /// Streams its pods ended in the window.
     pub streams: u64,
     /// The longest stream its pods may hold: seconds, or absent when
@@ -157,6 +146,26 @@ pub struct ServiceTimers {
     /// whose pods runs now, so the pods beside it are compared with it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub needs: Option<f64>,
+}
+
+/// A service's calls over the window, each figure a bucket edge or an
+/// interpolation between two (the JSON keys are the row's `calls_*`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Calls {
+    /// p99 of its calls, seconds; absent when it fell past the largest
+    /// bucket (`over_p99`).
+    #[serde(rename = "calls_p99", skip_serializing_if = "Option::is_none")]
+    pub p99: Option<f64>,
+    /// The p99 fell past the histogram's largest bucket: at least this.
+    #[serde(rename = "calls_p99_over", skip_serializing_if = "Option::is_none")]
+    pub p99_over: Option<f64>,
+    /// Its longest call: the upper edge of the highest bucket with calls;
+    /// absent when calls went past the largest bucket (`over`).
+    #[serde(rename = "calls_max", skip_serializing_if = "Option::is_none")]
+    pub max: Option<f64>,
+    /// Calls went past the histogram's largest bucket: at least this long.
+    #[serde(rename = "calls_over", skip_serializing_if = "Option::is_none")]
+    pub over: Option<f64>,
 }
 
 /// Every service's judgement, and the window it was read over.

@@ -11,7 +11,7 @@ fn opt(v: Option<f64>, none: &str) -> String {
 
 /// The p99, or past the largest bucket (at least that).
 fn p99(s: &ServiceTimers) -> String {
-    match (s.calls_p99, s.calls_p99_over) {
+    match (s.calls.p99, s.calls.p99_over) {
         (Some(p), _) => flag(p),
         (None, Some(o)) => format!(">{}", flag(o)),
         _ => "-".into(),
@@ -20,7 +20,7 @@ fn p99(s: &ServiceTimers) -> String {
 
 /// One service as the table's cells.
 fn cells(s: &ServiceTimers) -> Vec<String> {
-    let calls = match (s.calls_max, s.calls_over) {
+    let calls = match (s.calls.max, s.calls.over) {
         (Some(m), _) => format!("{} / {}", p99(s), flag(m)),
         (None, Some(o)) => format!("{} / >{}", p99(s), flag(o)),
         _ => "-".into(),
@@ -106,7 +106,7 @@ pub fn render(report: &TimersReport) -> String {
 
 /// A short service in one line, for the plan's gate.
 pub fn short_detail(s: &ServiceTimers) -> String {
-    let calls = match (s.calls_max, s.calls_over) {
+    let calls = match (s.calls.max, s.calls.over) {
         (Some(m), _) => format!("calls p99 {} max {}", p99(s), flag(m)),
         (None, Some(o)) => format!("calls p99 {} max >{}", p99(s), flag(o)),
         _ => "no calls".into(),

@@ -139,7 +139,7 @@ fn a_drain_shorter_than_the_calls_is_named_with_its_fix() {
     // The buckets below the fastest call, left out of the answer, are put
     // back: the p99 interpolates from the 2.5 s edge.
     assert!(
-        slow.calls_p99.is_some_and(|p| p > 2.5 && p < 5.0),
+        slow.calls.p99.is_some_and(|p| p > 2.5 && p < 5.0),
         "{slow:?}"
     );
     assert!(
@@ -273,7 +273,7 @@ fn calls_past_the_largest_bucket_are_at_least_it_and_never_pass_below() {
     let c = calls("a:1", "slow", "slow.Svc", 10.0, "60");
     let obs = observe(&c, &[], &[], &timers("a:1", "slow", 30.0, 60.0), &[]);
     let rows = judge(&obs, &TimerRules::default(), &ns(&["slow"]));
-    assert_eq!(rows[0].calls_max, Some(60.0), "{rows:?}");
+    assert_eq!(rows[0].calls.max, Some(60.0), "{rows:?}");
     assert_eq!(rows[0].verdict, TimerFit::Short);
     assert_eq!(rows[0].recommended.as_ref().unwrap().drain_time, 65.0);
 
@@ -283,11 +283,11 @@ fn calls_past_the_largest_bucket_are_at_least_it_and_never_pass_below() {
     let rows = judge(&obs, &TimerRules::default(), &ns(&["slow"]));
     let r = &rows[0];
     assert_eq!(
-        (r.calls_p99, r.calls_p99_over),
+        (r.calls.p99, r.calls.p99_over),
         (None, Some(300.0)),
         "{r:?}"
     );
-    assert_eq!((r.calls_max, r.calls_over), (None, Some(300.0)));
+    assert_eq!((r.calls.max, r.calls.over), (None, Some(300.0)));
     assert_eq!(r.verdict, TimerFit::Short);
     assert_eq!(r.recommended.as_ref().unwrap().drain_time, 305.0);
     assert!(
@@ -333,10 +333,10 @@ fn calls_past_the_largest_bucket_are_at_least_it_and_never_pass_below() {
     t.extend(timers("b:1", "slow", 60.0, 90.0));
     let obs = observe(&c, &[], &[], &t, &[]);
     let rows = judge(&obs, &TimerRules::default(), &ns(&["slow"]));
-    assert_eq!(rows[0].calls_over, Some(300.0), "{rows:?}");
+    assert_eq!(rows[0].calls.over, Some(300.0), "{rows:?}");
     assert_eq!(rows[0].verdict, TimerFit::Short);
     // The p99 is read over the edges both have: past 10 s, at least that.
-    assert_eq!(rows[0].calls_p99_over, Some(10.0));
+    assert_eq!(rows[0].calls.p99_over, Some(10.0));
 }
 
 /// A pod that does not know its grace period is named; the smallest grace
@@ -389,13 +389,13 @@ fn pods_and_services_are_joined_on_their_namespace() {
     assert_eq!(rows.len(), 2, "{rows:?}");
     let a = row(&rows, "a", "shop.Cart");
     assert_eq!(
-        (a.verdict, a.calls_max),
+        (a.verdict, a.calls.max),
         (TimerFit::Short, Some(5.0)),
         "{a:?}"
     );
     assert_eq!(a.current.as_ref().unwrap().drain_time, 6.0);
     let b = row(&rows, "b", "shop.Cart");
-    assert_eq!((b.verdict, b.calls_max), (TimerFit::Ok, Some(0.5)), "{b:?}");
+    assert_eq!((b.verdict, b.calls.max), (TimerFit::Ok, Some(0.5)), "{b:?}");
     assert_eq!(b.current.as_ref().unwrap().drain_time, 60.0);
 }
 
