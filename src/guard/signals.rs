@@ -312,7 +312,7 @@ impl Signals {
             head_at: None,
             first_message: None,
             app_error: false,
-            request_open: false,
+            request_done: false,
             stream: false,
             observed: false,
             ended_by_guard: false,
@@ -343,8 +343,8 @@ pub struct Request {
     first_message: Option<Instant>,
     /// The application's own trailers ended it with a status other than OK.
     app_error: bool,
-    /// The client had not ended its request when the stream ended.
-    request_open: bool,
+    /// The client ended its request (END_STREAM passed to the app).
+    request_done: bool,
     /// Counted as an opened stream.
     stream: bool,
     /// The latency was observed already.
@@ -382,10 +382,11 @@ impl Request {
         self.app_error = code != Code::OK;
     }
 
-    /// The stream ended before the client ended its request: a call that
-    /// was still being sent, or a stream waiting on its client.
-    pub fn request_open(&mut self) {
-        self.request_open = true;
+    /// The client ended its request. A stream that ends before this (the
+    /// app's end, the guard's, a reset) was still being sent, or waited
+    /// on its client.
+    pub fn request_ended(&mut self) {
+        self.request_done = true;
     }
 
     /// The application's trailers (or a trailers-only head).
@@ -472,14 +473,16 @@ impl Request {
     /// of the long-stream age that a call does not have (a call answers at
     /// its end: its head, its message and its end come together):
     /// - after its first message (or event), before its end;
-    /// - gRPC: after its head, before its first message or its end, unless
-    ///   the application then ended it with an error (a call that sent its
+    /// - gRPC: after its head, with no message before its end, unless the
+    ///   application then ended it with an error (a call that sent its
     ///   headers early and failed);
     /// - gRPC: with no answer at all while the client had not ended its
     ///   request (a stream waiting on its client).
     ///
-    /// Counted as calls, their hours would read as the service's latency
-    /// and ask `plan` for a drain time no grace period fits.
+    /// A head, a long silence, then one message and the end at once is a
+    /// call that sent its headers early: a call, its whole duration kept.
+    /// Counted as calls, the others' hours would read as the service's
+    /// latency and ask `plan` for a drain time no grace period fits.
     fn quiet_stream(&self, now: Instant) -> bool {
         let long = self.long_stream_age;
         let quiet_since = |t: Instant, until: Instant| until.saturating_duration_since(t) >= long;
@@ -493,9 +496,9 @@ impl Request {
             return false;
         }
         match (self.head_at, self.first_message) {
-            (Some(h), Some(m)) => quiet_since(h, m),
+            (_, Some(_)) => false,
             (Some(h), None) => quiet_since(h, now) && !self.app_error,
-            (None, _) => self.request_open && quiet_since(self.start, now),
+            (None, None) => !self.request_done && quiet_since(self.start, now),
         }
     }
 
@@ -790,11 +793,13 @@ mod tests {
         ok.insert("grpc-status", HeaderValue::from_static("0"));
         r.trailers(&ok);
         drop(r);
-        // A call never answered, however long: a call (the limit: a stream
-        // that never sent its head is one too).
-        let r = s
+        // A call whose request was whole, never answered, however long: a
+        // call (the limit: a server stream that never sent its head is one
+        // too).
+        let mut r = s
             .start(true, "/pkg.Feed/Compute", StreamProtocol::grpc)
             .expect("on");
+        r.request_ended();
         tokio::time::advance(LONG * 3).await;
         drop(r);
         // Answered, quiet just under the long age: a call.
@@ -834,13 +839,6 @@ mod tests {
         let (opened, text) = feed_figures(&m);
         assert_eq!(opened, 1, "{text}");
         assert!(text.contains("d_sum{service=\"pkg.Feed\"} 0.02"), "{text}");
-        // Its head, an hour, one event, its end a second later: a stream.
-        let mut r = watch();
-        r.head(StatusCode::OK, &HeaderMap::new());
-        tokio::time::advance(Duration::from_secs(3600)).await;
-        r.messages(1);
-        tokio::time::advance(Duration::from_secs(1)).await;
-        drop(r);
         // A lazy head (grpc-go, grpc-java): head and first event together an
         // hour in, then a second event: a stream whose wait is no latency.
         let mut r = watch();
@@ -851,18 +849,17 @@ mod tests {
         drop(r);
         // A bidi stream waiting on its client, never answered, ended after
         // twice the long age with the client's side still open.
-        let mut r = watch();
+        let r = watch();
         tokio::time::advance(LONG * 2).await;
-        r.request_open();
         drop(r);
         let (opened, text) = feed_figures(&m);
-        assert_eq!(opened, 4, "{text}");
+        assert_eq!(opened, 3, "{text}");
         assert!(
-            text.contains("d_count{service=\"pkg.Feed\"} 2"),
-            "only the two with a prompt answer have a latency: {text}"
+            text.contains("d_count{service=\"pkg.Feed\"} 1"),
+            "only the one with a prompt answer has a latency: {text}"
         );
         assert!(text.contains("d_sum{service=\"pkg.Feed\"} 0.02"), "{text}");
-        assert!(text.contains("l_count{protocol=\"grpc\"} 4"), "{text}");
+        assert!(text.contains("l_count{protocol=\"grpc\"} 3"), "{text}");
     }
 
     #[tokio::test(start_paused = true)]
@@ -887,11 +884,25 @@ mod tests {
         drop(r);
         // A call whose client was still sending (an upload) when it ended,
         // before the long age: a call.
-        let mut r = s
+        let r = s
             .start(true, "/pkg.Feed/Compute", StreamProtocol::grpc)
             .expect("on");
         tokio::time::advance(LONG / 2).await;
-        r.request_open();
+        drop(r);
+        // A call that sent its headers early (grpc-go's SendHeader), worked
+        // 40 s, then answered and ended: its head, a silence, one message
+        // and the end at once, as a watch that got one event and ended
+        // would; taken as the call, its whole duration kept.
+        let mut r = s
+            .start(true, "/pkg.Feed/Compute", StreamProtocol::grpc)
+            .expect("on");
+        r.request_ended();
+        r.head(StatusCode::OK, &HeaderMap::new());
+        tokio::time::advance(Duration::from_secs(40)).await;
+        r.messages(1);
+        let mut ok = HeaderMap::new();
+        ok.insert("grpc-status", HeaderValue::from_static("0"));
+        r.trailers(&ok);
         drop(r);
         let (opened, text) = feed_figures(&m);
         assert_eq!(opened, 0, "{text}");
@@ -909,7 +920,7 @@ mod tests {
             .map_or(0, |c| c.get());
         assert_eq!(opened_http, 0, "{text}");
         assert!(text.contains("d_sum{service=\"http\"} 40.0"), "{text}");
-        assert!(text.contains("d_sum{service=\"pkg.Feed\"} 45.0"), "{text}");
+        assert!(text.contains("d_sum{service=\"pkg.Feed\"} 85.0"), "{text}");
     }
 
     #[test]

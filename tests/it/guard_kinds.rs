@@ -18,8 +18,8 @@ use http_body_util::StreamBody;
 use hyper::body::Frame;
 use prost::Message;
 use support::guard::{
-    connect_client, encode_frame, grpc_request_block, start_backend, subscribe, wait_until, RawH2,
-    END_HEADERS, HEADERS, RST_STREAM,
+    connect_client, encode_frame, grpc_request_block, start_backend, subscribe, wait_until, within,
+    RawH2, END_HEADERS, HEADERS, RST_STREAM,
 };
 use support::*;
 use tokio::io::AsyncReadExt;
@@ -414,6 +414,49 @@ async fn a_stream_waiting_on_its_client_is_a_stream_without_a_latency() {
     raw.send(&encode_frame(RST_STREAM, 0, 1, &8u32.to_be_bytes()))
         .await
         .expect("the client's cancel");
+    let page = wait_for_metrics(shim.addr, |p| sample(p, lifetimes) >= 1.0).await;
+    assert_eq!(sample(&page, opened), 1.0, "{page}");
+    assert_eq!(
+        sample(&page, durations),
+        0.0,
+        "no answer, no latency:\n{page}"
+    );
+    drop(envoy);
+}
+
+/// The same stream ended by the guard itself (its max connection age), not
+/// by its client: a stream, no latency.
+#[tokio::test]
+async fn a_stream_waiting_on_its_client_ended_by_max_age_is_a_stream() {
+    let backend = start_backend().await;
+    let args = [
+        "--long-stream-age",
+        "1s",
+        "--max-connection-age",
+        "2s",
+        "--max-connection-age-grace",
+        "1s",
+    ];
+    let (envoy, shim, _) = guard_bin_pod(backend.addr, &args, |_| {}).await;
+    let opened = "drainshim_guard_streams_opened_total{service=\"drainshim.bench.v1.Stream\",protocol=\"grpc\"}";
+    let lifetimes = "drainshim_guard_stream_lifetime_seconds_count{protocol=\"grpc\"}";
+    let durations =
+        "drainshim_guard_request_duration_seconds_count{service=\"drainshim.bench.v1.Stream\"}";
+    let mut raw = RawH2::connect(envoy.inbound).await;
+    let block = grpc_request_block("/drainshim.bench.v1.Stream/Subscribe", &[]);
+    raw.send(&encode_frame(HEADERS, END_HEADERS, 1, &block))
+        .await
+        .expect("the request's headers");
+    // The client reads (acking SETTINGS) until the guard's ending reaches
+    // it through Envoy: the stream's end.
+    let ended = within(
+        "the guard's ending",
+        raw.until(|f| {
+            f.stream == 1 && (f.ty == RST_STREAM || (f.ty == HEADERS && f.flags & 1 != 0))
+        }),
+    )
+    .await;
+    assert!(ended.is_some(), "the stream ended");
     let page = wait_for_metrics(shim.addr, |p| sample(p, lifetimes) >= 1.0).await;
     assert_eq!(sample(&page, opened), 1.0, "{page}");
     assert_eq!(

@@ -75,9 +75,14 @@ impl Relay<'_> {
         } else {
             StreamProtocol::http
         };
-        let sig = guard
+        let mut sig = guard
             .signals()
             .start(grpc, fields.path.as_deref().unwrap_or("/"), protocol);
+        if end_stream {
+            if let Some(sig) = sig.as_mut() {
+                sig.request_ended();
+            }
+        }
         self.streams.insert(
             id,
             Stream {

@@ -217,6 +217,9 @@ impl Relay<'_> {
                 self.ids.closed(h.id);
                 if let Some(s) = self.streams.get_mut(&h.id) {
                     s.req_done = true;
+                    if let Some(sig) = s.sig.as_mut() {
+                        sig.request_ended();
+                    }
                 }
                 self.maybe_done(h.id);
             }
@@ -627,6 +630,9 @@ impl Relay<'_> {
         }
         if let Some(s) = self.streams.get_mut(&id) {
             s.req_done = true;
+            if let Some(sig) = s.sig.as_mut() {
+                sig.request_ended();
+            }
         }
         if self.app_cancelled(id) {
             // The guard cancelled the application's side while it ends the

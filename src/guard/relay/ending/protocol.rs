@@ -688,9 +688,6 @@ impl Relay<'_> {
         }
         let grpc = s.grpc();
         if let Some(sig) = s.sig.as_mut() {
-            if !s.req_done {
-                sig.request_open();
-            }
             record_outcome(sig, grpc, &outcome);
         }
     }
