@@ -223,6 +223,12 @@ impl PlanArgs {
                 ));
                 Default::default()
             }
+            Ok(m) if m.get() > DECADE => {
+                invalid
+                    .0
+                    .push(format!("--timer-margin {m} is more than ten years"));
+                Default::default()
+            }
             Ok(m) => m.get(),
             Err(e) => {
                 let why = if self.timer_margin.trim_start().starts_with('-') {

@@ -12,6 +12,10 @@ use super::{
 
 type Pod<'a> = (&'a PodKey, &'a PodSeen);
 
+/// The service of a row for pods whose window holds streams and no call:
+/// the stream lifetimes carry no service label.
+pub const STREAMS_ONLY: &str = "(streams only)";
+
 /// A pod by its own name, or its scrape target when its series carry none.
 fn name((k, _): &Pod) -> String {
     match k.2.is_empty() {
@@ -45,6 +49,12 @@ pub fn judge(obs: &Observed, rules: &TimerRules, namespaces: &[String]) -> Vec<S
     let mut services: BTreeMap<(&str, &str), Vec<Pod>> = BTreeMap::new();
     let mut idle: BTreeMap<&str, Vec<Pod>> = BTreeMap::new();
     for pod @ (k, p) in obs.pods.iter().filter(|(k, _)| in_scope(&k.0)) {
+        if p.calls.is_empty() && p.streams > 0 {
+            // Streams with no call: streams that waited for their first
+            // event have no latency, and the lifetimes carry no service.
+            services.entry((&k.0, STREAMS_ONLY)).or_default().push(pod);
+            continue;
+        }
         if p.calls.is_empty() {
             if live(p) {
                 idle.entry(&k.0).or_default().push(pod);
@@ -105,13 +115,14 @@ fn no_timers(pods: &[Pod]) -> String {
 /// replica of a judged service, or a service of their own, which the
 /// window cannot tell. Named, never counted as a pass, and the row fails
 /// for those of them:
-/// - without timers, or without a grace period, as anywhere;
+/// - without timers, as anywhere;
 /// - whose calls cannot be seen: their guard's request metrics are off, or
 ///   their histogram's `_count` grew while no `_bucket` did (a scrape that
 ///   drops them);
 /// - whose timers are below what a service of their namespace needs (with
-///   their own deregistration delay), or whose parent shutdown is too close
-///   to their drain time: if they serve it, a restart cuts its calls.
+///   their own deregistration delay; a known grace period above them; for a
+///   service with streams, a parent shutdown at least the sweep's margin
+///   after the drain): if they serve it, a restart cuts its calls.
 ///
 /// Requests their Envoy counted that the guard recorded none of are said,
 /// not failed: streams still open (recorded at their end), Envoy's own
@@ -144,20 +155,6 @@ fn quiet(ns: &str, pods: &[Pod], beside: &[&ServiceTimers], rules: &TimerRules) 
     let those = |f: &dyn Fn(&PodSeen) -> bool| -> Vec<Pod> {
         pods.iter().copied().filter(|(_, p)| f(p)).collect()
     };
-    let grace_unknown = those(&|p| {
-        p.timers
-            .as_ref()
-            .is_some_and(|t| t.termination_grace_period.is_none())
-    });
-    if !grace_unknown.is_empty() {
-        row.grace_unknown = grace_unknown.iter().map(name).collect();
-        unknown.push(format!(
-            "termination grace period unknown on {} of its pods ({}): give their shims \
-             --termination-grace-period",
-            grace_unknown.len(),
-            names(&grace_unknown)
-        ));
-    }
     let off = those(&|p| p.request_metrics == Some(false));
     if !off.is_empty() {
         unknown.push(format!(
@@ -178,15 +175,6 @@ fn quiet(ns: &str, pods: &[Pod], beside: &[&ServiceTimers], rules: &TimerRules) 
             names(&dropped)
         ));
     }
-    let margin = super::MIN_MARGIN.as_secs_f64();
-    let tight = those(&|p| {
-        p.timers
-            .as_ref()
-            .is_some_and(|t| t.parent_shutdown_time - t.drain_time + 1e-9 < margin)
-    });
-    if !tight.is_empty() {
-        unknown.push(tight_margin(&tight));
-    }
     for svc in beside {
         let Some(needs) = svc.needs else { continue };
         let under: Vec<Pod> = with
@@ -197,7 +185,8 @@ fn quiet(ns: &str, pods: &[Pod], beside: &[&ServiceTimers], rules: &TimerRules) 
                     let (drain, parent, grace) = recommend(t.deregistration_delay, needs, rules);
                     t.drain_time + 1e-9 < drain
                         || t.parent_shutdown_time + 1e-9 < parent
-                        || t.termination_grace_period.is_some_and(|g| g <= grace)
+                        || t.termination_grace_period.is_none_or(|g| g <= grace)
+                        || (svc.streams > 0 && tight(t))
                 })
             })
             .collect();
@@ -205,13 +194,21 @@ fn quiet(ns: &str, pods: &[Pod], beside: &[&ServiceTimers], rules: &TimerRules) 
             unknown.push(format!(
                 "{} of its pods ({}) run drain timers below what {} needs with their own \
                  deregistration delay ({} of calls and streams after it, a parent shutdown \
-                 {} later, a grace above that plus the linger): if they serve it, a restart \
-                 cuts its calls; raise their timers, or let the window see their calls",
+                 {} later{}, a known grace above that plus the linger): if they serve it, a \
+                 restart cuts its calls; raise their timers, or let the window see their calls",
                 under.len(),
                 names(&under),
                 svc.service,
                 flag(needs),
                 flag(rules.margin.as_secs_f64()),
+                if svc.streams > 0 {
+                    format!(
+                        " and at least {} after the drain",
+                        flag(super::MIN_MARGIN.as_secs_f64())
+                    )
+                } else {
+                    String::new()
+                },
             ));
         }
     }
@@ -247,6 +244,12 @@ fn recommend(dereg: f64, needs: f64, rules: &TimerRules) -> (f64, f64, f64) {
     let drain = (dereg + needs).ceil();
     let parent = drain + rules.margin.as_secs_f64();
     (drain, parent, parent + rules.linger.as_secs_f64())
+}
+
+/// The parent shutdown is less than the sweep's margin after the drain
+/// time: the guard's last endings may be cut.
+fn tight(t: &Current) -> bool {
+    t.parent_shutdown_time - t.drain_time + 1e-9 < super::MIN_MARGIN.as_secs_f64()
 }
 
 /// What pods whose parent shutdown is too close to their drain time say.
@@ -370,14 +373,15 @@ fn one(ns: &str, service: &str, pods: &[Pod], rules: &TimerRules) -> ServiceTime
         grace_unknown: grace_unknown.iter().map(name).collect(),
         ..empty(ns, service, now.len())
     };
-    let Some(high) = high else {
+    if high.is_none() && streams == 0 {
         row.verdict = TimerFit::NoTraffic;
         row.detail = "no traffic in the window: cannot recommend".into();
         return row;
-    };
+    }
     // A call past the largest bucket is at least that long.
     let calls_need = match high {
-        Ok(edge) | Err(edge) => edge,
+        Some(Ok(edge) | Err(edge)) => edge,
+        None => 0.0,
     };
     let spread = rules.stream_spread.as_secs_f64();
     let streams_need = match longest {
@@ -433,17 +437,15 @@ fn one(ns: &str, service: &str, pods: &[Pod], rules: &TimerRules) -> ServiceTime
             flag(rec.parent_shutdown_time)
         ));
     }
-    let tight: Vec<Pod> = with
+    // The sweep's margin matters where the guard ends streams: their last
+    // endings come at the drain time's end.
+    let close: Vec<Pod> = with
         .iter()
         .copied()
-        .filter(|(_, p)| {
-            p.timers.as_ref().is_some_and(|t| {
-                t.parent_shutdown_time - t.drain_time + 1e-9 < super::MIN_MARGIN.as_secs_f64()
-            })
-        })
+        .filter(|(_, p)| streams > 0 && p.timers.as_ref().is_some_and(tight))
         .collect();
-    if !tight.is_empty() {
-        short.push(tight_margin(&tight));
+    if !close.is_empty() {
+        short.push(tight_margin(&close));
     }
     if let Some(g) = cur.termination_grace_period {
         if g <= rec.termination_grace_period_above {
@@ -460,7 +462,7 @@ fn one(ns: &str, service: &str, pods: &[Pod], rules: &TimerRules) -> ServiceTime
             flag(cur.deregistration_delay),
             flag(streams_need)
         )
-    } else if let Err(top) = high {
+    } else if let Some(Err(top)) = high {
         format!(
             "dereg {} + calls past the largest bucket, at least {}{}",
             flag(cur.deregistration_delay),

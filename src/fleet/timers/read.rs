@@ -160,10 +160,10 @@ pub async fn read(prom: &PromClient, window: Duration, at: f64) -> Result<Timers
         "max by (namespace, instance, pod) ({})",
         now.in_fleet(|sel| format!("drainshim_draining{{{sel}}}"))
     );
-    // Envoy's own count of the requests it took, per pod, and the calls
-    // the guard's `_count` says: only "some or none" is asked of them, so
-    // `increase()`, which counts across a reset (the highest less the
-    // lowest would read a restarted shim's earlier life as new).
+    // Envoy's own count of the requests it took, per pod: only "some or
+    // none" is asked of it, so `increase()`, which counts across a reset
+    // (the highest less the lowest would read a restarted shim's earlier
+    // life as new).
     let requests_q = format!(
         "sum by (namespace, instance, pod) ({})",
         q.in_wave(
@@ -177,13 +177,19 @@ pub async fn read(prom: &PromClient, window: Duration, at: f64) -> Result<Timers
         "max by (namespace, instance, pod) ({})",
         now.in_fleet(|sel| format!("drainshim_guard_request_metrics{{{sel}}}"))
     );
-    let counted_q = format!(
-        "sum by (namespace, instance, pod) ({}) > 0",
-        q.in_wave(
-            |sel| increase(&format!("{}_count{{{sel}}}[{w}]", CALLS.0)),
-            ""
+    // The calls the histogram's `_count` says, read as its `_bucket`s are
+    // (so a series that first appears already holding its calls reads 0 in
+    // both), which a scrape that drops `_bucket` still has.
+    let counted_by = |read: fn(&str) -> String, only: &str| {
+        format!(
+            "sum by (namespace, instance, pod) ({}) > 0",
+            q.in_wave(
+                |sel| read(&format!("{}_count{{{sel}{only}}}[{w}]", CALLS.0)),
+                ""
+            )
         )
-    );
+    };
+    let counted_q = counted_by(highest_less_lowest, "");
     let prom = prom
         .clone()
         .at(Some(UNIX_EPOCH + Duration::from_secs_f64(at)));
@@ -214,8 +220,19 @@ pub async fn read(prom: &PromClient, window: Duration, at: f64) -> Result<Timers
             buckets(&q, CALLS, increase, &only),
             buckets(&q, STREAMS, increase, &only),
         );
-        let (calls, streams) = tokio::join!(prom.query(&calls_q), prom.query(&streams_q));
+        let counted_q = counted_by(increase, &only);
+        let (calls, streams, counted_again) = tokio::join!(
+            prom.query(&calls_q),
+            prom.query(&streams_q),
+            prom.query(&counted_q)
+        );
         recount(&mut observed, &reset, &calls?, &streams?);
+        for k in &reset {
+            if let Some(p) = observed.pods.get_mut(k) {
+                p.counted = 0.0;
+            }
+        }
+        visibility(&mut observed, &[], &counted_again?);
     }
     Ok(TimersRead {
         observed,

@@ -556,18 +556,36 @@ fn an_idle_replica_is_compared_with_the_services_beside_it() {
     t.extend(timers_of("b:1", "", "shop", [10.0, 20.0, f64::NAN]));
     let r = row(&idle(t, &[]), "shop", "-").clone();
     assert_eq!(r.verdict, TimerFit::Unknown, "{r:?}");
-    assert_eq!(r.grace_unknown, vec!["b:1".to_string()]);
-    // A parent shutdown 2 s after a long enough drain: unknown, named.
-    let mut t = timers("a:1", "shop", 60.0, 90.0);
-    t.extend(timers("b:1", "shop", 100.0, 102.0));
-    let r = row(&idle(t, &[]), "shop", "-").clone();
-    assert_eq!(r.verdict, TimerFit::Unknown, "{r:?}");
     assert!(
         r.detail
-            .contains("1 of its pods (b:1) end their parent shutdown less than 6s after"),
+            .contains("(b:1) run drain timers below what shop.Slow needs"),
         "{}",
         r.detail
     );
+    // A parent shutdown 2 s after a long drain, beside a service without
+    // streams (nothing is ended at the drain's end): named, not failed.
+    let mut t = timers("a:1", "shop", 60.0, 90.0);
+    t.extend(timers("b:1", "shop", 100.0, 102.0));
+    let r = row(&idle(t, &[]), "shop", "-").clone();
+    assert_eq!(r.verdict, TimerFit::NoTraffic, "{r:?}");
+    // Idle pods with no judged service beside them, their grace unknown
+    // and their margin tight: named, nothing to compare with.
+    let t = timers_of("c:1", "", "idle", [10.0, 11.0, f64::NAN]);
+    let obs = observe(&[], &[], &[], &t, &[]);
+    let rows = judge(&obs, &TimerRules::default(), &ns(&["idle"]));
+    assert_eq!(
+        row(&rows, "idle", "-").verdict,
+        TimerFit::NoTraffic,
+        "{rows:?}"
+    );
+}
+
+/// One stream-lifetime series of `n` streams, all under `edge`.
+fn streams(instance: &str, ns: &str, n: f64, edge: &str) -> Vec<Sample> {
+    [(edge, n), ("+Inf", n)]
+        .iter()
+        .map(|(le, n)| sample(&[("instance", instance), ("namespace", ns), ("le", le)], *n))
+        .collect()
 }
 
 /// A judged service's pod whose parent shutdown is too close to its drain
@@ -576,7 +594,17 @@ fn an_idle_replica_is_compared_with_the_services_beside_it() {
 #[test]
 fn a_parent_shutdown_too_close_to_the_drain_is_short() {
     let c = calls("a:1", "shop", "shop.Slow", 10.0, "5");
+    // Without streams, nothing is ended at the drain's end: within.
     let obs = observe(&c, &[], &[], &timers("a:1", "shop", 100.0, 101.0), &[]);
+    let rows = judge(&obs, &TimerRules::default(), &ns(&["shop"]));
+    assert_eq!(
+        row(&rows, "shop", "shop.Slow").verdict,
+        TimerFit::Ok,
+        "{rows:?}"
+    );
+    // With streams, their last endings come at the drain's end: short.
+    let s = streams("a:1", "shop", 4.0, "30");
+    let obs = observe(&c, &s, &[], &timers("a:1", "shop", 100.0, 101.0), &[]);
     let rows = judge(&obs, &TimerRules::default(), &ns(&["shop"]));
     let r = row(&rows, "shop", "shop.Slow");
     assert_eq!(r.verdict, TimerFit::Short, "{r:?}");
@@ -586,4 +614,29 @@ fn a_parent_shutdown_too_close_to_the_drain_is_short() {
         r.detail
     );
     assert!(r.fix.is_some(), "{r:?}");
+}
+
+/// A pod whose window holds streams and no call (watches that waited for
+/// their first event have no latency) is judged on its streams' spread,
+/// never left as "no traffic".
+#[test]
+fn a_pod_with_streams_and_no_call_is_judged_on_its_streams() {
+    let s = streams("a:1", "w", 100.0, "300");
+    let age = [sample(&[("instance", "a:1"), ("namespace", "w")], 120.0)];
+    let obs = observe(&[], &s, &age, &timers("a:1", "w", 6.0, 16.0), &[]);
+    let rows = judge(&obs, &TimerRules::default(), &ns(&["w"]));
+    let r = row(&rows, "w", "(streams only)");
+    assert_eq!(r.verdict, TimerFit::Short, "{r:?}");
+    assert_eq!(r.streams, 100);
+    // 5 s of deregistration and the 30 s spread.
+    assert_eq!(r.recommended.as_ref().map(|r| r.drain_time), Some(35.0));
+    assert!(r.detail.contains("stream spread 30s"), "{}", r.detail);
+    assert!(!rows.iter().any(|r| r.service == "-"), "{rows:?}");
+    let obs = observe(&[], &s, &age, &timers("a:1", "w", 35.0, 45.0), &[]);
+    let rows = judge(&obs, &TimerRules::default(), &ns(&["w"]));
+    assert_eq!(
+        row(&rows, "w", "(streams only)").verdict,
+        TimerFit::Ok,
+        "{rows:?}"
+    );
 }
