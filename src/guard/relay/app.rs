@@ -9,10 +9,12 @@ use tokio::time::Instant;
 use super::blocks::Block;
 use super::client::settings_size_ok;
 use super::ending::StreamOutcome;
+use super::failure::Failure;
 use super::io::keep_rest;
+use super::limits::{APP_BLOCK_MAX, MAX_CLIENT_TABLE, MAX_CONTINUATIONS, MAX_FRAME};
 use super::settings::Unacked;
 use super::wire::{self, Head};
-use super::{Failure, Relay, APP_BLOCK_MAX, MAX_CLIENT_TABLE, MAX_CONTINUATIONS, MAX_FRAME};
+use super::Relay;
 use crate::guard::body::{response_kind_of, Boundaries};
 
 impl Relay<'_> {

@@ -17,11 +17,13 @@ use tokio::time::Instant;
 use super::admit::{malformed_request, trailers_ok, Refusal};
 use super::blocks::Block;
 use super::ending::StreamOutcome;
+use super::failure::Failure;
 use super::io::keep_rest;
+use super::limits::{BOMB_FACTOR, DEFAULT_FRAME, MAX_CONTINUATIONS, MAX_FRAME, MAX_WINDOW};
 use super::rapid::PREMATURE_LIFETIME;
 use super::settings::{Unacked, UNACKED_RETRY};
 use super::wire::{self, Head};
-use super::{Failure, Relay, BOMB_FACTOR, DEFAULT_FRAME, MAX_CONTINUATIONS, MAX_FRAME, MAX_WINDOW};
+use super::Relay;
 use crate::guard::lifecycle::Input;
 use crate::guard::sniff::H2_PREFACE;
 

@@ -8,8 +8,9 @@ use tokio::time::Instant;
 
 use super::blocks::{trailers_only, unavailable_block};
 use super::ending::{record_outcome, StreamOutcome};
+use super::failure::Failure;
 use super::wire;
-use super::{Failure, Relay};
+use super::Relay;
 use crate::guard::body::End;
 use crate::guard::grpc;
 use crate::guard::lifecycle::{Cause, ConnAction, Input, Lifecycle};

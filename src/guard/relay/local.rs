@@ -17,8 +17,10 @@ use tokio::time::Instant;
 
 use super::admit::Refusal;
 use super::blocks::put_block;
+use super::failure::Failure;
+use super::limits::{HIGH_WATER, LOCAL_CHUNK};
 use super::wire::{self, Head};
-use super::{Failure, Peer, Relay, HIGH_WATER, LOCAL_CHUNK};
+use super::{Peer, Relay};
 
 /// A WebSocket over HTTP/2 the guard serves itself: `io` is its task's
 /// view of the stream (the task runs [`super::connect::proxy`]).

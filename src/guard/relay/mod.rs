@@ -100,12 +100,14 @@ mod client;
 mod connect;
 mod defences;
 mod ending;
+mod failure;
 mod feed;
 mod flood;
 mod goaway;
 mod hpack;
 mod ids;
 mod io;
+mod limits;
 mod local;
 mod rapid;
 mod settings;
@@ -137,50 +139,19 @@ use crate::metrics::Limit;
 use blocks::{Block, Forward};
 use defences::Defences;
 use ending::state::{self, Endings};
+use failure::Failure;
 use flood::Buckets;
 use goaway::Life;
 use ids::StreamIds;
 use io::{flush, read_some, write_some};
+use limits::{
+    BLOCKED_HIGH_WATER, DEFAULT_FRAME, DEFAULT_TABLE, HIGH_WATER, MAX_FRAME, READ_BUF, REPLAY_MAX,
+};
 use local::Local;
 use rapid::PrematureResets;
 use settings::Settings;
 use streams::Stream;
 use window::Window;
-
-/// Room made for each read.
-const READ_BUF: usize = 64 * 1024;
-/// A side is not read while this much waits to be written to the other.
-const HIGH_WATER: usize = 256 * 1024;
-/// Most client bytes kept while the application's SETTINGS are awaited.
-const REPLAY_MAX: usize = 64 * 1024;
-/// The largest frame relayed; both peers' SETTINGS_MAX_FRAME_SIZE are
-/// lowered to it, so the relay never holds more than this for one frame.
-const MAX_FRAME: u32 = 1 << 20;
-/// The default SETTINGS_MAX_FRAME_SIZE (RFC 9113 §6.5.2).
-const DEFAULT_FRAME: usize = 16_384;
-/// The initial flow-control window (RFC 9113 §6.9.2).
-const DEFAULT_WINDOW: u32 = 65_535;
-/// While the guard cannot write for want of the client's connection window,
-/// it still reads the client (for its WINDOW_UPDATEs) until this much waits.
-const BLOCKED_HIGH_WATER: usize = 4 * HIGH_WATER;
-/// A decoded application header block past this is broken (or an HPACK bomb).
-const APP_BLOCK_MAX: usize = 1 << 20;
-/// The largest flow-control window (RFC 9113 §6.9.1).
-const MAX_WINDOW: i64 = (1 << 31) - 1;
-/// Most bytes buffered for a local stream's task, and read from it at once.
-const LOCAL_CHUNK: usize = 16 * 1024;
-/// The default SETTINGS_HEADER_TABLE_SIZE.
-const DEFAULT_TABLE: u32 = 4_096;
-/// The largest HPACK table the client may build in the guard's decoder
-/// (what the app allows, at most this): the guard follows the client's
-/// table, so an app that allows a huge one must not let a client spend
-/// the guard's memory on it.
-const MAX_CLIENT_TABLE: u32 = 64 * 1024;
-/// A decoded header block this many times the header list limit is an
-/// attack (an HPACK bomb): the connection is closed.
-const BOMB_FACTOR: usize = 16;
-/// More CONTINUATION frames than this in one block is a flood.
-const MAX_CONTINUATIONS: usize = 64;
 
 /// Serves one HTTP/2 connection by relaying its frames to the application,
 /// or, when the application cannot be reached or does not answer HTTP/2,
@@ -656,36 +627,5 @@ impl<'a> Relay<'a> {
                 && (self.client.write.len() < HIGH_WATER
                     || (self.awaits_ack() && self.client.write.len() < BLOCKED_HIGH_WATER)),
         )
-    }
-}
-
-/// Why the connection is closed.
-#[derive(Debug, thiserror::Error)]
-enum Failure {
-    #[error("{0}")]
-    Protocol(&'static str),
-    #[error("HPACK: the client's header block cannot be decoded")]
-    Compression,
-    #[error("the client's header blocks are too large (an HPACK bomb or CONTINUATION flood)")]
-    Calm,
-    #[error("the application broke the protocol")]
-    AppProtocol,
-    #[error("the application does not speak HTTP/2")]
-    NotHttp2,
-    #[error("{0}: wrong frame size")]
-    FrameSize(&'static str),
-    #[error("the client's WINDOW_UPDATEs overflowed the connection window")]
-    FlowControl,
-    #[error("{0}")]
-    StreamClosed(&'static str),
-}
-
-impl From<wire::Malformed> for Failure {
-    fn from(m: wire::Malformed) -> Self {
-        Self::Protocol(if m.0 == "DATA" {
-            "malformed DATA frame"
-        } else {
-            "malformed HEADERS frame"
-        })
     }
 }

@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 
-use super::{DEFAULT_FRAME, DEFAULT_TABLE};
+use super::limits::{DEFAULT_FRAME, DEFAULT_TABLE};
 
 /// Most SETTINGS the application has not acked yet (the client's, and the
 /// guard's barrier round trip): the client's next one waits (the client is

@@ -3,6 +3,7 @@
 use http::StatusCode;
 
 use super::blocks::{literals, put_block};
+use super::limits::*;
 use super::local::{connect_head, Local};
 use super::settings::MAX_UNACKED_SETTINGS;
 use super::*;
