@@ -6,12 +6,11 @@
 use http::StatusCode;
 use tokio::time::Instant;
 
-use super::blocks::Block;
 use super::client::settings_size_ok;
 use super::ending::StreamOutcome;
 use super::failure::Failure;
-use super::io::keep_rest;
-use super::limits::{APP_BLOCK_MAX, MAX_CLIENT_TABLE, MAX_CONTINUATIONS, MAX_FRAME};
+use super::limits::{APP_BLOCK_MAX, MAX_CLIENT_TABLE, MAX_FRAME};
+use super::peer::{Block, Gathered};
 use super::settings::Unacked;
 use super::wire::{self, Head};
 use super::Relay;
@@ -34,18 +33,14 @@ impl Relay<'_> {
                 None => return Ok(()),
             }
         }
-        let buf = std::mem::take(&mut self.app.read);
         // Frames go on whole: one larger than the client ever allowed is the
         // application's error (its streams end retryably), not the client's.
-        let max = self.settings.client_frame_max();
-        let result = self.each_frame(&buf, max, |relay, h, frame| {
-            relay.app_frame(h, frame, now).map(|()| true)
-        });
-        let result = result.map_err(|e| match e {
-            Failure::FrameSize(_) => Failure::AppProtocol,
-            e => e,
-        });
-        self.app.read = keep_rest(buf, result?);
+        let mut frames = self.app.frames(self.settings.client_frame_max());
+        while let Some((h, frame)) = frames.next().map_err(|_| Failure::AppProtocol)? {
+            self.app_frame(h, frame, now)?;
+            frames.handled(h);
+        }
+        self.app.keep(frames);
         if std::mem::take(&mut self.endings.barrier.moved) {
             self.check_endings(now);
         }
@@ -60,7 +55,7 @@ impl Relay<'_> {
 
     pub(super) fn app_frame(&mut self, h: Head, frame: &[u8], now: Instant) -> Result<(), Failure> {
         let payload = &frame[wire::FRAME_HEADER..];
-        if self.app.block.is_some() && h.kind != wire::CONTINUATION {
+        if self.app.interrupts(h) {
             return Err(Failure::AppProtocol);
         }
         match h.kind {
@@ -79,12 +74,7 @@ impl Relay<'_> {
                 self.app_fragment(block, h, frame, fragment, now)
             }
             wire::CONTINUATION => {
-                let block = self
-                    .app
-                    .block
-                    .take()
-                    .filter(|b| b.id == h.id)
-                    .ok_or(Failure::AppProtocol)?;
+                let block = self.app.continued(h).ok_or(Failure::AppProtocol)?;
                 self.app_fragment(block, h, frame, payload, now)
             }
             wire::DATA => {
@@ -159,7 +149,7 @@ impl Relay<'_> {
                 // The client's table is the guard's memory too: capped, and
                 // the client told so (a smaller table suits the app's too).
                 let v = v.min(MAX_CLIENT_TABLE);
-                self.client.hpack.allow(v);
+                self.client.allow_table(v);
                 v
             }
             wire::MAX_CONCURRENT_STREAMS => {
@@ -239,38 +229,28 @@ impl Relay<'_> {
 
     pub(super) fn app_fragment(
         &mut self,
-        mut block: Block,
+        block: Block,
         h: Head,
         frame: &[u8],
         fragment: &[u8],
         now: Instant,
     ) -> Result<(), Failure> {
-        if h.flags & wire::END_HEADERS == 0 {
-            block.gather(frame, fragment);
-            // Endless (empty) CONTINUATIONs are a flood, as the client's.
-            if block.fragment.len() > MAX_FRAME as usize * 4
-                || block.continuations > MAX_CONTINUATIONS
-            {
-                return Err(Failure::AppProtocol);
-            }
-            self.app.block = Some(block);
-            return Ok(());
-        }
-        let mut encoded = std::mem::take(&mut self.app.scratch);
-        block.whole_into(fragment, &mut encoded);
+        // Endless (empty) CONTINUATIONs are a flood, as the client's.
+        let block = match self
+            .app
+            .gather(block, h, frame, fragment, MAX_FRAME as usize * 4)
+        {
+            Gathered::More => return Ok(()),
+            Gathered::Flood => return Err(Failure::AppProtocol),
+            Gathered::Whole(block) => block,
+        };
         // A push is never relayed: every client of the guard is Envoy or
         // another proxy, and a client that disabled push (Envoy does) treats
         // a PUSH_PROMISE as a connection error.
         let forward = block.promised.is_none()
             && (self.streams.contains_key(&block.id) || self.ids.reset_lately(block.id));
-        let mut all = (forward && self.client.translate.is_some()).then(Vec::new);
-        let decoded = wire::decode(
-            &mut self.app.hpack,
-            &mut encoded,
-            APP_BLOCK_MAX,
-            all.as_mut(),
-        );
-        self.app.scratch = encoded;
+        let keep_all = forward && self.client.translate.is_some();
+        let (decoded, all) = self.app.decode(APP_BLOCK_MAX, keep_all);
         let fields = decoded.map_err(|_| Failure::AppProtocol)?;
         if let Some(promised) = block.promised {
             tracing::debug!(
@@ -289,22 +269,20 @@ impl Relay<'_> {
                 tracing::debug!(conn = self.info.id, stream = block.id, "guard: an application header block the client does not get changed its HPACK table; re-encoding its blocks from now on");
                 self.client.translate = Some(true);
             }
+            self.app.reuse(all);
             return Ok(());
         }
-        match all {
-            Some(all) => {
-                self.release_held(block.id);
-                self.put_translated(&block, &all)
-            }
-            None => {
-                self.release_held(block.id);
-                // It starts with the size update that may be due (the
-                // application's encoder owes it too).
-                self.settings.take_update_due();
-                self.client.write.extend_from_slice(&block.frames);
-                self.client.write.extend_from_slice(frame);
-            }
+        self.release_held(block.id);
+        if keep_all {
+            self.put_translated(&block, &all);
+        } else {
+            // It starts with the size update that may be due (the
+            // application's encoder owes it too).
+            self.settings.take_update_due();
+            self.client.write.extend_from_slice(&block.frames);
+            self.client.write.extend_from_slice(frame);
         }
+        self.app.reuse(all);
         self.app_head(block.id, block.end_stream, &fields, now);
         Ok(())
     }

@@ -1,60 +1,16 @@
-//! Header blocks: gathered over CONTINUATION frames, passed on as they came
+//! Header blocks, once their peer gathered them (`super::peer`): passed on
+//! as they came
 //! or re-encoded as literals once a dropped block left a receiver's HPACK
 //! table behind (see the module doc), and the guard's own blocks
 //! (trailers-only answers, 431, 502, a WebSocket's head).
 
 use bytes::BytesMut;
 
-use super::wire::{self, Head};
+use super::peer::Block;
+use super::wire;
 use super::Relay;
 use crate::guard::body::BodyKind;
 use crate::guard::grpc;
-
-/// A header block split over CONTINUATION frames, being gathered.
-pub(super) struct Block {
-    pub(super) id: u32,
-    /// The HEADERS (or PUSH_PROMISE) ended the stream.
-    pub(super) end_stream: bool,
-    /// A PUSH_PROMISE's promised stream (never relayed: see `app_fragment`).
-    pub(super) promised: Option<u32>,
-    /// The frames as they came, and the block fragments from them.
-    pub(super) frames: BytesMut,
-    pub(super) fragment: Vec<u8>,
-    /// CONTINUATION frames so far.
-    pub(super) continuations: usize,
-    /// Its HEADERS' priority makes its stream depend on itself (RFC 9113
-    /// §5.3.1): a client block is then malformed.
-    pub(super) self_dependent: bool,
-}
-
-impl Block {
-    /// The block a HEADERS (or PUSH_PROMISE) frame starts.
-    pub(super) fn start(h: Head) -> Self {
-        Self {
-            id: h.id,
-            end_stream: h.kind == wire::HEADERS && h.flags & wire::END_STREAM != 0,
-            promised: None,
-            frames: BytesMut::new(),
-            fragment: Vec::new(),
-            continuations: 0,
-            self_dependent: false,
-        }
-    }
-
-    /// Keeps a frame of a block not yet whole, and its fragment.
-    pub(super) fn gather(&mut self, frame: &[u8], fragment: &[u8]) {
-        self.frames.extend_from_slice(frame);
-        self.fragment.extend_from_slice(fragment);
-        self.continuations += 1;
-    }
-
-    /// The whole block's encoded bytes, into `out` (cleared first).
-    pub(super) fn whole_into(&self, last: &[u8], out: &mut Vec<u8>) {
-        out.clear();
-        out.extend_from_slice(&self.fragment);
-        out.extend_from_slice(last);
-    }
-}
 
 /// What goes with each request the relay forwards: the client's address,
 /// and the last request while it can still be taken back.

@@ -15,11 +15,10 @@ use bytes::Buf;
 use tokio::time::Instant;
 
 use super::admit::{malformed_request, trailers_ok, Refusal};
-use super::blocks::Block;
 use super::ending::StreamOutcome;
 use super::failure::Failure;
-use super::io::keep_rest;
-use super::limits::{BOMB_FACTOR, DEFAULT_FRAME, MAX_CONTINUATIONS, MAX_FRAME, MAX_WINDOW};
+use super::limits::{BOMB_FACTOR, DEFAULT_FRAME, MAX_FRAME, MAX_WINDOW};
+use super::peer::{Block, Gathered};
 use super::rapid::PREMATURE_LIFETIME;
 use super::settings::{Unacked, UNACKED_RETRY};
 use super::wire::{self, Head};
@@ -49,23 +48,23 @@ impl Relay<'_> {
             // Held until the application shows it speaks HTTP/2.
             return Ok(());
         }
-        let buf = std::mem::take(&mut self.client.read);
-        let max = self.settings.frame_told();
-        let result = self.each_frame(&buf, max, |relay, h, frame| {
-            if relay.settings_waits(h, now) {
-                return Ok(false);
+        let mut frames = self.client.frames(self.settings.frame_told());
+        while let Some((h, frame)) = frames.next()? {
+            if self.settings_waits(h, now) {
+                break;
             }
             // PING, SETTINGS and RST_STREAM cost the application work for
             // free: past their rate the relay stops reading the client
             // until the next token is due (see `super::flood`). Not
             // WINDOW_UPDATE: it is passed on one for one and costs O(1)
             // (some stacks send one per DATA frame: h2, oghttp2, Go's).
-            if !relay.defences.take(h.kind, now) {
-                return Ok(false);
+            if !self.defences.take(h.kind, now) {
+                break;
             }
-            relay.client_frame(h, frame, now).map(|()| true)
-        });
-        self.client.read = keep_rest(buf, result?);
+            self.client_frame(h, frame, now)?;
+            frames.handled(h);
+        }
+        self.client.keep(frames);
         Ok(())
     }
 
@@ -80,34 +79,6 @@ impl Relay<'_> {
         waits
     }
 
-    /// Calls `f` on each whole frame of `buf`; returns where the first
-    /// incomplete frame starts. A frame larger than `max` is the sender's
-    /// FRAME_SIZE_ERROR (for the application's frames, see `app_frames`).
-    pub(super) fn each_frame(
-        &mut self,
-        buf: &[u8],
-        max: usize,
-        mut f: impl FnMut(&mut Self, Head, &[u8]) -> Result<bool, Failure>,
-    ) -> Result<usize, Failure> {
-        let mut at = 0;
-        while let Some(h) = wire::head(&buf[at..]) {
-            if h.len > max {
-                return Err(Failure::FrameSize(
-                    "a frame larger than SETTINGS_MAX_FRAME_SIZE",
-                ));
-            }
-            let end = at + wire::FRAME_HEADER + h.len;
-            if buf.len() < end {
-                break;
-            }
-            if !f(self, h, &buf[at..end])? {
-                break;
-            }
-            at = end;
-        }
-        Ok(at)
-    }
-
     pub(super) fn client_frame(
         &mut self,
         h: Head,
@@ -115,7 +86,7 @@ impl Relay<'_> {
         now: Instant,
     ) -> Result<(), Failure> {
         let payload = &frame[wire::FRAME_HEADER..];
-        if self.client.block.is_some() && h.kind != wire::CONTINUATION {
+        if self.client.interrupts(h) {
             return Err(Failure::Protocol(
                 "a header block was interrupted by another frame",
             ));
@@ -140,9 +111,7 @@ impl Relay<'_> {
             wire::CONTINUATION => {
                 let block = self
                     .client
-                    .block
-                    .take()
-                    .filter(|b| b.id == h.id)
+                    .continued(h)
                     .ok_or(Failure::Protocol("CONTINUATION without its HEADERS"))?;
                 self.client_fragment(block, h, frame, payload, now)
             }
@@ -390,7 +359,7 @@ impl Relay<'_> {
             wire::HEADER_TABLE_SIZE => {
                 // The application's encoder may use up to this.
                 table = Some(v);
-                self.app.hpack.allow(v);
+                self.app.allow_table(v);
                 v
             }
             wire::MAX_FRAME_SIZE => {
@@ -435,41 +404,27 @@ impl Relay<'_> {
     /// frames go on, once it is whole.
     pub(super) fn client_fragment(
         &mut self,
-        mut block: Block,
+        block: Block,
         h: Head,
         frame: &[u8],
         fragment: &[u8],
         now: Instant,
     ) -> Result<(), Failure> {
         let limit = self.guard.config().limits.max_header_list_size as usize;
-        if h.flags & wire::END_HEADERS == 0 {
-            block.gather(frame, fragment);
-            // A block this large, or in this many pieces, is a flood: an
-            // HTTP/2 stack would buffer it whole before it could refuse it.
-            if block.fragment.len() > 2 * limit + DEFAULT_FRAME
-                || block.continuations > MAX_CONTINUATIONS
-            {
-                return Err(Failure::Calm);
-            }
-            self.client.block = Some(block);
-            return Ok(());
-        }
+        let block = match self
+            .client
+            .gather(block, h, frame, fragment, 2 * limit + DEFAULT_FRAME)
+        {
+            Gathered::More => return Ok(()),
+            Gathered::Flood => return Err(Failure::Calm),
+            Gathered::Whole(block) => block,
+        };
         // Whole: decode it (the application's table follows the client's).
-        let mut encoded = std::mem::take(&mut self.client.scratch);
-        block.whole_into(fragment, &mut encoded);
         // Every field is kept: a re-encoded block, and a WebSocket the
         // guard serves itself, need them all.
-        let mut all = std::mem::take(&mut self.client.fields);
-        all.clear();
-        let fields = wire::decode(
-            &mut self.client.hpack,
-            &mut encoded,
-            limit * BOMB_FACTOR,
-            Some(&mut all),
-        );
-        self.client.scratch = encoded;
+        let (fields, all) = self.client.decode(limit * BOMB_FACTOR, true);
         let result = self.client_block_whole(block, frame, fields, &all, limit, now);
-        self.client.fields = all;
+        self.client.reuse(all);
         result
     }
 

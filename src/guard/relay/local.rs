@@ -19,8 +19,9 @@ use super::admit::Refusal;
 use super::blocks::put_block;
 use super::failure::Failure;
 use super::limits::{HIGH_WATER, LOCAL_CHUNK};
+use super::peer::Peer;
 use super::wire::{self, Head};
-use super::{Peer, Relay};
+use super::Relay;
 
 /// A WebSocket over HTTP/2 the guard serves itself: `io` is its task's
 /// view of the stream (the task runs [`super::connect::proxy`]).

@@ -109,6 +109,7 @@ mod ids;
 mod io;
 mod limits;
 mod local;
+mod peer;
 mod rapid;
 mod settings;
 mod streams;
@@ -136,7 +137,7 @@ use crate::guard::lifecycle::Input;
 use crate::guard::sniff::{linger, Prefixed};
 use crate::metrics::Limit;
 
-use blocks::{Block, Forward};
+use blocks::Forward;
 use defences::Defences;
 use ending::state::{self, Endings};
 use failure::Failure;
@@ -144,10 +145,9 @@ use flood::Buckets;
 use goaway::Life;
 use ids::StreamIds;
 use io::{flush, read_some, write_some};
-use limits::{
-    BLOCKED_HIGH_WATER, DEFAULT_FRAME, DEFAULT_TABLE, HIGH_WATER, MAX_FRAME, READ_BUF, REPLAY_MAX,
-};
+use limits::{BLOCKED_HIGH_WATER, HIGH_WATER, MAX_FRAME, READ_BUF, REPLAY_MAX};
 use local::Local;
+use peer::Peer;
 use rapid::PrematureResets;
 use settings::Settings;
 use streams::Stream;
@@ -207,48 +207,6 @@ enum Wake {
     Timer,
     Ended,
     Input(Input),
-}
-
-/// One peer of the relay, the client or the application, as the relay
-/// sees it: the bytes each way, and the HTTP/2 state of that peer that the
-/// relay follows (h2 splits a connection the same way, into its receiving
-/// and its sending half).
-struct Peer {
-    /// Read from this peer and not handled yet (a frame in part stays).
-    read: BytesMut,
-    /// To be written to this peer: the other peer's frames and the guard's
-    /// own.
-    write: BytesMut,
-    /// Decodes this peer's header blocks: its encoder's dynamic table.
-    hpack: wire::Hpack,
-    /// This peer's header block being gathered over CONTINUATION frames.
-    block: Option<Block>,
-    /// This peer's SETTINGS_MAX_FRAME_SIZE: the largest frame written to it.
-    frame: usize,
-    /// Blocks to this peer are re-encoded as literals (see the module doc):
-    /// set once the guard dropped a block that changed the other peer's
-    /// table; `Some(true)` until the first, which clears this peer's table.
-    translate: Option<bool>,
-    /// A header block's bytes, and its fields, kept between blocks to reuse
-    /// the allocations.
-    scratch: Vec<u8>,
-    fields: Vec<wire::Field>,
-}
-
-impl Peer {
-    /// A peer at the start: nothing read, the RFC's default SETTINGS.
-    fn new() -> Self {
-        Self {
-            read: BytesMut::with_capacity(READ_BUF),
-            write: BytesMut::new(),
-            hpack: wire::Hpack::new(DEFAULT_TABLE as usize),
-            block: None,
-            frame: DEFAULT_FRAME,
-            translate: None,
-            scratch: Vec::new(),
-            fields: Vec::new(),
-        }
-    }
 }
 
 /// Where the two peers' prefaces are, and whether there is an application

@@ -5,6 +5,7 @@ use http::StatusCode;
 use super::blocks::{literals, put_block};
 use super::limits::*;
 use super::local::{connect_head, Local};
+use super::peer::Block;
 use super::settings::MAX_UNACKED_SETTINGS;
 use super::*;
 use crate::guard::grpc;

@@ -1,0 +1,228 @@
+//! One peer of the relay, the client or the application, as the relay
+//! sees it: the bytes each way, its frames split out of what was read, and
+//! its header blocks gathered over CONTINUATION frames and decoded with its
+//! own HPACK table. Both directions use the one [`Peer`] type (h2 splits a
+//! connection the same way, into its receiving and its sending half).
+
+use bytes::BytesMut;
+
+use super::failure::Failure;
+use super::io::keep_rest;
+use super::limits::{DEFAULT_FRAME, DEFAULT_TABLE, MAX_CONTINUATIONS, READ_BUF};
+use super::wire::{self, Head};
+
+/// One peer: the bytes read from it and to be written to it, and the
+/// HTTP/2 state of that peer that the relay follows.
+pub(super) struct Peer {
+    /// Read from this peer and not handled yet (a frame in part stays).
+    pub(super) read: BytesMut,
+    /// To be written to this peer: the other peer's frames and the guard's
+    /// own.
+    pub(super) write: BytesMut,
+    /// Decodes this peer's header blocks: its encoder's dynamic table.
+    hpack: wire::Hpack,
+    /// This peer's header block being gathered over CONTINUATION frames.
+    block: Option<Block>,
+    /// This peer's SETTINGS_MAX_FRAME_SIZE: the largest frame written to it.
+    pub(super) frame: usize,
+    /// Blocks to this peer are re-encoded as literals (see the module doc):
+    /// set once the guard dropped a block that changed the other peer's
+    /// table; `Some(true)` until the first, which clears this peer's table.
+    pub(super) translate: Option<bool>,
+    /// A header block's bytes, and its fields, kept between blocks to reuse
+    /// the allocations.
+    scratch: Vec<u8>,
+    fields: Vec<wire::Field>,
+}
+
+impl Peer {
+    /// A peer at the start: nothing read, the RFC's default SETTINGS.
+    pub(super) fn new() -> Self {
+        Self {
+            read: BytesMut::with_capacity(READ_BUF),
+            write: BytesMut::new(),
+            hpack: wire::Hpack::new(DEFAULT_TABLE as usize),
+            block: None,
+            frame: DEFAULT_FRAME,
+            translate: None,
+            scratch: Vec::new(),
+            fields: Vec::new(),
+        }
+    }
+
+    /// The other peer allowed this peer's encoder a dynamic table of up to
+    /// `size` (its SETTINGS_HEADER_TABLE_SIZE): this peer's blocks are
+    /// decoded with a table that may grow to it.
+    pub(super) fn allow_table(&mut self, size: u32) {
+        self.hpack.allow(size);
+    }
+
+    /// What was read from this peer, to be split into frames no larger
+    /// than `max`; what is left of it goes back with [`Peer::keep`]. Until
+    /// then the peer's read buffer is empty (if the frames fail the
+    /// connection, what was read is dropped).
+    pub(super) fn frames(&mut self, max: usize) -> Frames {
+        Frames {
+            buf: std::mem::take(&mut self.read),
+            at: 0,
+            max,
+        }
+    }
+
+    /// The frames not handled (an incomplete one, or those after a pause),
+    /// kept for the next read.
+    pub(super) fn keep(&mut self, frames: Frames) {
+        self.read = keep_rest(frames.buf, frames.at);
+    }
+
+    /// Whether frame `h` interrupts a header block of this peer's (only
+    /// its CONTINUATIONs may follow a block's first frame, RFC 9113 §6.10).
+    pub(super) fn interrupts(&self, h: Head) -> bool {
+        self.block.is_some() && h.kind != wire::CONTINUATION
+    }
+
+    /// The block CONTINUATION `h` continues: this peer's block being
+    /// gathered, if it is on the same stream.
+    pub(super) fn continued(&mut self, h: Head) -> Option<Block> {
+        self.block.take().filter(|b| b.id == h.id)
+    }
+
+    /// One frame of a header block (`fragment`, the block's bytes in
+    /// `frame`). While the block is not whole it is kept, and `More`; more
+    /// than `max_bytes` or `MAX_CONTINUATIONS` frames of it is a flood
+    /// (an HTTP/2 stack would buffer it whole before it could refuse it).
+    /// Whole, its bytes (the fragments so far, then `fragment`) wait in
+    /// the peer for [`Peer::decode`].
+    pub(super) fn gather(
+        &mut self,
+        mut block: Block,
+        h: Head,
+        frame: &[u8],
+        fragment: &[u8],
+        max_bytes: usize,
+    ) -> Gathered {
+        if h.flags & wire::END_HEADERS == 0 {
+            block.gather(frame, fragment);
+            if block.fragment.len() > max_bytes || block.continuations > MAX_CONTINUATIONS {
+                return Gathered::Flood;
+            }
+            self.block = Some(block);
+            return Gathered::More;
+        }
+        self.scratch.clear();
+        self.scratch.extend_from_slice(&block.fragment);
+        self.scratch.extend_from_slice(fragment);
+        Gathered::Whole(block)
+    }
+
+    /// The whole block [`Peer::gather`] gave, decoded with this peer's
+    /// table (at most `max` bytes of fields): what the relay reads of it,
+    /// and with `keep_all` every field, in order (give the list back with
+    /// [`Peer::reuse`]).
+    pub(super) fn decode(
+        &mut self,
+        max: usize,
+        keep_all: bool,
+    ) -> (Result<wire::Fields, wire::BlockError>, Vec<wire::Field>) {
+        let mut all = std::mem::take(&mut self.fields);
+        all.clear();
+        let fields = wire::decode(
+            &mut self.hpack,
+            &mut self.scratch,
+            max,
+            keep_all.then_some(&mut all),
+        );
+        (fields, all)
+    }
+
+    /// A field list [`Peer::decode`] gave, back for the next block.
+    pub(super) fn reuse(&mut self, fields: Vec<wire::Field>) {
+        self.fields = fields;
+    }
+}
+
+/// What one frame of a header block made of it.
+pub(super) enum Gathered {
+    /// Not whole yet: the peer keeps it.
+    More,
+    /// Whole: its bytes wait in the peer, to be decoded.
+    Whole(Block),
+    /// Too large, or in too many pieces.
+    Flood,
+}
+
+/// A peer's read bytes, split into frames (see [`Peer::frames`]).
+pub(super) struct Frames {
+    buf: BytesMut,
+    /// Where the first frame not handled yet starts.
+    at: usize,
+    /// The largest frame the peer may send (its SETTINGS_MAX_FRAME_SIZE as
+    /// it was told).
+    max: usize,
+}
+
+impl Frames {
+    /// The next whole frame (its head, and its bytes with the head), or
+    /// `None` when the rest is incomplete. A frame larger than the peer
+    /// was allowed is its FRAME_SIZE_ERROR. The frame stays the next one
+    /// until [`Frames::handled`].
+    pub(super) fn next(&self) -> Result<Option<(Head, &[u8])>, Failure> {
+        let Some(h) = wire::head(&self.buf[self.at..]) else {
+            return Ok(None);
+        };
+        if h.len > self.max {
+            return Err(Failure::FrameSize(
+                "a frame larger than SETTINGS_MAX_FRAME_SIZE",
+            ));
+        }
+        let end = self.at + wire::FRAME_HEADER + h.len;
+        if self.buf.len() < end {
+            return Ok(None);
+        }
+        Ok(Some((h, &self.buf[self.at..end])))
+    }
+
+    /// The frame [`Frames::next`] gave, `h`, is handled.
+    pub(super) fn handled(&mut self, h: Head) {
+        self.at += wire::FRAME_HEADER + h.len;
+    }
+}
+
+/// A header block split over CONTINUATION frames, being gathered.
+pub(super) struct Block {
+    pub(super) id: u32,
+    /// The HEADERS (or PUSH_PROMISE) ended the stream.
+    pub(super) end_stream: bool,
+    /// A PUSH_PROMISE's promised stream (never relayed: see `app_fragment`).
+    pub(super) promised: Option<u32>,
+    /// The frames as they came, and the block fragments from them.
+    pub(super) frames: BytesMut,
+    fragment: Vec<u8>,
+    /// CONTINUATION frames so far.
+    continuations: usize,
+    /// Its HEADERS' priority makes its stream depend on itself (RFC 9113
+    /// §5.3.1): a client block is then malformed.
+    pub(super) self_dependent: bool,
+}
+
+impl Block {
+    /// The block a HEADERS (or PUSH_PROMISE) frame starts.
+    pub(super) fn start(h: Head) -> Self {
+        Self {
+            id: h.id,
+            end_stream: h.kind == wire::HEADERS && h.flags & wire::END_STREAM != 0,
+            promised: None,
+            frames: BytesMut::new(),
+            fragment: Vec::new(),
+            continuations: 0,
+            self_dependent: false,
+        }
+    }
+
+    /// Keeps a frame of a block not yet whole, and its fragment.
+    fn gather(&mut self, frame: &[u8], fragment: &[u8]) {
+        self.frames.extend_from_slice(frame);
+        self.fragment.extend_from_slice(fragment);
+        self.continuations += 1;
+    }
+}
