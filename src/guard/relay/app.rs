@@ -35,7 +35,7 @@ impl Relay<'_> {
         }
         // Frames go on whole: one larger than the client ever allowed is the
         // application's error (its streams end retryably), not the client's.
-        let mut frames = self.app.frames(self.settings.client_frame_max());
+        let mut frames = self.app.frames(self.client.frame_max());
         while let Some((h, frame)) = frames.next().map_err(|_| Failure::AppProtocol)? {
             self.app_frame(h, frame, now)?;
             frames.handled(h);
@@ -166,12 +166,7 @@ impl Relay<'_> {
                 connect_seen = true;
                 1
             }
-            wire::MAX_FRAME_SIZE => {
-                let v = v.min(MAX_FRAME);
-                self.app.frame = v as usize;
-                self.settings.tell_frame(v as usize);
-                v
-            }
+            wire::MAX_FRAME_SIZE => self.app.announce_frame(v),
             // Passed on as it is: what the client may send a local stream.
             wire::INITIAL_WINDOW_SIZE => {
                 self.window_told_is(v);

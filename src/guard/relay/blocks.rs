@@ -77,13 +77,7 @@ impl Relay<'_> {
                 if request {
                     encoded.extend_from_slice(&self.forward.xff);
                 }
-                put_block(
-                    &mut self.app.write,
-                    block.id,
-                    block.end_stream,
-                    &encoded,
-                    self.app.frame,
-                );
+                self.app.put_block(block.id, block.end_stream, &encoded);
             }
             None => {
                 self.app.write.extend_from_slice(&block.frames);
@@ -133,24 +127,12 @@ impl Relay<'_> {
     /// client, after the table size update that is due, if one is.
     pub(super) fn own_block(&mut self, id: u32, block: &[u8], end_stream: bool) {
         match self.settings.take_update_due() {
-            None => put_block(
-                &mut self.client.write,
-                id,
-                end_stream,
-                block,
-                self.client.frame,
-            ),
+            None => self.client.put_block(id, end_stream, block),
             Some(size) => {
                 let mut encoded = Vec::with_capacity(block.len() + 6);
                 wire::put_size_update(&mut encoded, size);
                 encoded.extend_from_slice(block);
-                put_block(
-                    &mut self.client.write,
-                    id,
-                    end_stream,
-                    &encoded,
-                    self.client.frame,
-                );
+                self.client.put_block(id, end_stream, &encoded);
             }
         }
     }
@@ -196,30 +178,4 @@ pub(super) fn literals(clear: bool, fields: &[wire::Field]) -> Vec<u8> {
         wire::put_literal(&mut out, &f.name, &f.value, f.never_indexed);
     }
     out
-}
-
-/// A header block as HEADERS and as many CONTINUATIONs as `max_frame` needs.
-pub(super) fn put_block(
-    out: &mut BytesMut,
-    id: u32,
-    end_stream: bool,
-    block: &[u8],
-    max_frame: usize,
-) {
-    let mut chunks = block.chunks(max_frame.max(1)).peekable();
-    let mut kind = wire::HEADERS;
-    let mut flags = if end_stream { wire::END_STREAM } else { 0 };
-    loop {
-        let chunk = chunks.next().unwrap_or(&[]);
-        let last = chunks.peek().is_none();
-        if last {
-            flags |= wire::END_HEADERS;
-        }
-        wire::put(out, kind, flags, id, chunk);
-        if last {
-            return;
-        }
-        kind = wire::CONTINUATION;
-        flags = 0;
-    }
 }

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use super::admit::{malformed_request, trailers_ok, Refusal};
 use super::ending::StreamOutcome;
 use super::failure::Failure;
-use super::limits::{BOMB_FACTOR, DEFAULT_FRAME, MAX_FRAME, MAX_WINDOW};
+use super::limits::{BOMB_FACTOR, DEFAULT_FRAME, MAX_WINDOW};
 use super::peer::{Block, Gathered};
 use super::rapid::PREMATURE_LIFETIME;
 use super::settings::{Unacked, UNACKED_RETRY};
@@ -48,7 +48,7 @@ impl Relay<'_> {
             // Held until the application shows it speaks HTTP/2.
             return Ok(());
         }
-        let mut frames = self.client.frames(self.settings.frame_told());
+        let mut frames = self.client.frames(self.app.frame_max());
         while let Some((h, frame)) = frames.next()? {
             if self.settings_waits(h, now) {
                 break;
@@ -362,12 +362,7 @@ impl Relay<'_> {
                 self.app.allow_table(v);
                 v
             }
-            wire::MAX_FRAME_SIZE => {
-                let v = v.min(MAX_FRAME);
-                self.client.frame = v as usize;
-                self.settings.client_frame(v as usize);
-                v
-            }
+            wire::MAX_FRAME_SIZE => self.client.announce_frame(v),
             wire::INITIAL_WINDOW_SIZE => {
                 let delta = self.window.set_initial(v);
                 grew |= delta > 0;

@@ -150,8 +150,13 @@ impl Life {
         self.closing_by = Some(by);
     }
 
-    pub(super) fn closing_by(&self) -> Option<Instant> {
-        self.closing_by
+    /// When the connection is dropped whatever is still open: the
+    /// lifecycle's backstop, or the flush bound once it closes, the earlier.
+    pub(super) fn close_deadline(&self) -> Option<Instant> {
+        [self.machine.deadlines().close_by, self.closing_by]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     pub(super) fn sweep_at(&self) -> Option<Instant> {
@@ -252,8 +257,7 @@ impl Relay<'_> {
             self.defences.paused_until(),
             self.endings.planned.front().map(|p| p.at),
             self.life.sweep_at(),
-            self.life.closing_by(),
-            d.close_by,
+            self.life.close_deadline(),
             d.age,
             d.ack,
             d.grace,

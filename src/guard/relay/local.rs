@@ -16,10 +16,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
 use super::admit::Refusal;
-use super::blocks::put_block;
 use super::failure::Failure;
 use super::limits::{HIGH_WATER, LOCAL_CHUNK};
-use super::peer::Peer;
+use super::peer::put_block;
 use super::wire::{self, Head};
 use super::Relay;
 
@@ -95,11 +94,8 @@ impl Relay<'_> {
             settings,
             ..
         } = self;
-        let Peer {
-            write: to_client,
-            frame: client_frame,
-            ..
-        } = client;
+        let client_frame = client.frame();
+        let to_client = &mut client.write;
         let mut moved = false;
         let mut done = Vec::new();
         let mut chunk = [0u8; LOCAL_CHUNK];
@@ -115,7 +111,7 @@ impl Relay<'_> {
                             wire::put_size_update(&mut block, size);
                         }
                         block.extend_from_slice(&head_block(&head));
-                        put_block(to_client, id, end, &block, *client_frame);
+                        put_block(to_client, id, end, &block, client_frame);
                         if end {
                             if !l.client_eof {
                                 wire::rst(to_client, id, wire::NO_ERROR);
@@ -168,7 +164,7 @@ impl Relay<'_> {
                 && to_client.len() < HIGH_WATER
             {
                 let max = (l.window.min(window.available()) as usize)
-                    .min(*client_frame)
+                    .min(client_frame)
                     .min(LOCAL_CHUNK);
                 let mut rb = ReadBuf::new(&mut chunk[..max]);
                 match Pin::new(&mut l.io).poll_read(cx, &mut rb) {

@@ -434,14 +434,7 @@ impl<'a> Relay<'a> {
                 self.fail(Failure::Calm);
             }
             let now = Instant::now();
-            if [
-                self.life.machine().deadlines().close_by,
-                self.life.closing_by(),
-            ]
-            .into_iter()
-            .flatten()
-            .any(|at| now >= at)
-            {
+            if self.life.close_deadline().is_some_and(|at| now >= at) {
                 let open = self.streams.len() + self.locals.len();
                 if open > 0 {
                     // Every stream has its own bounded end before this

@@ -8,7 +8,8 @@ use bytes::BytesMut;
 
 use super::failure::Failure;
 use super::io::keep_rest;
-use super::limits::{DEFAULT_FRAME, DEFAULT_TABLE, MAX_CONTINUATIONS, READ_BUF};
+use super::limits::{DEFAULT_FRAME, DEFAULT_TABLE, MAX_CONTINUATIONS, MAX_FRAME, READ_BUF};
+use super::window::put_data;
 use super::wire::{self, Head};
 
 /// One peer: the bytes read from it and to be written to it, and the
@@ -23,8 +24,13 @@ pub(super) struct Peer {
     hpack: wire::Hpack,
     /// This peer's header block being gathered over CONTINUATION frames.
     block: Option<Block>,
-    /// This peer's SETTINGS_MAX_FRAME_SIZE: the largest frame written to it.
-    pub(super) frame: usize,
+    /// This peer's SETTINGS_MAX_FRAME_SIZE (lowered to `MAX_FRAME`): the
+    /// largest frame written to it.
+    frame: usize,
+    /// The largest SETTINGS_MAX_FRAME_SIZE this peer ever announced: the
+    /// other peer may have been told it (and not yet the lower one since),
+    /// so a frame from the other peer up to it is no error of its own.
+    frame_max: usize,
     /// Blocks to this peer are re-encoded as literals (see the module doc):
     /// set once the guard dropped a block that changed the other peer's
     /// table; `Some(true)` until the first, which clears this peer's table.
@@ -44,6 +50,7 @@ impl Peer {
             hpack: wire::Hpack::new(DEFAULT_TABLE as usize),
             block: None,
             frame: DEFAULT_FRAME,
+            frame_max: DEFAULT_FRAME,
             translate: None,
             scratch: Vec::new(),
             fields: Vec::new(),
@@ -55,6 +62,37 @@ impl Peer {
     /// decoded with a table that may grow to it.
     pub(super) fn allow_table(&mut self, size: u32) {
         self.hpack.allow(size);
+    }
+
+    /// This peer announced SETTINGS_MAX_FRAME_SIZE `v`; the relay holds
+    /// no frame larger than `MAX_FRAME`, so that is what the other peer is
+    /// told (returned).
+    pub(super) fn announce_frame(&mut self, v: u32) -> u32 {
+        let v = v.min(MAX_FRAME);
+        self.frame = v as usize;
+        self.frame_max = self.frame_max.max(self.frame);
+        v
+    }
+
+    /// The largest frame to write to this peer.
+    pub(super) fn frame(&self) -> usize {
+        self.frame
+    }
+
+    /// The largest frame the other peer may send this one (see `frame_max`).
+    pub(super) fn frame_max(&self) -> usize {
+        self.frame_max
+    }
+
+    /// A header block to this peer, as HEADERS and the CONTINUATIONs its
+    /// frame size needs.
+    pub(super) fn put_block(&mut self, id: u32, end_stream: bool, block: &[u8]) {
+        put_block(&mut self.write, id, end_stream, block, self.frame);
+    }
+
+    /// DATA to this peer, in frames it takes.
+    pub(super) fn put_data(&mut self, id: u32, data: &[u8], end_stream: bool) {
+        put_data(&mut self.write, id, data, end_stream, self.frame);
     }
 
     /// What was read from this peer, to be split into frames no larger
@@ -224,5 +262,31 @@ impl Block {
         self.frames.extend_from_slice(frame);
         self.fragment.extend_from_slice(fragment);
         self.continuations += 1;
+    }
+}
+
+/// A header block as HEADERS and as many CONTINUATIONs as `max_frame` needs.
+pub(super) fn put_block(
+    out: &mut BytesMut,
+    id: u32,
+    end_stream: bool,
+    block: &[u8],
+    max_frame: usize,
+) {
+    let mut chunks = block.chunks(max_frame.max(1)).peekable();
+    let mut kind = wire::HEADERS;
+    let mut flags = if end_stream { wire::END_STREAM } else { 0 };
+    loop {
+        let chunk = chunks.next().unwrap_or(&[]);
+        let last = chunks.peek().is_none();
+        if last {
+            flags |= wire::END_HEADERS;
+        }
+        wire::put(out, kind, flags, id, chunk);
+        if last {
+            return;
+        }
+        kind = wire::CONTINUATION;
+        flags = 0;
     }
 }

@@ -36,7 +36,6 @@ use crate::guard::grpc;
 use crate::guard::relay::blocks::trailers_only;
 use crate::guard::relay::settings::Unacked;
 use crate::guard::relay::streams::Stream;
-use crate::guard::relay::window::put_data;
 use crate::guard::relay::wire::{self, Head};
 use crate::guard::relay::Relay;
 use crate::metrics::Dropped;
@@ -774,13 +773,7 @@ impl Relay<'_> {
     /// DATA of the guard's own to the client, in frames the client takes;
     /// the application's view of the connection window does not know of it.
     pub(in crate::guard::relay) fn own_data(&mut self, id: u32, data: &[u8], end_stream: bool) {
-        put_data(
-            &mut self.client.write,
-            id,
-            data,
-            end_stream,
-            self.client.frame,
-        );
+        self.client.put_data(id, data, end_stream);
         self.window.owe(data.len());
     }
 

@@ -2,10 +2,10 @@
 
 use http::StatusCode;
 
-use super::blocks::{literals, put_block};
+use super::blocks::literals;
 use super::limits::*;
 use super::local::{connect_head, Local};
-use super::peer::Block;
+use super::peer::{put_block, Block};
 use super::settings::MAX_UNACKED_SETTINGS;
 use super::*;
 use crate::guard::grpc;
