@@ -3,7 +3,6 @@
 //! response's kind and status, its DATA counted into messages, and its
 //! GOAWAY taken as its graceful stop.
 
-use http::StatusCode;
 use tokio::time::Instant;
 
 use super::client::settings_size_ok;
@@ -14,7 +13,6 @@ use super::peer::{Block, Gathered};
 use super::settings::Unacked;
 use super::wire::{self, Head};
 use super::Relay;
-use crate::guard::body::{response_kind_of, Boundaries};
 
 impl Relay<'_> {
     pub(super) fn app_frames(&mut self, now: Instant) -> Result<(), Failure> {
@@ -96,10 +94,8 @@ impl Relay<'_> {
                 self.release_held(h.id);
                 if let Some(mut s) = self.streams.remove(&h.id) {
                     self.client.write.extend_from_slice(frame);
-                    if let (Some(sig), Ok(code)) = (s.sig.as_mut(), <[u8; 4]>::try_from(payload)) {
-                        // The core's signals take an `h2::Reason` (they
-                        // cannot name `wire`: see `signals::grpc_code_for_reset`).
-                        sig.reset(h2::Reason::from(u32::from_be_bytes(code)));
+                    if let Ok(code) = <[u8; 4]>::try_from(payload) {
+                        s.app_reset(u32::from_be_bytes(code));
                     }
                     self.finish(s, StreamOutcome::UpstreamFailed);
                 }
@@ -298,28 +294,18 @@ impl Relay<'_> {
             Some(status) if status < 200 => {}
             Some(status) if !s.answered() => {
                 let ct = fields.content_type.as_deref().unwrap_or("");
-                s.bounds = Some(Boundaries::new(response_kind_of(s.kind, ct)));
-                s.reg.ctl.set_answered();
-                if let (Some(sig), Ok(code)) = (s.sig.as_mut(), StatusCode::from_u16(status)) {
-                    sig.head_status(code, fields.grpc_status.as_deref());
-                }
+                s.response_head(status, ct, fields.grpc_status.as_deref());
             }
-            _ => {
-                if let Some(sig) = s.sig.as_mut() {
-                    sig.grpc_status(fields.grpc_status.as_deref());
-                }
-            }
+            _ => s.response_trailers(fields.grpc_status.as_deref()),
         }
         if end_stream {
-            s.resp_done = true;
-            // The application's own end wins over the guard's.
-            s.ending = None;
+            s.response_ended();
             self.maybe_done(id);
-        } else if s.ending.is_some_and(|e| e.cancelled.is_some()) {
+        } else if s.app_cancelled() {
             // Its end waits for the whole read to be handled: a frame
             // behind this head in the same read is forwarded first.
             self.endings.barrier.moved = true;
-        } else if s.ending.is_some() {
+        } else if s.ending().is_some() {
             self.advance(id, now);
         }
     }

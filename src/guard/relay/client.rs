@@ -21,6 +21,7 @@ use super::limits::{BOMB_FACTOR, DEFAULT_FRAME, MAX_WINDOW};
 use super::peer::{Block, Gathered};
 use super::rapid::PREMATURE_LIFETIME;
 use super::settings::{Unacked, UNACKED_RETRY};
+use super::streams::Stream;
 use super::wire::{self, Head};
 use super::Relay;
 use crate::guard::lifecycle::Input;
@@ -163,7 +164,7 @@ impl Relay<'_> {
         if self.locals.contains_key(&h.id) {
             return self.local_data(h, data, now);
         }
-        if let Some(req_done) = self.streams.get(&h.id).map(|s| s.req_done) {
+        if let Some(req_done) = self.streams.get(&h.id).map(Stream::req_done) {
             let error = if req_done {
                 // Half-closed (remote): RFC 9113 §5.1.
                 Some(wire::STREAM_CLOSED)
@@ -187,7 +188,7 @@ impl Relay<'_> {
             if end {
                 self.ids.closed(h.id);
                 if let Some(s) = self.streams.get_mut(&h.id) {
-                    s.req_done = true;
+                    s.request_ended();
                 }
                 self.maybe_done(h.id);
             }
@@ -232,7 +233,7 @@ impl Relay<'_> {
         if !self.take_back(h.id) {
             self.app.write.extend_from_slice(frame);
         }
-        if !s.answered() && now.saturating_duration_since(s.started) < PREMATURE_LIFETIME {
+        if !s.answered() && now.saturating_duration_since(s.started()) < PREMATURE_LIFETIME {
             self.defences.premature();
         }
         self.finish(s, StreamOutcome::ClientGone);
@@ -288,18 +289,18 @@ impl Relay<'_> {
             return Err(Failure::Protocol("WINDOW_UPDATE on an idle stream"));
         }
         let window = if let Some(l) = self.locals.get_mut(&h.id) {
-            &mut l.window
+            l.window += i64::from(credit);
+            l.window
         } else if let Some(s) = self.streams.get_mut(&h.id) {
-            &mut s.window
+            s.credit(i64::from(credit))
         } else {
             // A stream that is over: a WINDOW_UPDATE may still come (§5.1).
             return Ok(());
         };
-        *window += i64::from(credit);
         let error = if credit == 0 {
             // RFC 9113 §6.9: a stream error on a stream.
             Some(wire::PROTOCOL_ERROR)
-        } else if *window > MAX_WINDOW {
+        } else if window > MAX_WINDOW {
             // RFC 9113 §6.9.1.
             Some(wire::FLOW_CONTROL_ERROR)
         } else {
@@ -309,14 +310,13 @@ impl Relay<'_> {
             self.stream_error(h.id, code, now);
             return Ok(());
         }
-        if let Some(s) = self.streams.get_mut(&h.id) {
-            if s.window > 0 {
-                s.shut_since = None;
+        if let Some(s) = self.streams.get(&h.id) {
+            if s.window() > 0 {
                 self.endings.stalled.remove(&h.id);
             }
-            let ending = s.ending.is_some();
+            let ending = s.ending().is_some();
             // Not to a stream the guard cancelled at the app (§5.1).
-            if s.ending.is_none_or(|e| e.cancelled.is_none()) {
+            if !s.app_cancelled() {
                 self.app.write.extend_from_slice(frame);
             }
             if ending {
@@ -370,7 +370,7 @@ impl Relay<'_> {
                     l.window += delta;
                 }
                 for s in self.streams.values_mut() {
-                    s.window += delta;
+                    s.grow_window(delta);
                 }
                 v
             }
@@ -378,7 +378,7 @@ impl Relay<'_> {
         });
         let past_max = |w: i64| w > MAX_WINDOW;
         if grew
-            && (self.streams.values().any(|s| past_max(s.window))
+            && (self.streams.values().any(|s| past_max(s.window()))
                 || self.locals.values().any(|l| past_max(l.window)))
         {
             // RFC 9113 §6.9.2: a connection error.
@@ -527,7 +527,7 @@ impl Relay<'_> {
         let open = self
             .streams
             .get(&id)
-            .map(|s| s.req_done)
+            .map(Stream::req_done)
             .or(self.locals.get(&id).map(|l| l.client_eof));
         let error = match open {
             // Half-closed (remote): RFC 9113 §5.1.
@@ -578,7 +578,7 @@ impl Relay<'_> {
             return Ok(());
         }
         if let Some(s) = self.streams.get_mut(&id) {
-            s.req_done = true;
+            s.request_ended();
         }
         if self.app_cancelled(id) {
             // The guard cancelled the application's side while it ends the
@@ -616,7 +616,7 @@ impl Relay<'_> {
         }
         // The application got a request and its reset: as a client's
         // reset would, it counts for rapid reset.
-        if !s.answered() && now.saturating_duration_since(s.started) < PREMATURE_LIFETIME {
+        if !s.answered() && now.saturating_duration_since(s.started()) < PREMATURE_LIFETIME {
             self.defences.premature();
         }
         self.finish(s, StreamOutcome::ClientGone);

@@ -7,8 +7,9 @@ use bytes::BytesMut;
 use tokio::time::Instant;
 
 use super::blocks::{trailers_only, unavailable_block};
-use super::ending::{record_outcome, StreamOutcome};
+use super::ending::StreamOutcome;
 use super::failure::Failure;
+use super::streams::Stream;
 use super::wire;
 use super::Relay;
 use crate::guard::body::End;
@@ -183,7 +184,7 @@ impl Relay<'_> {
     pub(super) fn timers(&mut self, now: Instant) -> Result<(), Failure> {
         let l = self.guard.config().limits;
         for id in std::mem::take(&mut self.endings.stalled) {
-            match self.streams.get(&id).and_then(|s| s.shut_since) {
+            match self.streams.get(&id).and_then(Stream::shut_since) {
                 Some(at) if now >= at + l.write_stall_timeout => {
                     tracing::info!(peer = %self.info.peer, stream = id, timeout = ?l.write_stall_timeout,
                         "guard: the client took no data; resetting its stream");
@@ -198,9 +199,9 @@ impl Relay<'_> {
                     if let Some(s) = self.streams.remove(&id) {
                         // One being ended is cut: counted as such, and what
                         // the app still sends on it counted as dropped.
-                        if let (Some(reason), Some(_)) = (s.reg.ctl.reason(), s.ending) {
+                        if let (Some(reason), Some(_)) = (s.end_reason(), s.ending()) {
                             self.guard.record_ungraceful(reason, s.protocol());
-                            if !s.resp_done {
+                            if !s.resp_done() {
                                 self.remember_ended(id);
                             }
                         }
@@ -247,7 +248,7 @@ impl Relay<'_> {
         let streams = &self.streams;
         self.endings
             .stalled
-            .retain(|id| streams.get(id).is_some_and(|s| s.shut_since.is_some()));
+            .retain(|id| streams.get(id).is_some_and(|s| s.shut_since().is_some()));
     }
 
     pub(super) fn next_deadline(&self) -> Option<Instant> {
@@ -268,7 +269,7 @@ impl Relay<'_> {
         .flatten()
         .min();
         for id in &self.endings.stalled {
-            if let Some(at) = self.streams.get(id).and_then(|s| s.shut_since) {
+            if let Some(at) = self.streams.get(id).and_then(Stream::shut_since) {
                 next = next.into_iter().chain([at + l.write_stall_timeout]).min();
             }
         }
@@ -303,11 +304,10 @@ impl Relay<'_> {
                 continue;
             };
             let block = if !s.answered() {
-                trailers_only(s.kind, grpc::UPSTREAM_LOST_MESSAGE)
+                trailers_only(s.kind(), grpc::UPSTREAM_LOST_MESSAGE)
             } else if s.endable() && s.at_boundary() {
                 match s
-                    .bounds
-                    .as_ref()
+                    .bounds()
                     .and_then(|b| b.ending(grpc::UPSTREAM_LOST_MESSAGE))
                 {
                     Some(End::Trailers(_)) => Some(unavailable_block(grpc::UPSTREAM_LOST_MESSAGE)),
@@ -330,10 +330,7 @@ impl Relay<'_> {
                 ),
             }
             if let Some(mut s) = self.streams.remove(&id) {
-                s.resp_done = true;
-                if let Some(sig) = s.sig.as_mut() {
-                    record_outcome(sig, grpc, &StreamOutcome::UpstreamFailed);
-                }
+                s.record(&StreamOutcome::UpstreamFailed);
                 self.guard.record_app_lost();
             }
         }

@@ -544,7 +544,7 @@ impl<'a> Relay<'a> {
             wire::window_update(&mut self.app.write, 0, padding);
             wire::window_update(&mut self.app.write, id, padding);
             if let Some(s) = self.streams.get_mut(&id) {
-                s.window += i64::from(padding);
+                s.grow_window(i64::from(padding));
             }
         }
     }

@@ -27,11 +27,9 @@
 use bytes::BytesMut;
 use tokio::time::Instant;
 
-use super::state::{
-    ends_in, Cancelled, ClosingEnds, Ending, Held, Unwritten, ACK_MIN, ENDED_KEPT, HOLD_MAX,
-};
-use super::{record_outcome, StreamOutcome, BURST_GAP};
-use crate::guard::body::{Boundaries, End};
+use super::state::{ends_in, Cancelled, ClosingEnds, Unwritten, ACK_MIN, ENDED_KEPT, HOLD_MAX};
+use super::{StreamOutcome, BURST_GAP};
+use crate::guard::body::End;
 use crate::guard::grpc;
 use crate::guard::relay::blocks::trailers_only;
 use crate::guard::relay::settings::Unacked;
@@ -47,21 +45,13 @@ impl Relay<'_> {
         let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
-        let Some(reason) = s.reg.ctl.reason() else {
+        let Some(reason) = s.end_reason() else {
             return;
         };
-        if s.ending.is_some() || s.resp_done {
+        if s.ending().is_some() || s.resp_done() {
             return;
         }
-        s.ending = Some(Ending {
-            reason,
-            asked: now,
-            quiet_at: None,
-            forced_by: None,
-            quiet: false,
-            settling: false,
-            cancelled: None,
-        });
+        s.begin_ending(reason, now);
         self.endings.asked.push(id);
         self.advance(id, now);
     }
@@ -72,7 +62,7 @@ impl Relay<'_> {
         let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
-        let Some(mut e) = s.ending else {
+        let Some(e) = s.ending() else {
             return;
         };
         if let Some(c) = e.cancelled {
@@ -88,7 +78,7 @@ impl Relay<'_> {
             // kinds with a retryable answer of the guard's own (others are
             // left to answer until the bound). A head it wrote meanwhile
             // still goes on, and the stream ends at its boundary.
-            if trailers_only(s.kind, "").is_some() {
+            if trailers_only(s.kind(), "").is_some() {
                 self.cancel(id, now);
             }
             return;
@@ -97,9 +87,13 @@ impl Relay<'_> {
             // Left to finish until the bound (`timers`).
             return;
         }
-        if !s.at_boundary() {
+        let (at_boundary, split, cadence, protocol) =
+            (s.at_boundary(), s.split(), s.cadence(), s.protocol());
+        let Some(e) = s.ending_mut() else {
+            return;
+        };
+        if !at_boundary {
             e.quiet_at = None;
-            s.ending = Some(e);
             return;
         }
         if e.forced_by.is_some() {
@@ -108,12 +102,12 @@ impl Relay<'_> {
             return;
         }
         if e.quiet_at.is_none() {
-            e.quiet_at = Some(match s.cadence.last() {
+            e.quiet_at = Some(match cadence.last() {
                 // It just wrote: end in its pause.
                 Some(t) if now.saturating_duration_since(t) < BURST_GAP => t + BURST_GAP,
                 // Between two writes of a steady producer, the next one well
                 // off: end now, on the schedule.
-                _ if !s.split && s.cadence.far_from_next(now) => {
+                _ if !split && cadence.far_from_next(now) => {
                     e.quiet = true;
                     now
                 }
@@ -130,10 +124,9 @@ impl Relay<'_> {
             e.quiet_at = None;
             if std::mem::take(&mut e.settling) {
                 // No write came to time it by.
-                self.guard.record_blind_ending(e.reason, s.protocol());
+                self.guard.record_blind_ending(e.reason, protocol);
             }
         }
-        s.ending = Some(e);
         if due {
             self.cancel(id, now);
         }
@@ -146,7 +139,7 @@ impl Relay<'_> {
         let end_timeout = self.guard.config().limits.end_timeout;
         wire::rst(&mut self.app.write, id, wire::CANCEL);
         let barrier = self.barrier_target();
-        if let Some(e) = self.streams.get_mut(&id).and_then(|s| s.ending.as_mut()) {
+        if let Some(e) = self.streams.get_mut(&id).and_then(Stream::ending_mut) {
             e.quiet_at = None;
             // The ending's own bound (`end_timeout` from the ask, or the
             // forced end's), but never less than ACK_MIN for the ack.
@@ -162,10 +155,7 @@ impl Relay<'_> {
     /// The client's end of stream `id`, its cancel `confirmed` by the
     /// barrier's ack (or the application's close), or not (its bound).
     pub(in crate::guard::relay) fn close_ending(&mut self, id: u32, confirmed: bool) {
-        let Some(s) = self.streams.get_mut(&id) else {
-            return;
-        };
-        let Some(mut e) = s.ending else {
+        let Some(e) = self.streams.get(&id).and_then(Stream::ending) else {
             return;
         };
         // The application's stack cut this message short once it read the
@@ -183,7 +173,7 @@ impl Relay<'_> {
             return;
         };
         if !s.answered() {
-            match trailers_only(s.kind, grpc::end_message(reason)) {
+            match trailers_only(s.kind(), grpc::end_message(reason)) {
                 Some(block) => {
                     self.own_block(id, &block, true);
                     self.end_here(id, outcome);
@@ -205,11 +195,9 @@ impl Relay<'_> {
                 return;
             }
             // Waiting for the client's stream window, within the bound.
-            if let Some(c) = e.cancelled.as_mut() {
+            let ending = self.streams.get_mut(&id).and_then(Stream::ending_mut);
+            if let Some(c) = ending.and_then(|e| e.cancelled.as_mut()) {
                 c.acked = true;
-            }
-            if let Some(s) = self.streams.get_mut(&id) {
-                s.ending = Some(e);
             }
         }
     }
@@ -217,10 +205,7 @@ impl Relay<'_> {
     /// Whether the guard cancelled the application's side of stream `id`
     /// while it ends it (its client's frames no longer go there).
     pub(in crate::guard::relay) fn app_cancelled(&self, id: u32) -> bool {
-        self.streams
-            .get(&id)
-            .and_then(|s| s.ending)
-            .is_some_and(|e| e.cancelled.is_some())
+        self.streams.get(&id).is_some_and(Stream::app_cancelled)
     }
 
     /// DATA on stream `id`, which is open, from the application (`frame`,
@@ -237,75 +222,45 @@ impl Relay<'_> {
         let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
-        if !data.is_empty() {
-            s.cadence.data(now);
-        }
-        s.window -= h.len as i64;
-        if s.window <= 0 && s.shut_since.is_none() && h.len > 0 {
-            s.shut_since = Some(now);
+        if s.sent(h.len, !data.is_empty(), now) {
             self.endings.stalled.insert(id);
         }
-        let cancelled = s.ending.is_some_and(|e| e.cancelled.is_some());
+        let cancelled = s.app_cancelled();
         let end_stream = h.flags & wire::END_STREAM != 0;
         // After the cancel, a message not whole yet is held: the whole
         // messages of this frame go on, the start of the next waits.
-        let mut hold: Option<(usize, Boundaries)> = None;
-        if let Some(b) = s.bounds.as_mut() {
-            if b.endable() && !data.is_empty() {
-                if cancelled && !end_stream {
-                    let whole = b.whole_prefix(data);
-                    if whole < data.len() {
-                        let mut from = b.clone();
-                        from.consume(&data[..whole]);
-                        hold = Some((whole, from));
-                    }
-                }
-                s.messages += b.consume(data);
-                s.split |= !b.at_boundary();
-                if s.messages >= 2 {
-                    s.reg.ctl.set_long_lived();
-                }
-                if let Some(sig) = s.sig.as_mut() {
-                    sig.messages(s.messages);
-                }
-            }
-        }
+        let hold = s.count_messages(data, cancelled && !end_stream);
         match hold {
-            None if data.is_empty() && !end_stream && s.held.is_some() => {
+            None if data.is_empty() && !end_stream && s.held().is_some() => {
                 // Nothing of the message, but in its order: held with it.
-                if let Some(held) = s.held.as_mut() {
-                    held.push(h.len, frame);
-                }
+                s.hold_more(h.len, frame);
                 self.endings.held += h.len;
             }
-            Some((0, from)) if s.held.as_ref().is_none_or(|h| !h.full()) => {
+            Some((0, from)) if s.held().is_none_or(|h| !h.full()) => {
                 // No boundary in it: all of it is the message being held.
-                let held = s.held.get_or_insert_with(|| Held::new(from));
-                held.push(h.len, frame);
+                s.hold(from, h.len, frame);
                 self.endings.held += h.len;
             }
             Some((whole, from)) if whole > 0 => {
                 // Whole messages, then the start of one: split, the
                 // padding given back (the client never counts it).
-                if let Some(held) = s.held.take() {
+                if let Some(held) = s.take_held() {
                     self.endings.held -= held.window;
                     self.client.write.extend_from_slice(&held.frames);
                 }
                 wire::put(&mut self.client.write, wire::DATA, 0, id, &data[..whole]);
-                let mut held = Held::new(from);
                 let mut tail = BytesMut::new();
                 wire::put(&mut tail, wire::DATA, 0, id, &data[whole..]);
-                held.push(data.len() - whole, &tail);
+                s.hold(from, data.len() - whole, &tail);
                 self.endings.held += data.len() - whole;
-                s.held = Some(held);
                 let padding = (h.len - data.len()) as u32;
                 wire::window_update(&mut self.app.write, 0, padding);
                 wire::window_update(&mut self.app.write, id, padding);
-                s.window += i64::from(padding);
+                s.grow_window(i64::from(padding));
             }
             _ => {
                 // Whole (or past what may be held, or the app's own end).
-                if let Some(held) = s.held.take() {
+                if let Some(held) = s.take_held() {
                     self.endings.held -= held.window;
                     self.client.write.extend_from_slice(&held.frames);
                 }
@@ -319,11 +274,9 @@ impl Relay<'_> {
             return;
         };
         if end_stream {
-            s.resp_done = true;
-            // The application's own end wins over the guard's.
-            s.ending = None;
+            s.response_ended();
             self.maybe_done(id);
-        } else if s.ending.is_some() {
+        } else if s.ending().is_some() {
             self.data_while_ending(id, now);
         }
     }
@@ -331,7 +284,7 @@ impl Relay<'_> {
     /// Frames of the application's other than DATA on stream `id` go on
     /// behind what was held of it, in order.
     pub(in crate::guard::relay) fn release_held(&mut self, id: u32) {
-        if let Some(held) = self.streams.get_mut(&id).and_then(|s| s.held.take()) {
+        if let Some(held) = self.streams.get_mut(&id).and_then(Stream::take_held) {
             self.endings.held -= held.window;
             self.client.write.extend_from_slice(&held.frames);
         }
@@ -346,7 +299,7 @@ impl Relay<'_> {
             let largest = self
                 .streams
                 .iter()
-                .filter_map(|(id, s)| Some((s.held.as_ref()?.window, *id)))
+                .filter_map(|(id, s)| Some((s.held()?.window, *id)))
                 .max();
             let Some((_, id)) = largest else {
                 self.endings.held = 0;
@@ -360,18 +313,13 @@ impl Relay<'_> {
     /// counted, its connection window given back; the stream is back at
     /// the boundary before it.
     pub(in crate::guard::relay) fn drop_held(&mut self, id: u32, why: &'static str) {
-        let Some(s) = self.streams.get_mut(&id) else {
+        let Some(window) = self.streams.get_mut(&id).and_then(Stream::drop_held) else {
             return;
         };
-        let Some(held) = s.held.take() else {
-            return;
-        };
-        s.bounds = Some(held.from);
-        self.endings.held -= held.window;
-        tracing::warn!(peer = %self.info.peer, conn = self.info.id, stream = id, bytes = held.window, "guard: {why}");
-        self.guard
-            .record_dropped(Dropped::partial_message, held.window);
-        wire::window_update(&mut self.app.write, 0, held.window as u32);
+        self.endings.held -= window;
+        tracing::warn!(peer = %self.info.peer, conn = self.info.id, stream = id, bytes = window, "guard: {why}");
+        self.guard.record_dropped(Dropped::partial_message, window);
+        wire::window_update(&mut self.app.write, 0, window as u32);
     }
 
     /// DATA for a stream no longer open (`h` its head): the connection
@@ -392,7 +340,7 @@ impl Relay<'_> {
             return;
         };
         let at_boundary = s.at_boundary();
-        let Some(e) = s.ending.as_mut() else {
+        let Some(e) = s.ending_mut() else {
             return;
         };
         if e.cancelled.is_some() {
@@ -419,7 +367,7 @@ impl Relay<'_> {
         let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
-        let Some(mut e) = s.ending else {
+        let Some(e) = s.ending() else {
             return;
         };
         if let Some(c) = e.cancelled {
@@ -446,8 +394,9 @@ impl Relay<'_> {
             self.reset_here(id);
             return;
         }
-        e.forced_by = Some(now + l.end_timeout);
-        s.ending = Some(e);
+        if let Some(e) = s.ending_mut() {
+            e.forced_by = Some(now + l.end_timeout);
+        }
         if !s.answered() {
             // No answer in time (a kind without the guard's own).
             self.reset_here(id);
@@ -460,7 +409,7 @@ impl Relay<'_> {
     /// When stream `id`'s ending must be looked at next.
     pub(in crate::guard::relay) fn ending_due(&self, id: u32) -> Option<Instant> {
         let l = self.guard.config().limits;
-        let e = self.streams.get(&id).and_then(|s| s.ending)?;
+        let e = self.streams.get(&id).and_then(Stream::ending)?;
         if let Some(c) = e.cancelled {
             return Some(c.by);
         }
@@ -522,7 +471,7 @@ impl Relay<'_> {
         }
         self.endings
             .asked
-            .retain(|id| self.streams.get(id).is_some_and(|s| s.ending.is_some()));
+            .retain(|id| self.streams.get(id).is_some_and(|s| s.ending().is_some()));
     }
 
     /// The guard's own end at a boundary: trailers for gRPC, the trailer
@@ -536,7 +485,7 @@ impl Relay<'_> {
             StreamOutcome::Ended(r) | StreamOutcome::Unconfirmed(r) => grpc::end_message(r),
             _ => grpc::UPSTREAM_LOST_MESSAGE,
         };
-        match s.bounds.as_ref().and_then(|b| b.ending(message)) {
+        match s.bounds().and_then(|b| b.ending(message)) {
             Some(End::Trailers(t)) => {
                 let fields: Vec<(&str, &str)> = t
                     .iter()
@@ -546,13 +495,13 @@ impl Relay<'_> {
                 self.own_block(id, &block, true);
             }
             Some(End::Last(data)) => {
-                if data.len() as i64 > s.window {
+                if data.len() as i64 > s.window() {
                     // The client's window for this stream cannot take it yet:
                     // its WINDOW_UPDATE moves the end on; the bound resets it.
                     return false;
                 }
                 if let Some(s) = self.streams.get_mut(&id) {
-                    s.window -= data.len() as i64;
+                    s.spend(data.len());
                 }
                 self.own_data(id, &data, true);
             }
@@ -574,7 +523,7 @@ impl Relay<'_> {
         let Some(s) = self.streams.get_mut(&id) else {
             return true;
         };
-        let Some(e) = s.ending.filter(|e| e.cancelled.is_some()) else {
+        let Some(e) = s.ending().filter(|e| e.cancelled.is_some()) else {
             return false;
         };
         self.drop_held(
@@ -586,7 +535,7 @@ impl Relay<'_> {
         };
         if !s.answered() {
             // Never answered: the guard's own retryable answer, as at the ack.
-            let Some(block) = trailers_only(s.kind, grpc::end_message(e.reason)) else {
+            let Some(block) = trailers_only(s.kind(), grpc::end_message(e.reason)) else {
                 return false;
             };
             self.own_block(id, &block, true);
@@ -609,7 +558,7 @@ impl Relay<'_> {
         };
         tracing::warn!(peer = %self.info.peer, stream = id,
             "guard: stream could not reach a safe end point in time; reset (REFUSED_STREAM for gRPC: retryable)");
-        if let Some(held) = s.held.take() {
+        if let Some(held) = s.take_held() {
             // It goes on as it came: the reset says it is not whole.
             self.endings.held -= held.window;
             self.client.write.extend_from_slice(&held.frames);
@@ -633,22 +582,19 @@ impl Relay<'_> {
         let Some(mut s) = self.streams.remove(&id) else {
             return;
         };
-        let cancelled = s.ending.is_some_and(|e| e.cancelled.is_some());
-        if !s.resp_done {
+        let cancelled = s.app_cancelled();
+        if !s.resp_done() {
             if !cancelled {
                 wire::rst(&mut self.app.write, id, wire::CANCEL);
             }
             self.remember_ended(id);
         }
-        if !s.req_done && outcome != StreamOutcome::Reset {
+        if !s.req_done() && outcome != StreamOutcome::Reset {
             wire::rst(&mut self.client.write, id, wire::NO_ERROR);
         }
         if let StreamOutcome::Ended(reason) = outcome {
             // Counted once written (`settle_written`).
-            let grpc = s.grpc();
-            if let Some(sig) = s.sig.as_mut() {
-                record_outcome(sig, grpc, &outcome);
-            }
+            s.record(&outcome);
             self.endings.unwritten.push(Unwritten {
                 id,
                 reason,
@@ -663,7 +609,7 @@ impl Relay<'_> {
     pub(in crate::guard::relay) fn finish(&mut self, mut s: Stream, outcome: StreamOutcome) {
         let guard = self.guard;
         let protocol = s.protocol();
-        if let Some(held) = s.held.take() {
+        if let Some(held) = s.take_held() {
             // A message begun after the cancel, never whole: dropped with
             // the stream, its connection window given back. Counted unless
             // the client itself gave up the stream.
@@ -679,16 +625,13 @@ impl Relay<'_> {
             StreamOutcome::Ended(reason) => guard.record_termination(reason, protocol),
             StreamOutcome::Unconfirmed(reason) => guard.record_ungraceful(reason, protocol),
             StreamOutcome::Reset => {
-                if let Some(reason) = s.reg.ctl.reason() {
+                if let Some(reason) = s.end_reason() {
                     guard.record_ungraceful(reason, protocol);
                 }
             }
             _ => {}
         }
-        let grpc = s.grpc();
-        if let Some(sig) = s.sig.as_mut() {
-            record_outcome(sig, grpc, &outcome);
-        }
+        s.record(&outcome);
     }
 
     /// Graceful ends whose last frame has left the client's write buffer
@@ -764,7 +707,7 @@ impl Relay<'_> {
     /// asked to end is cut, and counted (the run loop logged how many).
     pub(in crate::guard::relay) fn cut_open(&mut self) {
         for (_, s) in std::mem::take(&mut self.streams) {
-            if let Some(reason) = s.reg.ctl.reason() {
+            if let Some(reason) = s.end_reason() {
                 self.guard.record_ungraceful(reason, s.protocol());
             }
         }
@@ -782,7 +725,7 @@ impl Relay<'_> {
         if self
             .streams
             .get(&id)
-            .is_some_and(|s| s.req_done && s.resp_done)
+            .is_some_and(|s| s.req_done() && s.resp_done())
         {
             if let Some(s) = self.streams.remove(&id) {
                 self.finish(s, StreamOutcome::Completed);

@@ -166,8 +166,7 @@ async fn data_after_a_write_stall_reset_is_counted() {
     ask_all(&guard, &mut r, Reason::drain, now);
     let stall = guard.config().limits.write_stall_timeout;
     if let Some(s) = r.streams.get_mut(&1) {
-        s.window = 0;
-        s.shut_since = Some(now);
+        s.shut_at(now);
     }
     r.endings.stalled.insert(1);
     r.timers(now + stall).expect("the stall");
@@ -270,8 +269,7 @@ async fn a_held_message_dropped_by_a_stall_reset_is_counted() {
     let mut r = half_message_held(&guard, now);
     let stall = guard.config().limits.write_stall_timeout;
     if let Some(s) = r.streams.get_mut(&1) {
-        s.window = 0;
-        s.shut_since = Some(now);
+        s.shut_at(now);
     }
     r.endings.stalled.insert(1);
     r.timers(now + stall).expect("the stall");
