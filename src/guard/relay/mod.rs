@@ -139,7 +139,7 @@ use crate::metrics::Limit;
 
 use blocks::Forward;
 use defences::Defences;
-use ending::state::{self, Endings};
+use ending::state::Endings;
 use failure::Failure;
 use flood::Buckets;
 use goaway::Life;
@@ -150,7 +150,7 @@ use local::Local;
 use peer::Peer;
 use rapid::PrematureResets;
 use settings::Settings;
-use streams::Stream;
+use streams::Streams;
 use window::Window;
 
 /// Serves one HTTP/2 connection by relaying its frames to the application,
@@ -249,7 +249,7 @@ struct Relay<'a> {
     /// Who the client is, for logs and the registry.
     info: ConnInfo,
     /// The relayed streams still open, by id.
-    streams: HashMap<u32, Stream>,
+    streams: Streams,
     /// WebSockets over HTTP/2 the guard serves itself, by stream id.
     locals: HashMap<u32, Local>,
     /// The stream ids the client used (RFC 9113 §5.1).
@@ -282,7 +282,7 @@ impl<'a> Relay<'a> {
         let mut relay = Self {
             guard,
             info,
-            streams: HashMap::new(),
+            streams: Streams::default(),
             locals: HashMap::new(),
             ids: StreamIds::default(),
             client: Peer::new(),
@@ -574,7 +574,7 @@ impl<'a> Relay<'a> {
             // While an ending waits for the barrier's ack, the application
             // is read further (its acks and what it wrote before them), up
             // to the mark that also bounds a client whose window is shut.
-            self.endings.held < state::HOLD_MAX
+            !self.streams.holds_too_much()
                 && (self.client.write.len() < HIGH_WATER
                     || (self.awaits_ack() && self.client.write.len() < BLOCKED_HIGH_WATER)),
         )

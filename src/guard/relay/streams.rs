@@ -1,18 +1,145 @@
-//! The relay's stream store: each relayed [`Stream`], its fields its own.
-//! What happens to a stream is said by its methods (its request and
-//! response ending, its window taken and given, its messages counted, a
-//! message held); how a stream being ended moves is the `ending` module's
-//! (its state is in `ending::state`).
+//! The relay's stream store ([`Streams`]): each relayed [`Stream`], its
+//! fields its own, and the bytes held across them. What happens to a
+//! stream is said by its methods (its request and response ending, its
+//! window taken and given, its messages counted, a message held); how a
+//! stream being ended moves is the `ending` module's (its state is in
+//! `ending::state`).
+
+use std::collections::HashMap;
 
 use tokio::time::Instant;
 
 use super::ending::cadence::Cadence;
-use super::ending::state::{Ending, Held};
+use super::ending::state::{Ending, Held, HOLD_MAX};
 use super::ending::{record_outcome, StreamOutcome};
 use crate::guard::body::{BodyKind, Boundaries};
 use crate::guard::registry::Registered;
 use crate::guard::signals;
 use crate::metrics::{Reason, StreamProtocol};
+
+/// The relayed streams still open, by id, and what they hold.
+#[derive(Default)]
+pub(super) struct Streams {
+    open: HashMap<u32, Stream>,
+    /// Bytes held in every stream's [`Held`] (the sum of their windows):
+    /// the application is not read while they reach [`HOLD_MAX`].
+    held: usize,
+}
+
+impl Streams {
+    pub(super) fn get(&self, id: &u32) -> Option<&Stream> {
+        self.open.get(id)
+    }
+
+    pub(super) fn get_mut(&mut self, id: &u32) -> Option<&mut Stream> {
+        self.open.get_mut(id)
+    }
+
+    pub(super) fn contains_key(&self, id: &u32) -> bool {
+        self.open.contains_key(id)
+    }
+
+    pub(super) fn insert(&mut self, id: u32, stream: Stream) {
+        self.open.insert(id, stream);
+    }
+
+    /// Stream `id` is over here: out of the store, with what it held (the
+    /// caller gives that back).
+    pub(super) fn remove(&mut self, id: &u32) -> Option<Stream> {
+        let s = self.open.remove(id)?;
+        self.held -= s.held.as_ref().map_or(0, |h| h.window);
+        Some(s)
+    }
+
+    /// Every stream, out of the store (the connection closes).
+    pub(super) fn drain(&mut self) -> impl Iterator<Item = Stream> + '_ {
+        self.held = 0;
+        self.open.drain().map(|(_, s)| s)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.open.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.open.is_empty()
+    }
+
+    pub(super) fn keys(&self) -> impl Iterator<Item = &u32> {
+        self.open.keys()
+    }
+
+    #[cfg(test)]
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&u32, &Stream)> {
+        self.open.iter()
+    }
+
+    pub(super) fn values(&self) -> impl Iterator<Item = &Stream> {
+        self.open.values()
+    }
+
+    pub(super) fn values_mut(&mut self) -> impl Iterator<Item = &mut Stream> {
+        self.open.values_mut()
+    }
+
+    /// Bytes held across the streams.
+    #[cfg(test)]
+    pub(super) fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Whether they reach [`HOLD_MAX`].
+    pub(super) fn holds_too_much(&self) -> bool {
+        self.held >= HOLD_MAX
+    }
+
+    /// The stream holding the most, if one holds anything.
+    pub(super) fn largest_held(&self) -> Option<u32> {
+        self.open
+            .iter()
+            .filter_map(|(id, s)| Some((s.held.as_ref()?.window, *id)))
+            .max()
+            .map(|(_, id)| id)
+    }
+
+    /// A frame of `window` bytes goes with stream `id`'s message held, if
+    /// it holds one.
+    pub(super) fn hold_more(&mut self, id: u32, window: usize, frame: &[u8]) {
+        if let Some(held) = self.open.get_mut(&id).and_then(|s| s.held.as_mut()) {
+            held.push(window, frame);
+            self.held += window;
+        }
+    }
+
+    /// A frame of `window` bytes goes with stream `id`'s message held,
+    /// begun (from the boundaries `from`) if none was.
+    pub(super) fn hold(&mut self, id: u32, from: Boundaries, window: usize, frame: &[u8]) {
+        if let Some(s) = self.open.get_mut(&id) {
+            s.held
+                .get_or_insert_with(|| Held::new(from))
+                .push(window, frame);
+            self.held += window;
+        }
+    }
+
+    /// Stream `id`'s message held goes (on, or dropped by the caller).
+    pub(super) fn take_held(&mut self, id: u32) -> Option<Held> {
+        let held = self.open.get_mut(&id)?.held.take()?;
+        self.held -= held.window;
+        Some(held)
+    }
+
+    /// Stream `id`'s message held is dropped, cut short: the stream is
+    /// back at the boundary before it. What it took of the connection
+    /// window.
+    pub(super) fn drop_held(&mut self, id: u32) -> Option<usize> {
+        let s = self.open.get_mut(&id)?;
+        let held = s.held.take()?;
+        s.bounds = Some(held.from);
+        self.held -= held.window;
+        Some(held.window)
+    }
+}
 
 /// One relayed stream.
 pub(super) struct Stream {
@@ -325,32 +452,10 @@ impl Stream {
         self.held.as_ref()
     }
 
-    /// A frame of `window` bytes goes with the message held, if one is.
-    pub(super) fn hold_more(&mut self, window: usize, frame: &[u8]) {
-        if let Some(held) = self.held.as_mut() {
-            held.push(window, frame);
-        }
-    }
-
-    /// A frame of `window` bytes goes with the message held, begun (from
-    /// the boundaries `from`) if none was.
-    pub(super) fn hold(&mut self, from: Boundaries, window: usize, frame: &[u8]) {
-        self.held
-            .get_or_insert_with(|| Held::new(from))
-            .push(window, frame);
-    }
-
-    /// The message held goes (on, or dropped by the caller).
+    /// The message held goes with the stream, which is over (`Streams::remove`
+    /// counted it out).
     pub(super) fn take_held(&mut self) -> Option<Held> {
         self.held.take()
-    }
-
-    /// The message held is dropped, cut short: the stream is back at the
-    /// boundary before it. What it took of the connection window.
-    pub(super) fn drop_held(&mut self) -> Option<usize> {
-        let held = self.held.take()?;
-        self.bounds = Some(held.from);
-        Some(held.window)
     }
 
     /// A test's stream whose client's window is shut since `now`.

@@ -27,7 +27,7 @@
 use bytes::BytesMut;
 use tokio::time::Instant;
 
-use super::state::{ends_in, Cancelled, ClosingEnds, Unwritten, ACK_MIN, ENDED_KEPT, HOLD_MAX};
+use super::state::{ends_in, Cancelled, ClosingEnds, Held, Unwritten, ACK_MIN, ENDED_KEPT};
 use super::{StreamOutcome, BURST_GAP};
 use crate::guard::body::End;
 use crate::guard::grpc;
@@ -230,44 +230,39 @@ impl Relay<'_> {
         // After the cancel, a message not whole yet is held: the whole
         // messages of this frame go on, the start of the next waits.
         let hold = s.count_messages(data, cancelled && !end_stream);
+        // A message is held (and whether that one is full).
+        let holding = s.held().map(Held::full);
         match hold {
-            None if data.is_empty() && !end_stream && s.held().is_some() => {
+            None if data.is_empty() && !end_stream && holding.is_some() => {
                 // Nothing of the message, but in its order: held with it.
-                s.hold_more(h.len, frame);
-                self.endings.held += h.len;
+                self.streams.hold_more(id, h.len, frame);
             }
-            Some((0, from)) if s.held().is_none_or(|h| !h.full()) => {
+            Some((0, from)) if holding != Some(true) => {
                 // No boundary in it: all of it is the message being held.
-                s.hold(from, h.len, frame);
-                self.endings.held += h.len;
+                self.streams.hold(id, from, h.len, frame);
             }
             Some((whole, from)) if whole > 0 => {
                 // Whole messages, then the start of one: split, the
                 // padding given back (the client never counts it).
-                if let Some(held) = s.take_held() {
-                    self.endings.held -= held.window;
-                    self.client.write.extend_from_slice(&held.frames);
-                }
+                self.release_held(id);
                 wire::put(&mut self.client.write, wire::DATA, 0, id, &data[..whole]);
                 let mut tail = BytesMut::new();
                 wire::put(&mut tail, wire::DATA, 0, id, &data[whole..]);
-                s.hold(from, data.len() - whole, &tail);
-                self.endings.held += data.len() - whole;
+                self.streams.hold(id, from, data.len() - whole, &tail);
                 let padding = (h.len - data.len()) as u32;
                 wire::window_update(&mut self.app.write, 0, padding);
                 wire::window_update(&mut self.app.write, id, padding);
-                s.grow_window(i64::from(padding));
+                if let Some(s) = self.streams.get_mut(&id) {
+                    s.grow_window(i64::from(padding));
+                }
             }
             _ => {
                 // Whole (or past what may be held, or the app's own end).
-                if let Some(held) = s.take_held() {
-                    self.endings.held -= held.window;
-                    self.client.write.extend_from_slice(&held.frames);
-                }
+                self.release_held(id);
                 self.client.write.extend_from_slice(frame);
             }
         }
-        if self.endings.held >= HOLD_MAX {
+        if self.streams.holds_too_much() {
             self.relieve_holds();
         }
         let Some(s) = self.streams.get_mut(&id) else {
@@ -284,8 +279,7 @@ impl Relay<'_> {
     /// Frames of the application's other than DATA on stream `id` go on
     /// behind what was held of it, in order.
     pub(in crate::guard::relay) fn release_held(&mut self, id: u32) {
-        if let Some(held) = self.streams.get_mut(&id).and_then(Stream::take_held) {
-            self.endings.held -= held.window;
+        if let Some(held) = self.streams.take_held(id) {
             self.client.write.extend_from_slice(&held.frames);
         }
     }
@@ -295,14 +289,8 @@ impl Relay<'_> {
     /// still finish (one its stack cuts short is then reset, never ended
     /// as if whole).
     fn relieve_holds(&mut self) {
-        while self.endings.held >= HOLD_MAX {
-            let largest = self
-                .streams
-                .iter()
-                .filter_map(|(id, s)| Some((s.held()?.window, *id)))
-                .max();
-            let Some((_, id)) = largest else {
-                self.endings.held = 0;
+        while self.streams.holds_too_much() {
+            let Some(id) = self.streams.largest_held() else {
                 return;
             };
             self.release_held(id);
@@ -313,10 +301,9 @@ impl Relay<'_> {
     /// counted, its connection window given back; the stream is back at
     /// the boundary before it.
     pub(in crate::guard::relay) fn drop_held(&mut self, id: u32, why: &'static str) {
-        let Some(window) = self.streams.get_mut(&id).and_then(Stream::drop_held) else {
+        let Some(window) = self.streams.drop_held(id) else {
             return;
         };
-        self.endings.held -= window;
         tracing::warn!(peer = %self.info.peer, conn = self.info.id, stream = id, bytes = window, "guard: {why}");
         self.guard.record_dropped(Dropped::partial_message, window);
         wire::window_update(&mut self.app.write, 0, window as u32);
@@ -548,7 +535,7 @@ impl Relay<'_> {
     /// No safe end point in time: REFUSED_STREAM for gRPC (retryable),
     /// CANCEL otherwise (an aborted response, never one that looks whole).
     pub(in crate::guard::relay) fn reset_here(&mut self, id: u32) {
-        let Some(s) = self.streams.get_mut(&id) else {
+        let Some(s) = self.streams.get(&id) else {
             return;
         };
         let code = if s.grpc() {
@@ -558,11 +545,8 @@ impl Relay<'_> {
         };
         tracing::warn!(peer = %self.info.peer, stream = id,
             "guard: stream could not reach a safe end point in time; reset (REFUSED_STREAM for gRPC: retryable)");
-        if let Some(held) = s.take_held() {
-            // It goes on as it came: the reset says it is not whole.
-            self.endings.held -= held.window;
-            self.client.write.extend_from_slice(&held.frames);
-        }
+        // What it held goes on as it came: the reset says it is not whole.
+        self.release_held(id);
         wire::rst(&mut self.client.write, id, code);
         self.end_here(id, StreamOutcome::Reset);
     }
@@ -613,7 +597,6 @@ impl Relay<'_> {
             // A message begun after the cancel, never whole: dropped with
             // the stream, its connection window given back. Counted unless
             // the client itself gave up the stream.
-            self.endings.held -= held.window;
             wire::window_update(&mut self.app.write, 0, held.window as u32);
             if outcome != StreamOutcome::ClientGone {
                 tracing::warn!(peer = %self.info.peer, conn = self.info.id, bytes = held.window,
@@ -706,7 +689,7 @@ impl Relay<'_> {
     /// The connection closes with streams still open: each the guard was
     /// asked to end is cut, and counted (the run loop logged how many).
     pub(in crate::guard::relay) fn cut_open(&mut self) {
-        for (_, s) in std::mem::take(&mut self.streams) {
+        for s in self.streams.drain() {
             if let Some(reason) = s.end_reason() {
                 self.guard.record_ungraceful(reason, s.protocol());
             }

@@ -139,9 +139,6 @@ pub(in crate::guard::relay) struct Endings {
     /// Streams the guard ended lately while the application's side was
     /// open (the last [`ENDED_KEPT`]).
     pub(in crate::guard::relay) ended: VecDeque<u32>,
-    /// Bytes held in every stream's [`Held`]: the application is not read
-    /// while they reach [`HOLD_MAX`].
-    pub(in crate::guard::relay) held: usize,
     /// The client's write buffer as `settle_written` last looked
     /// ([`super::window::Window::drained`]).
     pub(in crate::guard::relay) settled: Option<u64>,
