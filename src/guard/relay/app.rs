@@ -240,7 +240,7 @@ impl Relay<'_> {
         // a PUSH_PROMISE as a connection error.
         let forward = block.promised.is_none()
             && (self.streams.contains_key(&block.id) || self.ids.reset_lately(block.id));
-        let keep_all = forward && self.client.translate.is_some();
+        let keep_all = forward && self.client.translates();
         let (decoded, all) = self.app.decode(APP_BLOCK_MAX, keep_all);
         let fields = decoded.map_err(|_| Failure::AppProtocol)?;
         if let Some(promised) = block.promised {
@@ -256,9 +256,8 @@ impl Relay<'_> {
             // The client saw this stream end (or it is a push). Dropped; if
             // the block changed the application's table, the client's no
             // longer follows it.
-            if fields.indexed && self.client.translate.is_none() {
+            if self.client.missed_block(fields.indexed) {
                 tracing::debug!(conn = self.info.id, stream = block.id, "guard: an application header block the client does not get changed its HPACK table; re-encoding its blocks from now on");
-                self.client.translate = Some(true);
             }
             self.app.reuse(all);
             return Ok(());
@@ -270,12 +269,18 @@ impl Relay<'_> {
             // It starts with the size update that may be due (the
             // application's encoder owes it too).
             self.settings.take_update_due();
-            self.client.write.extend_from_slice(&block.frames);
-            self.client.write.extend_from_slice(frame);
+            self.client.put_as_came(&block, frame, None);
         }
         self.app.reuse(all);
         self.app_head(block.id, block.end_stream, &fields, now);
         Ok(())
+    }
+
+    /// An application block re-encoded as literals to the client (see the
+    /// module doc), after the table size update that is due.
+    pub(super) fn put_translated(&mut self, block: &Block, all: &[wire::Field]) {
+        let due = self.settings.take_update_due();
+        self.client.put_literals(block, all, due, None);
     }
 
     /// An application header block on an open stream, after it went on.

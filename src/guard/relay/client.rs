@@ -433,7 +433,7 @@ impl Relay<'_> {
         limit: usize,
         now: Instant,
     ) -> Result<(), Failure> {
-        let all = self.app.translate.is_some().then_some(all_fields);
+        let all = self.app.translates().then_some(all_fields);
         let fields = fields.map_err(|e| match e {
             wire::BlockError::Compression => Failure::Compression,
             wire::BlockError::TooLarge => Failure::Calm,
@@ -620,6 +620,32 @@ impl Relay<'_> {
             self.defences.premature();
         }
         self.finish(s, StreamOutcome::ClientGone);
+    }
+
+    /// Passes a whole client block on: as it came (with the client's
+    /// address added to a request's), or re-encoded while the application's
+    /// table is the guard's own (see the module doc).
+    fn forward_block(
+        &mut self,
+        block: &Block,
+        last: &[u8],
+        all: Option<&[wire::Field]>,
+        request: bool,
+    ) {
+        let xff = request.then(|| self.forward.xff());
+        match all {
+            Some(all) => self.app.put_literals(block, all, None, xff),
+            None => self.app.put_as_came(block, last, xff),
+        }
+    }
+
+    /// A client block the application does not get: if it changed the
+    /// client's table, the application's no longer follows it, and the
+    /// guard re-encodes from now on.
+    fn dropped_block(&mut self, fields: &wire::Fields) {
+        if self.app.missed_block(fields.indexed) {
+            tracing::debug!(conn = self.info.id, "guard: a client header block the application did not get changed its HPACK table; re-encoding the client's blocks from now on");
+        }
     }
 
     /// Whether stream `id` is open here (relayed, or a local one).

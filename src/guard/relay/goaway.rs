@@ -3,6 +3,8 @@
 //! it), the application's own GOAWAY, the timers, and how the connection
 //! fails or closes.
 
+use std::sync::Arc;
+
 use bytes::BytesMut;
 use tokio::time::Instant;
 
@@ -15,6 +17,7 @@ use super::Relay;
 use crate::guard::body::End;
 use crate::guard::grpc;
 use crate::guard::lifecycle::{Cause, ConnAction, Input, Lifecycle};
+use crate::guard::registry::StreamCtl;
 use crate::metrics::Reason;
 
 /// The connection's life: when it goes away (the lifecycle machine), what
@@ -452,6 +455,47 @@ impl Relay<'_> {
                 self.plan_ends(streams, window, Reason::max_age, now);
             }
             Some(ConnAction::Close) => self.close_with(wire::NO_ERROR),
+        }
+    }
+
+    /// After the application's GOAWAY: the streams long-lived by now (and
+    /// not already asked to end) are ended over `spread`; the next look is
+    /// one spread later, for as long as streams are open.
+    pub(super) fn end_long_lived(&mut self, spread: std::time::Duration, now: Instant) {
+        let guard = self.guard;
+        let long_after = guard.config().long_stream_age;
+        let long: Vec<_> = guard
+            .connection_streams(self.info.id, now, long_after)
+            .into_iter()
+            .filter(|s| s.is_long_lived_at(now, long_after))
+            .collect();
+        self.plan_ends(long, spread, Reason::app_shutdown, now);
+        let period = guard
+            .config()
+            .app_shutdown_spread
+            .max(std::time::Duration::from_secs(1));
+        self.life
+            .sweep((!self.streams.is_empty()).then_some(now + period));
+    }
+
+    /// Ends `streams` of this connection one by one, evenly over `window`
+    /// from `now` (at once when it is zero), by the relay's own timer.
+    fn plan_ends(
+        &mut self,
+        streams: Vec<Arc<StreamCtl>>,
+        window: std::time::Duration,
+        reason: Reason,
+        now: Instant,
+    ) {
+        self.endings.plan(streams, window, reason, now);
+        self.ask_planned(now);
+    }
+
+    /// The planned ends that are due: asked, and begun.
+    fn ask_planned(&mut self, now: Instant) {
+        self.endings.ask_due(now);
+        for id in self.endings.queue.take() {
+            self.begin_end(id, now);
         }
     }
 }

@@ -536,6 +536,13 @@ impl<'a> Relay<'a> {
         Poll::Pending
     }
 
+    /// A header block the guard encoded (its own, or re-encoded) to the
+    /// client, after the table size update that is due, if one is.
+    fn own_block(&mut self, id: u32, block: &[u8], end_stream: bool) {
+        let due = self.settings.take_update_due();
+        self.client.put_own_block(id, block, end_stream, due);
+    }
+
     /// Charges what waits for the client to its connection window (see
     /// [`Window::clear_gate`]); the padding of a DATA frame it split is
     /// given back to the application.

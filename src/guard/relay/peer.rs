@@ -34,7 +34,7 @@ pub(super) struct Peer {
     /// Blocks to this peer are re-encoded as literals (see the module doc):
     /// set once the guard dropped a block that changed the other peer's
     /// table; `Some(true)` until the first, which clears this peer's table.
-    pub(super) translate: Option<bool>,
+    translate: Option<bool>,
     /// A header block's bytes, and its fields, kept between blocks to reuse
     /// the allocations.
     scratch: Vec<u8>,
@@ -88,6 +88,85 @@ impl Peer {
     /// frame size needs.
     pub(super) fn put_block(&mut self, id: u32, end_stream: bool, block: &[u8]) {
         put_block(&mut self.write, id, end_stream, block, self.frame);
+    }
+
+    /// A header block the guard encoded (its own, or re-encoded) to this
+    /// peer, after the table size update `due` to it, if one is.
+    pub(super) fn put_own_block(
+        &mut self,
+        id: u32,
+        block: &[u8],
+        end_stream: bool,
+        due: Option<u32>,
+    ) {
+        match due {
+            None => self.put_block(id, end_stream, block),
+            Some(size) => {
+                let mut encoded = Vec::with_capacity(block.len() + 6);
+                wire::put_size_update(&mut encoded, size);
+                encoded.extend_from_slice(block);
+                self.put_block(id, end_stream, &encoded);
+            }
+        }
+    }
+
+    /// A whole block of the other peer's (`all` its fields) re-encoded as
+    /// literals to this one (see the module doc): the first one after
+    /// clearing this peer's table (an update to 0, below any size it may
+    /// have lowered its table to: the one update that is due), any other
+    /// after the update `due`; `extra` (a request's `x-forwarded-for`)
+    /// at its end.
+    pub(super) fn put_literals(
+        &mut self,
+        block: &Block,
+        all: &[wire::Field],
+        due: Option<u32>,
+        extra: Option<&[u8]>,
+    ) {
+        let clear = self.translate == Some(true);
+        self.translate = Some(false);
+        let mut encoded = literals(clear, all);
+        if let Some(extra) = extra {
+            encoded.extend_from_slice(extra);
+        }
+        let due = if clear { None } else { due };
+        self.put_own_block(block.id, &encoded, block.end_stream, due);
+    }
+
+    /// A whole block of the other peer's passed on as it came (`last` its
+    /// last frame); `extra` (a request's `x-forwarded-for`) in a
+    /// CONTINUATION of its own, to which the last frame's END_HEADERS moves.
+    pub(super) fn put_as_came(&mut self, block: &Block, last: &[u8], extra: Option<&[u8]>) {
+        self.write.extend_from_slice(&block.frames);
+        let at = self.write.len();
+        self.write.extend_from_slice(last);
+        if let Some(extra) = extra {
+            self.write[at + 4] &= !wire::END_HEADERS;
+            wire::put(
+                &mut self.write,
+                wire::CONTINUATION,
+                wire::END_HEADERS,
+                block.id,
+                extra,
+            );
+        }
+    }
+
+    /// Blocks to this peer are re-encoded (see `translate`).
+    pub(super) fn translates(&self) -> bool {
+        self.translate.is_some()
+    }
+
+    /// A block of the other peer's this one does not get: if it changed
+    /// the other peer's table, this peer's decoder no longer follows it,
+    /// and the blocks to it are re-encoded from now on. True if that
+    /// starts now.
+    pub(super) fn missed_block(&mut self, indexed: bool) -> bool {
+        let starts = indexed && self.translate.is_none();
+        if starts {
+            self.translate = Some(true);
+        }
+        starts
     }
 
     /// DATA to this peer, in frames it takes.
@@ -289,4 +368,22 @@ pub(super) fn put_block(
         kind = wire::CONTINUATION;
         flags = 0;
     }
+}
+
+/// `fields` as literals without indexing; with `clear`, first one table
+/// size update to 0, which evicts every entry. The table stays at 0: every
+/// later block this way is literals too, which need none, and a size is
+/// never raised to one the receiver has not acked (RFC 7541 §4.2, §6.3).
+/// So a block carries at most one size update (some decoders take no more
+/// than two).
+pub(super) fn literals(clear: bool, fields: &[wire::Field]) -> Vec<u8> {
+    let mut out = Vec::new();
+    if clear {
+        wire::put_size_update(&mut out, 0);
+    }
+    for f in fields {
+        // A field sent never-indexed stays so (RFC 7541 §6.2.3).
+        wire::put_literal(&mut out, &f.name, &f.value, f.never_indexed);
+    }
+    out
 }
