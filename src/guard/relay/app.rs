@@ -9,13 +9,16 @@ use super::client::settings_size_ok;
 use super::ending::StreamOutcome;
 use super::failure::Failure;
 use super::limits::{APP_BLOCK_MAX, MAX_CLIENT_TABLE, MAX_FRAME};
+use super::next::Next;
 use super::peer::{Block, Gathered};
 use super::settings::Unacked;
 use super::wire::{self, Head};
 use super::Relay;
 
 impl Relay<'_> {
-    pub(super) fn app_frames(&mut self, now: Instant) -> Result<(), Failure> {
+    /// The application's frames read so far; the client's held frames go
+    /// on next once its first SETTINGS came.
+    pub(super) fn app_read(&mut self, now: Instant) -> Result<Next, Failure> {
         let mut released = false;
         if self.handshake.app_pending {
             match wire::head(&self.app.read) {
@@ -28,7 +31,7 @@ impl Relay<'_> {
                 }
                 Some(_) => return Err(Failure::NotHttp2),
                 None if self.app.read.len() >= wire::FRAME_HEADER => return Err(Failure::NotHttp2),
-                None => return Ok(()),
+                None => return Ok(Next::Done),
             }
         }
         // Frames go on whole: one larger than the client ever allowed is the
@@ -45,10 +48,11 @@ impl Relay<'_> {
         if released && std::mem::take(&mut self.handshake.goaway_held) {
             self.life.first_goaway(&mut self.client.write);
         }
-        if released {
-            self.client_frames(now)?;
-        }
-        Ok(())
+        Ok(if released {
+            Next::ClientFrames
+        } else {
+            Next::Done
+        })
     }
 
     pub(super) fn app_frame(&mut self, h: Head, frame: &[u8], now: Instant) -> Result<(), Failure> {

@@ -162,7 +162,10 @@ impl Relay<'_> {
         let data = wire::content(h, &frame[wire::FRAME_HEADER..])?;
         let end = h.flags & wire::END_STREAM != 0;
         if self.locals.contains_key(&h.id) {
-            return self.local_data(h, data, now);
+            if let Some(code) = self.local_data(h, data) {
+                self.stream_error(h.id, code, now);
+            }
+            return Ok(());
         }
         if let Some(req_done) = self.streams.get(&h.id).map(Stream::req_done) {
             let error = if req_done {

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use super::blocks::{trailers_only, unavailable_block};
 use super::ending::StreamOutcome;
 use super::failure::Failure;
+use super::next::Next;
 use super::streams::Stream;
 use super::wire;
 use super::Relay;
@@ -183,8 +184,10 @@ impl Life {
 }
 
 impl Relay<'_> {
-    /// The timers: endings past their bounds, and the lifecycle's.
-    pub(super) fn timers(&mut self, now: Instant) -> Result<(), Failure> {
+    /// The first timers: streams the client took no data on past
+    /// `write_stall_timeout`, and the end of a flood pause (the client's
+    /// frames already read go on next, before the other timers).
+    pub(super) fn stall_timers(&mut self, now: Instant) -> Next {
         let l = self.guard.config().limits;
         for id in std::mem::take(&mut self.endings.stalled) {
             match self.streams.get(&id).and_then(Stream::shut_since) {
@@ -218,9 +221,14 @@ impl Relay<'_> {
             }
         }
         if self.defences.resume(now) {
-            // The frames already read go on first.
-            self.client_frames(now)?;
+            return Next::ClientFrames;
         }
+        Next::Done
+    }
+
+    /// The other timers: endings past their bounds, planned ends, and the
+    /// lifecycle's.
+    pub(super) fn bound_timers(&mut self, now: Instant) {
         for id in self.endings.asked.clone() {
             self.ending_bound(id, now);
         }
@@ -242,7 +250,6 @@ impl Relay<'_> {
                 self.step(input, now);
             }
         }
-        Ok(())
     }
 
     /// Only streams still open and still shut keep a stall timer: the set

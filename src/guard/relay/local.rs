@@ -13,10 +13,8 @@ use std::task::{Context, Poll};
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::time::Instant;
 
 use super::admit::Refusal;
-use super::failure::Failure;
 use super::limits::{HIGH_WATER, LOCAL_CHUNK};
 use super::peer::put_block;
 use super::wire::{self, Head};
@@ -200,11 +198,11 @@ impl Relay<'_> {
     }
 
     /// Client DATA on local stream `id`: held for its task within the
-    /// window the guard granted; its padding given back at once.
-    pub(super) fn local_data(&mut self, h: Head, data: &[u8], now: Instant) -> Result<(), Failure> {
-        let Some(l) = self.locals.get_mut(&h.id) else {
-            return Ok(());
-        };
+    /// window the guard granted; its padding given back at once. A stream
+    /// error of the client's (its connection window given back) is the
+    /// caller's to answer: its code.
+    pub(super) fn local_data(&mut self, h: Head, data: &[u8]) -> Option<u32> {
+        let l = self.locals.get_mut(&h.id)?;
         let error = if l.client_eof {
             // Half-closed (remote): RFC 9113 §5.1.
             Some(wire::STREAM_CLOSED)
@@ -215,8 +213,7 @@ impl Relay<'_> {
         };
         if let Some(code) = error {
             wire::window_update(&mut self.client.write, 0, h.len as u32);
-            self.stream_error(h.id, code, now);
-            return Ok(());
+            return Some(code);
         }
         let padding = h.len - data.len();
         l.recv_window -= data.len() as i64;
@@ -228,7 +225,7 @@ impl Relay<'_> {
         if end {
             self.ids.closed(h.id);
         }
-        Ok(())
+        None
     }
 
     /// Drops local stream `id`, however it ends (the client's RST_STREAM, a

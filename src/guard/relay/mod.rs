@@ -109,6 +109,7 @@ mod ids;
 mod io;
 mod limits;
 mod local;
+mod next;
 mod peer;
 mod rapid;
 mod settings;
@@ -147,6 +148,7 @@ use ids::StreamIds;
 use io::{flush, read_some, write_some};
 use limits::{BLOCKED_HIGH_WATER, HIGH_WATER, MAX_FRAME, READ_BUF, REPLAY_MAX};
 use local::Local;
+use next::Next;
 use peer::Peer;
 use rapid::PrematureResets;
 use settings::Settings;
@@ -534,6 +536,29 @@ impl<'a> Relay<'a> {
             return Poll::Ready(Wake::Local);
         }
         Poll::Pending
+    }
+
+    /// The application's frames read so far, then what they ask for.
+    fn app_frames(&mut self, now: Instant) -> Result<(), Failure> {
+        let next = self.app_read(now)?;
+        self.carry_out(next, now)
+    }
+
+    /// The timers: stalled streams and the flood pause first, then what
+    /// that asks for, then the endings' bounds and the lifecycle's.
+    fn timers(&mut self, now: Instant) -> Result<(), Failure> {
+        let next = self.stall_timers(now);
+        self.carry_out(next, now)?;
+        self.bound_timers(now);
+        Ok(())
+    }
+
+    /// Does what a chapter asked for.
+    fn carry_out(&mut self, next: Next, now: Instant) -> Result<(), Failure> {
+        match next {
+            Next::Done => Ok(()),
+            Next::ClientFrames => self.client_frames(now),
+        }
     }
 
     /// A header block the guard encoded (its own, or re-encoded) to the
