@@ -69,29 +69,35 @@
 //!
 //! The parts of a connection are types of their own, with private fields
 //! (docs/design.md, "The relay's map"): each [`Peer`], the [`Handshake`],
-//! [`StreamIds`], the open [`Stream`]s, the [`Window`], the [`Settings`],
-//! the connection's [`Life`], the [`Endings`], the [`Defences`] and
-//! [`Forward`]. The files that are chapters of [`Relay`] work on them
-//! together:
+//! [`StreamIds`], the open streams ([`Streams`]), the [`Window`], the
+//! [`Settings`], the connection's [`Life`], the [`Endings`], the
+//! [`Defences`] and [`Forward`]. The files that are chapters of [`Relay`]
+//! work on them together; a chapter that wants another's work done returns
+//! it ([`Next`]) for the loop here to carry out, so the calls run one way:
 //!
 //! | file | what it does |
 //! |---|---|
-//! | `mod.rs` | [`serve`], the relay's parts and its loop (I/O turn, backpressure) |
+//! | `mod.rs` | [`serve`], the relay's parts and its loop (I/O turn, backpressure, what the chapters ask next) |
 //! | `client.rs` | the client's frames, held to RFC 9113; each new stream decided |
 //! | `admit.rs` | admission, the answers of streams not let through, §8.1's message rules |
 //! | `app.rs` | the application's frames, SETTINGS and GOAWAY |
-//! | `blocks.rs` | header blocks: gathered, passed on, re-encoded, the guard's own |
 //! | `ending/` | how a stream ends, in one room: the rules and outcomes (`mod.rs`), the cadence, the protocol, its state, the connection's own planned ends |
 //! | `goaway.rs` | the connection's life: GOAWAY, timers, failure, close |
 //! | `local.rs`, `connect.rs` | WebSockets the guard serves itself |
 //!
-//! and these own one part each: `streams.rs` (the stream store: each
-//! [`Stream`]), `ending/state.rs` (its ending, what is held, what is not
-//! written yet, the barrier), `ids.rs`, `window.rs`, `settings.rs`,
-//! `defences.rs` (over `flood.rs`, control-frame rates, and `rapid.rs`,
-//! rapid reset); `wire.rs` and `hpack.rs` are the frame and header codecs,
-//! `io.rs` the socket reads and writes, `feed.rs` the relay without
-//! sockets, for the fuzz target.
+//! and these own one part each: `peer.rs` (a [`Peer`]: its frames split,
+//! its header blocks gathered, decoded and written, the same code both
+//! ways), `streams.rs` (the stream store: each [`Stream`](streams::Stream), its fields its
+//! own, and the bytes held across them), `ending/state.rs` (a stream's
+//! ending, what is not written yet, the barrier), `blocks.rs` (the guard's
+//! own blocks, and what goes with a forwarded request), `ids.rs`,
+//! `window.rs`, `settings.rs`, `defences.rs` (over `flood.rs`,
+//! control-frame rates, and `rapid.rs`, rapid reset); `failure.rs` and
+//! `limits.rs` are leaves (why a connection fails; the relay's bounds and
+//! the RFC's defaults), `next.rs` what a chapter asks the loop for,
+//! `wire.rs` and `hpack.rs` the frame and header codecs, `io.rs` the socket
+//! reads and writes, `feed.rs` the relay without sockets, for the fuzz
+//! target.
 
 mod admit;
 mod app;

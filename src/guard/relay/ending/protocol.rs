@@ -284,10 +284,10 @@ impl Relay<'_> {
         }
     }
 
-    /// The connection holds [`HOLD_MAX`] in messages begun after a cancel:
-    /// the largest goes on as it is, so the app is read on and each can
-    /// still finish (one its stack cuts short is then reset, never ended
-    /// as if whole).
+    /// The connection holds [`HOLD_MAX`](super::state::HOLD_MAX) in
+    /// messages begun after a cancel: the largest goes on as it is, so the
+    /// app is read on and each can still finish (one its stack cuts short
+    /// is then reset, never ended as if whole).
     fn relieve_holds(&mut self) {
         while self.streams.holds_too_much() {
             let Some(id) = self.streams.largest_held() else {
