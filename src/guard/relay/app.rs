@@ -169,7 +169,8 @@ impl Relay<'_> {
             wire::MAX_FRAME_SIZE => self.app.announce_frame(v),
             // Passed on as it is: what the client may send a local stream.
             wire::INITIAL_WINDOW_SIZE => {
-                self.window_told_is(v);
+                let delta = self.window.set_told(v);
+                self.locals.window_told(delta);
                 v
             }
             _ => v,

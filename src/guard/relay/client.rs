@@ -15,9 +15,11 @@ use bytes::Buf;
 use tokio::time::Instant;
 
 use super::admit::{malformed_request, trailers_ok, Refusal};
+use super::connect;
 use super::ending::StreamOutcome;
 use super::failure::Failure;
 use super::limits::{BOMB_FACTOR, DEFAULT_FRAME, MAX_WINDOW};
+use super::local::connect_head;
 use super::peer::{Block, Gathered};
 use super::rapid::PREMATURE_LIFETIME;
 use super::settings::{Unacked, UNACKED_RETRY};
@@ -162,7 +164,10 @@ impl Relay<'_> {
         let data = wire::content(h, &frame[wire::FRAME_HEADER..])?;
         let end = h.flags & wire::END_STREAM != 0;
         if self.locals.contains_key(&h.id) {
-            if let Some(code) = self.local_data(h, data) {
+            let local = self
+                .locals
+                .data(h, data, &mut self.client.write, &mut self.ids);
+            if let Some(code) = local {
                 self.stream_error(h.id, code, now);
             }
             return Ok(());
@@ -226,7 +231,7 @@ impl Relay<'_> {
         }
         self.ids.cancelled(h.id);
         if self.locals.contains_key(&h.id) {
-            self.drop_local(h.id);
+            self.locals.drop(h.id, &mut self.client.write);
             return Ok(());
         }
         let Some(s) = self.streams.remove(&h.id) else {
@@ -609,7 +614,7 @@ impl Relay<'_> {
         );
         wire::rst(&mut self.client.write, id, code);
         if self.locals.contains_key(&id) {
-            self.drop_local(id);
+            self.locals.drop(id, &mut self.client.write);
         }
         let Some(s) = self.streams.remove(&id) else {
             return;
@@ -649,6 +654,28 @@ impl Relay<'_> {
         if self.app.missed_block(fields.indexed) {
             tracing::debug!(conn = self.info.id, "guard: a client header block the application did not get changed its HPACK table; re-encoding the client's blocks from now on");
         }
+    }
+
+    /// Starts the task that serves a WebSocket over HTTP/2 (RFC 8441).
+    fn websocket(&mut self, id: u32, end_stream: bool, fields: &[wire::Field]) {
+        let guard = self.guard;
+        let reg = match guard.try_register(self.info.id, false) {
+            Ok(r) => r,
+            Err(_) => return self.refuse(id, end_stream, Refusal::Reset),
+        };
+        let Some(head) = connect_head(fields) else {
+            wire::rst(&mut self.client.write, id, wire::PROTOCOL_ERROR);
+            return;
+        };
+        let (task_io, tx) = self.locals.open(id, end_stream, &self.window);
+        guard.spawn(connect::proxy(
+            guard.clone(),
+            reg,
+            head,
+            task_io,
+            tx,
+            self.info,
+        ));
     }
 
     /// Whether stream `id` is open here (relayed, or a local one).

@@ -130,7 +130,6 @@ pub mod wire;
 #[doc(hidden)]
 pub use feed::{feed, FeedStep};
 
-use std::collections::HashMap;
 use std::future::poll_fn;
 use std::task::{Context, Poll};
 
@@ -153,7 +152,7 @@ use goaway::Life;
 use ids::StreamIds;
 use io::{flush, read_some, write_some};
 use limits::{BLOCKED_HIGH_WATER, HIGH_WATER, MAX_FRAME, READ_BUF, REPLAY_MAX};
-use local::Local;
+use local::Locals;
 use next::Next;
 use peer::Peer;
 use rapid::PrematureResets;
@@ -259,7 +258,7 @@ struct Relay<'a> {
     /// The relayed streams still open, by id.
     streams: Streams,
     /// WebSockets over HTTP/2 the guard serves itself, by stream id.
-    locals: HashMap<u32, Local>,
+    locals: Locals,
     /// The stream ids the client used (RFC 9113 §5.1).
     ids: StreamIds,
     /// The two peers: what the relay reads from and writes to each, and
@@ -291,7 +290,7 @@ impl<'a> Relay<'a> {
             guard,
             info,
             streams: Streams::default(),
-            locals: HashMap::new(),
+            locals: Locals::default(),
             ids: StreamIds::default(),
             client: Peer::new(),
             app: Peer::new(),
@@ -512,7 +511,10 @@ impl<'a> Relay<'a> {
         let (want_client, want_app) = self.wants();
         // Local streams move first, but never instead of the reads: a busy
         // WebSocket must not starve the relayed streams beside it.
-        let moved = !self.locals.is_empty() && self.poll_locals(cx);
+        let moved = !self.locals.is_empty()
+            && self
+                .locals
+                .poll(cx, &mut self.client, &mut self.window, &mut self.settings);
         for client_turn in [client_first, !client_first] {
             if client_turn && want_client {
                 let before = self.client.read.len();
