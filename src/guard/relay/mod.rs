@@ -71,7 +71,7 @@
 //! (docs/design.md, "The relay's map"): each [`Peer`], the [`Handshake`],
 //! [`StreamIds`], the open streams ([`Streams`]), the [`Window`], the
 //! [`Settings`], the connection's [`Life`], the [`Endings`], the
-//! [`Defences`] and [`Forward`]. The files that are chapters of [`Relay`]
+//! [`Defences`], [`Forward`] and the local WebSockets ([`Locals`]). The files that are chapters of [`Relay`]
 //! work on them together; a chapter that wants another's work done returns
 //! it ([`Next`]) for the loop here to carry out, so the calls run one way:
 //!
@@ -83,14 +83,15 @@
 //! | `app.rs` | the application's frames, SETTINGS and GOAWAY |
 //! | `ending/` | how a stream ends, in one room: the rules and outcomes (`mod.rs`), the cadence, the protocol, its state, the connection's own planned ends |
 //! | `goaway.rs` | the connection's life: GOAWAY, timers, failure, close |
-//! | `local.rs`, `connect.rs` | WebSockets the guard serves itself |
 //!
 //! and these own one part each: `peer.rs` (a [`Peer`]: its frames split,
 //! its header blocks gathered, decoded and written, the same code both
-//! ways), `streams.rs` (the stream store: each [`Stream`](streams::Stream), its fields its
-//! own, and the bytes held across them), `ending/state.rs` (a stream's
-//! ending, what is not written yet, the barrier), `blocks.rs` (the guard's
-//! own blocks, and what goes with a forwarded request), `ids.rs`,
+//! ways), `streams.rs` (the stream store: each [`Stream`](streams::Stream),
+//! its fields its own, the bytes held across them, and the graceful ends
+//! not written yet), `ending/state.rs` (a stream's ending, the barrier,
+//! the planned ends), `blocks.rs` (the guard's
+//! own blocks, and what goes with a forwarded request), `local.rs` (the
+//! WebSockets the guard serves itself; `connect.rs` their task), `ids.rs`,
 //! `window.rs`, `settings.rs`, `defences.rs` (over `flood.rs`,
 //! control-frame rates, and `rapid.rs`, rapid reset); `failure.rs` and
 //! `limits.rs` are leaves (why a connection fails; the relay's bounds and
@@ -497,7 +498,7 @@ impl<'a> Relay<'a> {
             && self.client.write.is_empty()
             && (self.life.closing()
                 || self.life.machine().wants_quiet()
-                || !self.endings.unwritten.is_empty())
+                || self.streams.has_unwritten())
         {
             // What the loop waits for before it closes; and graceful ends
             // now written are counted at once, not at the connection's next

@@ -24,6 +24,8 @@ pub(super) struct Streams {
     /// Bytes held in every stream's [`Held`] (the sum of their windows):
     /// the application is not read while they reach [`HOLD_MAX`].
     held: usize,
+    /// Graceful ends not written to the client yet.
+    unwritten: Vec<Unwritten>,
 }
 
 impl Streams {
@@ -82,6 +84,22 @@ impl Streams {
         self.open.values_mut()
     }
 
+    /// Stream `id` was ended gracefully for `reason`, its end queued to
+    /// the client: out of the open streams, until the end is written.
+    pub(super) fn end_unwritten(&mut self, id: u32, reason: Reason, stream: Stream) {
+        self.unwritten.push(Unwritten { id, reason, stream });
+    }
+
+    /// Whether a graceful end waits to be written.
+    pub(super) fn has_unwritten(&self) -> bool {
+        !self.unwritten.is_empty()
+    }
+
+    /// Keeps the graceful ends not written yet for which `keep` is true.
+    pub(super) fn retain_unwritten(&mut self, keep: impl FnMut(&Unwritten) -> bool) {
+        self.unwritten.retain(keep);
+    }
+
     /// Bytes held across the streams.
     #[cfg(test)]
     pub(super) fn held(&self) -> usize {
@@ -138,6 +156,25 @@ impl Streams {
         s.bounds = Some(held.from);
         self.held -= held.window;
         Some(held.window)
+    }
+}
+
+/// A stream the guard ended gracefully, its end queued to the client: it
+/// counts as graceful once that end has been written, and as cut if the
+/// connection closes first. Its registry entry stays until then, so a
+/// drain waits for it.
+pub(super) struct Unwritten {
+    pub(super) id: u32,
+    pub(super) reason: Reason,
+    pub(super) stream: Stream,
+}
+
+impl std::fmt::Debug for Unwritten {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Unwritten")
+            .field("id", &self.id)
+            .field("reason", &self.reason)
+            .finish_non_exhaustive()
     }
 }
 

@@ -19,15 +19,16 @@
 //! No clock cuts the wait short but the ending's own bound, `end_timeout`
 //! from the ask (never less than [`ACK_MIN`] from the cancel): past it the
 //! end goes out unconfirmed, counted in `streams_ungraceful`, never as
-//! graceful. A graceful end counts once its
-//! last frame has been written to the client ([`Unwritten`]); one the
-//! connection's close drops is a cut. DATA of the application's that the
+//! graceful. A graceful end counts once its last frame has been written to
+//! the client (the stream store keeps it
+//! [`Unwritten`](crate::guard::relay::streams::Unwritten) until then); one
+//! the connection's close drops is a cut. DATA of the application's that the
 //! guard drops is counted in `stream_data_dropped_total` and logged.
 
 use bytes::BytesMut;
 use tokio::time::Instant;
 
-use super::state::{ends_in, Cancelled, ClosingEnds, Held, Unwritten, ACK_MIN, ENDED_KEPT};
+use super::state::{ends_in, Cancelled, ClosingEnds, Held, ACK_MIN, ENDED_KEPT};
 use super::{StreamOutcome, BURST_GAP};
 use crate::guard::body::End;
 use crate::guard::grpc;
@@ -579,11 +580,7 @@ impl Relay<'_> {
         if let StreamOutcome::Ended(reason) = outcome {
             // Counted once written (`settle_written`).
             s.record(&outcome);
-            self.endings.unwritten.push(Unwritten {
-                id,
-                reason,
-                stream: s,
-            });
+            self.streams.end_unwritten(id, reason, s);
             return;
         }
         self.finish(s, outcome);
@@ -624,7 +621,7 @@ impl Relay<'_> {
         &mut self,
         cut: Option<&std::collections::HashSet<u32>>,
     ) {
-        if self.endings.unwritten.is_empty() {
+        if !self.streams.has_unwritten() {
             return;
         }
         // Nothing left the buffer since the last look: nothing more to count.
@@ -641,7 +638,7 @@ impl Relay<'_> {
                 .collect();
         let guard = self.guard;
         let info = self.info;
-        self.endings.unwritten.retain(|u| {
+        self.streams.retain_unwritten(|u| {
             let protocol = u.stream.protocol();
             match cut {
                 Some(cut) if cut.contains(&u.id) => {
