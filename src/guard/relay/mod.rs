@@ -82,7 +82,7 @@
 //! | `admit.rs` | admission, the answers of streams not let through, §8.1's message rules |
 //! | `app.rs` | the application's frames, SETTINGS and GOAWAY |
 //! | `ending/` | how a stream ends, in one room: the rules and outcomes (`mod.rs`), the cadence, the protocol, its state, the connection's own planned ends |
-//! | `goaway.rs` | the connection's life: GOAWAY, timers, failure, close |
+//! | `goaway.rs` | the connection's steps: GOAWAY, timers, failure, close (its state: `life.rs`) |
 //!
 //! and these own one part each: `peer.rs` (a [`Peer`]: its frames split,
 //! its header blocks gathered, decoded and written, the same code both
@@ -114,6 +114,7 @@ mod goaway;
 mod hpack;
 mod ids;
 mod io;
+mod life;
 mod limits;
 mod local;
 mod next;
@@ -149,9 +150,9 @@ use defences::Defences;
 use ending::state::Endings;
 use failure::Failure;
 use flood::Buckets;
-use goaway::Life;
 use ids::StreamIds;
 use io::{flush, read_some, write_some};
+use life::Life;
 use limits::{BLOCKED_HIGH_WATER, HIGH_WATER, MAX_FRAME, READ_BUF, REPLAY_MAX};
 use local::Locals;
 use next::Next;
