@@ -19,7 +19,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use super::ids::StreamIds;
 use super::limits::{HIGH_WATER, LOCAL_CHUNK};
 use super::peer::{put_block, Peer};
-use super::settings::Settings;
+use super::settings::PeerSettings;
 use super::window::Window;
 use super::wire::{self, Head};
 
@@ -126,7 +126,7 @@ impl Locals {
         cx: &mut Context<'_>,
         client: &mut Peer,
         window: &mut Window,
-        settings: &mut Settings,
+        settings: &mut PeerSettings,
     ) -> bool {
         let client_frame = client.frame();
         let to_client = &mut client.write;

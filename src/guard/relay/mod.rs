@@ -70,7 +70,7 @@
 //! The parts of a connection are types of their own, with private fields
 //! (docs/design.md, "The relay's map"): each [`Peer`], the [`Handshake`],
 //! [`StreamIds`], the open streams ([`Streams`]), the [`Window`], the
-//! [`Settings`], the connection's [`Life`], the [`Endings`], the
+//! [`PeerSettings`], the connection's [`Life`], the [`Endings`], the
 //! [`Defences`], [`Forward`] and the local WebSockets ([`Locals`]). The files that are chapters of [`Relay`]
 //! work on them together; a chapter that wants another's work done returns
 //! it ([`Next`]) for the loop here to carry out, so the calls run one way:
@@ -158,7 +158,7 @@ use local::Locals;
 use next::Next;
 use peer::Peer;
 use rapid::PrematureResets;
-use settings::Settings;
+use settings::PeerSettings;
 use streams::Streams;
 use window::Window;
 
@@ -270,7 +270,7 @@ struct Relay<'a> {
     /// The client's connection window, which the guard owns.
     window: Window,
     /// The SETTINGS each way, as the relay follows them.
-    settings: Settings,
+    settings: PeerSettings,
     handshake: Handshake,
     /// The connection's lifecycle, GOAWAYs and close.
     life: Life,
@@ -297,7 +297,7 @@ impl<'a> Relay<'a> {
             client: Peer::new(),
             app: Peer::new(),
             window: Window::default(),
-            settings: Settings::new(l.max_concurrent_streams),
+            settings: PeerSettings::new(l.max_concurrent_streams),
             handshake: Handshake {
                 client_preface: true,
                 settings_due: true,

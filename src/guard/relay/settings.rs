@@ -26,7 +26,7 @@ pub(super) enum Unacked {
 
 /// The SETTINGS state of one relayed connection.
 #[derive(Debug)]
-pub(super) struct Settings {
+pub(super) struct PeerSettings {
     /// Each SETTINGS frame the application has not acked yet, oldest first.
     unacked: VecDeque<Unacked>,
     /// The client's table size the application acked last.
@@ -64,7 +64,7 @@ struct ToClient {
 /// limit stays the highest the client may not have seen past).
 const MAX_UNACKED_BY_CLIENT: usize = 64;
 
-impl Settings {
+impl PeerSettings {
     /// Before any SETTINGS: the RFC's defaults, and the guard's stream limit.
     pub(super) fn new(max_concurrent_streams: u32) -> Self {
         Self {

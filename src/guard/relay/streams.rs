@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use tokio::time::Instant;
 
 use super::ending::cadence::Cadence;
-use super::ending::state::{Ending, Held, HOLD_MAX};
+use super::ending::state::{EndProgress, Held, HOLD_MAX};
 use super::ending::{record_outcome, StreamOutcome};
 use crate::guard::body::{BodyKind, Boundaries};
 use crate::guard::registry::Registered;
@@ -195,7 +195,7 @@ pub(super) struct Stream {
     messages: u64,
     /// When the application sends data on it.
     cadence: Cadence,
-    ending: Option<Ending>,
+    ending: Option<EndProgress>,
     sig: Option<signals::Request>,
     /// The client's window for this stream's response data, and since when
     /// it has been shut (the client takes nothing: `write_stall_timeout`).
@@ -313,17 +313,17 @@ impl Stream {
     }
 
     /// Its ending, if the guard is ending it.
-    pub(super) fn ending(&self) -> Option<Ending> {
+    pub(super) fn ending(&self) -> Option<EndProgress> {
         self.ending
     }
 
-    pub(super) fn ending_mut(&mut self) -> Option<&mut Ending> {
+    pub(super) fn ending_mut(&mut self) -> Option<&mut EndProgress> {
         self.ending.as_mut()
     }
 
     /// The guard ends it: asked now, for `reason`.
     pub(super) fn begin_ending(&mut self, reason: Reason, now: Instant) {
-        self.ending = Some(Ending {
+        self.ending = Some(EndProgress {
             reason,
             asked: now,
             quiet_at: None,

@@ -1,4 +1,4 @@
-//! The state of the streams being ended ([`Ending`], [`Cancelled`], a
+//! The state of the streams being ended ([`EndProgress`], [`Cancelled`], a
 //! message [`Held`] after the cancel), the [`Barrier`] their ends wait
 //! for, and the ends a connection planned for itself ([`Planned`]); all in
 //! [`Endings`]. (The graceful ends not written yet are the stream store's.)
@@ -32,7 +32,7 @@ pub(in crate::guard::relay) const ENDED_KEPT: usize = 1024;
 
 /// A stream being ended, and how far it got.
 #[derive(Clone, Copy, Debug)]
-pub(in crate::guard::relay) struct Ending {
+pub(in crate::guard::relay) struct EndProgress {
     pub(in crate::guard::relay) reason: Reason,
     /// When the end was asked: `end_timeout` counts from here.
     pub(in crate::guard::relay) asked: Instant,
@@ -152,7 +152,7 @@ pub(in crate::guard::relay) struct Planned {
 /// ending would spend that budget at once. No server limits SETTINGS so
 /// (RFC 9113 §6.5: an empty SETTINGS frame changes nothing and must be
 /// acked), and the acks come in order, in the queue of what the relay sent
-/// (`Settings::sent`). The guard sends no PING to the application.
+/// (`PeerSettings::sent`). The guard sends no PING to the application.
 #[derive(Debug, Default)]
 pub(in crate::guard::relay) struct Barrier {
     /// Round trips started, and the highest one acked.

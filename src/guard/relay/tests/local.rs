@@ -39,8 +39,8 @@ async fn a_local_stream_gives_back_what_it_held_however_it_ends() {
     // Every byte of the client's DATA is given back to its connection
     // window exactly once: as the task takes it (16 bytes fit the duplex),
     // or when the stream goes with the rest still held.
-    type Ending = fn(&mut Relay<'_>);
-    let endings: [(&str, Ending); 5] = [
+    type Finish = fn(&mut Relay<'_>);
+    let endings: [(&str, Finish); 5] = [
         ("the client's RST_STREAM", |r| {
             from_client(r, &frame(wire::RST_STREAM, 0, 1, &[0, 0, 0, 8])).expect("reset");
         }),
