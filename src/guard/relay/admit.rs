@@ -7,7 +7,6 @@
 use tokio::time::Instant;
 
 use super::blocks::trailers_only;
-use super::ending::cadence::Cadence;
 use super::ending::StreamOutcome;
 use super::streams::Stream;
 use super::wire;
@@ -75,34 +74,12 @@ impl Relay<'_> {
         } else {
             StreamProtocol::http
         };
-        let mut sig = guard
+        let sig = guard
             .signals()
             .start(grpc, fields.path.as_deref().unwrap_or("/"), protocol);
-        if end_stream {
-            if let Some(sig) = sig.as_mut() {
-                sig.request_ended();
-            }
-        }
-        self.streams.insert(
-            id,
-            Stream {
-                reg,
-                kind,
-                bounds: None,
-                req_done: end_stream,
-                resp_done: false,
-                started: now,
-                messages: 0,
-                cadence: Cadence::default(),
-                split: false,
-                held: None,
-                ending: None,
-                sig,
-                window: self.window.initial(),
-                shut_since: None,
-                body_left: None,
-            },
-        );
+        let window = self.window.initial();
+        self.streams
+            .insert(id, Stream::new(reg, kind, end_stream, sig, window, now));
         true
     }
 
@@ -113,11 +90,11 @@ impl Relay<'_> {
         let Some(s) = self.streams.get(&id) else {
             return;
         };
-        let block = trailers_only(s.kind, grpc::UPSTREAM_UNAVAILABLE_MESSAGE)
+        let block = trailers_only(s.kind(), grpc::UPSTREAM_UNAVAILABLE_MESSAGE)
             .unwrap_or_else(|| wire::literal_block(&[(":status", "502")]));
         self.own_block(id, &block, true);
         if let Some(s) = self.streams.get_mut(&id) {
-            s.resp_done = true;
+            s.response_ended();
         }
         self.end_here(id, StreamOutcome::UpstreamFailed);
     }
@@ -149,25 +126,16 @@ impl Relay<'_> {
             return;
         };
         if let Some(s) = self.streams.get_mut(&id).filter(|_| !end_stream) {
-            s.body_left = Some(length);
+            s.expect_body(length);
         }
     }
 
     /// `n` more bytes of stream `id`'s request body, and whether it ends
     /// here: false if that breaks its content-length (RFC 9113 §8.1.1).
     pub(super) fn body_data(&mut self, id: u32, n: usize, end: bool) -> bool {
-        let Some(s) = self.streams.get_mut(&id) else {
-            return true;
-        };
-        let Some(left) = s.body_left else {
-            return true;
-        };
-        let Some(rest) = left.checked_sub(n as u64) else {
-            s.body_left = None;
-            return false;
-        };
-        s.body_left = (!end).then_some(rest);
-        !end || rest == 0
+        self.streams
+            .get_mut(&id)
+            .is_none_or(|s| s.body_data(n, end))
     }
 }
 

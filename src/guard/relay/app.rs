@@ -3,20 +3,22 @@
 //! response's kind and status, its DATA counted into messages, and its
 //! GOAWAY taken as its graceful stop.
 
-use http::StatusCode;
 use tokio::time::Instant;
 
-use super::blocks::Block;
 use super::client::settings_size_ok;
 use super::ending::StreamOutcome;
-use super::io::keep_rest;
+use super::failure::Failure;
+use super::limits::{APP_BLOCK_MAX, MAX_CLIENT_TABLE, MAX_FRAME};
+use super::next::Next;
+use super::peer::{Block, Gathered};
 use super::settings::Unacked;
 use super::wire::{self, Head};
-use super::{Failure, Relay, APP_BLOCK_MAX, MAX_CLIENT_TABLE, MAX_CONTINUATIONS, MAX_FRAME};
-use crate::guard::body::{response_kind_of, Boundaries};
+use super::Relay;
 
 impl Relay<'_> {
-    pub(super) fn app_frames(&mut self, now: Instant) -> Result<(), Failure> {
+    /// The application's frames read so far; the client's held frames go
+    /// on next once its first SETTINGS came.
+    pub(super) fn app_read(&mut self, now: Instant) -> Result<Next, Failure> {
         let mut released = false;
         if self.handshake.app_pending {
             match wire::head(&self.app.read) {
@@ -29,36 +31,33 @@ impl Relay<'_> {
                 }
                 Some(_) => return Err(Failure::NotHttp2),
                 None if self.app.read.len() >= wire::FRAME_HEADER => return Err(Failure::NotHttp2),
-                None => return Ok(()),
+                None => return Ok(Next::Done),
             }
         }
-        let buf = std::mem::take(&mut self.app.read);
         // Frames go on whole: one larger than the client ever allowed is the
         // application's error (its streams end retryably), not the client's.
-        let max = self.settings.client_frame_max();
-        let result = self.each_frame(&buf, max, |relay, h, frame| {
-            relay.app_frame(h, frame, now).map(|()| true)
-        });
-        let result = result.map_err(|e| match e {
-            Failure::FrameSize(_) => Failure::AppProtocol,
-            e => e,
-        });
-        self.app.read = keep_rest(buf, result?);
+        let mut frames = self.app.frames(self.client.frame_max());
+        while let Some((h, frame)) = frames.next().map_err(|_| Failure::AppProtocol)? {
+            self.app_frame(h, frame, now)?;
+            frames.handled(h);
+        }
+        self.app.keep(frames);
         if std::mem::take(&mut self.endings.barrier.moved) {
             self.check_endings(now);
         }
         if released && std::mem::take(&mut self.handshake.goaway_held) {
             self.life.first_goaway(&mut self.client.write);
         }
-        if released {
-            self.client_frames(now)?;
-        }
-        Ok(())
+        Ok(if released {
+            Next::ClientFrames
+        } else {
+            Next::Done
+        })
     }
 
     pub(super) fn app_frame(&mut self, h: Head, frame: &[u8], now: Instant) -> Result<(), Failure> {
         let payload = &frame[wire::FRAME_HEADER..];
-        if self.app.block.is_some() && h.kind != wire::CONTINUATION {
+        if self.app.interrupts(h) {
             return Err(Failure::AppProtocol);
         }
         match h.kind {
@@ -77,12 +76,7 @@ impl Relay<'_> {
                 self.app_fragment(block, h, frame, fragment, now)
             }
             wire::CONTINUATION => {
-                let block = self
-                    .app
-                    .block
-                    .take()
-                    .filter(|b| b.id == h.id)
-                    .ok_or(Failure::AppProtocol)?;
+                let block = self.app.continued(h).ok_or(Failure::AppProtocol)?;
                 self.app_fragment(block, h, frame, payload, now)
             }
             wire::DATA => {
@@ -104,10 +98,8 @@ impl Relay<'_> {
                 self.release_held(h.id);
                 if let Some(mut s) = self.streams.remove(&h.id) {
                     self.client.write.extend_from_slice(frame);
-                    if let (Some(sig), Ok(code)) = (s.sig.as_mut(), <[u8; 4]>::try_from(payload)) {
-                        // The core's signals take an `h2::Reason` (they
-                        // cannot name `wire`: see `signals::grpc_code_for_reset`).
-                        sig.reset(h2::Reason::from(u32::from_be_bytes(code)));
+                    if let Ok(code) = <[u8; 4]>::try_from(payload) {
+                        s.app_reset(u32::from_be_bytes(code));
                     }
                     self.finish(s, StreamOutcome::UpstreamFailed);
                 }
@@ -157,7 +149,7 @@ impl Relay<'_> {
                 // The client's table is the guard's memory too: capped, and
                 // the client told so (a smaller table suits the app's too).
                 let v = v.min(MAX_CLIENT_TABLE);
-                self.client.hpack.allow(v);
+                self.client.allow_table(v);
                 v
             }
             wire::MAX_CONCURRENT_STREAMS => {
@@ -174,15 +166,11 @@ impl Relay<'_> {
                 connect_seen = true;
                 1
             }
-            wire::MAX_FRAME_SIZE => {
-                let v = v.min(MAX_FRAME);
-                self.app.frame = v as usize;
-                self.settings.tell_frame(v as usize);
-                v
-            }
+            wire::MAX_FRAME_SIZE => self.app.announce_frame(v),
             // Passed on as it is: what the client may send a local stream.
             wire::INITIAL_WINDOW_SIZE => {
-                self.window_told_is(v);
+                let delta = self.window.set_told(v);
+                self.locals.window_told(delta);
                 v
             }
             _ => v,
@@ -237,38 +225,28 @@ impl Relay<'_> {
 
     pub(super) fn app_fragment(
         &mut self,
-        mut block: Block,
+        block: Block,
         h: Head,
         frame: &[u8],
         fragment: &[u8],
         now: Instant,
     ) -> Result<(), Failure> {
-        if h.flags & wire::END_HEADERS == 0 {
-            block.gather(frame, fragment);
-            // Endless (empty) CONTINUATIONs are a flood, as the client's.
-            if block.fragment.len() > MAX_FRAME as usize * 4
-                || block.continuations > MAX_CONTINUATIONS
-            {
-                return Err(Failure::AppProtocol);
-            }
-            self.app.block = Some(block);
-            return Ok(());
-        }
-        let mut encoded = std::mem::take(&mut self.app.scratch);
-        block.whole_into(fragment, &mut encoded);
+        // Endless (empty) CONTINUATIONs are a flood, as the client's.
+        let block = match self
+            .app
+            .gather(block, h, frame, fragment, MAX_FRAME as usize * 4)
+        {
+            Gathered::More => return Ok(()),
+            Gathered::Flood => return Err(Failure::AppProtocol),
+            Gathered::Whole(block) => block,
+        };
         // A push is never relayed: every client of the guard is Envoy or
         // another proxy, and a client that disabled push (Envoy does) treats
         // a PUSH_PROMISE as a connection error.
         let forward = block.promised.is_none()
             && (self.streams.contains_key(&block.id) || self.ids.reset_lately(block.id));
-        let mut all = (forward && self.client.translate.is_some()).then(Vec::new);
-        let decoded = wire::decode(
-            &mut self.app.hpack,
-            &mut encoded,
-            APP_BLOCK_MAX,
-            all.as_mut(),
-        );
-        self.app.scratch = encoded;
+        let keep_all = forward && self.client.translates();
+        let (decoded, all) = self.app.decode(APP_BLOCK_MAX, keep_all);
         let fields = decoded.map_err(|_| Failure::AppProtocol)?;
         if let Some(promised) = block.promised {
             tracing::debug!(
@@ -283,28 +261,31 @@ impl Relay<'_> {
             // The client saw this stream end (or it is a push). Dropped; if
             // the block changed the application's table, the client's no
             // longer follows it.
-            if fields.indexed && self.client.translate.is_none() {
+            if self.client.missed_block(fields.indexed) {
                 tracing::debug!(conn = self.info.id, stream = block.id, "guard: an application header block the client does not get changed its HPACK table; re-encoding its blocks from now on");
-                self.client.translate = Some(true);
             }
+            self.app.reuse(all);
             return Ok(());
         }
-        match all {
-            Some(all) => {
-                self.release_held(block.id);
-                self.put_translated(&block, &all)
-            }
-            None => {
-                self.release_held(block.id);
-                // It starts with the size update that may be due (the
-                // application's encoder owes it too).
-                self.settings.take_update_due();
-                self.client.write.extend_from_slice(&block.frames);
-                self.client.write.extend_from_slice(frame);
-            }
+        self.release_held(block.id);
+        if keep_all {
+            self.put_translated(&block, &all);
+        } else {
+            // It starts with the size update that may be due (the
+            // application's encoder owes it too).
+            self.settings.take_update_due();
+            self.client.put_as_came(&block, frame, None);
         }
+        self.app.reuse(all);
         self.app_head(block.id, block.end_stream, &fields, now);
         Ok(())
+    }
+
+    /// An application block re-encoded as literals to the client (see the
+    /// module doc), after the table size update that is due.
+    pub(super) fn put_translated(&mut self, block: &Block, all: &[wire::Field]) {
+        let due = self.settings.take_update_due();
+        self.client.put_literals(block, all, due, None);
     }
 
     /// An application header block on an open stream, after it went on.
@@ -323,28 +304,18 @@ impl Relay<'_> {
             Some(status) if status < 200 => {}
             Some(status) if !s.answered() => {
                 let ct = fields.content_type.as_deref().unwrap_or("");
-                s.bounds = Some(Boundaries::new(response_kind_of(s.kind, ct)));
-                s.reg.ctl.set_answered();
-                if let (Some(sig), Ok(code)) = (s.sig.as_mut(), StatusCode::from_u16(status)) {
-                    sig.head_status(code, fields.grpc_status.as_deref());
-                }
+                s.response_head(status, ct, fields.grpc_status.as_deref());
             }
-            _ => {
-                if let Some(sig) = s.sig.as_mut() {
-                    sig.grpc_status(fields.grpc_status.as_deref());
-                }
-            }
+            _ => s.response_trailers(fields.grpc_status.as_deref()),
         }
         if end_stream {
-            s.resp_done = true;
-            // The application's own end wins over the guard's.
-            s.ending = None;
+            s.response_ended();
             self.maybe_done(id);
-        } else if s.ending.is_some_and(|e| e.cancelled.is_some()) {
+        } else if s.app_cancelled() {
             // Its end waits for the whole read to be handled: a frame
             // behind this head in the same read is forwarded first.
             self.endings.barrier.moved = true;
-        } else if s.ending.is_some() {
+        } else if s.ending().is_some() {
             self.advance(id, now);
         }
     }

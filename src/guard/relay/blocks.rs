@@ -1,60 +1,14 @@
-//! Header blocks: gathered over CONTINUATION frames, passed on as they came
+//! Header blocks, once their peer gathered them (`super::peer`): passed on
+//! as they came
 //! or re-encoded as literals once a dropped block left a receiver's HPACK
 //! table behind (see the module doc), and the guard's own blocks
 //! (trailers-only answers, 431, 502, a WebSocket's head).
 
 use bytes::BytesMut;
 
-use super::wire::{self, Head};
-use super::Relay;
+use super::wire;
 use crate::guard::body::BodyKind;
 use crate::guard::grpc;
-
-/// A header block split over CONTINUATION frames, being gathered.
-pub(super) struct Block {
-    pub(super) id: u32,
-    /// The HEADERS (or PUSH_PROMISE) ended the stream.
-    pub(super) end_stream: bool,
-    /// A PUSH_PROMISE's promised stream (never relayed: see `app_fragment`).
-    pub(super) promised: Option<u32>,
-    /// The frames as they came, and the block fragments from them.
-    pub(super) frames: BytesMut,
-    pub(super) fragment: Vec<u8>,
-    /// CONTINUATION frames so far.
-    pub(super) continuations: usize,
-    /// Its HEADERS' priority makes its stream depend on itself (RFC 9113
-    /// §5.3.1): a client block is then malformed.
-    pub(super) self_dependent: bool,
-}
-
-impl Block {
-    /// The block a HEADERS (or PUSH_PROMISE) frame starts.
-    pub(super) fn start(h: Head) -> Self {
-        Self {
-            id: h.id,
-            end_stream: h.kind == wire::HEADERS && h.flags & wire::END_STREAM != 0,
-            promised: None,
-            frames: BytesMut::new(),
-            fragment: Vec::new(),
-            continuations: 0,
-            self_dependent: false,
-        }
-    }
-
-    /// Keeps a frame of a block not yet whole, and its fragment.
-    pub(super) fn gather(&mut self, frame: &[u8], fragment: &[u8]) {
-        self.frames.extend_from_slice(frame);
-        self.fragment.extend_from_slice(fragment);
-        self.continuations += 1;
-    }
-
-    /// The whole block's encoded bytes, into `out` (cleared first).
-    pub(super) fn whole_into(&self, last: &[u8], out: &mut Vec<u8>) {
-        out.clear();
-        out.extend_from_slice(&self.fragment);
-        out.extend_from_slice(last);
-    }
-}
 
 /// What goes with each request the relay forwards: the client's address,
 /// and the last request while it can still be taken back.
@@ -74,6 +28,11 @@ impl Forward {
             xff: wire::literal_block(&[("x-forwarded-for", peer)]),
             unsent: None,
         }
+    }
+
+    /// The client's `x-forwarded-for` entry, as a CONTINUATION's block.
+    pub(super) fn xff(&self) -> &[u8] {
+        &self.xff
     }
 
     /// Stream `id`'s request went to `to_app[start..end]`.
@@ -102,104 +61,6 @@ impl Forward {
     }
 }
 
-impl Relay<'_> {
-    /// Passes a whole client block on: as it came (with the client's
-    /// address added to a request's), or re-encoded while the application's
-    /// table is the guard's own (see the module doc).
-    pub(super) fn forward_block(
-        &mut self,
-        block: &Block,
-        last: &[u8],
-        all: Option<&[wire::Field]>,
-        request: bool,
-    ) {
-        match all {
-            Some(all) => {
-                let clear = self.app.translate == Some(true);
-                self.app.translate = Some(false);
-                let mut encoded = literals(clear, all);
-                if request {
-                    encoded.extend_from_slice(&self.forward.xff);
-                }
-                put_block(
-                    &mut self.app.write,
-                    block.id,
-                    block.end_stream,
-                    &encoded,
-                    self.app.frame,
-                );
-            }
-            None => {
-                self.app.write.extend_from_slice(&block.frames);
-                let at = self.app.write.len();
-                self.app.write.extend_from_slice(last);
-                if request {
-                    // The client's address, in a CONTINUATION of its own:
-                    // the last frame's END_HEADERS moves to it.
-                    self.app.write[at + 4] &= !wire::END_HEADERS;
-                    wire::put(
-                        &mut self.app.write,
-                        wire::CONTINUATION,
-                        wire::END_HEADERS,
-                        block.id,
-                        &self.forward.xff,
-                    );
-                }
-            }
-        }
-    }
-
-    /// A client block the application does not get: if it changed the
-    /// client's table, the application's no longer follows it, and the
-    /// guard re-encodes from now on.
-    pub(super) fn dropped_block(&mut self, fields: &wire::Fields) {
-        if fields.indexed && self.app.translate.is_none() {
-            tracing::debug!(conn = self.info.id, "guard: a client header block the application did not get changed its HPACK table; re-encoding the client's blocks from now on");
-            self.app.translate = Some(true);
-        }
-    }
-
-    /// A block re-encoded as literals (see the module doc), the first one
-    /// after clearing the client's table.
-    pub(super) fn put_translated(&mut self, block: &Block, all: &[wire::Field]) {
-        let clear = self.client.translate == Some(true);
-        self.client.translate = Some(false);
-        if clear {
-            // The update to 0 is below any size the client may have
-            // lowered its table to: it is the one update that is due.
-            self.settings.take_update_due();
-        }
-        let encoded = literals(clear, all);
-        self.own_block(block.id, &encoded, block.end_stream);
-    }
-
-    /// A header block the guard encoded (its own, or re-encoded) to the
-    /// client, after the table size update that is due, if one is.
-    pub(super) fn own_block(&mut self, id: u32, block: &[u8], end_stream: bool) {
-        match self.settings.take_update_due() {
-            None => put_block(
-                &mut self.client.write,
-                id,
-                end_stream,
-                block,
-                self.client.frame,
-            ),
-            Some(size) => {
-                let mut encoded = Vec::with_capacity(block.len() + 6);
-                wire::put_size_update(&mut encoded, size);
-                encoded.extend_from_slice(block);
-                put_block(
-                    &mut self.client.write,
-                    id,
-                    end_stream,
-                    &encoded,
-                    self.client.frame,
-                );
-            }
-        }
-    }
-}
-
 /// A trailers-only UNAVAILABLE block for the gRPC kinds, as literals.
 pub(super) fn trailers_only(kind: BodyKind, message: &'static str) -> Option<Vec<u8>> {
     let ct = match kind {
@@ -222,48 +83,4 @@ pub(super) fn unavailable_block(message: &'static str) -> Vec<u8> {
         ("grpc-status", grpc::STATUS_UNAVAILABLE),
         ("grpc-message", message),
     ])
-}
-
-/// `fields` as literals without indexing; with `clear`, first one table
-/// size update to 0, which evicts every entry. The table stays at 0: every
-/// later block this way is literals too, which need none, and a size is
-/// never raised to one the receiver has not acked (RFC 7541 §4.2, §6.3).
-/// So a block carries at most one size update (some decoders take no more
-/// than two).
-pub(super) fn literals(clear: bool, fields: &[wire::Field]) -> Vec<u8> {
-    let mut out = Vec::new();
-    if clear {
-        wire::put_size_update(&mut out, 0);
-    }
-    for f in fields {
-        // A field sent never-indexed stays so (RFC 7541 §6.2.3).
-        wire::put_literal(&mut out, &f.name, &f.value, f.never_indexed);
-    }
-    out
-}
-
-/// A header block as HEADERS and as many CONTINUATIONs as `max_frame` needs.
-pub(super) fn put_block(
-    out: &mut BytesMut,
-    id: u32,
-    end_stream: bool,
-    block: &[u8],
-    max_frame: usize,
-) {
-    let mut chunks = block.chunks(max_frame.max(1)).peekable();
-    let mut kind = wire::HEADERS;
-    let mut flags = if end_stream { wire::END_STREAM } else { 0 };
-    loop {
-        let chunk = chunks.next().unwrap_or(&[]);
-        let last = chunks.peek().is_none();
-        if last {
-            flags |= wire::END_HEADERS;
-        }
-        wire::put(out, kind, flags, id, chunk);
-        if last {
-            return;
-        }
-        kind = wire::CONTINUATION;
-        flags = 0;
-    }
 }

@@ -15,13 +15,17 @@ use bytes::Buf;
 use tokio::time::Instant;
 
 use super::admit::{malformed_request, trailers_ok, Refusal};
-use super::blocks::Block;
+use super::connect;
 use super::ending::StreamOutcome;
-use super::io::keep_rest;
+use super::failure::Failure;
+use super::limits::{BOMB_FACTOR, DEFAULT_FRAME, MAX_WINDOW};
+use super::local::connect_head;
+use super::peer::{Block, Gathered};
 use super::rapid::PREMATURE_LIFETIME;
 use super::settings::{Unacked, UNACKED_RETRY};
+use super::streams::Stream;
 use super::wire::{self, Head};
-use super::{Failure, Relay, BOMB_FACTOR, DEFAULT_FRAME, MAX_CONTINUATIONS, MAX_FRAME, MAX_WINDOW};
+use super::Relay;
 use crate::guard::lifecycle::Input;
 use crate::guard::sniff::H2_PREFACE;
 
@@ -47,23 +51,23 @@ impl Relay<'_> {
             // Held until the application shows it speaks HTTP/2.
             return Ok(());
         }
-        let buf = std::mem::take(&mut self.client.read);
-        let max = self.settings.frame_told();
-        let result = self.each_frame(&buf, max, |relay, h, frame| {
-            if relay.settings_waits(h, now) {
-                return Ok(false);
+        let mut frames = self.client.frames(self.app.frame_max());
+        while let Some((h, frame)) = frames.next()? {
+            if self.settings_waits(h, now) {
+                break;
             }
             // PING, SETTINGS and RST_STREAM cost the application work for
             // free: past their rate the relay stops reading the client
             // until the next token is due (see `super::flood`). Not
             // WINDOW_UPDATE: it is passed on one for one and costs O(1)
             // (some stacks send one per DATA frame: h2, oghttp2, Go's).
-            if !relay.defences.take(h.kind, now) {
-                return Ok(false);
+            if !self.defences.take(h.kind, now) {
+                break;
             }
-            relay.client_frame(h, frame, now).map(|()| true)
-        });
-        self.client.read = keep_rest(buf, result?);
+            self.client_frame(h, frame, now)?;
+            frames.handled(h);
+        }
+        self.client.keep(frames);
         Ok(())
     }
 
@@ -78,34 +82,6 @@ impl Relay<'_> {
         waits
     }
 
-    /// Calls `f` on each whole frame of `buf`; returns where the first
-    /// incomplete frame starts. A frame larger than `max` is the sender's
-    /// FRAME_SIZE_ERROR (for the application's frames, see `app_frames`).
-    pub(super) fn each_frame(
-        &mut self,
-        buf: &[u8],
-        max: usize,
-        mut f: impl FnMut(&mut Self, Head, &[u8]) -> Result<bool, Failure>,
-    ) -> Result<usize, Failure> {
-        let mut at = 0;
-        while let Some(h) = wire::head(&buf[at..]) {
-            if h.len > max {
-                return Err(Failure::FrameSize(
-                    "a frame larger than SETTINGS_MAX_FRAME_SIZE",
-                ));
-            }
-            let end = at + wire::FRAME_HEADER + h.len;
-            if buf.len() < end {
-                break;
-            }
-            if !f(self, h, &buf[at..end])? {
-                break;
-            }
-            at = end;
-        }
-        Ok(at)
-    }
-
     pub(super) fn client_frame(
         &mut self,
         h: Head,
@@ -113,7 +89,7 @@ impl Relay<'_> {
         now: Instant,
     ) -> Result<(), Failure> {
         let payload = &frame[wire::FRAME_HEADER..];
-        if self.client.block.is_some() && h.kind != wire::CONTINUATION {
+        if self.client.interrupts(h) {
             return Err(Failure::Protocol(
                 "a header block was interrupted by another frame",
             ));
@@ -138,9 +114,7 @@ impl Relay<'_> {
             wire::CONTINUATION => {
                 let block = self
                     .client
-                    .block
-                    .take()
-                    .filter(|b| b.id == h.id)
+                    .continued(h)
                     .ok_or(Failure::Protocol("CONTINUATION without its HEADERS"))?;
                 self.client_fragment(block, h, frame, payload, now)
             }
@@ -190,9 +164,15 @@ impl Relay<'_> {
         let data = wire::content(h, &frame[wire::FRAME_HEADER..])?;
         let end = h.flags & wire::END_STREAM != 0;
         if self.locals.contains_key(&h.id) {
-            return self.local_data(h, data, now);
+            let local = self
+                .locals
+                .data(h, data, &mut self.client.write, &mut self.ids);
+            if let Some(code) = local {
+                self.stream_error(h.id, code, now);
+            }
+            return Ok(());
         }
-        if let Some(req_done) = self.streams.get(&h.id).map(|s| s.req_done) {
+        if let Some(req_done) = self.streams.get(&h.id).map(Stream::req_done) {
             let error = if req_done {
                 // Half-closed (remote): RFC 9113 §5.1.
                 Some(wire::STREAM_CLOSED)
@@ -216,10 +196,7 @@ impl Relay<'_> {
             if end {
                 self.ids.closed(h.id);
                 if let Some(s) = self.streams.get_mut(&h.id) {
-                    s.req_done = true;
-                    if let Some(sig) = s.sig.as_mut() {
-                        sig.request_ended();
-                    }
+                    s.request_ended();
                 }
                 self.maybe_done(h.id);
             }
@@ -254,7 +231,7 @@ impl Relay<'_> {
         }
         self.ids.cancelled(h.id);
         if self.locals.contains_key(&h.id) {
-            self.drop_local(h.id);
+            self.locals.drop(h.id, &mut self.client.write);
             return Ok(());
         }
         let Some(s) = self.streams.remove(&h.id) else {
@@ -264,7 +241,7 @@ impl Relay<'_> {
         if !self.take_back(h.id) {
             self.app.write.extend_from_slice(frame);
         }
-        if !s.answered() && now.saturating_duration_since(s.started) < PREMATURE_LIFETIME {
+        if !s.answered() && now.saturating_duration_since(s.started()) < PREMATURE_LIFETIME {
             self.defences.premature();
         }
         self.finish(s, StreamOutcome::ClientGone);
@@ -320,18 +297,18 @@ impl Relay<'_> {
             return Err(Failure::Protocol("WINDOW_UPDATE on an idle stream"));
         }
         let window = if let Some(l) = self.locals.get_mut(&h.id) {
-            &mut l.window
+            l.window += i64::from(credit);
+            l.window
         } else if let Some(s) = self.streams.get_mut(&h.id) {
-            &mut s.window
+            s.credit(i64::from(credit))
         } else {
             // A stream that is over: a WINDOW_UPDATE may still come (§5.1).
             return Ok(());
         };
-        *window += i64::from(credit);
         let error = if credit == 0 {
             // RFC 9113 §6.9: a stream error on a stream.
             Some(wire::PROTOCOL_ERROR)
-        } else if *window > MAX_WINDOW {
+        } else if window > MAX_WINDOW {
             // RFC 9113 §6.9.1.
             Some(wire::FLOW_CONTROL_ERROR)
         } else {
@@ -341,14 +318,13 @@ impl Relay<'_> {
             self.stream_error(h.id, code, now);
             return Ok(());
         }
-        if let Some(s) = self.streams.get_mut(&h.id) {
-            if s.window > 0 {
-                s.shut_since = None;
+        if let Some(s) = self.streams.get(&h.id) {
+            if s.window() > 0 {
                 self.endings.stalled.remove(&h.id);
             }
-            let ending = s.ending.is_some();
+            let ending = s.ending().is_some();
             // Not to a stream the guard cancelled at the app (§5.1).
-            if s.ending.is_none_or(|e| e.cancelled.is_none()) {
+            if !s.app_cancelled() {
                 self.app.write.extend_from_slice(frame);
             }
             if ending {
@@ -391,15 +367,10 @@ impl Relay<'_> {
             wire::HEADER_TABLE_SIZE => {
                 // The application's encoder may use up to this.
                 table = Some(v);
-                self.app.hpack.allow(v);
+                self.app.allow_table(v);
                 v
             }
-            wire::MAX_FRAME_SIZE => {
-                let v = v.min(MAX_FRAME);
-                self.client.frame = v as usize;
-                self.settings.client_frame(v as usize);
-                v
-            }
+            wire::MAX_FRAME_SIZE => self.client.announce_frame(v),
             wire::INITIAL_WINDOW_SIZE => {
                 let delta = self.window.set_initial(v);
                 grew |= delta > 0;
@@ -407,7 +378,7 @@ impl Relay<'_> {
                     l.window += delta;
                 }
                 for s in self.streams.values_mut() {
-                    s.window += delta;
+                    s.grow_window(delta);
                 }
                 v
             }
@@ -415,7 +386,7 @@ impl Relay<'_> {
         });
         let past_max = |w: i64| w > MAX_WINDOW;
         if grew
-            && (self.streams.values().any(|s| past_max(s.window))
+            && (self.streams.values().any(|s| past_max(s.window()))
                 || self.locals.values().any(|l| past_max(l.window)))
         {
             // RFC 9113 §6.9.2: a connection error.
@@ -436,41 +407,27 @@ impl Relay<'_> {
     /// frames go on, once it is whole.
     pub(super) fn client_fragment(
         &mut self,
-        mut block: Block,
+        block: Block,
         h: Head,
         frame: &[u8],
         fragment: &[u8],
         now: Instant,
     ) -> Result<(), Failure> {
         let limit = self.guard.config().limits.max_header_list_size as usize;
-        if h.flags & wire::END_HEADERS == 0 {
-            block.gather(frame, fragment);
-            // A block this large, or in this many pieces, is a flood: an
-            // HTTP/2 stack would buffer it whole before it could refuse it.
-            if block.fragment.len() > 2 * limit + DEFAULT_FRAME
-                || block.continuations > MAX_CONTINUATIONS
-            {
-                return Err(Failure::Calm);
-            }
-            self.client.block = Some(block);
-            return Ok(());
-        }
+        let block = match self
+            .client
+            .gather(block, h, frame, fragment, 2 * limit + DEFAULT_FRAME)
+        {
+            Gathered::More => return Ok(()),
+            Gathered::Flood => return Err(Failure::Calm),
+            Gathered::Whole(block) => block,
+        };
         // Whole: decode it (the application's table follows the client's).
-        let mut encoded = std::mem::take(&mut self.client.scratch);
-        block.whole_into(fragment, &mut encoded);
         // Every field is kept: a re-encoded block, and a WebSocket the
         // guard serves itself, need them all.
-        let mut all = std::mem::take(&mut self.client.fields);
-        all.clear();
-        let fields = wire::decode(
-            &mut self.client.hpack,
-            &mut encoded,
-            limit * BOMB_FACTOR,
-            Some(&mut all),
-        );
-        self.client.scratch = encoded;
+        let (fields, all) = self.client.decode(limit * BOMB_FACTOR, true);
         let result = self.client_block_whole(block, frame, fields, &all, limit, now);
-        self.client.fields = all;
+        self.client.reuse(all);
         result
     }
 
@@ -484,7 +441,7 @@ impl Relay<'_> {
         limit: usize,
         now: Instant,
     ) -> Result<(), Failure> {
-        let all = self.app.translate.is_some().then_some(all_fields);
+        let all = self.app.translates().then_some(all_fields);
         let fields = fields.map_err(|e| match e {
             wire::BlockError::Compression => Failure::Compression,
             wire::BlockError::TooLarge => Failure::Calm,
@@ -578,7 +535,7 @@ impl Relay<'_> {
         let open = self
             .streams
             .get(&id)
-            .map(|s| s.req_done)
+            .map(Stream::req_done)
             .or(self.locals.get(&id).map(|l| l.client_eof));
         let error = match open {
             // Half-closed (remote): RFC 9113 §5.1.
@@ -629,10 +586,7 @@ impl Relay<'_> {
             return Ok(());
         }
         if let Some(s) = self.streams.get_mut(&id) {
-            s.req_done = true;
-            if let Some(sig) = s.sig.as_mut() {
-                sig.request_ended();
-            }
+            s.request_ended();
         }
         if self.app_cancelled(id) {
             // The guard cancelled the application's side while it ends the
@@ -660,7 +614,7 @@ impl Relay<'_> {
         );
         wire::rst(&mut self.client.write, id, code);
         if self.locals.contains_key(&id) {
-            self.drop_local(id);
+            self.locals.drop(id, &mut self.client.write);
         }
         let Some(s) = self.streams.remove(&id) else {
             return;
@@ -670,10 +624,58 @@ impl Relay<'_> {
         }
         // The application got a request and its reset: as a client's
         // reset would, it counts for rapid reset.
-        if !s.answered() && now.saturating_duration_since(s.started) < PREMATURE_LIFETIME {
+        if !s.answered() && now.saturating_duration_since(s.started()) < PREMATURE_LIFETIME {
             self.defences.premature();
         }
         self.finish(s, StreamOutcome::ClientGone);
+    }
+
+    /// Passes a whole client block on: as it came (with the client's
+    /// address added to a request's), or re-encoded while the application's
+    /// table is the guard's own (see the module doc).
+    fn forward_block(
+        &mut self,
+        block: &Block,
+        last: &[u8],
+        all: Option<&[wire::Field]>,
+        request: bool,
+    ) {
+        let xff = request.then(|| self.forward.xff());
+        match all {
+            Some(all) => self.app.put_literals(block, all, None, xff),
+            None => self.app.put_as_came(block, last, xff),
+        }
+    }
+
+    /// A client block the application does not get: if it changed the
+    /// client's table, the application's no longer follows it, and the
+    /// guard re-encodes from now on.
+    fn dropped_block(&mut self, fields: &wire::Fields) {
+        if self.app.missed_block(fields.indexed) {
+            tracing::debug!(conn = self.info.id, "guard: a client header block the application did not get changed its HPACK table; re-encoding the client's blocks from now on");
+        }
+    }
+
+    /// Starts the task that serves a WebSocket over HTTP/2 (RFC 8441).
+    fn websocket(&mut self, id: u32, end_stream: bool, fields: &[wire::Field]) {
+        let guard = self.guard;
+        let reg = match guard.try_register(self.info.id, false) {
+            Ok(r) => r,
+            Err(_) => return self.refuse(id, end_stream, Refusal::Reset),
+        };
+        let Some(head) = connect_head(fields) else {
+            wire::rst(&mut self.client.write, id, wire::PROTOCOL_ERROR);
+            return;
+        };
+        let (task_io, tx) = self.locals.open(id, end_stream, &self.window);
+        guard.spawn(connect::proxy(
+            guard.clone(),
+            reg,
+            head,
+            task_io,
+            tx,
+            self.info,
+        ));
     }
 
     /// Whether stream `id` is open here (relayed, or a local one).

@@ -4,8 +4,10 @@
 
 use tokio::time::Instant;
 
+use super::failure::Failure;
+use super::limits::{MAX_FRAME, READ_BUF};
 use super::settings::MAX_UNACKED_SETTINGS;
-use super::{Failure, Relay, MAX_FRAME, READ_BUF};
+use super::Relay;
 use crate::guard::conn::ConnInfo;
 use crate::guard::handle::Handle;
 

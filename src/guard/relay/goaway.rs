@@ -3,181 +3,31 @@
 //! it), the application's own GOAWAY, the timers, and how the connection
 //! fails or closes.
 
-use bytes::BytesMut;
+use std::sync::Arc;
+
 use tokio::time::Instant;
 
 use super::blocks::{trailers_only, unavailable_block};
-use super::ending::{record_outcome, StreamOutcome};
+use super::ending::StreamOutcome;
+use super::failure::Failure;
+use super::next::Next;
+use super::streams::Stream;
 use super::wire;
-use super::{Failure, Relay};
+use super::Relay;
 use crate::guard::body::End;
 use crate::guard::grpc;
-use crate::guard::lifecycle::{Cause, ConnAction, Input, Lifecycle};
+use crate::guard::lifecycle::{Cause, ConnAction, Input};
+use crate::guard::registry::StreamCtl;
 use crate::metrics::Reason;
 
-/// The connection's life: when it goes away (the lifecycle machine), what
-/// the GOAWAYs each way said, and the close.
-#[derive(Debug)]
-pub(super) struct Life {
-    /// When the connection goes away (max age, drain, idle): a pure machine.
-    machine: Lifecycle,
-    /// The machine was last told the connection has no streams.
-    told_empty: bool,
-    /// Lowest last-stream id the client was sent in a GOAWAY: newer streams
-    /// are refused, and no later GOAWAY may name a higher one (RFC 9113
-    /// §6.8: a peer treats a growing last-stream id as a connection error).
-    sent_last: Option<u32>,
-    /// Lowest last-stream id the application sent in a GOAWAY: it will
-    /// never process a stream above it, so those are refused retryably.
-    app_last: Option<u32>,
-    /// The error code of the application's last GOAWAY: the client's
-    /// GOAWAY when the application's connection then closes.
-    app_code: u32,
-    /// The GOAWAY probe PING went to the client and is not acked yet.
-    probe_out: bool,
-    /// The probe's opaque data: random per connection, so no PING of the
-    /// application's that the client acks is ever taken for it.
-    probe: [u8; 8],
-    /// After the application's GOAWAY: when streams that have become
-    /// long-lived since are looked for next (a stream young at the GOAWAY
-    /// would otherwise run into the application's grace).
-    app_sweep_at: Option<Instant>,
-    /// The connection is closing: stop reading, flush (until the instant
-    /// at most), then close.
-    closing: bool,
-    closing_by: Option<Instant>,
-}
-
-impl Life {
-    pub(super) fn new(machine: Lifecycle, probe: [u8; 8]) -> Self {
-        Self {
-            machine,
-            told_empty: true,
-            sent_last: None,
-            app_last: None,
-            app_code: wire::NO_ERROR,
-            probe_out: false,
-            probe,
-            app_sweep_at: None,
-            closing: false,
-            closing_by: None,
-        }
-    }
-
-    /// The lifecycle machine, to read.
-    pub(super) fn machine(&self) -> &Lifecycle {
-        &self.machine
-    }
-
-    /// An input to the lifecycle machine: what the connection does next.
-    pub(super) fn step(&mut self, input: Input, now: Instant) -> Option<ConnAction> {
-        self.machine.step(input, now)
-    }
-
-    /// The connection now has `n` streams: whether the machine must hear of
-    /// it (it is told only when the count goes to or from zero).
-    pub(super) fn count_changed(&mut self, n: usize) -> bool {
-        let changed = self.told_empty != (n == 0);
-        self.told_empty = n == 0;
-        changed
-    }
-
-    /// A stream opened: whether the machine must hear the connection is
-    /// busy again (the idle timer stops), even if the stream ends in this
-    /// same batch: the next turn reports "none" afresh.
-    pub(super) fn busy_again(&mut self) -> bool {
-        std::mem::replace(&mut self.told_empty, false)
-    }
-
-    /// A GOAWAY to the client naming `last`, or the lowest id named before
-    /// (and never above the application's): a last-stream id never grows.
-    pub(super) fn goaway(&mut self, to_client: &mut BytesMut, last: u32, code: u32) {
-        let last = [Some(last), self.sent_last, self.app_last]
-            .into_iter()
-            .flatten()
-            .min()
-            .unwrap_or(last);
-        wire::goaway(to_client, last, code);
-        self.sent_last = Some(last);
-    }
-
-    /// The first GOAWAY of the guard's sequence: every stream id (once
-    /// nothing lower was sent), and the PING whose ack sends the final one.
-    pub(super) fn first_goaway(&mut self, to_client: &mut BytesMut) {
-        self.goaway(to_client, wire::MAX_STREAM_ID, wire::NO_ERROR);
-        wire::ping(to_client, false, self.probe);
-        self.probe_out = true;
-    }
-
-    /// A PING ack from the client: whether it acks the probe.
-    pub(super) fn probe_acked(&mut self, opaque: &[u8]) -> bool {
-        let acked = self.probe_out && opaque == self.probe;
-        if acked {
-            self.probe_out = false;
-        }
-        acked
-    }
-
-    /// Whether a stream `id` is past a GOAWAY either way.
-    pub(super) fn refuses(&self, id: u32) -> bool {
-        let beyond = |last: Option<u32>| last.is_some_and(|last| id > last);
-        beyond(self.sent_last) || beyond(self.app_last)
-    }
-
-    /// The application sent GOAWAY(`last`, `code`): the lowest last-stream
-    /// id it named, and whether this is its first.
-    pub(super) fn app_goaway(&mut self, last: u32, code: u32) -> (u32, bool) {
-        let first = self.app_last.is_none();
-        let last = self.app_last.map_or(last, |l| l.min(last));
-        self.app_last = Some(last);
-        self.app_code = code;
-        (last, first)
-    }
-
-    /// The error code of the application's last GOAWAY (NO_ERROR if none).
-    pub(super) fn app_code(&self) -> u32 {
-        self.app_code
-    }
-
-    pub(super) fn closing(&self) -> bool {
-        self.closing
-    }
-
-    /// The connection closes: flushed until `by` at most.
-    pub(super) fn close_by(&mut self, by: Instant) {
-        self.closing = true;
-        self.closing_by = Some(by);
-    }
-
-    pub(super) fn closing_by(&self) -> Option<Instant> {
-        self.closing_by
-    }
-
-    pub(super) fn sweep_at(&self) -> Option<Instant> {
-        self.app_sweep_at
-    }
-
-    pub(super) fn sweep(&mut self, at: Option<Instant>) {
-        self.app_sweep_at = at;
-    }
-
-    /// A fixed probe, for the fuzz target, which must be able to ack it.
-    pub(super) fn set_probe(&mut self, probe: [u8; 8]) {
-        self.probe = probe;
-    }
-
-    #[cfg(test)]
-    pub(super) fn probe(&self) -> ([u8; 8], bool) {
-        (self.probe, self.probe_out)
-    }
-}
-
 impl Relay<'_> {
-    /// The timers: endings past their bounds, and the lifecycle's.
-    pub(super) fn timers(&mut self, now: Instant) -> Result<(), Failure> {
+    /// The first timers: streams the client took no data on past
+    /// `write_stall_timeout`, and the end of a flood pause (the client's
+    /// frames already read go on next, before the other timers).
+    pub(super) fn stall_timers(&mut self, now: Instant) -> Next {
         let l = self.guard.config().limits;
         for id in std::mem::take(&mut self.endings.stalled) {
-            match self.streams.get(&id).and_then(|s| s.shut_since) {
+            match self.streams.get(&id).and_then(Stream::shut_since) {
                 Some(at) if now >= at + l.write_stall_timeout => {
                     tracing::info!(peer = %self.info.peer, stream = id, timeout = ?l.write_stall_timeout,
                         "guard: the client took no data; resetting its stream");
@@ -192,9 +42,9 @@ impl Relay<'_> {
                     if let Some(s) = self.streams.remove(&id) {
                         // One being ended is cut: counted as such, and what
                         // the app still sends on it counted as dropped.
-                        if let (Some(reason), Some(_)) = (s.reg.ctl.reason(), s.ending) {
+                        if let (Some(reason), Some(_)) = (s.end_reason(), s.ending()) {
                             self.guard.record_ungraceful(reason, s.protocol());
-                            if !s.resp_done {
+                            if !s.resp_done() {
                                 self.remember_ended(id);
                             }
                         }
@@ -208,9 +58,14 @@ impl Relay<'_> {
             }
         }
         if self.defences.resume(now) {
-            // The frames already read go on first.
-            self.client_frames(now)?;
+            return Next::ClientFrames;
         }
+        Next::Done
+    }
+
+    /// The other timers: endings past their bounds, planned ends, and the
+    /// lifecycle's.
+    pub(super) fn bound_timers(&mut self, now: Instant) {
         for id in self.endings.asked.clone() {
             self.ending_bound(id, now);
         }
@@ -232,7 +87,6 @@ impl Relay<'_> {
                 self.step(input, now);
             }
         }
-        Ok(())
     }
 
     /// Only streams still open and still shut keep a stall timer: the set
@@ -241,7 +95,7 @@ impl Relay<'_> {
         let streams = &self.streams;
         self.endings
             .stalled
-            .retain(|id| streams.get(id).is_some_and(|s| s.shut_since.is_some()));
+            .retain(|id| streams.get(id).is_some_and(|s| s.shut_since().is_some()));
     }
 
     pub(super) fn next_deadline(&self) -> Option<Instant> {
@@ -251,8 +105,7 @@ impl Relay<'_> {
             self.defences.paused_until(),
             self.endings.planned.front().map(|p| p.at),
             self.life.sweep_at(),
-            self.life.closing_by(),
-            d.close_by,
+            self.life.close_deadline(),
             d.age,
             d.ack,
             d.grace,
@@ -263,7 +116,7 @@ impl Relay<'_> {
         .flatten()
         .min();
         for id in &self.endings.stalled {
-            if let Some(at) = self.streams.get(id).and_then(|s| s.shut_since) {
+            if let Some(at) = self.streams.get(id).and_then(Stream::shut_since) {
                 next = next.into_iter().chain([at + l.write_stall_timeout]).min();
             }
         }
@@ -298,11 +151,10 @@ impl Relay<'_> {
                 continue;
             };
             let block = if !s.answered() {
-                trailers_only(s.kind, grpc::UPSTREAM_LOST_MESSAGE)
+                trailers_only(s.kind(), grpc::UPSTREAM_LOST_MESSAGE)
             } else if s.endable() && s.at_boundary() {
                 match s
-                    .bounds
-                    .as_ref()
+                    .bounds()
                     .and_then(|b| b.ending(grpc::UPSTREAM_LOST_MESSAGE))
                 {
                     Some(End::Trailers(_)) => Some(unavailable_block(grpc::UPSTREAM_LOST_MESSAGE)),
@@ -325,10 +177,7 @@ impl Relay<'_> {
                 ),
             }
             if let Some(mut s) = self.streams.remove(&id) {
-                s.resp_done = true;
-                if let Some(sig) = s.sig.as_mut() {
-                    record_outcome(sig, grpc, &StreamOutcome::UpstreamFailed);
-                }
+                s.record(&StreamOutcome::UpstreamFailed);
                 self.guard.record_app_lost();
             }
         }
@@ -450,6 +299,47 @@ impl Relay<'_> {
                 self.plan_ends(streams, window, Reason::max_age, now);
             }
             Some(ConnAction::Close) => self.close_with(wire::NO_ERROR),
+        }
+    }
+
+    /// After the application's GOAWAY: the streams long-lived by now (and
+    /// not already asked to end) are ended over `spread`; the next look is
+    /// one spread later, for as long as streams are open.
+    pub(super) fn end_long_lived(&mut self, spread: std::time::Duration, now: Instant) {
+        let guard = self.guard;
+        let long_after = guard.config().long_stream_age;
+        let long: Vec<_> = guard
+            .connection_streams(self.info.id, now, long_after)
+            .into_iter()
+            .filter(|s| s.is_long_lived_at(now, long_after))
+            .collect();
+        self.plan_ends(long, spread, Reason::app_shutdown, now);
+        let period = guard
+            .config()
+            .app_shutdown_spread
+            .max(std::time::Duration::from_secs(1));
+        self.life
+            .sweep((!self.streams.is_empty()).then_some(now + period));
+    }
+
+    /// Ends `streams` of this connection one by one, evenly over `window`
+    /// from `now` (at once when it is zero), by the relay's own timer.
+    fn plan_ends(
+        &mut self,
+        streams: Vec<Arc<StreamCtl>>,
+        window: std::time::Duration,
+        reason: Reason,
+        now: Instant,
+    ) {
+        self.endings.plan(streams, window, reason, now);
+        self.ask_planned(now);
+    }
+
+    /// The planned ends that are due: asked, and begun.
+    fn ask_planned(&mut self, now: Instant) {
+        self.endings.ask_due(now);
+        for id in self.endings.queue.take() {
+            self.begin_end(id, now);
         }
     }
 }

@@ -7,7 +7,7 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::io::poll_read_buf;
 
-use super::READ_BUF;
+use super::limits::READ_BUF;
 
 /// What is left of `buf` from `at` (an incomplete frame), as the next read's
 /// buffer, with room for the read.

@@ -5,20 +5,23 @@
 //! window the guard granted it (the initial window the client was told,
 //! topped up as the task takes the data); whatever is held when the stream
 //! goes, by any way, is given back to the client's connection window
-//! ([`Relay::drop_local`]).
+//! ([`Locals::drop`]).
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use std::collections::HashMap;
+
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::time::Instant;
 
-use super::admit::Refusal;
-use super::blocks::put_block;
+use super::ids::StreamIds;
+use super::limits::{HIGH_WATER, LOCAL_CHUNK};
+use super::peer::{put_block, Peer};
+use super::settings::PeerSettings;
+use super::window::Window;
 use super::wire::{self, Head};
-use super::{Failure, Peer, Relay, HIGH_WATER, LOCAL_CHUNK};
 
 /// A WebSocket over HTTP/2 the guard serves itself: `io` is its task's
 /// view of the stream (the task runs [`super::connect::proxy`]).
@@ -43,64 +46,94 @@ pub(super) struct Local {
     pub(super) task_eof: bool,
 }
 
-impl Relay<'_> {
-    /// Starts the task that serves a WebSocket over HTTP/2 (RFC 8441).
-    pub(super) fn websocket(&mut self, id: u32, end_stream: bool, fields: &[wire::Field]) {
-        let guard = self.guard;
-        let reg = match guard.try_register(self.info.id, false) {
-            Ok(r) => r,
-            Err(_) => return self.refuse(id, end_stream, Refusal::Reset),
-        };
-        let Some(head) = connect_head(fields) else {
-            wire::rst(&mut self.client.write, id, wire::PROTOCOL_ERROR);
-            return;
-        };
+/// The WebSockets over HTTP/2 the guard serves itself, by stream id.
+#[derive(Default)]
+pub(super) struct Locals {
+    open: HashMap<u32, Local>,
+}
+
+impl Locals {
+    pub(super) fn get(&self, id: &u32) -> Option<&Local> {
+        self.open.get(id)
+    }
+
+    pub(super) fn get_mut(&mut self, id: &u32) -> Option<&mut Local> {
+        self.open.get_mut(id)
+    }
+
+    pub(super) fn contains_key(&self, id: &u32) -> bool {
+        self.open.contains_key(id)
+    }
+
+    #[cfg(test)]
+    pub(super) fn insert(&mut self, id: u32, local: Local) {
+        self.open.insert(id, local);
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.open.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.open.is_empty()
+    }
+
+    pub(super) fn values(&self) -> impl Iterator<Item = &Local> {
+        self.open.values()
+    }
+
+    pub(super) fn values_mut(&mut self) -> impl Iterator<Item = &mut Local> {
+        self.open.values_mut()
+    }
+
+    /// Opens local stream `id` (its request ended already with
+    /// `end_stream`) for a WebSocket over HTTP/2 (RFC 8441): the task's ends
+    /// of it, its view of the stream and where it answers, for the caller
+    /// to start it on ([`super::connect::proxy`]).
+    pub(super) fn open(
+        &mut self,
+        id: u32,
+        end_stream: bool,
+        window: &Window,
+    ) -> (
+        tokio::io::DuplexStream,
+        tokio::sync::oneshot::Sender<super::connect::Answer>,
+    ) {
         let (task_io, io) = tokio::io::duplex(4 * LOCAL_CHUNK);
         let (tx, rx) = tokio::sync::oneshot::channel();
-        guard.spawn(super::connect::proxy(
-            guard.clone(),
-            reg,
-            head,
-            task_io,
-            tx,
-            self.info,
-        ));
-        self.locals.insert(
+        self.open.insert(
             id,
             Local {
                 io,
                 answer: Some(rx),
                 answered: false,
-                window: self.window.initial(),
-                recv_window: self.window.told(),
+                window: window.initial(),
+                recv_window: window.told(),
                 to_task: BytesMut::new(),
                 client_eof: end_stream,
                 shut: false,
                 task_eof: false,
             },
         );
+        (task_io, tx)
     }
 
     /// Moves the local streams on: their answers, the client's data to
     /// their tasks, and theirs to the client within its windows. True if
     /// anything moved.
-    pub(super) fn poll_locals(&mut self, cx: &mut Context<'_>) -> bool {
-        let Relay {
-            locals,
-            client,
-            window,
-            settings,
-            ..
-        } = self;
-        let Peer {
-            write: to_client,
-            frame: client_frame,
-            ..
-        } = client;
+    pub(super) fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+        client: &mut Peer,
+        window: &mut Window,
+        settings: &mut PeerSettings,
+    ) -> bool {
+        let client_frame = client.frame();
+        let to_client = &mut client.write;
         let mut moved = false;
         let mut done = Vec::new();
         let mut chunk = [0u8; LOCAL_CHUNK];
-        for (&id, l) in locals.iter_mut() {
+        for (&id, l) in self.open.iter_mut() {
             if let Some(rx) = l.answer.as_mut() {
                 match Pin::new(rx).poll(cx) {
                     Poll::Ready(Ok((head, end))) => {
@@ -112,7 +145,7 @@ impl Relay<'_> {
                             wire::put_size_update(&mut block, size);
                         }
                         block.extend_from_slice(&head_block(&head));
-                        put_block(to_client, id, end, &block, *client_frame);
+                        put_block(to_client, id, end, &block, client_frame);
                         if end {
                             if !l.client_eof {
                                 wire::rst(to_client, id, wire::NO_ERROR);
@@ -165,7 +198,7 @@ impl Relay<'_> {
                 && to_client.len() < HIGH_WATER
             {
                 let max = (l.window.min(window.available()) as usize)
-                    .min(*client_frame)
+                    .min(client_frame)
                     .min(LOCAL_CHUNK);
                 let mut rb = ReadBuf::new(&mut chunk[..max]);
                 match Pin::new(&mut l.io).poll_read(cx, &mut rb) {
@@ -195,17 +228,23 @@ impl Relay<'_> {
             }
         }
         for id in done {
-            self.drop_local(id);
+            self.drop(id, &mut client.write);
         }
         moved
     }
 
     /// Client DATA on local stream `id`: held for its task within the
-    /// window the guard granted; its padding given back at once.
-    pub(super) fn local_data(&mut self, h: Head, data: &[u8], now: Instant) -> Result<(), Failure> {
-        let Some(l) = self.locals.get_mut(&h.id) else {
-            return Ok(());
-        };
+    /// window the guard granted; its padding given back at once. A stream
+    /// error of the client's (its connection window given back) is the
+    /// caller's to answer: its code.
+    pub(super) fn data(
+        &mut self,
+        h: Head,
+        data: &[u8],
+        to_client: &mut BytesMut,
+        ids: &mut StreamIds,
+    ) -> Option<u32> {
+        let l = self.open.get_mut(&h.id)?;
         let error = if l.client_eof {
             // Half-closed (remote): RFC 9113 §5.1.
             Some(wire::STREAM_CLOSED)
@@ -215,41 +254,39 @@ impl Relay<'_> {
             None
         };
         if let Some(code) = error {
-            wire::window_update(&mut self.client.write, 0, h.len as u32);
-            self.stream_error(h.id, code, now);
-            return Ok(());
+            wire::window_update(to_client, 0, h.len as u32);
+            return Some(code);
         }
         let padding = h.len - data.len();
         l.recv_window -= data.len() as i64;
         l.to_task.extend_from_slice(data);
         let end = h.flags & wire::END_STREAM != 0;
         l.client_eof |= end;
-        wire::window_update(&mut self.client.write, h.id, padding as u32);
-        wire::window_update(&mut self.client.write, 0, padding as u32);
+        wire::window_update(to_client, h.id, padding as u32);
+        wire::window_update(to_client, 0, padding as u32);
         if end {
-            self.ids.closed(h.id);
+            ids.closed(h.id);
         }
-        Ok(())
+        None
     }
 
     /// Drops local stream `id`, however it ends (the client's RST_STREAM, a
     /// refused upgrade, its task gone, both sides over, a stream error):
     /// the client's DATA still held for the task is given back to the
     /// client's connection window, as the task would have taken it.
-    pub(super) fn drop_local(&mut self, id: u32) {
-        if let Some(l) = self.locals.remove(&id) {
-            wire::window_update(&mut self.client.write, 0, l.to_task.len() as u32);
+    pub(super) fn drop(&mut self, id: u32, to_client: &mut BytesMut) {
+        if let Some(l) = self.open.remove(&id) {
+            wire::window_update(to_client, 0, l.to_task.len() as u32);
         }
     }
 
-    /// The client was told SETTINGS_INITIAL_WINDOW_SIZE `v`: local streams'
-    /// windows for its DATA grow with it. A lower one is not applied to
-    /// open streams (the client may have sent under the old one); new
-    /// streams start at it.
-    pub(super) fn window_told_is(&mut self, v: u32) {
-        let delta = self.window.set_told(v);
+    /// The client was told a SETTINGS_INITIAL_WINDOW_SIZE `delta` from
+    /// the last: local streams' windows for its DATA grow with it. A lower
+    /// one is not applied to open streams (the client may have sent under
+    /// the old one); new streams start at it.
+    pub(super) fn window_told(&mut self, delta: i64) {
         if delta > 0 {
-            for l in self.locals.values_mut() {
+            for l in self.open.values_mut() {
                 l.recv_window += delta;
             }
         }

@@ -69,29 +69,36 @@
 //!
 //! The parts of a connection are types of their own, with private fields
 //! (docs/design.md, "The relay's map"): each [`Peer`], the [`Handshake`],
-//! [`StreamIds`], the open [`Stream`]s, the [`Window`], the [`Settings`],
-//! the connection's [`Life`], the [`Endings`], the [`Defences`] and
-//! [`Forward`]. The files that are chapters of [`Relay`] work on them
-//! together:
+//! [`StreamIds`], the open streams ([`Streams`]), the [`Window`], the
+//! [`PeerSettings`], the connection's [`Life`], the [`Endings`], the
+//! [`Defences`], [`Forward`] and the local WebSockets ([`Locals`]). The files that are chapters of [`Relay`]
+//! work on them together; a chapter that wants another's work done returns
+//! it ([`Next`]) for the loop here to carry out, so the calls run one way:
 //!
 //! | file | what it does |
 //! |---|---|
-//! | `mod.rs` | [`serve`], the relay's parts and its loop (I/O turn, backpressure) |
+//! | `mod.rs` | [`serve`], the relay's parts and its loop (I/O turn, backpressure, what the chapters ask next) |
 //! | `client.rs` | the client's frames, held to RFC 9113; each new stream decided |
 //! | `admit.rs` | admission, the answers of streams not let through, §8.1's message rules |
 //! | `app.rs` | the application's frames, SETTINGS and GOAWAY |
-//! | `blocks.rs` | header blocks: gathered, passed on, re-encoded, the guard's own |
 //! | `ending/` | how a stream ends, in one room: the rules and outcomes (`mod.rs`), the cadence, the protocol, its state, the connection's own planned ends |
-//! | `goaway.rs` | the connection's life: GOAWAY, timers, failure, close |
-//! | `local.rs`, `connect.rs` | WebSockets the guard serves itself |
+//! | `goaway.rs` | the connection's steps: GOAWAY, timers, failure, close (its state: `life.rs`) |
 //!
-//! and these own one part each: `streams.rs` (the stream store: each
-//! [`Stream`]), `ending/state.rs` (its ending, what is held, what is not
-//! written yet, the barrier), `ids.rs`, `window.rs`, `settings.rs`,
-//! `defences.rs` (over `flood.rs`, control-frame rates, and `rapid.rs`,
-//! rapid reset); `wire.rs` and `hpack.rs` are the frame and header codecs,
-//! `io.rs` the socket reads and writes, `feed.rs` the relay without
-//! sockets, for the fuzz target.
+//! and these own one part each: `peer.rs` (a [`Peer`]: its frames split,
+//! its header blocks gathered, decoded and written, the same code both
+//! ways), `streams.rs` (the stream store: each [`Stream`](streams::Stream),
+//! its fields its own, the bytes held across them, and the graceful ends
+//! not written yet), `ending/state.rs` (a stream's ending, the barrier,
+//! the planned ends), `blocks.rs` (the guard's
+//! own blocks, and what goes with a forwarded request), `local.rs` (the
+//! WebSockets the guard serves itself; `connect.rs` their task), `ids.rs`,
+//! `window.rs`, `settings.rs`, `defences.rs` (over `flood.rs`,
+//! control-frame rates, and `rapid.rs`, rapid reset); `failure.rs` and
+//! `limits.rs` are leaves (why a connection fails; the relay's bounds and
+//! the RFC's defaults), `next.rs` what a chapter asks the loop for,
+//! `wire.rs` and `hpack.rs` the frame and header codecs, `io.rs` the socket
+//! reads and writes, `feed.rs` the relay without sockets, for the fuzz
+//! target.
 
 mod admit;
 mod app;
@@ -100,13 +107,18 @@ mod client;
 mod connect;
 mod defences;
 mod ending;
+mod failure;
 mod feed;
 mod flood;
 mod goaway;
 mod hpack;
 mod ids;
 mod io;
+mod life;
+mod limits;
 mod local;
+mod next;
+mod peer;
 mod rapid;
 mod settings;
 mod streams;
@@ -120,7 +132,6 @@ pub mod wire;
 #[doc(hidden)]
 pub use feed::{feed, FeedStep};
 
-use std::collections::HashMap;
 use std::future::poll_fn;
 use std::task::{Context, Poll};
 
@@ -134,53 +145,22 @@ use crate::guard::lifecycle::Input;
 use crate::guard::sniff::{linger, Prefixed};
 use crate::metrics::Limit;
 
-use blocks::{Block, Forward};
+use blocks::Forward;
 use defences::Defences;
-use ending::state::{self, Endings};
+use ending::state::Endings;
+use failure::Failure;
 use flood::Buckets;
-use goaway::Life;
 use ids::StreamIds;
 use io::{flush, read_some, write_some};
-use local::Local;
+use life::Life;
+use limits::{BLOCKED_HIGH_WATER, HIGH_WATER, MAX_FRAME, READ_BUF, REPLAY_MAX};
+use local::Locals;
+use next::Next;
+use peer::Peer;
 use rapid::PrematureResets;
-use settings::Settings;
-use streams::Stream;
+use settings::PeerSettings;
+use streams::Streams;
 use window::Window;
-
-/// Room made for each read.
-const READ_BUF: usize = 64 * 1024;
-/// A side is not read while this much waits to be written to the other.
-const HIGH_WATER: usize = 256 * 1024;
-/// Most client bytes kept while the application's SETTINGS are awaited.
-const REPLAY_MAX: usize = 64 * 1024;
-/// The largest frame relayed; both peers' SETTINGS_MAX_FRAME_SIZE are
-/// lowered to it, so the relay never holds more than this for one frame.
-const MAX_FRAME: u32 = 1 << 20;
-/// The default SETTINGS_MAX_FRAME_SIZE (RFC 9113 §6.5.2).
-const DEFAULT_FRAME: usize = 16_384;
-/// The initial flow-control window (RFC 9113 §6.9.2).
-const DEFAULT_WINDOW: u32 = 65_535;
-/// While the guard cannot write for want of the client's connection window,
-/// it still reads the client (for its WINDOW_UPDATEs) until this much waits.
-const BLOCKED_HIGH_WATER: usize = 4 * HIGH_WATER;
-/// A decoded application header block past this is broken (or an HPACK bomb).
-const APP_BLOCK_MAX: usize = 1 << 20;
-/// The largest flow-control window (RFC 9113 §6.9.1).
-const MAX_WINDOW: i64 = (1 << 31) - 1;
-/// Most bytes buffered for a local stream's task, and read from it at once.
-const LOCAL_CHUNK: usize = 16 * 1024;
-/// The default SETTINGS_HEADER_TABLE_SIZE.
-const DEFAULT_TABLE: u32 = 4_096;
-/// The largest HPACK table the client may build in the guard's decoder
-/// (what the app allows, at most this): the guard follows the client's
-/// table, so an app that allows a huge one must not let a client spend
-/// the guard's memory on it.
-const MAX_CLIENT_TABLE: u32 = 64 * 1024;
-/// A decoded header block this many times the header list limit is an
-/// attack (an HPACK bomb): the connection is closed.
-const BOMB_FACTOR: usize = 16;
-/// More CONTINUATION frames than this in one block is a flood.
-const MAX_CONTINUATIONS: usize = 64;
 
 /// Serves one HTTP/2 connection by relaying its frames to the application,
 /// or, when the application cannot be reached or does not answer HTTP/2,
@@ -238,48 +218,6 @@ enum Wake {
     Input(Input),
 }
 
-/// One peer of the relay, the client or the application, as the relay
-/// sees it: the bytes each way, and the HTTP/2 state of that peer that the
-/// relay follows (h2 splits a connection the same way, into its receiving
-/// and its sending half).
-struct Peer {
-    /// Read from this peer and not handled yet (a frame in part stays).
-    read: BytesMut,
-    /// To be written to this peer: the other peer's frames and the guard's
-    /// own.
-    write: BytesMut,
-    /// Decodes this peer's header blocks: its encoder's dynamic table.
-    hpack: wire::Hpack,
-    /// This peer's header block being gathered over CONTINUATION frames.
-    block: Option<Block>,
-    /// This peer's SETTINGS_MAX_FRAME_SIZE: the largest frame written to it.
-    frame: usize,
-    /// Blocks to this peer are re-encoded as literals (see the module doc):
-    /// set once the guard dropped a block that changed the other peer's
-    /// table; `Some(true)` until the first, which clears this peer's table.
-    translate: Option<bool>,
-    /// A header block's bytes, and its fields, kept between blocks to reuse
-    /// the allocations.
-    scratch: Vec<u8>,
-    fields: Vec<wire::Field>,
-}
-
-impl Peer {
-    /// A peer at the start: nothing read, the RFC's default SETTINGS.
-    fn new() -> Self {
-        Self {
-            read: BytesMut::with_capacity(READ_BUF),
-            write: BytesMut::new(),
-            hpack: wire::Hpack::new(DEFAULT_TABLE as usize),
-            block: None,
-            frame: DEFAULT_FRAME,
-            translate: None,
-            scratch: Vec::new(),
-            fields: Vec::new(),
-        }
-    }
-}
-
 /// Where the two peers' prefaces are, and whether there is an application
 /// connection at all.
 struct Handshake {
@@ -320,9 +258,9 @@ struct Relay<'a> {
     /// Who the client is, for logs and the registry.
     info: ConnInfo,
     /// The relayed streams still open, by id.
-    streams: HashMap<u32, Stream>,
+    streams: Streams,
     /// WebSockets over HTTP/2 the guard serves itself, by stream id.
-    locals: HashMap<u32, Local>,
+    locals: Locals,
     /// The stream ids the client used (RFC 9113 §5.1).
     ids: StreamIds,
     /// The two peers: what the relay reads from and writes to each, and
@@ -332,7 +270,7 @@ struct Relay<'a> {
     /// The client's connection window, which the guard owns.
     window: Window,
     /// The SETTINGS each way, as the relay follows them.
-    settings: Settings,
+    settings: PeerSettings,
     handshake: Handshake,
     /// The connection's lifecycle, GOAWAYs and close.
     life: Life,
@@ -353,13 +291,13 @@ impl<'a> Relay<'a> {
         let mut relay = Self {
             guard,
             info,
-            streams: HashMap::new(),
-            locals: HashMap::new(),
+            streams: Streams::default(),
+            locals: Locals::default(),
             ids: StreamIds::default(),
             client: Peer::new(),
             app: Peer::new(),
             window: Window::default(),
-            settings: Settings::new(l.max_concurrent_streams),
+            settings: PeerSettings::new(l.max_concurrent_streams),
             handshake: Handshake {
                 client_preface: true,
                 settings_due: true,
@@ -505,14 +443,7 @@ impl<'a> Relay<'a> {
                 self.fail(Failure::Calm);
             }
             let now = Instant::now();
-            if [
-                self.life.machine().deadlines().close_by,
-                self.life.closing_by(),
-            ]
-            .into_iter()
-            .flatten()
-            .any(|at| now >= at)
-            {
+            if self.life.close_deadline().is_some_and(|at| now >= at) {
                 let open = self.streams.len() + self.locals.len();
                 if open > 0 {
                     // Every stream has its own bounded end before this
@@ -568,7 +499,7 @@ impl<'a> Relay<'a> {
             && self.client.write.is_empty()
             && (self.life.closing()
                 || self.life.machine().wants_quiet()
-                || !self.endings.unwritten.is_empty())
+                || self.streams.has_unwritten())
         {
             // What the loop waits for before it closes; and graceful ends
             // now written are counted at once, not at the connection's next
@@ -582,7 +513,10 @@ impl<'a> Relay<'a> {
         let (want_client, want_app) = self.wants();
         // Local streams move first, but never instead of the reads: a busy
         // WebSocket must not starve the relayed streams beside it.
-        let moved = !self.locals.is_empty() && self.poll_locals(cx);
+        let moved = !self.locals.is_empty()
+            && self
+                .locals
+                .poll(cx, &mut self.client, &mut self.window, &mut self.settings);
         for client_turn in [client_first, !client_first] {
             if client_turn && want_client {
                 let before = self.client.read.len();
@@ -614,6 +548,36 @@ impl<'a> Relay<'a> {
         Poll::Pending
     }
 
+    /// The application's frames read so far, then what they ask for.
+    fn app_frames(&mut self, now: Instant) -> Result<(), Failure> {
+        let next = self.app_read(now)?;
+        self.carry_out(next, now)
+    }
+
+    /// The timers: stalled streams and the flood pause first, then what
+    /// that asks for, then the endings' bounds and the lifecycle's.
+    fn timers(&mut self, now: Instant) -> Result<(), Failure> {
+        let next = self.stall_timers(now);
+        self.carry_out(next, now)?;
+        self.bound_timers(now);
+        Ok(())
+    }
+
+    /// Does what a chapter asked for.
+    fn carry_out(&mut self, next: Next, now: Instant) -> Result<(), Failure> {
+        match next {
+            Next::Done => Ok(()),
+            Next::ClientFrames => self.client_frames(now),
+        }
+    }
+
+    /// A header block the guard encoded (its own, or re-encoded) to the
+    /// client, after the table size update that is due, if one is.
+    fn own_block(&mut self, id: u32, block: &[u8], end_stream: bool) {
+        let due = self.settings.take_update_due();
+        self.client.put_own_block(id, block, end_stream, due);
+    }
+
     /// Charges what waits for the client to its connection window (see
     /// [`Window::clear_gate`]); the padding of a DATA frame it split is
     /// given back to the application.
@@ -622,7 +586,7 @@ impl<'a> Relay<'a> {
             wire::window_update(&mut self.app.write, 0, padding);
             wire::window_update(&mut self.app.write, id, padding);
             if let Some(s) = self.streams.get_mut(&id) {
-                s.window += i64::from(padding);
+                s.grow_window(i64::from(padding));
             }
         }
     }
@@ -652,40 +616,9 @@ impl<'a> Relay<'a> {
             // While an ending waits for the barrier's ack, the application
             // is read further (its acks and what it wrote before them), up
             // to the mark that also bounds a client whose window is shut.
-            self.endings.held < state::HOLD_MAX
+            !self.streams.holds_too_much()
                 && (self.client.write.len() < HIGH_WATER
                     || (self.awaits_ack() && self.client.write.len() < BLOCKED_HIGH_WATER)),
         )
-    }
-}
-
-/// Why the connection is closed.
-#[derive(Debug, thiserror::Error)]
-enum Failure {
-    #[error("{0}")]
-    Protocol(&'static str),
-    #[error("HPACK: the client's header block cannot be decoded")]
-    Compression,
-    #[error("the client's header blocks are too large (an HPACK bomb or CONTINUATION flood)")]
-    Calm,
-    #[error("the application broke the protocol")]
-    AppProtocol,
-    #[error("the application does not speak HTTP/2")]
-    NotHttp2,
-    #[error("{0}: wrong frame size")]
-    FrameSize(&'static str),
-    #[error("the client's WINDOW_UPDATEs overflowed the connection window")]
-    FlowControl,
-    #[error("{0}")]
-    StreamClosed(&'static str),
-}
-
-impl From<wire::Malformed> for Failure {
-    fn from(m: wire::Malformed) -> Self {
-        Self::Protocol(if m.0 == "DATA" {
-            "malformed DATA frame"
-        } else {
-            "malformed HEADERS frame"
-        })
     }
 }

@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 
-use super::{DEFAULT_FRAME, DEFAULT_TABLE};
+use super::limits::DEFAULT_TABLE;
 
 /// Most SETTINGS the application has not acked yet (the client's, and the
 /// guard's barrier round trip): the client's next one waits (the client is
@@ -26,7 +26,7 @@ pub(super) enum Unacked {
 
 /// The SETTINGS state of one relayed connection.
 #[derive(Debug)]
-pub(super) struct Settings {
+pub(super) struct PeerSettings {
     /// Each SETTINGS frame the application has not acked yet, oldest first.
     unacked: VecDeque<Unacked>,
     /// The client's table size the application acked last.
@@ -37,12 +37,6 @@ pub(super) struct Settings {
     update_due: Option<u32>,
     /// The application's SETTINGS have been seen.
     app_seen: bool,
-    /// The largest MAX_FRAME_SIZE the client ever announced: an application
-    /// frame above it is the application's error, never passed on.
-    client_frame_max: usize,
-    /// The largest SETTINGS_MAX_FRAME_SIZE the client was told: a larger
-    /// client frame is a FRAME_SIZE_ERROR (RFC 9113 §4.2).
-    frame_told: usize,
     /// The SETTINGS_MAX_CONCURRENT_STREAMS the client acked last (the
     /// application's, lowered to the guard's limit; before any ack, the
     /// guard's): a stream past it is refused here (RFC 9113 §5.1.2), never
@@ -70,7 +64,7 @@ struct ToClient {
 /// limit stays the highest the client may not have seen past).
 const MAX_UNACKED_BY_CLIENT: usize = 64;
 
-impl Settings {
+impl PeerSettings {
     /// Before any SETTINGS: the RFC's defaults, and the guard's stream limit.
     pub(super) fn new(max_concurrent_streams: u32) -> Self {
         Self {
@@ -78,8 +72,6 @@ impl Settings {
             table_acked: DEFAULT_TABLE,
             update_due: None,
             app_seen: false,
-            client_frame_max: DEFAULT_FRAME,
-            frame_told: DEFAULT_FRAME,
             streams_acked: max_concurrent_streams,
             streams_unacked: VecDeque::new(),
         }
@@ -126,24 +118,6 @@ impl Settings {
     /// Whether these are the application's first SETTINGS.
     pub(super) fn first_from_app(&mut self) -> bool {
         !std::mem::replace(&mut self.app_seen, true)
-    }
-
-    /// The client announced SETTINGS_MAX_FRAME_SIZE `v`.
-    pub(super) fn client_frame(&mut self, v: usize) {
-        self.client_frame_max = self.client_frame_max.max(v);
-    }
-
-    pub(super) fn client_frame_max(&self) -> usize {
-        self.client_frame_max
-    }
-
-    /// The client is told SETTINGS_MAX_FRAME_SIZE `v`.
-    pub(super) fn tell_frame(&mut self, v: usize) {
-        self.frame_told = self.frame_told.max(v);
-    }
-
-    pub(super) fn frame_told(&self) -> usize {
-        self.frame_told
     }
 
     /// A SETTINGS frame went to the client, setting

@@ -17,8 +17,9 @@ use std::task::{Context, Poll};
 use bytes::{Buf, BytesMut};
 use tokio::io::AsyncWrite;
 
+use super::failure::Failure;
+use super::limits::{DEFAULT_WINDOW, MAX_WINDOW};
 use super::wire::{self, Head};
-use super::{Failure, DEFAULT_WINDOW, MAX_WINDOW};
 
 /// The client's windows, as the guard keeps them.
 #[derive(Debug)]

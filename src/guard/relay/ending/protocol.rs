@@ -19,24 +19,22 @@
 //! No clock cuts the wait short but the ending's own bound, `end_timeout`
 //! from the ask (never less than [`ACK_MIN`] from the cancel): past it the
 //! end goes out unconfirmed, counted in `streams_ungraceful`, never as
-//! graceful. A graceful end counts once its
-//! last frame has been written to the client ([`Unwritten`]); one the
-//! connection's close drops is a cut. DATA of the application's that the
+//! graceful. A graceful end counts once its last frame has been written to
+//! the client (the stream store keeps it
+//! [`Unwritten`](crate::guard::relay::streams::Unwritten) until then); one
+//! the connection's close drops is a cut. DATA of the application's that the
 //! guard drops is counted in `stream_data_dropped_total` and logged.
 
 use bytes::BytesMut;
 use tokio::time::Instant;
 
-use super::state::{
-    ends_in, Cancelled, ClosingEnds, Ending, Held, Unwritten, ACK_MIN, ENDED_KEPT, HOLD_MAX,
-};
-use super::{record_outcome, StreamOutcome, BURST_GAP};
-use crate::guard::body::{Boundaries, End};
+use super::state::{ends_in, Cancelled, ClosingEnds, Held, ACK_MIN, ENDED_KEPT};
+use super::{StreamOutcome, BURST_GAP};
+use crate::guard::body::End;
 use crate::guard::grpc;
 use crate::guard::relay::blocks::trailers_only;
 use crate::guard::relay::settings::Unacked;
 use crate::guard::relay::streams::Stream;
-use crate::guard::relay::window::put_data;
 use crate::guard::relay::wire::{self, Head};
 use crate::guard::relay::Relay;
 use crate::metrics::Dropped;
@@ -48,21 +46,13 @@ impl Relay<'_> {
         let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
-        let Some(reason) = s.reg.ctl.reason() else {
+        let Some(reason) = s.end_reason() else {
             return;
         };
-        if s.ending.is_some() || s.resp_done {
+        if s.ending().is_some() || s.resp_done() {
             return;
         }
-        s.ending = Some(Ending {
-            reason,
-            asked: now,
-            quiet_at: None,
-            forced_by: None,
-            quiet: false,
-            settling: false,
-            cancelled: None,
-        });
+        s.begin_ending(reason, now);
         self.endings.asked.push(id);
         self.advance(id, now);
     }
@@ -73,7 +63,7 @@ impl Relay<'_> {
         let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
-        let Some(mut e) = s.ending else {
+        let Some(e) = s.ending() else {
             return;
         };
         if let Some(c) = e.cancelled {
@@ -89,7 +79,7 @@ impl Relay<'_> {
             // kinds with a retryable answer of the guard's own (others are
             // left to answer until the bound). A head it wrote meanwhile
             // still goes on, and the stream ends at its boundary.
-            if trailers_only(s.kind, "").is_some() {
+            if trailers_only(s.kind(), "").is_some() {
                 self.cancel(id, now);
             }
             return;
@@ -98,9 +88,13 @@ impl Relay<'_> {
             // Left to finish until the bound (`timers`).
             return;
         }
-        if !s.at_boundary() {
+        let (at_boundary, split, cadence, protocol) =
+            (s.at_boundary(), s.split(), s.cadence(), s.protocol());
+        let Some(e) = s.ending_mut() else {
+            return;
+        };
+        if !at_boundary {
             e.quiet_at = None;
-            s.ending = Some(e);
             return;
         }
         if e.forced_by.is_some() {
@@ -109,12 +103,12 @@ impl Relay<'_> {
             return;
         }
         if e.quiet_at.is_none() {
-            e.quiet_at = Some(match s.cadence.last() {
+            e.quiet_at = Some(match cadence.last() {
                 // It just wrote: end in its pause.
                 Some(t) if now.saturating_duration_since(t) < BURST_GAP => t + BURST_GAP,
                 // Between two writes of a steady producer, the next one well
                 // off: end now, on the schedule.
-                _ if !s.split && s.cadence.far_from_next(now) => {
+                _ if !split && cadence.far_from_next(now) => {
                     e.quiet = true;
                     now
                 }
@@ -131,10 +125,9 @@ impl Relay<'_> {
             e.quiet_at = None;
             if std::mem::take(&mut e.settling) {
                 // No write came to time it by.
-                self.guard.record_blind_ending(e.reason, s.protocol());
+                self.guard.record_blind_ending(e.reason, protocol);
             }
         }
-        s.ending = Some(e);
         if due {
             self.cancel(id, now);
         }
@@ -147,7 +140,7 @@ impl Relay<'_> {
         let end_timeout = self.guard.config().limits.end_timeout;
         wire::rst(&mut self.app.write, id, wire::CANCEL);
         let barrier = self.barrier_target();
-        if let Some(e) = self.streams.get_mut(&id).and_then(|s| s.ending.as_mut()) {
+        if let Some(e) = self.streams.get_mut(&id).and_then(Stream::ending_mut) {
             e.quiet_at = None;
             // The ending's own bound (`end_timeout` from the ask, or the
             // forced end's), but never less than ACK_MIN for the ack.
@@ -163,10 +156,7 @@ impl Relay<'_> {
     /// The client's end of stream `id`, its cancel `confirmed` by the
     /// barrier's ack (or the application's close), or not (its bound).
     pub(in crate::guard::relay) fn close_ending(&mut self, id: u32, confirmed: bool) {
-        let Some(s) = self.streams.get_mut(&id) else {
-            return;
-        };
-        let Some(mut e) = s.ending else {
+        let Some(e) = self.streams.get(&id).and_then(Stream::ending) else {
             return;
         };
         // The application's stack cut this message short once it read the
@@ -184,7 +174,7 @@ impl Relay<'_> {
             return;
         };
         if !s.answered() {
-            match trailers_only(s.kind, grpc::end_message(reason)) {
+            match trailers_only(s.kind(), grpc::end_message(reason)) {
                 Some(block) => {
                     self.own_block(id, &block, true);
                     self.end_here(id, outcome);
@@ -206,11 +196,9 @@ impl Relay<'_> {
                 return;
             }
             // Waiting for the client's stream window, within the bound.
-            if let Some(c) = e.cancelled.as_mut() {
+            let ending = self.streams.get_mut(&id).and_then(Stream::ending_mut);
+            if let Some(c) = ending.and_then(|e| e.cancelled.as_mut()) {
                 c.acked = true;
-            }
-            if let Some(s) = self.streams.get_mut(&id) {
-                s.ending = Some(e);
             }
         }
     }
@@ -218,10 +206,7 @@ impl Relay<'_> {
     /// Whether the guard cancelled the application's side of stream `id`
     /// while it ends it (its client's frames no longer go there).
     pub(in crate::guard::relay) fn app_cancelled(&self, id: u32) -> bool {
-        self.streams
-            .get(&id)
-            .and_then(|s| s.ending)
-            .is_some_and(|e| e.cancelled.is_some())
+        self.streams.get(&id).is_some_and(Stream::app_cancelled)
     }
 
     /// DATA on stream `id`, which is open, from the application (`frame`,
@@ -238,93 +223,56 @@ impl Relay<'_> {
         let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
-        if !data.is_empty() {
-            s.cadence.data(now);
-        }
-        s.window -= h.len as i64;
-        if s.window <= 0 && s.shut_since.is_none() && h.len > 0 {
-            s.shut_since = Some(now);
+        if s.sent(h.len, !data.is_empty(), now) {
             self.endings.stalled.insert(id);
         }
-        let cancelled = s.ending.is_some_and(|e| e.cancelled.is_some());
+        let cancelled = s.app_cancelled();
         let end_stream = h.flags & wire::END_STREAM != 0;
         // After the cancel, a message not whole yet is held: the whole
         // messages of this frame go on, the start of the next waits.
-        let mut hold: Option<(usize, Boundaries)> = None;
-        if let Some(b) = s.bounds.as_mut() {
-            if b.endable() && !data.is_empty() {
-                if cancelled && !end_stream {
-                    let whole = b.whole_prefix(data);
-                    if whole < data.len() {
-                        let mut from = b.clone();
-                        from.consume(&data[..whole]);
-                        hold = Some((whole, from));
-                    }
-                }
-                s.messages += b.consume(data);
-                s.split |= !b.at_boundary();
-                if s.messages >= 2 {
-                    s.reg.ctl.set_long_lived();
-                }
-                if let Some(sig) = s.sig.as_mut() {
-                    sig.messages(s.messages);
-                }
-            }
-        }
+        let hold = s.count_messages(data, cancelled && !end_stream);
+        // A message is held (and whether that one is full).
+        let holding = s.held().map(Held::full);
         match hold {
-            None if data.is_empty() && !end_stream && s.held.is_some() => {
+            None if data.is_empty() && !end_stream && holding.is_some() => {
                 // Nothing of the message, but in its order: held with it.
-                if let Some(held) = s.held.as_mut() {
-                    held.push(h.len, frame);
-                }
-                self.endings.held += h.len;
+                self.streams.hold_more(id, h.len, frame);
             }
-            Some((0, from)) if s.held.as_ref().is_none_or(|h| !h.full()) => {
+            Some((0, from)) if holding != Some(true) => {
                 // No boundary in it: all of it is the message being held.
-                let held = s.held.get_or_insert_with(|| Held::new(from));
-                held.push(h.len, frame);
-                self.endings.held += h.len;
+                self.streams.hold(id, from, h.len, frame);
             }
             Some((whole, from)) if whole > 0 => {
                 // Whole messages, then the start of one: split, the
                 // padding given back (the client never counts it).
-                if let Some(held) = s.held.take() {
-                    self.endings.held -= held.window;
-                    self.client.write.extend_from_slice(&held.frames);
-                }
+                self.release_held(id);
                 wire::put(&mut self.client.write, wire::DATA, 0, id, &data[..whole]);
-                let mut held = Held::new(from);
                 let mut tail = BytesMut::new();
                 wire::put(&mut tail, wire::DATA, 0, id, &data[whole..]);
-                held.push(data.len() - whole, &tail);
-                self.endings.held += data.len() - whole;
-                s.held = Some(held);
+                self.streams.hold(id, from, data.len() - whole, &tail);
                 let padding = (h.len - data.len()) as u32;
                 wire::window_update(&mut self.app.write, 0, padding);
                 wire::window_update(&mut self.app.write, id, padding);
-                s.window += i64::from(padding);
+                if let Some(s) = self.streams.get_mut(&id) {
+                    s.grow_window(i64::from(padding));
+                }
             }
             _ => {
                 // Whole (or past what may be held, or the app's own end).
-                if let Some(held) = s.held.take() {
-                    self.endings.held -= held.window;
-                    self.client.write.extend_from_slice(&held.frames);
-                }
+                self.release_held(id);
                 self.client.write.extend_from_slice(frame);
             }
         }
-        if self.endings.held >= HOLD_MAX {
+        if self.streams.holds_too_much() {
             self.relieve_holds();
         }
         let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
         if end_stream {
-            s.resp_done = true;
-            // The application's own end wins over the guard's.
-            s.ending = None;
+            s.response_ended();
             self.maybe_done(id);
-        } else if s.ending.is_some() {
+        } else if s.ending().is_some() {
             self.data_while_ending(id, now);
         }
     }
@@ -332,25 +280,18 @@ impl Relay<'_> {
     /// Frames of the application's other than DATA on stream `id` go on
     /// behind what was held of it, in order.
     pub(in crate::guard::relay) fn release_held(&mut self, id: u32) {
-        if let Some(held) = self.streams.get_mut(&id).and_then(|s| s.held.take()) {
-            self.endings.held -= held.window;
+        if let Some(held) = self.streams.take_held(id) {
             self.client.write.extend_from_slice(&held.frames);
         }
     }
 
-    /// The connection holds [`HOLD_MAX`] in messages begun after a cancel:
-    /// the largest goes on as it is, so the app is read on and each can
-    /// still finish (one its stack cuts short is then reset, never ended
-    /// as if whole).
+    /// The connection holds [`HOLD_MAX`](super::state::HOLD_MAX) in
+    /// messages begun after a cancel: the largest goes on as it is, so the
+    /// app is read on and each can still finish (one its stack cuts short
+    /// is then reset, never ended as if whole).
     fn relieve_holds(&mut self) {
-        while self.endings.held >= HOLD_MAX {
-            let largest = self
-                .streams
-                .iter()
-                .filter_map(|(id, s)| Some((s.held.as_ref()?.window, *id)))
-                .max();
-            let Some((_, id)) = largest else {
-                self.endings.held = 0;
+        while self.streams.holds_too_much() {
+            let Some(id) = self.streams.largest_held() else {
                 return;
             };
             self.release_held(id);
@@ -361,18 +302,12 @@ impl Relay<'_> {
     /// counted, its connection window given back; the stream is back at
     /// the boundary before it.
     pub(in crate::guard::relay) fn drop_held(&mut self, id: u32, why: &'static str) {
-        let Some(s) = self.streams.get_mut(&id) else {
+        let Some(window) = self.streams.drop_held(id) else {
             return;
         };
-        let Some(held) = s.held.take() else {
-            return;
-        };
-        s.bounds = Some(held.from);
-        self.endings.held -= held.window;
-        tracing::warn!(peer = %self.info.peer, conn = self.info.id, stream = id, bytes = held.window, "guard: {why}");
-        self.guard
-            .record_dropped(Dropped::partial_message, held.window);
-        wire::window_update(&mut self.app.write, 0, held.window as u32);
+        tracing::warn!(peer = %self.info.peer, conn = self.info.id, stream = id, bytes = window, "guard: {why}");
+        self.guard.record_dropped(Dropped::partial_message, window);
+        wire::window_update(&mut self.app.write, 0, window as u32);
     }
 
     /// DATA for a stream no longer open (`h` its head): the connection
@@ -393,7 +328,7 @@ impl Relay<'_> {
             return;
         };
         let at_boundary = s.at_boundary();
-        let Some(e) = s.ending.as_mut() else {
+        let Some(e) = s.ending_mut() else {
             return;
         };
         if e.cancelled.is_some() {
@@ -420,7 +355,7 @@ impl Relay<'_> {
         let Some(s) = self.streams.get_mut(&id) else {
             return;
         };
-        let Some(mut e) = s.ending else {
+        let Some(e) = s.ending() else {
             return;
         };
         if let Some(c) = e.cancelled {
@@ -447,8 +382,9 @@ impl Relay<'_> {
             self.reset_here(id);
             return;
         }
-        e.forced_by = Some(now + l.end_timeout);
-        s.ending = Some(e);
+        if let Some(e) = s.ending_mut() {
+            e.forced_by = Some(now + l.end_timeout);
+        }
         if !s.answered() {
             // No answer in time (a kind without the guard's own).
             self.reset_here(id);
@@ -461,7 +397,7 @@ impl Relay<'_> {
     /// When stream `id`'s ending must be looked at next.
     pub(in crate::guard::relay) fn ending_due(&self, id: u32) -> Option<Instant> {
         let l = self.guard.config().limits;
-        let e = self.streams.get(&id).and_then(|s| s.ending)?;
+        let e = self.streams.get(&id).and_then(Stream::ending)?;
         if let Some(c) = e.cancelled {
             return Some(c.by);
         }
@@ -523,7 +459,7 @@ impl Relay<'_> {
         }
         self.endings
             .asked
-            .retain(|id| self.streams.get(id).is_some_and(|s| s.ending.is_some()));
+            .retain(|id| self.streams.get(id).is_some_and(|s| s.ending().is_some()));
     }
 
     /// The guard's own end at a boundary: trailers for gRPC, the trailer
@@ -537,7 +473,7 @@ impl Relay<'_> {
             StreamOutcome::Ended(r) | StreamOutcome::Unconfirmed(r) => grpc::end_message(r),
             _ => grpc::UPSTREAM_LOST_MESSAGE,
         };
-        match s.bounds.as_ref().and_then(|b| b.ending(message)) {
+        match s.bounds().and_then(|b| b.ending(message)) {
             Some(End::Trailers(t)) => {
                 let fields: Vec<(&str, &str)> = t
                     .iter()
@@ -547,13 +483,13 @@ impl Relay<'_> {
                 self.own_block(id, &block, true);
             }
             Some(End::Last(data)) => {
-                if data.len() as i64 > s.window {
+                if data.len() as i64 > s.window() {
                     // The client's window for this stream cannot take it yet:
                     // its WINDOW_UPDATE moves the end on; the bound resets it.
                     return false;
                 }
                 if let Some(s) = self.streams.get_mut(&id) {
-                    s.window -= data.len() as i64;
+                    s.spend(data.len());
                 }
                 self.own_data(id, &data, true);
             }
@@ -575,7 +511,7 @@ impl Relay<'_> {
         let Some(s) = self.streams.get_mut(&id) else {
             return true;
         };
-        let Some(e) = s.ending.filter(|e| e.cancelled.is_some()) else {
+        let Some(e) = s.ending().filter(|e| e.cancelled.is_some()) else {
             return false;
         };
         self.drop_held(
@@ -587,7 +523,7 @@ impl Relay<'_> {
         };
         if !s.answered() {
             // Never answered: the guard's own retryable answer, as at the ack.
-            let Some(block) = trailers_only(s.kind, grpc::end_message(e.reason)) else {
+            let Some(block) = trailers_only(s.kind(), grpc::end_message(e.reason)) else {
                 return false;
             };
             self.own_block(id, &block, true);
@@ -600,7 +536,7 @@ impl Relay<'_> {
     /// No safe end point in time: REFUSED_STREAM for gRPC (retryable),
     /// CANCEL otherwise (an aborted response, never one that looks whole).
     pub(in crate::guard::relay) fn reset_here(&mut self, id: u32) {
-        let Some(s) = self.streams.get_mut(&id) else {
+        let Some(s) = self.streams.get(&id) else {
             return;
         };
         let code = if s.grpc() {
@@ -610,11 +546,8 @@ impl Relay<'_> {
         };
         tracing::warn!(peer = %self.info.peer, stream = id,
             "guard: stream could not reach a safe end point in time; reset (REFUSED_STREAM for gRPC: retryable)");
-        if let Some(held) = s.held.take() {
-            // It goes on as it came: the reset says it is not whole.
-            self.endings.held -= held.window;
-            self.client.write.extend_from_slice(&held.frames);
-        }
+        // What it held goes on as it came: the reset says it is not whole.
+        self.release_held(id);
         wire::rst(&mut self.client.write, id, code);
         self.end_here(id, StreamOutcome::Reset);
     }
@@ -634,27 +567,20 @@ impl Relay<'_> {
         let Some(mut s) = self.streams.remove(&id) else {
             return;
         };
-        let cancelled = s.ending.is_some_and(|e| e.cancelled.is_some());
-        if !s.resp_done {
+        let cancelled = s.app_cancelled();
+        if !s.resp_done() {
             if !cancelled {
                 wire::rst(&mut self.app.write, id, wire::CANCEL);
             }
             self.remember_ended(id);
         }
-        if !s.req_done && outcome != StreamOutcome::Reset {
+        if !s.req_done() && outcome != StreamOutcome::Reset {
             wire::rst(&mut self.client.write, id, wire::NO_ERROR);
         }
         if let StreamOutcome::Ended(reason) = outcome {
             // Counted once written (`settle_written`).
-            let grpc = s.grpc();
-            if let Some(sig) = s.sig.as_mut() {
-                record_outcome(sig, grpc, &outcome);
-            }
-            self.endings.unwritten.push(Unwritten {
-                id,
-                reason,
-                stream: s,
-            });
+            s.record(&outcome);
+            self.streams.end_unwritten(id, reason, s);
             return;
         }
         self.finish(s, outcome);
@@ -664,11 +590,10 @@ impl Relay<'_> {
     pub(in crate::guard::relay) fn finish(&mut self, mut s: Stream, outcome: StreamOutcome) {
         let guard = self.guard;
         let protocol = s.protocol();
-        if let Some(held) = s.held.take() {
+        if let Some(held) = s.take_held() {
             // A message begun after the cancel, never whole: dropped with
             // the stream, its connection window given back. Counted unless
             // the client itself gave up the stream.
-            self.endings.held -= held.window;
             wire::window_update(&mut self.app.write, 0, held.window as u32);
             if outcome != StreamOutcome::ClientGone {
                 tracing::warn!(peer = %self.info.peer, conn = self.info.id, bytes = held.window,
@@ -680,16 +605,13 @@ impl Relay<'_> {
             StreamOutcome::Ended(reason) => guard.record_termination(reason, protocol),
             StreamOutcome::Unconfirmed(reason) => guard.record_ungraceful(reason, protocol),
             StreamOutcome::Reset => {
-                if let Some(reason) = s.reg.ctl.reason() {
+                if let Some(reason) = s.end_reason() {
                     guard.record_ungraceful(reason, protocol);
                 }
             }
             _ => {}
         }
-        let grpc = s.grpc();
-        if let Some(sig) = s.sig.as_mut() {
-            record_outcome(sig, grpc, &outcome);
-        }
+        s.record(&outcome);
     }
 
     /// Graceful ends whose last frame has left the client's write buffer
@@ -699,7 +621,7 @@ impl Relay<'_> {
         &mut self,
         cut: Option<&std::collections::HashSet<u32>>,
     ) {
-        if self.endings.unwritten.is_empty() {
+        if !self.streams.has_unwritten() {
             return;
         }
         // Nothing left the buffer since the last look: nothing more to count.
@@ -716,7 +638,7 @@ impl Relay<'_> {
                 .collect();
         let guard = self.guard;
         let info = self.info;
-        self.endings.unwritten.retain(|u| {
+        self.streams.retain_unwritten(|u| {
             let protocol = u.stream.protocol();
             match cut {
                 Some(cut) if cut.contains(&u.id) => {
@@ -764,8 +686,8 @@ impl Relay<'_> {
     /// The connection closes with streams still open: each the guard was
     /// asked to end is cut, and counted (the run loop logged how many).
     pub(in crate::guard::relay) fn cut_open(&mut self) {
-        for (_, s) in std::mem::take(&mut self.streams) {
-            if let Some(reason) = s.reg.ctl.reason() {
+        for s in self.streams.drain() {
+            if let Some(reason) = s.end_reason() {
                 self.guard.record_ungraceful(reason, s.protocol());
             }
         }
@@ -774,13 +696,7 @@ impl Relay<'_> {
     /// DATA of the guard's own to the client, in frames the client takes;
     /// the application's view of the connection window does not know of it.
     pub(in crate::guard::relay) fn own_data(&mut self, id: u32, data: &[u8], end_stream: bool) {
-        put_data(
-            &mut self.client.write,
-            id,
-            data,
-            end_stream,
-            self.client.frame,
-        );
+        self.client.put_data(id, data, end_stream);
         self.window.owe(data.len());
     }
 
@@ -789,7 +705,7 @@ impl Relay<'_> {
         if self
             .streams
             .get(&id)
-            .is_some_and(|s| s.req_done && s.resp_done)
+            .is_some_and(|s| s.req_done() && s.resp_done())
         {
             if let Some(s) = self.streams.remove(&id) {
                 self.finish(s, StreamOutcome::Completed);

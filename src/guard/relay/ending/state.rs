@@ -1,7 +1,7 @@
-//! The state of the streams being ended ([`Ending`], [`Cancelled`], a
-//! message [`Held`] after the cancel), the graceful ends not written yet
-//! ([`Unwritten`]), the [`Barrier`] their ends wait for, and the ends a
-//! connection planned for itself ([`Planned`]); all in [`Endings`].
+//! The state of the streams being ended ([`EndProgress`], [`Cancelled`], a
+//! message [`Held`] after the cancel), the [`Barrier`] their ends wait
+//! for, and the ends a connection planned for itself ([`Planned`]); all in
+//! [`Endings`]. (The graceful ends not written yet are the stream store's.)
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -11,7 +11,6 @@ use tokio::time::Instant;
 
 use crate::guard::body::Boundaries;
 use crate::guard::registry::{EndQueue, StreamCtl};
-use crate::guard::relay::streams::Stream;
 use crate::guard::relay::wire;
 use crate::metrics::Reason;
 
@@ -33,7 +32,7 @@ pub(in crate::guard::relay) const ENDED_KEPT: usize = 1024;
 
 /// A stream being ended, and how far it got.
 #[derive(Clone, Copy, Debug)]
-pub(in crate::guard::relay) struct Ending {
+pub(in crate::guard::relay) struct EndProgress {
     pub(in crate::guard::relay) reason: Reason,
     /// When the end was asked: `end_timeout` counts from here.
     pub(in crate::guard::relay) asked: Instant,
@@ -101,25 +100,6 @@ impl Held {
     }
 }
 
-/// A stream the guard ended gracefully, its end queued to the client: it
-/// counts as graceful once that end has been written, and as cut if the
-/// connection closes first. Its registry entry stays until then, so a
-/// drain waits for it.
-pub(in crate::guard::relay) struct Unwritten {
-    pub(in crate::guard::relay) id: u32,
-    pub(in crate::guard::relay) reason: Reason,
-    pub(in crate::guard::relay) stream: Stream,
-}
-
-impl std::fmt::Debug for Unwritten {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Unwritten")
-            .field("id", &self.id)
-            .field("reason", &self.reason)
-            .finish_non_exhaustive()
-    }
-}
-
 /// The streams of a connection being ended, and what their ends wait for.
 #[derive(Debug, Default)]
 pub(in crate::guard::relay) struct Endings {
@@ -134,14 +114,9 @@ pub(in crate::guard::relay) struct Endings {
     pub(in crate::guard::relay) stalled: BTreeSet<u32>,
     /// The barrier on the application connection (SETTINGS round trips).
     pub(in crate::guard::relay) barrier: Barrier,
-    /// Graceful ends not written to the client yet.
-    pub(in crate::guard::relay) unwritten: Vec<Unwritten>,
     /// Streams the guard ended lately while the application's side was
     /// open (the last [`ENDED_KEPT`]).
     pub(in crate::guard::relay) ended: VecDeque<u32>,
-    /// Bytes held in every stream's [`Held`]: the application is not read
-    /// while they reach [`HOLD_MAX`].
-    pub(in crate::guard::relay) held: usize,
     /// The client's write buffer as `settle_written` last looked
     /// ([`super::window::Window::drained`]).
     pub(in crate::guard::relay) settled: Option<u64>,
@@ -177,7 +152,7 @@ pub(in crate::guard::relay) struct Planned {
 /// ending would spend that budget at once. No server limits SETTINGS so
 /// (RFC 9113 §6.5: an empty SETTINGS frame changes nothing and must be
 /// acked), and the acks come in order, in the queue of what the relay sent
-/// (`Settings::sent`). The guard sends no PING to the application.
+/// (`PeerSettings::sent`). The guard sends no PING to the application.
 #[derive(Debug, Default)]
 pub(in crate::guard::relay) struct Barrier {
     /// Round trips started, and the highest one acked.

@@ -2,8 +2,9 @@
 
 use http::StatusCode;
 
-use super::blocks::{literals, put_block};
+use super::limits::*;
 use super::local::{connect_head, Local};
+use super::peer::{literals, put_block, Block};
 use super::settings::MAX_UNACKED_SETTINGS;
 use super::*;
 use crate::guard::grpc;
@@ -507,7 +508,7 @@ async fn malformed_app_data_is_checked_before_it_goes_on() {
 async fn a_re_encoded_block_carries_one_size_update() {
     let guard = test_guard();
     let mut r = test_relay(&guard);
-    r.client.translate = Some(true);
+    r.client.missed_block(true);
     r.settings.set_update_due(Some(100));
     let block = Block::start(wire::Head {
         len: 0,

@@ -105,9 +105,9 @@ async fn a_held_message_dropped_with_its_stream_is_counted() {
     let (guard, metrics) = guard_and_metrics();
     let now = Instant::now();
     let mut r = half_message_held(&guard, now);
-    assert_eq!(r.endings.held, 8);
+    assert_eq!(r.streams.held(), 8);
     r.app_lost(false);
-    assert_eq!(r.endings.held, 0);
+    assert_eq!(r.streams.held(), 0);
     assert_eq!(dropped(&metrics, Dropped::partial_message), (1, 8));
     // A client's own reset drops it too, but it is not counted: the
     // client gave the stream up.
@@ -116,7 +116,7 @@ async fn a_held_message_dropped_with_its_stream_is_counted() {
     wire::rst(&mut r.client.read, 1, wire::CANCEL);
     r.client_frames(now + BURST_GAP)
         .expect("the client's reset");
-    assert_eq!(r.endings.held, 0);
+    assert_eq!(r.streams.held(), 0);
     assert_eq!(dropped(&metrics, Dropped::partial_message), (0, 0));
 }
 
@@ -166,8 +166,7 @@ async fn data_after_a_write_stall_reset_is_counted() {
     ask_all(&guard, &mut r, Reason::drain, now);
     let stall = guard.config().limits.write_stall_timeout;
     if let Some(s) = r.streams.get_mut(&1) {
-        s.window = 0;
-        s.shut_since = Some(now);
+        s.shut_at(now);
     }
     r.endings.stalled.insert(1);
     r.timers(now + stall).expect("the stall");
@@ -270,11 +269,10 @@ async fn a_held_message_dropped_by_a_stall_reset_is_counted() {
     let mut r = half_message_held(&guard, now);
     let stall = guard.config().limits.write_stall_timeout;
     if let Some(s) = r.streams.get_mut(&1) {
-        s.window = 0;
-        s.shut_since = Some(now);
+        s.shut_at(now);
     }
     r.endings.stalled.insert(1);
     r.timers(now + stall).expect("the stall");
     assert_eq!(dropped(&metrics, Dropped::partial_message), (1, 8));
-    assert_eq!(r.endings.held, 0);
+    assert_eq!(r.streams.held(), 0);
 }

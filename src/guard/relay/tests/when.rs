@@ -182,7 +182,7 @@ async fn a_stream_that_arrives_after_the_max_age_endings_began_is_ended_too() {
     let mut asked: Vec<u32> = r
         .streams
         .iter()
-        .filter(|(_, s)| s.reg.ctl.reason() == Some(Reason::max_age) && s.ending.is_some())
+        .filter(|(_, s)| s.end_reason() == Some(Reason::max_age) && s.ending().is_some())
         .map(|(id, _)| *id)
         .collect();
     asked.sort_unstable();
