@@ -391,29 +391,25 @@ async fn a_quiet_watch_is_counted_as_a_stream_not_as_a_slow_call() {
     drop(envoy);
 }
 
-/// A stream that never answered while its client never ended its request
-/// (a bidi stream waiting on its client; grpc-go and grpc-java send no
-/// headers before their first message) is a stream too once it waited the
-/// long-stream age, with no latency: through real Envoy and the binary, a
-/// raw client opens a Subscribe and never sends its message (the app waits
-/// for it), then cancels after 1.5 s.
-#[tokio::test]
-async fn a_stream_waiting_on_its_client_is_a_stream_without_a_latency() {
+/// A pod whose shim runs with `args`, and a raw client's gRPC Subscribe on
+/// stream 1 whose request message is never sent (the app waits for it).
+async fn a_stream_waiting_on_its_client(args: &[&str]) -> (EnvoyProcess, SidecarBin, RawH2) {
     let backend = start_backend().await;
-    let (envoy, shim, _) = guard_bin_pod(backend.addr, &["--long-stream-age", "1s"], |_| {}).await;
-    let opened = "drainshim_guard_streams_opened_total{service=\"drainshim.bench.v1.Stream\",protocol=\"grpc\"}";
-    let lifetimes = "drainshim_guard_stream_lifetime_seconds_count{protocol=\"grpc\"}";
-    let durations =
-        "drainshim_guard_request_duration_seconds_count{service=\"drainshim.bench.v1.Stream\"}";
+    let (envoy, shim, _) = guard_bin_pod(backend.addr, args, |_| {}).await;
     let mut raw = RawH2::connect(envoy.inbound).await;
     let block = grpc_request_block("/drainshim.bench.v1.Stream/Subscribe", &[]);
     raw.send(&encode_frame(HEADERS, END_HEADERS, 1, &block))
         .await
         .expect("the request's headers");
-    tokio::time::sleep(Duration::from_millis(1500)).await; // the subject: its wait
-    raw.send(&encode_frame(RST_STREAM, 0, 1, &8u32.to_be_bytes()))
-        .await
-        .expect("the client's cancel");
+    (envoy, shim, raw)
+}
+
+/// Once its end is counted: one opened stream, and no latency.
+async fn counted_as_a_stream_without_a_latency(shim: &SidecarBin) {
+    let opened = "drainshim_guard_streams_opened_total{service=\"drainshim.bench.v1.Stream\",protocol=\"grpc\"}";
+    let lifetimes = "drainshim_guard_stream_lifetime_seconds_count{protocol=\"grpc\"}";
+    let durations =
+        "drainshim_guard_request_duration_seconds_count{service=\"drainshim.bench.v1.Stream\"}";
     let page = wait_for_metrics(shim.addr, |p| sample(p, lifetimes) >= 1.0).await;
     assert_eq!(sample(&page, opened), 1.0, "{page}");
     assert_eq!(
@@ -421,6 +417,22 @@ async fn a_stream_waiting_on_its_client_is_a_stream_without_a_latency() {
         0.0,
         "no answer, no latency:\n{page}"
     );
+}
+
+/// A stream that never answered while its client never ended its request
+/// (a bidi stream waiting on its client; grpc-go and grpc-java send no
+/// headers before their first message) is a stream too once it waited the
+/// long-stream age, with no latency: through real Envoy and the binary, a
+/// raw client opens a Subscribe and never sends its message, then cancels
+/// after 1.5 s.
+#[tokio::test]
+async fn a_stream_waiting_on_its_client_is_a_stream_without_a_latency() {
+    let (envoy, shim, mut raw) = a_stream_waiting_on_its_client(&["--long-stream-age", "1s"]).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await; // the subject: its wait
+    raw.send(&encode_frame(RST_STREAM, 0, 1, &8u32.to_be_bytes()))
+        .await
+        .expect("the client's cancel");
+    counted_as_a_stream_without_a_latency(&shim).await;
     drop(envoy);
 }
 
@@ -428,7 +440,6 @@ async fn a_stream_waiting_on_its_client_is_a_stream_without_a_latency() {
 /// by its client: a stream, no latency.
 #[tokio::test]
 async fn a_stream_waiting_on_its_client_ended_by_max_age_is_a_stream() {
-    let backend = start_backend().await;
     let args = [
         "--long-stream-age",
         "1s",
@@ -437,16 +448,7 @@ async fn a_stream_waiting_on_its_client_ended_by_max_age_is_a_stream() {
         "--max-connection-age-grace",
         "1s",
     ];
-    let (envoy, shim, _) = guard_bin_pod(backend.addr, &args, |_| {}).await;
-    let opened = "drainshim_guard_streams_opened_total{service=\"drainshim.bench.v1.Stream\",protocol=\"grpc\"}";
-    let lifetimes = "drainshim_guard_stream_lifetime_seconds_count{protocol=\"grpc\"}";
-    let durations =
-        "drainshim_guard_request_duration_seconds_count{service=\"drainshim.bench.v1.Stream\"}";
-    let mut raw = RawH2::connect(envoy.inbound).await;
-    let block = grpc_request_block("/drainshim.bench.v1.Stream/Subscribe", &[]);
-    raw.send(&encode_frame(HEADERS, END_HEADERS, 1, &block))
-        .await
-        .expect("the request's headers");
+    let (envoy, shim, mut raw) = a_stream_waiting_on_its_client(&args).await;
     // The client reads (acking SETTINGS) until the guard's ending reaches
     // it through Envoy: the stream's end.
     let ended = within(
@@ -457,13 +459,7 @@ async fn a_stream_waiting_on_its_client_ended_by_max_age_is_a_stream() {
     )
     .await;
     assert!(ended.is_some(), "the stream ended");
-    let page = wait_for_metrics(shim.addr, |p| sample(p, lifetimes) >= 1.0).await;
-    assert_eq!(sample(&page, opened), 1.0, "{page}");
-    assert_eq!(
-        sample(&page, durations),
-        0.0,
-        "no answer, no latency:\n{page}"
-    );
+    counted_as_a_stream_without_a_latency(&shim).await;
     drop(envoy);
 }
 
