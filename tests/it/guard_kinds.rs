@@ -391,9 +391,12 @@ async fn a_quiet_watch_is_counted_as_a_stream_not_as_a_slow_call() {
     drop(envoy);
 }
 
-/// A pod whose shim runs with `args`, and a raw client's gRPC Subscribe on
-/// stream 1 whose request message is never sent (the app waits for it).
-async fn a_stream_waiting_on_its_client(args: &[&str]) -> (EnvoyProcess, SidecarBin, RawH2) {
+/// A pod whose shim runs with `args` (its app, Envoy and shim, kept alive
+/// by the caller), and a raw client's gRPC Subscribe on stream 1 whose
+/// request message is never sent (the app waits for it).
+async fn a_stream_waiting_on_its_client(
+    args: &[&str],
+) -> (support::guard::Backend, EnvoyProcess, SidecarBin, RawH2) {
     let backend = start_backend().await;
     let (envoy, shim, _) = guard_bin_pod(backend.addr, args, |_| {}).await;
     let mut raw = RawH2::connect(envoy.inbound).await;
@@ -401,7 +404,7 @@ async fn a_stream_waiting_on_its_client(args: &[&str]) -> (EnvoyProcess, Sidecar
     raw.send(&encode_frame(HEADERS, END_HEADERS, 1, &block))
         .await
         .expect("the request's headers");
-    (envoy, shim, raw)
+    (backend, envoy, shim, raw)
 }
 
 /// Once its end is counted: one opened stream, and no latency.
@@ -427,7 +430,8 @@ async fn counted_as_a_stream_without_a_latency(shim: &SidecarBin) {
 /// after 1.5 s.
 #[tokio::test]
 async fn a_stream_waiting_on_its_client_is_a_stream_without_a_latency() {
-    let (envoy, shim, mut raw) = a_stream_waiting_on_its_client(&["--long-stream-age", "1s"]).await;
+    let (_app, envoy, shim, mut raw) =
+        a_stream_waiting_on_its_client(&["--long-stream-age", "1s"]).await;
     tokio::time::sleep(Duration::from_millis(1500)).await; // the subject: its wait
     raw.send(&encode_frame(RST_STREAM, 0, 1, &8u32.to_be_bytes()))
         .await
@@ -448,7 +452,7 @@ async fn a_stream_waiting_on_its_client_ended_by_max_age_is_a_stream() {
         "--max-connection-age-grace",
         "1s",
     ];
-    let (envoy, shim, mut raw) = a_stream_waiting_on_its_client(&args).await;
+    let (_app, envoy, shim, mut raw) = a_stream_waiting_on_its_client(&args).await;
     // The client reads (acking SETTINGS) until the guard's ending reaches
     // it through Envoy: the stream's end.
     let ended = within(
