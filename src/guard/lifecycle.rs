@@ -194,6 +194,12 @@ impl Lifecycle {
         self.phase
     }
 
+    /// Whether the machine was last told the connection has no streams
+    /// (its own count, so a relay need not mirror it).
+    pub fn told_empty(&self) -> bool {
+        self.streams == 0
+    }
+
     /// The deadlines armed right now.
     pub fn deadlines(&self) -> Deadlines {
         Deadlines {

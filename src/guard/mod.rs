@@ -45,7 +45,7 @@
 //!   end a drain
 //! ```
 //!
-//! Which file serves an HTTP/2 request: `relay/client.rs` reads it and
+//! Which file serves an HTTP/2 request: `relay/client/` reads it and
 //! `relay/admit.rs` lets it through; `relay/app.rs` carries its answer;
 //! `relay/ending/` ends it gracefully (the one room for how a stream ends:
 //! its rules and outcomes, the cadence, the protocol; the relay's alone, so

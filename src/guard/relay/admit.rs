@@ -4,16 +4,22 @@
 //! holds the client to: a malformed request is a stream error
 //! PROTOCOL_ERROR, and an intermediary never forwards it (§8.1.1).
 
+use std::sync::Arc;
+
 use tokio::time::Instant;
 
 use super::blocks::trailers_only;
-use super::ending::StreamOutcome;
-use super::streams::Stream;
+use super::ids::StreamIds;
+use super::life::Life;
+use super::peer::Peer;
+use super::settings::PeerSettings;
+use super::streams::{Stream, Streams};
 use super::wire;
-use super::Relay;
 use crate::guard::body::{request_kind_of, BodyKind};
 use crate::guard::grpc;
-use crate::guard::registry::Refused;
+use crate::guard::handle::Handle;
+use crate::guard::registry::{EndQueue, Refused, Registered};
+use crate::guard::signals;
 use crate::metrics::StreamProtocol;
 
 /// Why a new stream was refused.
@@ -28,115 +34,117 @@ pub(super) enum Refusal {
     Malformed,
 }
 
-impl Relay<'_> {
-    /// Why a new stream is not admitted, if it is not.
-    pub(super) fn admission(&self, fields: &wire::Fields, limit: usize) -> Option<Refusal> {
-        if fields.list_size > limit {
-            return Some(Refusal::TooLarge);
-        }
-        if self.life.machine().refuses_streams() || self.life.refuses(self.ids.last()) {
-            return Some(Refusal::Reset);
-        }
-        // RFC 9113 §5.1.2: past the limit the client was told (the
-        // application's, or the guard's if lower), REFUSED_STREAM; a lower
-        // limit binds once the client acked it (§6.5.3).
-        let open = self.streams.len() + self.locals.len();
-        (open >= self.settings.streams_limit() as usize).then_some(Refusal::Reset)
+/// Why a new stream is not admitted, if it is not: its head is past
+/// `limit`, the connection refuses new streams (its lifecycle, or a
+/// GOAWAY's last-stream id), or `open` streams already reach the limit
+/// the client was told.
+pub(super) fn admission(
+    fields: &wire::Fields,
+    limit: usize,
+    life: &Life,
+    ids: &StreamIds,
+    open: usize,
+    settings: &PeerSettings,
+) -> Option<Refusal> {
+    if fields.list_size > limit {
+        return Some(Refusal::TooLarge);
     }
+    if life.machine().refuses_streams() || life.refuses(ids.last()) {
+        return Some(Refusal::Reset);
+    }
+    // RFC 9113 §5.1.2: past the limit the client was told (the
+    // application's, or the guard's if lower), REFUSED_STREAM; a lower
+    // limit binds once the client acked it (§6.5.3).
+    (open >= settings.streams_limit() as usize).then_some(Refusal::Reset)
+}
 
-    /// Registers and opens a stream (true), or answers it (false).
-    pub(super) fn admit(
-        &mut self,
-        id: u32,
-        end_stream: bool,
-        fields: &wire::Fields,
-        now: Instant,
-    ) -> bool {
-        let guard = self.guard;
-        let ct = fields.content_type.as_deref().unwrap_or("");
-        let kind = request_kind_of(ct);
-        let grpc = kind != BodyKind::Opaque;
-        self.defences.accepted();
-        let reg = match guard.try_register_relayed(self.info.id, grpc, &self.endings.queue, id) {
-            Ok(r) => r,
-            Err(Refused::Terminating) => {
-                self.refuse(id, end_stream, Refusal::Draining(kind));
-                return false;
-            }
-            Err(Refused::Full) => {
-                self.refuse(id, end_stream, Refusal::Reset);
-                return false;
-            }
-        };
-        reg.set_origin(fields.origin.clone());
-        let protocol = if grpc {
-            StreamProtocol::grpc
-        } else {
-            StreamProtocol::http
-        };
-        let sig = guard
-            .signals()
-            .start(grpc, fields.path.as_deref().unwrap_or("/"), protocol);
-        let window = self.window.initial();
-        self.streams
-            .insert(id, Stream::new(reg, kind, end_stream, sig, window, now));
-        true
-    }
+/// A stream the registry let in, to be opened.
+pub(super) struct Admitted {
+    /// Its entry in the guard's registry.
+    reg: Registered,
+    /// What its body is (gRPC or opaque), for its boundaries.
+    kind: BodyKind,
+    /// Its request signals, if the guard keeps them.
+    sig: Option<signals::Request>,
+}
 
-    /// Alone, an admitted stream's answer: the application could not be
-    /// reached, so gRPC gets a trailers-only UNAVAILABLE (retryable), and
-    /// HTTP a 502, as Envoy answers a failed upstream connect.
-    pub(super) fn unavailable(&mut self, id: u32) {
-        let Some(s) = self.streams.get(&id) else {
-            return;
-        };
-        let block = trailers_only(s.kind(), grpc::UPSTREAM_UNAVAILABLE_MESSAGE)
-            .unwrap_or_else(|| wire::literal_block(&[(":status", "502")]));
-        self.own_block(id, &block, true);
-        if let Some(s) = self.streams.get_mut(&id) {
-            s.response_ended();
-        }
-        self.end_here(id, StreamOutcome::UpstreamFailed);
+impl Admitted {
+    /// The open stream: `window` its initial send window.
+    pub(super) fn open(self, end_stream: bool, window: i64, now: Instant) -> Stream {
+        Stream::new(self.reg, self.kind, end_stream, self.sig, window, now)
     }
+}
 
-    /// A stream the application never sees, answered here.
-    pub(super) fn refuse(&mut self, id: u32, end_stream: bool, refusal: Refusal) {
-        match refusal {
-            Refusal::TooLarge => {
-                let block = wire::literal_block(&[(":status", "431")]);
-                self.own_block(id, &block, true);
-            }
-            Refusal::Reset => wire::rst(&mut self.client.write, id, wire::REFUSED_STREAM),
-            Refusal::Malformed => wire::rst(&mut self.client.write, id, wire::PROTOCOL_ERROR),
-            Refusal::Draining(kind) => match trailers_only(kind, grpc::REFUSED_MESSAGE) {
-                Some(block) => self.own_block(id, &block, true),
-                None => wire::rst(&mut self.client.write, id, wire::REFUSED_STREAM),
-            },
-        }
-        if !end_stream && !matches!(refusal, Refusal::Reset | Refusal::Malformed) {
-            // Answered in full before the request's end: stop it, no error.
-            wire::rst(&mut self.client.write, id, wire::NO_ERROR);
-        }
-    }
+/// Registers stream `id` of connection `conn` with the guard, its ends
+/// asked through `queue`; or why the registry refused it.
+pub(super) fn register(
+    guard: &Handle,
+    conn: u64,
+    queue: &Arc<EndQueue>,
+    id: u32,
+    fields: &wire::Fields,
+) -> Result<Admitted, Refusal> {
+    let ct = fields.content_type.as_deref().unwrap_or("");
+    let kind = request_kind_of(ct);
+    let grpc = kind != BodyKind::Opaque;
+    let reg = match guard.try_register_relayed(conn, grpc, queue, id) {
+        Ok(r) => r,
+        Err(Refused::Terminating) => return Err(Refusal::Draining(kind)),
+        Err(Refused::Full) => return Err(Refusal::Reset),
+    };
+    reg.set_origin(fields.origin.clone());
+    let protocol = if grpc {
+        StreamProtocol::grpc
+    } else {
+        StreamProtocol::http
+    };
+    let sig = guard
+        .signals()
+        .start(grpc, fields.path.as_deref().unwrap_or("/"), protocol);
+    Ok(Admitted { reg, kind, sig })
+}
 
-    /// A relayed request's body starts: with a content-length, its DATA is
-    /// counted against it (`body_data`).
-    pub(super) fn body_start(&mut self, id: u32, fields: &[wire::Field], end_stream: bool) {
-        let Ok(Some(length)) = content_length(fields) else {
-            return;
-        };
-        if let Some(s) = self.streams.get_mut(&id).filter(|_| !end_stream) {
-            s.expect_body(length);
+/// A stream the application never sees, answered to the client here.
+pub(super) fn refuse(
+    client: &mut Peer,
+    settings: &mut PeerSettings,
+    id: u32,
+    end_stream: bool,
+    refusal: Refusal,
+) {
+    match refusal {
+        Refusal::TooLarge => {
+            let block = wire::literal_block(&[(":status", "431")]);
+            client.put_own_block(id, &block, true, settings.take_update_due());
         }
+        Refusal::Reset => wire::rst(&mut client.write, id, wire::REFUSED_STREAM),
+        Refusal::Malformed => wire::rst(&mut client.write, id, wire::PROTOCOL_ERROR),
+        Refusal::Draining(kind) => match trailers_only(kind, grpc::REFUSED_MESSAGE) {
+            Some(block) => client.put_own_block(id, &block, true, settings.take_update_due()),
+            None => wire::rst(&mut client.write, id, wire::REFUSED_STREAM),
+        },
     }
+    if !end_stream && !matches!(refusal, Refusal::Reset | Refusal::Malformed) {
+        // Answered in full before the request's end: stop it, no error.
+        wire::rst(&mut client.write, id, wire::NO_ERROR);
+    }
+}
 
-    /// `n` more bytes of stream `id`'s request body, and whether it ends
-    /// here: false if that breaks its content-length (RFC 9113 §8.1.1).
-    pub(super) fn body_data(&mut self, id: u32, n: usize, end: bool) -> bool {
-        self.streams
-            .get_mut(&id)
-            .is_none_or(|s| s.body_data(n, end))
+/// A relayed request's body starts: with a content-length, its DATA is
+/// counted against it (`body_data`).
+pub(super) fn body_start(streams: &mut Streams, id: u32, fields: &[wire::Field], end_stream: bool) {
+    let Ok(Some(length)) = content_length(fields) else {
+        return;
+    };
+    if let Some(s) = streams.get_mut(&id).filter(|_| !end_stream) {
+        s.expect_body(length);
     }
+}
+
+/// `n` more bytes of stream `id`'s request body, and whether it ends
+/// here: false if that breaks its content-length (RFC 9113 §8.1.1).
+pub(super) fn body_data(streams: &mut Streams, id: u32, n: usize, end: bool) -> bool {
+    streams.get_mut(&id).is_none_or(|s| s.body_data(n, end))
 }
 
 /// Why a request head is malformed (RFC 9113 §8.1.1), if it is: a field

@@ -8,45 +8,47 @@ use tokio::time::Instant;
 use super::client::settings_size_ok;
 use super::ending::StreamOutcome;
 use super::failure::Failure;
+use super::goaway::Conn;
 use super::limits::{APP_BLOCK_MAX, MAX_CLIENT_TABLE, MAX_FRAME};
 use super::next::Next;
 use super::peer::{Block, Gathered};
 use super::settings::Unacked;
 use super::wire::{self, Head};
-use super::Relay;
 
-impl Relay<'_> {
+impl Conn<'_> {
     /// The application's frames read so far; the client's held frames go
     /// on next once its first SETTINGS came.
     pub(super) fn app_read(&mut self, now: Instant) -> Result<Next, Failure> {
         let mut released = false;
-        if self.handshake.app_pending {
-            match wire::head(&self.app.read) {
+        if self.handshake.pending {
+            match wire::head(&self.ends.app.read) {
                 Some(h) if h.kind == wire::SETTINGS && h.flags & wire::ACK == 0 => {
                     // It speaks HTTP/2: the client's frames held so far go
                     // on, after its SETTINGS (the server's preface comes first).
-                    self.handshake.app_pending = false;
+                    self.handshake.pending = false;
                     self.handshake.replay = None;
                     released = true;
                 }
                 Some(_) => return Err(Failure::NotHttp2),
-                None if self.app.read.len() >= wire::FRAME_HEADER => return Err(Failure::NotHttp2),
+                None if self.ends.app.read.len() >= wire::FRAME_HEADER => {
+                    return Err(Failure::NotHttp2)
+                }
                 None => return Ok(Next::Done),
             }
         }
         // Frames go on whole: one larger than the client ever allowed is the
         // application's error (its streams end retryably), not the client's.
-        let mut frames = self.app.frames(self.client.frame_max());
+        let mut frames = self.ends.app.frames(self.ends.client.frame_max());
         while let Some((h, frame)) = frames.next().map_err(|_| Failure::AppProtocol)? {
-            self.app_frame(h, frame, now)?;
+            self.app_frame(h, frame, now).map_err(Failure::of_the_app)?;
             frames.handled(h);
         }
-        self.app.keep(frames);
-        if std::mem::take(&mut self.endings.barrier.moved) {
-            self.check_endings(now);
+        self.ends.app.keep(frames);
+        if std::mem::take(&mut self.ends.endings.barrier.moved) {
+            self.ends.check_endings(now);
         }
         if released && std::mem::take(&mut self.handshake.goaway_held) {
-            self.life.first_goaway(&mut self.client.write);
+            self.life.first_goaway(&mut self.ends.client.write);
         }
         Ok(if released {
             Next::ClientFrames
@@ -57,7 +59,7 @@ impl Relay<'_> {
 
     pub(super) fn app_frame(&mut self, h: Head, frame: &[u8], now: Instant) -> Result<(), Failure> {
         let payload = &frame[wire::FRAME_HEADER..];
-        if self.app.interrupts(h) {
+        if self.ends.app.interrupts(h) {
             return Err(Failure::AppProtocol);
         }
         match h.kind {
@@ -76,18 +78,18 @@ impl Relay<'_> {
                 self.app_fragment(block, h, frame, fragment, now)
             }
             wire::CONTINUATION => {
-                let block = self.app.continued(h).ok_or(Failure::AppProtocol)?;
+                let block = self.ends.app.continued(h).ok_or(Failure::AppProtocol)?;
                 self.app_fragment(block, h, frame, payload, now)
             }
             wire::DATA => {
-                if !self.streams.contains_key(&h.id) {
-                    self.app_data_after_end(h);
+                if !self.ends.streams.contains_key(&h.id) {
+                    self.ends.app_data_after_end(h);
                     return Ok(());
                 }
                 // Checked before it goes on: padding longer than the frame
                 // is the application's error, never the client's to see.
                 let data = wire::content(h, payload).map_err(|_| Failure::AppProtocol)?;
-                self.app_data(h.id, h, frame, data, now);
+                self.ends.app_data(h.id, h, frame, data, now);
                 Ok(())
             }
             wire::SETTINGS | wire::PING | wire::GOAWAY if h.id != 0 => Err(Failure::AppProtocol),
@@ -95,13 +97,13 @@ impl Relay<'_> {
             wire::PING if h.len != 8 => Err(Failure::AppProtocol),
             wire::GOAWAY if h.len < 8 => Err(Failure::AppProtocol),
             wire::RST_STREAM => {
-                self.release_held(h.id);
-                if let Some(mut s) = self.streams.remove(&h.id) {
-                    self.client.write.extend_from_slice(frame);
+                self.ends.release_held(h.id);
+                if let Some(mut s) = self.ends.streams.remove(&h.id) {
+                    self.ends.client.write.extend_from_slice(frame);
                     if let Ok(code) = <[u8; 4]>::try_from(payload) {
                         s.app_reset(u32::from_be_bytes(code));
                     }
-                    self.finish(s, StreamOutcome::UpstreamFailed);
+                    self.ends.finish(s, StreamOutcome::UpstreamFailed);
                 }
                 Ok(())
             }
@@ -117,20 +119,20 @@ impl Relay<'_> {
                 let last = u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]])
                     & wire::MAX_STREAM_ID;
                 let code = u32::from_be_bytes([payload[4], payload[5], payload[6], payload[7]]);
-                self.guard.record_app_goaway(code);
+                self.ends.guard.record_app_goaway(code);
                 if code != wire::NO_ERROR {
                     // `h2::Reason`'s Debug names the code (PROTOCOL_ERROR,
                     // ...); `wire` keeps only the numbers it sends.
-                    tracing::warn!(peer = %self.info.peer, conn = self.info.id, code = ?h2::Reason::from(code),
+                    tracing::warn!(peer = %self.ends.info.peer, conn = self.ends.info.id, code = ?h2::Reason::from(code),
                         debug = %String::from_utf8_lossy(&payload[8..]),
                         "guard: the application sent GOAWAY with an error; it is closing the guard's connection");
                 }
                 self.app_goaway(last, code, now);
                 Ok(())
             }
-            wire::WINDOW_UPDATE if h.id != 0 && !self.streams.contains_key(&h.id) => Ok(()),
+            wire::WINDOW_UPDATE if h.id != 0 && !self.ends.streams.contains_key(&h.id) => Ok(()),
             _ => {
-                self.client.write.extend_from_slice(frame);
+                self.ends.client.write.extend_from_slice(frame);
                 Ok(())
             }
         }
@@ -141,7 +143,7 @@ impl Relay<'_> {
     /// guard's limits where the application set none, and extended CONNECT
     /// (the guard serves WebSockets over HTTP/2 itself).
     pub(super) fn app_settings(&mut self, flags: u8, payload: &[u8]) {
-        let l = self.guard.config().limits;
+        let l = self.ends.guard.config().limits;
         let mut payload = payload.to_vec();
         let (mut streams_seen, mut list_seen, mut connect_seen) = (None, false, false);
         wire::rewrite_settings(&mut payload, |id, v| match id {
@@ -149,7 +151,7 @@ impl Relay<'_> {
                 // The client's table is the guard's memory too: capped, and
                 // the client told so (a smaller table suits the app's too).
                 let v = v.min(MAX_CLIENT_TABLE);
-                self.client.allow_table(v);
+                self.ends.client.allow_table(v);
                 v
             }
             wire::MAX_CONCURRENT_STREAMS => {
@@ -166,16 +168,16 @@ impl Relay<'_> {
                 connect_seen = true;
                 1
             }
-            wire::MAX_FRAME_SIZE => self.app.announce_frame(v),
+            wire::MAX_FRAME_SIZE => self.ends.app.announce_frame(v),
             // Passed on as it is: what the client may send a local stream.
             wire::INITIAL_WINDOW_SIZE => {
-                let delta = self.window.set_told(v);
+                let delta = self.ends.window.set_told(v);
                 self.locals.window_told(delta);
                 v
             }
             _ => v,
         });
-        if self.settings.first_from_app() {
+        if self.ends.settings.first_from_app() {
             // The guard's own limits, where the application set none.
             for (seen, id, v) in [
                 (
@@ -197,8 +199,14 @@ impl Relay<'_> {
             }
             streams_seen = Some(streams_seen.unwrap_or(l.max_concurrent_streams));
         }
-        self.settings.tell_streams(streams_seen);
-        wire::put(&mut self.client.write, wire::SETTINGS, flags, 0, &payload);
+        self.ends.settings.tell_streams(streams_seen);
+        wire::put(
+            &mut self.ends.client.write,
+            wire::SETTINGS,
+            flags,
+            0,
+            &payload,
+        );
     }
 
     /// The application acked the oldest SETTINGS it had from the relay
@@ -206,17 +214,23 @@ impl Relay<'_> {
     /// moves endings on; a client's goes back to the client, and a lower
     /// table size now binds, so the next block must say so.
     pub(super) fn settings_acked(&mut self) {
-        match self.settings.acked() {
-            Some(Unacked::Barrier(n)) => self.barrier_acked(n),
+        match self.ends.settings.acked() {
+            Some(Unacked::Barrier(n)) => self.ends.barrier_acked(n),
             Some(Unacked::Client(table)) => {
-                self.settings.client_acked(table);
-                wire::put(&mut self.client.write, wire::SETTINGS, wire::ACK, 0, &[]);
+                self.ends.settings.client_acked(table);
+                wire::put(
+                    &mut self.ends.client.write,
+                    wire::SETTINGS,
+                    wire::ACK,
+                    0,
+                    &[],
+                );
             }
             None => {
                 // Nothing was sent to ack: the application's error, and
                 // nothing the client asked for.
                 tracing::debug!(
-                    conn = self.info.id,
+                    conn = self.ends.info.id,
                     "guard: the application acked SETTINGS it was never sent; dropped"
                 );
             }
@@ -233,6 +247,7 @@ impl Relay<'_> {
     ) -> Result<(), Failure> {
         // Endless (empty) CONTINUATIONs are a flood, as the client's.
         let block = match self
+            .ends
             .app
             .gather(block, h, frame, fragment, MAX_FRAME as usize * 4)
         {
@@ -244,39 +259,39 @@ impl Relay<'_> {
         // another proxy, and a client that disabled push (Envoy does) treats
         // a PUSH_PROMISE as a connection error.
         let forward = block.promised.is_none()
-            && (self.streams.contains_key(&block.id) || self.ids.reset_lately(block.id));
-        let keep_all = forward && self.client.translates();
-        let (decoded, all) = self.app.decode(APP_BLOCK_MAX, keep_all);
+            && (self.ends.streams.contains_key(&block.id) || self.ids.reset_lately(block.id));
+        let keep_all = forward && self.ends.client.translates();
+        let (decoded, all) = self.ends.app.decode(APP_BLOCK_MAX, keep_all);
         let fields = decoded.map_err(|_| Failure::AppProtocol)?;
         if let Some(promised) = block.promised {
             tracing::debug!(
-                conn = self.info.id,
+                conn = self.ends.info.id,
                 stream = block.id,
                 promised,
                 "guard: the application pushed; refusing the pushed stream"
             );
-            wire::rst(&mut self.app.write, promised, wire::REFUSED_STREAM);
+            wire::rst(&mut self.ends.app.write, promised, wire::REFUSED_STREAM);
         }
         if !forward {
             // The client saw this stream end (or it is a push). Dropped; if
             // the block changed the application's table, the client's no
             // longer follows it.
-            if self.client.missed_block(fields.indexed) {
-                tracing::debug!(conn = self.info.id, stream = block.id, "guard: an application header block the client does not get changed its HPACK table; re-encoding its blocks from now on");
+            if self.ends.client.missed_block(fields.indexed) {
+                tracing::debug!(conn = self.ends.info.id, stream = block.id, "guard: an application header block the client does not get changed its HPACK table; re-encoding its blocks from now on");
             }
-            self.app.reuse(all);
+            self.ends.app.reuse(all);
             return Ok(());
         }
-        self.release_held(block.id);
+        self.ends.release_held(block.id);
         if keep_all {
             self.put_translated(&block, &all);
         } else {
             // It starts with the size update that may be due (the
             // application's encoder owes it too).
-            self.settings.take_update_due();
-            self.client.put_as_came(&block, frame, None);
+            self.ends.settings.take_update_due();
+            self.ends.client.put_as_came(&block, frame, None);
         }
-        self.app.reuse(all);
+        self.ends.app.reuse(all);
         self.app_head(block.id, block.end_stream, &fields, now);
         Ok(())
     }
@@ -284,8 +299,8 @@ impl Relay<'_> {
     /// An application block re-encoded as literals to the client (see the
     /// module doc), after the table size update that is due.
     pub(super) fn put_translated(&mut self, block: &Block, all: &[wire::Field]) {
-        let due = self.settings.take_update_due();
-        self.client.put_literals(block, all, due, None);
+        let due = self.ends.settings.take_update_due();
+        self.ends.client.put_literals(block, all, due, None);
     }
 
     /// An application header block on an open stream, after it went on.
@@ -296,7 +311,7 @@ impl Relay<'_> {
         fields: &wire::Fields,
         now: Instant,
     ) {
-        let Some(s) = self.streams.get_mut(&id) else {
+        let Some(s) = self.ends.streams.get_mut(&id) else {
             return;
         };
         match fields.status {
@@ -310,13 +325,13 @@ impl Relay<'_> {
         }
         if end_stream {
             s.response_ended();
-            self.maybe_done(id);
+            self.ends.maybe_done(id);
         } else if s.app_cancelled() {
             // Its end waits for the whole read to be handled: a frame
             // behind this head in the same read is forwarded first.
-            self.endings.barrier.moved = true;
+            self.ends.endings.barrier.moved = true;
         } else if s.ending().is_some() {
-            self.advance(id, now);
+            self.ends.advance(id, now);
         }
     }
 }

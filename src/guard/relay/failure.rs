@@ -24,6 +24,19 @@ pub(super) enum Failure {
     StreamClosed(&'static str),
 }
 
+impl Failure {
+    /// A failure met while handling the application's frames is the
+    /// application's, whichever check found it (a frame size, a protocol
+    /// rule): its streams then end retryably, and the client is never told
+    /// that it broke the protocol.
+    pub(super) fn of_the_app(self) -> Self {
+        match self {
+            Self::NotHttp2 | Self::AppProtocol => self,
+            _ => Self::AppProtocol,
+        }
+    }
+}
+
 impl From<wire::Malformed> for Failure {
     fn from(m: wire::Malformed) -> Self {
         Self::Protocol(if m.0 == "DATA" {
@@ -31,5 +44,25 @@ impl From<wire::Malformed> for Failure {
         } else {
             "malformed HEADERS frame"
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Failure;
+
+    #[test]
+    fn a_failure_on_the_app_side_is_the_apps() {
+        for f in [
+            Failure::FrameSize("DATA"),
+            Failure::Protocol("x"),
+            Failure::Compression,
+            Failure::Calm,
+            Failure::FlowControl,
+            Failure::StreamClosed("x"),
+        ] {
+            assert!(matches!(f.of_the_app(), Failure::AppProtocol));
+        }
+        assert!(matches!(Failure::NotHttp2.of_the_app(), Failure::NotHttp2));
     }
 }

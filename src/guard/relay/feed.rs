@@ -46,26 +46,28 @@ pub fn feed(guard: &Handle, steps: &[FeedStep<'_>], alone: bool) {
         let result = match *step {
             FeedStep::Read(false, _) if alone => continue,
             FeedStep::Read(true, bytes) if relay.life.closing() => {
-                if relay.client.read.len() > READ_BUF + MAX_FRAME as usize {
+                if relay.client.peer.read.len() > READ_BUF + MAX_FRAME as usize {
                     continue;
                 }
-                relay.client.read.extend_from_slice(bytes);
-                relay.window.credit_while_closing(&mut relay.client.read);
+                relay.client.peer.read.extend_from_slice(bytes);
+                relay
+                    .window
+                    .credit_while_closing(&mut relay.client.peer.read);
                 Ok(())
             }
             FeedStep::Read(true, bytes) => {
-                if relay.client.read.len() > READ_BUF + MAX_FRAME as usize {
+                if relay.client.peer.read.len() > READ_BUF + MAX_FRAME as usize {
                     continue;
                 }
-                relay.client.read.extend_from_slice(bytes);
-                if let Some(r) = relay.handshake.replay.as_mut() {
+                relay.client.peer.read.extend_from_slice(bytes);
+                if let Some(r) = relay.app.handshake.replay.as_mut() {
                     r.extend_from_slice(bytes);
                 }
                 relay.client_frames(now)
             }
             FeedStep::Read(false, bytes) => {
                 read = bytes.len();
-                relay.app.read.extend_from_slice(bytes);
+                relay.app.peer.read.extend_from_slice(bytes);
                 relay.app_frames(now)
             }
             FeedStep::EndAll => {
@@ -81,22 +83,22 @@ pub fn feed(guard: &Handle, steps: &[FeedStep<'_>], alone: bool) {
             }
         };
         match result {
-            Err(Failure::NotHttp2) if relay.handshake.app_pending => return,
-            Err(e) => relay.fail(e),
+            Err(Failure::NotHttp2) if relay.app.handshake.pending => return,
+            Err(e) => relay.conn().fail(e),
             Ok(()) => {}
         }
         // Endings asked meanwhile (a drain, the app's GOAWAY), as `run` takes them.
         for id in relay.endings.queue.take() {
-            relay.begin_end(id, now);
+            relay.ends().begin_end(id, now);
         }
         let _ = relay.timers(now);
         relay.count_changed(now);
         relay.clear_gate();
-        relay.app.write.clear();
-        relay.client.write.clear();
+        relay.app.peer.write.clear();
+        relay.client.peer.write.clear();
         relay.window.buffer_dropped();
-        relay.settle_written(None);
-        assert!(relay.app.read.len() <= READ_BUF + MAX_FRAME as usize + read);
+        relay.ends().settle_written(None);
+        assert!(relay.app.peer.read.len() <= READ_BUF + MAX_FRAME as usize + read);
         assert!(relay.settings.unacked() <= MAX_UNACKED_SETTINGS + 1);
     }
 }

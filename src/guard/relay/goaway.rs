@@ -8,69 +8,85 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::blocks::{trailers_only, unavailable_block};
+use super::ending::protocol::Ends;
 use super::ending::StreamOutcome;
 use super::failure::Failure;
-use super::next::Next;
+use super::ids::StreamIds;
+use super::life::Life;
+use super::local::Locals;
+use super::sides::AppHandshake;
 use super::streams::Stream;
 use super::wire;
-use super::Relay;
 use crate::guard::body::End;
 use crate::guard::grpc;
 use crate::guard::lifecycle::{Cause, ConnAction, Input};
 use crate::guard::registry::StreamCtl;
 use crate::metrics::Reason;
 
-impl Relay<'_> {
+/// The parts of the relay the connection's life, the application's
+/// frames (`app.rs`) and the work on a client frame's stream
+/// (`client/streams.rs`) work on, borrowed from it for one step
+/// (`Relay::conn`): what an ending works on, the lifecycle, the client's
+/// stream ids (for the GOAWAYs' last-stream id and the streams reset
+/// lately; the client's frames open and close them), the application's
+/// handshake (a GOAWAY waits for its SETTINGS) and the local WebSockets
+/// (the application's INITIAL_WINDOW_SIZE is theirs too). The client's
+/// defences, its preface and what goes with each forwarded request are
+/// not among them (the client's frames get those beside it, in `Kept`).
+pub(super) struct Conn<'a> {
+    pub(super) ends: Ends<'a>,
+    pub(super) life: &'a mut Life,
+    pub(super) ids: &'a mut StreamIds,
+    pub(super) handshake: &'a mut AppHandshake,
+    pub(super) locals: &'a mut Locals,
+}
+
+impl Conn<'_> {
     /// The first timers: streams the client took no data on past
-    /// `write_stall_timeout`, and the end of a flood pause (the client's
-    /// frames already read go on next, before the other timers).
-    pub(super) fn stall_timers(&mut self, now: Instant) -> Next {
-        let l = self.guard.config().limits;
-        for id in std::mem::take(&mut self.endings.stalled) {
-            match self.streams.get(&id).and_then(Stream::shut_since) {
+    /// `write_stall_timeout`.
+    pub(super) fn stall_timers(&mut self, now: Instant) {
+        let l = self.ends.guard.config().limits;
+        for id in std::mem::take(&mut self.ends.endings.stalled) {
+            match self.ends.streams.get(&id).and_then(Stream::shut_since) {
                 Some(at) if now >= at + l.write_stall_timeout => {
-                    tracing::info!(peer = %self.info.peer, stream = id, timeout = ?l.write_stall_timeout,
+                    tracing::info!(peer = %self.ends.info.peer, stream = id, timeout = ?l.write_stall_timeout,
                         "guard: the client took no data; resetting its stream");
-                    wire::rst(&mut self.client.write, id, wire::CANCEL);
-                    wire::rst(&mut self.app.write, id, wire::CANCEL);
+                    wire::rst(&mut self.ends.client.write, id, wire::CANCEL);
+                    wire::rst(&mut self.ends.app.write, id, wire::CANCEL);
                     // The guard cuts it: a message held after its cancel is
                     // dropped and counted.
-                    self.drop_held(
+                    self.ends.drop_held(
                         id,
                         "the client took no data; a message begun after the guard's cancel is dropped with its stream",
                     );
-                    if let Some(s) = self.streams.remove(&id) {
+                    if let Some(s) = self.ends.streams.remove(&id) {
                         // One being ended is cut: counted as such, and what
                         // the app still sends on it counted as dropped.
                         if let (Some(reason), Some(_)) = (s.end_reason(), s.ending()) {
-                            self.guard.record_ungraceful(reason, s.protocol());
+                            self.ends.guard.record_ungraceful(reason, s.protocol());
                             if !s.resp_done() {
-                                self.remember_ended(id);
+                                self.ends.remember_ended(id);
                             }
                         }
-                        self.finish(s, StreamOutcome::ClientGone);
+                        self.ends.finish(s, StreamOutcome::ClientGone);
                     }
                 }
                 Some(_) => {
-                    self.endings.stalled.insert(id);
+                    self.ends.endings.stalled.insert(id);
                 }
                 None => {}
             }
         }
-        if self.defences.resume(now) {
-            return Next::ClientFrames;
-        }
-        Next::Done
     }
 
     /// The other timers: endings past their bounds, planned ends, and the
     /// lifecycle's.
     pub(super) fn bound_timers(&mut self, now: Instant) {
-        for id in self.endings.asked.clone() {
-            self.ending_bound(id, now);
+        for id in self.ends.endings.asked.clone() {
+            self.ends.ending_bound(id, now);
         }
         self.ask_planned(now);
-        self.check_endings(now);
+        self.ends.check_endings(now);
         if self.life.sweep_at().is_some_and(|at| now >= at) {
             // Those grown long-lived since the application's GOAWAY: now.
             self.end_long_lived(std::time::Duration::ZERO, now);
@@ -89,65 +105,28 @@ impl Relay<'_> {
         }
     }
 
-    /// Only streams still open and still shut keep a stall timer: the set
-    /// never outgrows the table, whether or not a timer ran since.
-    pub(super) fn prune_stalled(&mut self) {
-        let streams = &self.streams;
-        self.endings
-            .stalled
-            .retain(|id| streams.get(id).is_some_and(|s| s.shut_since().is_some()));
-    }
-
-    pub(super) fn next_deadline(&self) -> Option<Instant> {
-        let l = self.guard.config().limits;
-        let d = self.life.machine().deadlines();
-        let mut next = [
-            self.defences.paused_until(),
-            self.endings.planned.front().map(|p| p.at),
-            self.life.sweep_at(),
-            self.life.close_deadline(),
-            d.age,
-            d.ack,
-            d.grace,
-            d.first_stream,
-            d.idle,
-        ]
-        .into_iter()
-        .flatten()
-        .min();
-        for id in &self.endings.stalled {
-            if let Some(at) = self.streams.get(id).and_then(Stream::shut_since) {
-                next = next.into_iter().chain([at + l.write_stall_timeout]).min();
-            }
-        }
-        for &id in &self.endings.asked {
-            next = next.into_iter().chain(self.ending_due(id)).min();
-        }
-        next
-    }
-
     /// The application's connection is gone: every open stream gets the
     /// retryable end it can still get, and the client a GOAWAY.
     pub(super) fn app_lost(&mut self, clean: bool) {
         // Only a clean close with no frame left half read follows all the
         // application wrote.
-        let clean = clean && self.app.read.is_empty();
-        tracing::debug!(peer = %self.info.peer, conn = self.info.id, streams = self.streams.len(), "guard: the application closed its connection");
-        let ids: Vec<u32> = self.streams.keys().copied().collect();
+        let clean = clean && self.ends.app.read.is_empty();
+        tracing::debug!(peer = %self.ends.info.peer, conn = self.ends.info.id, streams = self.ends.streams.len(), "guard: the application closed its connection");
+        let ids: Vec<u32> = self.ends.streams.keys().copied().collect();
         for id in ids {
             // Being ended, its cancel sent: an app in its graceful stop
             // closes once its last stream is cancelled, without acking the
             // barrier. Its close follows everything it wrote.
-            if clean && self.end_on_app_close(id) {
+            if clean && self.ends.end_on_app_close(id) {
                 continue;
             }
             // A message begun after the cancel never finished: dropped and
             // counted, the stream back at the boundary before it.
-            self.drop_held(
+            self.ends.drop_held(
                 id,
                 "the application's connection closed in a message begun after the guard's cancel; its start is dropped",
             );
-            let Some(s) = self.streams.get(&id) else {
+            let Some(s) = self.ends.streams.get(&id) else {
                 continue;
             };
             let block = if !s.answered() {
@@ -165,9 +144,9 @@ impl Relay<'_> {
             };
             let grpc = s.grpc();
             match block {
-                Some(b) => self.own_block(id, &b, true),
+                Some(b) => self.ends.own_block(id, &b, true),
                 None => wire::rst(
-                    &mut self.client.write,
+                    &mut self.ends.client.write,
                     id,
                     if grpc {
                         wire::REFUSED_STREAM
@@ -176,12 +155,12 @@ impl Relay<'_> {
                     },
                 ),
             }
-            if let Some(mut s) = self.streams.remove(&id) {
+            if let Some(mut s) = self.ends.streams.remove(&id) {
                 s.record(&StreamOutcome::UpstreamFailed);
-                self.guard.record_app_lost();
+                self.ends.guard.record_app_lost();
             }
         }
-        self.app.write.clear();
+        self.ends.app.write.clear();
         self.close_with(self.life.app_code());
     }
 
@@ -199,10 +178,10 @@ impl Relay<'_> {
                 return self.app_lost(false);
             }
         };
-        let ids: Vec<u32> = self.streams.keys().copied().collect();
+        let ids: Vec<u32> = self.ends.streams.keys().copied().collect();
         for id in ids {
-            if let Some(s) = self.streams.remove(&id) {
-                self.finish(s, StreamOutcome::ClientGone);
+            if let Some(s) = self.ends.streams.remove(&id) {
+                self.ends.finish(s, StreamOutcome::ClientGone);
             }
         }
         self.close_with(code);
@@ -212,17 +191,17 @@ impl Relay<'_> {
         if self.life.closing() {
             return;
         }
-        if self.handshake.app_pending {
+        if self.handshake.pending {
             // Nothing from the application yet: the guard's own (empty)
             // SETTINGS are the server's preface before its GOAWAY.
-            wire::put(&mut self.client.write, wire::SETTINGS, 0, 0, &[]);
-            self.settings.tell_streams(None);
+            wire::put(&mut self.ends.client.write, wire::SETTINGS, 0, 0, &[]);
+            self.ends.settings.tell_streams(None);
             self.handshake.replay = None;
         }
         self.life
-            .goaway(&mut self.client.write, self.ids.last(), code);
+            .goaway(&mut self.ends.client.write, self.ids.last(), code);
         self.life
-            .close_by(Instant::now() + self.guard.config().limits.shutdown_timeout);
+            .close_by(Instant::now() + self.ends.guard.config().limits.shutdown_timeout);
     }
 
     /// The application sent GOAWAY: no stream above `last` reaches it, and
@@ -236,6 +215,7 @@ impl Relay<'_> {
     pub(super) fn app_goaway(&mut self, last: u32, code: u32, now: Instant) {
         let (last, first) = self.life.app_goaway(last, code);
         let mut above: Vec<u32> = self
+            .ends
             .streams
             .keys()
             .copied()
@@ -244,26 +224,19 @@ impl Relay<'_> {
         above.sort_unstable();
         for id in above {
             // The application never processed it: safe to retry anywhere.
-            wire::rst(&mut self.client.write, id, wire::REFUSED_STREAM);
-            if let Some(s) = self.streams.remove(&id) {
-                self.finish(s, StreamOutcome::Refused);
+            wire::rst(&mut self.ends.client.write, id, wire::REFUSED_STREAM);
+            if let Some(s) = self.ends.streams.remove(&id) {
+                self.ends.finish(s, StreamOutcome::Refused);
             }
         }
         if !first {
             return;
         }
-        let guard = self.guard;
-        tracing::info!(peer = %self.info.peer, conn = self.info.id, last, code,
+        let guard = self.ends.guard;
+        tracing::info!(peer = %self.ends.info.peer, conn = self.ends.info.id, last, code,
             "guard: the application sent GOAWAY; ending this connection's long-lived streams gracefully");
         self.step(Input::AppGoaway, now);
         self.end_long_lived(guard.config().app_shutdown_spread, now);
-    }
-
-    pub(super) fn count_changed(&mut self, now: Instant) {
-        let n = self.streams.len() + self.locals.len();
-        if self.life.count_changed(n) {
-            self.step(Input::Streams(n), now);
-        }
     }
 
     pub(super) fn step(&mut self, input: Input, now: Instant) {
@@ -271,30 +244,33 @@ impl Relay<'_> {
             // The client has the first GOAWAY: the final one names the last
             // stream the application will see.
             self.life
-                .goaway(&mut self.client.write, self.ids.last(), wire::NO_ERROR);
+                .goaway(&mut self.ends.client.write, self.ids.last(), wire::NO_ERROR);
         }
         if matches!(input, Input::AckTimedOut) {
-            tracing::info!(peer = %self.info.peer, conn = self.info.id,
+            tracing::info!(peer = %self.ends.info.peer, conn = self.ends.info.id,
                 "guard: no PING ack after GOAWAY; refusing new streams and sending the final GOAWAY once idle");
         }
         match self.life.step(input, now) {
             None => {}
             Some(ConnAction::Goaway(cause)) => {
-                tracing::debug!(peer = %self.info.peer, conn = self.info.id, ?cause, "guard: GOAWAY");
-                if self.handshake.app_pending {
+                tracing::debug!(peer = %self.ends.info.peer, conn = self.ends.info.id, ?cause, "guard: GOAWAY");
+                if self.handshake.pending {
                     // The server's SETTINGS come first: after the application's.
                     self.handshake.goaway_held = true;
                 } else {
-                    self.life.first_goaway(&mut self.client.write);
+                    self.life.first_goaway(&mut self.ends.client.write);
                 }
                 if let Some(reason) = metric_reason(cause) {
-                    self.guard.record_goaway(reason);
+                    self.ends.guard.record_goaway(reason);
                 }
             }
             Some(ConnAction::EndStreams) => {
-                let guard = self.guard;
-                let streams =
-                    guard.connection_streams(self.info.id, now, guard.config().long_stream_age);
+                let guard = self.ends.guard;
+                let streams = guard.connection_streams(
+                    self.ends.info.id,
+                    now,
+                    guard.config().long_stream_age,
+                );
                 let window = self.life.machine().end_window(now);
                 self.plan_ends(streams, window, Reason::max_age, now);
             }
@@ -306,10 +282,10 @@ impl Relay<'_> {
     /// not already asked to end) are ended over `spread`; the next look is
     /// one spread later, for as long as streams are open.
     pub(super) fn end_long_lived(&mut self, spread: std::time::Duration, now: Instant) {
-        let guard = self.guard;
+        let guard = self.ends.guard;
         let long_after = guard.config().long_stream_age;
         let long: Vec<_> = guard
-            .connection_streams(self.info.id, now, long_after)
+            .connection_streams(self.ends.info.id, now, long_after)
             .into_iter()
             .filter(|s| s.is_long_lived_at(now, long_after))
             .collect();
@@ -319,7 +295,7 @@ impl Relay<'_> {
             .app_shutdown_spread
             .max(std::time::Duration::from_secs(1));
         self.life
-            .sweep((!self.streams.is_empty()).then_some(now + period));
+            .sweep((!self.ends.streams.is_empty()).then_some(now + period));
     }
 
     /// Ends `streams` of this connection one by one, evenly over `window`
@@ -331,15 +307,15 @@ impl Relay<'_> {
         reason: Reason,
         now: Instant,
     ) {
-        self.endings.plan(streams, window, reason, now);
+        self.ends.endings.plan(streams, window, reason, now);
         self.ask_planned(now);
     }
 
     /// The planned ends that are due: asked, and begun.
     fn ask_planned(&mut self, now: Instant) {
-        self.endings.ask_due(now);
-        for id in self.endings.queue.take() {
-            self.begin_end(id, now);
+        self.ends.endings.ask_due(now);
+        for id in self.ends.endings.queue.take() {
+            self.ends.begin_end(id, now);
         }
     }
 }

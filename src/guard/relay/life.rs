@@ -14,8 +14,6 @@ use crate::guard::lifecycle::{ConnAction, Input, Lifecycle};
 pub(super) struct Life {
     /// When the connection goes away (max age, drain, idle): a pure machine.
     machine: Lifecycle,
-    /// The machine was last told the connection has no streams.
-    told_empty: bool,
     /// Lowest last-stream id the client was sent in a GOAWAY: newer streams
     /// are refused, and no later GOAWAY may name a higher one (RFC 9113
     /// §6.8: a peer treats a growing last-stream id as a connection error).
@@ -45,7 +43,6 @@ impl Life {
     pub(super) fn new(machine: Lifecycle, probe: [u8; 8]) -> Self {
         Self {
             machine,
-            told_empty: true,
             sent_last: None,
             app_last: None,
             app_code: wire::NO_ERROR,
@@ -69,17 +66,15 @@ impl Life {
 
     /// The connection now has `n` streams: whether the machine must hear of
     /// it (it is told only when the count goes to or from zero).
-    pub(super) fn count_changed(&mut self, n: usize) -> bool {
-        let changed = self.told_empty != (n == 0);
-        self.told_empty = n == 0;
-        changed
+    pub(super) fn count_changed(&self, n: usize) -> bool {
+        self.machine.told_empty() != (n == 0)
     }
 
     /// A stream opened: whether the machine must hear the connection is
     /// busy again (the idle timer stops), even if the stream ends in this
     /// same batch: the next turn reports "none" afresh.
-    pub(super) fn busy_again(&mut self) -> bool {
-        std::mem::replace(&mut self.told_empty, false)
+    pub(super) fn busy_again(&self) -> bool {
+        self.machine.told_empty()
     }
 
     /// A GOAWAY to the client naming `last`, or the lowest id named before

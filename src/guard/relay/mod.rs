@@ -68,31 +68,44 @@
 //! reset yet.
 //!
 //! The parts of a connection are types of their own, with private fields
-//! (docs/design.md, "The relay's map"): each [`Peer`], the [`Handshake`],
-//! [`StreamIds`], the open streams ([`Streams`]), the [`Window`], the
-//! [`PeerSettings`], the connection's [`Life`], the [`Endings`], the
-//! [`Defences`], [`Forward`] and the local WebSockets ([`Locals`]). The files that are chapters of [`Relay`]
-//! work on them together; a chapter that wants another's work done returns
-//! it ([`Next`]) for the loop here to carry out, so the calls run one way:
+//! (docs/design.md, "The relay's map"): the two sides, [`ClientSide`] (its
+//! [`Peer`](peer::Peer), its stream ids, its preface and its
+//! [`Defences`]) and [`AppSide`] (its peer, and its handshake: whether it
+//! answered HTTP/2 yet, or is there at all), the open streams
+//! ([`Streams`]), the [`Window`], the [`PeerSettings`], the connection's
+//! [`Life`], the [`Endings`], [`Forward`] and the local WebSockets
+//! ([`Locals`]). A chapter that wants another's work done returns it
+//! ([`Next`]) for the loop here to carry out, so the calls run one way.
+//! The work that spans parts takes only the parts it needs, borrowed for
+//! one step: a stream's end works on [`Ends`] (the streams, the endings,
+//! both peers, the window and the SETTINGS; [`Relay::ends`]); the
+//! connection's life and the application's frames on [`Conn`] (those, the
+//! lifecycle, the client's ids, the application's handshake and the local
+//! WebSockets; [`Relay::conn`]). The client's frames are judged by its
+//! side ([`ClientSide::judge`]: what only that side knows), and the loop
+//! here hands each, by what it is ([`Judged`]), to the work on its stream:
+//! on [`Conn`], with what the client's side keeps of its requests beside
+//! it ([`Kept`]: [`Forward`] and its [`Defences`]; [`Relay::conn_kept`]).
+//! No file but this one opens `impl Relay`:
 //!
 //! | file | what it does |
 //! |---|---|
-//! | `mod.rs` | [`serve`], the relay's parts and its loop (I/O turn, backpressure, what the chapters ask next) |
-//! | `client.rs` | the client's frames, held to RFC 9113; each new stream decided |
-//! | `admit.rs` | admission, the answers of streams not let through, §8.1's message rules |
-//! | `app.rs` | the application's frames, SETTINGS and GOAWAY |
-//! | `ending/` | how a stream ends, in one room: the rules and outcomes (`mod.rs`), the cadence, the protocol, its state, the connection's own planned ends |
-//! | `goaway.rs` | the connection's steps: GOAWAY, timers, failure, close (its state: `life.rs`) |
+//! | `mod.rs` | [`serve`], the relay's parts and its loop (I/O turn, backpressure, the timers, what the chapters ask next, each client frame handed on) |
+//! | `client/` | the client's frames, held to RFC 9113: judged by its side (`mod.rs`), then the work on their streams, each new stream decided (`streams.rs`, over [`Conn`] and [`Kept`]) |
+//! | `app.rs` | the application's frames, SETTINGS and GOAWAY, over [`Conn`] |
+//! | `admit.rs` | admission, registration, the answers of streams not let through, §8.1's message rules: functions over the parts they read |
+//! | `ending/` | how a stream ends, in one room: the rules and outcomes (`mod.rs`), the cadence, the protocol (`protocol.rs`, over [`Ends`]), its state, the connection's own planned ends |
+//! | `goaway.rs` | the connection's steps over [`Conn`]: GOAWAY, the timers' work, failure, close (its state: `life.rs`) |
 //!
-//! and these own one part each: `peer.rs` (a [`Peer`]: its frames split,
-//! its header blocks gathered, decoded and written, the same code both
-//! ways), `streams.rs` (the stream store: each [`Stream`](streams::Stream),
-//! its fields its own, the bytes held across them, and the graceful ends
-//! not written yet), `ending/state.rs` (a stream's ending, the barrier,
-//! the planned ends), `blocks.rs` (the guard's
-//! own blocks, and what goes with a forwarded request), `local.rs` (the
-//! WebSockets the guard serves itself; `connect.rs` their task), `ids.rs`,
-//! `window.rs`, `settings.rs`, `defences.rs` (over `flood.rs`,
+//! and these own one part each: `sides.rs` (the two sides), `peer.rs` (a
+//! peer: its frames split, its header blocks gathered, decoded and
+//! written, the same code both ways), `streams.rs` (the stream store: each
+//! [`Stream`](streams::Stream), its fields its own, the bytes held across
+//! them, and the graceful ends not written yet), `ending/state.rs` (a
+//! stream's ending, the barrier, the planned ends), `blocks.rs` (the
+//! guard's own blocks, and what goes with a forwarded request), `local.rs`
+//! (the WebSockets the guard serves itself; `connect.rs` their task),
+//! `ids.rs`, `window.rs`, `settings.rs`, `defences.rs` (over `flood.rs`,
 //! control-frame rates, and `rapid.rs`, rapid reset); `failure.rs` and
 //! `limits.rs` are leaves (why a connection fails; the relay's bounds and
 //! the RFC's defaults), `next.rs` what a chapter asks the loop for,
@@ -121,6 +134,7 @@ mod next;
 mod peer;
 mod rapid;
 mod settings;
+mod sides;
 mod streams;
 #[cfg(test)]
 mod tests;
@@ -146,21 +160,25 @@ use crate::guard::sniff::{linger, Prefixed};
 use crate::metrics::Limit;
 
 use blocks::Forward;
+use client::streams::Kept;
+use client::Judged;
 use defences::Defences;
+use ending::protocol::{ending_due, Ends};
 use ending::state::Endings;
 use failure::Failure;
 use flood::Buckets;
-use ids::StreamIds;
+use goaway::Conn;
 use io::{flush, read_some, write_some};
 use life::Life;
 use limits::{BLOCKED_HIGH_WATER, HIGH_WATER, MAX_FRAME, READ_BUF, REPLAY_MAX};
 use local::Locals;
 use next::Next;
-use peer::Peer;
 use rapid::PrematureResets;
-use settings::PeerSettings;
-use streams::Streams;
+use settings::{PeerSettings, UNACKED_RETRY};
+use sides::{AppSide, ClientSide};
+use streams::{Stream, Streams};
 use window::Window;
+use wire::Head;
 
 /// Serves one HTTP/2 connection by relaying its frames to the application,
 /// or, when the application cannot be reached or does not answer HTTP/2,
@@ -218,26 +236,6 @@ enum Wake {
     Input(Input),
 }
 
-/// Where the two peers' prefaces are, and whether there is an application
-/// connection at all.
-struct Handshake {
-    /// The client's preface is still to come.
-    client_preface: bool,
-    /// The client's preface still lacks its SETTINGS frame, which must be
-    /// its first frame (RFC 9113 §3.4).
-    settings_due: bool,
-    /// The application's first frame (its SETTINGS) has not come yet:
-    /// only the client's preface went on, and every client byte is kept
-    /// in `replay` (up to `REPLAY_MAX`), in case it does not speak HTTP/2.
-    app_pending: bool,
-    replay: Option<BytesMut>,
-    /// A GOAWAY asked while `app_pending`, sent after the SETTINGS.
-    goaway_held: bool,
-    /// No application connection: the guard is the client's server (see
-    /// [`Relay::serve_alone`]); what would go to the application is dropped.
-    alone: bool,
-}
-
 /// Eight bytes no peer can guess (std's per-process random hash keys,
 /// mixed with a per-call counter): the guard's own PING data.
 fn random_opaque() -> [u8; 8] {
@@ -249,8 +247,8 @@ fn random_opaque() -> [u8; 8] {
 }
 
 /// One connection's state (the sockets are the `run` loop's): the parts,
-/// each its own type, that the relay's chapters (`client`, `app`, `admit`,
-/// `blocks`, `ending`, `goaway`, `local`) work on together.
+/// each its own type. The chapters take the parts they need ([`Ends`],
+/// [`Conn`], [`Kept`], or the parts one by one).
 struct Relay<'a> {
     /// What the relay may use of the guard (settings, registry, the drain's
     /// signals, its counters).
@@ -261,23 +259,17 @@ struct Relay<'a> {
     streams: Streams,
     /// WebSockets over HTTP/2 the guard serves itself, by stream id.
     locals: Locals,
-    /// The stream ids the client used (RFC 9113 §5.1).
-    ids: StreamIds,
-    /// The two peers: what the relay reads from and writes to each, and
-    /// what it knows of each one's HPACK table and SETTINGS.
-    client: Peer,
-    app: Peer,
+    /// The two sides, each with its peer and what is only that side's.
+    client: ClientSide,
+    app: AppSide,
     /// The client's connection window, which the guard owns.
     window: Window,
     /// The SETTINGS each way, as the relay follows them.
     settings: PeerSettings,
-    handshake: Handshake,
     /// The connection's lifecycle, GOAWAYs and close.
     life: Life,
     /// Streams being ended, and the barrier their ends wait for.
     endings: Endings,
-    /// The client's control-frame rates and rapid reset.
-    defences: Defences,
     /// What goes with each forwarded request.
     forward: Forward,
 }
@@ -293,25 +285,15 @@ impl<'a> Relay<'a> {
             info,
             streams: Streams::default(),
             locals: Locals::default(),
-            ids: StreamIds::default(),
-            client: Peer::new(),
-            app: Peer::new(),
-            window: Window::default(),
-            settings: PeerSettings::new(l.max_concurrent_streams),
-            handshake: Handshake {
-                client_preface: true,
-                settings_due: true,
-                app_pending: true,
-                replay: Some(BytesMut::new()),
-                goaway_held: false,
-                alone: false,
-            },
-            life: Life::new(guard.lifecycle(&info), random_opaque()),
-            endings: Endings::default(),
-            defences: Defences::new(
+            client: ClientSide::new(Defences::new(
                 Buckets::new(l.flood, |k| guard.limited(k), Instant::now()),
                 PrematureResets::new(l.max_pending_accept_reset_streams),
-            ),
+            )),
+            app: AppSide::new(),
+            window: Window::default(),
+            settings: PeerSettings::new(l.max_concurrent_streams),
+            life: Life::new(guard.lifecycle(&info), random_opaque()),
+            endings: Endings::default(),
             forward: Forward::new(&peer),
         };
         if alone {
@@ -325,13 +307,12 @@ impl<'a> Relay<'a> {
     /// SETTINGS (its limits, extended CONNECT) are the server's preface, and
     /// the guard acks the client's SETTINGS and PINGs. WebSockets over
     /// extended CONNECT still reach the application over HTTP/1.1; every
-    /// other stream gets a retryable answer ([`Relay::unavailable`]). The
-    /// lifecycle (max age, drain, idle) is the relayed connection's.
+    /// other stream gets a retryable answer (`unavailable`, in
+    /// `client/streams.rs`). The lifecycle (max age, drain, idle) is the
+    /// relayed connection's.
     fn serve_alone(&mut self) {
-        self.handshake.alone = true;
-        self.handshake.app_pending = false;
-        self.handshake.replay = None;
-        self.app_settings(0, &[]);
+        self.app.go_alone();
+        self.conn().app_settings(0, &[]);
     }
 
     /// Relays until the connection is over. Returns every byte the client
@@ -357,19 +338,19 @@ impl<'a> Relay<'a> {
         loop {
             let now = Instant::now();
             // Graceful ends written since the last turn are counted.
-            self.settle_written(None);
+            self.ends().settle_written(None);
             self.count_changed(now);
             if self.life.machine().wants_quiet()
                 && self.streams.is_empty()
                 && self.locals.is_empty()
-                && self.client.write.is_empty()
+                && self.client.peer.write.is_empty()
             {
-                self.step(Input::Quiet, now);
+                self.conn().step(Input::Quiet, now);
             }
-            if self.life.closing() && self.client.write.is_empty() {
+            if self.life.closing() && self.client.peer.write.is_empty() {
                 break;
             }
-            self.prune_stalled();
+            self.endings.prune_stalled(|id| self.streams.shut(id));
             let next = self.next_deadline();
             if next != timer_at {
                 timer_at = next;
@@ -380,13 +361,13 @@ impl<'a> Relay<'a> {
             client_first = !client_first;
             tracing::trace!(
                 conn = info.id,
-                to_app = self.app.write.len(),
-                to_client = self.client.write.len(),
+                to_app = self.app.peer.write.len(),
+                to_client = self.client.peer.write.len(),
                 cleared = self.window.cleared(),
                 conn_window = self.window.available(),
                 debt = self.window.debt(),
-                from_client = self.client.read.len(),
-                from_app = self.app.read.len(),
+                from_client = self.client.peer.read.len(),
+                from_app = self.app.peer.read.len(),
                 "guard: relay turn"
             );
             let event = tokio::select! {
@@ -403,44 +384,44 @@ impl<'a> Relay<'a> {
             let now = Instant::now();
             let result = match event {
                 Wake::FromClient if self.life.closing() => {
-                    self.window.credit_while_closing(&mut self.client.read);
+                    self.window.credit_while_closing(&mut self.client.peer.read);
                     Ok(())
                 }
                 Wake::FromClient => self.client_frames(now),
                 Wake::FromApp => self.app_frames(now),
                 Wake::ClientGone => break,
                 Wake::Flushed | Wake::Local => Ok(()),
-                Wake::AppGone(_) if self.handshake.app_pending => {
-                    return self.handshake.replay.take()
+                Wake::AppGone(_) if self.app.handshake.pending => {
+                    return self.app.handshake.replay.take()
                 }
                 Wake::AppGone(clean) => {
-                    self.app_lost(clean);
+                    self.conn().app_lost(clean);
                     Ok(())
                 }
                 Wake::Timer => self.timers(now),
                 Wake::Ended => {
                     for id in self.endings.queue.take() {
-                        self.begin_end(id, now);
+                        self.ends().begin_end(id, now);
                     }
                     Ok(())
                 }
                 Wake::Input(input) => {
-                    self.step(input, now);
+                    self.conn().step(input, now);
                     Ok(())
                 }
             };
             if matches!(result, Err(Failure::NotHttp2)) {
-                return self.handshake.replay.take();
+                return self.app.handshake.replay.take();
             }
             if let Err(e) = result {
                 tracing::debug!(peer = %info.peer, conn = info.id, error = %e, "guard: HTTP/2 connection failed");
-                self.fail(e);
+                self.conn().fail(e);
             }
-            if let Some(premature) = self.defences.calm_now() {
+            if let Some(premature) = self.client.defences.calm_now() {
                 tracing::warn!(peer = %info.peer, conn = info.id, premature,
                     "guard: most streams on this connection were reset before they were answered (rapid reset); GOAWAY(ENHANCE_YOUR_CALM)");
                 guard.limited(Limit::rapid_reset).inc();
-                self.fail(Failure::Calm);
+                self.conn().fail(Failure::Calm);
             }
             let now = Instant::now();
             if self.life.close_deadline().is_some_and(|at| now >= at) {
@@ -451,7 +432,7 @@ impl<'a> Relay<'a> {
                     // is counted.
                     tracing::warn!(peer = %info.peer, conn = info.id, open,
                         "guard: closing deadline reached with streams still open; dropping the connection cuts them");
-                    self.cut_open();
+                    self.ends().cut_open();
                 } else {
                     tracing::debug!(peer = %info.peer, conn = info.id, "guard: closing deadline reached; dropping the connection");
                 }
@@ -462,11 +443,11 @@ impl<'a> Relay<'a> {
         // the client's window allows is written. A graceful end that does
         // not leave is a cut.
         self.clear_gate();
-        let ends = self.closing_ends();
-        let queued = self.client.write.len();
-        let _ = flush(client, &mut self.client.write).await;
-        let written = queued - self.client.write.len();
-        self.settle_closed(&ends, written);
+        let ends = self.ends().closing_ends();
+        let queued = self.client.peer.write.len();
+        let _ = flush(client, &mut self.client.peer.write).await;
+        let written = queued - self.client.peer.write.len();
+        self.ends().settle_closed(&ends, written);
         None
     }
 
@@ -480,23 +461,23 @@ impl<'a> Relay<'a> {
     ) -> Poll<Wake> {
         match app.as_mut() {
             Some(app) => {
-                if write_some(cx, app, &mut self.app.write).is_err() {
+                if write_some(cx, app, &mut self.app.peer.write).is_err() {
                     return Poll::Ready(Wake::AppGone(false));
                 }
             }
-            None => self.app.write.clear(),
+            None => self.app.peer.write.clear(),
         }
-        let had = !self.client.write.is_empty();
+        let had = !self.client.peer.write.is_empty();
         self.clear_gate();
         if self
             .window
-            .write(cx, client, &mut self.client.write)
+            .write(cx, client, &mut self.client.peer.write)
             .is_err()
         {
             return Poll::Ready(Wake::ClientGone);
         }
         if had
-            && self.client.write.is_empty()
+            && self.client.peer.write.is_empty()
             && (self.life.closing()
                 || self.life.machine().wants_quiet()
                 || self.streams.has_unwritten())
@@ -514,19 +495,22 @@ impl<'a> Relay<'a> {
         // Local streams move first, but never instead of the reads: a busy
         // WebSocket must not starve the relayed streams beside it.
         let moved = !self.locals.is_empty()
-            && self
-                .locals
-                .poll(cx, &mut self.client, &mut self.window, &mut self.settings);
+            && self.locals.poll(
+                cx,
+                &mut self.client.peer,
+                &mut self.window,
+                &mut self.settings,
+            );
         for client_turn in [client_first, !client_first] {
             if client_turn && want_client {
-                let before = self.client.read.len();
-                match read_some(cx, client, &mut self.client.read) {
+                let before = self.client.peer.read.len();
+                match read_some(cx, client, &mut self.client.peer.read) {
                     Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
                         return Poll::Ready(Wake::ClientGone)
                     }
                     Poll::Ready(Ok(_)) => {
-                        if let Some(r) = self.handshake.replay.as_mut() {
-                            r.extend_from_slice(&self.client.read[before..]);
+                        if let Some(r) = self.app.handshake.replay.as_mut() {
+                            r.extend_from_slice(&self.client.peer.read[before..]);
                         }
                         return Poll::Ready(Wake::FromClient);
                     }
@@ -534,7 +518,7 @@ impl<'a> Relay<'a> {
                 }
             }
             if let (false, true, Some(app)) = (client_turn, want_app, app.as_mut()) {
-                match read_some(cx, app, &mut self.app.read) {
+                match read_some(cx, app, &mut self.app.peer.read) {
                     Poll::Ready(Ok(0)) => return Poll::Ready(Wake::AppGone(true)),
                     Poll::Ready(Err(_)) => return Poll::Ready(Wake::AppGone(false)),
                     Poll::Ready(Ok(_)) => return Poll::Ready(Wake::FromApp),
@@ -550,17 +534,104 @@ impl<'a> Relay<'a> {
 
     /// The application's frames read so far, then what they ask for.
     fn app_frames(&mut self, now: Instant) -> Result<(), Failure> {
-        let next = self.app_read(now)?;
+        let next = self.conn().app_read(now)?;
         self.carry_out(next, now)
     }
 
     /// The timers: stalled streams and the flood pause first, then what
     /// that asks for, then the endings' bounds and the lifecycle's.
     fn timers(&mut self, now: Instant) -> Result<(), Failure> {
-        let next = self.stall_timers(now);
-        self.carry_out(next, now)?;
-        self.bound_timers(now);
+        self.conn().stall_timers(now);
+        if self.client.defences.resume(now) {
+            // The client's frames already read go on, before the other timers.
+            self.client_frames(now)?;
+        }
+        self.conn().bound_timers(now);
         Ok(())
+    }
+
+    /// The client's frames read so far: its preface, then each frame judged
+    /// by its side and handed on, until the reads run dry or a defence
+    /// pauses them.
+    fn client_frames(&mut self, now: Instant) -> Result<(), Failure> {
+        // Offsets into `to_app` from before its last write are stale.
+        self.forward.forget();
+        if !self.client.preface(&mut self.app.peer.write)? {
+            return Ok(());
+        }
+        if self.app.handshake.pending {
+            // Held until the application shows it speaks HTTP/2.
+            return Ok(());
+        }
+        let mut frames = self.client.peer.frames(self.app.peer.frame_max());
+        while let Some((h, frame)) = frames.next()? {
+            if self.settings_waits(h, now) {
+                break;
+            }
+            // PING, SETTINGS and RST_STREAM cost the application work for
+            // free: past their rate the relay stops reading the client
+            // until the next token is due (see `flood`). Not WINDOW_UPDATE:
+            // it is passed on one for one and costs O(1) (some stacks send
+            // one per DATA frame: h2, oghttp2, Go's).
+            if !self.client.defences.take(h.kind, now) {
+                break;
+            }
+            self.client_frame(h, frame, now)?;
+            frames.handled(h);
+        }
+        self.client.peer.keep(frames);
+        Ok(())
+    }
+
+    /// A client SETTINGS waits while `MAX_UNACKED_SETTINGS` of its SETTINGS
+    /// are unacked: reading the client pauses, as for a flood bucket, and
+    /// is tried again shortly (the application's acks do not wake it).
+    fn settings_waits(&mut self, h: Head, now: Instant) -> bool {
+        let waits = h.kind == wire::SETTINGS && h.flags & wire::ACK == 0 && self.settings.full();
+        if waits {
+            self.client.defences.pause_until(now + UNACKED_RETRY);
+        }
+        waits
+    }
+
+    /// One client frame: judged by the client's side, then handed to the
+    /// work on its stream (`client/streams.rs`) by what it is.
+    fn client_frame(&mut self, h: Head, frame: &[u8], now: Instant) -> Result<(), Failure> {
+        let judged = self.client.judge(h, frame, self.app.handshake.alone)?;
+        let (mut conn, mut kept) = self.conn_kept();
+        match judged {
+            Judged::Done => Ok(()),
+            Judged::Fragment(block, fragment) => {
+                conn.client_fragment(block, h, frame, fragment, now, &mut kept)
+            }
+            Judged::Data(data) => conn.client_data(h, frame, data, now, &mut kept),
+            Judged::Reset => {
+                conn.client_reset(h, frame, now, &mut kept);
+                Ok(())
+            }
+            Judged::Priority(error) => conn.client_priority(h, frame, error, now, &mut kept),
+            Judged::Credit(credit) => conn.client_credit(credit),
+            Judged::WindowUpdate(credit) => {
+                conn.client_window_update(h, frame, credit, now, &mut kept);
+                Ok(())
+            }
+            Judged::Settings => conn.client_settings(h, &frame[wire::FRAME_HEADER..]),
+            Judged::PingAck if conn.life.probe_acked(&frame[wire::FRAME_HEADER..]) => {
+                conn.step(Input::Acked, now);
+                Ok(())
+            }
+            Judged::SettingsAck => {
+                // The client's ack of the application's SETTINGS (passed on,
+                // the app's to pair): a lower stream limit now binds.
+                conn.ends.settings.client_acked_streams();
+                conn.ends.app.write.extend_from_slice(frame);
+                Ok(())
+            }
+            Judged::PingAck | Judged::Pass => {
+                conn.ends.app.write.extend_from_slice(frame);
+                Ok(())
+            }
+        }
     }
 
     /// Does what a chapter asked for.
@@ -571,20 +642,93 @@ impl<'a> Relay<'a> {
         }
     }
 
-    /// A header block the guard encoded (its own, or re-encoded) to the
-    /// client, after the table size update that is due, if one is.
-    fn own_block(&mut self, id: u32, block: &[u8], end_stream: bool) {
-        let due = self.settings.take_update_due();
-        self.client.put_own_block(id, block, end_stream, due);
+    /// The parts the connection's life works on, for one step.
+    fn conn(&mut self) -> Conn<'_> {
+        self.conn_kept().0
+    }
+
+    /// What the connection's life works on, and beside it what the
+    /// client's side keeps of its requests: the parts a client frame on a
+    /// stream works on, for one frame.
+    fn conn_kept(&mut self) -> (Conn<'_>, Kept<'_>) {
+        let conn = Conn {
+            ends: Ends {
+                guard: self.guard,
+                info: &self.info,
+                streams: &mut self.streams,
+                endings: &mut self.endings,
+                client: &mut self.client.peer,
+                app: &mut self.app.peer,
+                window: &mut self.window,
+                settings: &mut self.settings,
+            },
+            life: &mut self.life,
+            ids: &mut self.client.ids,
+            handshake: &mut self.app.handshake,
+            locals: &mut self.locals,
+        };
+        let kept = Kept {
+            forward: &mut self.forward,
+            defences: &mut self.client.defences,
+        };
+        (conn, kept)
+    }
+
+    /// The parts a stream's ending works on, for one step.
+    fn ends(&mut self) -> Ends<'_> {
+        self.conn().ends
+    }
+
+    /// When the loop must wake next: the flood pause's end, the planned
+    /// ends, the lifecycle's deadlines, the stall timers and the endings'
+    /// bounds.
+    pub(super) fn next_deadline(&self) -> Option<Instant> {
+        let l = self.guard.config().limits;
+        let d = self.life.machine().deadlines();
+        let mut next = [
+            self.client.defences.paused_until(),
+            self.endings.planned.front().map(|p| p.at),
+            self.life.sweep_at(),
+            self.life.close_deadline(),
+            d.age,
+            d.ack,
+            d.grace,
+            d.first_stream,
+            d.idle,
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        for id in &self.endings.stalled {
+            if let Some(at) = self.streams.get(id).and_then(Stream::shut_since) {
+                next = next.into_iter().chain([at + l.write_stall_timeout]).min();
+            }
+        }
+        for &id in &self.endings.asked {
+            next = next
+                .into_iter()
+                .chain(ending_due(&self.streams, l.end_timeout, id))
+                .min();
+        }
+        next
+    }
+
+    /// The connection's stream count, told to the lifecycle when it goes
+    /// to or from zero.
+    pub(super) fn count_changed(&mut self, now: Instant) {
+        let n = self.streams.len() + self.locals.len();
+        if self.life.count_changed(n) {
+            self.conn().step(Input::Streams(n), now);
+        }
     }
 
     /// Charges what waits for the client to its connection window (see
     /// [`Window::clear_gate`]); the padding of a DATA frame it split is
     /// given back to the application.
     fn clear_gate(&mut self) {
-        for (id, padding) in self.window.clear_gate(&mut self.client.write) {
-            wire::window_update(&mut self.app.write, 0, padding);
-            wire::window_update(&mut self.app.write, id, padding);
+        for (id, padding) in self.window.clear_gate(&mut self.client.peer.write) {
+            wire::window_update(&mut self.app.peer.write, 0, padding);
+            wire::window_update(&mut self.app.peer.write, id, padding);
             if let Some(s) = self.streams.get_mut(&id) {
                 s.grow_window(i64::from(padding));
             }
@@ -598,27 +742,28 @@ impl<'a> Relay<'a> {
     /// but while the client's window holds `to_client` back, the client is
     /// read further, for its WINDOW_UPDATEs.
     fn wants(&self) -> (bool, bool) {
-        let held = self.window.holds_back(self.client.write.len());
+        let held = self.window.holds_back(self.client.peer.write.len());
         let client_room = if held { BLOCKED_HIGH_WATER } else { HIGH_WATER };
         if self.life.closing() {
             // Only for the WINDOW_UPDATEs what waits at the gate needs.
             return (
-                held && self.client.read.len() < READ_BUF + MAX_FRAME as usize,
+                held && self.client.peer.read.len() < READ_BUF + MAX_FRAME as usize,
                 false,
             );
         }
         (
             !self.life.closing()
-                && self.app.write.len() < HIGH_WATER
-                && self.client.write.len() < client_room
-                && self.defences.paused_until().is_none()
-                && !(self.handshake.app_pending && self.client.read.len() >= REPLAY_MAX),
+                && self.app.peer.write.len() < HIGH_WATER
+                && self.client.peer.write.len() < client_room
+                && self.client.defences.paused_until().is_none()
+                && !(self.app.handshake.pending && self.client.peer.read.len() >= REPLAY_MAX),
             // While an ending waits for the barrier's ack, the application
             // is read further (its acks and what it wrote before them), up
             // to the mark that also bounds a client whose window is shut.
             !self.streams.holds_too_much()
-                && (self.client.write.len() < HIGH_WATER
-                    || (self.awaits_ack() && self.client.write.len() < BLOCKED_HIGH_WATER)),
+                && (self.client.peer.write.len() < HIGH_WATER
+                    || (self.endings.awaits_ack()
+                        && self.client.peer.write.len() < BLOCKED_HIGH_WATER)),
         )
     }
 }

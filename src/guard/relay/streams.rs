@@ -29,6 +29,17 @@ pub(super) struct Streams {
 }
 
 impl Streams {
+    /// Whether the guard cancelled the application's side of stream `id`
+    /// while it ends it (its client's frames no longer go there).
+    pub(super) fn app_cancelled(&self, id: u32) -> bool {
+        self.get(&id).is_some_and(Stream::app_cancelled)
+    }
+
+    /// Whether stream `id` is open and its client window shut.
+    pub(super) fn shut(&self, id: u32) -> bool {
+        self.get(&id).is_some_and(|s| s.shut_since().is_some())
+    }
+
     pub(super) fn get(&self, id: &u32) -> Option<&Stream> {
         self.open.get(id)
     }
@@ -106,9 +117,18 @@ impl Streams {
         self.held
     }
 
-    /// Whether they reach [`HOLD_MAX`].
+    /// Whether they reach [`HOLD_MAX`] (the application is then not read
+    /// until some are released). Never while no stream holds anything: a
+    /// count that drifted (a bug) must not stop the application's reads
+    /// for good.
     pub(super) fn holds_too_much(&self) -> bool {
-        self.held >= HOLD_MAX
+        self.held >= HOLD_MAX && self.open.values().any(|s| s.held.is_some())
+    }
+
+    /// A count that drifted, for the test of [`Streams::holds_too_much`].
+    #[cfg(test)]
+    pub(super) fn drift_held(&mut self, bytes: usize) {
+        self.held += bytes;
     }
 
     /// The stream holding the most, if one holds anything.

@@ -43,7 +43,7 @@
 
 pub(super) mod cadence;
 mod plan;
-mod protocol;
+pub(super) mod protocol;
 pub(super) mod state;
 
 use std::time::Duration;

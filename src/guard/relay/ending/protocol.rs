@@ -28,18 +28,69 @@
 use bytes::BytesMut;
 use tokio::time::Instant;
 
-use super::state::{ends_in, Cancelled, ClosingEnds, Held, ACK_MIN, ENDED_KEPT};
+use super::state::{ends_in, Cancelled, ClosingEnds, Endings, Held, ACK_MIN, ENDED_KEPT};
 use super::{StreamOutcome, BURST_GAP};
 use crate::guard::body::End;
+use crate::guard::conn::ConnInfo;
 use crate::guard::grpc;
+use crate::guard::handle::Handle;
 use crate::guard::relay::blocks::trailers_only;
+use crate::guard::relay::peer::Peer;
+use crate::guard::relay::settings::PeerSettings;
 use crate::guard::relay::settings::Unacked;
-use crate::guard::relay::streams::Stream;
+use crate::guard::relay::streams::{Stream, Streams};
+use crate::guard::relay::window::Window;
 use crate::guard::relay::wire::{self, Head};
-use crate::guard::relay::Relay;
 use crate::metrics::Dropped;
 
-impl Relay<'_> {
+/// The parts of the relay a stream's end works on, borrowed from it for
+/// one step (`Relay::ends`): the open streams, the endings and their
+/// barrier, both peers, the client's connection window and the SETTINGS.
+/// The connection's lifecycle, its ids and defences are not among them: an
+/// ending never calls back into the rest of the relay.
+pub(in crate::guard::relay) struct Ends<'a> {
+    /// The guard's settings and counters.
+    pub(in crate::guard::relay) guard: &'a Handle,
+    /// Who the client is, for logs.
+    pub(in crate::guard::relay) info: &'a ConnInfo,
+    pub(in crate::guard::relay) streams: &'a mut Streams,
+    pub(in crate::guard::relay) endings: &'a mut Endings,
+    /// The client's peer: the ends written to it.
+    pub(in crate::guard::relay) client: &'a mut Peer,
+    /// The application's peer: the cancels and the barrier written to it.
+    pub(in crate::guard::relay) app: &'a mut Peer,
+    pub(in crate::guard::relay) window: &'a mut Window,
+    pub(in crate::guard::relay) settings: &'a mut PeerSettings,
+}
+
+/// When stream `id`'s ending must be looked at next, `end_timeout` its
+/// bound from the ask.
+pub(in crate::guard::relay) fn ending_due(
+    streams: &Streams,
+    end_timeout: std::time::Duration,
+    id: u32,
+) -> Option<Instant> {
+    let e = streams.get(&id).and_then(Stream::ending)?;
+    if let Some(c) = e.cancelled {
+        return Some(c.by);
+    }
+    [
+        e.quiet_at,
+        Some(e.forced_by.unwrap_or(e.asked + end_timeout)),
+    ]
+    .into_iter()
+    .flatten()
+    .min()
+}
+
+impl Ends<'_> {
+    /// A header block the guard encoded to the client, after the table
+    /// size update that is due, if one is.
+    pub(in crate::guard::relay) fn own_block(&mut self, id: u32, block: &[u8], end_stream: bool) {
+        let due = self.settings.take_update_due();
+        self.client.put_own_block(id, block, end_stream, due);
+    }
+
     /// Stream `id` was asked to end (by a drain, its connection's age, or
     /// the application's GOAWAY).
     pub(in crate::guard::relay) fn begin_end(&mut self, id: u32, now: Instant) {
@@ -201,12 +252,6 @@ impl Relay<'_> {
                 c.acked = true;
             }
         }
-    }
-
-    /// Whether the guard cancelled the application's side of stream `id`
-    /// while it ends it (its client's frames no longer go there).
-    pub(in crate::guard::relay) fn app_cancelled(&self, id: u32) -> bool {
-        self.streams.get(&id).is_some_and(Stream::app_cancelled)
     }
 
     /// DATA on stream `id`, which is open, from the application (`frame`,
@@ -394,22 +439,6 @@ impl Relay<'_> {
         }
     }
 
-    /// When stream `id`'s ending must be looked at next.
-    pub(in crate::guard::relay) fn ending_due(&self, id: u32) -> Option<Instant> {
-        let l = self.guard.config().limits;
-        let e = self.streams.get(&id).and_then(Stream::ending)?;
-        if let Some(c) = e.cancelled {
-            return Some(c.by);
-        }
-        [
-            e.quiet_at,
-            Some(e.forced_by.unwrap_or(e.asked + l.end_timeout)),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
-    }
-
     /// The barrier round trip a stream asking now must wait for: the second
     /// one started from now on (see [`super::state::Barrier`]).
     pub(in crate::guard::relay) fn barrier_target(&mut self) -> u64 {
@@ -445,12 +474,6 @@ impl Relay<'_> {
             self.send_barrier();
         }
         self.endings.barrier.moved = true;
-    }
-
-    /// Whether a stream's ending waits for the barrier's ack: the
-    /// application is then read even while the client is backed up.
-    pub(in crate::guard::relay) fn awaits_ack(&self) -> bool {
-        self.endings.barrier.acked < self.endings.barrier.wanted
     }
 
     pub(in crate::guard::relay) fn check_endings(&mut self, now: Instant) {

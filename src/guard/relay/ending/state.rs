@@ -126,6 +126,21 @@ pub(in crate::guard::relay) struct Endings {
     pub(in crate::guard::relay) planned: VecDeque<Planned>,
 }
 
+impl Endings {
+    /// Only streams `still_shut` (open, their client window still shut)
+    /// keep a stall timer: the set never outgrows the table, whether or not
+    /// a timer ran since.
+    pub(in crate::guard::relay) fn prune_stalled(&mut self, still_shut: impl Fn(u32) -> bool) {
+        self.stalled.retain(|&id| still_shut(id));
+    }
+
+    /// Whether a stream's ending waits for the barrier's ack: the
+    /// application is then read even while the client is backed up.
+    pub(in crate::guard::relay) fn awaits_ack(&self) -> bool {
+        self.barrier.acked < self.barrier.wanted
+    }
+}
+
 /// An end the connection planned for one of its streams.
 #[derive(Debug)]
 pub(in crate::guard::relay) struct Planned {

@@ -27,7 +27,7 @@ async fn quiet_endings_spread_over_a_drain_send_the_app_no_ping() {
         now += std::time::Duration::from_millis(400);
         ctl.end(Reason::drain);
         for id in r.endings.queue.take() {
-            r.begin_end(id, now);
+            r.ends().begin_end(id, now);
         }
         // Its quiet moment passes; the barrier starts.
         now += settle + BURST_GAP;
@@ -41,20 +41,20 @@ async fn quiet_endings_spread_over_a_drain_send_the_app_no_ping() {
             "stream {i} ends on the second ack"
         );
     }
-    let (pings, _) = count(&r.app.write, wire::PING);
+    let (pings, _) = count(&r.app.peer.write, wire::PING);
     assert_eq!(pings, 0, "no PING to the application");
-    let (settings, acks) = count(&r.app.write, wire::SETTINGS);
+    let (settings, acks) = count(&r.app.peer.write, wire::SETTINGS);
     assert_eq!(
         (settings, acks),
         (40, 0),
         "two empty SETTINGS per lone ending"
     );
-    assert!(frames_in(&r.app.write)
+    assert!(frames_in(&r.app.peer.write)
         .iter()
         .filter(|f| f.0 == wire::SETTINGS)
         .all(|f| f.3.is_empty()));
     // Every ack was the guard's own: none reached the client.
-    assert_eq!(count(&r.client.write, wire::SETTINGS), (0, 0));
+    assert_eq!(count(&r.client.peer.write, wire::SETTINGS), (0, 0));
     assert!(r.streams.is_empty());
 }
 
@@ -72,34 +72,34 @@ async fn endings_asked_together_share_three_round_trips() {
     let now = start + guard.config().limits.end_settle + BURST_GAP;
     r.timers(now).expect("timers");
     // The first stream's cancel, the barrier, then the other cancels.
-    let order: Vec<u8> = frames_in(&r.app.write).iter().map(|f| f.0).collect();
+    let order: Vec<u8> = frames_in(&r.app.peer.write).iter().map(|f| f.0).collect();
     assert_eq!(
         order[..3],
         [wire::RST_STREAM, wire::SETTINGS, wire::RST_STREAM]
     );
     // Two acks: only the first stream's end may go.
     for _ in 0..2 {
-        wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
+        wire::put(&mut r.app.peer.read, wire::SETTINGS, wire::ACK, 0, &[]);
         r.app_frames(now).expect("an ack");
     }
     assert_eq!(ended_gracefully(&r), 1);
     // A message of the last stream, written before it read its cancel,
     // after the second ack: forwarded, not dropped.
-    wire::put(&mut r.app.read, wire::DATA, 0, 39, &[0, 0, 0, 0, 1, 9]);
+    wire::put(&mut r.app.peer.read, wire::DATA, 0, 39, &[0, 0, 0, 0, 1, 9]);
     r.app_frames(now).expect("a late message");
     assert!(
         r.streams.contains_key(&39),
         "still waiting for its round trips"
     );
     assert_eq!(
-        count(&r.app.write, wire::SETTINGS),
+        count(&r.app.peer.write, wire::SETTINGS),
         (3, 0),
         "the third is out"
     );
-    wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
+    wire::put(&mut r.app.peer.read, wire::SETTINGS, wire::ACK, 0, &[]);
     r.app_frames(now).expect("the third ack");
     assert_eq!(ended_gracefully(&r), 20);
-    let to_client = frames_in(&r.client.write);
+    let to_client = frames_in(&r.client.peer.write);
     let late = to_client
         .iter()
         .position(|f| f.0 == wire::DATA && f.2 == 39 && f.3 == [0, 0, 0, 0, 1, 9])
@@ -109,7 +109,7 @@ async fn endings_asked_together_share_three_round_trips() {
         .position(|f| f.0 == wire::HEADERS && f.2 == 39)
         .expect("stream 39's trailers");
     assert!(late < end, "the message before the trailers");
-    assert_eq!(count(&r.app.write, wire::PING), (0, 0));
+    assert_eq!(count(&r.app.peer.write, wire::PING), (0, 0));
 }
 
 /// A client SETTINGS and the guard's barrier in flight together: each ack
@@ -127,27 +127,27 @@ async fn settings_acks_pair_with_what_they_acknowledge() {
     let mut lower = Vec::new();
     lower.extend_from_slice(&wire::HEADER_TABLE_SIZE.to_be_bytes());
     lower.extend_from_slice(&0u32.to_be_bytes());
-    wire::put(&mut r.client.read, wire::SETTINGS, 0, 0, &lower);
+    wire::put(&mut r.client.peer.read, wire::SETTINGS, 0, 0, &lower);
     r.client_frames(later).expect("the client's SETTINGS");
     // The app acks the barrier: not the client's.
-    wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
+    wire::put(&mut r.app.peer.read, wire::SETTINGS, wire::ACK, 0, &[]);
     r.app_frames(later).expect("ack 1");
-    assert_eq!(count(&r.client.write, wire::SETTINGS), (0, 0));
+    assert_eq!(count(&r.client.peer.write, wire::SETTINGS), (0, 0));
     assert_eq!(r.settings.table_acked(), DEFAULT_TABLE, "not acked yet");
     // The client's, then the second barrier's.
-    wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
+    wire::put(&mut r.app.peer.read, wire::SETTINGS, wire::ACK, 0, &[]);
     r.app_frames(later).expect("ack 2");
-    assert_eq!(count(&r.client.write, wire::SETTINGS), (1, 1));
+    assert_eq!(count(&r.client.peer.write, wire::SETTINGS), (1, 1));
     assert_eq!(r.settings.table_acked(), 0);
     assert_eq!(
         ended_gracefully(&r),
         0,
         "the second round trip is still out"
     );
-    wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
+    wire::put(&mut r.app.peer.read, wire::SETTINGS, wire::ACK, 0, &[]);
     r.app_frames(later).expect("ack 3");
     assert_eq!(ended_gracefully(&r), 1);
-    assert_eq!(count(&r.client.write, wire::SETTINGS), (1, 1));
+    assert_eq!(count(&r.client.peer.write, wire::SETTINGS), (1, 1));
 }
 /// The fuzz target's harness reaches the guard's own endings: a drain, the
 /// clock past the quiet moment, the app's acks of the barrier, and every
@@ -225,7 +225,10 @@ async fn the_app_is_cancelled_first_and_what_it_wrote_meanwhile_goes_on() {
     ask_all(&guard, &mut r, Reason::drain, asked);
     let later = asked + guard.config().limits.end_settle + BURST_GAP;
     r.timers(later).expect("timers");
-    let to_app: Vec<(u8, u32)> = frames_in(&r.app.write).iter().map(|f| (f.0, f.2)).collect();
+    let to_app: Vec<(u8, u32)> = frames_in(&r.app.peer.write)
+        .iter()
+        .map(|f| (f.0, f.2))
+        .collect();
     assert_eq!(
         to_app,
         [(wire::RST_STREAM, 1), (wire::SETTINGS, 0)],
@@ -233,14 +236,14 @@ async fn the_app_is_cancelled_first_and_what_it_wrote_meanwhile_goes_on() {
     );
     let message = [0u8, 0, 0, 0, 1, 9];
     // Written before the app read the cancel; then the first ack.
-    wire::put(&mut r.app.read, wire::DATA, 0, 1, &message);
-    wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
+    wire::put(&mut r.app.peer.read, wire::DATA, 0, 1, &message);
+    wire::put(&mut r.app.peer.read, wire::SETTINGS, wire::ACK, 0, &[]);
     r.app_frames(later).expect("data, ack 1");
     // The second ack, with one more message behind it in the same read.
-    wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
-    wire::put(&mut r.app.read, wire::DATA, 0, 1, &message);
+    wire::put(&mut r.app.peer.read, wire::SETTINGS, wire::ACK, 0, &[]);
+    wire::put(&mut r.app.peer.read, wire::DATA, 0, 1, &message);
     r.app_frames(later).expect("ack 2, data");
-    let to_client: Vec<(u8, u32, bool)> = frames_in(&r.client.write)
+    let to_client: Vec<(u8, u32, bool)> = frames_in(&r.client.peer.write)
         .iter()
         .map(|f| (f.0, f.2, f.1 & wire::END_STREAM != 0))
         .collect();
@@ -254,7 +257,7 @@ async fn the_app_is_cancelled_first_and_what_it_wrote_meanwhile_goes_on() {
         ],
         "both messages, then the trailers (and the request's end)"
     );
-    let cancels = frames_in(&r.app.write)
+    let cancels = frames_in(&r.app.peer.write)
         .iter()
         .filter(|f| f.0 == wire::RST_STREAM)
         .count();
@@ -274,10 +277,11 @@ async fn an_app_that_closes_after_the_cancel_still_gets_a_graceful_end() {
     ask_all(&guard, &mut r, Reason::drain, asked);
     r.timers(asked + guard.config().limits.end_settle + BURST_GAP)
         .expect("timers");
-    assert!(r.app_cancelled(1));
-    r.app_lost(true);
+    assert!(r.streams.app_cancelled(1));
+    r.conn().app_lost(true);
     let has = |needle: &str| {
         r.client
+            .peer
             .write
             .windows(needle.len())
             .any(|w| w == needle.as_bytes())
@@ -297,14 +301,14 @@ async fn a_frame_with_a_whole_message_and_the_start_of_the_next_is_split() {
     let mut r = streams_open(&guard, 1, now);
     ask_all(&guard, &mut r, Reason::drain, now);
     r.timers(now + BURST_GAP).expect("the cancel");
-    r.client.write.clear();
+    r.client.peer.write.clear();
     r.window.buffer_dropped();
     let frame = [0, 0, 0, 0, 1, 9, 0, 0, 0, 0, 3, 4];
-    wire::put(&mut r.app.read, wire::DATA, 0, 1, &frame);
+    wire::put(&mut r.app.peer.read, wire::DATA, 0, 1, &frame);
     r.app_frames(now + BURST_GAP)
         .expect("a whole message and a start");
     ack_barriers(&mut r, now + BURST_GAP);
-    let data: Vec<u8> = frames_in(&r.client.write)
+    let data: Vec<u8> = frames_in(&r.client.peer.write)
         .iter()
         .filter(|f| f.0 == wire::DATA)
         .flat_map(|f| f.3.clone())
@@ -313,7 +317,7 @@ async fn a_frame_with_a_whole_message_and_the_start_of_the_next_is_split() {
     assert_eq!(ended_gracefully(&r), 1);
     assert_eq!(dropped(&metrics, Dropped::partial_message), (1, 6));
     // The held start's window goes back to the app.
-    assert_eq!(credit_in(&r.app.write, 0), 6);
+    assert_eq!(credit_in(&r.app.peer.write, 0), 6);
 }
 
 /// Issue 55 review: a write may stop inside a frame; the ends still queued
@@ -324,13 +328,13 @@ async fn an_end_behind_a_half_written_frame_is_not_counted_written() {
     let (guard, metrics) = guard_and_metrics();
     let now = Instant::now();
     let mut r = streams_open(&guard, 1, now);
-    r.client.write.clear();
+    r.client.peer.write.clear();
     r.window.buffer_dropped();
     ask_all(&guard, &mut r, Reason::drain, now);
     r.timers(now + BURST_GAP).expect("the cancel");
     let mut message = vec![0u8, 0, 0, 0x10, 0];
     message.resize(5 + 0x1000, 0xff);
-    wire::put(&mut r.app.read, wire::DATA, 0, 1, &message);
+    wire::put(&mut r.app.peer.read, wire::DATA, 0, 1, &message);
     r.app_frames(now + BURST_GAP).expect("a message");
     ack_barriers(&mut r, now + BURST_GAP);
     r.clear_gate();
@@ -340,10 +344,10 @@ async fn an_end_behind_a_half_written_frame_is_not_counted_written() {
     let waker = std::task::Waker::noop();
     let mut cx = std::task::Context::from_waker(waker);
     r.window
-        .write(&mut cx, &mut limited, &mut r.client.write)
+        .write(&mut cx, &mut limited, &mut r.client.peer.write)
         .expect("a partial write");
     assert_eq!(sink.len(), 19);
-    r.settle_written(None);
+    r.ends().settle_written(None);
     assert_eq!(
         terminated(&metrics, Reason::drain),
         0,
@@ -353,9 +357,9 @@ async fn an_end_behind_a_half_written_frame_is_not_counted_written() {
     let mut all = Vec::new();
     let mut open = Limited(&mut all, usize::MAX);
     r.window
-        .write(&mut cx, &mut open, &mut r.client.write)
+        .write(&mut cx, &mut open, &mut r.client.peer.write)
         .expect("the rest");
-    r.settle_written(None);
+    r.ends().settle_written(None);
     assert_eq!(terminated(&metrics, Reason::drain), 1);
 }
 
@@ -404,13 +408,13 @@ async fn an_app_lost_mid_frame_never_gives_a_graceful_end() {
         if half_frame {
             let mut f = BytesMut::new();
             wire::put(&mut f, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 9]);
-            r.app.read.extend_from_slice(&f[..12]);
+            r.app.peer.read.extend_from_slice(&f[..12]);
             r.app_frames(now + BURST_GAP).expect("half a frame");
         }
-        r.app_lost(clean);
-        r.client.write.clear();
+        r.conn().app_lost(clean);
+        r.client.peer.write.clear();
         r.window.buffer_dropped();
-        r.settle_written(None);
+        r.ends().settle_written(None);
         assert_eq!(
             terminated(&metrics, Reason::drain),
             0,
@@ -418,7 +422,13 @@ async fn an_app_lost_mid_frame_never_gives_a_graceful_end() {
         );
         let has_lost = {
             let needle = grpc::UPSTREAM_LOST_MESSAGE.as_bytes();
-            r.streams.is_empty() && !r.client.write.windows(needle.len()).any(|w| w == needle)
+            r.streams.is_empty()
+                && !r
+                    .client
+                    .peer
+                    .write
+                    .windows(needle.len())
+                    .any(|w| w == needle)
         };
         assert!(has_lost, "the stream ended as a lost app's");
     }
@@ -434,17 +444,17 @@ async fn nothing_but_priority_goes_to_the_app_on_a_stream_it_cancelled() {
     let mut r = streams_open(&guard, 1, now);
     ask_all(&guard, &mut r, Reason::drain, now);
     r.timers(now + BURST_GAP).expect("the cancel");
-    r.app.write.clear();
+    r.app.peer.write.clear();
     let trailers = wire::literal_block(&[("x-end", "1")]);
     wire::put(
-        &mut r.client.read,
+        &mut r.client.peer.read,
         wire::WINDOW_UPDATE,
         0,
         1,
         &100u32.to_be_bytes(),
     );
     wire::put(
-        &mut r.client.read,
+        &mut r.client.peer.read,
         wire::HEADERS,
         wire::END_HEADERS | wire::END_STREAM,
         1,
@@ -452,7 +462,10 @@ async fn nothing_but_priority_goes_to_the_app_on_a_stream_it_cancelled() {
     );
     r.client_frames(now + BURST_GAP)
         .expect("the client's frames");
-    let to_app: Vec<(u8, u32)> = frames_in(&r.app.write).iter().map(|f| (f.0, f.2)).collect();
+    let to_app: Vec<(u8, u32)> = frames_in(&r.app.peer.write)
+        .iter()
+        .map(|f| (f.0, f.2))
+        .collect();
     assert!(
         to_app.iter().all(|&(_, id)| id != 1),
         "nothing on stream 1: {to_app:?}"
@@ -467,21 +480,30 @@ async fn a_head_and_a_message_behind_the_ack_in_one_read_come_first() {
     let (guard, metrics) = guard_and_metrics();
     let now = Instant::now();
     let mut r = handshaken(&guard, now);
-    wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
+    wire::put(&mut r.app.peer.read, wire::SETTINGS, wire::ACK, 0, &[]);
     r.app_frames(now).expect("the ack of the client's SETTINGS");
     request(&mut r, 1, now);
-    r.client.write.clear();
+    r.client.peer.write.clear();
     r.window.buffer_dropped();
     ask_all(&guard, &mut r, Reason::drain, now);
-    assert!(r.app_cancelled(1), "no answer yet: cancelled at once");
-    wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
+    assert!(
+        r.streams.app_cancelled(1),
+        "no answer yet: cancelled at once"
+    );
+    wire::put(&mut r.app.peer.read, wire::SETTINGS, wire::ACK, 0, &[]);
     r.app_frames(now).expect("ack 1");
     let head = wire::literal_block(&[(":status", "200"), ("content-type", "application/grpc")]);
-    wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
-    wire::put(&mut r.app.read, wire::HEADERS, wire::END_HEADERS, 1, &head);
-    wire::put(&mut r.app.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 9]);
+    wire::put(&mut r.app.peer.read, wire::SETTINGS, wire::ACK, 0, &[]);
+    wire::put(
+        &mut r.app.peer.read,
+        wire::HEADERS,
+        wire::END_HEADERS,
+        1,
+        &head,
+    );
+    wire::put(&mut r.app.peer.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 9]);
     r.app_frames(now).expect("ack 2, the head, a message");
-    let to_client: Vec<(u8, bool)> = frames_in(&r.client.write)
+    let to_client: Vec<(u8, bool)> = frames_in(&r.client.peer.write)
         .iter()
         .map(|f| (f.0, f.1 & wire::END_STREAM != 0))
         .collect();
@@ -508,29 +530,29 @@ async fn a_stream_of_split_messages_is_cancelled_first_and_never_gets_half_a_mes
         let now = Instant::now();
         let mut r = streams_open(&guard, 1, now);
         // A message of 3 bytes in two frames.
-        wire::put(&mut r.app.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 3, 1]);
-        wire::put(&mut r.app.read, wire::DATA, 0, 1, &[2, 3]);
+        wire::put(&mut r.app.peer.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 3, 1]);
+        wire::put(&mut r.app.peer.read, wire::DATA, 0, 1, &[2, 3]);
         r.app_frames(now).expect("a split message");
-        r.app.write.clear();
-        r.client.write.clear();
+        r.app.peer.write.clear();
+        r.client.peer.write.clear();
         r.window.buffer_dropped();
         ask_all(&guard, &mut r, Reason::drain, now);
         r.timers(now + BURST_GAP).expect("timers");
-        let to_app: Vec<u8> = frames_in(&r.app.write).iter().map(|f| f.0).collect();
+        let to_app: Vec<u8> = frames_in(&r.app.peer.write).iter().map(|f| f.0).collect();
         assert_eq!(
             to_app,
             [wire::RST_STREAM, wire::SETTINGS],
             "the cancel first"
         );
         // Written before it read the cancel: the start of the next message.
-        wire::put(&mut r.app.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 3, 4]);
+        wire::put(&mut r.app.peer.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 3, 4]);
         if finished {
-            wire::put(&mut r.app.read, wire::DATA, 0, 1, &[5, 6]);
+            wire::put(&mut r.app.peer.read, wire::DATA, 0, 1, &[5, 6]);
         }
         r.app_frames(now + BURST_GAP).expect("a message begun");
         ack_barriers(&mut r, now + BURST_GAP);
         assert_eq!(ended_gracefully(&r), 1, "finished: {finished}");
-        let data: Vec<u8> = frames_in(&r.client.write)
+        let data: Vec<u8> = frames_in(&r.client.peer.write)
             .iter()
             .filter(|f| f.0 == wire::DATA)
             .flat_map(|f| f.3.clone())
@@ -547,9 +569,9 @@ async fn a_stream_of_split_messages_is_cancelled_first_and_never_gets_half_a_mes
             assert!(data.is_empty(), "never half a message: {data:?}");
             assert_eq!(partial, (1, 6), "the dropped start is counted");
             // Its window goes back to the application.
-            assert_eq!(credit_in(&r.app.write, 0), 6);
+            assert_eq!(credit_in(&r.app.peer.write, 0), 6);
         }
-        let cancels = count(&r.app.write, wire::RST_STREAM).0;
+        let cancels = count(&r.app.peer.write, wire::RST_STREAM).0;
         assert_eq!(cancels, 1, "the app's stream is cancelled once");
     }
 }
@@ -570,14 +592,14 @@ async fn a_slow_app_s_message_and_acks_long_after_the_cancel_still_come_first() 
         ask_all(&guard, &mut r, Reason::drain, asked);
         let cancel_at = asked + guard.config().limits.end_settle + BURST_GAP;
         r.timers(cancel_at).expect("timers");
-        assert!(r.app_cancelled(1));
-        r.client.write.clear();
+        assert!(r.streams.app_cancelled(1));
+        r.client.peer.write.clear();
         r.window.buffer_dropped();
         r.timers(cancel_at + late).expect("the clock runs on");
         assert_eq!(ended_gracefully(&r), 0, "still waiting, {late:?}");
-        wire::put(&mut r.app.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 9]);
+        wire::put(&mut r.app.peer.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 9]);
         ack_barriers(&mut r, cancel_at + late);
-        let to_client: Vec<(u8, bool)> = frames_in(&r.client.write)
+        let to_client: Vec<(u8, bool)> = frames_in(&r.client.peer.write)
             .iter()
             .map(|f| (f.0, f.1 & wire::END_STREAM != 0))
             .collect();
@@ -603,22 +625,22 @@ async fn an_ending_past_its_bound_is_never_counted_graceful_and_later_data_is_co
     ask_all(&guard, &mut r, Reason::drain, now);
     let cancel_at = now + BURST_GAP;
     r.timers(cancel_at).expect("timers");
-    assert!(r.app_cancelled(1));
+    assert!(r.streams.app_cancelled(1));
     let bound = cancel_at + guard.config().limits.end_timeout;
     assert!(r.next_deadline().is_some_and(|at| at <= bound));
     r.timers(bound).expect("the bound");
     assert!(r.streams.is_empty());
     assert_eq!(ended_gracefully(&r), 1, "the client still gets trailers");
-    r.client.write.clear();
+    r.client.peer.write.clear();
     r.window.buffer_dropped();
-    r.settle_written(None);
+    r.ends().settle_written(None);
     assert_eq!(terminated(&metrics, Reason::drain), 0, "not graceful");
     assert_eq!(ungraceful(&metrics, Reason::drain), 1);
-    wire::put(&mut r.app.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 9]);
+    wire::put(&mut r.app.peer.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 9]);
     r.app_frames(bound).expect("data after the end");
     assert_eq!(dropped(&metrics, Dropped::after_end), (1, 6));
     assert!(
-        frames_in(&r.client.write).is_empty(),
+        frames_in(&r.client.peer.write).is_empty(),
         "nothing after the end"
     );
 }
@@ -634,7 +656,7 @@ async fn a_graceful_end_counts_once_written_and_a_dropped_one_is_a_cut() {
     r.timers(now + BURST_GAP).expect("timers");
     ack_barriers(&mut r, now + BURST_GAP);
     assert_eq!(ended_gracefully(&r), 2);
-    r.settle_written(None);
+    r.ends().settle_written(None);
     assert_eq!(
         terminated(&metrics, Reason::drain),
         0,
@@ -644,8 +666,8 @@ async fn a_graceful_end_counts_once_written_and_a_dropped_one_is_a_cut() {
     // Stream 1's end leaves; stream 3's is dropped with the connection.
     let mut cut = std::collections::HashSet::new();
     cut.insert(3);
-    r.client.write.clear();
-    r.settle_written(Some(&cut));
+    r.client.peer.write.clear();
+    r.ends().settle_written(Some(&cut));
     assert_eq!(terminated(&metrics, Reason::drain), 1);
     assert_eq!(ungraceful(&metrics, Reason::drain), 1);
     assert_eq!(guard.registered(), 0);

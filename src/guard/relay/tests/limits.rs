@@ -11,9 +11,9 @@ async fn the_client_s_hpack_table_is_capped_whatever_the_app_allows() {
     let mut huge = Vec::new();
     huge.extend_from_slice(&wire::HEADER_TABLE_SIZE.to_be_bytes());
     huge.extend_from_slice(&(1u32 << 31).to_be_bytes());
-    wire::put(&mut r.app.read, wire::SETTINGS, 0, 0, &huge);
+    wire::put(&mut r.app.peer.read, wire::SETTINGS, 0, 0, &huge);
     r.app_frames(Instant::now()).expect("the app's SETTINGS");
-    let settings = frames_in(&r.client.write)
+    let settings = frames_in(&r.client.peer.write)
         .into_iter()
         .find(|f| f.0 == wire::SETTINGS)
         .expect("SETTINGS to the client");
@@ -46,32 +46,32 @@ async fn a_lower_stream_limit_binds_once_the_client_acked_it() {
     let mut one = Vec::new();
     one.extend_from_slice(&wire::MAX_CONCURRENT_STREAMS.to_be_bytes());
     one.extend_from_slice(&1u32.to_be_bytes());
-    wire::put(&mut r.app.read, wire::SETTINGS, 0, 0, &one);
+    wire::put(&mut r.app.peer.read, wire::SETTINGS, 0, 0, &one);
     r.app_frames(now).expect("the app's SETTINGS");
-    r.client.write.clear();
-    r.app.write.clear();
+    r.client.peer.write.clear();
+    r.app.peer.write.clear();
     // Not acked yet: stream 3 goes to the app.
     request(&mut r, 3, now);
-    let to_app = frames_in(&r.app.write);
+    let to_app = frames_in(&r.app.peer.write);
     assert!(
         to_app.iter().any(|f| f.0 == wire::HEADERS && f.2 == 3),
         "{to_app:?}"
     );
-    assert!(!frames_in(&r.client.write)
+    assert!(!frames_in(&r.client.peer.write)
         .iter()
         .any(|f| f.0 == wire::RST_STREAM && f.2 == 3));
     // The client acks both SETTINGS it was sent (the handshake's and the
     // lower limit): stream 5 is past the limit it agreed to.
     for _ in 0..2 {
-        wire::put(&mut r.client.read, wire::SETTINGS, wire::ACK, 0, &[]);
+        wire::put(&mut r.client.peer.read, wire::SETTINGS, wire::ACK, 0, &[]);
     }
     r.client_frames(now).expect("the client's acks");
-    r.app.write.clear();
+    r.app.peer.write.clear();
     request(&mut r, 5, now);
-    assert!(!frames_in(&r.app.write)
+    assert!(!frames_in(&r.app.peer.write)
         .iter()
         .any(|f| f.0 == wire::HEADERS && f.2 == 5));
-    let refused = frames_in(&r.client.write)
+    let refused = frames_in(&r.client.peer.write)
         .into_iter()
         .find(|f| f.0 == wire::RST_STREAM && f.2 == 5)
         .expect("stream 5 refused");

@@ -8,7 +8,7 @@ use super::*;
 /// and the client's DATA not yet taken is `held` bytes.
 fn local(r: &mut Relay<'_>, id: u32, held: usize) -> tokio::io::DuplexStream {
     let (task_io, io) = tokio::io::duplex(16);
-    r.ids.set_last(r.ids.last().max(id));
+    r.client.ids.set_last(r.client.ids.last().max(id));
     r.locals.insert(
         id,
         Local {
@@ -31,7 +31,7 @@ fn poll_locals_once(r: &mut Relay<'_>) {
     let mut cx = Context::from_waker(std::task::Waker::noop());
     let _ = r
         .locals
-        .poll(&mut cx, &mut r.client, &mut r.window, &mut r.settings);
+        .poll(&mut cx, &mut r.client.peer, &mut r.window, &mut r.settings);
 }
 
 #[tokio::test]
@@ -75,7 +75,7 @@ async fn a_local_stream_gives_back_what_it_held_however_it_ends() {
         poll_locals_once(&mut r);
         poll_locals_once(&mut r);
         assert!(r.locals.is_empty(), "{what}: the stream is gone");
-        assert_eq!(credit_in(&r.client.write, 0), 1_000, "{what}");
+        assert_eq!(credit_in(&r.client.peer.write, 0), 1_000, "{what}");
     }
 }
 
@@ -97,13 +97,13 @@ async fn client_data_for_a_local_stream_stays_within_the_window_granted() {
     // and everything held is given back.
     from_client(&mut r, &frame(wire::DATA, 0, 1, &[1u8; 1])).expect("a stream error");
     assert!(r.locals.is_empty());
-    let resets: Vec<_> = frames_in(&r.client.write)
+    let resets: Vec<_> = frames_in(&r.client.peer.write)
         .into_iter()
         .filter(|f| f.0 == wire::RST_STREAM)
         .collect();
     assert_eq!(resets.len(), 1);
     assert_eq!(resets[0].3, wire::FLOW_CONTROL_ERROR.to_be_bytes());
-    assert_eq!(credit_in(&r.client.write, 0), 65_535 + 16 + 1);
+    assert_eq!(credit_in(&r.client.peer.write, 0), 65_535 + 16 + 1);
 }
 
 #[tokio::test]
@@ -118,7 +118,7 @@ async fn a_local_window_update_of_zero_or_past_the_maximum_is_a_stream_error() {
         let update = frame(wire::WINDOW_UPDATE, 0, 1, &increment.to_be_bytes());
         from_client(&mut r, &update).expect("a stream error, not the connection's");
         assert!(r.locals.is_empty(), "increment {increment}");
-        let reset = frames_in(&r.client.write)
+        let reset = frames_in(&r.client.peer.write)
             .into_iter()
             .find(|f| f.0 == wire::RST_STREAM)
             .expect("RST_STREAM");

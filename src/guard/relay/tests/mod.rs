@@ -75,23 +75,29 @@ async fn the_client_window_pays_for_every_data_byte_and_credit_passes_on_once() 
     let app: Vec<u8> = (0..5 * 16_384u32).map(|i| i as u8).collect();
     let chunks: Vec<&[u8]> = app.chunks(16_384).collect();
     for chunk in &chunks[..3] {
-        wire::put(&mut r.client.write, wire::DATA, 0, 1, chunk);
+        wire::put(&mut r.client.peer.write, wire::DATA, 0, 1, chunk);
     }
     // The fourth crosses the window's end: it is split.
     let mut padded = vec![10u8];
     padded.extend_from_slice(chunks[3]);
     padded.extend_from_slice(&[0u8; 10]);
-    wire::put(&mut r.client.write, wire::DATA, wire::PADDED, 1, &padded);
     wire::put(
-        &mut r.client.write,
+        &mut r.client.peer.write,
+        wire::DATA,
+        wire::PADDED,
+        1,
+        &padded,
+    );
+    wire::put(
+        &mut r.client.peer.write,
         wire::DATA,
         wire::END_STREAM,
         1,
         chunks[4],
     );
-    r.own_data(3, &[9u8; 1_000], true);
+    r.ends().own_data(3, &[9u8; 1_000], true);
     r.clear_gate();
-    let cleared: usize = frames_in(&r.client.write[..r.window.cleared()])
+    let cleared: usize = frames_in(&r.client.peer.write[..r.window.cleared()])
         .iter()
         .filter(|f| f.0 == wire::DATA)
         .map(|f| f.3.len())
@@ -99,21 +105,21 @@ async fn the_client_window_pays_for_every_data_byte_and_credit_passes_on_once() 
     assert_eq!(cleared, 65_535, "the window is used up, never exceeded");
     assert_eq!(r.window.available(), 0);
     // The split dropped the padding (11 bytes): given back to the app.
-    assert_eq!(credit_in(&r.app.write, 0), 11);
-    assert_eq!(credit_in(&r.app.write, 1), 11);
+    assert_eq!(credit_in(&r.app.peer.write, 0), 11);
+    assert_eq!(credit_in(&r.app.peer.write, 1), 11);
     // The client's credit: the guard's own 1,000 bytes are withheld from
     // the application (its view never counted them), the rest passes on.
-    r.client_credit(20_000).expect("credit");
-    assert_eq!(credit_in(&r.app.write, 0), 11 + 19_000);
+    r.conn().client_credit(20_000).expect("credit");
+    assert_eq!(credit_in(&r.app.peer.write, 0), 11 + 19_000);
     assert_eq!(r.window.debt(), 0);
     r.clear_gate();
     assert_eq!(
         r.window.cleared(),
-        r.client.write.len(),
+        r.client.peer.write.len(),
         "everything fits now"
     );
     // Both streams arrive whole, in order, ended once.
-    let frames = frames_in(&r.client.write);
+    let frames = frames_in(&r.client.peer.write);
     for (id, want) in [(1, app.clone()), (3, vec![9u8; 1_000])] {
         let got: Vec<u8> = frames
             .iter()
@@ -145,15 +151,21 @@ async fn the_client_window_pays_for_every_data_byte_and_credit_passes_on_once() 
 async fn a_growing_goaway_is_never_sent() {
     let guard = test_guard();
     let mut r = test_relay(&guard);
-    r.handshake.app_pending = false;
-    r.ids.set_last(7);
-    r.life.first_goaway(&mut r.client.write);
-    r.app_goaway(5, wire::NO_ERROR, Instant::now());
-    r.life
-        .goaway(&mut r.client.write, wire::MAX_STREAM_ID, wire::NO_ERROR);
-    r.life
-        .goaway(&mut r.client.write, r.ids.last(), wire::NO_ERROR);
-    let lasts: Vec<u32> = frames_in(&r.client.write)
+    r.app.handshake.pending = false;
+    r.client.ids.set_last(7);
+    r.life.first_goaway(&mut r.client.peer.write);
+    r.conn().app_goaway(5, wire::NO_ERROR, Instant::now());
+    r.life.goaway(
+        &mut r.client.peer.write,
+        wire::MAX_STREAM_ID,
+        wire::NO_ERROR,
+    );
+    r.life.goaway(
+        &mut r.client.peer.write,
+        r.client.ids.last(),
+        wire::NO_ERROR,
+    );
+    let lasts: Vec<u32> = frames_in(&r.client.peer.write)
         .iter()
         .filter(|f| f.0 == wire::GOAWAY)
         .map(|f| u32::from_be_bytes(f.3[..4].try_into().unwrap()))
@@ -262,9 +274,9 @@ fn grpc_request() -> Vec<u8> {
 /// A relay past both prefaces (the client's SETTINGS not acked yet).
 fn handshaken(guard: &Handle, now: Instant) -> Relay<'_> {
     let mut r = test_relay(guard);
-    r.client.read.extend_from_slice(H2_PREFACE);
-    wire::put(&mut r.client.read, wire::SETTINGS, 0, 0, &[]);
-    wire::put(&mut r.app.read, wire::SETTINGS, 0, 0, &[]);
+    r.client.peer.read.extend_from_slice(H2_PREFACE);
+    wire::put(&mut r.client.peer.read, wire::SETTINGS, 0, 0, &[]);
+    wire::put(&mut r.app.peer.read, wire::SETTINGS, 0, 0, &[]);
     r.app_frames(now).expect("the app's SETTINGS");
     r.client_frames(now).expect("the client's preface");
     r
@@ -274,7 +286,7 @@ fn handshaken(guard: &Handle, now: Instant) -> Relay<'_> {
 fn request(r: &mut Relay<'_>, id: u32, now: Instant) {
     let request = grpc_request();
     wire::put(
-        &mut r.client.read,
+        &mut r.client.peer.read,
         wire::HEADERS,
         wire::END_HEADERS,
         id,
@@ -292,16 +304,22 @@ fn streams_open<'a>(guard: &'a Handle, n: u32, now: Instant) -> Relay<'a> {
     let message = [0u8, 0, 0, 0, 1, 7];
     for id in (1..2 * n).step_by(2) {
         request(&mut r, id, now);
-        wire::put(&mut r.app.read, wire::HEADERS, wire::END_HEADERS, id, &head);
-        wire::put(&mut r.app.read, wire::DATA, 0, id, &message);
-        wire::put(&mut r.app.read, wire::DATA, 0, id, &message);
+        wire::put(
+            &mut r.app.peer.read,
+            wire::HEADERS,
+            wire::END_HEADERS,
+            id,
+            &head,
+        );
+        wire::put(&mut r.app.peer.read, wire::DATA, 0, id, &message);
+        wire::put(&mut r.app.peer.read, wire::DATA, 0, id, &message);
     }
     // The ack of the client's SETTINGS.
-    wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
+    wire::put(&mut r.app.peer.read, wire::SETTINGS, wire::ACK, 0, &[]);
     r.app_frames(now).expect("the answers");
     assert_eq!(r.streams.len(), n as usize);
-    r.app.write.clear();
-    r.client.write.clear();
+    r.app.peer.write.clear();
+    r.client.peer.write.clear();
     r.window.buffer_dropped();
     r
 }
@@ -313,7 +331,7 @@ fn ask_all(guard: &Handle, r: &mut Relay<'_>, reason: Reason, at: Instant) {
         ctl.end(reason);
     }
     for id in r.endings.queue.take() {
-        r.begin_end(id, at);
+        r.ends().begin_end(id, at);
     }
 }
 
@@ -326,7 +344,7 @@ fn count(buf: &[u8], kind: u8) -> (usize, usize) {
 
 /// The streams the client got `grpc-status: 14` trailers for.
 fn ended_gracefully(r: &Relay<'_>) -> usize {
-    frames_in(&r.client.write)
+    frames_in(&r.client.peer.write)
         .iter()
         .filter(|f| f.0 == wire::HEADERS && f.1 & wire::END_STREAM != 0)
         .count()
@@ -337,12 +355,12 @@ fn ended_gracefully(r: &Relay<'_>) -> usize {
 fn ack_barriers(r: &mut Relay<'_>, now: Instant) -> usize {
     let mut acked = 0;
     for _ in 0..100 {
-        let (settings, _) = count(&r.app.write, wire::SETTINGS);
+        let (settings, _) = count(&r.app.peer.write, wire::SETTINGS);
         if settings == acked {
             break;
         }
         for _ in acked..settings {
-            wire::put(&mut r.app.read, wire::SETTINGS, wire::ACK, 0, &[]);
+            wire::put(&mut r.app.peer.read, wire::SETTINGS, wire::ACK, 0, &[]);
         }
         acked = settings;
         r.app_frames(now).expect("the acks");
@@ -359,33 +377,33 @@ async fn a_peers_ping_is_never_taken_for_the_guards_own() {
     let now = Instant::now();
     let mut r = streams_open(&guard, 1, now);
     let lookalike = *b"dsb\0\xff\xff\xff\xff";
-    wire::ping(&mut r.client.read, false, lookalike);
+    wire::ping(&mut r.client.peer.read, false, lookalike);
     r.client_frames(now).expect("the client's PING");
-    assert!(frames_in(&r.app.write)
+    assert!(frames_in(&r.app.peer.write)
         .iter()
         .any(|f| f.0 == wire::PING && f.1 == 0 && f.3 == lookalike));
-    wire::ping(&mut r.app.read, true, lookalike);
+    wire::ping(&mut r.app.peer.read, true, lookalike);
     r.app_frames(now).expect("the app's ack");
     assert!(
-        frames_in(&r.client.write)
+        frames_in(&r.client.peer.write)
             .iter()
             .any(|f| f.0 == wire::PING && f.1 == wire::ACK && f.3 == lookalike),
         "the client gets the ack of its PING"
     );
     // The guard's GOAWAY probe is out; the client acks the app's PING
     // that carries the old fixed probe data: it goes to the app.
-    r.client.write.clear();
-    r.app.write.clear();
-    r.life.first_goaway(&mut r.client.write);
+    r.client.peer.write.clear();
+    r.app.peer.write.clear();
+    r.life.first_goaway(&mut r.client.peer.write);
     assert!(r.life.probe().1);
-    wire::ping(&mut r.client.read, true, *b"dsgoaway");
+    wire::ping(&mut r.client.peer.read, true, *b"dsgoaway");
     r.client_frames(now).expect("the client's ack");
     assert!(r.life.probe().1, "not the probe's ack");
-    assert!(frames_in(&r.app.write)
+    assert!(frames_in(&r.app.peer.write)
         .iter()
         .any(|f| f.0 == wire::PING && f.1 == wire::ACK && &f.3[..] == b"dsgoaway"));
     let probe = r.life.probe().0;
-    wire::ping(&mut r.client.read, true, probe);
+    wire::ping(&mut r.client.peer.read, true, probe);
     r.client_frames(now).expect("the probe's ack");
     assert!(!r.life.probe().1);
 }
@@ -401,7 +419,7 @@ async fn control_frames_pass_data_that_waits_for_window() {
     r.window.set_available(0);
     let trailers = wire::literal_block(&[("grpc-status", "0")]);
     let head = wire::literal_block(&[(":status", "200")]);
-    let w = &mut r.client.write;
+    let w = &mut r.client.peer.write;
     wire::put(w, wire::DATA, 0, 1, &[1u8; 100]);
     wire::ping(w, true, [7; 8]);
     wire::put(w, wire::SETTINGS, wire::ACK, 0, &[]);
@@ -421,7 +439,7 @@ async fn control_frames_pass_data_that_waits_for_window() {
     let shape =
         |buf: &[u8]| -> Vec<(u8, u32)> { frames_in(buf).iter().map(|f| (f.0, f.2)).collect() };
     assert_eq!(
-        shape(&r.client.write[..r.window.cleared()]),
+        shape(&r.client.peer.write[..r.window.cleared()]),
         [
             (wire::PING, 0),
             (wire::SETTINGS, 0),
@@ -432,7 +450,7 @@ async fn control_frames_pass_data_that_waits_for_window() {
         "what may go now"
     );
     assert_eq!(
-        shape(&r.client.write[r.window.cleared()..]),
+        shape(&r.client.peer.write[r.window.cleared()..]),
         [
             (wire::DATA, 1),
             (wire::HEADERS, 1),
@@ -443,9 +461,9 @@ async fn control_frames_pass_data_that_waits_for_window() {
     );
     assert_eq!(r.window.available(), 0, "nothing charged");
     // Credit comes: the rest goes, in order, charged once.
-    r.client_credit(110).expect("credit");
+    r.conn().client_credit(110).expect("credit");
     r.clear_gate();
-    assert_eq!(r.window.cleared(), r.client.write.len());
+    assert_eq!(r.window.cleared(), r.client.peer.write.len());
     assert_eq!(r.window.available(), 0);
 }
 
@@ -457,30 +475,30 @@ async fn control_frames_pass_data_that_waits_for_window() {
 async fn a_closing_connection_still_takes_window_updates() {
     let guard = test_guard();
     let mut r = test_relay(&guard);
-    r.handshake.app_pending = false;
+    r.app.handshake.pending = false;
     r.window.set_available(0);
     let trailers = wire::literal_block(&[("grpc-status", "0")]);
-    wire::put(&mut r.client.write, wire::DATA, 0, 1, &[1u8; 100]);
+    wire::put(&mut r.client.peer.write, wire::DATA, 0, 1, &[1u8; 100]);
     wire::put(
-        &mut r.client.write,
+        &mut r.client.peer.write,
         wire::HEADERS,
         wire::END_HEADERS | wire::END_STREAM,
         1,
         &trailers,
     );
-    r.close_with(wire::NO_ERROR);
+    r.conn().close_with(wire::NO_ERROR);
     r.clear_gate();
     assert!(r.life.closing());
     let (want_client, want_app) = r.wants();
     assert!(want_client && !want_app, "reads the client for its credit");
-    wire::put(&mut r.client.read, wire::SETTINGS, 0, 0, &[]);
-    wire::window_update(&mut r.client.read, 0, 100);
-    r.window.credit_while_closing(&mut r.client.read);
-    assert!(r.app.write.is_empty(), "nothing goes on to the app");
+    wire::put(&mut r.client.peer.read, wire::SETTINGS, 0, 0, &[]);
+    wire::window_update(&mut r.client.peer.read, 0, 100);
+    r.window.credit_while_closing(&mut r.client.peer.read);
+    assert!(r.app.peer.write.is_empty(), "nothing goes on to the app");
     r.clear_gate();
     assert_eq!(
         r.window.cleared(),
-        r.client.write.len(),
+        r.client.peer.write.len(),
         "everything may go"
     );
     let (want_client, _) = r.wants();
@@ -495,9 +513,15 @@ async fn malformed_app_data_is_checked_before_it_goes_on() {
     let guard = test_guard();
     let now = Instant::now();
     let mut r = streams_open(&guard, 1, now);
-    wire::put(&mut r.app.read, wire::DATA, wire::PADDED, 1, &[200, 1, 2]);
+    wire::put(
+        &mut r.app.peer.read,
+        wire::DATA,
+        wire::PADDED,
+        1,
+        &[200, 1, 2],
+    );
     assert!(matches!(r.app_frames(now), Err(Failure::AppProtocol)));
-    assert!(r.client.write.is_empty(), "nothing of it went on");
+    assert!(r.client.peer.write.is_empty(), "nothing of it went on");
 }
 
 /// Issue 39 review, item 5: the first re-encoded block to the client, when
@@ -508,7 +532,7 @@ async fn malformed_app_data_is_checked_before_it_goes_on() {
 async fn a_re_encoded_block_carries_one_size_update() {
     let guard = test_guard();
     let mut r = test_relay(&guard);
-    r.client.missed_block(true);
+    r.client.peer.missed_block(true);
     r.settings.set_update_due(Some(100));
     let block = Block::start(wire::Head {
         len: 0,
@@ -522,22 +546,22 @@ async fn a_re_encoded_block_carries_one_size_update() {
         never_indexed: false,
     }];
     let size_updates = |block: &[u8]| block.iter().take_while(|b| *b & 0xE0 == 0x20).count();
-    r.put_translated(&block, &fields);
-    let frames = frames_in(&r.client.write);
+    r.conn().put_translated(&block, &fields);
+    let frames = frames_in(&r.client.peer.write);
     assert_eq!(frames[0].3[0], 0x20, "an update to 0 first");
     assert_eq!(size_updates(&frames[0].3), 1);
-    r.client.write.clear();
-    r.put_translated(&block, &fields);
-    assert_eq!(size_updates(&frames_in(&r.client.write)[0].3), 0);
+    r.client.peer.write.clear();
+    r.conn().put_translated(&block, &fields);
+    assert_eq!(size_updates(&frames_in(&r.client.peer.write)[0].3), 0);
 }
 
 /// A relay past its handshake, its client's preface and SETTINGS taken.
 fn open_relay(guard: &Handle) -> Relay<'_> {
     let mut r = test_relay(guard);
-    r.handshake.app_pending = false;
-    r.handshake.replay = None;
-    r.handshake.client_preface = false;
-    r.handshake.settings_due = false;
+    r.app.handshake.pending = false;
+    r.app.handshake.replay = None;
+    r.client.preface = false;
+    r.client.settings_due = false;
     r
 }
 
@@ -549,7 +573,7 @@ fn frame(kind: u8, flags: u8, id: u32, payload: &[u8]) -> Vec<u8> {
 
 /// Feeds `bytes` as read from the client.
 fn from_client(r: &mut Relay<'_>, bytes: &[u8]) -> Result<(), Failure> {
-    r.client.read.extend_from_slice(bytes);
+    r.client.peer.read.extend_from_slice(bytes);
     r.client_frames(Instant::now())
 }
 
@@ -561,7 +585,7 @@ async fn endless_app_continuations_are_the_apps_error() {
     for _ in 0..=MAX_CONTINUATIONS {
         bytes.extend(frame(wire::CONTINUATION, 0, 1, &[]));
     }
-    r.app.read.extend_from_slice(&bytes);
+    r.app.peer.read.extend_from_slice(&bytes);
     assert!(matches!(
         r.app_frames(Instant::now()),
         Err(Failure::AppProtocol)
@@ -588,7 +612,7 @@ async fn client_frames_are_held_to_the_frame_size_the_client_was_told() {
     let mut allow = Vec::new();
     allow.extend_from_slice(&wire::MAX_FRAME_SIZE.to_be_bytes());
     allow.extend_from_slice(&32_768u32.to_be_bytes());
-    r.app_settings(0, &allow);
+    r.conn().app_settings(0, &allow);
     from_client(&mut r, &big).expect("within the told size");
 }
 
@@ -610,17 +634,17 @@ async fn every_settings_ack_pairs_with_its_own_frame() {
     from_client(&mut r, &bytes).expect("settings");
     let ack = frame(wire::SETTINGS, wire::ACK, 0, &[]);
     for _ in 0..=MAX_UNACKED_SETTINGS {
-        r.app.read.extend_from_slice(&ack);
+        r.app.peer.read.extend_from_slice(&ack);
         r.app_frames(Instant::now()).expect("ack");
         // The timer of a SETTINGS held back (`settings_waits`).
-        if r.defences.lift_pause() {
+        if r.client.defences.lift_pause() {
             r.client_frames(Instant::now()).expect("the held SETTINGS");
         }
     }
     assert_eq!(r.settings.unacked(), 0);
     assert_eq!(r.settings.table_acked(), 0);
     assert_eq!(r.settings.update_due(), Some(0));
-    let sent = frames_in(&r.app.write)
+    let sent = frames_in(&r.app.peer.write)
         .iter()
         .filter(|f| f.0 == wire::SETTINGS)
         .count();

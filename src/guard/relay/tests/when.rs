@@ -19,17 +19,17 @@ async fn a_producer_that_never_pauses_is_cancelled_at_its_bound_and_loses_nothin
     let mut t = now;
     while t < now + timeout {
         t += Duration::from_millis(1);
-        wire::put(&mut r.app.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 7]);
+        wire::put(&mut r.app.peer.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 7]);
         r.app_frames(t).expect("a message");
         r.timers(t).expect("timers");
     }
-    assert!(count(&r.app.write, wire::RST_STREAM).0 == 0 || r.app_cancelled(1));
+    assert!(count(&r.app.peer.write, wire::RST_STREAM).0 == 0 || r.streams.app_cancelled(1));
     r.timers(now + timeout).expect("the bound");
-    assert!(r.app_cancelled(1), "cancelled at its bound");
+    assert!(r.streams.app_cancelled(1), "cancelled at its bound");
     assert_eq!(ended_gracefully(&r), 0, "the trailers wait for the ack");
-    wire::put(&mut r.app.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 8]);
+    wire::put(&mut r.app.peer.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 8]);
     ack_barriers(&mut r, now + timeout);
-    let frames = frames_in(&r.client.write);
+    let frames = frames_in(&r.client.peer.write);
     let last_data = frames
         .iter()
         .rposition(|f| f.0 == wire::DATA)
@@ -40,8 +40,8 @@ async fn a_producer_that_never_pauses_is_cancelled_at_its_bound_and_loses_nothin
         .expect("the trailers");
     assert!(last_data < trailers);
     assert_eq!(frames[last_data].3, [0, 0, 0, 0, 1, 8]);
-    r.client.write.clear();
-    r.settle_written(None);
+    r.client.peer.write.clear();
+    r.ends().settle_written(None);
     assert_eq!(terminated(&metrics, Reason::drain), 1);
     assert_eq!(dropped(&metrics, Dropped::after_end), (0, 0));
 }
@@ -56,21 +56,21 @@ async fn a_stream_that_just_wrote_whole_messages_is_cancelled_in_its_pause() {
     let mut r = streams_open(&guard, 1, now);
     ask_all(&guard, &mut r, Reason::drain, now);
     assert!(
-        frames_in(&r.app.write).is_empty(),
+        frames_in(&r.app.peer.write).is_empty(),
         "nothing before the pause"
     );
     r.timers(now + BURST_GAP).expect("timers");
-    let to_app: Vec<u8> = frames_in(&r.app.write).iter().map(|f| f.0).collect();
+    let to_app: Vec<u8> = frames_in(&r.app.peer.write).iter().map(|f| f.0).collect();
     assert_eq!(
         to_app,
         [wire::RST_STREAM, wire::SETTINGS],
         "the cancel, then the barrier"
     );
-    wire::put(&mut r.app.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 9]);
+    wire::put(&mut r.app.peer.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 9]);
     r.app_frames(now + BURST_GAP).expect("a message on its way");
     ack_barriers(&mut r, now + BURST_GAP);
     assert_eq!(ended_gracefully(&r), 1);
-    let to_client: Vec<(u8, bool)> = frames_in(&r.client.write)
+    let to_client: Vec<(u8, bool)> = frames_in(&r.client.peer.write)
         .iter()
         .map(|f| (f.0, f.1 & wire::END_STREAM != 0))
         .collect();
@@ -94,13 +94,13 @@ async fn a_steady_producer_asked_between_writes_is_cancelled_at_once() {
     let mut last = start;
     for i in 1..=20u32 {
         last = start + every * i;
-        wire::put(&mut r.app.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 7]);
+        wire::put(&mut r.app.peer.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 7]);
         r.app_frames(last).expect("a message");
     }
-    r.app.write.clear();
+    r.app.peer.write.clear();
     let asked = last + std::time::Duration::from_millis(10);
     ask_all(&guard, &mut r, Reason::drain, asked);
-    let to_app: Vec<u8> = frames_in(&r.app.write).iter().map(|f| f.0).collect();
+    let to_app: Vec<u8> = frames_in(&r.app.peer.write).iter().map(|f| f.0).collect();
     assert_eq!(
         to_app,
         [wire::RST_STREAM, wire::SETTINGS],
@@ -113,10 +113,10 @@ async fn a_steady_producer_asked_between_writes_is_cancelled_at_once() {
     // waits for that write, as a stream without a cadence does.
     let mut r = streams_open(&guard, 1, start);
     for i in 1..=20u32 {
-        wire::put(&mut r.app.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 7]);
+        wire::put(&mut r.app.peer.read, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 7]);
         r.app_frames(start + every * i).expect("a message");
     }
-    r.app.write.clear();
+    r.app.peer.write.clear();
     ask_all(
         &guard,
         &mut r,
@@ -124,7 +124,7 @@ async fn a_steady_producer_asked_between_writes_is_cancelled_at_once() {
         last + std::time::Duration::from_millis(90),
     );
     assert!(
-        frames_in(&r.app.write).is_empty(),
+        frames_in(&r.app.peer.write).is_empty(),
         "nothing while its next write is due"
     );
 }
@@ -155,7 +155,7 @@ async fn a_stream_that_arrives_after_the_max_age_endings_began_is_ended_too() {
     // The client's next stream, sent before it read the GOAWAY.
     let request = grpc_request();
     wire::put(
-        &mut r.client.read,
+        &mut r.client.peer.read,
         wire::HEADERS,
         wire::END_HEADERS,
         5,
@@ -169,7 +169,7 @@ async fn a_stream_that_arrives_after_the_max_age_endings_began_is_ended_too() {
     // Then the ack of the probe: the final GOAWAY names stream 5.
     let (probe, out) = r.life.probe();
     assert!(out, "the probe went out");
-    wire::ping(&mut r.client.read, true, probe);
+    wire::ping(&mut r.client.peer.read, true, probe);
     let acked = Instant::now() + Duration::from_millis(100);
     tokio::time::advance(Duration::from_millis(100)).await;
     r.client_frames(acked).expect("the ack");
