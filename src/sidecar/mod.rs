@@ -33,6 +33,11 @@ pub enum SidecarError {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
+    #[error("stream guard: bind {addr}: {source}")]
+    GuardBind {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// A bound, running sidecar: control endpoints, drain driver, inventory refresh.
@@ -79,7 +84,7 @@ pub async fn start(settings: SidecarSettings) -> Result<Sidecar, SidecarError> {
         Some(gs) => {
             let (addr, config) = (gs.listen, gs.config);
             let gl = crate::guard::bind_listener(addr)
-                .map_err(|source| SidecarError::Bind { addr, source })?;
+                .map_err(|source| SidecarError::GuardBind { addr, source })?;
             guard_addr = Some(gl.local_addr().unwrap_or(addr));
             tracing::info!(guard_listen = ?guard_addr, upstream = %config.upstream,
                 max_connection_age = ?config.max_connection_age, "stream guard ready");
@@ -144,7 +149,8 @@ pub async fn start(settings: SidecarSettings) -> Result<Sidecar, SidecarError> {
         data_path,
     });
     let server = tokio::spawn(control::serve(listener, control, shutdown.clone()));
-    tracing::info!(listen = %local, envoy_admin = admin.authority(), "sidecar ready");
+    tracing::info!(listen = %local, envoy_admin = admin.authority(),
+        guard = guard_addr.map(tracing::field::display), "sidecar ready");
     Ok(Sidecar {
         local,
         guard_addr,

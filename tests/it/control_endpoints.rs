@@ -191,3 +191,42 @@ async fn drains_come_only_from_127_0_0_1_unless_allowed() {
         let _ = tokio::time::timeout(WAIT, s.child.wait()).await;
     }
 }
+
+/// A port already taken is named by what could not bind it: the control
+/// endpoint or the stream guard, with the address, and the sidecar exits
+/// non-zero instead of serving half a pod.
+#[tokio::test]
+async fn a_taken_port_is_named_by_what_could_not_bind_it() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let at = taken.local_addr().expect("addr").to_string();
+    let run = |listen: &str, guard: &str| {
+        let mut cmd = tokio::process::Command::new(drainshim_bin());
+        cmd.args(["sidecar", "--listen", listen, "--linger", "0s"])
+            .args([
+                "--envoy-admin",
+                "http://127.0.0.1:9",
+                "--guard-listen",
+                guard,
+            ])
+            .args(["--guard-upstream", "127.0.0.1:9"])
+            .kill_on_drop(true);
+        async move {
+            tokio::time::timeout(WAIT, cmd.output())
+                .await
+                .expect("the sidecar exits on a taken port")
+                .expect("run drainshim sidecar")
+        }
+    };
+    for (listen, guard, what) in [
+        (at.as_str(), "127.0.0.1:0", "control endpoint"),
+        ("127.0.0.1:0", at.as_str(), "stream guard"),
+    ] {
+        let out = run(listen, guard).await;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what}: {err}");
+        assert!(
+            err.contains(&format!("{what}: bind {at}: ")) && err.contains("in use"),
+            "{what} named, with {at}: {err}"
+        );
+    }
+}

@@ -90,9 +90,8 @@ async fn pod(
     extra: &[&str],
 ) -> (drainshim_bench::envoy::EnvoyProcess, SidecarBin, SocketAddr) {
     let admin_port = free_port();
-    let guard: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
     let admin = format!("http://127.0.0.1:{admin_port}");
-    let (g, a) = (guard.to_string(), app.to_string());
+    let (g, a) = (ANY_PORT.to_string(), app.to_string());
     let mut args = vec![
         "--envoy-admin",
         admin.as_str(),
@@ -103,6 +102,7 @@ async fn pod(
     ];
     args.extend_from_slice(extra);
     let shim = sidecar_bin(&args).await;
+    let guard = shim.guard();
     let envoy = support::ws::ws_envoy(guard, admin_port).await;
     (envoy, shim, guard)
 }

@@ -331,11 +331,8 @@ async fn max_connection_age_plus_grace_bounds_a_connection() {
     let backend = backend().await;
     // Envoy -> tap -> guard, so the guard connection's life is seen on the wire.
     let admin_port = free_port();
-    let guard: SocketAddr = format!("127.0.0.1:{}", free_port())
-        .parse()
-        .expect("address");
     let admin = format!("http://127.0.0.1:{admin_port}");
-    let (g, up) = (guard.to_string(), backend.addr.to_string());
+    let (g, up) = (ANY_PORT.to_string(), backend.addr.to_string());
     let shim = sidecar_bin(&[
         "--envoy-admin",
         &admin,
@@ -352,7 +349,7 @@ async fn max_connection_age_plus_grace_bounds_a_connection() {
         "10s",
     ])
     .await;
-    let tap = Tap::start(guard).await;
+    let tap = Tap::start(shim.guard()).await;
     let envoy = envoy_with("1.40.0", tap.addr, |o| o.admin_port = admin_port).await;
     let streams = subscribe_n(envoy.inbound, 6, "aged", (100, 32)).await;
     for s in streams {

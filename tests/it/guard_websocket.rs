@@ -223,9 +223,8 @@ async fn raw_upgrade_app() -> std::net::SocketAddr {
 async fn an_upgrade_the_guard_cannot_end_gracefully_is_relayed_then_closed_loudly() {
     let app = raw_upgrade_app().await;
     let admin_port = free_port();
-    let guard_addr: std::net::SocketAddr =
-        format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let shim = guard_sidecar_bin(admin_port, guard_addr, app, WS_TIMERS).await;
+    let shim = guard_sidecar_bin(admin_port, ANY_PORT, app, WS_TIMERS).await;
+    let guard_addr = shim.guard();
     let _envoy = ws_envoy(guard_addr, admin_port).await;
 
     let mut tcp = tokio::net::TcpStream::connect(guard_addr)

@@ -22,13 +22,12 @@ async fn readyz(shim: SocketAddr) -> (u16, String) {
 async fn readyz_follows_the_app_behind_the_guard() {
     let app = backend().await;
     let app_addr = app.addr;
-    let guard: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
     let admin_port = free_port();
     let shim = sidecar_bin(&[
         "--envoy-admin",
         &format!("http://127.0.0.1:{admin_port}"),
         "--guard-listen",
-        &guard.to_string(),
+        &ANY_PORT.to_string(),
         "--guard-upstream",
         &app_addr.to_string(),
         "--ready-interval",
@@ -37,6 +36,7 @@ async fn readyz_follows_the_app_behind_the_guard() {
         "3",
     ])
     .await;
+    let guard = shim.guard();
     let bootstrap = shipped_bootstrap(guard, app_addr, admin_port).expect("bootstrap");
     let _envoy = envoy_with("1.40.0", guard, |o| {
         o.admin_port = admin_port;

@@ -51,13 +51,12 @@ async fn a_listener_push_cuts_every_stream_without_drainshim_and_none_behind_it(
     let ws = ws_server().await;
 
     // Behind drainshim: one sidecar (guard) per app.
-    let guard_addr = || SocketAddr::from(([127, 0, 0, 1], free_port()));
     let guarded_admin = free_port();
-    let (g_go, g_py, g_ws) = (guard_addr(), guard_addr(), guard_addr());
     let mut shims = Vec::new();
-    for (g, app) in [(g_go, go.addr), (g_py, py.addr), (g_ws, ws.addr)] {
-        shims.push(guard_sidecar_bin(guarded_admin, g, app, GUARD_FLAGS).await);
+    for app in [go.addr, py.addr, ws.addr] {
+        shims.push(guard_sidecar_bin(guarded_admin, ANY_PORT, app, GUARD_FLAGS).await);
     }
+    let (g_go, g_py, g_ws) = (shims[0].guard(), shims[1].guard(), shims[2].guard());
     let listeners = |base: &str| -> Vec<(Inbound, Vec<Chain>)> {
         let name = |n: &str| -> &'static str { Box::leak(format!("{base}-{n}").into_boxed_str()) };
         [
@@ -289,8 +288,8 @@ async fn flows_on(counts: &[Arc<AtomicUsize>], what: &str) {
 async fn a_filter_chain_push_ends_only_that_chains_streams() {
     let go = PeerApp::start(Server::GrpcGo).await;
     let admin = free_port();
-    let g = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let shim = guard_sidecar_bin(admin, g, go.addr, GUARD_FLAGS).await;
+    let shim = guard_sidecar_bin(admin, ANY_PORT, go.addr, GUARD_FLAGS).await;
+    let g = shim.guard();
     let (one, two): (IpAddr, IpAddr) = ([127, 0, 0, 2].into(), [127, 0, 0, 3].into());
     let l = Inbound {
         name: "inbound",

@@ -553,8 +553,8 @@ impl OneListener {
         flags: &[&str],
     ) -> Self {
         let admin = free_port();
-        let g = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let shim = guard_sidecar_bin(admin, g, app, flags).await;
+        let shim = guard_sidecar_bin(admin, ANY_PORT, app, flags).await;
+        let g = shim.guard();
         let l = Inbound {
             name: "inbound",
             port: free_port(),

@@ -641,11 +641,19 @@ pub fn free_port() -> u16 {
 pub struct SidecarBin {
     pub child: tokio::process::Child,
     pub addr: SocketAddr,
+    /// Where its stream guard listens, from the same line (`guard=`).
+    pub guard: Option<SocketAddr>,
     /// Every stderr line so far.
     pub log: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl SidecarBin {
+    /// The guard's address; panics if this shim runs no guard.
+    pub fn guard(&self) -> SocketAddr {
+        self.guard
+            .unwrap_or_else(|| panic!("this sidecar runs no stream guard: {}", self.log()))
+    }
+
     pub fn log(&self) -> String {
         self.log.lock().map(|l| l.clone()).unwrap_or_default()
     }
@@ -660,14 +668,17 @@ impl SidecarBin {
 }
 
 /// A pod whose shim is the real binary: Envoy 1.40 -> `drainshim sidecar`
-/// with its guard on a free port -> `app`. `extra` goes to the sidecar,
-/// `tweak` to Envoy's options. Returns Envoy, the shim and the guard address.
+/// with its guard on a port of its own choosing -> `app`. `extra` goes to
+/// the sidecar, `tweak` to Envoy's options. Returns Envoy, the shim and the
+/// guard address.
 ///
-/// The shim must know Envoy's admin address before Envoy starts, so that
-/// port is picked free and bound by Envoy a moment later; in between, a
-/// connection of the tests running beside may take it as its source port.
-/// Envoy then exits with "Address already in use", and the pod is started
-/// again on new ports (a test-harness race, not the guard's: at most 3 times).
+/// The guard binds port 0 and the shim's ready line says where, so nothing
+/// can take its port. The shim must know Envoy's admin address before Envoy
+/// starts, though, so that port is picked free and bound by Envoy a moment
+/// later; in between, a connection of the tests running beside may take it
+/// as its source port. Envoy then exits with "Address already in use", and
+/// the pod is started again on a new port (a test-harness race, not the
+/// guard's: at most 3 times).
 pub async fn guard_bin_pod(
     app: SocketAddr,
     extra: &[&str],
@@ -676,21 +687,8 @@ pub async fn guard_bin_pod(
     const ATTEMPTS: usize = 3;
     for attempt in 1..=ATTEMPTS {
         let admin_port = free_port();
-        let guard: SocketAddr = format!("127.0.0.1:{}", free_port())
-            .parse()
-            .expect("address");
-        let admin = format!("http://127.0.0.1:{admin_port}");
-        let (guard_s, app_s) = (guard.to_string(), app.to_string());
-        let mut args = vec![
-            "--envoy-admin",
-            admin.as_str(),
-            "--guard-listen",
-            guard_s.as_str(),
-            "--guard-upstream",
-            app_s.as_str(),
-        ];
-        args.extend_from_slice(extra);
-        let shim = sidecar_bin(&args).await;
+        let shim = guard_sidecar_bin(admin_port, ANY_PORT, app, extra).await;
+        let guard = shim.guard();
         let mut opts = EnvoyOptions::new(envoy_binary("1.40.0"), guard);
         opts.admin_port = admin_port;
         tweak(&mut opts);
@@ -704,6 +702,12 @@ pub async fn guard_bin_pod(
     }
     unreachable!("the last attempt returns or panics")
 }
+
+/// `--guard-listen` for a guard that picks its own port: the shim's ready
+/// line says which ([`SidecarBin::guard`]). A port picked free by the test
+/// and bound by the shim a moment later can be taken in between.
+pub const ANY_PORT: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
 
 /// The real `drainshim sidecar` binary for Envoy's admin on `admin_port`,
 /// guarding `app` on `guard`, with `extra` flags.
@@ -750,19 +754,25 @@ pub async fn sidecar_bin_cmd(mut cmd: tokio::process::Command) -> SidecarBin {
         .expect("spawn drainshim sidecar");
     let mut lines = tokio::io::BufReader::new(child.stderr.take().expect("stderr")).lines();
     let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let addr = tokio::time::timeout(WAIT, async {
+    // The ready line's `key=address` field, if it has one.
+    let field = |line: &str, key: &str| -> Option<SocketAddr> {
+        let rest = line.split(&format!(" {key}=")).nth(1)?;
+        let addr = rest.split_whitespace().next().unwrap_or_default();
+        let addr: SocketAddr = addr
+            .parse()
+            .unwrap_or_else(|e| panic!("{key}={addr:?} in {line:?}: {e}"));
+        assert_ne!(addr.port(), 0, "{key}= names no bound port: {line:?}");
+        Some(addr)
+    };
+    let (addr, guard) = tokio::time::timeout(WAIT, async {
         while let Ok(Some(line)) = lines.next_line().await {
             if let Ok(mut l) = log.lock() {
                 l.push_str(&line);
                 l.push('\n');
             }
             if line.contains("sidecar ready") {
-                if let Some(rest) = line.split("listen=").nth(1) {
-                    let addr = rest.split_whitespace().next().unwrap_or_default();
-                    return addr
-                        .parse::<SocketAddr>()
-                        .expect("listen address in the log");
-                }
+                let addr = field(&line, "listen").expect("listen address in the ready line");
+                return (addr, field(&line, "guard"));
             }
         }
         panic!(
@@ -773,7 +783,12 @@ pub async fn sidecar_bin_cmd(mut cmd: tokio::process::Command) -> SidecarBin {
     .await
     .expect("sidecar ready in time");
     peers::collect(lines.into_inner(), log.clone());
-    SidecarBin { child, addr, log }
+    SidecarBin {
+        child,
+        addr,
+        guard,
+        log,
+    }
 }
 
 /// The Python of the test venv (`.cache/py-venv`: websockets, grpcio, h2):

@@ -16,7 +16,7 @@ use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 
-use super::{envoy_with, free_port, sidecar_bin, wait_for, SidecarBin, WAIT};
+use super::{envoy_with, free_port, sidecar_bin, wait_for, SidecarBin, ANY_PORT, WAIT};
 
 /// The bench WebSocket app on an ephemeral port; stops on drop.
 pub struct WsApp {
@@ -94,9 +94,8 @@ pub const WS_TIMERS: &[&str] = &[
 pub async fn ws_pod(extra: &[&str]) -> WsPod {
     let app = ws_app().await;
     let admin_port = free_port();
-    let guard: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
     let admin = format!("http://127.0.0.1:{admin_port}");
-    let (guard_s, app_s) = (guard.to_string(), app.addr.to_string());
+    let (guard_s, app_s) = (ANY_PORT.to_string(), app.addr.to_string());
     let mut args = vec![
         "--envoy-admin",
         &admin,
@@ -107,6 +106,7 @@ pub async fn ws_pod(extra: &[&str]) -> WsPod {
     ];
     args.extend_from_slice(extra);
     let shim = sidecar_bin(&args).await;
+    let guard = shim.guard();
     let envoy = ws_envoy(guard, admin_port).await;
     WsPod {
         app,
