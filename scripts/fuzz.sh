@@ -7,8 +7,9 @@
 # Default: 20 s per target, every target (what `make fuzz-ci` runs in CI), as
 # many targets at once as there are cores (FUZZ_JOBS).
 # Prints the executions per target and exits non-zero if any target crashed,
-# hung past -timeout, or ran out of memory; the input that did it is kept in
-# fuzz/artifacts/<target>/ (reproduce: the target binary with that file).
+# hung past -timeout, or ran out of memory (the input that did it is kept in
+# fuzz/artifacts/<target>/; reproduce: the target binary with that file), or
+# ran fewer than FUZZ_MIN_EXECS inputs.
 #
 # cargo-fuzz needs nightly-only rustc flags (-Zsanitizer, sanitizer coverage
 # passes, --cfg fuzzing checks). Only the stable toolchain is installed, so
@@ -34,10 +35,29 @@ shift || true
 rss_limit_mb=${FUZZ_RSS_LIMIT_MB:-2048}
 # One input taking this long is a hang, reported like a crash.
 input_timeout=${FUZZ_INPUT_TIMEOUT:-10}
+[[ $input_timeout =~ ^[0-9]+$ && $input_timeout -gt 0 ]] || { echo "fuzz: FUZZ_INPUT_TIMEOUT must be a positive number" >&2; exit 64; }
+# FUZZ_DEFER=FILE: the run shares the cores at idle priority (make test runs
+# it beside the integration tests), where a target can wait seconds for a
+# core. A target whose run is then in doubt (an input that took the hang
+# timeout or more, or too few inputs) is not judged here: its name goes to
+# FILE, and make test runs it again on its own (scripts/test.sh). libFuzzer
+# itself aborts an input only after 60 s of wall time then. A crash fails
+# as always.
+defer=${FUZZ_DEFER:-}
+abort_after=$input_timeout
+[[ -z $defer ]] || abort_after=$((input_timeout > 60 ? input_timeout : 60))
+# A target that ran fewer inputs than this fuzzed nothing worth the name (it
+# exits at once, or never had a core): a failure, not a pass. Alone, the
+# slowest target runs about 3,000 a second.
+min_execs=${FUZZ_MIN_EXECS:-1000}
 
 "$root/scripts/cargo-tools.sh" cargo-fuzz
 cargo_fuzz=${DRAINSHIM_CACHE:-$root/.cache}/cargo-tools/bin/cargo-fuzz
-target_dir=${CARGO_TARGET_DIR:-$root/target}
+# A target directory of its own (target/fuzz, its binaries under
+# <triple>/release/): cargo locks a whole target directory while it builds,
+# so sharing target/ made make test's release builds and the fuzz build and
+# runs beside them wait on each other, one core idle.
+target_dir=${FUZZ_TARGET_DIR:-${CARGO_TARGET_DIR:-$root/target}/fuzz}
 triple=$(rustc -vV | sed -n 's/^host: //p')
 
 cd "$root/fuzz"
@@ -60,7 +80,7 @@ logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 
 # One target: runs it, writes its result line to $logs/<t>.result and, if it
-# failed, its exit code to $logs/<t>.failed.
+# failed, why (its exit code, or too few inputs) to $logs/<t>.failed.
 fuzz_one() {
   local t=$1 bin=$target_dir/$triple/release/$1 corpus start took rc=0 execs
   # The working corpus grows run by run and stays out of git; the seeds are
@@ -70,17 +90,25 @@ fuzz_one() {
   local dirs=("$corpus")
   [[ -d $root/fuzz/seeds/$t ]] && dirs+=("$root/fuzz/seeds/$t")
   start=$SECONDS
-  "$bin" -max_total_time="$seconds" -rss_limit_mb="$rss_limit_mb" -timeout="$input_timeout" \
-    -print_final_stats=1 -artifact_prefix="$root/fuzz/artifacts/$t/" "${dirs[@]}" \
+  "$bin" -max_total_time="$seconds" -rss_limit_mb="$rss_limit_mb" -timeout="$abort_after" \
+    -timeout_exitcode=70 -print_final_stats=1 -artifact_prefix="$root/fuzz/artifacts/$t/" "${dirs[@]}" \
     >"$logs/$t.log" 2>&1 || rc=$?
   took=$((SECONDS - start))
   # libFuzzer's own count: the final stats line, else the last "#N DONE".
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$logs/$t.log" | tail -1)
   [[ -n $execs ]] || execs=$(sed -n 's/^#\([0-9]*\).*DONE.*/\1/p' "$logs/$t.log" | tail -1)
   execs=${execs:-0}
-  if [[ $rc -ne 0 ]]; then
-    echo "$rc" >"$logs/$t.failed"
+  slowest=$(sed -n 's/^stat::slowest_unit_time_sec: *//p' "$logs/$t.log" | tail -1)
+  slowest=${slowest:-0}
+  if [[ -n $defer ]] && { [[ $rc -eq 70 ]] || { [[ $rc -eq 0 ]] && ((execs < min_execs || slowest >= input_timeout)); }; }; then
+    echo "$t" >"$logs/$t.deferred"
+    printf '%-12s %8s s %12s execs  slowest input %s s: again on its own\n' "$t" "$took" "$execs" "$slowest" >"$logs/$t.result"
+  elif [[ $rc -ne 0 ]]; then
+    echo "exit $rc" >"$logs/$t.failed"
     printf '%-12s %8s s %12s execs  FAILED (exit %d)\n' "$t" "$took" "$execs" "$rc" >"$logs/$t.result"
+  elif ((execs < min_execs)); then
+    echo "ran $execs inputs, fewer than $min_execs" >"$logs/$t.failed"
+    printf '%-12s %8s s %12s execs  FAILED (fewer than %d)\n' "$t" "$took" "$execs" "$min_execs" >"$logs/$t.result"
   else
     printf '%-12s %8s s %12s execs  %8s/s\n' "$t" "$took" "$execs" "$((execs / (took > 0 ? took : 1)))" >"$logs/$t.result"
   fi
@@ -106,20 +134,27 @@ done
 wait || true
 
 failed=()
+deferred=()
 results=()
 for t in "${targets[@]}"; do
   [[ -f $logs/$t.result ]] || { echo "fuzz: $t left no result" >&2; failed+=("$t"); continue; }
   results+=("$(cat "$logs/$t.result")")
+  [[ -f $logs/$t.deferred ]] && deferred+=("$t")
   if [[ -f $logs/$t.failed ]]; then
     failed+=("$t")
-    echo "fuzz: $t FAILED (exit $(cat "$logs/$t.failed")); its log ends:" >&2
+    echo "fuzz: $t FAILED ($(cat "$logs/$t.failed")); its log ends:" >&2
     tail -40 "$logs/$t.log" >&2
   fi
 done
 
 echo "fuzz: executions per target"
 printf '  %s\n' "${results[@]}"
+if [[ -n $defer ]]; then
+  : >"$defer"
+  [[ ${#deferred[@]} -eq 0 ]] || printf '%s\n' "${deferred[@]}" >"$defer"
+  [[ ${#deferred[@]} -eq 0 ]] || echo "fuzz: in doubt at idle priority, to run again on their own: ${deferred[*]}"
+fi
 if [[ ${#failed[@]} -gt 0 ]]; then
-  echo "fuzz: crashed: ${failed[*]} (inputs in fuzz/artifacts/)" >&2
+  echo "fuzz: failed: ${failed[*]} (a crash's input is in fuzz/artifacts/)" >&2
   exit 1
 fi

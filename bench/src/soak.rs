@@ -103,6 +103,9 @@ pub struct SoakReport {
     pub rss_kib_per_1e5: f64,
     /// The streams recycled over the samples the slopes are read from.
     pub judged_streams: u64,
+    /// The run was asked to judge its growth (`--until-recycled`): fewer
+    /// than [`MIN_JUDGED`] judged streams is then a failure, not a note.
+    pub judge_required: bool,
     pub fds_per_1e5: f64,
     pub tasks_per_1e5: f64,
     /// Node mode: pods drained through the agent and replaced meanwhile.
@@ -131,6 +134,13 @@ impl SoakReport {
             out.push(format!(
                 "{} of {} drains cut or bypassed streams",
                 self.drains_cut, self.drains
+            ));
+        }
+        if self.judge_required && self.judged_streams < MIN_JUDGED {
+            out.push(format!(
+                "growth not judged: read over {} streams after the warm-up, fewer than {MIN_JUDGED} \
+                 (the streams recycled too slowly for --duration)",
+                self.judged_streams
             ));
         }
         if self.judged_streams >= MIN_JUDGED && self.rss_kib_per_1e5 > MAX_RSS_KIB_PER_1E5 {
@@ -422,6 +432,30 @@ pub async fn run(opts: &SoakOptions) -> Result<SoakReport, String> {
     report
 }
 
+/// The samples the slopes are read from: those after the warm-up (the
+/// first fifth of the samples).
+fn loaded(samples: &[Sample]) -> &[Sample] {
+    &samples[(samples.len() / 5).min(samples.len())..]
+}
+
+/// The streams recycled over [`loaded`] samples.
+fn judged(samples: &[Sample]) -> u64 {
+    let part = loaded(samples);
+    match (part.first(), part.last()) {
+        (Some(a), Some(b)) => b.recycled.saturating_sub(a.recycled),
+        _ => 0,
+    }
+}
+
+/// Whether a run to `until_recycled` streams may stop: they were recycled,
+/// and the slope can be judged over them. A run whose rate fell after the
+/// warm-up goes on (up to its duration) rather than stop short of judging.
+fn enough(until_recycled: Option<u64>, samples: &[Sample]) -> bool {
+    until_recycled.is_some_and(|n| {
+        samples.last().is_some_and(|s| s.recycled >= n) && judged(samples) >= MIN_JUDGED
+    })
+}
+
 /// Holds `opts.streams` WebSockets on `endpoints`, recycled by max age, and
 /// samples `subject` until `opts.duration` is over (or `opts.until_recycled`
 /// streams were recycled); then the clients leave
@@ -466,11 +500,7 @@ pub(super) async fn soak(
             .sum()
     };
     let mut samples: Vec<Sample> = Vec::new();
-    let enough = |samples: &[Sample]| {
-        opts.until_recycled
-            .is_some_and(|n| samples.last().is_some_and(|s| s.recycled >= n))
-    };
-    while start.elapsed() < opts.duration && !enough(&samples) {
+    while start.elapsed() < opts.duration && !enough(opts.until_recycled, &samples) {
         let left = opts.duration.saturating_sub(start.elapsed());
         tokio::time::sleep(opts.sample_every.min(left)).await;
         subject.alive()?;
@@ -524,8 +554,7 @@ pub(super) async fn soak(
         .count() as u64;
     let cut = during.iter().filter(|s| s.ending == Ending::Cut).count() as u64;
     let lost_messages = ledger.lost(during.iter().copied());
-    let warm_from = samples.len() / 5;
-    let loaded_part = &samples[warm_from.min(samples.len())..];
+    let loaded_part = loaded(&samples);
     let per_1e5 = |f: fn(&Sample) -> u64| {
         let points: Vec<(f64, f64)> = loaded_part
             .iter()
@@ -547,10 +576,8 @@ pub(super) async fn soak(
         loaded: samples.last().copied().unwrap_or_default(),
         after,
         rss_kib_per_1e5: per_1e5(|s| s.rss_kib),
-        judged_streams: match (loaded_part.first(), loaded_part.last()) {
-            (Some(a), Some(b)) => b.recycled - a.recycled,
-            _ => 0,
-        },
+        judged_streams: judged(&samples),
+        judge_required: opts.until_recycled.is_some(),
         fds_per_1e5: per_1e5(|s| s.fds),
         tasks_per_1e5: per_1e5(|s| s.tasks),
         drains,
@@ -623,6 +650,7 @@ mod tests {
             after: s(12_000, 22),
             rss_kib_per_1e5: 100.0,
             judged_streams: MIN_JUDGED,
+            judge_required: false,
             fds_per_1e5: 0.0,
             tasks_per_1e5: 0.0,
             drains: 0,
@@ -646,5 +674,35 @@ mod tests {
         };
         assert!(short.ok(), "{:?}", short.failures());
         assert!(short.render().contains("not judged"));
+        // Asked to judge (--until-recycled) and could not: a failure.
+        let unjudged = SoakReport {
+            judge_required: true,
+            ..short.clone()
+        };
+        assert_eq!(unjudged.failures().len(), 1, "{:?}", unjudged.failures());
+        assert!(unjudged.failures()[0].contains("not judged"));
+    }
+
+    #[test]
+    fn a_rate_that_falls_after_the_warm_up_is_judged_over_the_streams_after_it() {
+        // 500 a second for 30 s, then 250: the loaded samples start at the
+        // fifth, so 70,000 recycled is not enough to judge yet.
+        let mut samples = Vec::new();
+        let mut recycled = 0;
+        for i in 1..=400u64 {
+            recycled += if i <= 6 { 2_500 } else { 1_250 };
+            samples.push(Sample {
+                seconds: i as f64 * 5.0,
+                recycled,
+                ..Sample::default()
+            });
+            if enough(Some(70_000), &samples) {
+                break;
+            }
+        }
+        let last = samples.last().unwrap();
+        assert!(last.recycled > 70_000, "stopped at {}", last.recycled);
+        assert!(judged(&samples) >= MIN_JUDGED);
+        assert!(judged(&samples[..samples.len() - 1]) < MIN_JUDGED);
     }
 }
