@@ -47,9 +47,9 @@
 //!
 //! Which file serves an HTTP/2 request: `relay/client/` reads it and
 //! `relay/admit.rs` lets it through; `relay/app.rs` carries its answer;
-//! `relay/ending/` ends it gracefully (the one room for how a stream ends:
-//! its rules and outcomes, the cadence, the protocol; the relay's alone, so
-//! it lives there, not in the core).
+//! `relay/ends.rs` ends it gracefully, by the rules of `relay/ending/` (how
+//! a stream ends: its rules and outcomes, the cadence, its state; the
+//! relay's alone, so it lives there, not in the core).
 
 mod accept;
 mod body;
@@ -72,9 +72,9 @@ pub mod upstream;
 mod websocket;
 // Public for the `hpack` fuzz target; nothing outside the guard uses it.
 #[doc(hidden)]
-pub use relay::wire;
+pub use relay::feed::FeedStep;
 #[doc(hidden)]
-pub use relay::FeedStep;
+pub use relay::wire;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -344,7 +344,7 @@ impl Guard {
     /// fuzz target. Call it inside a tokio runtime.
     #[doc(hidden)]
     pub fn fuzz_frame_relay(&self, steps: &[FeedStep<'_>], alone: bool) {
-        relay::feed(&self.handle(), steps, alone);
+        relay::feed::feed(&self.handle(), steps, alone);
     }
 
     /// What a connection driver is given of this guard.

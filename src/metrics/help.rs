@@ -50,7 +50,7 @@ pub const STREAMS_BLIND_ENDED: (&str, &str) = (
     "streams_blind_ended",
     "Stream endings the stream guard had to begin at a moment no write of the application timed (quiet for all of end_settle, 4 s, with no learned cadence): a message the application handed its transport at that very instant would be lost. 0 for streams that write at least every 4 s; silent streams count here",
 );
-/// Contract extension (guard): see `guard::relay::ending::protocol`.
+/// Contract extension (guard): see `guard::relay::ends`.
 pub const STREAM_DATA_DROPPED: (&str, &str) = (
     "stream_data_dropped",
     "DATA frames the application sent that the stream guard dropped, by reason: after_end (the guard had already ended the stream to the client: its ending's barrier was not acked within end_timeout, or it was reset), partial_message (the start of a message the application's stack cut short after reading the guard's cancel). 0 is the promise: each is a message the client never got",

@@ -705,3 +705,191 @@ fn the_field_count_sees_fields() {
         vec![("D".to_string(), 3), ("E".to_string(), 1)]
     );
 }
+
+/// The relay's rooms (docs/design.md, "The relay's map"): each file of
+/// `src/guard/relay/` is a room, each folder (`client/`, `ending/`) one
+/// room, `mod.rs` the room on top. The rooms a file names, by
+/// `super::x` (resolved from its place), `crate::guard::relay::x` and, in
+/// `mod.rs`, `x::` of a child room; a name that is no room is an item of
+/// `mod.rs`.
+fn relay_room_imports(
+    rooms: &BTreeSet<String>,
+    rel: &Path,
+    text: &str,
+) -> (String, BTreeSet<String>) {
+    let mut here: Vec<String> = rel
+        .components()
+        .map(|c| {
+            c.as_os_str()
+                .to_string_lossy()
+                .trim_end_matches(".rs")
+                .to_string()
+        })
+        .collect();
+    if here.last().is_some_and(|l| l == "mod") {
+        here.pop();
+    }
+    let room = here.first().cloned().unwrap_or_else(|| "mod".to_string());
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let room_of = |path: &[String]| -> Option<String> {
+        match path.first() {
+            None => Some("mod".to_string()),
+            Some(first) if rooms.contains(first) => Some(first.clone()),
+            Some(first) if first.is_empty() => None,
+            Some(_) => Some("mod".to_string()),
+        }
+    };
+    let preceded = |i: usize| {
+        text[..i]
+            .chars()
+            .last()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+    };
+    let mut out = BTreeSet::new();
+    let mut add = |path: Vec<String>, names: Vec<String>| {
+        for name in names {
+            let mut p = path.clone();
+            p.push(name);
+            if let Some(r) = room_of(&p) {
+                out.insert(r);
+            }
+        }
+    };
+    let names_at = |rest: &str| -> Vec<String> {
+        if let Some(group) = rest.strip_prefix('{') {
+            let group = &group[..group.find('}').unwrap_or(group.len())];
+            group.split(',').map(|i| ident(i.trim())).collect()
+        } else {
+            vec![ident(rest)]
+        }
+    };
+    for (i, _) in text.match_indices("super::") {
+        if preceded(i) {
+            continue;
+        }
+        let mut level = here.len();
+        let mut rest = &text[i..];
+        while let Some(r) = rest.strip_prefix("super::") {
+            level = level.saturating_sub(1);
+            rest = r;
+        }
+        if level == 0 && here.is_empty() {
+            continue; // `super::` from `mod.rs` is the guard, not a room.
+        }
+        add(here[..level.min(here.len())].to_vec(), names_at(rest));
+    }
+    for (i, _) in text.match_indices("guard::relay::") {
+        add(Vec::new(), names_at(&text[i + "guard::relay::".len()..]));
+    }
+    if here.is_empty() {
+        for r in rooms {
+            let needle = format!("{r}::");
+            for (i, _) in text.match_indices(&needle) {
+                if !preceded(i) {
+                    out.insert(r.clone());
+                }
+            }
+        }
+    }
+    out.remove(&room);
+    out.retain(|r| !r.is_empty());
+    (room, out)
+}
+
+/// The relay's rooms name each other one way: no room names a room that
+/// names it back, however far round, so no arrow of the relay's drawing
+/// runs back up. The protocol that ends a stream (`ends.rs`) stands above
+/// the stream store, the ending's rules and state (`ending/`) below it.
+/// A child that takes `Relay` from `mod.rs` is not named back by it: the
+/// fuzz harness (`feed.rs`) is a public module, not re-exported.
+#[test]
+fn the_relay_rooms_name_each_other_one_way() {
+    let relay = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/guard/relay");
+    let rooms: BTreeSet<String> = std::fs::read_dir(&relay)
+        .expect("read relay/")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.is_dir() || p.extension().is_some_and(|e| e == "rs"))
+        .map(|p| {
+            let name = p.file_name().expect("name").to_string_lossy().into_owned();
+            name.trim_end_matches(".rs").to_string()
+        })
+        .filter(|n| n != "tests" && n != "mod")
+        .collect();
+    assert!(rooms.len() > 15, "too few relay rooms: {rooms:?}");
+    let mut files = Vec::new();
+    rust_files(&relay, &mut files);
+    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in files {
+        let rel = file.strip_prefix(&relay).expect("under relay/");
+        if rel.starts_with("tests") {
+            continue;
+        }
+        let text = production_code(&std::fs::read_to_string(&file).expect("read"));
+        let (room, names) = relay_room_imports(&rooms, rel, &text);
+        g.entry(room).or_default().extend(names);
+    }
+    assert!(
+        g.get("mod").is_some_and(|d| d.len() > 10),
+        "mod.rs names too few rooms: {:?}",
+        g.get("mod")
+    );
+    let back: Vec<_> = g
+        .iter()
+        .flat_map(|(a, deps)| deps.iter().map(move |b| (a, b)))
+        .filter(|(a, b)| reaches(&g, b, a))
+        .collect();
+    assert!(
+        back.is_empty(),
+        "relay rooms that name each other: {back:?}"
+    );
+}
+
+#[test]
+fn the_relay_room_rule_sees_a_room_named_back() {
+    let rooms: BTreeSet<String> = ["ending", "ends", "streams", "feed", "client"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let set = |v: &[&str]| -> BTreeSet<String> { v.iter().map(|s| s.to_string()).collect() };
+    let cases: [(&str, &str, &str, &[&str]); 6] = [
+        (
+            "ending/state.rs",
+            "use crate::guard::relay::streams::Stream;",
+            "ending",
+            &["streams"],
+        ),
+        (
+            "ending/state.rs",
+            "use super::super::streams::{Stream, Streams};",
+            "ending",
+            &["streams"],
+        ),
+        (
+            "ending/state.rs",
+            "use super::cadence::Cadence;",
+            "ending",
+            &[],
+        ),
+        ("feed.rs", "use super::Relay;", "feed", &["mod"]),
+        (
+            "mod.rs",
+            "pub use feed::{feed, FeedStep};",
+            "mod",
+            &["feed"],
+        ),
+        (
+            "client/streams.rs",
+            "use super::super::{ends::Ends, Relay};",
+            "client",
+            &["ends", "mod"],
+        ),
+    ];
+    for (file, text, room, want) in cases {
+        let (r, names) = relay_room_imports(&rooms, Path::new(file), text);
+        assert_eq!((r.as_str(), names), (room, set(want)), "{file}: {text}");
+    }
+}

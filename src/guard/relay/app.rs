@@ -324,8 +324,7 @@ impl Conn<'_> {
             _ => s.response_trailers(fields.grpc_status.as_deref()),
         }
         if end_stream {
-            s.response_ended();
-            self.ends.maybe_done(id);
+            self.ends.app_ended(id);
         } else if s.app_cancelled() {
             // Its end waits for the whole read to be handled: a frame
             // behind this head in the same read is forwarded first.

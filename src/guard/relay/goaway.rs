@@ -8,8 +8,8 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::blocks::{trailers_only, unavailable_block};
-use super::ending::protocol::Ends;
 use super::ending::StreamOutcome;
+use super::ends::Ends;
 use super::failure::Failure;
 use super::ids::StreamIds;
 use super::life::Life;

@@ -94,7 +94,8 @@
 //! | `client/` | the client's frames, held to RFC 9113: judged by its side (`mod.rs`), then the work on their streams, each new stream decided (`streams.rs`, over [`Conn`] and [`Kept`]) |
 //! | `app.rs` | the application's frames, SETTINGS and GOAWAY, over [`Conn`] |
 //! | `admit.rs` | admission, registration, the answers of streams not let through, §8.1's message rules: functions over the parts they read |
-//! | `ending/` | how a stream ends, in one room: the rules and outcomes (`mod.rs`), the cadence, the protocol (`protocol.rs`, over [`Ends`]), its state, the connection's own planned ends |
+//! | `ending/` | how a stream ends: the rules and outcomes (`mod.rs`), the cadence, its state (kept by the stream store), the connection's own planned ends |
+//! | `ends.rs` | the one protocol that carries those rules out, over [`Ends`] (the store among them) |
 //! | `goaway.rs` | the connection's steps over [`Conn`]: GOAWAY, the timers' work, failure, close (its state: `life.rs`) |
 //!
 //! and these own one part each: `sides.rs` (the two sides), `peer.rs` (a
@@ -120,8 +121,12 @@ mod client;
 mod connect;
 mod defences;
 mod ending;
+mod ends;
 mod failure;
-mod feed;
+// The relay without sockets, for the `frame_relay` fuzz target and the
+// unit tests; nothing outside the guard uses it.
+#[doc(hidden)]
+pub mod feed;
 mod flood;
 mod goaway;
 mod hpack;
@@ -143,9 +148,6 @@ mod window;
 #[doc(hidden)]
 pub mod wire;
 
-#[doc(hidden)]
-pub use feed::{feed, FeedStep};
-
 use std::future::poll_fn;
 use std::task::{Context, Poll};
 
@@ -163,8 +165,8 @@ use blocks::Forward;
 use client::streams::Kept;
 use client::Judged;
 use defences::Defences;
-use ending::protocol::{ending_due, Ends};
 use ending::state::Endings;
+use ends::{ending_due, Ends};
 use failure::Failure;
 use flood::Buckets;
 use goaway::Conn;
@@ -460,12 +462,21 @@ impl<'a> Relay<'a> {
         client_first: bool,
     ) -> Poll<Wake> {
         match app.as_mut() {
-            Some(app) => {
+            Some(app) if !self.app.unwritable => {
                 if write_some(cx, app, &mut self.app.peer.write).is_err() {
-                    return Poll::Ready(Wake::AppGone(false));
+                    if self.life.closing() {
+                        // Closing reads nothing of the application's.
+                        return Poll::Ready(Wake::AppGone(false));
+                    }
+                    // The application closed or reset its connection. What
+                    // it wrote before is still to be read from the socket:
+                    // it is read first, so none of it is lost, and the
+                    // read's end (end of file or error) says it is gone.
+                    self.app.unwritable = true;
+                    self.app.peer.write.clear();
                 }
             }
-            None => self.app.peer.write.clear(),
+            _ => self.app.peer.write.clear(),
         }
         let had = !self.client.peer.write.is_empty();
         self.clear_gate();

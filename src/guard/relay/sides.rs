@@ -46,6 +46,9 @@ pub(super) struct AppSide {
     pub(super) peer: Peer,
     /// Whether it answered HTTP/2 yet, or is there at all.
     pub(super) handshake: AppHandshake,
+    /// A write to it failed: it closed or reset the connection. Nothing
+    /// more is written; what it wrote before is still read.
+    pub(super) unwritable: bool,
 }
 
 /// Where the application's preface is, and whether there is an
@@ -75,6 +78,7 @@ impl AppSide {
                 goaway_held: false,
                 alone: false,
             },
+            unwritable: false,
         }
     }
 

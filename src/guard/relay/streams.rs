@@ -198,6 +198,20 @@ impl std::fmt::Debug for Unwritten {
     }
 }
 
+/// Which halves of a stream are over.
+#[derive(Clone, Copy, Default)]
+struct Halves {
+    /// The client ended its request (END_STREAM).
+    request: bool,
+    /// The application ended its response (END_STREAM).
+    response: bool,
+    /// The guard sent RST_STREAM(CANCEL) to the application (an ending's
+    /// cancel). It stays set whatever the application does next, its own
+    /// END_STREAM included: to the application the stream is closed, and
+    /// nothing of the client's may follow there (RFC 9113 §5.1).
+    app_reset: bool,
+}
+
 /// One relayed stream.
 pub(super) struct Stream {
     /// Its entry in the guard's registry (dropped: removed).
@@ -206,10 +220,9 @@ pub(super) struct Stream {
     kind: BodyKind,
     /// The response's boundaries, once its head arrived.
     bounds: Option<Boundaries>,
-    /// The client ended its request (END_STREAM).
-    req_done: bool,
-    /// The application ended its response (END_STREAM).
-    resp_done: bool,
+    /// Which of its halves are over, and whether the guard reset the
+    /// application's.
+    halves: Halves,
     started: Instant,
     /// Response messages (or events) so far.
     messages: u64,
@@ -252,8 +265,10 @@ impl Stream {
             reg,
             kind,
             bounds: None,
-            req_done,
-            resp_done: false,
+            halves: Halves {
+                request: req_done,
+                ..Halves::default()
+            },
             started: now,
             messages: 0,
             cadence: Cadence::default(),
@@ -277,12 +292,12 @@ impl Stream {
 
     /// The client ended its request.
     pub(super) fn req_done(&self) -> bool {
-        self.req_done
+        self.halves.request
     }
 
     /// The application ended its response.
     pub(super) fn resp_done(&self) -> bool {
-        self.resp_done
+        self.halves.response
     }
 
     /// Why the guard was asked to end it, if it was.
@@ -360,15 +375,22 @@ impl Stream {
         });
     }
 
-    /// The guard cancelled the application's side while it ends it (the
-    /// client's frames no longer go there).
+    /// The guard cancelled the application's side while it ended it: the
+    /// client's frames no longer go there, even once the application's own
+    /// END_STREAM has ended the ending (its answer won, but to it the
+    /// stream was reset).
     pub(super) fn app_cancelled(&self) -> bool {
-        self.ending.is_some_and(|e| e.cancelled.is_some())
+        self.halves.app_reset
+    }
+
+    /// The guard wrote RST_STREAM(CANCEL) to the application for it.
+    pub(super) fn app_reset_sent(&mut self) {
+        self.halves.app_reset = true;
     }
 
     /// The client ended its request.
     pub(super) fn request_ended(&mut self) {
-        self.req_done = true;
+        self.halves.request = true;
         if let Some(sig) = self.sig.as_mut() {
             sig.request_ended();
         }
@@ -377,7 +399,7 @@ impl Stream {
     /// The response is over (the application's END_STREAM, or the guard's
     /// whole answer): the application's own end wins over the guard's.
     pub(super) fn response_ended(&mut self) {
-        self.resp_done = true;
+        self.halves.response = true;
         self.ending = None;
     }
 

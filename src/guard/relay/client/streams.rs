@@ -124,7 +124,9 @@ impl Conn<'_> {
             return;
         };
         self.ids.reset(h.id);
-        if !self.take_back(h.id, k.forward) {
+        // Not to a stream the guard already reset at the application: it
+        // may not answer a reset, nor take one after its own (§5.1, §5.4.2).
+        if !s.app_cancelled() && !self.take_back(h.id, k.forward) {
             self.ends.app.write.extend_from_slice(frame);
         }
         if !s.answered() && now.saturating_duration_since(s.started()) < PREMATURE_LIFETIME {
@@ -534,7 +536,7 @@ impl Conn<'_> {
         let Some(s) = self.ends.streams.remove(&id) else {
             return;
         };
-        if !self.take_back(id, k.forward) {
+        if !s.app_cancelled() && !self.take_back(id, k.forward) {
             wire::rst(&mut self.ends.app.write, id, wire::CANCEL);
         }
         // The application got a request and its reset: as a client's

@@ -1,19 +1,23 @@
-//! How a relayed stream ends: the one room where that is decided. The
+//! How a relayed stream ends: its rules, outcomes and state, in one room,
+//! below the stream store that keeps each stream's ending; the protocol
+//! that carries them out over the store is `relay/ends.rs`, above it. The
 //! guard's design document ("How a gRPC stream ends") describes it; this
-//! module is that description in code.
+//! module and `ends.rs` are that description in code.
 //!
 //! - **Who asks** (elsewhere, by design): a drain asks every long-lived
 //!   stream of the process through the registry, spread over its window
 //!   (`guard::terminator`); a connection asks its own streams at its max
 //!   age and after the application's GOAWAY ([`plan`]: the relay's own
-//!   timer, no task). Every ask lands in [`protocol`]'s `begin_end`.
-//! - **When** ([`protocol`], [`cadence`]): at a message boundary, in the
+//!   timer, no task). Every ask lands in `begin_end`, in the protocol
+//!   beside this room (`relay/ends.rs`), which carries these rules out over
+//!   the stream store.
+//! - **When** (`ends.rs`, [`cadence`]): at a message boundary, in the
 //!   application's first pause ([`BURST_GAP`] after a message), or at once
 //!   when the stream's learned cadence puts its next write well off; a
 //!   quiet stream gets up to `end_settle` to write once more; past
 //!   `end_timeout` a stream at a boundary ends there, one mid-message is
 //!   reset (REFUSED_STREAM, retryable).
-//! - **How** ([`protocol`], its state in [`state`]): RST_STREAM(CANCEL) to
+//! - **How** (`ends.rs`, its state in [`state`]): RST_STREAM(CANCEL) to
 //!   the application, the barrier right behind it (two SETTINGS round
 //!   trips), every DATA frame before the barrier's ack forwarded (a message
 //!   begun after the cancel held until whole), then the client's trailers.
@@ -43,7 +47,6 @@
 
 pub(super) mod cadence;
 mod plan;
-pub(super) mod protocol;
 pub(super) mod state;
 
 use std::time::Duration;

@@ -4,6 +4,7 @@
 //! harness reaching them (helpers in the parent module).
 
 use super::*;
+use crate::guard::relay::feed::{feed, FeedStep};
 use crate::metrics::Dropped;
 use std::time::Duration;
 
@@ -472,6 +473,145 @@ async fn nothing_but_priority_goes_to_the_app_on_a_stream_it_cancelled() {
     );
 }
 
+/// Issue 57's attack: the application answers whole (its trailers) after
+/// the guard's cancel went out but before it read it, while the client's
+/// request is still open. Its answer wins, and its stream stays reset to
+/// it: nothing more of the client's reaches it (DATA, trailers or a reset
+/// on a stream it saw reset would be a stream error, or a connection error
+/// where a stack treats it so), the client is asked to stop sending
+/// (RST_STREAM(NO_ERROR) behind the trailers), and the stream counts as
+/// completed.
+#[tokio::test]
+async fn the_apps_own_end_after_the_cancel_keeps_the_client_away_from_it() {
+    let (guard, metrics) = guard_and_metrics();
+    let now = Instant::now();
+    let mut r = streams_open(&guard, 1, now);
+    ask_all(&guard, &mut r, Reason::drain, now);
+    r.timers(now + BURST_GAP).expect("the cancel");
+    assert!(r.streams.app_cancelled(1), "the cancel went out");
+    r.app.peer.write.clear();
+    let done = wire::literal_block(&[("grpc-status", "0")]);
+    wire::put(
+        &mut r.app.peer.read,
+        wire::HEADERS,
+        wire::END_HEADERS | wire::END_STREAM,
+        1,
+        &done,
+    );
+    r.app_frames(now + BURST_GAP).expect("the app's trailers");
+    let to_client: Vec<(u8, u8, u32)> = frames_in(&r.client.peer.write)
+        .iter()
+        .map(|f| (f.0, f.1, f.2))
+        .filter(|f| f.2 == 1)
+        .collect();
+    assert_eq!(
+        to_client,
+        vec![
+            (wire::HEADERS, wire::END_HEADERS | wire::END_STREAM, 1),
+            (wire::RST_STREAM, 0, 1),
+        ],
+        "the app's trailers, then the client asked to stop"
+    );
+    let rst = frames_in(&r.client.peer.write)
+        .into_iter()
+        .find(|f| f.0 == wire::RST_STREAM)
+        .expect("a reset");
+    assert_eq!(
+        u32::from_be_bytes(rst.3[..4].try_into().unwrap()),
+        wire::NO_ERROR
+    );
+    assert_eq!(r.streams.len(), 0, "the stream is over");
+    // The client's frames already on their way: none reaches the app, and
+    // the window its DATA took is given back.
+    r.client.peer.write.clear();
+    let trailers = wire::literal_block(&[("x-end", "1")]);
+    wire::put(
+        &mut r.client.peer.read,
+        wire::DATA,
+        0,
+        1,
+        &[0, 0, 0, 0, 1, 5],
+    );
+    wire::put(
+        &mut r.client.peer.read,
+        wire::HEADERS,
+        wire::END_HEADERS | wire::END_STREAM,
+        1,
+        &trailers,
+    );
+    r.client_frames(now + BURST_GAP)
+        .expect("the client's frames in flight");
+    wire::put(
+        &mut r.client.peer.read,
+        wire::RST_STREAM,
+        0,
+        1,
+        &wire::CANCEL.to_be_bytes(),
+    );
+    r.client_frames(now + BURST_GAP)
+        .expect("the client's reset");
+    let to_app: Vec<(u8, u32)> = frames_in(&r.app.peer.write)
+        .iter()
+        .map(|f| (f.0, f.2))
+        .collect();
+    assert!(
+        to_app.iter().all(|&(_, id)| id != 1),
+        "nothing on stream 1 to the app: {to_app:?}"
+    );
+    assert_eq!(
+        credit_in(&r.client.peer.write, 0),
+        6,
+        "the DATA's window back"
+    );
+    assert_eq!(
+        (
+            terminated(&metrics, Reason::drain),
+            ungraceful(&metrics, Reason::drain)
+        ),
+        (0, 0),
+        "the app's own end, neither the guard's nor a cut"
+    );
+}
+
+/// The same answer before the cancel left: the application was never
+/// reset, so the client's rest of the request still goes to it.
+#[tokio::test]
+async fn the_apps_own_end_before_any_cancel_leaves_the_request_to_it() {
+    let guard = test_guard();
+    let now = Instant::now();
+    let mut r = streams_open(&guard, 1, now);
+    let done = wire::literal_block(&[("grpc-status", "0")]);
+    wire::put(
+        &mut r.app.peer.read,
+        wire::HEADERS,
+        wire::END_HEADERS | wire::END_STREAM,
+        1,
+        &done,
+    );
+    r.app_frames(now).expect("the app's trailers");
+    assert!(
+        frames_in(&r.client.peer.write)
+            .iter()
+            .all(|f| f.0 != wire::RST_STREAM),
+        "no reset of the guard's"
+    );
+    wire::put(
+        &mut r.client.peer.read,
+        wire::DATA,
+        wire::END_STREAM,
+        1,
+        &[0, 0, 0, 0, 1, 5],
+    );
+    r.client_frames(now).expect("the client's last message");
+    assert!(
+        frames_in(&r.app.peer.write)
+            .iter()
+            .any(|f| f.0 == wire::DATA && f.2 == 1),
+        "the client's message reaches the app"
+    );
+    assert_eq!(r.streams.len(), 0, "both halves over");
+}
+
 /// Issue 55 review: a stream with no response yet is cancelled at once;
 /// its head and a message behind the last ack in one read both reach the
 /// client before the trailers.
@@ -671,4 +811,69 @@ async fn a_graceful_end_counts_once_written_and_a_dropped_one_is_a_cut() {
     assert_eq!(terminated(&metrics, Reason::drain), 1);
     assert_eq!(ungraceful(&metrics, Reason::drain), 1);
     assert_eq!(guard.registered(), 0);
+}
+
+/// A connected pair of loopback sockets: (the far end, the near end).
+async fn tcp_pair() -> (tokio::net::TcpStream, tokio::net::TcpStream) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("its address");
+    let (near, far) = tokio::join!(TcpStream::connect(addr), listener.accept());
+    (far.expect("accept").0, near.expect("connect"))
+}
+
+/// Issue 57's attack: the application writes its last frames and closes;
+/// the guard, with something queued for it, finds its socket failing on
+/// the write before it read those frames. They are read all the same: a
+/// failed write is not the application's end, its read is.
+#[tokio::test]
+async fn what_the_app_wrote_before_it_closed_is_read_though_a_write_to_it_fails() {
+    use tokio::io::AsyncWriteExt;
+    let guard = test_guard();
+    let now = Instant::now();
+    let mut r = streams_open(&guard, 1, now);
+    let (mut app_end, near_app) = tcp_pair().await;
+    let (_client_end, near_client) = tcp_pair().await;
+    let mut client = Prefixed::new(bytes::Bytes::new(), near_client);
+    let mut last = BytesMut::new();
+    wire::put(&mut last, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 8]);
+    app_end
+        .write_all(&last)
+        .await
+        .expect("the app's last message");
+    drop(app_end);
+    // The near end learns the far end is gone: a write goes out, the far
+    // kernel answers it with a reset, and a later write fails (bounded).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match near_app.try_write(b"\0") {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => break,
+            Ok(_) => {}
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "writes to a closed peer never failed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    wire::window_update(&mut r.app.peer.write, 0, 100);
+    let mut app = Some(near_app);
+    let wake = poll_fn(|cx| r.poll_io(cx, &mut client, &mut app, true)).await;
+    assert!(
+        matches!(wake, Wake::FromApp),
+        "the app's last frames are read before its end"
+    );
+    assert_eq!(
+        frames_in(&r.app.peer.read)
+            .iter()
+            .map(|f| (f.0, f.2, f.3.clone()))
+            .collect::<Vec<_>>(),
+        vec![(wire::DATA, 1, vec![0, 0, 0, 0, 1, 8])],
+        "the app's last message, whole"
+    );
+    r.app.peer.read.clear();
+    let wake = poll_fn(|cx| r.poll_io(cx, &mut client, &mut app, true)).await;
+    assert!(matches!(wake, Wake::AppGone(_)), "then its end");
 }

@@ -1,12 +1,15 @@
 //! The end of a relayed stream the guard decides (by the rules in
-//! [`super`]), and how a stream is counted once it is over.
+//! [`ending`](super::ending), whose state it works on), and how a stream is
+//! counted once it is over. It stands above the stream store, which keeps
+//! each stream's ending state (`ending::state`) and knows nothing of this
+//! protocol.
 //!
 //! One protocol on every path that ends a stream: a drain, the max age, the
 //! application's GOAWAY, `end_timeout`, and a forced end alike.
 //! 1. At a message boundary, in the application's first pause (at once for
 //!    a stream with no response yet), RST_STREAM(CANCEL) to the application.
 //! 2. The barrier right behind the cancel: SETTINGS round trips
-//!    ([`super::state::Barrier`]), whose acks follow everything the application's
+//!    ([`super::ending::state::Barrier`]), whose acks follow everything the application's
 //!    transport wrote before it read the cancel.
 //! 3. Every DATA frame that arrives before the ack is forwarded. A message
 //!    begun after the cancel is held until it is whole ([`Held`]): the
@@ -28,8 +31,8 @@
 use bytes::BytesMut;
 use tokio::time::Instant;
 
-use super::state::{ends_in, Cancelled, ClosingEnds, Endings, Held, ACK_MIN, ENDED_KEPT};
-use super::{StreamOutcome, BURST_GAP};
+use super::ending::state::{ends_in, Cancelled, ClosingEnds, Endings, Held, ACK_MIN, ENDED_KEPT};
+use super::ending::{StreamOutcome, BURST_GAP};
 use crate::guard::body::End;
 use crate::guard::conn::ConnInfo;
 use crate::guard::grpc;
@@ -191,7 +194,11 @@ impl Ends<'_> {
         let end_timeout = self.guard.config().limits.end_timeout;
         wire::rst(&mut self.app.write, id, wire::CANCEL);
         let barrier = self.barrier_target();
-        if let Some(e) = self.streams.get_mut(&id).and_then(Stream::ending_mut) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        s.app_reset_sent();
+        if let Some(e) = s.ending_mut() {
             e.quiet_at = None;
             // The ending's own bound (`end_timeout` from the ask, or the
             // forced end's), but never less than ACK_MIN for the ack.
@@ -315,8 +322,7 @@ impl Ends<'_> {
             return;
         };
         if end_stream {
-            s.response_ended();
-            self.maybe_done(id);
+            self.app_ended(id);
         } else if s.ending().is_some() {
             self.data_while_ending(id, now);
         }
@@ -330,7 +336,7 @@ impl Ends<'_> {
         }
     }
 
-    /// The connection holds [`HOLD_MAX`](super::state::HOLD_MAX) in
+    /// The connection holds [`HOLD_MAX`](super::ending::state::HOLD_MAX) in
     /// messages begun after a cancel: the largest goes on as it is, so the
     /// app is read on and each can still finish (one its stack cuts short
     /// is then reset, never ended as if whole).
@@ -440,7 +446,7 @@ impl Ends<'_> {
     }
 
     /// The barrier round trip a stream asking now must wait for: the second
-    /// one started from now on (see [`super::state::Barrier`]).
+    /// one started from now on (see [`super::ending::state::Barrier`]).
     pub(in crate::guard::relay) fn barrier_target(&mut self) -> u64 {
         // The caller wrote its cancel just now: only round trips started
         // after it count, whatever turn the one in flight began in.
@@ -724,6 +730,27 @@ impl Ends<'_> {
     }
 
     /// Removes stream `id` once both its directions are over.
+    /// The application's END_STREAM on stream `id`: its answer is whole,
+    /// and wins over an ending of the guard's. If the guard had already
+    /// reset the application's side (the ending's cancel), the rest of the
+    /// request has nowhere to go: the client is asked to stop sending it
+    /// (RST_STREAM(NO_ERROR) behind the answer, RFC 9113 §8.1), as after the
+    /// guard's own end, and the stream is over, completed.
+    pub(in crate::guard::relay) fn app_ended(&mut self, id: u32) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        s.response_ended();
+        if s.app_cancelled() && !s.req_done() {
+            wire::rst(&mut self.client.write, id, wire::NO_ERROR);
+            if let Some(s) = self.streams.remove(&id) {
+                self.finish(s, StreamOutcome::Completed);
+            }
+            return;
+        }
+        self.maybe_done(id);
+    }
+
     pub(in crate::guard::relay) fn maybe_done(&mut self, id: u32) {
         if self
             .streams
