@@ -42,7 +42,13 @@ input_timeout=${FUZZ_INPUT_TIMEOUT:-10}
 # timeout or more, or too few inputs) is not judged here: its name goes to
 # FILE, and make test runs it again on its own (scripts/test.sh). libFuzzer
 # itself aborts an input only after 60 s of wall time then. A crash fails
-# as always.
+# as always. In doubt means: an input that took the hang timeout or more
+# (saved in fuzz/artifacts/<target>/ as timeout-* or slow-unit-*), fewer
+# than FUZZ_MIN_EXECS inputs, or less than half the target's seconds in CPU
+# time (the budget is CPU, not the wall time a busy machine leaves it).
+# Run on its own (no FUZZ_DEFER), a target first replays every input saved
+# there as a hang or a slow unit, with the hang timeout: one that still
+# takes that long fails the run, however rarely fuzzing finds it again.
 defer=${FUZZ_DEFER:-}
 abort_after=$input_timeout
 [[ -z $defer ]] || abort_after=$((input_timeout > 60 ? input_timeout : 60))
@@ -58,6 +64,8 @@ cargo_fuzz=${DRAINSHIM_CACHE:-$root/.cache}/cargo-tools/bin/cargo-fuzz
 # so sharing target/ made make test's release builds and the fuzz build and
 # runs beside them wait on each other, one core idle.
 target_dir=${FUZZ_TARGET_DIR:-${CARGO_TARGET_DIR:-$root/target}/fuzz}
+# Where a crash's, a hang's or a slow unit's input is kept, a folder per target.
+artifacts=${FUZZ_ARTIFACTS:-$root/fuzz/artifacts}
 triple=$(rustc -vV | sed -n 's/^host: //p')
 
 cd "$root/fuzz"
@@ -86,23 +94,42 @@ fuzz_one() {
   # The working corpus grows run by run and stays out of git; the seeds are
   # read only.
   corpus=${DRAINSHIM_CACHE:-$root/.cache}/fuzz-corpus/$t
-  mkdir -p "$corpus" "$root/fuzz/artifacts/$t"
+  mkdir -p "$corpus" "$artifacts/$t"
   local dirs=("$corpus")
   [[ -d $root/fuzz/seeds/$t ]] && dirs+=("$root/fuzz/seeds/$t")
+  if [[ -z $defer ]]; then
+    local saved=()
+    mapfile -t saved < <(find "$artifacts/$t" -maxdepth 1 -type f \( -name 'timeout-*' -o -name 'slow-unit-*' \) | sort)
+    if [[ ${#saved[@]} -gt 0 ]]; then
+      echo "fuzz: $t: replaying ${#saved[@]} input(s) saved as a hang or a slow unit, -timeout=$input_timeout" >&2
+      "$bin" -rss_limit_mb="$rss_limit_mb" -timeout="$input_timeout" -timeout_exitcode=70 \
+        "${saved[@]}" >"$logs/$t.replay.log" 2>&1 || rc=$?
+      if [[ $rc -ne 0 ]]; then
+        cat "$logs/$t.replay.log" >"$logs/$t.log"
+        echo "an input saved as a hang or a slow unit still fails on its own (exit $rc)" >"$logs/$t.failed"
+        printf '%-12s %8s s %12s execs  FAILED (a saved hang, exit %d)\n' "$t" 0 0 "$rc" >"$logs/$t.result"
+        return
+      fi
+    fi
+  fi
   start=$SECONDS
-  "$bin" -max_total_time="$seconds" -rss_limit_mb="$rss_limit_mb" -timeout="$abort_after" \
-    -timeout_exitcode=70 -print_final_stats=1 -artifact_prefix="$root/fuzz/artifacts/$t/" "${dirs[@]}" \
-    >"$logs/$t.log" 2>&1 || rc=$?
+  local cpu TIMEFORMAT='%3U %3S'
+  { time "$bin" -max_total_time="$seconds" -rss_limit_mb="$rss_limit_mb" -timeout="$abort_after" \
+    -timeout_exitcode=70 -report_slow_units="$input_timeout" -print_final_stats=1 \
+    -artifact_prefix="$artifacts/$t/" "${dirs[@]}" >"$logs/$t.log" 2>&1; } 2>"$logs/$t.cpu" || rc=$?
   took=$((SECONDS - start))
+  # The CPU seconds it had (user and system), whole.
+  cpu=$(awk '{ printf "%d", $1 + $2 }' "$logs/$t.cpu" 2>/dev/null)
+  cpu=${cpu:-0}
   # libFuzzer's own count: the final stats line, else the last "#N DONE".
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$logs/$t.log" | tail -1)
   [[ -n $execs ]] || execs=$(sed -n 's/^#\([0-9]*\).*DONE.*/\1/p' "$logs/$t.log" | tail -1)
   execs=${execs:-0}
   slowest=$(sed -n 's/^stat::slowest_unit_time_sec: *//p' "$logs/$t.log" | tail -1)
   slowest=${slowest:-0}
-  if [[ -n $defer ]] && { [[ $rc -eq 70 ]] || { [[ $rc -eq 0 ]] && ((execs < min_execs || slowest >= input_timeout)); }; }; then
+  if [[ -n $defer ]] && { [[ $rc -eq 70 ]] || { [[ $rc -eq 0 ]] && ((execs < min_execs || slowest >= input_timeout || cpu * 2 < seconds)); }; }; then
     echo "$t" >"$logs/$t.deferred"
-    printf '%-12s %8s s %12s execs  slowest input %s s: again on its own\n' "$t" "$took" "$execs" "$slowest" >"$logs/$t.result"
+    printf '%-12s %8s s %12s execs  %s s CPU, slowest input %s s: again on its own\n' "$t" "$took" "$execs" "$cpu" "$slowest" >"$logs/$t.result"
   elif [[ $rc -ne 0 ]]; then
     echo "exit $rc" >"$logs/$t.failed"
     printf '%-12s %8s s %12s execs  FAILED (exit %d)\n' "$t" "$took" "$execs" "$rc" >"$logs/$t.result"
@@ -110,7 +137,7 @@ fuzz_one() {
     echo "ran $execs inputs, fewer than $min_execs" >"$logs/$t.failed"
     printf '%-12s %8s s %12s execs  FAILED (fewer than %d)\n' "$t" "$took" "$execs" "$min_execs" >"$logs/$t.result"
   else
-    printf '%-12s %8s s %12s execs  %8s/s\n' "$t" "$took" "$execs" "$((execs / (took > 0 ? took : 1)))" >"$logs/$t.result"
+    printf '%-12s %8s s %12s execs  %8s/s  %s s CPU\n' "$t" "$took" "$execs" "$((execs / (took > 0 ? took : 1)))" "$cpu" >"$logs/$t.result"
   fi
 }
 
@@ -155,6 +182,6 @@ if [[ -n $defer ]]; then
   [[ ${#deferred[@]} -eq 0 ]] || echo "fuzz: in doubt at idle priority, to run again on their own: ${deferred[*]}"
 fi
 if [[ ${#failed[@]} -gt 0 ]]; then
-  echo "fuzz: failed: ${failed[*]} (a crash's input is in fuzz/artifacts/)" >&2
+  echo "fuzz: failed: ${failed[*]} (a crash's input is in $artifacts/)" >&2
   exit 1
 fi

@@ -12,7 +12,8 @@
 #      binary, the bench harness, the fuzz targets; the first two start
 #      with phase 1), clippy, cargo-deny, the deploy checks, and then the
 #      fuzz targets' runs (`make fuzz-ci`, each for a fixed time; a target
-#      whose run is in doubt there, too few inputs or one slow input, runs
+#      whose run is in doubt there, too few inputs, one slow input or less
+#      than half its seconds in CPU, runs
 #      again on its own before the benchmarks). Their logs are in
 #      target/make-test/; the tests take the cores whenever they want them;
 #   3. the HTTP/2 conformance suite and the webhook tests;

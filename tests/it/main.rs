@@ -20,6 +20,7 @@ mod faults_recovery;
 mod faults_security;
 mod fleet;
 mod fleet_scale;
+mod fuzz_gate;
 mod golden_endings;
 mod golden_signals;
 mod guard_abuse;
