@@ -52,7 +52,9 @@ impl Conn<'_> {
                     tracing::info!(peer = %self.ends.info.peer, stream = id, timeout = ?l.write_stall_timeout,
                         "guard: the client took no data; resetting its stream");
                     wire::rst(&mut self.ends.client.write, id, wire::CANCEL);
-                    wire::rst(&mut self.ends.app.write, id, wire::CANCEL);
+                    if !self.ends.streams.app_cancelled(id) {
+                        wire::rst(&mut self.ends.app.write, id, wire::CANCEL);
+                    }
                     // The guard cuts it: a message held after its cancel is
                     // dropped and counted.
                     self.ends.drop_held(

@@ -462,8 +462,8 @@ impl<'a> Relay<'a> {
         client_first: bool,
     ) -> Poll<Wake> {
         match app.as_mut() {
-            Some(app) if !self.app.unwritable => {
-                if write_some(cx, app, &mut self.app.peer.write).is_err() {
+            Some(app) if self.app.write_failed.is_none() => {
+                if let Err(e) = write_some(cx, app, &mut self.app.peer.write) {
                     if self.life.closing() {
                         // Closing reads nothing of the application's.
                         return Poll::Ready(Wake::AppGone(false));
@@ -472,7 +472,7 @@ impl<'a> Relay<'a> {
                     // it wrote before is still to be read from the socket:
                     // it is read first, so none of it is lost, and the
                     // read's end (end of file or error) says it is gone.
-                    self.app.unwritable = true;
+                    self.app.write_failed = Some(e.kind());
                     self.app.peer.write.clear();
                 }
             }
@@ -530,7 +530,9 @@ impl<'a> Relay<'a> {
             }
             if let (false, true, Some(app)) = (client_turn, want_app, app.as_mut()) {
                 match read_some(cx, app, &mut self.app.peer.read) {
-                    Poll::Ready(Ok(0)) => return Poll::Ready(Wake::AppGone(true)),
+                    Poll::Ready(Ok(0)) => {
+                        return Poll::Ready(Wake::AppGone(self.app.end_is_clean()))
+                    }
                     Poll::Ready(Err(_)) => return Poll::Ready(Wake::AppGone(false)),
                     Poll::Ready(Ok(_)) => return Poll::Ready(Wake::FromApp),
                     Poll::Pending => {}
@@ -771,10 +773,14 @@ impl<'a> Relay<'a> {
             // While an ending waits for the barrier's ack, the application
             // is read further (its acks and what it wrote before them), up
             // to the mark that also bounds a client whose window is shut.
-            !self.streams.holds_too_much()
-                && (self.client.peer.write.len() < HIGH_WATER
-                    || (self.endings.awaits_ack()
-                        && self.client.peer.write.len() < BLOCKED_HIGH_WATER)),
+            // One whose socket failed a write is read to its end whatever
+            // the client takes: what is left is the kernel's buffer, and
+            // only its end lets the connection's streams end.
+            self.app.write_failed.is_some()
+                || (!self.streams.holds_too_much()
+                    && (self.client.peer.write.len() < HIGH_WATER
+                        || (self.endings.awaits_ack()
+                            && self.client.peer.write.len() < BLOCKED_HIGH_WATER))),
         )
     }
 }

@@ -46,9 +46,9 @@ pub(super) struct AppSide {
     pub(super) peer: Peer,
     /// Whether it answered HTTP/2 yet, or is there at all.
     pub(super) handshake: AppHandshake,
-    /// A write to it failed: it closed or reset the connection. Nothing
-    /// more is written; what it wrote before is still read.
-    pub(super) unwritable: bool,
+    /// A write to it failed (how): it closed or reset the connection.
+    /// Nothing more is written; what it wrote before is still read.
+    pub(super) write_failed: Option<std::io::ErrorKind>,
 }
 
 /// Where the application's preface is, and whether there is an
@@ -78,8 +78,20 @@ impl AppSide {
                 goaway_held: false,
                 alone: false,
             },
-            unwritable: false,
+            write_failed: None,
         }
+    }
+
+    /// Whether its end of file, read now, is a clean end: everything it
+    /// wrote arrived. Not after a write failed on a reset (its kernel drops
+    /// what it had not sent yet, and the reset took the read's error with
+    /// it); after a broken pipe, yes: its FIN came first, behind all it
+    /// wrote, and only the guard's later write met the reset.
+    pub(super) fn end_is_clean(&self) -> bool {
+        matches!(
+            self.write_failed,
+            None | Some(std::io::ErrorKind::BrokenPipe)
+        )
     }
 
     /// No application connection: nothing is pending, nothing kept.

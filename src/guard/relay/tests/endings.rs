@@ -875,5 +875,105 @@ async fn what_the_app_wrote_before_it_closed_is_read_though_a_write_to_it_fails(
     );
     r.app.peer.read.clear();
     let wake = poll_fn(|cx| r.poll_io(cx, &mut client, &mut app, true)).await;
-    assert!(matches!(wake, Wake::AppGone(_)), "then its end");
+    assert!(
+        matches!(wake, Wake::AppGone(true)),
+        "then its end, clean: its FIN came behind all it wrote"
+    );
+}
+
+/// Whether a loopback TCP connection from `local` to `peer` is still
+/// established, as the kernel lists it (`/proc/net/tcp`).
+fn established(local: u16, peer: u16) -> bool {
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    let port = |field: &str| {
+        field
+            .rsplit(':')
+            .next()
+            .and_then(|p| u16::from_str_radix(p, 16).ok())
+    };
+    table.lines().skip(1).any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 3 && port(f[1]) == Some(local) && port(f[2]) == Some(peer) && f[3] == "01"
+    })
+}
+
+/// The same, but the application resets its connection (it closed with
+/// bytes unread, or with linger 0): what reached the guard is still read,
+/// but its end is not clean, since its kernel dropped what it had not sent,
+/// and the streams that waited on it must not end as if all had arrived.
+#[tokio::test]
+async fn an_app_that_reset_its_connection_is_read_but_its_end_is_not_clean() {
+    let guard = test_guard();
+    let now = Instant::now();
+    let mut r = streams_open(&guard, 1, now);
+    let (app_end, near_app) = tcp_pair().await;
+    let (_client_end, near_client) = tcp_pair().await;
+    let mut client = Prefixed::new(bytes::Bytes::new(), near_client);
+    let mut last = BytesMut::new();
+    wire::put(&mut last, wire::DATA, 0, 1, &[0, 0, 0, 0, 1, 8]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut sent = 0;
+    while sent < last.len() {
+        app_end.writable().await.expect("writable");
+        sent += app_end.try_write(&last[sent..]).unwrap_or(0);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the app could not write"
+        );
+    }
+    // Its last message reached the guard's side, then the reset.
+    let mut peek = [0u8; 64];
+    while near_app.peek(&mut peek).await.expect("peek") < last.len() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the message never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (local, peer) = (
+        near_app.local_addr().expect("addr").port(),
+        near_app.peer_addr().expect("addr").port(),
+    );
+    app_end.set_linger(Some(Duration::ZERO)).expect("linger 0");
+    drop(app_end);
+    while established(local, peer) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the reset never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    wire::window_update(&mut r.app.peer.write, 0, 100);
+    let mut app = Some(near_app);
+    let wake = poll_fn(|cx| r.poll_io(cx, &mut client, &mut app, true)).await;
+    assert!(matches!(wake, Wake::FromApp), "what arrived is read");
+    assert_eq!(
+        frames_in(&r.app.peer.read).len(),
+        1,
+        "the app's last message"
+    );
+    r.app.peer.read.clear();
+    let wake = poll_fn(|cx| r.poll_io(cx, &mut client, &mut app, true)).await;
+    assert!(
+        matches!(wake, Wake::AppGone(false)),
+        "then its end, not clean"
+    );
+}
+
+/// An application whose socket failed a write is read to its end even
+/// while the client takes nothing: only that end lets the connection's
+/// streams end (before, such an app waited on a client that might never
+/// read).
+#[tokio::test]
+async fn an_app_that_cannot_be_written_is_read_whatever_the_client_takes() {
+    let guard = test_guard();
+    let now = Instant::now();
+    let mut r = streams_open(&guard, 1, now);
+    r.client
+        .peer
+        .write
+        .extend_from_slice(&vec![0u8; BLOCKED_HIGH_WATER]);
+    assert!(!r.wants().1, "a backed-up client stops the app's reads");
+    r.app.write_failed = Some(std::io::ErrorKind::ConnectionReset);
+    assert!(r.wants().1, "but not those of an app that is gone");
 }

@@ -198,6 +198,38 @@ async fn data_after_a_write_stall_reset_is_counted() {
     assert_eq!(dropped(&metrics, Dropped::after_end), (1, 6));
 }
 
+/// Issue 57's attack: a stream the guard already cancelled at the app (its
+/// ending) whose client then takes nothing for the write-stall timeout is
+/// reset to the client, and not again to the app, which saw it reset
+/// (RFC 9113 §5.1: a frame after its RST_STREAM is a stream error there).
+#[tokio::test]
+async fn a_write_stall_after_the_cancel_resets_the_app_once() {
+    let guard = test_guard();
+    let now = Instant::now();
+    let mut r = streams_open(&guard, 1, now);
+    ask_all(&guard, &mut r, Reason::drain, now);
+    r.timers(now + BURST_GAP).expect("the cancel");
+    assert!(r.streams.app_cancelled(1), "the cancel went out");
+    let resets = |buf: &[u8]| {
+        frames_in(buf)
+            .iter()
+            .filter(|f| f.0 == wire::RST_STREAM && f.2 == 1)
+            .count()
+    };
+    assert_eq!(resets(&r.app.peer.write), 1, "the cancel");
+    r.app.peer.write.clear();
+    r.client.peer.write.clear();
+    let stall = guard.config().limits.write_stall_timeout;
+    if let Some(s) = r.streams.get_mut(&1) {
+        s.shut_at(now);
+    }
+    r.endings.stalled.insert(1);
+    r.timers(now + BURST_GAP + stall).expect("the stall");
+    assert!(r.streams.is_empty(), "the stream is over");
+    assert_eq!(resets(&r.client.peer.write), 1, "the client's reset");
+    assert_eq!(resets(&r.app.peer.write), 0, "no second reset to the app");
+}
+
 /// A client that shuts and reopens windows by the byte, stream after
 /// stream, with no timer ever running: the stall set keeps only streams
 /// still open and shut (before: one id per stream, for the connection's
