@@ -934,7 +934,9 @@ async fn an_app_that_reset_its_connection_is_read_but_its_end_is_not_clean() {
         near_app.local_addr().expect("addr").port(),
         near_app.peer_addr().expect("addr").port(),
     );
-    app_end.set_linger(Some(Duration::ZERO)).expect("linger 0");
+    socket2::SockRef::from(&app_end)
+        .set_linger(Some(Duration::ZERO))
+        .expect("linger 0");
     drop(app_end);
     while established(local, peer) {
         assert!(
