@@ -235,13 +235,9 @@ fn src_keeps_its_parts_in_rooms() {
     );
 }
 
-/// The guard modules a file names: `guard::x`, `super::x` (resolved from
-/// the file's place), and `x::` at the start of a `use` of the guard's own
-/// submodules: the first name under `guard` of each.
-fn guard_file_imports(guard: &Path, file: &Path, text: &str) -> BTreeSet<String> {
-    let rel = file.strip_prefix(guard).expect("under src/guard/");
-    // The module the file is, as a path under guard: `relay/client.rs` ->
-    // ["relay", "client"]; `relay/mod.rs` -> ["relay"].
+/// The module a file is, as a path under its folder: `relay/client.rs` ->
+/// ["relay", "client"]; `relay/mod.rs` -> ["relay"].
+fn module_path(rel: &Path) -> Vec<String> {
     let mut here: Vec<String> = rel
         .components()
         .map(|c| {
@@ -254,6 +250,15 @@ fn guard_file_imports(guard: &Path, file: &Path, text: &str) -> BTreeSet<String>
     if here.last().is_some_and(|l| l == "mod") {
         here.pop();
     }
+    here
+}
+
+/// The guard modules a file names: `guard::x`, `super::x` (resolved from
+/// the file's place), and `x::` at the start of a `use` of the guard's own
+/// submodules: the first name under `guard` of each.
+fn guard_file_imports(guard: &Path, file: &Path, text: &str) -> BTreeSet<String> {
+    let rel = file.strip_prefix(guard).expect("under src/guard/");
+    let here = module_path(rel);
     let mut out = BTreeSet::new();
     let ident = |s: &str| -> String {
         s.chars()
@@ -717,18 +722,7 @@ fn relay_room_imports(
     rel: &Path,
     text: &str,
 ) -> (String, BTreeSet<String>) {
-    let mut here: Vec<String> = rel
-        .components()
-        .map(|c| {
-            c.as_os_str()
-                .to_string_lossy()
-                .trim_end_matches(".rs")
-                .to_string()
-        })
-        .collect();
-    if here.last().is_some_and(|l| l == "mod") {
-        here.pop();
-    }
+    let here = module_path(rel);
     let room = here.first().cloned().unwrap_or_else(|| "mod".to_string());
     let ident = |s: &str| -> String {
         s.chars()

@@ -12,6 +12,7 @@ use crate::guard::relay::ending::BURST_GAP;
 use crate::guard::sniff::H2_PREFACE;
 use crate::metrics::{Reason, StreamProtocol};
 
+mod app_ends;
 mod counts;
 mod endings;
 mod limits;
